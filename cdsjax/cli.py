@@ -1,0 +1,60 @@
+"""The ``cdsjax`` command: ``index``, ``ask``, ``demo``, ``eval``.
+
+Each subcommand lives in :mod:`cdsjax.commands` as a module with
+``register(subparsers)``; modules import their heavy dependencies (torch,
+pymupdf, ...) inside ``run`` so ``cdsjax --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+COMMANDS = ("index", "ask", "demo", "eval")
+
+
+class CLIError(Exception):
+    """An error to show the user as one line, with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdsjax",
+        description="Evidence selection as constrained dominant sets for question answering over long documents.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"cdsjax.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"cdsjax.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as err:
+        print(f"cdsjax {args.command}: error: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        print(f"cdsjax {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``cdsjax`` command, one module each (see :mod:`cdsjax.cli`)."""

@@ -1,0 +1,53 @@
+"""Pure JAX core of cdsjax: affinity, spectral penalty, solvers, selectors.
+
+Nothing here touches files, the network or global state, and nothing imports
+torch, sentence-transformers, vllm, openai, pymupdf or :mod:`cdsjax.io`.
+Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
+"""
+
+from cdsjax.core.affinity import build_affinity, note_coupling, query_relevance, spectral_penalty
+from cdsjax.core.batching import DEFAULT_BUCKETS, batch_apply, batched, bucket_size, make_buckets, run_buckets
+from cdsjax.core.replicator import (
+    kkt_residual,
+    objective,
+    replicator_shift,
+    softmax_prior,
+    solve_replicator,
+    support_size,
+    uniform_x0,
+)
+from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve, top_b
+from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
+from cdsjax.core.validation import validate_embeddings
+
+__all__ = [
+    "Affinity",
+    "CDSParams",
+    "DEFAULT_BUCKETS",
+    "SOLVERS",
+    "Selection",
+    "SolverResult",
+    "batch_apply",
+    "batched",
+    "bucket_size",
+    "build_affinity",
+    "cds_peel",
+    "cds_select",
+    "kkt_residual",
+    "make_buckets",
+    "note_coupling",
+    "objective",
+    "query_relevance",
+    "register_solver",
+    "replicator_shift",
+    "run_buckets",
+    "selection_from_solution",
+    "softmax_prior",
+    "solve",
+    "solve_replicator",
+    "spectral_penalty",
+    "support_size",
+    "top_b",
+    "uniform_x0",
+    "validate_embeddings",
+]

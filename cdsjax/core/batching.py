@@ -1,0 +1,185 @@
+"""Padding ragged problems into a few bucket sizes, and mapping results back.
+
+A run over thousands of queries with different note counts should compile a
+handful of times, not once per query. Problems are padded (trailing) to the
+smallest bucket that fits and the batch axis to a power of two, then each bucket
+runs as one jitted ``vmap``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def bucket_size(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """Smallest bucket >= ``n``; past the largest, the next multiple of it."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    for b in sorted(buckets):
+        if n <= b:
+            return int(b)
+    top = int(max(buckets))
+    return int(-(-n // top) * top)
+
+
+def pad_rows(x: np.ndarray, size: int, value=0) -> np.ndarray:
+    """Pads axis 0 of ``x`` to ``size`` with ``value`` (trailing)."""
+    x = np.asarray(x)
+    if x.shape[0] > size:
+        raise ValueError(f"cannot pad {x.shape[0]} rows down to {size}")
+    pad = [(0, size - x.shape[0])] + [(0, 0)] * (x.ndim - 1)
+    return np.pad(x, pad, constant_values=value)
+
+
+def next_pow2(k: int) -> int:
+    return 1 << max(0, int(k - 1).bit_length())
+
+
+class Bucket:
+    """One padded group: stacked arrays and the original positions of its rows.
+
+    Attributes:
+      size: padded note count ``n``.
+      positions: ``[b_real]`` indices into the caller's list.
+      notes: ``[b, n, d]`` padded notes (batch padded to a power of two by
+        repeating the first problem; those rows are dropped on the way back).
+      queries: ``[b, ...]`` queries.
+      valid: ``[b, n]`` bool.
+      extras: dict of further per-problem ``[b, n, ...]`` arrays (e.g. links, pinned).
+    """
+
+    def __init__(self, size, positions, notes, queries, valid, extras):
+        self.size = size
+        self.positions = positions
+        self.notes = notes
+        self.queries = queries
+        self.valid = valid
+        self.extras = extras
+
+
+def make_buckets(
+    notes_list: Sequence[np.ndarray],
+    queries_list: Sequence[np.ndarray],
+    *,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    extras: Optional[dict] = None,
+    pad_batch: bool = True,
+) -> List[Bucket]:
+    """Groups ragged problems by bucket size and pads them.
+
+    Args:
+      notes_list: per problem, ``[n_i, d]`` note embeddings.
+      queries_list: per problem, ``[d]`` or ``[m, d]`` queries (same shape across problems).
+      buckets: allowed padded sizes of the note axis.
+      extras: optional ``{name: list of per-problem arrays}`` whose first axis (and,
+        for square ``[n_i, n_i]`` arrays, second axis) is the note axis.
+      pad_batch: pad the batch axis of each bucket to a power of two.
+
+    Returns:
+      A list of :class:`Bucket`, one per size used.
+    """
+    if len(notes_list) != len(queries_list):
+        raise ValueError("notes_list and queries_list must have the same length")
+    if len(notes_list) == 0:
+        raise ValueError("notes_list is empty")
+    extras = extras or {}
+    for name, arrs in extras.items():
+        if len(arrs) != len(notes_list):
+            raise ValueError(f"extras[{name!r}] must have one entry per problem")
+    groups: dict[int, list[int]] = {}
+    for i, z in enumerate(notes_list):
+        z = np.asarray(z)
+        if z.ndim != 2:
+            raise ValueError(f"notes_list[{i}] must have rank 2, got shape {z.shape}")
+        groups.setdefault(bucket_size(z.shape[0], buckets), []).append(i)
+    out = []
+    for size in sorted(groups):
+        pos = groups[size]
+        rows = pos + [pos[0]] * ((next_pow2(len(pos)) if pad_batch else len(pos)) - len(pos))
+        notes = np.stack([pad_rows(notes_list[i], size) for i in rows])
+        queries = np.stack([np.asarray(queries_list[i]) for i in rows])
+        valid = np.stack([np.arange(size) < np.asarray(notes_list[i]).shape[0] for i in rows])
+        ex = {}
+        for name, arrs in extras.items():
+            padded = []
+            for i in rows:
+                a = np.asarray(arrs[i])
+                n_i = np.asarray(notes_list[i]).shape[0]
+                a = pad_rows(a, size)
+                if a.ndim >= 2 and a.shape[1] == n_i:
+                    a = np.swapaxes(pad_rows(np.swapaxes(a, 0, 1), size), 0, 1)
+                padded.append(a)
+            ex[name] = np.stack(padded)
+        out.append(Bucket(size, np.asarray(pos), notes, queries, valid, ex))
+    return out
+
+
+def run_buckets(
+    fn: Callable[..., Any],
+    buckets: Sequence[Bucket],
+    num_problems: int,
+    *,
+    extra_names: Sequence[str] = (),
+) -> List[Any]:
+    """Runs ``jit(vmap(fn))(notes, queries, valid, *extras)`` per bucket.
+
+    Args:
+      fn: per-problem function ``fn(notes [n, d], query, valid [n], *extras) -> pytree``.
+      buckets: from :func:`make_buckets`.
+      num_problems: length of the caller's list.
+      extra_names: names of bucket extras passed positionally after ``valid``.
+
+    Returns:
+      A list with one pytree of NumPy arrays per problem, in the caller's order.
+    """
+    batched = jax.jit(jax.vmap(fn))
+    results: List[Any] = [None] * num_problems
+    for b in buckets:
+        out = batched(b.notes, b.queries, b.valid, *[b.extras[k] for k in extra_names])
+        out = jax.device_get(out)
+        for row, pos in enumerate(b.positions):
+            results[int(pos)] = jax.tree_util.tree_map(lambda a: a[row], out)
+    return results
+
+
+def batch_apply(
+    fn: Callable[..., Any],
+    notes_list: Sequence[np.ndarray],
+    queries_list: Sequence[np.ndarray],
+    *,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    extras: Optional[dict] = None,
+) -> List[Any]:
+    """Pads ragged problems into buckets, runs ``fn`` batched, and returns per-problem results.
+
+    Example::
+
+        fn = functools.partial(core.cds_select, budget=10)
+        sels = batch_apply(fn, [z1, z2, z3], [q1, q2, q3])
+        sels[1].indices[sels[1].selected_valid]
+
+    Args:
+      fn: per-problem function ``fn(notes, query, valid, *extras)``.
+      notes_list, queries_list: ragged problems.
+      buckets: allowed padded note counts.
+      extras: optional ``{name: per-problem arrays}`` passed after ``valid`` in
+        the order of the dict.
+
+    Returns:
+      One result pytree (NumPy leaves) per problem, in input order.
+    """
+    extras = extras or {}
+    bs = make_buckets(notes_list, queries_list, buckets=buckets, extras=extras)
+    return run_buckets(fn, bs, len(notes_list), extra_names=tuple(extras))
+
+
+def batched(fn: Callable[..., Any], **kwargs) -> Callable[..., Any]:
+    """``jit(vmap(partial(fn, **kwargs)))``: a per-query core function over a padded batch."""
+    return jax.jit(jax.vmap(functools.partial(fn, **kwargs)))

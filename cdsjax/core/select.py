@@ -1,0 +1,233 @@
+r"""Constrained-dominant-set selection: affinity -> equilibrium -> top-B notes."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import jax.numpy as jnp
+from jax import Array, lax
+
+from cdsjax.core.affinity import build_affinity, spectral_penalty
+from cdsjax.core.replicator import softmax_prior, solve_replicator
+from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
+from cdsjax.core.validation import check_budget, check_option
+
+INITS = ("uniform", "softmax")
+
+# name -> (solver function, default tol, default max_iter). Converged-mode solvers
+# register themselves here on import (see cdsjax.core.__init__).
+SOLVERS: Dict[str, tuple] = {"replicator": (solve_replicator, 1e-7, 10_000)}
+
+
+def register_solver(name: str, fn: Callable, tol: float, max_iter: int) -> None:
+    """Makes ``fn(affinity, x0, *, tol, max_iter) -> SolverResult`` available as ``solver=name``."""
+    SOLVERS[name] = (fn, tol, max_iter)
+
+
+def top_b(scores: Array, eligible: Array, budget: int) -> tuple[Array, Array, Array]:
+    """Top-``budget`` entries of ``scores`` among ``eligible``, best first.
+
+    Ties go to the lowest index. When fewer than ``budget`` entries are eligible the
+    tail is marked invalid (index 0, score 0).
+
+    Args:
+      scores: ``[n]`` float.
+      eligible: ``[n]`` bool.
+      budget: static number of picks (may exceed ``n``).
+
+    Returns:
+      ``(indices [budget] int32, selected_valid [budget] bool, scores [budget])``.
+    """
+    budget = check_budget(budget)
+    n = scores.shape[0]
+    masked = jnp.where(eligible, scores, -jnp.inf)
+    if budget > n:
+        masked = jnp.concatenate([masked, jnp.full((budget - n,), -jnp.inf, masked.dtype)])
+    values, idx = lax.top_k(masked, budget)
+    ok = jnp.isfinite(values)
+    return (
+        jnp.where(ok, idx, 0).astype(jnp.int32),
+        ok,
+        jnp.where(ok, values, 0.0),
+    )
+
+
+def selection_from_solution(
+    result: SolverResult, num_queries: int, note_valid: Array, *, budget: int, threshold: float = 1e-6
+) -> Selection:
+    """Reads the top-``budget`` notes (queries excluded) with :math:`x_i >` ``threshold``."""
+    x_notes = result.x[num_queries:]
+    eligible = note_valid & (x_notes > threshold)
+    idx, ok, scores = top_b(x_notes, eligible, budget)
+    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result)
+
+
+def initial_point(affinity: Affinity, init: str = "uniform", temperature: float = 0.1) -> Optional[Array]:
+    """The solver's starting point: None (uniform) or the query-softmax prior."""
+    check_option("init", init, INITS)
+    if init == "softmax":
+        return softmax_prior(affinity, temperature)
+    return None
+
+
+def solve(
+    affinity: Affinity,
+    x0: Optional[Array] = None,
+    *,
+    solver: str = "replicator",
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+) -> SolverResult:
+    """Dispatches to a registered solver with its default ``tol`` / ``max_iter``."""
+    check_option("solver", solver, tuple(SOLVERS))
+    fn, default_tol, default_iter = SOLVERS[solver]
+    return fn(
+        affinity,
+        x0,
+        tol=default_tol if tol is None else tol,
+        max_iter=default_iter if max_iter is None else max_iter,
+    )
+
+
+def cds_select(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    *,
+    budget: int = 10,
+    params: CDSParams = CDSParams(),
+    solver: str = "replicator",
+    threshold: float = 1e-6,
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+    x0: Optional[Array] = None,
+    init: str = "uniform",
+    prior_temperature: float = 0.1,
+    pinned: Optional[Array] = None,
+) -> Selection:
+    r"""Selects evidence as a constrained dominant set (single extraction).
+
+    Builds the query-augmented affinity, solves :math:`\max_{x\in\Delta} x^\top M x`
+    and keeps the top-``budget`` notes by equilibrium weight above ``threshold``.
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s); every
+        query is a constraint vertex.
+      valid: ``[n]`` bool, True on real notes.
+      budget: static number of notes to return (fewer if fewer clear ``threshold``).
+      params: :class:`CDSParams`.
+      solver: ``"replicator"`` (paper mode) or a registered converged solver.
+      threshold: support threshold :math:`\theta`.
+      tol, max_iter: solver limits; None uses the solver's defaults (replicator:
+        1e-7 and 10,000).
+      x0: optional ``[m+n]`` initial point; overrides ``init``.
+      init: ``"uniform"`` (default) or ``"softmax"`` (query-softmax prior).
+      prior_temperature: temperature of the softmax prior.
+      pinned: optional ``[n]`` bool, notes added to the constraint set.
+
+    Returns:
+      :class:`Selection` with ``result`` holding the solver diagnostics.
+    """
+    budget = check_budget(budget)
+    check_option("solver", solver, tuple(SOLVERS))
+    affinity = build_affinity(notes, query, valid, params, pinned=pinned)
+    if x0 is None:
+        x0 = initial_point(affinity, init, prior_temperature)
+    else:
+        check_option("init", init, INITS)
+    result = solve(affinity, x0, solver=solver, tol=tol, max_iter=max_iter)
+    return selection_from_solution(
+        result, affinity.num_queries, affinity.valid[affinity.num_queries :], budget=budget, threshold=threshold
+    )
+
+
+def cds_peel(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    *,
+    budget: int = 10,
+    params: CDSParams = CDSParams(),
+    solver: str = "replicator",
+    threshold: float = 1e-6,
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+    pinned: Optional[Array] = None,
+) -> Selection:
+    r"""Peeling extraction for several constraint vertices.
+
+    Extracts a constrained dominant set, removes its support (the notes and the
+    constraint vertices it covers), and repeats on what is left until every
+    constraint vertex is covered (at most one round per constraint vertex). Notes
+    are ranked by round, then by their weight within the round; ``scores`` hold
+    those weights. ``result`` is the first round's solver result, with
+    ``num_iters`` summed over rounds and ``converged`` true only if every round
+    converged.
+
+    Args: as :func:`cds_select`; ``query`` is ``[m, d]`` (or ``[d]``, which makes
+      peeling a single extraction).
+
+    Returns:
+      :class:`Selection`.
+    """
+    budget = check_budget(budget)
+    check_option("solver", solver, tuple(SOLVERS))
+    base = build_affinity(notes, query, valid, params, pinned=pinned)
+    m = base.num_queries
+    n = notes.shape[0]
+    max_rounds = m + n
+    dtype = base.matrix.dtype
+
+    def extract(state):
+        active, uncovered, rank_key, total_iters, all_converged, r = state
+        sub = _restrict(base, active, params)
+        res = solve(sub, None, solver=solver, tol=tol, max_iter=max_iter)
+        support = active & (res.x > threshold)
+        new_notes = support & ~base.constraint
+        # Earlier rounds rank above later ones: key = (max_rounds - r) + x, x in [0, 1].
+        rank_key = jnp.where(new_notes, (max_rounds - r).astype(dtype) + res.x, rank_key)
+        covered = uncovered & support
+        # A round that covers nothing would repeat forever: give up on the rest.
+        uncovered = jnp.where(jnp.any(covered), uncovered & ~covered, jnp.zeros_like(uncovered))
+        state = (active & ~support, uncovered, rank_key, total_iters + res.num_iters,
+                 all_converged & res.converged, r + 1)
+        return state, res
+
+    init = (
+        base.valid,
+        base.constraint & base.valid,
+        jnp.full((m + n,), -jnp.inf, dtype),
+        jnp.asarray(0, jnp.int32),
+        jnp.asarray(True),
+        jnp.asarray(0, jnp.int32),
+    )
+    state, first = extract(init)
+    state = lax.while_loop(
+        lambda s: jnp.any(s[1]) & (s[5] < max_rounds),
+        lambda s: extract(s)[0],
+        state,
+    )
+    _, _, rank_key, total_iters, all_converged, _ = state
+    note_key = rank_key[m:]
+    idx, ok, _ = top_b(note_key, jnp.isfinite(note_key), budget)
+    picked = note_key[idx]
+    scores = jnp.where(ok, picked - jnp.ceil(picked - 1.0), 0.0)
+    result = first.replace(num_iters=total_iters, converged=all_converged)
+    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result)
+
+
+def _restrict(base: Affinity, active: Array, params: CDSParams) -> Affinity:
+    """The affinity of the subgraph on ``active`` vertices, with its own penalty."""
+    # An empty graph would make the uniform start 0/0; solve the base one instead
+    # (callers only read rounds that still have an active constraint vertex).
+    active = jnp.where(jnp.any(active), active, base.valid)
+    pair = active[:, None] & active[None, :]
+    matrix = jnp.where(pair, base.matrix, 0.0)
+    constraint = base.constraint & active
+    if params.alpha_from == "free":
+        mask = active & ~constraint
+    else:
+        mask = active
+    alpha = spectral_penalty(matrix, mask, params.eps).astype(matrix.dtype)
+    return Affinity(matrix=matrix, constraint=constraint, valid=active, alpha=alpha, num_queries=base.num_queries)

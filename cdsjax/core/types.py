@@ -1,0 +1,142 @@
+"""Pytree types shared by every part of the core.
+
+Inputs, parameters, solver results and selections each have a type. Arrays and
+differentiable hyperparameters are pytree leaves; option strings and flags are
+static fields, so they are fixed at trace time.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax.numpy as jnp
+from flax import struct
+from jax import Array
+
+COUPLINGS = ("dissimilarity", "similarity", "none")
+ALPHA_FROM = ("free", "full")
+TAU_MODES = ("hard", "soft")
+
+
+@struct.dataclass
+class CDSParams:
+    r"""Hyperparameters of the query-augmented affinity.
+
+    Attributes:
+      beta: diversification strength :math:`\beta` multiplying the note--note block.
+        A leaf, so derivatives with respect to it are available.
+      tau: query-edge sparsification threshold :math:`\tau` on cosine relevance.
+        A leaf (differentiable in ``tau_mode="soft"``).
+      eps: margin :math:`\varepsilon` added to the spectral bound (paper: 1e-3).
+      coupling: note--note block: ``"dissimilarity"`` :math:`\beta(1-z_i^\top z_j)`
+        (default), ``"similarity"`` :math:`\beta\max(z_i^\top z_j, 0)`, or ``"none"``.
+      alpha_from: ``"free"`` uses :math:`\lambda_{\max}` of the block on the free
+        notes (the constrained-dominant-set bound); ``"full"`` uses
+        :math:`\lambda_{\max}(A)` (the literal reading of the paper's Algorithm 1).
+      tau_mode: ``"hard"`` zeroes query edges below ``tau`` but keeps the single
+        strongest one if none clears it; ``"soft"`` multiplies each edge by
+        :math:`\sigma((s_i-\tau)/T_\tau)`.
+      tau_temperature: :math:`T_\tau` of the soft mode.
+    """
+
+    beta: float | Array = 1.0
+    tau: float | Array = 0.0
+    eps: float = struct.field(pytree_node=False, default=1e-3)
+    coupling: str = struct.field(pytree_node=False, default="dissimilarity")
+    alpha_from: str = struct.field(pytree_node=False, default="free")
+    tau_mode: str = struct.field(pytree_node=False, default="hard")
+    tau_temperature: float = struct.field(pytree_node=False, default=0.05)
+
+    def check(self) -> "CDSParams":
+        """Raises ``ValueError`` naming the field if an option string is unknown."""
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        if self.alpha_from not in ALPHA_FROM:
+            raise ValueError(f"alpha_from must be one of {ALPHA_FROM}, got {self.alpha_from!r}")
+        if self.tau_mode not in TAU_MODES:
+            raise ValueError(f"tau_mode must be one of {TAU_MODES}, got {self.tau_mode!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps!r}")
+        if not self.tau_temperature > 0:
+            raise ValueError(f"tau_temperature must be positive, got {self.tau_temperature!r}")
+        return self
+
+
+@struct.dataclass
+class Affinity:
+    r"""The query-augmented affinity graph of one problem.
+
+    Vertices are ordered constraint queries first (``m`` of them), then the ``n``
+    notes; padding is trailing.
+
+    Attributes:
+      matrix: ``[m+n, m+n]`` float, the affinity :math:`A` (zero diagonal, zero
+        rows/columns at padding).
+      constraint: ``[m+n]`` bool, True on constraint vertices (queries, pinned notes).
+      valid: ``[m+n]`` bool, True on real vertices.
+      alpha: ``[]`` float, the penalty :math:`\alpha` on free vertices.
+      num_queries: static ``m``.
+    """
+
+    matrix: Array
+    constraint: Array
+    valid: Array
+    alpha: Array
+    num_queries: int = struct.field(pytree_node=False, default=1)
+
+    @property
+    def free(self) -> Array:
+        """``[m+n]`` bool: valid vertices outside the constraint set."""
+        return self.valid & ~self.constraint
+
+    def payoff(self) -> Array:
+        r"""The payoff :math:`M = A - \alpha I_{\bar S}` (free notes get :math:`-\alpha`)."""
+        return self.matrix - jnp.diag(jnp.where(self.free, self.alpha, 0.0).astype(self.matrix.dtype))
+
+
+@struct.dataclass
+class SolverResult:
+    r"""Point reached by a solver on the simplex, with diagnostics.
+
+    Attributes:
+      x: ``[m+n]`` float, the point on the simplex (zero at padding).
+      num_iters: ``[]`` int32, steps taken.
+      converged: ``[]`` bool, whether the stopping rule fired before ``max_iter``.
+      step: ``[]`` float, the last step size (``\|x_{t+1}-x_t\|_1`` for replicator
+        dynamics; the Nash error for InImDyn).
+      objective: ``[]`` float, :math:`x^\top M x`.
+      kkt_residual: ``[]`` float, :math:`\max_i |\min(x_i, -r_i)|` with
+        :math:`r = Mx - (x^\top M x)\mathbf 1` over valid vertices.
+      support_size: ``[]`` int32, valid vertices with :math:`x_i > 10^{-6}`.
+      alpha: ``[]`` float, the penalty used.
+    """
+
+    x: Array
+    num_iters: Array
+    converged: Array
+    step: Array
+    objective: Array
+    kkt_residual: Array
+    support_size: Array
+    alpha: Array
+
+
+@struct.dataclass
+class Selection:
+    """Top-``budget`` notes chosen by a selector.
+
+    Attributes:
+      indices: ``[budget]`` int32 note indices (into the ``n`` notes, queries
+        excluded), best first. Entries where ``selected_valid`` is False are
+        meaningless and set to 0.
+      selected_valid: ``[budget]`` bool, True where a real note was selected;
+        selectors may return fewer than ``budget`` notes.
+      scores: ``[budget]`` float, the selector's score of each pick (0 where
+        ``selected_valid`` is False).
+      result: the :class:`SolverResult` for CDS, None for baselines.
+    """
+
+    indices: Array
+    selected_valid: Array
+    scores: Array
+    result: Optional[SolverResult] = None

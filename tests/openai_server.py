@@ -1,0 +1,141 @@
+"""A real local HTTP server that speaks the OpenAI chat-completions API, for tests.
+
+It listens on 127.0.0.1 (an ephemeral port), records every request body, and
+answers each chat completion with whatever ``responder(request_json)`` returns:
+a string (the assistant message content), a dict (a full JSON body), or an
+``(status, body)`` tuple to simulate server errors. ``delay`` seconds of sleep
+before answering simulates a slow server.
+
+    with OpenAIServer(lambda req: "42") as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        ...
+        srv.requests  # list of parsed request bodies
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, List, Union
+
+Response = Union[str, dict, tuple]
+
+
+class OpenAIServer:
+    def __init__(
+        self,
+        responder: Callable[[dict], Response] = lambda req: "ok",
+        *,
+        models: tuple = ("test-model",),
+        delay: float = 0.0,
+    ):
+        self.responder = responder
+        self.models = list(models)
+        self.delay = delay
+        self.requests: List[dict] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _send(self, status: int, body: Any):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [
+                        {"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in server.models
+                    ]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server.lock:
+                    server.requests.append(body)
+                if server.delay:
+                    time.sleep(server.delay)
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": "not found"}})
+                    return
+                model = body.get("model")
+                if model not in server.models:
+                    self._send(404, {"error": {"message": f"The model `{model}` does not exist.",
+                                               "type": "NotFoundError", "code": 404}})
+                    return
+                try:
+                    out = server.responder(body)
+                except Exception as err:  # a responder bug should show up as a 500
+                    self._send(500, {"error": {"message": f"responder failed: {err}"}})
+                    return
+                if isinstance(out, tuple):
+                    self._send(out[0], out[1])
+                elif isinstance(out, dict):
+                    self._send(200, out)
+                else:
+                    self._send(200, completion(str(out), model))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> "OpenAIServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def completion(content: str, model: str = "test-model") -> dict:
+    """A chat.completion body with one assistant message."""
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def message_text(request: dict) -> str:
+    """All text parts of a recorded request's messages, joined (for assertions)."""
+    parts = []
+    for msg in request.get("messages", []):
+        content = msg.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p.get("text", "") for p in content if p.get("type") == "text")
+    return "\n".join(parts)
+
+
+def message_images(request: dict) -> List[str]:
+    """All image URLs (data URLs for base64 images) in a recorded request."""
+    urls = []
+    for msg in request.get("messages", []):
+        content = msg.get("content")
+        if isinstance(content, list):
+            urls.extend(p["image_url"]["url"] for p in content if p.get("type") == "image_url")
+    return urls
