@@ -6,6 +6,17 @@ Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
 """
 
 from cdsjax.core.affinity import build_affinity, note_coupling, query_relevance, spectral_penalty
+from cdsjax.core.baselines import (
+    diffusion_prior,
+    key_from_query_id,
+    ppr_vector,
+    relevance,
+    select_cosine,
+    select_dpp,
+    select_mmr,
+    select_ppr,
+    select_random,
+)
 from cdsjax.core.batching import DEFAULT_BUCKETS, batch_apply, batched, bucket_size, make_buckets, run_buckets
 from cdsjax.core.replicator import (
     kkt_residual,
@@ -16,11 +27,24 @@ from cdsjax.core.replicator import (
     support_size,
     uniform_x0,
 )
+from cdsjax.core.registry import SELECTORS, make_selector, selector_options
 from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve, top_b
 from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
 from cdsjax.core.validation import validate_embeddings
 
 __all__ = [
+    "SELECTORS",
+    "diffusion_prior",
+    "key_from_query_id",
+    "make_selector",
+    "ppr_vector",
+    "relevance",
+    "select_cosine",
+    "select_dpp",
+    "select_mmr",
+    "select_ppr",
+    "select_random",
+    "selector_options",
     "Affinity",
     "CDSParams",
     "DEFAULT_BUCKETS",

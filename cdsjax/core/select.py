@@ -12,7 +12,7 @@ from cdsjax.core.replicator import softmax_prior, solve_replicator
 from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
 from cdsjax.core.validation import check_budget, check_option
 
-INITS = ("uniform", "softmax")
+INITS = ("uniform", "softmax", "diffusion")
 
 # name -> (solver function, default tol, default max_iter). Converged-mode solvers
 # register themselves here on import (see cdsjax.core.__init__).
@@ -62,11 +62,19 @@ def selection_from_solution(
     return Selection(indices=idx, selected_valid=ok, scores=scores, result=result)
 
 
-def initial_point(affinity: Affinity, init: str = "uniform", temperature: float = 0.1) -> Optional[Array]:
-    """The solver's starting point: None (uniform) or the query-softmax prior."""
+def initial_point(
+    affinity: Affinity, init: str = "uniform", temperature: float = 0.1, links: Optional[Array] = None
+) -> Optional[Array]:
+    """The solver's starting point: None (uniform), the query-softmax or the graph-diffusion prior."""
     check_option("init", init, INITS)
     if init == "softmax":
         return softmax_prior(affinity, temperature)
+    if init == "diffusion":
+        if links is None:
+            raise ValueError("init='diffusion' needs links ([n, n] bool note-link adjacency)")
+        from cdsjax.core.baselines import diffusion_prior  # baselines imports this module
+
+        return diffusion_prior(affinity, links, temperature)
     return None
 
 
@@ -104,6 +112,7 @@ def cds_select(
     init: str = "uniform",
     prior_temperature: float = 0.1,
     pinned: Optional[Array] = None,
+    links: Optional[Array] = None,
 ) -> Selection:
     r"""Selects evidence as a constrained dominant set (single extraction).
 
@@ -122,9 +131,11 @@ def cds_select(
       tol, max_iter: solver limits; None uses the solver's defaults (replicator:
         1e-7 and 10,000).
       x0: optional ``[m+n]`` initial point; overrides ``init``.
-      init: ``"uniform"`` (default) or ``"softmax"`` (query-softmax prior).
-      prior_temperature: temperature of the softmax prior.
+      init: ``"uniform"`` (default), ``"softmax"`` (query-softmax prior) or
+        ``"diffusion"`` (personalised PageRank of the softmax seed; needs ``links``).
+      prior_temperature: temperature of the softmax / diffusion prior.
       pinned: optional ``[n]`` bool, notes added to the constraint set.
+      links: optional ``[n, n]`` bool note-link adjacency, for ``init="diffusion"``.
 
     Returns:
       :class:`Selection` with ``result`` holding the solver diagnostics.
@@ -133,7 +144,7 @@ def cds_select(
     check_option("solver", solver, tuple(SOLVERS))
     affinity = build_affinity(notes, query, valid, params, pinned=pinned)
     if x0 is None:
-        x0 = initial_point(affinity, init, prior_temperature)
+        x0 = initial_point(affinity, init, prior_temperature, links)
     else:
         check_option("init", init, INITS)
     result = solve(affinity, x0, solver=solver, tol=tol, max_iter=max_iter)

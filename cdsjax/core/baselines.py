@@ -1,0 +1,385 @@
+r"""Baseline selectors (paper Appendix B) and the graph-diffusion prior.
+
+Every selector takes the same padded inputs as :func:`cdsjax.core.cds_select`
+and returns a :class:`Selection` (``result=None``), so comparisons run on
+identical inputs. All of them are pure, handle one query, and ``jit`` / ``vmap``
+with trailing padding. Relevance is :math:`\mathrm{rel}_i = q^\top z_i` (cosine:
+inputs are L2-normalised); with several query rows it is the largest over them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+
+from cdsjax.core.replicator import softmax_prior
+from cdsjax.core.select import top_b
+from cdsjax.core.types import Affinity, Selection
+from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
+
+DPP_QUALITIES = ("exp", "relu")
+
+
+def key_from_query_id(query_id: str, *, seed: Optional[Union[int, str]] = None) -> Array:
+    """A PRNG key derived from the md5 digest of a query id.
+
+    The same id always gives the same key, on any machine and with or without
+    64-bit mode, so random baselines are reproducible per query.
+
+    Args:
+      query_id: the query's identifier.
+      seed: optional run seed; the digest is then taken of ``f"{seed}:{query_id}"``
+        (the paper's per-query seed for repeated runs).
+
+    Returns:
+      A typed threefry key built from the first 8 bytes of the digest.
+    """
+    if not isinstance(query_id, str):
+        raise TypeError(f"query_id must be a str, got {type(query_id).__name__}")
+    text = query_id if seed is None else f"{seed}:{query_id}"
+    digest = hashlib.md5(text.encode("utf-8")).digest()
+    words = np.frombuffer(digest[:8], dtype=">u4").astype(np.uint32)
+    return jax.random.wrap_key_data(jnp.asarray(words), impl="threefry2x32")
+
+
+def relevance(notes: Array, query: Array, valid: Array) -> Array:
+    r"""``[n]`` cosine relevance :math:`\max_k q_k^\top z_i` (0 at padding).
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised.
+      valid: ``[n]`` bool, True on real notes.
+    """
+    notes = jnp.asarray(notes)
+    queries = as_query_matrix(query, notes)
+    valid = check_notes_valid(notes, valid)
+    dtype = jnp.result_type(notes.dtype, queries.dtype)
+    rel = jnp.max(queries.astype(dtype) @ notes.astype(dtype).T, axis=0)
+    return jnp.where(valid, rel, 0.0)
+
+
+def select_cosine(notes: Array, query: Array, valid: Array, *, budget: int) -> Selection:
+    """Top-``budget`` notes by cosine relevance (ties to the lowest index).
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      budget: static number of picks; fewer (masked) when fewer notes are valid.
+
+    Returns:
+      :class:`Selection` with ``scores`` the relevances.
+    """
+    budget = check_budget(budget)
+    rel = relevance(notes, query, valid)
+    idx, ok, scores = top_b(rel, jnp.asarray(valid, bool), budget)
+    return Selection(indices=idx, selected_valid=ok, scores=scores)
+
+
+def select_random(valid: Array, *, budget: int, key: Array) -> Selection:
+    """``budget`` valid notes drawn uniformly without replacement.
+
+    Each note gets an independent uniform priority from ``fold_in(key, i)``, so a
+    note's draw does not depend on how much padding follows it.
+
+    Args:
+      valid: ``[n]`` bool, True on real notes.
+      budget: static number of picks; fewer (masked) when fewer notes are valid.
+      key: PRNG key, e.g. :func:`key_from_query_id`.
+
+    Returns:
+      :class:`Selection` with ``scores`` the priorities in ``[0, 1)``.
+    """
+    budget = check_budget(budget)
+    valid = jnp.asarray(valid)
+    if valid.ndim != 1:
+        raise ValueError(f"valid must have shape [n], got {valid.shape}")
+    if key is None:
+        raise ValueError("key is required for select_random (see key_from_query_id)")
+    n = valid.shape[0]
+    priority = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i)))(jnp.arange(n))
+    idx, ok, scores = top_b(priority, valid.astype(bool), budget)
+    return Selection(indices=idx, selected_valid=ok, scores=scores)
+
+
+def select_mmr(notes: Array, query: Array, valid: Array, *, budget: int, lam: float = 0.5) -> Selection:
+    r"""Maximal marginal relevance, greedily.
+
+    The first pick is :math:`\arg\max_i \mathrm{rel}_i`; each later pick is
+    :math:`\arg\max_{i\notin R} \lambda\,\mathrm{rel}_i - (1-\lambda)\max_{j\in R} S_{ij}`
+    with :math:`S_{ij} = z_i^\top z_j`. Ties go to the lowest index. Rows of
+    :math:`S` are formed only for picked notes (``O(budget n d)``).
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      budget: static number of picks; fewer (masked) when fewer notes are valid.
+      lam: trade-off :math:`\lambda \in [0, 1]` (1: pure relevance).
+
+    Returns:
+      :class:`Selection`; ``scores`` are the objective at each pick (the
+      relevance for the first).
+    """
+    budget = check_budget(budget)
+    if not 0.0 <= float(lam) <= 1.0:
+        raise ValueError(f"lam must be in [0, 1], got {lam!r}")
+    rel = relevance(notes, query, valid)
+    valid = jnp.asarray(valid, bool)
+    notes = jnp.asarray(notes, rel.dtype)
+    n = notes.shape[0]
+
+    def step(t, state):
+        picked, max_sim, idx, ok, scores = state
+        score = jnp.where(t == 0, rel, lam * rel - (1.0 - lam) * max_sim)
+        eligible = valid & ~picked
+        masked = jnp.where(eligible, score, -jnp.inf)
+        j = jnp.argmax(masked)
+        has = eligible[j]
+        max_sim = jnp.where(has, jnp.maximum(max_sim, notes @ notes[j]), max_sim)
+        picked = picked.at[j].set(picked[j] | has)
+        idx = idx.at[t].set(jnp.where(has, j, 0))
+        ok = ok.at[t].set(has)
+        scores = scores.at[t].set(jnp.where(has, masked[j], 0.0))
+        return picked, max_sim, idx, ok, scores
+
+    init = (
+        jnp.zeros((n,), bool),
+        jnp.zeros((n,), rel.dtype),
+        jnp.zeros((budget,), jnp.int32),
+        jnp.zeros((budget,), bool),
+        jnp.zeros((budget,), rel.dtype),
+    )
+    _, _, idx, ok, scores = lax.fori_loop(0, budget, step, init)
+    return Selection(indices=idx, selected_valid=ok, scores=scores)
+
+
+def dpp_quality(rel: Array, theta: float = 1.0, quality: str = "exp") -> Array:
+    r"""Quality :math:`q_i = \exp(\theta\,\mathrm{rel}_i)` (``"exp"``) or :math:`\max(\mathrm{rel}_i, 0)` (``"relu"``)."""
+    check_option("quality", quality, DPP_QUALITIES)
+    if quality == "exp":
+        return jnp.exp(theta * rel)
+    return jnp.maximum(rel, 0.0)
+
+
+def select_dpp(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    *,
+    budget: int,
+    theta: float = 1.0,
+    quality: str = "exp",
+    gain_tol: Optional[float] = None,
+) -> Selection:
+    r"""Greedy MAP of the DPP with kernel :math:`L = \mathrm{diag}(q)\,S\,\mathrm{diag}(q)`.
+
+    Chen et al.'s (2018) incremental Cholesky greedy: residual gains
+    :math:`d_i^2` start at :math:`L_{ii}`; each step picks
+    :math:`j = \arg\max_{i\notin R} d_i^2` (ties to the lowest index), then for
+    every :math:`i` sets :math:`e_i = (L_{ji} - \langle c_j, c_i\rangle)/d_j`,
+    appends :math:`e_i` to :math:`c_i` and subtracts :math:`e_i^2` from
+    :math:`d_i^2`. It stops early when no remaining gain is positive, so it may
+    return fewer than ``budget`` notes (the mask says so). A gain counts as
+    positive when :math:`d_i^2 > \text{gain\_tol}\cdot L_{ii}`, which absorbs
+    the rounding left in the gain of a note already in the span of the picks.
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      budget: static maximum number of picks.
+      theta: quality temperature :math:`\theta` of the ``"exp"`` quality.
+      quality: ``"exp"`` (:math:`e^{\theta\,\mathrm{rel}}`, default) or
+        ``"relu"`` (:math:`\max(\mathrm{rel}, 0)`, the paper's Section 4.2).
+      gain_tol: relative gain tolerance; None uses ``100 * finfo(dtype).eps``.
+
+    Returns:
+      :class:`Selection`; ``scores`` are the gains :math:`d_j^2` at each pick.
+    """
+    budget = check_budget(budget)
+    check_option("quality", quality, DPP_QUALITIES)
+    rel = relevance(notes, query, valid)
+    valid = jnp.asarray(valid, bool)
+    dtype = rel.dtype
+    notes = jnp.asarray(notes, dtype)
+    n = notes.shape[0]
+    if gain_tol is None:
+        gain_tol = 100.0 * float(jnp.finfo(dtype).eps)
+    q = jnp.where(valid, dpp_quality(rel, theta, quality), 0.0)
+    diag = q * q  # S_ii = 1 for unit-norm notes
+
+    def step(t, state):
+        chol, gains, picked, idx, ok, scores = state
+        eligible = valid & ~picked & (gains > gain_tol * diag) & (gains > 0)
+        j = jnp.argmax(jnp.where(eligible, gains, -jnp.inf))
+        has = eligible[j]
+        d_j = jnp.sqrt(jnp.where(has, gains[j], 1.0))
+        l_row = q[j] * q * (notes @ notes[j])
+        e = (l_row - chol[:, j] @ chol) / d_j
+        e = jnp.where(has & valid, e, 0.0)
+        chol = chol.at[t].set(e)
+        gains = gains - e * e
+        picked = picked.at[j].set(picked[j] | has)
+        idx = idx.at[t].set(jnp.where(has, j, 0))
+        ok = ok.at[t].set(has)
+        scores = scores.at[t].set(jnp.where(has, d_j * d_j, 0.0))
+        return chol, gains, picked, idx, ok, scores
+
+    init = (
+        jnp.zeros((budget, n), dtype),
+        diag,
+        jnp.zeros((n,), bool),
+        jnp.zeros((budget,), jnp.int32),
+        jnp.zeros((budget,), bool),
+        jnp.zeros((budget,), dtype),
+    )
+    *_, idx, ok, scores = lax.fori_loop(0, budget, step, init)
+    return Selection(indices=idx, selected_valid=ok, scores=scores)
+
+
+def ppr_vector(
+    links: Array,
+    seed: Array,
+    valid: Array,
+    *,
+    damping: float = 0.85,
+    tol: float = 1e-9,
+    max_iter: int = 1000,
+) -> Array:
+    r"""Personalised PageRank of ``seed`` over the symmetrised binary link graph.
+
+    :math:`A = (\text{links} \lor \text{links}^\top)` without self-loops, restricted
+    to valid notes; :math:`P_{ij} = A_{ij}/\sum_k A_{ik}`, with dangling rows
+    uniform over the valid notes. Power iteration
+    :math:`r \leftarrow (1-\gamma)\,s + \gamma P^\top r`, renormalised to sum 1,
+    from :math:`r = s` until :math:`\|\Delta r\|_\infty <` ``tol`` or ``max_iter``.
+
+    Args:
+      links: ``[n, n]`` bool note-link adjacency (direction ignored).
+      seed: ``[n]`` float teleport distribution (0 at padding, sums to 1).
+      valid: ``[n]`` bool, True on real notes.
+      damping: :math:`\gamma` in ``[0, 1)``.
+      tol: stopping tolerance on the max-norm step.
+      max_iter: cap on iterations (float32 rounding can keep the step above a
+        very small ``tol``).
+
+    Returns:
+      ``[n]`` PageRank vector, 0 at padding.
+    """
+    valid = jnp.asarray(valid, bool)
+    n = valid.shape[0]
+    links = jnp.asarray(links)
+    if links.shape != (n, n):
+        raise ValueError(f"links must have shape ({n}, {n}), got {links.shape}")
+    if not 0.0 <= float(damping) < 1.0:
+        raise ValueError(f"damping must be in [0, 1), got {damping!r}")
+    if not isinstance(max_iter, int) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    seed = jnp.where(valid, seed, 0.0)
+    dtype = seed.dtype
+    links = links.astype(bool)
+    adj = (links | links.T) & valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
+    adj = adj.astype(dtype)
+    degree = jnp.sum(adj, axis=1)
+    dangling = valid & (degree == 0)
+    inv_degree = jnp.where(degree > 0, 1.0 / jnp.where(degree > 0, degree, 1.0), 0.0)
+    uniform = valid.astype(dtype) / jnp.sum(valid)
+
+    def propagate(r):
+        # P^T r: linked rows spread r_i / deg_i to neighbours; dangling mass spreads uniformly.
+        spread = adj.T @ (r * inv_degree) + jnp.sum(jnp.where(dangling, r, 0.0)) * uniform
+        r_new = (1.0 - damping) * seed + damping * spread
+        return r_new / jnp.sum(r_new)
+
+    def cond(state):
+        _, step, it = state
+        return (step >= tol) & (it < max_iter)
+
+    def body(state):
+        r, _, it = state
+        r_new = propagate(r)
+        return r_new, jnp.max(jnp.abs(r_new - r)), it + 1
+
+    r, _, _ = lax.while_loop(cond, body, (seed, jnp.asarray(jnp.inf, dtype), jnp.asarray(0, jnp.int32)))
+    return r
+
+
+def select_ppr(
+    links: Array,
+    notes: Array,
+    query: Array,
+    valid: Array,
+    *,
+    budget: int,
+    damping: float = 0.85,
+    temperature: float = 0.1,
+    tol: float = 1e-9,
+    max_iter: int = 1000,
+) -> Selection:
+    r"""Top-``budget`` notes by personalised PageRank from a query-softmax teleport.
+
+    The teleport is :math:`s_i \propto \exp(\mathrm{rel}_i / T)` over valid notes;
+    see :func:`ppr_vector` for the walk. Ties go to the lowest index.
+
+    Args:
+      links: ``[n, n]`` bool note-link adjacency (symmetrised here).
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      budget: static number of picks; fewer (masked) when fewer notes are valid.
+      damping: :math:`\gamma` (paper: 0.85).
+      temperature: softmax temperature :math:`T` (paper: 0.1).
+      tol: stopping tolerance :math:`\|\Delta r\|_\infty` (paper: 1e-9).
+      max_iter: cap on power iterations.
+
+    Returns:
+      :class:`Selection` with ``scores`` the PageRank values.
+    """
+    budget = check_budget(budget)
+    if not float(temperature) > 0.0:
+        raise ValueError(f"temperature must be positive, got {temperature!r}")
+    rel = relevance(notes, query, valid)
+    valid = jnp.asarray(valid, bool)
+    seed = jax.nn.softmax(jnp.where(valid, rel / temperature, -jnp.inf))
+    r = ppr_vector(links, seed, valid, damping=damping, tol=tol, max_iter=max_iter)
+    idx, ok, scores = top_b(r, valid, budget)
+    return Selection(indices=idx, selected_valid=ok, scores=scores)
+
+
+def diffusion_prior(
+    affinity: Affinity,
+    links: Array,
+    temperature: float = 0.1,
+    *,
+    damping: float = 0.85,
+    tol: float = 1e-9,
+    max_iter: int = 1000,
+) -> Array:
+    r"""Graph-diffusion initial point for CDS: the PageRank of the query-softmax seed.
+
+    The notes' part of :func:`softmax_prior` (renormalised) is the teleport of
+    :func:`ppr_vector` over the note link graph; the notes share the resulting
+    vector, and each query vertex keeps :math:`1/(n+m)` as in the softmax prior.
+
+    Args:
+      affinity: the problem's :class:`Affinity` (queries first).
+      links: ``[n, n]`` bool note-link adjacency over the notes.
+      temperature: softmax temperature of the seed.
+      damping, tol, max_iter: as :func:`ppr_vector`.
+
+    Returns:
+      ``[m+n]`` point on the simplex, 0 at padding.
+    """
+    m = affinity.num_queries
+    prior = softmax_prior(affinity, temperature)
+    notes_mass = prior[m:]
+    note_valid = affinity.valid[m:]
+    seed = notes_mass / jnp.sum(notes_mass)
+    r = ppr_vector(links, seed, note_valid, damping=damping, tol=tol, max_iter=max_iter)
+    return jnp.concatenate([prior[:m], r * jnp.sum(notes_mass)]).astype(prior.dtype)

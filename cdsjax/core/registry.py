@@ -1,0 +1,175 @@
+"""Selectors by name, behind one calling convention.
+
+The pipeline and the evaluation harness pick selectors from configuration
+strings. :func:`make_selector` turns a name and its options into a function
+
+    ``fn(notes [n, d], query [d] or [m, d], valid [n], links [n, n] bool, key) -> Selection``
+
+so every selector is jitted and vmapped the same way; a selector ignores the
+arguments it does not use (``links`` matters to ``"ppr"`` and to CDS with
+``init="diffusion"``, ``key`` to ``"random"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Dict, Optional
+
+from jax import Array
+
+from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr, select_ppr, select_random
+from cdsjax.core.select import INITS, SOLVERS, cds_peel, cds_select
+from cdsjax.core.types import CDSParams, Selection
+from cdsjax.core.validation import check_budget, check_option
+
+SelectorFn = Callable[..., Selection]
+
+
+def _cosine(budget: int) -> SelectorFn:
+    def fn(notes, query, valid, links=None, key=None):
+        return select_cosine(notes, query, valid, budget=budget)
+
+    return fn
+
+
+def _random(budget: int) -> SelectorFn:
+    def fn(notes, query, valid, links=None, key=None):
+        if key is None:
+            raise ValueError("selector 'random' needs a PRNG key (see core.key_from_query_id)")
+        return select_random(valid, budget=budget, key=key)
+
+    return fn
+
+
+def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
+    if not 0.0 <= float(lam) <= 1.0:
+        raise ValueError(f"lam must be in [0, 1], got {lam!r}")
+
+    def fn(notes, query, valid, links=None, key=None):
+        return select_mmr(notes, query, valid, budget=budget, lam=lam)
+
+    return fn
+
+
+def _dpp(budget: int, *, theta: float = 1.0, quality: str = "exp", gain_tol: Optional[float] = None) -> SelectorFn:
+    check_option("quality", quality, ("exp", "relu"))
+
+    def fn(notes, query, valid, links=None, key=None):
+        return select_dpp(notes, query, valid, budget=budget, theta=theta, quality=quality, gain_tol=gain_tol)
+
+    return fn
+
+
+def _ppr(
+    budget: int, *, damping: float = 0.85, temperature: float = 0.1, tol: float = 1e-9, max_iter: int = 1000
+) -> SelectorFn:
+    def fn(notes, query, valid, links=None, key=None):
+        if links is None:
+            raise ValueError("selector 'ppr' needs links ([n, n] bool note-link adjacency)")
+        return select_ppr(
+            links, notes, query, valid, budget=budget, damping=damping, temperature=temperature, tol=tol,
+            max_iter=max_iter,
+        )
+
+    return fn
+
+
+def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
+    def build(
+        budget: int,
+        *,
+        params: Optional[CDSParams] = None,
+        beta=None,
+        tau=None,
+        eps=None,
+        coupling=None,
+        alpha_from=None,
+        tau_mode=None,
+        tau_temperature=None,
+        threshold: float = 1e-6,
+        tol: Optional[float] = None,
+        max_iter: Optional[int] = None,
+        init: str = "uniform",
+        prior_temperature: float = 0.1,
+        peel: bool = False,
+    ) -> SelectorFn:
+        if solver not in SOLVERS:
+            raise ValueError(
+                f"selector {name!r} needs solver {solver!r}, which is not registered "
+                f"(registered solvers: {sorted(SOLVERS)})"
+            )
+        fields = {k: v for k, v in dict(
+            beta=beta, tau=tau, eps=eps, coupling=coupling, alpha_from=alpha_from, tau_mode=tau_mode,
+            tau_temperature=tau_temperature,
+        ).items() if v is not None}
+        if params is not None and fields:
+            raise ValueError(f"pass either params or the CDSParams fields {sorted(fields)}, not both")
+        params = (params if params is not None else CDSParams(**fields)).check()
+        check_option("init", init, INITS)
+        if peel and init != "uniform":
+            raise ValueError(f"peel=True starts every round uniformly; init={init!r} is not supported with it")
+
+        if peel:
+            def fn(notes, query, valid, links=None, key=None):
+                return cds_peel(
+                    notes, query, valid, budget=budget, params=params, solver=solver, threshold=threshold,
+                    tol=tol, max_iter=max_iter,
+                )
+        else:
+            def fn(notes, query, valid, links=None, key=None):
+                return cds_select(
+                    notes, query, valid, budget=budget, params=params, solver=solver, threshold=threshold,
+                    tol=tol, max_iter=max_iter, init=init, prior_temperature=prior_temperature, links=links,
+                )
+
+        return fn
+
+    return build
+
+
+# name -> builder(budget, **options) -> selector function.
+SELECTORS: Dict[str, Callable[..., SelectorFn]] = {
+    "cosine": _cosine,
+    "random": _random,
+    "mmr": _mmr,
+    "dpp": _dpp,
+    "ppr": _ppr,
+    "cds": _cds_builder("cds", "replicator"),
+    "cds_converged": _cds_builder("cds_converged", "inimdyn"),
+}
+
+
+def selector_options(name: str) -> tuple:
+    """The option names ``make_selector(name, ...)`` accepts."""
+    check_option("selector", name, tuple(SELECTORS))
+    signature = inspect.signature(SELECTORS[name])
+    return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
+    """A selector function with the uniform signature.
+
+    Args:
+      name: one of :data:`SELECTORS`: ``"cosine"``, ``"random"``, ``"mmr"``,
+        ``"dpp"``, ``"ppr"``, ``"cds"`` (paper mode: replicator dynamics) or
+        ``"cds_converged"`` (InImDyn; needs that solver registered).
+      budget: number of notes to select.
+      **options: the selector's own options (see :func:`selector_options`),
+        e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
+        ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel`` for CDS.
+
+    Returns:
+      ``fn(notes, query, valid, links=None, key=None) -> Selection``, pure and
+      ``jit`` / ``vmap``-able.
+
+    Raises:
+      ValueError: naming an unknown selector, unknown options, or a bad value.
+    """
+    allowed = selector_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for selector {name!r}; allowed: {list(allowed)}")
+    budget = check_budget(budget)
+    fn = SELECTORS[name](budget, **options)
+    fn.__name__ = f"select_{name}"
+    return fn
