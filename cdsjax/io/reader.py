@@ -1,0 +1,701 @@
+"""The reader: answer a question from selected evidence through an OpenAI-compatible chat API.
+
+Retrieve-then-read ends here: the selected notes become one chat request (text notes as text, visual notes
+as base64 ``image_url`` parts with their caption and summary), the server (usually ``vllm serve``, see
+``experiments/serve_reader.sh``) answers with greedy decoding, and the answer comes back with the evidence
+numbers it cites.
+
+    reader = Reader(base_url="http://localhost:8000/v1", model="Qwen/Qwen3-VL-32B-Instruct")
+    out = reader.answer("What accuracy does Table 2 report?", evidence)
+    out.text, out.cited   # "91.2% [3]", (3,)
+
+Configuration falls back to environment variables for fields left unset:
+
+    CDSJAX_READER_URL       base URL of the server, e.g. http://localhost:8000/v1
+    CDSJAX_READER_MODEL     model name; when unset too, the server's only model is used (vLLM serves one)
+    CDSJAX_READER_API_KEY   API key; when unset, "EMPTY" (what a vLLM server without --api-key accepts)
+
+The judge (:mod:`cdsjax.io.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_MODEL`` /
+``CDSJAX_JUDGE_API_KEY`` the same way, with ``OPENAI_API_KEY`` as a further key fallback.
+
+Every failure to get an answer is a :class:`ReaderError` with a one-line message and a ``kind``:
+``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``, ``model_not_found``,
+``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. Transient failures (connection errors,
+timeouts, HTTP 408/409/429/5xx) are retried with exponential backoff (tenacity) before they are raised.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import math
+import os
+import random
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import openai
+import tenacity
+from tqdm.auto import tqdm
+
+TEXT_KINDS = ("text",)
+VISUAL_KINDS = ("figure", "table", "chart")
+KINDS = TEXT_KINDS + VISUAL_KINDS
+
+ABSTAIN = "Not answerable"
+DEFAULT_MAX_MODEL_LEN = 32768  # the paper's Qwen3-VL window, used when neither config nor server says
+
+# Token estimate of the no-retrieval control (paper App. B.6): ~3 characters per text token, a flat
+# allowance per image and for the prompt scaffolding, output between 256 and 8192 tokens.
+CHARS_PER_TOKEN = 3
+TOKENS_PER_IMAGE = 1500
+PROMPT_RESERVE_TOKENS = 1500
+MIN_OUTPUT_TOKENS = 256
+MAX_OUTPUT_TOKENS = 8192
+
+
+class ReaderError(RuntimeError):
+    """A failed reader or judge call, with a one-line message.
+
+    Attributes:
+      kind: what went wrong (see the module docstring for the list).
+      url: the server's base URL, when known.
+      attempts: how many requests were made before giving up (0 when none was sent).
+    """
+
+    def __init__(self, message: str, *, kind: str, url: Optional[str] = None, attempts: int = 0):
+        super().__init__(message)
+        self.kind = kind
+        self.url = url
+        self.attempts = attempts
+
+
+# Errors that every later request would hit too: a batch stops at the first one even when it collects errors.
+FATAL_KINDS = ("config", "unreachable", "model_not_found", "auth")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderConfig:
+    """How to reach an OpenAI-compatible chat server and how to decode (reader and judge alike).
+
+    Attributes:
+      base_url: server URL ending in ``/v1``; None reads ``<PREFIX>_URL`` from the environment.
+      model: model name; None reads ``<PREFIX>_MODEL``, and failing that uses the server's only model.
+      api_key: None reads ``<PREFIX>_API_KEY``, then "EMPTY".
+      timeout: seconds to wait for one response.
+      max_retries: retries of a transient failure (so at most ``max_retries + 1`` requests per call).
+      backoff: first wait between retries, in seconds; it doubles each retry, with up to ``backoff``
+        seconds of random jitter.
+      max_backoff: longest wait between retries, in seconds.
+      max_tokens: new tokens per answer (greedy decoding, paper: 1024).
+      temperature: sampling temperature; 0 is greedy.
+      max_text_chars: longest text passed per note (paper: 1500); longer text is cut.
+      concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
+      max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
+        length; None asks the server (vLLM reports it in /v1/models), else 32768.
+    """
+
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key: Optional[str] = None
+    timeout: float = 300.0
+    max_retries: int = 3
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    max_text_chars: int = 1500
+    concurrency: int = 8
+    max_model_len: Optional[int] = None
+
+    def __post_init__(self):
+        checks = {
+            "timeout": self.timeout > 0,
+            "max_retries": self.max_retries >= 0,
+            "backoff": self.backoff >= 0,
+            "max_backoff": self.max_backoff >= 0,
+            "max_tokens": self.max_tokens >= 1,
+            "temperature": self.temperature >= 0,
+            "max_text_chars": self.max_text_chars >= 1,
+            "concurrency": self.concurrency >= 1,
+            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ReaderConfig.{name} is out of range: {getattr(self, name)!r}")
+
+    def resolve(self, env_prefix: str = "CDSJAX_READER", key_fallbacks: Sequence[str] = ()) -> "ReaderConfig":
+        """Fills unset connection fields from ``<env_prefix>_URL`` / ``_MODEL`` / ``_API_KEY``.
+
+        Raises:
+          ReaderError: (kind ``config``) when no URL is given either way.
+        """
+        env = os.environ
+        base_url = self.base_url or env.get(f"{env_prefix}_URL") or None
+        if not base_url:
+            raise ReaderError(f"no server URL configured: pass base_url or set {env_prefix}_URL", kind="config")
+        api_key = self.api_key or env.get(f"{env_prefix}_API_KEY")
+        for name in key_fallbacks:
+            api_key = api_key or env.get(name)
+        return dataclasses.replace(
+            self,
+            base_url=base_url.rstrip("/"),
+            model=self.model or env.get(f"{env_prefix}_MODEL") or None,
+            api_key=api_key or "EMPTY",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvidenceItem:
+    """One selected note as the reader sees it (the pipeline fills these from the index).
+
+    Attributes:
+      note_id: the note's id in the index.
+      doc_id: the document it comes from.
+      page: 0-based page number (shown to the model 1-based, as people number pages).
+      kind: "text", "figure", "table" or "chart".
+      text: the note's text (a chunk, or a visual element's surrounding text).
+      summary: the note's summary.
+      caption: a visual element's caption.
+      bbox: (x0, y0, x1, y1) in PDF points, origin top-left, or None.
+      image_path: a PNG/JPEG crop of a visual element, or None (then only its text is sent).
+      score: the selector's score, or None.
+      rank: 1-based position in the selection, or None.
+    """
+
+    note_id: str
+    doc_id: str
+    page: int
+    kind: str = "text"
+    text: str = ""
+    summary: str = ""
+    caption: str = ""
+    bbox: Optional[tuple] = None
+    image_path: Optional[str] = None
+    score: Optional[float] = None
+    rank: Optional[int] = None
+
+    @property
+    def is_visual(self) -> bool:
+        return self.kind in VISUAL_KINDS
+
+    @classmethod
+    def from_any(cls, item: Union["EvidenceItem", Mapping[str, Any]], where: str = "evidence") -> "EvidenceItem":
+        """Accepts an EvidenceItem or a dict with the same keys (extra keys are ignored)."""
+        if isinstance(item, cls):
+            out = item
+        elif isinstance(item, Mapping):
+            missing = [k for k in ("note_id", "doc_id", "page") if k not in item]
+            if missing:
+                raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
+            names = {f.name for f in dataclasses.fields(cls)}
+            values = {k: v for k, v in item.items() if k in names}
+            for key in ("text", "summary", "caption"):
+                if values.get(key) is None:
+                    values[key] = ""
+            values["note_id"] = str(values["note_id"])
+            values["doc_id"] = str(values["doc_id"])
+            if values.get("image_path") is not None:
+                values["image_path"] = str(values["image_path"])
+            if values.get("bbox") is not None:
+                values["bbox"] = tuple(float(v) for v in values["bbox"])
+            out = cls(**values)
+        else:
+            raise TypeError(f"{where}: expected an EvidenceItem or a dict, got {type(item).__name__}")
+        if out.kind not in KINDS:
+            raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {out.kind!r}")
+        if not isinstance(out.page, int) or isinstance(out.page, bool) or out.page < 0:
+            raise ValueError(f"{where}: page must be a 0-based int, got {out.page!r}")
+        return out
+
+
+def as_evidence(evidence: Iterable[Union[EvidenceItem, Mapping[str, Any]]]) -> list:
+    """Converts a sequence of EvidenceItems or dicts to a list of EvidenceItems, naming a bad entry."""
+    if isinstance(evidence, (str, bytes, Mapping)):
+        raise TypeError("evidence must be a sequence of EvidenceItems or dicts")
+    return [EvidenceItem.from_any(e, where=f"evidence[{i}]") for i, e in enumerate(evidence)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderAnswer:
+    """The reader's answer.
+
+    Attributes:
+      text: the answer (any ``<think>`` block removed).
+      cited: evidence numbers (1-based, as in the prompt) the answer cites, in order of first citation.
+      abstained: True when the reader said the evidence does not answer the question.
+      usage: the server's token counts (prompt_tokens, completion_tokens, total_tokens), or None.
+      latency_s: wall time of the call, retries included.
+      model: the model that answered.
+      finish_reason: "stop", or "length" when the answer hit max_tokens.
+    """
+
+    text: str
+    cited: tuple
+    abstained: bool
+    usage: Optional[dict]
+    latency_s: float
+    model: str
+    finish_reason: Optional[str] = None
+
+
+SYSTEM_PROMPT = """\
+You answer questions about documents. The user gives you numbered pieces of evidence taken from the \
+documents (text passages, and images of figures, tables and charts with their captions), followed by a \
+question.
+
+- Base the answer on the evidence alone: no outside knowledge, no guessing.
+- Keep numbers, units, names and figure or table identifiers (such as "Figure 3" or "Table 2") exactly as \
+the evidence writes them; read values off images carefully.
+- Cite the evidence you use by its number in square brackets, right after the statement it supports, \
+for example [2] or [1][4].
+- If the evidence does not answer the question, reply with exactly: Not answerable
+- Be brief: the answer first, then at most two sentences of justification."""
+
+
+def build_messages(
+    question: str,
+    evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+    *,
+    max_text_chars: Optional[int] = 1500,
+) -> list:
+    """Builds the chat messages for one question (reads image files, sends nothing).
+
+    Args:
+      question: the user's question.
+      evidence: the selected notes, in the order the reader should see them; they are numbered [1], [2], ...
+      max_text_chars: longest text kept per note (None keeps everything); a visual note's caption and
+        summary share this budget.
+
+    Returns:
+      ``[system message, user message]``; the user message's content is a list of ``text`` and
+      ``image_url`` parts (images as base64 data URLs).
+
+    Raises:
+      ValueError / TypeError: a bad question or evidence entry, naming it.
+      FileNotFoundError: an evidence image that does not exist.
+    """
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("question must be a non-empty string")
+    items = as_evidence(evidence)
+    parts: list = []
+    lines = [f"Evidence ({len(items)} item{'s' if len(items) != 1 else ''}):" if items else
+             "Evidence: none was found for this question."]
+    for i, item in enumerate(items, start=1):
+        header = f"[{i}] {item.kind} | document: {item.doc_id} | page {item.page + 1}"
+        if item.is_visual:
+            body = _visual_text(item, max_text_chars)
+            lines.append(header + ("\n" + body if body else ""))
+            if item.image_path is not None:
+                parts.append({"type": "text", "text": "\n\n".join(lines)})
+                parts.append({"type": "image_url", "image_url": {"url": _data_url(item.image_path, i)}})
+                lines = []
+        else:
+            lines.append(header + "\n" + _cut(item.text or item.summary, max_text_chars))
+    lines.append(f"Question: {question.strip()}\n\nAnswer from the evidence above, citing it as [n].")
+    parts.append({"type": "text", "text": "\n\n".join(lines)})
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
+
+
+def _visual_text(item: EvidenceItem, max_chars: Optional[int]) -> str:
+    fields = [("Caption", item.caption.strip()), ("Summary", item.summary.strip())]
+    if fields[1][1] == fields[0][1]:
+        fields = fields[:1]  # the lite summary of a figure is often its caption
+    if item.image_path is None or not any(v for _, v in fields):
+        fields.append(("Text", item.text.strip()))
+    out = []
+    budget = max_chars
+    for name, value in fields:
+        if not value:
+            continue
+        if budget is not None and budget <= 0:
+            break
+        cut = _cut(value, budget)
+        out.append(f"{name}: {cut}")
+        if budget is not None:
+            budget -= len(cut)
+    return "\n".join(out)
+
+
+def _cut(text: str, max_chars: Optional[int]) -> str:
+    text = text.strip()
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    return text[: max_chars - 1].rstrip() + "…"
+
+
+_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
+                (b"GIF8", "image/gif"), (b"RIFF", "image/webp"))
+
+
+def _data_url(path: str, number: int) -> str:
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"evidence [{number}]: image file not found: {path}")
+    data = file.read_bytes()
+    mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), None)
+    if mime is None:
+        raise ValueError(f"evidence [{number}]: not a PNG/JPEG/GIF/WebP image: {path}")
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+_CITATION = re.compile(r"\[\s*(\d+(?:\s*(?:[,;]|[-–])\s*\d+)*)\s*\]")
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def parse_citations(text: str, n_evidence: int) -> tuple:
+    """Evidence numbers cited as ``[2]``, ``[1, 3]``, ``[1][4]`` or ``[2-4]``, in order of first citation.
+
+    Numbers outside 1..n_evidence (years in brackets, say) are ignored.
+    """
+    seen: list = []
+    for match in _CITATION.finditer(text):
+        for piece in re.split(r"\s*[,;]\s*", match.group(1)):
+            bounds = [int(b) for b in re.split(r"\s*[-–]\s*", piece)]
+            lo, hi = bounds[0], bounds[-1]
+            numbers = range(lo, hi + 1) if lo <= hi and hi - lo < n_evidence else (lo, hi)
+            for k in numbers:
+                if 1 <= k <= n_evidence and k not in seen:
+                    seen.append(k)
+    return tuple(seen)
+
+
+def strip_thinking(text: str) -> str:
+    """Removes a reasoning model's ``<think>...</think>`` block (or everything before a lone ``</think>``)."""
+    text = _THINK.sub("", text)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    return text.strip()
+
+
+def is_abstention(text: str) -> bool:
+    return re.sub(r"[^a-z ]", "", text.lower()).strip().startswith(ABSTAIN.lower())
+
+
+def _oneline(text: Any, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_CONTEXT_TOO_LONG = re.compile(
+    r"context length|context_length|context window|maximum model length|max_model_len|"
+    r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit)", re.IGNORECASE)
+
+
+def _is_transient(err: BaseException) -> bool:
+    if isinstance(err, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(err, openai.APIStatusError):
+        return err.status_code in (408, 409, 429) or err.status_code >= 500
+    return False
+
+
+def _server_message(err: openai.APIStatusError) -> str:
+    body = err.body
+    if isinstance(body, Mapping):
+        message = body.get("message") or body.get("detail") or body
+        return _oneline(message)
+    return _oneline(body if body else err.message)
+
+
+class ChatClient:
+    """Shared machinery of the reader and the judge: config, one openai client, retries, errors, batches."""
+
+    env_prefix = "CDSJAX_READER"
+    key_fallbacks: tuple = ()
+    role = "reader"
+
+    def __init__(self, config: Optional[ReaderConfig] = None, **overrides: Any):
+        config = config if config is not None else ReaderConfig()
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        self.config = config.resolve(self.env_prefix, self.key_fallbacks)
+        self.url = self.config.base_url
+        # openai's own retries are off: tenacity retries instead, so backoff is configurable and errors
+        # can say how many attempts were made.
+        self.client = openai.OpenAI(base_url=self.url, api_key=self.config.api_key,
+                                    timeout=self.config.timeout, max_retries=0)
+        self._model = self.config.model
+        self._model_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def list_models(self) -> list:
+        """The server's /v1/models entries as dicts (vLLM adds ``max_model_len``)."""
+        try:
+            page = self.client.models.list()
+        except openai.OpenAIError as err:
+            raise self._error(err, attempts=1) from err
+        return [m.model_dump() for m in page.data]
+
+    @property
+    def model(self) -> str:
+        """The configured model, or the server's only model when none is configured."""
+        with self._model_lock:
+            if self._model is None:
+                names = [m["id"] for m in self.list_models()]
+                if len(names) != 1:
+                    offered = ", ".join(names) if names else "none"
+                    raise ReaderError(
+                        f"no {self.role} model configured and the server at {self.url} offers {offered}: "
+                        f"pass model or set {self.env_prefix}_MODEL", kind="config", url=self.url)
+                self._model = names[0]
+            return self._model
+
+    def check(self) -> str:
+        """Confirms the server is up and serves the model; returns the model name."""
+        model = self.model
+        names = [m["id"] for m in self.list_models()]
+        if model not in names:
+            raise ReaderError(self._not_found_message(model, names), kind="model_not_found", url=self.url)
+        return model
+
+    def chat(self, messages: list, *, max_tokens: Optional[int] = None) -> tuple:
+        """One chat completion with retries.
+
+        Returns:
+          (content, finish_reason, usage dict or None, model name, latency in seconds).
+        """
+        cfg = self.config
+        model = self.model
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(cfg.max_retries + 1),
+            wait=(tenacity.wait_exponential(multiplier=cfg.backoff, max=cfg.max_backoff)
+                  + tenacity.wait_random(0, cfg.backoff)),
+            retry=tenacity.retry_if_exception(_is_transient),
+            reraise=True,
+        )
+        attempts = 0
+        start = time.perf_counter()
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    response = self.client.chat.completions.create(
+                        model=model, messages=messages, temperature=cfg.temperature,
+                        max_tokens=int(max_tokens or cfg.max_tokens))
+        except openai.OpenAIError as err:
+            raise self._error(err, attempts) from err
+        latency = time.perf_counter() - start
+        choices = getattr(response, "choices", None) or []
+        content = choices[0].message.content if choices and choices[0].message is not None else None
+        if content is None:
+            reason = choices[0].finish_reason if choices else None
+            raise ReaderError(f"the {self.role} at {self.url} returned no message content "
+                              f"(finish_reason={reason})", kind="bad_response", url=self.url, attempts=attempts)
+        usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
+        return content, choices[0].finish_reason, usage, response.model or model, latency
+
+    def _not_found_message(self, model: str, names: Sequence[str]) -> str:
+        offered = ", ".join(names) if names else "no models"
+        return f"model '{model}' not found at {self.url}; the server offers: {offered}"
+
+    def _error(self, err: openai.OpenAIError, attempts: int) -> ReaderError:
+        url, role = self.url, self.role
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        if isinstance(err, openai.APITimeoutError):
+            return ReaderError(f"the {role} at {url} did not answer within {self.config.timeout:g} s ({tries})",
+                               kind="timeout", url=url, attempts=attempts)
+        if isinstance(err, openai.APIConnectionError):
+            cause = _oneline(err.__cause__ or err.message, 200)
+            return ReaderError(f"cannot reach the {role} at {url}: {cause} ({tries}; is the server running?)",
+                               kind="unreachable", url=url, attempts=attempts)
+        if isinstance(err, openai.APIStatusError):
+            status, message = err.status_code, _server_message(err)
+            if status == 404:
+                return self._model_not_found(message, attempts)
+            if status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message):
+                return ReaderError(f"the request is too long for model '{self._model}' at {url}: {message}",
+                                   kind="context_too_long", url=url, attempts=attempts)
+            if status in (401, 403):
+                return ReaderError(f"the {role} at {url} refused the API key (HTTP {status}): {message}; "
+                                   f"set {self.env_prefix}_API_KEY", kind="auth", url=url, attempts=attempts)
+            if status == 429:
+                return ReaderError(f"the {role} at {url} is rate limiting (HTTP 429) after {tries}: {message}",
+                                   kind="rate_limited", url=url, attempts=attempts)
+            if status >= 500 or status in (408, 409):
+                return ReaderError(f"the {role} at {url} failed with HTTP {status} after {tries}: {message}",
+                                   kind="server_error", url=url, attempts=attempts)
+            return ReaderError(f"the {role} at {url} rejected the request (HTTP {status}): {message}",
+                               kind="bad_request", url=url, attempts=attempts)
+        return ReaderError(f"the {role} at {url} sent an unreadable response: {_oneline(err)}",
+                           kind="bad_response", url=url, attempts=attempts)
+
+    def _model_not_found(self, message: str, attempts: int) -> ReaderError:
+        model = self._model
+        try:
+            names = [m.id for m in self.client.models.list().data]
+        except openai.OpenAIError as err:
+            return ReaderError(
+                f"{self.url} answered HTTP 404 for model '{model}' ({message}) and could not list its models "
+                f"({_oneline(err, 120)}); check the URL (it usually ends in /v1) and the model name",
+                kind="model_not_found", url=self.url, attempts=attempts)
+        if model in names:
+            return ReaderError(f"the {self.role} at {self.url} answered HTTP 404: {message}",
+                               kind="bad_request", url=self.url, attempts=attempts)
+        return ReaderError(self._not_found_message(model, names), kind="model_not_found",
+                           url=self.url, attempts=attempts)
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], *, desc: str, progress: bool,
+            errors: str) -> list:
+        """Applies ``fn`` to each item with at most ``config.concurrency`` calls in flight; keeps order.
+
+        With ``errors="return"`` a failed item's exception takes its place in the result, except for
+        errors every later call would hit too (server unreachable, unknown model, refused key), which
+        stop the batch; with ``errors="raise"`` the first failure stops it.
+        """
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
+        items = list(items)
+        results: list = [None] * len(items)
+        if not items:
+            return results
+        workers = min(self.config.concurrency, len(items))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"cdsjax-{self.role}")
+        try:
+            with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+                for future in as_completed(futures):
+                    try:
+                        results[futures[future]] = future.result()
+                    except Exception as err:
+                        if errors == "raise" or getattr(err, "kind", None) in FATAL_KINDS:
+                            raise
+                        results[futures[future]] = err
+                    bar.update()
+        except BaseException:
+            # Fail fast: drop queued calls and do not wait for the ones in flight.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return results
+
+
+class Reader(ChatClient):
+    """Answers questions from evidence through an OpenAI-compatible server (vLLM, OpenAI, ...).
+
+    ``Reader(config)`` or ``Reader(base_url=..., model=..., timeout=...)`` (keyword overrides of
+    :class:`ReaderConfig`). Creating one sends nothing; the first call does.
+    """
+
+    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
+               max_tokens: Optional[int] = None) -> ReaderAnswer:
+        """Answers ``question`` from ``evidence`` (numbered [1].. in the prompt, text cut to
+        ``config.max_text_chars`` per note).
+
+        Args:
+          max_tokens: new-token limit for this call (default ``config.max_tokens``).
+
+        Raises:
+          ReaderError: the server could not give an answer (after retries where retrying makes sense).
+        """
+        items = as_evidence(evidence)
+        messages = build_messages(question, items, max_text_chars=self.config.max_text_chars)
+        return self._read(messages, len(items), max_tokens)
+
+    def _read(self, messages: list, n_evidence: int, max_tokens: Optional[int]) -> ReaderAnswer:
+        content, finish, usage, model, latency = self.chat(messages, max_tokens=max_tokens)
+        text = strip_thinking(content)
+        return ReaderAnswer(text=text, cited=parse_citations(text, n_evidence), abstained=is_abstention(text),
+                            usage=usage, latency_s=latency, model=model, finish_reason=finish)
+
+    def answer_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
+        """Answers many questions, ``config.concurrency`` at a time, in input order.
+
+        Args:
+          items: ``(question, evidence)`` pairs or dicts with ``question``, ``evidence`` and optionally
+            ``max_tokens``.
+          progress: show a progress bar.
+          errors: "raise" stops at the first failure; "return" puts a failed item's exception in its place
+            (a server that is down or lacks the model still stops the batch).
+        """
+        def one(item):
+            if isinstance(item, Mapping):
+                return self.answer(item["question"], item["evidence"], max_tokens=item.get("max_tokens"))
+            question, evidence = item
+            return self.answer(question, evidence)
+
+        return self.map(one, items, desc="reader", progress=progress, errors=errors)
+
+    def max_model_len(self) -> int:
+        """The context window: ``config.max_model_len``, else the server's (vLLM reports it), else 32768."""
+        if self.config.max_model_len is not None:
+            return self.config.max_model_len
+        model = self.model
+        for entry in self.list_models():
+            if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
+                return entry["max_model_len"]
+        return DEFAULT_MAX_MODEL_LEN
+
+    def answer_without_retrieval(self, question: str, elements: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+                                 qid: str, *, seed: int = 42, k_text: int = 10, k_visual: int = 10) -> ReaderAnswer:
+        """The no-retrieval control (paper App. B.6): sampled document content instead of selected evidence.
+
+        Samples ``k_text`` text chunks and ``k_visual`` visual elements of ``elements`` with
+        :func:`no_retrieval_evidence`, passes the chunks whole (the control concatenates full chunks), and
+        clamps the output length to the server window with :func:`clamp_output_tokens`.
+        """
+        evidence = no_retrieval_evidence(elements, qid, seed=seed, k_text=k_text, k_visual=k_visual)
+        messages = build_messages(question, evidence, max_text_chars=None)
+        n_images = sum(1 for e in evidence if e.is_visual and e.image_path is not None)
+        max_tokens = clamp_output_tokens(_text_chars(messages), n_images, self.max_model_len())
+        return self._read(messages, len(evidence), max_tokens)
+
+
+def _text_chars(messages: list) -> int:
+    total = 0
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            total += len(content)
+        else:
+            total += sum(len(p["text"]) for p in content if p.get("type") == "text")
+    return total
+
+
+def no_retrieval_evidence(elements: Sequence[Union[EvidenceItem, Mapping[str, Any]]], qid: str, *,
+                          seed: int = 42, k_text: int = 10, k_visual: int = 10) -> list:
+    r"""Deterministically samples the no-retrieval control's evidence (paper App. B.6).
+
+    Draws ``min(k_text, #text)`` text chunks and ``min(k_visual, #visual)`` visual elements uniformly without
+    replacement, with a generator seeded by the integer value of ``md5(f"{seed}:{qid}")`` (text first, then
+    visual, from the same generator), so a (seed, query) pair always gets the same sample.
+
+    Returns:
+      EvidenceItems: the sampled text chunks in their input order, then the sampled visual elements in their
+      input order, with ``rank`` 1.. and ``score`` None.
+    """
+    if k_text < 0 or k_visual < 0:
+        raise ValueError(f"k_text and k_visual must be >= 0, got {k_text} and {k_visual}")
+    items = [EvidenceItem.from_any(e, where=f"elements[{i}]") for i, e in enumerate(elements)]
+    rng = random.Random(int(hashlib.md5(f"{seed}:{qid}".encode()).hexdigest(), 16))
+    text = [i for i, e in enumerate(items) if not e.is_visual]
+    visual = [i for i, e in enumerate(items) if e.is_visual]
+    chosen = sorted(rng.sample(text, min(k_text, len(text)))) + sorted(rng.sample(visual, min(k_visual, len(visual))))
+    return [dataclasses.replace(items[i], rank=r, score=None) for r, i in enumerate(chosen, start=1)]
+
+
+def clamp_output_tokens(context_chars: int, n_images: int, max_model_len: int) -> int:
+    r"""Output-token budget of the no-retrieval control (paper App. B.6, Eq. 16).
+
+    .. math:: T_{out} = \max(256, \min(8192, L_{max} - |c|/3 - 1500\,n_{img} - 1500))
+
+    with ~3 characters per text token and 1500 tokens per image; the result is rounded down.
+    """
+    if context_chars < 0 or n_images < 0 or max_model_len < 1:
+        raise ValueError(f"need context_chars >= 0, n_images >= 0, max_model_len >= 1; got "
+                         f"{context_chars}, {n_images}, {max_model_len}")
+    room = max_model_len - context_chars / CHARS_PER_TOKEN - TOKENS_PER_IMAGE * n_images - PROMPT_RESERVE_TOKENS
+    return int(max(MIN_OUTPUT_TOKENS, min(MAX_OUTPUT_TOKENS, math.floor(room))))

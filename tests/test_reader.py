@@ -1,0 +1,315 @@
+"""The reader client against a real local HTTP server speaking the OpenAI API (tests/openai_server.py)."""
+
+import base64
+import hashlib
+import random
+import socket
+import threading
+import time
+
+import pytest
+from PIL import Image
+
+from cdsjax.io.reader import (
+    EvidenceItem,
+    Reader,
+    ReaderConfig,
+    ReaderError,
+    build_messages,
+    clamp_output_tokens,
+    no_retrieval_evidence,
+    parse_citations,
+)
+from tests.openai_server import OpenAIServer, completion, message_images, message_text
+
+FAST = dict(model="test-model", max_retries=2, backoff=0.01, max_backoff=0.02, timeout=5.0)
+
+
+@pytest.fixture
+def png(tmp_path):
+    path = tmp_path / "figure3.png"
+    Image.new("RGB", (8, 6), (200, 30, 30)).save(path)
+    return path
+
+
+@pytest.fixture
+def evidence(png):
+    return [
+        EvidenceItem(note_id="n7", doc_id="paper.pdf", page=4, kind="text",
+                     text="The model reaches 91.2% accuracy on the held-out split. " + "filler " * 400),
+        {"note_id": "n9", "doc_id": "paper.pdf", "page": 5, "kind": "figure", "bbox": [10, 20, 300, 240],
+         "caption": "Figure 3: Accuracy versus budget.", "summary": "A line plot rising to 91.2%.",
+         "text": "surrounding words", "image_path": str(png), "score": 0.8, "rank": 2},
+        {"note_id": "n2", "doc_id": "other.pdf", "page": 0, "kind": "table", "caption": "Table 1: Datasets.",
+         "summary": "", "text": "Table 1 lists 5 datasets.", "image_path": None},
+    ]
+
+
+def closed_port_url():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_build_messages_carries_question_text_and_images(evidence, png):
+    messages = build_messages("What accuracy does Figure 3 show?", evidence, max_text_chars=1500)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    parts = messages[1]["content"]
+    texts = [p["text"] for p in parts if p["type"] == "text"]
+    images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+    joined = "\n".join(texts)
+    # One image (the table has no crop), sent as the PNG file's bytes.
+    assert len(images) == 1
+    prefix, payload = images[0].split(",", 1)
+    assert prefix == "data:image/png;base64"
+    assert base64.b64decode(payload) == png.read_bytes()
+    # The figure's header, caption and summary come right before its image; pages are shown 1-based.
+    before_image = texts[parts.index(next(p for p in parts if p["type"] == "image_url")) - 1]
+    assert "[2] figure | document: paper.pdf | page 6" in before_image
+    assert before_image.rstrip().endswith("Summary: A line plot rising to 91.2%.")
+    assert "Caption: Figure 3: Accuracy versus budget." in before_image
+    # The table without an image falls back to its text; the question comes last.
+    assert "[3] table | document: other.pdf | page 1" in joined and "Table 1 lists 5 datasets." in joined
+    assert texts[-1].index("What accuracy does Figure 3 show?") > texts[-1].index("[3] table")
+    # The long text note is cut to max_text_chars.
+    block = joined.split("[1] text | document: paper.pdf | page 5\n", 1)[1].split("\n\n", 1)[0]
+    assert block.startswith("The model reaches 91.2%") and len(block) == 1500
+
+
+def test_build_messages_rejects_bad_input(evidence, tmp_path):
+    with pytest.raises(ValueError, match="question"):
+        build_messages("  ", evidence)
+    with pytest.raises(ValueError, match=r"evidence\[1\]: kind"):
+        build_messages("q", [evidence[0], dict(evidence[1], kind="picture")])
+    with pytest.raises(ValueError, match=r"evidence\[0\]: missing key\(s\) page"):
+        build_messages("q", [{"note_id": "a", "doc_id": "d"}])
+    missing = tmp_path / "gone.png"
+    with pytest.raises(FileNotFoundError, match="gone.png"):
+        build_messages("q", [dict(evidence[1], image_path=str(missing))])
+    not_image = tmp_path / "notes.png"
+    not_image.write_text("hello")
+    with pytest.raises(ValueError, match="notes.png"):
+        build_messages("q", [dict(evidence[1], image_path=str(not_image))])
+
+
+def test_parse_citations():
+    assert parse_citations("It is 5 [2], see also [1, 3] and [2][4].", 4) == (2, 1, 3, 4)
+    assert parse_citations("Rows [2-4] agree; in [2019] nothing [0].", 5) == (2, 3, 4)
+    assert parse_citations("No markers here.", 3) == ()
+
+
+def test_answer_end_to_end(evidence, png):
+    def responder(req):
+        text = message_text(req)
+        # Answer only if the evidence really arrived, citing the notes it came from.
+        if "91.2%" in text and "Figure 3" in text and message_images(req):
+            return "<think>look at the plot</think>Accuracy is 91.2% [2], on the held-out split [1]."
+        return "Not answerable"
+
+    with OpenAIServer(responder) as srv:
+        reader = Reader(base_url=srv.base_url, **FAST)
+        out = reader.answer("What accuracy does Figure 3 show?", evidence)
+        assert len(srv.requests) == 1
+        req = srv.requests[0]
+    assert out.text == "Accuracy is 91.2% [2], on the held-out split [1]."
+    assert out.cited == (2, 1) and not out.abstained
+    assert out.model == "test-model" and out.finish_reason == "stop"
+    assert out.usage["total_tokens"] == 2 and out.latency_s > 0
+    assert req["model"] == "test-model" and req["temperature"] == 0 and req["max_tokens"] == 1024
+    assert "What accuracy does Figure 3 show?" in message_text(req)
+    assert "The model reaches 91.2% accuracy" in message_text(req)
+    assert base64.b64decode(message_images(req)[0].split(",", 1)[1]) == png.read_bytes()
+
+
+def test_abstention_and_model_autodetect(evidence):
+    with OpenAIServer(lambda req: "Not answerable.", models=("only-model",)) as srv:
+        reader = Reader(base_url=srv.base_url, backoff=0.01)  # no model given: the server's only one
+        out = reader.answer("Who wrote it?", evidence[:1])
+        assert srv.requests[0]["model"] == "only-model"
+    assert out.abstained and out.cited == ()
+
+
+def test_env_fallback(monkeypatch):
+    monkeypatch.setenv("CDSJAX_READER_URL", "http://example.invalid:9/v1/")
+    monkeypatch.setenv("CDSJAX_READER_MODEL", "env-model")
+    monkeypatch.setenv("CDSJAX_READER_API_KEY", "env-key")
+    cfg = Reader().config
+    assert (cfg.base_url, cfg.model, cfg.api_key) == ("http://example.invalid:9/v1", "env-model", "env-key")
+    explicit = Reader(base_url="http://h/v1", model="m", api_key="k").config
+    assert (explicit.base_url, explicit.model, explicit.api_key) == ("http://h/v1", "m", "k")
+    monkeypatch.delenv("CDSJAX_READER_URL")
+    monkeypatch.delenv("CDSJAX_READER_API_KEY")
+    with pytest.raises(ReaderError, match="CDSJAX_READER_URL") as info:
+        Reader()
+    assert info.value.kind == "config"
+    assert Reader(base_url="http://h/v1").config.api_key == "EMPTY"
+    with pytest.raises(ValueError, match="ReaderConfig.concurrency"):
+        ReaderConfig(concurrency=0)
+
+
+def test_server_down_is_a_clear_error_after_retries(evidence):
+    url = closed_port_url()
+    reader = Reader(base_url=url, **FAST)
+    with pytest.raises(ReaderError) as info:
+        reader.answer("q", evidence[:1])
+    err = info.value
+    assert err.kind == "unreachable" and err.attempts == 3
+    assert str(err).startswith(f"cannot reach the reader at {url}") and "\n" not in str(err)
+
+
+def test_timeout_after_retries(evidence):
+    with OpenAIServer(lambda req: "late", delay=0.6) as srv:
+        reader = Reader(base_url=srv.base_url, **dict(FAST, timeout=0.2, max_retries=1))
+        with pytest.raises(ReaderError, match=r"did not answer within 0.2 s \(2 attempts\)") as info:
+            reader.answer("q", evidence[:1])
+        assert info.value.kind == "timeout"
+        time.sleep(0.05)
+        assert len(srv.requests) == 2
+
+
+def test_http_500_after_retries(evidence):
+    with OpenAIServer(lambda req: (500, {"error": {"message": "CUDA out of memory"}})) as srv:
+        reader = Reader(base_url=srv.base_url, **FAST)
+        with pytest.raises(ReaderError) as info:
+            reader.answer("q", evidence[:1])
+        assert len(srv.requests) == 3
+    err = info.value
+    assert err.kind == "server_error" and err.attempts == 3
+    assert "HTTP 500 after 3 attempts: CUDA out of memory" in str(err)
+
+
+def test_transient_errors_are_retried_until_success(evidence):
+    calls = []
+
+    def flaky(req):
+        calls.append(1)
+        return (503, {"error": {"message": "warming up"}}) if len(calls) < 3 else "fine [1]"
+
+    with OpenAIServer(flaky) as srv:
+        out = Reader(base_url=srv.base_url, **FAST).answer("q", evidence[:1])
+    assert out.text == "fine [1]" and out.cited == (1,) and len(calls) == 3
+
+
+def test_model_not_found_lists_served_models(evidence):
+    with OpenAIServer(models=("qwen-a", "qwen-b")) as srv:
+        reader = Reader(base_url=srv.base_url, **dict(FAST, model="nope"))
+        with pytest.raises(ReaderError) as info:
+            reader.answer("q", evidence[:1])
+        assert len(srv.requests) == 1  # not retried
+    assert info.value.kind == "model_not_found"
+    assert str(info.value) == f"model 'nope' not found at {srv.base_url}; the server offers: qwen-a, qwen-b"
+
+
+def test_context_too_long_is_not_retried(evidence):
+    body = {"object": "error", "type": "BadRequestError", "code": 400,
+            "message": "This model's maximum context length is 32768 tokens. However, you requested "
+                       "40000 tokens (38976 in the messages, 1024 in the completion)."}
+    with OpenAIServer(lambda req: (400, body)) as srv:
+        with pytest.raises(ReaderError, match="too long for model 'test-model'.*maximum context length") as info:
+            Reader(base_url=srv.base_url, **FAST).answer("q", evidence[:1])
+        assert len(srv.requests) == 1
+    assert info.value.kind == "context_too_long"
+
+
+def test_answer_many_keeps_order_and_bounds_concurrency(evidence):
+    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+
+    def responder(req):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.15)
+        with lock:
+            state["now"] -= 1
+        question = message_text(req).split("Question: ")[1].split("\n")[0]
+        if question == "q3":
+            return (400, {"error": {"message": "bad image"}})
+        return f"answer to {question} [1]"
+
+    items = [(f"q{i}", evidence[:1]) for i in range(8)]
+    with OpenAIServer(responder) as srv:
+        reader = Reader(base_url=srv.base_url, **dict(FAST, concurrency=3))
+        out = reader.answer_many(items, progress=False, errors="return")
+        with pytest.raises(ReaderError, match="bad image"):
+            reader.answer_many(items, progress=False)
+    assert 2 <= state["peak"] <= 3
+    assert isinstance(out[3], ReaderError) and out[3].kind == "bad_request"
+    assert [o.text for i, o in enumerate(out) if i != 3] == [f"answer to q{i} [1]" for i in range(8) if i != 3]
+
+
+def test_answer_many_stops_when_server_is_down(evidence):
+    reader = Reader(base_url=closed_port_url(), **dict(FAST, max_retries=0))
+    with pytest.raises(ReaderError) as info:
+        reader.answer_many([("q", evidence[:1])] * 4, progress=False, errors="return")
+    assert info.value.kind == "unreachable"
+
+
+def test_clamp_output_tokens():
+    # Hand-computed from T = max(256, min(8192, L - chars/3 - 1500 n - 1500)).
+    assert clamp_output_tokens(0, 0, 32768) == 8192
+    assert clamp_output_tokens(30000, 10, 32768) == 32768 - 10000 - 15000 - 1500  # 6268
+    assert clamp_output_tokens(30001, 10, 32768) == 6267  # 6267.67 rounds down
+    assert clamp_output_tokens(90000, 10, 32768) == 256
+    with pytest.raises(ValueError):
+        clamp_output_tokens(-1, 0, 32768)
+
+
+def make_elements(n_text, n_visual):
+    out = [{"note_id": f"t{i}", "doc_id": "d", "page": i // 3, "kind": "text", "text": f"chunk {i}"}
+           for i in range(n_text)]
+    out += [{"note_id": f"v{i}", "doc_id": "d", "page": i, "kind": ("figure", "table", "chart")[i % 3],
+             "caption": f"Figure {i}"} for i in range(n_visual)]
+    return out
+
+
+def test_no_retrieval_evidence_is_seeded_by_md5_of_seed_and_qid():
+    elements = make_elements(40, 15)
+    got = no_retrieval_evidence(elements, "q17", seed=43)
+    assert [e.rank for e in got] == list(range(1, 21))
+    # Reference: a generator seeded by md5("43:q17"), drawing text positions then visual positions.
+    rng = random.Random(int(hashlib.md5(b"43:q17").hexdigest(), 16))
+    text_idx = sorted(rng.sample(range(40), 10))
+    visual_idx = sorted(rng.sample(range(15), 10))
+    assert [e.note_id for e in got] == [f"t{i}" for i in text_idx] + [f"v{i}" for i in visual_idx]
+    assert got == no_retrieval_evidence(elements, "q17", seed=43)
+    assert [e.note_id for e in no_retrieval_evidence(elements, "q17", seed=44)] != [e.note_id for e in got]
+    # Fewer elements than asked for: all of them, in order.
+    few = no_retrieval_evidence(make_elements(3, 2), "q1")
+    assert [e.note_id for e in few] == ["t0", "t1", "t2", "v0", "v1"]
+
+
+def test_answer_without_retrieval_clamps_output_to_the_window(png):
+    elements = make_elements(12, 0)
+    for e in elements:
+        e["text"] = e["text"] + " x" * 1500  # 3000-char chunks, passed whole
+    elements += [{"note_id": f"v{i}", "doc_id": "d", "page": i, "kind": "figure", "caption": f"Figure {i}",
+                  "image_path": str(png)} for i in range(12)]
+    with OpenAIServer(lambda req: "Not answerable") as srv:
+        reader = Reader(base_url=srv.base_url, **dict(FAST, max_model_len=32768))
+        reader.answer_without_retrieval("What is shown?", elements, "q5", seed=42)
+        req = srv.requests[0]
+    text = message_text(req)
+    assert len(message_images(req)) == 10
+    assert sum(text.count(f"chunk {i} x") for i in range(12)) == 10 and " x" * 1500 in text
+    # |context| counts every character of text in the request (instructions included).
+    chars = len(req["messages"][0]["content"]) + sum(
+        len(p["text"]) for p in req["messages"][1]["content"] if p["type"] == "text")
+    expected = max(256, min(8192, int(32768 - chars / 3 - 1500 * 10 - 1500)))
+    assert req["max_tokens"] == expected and 256 < expected < 8192
+
+
+def test_max_model_len_comes_from_the_server_when_unset():
+    with OpenAIServer() as srv:
+        reader = Reader(base_url=srv.base_url, **FAST)
+        assert reader.max_model_len() == 32768  # the fake server reports none: the paper's default
+        assert Reader(base_url=srv.base_url, **dict(FAST, max_model_len=4096)).max_model_len() == 4096
+
+
+def test_malformed_response_is_a_clear_error(evidence):
+    body = completion("x")
+    body["choices"][0]["message"]["content"] = None
+    with OpenAIServer(lambda req: body) as srv:
+        with pytest.raises(ReaderError, match="no message content") as info:
+            Reader(base_url=srv.base_url, **FAST).answer("q", evidence[:1])
+    assert info.value.kind == "bad_response"
