@@ -1,6 +1,7 @@
 """The reader client against a real local HTTP server speaking the OpenAI API (tests/openai_server.py)."""
 
 import base64
+import dataclasses
 import hashlib
 import random
 import socket
@@ -201,6 +202,17 @@ def test_model_not_found_lists_served_models(evidence):
     assert str(info.value) == f"model 'nope' not found at {srv.base_url}; the server offers: qwen-a, qwen-b"
 
 
+def test_check(evidence):
+    with OpenAIServer(models=("qwen-a", "qwen-b")) as srv:
+        assert Reader(base_url=srv.base_url, **dict(FAST, model="qwen-b")).check() == "qwen-b"
+        with pytest.raises(ReaderError, match="the server offers: qwen-a, qwen-b") as info:
+            Reader(base_url=srv.base_url, **FAST).check()
+        assert info.value.kind == "model_not_found"
+        with pytest.raises(ReaderError, match="offers qwen-a, qwen-b: pass model or set CDSJAX_READER_MODEL"):
+            Reader(base_url=srv.base_url, backoff=0.01).answer("q", evidence[:1])
+        assert srv.requests == []  # no chat request without a model
+
+
 def test_context_too_long_is_not_retried(evidence):
     body = {"object": "error", "type": "BadRequestError", "code": 400,
             "message": "This model's maximum context length is 32768 tokens. However, you requested "
@@ -277,6 +289,26 @@ def test_no_retrieval_evidence_is_seeded_by_md5_of_seed_and_qid():
     # Fewer elements than asked for: all of them, in order.
     few = no_retrieval_evidence(make_elements(3, 2), "q1")
     assert [e.note_id for e in few] == ["t0", "t1", "t2", "v0", "v1"]
+
+
+@dataclasses.dataclass
+class Chunk:  # an ingestion-style element: no note_id, a role, an image path relative to the index
+    doc_id: str
+    page: int
+    kind: str
+    text: str
+    reading_order: int
+    role: str = "body"
+    caption: str = ""
+    image_path: str = None
+
+
+def test_no_retrieval_evidence_takes_elements(png):
+    elements = [Chunk("a.pdf", 0, "text", "body text", 0), Chunk("a.pdf", 0, "text", "Figure 1: x", 1, "caption"),
+                Chunk("a.pdf", 0, "figure", "", 2, "figure", "Figure 1: x", png.name)]
+    got = no_retrieval_evidence(elements, "q", image_root=png.parent)
+    assert [e.note_id for e in got] == ["a.pdf:0", "a.pdf:2"]  # the caption element is not a text chunk
+    assert got[1].image_path == str(png) and got[1].caption == "Figure 1: x"
 
 
 def test_answer_without_retrieval_clamps_output_to_the_window(png):

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import openai
 import tenacity
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 TEXT_KINDS = ("text",)
 VISUAL_KINDS = ("figure", "table", "chart")
@@ -186,7 +186,10 @@ class EvidenceItem:
 
     @classmethod
     def from_any(cls, item: Union["EvidenceItem", Mapping[str, Any]], where: str = "evidence") -> "EvidenceItem":
-        """Accepts an EvidenceItem or a dict with the same keys (extra keys are ignored)."""
+        """Accepts an EvidenceItem, or a dict / dataclass (an ingestion ``Element``, say) with the same keys;
+        extra keys are ignored."""
+        if dataclasses.is_dataclass(item) and not isinstance(item, (type, cls)):
+            item = dataclasses.asdict(item)
         if isinstance(item, cls):
             out = item
         elif isinstance(item, Mapping):
@@ -436,6 +439,10 @@ class ChatClient:
         """The server's /v1/models entries as dicts (vLLM adds ``max_model_len``)."""
         try:
             page = self.client.models.list()
+        except openai.NotFoundError as err:
+            raise ReaderError(f"the {self.role} at {self.url} has no model list (HTTP 404: {_server_message(err)}); "
+                              f"check the URL (it usually ends in /v1)", kind="bad_request", url=self.url,
+                              attempts=1) from err
         except openai.OpenAIError as err:
             raise self._error(err, attempts=1) from err
         return [m.model_dump() for m in page.data]
@@ -639,15 +646,18 @@ class Reader(ChatClient):
                 return entry["max_model_len"]
         return DEFAULT_MAX_MODEL_LEN
 
-    def answer_without_retrieval(self, question: str, elements: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
-                                 qid: str, *, seed: int = 42, k_text: int = 10, k_visual: int = 10) -> ReaderAnswer:
+    def answer_without_retrieval(self, question: str, elements: Sequence[Any], qid: str, *, seed: int = 42,
+                                 k_text: int = 10, k_visual: int = 10,
+                                 image_root: Optional[Union[str, Path]] = None) -> ReaderAnswer:
         """The no-retrieval control (paper App. B.6): sampled document content instead of selected evidence.
 
         Samples ``k_text`` text chunks and ``k_visual`` visual elements of ``elements`` with
-        :func:`no_retrieval_evidence`, passes the chunks whole (the control concatenates full chunks), and
-        clamps the output length to the server window with :func:`clamp_output_tokens`.
+        :func:`no_retrieval_evidence` (relative image paths resolved against ``image_root``), passes the
+        chunks whole (the control concatenates full chunks), and clamps the output length to the server
+        window with :func:`clamp_output_tokens`.
         """
-        evidence = no_retrieval_evidence(elements, qid, seed=seed, k_text=k_text, k_visual=k_visual)
+        evidence = no_retrieval_evidence(elements, qid, seed=seed, k_text=k_text, k_visual=k_visual,
+                                         image_root=image_root)
         messages = build_messages(question, evidence, max_text_chars=None)
         n_images = sum(1 for e in evidence if e.is_visual and e.image_path is not None)
         max_tokens = clamp_output_tokens(_text_chars(messages), n_images, self.max_model_len())
@@ -665,13 +675,21 @@ def _text_chars(messages: list) -> int:
     return total
 
 
-def no_retrieval_evidence(elements: Sequence[Union[EvidenceItem, Mapping[str, Any]]], qid: str, *,
-                          seed: int = 42, k_text: int = 10, k_visual: int = 10) -> list:
+def no_retrieval_evidence(elements: Sequence[Any], qid: str, *, seed: int = 42, k_text: int = 10,
+                          k_visual: int = 10, image_root: Optional[Union[str, Path]] = None) -> list:
     r"""Deterministically samples the no-retrieval control's evidence (paper App. B.6).
 
     Draws ``min(k_text, #text)`` text chunks and ``min(k_visual, #visual)`` visual elements uniformly without
     replacement, with a generator seeded by the integer value of ``md5(f"{seed}:{qid}")`` (text first, then
     visual, from the same generator), so a (seed, query) pair always gets the same sample.
+
+    Args:
+      elements: the candidate documents' elements: EvidenceItems, ingestion ``Element``s or dicts. Text
+        elements whose ``role`` is "caption" are not chunks and are skipped (their visual carries them).
+        Without a ``note_id``, an element is named ``"{doc_id}:{reading_order}"`` (or its position).
+      qid: the query id.
+      seed: the run seed (the paper reports seeds 42, 43, 44).
+      image_root: the directory relative image paths start from (the index directory).
 
     Returns:
       EvidenceItems: the sampled text chunks in their input order, then the sampled visual elements in their
@@ -679,9 +697,24 @@ def no_retrieval_evidence(elements: Sequence[Union[EvidenceItem, Mapping[str, An
     """
     if k_text < 0 or k_visual < 0:
         raise ValueError(f"k_text and k_visual must be >= 0, got {k_text} and {k_visual}")
-    items = [EvidenceItem.from_any(e, where=f"elements[{i}]") for i, e in enumerate(elements)]
+    items, roles = [], []
+    for i, element in enumerate(elements):
+        raw = dataclasses.asdict(element) if dataclasses.is_dataclass(element) and not isinstance(
+            element, EvidenceItem) else element
+        if isinstance(raw, Mapping):
+            raw = dict(raw)
+            if "note_id" not in raw and "doc_id" in raw:
+                order = raw.get("reading_order")
+                raw["note_id"] = f"{raw['doc_id']}:{order if isinstance(order, int) and order >= 0 else i}"
+            path = raw.get("image_path")
+            if path is not None and image_root is not None and not Path(path).is_absolute():
+                raw["image_path"] = str(Path(image_root) / path)
+            roles.append(raw.get("role"))
+        else:
+            roles.append(None)
+        items.append(EvidenceItem.from_any(raw, where=f"elements[{i}]"))
     rng = random.Random(int(hashlib.md5(f"{seed}:{qid}".encode()).hexdigest(), 16))
-    text = [i for i, e in enumerate(items) if not e.is_visual]
+    text = [i for i, e in enumerate(items) if not e.is_visual and roles[i] != "caption"]
     visual = [i for i, e in enumerate(items) if e.is_visual]
     chosen = sorted(rng.sample(text, min(k_text, len(text)))) + sorted(rng.sample(visual, min(k_visual, len(visual))))
     return [dataclasses.replace(items[i], rank=r, score=None) for r, i in enumerate(chosen, start=1)]

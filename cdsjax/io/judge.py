@@ -1,0 +1,188 @@
+"""An LLM judge of answer correctness, through an OpenAI-compatible chat API (GPT-4o-mini in the paper).
+
+    judge = Judge(base_url="https://api.openai.com/v1", model="gpt-4o-mini")
+    verdict = judge.judge("Which year?", gold_answer="2019", predicted="It was 2019 [2].")
+    verdict.correct, verdict.score, verdict.rationale
+
+Configuration is a :class:`~cdsjax.io.reader.ReaderConfig`; unset fields fall back to ``CDSJAX_JUDGE_URL``,
+``CDSJAX_JUDGE_MODEL`` and ``CDSJAX_JUDGE_API_KEY`` (then ``OPENAI_API_KEY``). Failures are
+:class:`~cdsjax.io.reader.ReaderError`, with the same retries as the reader; a reply with no readable
+verdict is one of kind ``bad_response``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Iterable, Mapping, Optional
+
+from cdsjax.io.reader import ABSTAIN, ChatClient, ReaderError, _oneline, strip_thinking
+
+JUDGE_PROMPT = f"""\
+You grade answers to questions about documents. You get a question, the reference answer and a candidate \
+answer, and decide whether the candidate gives the same answer as the reference.
+
+- Judge meaning, not wording; ignore citation markers such as [2] and extra explanation.
+- Numbers must agree up to rounding and with compatible units; a wrong or contradicting key fact makes \
+the candidate incorrect, even beside correct ones.
+- When the reference is a list, the candidate must give all of its items.
+- When the reference says the question cannot be answered ("{ABSTAIN}"), only a candidate that declines \
+to answer is correct; when the reference gives an answer, a candidate that declines is incorrect.
+
+Reply with one JSON object and nothing else:
+{{"rationale": "<one or two sentences>", "correct": true or false, "score": <0 to 1, how fully correct>}}"""
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeVerdict:
+    """The judge's decision.
+
+    Attributes:
+      correct: whether the prediction answers the question as the gold answer does.
+      score: graded correctness in [0, 1] (1.0 / 0.0 from ``correct`` when the judge gives none).
+      rationale: the judge's reason, in its words.
+      raw: the judge's full reply ("" when no request was needed).
+      model: the judging model ("" when no request was needed).
+      latency_s: wall time of the call, retries included.
+    """
+
+    correct: bool
+    score: float
+    rationale: str
+    raw: str = ""
+    model: str = ""
+    latency_s: float = 0.0
+
+
+class Judge(ChatClient):
+    """Grades predicted answers against gold answers with an LLM.
+
+    ``Judge(config)`` or ``Judge(base_url=..., model=...)`` (keyword overrides of ReaderConfig).
+    """
+
+    env_prefix = "CDSJAX_JUDGE"
+    key_fallbacks = ("OPENAI_API_KEY",)
+    role = "judge"
+
+    def judge(self, question: str, gold_answer: str, predicted: Optional[str]) -> JudgeVerdict:
+        """Judges one prediction; an empty prediction is incorrect without asking the model.
+
+        Raises:
+          ValueError: an empty question or gold answer.
+          ReaderError: the server gave no answer, or one without a readable verdict.
+        """
+        for name, value in (("question", question), ("gold_answer", gold_answer)):
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must be a non-empty string")
+        if predicted is None or not str(predicted).strip():
+            return JudgeVerdict(correct=False, score=0.0, rationale="empty prediction")
+        messages = [
+            {"role": "system", "content": JUDGE_PROMPT},
+            {"role": "user", "content": f"Question: {question.strip()}\n\nReference answer: {gold_answer.strip()}"
+                                        f"\n\nCandidate answer: {str(predicted).strip()}"},
+        ]
+        content, _, _, model, latency = self.chat(messages)
+        try:
+            correct, score, rationale = parse_verdict(content)
+        except ValueError as err:
+            raise ReaderError(f"the judge at {self.url} {err}", kind="bad_response", url=self.url) from None
+        return JudgeVerdict(correct=correct, score=score, rationale=rationale, raw=content, model=model,
+                            latency_s=latency)
+
+    def judge_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
+        """Judges many predictions, ``config.concurrency`` at a time, in input order.
+
+        Args:
+          items: ``(question, gold_answer, predicted)`` triples or dicts with those keys.
+          progress: show a progress bar.
+          errors: "raise" or "return", as in :meth:`Reader.answer_many`.
+        """
+        def one(item):
+            if isinstance(item, Mapping):
+                return self.judge(item["question"], item["gold_answer"], item["predicted"])
+            return self.judge(*item)
+
+        return self.map(one, items, desc="judge", progress=progress, errors=errors)
+
+
+_TRUE = {"true", "yes", "correct", "1", "y"}
+_FALSE = {"false", "no", "incorrect", "wrong", "0", "n"}
+_FIELD = r'(?<![A-Za-z])["\']?{name}["\']?\s*[:=]\s*["\']?([A-Za-z]+|[-+]?\d+(?:\.\d+)?)'
+
+
+def parse_verdict(text: str) -> tuple:
+    """Reads ``(correct, score, rationale)`` from a judge reply.
+
+    Accepts a JSON object anywhere in the reply (code fences, prose around it and a ``<think>`` block are
+    fine), then ``correct: yes``-style fields, then a reply that starts with a verdict word. ``score`` is
+    clipped to [0, 1]; when only one of ``correct`` / ``score`` is given the other follows from it
+    (correct iff score >= 0.5).
+
+    Raises:
+      ValueError: no verdict can be read.
+    """
+    body = strip_thinking(text)
+    fields = _json_fields(body)
+    if fields is None:
+        fields = {}
+        for name in ("correct", "score", "rationale"):
+            pattern = r'["\']?rationale["\']?\s*[:=]\s*["\']?([^"\'\n]*)' if name == "rationale" else \
+                _FIELD.format(name=name)
+            match = re.search(pattern, body, re.IGNORECASE)
+            if match:
+                fields[name] = match.group(1)
+        if "correct" not in fields and "score" not in fields:
+            match = re.match(r"\W*(correct|incorrect|yes|no|true|false|wrong)\b", body, re.IGNORECASE)
+            if match:
+                fields = {"correct": match.group(1), "rationale": body[match.end():].strip(" .:-\n")}
+    correct = _as_bool(fields.get("correct"))
+    score = _as_float(fields.get("score"))
+    if correct is None and score is None:
+        raise ValueError(f"sent no readable verdict: {_oneline(text, 200)!r}")
+    if score is None:
+        score = 1.0 if correct else 0.0
+    score = min(1.0, max(0.0, score))
+    if correct is None:
+        correct = score >= 0.5
+    rationale = fields.get("rationale")
+    return correct, score, _oneline(rationale, 1000) if rationale else ""
+
+
+def _json_fields(text: str) -> Optional[dict]:
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            lowered = {str(k).lower(): v for k, v in value.items()}
+            if "correct" in lowered or "score" in lowered:
+                return lowered
+    return None
+
+
+def _as_bool(value: Any) -> Optional[bool]:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value >= 0.5
+    word = str(value).strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    return None
+
+
+def _as_float(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if out == out else None  # NaN is no score
