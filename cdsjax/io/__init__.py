@@ -1,0 +1,16 @@
+"""Side effects at the edge: PDF parsing, notes, embedding, the index store, model clients.
+
+Kept light on purpose: importing :mod:`cdsjax.io` loads no torch, pymupdf,
+sentence-transformers or openai. Import the submodules you need:
+
+- :mod:`cdsjax.io.parse` — PDF -> elements (PyMuPDF + pymupdf4llm layout analysis);
+- :mod:`cdsjax.io.mineru` — MinerU / magic-pdf output directories -> elements;
+- :mod:`cdsjax.io.notes` — elements -> notes (lite enrichment and structural links);
+- :mod:`cdsjax.io.vlm` — notes enriched by an OpenAI-compatible VLM;
+- :mod:`cdsjax.io.embed` — :class:`~cdsjax.io.embed.Embedder` (sentence-transformers);
+- :mod:`cdsjax.io.index` — ``build_index`` / ``load_index`` / ``index_pdf``.
+"""
+
+from cdsjax.io.elements import IngestError
+
+__all__ = ["IngestError"]

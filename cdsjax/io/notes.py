@@ -1,0 +1,235 @@
+"""Elements -> notes: summary, keywords, tags and links ("lite" enrichment, offline).
+
+A note is what the retriever scores and the reader sees: one per element.
+Lite enrichment uses no model: the summary is the element's own text (its
+caption, or its leading sentences), keywords come from YAKE, and links come
+from document structure:
+
+- reading order: each note is linked to its ``window`` neighbours on each side;
+- caption <-> figure/table: a caption note and the visual it describes;
+- references: a note whose text says "Figure N" / "Table N" is linked to the
+  visual element (and its caption) carrying that label;
+- proximity: notes on the same page whose boxes are at most ``proximity`` points apart.
+
+Links never cross documents. The embedded text is
+``summary + " keywords: " + ", ".join(keywords)`` (see :func:`embedding_text`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from cdsjax.io.elements import Element, gap
+
+NOTES_VERSION = "notes-1"
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+REFERENCE_RE = re.compile(r"\b(figure|fig\.|table|tab\.|chart|exhibit)\s*(\d+[a-z]?)\b", re.IGNORECASE)
+_LABEL_NAMES = {"figure": "Figure", "fig.": "Figure", "table": "Table", "tab.": "Table", "chart": "Chart",
+                "exhibit": "Exhibit"}
+
+
+@dataclasses.dataclass
+class Note:
+    """One retrievable unit. ``bbox`` is in PDF points (origin top-left), ``page`` 0-based."""
+
+    note_id: str
+    doc_id: str
+    page: int
+    bbox: List[float]
+    kind: str  # "text" | "figure" | "table" | "chart"
+    text: str
+    summary: str = ""
+    keywords: List[str] = dataclasses.field(default_factory=list)
+    tags: List[str] = dataclasses.field(default_factory=list)
+    caption: str = ""
+    footnote: str = ""
+    image_path: Optional[str] = None
+    reading_order: int = -1
+    role: str = "body"
+    label: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Note":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def embedding_text(note) -> str:
+    """The text that is embedded for a note: summary, then its keywords."""
+    get = note.get if isinstance(note, dict) else lambda k: getattr(note, k)
+    keywords = get("keywords") or []
+    summary = get("summary") or get("text") or ""
+    return f"{summary} keywords: {', '.join(keywords)}" if keywords else summary
+
+
+def notes_from_elements(elements: Sequence[Element]) -> List[Note]:
+    """One note per element, with everything structural copied over (no enrichment yet)."""
+    notes = []
+    for el in elements:
+        notes.append(
+            Note(
+                note_id=f"{el.doc_id}#{el.reading_order}",
+                doc_id=el.doc_id,
+                page=el.page,
+                bbox=list(el.bbox),
+                kind=el.kind,
+                text=el.text,
+                caption=el.caption,
+                footnote=el.footnote,
+                image_path=el.image_path,
+                reading_order=el.reading_order,
+                role=el.role,
+                label=el.label,
+            )
+        )
+    return notes
+
+
+# --------------------------------------------------------------------------- lite enrichment
+
+
+def lite_summary(el: Element, max_chars: int) -> str:
+    """A summary from the element's own text: the caption for visuals, else leading sentences."""
+    if el.kind == "text":
+        return leading_sentences(el.text, max_chars)
+    parts = []
+    if el.caption:
+        parts.append(el.caption)
+    elif el.label:
+        parts.append(el.label)
+    if el.footnote:
+        parts.append(el.footnote)
+    inner = " ".join(el.text.replace("|", " ").split())
+    if inner:
+        parts.append(inner)
+    if not parts and el.context:
+        # no caption and no text: the sentences right around the element say what it shows
+        before, _, after = el.context.partition("[...]")
+        parts.append(" ".join([_last_sentences(before, max_chars // 2), leading_sentences(after, max_chars // 2)]))
+    if not parts:
+        parts.append(f"{el.kind} on page {el.page + 1}")
+    return leading_sentences(" ".join(parts), max_chars)
+
+
+def leading_sentences(text: str, max_chars: int) -> str:
+    """Whole sentences from the start of ``text`` up to ``max_chars`` (at least one, cut if longer)."""
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    out = ""
+    for sentence in SENTENCE_END.split(text):
+        if out and len(out) + 1 + len(sentence) > max_chars:
+            break
+        out = f"{out} {sentence}" if out else sentence
+    return out[:max_chars].rstrip()
+
+
+def _last_sentences(text: str, max_chars: int) -> str:
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    out = ""
+    for sentence in reversed(SENTENCE_END.split(text)):
+        if out and len(out) + 1 + len(sentence) > max_chars:
+            break
+        out = f"{sentence} {out}" if out else sentence
+    return out[-max_chars:].lstrip()
+
+
+_YAKE: Dict[Tuple[str, int], object] = {}
+
+
+def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
+    """Keywords of ``text`` by YAKE (unsupervised, single-document), best first."""
+    text = " ".join(text.split())
+    if len(text) < 3 or top <= 0:
+        return []
+    key = (language, top)
+    if key not in _YAKE:
+        import yake
+
+        _YAKE[key] = yake.KeywordExtractor(lan=language, n=3, top=top, dedupLim=0.7)
+    try:
+        pairs = _YAKE[key].extract_keywords(text[:6000])
+    except Exception:  # YAKE fails on some degenerate inputs (only digits/punctuation)
+        return []
+    return [kw for kw, _ in pairs]
+
+
+def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
+    """Lite notes: summary, keywords and tags from each element's own text (no model)."""
+    cfg = config.enrich
+    notes = notes_from_elements(elements)
+    for note, el in zip(notes, elements):
+        note.summary = lite_summary(el, int(cfg.summary_chars))
+        source = note.summary if el.kind != "text" else el.text
+        note.keywords = extract_keywords(source, top=int(cfg.num_keywords), language=cfg.keyword_language)
+        note.tags = [el.kind] + ([el.role] if el.role not in (el.kind, "body") else []) + (
+            [el.label] if el.label else []
+        )
+    return notes
+
+
+# --------------------------------------------------------------------------- structural links
+
+
+def structural_links(elements: Sequence[Element], *, window: int = 1, proximity: float = 24.0) -> Set[Tuple[int, int]]:
+    """Candidate links between the elements of ONE document, as index pairs ``(i, j)`` with ``i < j``.
+
+    Args:
+      elements: one document's elements, indexed by position.
+      window: reading-order neighbours linked on each side.
+      proximity: same-page boxes at most this many points apart are linked.
+    """
+    edges: Set[Tuple[int, int]] = set()
+
+    def add(i: int, j: int) -> None:
+        if i != j:
+            edges.add((min(i, j), max(i, j)))
+
+    order = sorted(range(len(elements)), key=lambda i: elements[i].reading_order)
+    for pos, i in enumerate(order):
+        for step in range(1, window + 1):
+            if pos + step < len(order):
+                add(i, order[pos + step])
+
+    by_order = {el.reading_order: i for i, el in enumerate(elements)}
+    for i, el in enumerate(elements):
+        if el.role == "caption" and el.parent in by_order:
+            add(i, by_order[el.parent])
+
+    labelled: Dict[str, List[int]] = {}
+    for i, el in enumerate(elements):
+        if el.label:
+            labelled.setdefault(el.label.lower(), []).append(i)
+    if labelled:
+        for i, el in enumerate(elements):
+            for m in REFERENCE_RE.finditer(el.text):
+                name = _LABEL_NAMES.get(m.group(1).lower(), m.group(1).title())
+                for j in labelled.get(f"{name} {m.group(2)}".lower(), []):
+                    add(i, j)
+
+    by_page: Dict[int, List[int]] = {}
+    for i, el in enumerate(elements):
+        by_page.setdefault(el.page, []).append(i)
+    for idx in by_page.values():
+        for a in range(len(idx)):
+            for b in range(a + 1, len(idx)):
+                i, j = idx[a], idx[b]
+                if gap(elements[i].bbox, elements[j].bbox) <= proximity:
+                    add(i, j)
+    return edges
+
+
+def edges_to_array(edges: Iterable[Tuple[int, int]]):
+    """Sorted ``[E, 2]`` int32 array of undirected edges (``i < j``)."""
+    import numpy as np
+
+    arr = np.array(sorted(edges), dtype=np.int32).reshape(-1, 2)
+    return arr

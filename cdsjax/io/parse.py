@@ -1,0 +1,371 @@
+"""PDF -> elements with PyMuPDF and its layout analysis (pymupdf4llm).
+
+pymupdf4llm labels each page region (text, list-item, section-header, title,
+caption, footnote, picture, table, page-header/footer, formula) and puts the
+regions in reading order. From that we build:
+
+- text chunks: the body regions of a page joined in reading order and split
+  with LangChain's ``RecursiveCharacterTextSplitter`` (``chunk_size`` /
+  ``chunk_overlap`` characters). Chunks do not cross pages, so each has one page
+  and a box (the union of the regions it was cut from, kept in ``boxes``);
+- captions: their own text elements (``role="caption"``), tied to the figure or
+  table they describe (``parent``);
+- visual elements (figure, table, chart): a padded PNG crop, the caption, the
+  footnote below, the text inside the box, and ``context_words`` words of body
+  text on each side in reading order.
+
+Page headers and footers are left out. A page with no text layer and no
+detected picture becomes one full-page figure, so scanned pages stay
+retrievable (OCR is opt-in: ``config.ingest.use_ocr``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import contextlib
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
+
+PARSER_VERSION = "pymupdf-1"
+
+BODY_CLASSES = {"text", "list-item", "section-header", "title", "footnote", "formula", "code"}
+SKIPPED_CLASSES = {"page-header", "page-footer"}
+LABEL_RE = re.compile(
+    r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\b", re.IGNORECASE
+)
+FOOTNOTE_RE = re.compile(r"^\s*(notes?|sources?|\*)\s*[:.]?", re.IGNORECASE)
+CHART_WORDS = re.compile(
+    r"\b(chart|graph|plot|histogram|bar|bars|curve|trend|axis|distribution|percent|share of)\b", re.IGNORECASE
+)
+NUMBER_RE = re.compile(r"^[-+$€£(]?\d[\d,.]*%?\)?$")
+
+
+@dataclasses.dataclass
+class ParsedDocument:
+    """What a parser returns for one PDF."""
+
+    elements: List[Element]
+    num_pages: int
+    warnings: List[str]
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_pdf_file(path: Path) -> None:
+    """Raises :class:`IngestError` unless ``path`` is a readable, complete-looking PDF file."""
+    if not path.exists():
+        raise IngestError(path, "no such file")
+    if not path.is_file():
+        raise IngestError(path, "not a regular file")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(1024)
+            f.seek(max(0, size - 2048))
+            tail = f.read()
+    except OSError as err:
+        raise IngestError(path, f"cannot read file ({err.strerror or err})") from None
+    if size == 0:
+        raise IngestError(path, "empty file")
+    if b"%PDF-" not in head:
+        raise IngestError(path, "not a PDF (no %PDF- header)")
+    if b"%%EOF" not in tail:
+        raise IngestError(path, "truncated or corrupt PDF (no %%EOF marker at the end)")
+
+
+def open_pdf(path: Path):
+    """Opens a PDF with PyMuPDF; raises :class:`IngestError` for corrupt, encrypted or empty files."""
+    import pymupdf
+
+    check_pdf_file(path)
+    try:
+        doc = pymupdf.open(str(path), filetype="pdf")
+    except Exception as err:  # MuPDF raises several types for broken files
+        raise IngestError(path, f"corrupt PDF ({_one_line(err)})") from None
+    if doc.needs_pass or doc.is_encrypted:
+        doc.close()
+        raise IngestError(path, "encrypted PDF (a password is required)")
+    try:
+        num_pages = doc.page_count
+    except Exception as err:
+        doc.close()
+        raise IngestError(path, f"corrupt PDF ({_one_line(err)})") from None
+    if num_pages == 0:
+        doc.close()
+        raise IngestError(path, "PDF has zero pages")
+    return doc
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text[:200]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@dataclasses.dataclass
+class _Region:
+    """One layout region of a page, in the page's reading order."""
+
+    cls: str
+    bbox: List[float]
+    text: str
+    order: int
+    table_md: str = ""
+
+
+def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "") -> ParsedDocument:
+    """Parses one PDF into elements.
+
+    Args:
+      path: the PDF.
+      doc_id: id stored on every element.
+      config: the full config (``config.ingest`` is read).
+      crop_dir: directory that receives the PNG crops (created if needed).
+      crop_prefix: path prefix recorded in ``Element.image_path`` (relative to the index directory).
+
+    Raises:
+      IngestError: the file is not a usable PDF, or parsing failed.
+    """
+    import pymupdf  # noqa: F401  (imported for its side effect of loading MuPDF before pymupdf4llm)
+
+    path = Path(path)
+    cfg = config.ingest
+    doc = open_pdf(path)
+    warnings: List[str] = []
+    try:
+        pages = _layout_pages(doc, path, use_ocr=bool(cfg.use_ocr))
+        elements: List[Element] = []
+        words: List[str] = []  # body words of the whole document, in reading order
+        visual_pos: List[Tuple[Element, int]] = []
+        crop_dir = Path(crop_dir)
+        crop_dir.mkdir(parents=True, exist_ok=True)
+        for pno, regions in enumerate(pages):
+            page = doc[pno]
+            page_rect = [float(v) for v in page.rect]
+            page_elements, stream, no_text = _page_elements(
+                doc_id, pno, regions, page_rect, cfg, has_text=bool(page.get_text("text").strip())
+            )
+            if no_text:
+                warnings.append(f"{path}: page {pno} has no text layer (indexed as a page image)")
+            # reading-order walk: body words advance the context cursor, visuals record where they sit
+            for item in stream:
+                if isinstance(item, Element):
+                    visual_pos.append((item, len(words)))
+                else:
+                    words.extend(item)
+            for el in page_elements:
+                el.reading_order = len(elements)
+                elements.append(el)
+                if el.kind != "text":
+                    el.image_path = _write_crop(page, el, crop_dir, crop_prefix, cfg)
+        n = int(cfg.context_words)
+        for el, pos in visual_pos:
+            before = " ".join(words[max(0, pos - n) : pos])
+            after = " ".join(words[pos : pos + n])
+            el.context = (before + " [...] " + after).strip() if (before or after) else ""
+        _resolve_parents(elements)
+        return ParsedDocument(elements=elements, num_pages=len(pages), warnings=warnings)
+    except IngestError:
+        raise
+    except Exception as err:
+        raise IngestError(path, f"parsing failed ({type(err).__name__}: {_one_line(err)})") from None
+    finally:
+        doc.close()
+
+
+def _layout_pages(doc, path: Path, *, use_ocr: bool) -> List[List[_Region]]:
+    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order."""
+    import pymupdf4llm  # noqa: F401  (activates pymupdf.layout)
+    from pymupdf4llm.helpers import document_layout
+
+    # pymupdf4llm prints progress and OCR notices to stdout; keep our output clean.
+    with contextlib.redirect_stdout(io.StringIO()):
+        parsed = document_layout.parse_document(
+            doc, use_ocr=use_ocr, force_text=True, embed_images=False, write_images=False
+        )
+    pages: List[List[_Region]] = []
+    for page_layout in parsed.pages:
+        regions = []
+        for order, box in enumerate(page_layout.boxes):
+            bbox = [float(box.x0), float(box.y0), float(box.x1), float(box.y1)]
+            text = ""
+            table_md = ""
+            if box.textlines:
+                spans = [s for line in box.textlines for s in line["spans"]]
+                text = document_layout.get_plain_text(spans).strip()
+            if box.boxclass == "table" and box.table:
+                table_md = (box.table.get("markdown") or "").strip()
+            regions.append(_Region(box.boxclass, bbox, text, order, table_md))
+        pages.append(regions)
+    return pages
+
+
+def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_text: bool):
+    """Turns one page's regions into elements (not yet numbered)."""
+    min_area = float(cfg.min_visual_area)
+    visuals: List[Tuple[int, Element]] = []
+    captions: List[Tuple[int, _Region]] = []
+    body: List[_Region] = []
+    footnotes: List[_Region] = []
+    for r in regions:
+        if r.cls in SKIPPED_CLASSES:
+            continue
+        if r.cls == "picture":
+            if _area(r.bbox) < min_area:
+                continue
+            kind = _picture_kind(r)
+            visuals.append((r.order, Element(doc_id, pno, r.bbox, kind, r.text, role=kind)))
+        elif r.cls == "table":
+            text = r.table_md or r.text
+            visuals.append((r.order, Element(doc_id, pno, r.bbox, "table", text, role="table")))
+        elif r.cls == "caption" or (r.cls == "text" and LABEL_RE.match(r.text) and len(r.text) < 800):
+            captions.append((r.order, r))
+        else:
+            if r.cls == "footnote" or FOOTNOTE_RE.match(r.text):
+                footnotes.append(r)
+            if r.text:
+                body.append(r)
+
+    # captions -> the nearest visual above/below with overlapping x-extent
+    caption_elements: List[Tuple[int, Element]] = []
+    for order, cap in captions:
+        label_match = LABEL_RE.match(cap.text)
+        label = _normal_label(label_match) if label_match else ""
+        target = _nearest_visual(cap.bbox, [v for _, v in visuals], prefer_table=label.startswith("Table"))
+        el = Element(doc_id, pno, cap.bbox, "text", cap.text, role="caption", label=label)
+        if target is not None:
+            target.caption = (target.caption + " " + cap.text).strip()
+            if label and not target.label:
+                target.label = label
+            el.parent = id(target)  # resolved to a reading_order once elements are numbered
+        caption_elements.append((order, el))
+
+    for _, v in visuals:
+        below = [f for f in footnotes if 0 <= f.bbox[1] - v.bbox[3] <= 60 and horizontal_overlap(f.bbox, v.bbox) > 0.3]
+        if below:
+            v.footnote = " ".join(f.text for f in below)
+        if v.kind == "figure" and _looks_like_chart(v):
+            v.kind = v.role = "chart"
+
+    no_text = not has_text
+    if no_text and not visuals:
+        full = Element(doc_id, pno, list(page_rect), "figure", "", role="page-image")
+        visuals.append((-1, full))
+
+    chunks = _chunk_page(doc_id, pno, body, cfg)
+    items = [(o, 0, e) for o, e in visuals] + [(o, 1, e) for o, e in caption_elements] + chunks
+    items.sort(key=lambda t: (t[0], t[1]))
+    stream = sorted([(o, 0, v) for o, v in visuals] + [(r.order, 1, r.text.split()) for r in body],
+                    key=lambda t: (t[0], t[1]))
+    return [e for _, _, e in items], [x for _, _, x in stream], no_text
+
+
+def _chunk_page(doc_id, pno, body: List[_Region], cfg) -> List[Tuple[int, int, Element]]:
+    """Splits a page's body text into chunks; each chunk keeps the boxes it came from."""
+    if not body:
+        return []
+    splitter = _splitter(int(cfg.chunk_size), int(cfg.chunk_overlap))
+    sep = "\n\n"
+    spans = []  # (start, end, region)
+    pieces = []
+    pos = 0
+    for r in body:
+        spans.append((pos, pos + len(r.text), r))
+        pieces.append(r.text)
+        pos += len(r.text) + len(sep)
+    page_text = sep.join(pieces)
+    out = []
+    for doc in splitter.create_documents([page_text]):
+        text = doc.page_content
+        start = int(doc.metadata.get("start_index", -1))
+        if start < 0:
+            start = max(0, page_text.find(text))
+        end = start + len(text)
+        covered = [r for s, e, r in spans if s < end and e > start]
+        if not covered or not text.strip():
+            continue
+        boxes = [list(r.bbox) for r in covered]
+        el = Element(doc_id, pno, union(boxes), "text", text, role="body", boxes=boxes)
+        out.append((covered[0].order, 2, el))
+    return out
+
+
+_SPLITTERS: Dict[Tuple[int, int], object] = {}
+
+
+def _splitter(size: int, overlap: int):
+    key = (size, overlap)
+    if key not in _SPLITTERS:
+        from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+        _SPLITTERS[key] = RecursiveCharacterTextSplitter(
+            chunk_size=size, chunk_overlap=overlap, add_start_index=True
+        )
+    return _SPLITTERS[key]
+
+
+def _nearest_visual(cap_bbox, visuals: List[Element], *, prefer_table: bool) -> Optional[Element]:
+    best, best_score = None, float("inf")
+    for v in visuals:
+        if horizontal_overlap(cap_bbox, v.bbox) < 0.2 and gap(cap_bbox, v.bbox) > 12:
+            continue
+        d = gap(cap_bbox, v.bbox)
+        if d > 80:
+            continue
+        score = d - (10.0 if prefer_table == (v.kind == "table") else 0.0)
+        if score < best_score:
+            best, best_score = v, score
+    return best
+
+
+def _normal_label(m: re.Match) -> str:
+    word = m.group(1).lower().rstrip(".")
+    name = {"fig": "Figure", "figure": "Figure", "tab": "Table", "table": "Table", "chart": "Chart",
+            "exhibit": "Exhibit", "graph": "Graph"}[word]
+    return f"{name} {m.group(2)}"
+
+
+def _picture_kind(r: _Region) -> str:
+    return "figure"
+
+
+def _looks_like_chart(v: Element) -> bool:
+    """A heuristic: a picture is a chart if its caption says so or it carries many numeric labels."""
+    if v.caption and CHART_WORDS.search(v.caption):
+        return True
+    tokens = v.text.split()
+    numbers = sum(1 for t in tokens if NUMBER_RE.match(t))
+    return numbers >= 4 and numbers >= 0.25 * max(1, len(tokens))
+
+
+def _area(b) -> float:
+    return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
+
+
+def _write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
+    import pymupdf
+
+    pad = float(cfg.crop_padding)
+    rect = pymupdf.Rect(el.bbox[0] - pad, el.bbox[1] - pad, el.bbox[2] + pad, el.bbox[3] + pad) & page.rect
+    if rect.is_empty or rect.width < 2 or rect.height < 2:
+        return None
+    pix = page.get_pixmap(clip=rect, dpi=int(cfg.crop_dpi), alpha=False)
+    name = f"p{el.page:04d}-e{el.reading_order:05d}.png"
+    pix.save(str(crop_dir / name))
+    return f"{prefix}{name}" if prefix else name
+
+
+def _resolve_parents(elements: List[Element]) -> None:
+    by_id = {id(e): e.reading_order for e in elements}
+    for e in elements:
+        if e.parent not in (-1,) and e.parent in by_id:
+            e.parent = by_id[e.parent]
+        elif e.role == "caption":
+            e.parent = -1
