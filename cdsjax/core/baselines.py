@@ -136,21 +136,23 @@ def select_mmr(notes: Array, query: Array, valid: Array, *, budget: int, lam: fl
 
     def step(t, state):
         picked, max_sim, idx, ok, scores = state
-        score = jnp.where(t == 0, rel, lam * rel - (1.0 - lam) * max_sim)
+        # max_sim starts at -inf; the first pick is by relevance alone.
+        redundancy = jnp.where(t == 0, 0.0, max_sim)
+        score = jnp.where(t == 0, rel, lam * rel - (1.0 - lam) * redundancy)
         eligible = valid & ~picked
         masked = jnp.where(eligible, score, -jnp.inf)
         j = jnp.argmax(masked)
         has = eligible[j]
         max_sim = jnp.where(has, jnp.maximum(max_sim, notes @ notes[j]), max_sim)
         picked = picked.at[j].set(picked[j] | has)
-        idx = idx.at[t].set(jnp.where(has, j, 0))
+        idx = idx.at[t].set(jnp.where(has, j, 0).astype(jnp.int32))
         ok = ok.at[t].set(has)
         scores = scores.at[t].set(jnp.where(has, masked[j], 0.0))
         return picked, max_sim, idx, ok, scores
 
     init = (
         jnp.zeros((n,), bool),
-        jnp.zeros((n,), rel.dtype),
+        jnp.full((n,), -jnp.inf, rel.dtype),
         jnp.zeros((budget,), jnp.int32),
         jnp.zeros((budget,), bool),
         jnp.zeros((budget,), rel.dtype),
@@ -226,7 +228,7 @@ def select_dpp(
         chol = chol.at[t].set(e)
         gains = gains - e * e
         picked = picked.at[j].set(picked[j] | has)
-        idx = idx.at[t].set(jnp.where(has, j, 0))
+        idx = idx.at[t].set(jnp.where(has, j, 0).astype(jnp.int32))
         ok = ok.at[t].set(has)
         scores = scores.at[t].set(jnp.where(has, d_j * d_j, 0.0))
         return chol, gains, picked, idx, ok, scores

@@ -1,0 +1,133 @@
+"""The selector registry: names, options, and one calling convention for every selector."""
+
+import jax
+import numpy as np
+import pytest
+
+from cdsjax import core
+from cdsjax.core import registry
+from cdsjax.core.replicator import solve_replicator
+
+
+def problem(seed, n=20, d=6, m=None):
+    rng = np.random.default_rng(seed)
+    notes = rng.normal(size=(n, d))
+    notes /= np.linalg.norm(notes, axis=1, keepdims=True)
+    query = rng.normal(size=(d,) if m is None else (m, d))
+    query /= np.linalg.norm(query, axis=-1, keepdims=True)
+    links = rng.random((n, n)) < 0.15
+    return notes, query, links
+
+
+def same_selection(a, b):
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_array_equal(a.selected_valid, b.selected_valid)
+    np.testing.assert_allclose(a.scores, b.scores, rtol=1e-10, atol=1e-12)
+
+
+def test_registry_names():
+    assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_converged"}
+
+
+class Spy:
+    """Stands in for a core function and records how the registry called it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return "selection"
+
+
+FORWARDING = [
+    ("cosine", {}, "select_cosine", ("notes", "query", "valid"), dict(budget=5)),
+    ("random", {}, "select_random", ("valid",), dict(budget=5, key="key")),
+    ("mmr", dict(lam=0.7), "select_mmr", ("notes", "query", "valid"), dict(budget=5, lam=0.7)),
+    ("dpp", dict(theta=2.0, quality="relu"), "select_dpp", ("notes", "query", "valid"),
+     dict(budget=5, theta=2.0, quality="relu", gain_tol=None)),
+    ("ppr", dict(damping=0.5, temperature=0.2), "select_ppr", ("links", "notes", "query", "valid"),
+     dict(budget=5, damping=0.5, temperature=0.2, tol=1e-9, max_iter=1000)),
+    ("cds", dict(beta=0.5, tau=0.1, init="diffusion", prior_temperature=0.2, max_iter=150), "cds_select",
+     ("notes", "query", "valid"),
+     dict(budget=5, params=core.CDSParams(beta=0.5, tau=0.1), solver="replicator", threshold=1e-6, tol=None,
+          max_iter=150, init="diffusion", prior_temperature=0.2, links="links")),
+    ("cds", dict(peel=True, coupling="similarity"), "cds_peel", ("notes", "query", "valid"),
+     dict(budget=5, params=core.CDSParams(coupling="similarity"), solver="replicator", threshold=1e-6, tol=None,
+          max_iter=None)),
+]
+
+
+@pytest.mark.parametrize("name,options,target,args,kwargs", FORWARDING)
+def test_options_reach_the_core_function(monkeypatch, name, options, target, args, kwargs):
+    spy = Spy()
+    monkeypatch.setattr(registry, target, spy)
+    fn = core.make_selector(name, budget=5, **options)
+    assert fn("notes", "query", "valid", "links", "key") == "selection"
+    assert spy.calls == [(args, kwargs)]
+
+
+@pytest.mark.parametrize("name", ["cosine", "random", "mmr", "dpp", "ppr", "cds"])
+def test_uniform_signature_jits_and_vmaps(name):
+    """Every selector runs as jit(vmap(fn)) over padded problems and multi-row queries."""
+    fn = core.make_selector(name, budget=4, **({"max_iter": 100} if name == "cds" else {}))
+    sizes = [16, 11, 3]
+    batch = [problem(10 + i, n=16, m=2) for i in range(3)]
+    notes = np.stack([b[0] for b in batch])
+    queries = np.stack([b[1] for b in batch])
+    links = np.stack([b[2] for b in batch])
+    valid = np.stack([np.arange(16) < s for s in sizes])
+    keys = jax.numpy.stack([core.key_from_query_id(f"id{i}") for i in range(3)])
+    out = jax.jit(jax.vmap(fn))(notes, queries, valid, links, keys)
+    assert out.indices.shape == (3, 4)
+    for i, s in [(0, 16), (2, 3)]:
+        single = fn(notes[i, :s], queries[i], valid[i, :s], links[i, :s, :s], keys[i])
+        same_selection(jax.tree.map(lambda x: x[i], out.replace(result=None)), single.replace(result=None))
+    assert not np.asarray(out.selected_valid)[2, 3:].any()  # 3 notes for a budget of 4
+
+
+def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
+    monkeypatch.delitem(core.SOLVERS, "inimdyn", raising=False)
+    with pytest.raises(ValueError, match="cds_converged.*inimdyn"):
+        core.make_selector("cds_converged", budget=3)
+
+    calls = []
+
+    def spy(affinity, x0, *, tol, max_iter):
+        calls.append((tol, max_iter))
+        return solve_replicator(affinity, x0, tol=tol, max_iter=max_iter)
+
+    monkeypatch.setitem(core.SOLVERS, "inimdyn", (spy, 1e-9, 77))
+    notes, query, links = problem(4)
+    sel = core.make_selector("cds_converged", budget=3)(notes, query, np.ones(20, bool), links, None)
+    assert calls == [(1e-9, 77)]
+    assert int(sel.result.num_iters) <= 77
+
+
+def test_unknown_names_options_and_missing_inputs_raise():
+    with pytest.raises(ValueError, match="'bm25'"):
+        core.make_selector("bm25", budget=3)
+    with pytest.raises(ValueError, match=r"\['lambda'\].*'mmr'"):
+        core.make_selector("mmr", budget=3, **{"lambda": 0.5})
+    with pytest.raises(ValueError, match="theta"):
+        core.make_selector("cosine", budget=3, theta=1.0)
+    with pytest.raises(ValueError, match="budget"):
+        core.make_selector("cosine", budget=0)
+    with pytest.raises(ValueError, match="quality"):
+        core.make_selector("dpp", budget=3, quality="sigmoid")
+    with pytest.raises(ValueError, match="lam"):
+        core.make_selector("mmr", budget=3, lam=2.0)
+    with pytest.raises(ValueError, match="init"):
+        core.make_selector("cds", budget=3, init="zeros")
+    with pytest.raises(ValueError, match="coupling"):
+        core.make_selector("cds", budget=3, coupling="cosine")
+    with pytest.raises(ValueError, match="params"):
+        core.make_selector("cds", budget=3, params=core.CDSParams(), beta=2.0)
+    with pytest.raises(ValueError, match="peel"):
+        core.make_selector("cds", budget=3, peel=True, init="softmax")
+    notes, query, _ = problem(5)
+    with pytest.raises(ValueError, match="links"):
+        core.make_selector("ppr", budget=3)(notes, query, np.ones(20, bool))
+    with pytest.raises(ValueError, match="key"):
+        core.make_selector("random", budget=3)(notes, query, np.ones(20, bool))
+    assert "lam" in registry.selector_options("mmr")
