@@ -95,6 +95,27 @@ def test_replicator_matches_numpy_when_converging():
     np.testing.assert_allclose(res.x, x_ref, atol=1e-12)
 
 
+def test_unroll_does_not_change_iterates(problem):
+    notes, query = problem
+    aff = core.build_affinity(notes, query, np.ones(len(notes), bool))
+    ref = core.solve_replicator(aff, max_iter=37, unroll=1)
+    for unroll in (3, 8):
+        got = core.solve_replicator(aff, max_iter=37, unroll=unroll)
+        assert int(got.num_iters) == 37
+        np.testing.assert_allclose(got.x, ref.x, atol=1e-15)
+
+
+def test_chunked_batch_equals_vmap(problem):
+    notes, query = problem
+    z = np.stack([notes, notes[::-1]])
+    q = np.stack([query, notes[0]])
+    v = np.ones((2, len(notes)), bool)
+    a = core.batched(core.cds_select, budget=4, max_iter=300)(z, q, v)
+    b = core.batched(core.cds_select, chunk=1, budget=4, max_iter=300)(z, q, v)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.result.x, b.result.x, atol=1e-13)
+
+
 def test_kkt_residual_zero_on_hand_solved_three_vertex_case():
     a, w, eps = 0.6, 0.4, 1e-3
     alpha = w + eps

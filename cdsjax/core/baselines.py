@@ -23,6 +23,9 @@ from cdsjax.core.types import Affinity, Selection
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
 
 DPP_QUALITIES = ("exp", "relu")
+# PageRank in float32 settles into limit cycles a few ulps of its largest entry
+# wide; a step within this many ulps counts as converged.
+PPR_ROUNDING_ULPS = 16
 
 
 def key_from_query_id(query_id: str, *, seed: Optional[Union[int, str]] = None) -> Array:
@@ -261,6 +264,9 @@ def ppr_vector(
     uniform over the valid notes. Power iteration
     :math:`r \leftarrow (1-\gamma)\,s + \gamma P^\top r`, renormalised to sum 1,
     from :math:`r = s` until :math:`\|\Delta r\|_\infty <` ``tol`` or ``max_iter``.
+    In float32 a step of 1e-9 is below the rounding of entries near 0.1, so the
+    step also counts as small once it is within :data:`PPR_ROUNDING_ULPS` ulps
+    of :math:`\max_i r_i` (far below ``tol`` in float64, where it never binds).
 
     Args:
       links: ``[n, n]`` bool note-link adjacency (direction ignored).
@@ -292,6 +298,7 @@ def ppr_vector(
     dangling = valid & (degree == 0)
     inv_degree = jnp.where(degree > 0, 1.0 / jnp.where(degree > 0, degree, 1.0), 0.0)
     uniform = valid.astype(dtype) / jnp.sum(valid)
+    ulp = PPR_ROUNDING_ULPS * float(jnp.finfo(dtype).eps)
 
     def propagate(r):
         # P^T r: linked rows spread r_i / deg_i to neighbours; dangling mass spreads uniformly.
@@ -300,8 +307,8 @@ def ppr_vector(
         return r_new / jnp.sum(r_new)
 
     def cond(state):
-        _, step, it = state
-        return (step >= tol) & (it < max_iter)
+        r, step, it = state
+        return (step >= jnp.maximum(tol, ulp * jnp.max(r))) & (it < max_iter)
 
     def body(state):
         r, _, it = state

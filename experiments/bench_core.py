@@ -1,0 +1,158 @@
+"""Paper-mode CDS throughput: jitted, vmapped float32 JAX batch vs a per-query NumPy loop.
+
+Run:
+    .venv/bin/python experiments/bench_core.py            # the three (b, n) shapes of the issue
+    .venv/bin/python experiments/bench_core.py --quick    # smaller, for a smoke run
+
+Everything in one table is measured in one run (machines here are shared and
+noisy; compare the ratios, not the absolute numbers). Embeddings are synthetic
+clustered unit vectors of dimension 384 (all-MiniLM-L6-v2's width).
+
+Achieved GFLOP/s counts 2 N^2 flops per replicator step per query (one
+matrix-vector product, N = n + 1 vertices). "useful" counts each query's own
+steps; "executed" counts the steps the vmapped loop actually runs (the batch
+runs until its slowest query stops). The matmul peak is a jitted float32
+2048 x 2048 jnp.matmul measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cdsjax import core
+
+
+def clustered(rng, b, n, d=384, clusters=12, spread=0.35):
+    centers = rng.normal(size=(b, clusters, d))
+    labels = rng.integers(0, clusters, size=(b, n))
+    z = np.take_along_axis(centers, labels[..., None], axis=1) + spread * np.sqrt(d / 16) * 0.25 * rng.normal(size=(b, n, d))
+    z /= np.linalg.norm(z, axis=-1, keepdims=True)
+    q = z[:, 0] + 0.5 * rng.normal(size=(b, d)) / np.sqrt(d)
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    return z.astype(np.float32), q.astype(np.float32)
+
+
+def numpy_cds(notes, query, budget=10, tol=1e-7, max_iter=10_000, eps=1e-3):
+    """A straightforward per-query implementation: build M, run the loop, take top-B."""
+    n = notes.shape[0]
+    w = 1.0 - notes @ notes.T
+    np.fill_diagonal(w, 0.0)
+    alpha = np.linalg.eigvalsh(w)[-1] + eps
+    m = np.zeros((n + 1, n + 1), notes.dtype)
+    r = np.maximum(notes @ query, 0.0)
+    m[0, 1:] = r
+    m[1:, 0] = r
+    m[1:, 1:] = w - alpha * np.eye(n, dtype=notes.dtype)
+    x = np.full(n + 1, 1.0 / (n + 1), notes.dtype)
+    c = max(0.0, -m.min()) + eps
+    it = 0
+    while it < max_iter:
+        mx = m @ x
+        new = x * (mx + c) / (x @ mx + c)
+        step = np.abs(new - x).sum()
+        x = new
+        it += 1
+        if step < tol:
+            break
+    top = np.argsort(-x[1:], kind="stable")[:budget]
+    return top, it
+
+
+def matmul_peak(size=2048, reps=10):
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(size, size)), jnp.float32)
+    f = jax.jit(lambda u, v: u @ v)
+    f(a, a).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        out = f(a, a)
+    out.block_until_ready()
+    return 2 * size**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def selector_fns(budget):
+    """Name -> per-query function (notes, query, valid, links, key) -> Selection, for every selector."""
+    fns = {
+        "cds (paper mode)": lambda z, q, v, links, key: core.cds_select(z, q, v, budget=budget),
+    }
+    try:
+        from cdsjax.core import registry
+    except ImportError:
+        return fns
+    for name in ("cosine", "mmr", "dpp", "ppr", "random", "cds_converged"):
+        try:
+            fns[name] = registry.make_selector(name, budget=budget)
+        except ValueError:
+            pass
+    return fns
+
+
+def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None):
+    notes, queries = clustered(rng, b, n)
+    valid = np.ones((b, n), bool)
+    links = np.zeros((b, n, n), bool)
+    idx = np.arange(n)
+    links[:, idx[:-1], idx[1:]] = True  # a reading-order chain for PPR
+    links = links | links.transpose(0, 2, 1)
+    keys = jax.random.split(jax.random.PRNGKey(0), b)
+
+    rows = []
+    # per-query NumPy loop on the first few queries (queries/s extrapolates exactly: it is a loop)
+    k = min(b, numpy_queries)
+    t = time.perf_counter()
+    np_iters = [numpy_cds(notes[i], queries[i], budget)[1] for i in range(k)]
+    np_qps = k / (time.perf_counter() - t)
+
+    for name, fn in (selectors or selector_fns(budget)).items():
+        batched = jax.jit(jax.vmap(fn))
+        out = batched(notes, queries, valid, links, keys)
+        jax.block_until_ready(out)  # compile + warm
+        t = time.perf_counter()
+        out = batched(notes, queries, valid, links, keys)
+        jax.block_until_ready(out)
+        dt = time.perf_counter() - t
+        row = dict(name=name, b=b, n=n, qps=b / dt, seconds=dt)
+        if out.result is not None:
+            iters = np.asarray(out.result.num_iters)
+            flops_step = 2.0 * (n + 1) ** 2
+            row["useful_gflops"] = iters.sum() * flops_step / dt / 1e9
+            row["executed_gflops"] = iters.max() * b * flops_step / dt / 1e9
+            row["mean_iters"] = float(iters.mean())
+            row["converged"] = float(np.asarray(out.result.converged).mean())
+        rows.append(row)
+    return rows, np_qps, float(np.mean(np_iters))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small shapes for a smoke run")
+    parser.add_argument("--budget", type=int, default=10)
+    parser.add_argument("--numpy-queries", type=int, default=4, help="queries timed in the NumPy loop per shape")
+    parser.add_argument("--cds-only", action="store_true", help="only CDS paper mode (skip the baselines)")
+    args = parser.parse_args()
+    shapes = [(1, 32), (8, 64), (4, 128)] if args.quick else [(1, 64), (64, 256), (16, 1024)]
+    rng = np.random.default_rng(0)
+    peak = matmul_peak()
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; float32 jnp.matmul peak: {peak:.1f} GFLOP/s")
+    selectors = {"cds (paper mode)": selector_fns(args.budget)["cds (paper mode)"]} if args.cds_only else None
+    print()
+    print("| selector | (b, n) | JAX batch q/s | NumPy loop q/s | ratio | mean steps | converged | useful GFLOP/s | executed GFLOP/s | % of matmul peak (executed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for b, n in shapes:
+        rows, np_qps, np_iters = bench_shape(b, n, budget=args.budget, numpy_queries=args.numpy_queries,
+                                             rng=rng, selectors=selectors)
+        for r in rows:
+            extra = ("| {mean_iters:.0f} | {converged:.0%} | {useful_gflops:.2f} | {executed_gflops:.2f} | {pct:.1f}% |"
+                     .format(pct=100 * r["executed_gflops"] / peak, **r)) if "mean_iters" in r else "| – | – | – | – | – |"
+            ratio = r["qps"] / np_qps
+            print(f"| {r['name']} | ({b}, {n}) | {r['qps']:.1f} | {np_qps:.2f} | {ratio:.1f}x {extra}")
+        print(f"|  | ({b}, {n}) NumPy loop mean steps: {np_iters:.0f} | | | | | | | | |")
+
+
+if __name__ == "__main__":
+    main()
