@@ -92,7 +92,18 @@ def selector_fns(budget):
     return fns
 
 
-def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None):
+def seconds_per_call(f, min_seconds=0.2):
+    """Mean wall time of ``f()`` (already warm), repeated until ``min_seconds`` have passed."""
+    calls, t = 0, time.perf_counter()
+    while True:
+        jax.block_until_ready(f())
+        calls += 1
+        elapsed = time.perf_counter() - t
+        if elapsed >= min_seconds:
+            return elapsed / calls, calls
+
+
+def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_queries=8):
     notes, queries = clustered(rng, b, n)
     valid = np.ones((b, n), bool)
     links = np.zeros((b, n, n), bool)
@@ -112,11 +123,16 @@ def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None):
         batched = jax.jit(jax.vmap(fn))
         out = batched(notes, queries, valid, links, keys)
         jax.block_until_ready(out)  # compile + warm
-        t = time.perf_counter()
-        out = batched(notes, queries, valid, links, keys)
-        jax.block_until_ready(out)
-        dt = time.perf_counter() - t
+        dt, _ = seconds_per_call(lambda: batched(notes, queries, valid, links, keys))
         row = dict(name=name, b=b, n=n, qps=b / dt, seconds=dt)
+        # the same selector jitted for one query, called in a Python loop over the first few queries
+        single = jax.jit(fn)
+        jax.block_until_ready(single(notes[0], queries[0], valid[0], links[0], keys[0]))
+        k_loop = min(b, loop_queries)
+        loop_dt, _ = seconds_per_call(
+            lambda: [jax.block_until_ready(single(notes[i], queries[i], valid[i], links[i], keys[i]))
+                     for i in range(k_loop)])
+        row["loop_qps"] = k_loop / loop_dt
         if out.result is not None:
             iters = np.asarray(out.result.num_iters)
             flops_step = 2.0 * (n + 1) ** 2
@@ -134,24 +150,35 @@ def main():
     parser.add_argument("--budget", type=int, default=10)
     parser.add_argument("--numpy-queries", type=int, default=4, help="queries timed in the NumPy loop per shape")
     parser.add_argument("--cds-only", action="store_true", help="only CDS paper mode (skip the baselines)")
+    parser.add_argument("--selectors", help="comma-separated subset of the table's selector names")
+    parser.add_argument("--shape", type=int, nargs=2, action="append", metavar=("B", "N"),
+                        help="a (b, n) shape to run instead of the defaults (repeatable)")
+    parser.add_argument("--loop-queries", type=int, default=8, help="queries timed in the per-query JAX loop")
     args = parser.parse_args()
     shapes = [(1, 32), (8, 64), (4, 128)] if args.quick else [(1, 64), (64, 256), (16, 1024)]
+    shapes = [tuple(s) for s in args.shape] if args.shape else shapes
     rng = np.random.default_rng(0)
     peak = matmul_peak()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; float32 jnp.matmul peak: {peak:.1f} GFLOP/s")
     selectors = {"cds (paper mode)": selector_fns(args.budget)["cds (paper mode)"]} if args.cds_only else None
+    if args.selectors:
+        wanted = args.selectors.split(",")
+        selectors = {k: v for k, v in selector_fns(args.budget).items() if k in wanted}
+        if set(wanted) - set(selectors):
+            parser.error(f"unknown or unavailable selectors: {sorted(set(wanted) - set(selectors))}")
     print()
-    print("| selector | (b, n) | JAX batch q/s | NumPy loop q/s | ratio | mean steps | converged | useful GFLOP/s | executed GFLOP/s | % of matmul peak (executed) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| selector | (b, n) | JAX batch q/s | JAX per-query loop q/s | batch/loop | NumPy CDS loop q/s | ratio | mean steps | converged | useful GFLOP/s | executed GFLOP/s | % of matmul peak (executed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for b, n in shapes:
         rows, np_qps, np_iters = bench_shape(b, n, budget=args.budget, numpy_queries=args.numpy_queries,
-                                             rng=rng, selectors=selectors)
+                                             rng=rng, selectors=selectors, loop_queries=args.loop_queries)
         for r in rows:
             extra = ("| {mean_iters:.0f} | {converged:.0%} | {useful_gflops:.2f} | {executed_gflops:.2f} | {pct:.1f}% |"
                      .format(pct=100 * r["executed_gflops"] / peak, **r)) if "mean_iters" in r else "| – | – | – | – | – |"
             ratio = r["qps"] / np_qps
-            print(f"| {r['name']} | ({b}, {n}) | {r['qps']:.1f} | {np_qps:.2f} | {ratio:.1f}x {extra}")
-        print(f"|  | ({b}, {n}) NumPy loop mean steps: {np_iters:.0f} | | | | | | | | |")
+            loop = f"{r['loop_qps']:.1f} | {r['qps'] / r['loop_qps']:.1f}x"
+            print(f"| {r['name']} | ({b}, {n}) | {r['qps']:.1f} | {loop} | {np_qps:.2f} | {ratio:.1f}x {extra}")
+        print(f"|  | ({b}, {n}) NumPy loop mean steps: {np_iters:.0f} | | | | | | | | | | |")
 
 
 if __name__ == "__main__":
