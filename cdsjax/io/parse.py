@@ -37,6 +37,12 @@ SKIPPED_CLASSES = {"page-header", "page-footer"}
 LABEL_RE = re.compile(
     r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\b", re.IGNORECASE
 )
+# a text region that starts like this is a caption ("Figure 2: ...", "Table 3. ..."), not a sentence
+# that merely begins with a reference ("Table 1 lists ...")
+CAPTION_START_RE = re.compile(
+    r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\s*[:.|\u2013\u2014-]",
+    re.IGNORECASE,
+)
 FOOTNOTE_RE = re.compile(r"^\s*(notes?|sources?|\*)\s*[:.]?", re.IGNORECASE)
 CHART_WORDS = re.compile(
     r"\b(chart|graph|plot|histogram|bar|bars|curve|trend|axis|distribution|percent|share of)\b", re.IGNORECASE
@@ -83,10 +89,14 @@ def open_pdf(path: Path):
     import pymupdf
 
     check_pdf_file(path)
+    shown = pymupdf.TOOLS.mupdf_display_errors()
+    pymupdf.TOOLS.mupdf_display_errors(False)  # MuPDF's own stderr lines would break "one line per file"
     try:
         doc = pymupdf.open(str(path), filetype="pdf")
     except Exception as err:  # MuPDF raises several types for broken files
         raise IngestError(path, f"corrupt PDF ({_one_line(err)})") from None
+    finally:
+        pymupdf.TOOLS.mupdf_display_errors(shown)
     if doc.needs_pass or doc.is_encrypted:
         doc.close()
         raise IngestError(path, "encrypted PDF (a password is required)")
@@ -225,7 +235,7 @@ def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_t
         elif r.cls == "table":
             text = r.table_md or r.text
             visuals.append((r.order, Element(doc_id, pno, r.bbox, "table", text, role="table")))
-        elif r.cls == "caption" or (r.cls == "text" and LABEL_RE.match(r.text) and len(r.text) < 800):
+        elif r.cls == "caption" or (r.cls == "text" and CAPTION_START_RE.match(r.text) and len(r.text) < 800):
             captions.append((r.order, r))
         else:
             if r.cls == "footnote" or FOOTNOTE_RE.match(r.text):
@@ -239,6 +249,14 @@ def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_t
         label_match = LABEL_RE.match(cap.text)
         label = _normal_label(label_match) if label_match else ""
         target = _nearest_visual(cap.bbox, [v for _, v in visuals], prefer_table=label.startswith("Table"))
+        if target is None and label.startswith("Table"):
+            # the layout model often reads a rule-less table as a text block: promote the tabular
+            # block right below (or above) a "Table N" caption that found no table
+            region = _tabular_neighbour(cap.bbox, body)
+            if region is not None:
+                body.remove(region)
+                target = Element(doc_id, pno, region.bbox, "table", region.text, role="table")
+                visuals.append((region.order, target))
         el = Element(doc_id, pno, cap.bbox, "text", cap.text, role="caption", label=label)
         if target is not None:
             target.caption = (target.caption + " " + cap.text).strip()
@@ -322,6 +340,19 @@ def _nearest_visual(cap_bbox, visuals: List[Element], *, prefer_table: bool) -> 
         score = d - (10.0 if prefer_table == (v.kind == "table") else 0.0)
         if score < best_score:
             best, best_score = v, score
+    return best
+
+
+def _tabular_neighbour(cap_bbox, body: List[_Region]) -> Optional[_Region]:
+    best, best_gap = None, 40.0
+    for r in body:
+        if r.cls not in ("text", "list-item") or horizontal_overlap(cap_bbox, r.bbox) < 0.3:
+            continue
+        d = gap(cap_bbox, r.bbox)
+        tokens = r.text.split()
+        numeric = sum(1 for t in tokens if NUMBER_RE.match(t))
+        if d <= best_gap and len(tokens) >= 4 and numeric >= 0.2 * len(tokens):
+            best, best_gap = r, d
     return best
 
 

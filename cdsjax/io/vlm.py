@@ -1,0 +1,235 @@
+"""VLM enrichment of notes through an OpenAI-compatible chat endpoint (vLLM, or any hosted API).
+
+Three passes, each one request per note, sent concurrently (``config.enrich.concurrency``):
+
+1. describe: the model sees the note's text (and its crop, for figures/tables/charts) and returns
+   JSON ``{"summary", "keywords", "tags"}``;
+2. verify links (``verify_links``): the model sees a note and its structural candidate links
+   (:func:`cdsjax.io.notes.structural_links`) and returns the ids it considers related; unconfirmed
+   candidates are dropped, caption<->visual links are always kept;
+3. evolve (``evolution_rounds`` T): in each round every note sees its linked neighbours' current
+   summaries and may rewrite its own summary/keywords/tags (all notes update from the same snapshot).
+
+A reply that is not valid JSON leaves the note as it was (lite values); an unreachable endpoint
+raises :class:`VLMError` with one line naming the URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from cdsjax.io.elements import Element
+
+DESCRIBE_PROMPT = """\
+[cdsjax:describe]
+You write index cards for passages, figures and tables taken from a document, so that a search \
+system can later find the right card for a question.
+Reply with one JSON object and nothing else:
+{"summary": "<2-4 sentences: what this element states or shows, with its key numbers, names and \
+units>", "keywords": ["<5-10 short search terms>"], "tags": ["<1-4 coarse topic labels>"]}
+Stay faithful to the element; do not add facts it does not contain."""
+
+VERIFY_PROMPT = """\
+[cdsjax:verify-links]
+You check links between index cards of the same document. You get one anchor card and candidate \
+cards, each with an id. A link is right when reading one card helps to understand or answer \
+questions about the other (same topic, one explains or depicts the other, one refers to the other).
+Reply with one JSON object and nothing else: {"related": [<ids of the candidates that should stay \
+linked>]}"""
+
+EVOLVE_PROMPT = """\
+[cdsjax:evolve]
+You maintain an index card of a document element. You get the card and the cards linked to it. \
+If the neighbours make clear what the element is about (for example a caption naming the figure, \
+or a passage explaining a table), improve the card; otherwise keep it.
+Reply with one JSON object and nothing else:
+{"update": true or false, "summary": "<the card's summary>", "keywords": ["..."], "tags": ["..."]}"""
+
+
+class VLMError(RuntimeError):
+    """The enrichment endpoint cannot be used (one line naming the URL)."""
+
+
+def parse_json_reply(text: Optional[str]) -> Optional[dict]:
+    """The first JSON object in a model reply (code fences and prose around it are ignored)."""
+    if not text:
+        return None
+    text = re.sub(r"```(?:json)?", "", text)
+    start = text.find("{")
+    while start != -1:
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[start:])
+        except ValueError:
+            start = text.find("{", start + 1)
+            continue
+        return obj if isinstance(obj, dict) else None
+    return None
+
+
+def _str_list(value, limit: int) -> Optional[List[str]]:
+    if not isinstance(value, list):
+        return None
+    out = [" ".join(str(v).split()) for v in value if isinstance(v, (str, int, float)) and str(v).strip()]
+    return out[:limit]
+
+
+class _Client:
+    def __init__(self, config):
+        import openai
+
+        cfg = config.enrich
+        self.url = str(cfg.vlm_url)
+        self.model = str(cfg.vlm_model)
+        self.max_tokens = int(cfg.max_tokens)
+        api_key = str(cfg.vlm_api_key or "") or None
+        self._errors = (openai.APIConnectionError, openai.APITimeoutError)
+        self._status = openai.APIStatusError
+        self.client = openai.OpenAI(base_url=self.url, api_key=api_key or "EMPTY", timeout=float(cfg.timeout),
+                                    max_retries=int(cfg.max_retries))
+
+    def chat(self, system: str, content) -> Optional[str]:
+        try:
+            resp = self.client.chat.completions.create(
+                model=self.model,
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+                temperature=0.0,
+                max_tokens=self.max_tokens,
+            )
+        except self._errors as err:
+            raise VLMError(f"cannot reach the VLM at {self.url} ({type(err).__name__}: {err})") from None
+        except self._status as err:
+            if err.status_code in (401, 403, 404):
+                raise VLMError(f"the VLM at {self.url} refused the request (HTTP {err.status_code}): "
+                               f"{' '.join(str(err).split())[:200]}") from None
+            return None  # a failed note keeps its lite values
+        if not resp.choices:
+            return None
+        return resp.choices[0].message.content
+
+
+def _image_part(path: Optional[str], image_root: Optional[Path]):
+    if not path:
+        return None
+    full = Path(path) if Path(path).is_absolute() or image_root is None else Path(image_root) / path
+    try:
+        data = full.read_bytes()
+    except OSError:
+        return None
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
+
+
+def _card(note, *, max_chars: int) -> str:
+    lines = [f"kind: {note.kind}", f"page: {note.page + 1}"]
+    if note.caption:
+        lines.append(f"caption: {note.caption}")
+    if note.footnote:
+        lines.append(f"footnote: {note.footnote}")
+    text = " ".join(note.text.split())[:max_chars]
+    if text:
+        lines.append(f"text: {text}")
+    return "\n".join(lines)
+
+
+def _summary_card(note, ident: int) -> str:
+    kw = ", ".join(note.keywords[:8])
+    return f"[{ident}] ({note.kind}, page {note.page + 1}) {note.summary}" + (f" keywords: {kw}" if kw else "")
+
+
+def enrich_vlm(notes, elements: Sequence[Element], edges: Set[Tuple[int, int]], *, config,
+               image_root: Optional[Path] = None):
+    """Rewrites notes' summary/keywords/tags with a VLM, verifies links, runs the evolution rounds.
+
+    Args:
+      notes: one document's notes (lite-enriched; updated in place).
+      elements: the matching elements.
+      edges: candidate links ``(i, j)``, ``i < j``, indices into ``notes``.
+      config: the full config (``config.enrich`` is read).
+      image_root: directory that ``note.image_path`` is relative to.
+
+    Returns:
+      ``(notes, edges)`` with the verified edge set.
+    """
+    cfg = config.enrich
+    client = _Client(config)
+    max_chars = int(cfg.max_text_chars)
+    workers = max(1, int(cfg.concurrency))
+
+    def describe(i: int):
+        note = notes[i]
+        parts = [{"type": "text", "text": _card(note, max_chars=max_chars)}]
+        img = _image_part(note.image_path, image_root) if note.kind != "text" else None
+        if img:
+            parts.append(img)
+        return parse_json_reply(client.chat(DESCRIBE_PROMPT, parts))
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for note, reply in zip(notes, pool.map(describe, range(len(notes)))):
+            _apply(note, reply)
+
+    if cfg.verify_links and edges:
+        keep = {(min(i, j), max(i, j)) for i, j in edges if _structural_pair(elements, i, j)}
+        anchors: Dict[int, List[int]] = {}
+        for i, j in sorted(edges):
+            anchors.setdefault(i, []).append(j)
+
+        def verify(item):
+            i, cands = item
+            text = "anchor:\n" + _summary_card(notes[i], i) + "\n\ncandidates:\n" + "\n".join(
+                _summary_card(notes[j], j) for j in cands)
+            reply = parse_json_reply(client.chat(VERIFY_PROMPT, text))
+            if reply is None or not isinstance(reply.get("related"), list):
+                return i, list(cands)  # unreadable reply: keep the structural candidates
+            said = {int(x) for x in reply["related"] if isinstance(x, (int, float, str)) and str(x).strip().lstrip("-").isdigit()}
+            return i, [j for j in cands if j in said]
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for i, kept in pool.map(verify, sorted(anchors.items())):
+                keep.update((i, j) for j in kept)
+        edges = keep
+
+    neighbours: Dict[int, List[int]] = {i: [] for i in range(len(notes))}
+    for i, j in edges:
+        neighbours[i].append(j)
+        neighbours[j].append(i)
+    for _ in range(int(cfg.evolution_rounds)):
+        snapshot = [(n.summary, list(n.keywords)) for n in notes]
+
+        def evolve(i: int):
+            if not neighbours[i]:
+                return None
+            own = notes[i]
+            text = "card:\n" + _summary_card(own, i) + "\n\nlinked cards:\n" + "\n".join(
+                f"[{j}] ({notes[j].kind}, page {notes[j].page + 1}) {snapshot[j][0]}" for j in sorted(neighbours[i]))
+            return parse_json_reply(client.chat(EVOLVE_PROMPT, text))
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            replies = list(pool.map(evolve, range(len(notes))))
+        for note, reply in zip(notes, replies):
+            if reply and reply.get("update") is True:
+                _apply(note, reply)
+    return notes, edges
+
+
+def _apply(note, reply: Optional[dict]) -> None:
+    if not reply:
+        return
+    summary = reply.get("summary")
+    if isinstance(summary, str) and summary.strip():
+        note.summary = " ".join(summary.split())
+    keywords = _str_list(reply.get("keywords"), 12)
+    if keywords:
+        note.keywords = keywords
+    tags = _str_list(reply.get("tags"), 6)
+    if tags:
+        note.tags = tags
+
+
+def _structural_pair(elements: Sequence[Element], i: int, j: int) -> bool:
+    """Caption <-> the visual it describes: kept without asking."""
+    a, b = elements[i], elements[j]
+    return (a.role == "caption" and a.parent == b.reading_order) or (b.role == "caption" and b.parent == a.reading_order)
