@@ -29,6 +29,9 @@ from cdsjax.core.replicator import (
 )
 from cdsjax.core.registry import SELECTORS, make_selector, selector_options
 from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve, top_b
+from cdsjax.core.inimdyn import solve_inimdyn  # registers solver "inimdyn"
+from cdsjax.core.active_set import solve_active_set  # registers solver "active_set"
+from cdsjax.core.shared import CorpusAffinity, cds_select_shared, corpus_affinity, solve_replicator_shared
 from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
 from cdsjax.core.validation import validate_embeddings
 
@@ -69,6 +72,12 @@ __all__ = [
     "softmax_prior",
     "solve",
     "solve_replicator",
+    "solve_inimdyn",
+    "solve_active_set",
+    "CorpusAffinity",
+    "corpus_affinity",
+    "solve_replicator_shared",
+    "cds_select_shared",
     "spectral_penalty",
     "support_size",
     "top_b",

@@ -39,6 +39,7 @@ from jax import Array, lax
 
 from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, infectivity, nash_error, vertex_step
 from cdsjax.core.replicator import finish, prepare_x0
+from cdsjax.core.select import register_solver
 from cdsjax.core.types import Affinity, SolverResult
 
 
@@ -180,3 +181,6 @@ def solve_active_set(
     init = (x, mx, nash_error(x, mx, valid), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
     x, mx, err, it, _ = lax.while_loop(outer_cond, outer_body, init)
     return finish(payoff, x, valid, it, err < tol, err, affinity.alpha)
+
+
+register_solver("active_set", solve_active_set, None, DEFAULT_MAX_ITER)

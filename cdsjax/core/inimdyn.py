@@ -21,10 +21,9 @@ move :math:`Mx` changes to :math:`(1-s)Mx + s M_{i,:}`, an O(n) update; it is
 recomputed exactly every ``refresh`` steps (and before stopping) so rounding
 does not accumulate.
 
-The vertex chosen at each step is the most infective one: the largest first-order
-gain :math:`\pi(y - x \mid x)` over pure strategies (:math:`r_i` where
-:math:`r_i > 0`) and co-strategies (:math:`-r_i x_i / (1-x_i)` where
-:math:`r_i < 0`, :math:`x_i > 0`). The dynamics stop when the Nash error
+The vertex chosen at each step is the most infective one: the largest
+:math:`|r_i|` over pure strategies with :math:`r_i > 0` and co-strategies of
+support vertices with :math:`r_i < 0` (:func:`infectivity`). The dynamics stop when the Nash error
 :math:`\max_i |\min(x_i, -r_i)|` (the KKT residual of
 :func:`cdsjax.core.replicator.kkt_residual`) is below ``tol``.
 
@@ -43,6 +42,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.replicator import finish, prepare_x0
+from cdsjax.core.select import register_solver
 from cdsjax.core.types import Affinity, SolverResult
 
 TOL_FLOAT64 = 1e-10
@@ -62,17 +62,17 @@ def nash_error(x: Array, mx: Array, valid: Array) -> Array:
 
 
 def infectivity(x: Array, mx: Array, valid: Array) -> Array:
-    r"""First-order gain of the best infective move at each vertex (0 where none is).
+    r"""How strongly each vertex calls for a move (0 where it calls for none).
 
-    Pure strategy :math:`e_i`: :math:`r_i` if positive. Co-strategy of :math:`i`:
-    :math:`-r_i\, x_i/(1-x_i)` if :math:`r_i < 0`, which is 0 off the support.
+    Pure strategy :math:`e_i` is infective when :math:`r_i > 0`; the co-strategy of a
+    support vertex when :math:`r_i < 0`. Both score :math:`|r_i|`, the payoff
+    difference :math:`|\pi(e_i - x \mid x)|`: ranking co-strategies by the size
+    of their step (:math:`\propto x_i`) instead would leave many small, dying
+    vertices alive for a long time.
     """
     r = mx - x @ mx
-    rest = 1.0 - x
-    safe_rest = jnp.where(rest > 0, rest, 1.0)
-    co = jnp.where(rest > 0, -r * x / safe_rest, 0.0)
-    gain = jnp.maximum(jnp.maximum(r, co), 0.0)
-    return jnp.where(valid, gain, -1.0)
+    score = jnp.where(x > 0, jnp.abs(r), jnp.maximum(r, 0.0))
+    return jnp.where(valid, score, -1.0)
 
 
 def vertex_step(payoff: Array, x: Array, mx: Array, f: Array, i: Array) -> tuple[Array, Array, Array]:
@@ -188,3 +188,6 @@ def solve_inimdyn(
     x, mx, err = exact(x)
     x, mx, err, it = lax.while_loop(outer_cond, outer_body, (x, mx, err, jnp.asarray(0, jnp.int32)))
     return finish(payoff, x, valid, it, err < tol, err, affinity.alpha)
+
+
+register_solver("inimdyn", solve_inimdyn, None, DEFAULT_MAX_ITER)

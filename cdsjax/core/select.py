@@ -113,6 +113,7 @@ def cds_select(
     prior_temperature: float = 0.1,
     pinned: Optional[Array] = None,
     links: Optional[Array] = None,
+    warm_start: str = "uniform",
 ) -> Selection:
     r"""Selects evidence as a constrained dominant set (single extraction).
 
@@ -136,17 +137,23 @@ def cds_select(
       prior_temperature: temperature of the softmax / diffusion prior.
       pinned: optional ``[n]`` bool, notes added to the constraint set.
       links: optional ``[n, n]`` bool note-link adjacency, for ``init="diffusion"``.
+      warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
+        ``init``; ``"replicator"`` first runs paper mode from there and starts it
+        from paper mode's point (``result.num_iters`` counts the solver's own steps).
 
     Returns:
       :class:`Selection` with ``result`` holding the solver diagnostics.
     """
     budget = check_budget(budget)
     check_option("solver", solver, tuple(SOLVERS))
+    check_option("warm_start", warm_start, ("uniform", "replicator"))
     affinity = build_affinity(notes, query, valid, params, pinned=pinned)
     if x0 is None:
         x0 = initial_point(affinity, init, prior_temperature, links)
     else:
         check_option("init", init, INITS)
+    if warm_start == "replicator" and solver != "replicator":
+        x0 = solve(affinity, x0, solver="replicator").x
     result = solve(affinity, x0, solver=solver, tol=tol, max_iter=max_iter)
     return selection_from_solution(
         result, affinity.num_queries, affinity.valid[affinity.num_queries :], budget=budget, threshold=threshold
