@@ -1,0 +1,290 @@
+"""Retrieve-then-read: index -> question embedding -> padded arrays -> selector -> reader.
+
+    from cdsjax.pipeline import Pipeline
+    pipe = Pipeline.from_paths(["report.pdf"])            # indexes into the cache if needed
+    answer = pipe.ask("What drove the 2023 increase?", selector="cds", budget=10)
+    answer.evidence[0]["page"], answer.diagnostics["converged"]
+
+With a reader (``reader=ReaderConfig(base_url=..., model=...)``) the answer text
+comes from the VLM; without one, ``answer.answer`` is None and the selected
+evidence is the result (the embedded default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cdsjax import core
+from cdsjax.core import registry
+
+# Selector names accepted by the pipeline and the CLI: the registry's, plus
+# "cds-converged" as a spelling of "cds_converged".
+SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-paper": "cds"}
+
+SNIPPET_CHARS = 1500
+
+
+class PipelineError(Exception):
+    """A user-facing error of the pipeline (one line)."""
+
+
+@dataclasses.dataclass
+class Corpus:
+    """What retrieval needs from one or more indexes, merged into one note set.
+
+    Attributes:
+      embeddings: ``[n, d]`` float32, L2-normalised.
+      links: ``[n, n]`` bool note-link adjacency (block diagonal across indexes).
+      notes: n note dicts (note_id, doc_id, page, bbox, kind, text, summary, caption, image_path, ...).
+      embedder: the embedder info shared by every index (model, prefixes, normalisation).
+      roots: the index directories.
+    """
+
+    embeddings: np.ndarray
+    links: np.ndarray
+    notes: List[dict]
+    embedder: dict
+    roots: List[str]
+
+    def __len__(self) -> int:
+        return len(self.notes)
+
+    @classmethod
+    def merge(cls, indexes: Sequence[Any]) -> "Corpus":
+        """Merges loaded :class:`~cdsjax.io.index.CorpusIndex` objects (same embedder required)."""
+        if not indexes:
+            raise PipelineError("no index to search")
+        info = _embedder_key(indexes[0].embedder)
+        for idx in indexes[1:]:
+            if _embedder_key(idx.embedder) != info:
+                raise PipelineError(
+                    f"indexes were embedded with different models ({indexes[0].embedder.get('model')} vs "
+                    f"{idx.embedder.get('model')}); re-index them with one embedder"
+                )
+        n = sum(len(idx.notes) for idx in indexes)
+        links = np.zeros((n, n), bool)
+        notes: List[dict] = []
+        start = 0
+        for idx in indexes:
+            k = len(idx.notes)
+            links[start : start + k, start : start + k] = idx.links
+            notes.extend(idx.notes)
+            start += k
+        embeddings = np.concatenate([np.asarray(idx.embeddings, np.float32) for idx in indexes])
+        return cls(embeddings=embeddings, links=links, notes=notes, embedder=dict(indexes[0].embedder),
+                   roots=[str(idx.root) for idx in indexes])
+
+
+def _embedder_key(info: dict) -> tuple:
+    return tuple(info.get(k) for k in ("model", "query_prefix", "document_prefix", "normalize"))
+
+
+@dataclasses.dataclass
+class Answer:
+    """The result of one question.
+
+    Attributes:
+      question: the question.
+      answer: the reader's answer text, or None when no reader is configured.
+      evidence: the selected notes, best first: dicts with rank (1-based), score,
+        document, page (0-based), bbox, kind, text (text or caption, cut to
+        1500 chars), note_id, image_path.
+      selector: selector name; budget: the evidence budget.
+      diagnostics: solver diagnostics for CDS (solver, num_iters, converged,
+        kkt_residual, objective, support_size, alpha), else {}.
+      timings: seconds per stage (encode, select, read, total).
+      reader: model, cited evidence ranks, abstained, latency — or None.
+    """
+
+    question: str
+    answer: Optional[str]
+    evidence: List[dict]
+    selector: str
+    budget: int
+    diagnostics: Dict[str, Any]
+    timings: Dict[str, float]
+    reader: Optional[Dict[str, Any]] = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def canonical_selector(name: str) -> str:
+    name = SELECTOR_ALIASES.get(name, name)
+    if name not in registry.SELECTORS:
+        names = sorted(set(registry.SELECTORS) | set(SELECTOR_ALIASES))
+        raise PipelineError(f"unknown selector {name!r}; choose one of: {', '.join(names)}")
+    return name
+
+
+class Pipeline:
+    """Retrieval (and optionally reading) over one merged corpus.
+
+    The corpus is padded once to a bucket size, so every question of a session
+    reuses one compiled selector per (selector, budget, options).
+    """
+
+    def __init__(self, corpus: Corpus, *, embedder=None, reader=None):
+        if len(corpus) == 0:
+            raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
+        core.validate_embeddings(corpus.embeddings)
+        self.corpus = corpus
+        self._embedder = embedder
+        self.reader = reader
+        n = len(corpus)
+        self.size = core.bucket_size(n)
+        self.notes = np.zeros((self.size, corpus.embeddings.shape[1]), np.float32)
+        self.notes[:n] = corpus.embeddings
+        self.valid = np.arange(self.size) < n
+        self.links = np.zeros((self.size, self.size), bool)
+        self.links[:n, :n] = corpus.links
+        self._compiled: Dict[tuple, Any] = {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False) -> "Pipeline":
+        """Loads index directories and indexes PDFs (into the cache) named by ``paths``."""
+        from cdsjax.io.elements import IngestError
+        from cdsjax.io.index import index_pdf, load_index
+        from cdsjax.io.store import StoreError
+
+        indexes = []
+        for p in paths:
+            path = Path(p)
+            try:
+                if path.is_dir():
+                    indexes.append(load_index(path))
+                elif path.exists():
+                    indexes.append(index_pdf(path, config=config, progress=progress))
+                else:
+                    raise PipelineError(f"{path}: no such file or directory")
+            except (IngestError, StoreError) as err:
+                raise PipelineError(str(err)) from None
+        return cls(Corpus.merge(indexes), reader=reader)
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from cdsjax.io.embed import Embedder
+
+            self._embedder = Embedder.from_info(self.corpus.embedder)
+        return self._embedder
+
+    # ------------------------------------------------------------------ retrieval
+    def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
+        """A jitted per-question selector over the padded corpus (cached)."""
+        selector = canonical_selector(selector)
+        options = dict(options or {})
+        key = (selector, budget, tuple(sorted(options.items())))
+        if key not in self._compiled:
+            try:
+                fn = registry.make_selector(selector, budget=budget, **options)
+            except ValueError as err:
+                raise PipelineError(str(err)) from None
+            self._compiled[key] = jax.jit(fn)
+        return self._compiled[key]
+
+    def encode(self, questions: Sequence[str]) -> np.ndarray:
+        for q in questions:
+            if not isinstance(q, str) or not q.strip():
+                raise PipelineError("the question is empty")
+        emb = np.asarray(self.embedder.encode_queries(list(questions)), np.float32)
+        core.validate_embeddings(emb, norm_atol=1e-2)
+        return emb
+
+    def select(self, query: np.ndarray, *, selector: str = "cds", budget: int = 10, qid: str = "",
+               options: Optional[dict] = None) -> core.Selection:
+        """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
+        fn = self.selector_fn(selector, budget, options)
+        sel = fn(jnp.asarray(self.notes), jnp.asarray(query), jnp.asarray(self.valid),
+                 jnp.asarray(self.links), core.key_from_query_id(qid))
+        return jax.device_get(sel)
+
+    def evidence(self, selection: core.Selection) -> List[dict]:
+        """The selected notes as evidence dicts, best first."""
+        out = []
+        ok = np.asarray(selection.selected_valid)
+        for rank, (i, s) in enumerate(zip(np.asarray(selection.indices)[ok], np.asarray(selection.scores)[ok]), 1):
+            note = self.corpus.notes[int(i)]
+            kind = note.get("kind", "text")
+            text = note.get("text") or ""
+            if kind != "text" and note.get("caption"):
+                text = note["caption"]
+            out.append(dict(
+                rank=rank,
+                score=float(s),
+                document=note.get("doc_id"),
+                page=int(note.get("page", 0)),
+                bbox=[float(v) for v in note["bbox"]] if note.get("bbox") is not None else None,
+                kind=kind,
+                text=text[:SNIPPET_CHARS],
+                note_id=note.get("note_id"),
+                image_path=note.get("image_path"),
+                summary=note.get("summary") or "",
+                caption=note.get("caption") or "",
+            ))
+        return out
+
+    def ask(self, question: str, *, selector: str = "cds", budget: int = 10, qid: str = "",
+            options: Optional[dict] = None, read: bool = True) -> Answer:
+        """Answers one question: encode, select, and (with a reader) read."""
+        selector = canonical_selector(selector)
+        t0 = time.perf_counter()
+        query = self.encode([question])[0]
+        t1 = time.perf_counter()
+        sel = self.select(query, selector=selector, budget=budget, qid=qid or question, options=options)
+        t2 = time.perf_counter()
+        evidence = self.evidence(sel)
+        timings = dict(encode=t1 - t0, select=t2 - t1)
+        answer_text = None
+        reader_info = None
+        if read and self.reader is not None:
+            from cdsjax.io.reader import EvidenceItem
+
+            items = [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=e["page"], kind=e["kind"],
+                                  text=self.corpus.notes[_note_index(self.corpus, e)].get("text") or "",
+                                  summary=e["summary"], caption=e["caption"],
+                                  bbox=tuple(e["bbox"]) if e["bbox"] else None, image_path=e["image_path"],
+                                  score=e["score"], rank=e["rank"]) for e in evidence]
+            t3 = time.perf_counter()
+            result = self.reader.answer(question, items)
+            timings["read"] = time.perf_counter() - t3
+            answer_text = result.text
+            reader_info = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
+                               latency_s=result.latency_s, usage=result.usage)
+        timings["total"] = time.perf_counter() - t0
+        return Answer(question=question, answer=answer_text, evidence=evidence, selector=selector, budget=budget,
+                      diagnostics=diagnostics(sel, selector, options), timings=timings, reader=reader_info)
+
+
+def _note_index(corpus: Corpus, ev: dict) -> int:
+    # evidence dicts keep note ids; map back for the full text the reader gets
+    if not hasattr(corpus, "_id_index"):
+        corpus._id_index = {n.get("note_id"): i for i, n in enumerate(corpus.notes)}
+    return corpus._id_index[ev["note_id"]]
+
+
+def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = None) -> Dict[str, Any]:
+    """Solver diagnostics of a CDS selection as plain Python values ({} for baselines)."""
+    if sel.result is None:
+        return {}
+    r = sel.result
+    solver = "inimdyn" if selector == "cds_converged" else "replicator"
+    return dict(
+        solver=solver,
+        mode="converged" if selector == "cds_converged" else "paper",
+        num_iters=int(r.num_iters),
+        converged=bool(r.converged),
+        kkt_residual=float(r.kkt_residual),
+        objective=float(r.objective),
+        support_size=int(r.support_size),
+        alpha=float(r.alpha),
+        query_weight=float(np.asarray(r.x)[0]),
+    )
