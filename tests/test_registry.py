@@ -26,7 +26,7 @@ def same_selection(a, b):
 
 
 def test_registry_names():
-    assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_converged"}
+    assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged"}
 
 
 class Spy:

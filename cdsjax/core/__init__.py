@@ -17,6 +17,17 @@ from cdsjax.core.baselines import (
     select_ppr,
     select_random,
 )
+from cdsjax.core.implicit import (
+    attach_implicit,
+    cds_equilibrium,
+    cds_weights,
+    equilibrium_scores,
+    gold_mass,
+    hard_recall,
+    implicit_tangent,
+    retrieval_surrogates,
+    soft_recall,
+)
 from cdsjax.core.batching import DEFAULT_BUCKETS, batch_apply, batched, bucket_size, make_buckets, run_buckets
 from cdsjax.core.replicator import (
     kkt_residual,
@@ -32,6 +43,7 @@ from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, s
 from cdsjax.core.inimdyn import solve_inimdyn  # registers solver "inimdyn"
 from cdsjax.core.active_set import solve_active_set  # registers solver "active_set"
 from cdsjax.core.shared import CorpusAffinity, cds_select_shared, corpus_affinity, solve_replicator_shared
+from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
 from cdsjax.core.validation import validate_embeddings
 
@@ -47,6 +59,7 @@ __all__ = [
     "select_mmr",
     "select_ppr",
     "select_random",
+    "select_subgraph_readout",
     "selector_options",
     "Affinity",
     "CDSParams",
@@ -54,6 +67,15 @@ __all__ = [
     "SOLVERS",
     "Selection",
     "SolverResult",
+    "attach_implicit",
+    "cds_equilibrium",
+    "cds_weights",
+    "equilibrium_scores",
+    "gold_mass",
+    "hard_recall",
+    "implicit_tangent",
+    "retrieval_surrogates",
+    "soft_recall",
     "batch_apply",
     "batched",
     "bucket_size",

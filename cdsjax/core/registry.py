@@ -17,8 +17,9 @@ from typing import Callable, Dict, Optional
 
 from jax import Array
 
-from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr, select_ppr, select_random
+from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
 from cdsjax.core.select import INITS, SOLVERS, cds_peel, cds_select
+from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import CDSParams, Selection
 from cdsjax.core.validation import check_budget, check_option
 
@@ -52,7 +53,7 @@ def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
 
 
 def _dpp(budget: int, *, theta: float = 1.0, quality: str = "exp", gain_tol: Optional[float] = None) -> SelectorFn:
-    check_option("quality", quality, ("exp", "relu"))
+    check_option("quality", quality, DPP_QUALITIES)
 
     def fn(notes, query, valid, links=None, key=None):
         return select_dpp(notes, query, valid, budget=budget, theta=theta, quality=quality, gain_tol=gain_tol)
@@ -70,6 +71,15 @@ def _ppr(
             links, notes, query, valid, budget=budget, damping=damping, temperature=temperature, tol=tol,
             max_iter=max_iter,
         )
+
+    return fn
+
+
+def _subgraph(budget: int) -> SelectorFn:
+    def fn(notes, query, valid, links=None, key=None):
+        if links is None:
+            raise ValueError("selector 'subgraph' needs links ([n, n] bool note-link adjacency)")
+        return select_subgraph_readout(links, notes, query, valid, budget=budget)
 
     return fn
 
@@ -134,6 +144,7 @@ SELECTORS: Dict[str, Callable[..., SelectorFn]] = {
     "mmr": _mmr,
     "dpp": _dpp,
     "ppr": _ppr,
+    "subgraph": _subgraph,
     "cds": _cds_builder("cds", "replicator"),
     "cds_converged": _cds_builder("cds_converged", "inimdyn"),
 }
