@@ -1,0 +1,184 @@
+"""Retrieve-then-read end to end: the pipeline, `cdsjax ask`, `cdsjax demo`, through a real local server."""
+
+import base64
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cdsjax import cli
+from cdsjax.pipeline import Corpus, Pipeline, PipelineError
+from tests.openai_server import OpenAIServer, message_images, message_text
+
+
+@pytest.fixture(scope="module")
+def demo_index(tmp_path_factory):
+    """The demo report, written and indexed once for the module."""
+    from cdsjax import demo
+    from cdsjax.io.index import build_index, default_config
+
+    root = tmp_path_factory.mktemp("demo")
+    pdf = demo.write_report(root / "report.pdf")
+    config = default_config()
+    config.embedder.show_progress = False
+    build_index([pdf], root / "index", config=config, strict=True, progress=False)
+    return root / "index"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CDSJAX_READER_URL", raising=False)
+    monkeypatch.delenv("CDSJAX_READER_MODEL", raising=False)
+    return tmp_path / "cache"
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ask_json_schema_without_reader(demo_index, capsys, cache):
+    code, out, err = run_cli(capsys, "ask", str(demo_index), "How much did battery storage cut diesel use?",
+                             "--json", "--budget", "4")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["answer"] is None and result["reader"] is None
+    assert result["selector"] == "cds" and result["budget"] == 4
+    ev = result["evidence"]
+    assert 1 <= len(ev) <= 4
+    assert [e["rank"] for e in ev] == list(range(1, len(ev) + 1))
+    scores = [e["score"] for e in ev]
+    assert scores == sorted(scores, reverse=True)
+    for e in ev:
+        assert set(e) >= {"document", "page", "bbox", "kind", "text", "score", "rank"}
+        assert e["document"] == "report.pdf" and 0 <= e["page"] < 9
+        assert len(e["bbox"]) == 4 and e["bbox"][0] < e["bbox"][2] and e["bbox"][1] < e["bbox"][3]
+        assert e["kind"] in ("text", "figure", "table", "chart")
+    d = result["diagnostics"]
+    assert d["solver"] == "replicator" and d["mode"] == "paper"
+    assert d["num_iters"] >= 1 and isinstance(d["converged"], bool) and d["kkt_residual"] >= 0
+    assert "38 percent" in " ".join(e["text"] for e in ev)
+
+
+def test_ask_baseline_has_no_solver_diagnostics(demo_index, capsys, cache):
+    code, out, _ = run_cli(capsys, "ask", str(demo_index), "What problems did the pilot have?", "--json",
+                           "--selector", "cosine", "--budget", "3")
+    assert code == 0
+    result = json.loads(out)
+    assert result["diagnostics"] == {} and len(result["evidence"]) == 3
+
+
+def test_pipeline_cosine_matches_numpy_ranking(demo_index):
+    from cdsjax.io.index import load_index
+
+    pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
+    q = pipe.encode(["inverter firmware trips"])[0]
+    sel = pipe.select(q, selector="cosine", budget=5)
+    expect = np.argsort(-(pipe.corpus.embeddings @ q), kind="stable")[:5]
+    np.testing.assert_array_equal(np.asarray(sel.indices), expect)
+
+
+def test_ask_through_local_openai_server_sends_text_and_images(demo_index, capsys, cache):
+    def responder(req):
+        return "Diesel use fell by 38 percent [1], see the chart [2]."
+
+    with OpenAIServer(responder, models=("qwen-test",)) as srv:
+        code, out, err = run_cli(capsys, "ask", str(demo_index), "How much did battery storage cut diesel use?",
+                                 "--json", "--budget", "6", "--reader-url", srv.base_url,
+                                 "--reader-model", "qwen-test")
+        assert code == 0, err
+        assert len(srv.requests) == 1
+        req = srv.requests[0]
+    result = json.loads(out)
+    assert result["answer"].startswith("Diesel use fell by 38 percent")
+    assert result["reader"]["model"] == "qwen-test" and result["reader"]["cited"] == [1, 2]
+    assert req["temperature"] == 0 and req["max_tokens"] == 1024
+    text = message_text(req)
+    assert "How much did battery storage cut diesel use?" in text
+    first = result["evidence"][0]
+    assert " ".join(first["text"].split())[:60] in " ".join(text.split())
+    visual = [e for e in result["evidence"] if e["kind"] != "text"]
+    images = message_images(req)
+    assert len(images) == len(visual) >= 1
+    png = base64.b64decode(images[0].split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "timings" in result and result["timings"]["read"] >= 0
+
+
+def test_reader_from_environment_and_server_errors(demo_index, capsys, cache, monkeypatch):
+    with OpenAIServer(lambda req: (500, {"error": {"message": "boom"}}), models=("m",)) as srv:
+        monkeypatch.setenv("CDSJAX_READER_URL", srv.base_url)
+        monkeypatch.setenv("CDSJAX_READER_MODEL", "m")
+        monkeypatch.setenv("CDSJAX_READER_API_KEY", "x")
+        code, out, err = run_cli(capsys, "ask", str(demo_index), "any question", "--timeout", "5")
+        assert code == 1 and "500" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+        assert len(srv.requests) >= 2  # retried
+
+
+def test_ask_server_down_is_one_clear_line(demo_index, capsys, cache):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    code, out, err = run_cli(capsys, "ask", str(demo_index), "q?", "--reader-url", f"http://127.0.0.1:{port}/v1",
+                             "--reader-model", "m", "--timeout", "2")
+    assert code == 1 and "cannot reach" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ask_indexes_a_shared_pdf_on_the_fly(data_root, capsys, cache):
+    pdf = data_root / "pdfs" / "multicolumn.pdf"
+    code, out, err = run_cli(capsys, "ask", str(pdf), "What is the sample document about?", "--json",
+                             "--budget", "3")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["evidence"] and result["evidence"][0]["document"] == "multicolumn.pdf"
+    assert any(cache.iterdir())  # the PDF was indexed into the cache
+
+
+@pytest.mark.parametrize(
+    "argv, word",
+    [
+        (["ask", "/nonexistent/x.pdf", "q?"], "no such file"),
+        (["ask", "only-a-question"], "at least one"),
+        (["ask", "DEMO", "   "], "empty"),
+        (["ask", "DEMO", "q?", "--budget", "0"], "budget"),
+        (["ask", "DEMO", "q?", "--selector", "cosine", "--beta", "2"], "beta"),
+    ],
+)
+def test_ask_bad_input_one_line(demo_index, capsys, cache, argv, word):
+    argv = [str(demo_index) if a == "DEMO" else a for a in argv]
+    code, out, err = run_cli(capsys, *argv)
+    assert code != 0 and word in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_corpus_merge_rejects_mixed_embedders(demo_index):
+    from cdsjax.io.index import load_index
+
+    a = load_index(demo_index)
+    b = load_index(demo_index)
+    b.embedder = dict(b.embedder, model="other-model")
+    with pytest.raises(PipelineError, match="different models"):
+        Corpus.merge([a, b])
+    merged = Corpus.merge([a, load_index(demo_index)])
+    n = len(a.notes)
+    assert merged.links.shape == (2 * n, 2 * n) and not merged.links[:n, n:].any()
+
+
+def test_demo_runs(tmp_path, capsys, cache):
+    code, out, err = run_cli(capsys, "demo", "--dir", str(tmp_path / "d"), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert len(result["questions"]) == 2 and result["notes"] >= 8
+    for q in result["questions"]:
+        assert len(q["cds"]["evidence"]) == 4 and len(q["cosine"]["evidence"]) == 4
+        assert q["cds"]["diagnostics"]["num_iters"] > 0
+    # second run reuses the index
+    code, out, _ = run_cli(capsys, "demo", "--dir", str(tmp_path / "d"))
+    assert code == 0 and "reused" in out and "CDS (paper mode)" in out
