@@ -1,0 +1,687 @@
+"""Batch evaluation of selectors on a benchmark: problems -> sharded selection -> records.
+
+The pieces, each usable alone:
+
+* :class:`Problem` — one query's padded-free inputs: note embeddings, the query
+  embedding, the note-link graph, and what each note is (id, document, page, box).
+* :func:`run_selector` — pads problems into buckets, runs a selector ``jit(vmap)``
+  per bucket with the batch axis sharded over a 1-D device mesh, and returns one
+  NumPy :class:`~cdsjax.core.Selection` per problem.
+* :func:`score_problem` — the retrieval metrics of one selection.
+* :func:`evaluate` — everything for a config: load the benchmark, build or load
+  indexes/embeddings, run every selector at every budget, append one JSONL record
+  per (selector, budget, query) and resume from them, and summarise.
+
+``experiments/run_eval.py`` is the command-line entry point.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import pathlib
+import re
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from cdsjax.eval import metrics as M
+
+RECORDS_FILE = "records.jsonl"
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+RUN_FILE = "run.json"
+SUMMARY_COLUMNS = ("benchmark", "selector", "metric", "mean", "ci_low", "ci_high", "n")
+
+# Metric order in tables; a benchmark reports the ones its gold supports.
+METRICS_PDF = ("page_recall", "box_recall", "all_pages_found", "distinct_pages", "redundancy")
+METRICS_TEXT = ("paragraph_recall", "all_found", "best_annotator_recall", "redundancy")
+METRICS_VISDOM = ("page_recall", "doc_recall", "distinct_pages", "redundancy")
+DIAGNOSTICS = ("num_iters", "converged", "kkt_residual", "objective", "support_size", "step")
+
+
+@dataclasses.dataclass
+class Problem:
+    """One query's selection problem and what is needed to score it.
+
+    Attributes:
+      query: the benchmark :class:`~cdsjax.io.datasets.Query`.
+      notes: ``[n, d]`` float32 L2-normalised note embeddings.
+      query_emb: ``[d]`` float32 L2-normalised query embedding.
+      links: ``[n, n]`` bool note-link adjacency (symmetric, False diagonal).
+      note_ids: ``[n]`` note ids (corpus note ids for text benchmarks).
+      docs: ``[n]`` document of each note.
+      pages: ``[n]`` 0-based page of each note, or None (text benchmarks).
+      boxes: ``[n]`` ``(x0, y0, x1, y1)`` of each note, or None.
+    """
+
+    query: Any
+    notes: np.ndarray
+    query_emb: np.ndarray
+    links: np.ndarray
+    note_ids: List[str]
+    docs: List[str]
+    pages: Optional[List[int]] = None
+    boxes: Optional[List[Tuple[float, float, float, float]]] = None
+
+    def __post_init__(self):
+        n = self.notes.shape[0]
+        if self.notes.ndim != 2 or n == 0:
+            raise ValueError(f"query {self.query.qid}: notes must be [n>0, d], got {self.notes.shape}")
+        if self.query_emb.shape != self.notes.shape[1:]:
+            raise ValueError(f"query {self.query.qid}: query_emb shape {self.query_emb.shape} "
+                             f"does not match notes {self.notes.shape}")
+        if self.links.shape != (n, n):
+            raise ValueError(f"query {self.query.qid}: links must be [{n}, {n}], got {self.links.shape}")
+        for name in ("note_ids", "docs", "pages", "boxes"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def make_mesh(devices: Optional[Sequence[Any]] = None):
+    """A 1-D mesh with axis ``"batch"`` over ``devices`` (default: all devices)."""
+    import jax
+    from jax.sharding import Mesh
+
+    devices = list(jax.devices() if devices is None else devices)
+    return Mesh(np.asarray(devices), ("batch",))
+
+
+def _round_up(k: int, multiple: int) -> int:
+    return -(-k // multiple) * multiple
+
+
+_BATCHED: Dict[Any, Any] = {}
+
+
+def _batched(fn):
+    """``jit(vmap(fn))``, kept per function so repeated runs reuse compilations."""
+    import jax
+
+    if fn not in _BATCHED:
+        _BATCHED[fn] = jax.jit(jax.vmap(fn))
+    return _BATCHED[fn]
+
+
+_SELECTOR_FNS: Dict[str, Any] = {}
+
+
+def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
+    """:func:`cdsjax.core.make_selector`, memoised on (name, budget, options), so a
+    second :func:`evaluate` in the same process does not compile again."""
+    from cdsjax.core import make_selector
+
+    key = json.dumps([name, int(budget), dict(options)], sort_keys=True, default=repr)
+    if key not in _SELECTOR_FNS:
+        _SELECTOR_FNS[key] = make_selector(name, budget=budget, **options)
+    return _SELECTOR_FNS[key]
+
+
+def run_selector(
+    fn: Callable[..., Any],
+    problems: Sequence[Problem],
+    *,
+    buckets: Sequence[int],
+    max_batch: int = 64,
+    mesh=None,
+    keys: Optional[Sequence[Any]] = None,
+    on_chunk: Optional[Callable[[List[int], List[Any]], None]] = None,
+) -> List[Any]:
+    """Runs a registry selector over ragged problems, batched and sharded.
+
+    Problems are padded (trailing) into note-count buckets; each bucket is cut into
+    chunks of at most ``max_batch`` problems, and a chunk's batch axis is padded to a
+    power of two that the mesh size divides (repeating its first problem), so a run
+    compiles once per (bucket, chunk size). Inputs are placed with
+    ``NamedSharding(mesh, P("batch"))``: each device solves its slice of the batch.
+
+    Args:
+      fn: ``fn(notes [n, d], query [d], valid [n], links [n, n], key) -> Selection``
+        (see :func:`cdsjax.core.make_selector`).
+      problems: the problems, any note counts.
+      buckets: allowed padded note counts.
+      max_batch: most problems per compiled call (memory bound: CDS holds an
+        ``[n+1, n+1]`` matrix per problem).
+      mesh: a 1-D mesh from :func:`make_mesh` (default: all devices).
+      keys: one PRNG key per problem (default: derived from each query id).
+      on_chunk: called with (problem positions, their selections) after each chunk,
+        e.g. to write records as they come.
+
+    Returns:
+      One Selection with NumPy leaves per problem, in input order.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from cdsjax import core
+
+    if not problems:
+        return []
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    mesh = make_mesh() if mesh is None else mesh
+    ndev = int(mesh.devices.size)
+    sharding = NamedSharding(mesh, PartitionSpec("batch"))
+    if keys is None:
+        keys = [core.key_from_query_id(p.query.qid) for p in problems]
+    keys = jnp.stack(list(keys))
+
+    groups = core.make_buckets(
+        [np.asarray(p.notes, np.float32) for p in problems],
+        [np.asarray(p.query_emb, np.float32) for p in problems],
+        buckets=buckets, extras={"links": [np.asarray(p.links, bool) for p in problems]},
+        pad_batch=False)
+    call = _batched(fn)
+    out: List[Any] = [None] * len(problems)
+    for g in groups:
+        for start in range(0, len(g.positions), max_batch):
+            rows = np.arange(start, min(start + max_batch, len(g.positions)))
+            k = len(rows)
+            size = _round_up(max(1 << (k - 1).bit_length(), 1), ndev)
+            padded = np.concatenate([rows, np.full(size - k, rows[0])])
+            args = [g.notes[padded], g.queries[padded], g.valid[padded],
+                    g.extras["links"][padded]]
+            args = [jax.device_put(a, sharding) for a in args]
+            key_batch = jax.device_put(keys[g.positions[padded]], sharding)
+            sel = jax.device_get(call(*args, key_batch))
+            positions = [int(g.positions[r]) for r in rows]
+            chunk = [jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), sel)
+                     for i in range(k)]
+            for pos, s in zip(positions, chunk):
+                out[pos] = s
+            if on_chunk is not None:
+                on_chunk(positions, chunk)
+    return out
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def _finite_or_none(v: float) -> Optional[float]:
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)
+
+
+def score_problem(problem: Problem, selection: Any, *, kind: str) -> Dict[str, Optional[float]]:
+    """The retrieval metrics of one selection.
+
+    Args:
+      problem: the problem that was solved.
+      selection: its Selection (NumPy leaves).
+      kind: ``"pdf"`` (page / box metrics), ``"visdom"`` (page / document metrics) or
+        ``"text"`` (paragraph metrics).
+
+    Returns:
+      ``metric -> value``; None where the query has no gold for that metric.
+    """
+    idx = np.asarray(selection.indices)[np.asarray(selection.selected_valid, bool)]
+    idx = [int(i) for i in idx]
+    q = problem.query
+    out: Dict[str, Optional[float]] = {"num_selected": float(len(idx))}
+    if kind in ("pdf", "visdom"):
+        pages = [(problem.docs[i], problem.pages[i]) for i in idx]
+        pr = M.page_recall(pages, q.gold_pages)
+        out["page_recall"] = pr
+        out["distinct_pages"] = float(M.distinct_pages(pages))
+        if kind == "pdf":
+            out["all_pages_found"] = M.all_found(pr)
+            regions = [(problem.docs[i], problem.pages[i], problem.boxes[i]) for i in idx]
+            out["box_recall"] = M.box_recall(regions, q.gold_boxes)
+        else:
+            out["doc_recall"] = M.doc_recall([problem.docs[i] for i in idx], q.gold_pages.keys())
+    elif kind == "text":
+        chosen = [problem.note_ids[i] for i in idx]
+        rec = M.paragraph_recall(chosen, q.gold_note_ids)
+        out["paragraph_recall"] = rec
+        out["all_found"] = M.all_found(rec)
+        if "gold_per_annotator" in q.meta:
+            out["best_annotator_recall"] = M.best_annotator_recall(
+                chosen, q.meta["gold_per_annotator"])
+    else:
+        raise ValueError(f"kind must be 'pdf', 'visdom' or 'text', got {kind!r}")
+    out["redundancy"] = M.redundancy(np.asarray(problem.notes)[idx]) if idx else float("nan")
+    return {k: _finite_or_none(v) for k, v in out.items()}
+
+
+def diagnostics(selection: Any) -> Dict[str, Any]:
+    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines)."""
+    res = getattr(selection, "result", None)
+    if res is None:
+        return {}
+    out = {}
+    for name in DIAGNOSTICS:
+        v = np.asarray(getattr(res, name))
+        out[name] = bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
+    return out
+
+
+# --------------------------------------------------------------------------- records & summaries
+
+
+def read_records(path: pathlib.Path) -> List[dict]:
+    """Reads a JSONL records file, skipping a torn last line (an interrupted write)."""
+    if not path.is_file():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
+    return records
+
+
+def drop_torn_tail(path: pathlib.Path) -> None:
+    """Cuts an unterminated last line (a write interrupted mid-record) so appends start
+    on a fresh line."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def record_key(r: Mapping[str, Any]) -> Tuple[str, str, int, str]:
+    return (r["benchmark"], r["selector"], int(r["budget"]), r["qid"])
+
+
+def summary_rows(records: Iterable[Mapping[str, Any]], metric_names: Sequence[str], *,
+                 num_resamples: int = 10_000, seed: int = 0) -> List[dict]:
+    """Rows of ``summary.csv``: per (benchmark, selector) and metric ``name@B``, the mean
+    over queries with a 95% percentile-bootstrap interval (NaN/None skipped)."""
+    flat = []
+    for r in records:
+        row = {"benchmark": r["benchmark"], "selector": r["selector"]}
+        for m in metric_names:
+            row[f"{m}@{r['budget']}"] = r["metrics"].get(m)
+        for d in ("converged", "kkt_residual", "num_iters"):
+            if d in r.get("diagnostics", {}):
+                row[f"{d}@{r['budget']}"] = float(r["diagnostics"][d])
+        flat.append(row)
+    names = []
+    for row in flat:
+        for k in row:
+            if k not in ("benchmark", "selector") and k not in names:
+                names.append(k)
+    names.sort(key=lambda k: (int(k.rsplit("@", 1)[1]), _metric_rank(k.rsplit("@", 1)[0], metric_names)))
+    rows = M.summarize(flat, names, num_resamples=num_resamples, seed=seed)
+    return [r for r in rows if r["n"] > 0]
+
+
+def _metric_rank(name: str, metric_names: Sequence[str]) -> int:
+    order = list(metric_names) + ["converged", "kkt_residual", "num_iters"]
+    return order.index(name) if name in order else len(order)
+
+
+def write_summary_csv(rows: Sequence[Mapping[str, Any]], path: pathlib.Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(SUMMARY_COLUMNS))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r[k] for k in SUMMARY_COLUMNS})
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One table per benchmark and budget: selectors as rows, metrics as columns, cells
+    ``mean [ci_low, ci_high]`` (``n`` in the header when the whole column shares it)."""
+    out = []
+    groups: Dict[Tuple[str, str], list] = {}
+    for r in rows:
+        metric, _, budget = r["metric"].rpartition("@")
+        groups.setdefault((r["benchmark"], budget), []).append(dict(r, metric=metric))
+    for (bench, budget), sub in groups.items():
+        metrics = list(dict.fromkeys(r["metric"] for r in sub))
+        selectors = list(dict.fromkeys(r["selector"] for r in sub))
+        cell = {(r["selector"], r["metric"]): r for r in sub}
+        header = []
+        for m in metrics:
+            ns = {cell[(s, m)]["n"] for s in selectors if (s, m) in cell}
+            header.append(f"{m} (n={ns.pop()})" if len(ns) == 1 else m)
+        buf = io.StringIO()
+        buf.write(f"### {bench}, budget {budget}\n\n| selector | " + " | ".join(header) + " |\n")
+        buf.write("|---|" + "---|" * len(metrics) + "\n")
+        for s in selectors:
+            cells = ["" if (s, m) not in cell else _fmt_cell(cell[(s, m)]) for m in metrics]
+            buf.write(f"| {s} | " + " | ".join(cells) + " |\n")
+        out.append(buf.getvalue())
+    return "\n".join(out)
+
+
+def _fmt_cell(r: Mapping[str, Any]) -> str:
+    m, lo, hi = r["mean"], r["ci_low"], r["ci_high"]
+    if abs(m) >= 100 or (abs(m) < 1e-3 and m != 0):
+        return f"{m:.3g} [{lo:.3g}, {hi:.3g}]"
+    return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def fingerprint(obj: Any) -> str:
+    """Short stable hash of a JSON-serialisable object."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- problems
+
+
+def _benchmark_kind(bench) -> str:
+    if bench.corpora:
+        return "text"
+    return "visdom" if bench.name.startswith("visdom") else "pdf"
+
+
+def metric_names(kind: str) -> Tuple[str, ...]:
+    return {"pdf": METRICS_PDF, "visdom": METRICS_VISDOM, "text": METRICS_TEXT}[kind]
+
+
+_FLOAT_LABEL = re.compile(r"^\s*(fig(?:ure)?\.?|table)\s*(\d+)", re.IGNORECASE)
+
+
+def text_links(corpus, *, window: int = 1) -> np.ndarray:
+    """Structural links of a text corpus: paragraphs within ``window`` of each other in
+    reading order, and a caption ``"Figure N"``/``"Table N"`` with every paragraph that
+    names it. Returns ``[n, n]`` bool, symmetric, False diagonal."""
+    n = len(corpus)
+    links = np.zeros((n, n), bool)
+    par = [i for i, k in enumerate(corpus.kinds) if k == "paragraph"]
+    for a, i in enumerate(par):
+        for j in par[a + 1: a + 1 + max(0, window)]:
+            links[i, j] = links[j, i] = True
+    for i, kind in enumerate(corpus.kinds):
+        if kind != "caption":
+            continue
+        m = _FLOAT_LABEL.match(corpus.texts[i])
+        if not m:
+            continue
+        word = "fig" if m.group(1).lower().startswith("fig") else "table"
+        pattern = (re.compile(rf"\b(?:fig(?:ure)?\.?|figs?\.)\s*{m.group(2)}\b", re.IGNORECASE)
+                   if word == "fig" else re.compile(rf"\btables?\s*{m.group(2)}\b", re.IGNORECASE))
+        for j in par:
+            if pattern.search(corpus.texts[j]):
+                links[i, j] = links[j, i] = True
+    return links
+
+
+def _cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[str], *,
+                   queries: bool) -> np.ndarray:
+    """Embeds ``texts`` once per (embedder, texts); later runs load the ``.npy``."""
+    info = {k: v for k, v in embedder.info().items() if k != "dim"}
+    key = fingerprint({"info": info, "queries": queries, "texts": list(texts)})
+    path = cache_dir / f"{tag}-{'q' if queries else 'd'}-{key}.npy"
+    if path.is_file():
+        arr = np.load(path)
+        if arr.shape[0] == len(texts):
+            return arr
+    arr = embedder.encode_queries(list(texts)) if queries else embedder.encode_documents(list(texts))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, arr)
+    tmp.replace(path)  # atomic: a crash leaves no half-written cache
+    return arr
+
+
+def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int = 1) -> List[Problem]:
+    """Problems of a text benchmark: each query searches its corpus's notes."""
+    from cdsjax import core
+
+    corpus_ids = list(dict.fromkeys(q.doc_ids[0] for q in bench.queries))
+    texts = [t for c in corpus_ids for t in bench.corpora[c].texts]
+    note_emb = _cached_encode(cache_dir, bench.name, embedder, texts, queries=False)
+    query_emb = _cached_encode(cache_dir, bench.name, embedder,
+                               [q.question for q in bench.queries], queries=True)
+    offsets, start = {}, 0
+    for c in corpus_ids:
+        offsets[c] = (start, start + len(bench.corpora[c]))
+        start += len(bench.corpora[c])
+    links = {c: text_links(bench.corpora[c], window=link_window) for c in corpus_ids}
+    problems = []
+    for q, qe in zip(bench.queries, query_emb):
+        if len(q.doc_ids) != 1:
+            raise ValueError(f"text query {q.qid} must name exactly one corpus, got {q.doc_ids}")
+        c = q.doc_ids[0]
+        lo, hi = offsets[c]
+        core.validate_embeddings(note_emb[lo:hi], qe)
+        corpus = bench.corpora[c]
+        problems.append(Problem(q, note_emb[lo:hi], qe, links[c], list(corpus.note_ids),
+                                [c] * len(corpus)))
+    return problems
+
+
+def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
+                 log: Callable[[str], None] = print) -> List[Problem]:
+    """Problems of a PDF benchmark: each document is indexed once (cached by content
+    and settings under ``cache_dir``); a query searches the notes of its documents."""
+    from cdsjax import core
+    from cdsjax.io.index import index_pdf
+
+    needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
+    want = {k: v for k, v in embedder.info().items() if k != "dim"}
+    indexes = {}
+    docs_iter = needed
+    if progress:
+        from tqdm.auto import tqdm
+
+        docs_iter = tqdm(needed, desc=f"index {bench.name}", unit="doc")
+    for doc_id in docs_iter:
+        idx = index_pdf(bench.documents[doc_id], config=config, cache_dir=cache_dir / "indexes")
+        got = {k: v for k, v in idx.embedder.items() if k != "dim"}
+        if got != want:
+            raise ValueError(f"index of {doc_id} was embedded with {got}, but questions would be "
+                             f"encoded with {want}")
+        indexes[doc_id] = idx
+    query_emb = _cached_encode(cache_dir, bench.name.replace("/", "_"), embedder,
+                               [q.question for q in bench.queries], queries=True)
+    problems = []
+    for q, qe in zip(bench.queries, query_emb):
+        parts = [indexes[d] for d in q.doc_ids]
+        notes = np.concatenate([p.embeddings for p in parts]).astype(np.float32)
+        n = notes.shape[0]
+        links = np.zeros((n, n), bool)
+        start = 0
+        for p in parts:  # documents are not linked to each other
+            links[start:start + len(p), start:start + len(p)] = p.links
+            start += len(p)
+        core.validate_embeddings(notes, qe)
+        meta = [(d, note) for d, p in zip(q.doc_ids, parts) for note in p.notes]
+        problems.append(Problem(
+            q, notes, qe, links,
+            note_ids=[f"{d}#{note['reading_order']}" for d, note in meta],
+            docs=[d for d, _ in meta],
+            pages=[int(note["page"]) for _, note in meta],
+            boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta]))
+    return problems
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def selector_specs(config) -> List[Tuple[str, str, dict]]:
+    """``(label, registry name, options)`` per entry of ``config.selectors``.
+
+    ``config.selectors`` is a list (or comma-separated string) of labels;
+    ``config.selector_options[label]`` holds that selector's options, and its
+    optional ``selector`` key names the registry entry (default: the label), so
+    one selector can appear under several labels with different options. Options of
+    labels that are not selected are ignored (so a config can keep them all).
+    """
+    from cdsjax.core import SELECTORS
+
+    labels = config.selectors
+    if isinstance(labels, str):
+        labels = [s.strip() for s in labels.split(",") if s.strip()]
+    labels = list(labels)
+    if not labels:
+        raise ValueError("config.selectors is empty")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"config.selectors has duplicates: {labels}")
+    all_opts = config.get("selector_options", None) or {}
+    if hasattr(all_opts, "to_dict"):
+        all_opts = all_opts.to_dict()
+    specs = []
+    for label in labels:
+        opts = dict(all_opts.get(label, {}))
+        name = opts.pop("selector", label)
+        if name not in SELECTORS:
+            raise ValueError(f"config.selectors: unknown selector {name!r} (label {label!r}); "
+                             f"known: {sorted(SELECTORS)}")
+        specs.append((label, name, opts))
+    return specs
+
+
+def budgets_of(config) -> List[int]:
+    budgets = list(config.get("budgets", None) or []) or [config.budget]
+    for b in budgets:
+        if int(b) < 1:
+            raise ValueError(f"budgets must be >= 1, got {b}")
+    return sorted(dict.fromkeys(int(b) for b in budgets))
+
+
+def _run_identity(config) -> dict:
+    """What must match for records in ``output_dir`` to be resumed."""
+    keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window")
+    out = {}
+    for k in keep:
+        if k in config:
+            v = config[k]
+            out[k] = v.to_dict() if hasattr(v, "to_dict") else v
+    from cdsjax.io.datasets import resolve_data_root
+
+    out["data_root"] = str(resolve_data_root(config.data_root))
+    return out
+
+
+def load_configured_benchmark(config):
+    from cdsjax.io.datasets import load_benchmark
+
+    options = config.get("loader", None) or {}
+    if hasattr(options, "to_dict"):
+        options = options.to_dict()
+    options = {k: v for k, v in options.items() if v is not None}
+    return load_benchmark(config.benchmark, config.data_root, config.get("max_queries", None), **options)
+
+
+def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print):
+    """Runs every configured selector at every budget on the configured benchmark.
+
+    Writes into ``config.output_dir``: ``records.jsonl`` (one line per selector,
+    budget and query, appended as results come, so an interrupted run resumes where
+    it stopped), ``summary.csv`` (benchmark, selector, metric, mean, ci_low, ci_high,
+    n; metrics are named ``metric@B``), ``summary.md`` and ``run.json``.
+
+    Returns:
+      ``(records, summary rows)`` for the queries and selectors of this config.
+    """
+    from cdsjax.core import DEFAULT_BUCKETS
+    from cdsjax.io.embed import Embedder
+
+    out_dir = pathlib.Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    identity = _run_identity(config)
+    run_file = out_dir / RUN_FILE
+    records_path = out_dir / RECORDS_FILE
+    if run_file.is_file() and records_path.is_file():
+        previous = json.loads(run_file.read_text())
+        if previous.get("identity") != identity:
+            changed = sorted(k for k in set(previous.get("identity", {})) | set(identity)
+                             if previous.get("identity", {}).get(k) != identity.get(k))
+            raise ValueError(f"{out_dir} holds records of a different run (changed: {changed}); "
+                             "use another output_dir or delete it")
+    run_file.write_text(json.dumps({"identity": identity}, indent=1, default=str))
+
+    specs = selector_specs(config)
+    budgets = budgets_of(config)
+    bench = load_configured_benchmark(config)
+    if not bench.queries:
+        raise ValueError(f"benchmark {config.benchmark!r} has no queries (max_queries={config.max_queries})")
+    kind = _benchmark_kind(bench)
+    cache_dir = pathlib.Path(config.get("cache_dir", "") or out_dir / "cache")
+    embedder = Embedder(config)
+    if kind == "text":
+        problems = text_problems(bench, embedder, cache_dir=cache_dir,
+                                 link_window=int(config.get("link_window", 1)))
+    else:
+        problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress, log=log)
+
+    drop_torn_tail(records_path)
+    done = {record_key(r) for r in read_records(records_path)}
+    todo = {(label, b): [p for p in problems if (bench.name, label, b, p.query.qid) not in done]
+            for label, _, _ in specs for b in budgets}
+    total = sum(len(v) for v in todo.values())
+    if len(done):
+        log(f"resuming: {len(problems) * len(specs) * len(budgets) - total} of "
+            f"{len(problems) * len(specs) * len(budgets)} (selector, budget, query) results on disk")
+    buckets = tuple(config.get("buckets", None) or DEFAULT_BUCKETS)
+    mesh = make_mesh()
+    bar = None
+    if progress and total:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=f"select {bench.name}", unit="query")
+    with open(records_path, "a", encoding="utf-8") as f:
+        for label, name, opts in specs:
+            for b in budgets:
+                batch = todo[(label, b)]
+                if not batch:
+                    continue
+                fn = cached_selector(name, b, opts)
+
+                def write(positions, sels, batch=batch, label=label, b=b):
+                    for pos, sel in zip(positions, sels):
+                        p = batch[pos]
+                        mask = np.asarray(sel.selected_valid, bool)
+                        idx = [int(i) for i in np.asarray(sel.indices)[mask]]
+                        rec = {
+                            "benchmark": bench.name, "selector": label, "budget": b,
+                            "qid": p.query.qid, "num_notes": int(p.notes.shape[0]),
+                            "selected": [p.note_ids[i] for i in idx],
+                            "scores": [float(s) for s in np.asarray(sel.scores)[mask]],
+                            "metrics": score_problem(p, sel, kind=kind),
+                            "diagnostics": diagnostics(sel),
+                        }
+                        if p.pages is not None:
+                            rec["pages"] = [[p.docs[i], p.pages[i]] for i in idx]
+                        f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    if bar is not None:
+                        bar.update(len(positions))
+
+                run_selector(fn, batch, buckets=buckets, max_batch=int(config.get("max_batch", 64)),
+                             mesh=mesh, on_chunk=write)
+    if bar is not None:
+        bar.close()
+
+    wanted = {(bench.name, label, b, p.query.qid) for label, _, _ in specs for b in budgets
+              for p in problems}
+    records = {}
+    for r in read_records(records_path):
+        if record_key(r) in wanted:
+            records[record_key(r)] = r  # the latest line wins
+    order = {label: i for i, (label, _, _) in enumerate(specs)}
+    records = sorted(records.values(), key=lambda r: (order[r["selector"]], r["budget"]))
+    rows = summary_rows(records, metric_names(kind),
+                        num_resamples=int(config.get("num_resamples", 10_000)))
+    write_summary_csv(rows, out_dir / SUMMARY_CSV)
+    table = markdown_table(rows)
+    (out_dir / SUMMARY_MD).write_text(table)
+    log(table)
+    return records, rows

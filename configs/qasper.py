@@ -1,0 +1,38 @@
+r"""Retrieval evaluation on QASPER: gold-paragraph recall (evidence paragraphs and
+figure/table captions as notes), for every selector.
+
+Run from the repository root::
+
+    python experiments/run_eval.py --config configs/qasper.py
+    python experiments/run_eval.py --config configs/qasper.py --config.max_queries=100
+
+Notes are the paper's paragraphs and captions, embedded with ``config.embedder``
+(cached under ``cache_dir``); links join reading-order neighbours (``link_window``)
+and a caption with the paragraphs that cite its figure or table.
+"""
+
+import ml_collections
+
+from cdsjax.io.index import default_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = default_config()
+    config.benchmark = "qasper"
+    config.data_root = "../shared/data"
+    config.output_dir = "runs/eval/qasper"
+    config.cache_dir = ""  # note and question embeddings; "" -> <output_dir>/cache
+    config.max_queries = ml_collections.config_dict.placeholder(int)
+
+    config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged"
+    config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
+    config.budget = 5
+    config.budgets = (5,)
+    config.loader = ml_collections.ConfigDict({"max_papers": None})
+    config.link_window = 1
+
+    config.buckets = (32, 64, 128, 256, 512)
+    config.max_batch = 64
+    config.num_resamples = 10_000
+    config.embedder.show_progress = False
+    return config

@@ -1,0 +1,45 @@
+r"""Batch retrieval evaluation of selectors on a benchmark.
+
+Usage (from the repository root)::
+
+    python experiments/run_eval.py --config configs/hotpotqa.py
+    python experiments/run_eval.py --config configs/mmlongbench.py --config.max_queries=20 \
+        --config.output_dir=runs/eval/mmlb20 --config.selectors=cosine,cds_converged
+
+For every selector and budget it writes one JSONL record per query to
+``<output_dir>/records.jsonl`` (selected notes, metrics, solver diagnostics),
+resumes from that file when rerun, and prints and writes the summary:
+``summary.csv`` (benchmark, selector, metric, mean, ci_low, ci_high, n; 95%
+percentile-bootstrap intervals) and ``summary.md``. The batch axis is sharded over
+all local devices (``jax.devices()``); on CPU, try
+``XLA_FLAGS=--xla_force_host_platform_device_count=4``.
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Evaluation config file (configs/*.py).",
+                                          lock_config=True)
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config configs/hotpotqa.py")
+    from cdsjax.eval.runner import evaluate
+
+    evaluate(config, progress=_PROGRESS.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

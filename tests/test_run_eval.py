@@ -1,0 +1,336 @@
+"""The evaluation harness: batched/sharded selection equals per-query calls, scoring,
+records and resume, summaries, and end-to-end runs on tiny subsets of each benchmark."""
+
+import csv
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from cdsjax import core
+from cdsjax.eval import runner as R
+from cdsjax.io import datasets as D
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _synthetic_problems(sizes, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    problems = []
+    for i, n in enumerate(sizes):
+        z = rng.normal(size=(n, d)).astype(np.float32)
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        q = (z[0] + 0.5 * rng.normal(size=d)).astype(np.float32)
+        q /= np.linalg.norm(q)
+        links = rng.random((n, n)) < 0.2
+        links = np.triu(links, 1)
+        links = links | links.T
+        query = D.Query(qid=f"q{i}", question="?", answer=None, doc_ids=("doc",),
+                        gold_pages={"doc": frozenset({0, 1})})
+        problems.append(R.Problem(query, z, q, links, [f"n{j}" for j in range(n)], ["doc"] * n,
+                                  pages=[j % 4 for j in range(n)],
+                                  boxes=[(0.0, 10.0 * j, 100.0, 10.0 * j + 9) for j in range(n)]))
+    return problems
+
+
+SELECTORS = [("cosine", {}), ("ppr", {}), ("random", {}), ("cds", {"max_iter": 300})]
+
+
+@pytest.mark.parametrize("name,options", SELECTORS)
+def test_run_selector_equals_per_query_calls(name, options):
+    problems = _synthetic_problems([5, 20, 3], seed=1)
+    fn = core.make_selector(name, budget=4, **options)
+    seen = []
+    out = R.run_selector(fn, problems, buckets=(8, 32), max_batch=2,
+                         on_chunk=lambda pos, sels: seen.extend(pos))
+    assert sorted(seen) == list(range(len(problems)))
+    single = jax.jit(fn)
+    for p, sel in zip(problems, out):
+        ref = single(p.notes, p.query_emb, np.ones(len(p.notes), bool), p.links,
+                     core.key_from_query_id(p.query.qid))
+        np.testing.assert_array_equal(sel.selected_valid, np.asarray(ref.selected_valid))
+        v = np.asarray(ref.selected_valid)
+        np.testing.assert_array_equal(sel.indices[v], np.asarray(ref.indices)[v])
+        np.testing.assert_allclose(sel.scores[v], np.asarray(ref.scores)[v], rtol=1e-4, atol=1e-6)
+        assert (sel.indices[v] < len(p.notes)).all()
+
+
+SHARD_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from cdsjax import core
+    from cdsjax.eval import runner as R
+    from tests.test_run_eval import _synthetic_problems, SELECTORS
+    assert len(jax.devices()) == 4, jax.devices()
+    problems = _synthetic_problems([5, 7, 20, 3, 9], seed=2)
+    full, one = R.make_mesh(), R.make_mesh(jax.devices()[:1])
+    report = {}
+    for name, options in SELECTORS:
+        if name == "ppr":
+            continue  # same batching path as cosine; keeps the subprocess short
+        fn = core.make_selector(name, budget=4, **options)
+        a = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=full)
+        b = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=one)
+        report[name] = dict(
+            same_indices=all(np.array_equal(x.indices[x.selected_valid], y.indices[y.selected_valid])
+                             and np.array_equal(x.selected_valid, y.selected_valid)
+                             for x, y in zip(a, b)),
+            max_score_diff=max(float(np.max(np.abs(x.scores - y.scores))) for x, y in zip(a, b)),
+            picked=sum(int(x.selected_valid.sum()) for x in a))
+    print(json.dumps(report))
+""")
+
+
+def test_sharded_over_four_host_devices_equals_unsharded(tmp_path):
+    script = tmp_path / "shard.py"
+    script.write_text(SHARD_SCRIPT)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(script), str(ROOT)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(report) == {name for name, _ in SELECTORS} - {"ppr"}
+    for name, r in report.items():
+        assert r["same_indices"], (name, r)
+        assert r["max_score_diff"] <= 1e-5, (name, r)
+        assert r["picked"] > 0
+
+
+def test_score_problem_pdf_and_text():
+    p = _synthetic_problems([6])[0]
+    p.query = D.Query(qid="x", question="?", answer=None, doc_ids=("doc",),
+                      gold_pages={"doc": frozenset({1, 3})},
+                      gold_boxes=(D.GoldBox("doc", 1, (0.0, 10.0, 100.0, 19.0)),
+                                  D.GoldBox("doc", 2, (0.0, 0.0, 5.0, 5.0))))
+    sel = core.Selection(indices=np.array([1, 5, 0, 0]), selected_valid=np.array([1, 1, 0, 0], bool),
+                         scores=np.zeros(4))
+    m = R.score_problem(p, sel, kind="pdf")
+    # notes 1 and 5 sit on pages 1 and 1 (j % 4): gold pages {1, 3} -> 1/2.
+    assert m["page_recall"] == 0.5 and m["all_pages_found"] == 0.0
+    assert m["distinct_pages"] == 1.0 and m["num_selected"] == 2.0
+    # note 1's box (0, 10, 100, 19) equals gold box 0; gold box 1 is on page 2.
+    assert m["box_recall"] == 0.5
+    z = p.notes
+    assert m["redundancy"] == pytest.approx(float(z[1] @ z[5]), abs=1e-6)
+    p.query = D.Query(qid="y", question="?", answer=None, doc_ids=("doc",),
+                      gold_note_ids=frozenset({"n1", "n2"}),
+                      meta={"gold_per_annotator": [["n1"], ["n2", "n3"]]})
+    m = R.score_problem(p, sel, kind="text")
+    assert m["paragraph_recall"] == 0.5 and m["all_found"] == 0.0
+    assert m["best_annotator_recall"] == 1.0
+    one = core.Selection(indices=np.array([2, 0]), selected_valid=np.array([1, 0], bool),
+                         scores=np.zeros(2))
+    assert R.score_problem(p, one, kind="text")["redundancy"] is None  # NaN -> None in records
+
+
+def test_text_links_window_and_figure_references():
+    corpus = D.Corpus("c", ("p0", "p1", "p2", "f0", "f1"),
+                      ("Intro.", "As Fig. 2 shows, ...", "See Table 1 and figure 12.",
+                       "Figure 2: A plot.", "Table 1: Numbers."),
+                      ("paragraph",) * 3 + ("caption",) * 2)
+    L = R.text_links(corpus, window=1)
+    expected = {(0, 1), (1, 2), (1, 3), (2, 4)}
+    got = {(i, j) for i, j in zip(*np.nonzero(L)) if i < j}
+    assert got == expected and (L == L.T).all() and not L.diagonal().any()
+    assert not R.text_links(corpus, window=0)[0, 1]
+
+
+def test_summary_rows_markdown_and_csv(tmp_path):
+    recs = []
+    for sel, vals in [("cosine", [1.0, 0.0, 1.0]), ("cds", [0.5, 0.5, None])]:
+        for i, v in enumerate(vals):
+            recs.append({"benchmark": "b", "selector": sel, "budget": 5, "qid": f"q{i}",
+                         "metrics": {"page_recall": v, "redundancy": 0.25},
+                         "diagnostics": {"converged": True} if sel == "cds" else {}})
+    rows = R.summary_rows(recs, ("page_recall", "redundancy"), num_resamples=500)
+    got = {(r["selector"], r["metric"]): (round(r["mean"], 6), r["n"]) for r in rows}
+    assert got == {("cosine", "page_recall@5"): (0.666667, 3), ("cosine", "redundancy@5"): (0.25, 3),
+                   ("cds", "page_recall@5"): (0.5, 2), ("cds", "redundancy@5"): (0.25, 3),
+                   ("cds", "converged@5"): (1.0, 3)}
+    R.write_summary_csv(rows, tmp_path / "s.csv")
+    with open(tmp_path / "s.csv") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == list(R.SUMMARY_COLUMNS) and len(table) == len(rows)
+    md = R.markdown_table(rows)
+    assert "### b, budget 5" in md
+    assert "| cosine | 0.667 [" in md and "page_recall (n=" not in md  # n differs by selector
+    assert "redundancy (n=3)" in md
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _config(benchmark, out_dir, cache_dir, **fields):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"cfg_{benchmark}", ROOT / "configs" / f"{benchmark}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.output_dir = str(out_dir)
+    config.cache_dir = str(cache_dir)
+    config.num_resamples = 500
+    for k, v in fields.items():
+        config[k] = v
+    return config
+
+
+def _records(out_dir):
+    return [json.loads(line) for line in (out_dir / R.RECORDS_FILE).read_text().splitlines()]
+
+
+def _summary(out_dir):
+    with open(out_dir / R.SUMMARY_CSV) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("eval_cache")
+
+
+def test_end_to_end_hotpotqa_and_resume(data_root, tmp_path, cache_dir):
+    out = tmp_path / "hotpot"
+    config = _config("hotpotqa", out, cache_dir, data_root=str(data_root), max_queries=3,
+                     selectors="cosine,cds_paper", budgets=(2, 3),
+                     selector_options={"cds_paper": {"selector": "cds", "max_iter": 500}})
+    records, rows = R.evaluate(config, progress=False, log=lambda s: None)
+    assert len(records) == 3 * 2 * 2
+    bench = D.load_hotpotqa(data_root, max_queries=3)
+    gold = {q.qid: q.gold_note_ids for q in bench.queries}
+    for r in records:
+        assert r["selector"] in ("cosine", "cds_paper") and len(r["selected"]) <= r["budget"]
+        assert r["num_notes"] == 10
+        found = len(gold[r["qid"]] & set(r["selected"])) / len(gold[r["qid"]])
+        assert r["metrics"]["paragraph_recall"] == pytest.approx(found)
+        assert r["metrics"]["all_found"] == float(found == 1.0)
+        assert ("kkt_residual" in r["diagnostics"]) == (r["selector"] == "cds_paper")
+    table = _summary(out)
+    assert list(table[0]) == list(R.SUMMARY_COLUMNS)
+    means = {(t["selector"], t["metric"]): float(t["mean"]) for t in table}
+    for sel in ("cosine", "cds_paper"):
+        for b in (2, 3):
+            vals = [r["metrics"]["paragraph_recall"] for r in records
+                    if r["selector"] == sel and r["budget"] == b]
+            assert means[(sel, f"paragraph_recall@{b}")] == pytest.approx(np.mean(vals))
+    assert ("cds_paper", "converged@2") in means and ("cosine", "converged@2") not in means
+    assert (out / R.SUMMARY_MD).read_text().startswith("### hotpotqa, budget 2")
+
+    # Resume: nothing is recomputed; a torn last line and a missing record are redone.
+    lines = (out / R.RECORDS_FILE).read_text().splitlines()
+    (out / R.RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    records2, rows2 = R.evaluate(config, progress=False, log=lambda s: None)
+    assert len(_records_clean(out)) == len(lines)
+    assert sorted(map(R.record_key, records2)) == sorted(map(R.record_key, records))
+    assert R.evaluate(config, progress=False, log=lambda s: None)[1] == rows2
+    assert len(_records_clean(out)) == len(lines)
+    # A different run into the same directory is refused.
+    other = _config("hotpotqa", out, cache_dir, data_root=str(data_root), max_queries=3,
+                    selectors="cosine", link_window=2)
+    with pytest.raises(ValueError, match="link_window"):
+        R.evaluate(other, progress=False, log=lambda s: None)
+
+
+def _records_clean(out_dir):
+    return R.read_records(out_dir / R.RECORDS_FILE)
+
+
+def test_end_to_end_qasper(data_root, tmp_path, cache_dir):
+    out = tmp_path / "qasper"
+    config = _config("qasper", out, cache_dir, data_root=str(data_root), max_queries=4,
+                     selectors="cosine,mmr", budgets=(3,))
+    records, rows = R.evaluate(config, progress=False, log=lambda s: None)
+    bench = D.load_qasper(data_root, max_queries=4)
+    by_id = {q.qid: q for q in bench.queries}
+    assert len(records) == 8
+    for r in records:
+        q = by_id[r["qid"]]
+        corpus = bench.corpora[q.doc_ids[0]]
+        assert r["num_notes"] == len(corpus) and set(r["selected"]) <= set(corpus.note_ids)
+        if q.gold_note_ids:
+            assert r["metrics"]["paragraph_recall"] == pytest.approx(
+                len(q.gold_note_ids & set(r["selected"])) / len(q.gold_note_ids))
+        else:
+            assert r["metrics"]["paragraph_recall"] is None
+    # MMR's picks differ from cosine's at least once, and cosine ranks by score.
+    cos = {r["qid"]: r for r in records if r["selector"] == "cosine"}
+    assert all(r["scores"] == sorted(r["scores"], reverse=True) for r in cos.values())
+    assert {m["metric"] for m in rows} >= {"paragraph_recall@3", "best_annotator_recall@3",
+                                           "redundancy@3"}
+
+
+def _tiny_mmlongbench(root):
+    import pymupdf
+
+    (root / "mmlongbench" / "documents").mkdir(parents=True)
+    texts = ["Orchard report. Apples grow in the northern valley; the harvest runs from September "
+             "to October. " * 3,
+             "Revenue. In 2019 the cooperative earned 4.2 million euros from apple sales, up from "
+             "3.1 million in 2018. " * 3,
+             "Outlook. The board plans to plant pear trees next year and to build a cold store. " * 3]
+    doc = pymupdf.open()
+    for t in texts:
+        doc.new_page().insert_textbox(pymupdf.Rect(72, 100, 540, 300), t, fontsize=11)
+    doc.save(root / "mmlongbench" / "documents" / "orchard.pdf")
+    samples = [
+        {"doc_id": "orchard.pdf", "doc_type": "Report", "question": "How much did apple sales earn in 2019?",
+         "answer": "4.2 million euros", "evidence_pages": "[2]", "evidence_sources": "['Pure-text']",
+         "answer_format": "Str"},
+        {"doc_id": "orchard.pdf", "doc_type": "Report", "question": "Who is the cooperative's CEO?",
+         "answer": "Not answerable", "evidence_pages": "[]", "evidence_sources": "[]",
+         "answer_format": "None"},
+    ]
+    (root / "mmlongbench" / "samples.json").write_text(json.dumps(samples))
+    ann = {"doc_name": "orchard.pdf", "questions": [
+        {"Q": samples[0]["question"], "A": samples[0]["answer"], "page_id": [1], "type": "['Pure-text']",
+         "layout_mapping": [{"page": 1, "page_size": [612.0, 792.0], "bbox": [72, 100, 540, 170]}]}]}
+    (root / "mmlongbench" / "mmdocir_annotations.jsonl").write_text(json.dumps(ann) + "\n")
+
+
+def test_end_to_end_mmlongbench_layout_via_script(tmp_path, cache_dir):
+    data = tmp_path / "data"
+    _tiny_mmlongbench(data)
+    out = tmp_path / "mmlb"
+    cmd = [sys.executable, str(ROOT / "experiments" / "run_eval.py"),
+           "--config", str(ROOT / "configs" / "mmlongbench.py"), "--progress=false",
+           f"--config.data_root={data}", f"--config.output_dir={out}",
+           f"--config.cache_dir={cache_dir}", "--config.selectors=cosine,cds",
+           "--config.budgets=(1,)", "--config.num_resamples=200"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "### mmlongbench, budget 1" in proc.stdout + proc.stderr
+    records = {(r["selector"], r["qid"]): r for r in _records(out)}
+    assert len(records) == 4
+    answerable = records[("cosine", "mmlongbench-0000")]
+    # The revenue question's best note is the revenue text on page index 1, whose box
+    # covers the gold box.
+    assert answerable["pages"] == [["orchard.pdf", 1]]
+    assert answerable["metrics"]["page_recall"] == 1.0
+    assert answerable["metrics"]["box_recall"] == 1.0
+    unanswerable = records[("cosine", "mmlongbench-0001")]
+    assert unanswerable["metrics"]["page_recall"] is None
+    assert unanswerable["metrics"]["box_recall"] is None
+    rows = {(r["selector"], r["metric"]): r for r in _summary(out)}
+    assert rows[("cosine", "page_recall@1")]["n"] == "1"
+    assert rows[("cds", "distinct_pages@1")]["n"] == "2"
+
+
+def test_drop_torn_tail(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"a": 1}\n{"a": 2}\n{"a"')
+    R.drop_torn_tail(p)
+    assert p.read_text() == '{"a": 1}\n{"a": 2}\n'
+    R.drop_torn_tail(p)
+    assert p.read_text() == '{"a": 1}\n{"a": 2}\n'
+    p.write_text('{"a"')
+    R.drop_torn_tail(p)
+    assert p.read_text() == ""
