@@ -68,6 +68,5 @@ def get_config() -> ml_collections.ConfigDict:
     config.index = ml_collections.ConfigDict()
     config.index.cache_dir = ""  # single-PDF cache for `cdsjax ask PDF`; "" -> $CDSJAX_CACHE or ~/.cache/cdsjax
     config.index.strict = False  # stop at the first bad input instead of skipping it
-    config.index.workers = 1  # parallel parsing processes
 
     return config

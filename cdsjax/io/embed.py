@@ -127,6 +127,12 @@ class Embedder:
         except ImportError as err:
             raise EmbedderError(f"sentence-transformers is not installed ({err})") from None
         try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # the weight-loading bar is noise on a command line
+        except ImportError:
+            pass
+        try:
             return SentenceTransformer(self.source, device=self.device, trust_remote_code=self.trust_remote_code)
         except Exception as err:
             raise EmbedderError(
