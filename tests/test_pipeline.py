@@ -13,17 +13,22 @@ from tests.openai_server import OpenAIServer, message_images, message_text
 
 
 @pytest.fixture(scope="module")
-def demo_index(tmp_path_factory):
-    """The demo report, written and indexed once for the module."""
-    from cdsjax import demo
-    from cdsjax.io.index import build_index, default_config
+def demo_run(tmp_path_factory):
+    """`cdsjax demo --json` run once for the module (it writes and indexes the report)."""
+    import contextlib
+    import io
 
     root = tmp_path_factory.mktemp("demo")
-    pdf = demo.write_report(root / "report.pdf")
-    config = default_config()
-    config.embedder.show_progress = False
-    build_index([pdf], root / "index", config=config, strict=True, progress=False)
-    return root / "index"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["demo", "--dir", str(root), "--json"])
+    assert code == 0
+    return root, json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def demo_index(demo_run):
+    return demo_run[0] / "index"
 
 
 @pytest.fixture
@@ -54,7 +59,7 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
     assert scores == sorted(scores, reverse=True)
     for e in ev:
         assert set(e) >= {"document", "page", "bbox", "kind", "text", "score", "rank"}
-        assert e["document"] == "report.pdf" and 0 <= e["page"] < 9
+        assert e["document"] == "harbour_island_report.pdf" and 0 <= e["page"] < 9
         assert len(e["bbox"]) == 4 and e["bbox"][0] < e["bbox"][2] and e["bbox"][1] < e["bbox"][3]
         assert e["kind"] in ("text", "figure", "table", "chart")
     d = result["diagnostics"]
@@ -113,7 +118,7 @@ def test_reader_from_environment_and_server_errors(demo_index, capsys, cache, mo
         monkeypatch.setenv("CDSJAX_READER_URL", srv.base_url)
         monkeypatch.setenv("CDSJAX_READER_MODEL", "m")
         monkeypatch.setenv("CDSJAX_READER_API_KEY", "x")
-        code, out, err = run_cli(capsys, "ask", str(demo_index), "any question", "--timeout", "5")
+        code, out, err = run_cli(capsys, "ask", str(demo_index), "any question", "--timeout", "5", "--retries", "1")
         assert code == 1 and "500" in err and "Traceback" not in err
         assert len(err.strip().splitlines()) == 1
         assert len(srv.requests) >= 2  # retried
@@ -127,7 +132,7 @@ def test_ask_server_down_is_one_clear_line(demo_index, capsys, cache):
     port = s.getsockname()[1]
     s.close()
     code, out, err = run_cli(capsys, "ask", str(demo_index), "q?", "--reader-url", f"http://127.0.0.1:{port}/v1",
-                             "--reader-model", "m", "--timeout", "2")
+                             "--reader-model", "m", "--timeout", "2", "--retries", "0")
     assert code == 1 and "cannot reach" in err and len(err.strip().splitlines()) == 1
 
 
@@ -171,14 +176,12 @@ def test_corpus_merge_rejects_mixed_embedders(demo_index):
     assert merged.links.shape == (2 * n, 2 * n) and not merged.links[:n, n:].any()
 
 
-def test_demo_runs(tmp_path, capsys, cache):
-    code, out, err = run_cli(capsys, "demo", "--dir", str(tmp_path / "d"), "--json")
-    assert code == 0, err
-    result = json.loads(out)
+def test_demo_runs(demo_run, capsys, cache):
+    root, result = demo_run
     assert len(result["questions"]) == 2 and result["notes"] >= 8
     for q in result["questions"]:
         assert len(q["cds"]["evidence"]) == 4 and len(q["cosine"]["evidence"]) == 4
         assert q["cds"]["diagnostics"]["num_iters"] > 0
-    # second run reuses the index
-    code, out, _ = run_cli(capsys, "demo", "--dir", str(tmp_path / "d"))
-    assert code == 0 and "reused" in out and "CDS (paper mode)" in out
+    # a second run reuses the index and prints the side-by-side tables
+    code, out, _ = run_cli(capsys, "demo", "--dir", str(root))
+    assert code == 0 and "reused" in out and "CDS (paper mode)" in out and "cosine top-B" in out

@@ -26,7 +26,7 @@ import time
 
 from cdsjax.cli import CLIError
 
-SELECTOR_CHOICES = ("cds", "cds-converged", "cosine", "mmr", "dpp", "ppr", "random")
+SELECTOR_CHOICES = ("cds", "cds-converged", "cosine", "mmr", "dpp", "ppr", "random", "subgraph")
 
 
 def register(subparsers) -> None:
@@ -47,7 +47,14 @@ def register(subparsers) -> None:
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
+    p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
+    p.add_argument("--agent", default="direct", choices=("direct", "planning"),
+                   help="direct: one selection, one read (default); planning: a DAG of sub-questions, each "
+                   "retrieved and answered, checked and refined (needs a reader; --json adds the trace)")
+    p.add_argument("--combined", default=None, choices=("single", "peel"),
+                   help="planning: one selection with every sub-question as a query vertex (peel: by peeling)")
+    p.add_argument("--tau-max", type=int, default=3, help="planning: most refinement rounds (default: 3)")
     p.set_defaults(func=run)
 
 
@@ -84,7 +91,7 @@ def make_reader(args):
     from cdsjax.io.reader import Reader, ReaderConfig
 
     model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
-    return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout))
+    return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries))
 
 
 def run(args) -> int:
@@ -100,6 +107,8 @@ def run(args) -> int:
         reader = make_reader(args)
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty())
         load_s = time.perf_counter() - t0
+        if args.agent == "planning":
+            return run_planning_agent(args, pipe, question, reader, options, load_s)
         answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options)
     except PipelineError as err:
         raise CLIError(str(err), 1) from None
@@ -112,6 +121,29 @@ def run(args) -> int:
         print(json.dumps(answer.to_dict(), indent=2, default=float))
     else:
         show(answer)
+    return 0
+
+
+def run_planning_agent(args, pipe, question, reader, options, load_s) -> int:
+    from cdsjax.agents.planning import run_planning
+
+    if reader is None:
+        raise CLIError("--agent planning needs a reader: pass --reader-url or set CDSJAX_READER_URL")
+    result = run_planning(pipe, question, reader=reader, selector=args.selector, budget=args.budget,
+                          options=options, combined=args.combined, tau_max=args.tau_max).to_dict()
+    result["timings"]["load"] = load_s
+    if args.json:
+        print(json.dumps(result, indent=2, default=float))
+        return 0
+    for r in result["trace"]["rounds"]:
+        verdict = r["verdict"]
+        state = "unreadable" if verdict is None else ("sufficient" if verdict["sufficient"] else
+                                                      "gaps: " + "; ".join(verdict["gaps"]))
+        print(f"round {r['round']} ({r['plan_source']}): {state}")
+        for node in r["nodes"]:
+            print(f"  {node['id']}: {node['question']} -> {' '.join(str(node['answer']).split())[:160]}")
+    print(f"stopped: {result['trace']['stop_reason']}")
+    print(f"\nAnswer: {result['answer']}" if result["answer"] is not None else f"\nno answer: {result['error']}")
     return 0
 
 
