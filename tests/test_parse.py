@@ -244,3 +244,26 @@ def test_mineru_missing_gives_clear_error(tmp_path, synthetic):
         bad = tmp_path / "x_content_list.json"
         bad.write_text("{not json")
         read_content_list(bad, pdf, "s.pdf", config=cfg, crop_dir=tmp_path)
+
+
+def test_chart_title_above_and_source_note_below():
+    """Report-style charts: a title and subtitle stacked above, Note/Source lines below (no "Figure N")."""
+    from cdsjax.io.parse import _page_elements, _Region
+
+    regions = [
+        _Region("text", [67, 95, 294, 400], "Body text of the report. " * 20, 0),
+        _Region("section-header", [315, 108, 525, 134], "Most subgroups more optimistic", 1),
+        _Region("list-item", [315, 142, 513, 162], "% who expect their finances to improve", 2),
+        _Region("picture", [317, 173, 543, 400], "61 81 81 86 76 84 77 Ages 18-29", 3),
+        _Region("caption", [315, 417, 545, 440], "Note: Change calculated before rounding.", 4),
+        _Region("caption", [315, 445, 545, 460], "Source: National Survey, 2015.", 5),
+    ]
+    els, stream, no_text = _page_elements("d", 0, regions, [0, 0, 612, 792], default_config().ingest, has_text=True)
+    chart = next(e for e in els if e.kind != "text")
+    assert chart.kind == "chart"  # numeric labels inside the picture
+    assert chart.caption == "Most subgroups more optimistic % who expect their finances to improve"
+    assert chart.footnote == "Note: Change calculated before rounding. Source: National Survey, 2015."
+    notes = [e for e in els if e.role == "footnote"]
+    assert len(notes) == 2 and not any(e.role == "caption" for e in els)
+    assert all(e.parent == id(chart) for e in notes)  # turned into reading-order indices by parse_pdf
+    assert not no_text and stream[-1] is chart

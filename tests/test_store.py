@@ -203,3 +203,14 @@ def test_single_pdf_cache(pdfs, config, monkeypatch, tmp_path):
     second = index_pdf(pdfs[1], config=config)
     assert len(spy.calls) == 1
     assert second.root == first.root and [n["note_id"] for n in second.notes] == [n["note_id"] for n in first.notes]
+
+
+def test_io_package_import_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, cdsjax.io, cdsjax.io.index, cdsjax.commands.index; "
+            "heavy = [m for m in ('torch', 'sentence_transformers', 'pymupdf', 'openai', 'yake') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -41,6 +41,7 @@ def run(args) -> int:
     from cdsjax.io.embed import EmbedderError
     from cdsjax.io.index import build_index, default_config
     from cdsjax.io.store import StoreError
+    from cdsjax.io.vlm import VLMError
 
     config = default_config()
     if args.enrich:
@@ -67,8 +68,10 @@ def run(args) -> int:
         summary = build_index(args.paths, args.out, config=config, strict=args.strict, progress=progress, log=log)
     except IngestError as err:
         raise CLIError(f"{err.path}: {err.reason} (--strict: nothing was written)", 1) from None
-    except (StoreError, EmbedderError) as err:
+    except (StoreError, EmbedderError, VLMError) as err:
         raise CLIError(str(err), 2) from None
+    except OSError as err:  # e.g. the disk filled up while writing; the previous index is untouched
+        raise CLIError(f"{args.out}: cannot write the index ({err.strerror or err})", 2) from None
 
     print(format_summary(summary))
     if summary.documents == 0:

@@ -31,7 +31,8 @@ class Element:
       page: 0-based page index.
       bbox: ``[x0, y0, x1, y1]`` in PDF points, origin top-left.
       kind: "text" | "figure" | "table" | "chart".
-      role: finer label: "body" (text chunk), "caption", or the visual kind.
+      role: finer label: "body" (text chunk), "caption", "footnote" (a visual's Note/Source line),
+        "page-image" (a page without text layer), or the visual kind.
       text: the element's own text (chunk text; for visuals: the text inside the box / table cells).
       reading_order: position in the document's reading order (0-based, unique within a document).
       caption, footnote: for visual elements, the caption and footnote text ("" if none).
@@ -39,7 +40,7 @@ class Element:
       image_path: PNG crop, relative to the index directory (visual elements only).
       boxes: the blocks a text chunk was cut from (each a bbox on ``page``).
       label: "Figure 3" / "Table 2" parsed from the caption, "" if none.
-      parent: for a caption, the reading_order of the visual element it describes (-1 otherwise).
+      parent: for a caption/footnote, the reading_order of the visual element it describes (-1 otherwise).
     """
 
     doc_id: str

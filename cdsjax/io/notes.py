@@ -201,7 +201,7 @@ def structural_links(elements: Sequence[Element], *, window: int = 1, proximity:
 
     by_order = {el.reading_order: i for i, el in enumerate(elements)}
     for i, el in enumerate(elements):
-        if el.role == "caption" and el.parent in by_order:
+        if el.role in ("caption", "footnote") and el.parent in by_order:
             add(i, by_order[el.parent])
 
     labelled: Dict[str, List[int]] = {}

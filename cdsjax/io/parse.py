@@ -257,9 +257,15 @@ def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_t
                 body.remove(region)
                 target = Element(doc_id, pno, region.bbox, "table", region.text, role="table")
                 visuals.append((region.order, target))
-        el = Element(doc_id, pno, cap.bbox, "text", cap.text, role="caption", label=label)
+        # "Note: ..." / "Source: ..." lines under a chart are its footnote, not its caption
+        is_note = not label and bool(FOOTNOTE_RE.match(cap.text))
+        el = Element(doc_id, pno, cap.bbox, "text", cap.text, role="footnote" if is_note else "caption",
+                     label=label)
         if target is not None:
-            target.caption = (target.caption + " " + cap.text).strip()
+            if is_note:
+                target.footnote = (target.footnote + " " + cap.text).strip()
+            else:
+                target.caption = (target.caption + " " + cap.text).strip()
             if label and not target.label:
                 target.label = label
             el.parent = id(target)  # resolved to a reading_order once elements are numbered
@@ -268,7 +274,12 @@ def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_t
     for _, v in visuals:
         below = [f for f in footnotes if 0 <= f.bbox[1] - v.bbox[3] <= 60 and horizontal_overlap(f.bbox, v.bbox) > 0.3]
         if below:
-            v.footnote = " ".join(f.text for f in below)
+            v.footnote = " ".join([v.footnote] * bool(v.footnote) + [f.text for f in below])
+        if not v.caption:
+            # reports title their charts with a short line right above instead of a "Figure N" caption
+            title = _title_above(v.bbox, body)
+            if title:
+                v.caption = title
         if v.kind == "figure" and _looks_like_chart(v):
             v.kind = v.role = "chart"
 
@@ -343,6 +354,25 @@ def _nearest_visual(cap_bbox, visuals: List[Element], *, prefer_table: bool) -> 
     return best
 
 
+def _title_above(bbox, body: List[_Region]) -> Optional[str]:
+    """A chart title (and subtitle) stacked right above ``bbox``: up to two short lines, top first."""
+    lines: List[str] = []
+    edge = bbox
+    for _ in range(2):
+        best, best_gap = None, 24.0
+        for r in body:
+            if r.cls not in ("text", "section-header", "title", "list-item") or len(r.text) > 200:
+                continue
+            d = edge[1] - r.bbox[3]
+            if 0 <= d <= best_gap and horizontal_overlap(r.bbox, bbox) >= 0.5:
+                best, best_gap = r, d
+        if best is None:
+            break
+        lines.insert(0, best.text)
+        edge = best.bbox
+    return " ".join(lines) or None
+
+
 def _tabular_neighbour(cap_bbox, body: List[_Region]) -> Optional[_Region]:
     best, best_gap = None, 40.0
     for r in body:
@@ -394,9 +424,8 @@ def _write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional
 
 
 def _resolve_parents(elements: List[Element]) -> None:
+    """Turns the temporary ``id()`` parent references of captions/footnotes into reading-order indices."""
     by_id = {id(e): e.reading_order for e in elements}
     for e in elements:
-        if e.parent not in (-1,) and e.parent in by_id:
-            e.parent = by_id[e.parent]
-        elif e.role == "caption":
-            e.parent = -1
+        if e.parent != -1:
+            e.parent = by_id.get(e.parent, -1)

@@ -232,4 +232,5 @@ def _apply(note, reply: Optional[dict]) -> None:
 def _structural_pair(elements: Sequence[Element], i: int, j: int) -> bool:
     """Caption <-> the visual it describes: kept without asking."""
     a, b = elements[i], elements[j]
-    return (a.role == "caption" and a.parent == b.reading_order) or (b.role == "caption" and b.parent == a.reading_order)
+    return (a.role in ("caption", "footnote") and a.parent == b.reading_order) or (
+        b.role in ("caption", "footnote") and b.parent == a.reading_order)
