@@ -97,3 +97,41 @@ def test_directory_input(inputs, tmp_path, capsys):
     rc = main(["index", str(folder), "--out", str(tmp_path / "index"), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     assert load_index(tmp_path / "index").doc_ids == ["a.pdf"]
+
+
+def test_vlm_enrichment_through_the_cli(inputs, tmp_path, capsys):
+    import json
+
+    from tests.openai_server import OpenAIServer, message_images
+
+    d, good, scan, bad = inputs
+
+    def respond(req):
+        system = req["messages"][0]["content"]
+        if "[cdsjax:describe]" in system:
+            return json.dumps({"summary": "described by the test VLM", "keywords": ["k1"], "tags": ["t"]})
+        if "[cdsjax:verify-links]" in system:
+            return json.dumps({"related": []})
+        return json.dumps({"update": False})
+
+    out = tmp_path / "index"
+    with OpenAIServer(respond) as srv:
+        rc = main(["index", str(good), "--out", str(out), "--enrich", "vlm", "--vlm-url", srv.base_url,
+                   "--vlm-model", "test-model", "--no-progress"])
+        requests = list(srv.requests)
+    assert rc == 0, capsys.readouterr().err
+    corpus = load_index(out)
+    assert all(n["summary"] == "described by the test VLM" and n["keywords"] == ["k1"] for n in corpus.notes)
+    visual = sum(n["kind"] != "text" for n in corpus.notes)
+    assert sum(len(message_images(r)) for r in requests) == visual >= 2  # crops are sent as images
+    # every candidate link was rejected except caption <-> visual, which is structural
+    edges = corpus.link_edges
+    roles = [n["role"] for n in corpus.notes]
+    assert len(edges) >= 2 and all({roles[i], roles[j]} & {"caption", "footnote"} for i, j in edges)
+    assert corpus.manifest["config"]["enrich"]["mode"] == "vlm"
+
+    rc = main(["index", str(good), "--out", str(tmp_path / "other"), "--enrich", "vlm", "--vlm-url",
+               "http://127.0.0.1:9/v1", "--no-progress"])
+    err = _lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and "cannot reach the VLM at http://127.0.0.1:9/v1" in err[0]
+    assert not (tmp_path / "other").exists()
