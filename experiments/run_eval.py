@@ -28,6 +28,10 @@ if str(ROOT) not in sys.path:
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Evaluation config file (configs/*.py).",
                                           lock_config=True)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
+_AGENT = flags.DEFINE_enum("agent", None, ["planning"],
+                           "Evaluate the planning agent's evidence, retrieving with each of config.selectors "
+                           "(also 'cds+single' / 'cds+peel') at config.budget, with the model at "
+                           "CDSJAX_READER_URL or a rule-based stand-in (see experiments/eval_planning.py).")
 
 
 def main(argv):
@@ -38,6 +42,16 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config configs/hotpotqa.py")
     from cdsjax.eval.runner import evaluate
 
+    if _AGENT.value == "planning":
+        import os
+
+        from experiments.eval_planning import run
+
+        selectors = config.selectors if isinstance(config.selectors, str) else ",".join(config.selectors)
+        run(config, variants=selectors, budget=int(config.budget), reader_url=os.environ.get("CDSJAX_READER_URL"),
+            reader_model=os.environ.get("CDSJAX_READER_MODEL"), judge=bool(os.environ.get("CDSJAX_JUDGE_URL")),
+            progress=_PROGRESS.value)
+        return
     evaluate(config, progress=_PROGRESS.value)
 
 

@@ -697,8 +697,8 @@ def _as_item(e: dict, corpus) -> EvidenceItem:
 
 
 def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedder, *, selector: str = "cds",
-                   budget: int = 5, options: Optional[dict] = None,
-                   joint_budget: Optional[int] = None) -> SelectorRetriever:
+                   budget: int = 5, options: Optional[dict] = None, joint_budget: Optional[int] = None,
+                   compiled: Optional[dict] = None) -> SelectorRetriever:
     """A :class:`SelectorRetriever` over a corpus given as arrays.
 
     Args:
@@ -707,6 +707,8 @@ def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedd
       notes: n note dicts with at least note_id, doc_id, page (and kind, text, summary, caption, bbox,
         image_path when known).
       embedder: anything with ``encode_queries(list[str]) -> [m, d]`` (an :class:`~cdsjax.io.embed.Embedder`).
+      compiled: a dict shared by many retrievers to hold their jitted selectors, so corpora padded to
+        the same size compile each selector once (the evaluation over many questions passes one).
     """
     import numpy as np
 
@@ -721,6 +723,8 @@ def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedd
         raise ValueError(f"links must be [{n}, {n}], got {links.shape}")
     corpus = Corpus(embeddings=embeddings, links=links, notes=[dict(x) for x in notes], embedder={}, roots=[])
     pipe = Pipeline(corpus, embedder=embedder)
+    if compiled is not None:
+        pipe._compiled = compiled
     return SelectorRetriever(pipe, selector=selector, budget=budget, options=options, joint_budget=joint_budget)
 
 
