@@ -22,8 +22,8 @@ retrievable (OCR is opt-in: ``config.ingest.use_ocr``).
 from __future__ import annotations
 
 import dataclasses
-import io
 import contextlib
+import io
 import re
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -32,7 +32,6 @@ from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, un
 
 PARSER_VERSION = "pymupdf-1"
 
-BODY_CLASSES = {"text", "list-item", "section-header", "title", "footnote", "formula", "code"}
 SKIPPED_CLASSES = {"page-header", "page-footer"}
 LABEL_RE = re.compile(
     r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\b", re.IGNORECASE
@@ -43,7 +42,7 @@ CAPTION_START_RE = re.compile(
     r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\s*[:.|\u2013\u2014-]",
     re.IGNORECASE,
 )
-FOOTNOTE_RE = re.compile(r"^\s*(notes?|sources?|\*)\s*[:.]?", re.IGNORECASE)
+FOOTNOTE_RE = re.compile(r"^\s*(notes?|sources?)\s*[:.]|^\s*\*", re.IGNORECASE)
 CHART_WORDS = re.compile(
     r"\b(chart|graph|plot|histogram|bar|bars|curve|trend|axis|distribution|percent|share of)\b", re.IGNORECASE
 )
@@ -230,7 +229,7 @@ def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_t
         if r.cls == "picture":
             if _area(r.bbox) < min_area:
                 continue
-            kind = _picture_kind(r)
+            kind = "figure"  # may become "chart" below, once its caption is known
             visuals.append((r.order, Element(doc_id, pno, r.bbox, kind, r.text, role=kind)))
         elif r.cls == "table":
             text = r.table_md or r.text
@@ -391,10 +390,6 @@ def _normal_label(m: re.Match) -> str:
     name = {"fig": "Figure", "figure": "Figure", "tab": "Table", "table": "Table", "chart": "Chart",
             "exhibit": "Exhibit", "graph": "Graph"}[word]
     return f"{name} {m.group(2)}"
-
-
-def _picture_kind(r: _Region) -> str:
-    return "figure"
 
 
 def _looks_like_chart(v: Element) -> bool:
