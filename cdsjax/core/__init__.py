@@ -17,6 +17,17 @@ from cdsjax.core.baselines import (
     select_ppr,
     select_random,
 )
+from cdsjax.core.implicit import (
+    attach_implicit,
+    cds_equilibrium,
+    cds_weights,
+    equilibrium_scores,
+    gold_mass,
+    hard_recall,
+    implicit_tangent,
+    retrieval_surrogates,
+    soft_recall,
+)
 from cdsjax.core.batching import DEFAULT_BUCKETS, batch_apply, batched, bucket_size, make_buckets, run_buckets
 from cdsjax.core.replicator import (
     kkt_residual,
@@ -56,6 +67,15 @@ __all__ = [
     "SOLVERS",
     "Selection",
     "SolverResult",
+    "attach_implicit",
+    "cds_equilibrium",
+    "cds_weights",
+    "equilibrium_scores",
+    "gold_mass",
+    "hard_recall",
+    "implicit_tangent",
+    "retrieval_surrogates",
+    "soft_recall",
     "batch_apply",
     "batched",
     "bucket_size",

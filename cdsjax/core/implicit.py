@@ -1,0 +1,416 @@
+r"""Derivatives of the CDS equilibrium with respect to its hyperparameters.
+
+At a KKT point :math:`x^*` of :math:`\max_{x\in\Delta} x^\top M x` with support
+:math:`S = \{i : x^*_i > \theta\}`,
+
+.. math:: (M x^*)_i = \lambda \ (i \in S), \qquad x^*_i = 0 \ (i \notin S), \qquad \textstyle\sum_i x^*_i = 1,
+
+with :math:`\lambda = x^{*\top} M x^*`. As long as the support does not change,
+differentiating these equations in a perturbation :math:`\mathrm{d}M` gives the
+bordered linear system
+
+.. math:: M_{SS}\,\mathrm{d}x_S - \mathrm{d}\lambda\,\mathbf 1 = -(\mathrm{d}M\,x^*)_S,
+          \qquad \mathbf 1^\top \mathrm{d}x_S = 0, \qquad \mathrm{d}x_{\bar S} = 0,
+
+solved here at a fixed shape ``[N+1, N+1]`` by replacing the rows (and columns) of
+vertices off the support with identity rows, so it jits and vmaps. The tangent is
+linear in :math:`\mathrm{d}M`, so the ``jax.custom_jvp`` rule transposes and
+``jax.grad`` works as well as ``jax.jacfwd``. :math:`\mathrm{d}M` itself comes from
+ordinary autodiff of :func:`cdsjax.core.affinity.build_affinity`, so every input
+of the affinity is covered: :math:`\beta`, :math:`\tau` (soft mode), the embeddings,
+and the penalty :math:`\alpha = \lambda_{\max}(A|_{\bar S}) + \varepsilon` through
+``eigvalsh`` (:math:`\mathrm{d}\lambda_{\max} = v^\top \mathrm{d}A\, v` for a simple
+top eigenvalue; for the dissimilarity coupling :math:`\alpha - \varepsilon` is
+linear in :math:`\beta`).
+
+What the derivative means:
+
+* It is the derivative of the equilibrium *branch* through :math:`x^*` with the
+  current support. It is exact only at a converged point: report ``converged`` /
+  ``kkt_residual`` next to it (:func:`cds_equilibrium` returns them).
+* Where the support changes (a note enters or leaves as :math:`\beta` or
+  :math:`\tau` moves) the equilibrium is continuous but has a kink; the derivative
+  returned there is the one-sided derivative of the branch whose support is
+  :math:`\{x^*_i > \theta\}`. It is always finite: if the restricted system is
+  singular (a degenerate equilibrium) the tangent is 0 and
+  :func:`implicit_system_ok` reports it.
+* Hard :math:`\tau` is piecewise constant in :math:`\tau` (edges switch on and off),
+  so its derivative is 0 almost everywhere; use ``tau_mode="soft"`` for
+  :math:`\tau`-derivatives.
+
+:func:`equilibrium_scores` extends :math:`x^*` off the support by the KKT slack
+:math:`(Mx^*)_i - \lambda \le 0`, giving a ranking score that is continuous across
+support changes and has non-zero derivatives for notes outside the support; the
+retrieval surrogates (:func:`soft_recall`, :func:`gold_mass`) build on it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+from jax import Array, lax
+
+from cdsjax.core.affinity import build_affinity
+from cdsjax.core.select import SOLVERS
+from cdsjax.core.types import Affinity, CDSParams, SolverResult
+from cdsjax.core.validation import check_budget, check_option
+
+DIFFERENTIATE = ("implicit", "loop")
+SUPPORT_THRESHOLD = 1e-6
+
+SolverSpec = Union[str, Callable[..., SolverResult]]
+
+
+def implicit_system(payoff: Array, x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
+    r"""The bordered KKT matrix of the support, padded to ``[N+1, N+1]``.
+
+    Args:
+      payoff: ``[N, N]`` float, the payoff :math:`M` (symmetric).
+      x: ``[N]`` float, an equilibrium on the simplex (0 at padding).
+      valid: ``[N]`` bool, True on real vertices.
+      threshold: support threshold :math:`\theta`.
+
+    Returns:
+      ``[N+1, N+1]`` float :math:`K` with :math:`K_{SS} = M_{SS}`, the border
+      :math:`-\mathbf 1_S` in the last row and column, identity rows and columns on
+      vertices off the support (including padding), and :math:`K_{N,N} = 0`.
+    """
+    size = x.shape[0]
+    dtype = payoff.dtype
+    support = valid & (x > threshold)
+    pair = support[:, None] & support[None, :]
+    eye = jnp.eye(size, dtype=dtype)
+    top = jnp.where(pair, payoff, jnp.where(support[:, None], 0.0, eye))
+    border = -support.astype(dtype)
+    upper = jnp.concatenate([top, border[:, None]], axis=1)
+    lower = jnp.concatenate([border, jnp.zeros((1,), dtype)])[None, :]
+    return jnp.concatenate([upper, lower], axis=0)
+
+
+def _factor(system: Array) -> tuple[tuple[Array, Array], Array]:
+    """LU factors of ``system`` and whether it is numerically nonsingular.
+
+    A singular system is replaced by the identity (the caller zeroes the tangent),
+    so no NaN reaches the derivative.
+    """
+    lu, piv = jsl.lu_factor(system)
+    pivots = jnp.abs(jnp.diagonal(lu))
+    scale = jnp.max(jnp.abs(system))
+    tiny = jnp.finfo(system.dtype).eps * system.shape[0] * scale
+    ok = jnp.all(jnp.isfinite(lu)) & (jnp.min(pivots) > tiny)
+    eye = jnp.eye(system.shape[0], dtype=system.dtype)
+    lu = jnp.where(ok, lu, eye)
+    piv = jnp.where(ok, piv, jnp.arange(system.shape[0], dtype=piv.dtype))
+    return (lu, piv), ok
+
+
+def implicit_system_ok(payoff: Array, x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
+    """``[]`` bool: whether the restricted KKT system at ``x`` is nonsingular (its tangent is used)."""
+    return _factor(implicit_system(payoff, x, valid, threshold))[1]
+
+
+def implicit_tangent(
+    payoff: Array, x: Array, valid: Array, d_payoff: Array, threshold: float = SUPPORT_THRESHOLD
+) -> Array:
+    r"""Tangent :math:`\mathrm{d}x^*` of the equilibrium for a payoff tangent :math:`\mathrm{d}M`.
+
+    Linear in ``d_payoff`` (so it transposes for reverse mode).
+
+    Args:
+      payoff: ``[N, N]`` float, :math:`M`.
+      x: ``[N]`` float, the equilibrium.
+      valid: ``[N]`` bool, True on real vertices.
+      d_payoff: ``[N, N]`` float, :math:`\mathrm{d}M`.
+      threshold: support threshold :math:`\theta`.
+
+    Returns:
+      ``[N]`` float, :math:`\mathrm{d}x^*` (0 off the support and at padding; 0
+      everywhere when the restricted system is singular).
+    """
+    support = valid & (x > threshold)
+    factors, ok = _factor(implicit_system(payoff, x, valid, threshold))
+    rhs = jnp.where(support, -(d_payoff @ x), 0.0)
+    rhs = jnp.concatenate([rhs, jnp.zeros((1,), rhs.dtype)])
+    sol = jsl.lu_solve(factors, rhs)
+    return jnp.where(ok & support, sol[:-1], 0.0)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def attach_implicit(affinity: Affinity, x: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
+    r"""Returns ``x`` unchanged; its derivative is the implicit one through ``affinity``.
+
+    ``x`` must be an equilibrium of ``affinity.payoff()`` computed with gradients
+    stopped (its own tangent is ignored). The JVP differentiates the KKT conditions
+    on the support (see the module docstring), so it does not depend on which
+    solver produced ``x``.
+
+    Args:
+      affinity: the :class:`Affinity`; tangents of ``matrix`` and ``alpha`` are used.
+      x: ``[m+n]`` float, the equilibrium.
+      threshold: static support threshold :math:`\theta`.
+
+    Returns:
+      ``x``.
+    """
+    return x
+
+
+@attach_implicit.defjvp
+def _attach_implicit_jvp(threshold, primals, tangents):
+    affinity, x = primals
+    d_affinity, _ = tangents
+    free = affinity.free
+    d_payoff = d_affinity.matrix - jnp.diag(jnp.where(free, d_affinity.alpha, 0.0).astype(x.dtype))
+    dx = implicit_tangent(affinity.payoff(), x, affinity.valid, d_payoff, threshold)
+    return x, dx
+
+
+def _solver_fn(solver: SolverSpec, tol, max_iter) -> Callable[[Affinity, Optional[Array]], SolverResult]:
+    if callable(solver):
+        kwargs = {}
+        if tol is not None:
+            kwargs["tol"] = tol
+        if max_iter is not None:
+            kwargs["max_iter"] = max_iter
+        return lambda aff, x0: solver(aff, x0, **kwargs)
+    check_option("solver", solver, tuple(SOLVERS))
+    fn, default_tol, default_iter = SOLVERS[solver]
+    tol = default_tol if tol is None else tol
+    max_iter = default_iter if max_iter is None else max_iter
+    return lambda aff, x0: fn(aff, x0, tol=tol, max_iter=max_iter)
+
+
+def cds_equilibrium(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    params: CDSParams = CDSParams(),
+    *,
+    solver: SolverSpec = "inimdyn",
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+    x0: Optional[Array] = None,
+    pinned: Optional[Array] = None,
+    threshold: float = SUPPORT_THRESHOLD,
+    differentiate: str = "implicit",
+) -> tuple[SolverResult, Affinity]:
+    r"""Solves the CDS problem and returns a result whose ``x`` is differentiable.
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      params: :class:`CDSParams`; ``beta`` and ``tau`` are differentiable leaves
+        (``tau`` only in ``tau_mode="soft"``; hard :math:`\tau` has derivative 0).
+      solver: a registered solver name (``"inimdyn"``: converged mode, the
+        default; ``"replicator"``: paper mode) or a callable
+        ``fn(affinity, x0, *, tol, max_iter) -> SolverResult``.
+      tol, max_iter: solver limits; None uses the solver's defaults.
+      x0: optional ``[m+n]`` initial point.
+      pinned: optional ``[n]`` bool, notes added to the constraint set.
+      threshold: support threshold :math:`\theta` of the implicit system.
+      differentiate: ``"implicit"`` (KKT implicit function; forward and reverse
+        mode, solver-independent) or ``"loop"`` (forward-mode differentiation
+        through the solver's iterations; the reference, forward mode only).
+
+    Returns:
+      ``(result, affinity)``: the :class:`SolverResult` with differentiable ``x``
+      (``[m+n]``, queries first; diagnostics are those of the solve, without
+      derivatives), and the differentiable :class:`Affinity`. The derivative is
+      only right where ``result.converged`` holds.
+    """
+    check_option("differentiate", differentiate, DIFFERENTIATE)
+    run = _solver_fn(solver, tol, max_iter)
+    affinity = build_affinity(notes, query, valid, params, pinned=pinned)
+    if differentiate == "loop":
+        return run(affinity, x0), affinity
+    result = run(lax.stop_gradient(affinity), x0)
+    x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
+    return result.replace(x=x), affinity
+
+
+def cds_weights(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    params: CDSParams = CDSParams(),
+    *,
+    solver: SolverSpec = "inimdyn",
+    **kwargs,
+) -> Array:
+    r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
+
+    A thin wrapper of :func:`cds_equilibrium` (same keyword arguments) for callers
+    that only need the weights; use :func:`cds_equilibrium` to also get the
+    convergence diagnostics that say whether the derivative can be trusted.
+    """
+    return cds_equilibrium(notes, query, valid, params, solver=solver, **kwargs)[0].x
+
+
+def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) -> Array:
+    r"""Note scores :math:`s = x^* + c\,\big(Mx^* - \lambda\big)`, continuous across support changes.
+
+    On the support the KKT slack :math:`(Mx^*)_i - \lambda` vanishes, so
+    :math:`s_i = x^*_i > 0`; off the support :math:`x^*_i = 0` and the slack is
+    :math:`\le 0`, so :math:`s_i \le 0` says how far the note is from entering. A
+    note entering or leaving passes through :math:`s_i = 0` from either side, which
+    makes :math:`s` continuous in the hyperparameters where :math:`x^*` only is
+    (with derivatives for notes outside the support). Ranking by ``s`` above
+    :math:`\theta` is ranking by :math:`x^*`.
+
+    Args:
+      affinity: the problem's :class:`Affinity` (differentiable).
+      x: ``[m+n]`` float, the (differentiable) equilibrium.
+      slack_weight: :math:`c`, payoff units to weight units.
+
+    Returns:
+      ``[n]`` float scores of the notes (queries excluded); padding gets ``-inf``.
+    """
+    m = affinity.num_queries
+    payoff = affinity.payoff()
+    mx = payoff @ x
+    lam = x @ mx
+    support = x > SUPPORT_THRESHOLD
+    slack = jnp.where(support, 0.0, mx - lam)
+    s = x + slack_weight * slack
+    return jnp.where(affinity.valid[m:], s[m:], -jnp.inf)
+
+
+def _soft_threshold(scores: Array, budget: int, threshold: float) -> Array:
+    """Midpoint between the ``budget``-th and the next score, at least ``threshold``."""
+    n = scores.shape[0]
+    k = min(budget + 1, n)
+    top = lax.top_k(scores, k)[0]
+    if budget >= n:
+        return jnp.asarray(threshold, scores.dtype)
+    kth, nxt = top[budget - 1], top[budget]
+    mid = jnp.where(jnp.isfinite(nxt), 0.5 * (kth + jnp.where(jnp.isfinite(nxt), nxt, 0.0)), -jnp.inf)
+    return jnp.maximum(mid, threshold)
+
+
+def soft_recall(
+    scores: Array,
+    gold_units: Array,
+    *,
+    budget: int,
+    temperature: float = 0.01,
+    threshold: float = SUPPORT_THRESHOLD,
+) -> Array:
+    r"""Smooth surrogate of gold recall@B: soft top-B membership, soft coverage per gold unit.
+
+    Note :math:`i` is "selected" with probability
+    :math:`p_i = \sigma((s_i - t)/T)`, :math:`t` the midpoint between the B-th and
+    (B+1)-th scores (at least :math:`\theta`, as the hard selection also needs
+    :math:`x_i > \theta`). A gold unit (a page, a paragraph) is covered with
+    :math:`1 - \prod_{i\in u}(1-p_i)`; the surrogate is the mean over units. As
+    :math:`T \to 0` it tends to the recall of the top-B selection.
+
+    Args:
+      scores: ``[n]`` float, e.g. :func:`equilibrium_scores`; ``-inf`` at padding.
+      gold_units: ``[g, n]`` bool, row ``u`` marks the notes of gold unit ``u``;
+        all-False rows are padding.
+      budget: static B.
+      temperature: :math:`T`, in score units.
+      threshold: :math:`\theta`.
+
+    Returns:
+      ``[]`` float in [0, 1]; NaN when there is no gold unit (as hard recall).
+    """
+    budget = check_budget(budget)
+    if gold_units.ndim != 2 or gold_units.shape[1] != scores.shape[0]:
+        raise ValueError(f"gold_units must have shape [g, {scores.shape[0]}], got {gold_units.shape}")
+    t = _soft_threshold(scores, budget, threshold)
+    finite = jnp.isfinite(scores)
+    z = jnp.where(finite, (jnp.where(finite, scores, 0.0) - t) / temperature, -jnp.inf)
+    log_miss = jax.nn.log_sigmoid(-jnp.where(finite, z, 0.0))
+    log_miss = jnp.where(finite, log_miss, 0.0)
+    unit_log_miss = jnp.sum(jnp.where(gold_units, log_miss[None, :], 0.0), axis=1)
+    covered = -jnp.expm1(unit_log_miss)
+    unit_valid = jnp.any(gold_units, axis=1)
+    count = jnp.sum(unit_valid)
+    total = jnp.sum(jnp.where(unit_valid, covered, 0.0))
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+
+
+def hard_recall(scores: Array, gold_units: Array, *, budget: int, threshold: float = SUPPORT_THRESHOLD) -> Array:
+    """Gold recall@B of the top-``budget`` scores above ``threshold`` (the measured metric)."""
+    budget = check_budget(budget)
+    n = scores.shape[0]
+    k = min(budget, n)
+    values, idx = lax.top_k(scores, k)
+    picked = jnp.zeros((n,), bool).at[idx].set(values > threshold)
+    unit_valid = jnp.any(gold_units, axis=1)
+    covered = jnp.any(gold_units & picked[None, :], axis=1)
+    count = jnp.sum(unit_valid)
+    return jnp.where(count > 0, jnp.sum(covered & unit_valid) / jnp.maximum(count, 1), jnp.nan)
+
+
+def gold_mass(x_notes: Array, gold: Array, valid: Array) -> Array:
+    r"""Share of the notes' equilibrium mass on gold notes, :math:`\sum_{i\in G} x_i / \sum_i x_i`.
+
+    Args:
+      x_notes: ``[n]`` float, the notes' part of :math:`x^*`.
+      gold: ``[n]`` bool, gold notes.
+      valid: ``[n]`` bool, real notes.
+
+    Returns:
+      ``[]`` float in [0, 1]; NaN when no note is gold.
+    """
+    x_notes = jnp.where(valid, x_notes, 0.0)
+    total = jnp.sum(x_notes)
+    on_gold = jnp.sum(jnp.where(gold & valid, x_notes, 0.0))
+    safe = jnp.where(total > 0, total, 1.0)
+    return jnp.where(jnp.any(gold & valid), on_gold / safe, jnp.nan)
+
+
+def retrieval_surrogates(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    gold_units: Array,
+    params: CDSParams,
+    *,
+    budget: int,
+    solver: SolverSpec = "inimdyn",
+    temperature: float = 0.01,
+    slack_weight: float = 1.0,
+    threshold: float = SUPPORT_THRESHOLD,
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+) -> dict:
+    r"""Differentiable retrieval objectives of one query, with the measured recall and diagnostics.
+
+    Args:
+      notes, query, valid, params, solver, tol, max_iter: as :func:`cds_equilibrium`.
+      gold_units: ``[g, n]`` bool gold units (pages or paragraphs) over the notes;
+        all-False rows are padding.
+      budget: static B.
+      temperature: :math:`T` of :func:`soft_recall`.
+      slack_weight: :math:`c` of :func:`equilibrium_scores`.
+      threshold: support / selection threshold :math:`\theta`.
+
+    Returns:
+      dict of ``[]`` arrays: ``soft_recall`` and ``gold_mass`` (differentiable in
+      ``params``), ``recall`` (hard recall@B of the selection, piecewise constant),
+      ``converged``, ``kkt_residual``, ``support_size``, ``implicit_ok``.
+    """
+    result, affinity = cds_equilibrium(
+        notes, query, valid, params, solver=solver, tol=tol, max_iter=max_iter, threshold=threshold)
+    m = affinity.num_queries
+    scores = equilibrium_scores(affinity, result.x, slack_weight)
+    gold_notes = jnp.any(gold_units, axis=0)
+    x_fixed = lax.stop_gradient(result.x)
+    return {
+        "soft_recall": soft_recall(scores, gold_units, budget=budget, temperature=temperature, threshold=threshold),
+        "gold_mass": gold_mass(result.x[m:], gold_notes, valid),
+        "recall": hard_recall(lax.stop_gradient(scores), gold_units, budget=budget, threshold=threshold),
+        "converged": result.converged,
+        "kkt_residual": result.kkt_residual,
+        "support_size": result.support_size,
+        "implicit_ok": implicit_system_ok(
+            lax.stop_gradient(affinity.payoff()), x_fixed, affinity.valid, threshold),
+    }
