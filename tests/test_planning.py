@@ -406,3 +406,19 @@ def test_kahn_order_against_networkx(seed):
     else:
         on_cycle = {v for c in nx.simple_cycles(graph) for v in c}
         assert on_cycle <= set(stuck) and set(order).isdisjoint(on_cycle)
+
+
+def test_evaluation_variants_and_cached_encoder():
+    from cdsjax.agents.evaluate import CachedQueryEncoder, Variant, parse_variants
+
+    assert parse_variants("cosine, cds+peel") == [Variant("cosine", "cosine"), Variant("cds+peel", "cds", {}, "peel")]
+    for bad in ("cds+joint", "", "cosine,cosine"):
+        with pytest.raises(ValueError):
+            parse_variants(bad)
+    inner = FakeEmbedder()
+    enc = CachedQueryEncoder(inner, {QUESTION: embed(QUESTION)})
+    out = enc.encode_queries([QUESTION, Q1[1], Q1[1], Q2[1]])
+    assert inner.calls == [[Q1[1], Q2[1]]]
+    np.testing.assert_allclose(out, np.stack([embed(t) for t in (QUESTION, Q1[1], Q1[1], Q2[1])]), atol=1e-6)
+    enc.encode_queries([Q2[1]])
+    assert len(inner.calls) == 1
