@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 _STOP = {"The", "A", "An", "In", "On", "At", "It", "He", "She", "They", "This", "That", "These", "Those", "His",
          "Her", "Its", "Their", "After", "Before", "During", "As", "For", "From", "With", "By", "Of", "And",
          "But", "Or", "When", "While", "Which", "Who", "What", "Where", "There", "Here", "Also", "However"}
-_ENTITY = re.compile(r"\b[A-Z][\w'\u2019\-.]*(?:\s+(?:(?:of|the|and|de|von|van|la|le|du)\s+)?[A-Z][\w'\u2019\-.]*)*")
+_ENTITY = re.compile(r"\b[A-Z][\w'\u2019\-]*(?:[ \t]+(?:(?:of|the|and|de|von|van|la|le|du)[ \t]+)?[A-Z][\w'\u2019\-]*)*")
 _EXCERPT = re.compile(r"^\[(\d+)\] [^:\n]*: (.*)$", re.MULTILINE)
 
 
@@ -130,6 +130,8 @@ class RuleBasedModel:
 
     @staticmethod
     def answer(text):
+        start = text.find("Evidence (")
+        text = text[start:] if start >= 0 else text  # the numbered evidence, not the system prompt
         question = text.split("Question: ")[-1]
         blocks = re.findall(r"\[(\d+)\] [^\n]*\n(.*?)(?=\n\n\[\d+\] |\n\nQuestion: )", text, re.DOTALL)
         target = re.match(r"What is known about (.*)\?", question)
@@ -145,13 +147,10 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
     """Evaluates the planning agent; the model is ``reader_url`` or, when None, :class:`RuleBasedModel`."""
     import logging
 
-    import torch
-
     from cdsjax.agents.evaluate import evaluate_planning, parse_variants
     from cdsjax.io.reader import ReaderConfig
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    torch.set_num_threads(1)  # sub-questions are encoded a few at a time: threads only add overhead
     variants = parse_variants(variants)
     output = output_dir or str(pathlib.Path(config.output_dir) / "planning")
     grader = None
