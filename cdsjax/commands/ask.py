@@ -12,6 +12,12 @@
      "timings": {"encode", "select", "read"?, "total", "load"}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage"} | null}
 
+With ``--agent planning`` (a DAG of sub-questions, G²-Reader §3.3; needs a reader) the object is
+``cdsjax.agents.planning.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
+reasoner read), reader, error, and ``trace`` = {probe, rounds: [{round, plan_source, plan: {nodes, order},
+plan_repairs, plan_error, nodes: [{id, question, needs, answer, cited, evidence, ...}], verdict:
+{sufficient, gaps}, retrieval}], stop_reason, explored_note_ids, llm_calls, usage}.
+
 The reader is any OpenAI-compatible server (vLLM): ``--reader-url`` /
 ``--reader-model``, or the environment variables CDSJAX_READER_URL /
 CDSJAX_READER_MODEL (and CDSJAX_READER_API_KEY).
