@@ -230,3 +230,10 @@ def test_sweep_sizes_and_couplings(solver, seed):
             res = JIT[solver](aff)
             check_certified(aff, res)
             assert float(res.x[0]) > 1e-6
+
+
+def test_registered_names():
+    assert core.SOLVERS["inimdyn"][0] is solve_inimdyn
+    assert core.SOLVERS["active_set"][0] is solve_active_set
+    assert core.SOLVERS["converged"][0] is solve_active_set  # the default converged mode
+    assert core.solve_inimdyn is solve_inimdyn and core.solve_active_set is solve_active_set

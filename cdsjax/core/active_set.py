@@ -184,3 +184,7 @@ def solve_active_set(
 
 
 register_solver("active_set", solve_active_set, None, DEFAULT_MAX_ITER)
+# The default converged mode (``solver="converged"``): on the CDS payoff it reached
+# KKT <= 1e-8 in one Newton step where InImDyn took 1e4-2e5 vertex steps
+# (experiments/bench_solvers.py).
+register_solver("converged", solve_active_set, None, DEFAULT_MAX_ITER)
