@@ -5,6 +5,8 @@ equilibrium on a known support is the exact solution of its KKT linear system, s
 central finite differences of the reference have no solver error in them.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -315,6 +317,14 @@ def test_soft_recall_matches_reference_and_tends_to_hard_recall():
         np.testing.assert_allclose(
             float(implicit.hard_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget)), hard)
     assert np.isnan(float(implicit.soft_recall(jnp.asarray(scores), jnp.zeros((2, 16), bool), budget=3)))
+    # A real gold unit that no note covers (a page without text) counts as missed when declared valid.
+    declared = jnp.asarray([True, True, True, True])
+    for fn in (functools.partial(implicit.soft_recall, temperature=1e-7), implicit.hard_recall):
+        counted = float(fn(jnp.asarray(scores), jnp.asarray(units), budget=4, unit_valid=declared))
+        default = float(fn(jnp.asarray(scores), jnp.asarray(units), budget=4))
+        np.testing.assert_allclose(counted, default * 3 / 4, atol=1e-6)
+    with pytest.raises(ValueError, match="gold_units"):
+        implicit.hard_recall(jnp.asarray(scores), jnp.asarray(units[:, :8]), budget=2)
 
 
 def test_gold_mass_and_surrogate_gradients():

@@ -299,6 +299,7 @@ def soft_recall(
     budget: int,
     temperature: float = 0.01,
     threshold: float = SUPPORT_THRESHOLD,
+    unit_valid: Optional[Array] = None,
 ) -> Array:
     r"""Smooth surrogate of gold recall@B: soft top-B membership, soft coverage per gold unit.
 
@@ -311,39 +312,60 @@ def soft_recall(
 
     Args:
       scores: ``[n]`` float, e.g. :func:`equilibrium_scores`; ``-inf`` at padding.
-      gold_units: ``[g, n]`` bool, row ``u`` marks the notes of gold unit ``u``;
-        all-False rows are padding.
+      gold_units: ``[g, n]`` bool, row ``u`` marks the notes of gold unit ``u``.
       budget: static B.
       temperature: :math:`T`, in score units.
       threshold: :math:`\theta`.
+      unit_valid: optional ``[g]`` bool, the real gold units (padding False).
+        Default: the rows with at least one note. Pass it to count gold units no
+        note covers (e.g. a gold page without text) as missed.
 
     Returns:
       ``[]`` float in [0, 1]; NaN when there is no gold unit (as hard recall).
     """
     budget = check_budget(budget)
-    if gold_units.ndim != 2 or gold_units.shape[1] != scores.shape[0]:
-        raise ValueError(f"gold_units must have shape [g, {scores.shape[0]}], got {gold_units.shape}")
     t = _soft_threshold(scores, budget, threshold)
+    unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
     finite = jnp.isfinite(scores)
     z = jnp.where(finite, (jnp.where(finite, scores, 0.0) - t) / temperature, -jnp.inf)
     log_miss = jax.nn.log_sigmoid(-jnp.where(finite, z, 0.0))
     log_miss = jnp.where(finite, log_miss, 0.0)
     unit_log_miss = jnp.sum(jnp.where(gold_units, log_miss[None, :], 0.0), axis=1)
     covered = -jnp.expm1(unit_log_miss)
-    unit_valid = jnp.any(gold_units, axis=1)
     count = jnp.sum(unit_valid)
     total = jnp.sum(jnp.where(unit_valid, covered, 0.0))
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
-def hard_recall(scores: Array, gold_units: Array, *, budget: int, threshold: float = SUPPORT_THRESHOLD) -> Array:
-    """Gold recall@B of the top-``budget`` scores above ``threshold`` (the measured metric)."""
+def _unit_valid(gold_units: Array, unit_valid: Optional[Array], n: int) -> Array:
+    if gold_units.ndim != 2 or gold_units.shape[1] != n:
+        raise ValueError(f"gold_units must have shape [g, {n}], got {gold_units.shape}")
+    if unit_valid is None:
+        return jnp.any(gold_units, axis=1)
+    unit_valid = jnp.asarray(unit_valid)
+    if unit_valid.shape != gold_units.shape[:1]:
+        raise ValueError(f"unit_valid must have shape ({gold_units.shape[0]},), got {unit_valid.shape}")
+    return unit_valid.astype(bool)
+
+
+def hard_recall(
+    scores: Array,
+    gold_units: Array,
+    *,
+    budget: int,
+    threshold: float = SUPPORT_THRESHOLD,
+    unit_valid: Optional[Array] = None,
+) -> Array:
+    """Gold recall@B of the top-``budget`` scores above ``threshold`` (the measured metric).
+
+    Arguments as :func:`soft_recall`; returns ``[]`` float, NaN without gold units.
+    """
     budget = check_budget(budget)
+    unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
     n = scores.shape[0]
     k = min(budget, n)
     values, idx = lax.top_k(scores, k)
     picked = jnp.zeros((n,), bool).at[idx].set(values > threshold)
-    unit_valid = jnp.any(gold_units, axis=1)
     covered = jnp.any(gold_units & picked[None, :], axis=1)
     count = jnp.sum(unit_valid)
     return jnp.where(count > 0, jnp.sum(covered & unit_valid) / jnp.maximum(count, 1), jnp.nan)
@@ -381,6 +403,7 @@ def retrieval_surrogates(
     threshold: float = SUPPORT_THRESHOLD,
     tol: Optional[float] = None,
     max_iter: Optional[int] = None,
+    unit_valid: Optional[Array] = None,
 ) -> dict:
     r"""Differentiable retrieval objectives of one query, with the measured recall and diagnostics.
 
@@ -392,6 +415,7 @@ def retrieval_surrogates(
       temperature: :math:`T` of :func:`soft_recall`.
       slack_weight: :math:`c` of :func:`equilibrium_scores`.
       threshold: support / selection threshold :math:`\theta`.
+      unit_valid: optional ``[g]`` bool real gold units (see :func:`soft_recall`).
 
     Returns:
       dict of ``[]`` arrays: ``soft_recall`` and ``gold_mass`` (differentiable in
@@ -405,9 +429,11 @@ def retrieval_surrogates(
     gold_notes = jnp.any(gold_units, axis=0)
     x_fixed = lax.stop_gradient(result.x)
     return {
-        "soft_recall": soft_recall(scores, gold_units, budget=budget, temperature=temperature, threshold=threshold),
+        "soft_recall": soft_recall(scores, gold_units, budget=budget, temperature=temperature, threshold=threshold,
+                                   unit_valid=unit_valid),
         "gold_mass": gold_mass(result.x[m:], gold_notes, valid),
-        "recall": hard_recall(lax.stop_gradient(scores), gold_units, budget=budget, threshold=threshold),
+        "recall": hard_recall(lax.stop_gradient(scores), gold_units, budget=budget, threshold=threshold,
+                              unit_valid=unit_valid),
         "converged": result.converged,
         "kkt_residual": result.kkt_residual,
         "support_size": result.support_size,

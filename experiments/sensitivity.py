@@ -1,0 +1,580 @@
+r"""Sensitivity of CDS retrieval to beta and tau, with implicit derivatives, and gradient tuning.
+
+Usage (from the repository root)::
+
+    python experiments/sensitivity.py --config configs/sensitivity.py
+    python experiments/sensitivity.py --config configs/sensitivity.py --config.benchmarks=hotpotqa
+
+For each benchmark:
+
+1. curves: mean soft recall@B (the differentiable surrogate), gold mass and the
+   measured recall@B over a beta grid and a (soft) tau grid, with the implicit
+   derivatives of the surrogates at every point, and a check of the implicit
+   derivative against central differences of the mean surrogate at the defaults;
+2. tuning: Adam (optax) on (log beta, tau) maximising the mean surrogate on one
+   half of the questions, then recall@B on the other half for the paper's defaults
+   (beta = 1, hard tau = 0), the tuned values (soft tau, as trained, and the same
+   values with hard tau) and cosine top-B.
+
+Everything runs in float64 with InImDyn equilibria (converged mode). Outputs go to
+``<output_dir>/<benchmark>/``; the printed tables are what RESULTS.md quotes.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import json
+import pathlib
+import sys
+import time
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclasses.dataclass
+class StudyProblem:
+    """One question: note and query embeddings, and its gold units over the notes.
+
+    Attributes:
+      qid: question id.
+      notes: ``[n, d]`` float32, L2-normalised.
+      query: ``[d]`` float32, L2-normalised.
+      units: ``[g, n]`` bool, one row per gold unit (paragraph or page); a row may be
+        all False (a gold page without text), which counts as missed.
+    """
+
+    qid: str
+    notes: np.ndarray
+    query: np.ndarray
+    units: np.ndarray
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _encode_cached(embedder, texts: Sequence[str], cache_dir: pathlib.Path, tag: str, *, queries: bool) -> np.ndarray:
+    info = {k: v for k, v in embedder.info().items() if k != "dim"}
+    key = hashlib.sha256(json.dumps([info, queries, list(texts)]).encode()).hexdigest()[:16]
+    path = cache_dir / f"{tag}-{'q' if queries else 'd'}-{key}.npy"
+    if path.is_file():
+        return np.load(path)
+    out = embedder.encode_queries(list(texts)) if queries else embedder.encode_documents(list(texts))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, out)
+    tmp.replace(path)
+    return out
+
+
+def text_study_problems(bench, embedder, cache_dir: pathlib.Path) -> List[StudyProblem]:
+    """HotpotQA / QASPER: notes are the corpus's paragraphs; one gold unit per gold note."""
+    from cdsjax.eval.runner import text_problems
+
+    problems = []
+    for p in text_problems(bench, embedder, cache_dir=cache_dir, link_window=0):
+        gold = sorted(p.query.gold_note_ids)
+        index = {nid: i for i, nid in enumerate(p.note_ids)}
+        units = np.zeros((len(gold), len(p.note_ids)), bool)
+        for u, nid in enumerate(gold):
+            units[u, index[nid]] = True
+        problems.append(StudyProblem(p.query.qid, p.notes, p.query_emb, units))
+    return problems
+
+
+def page_chunks(pdf: pathlib.Path, chunk_size: int, chunk_overlap: int) -> tuple[list, list]:
+    """Each page's text layer split into chunks: ``(texts, pages)`` (0-based pages)."""
+    import pymupdf
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    splitter = RecursiveCharacterTextSplitter(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    texts, pages = [], []
+    with pymupdf.open(pdf) as doc:
+        for pno, page in enumerate(doc):
+            for chunk in splitter.split_text(page.get_text("text")):
+                if chunk.strip():
+                    texts.append(chunk)
+                    pages.append(pno)
+    return texts, pages
+
+
+def mmlongbench_study_problems(config, embedder, cache_dir: pathlib.Path, max_queries: int) -> List[StudyProblem]:
+    """MMLongBench-Doc on page-text chunks; one gold unit per gold page (a page without text
+    is a unit no note covers)."""
+    from cdsjax.io.datasets import load_mmlongbench
+
+    opts = config.mmlongbench
+    bench = load_mmlongbench(config.data_root, with_boxes=False)
+    queries = [q for q in bench.queries if q.has_gold and q.meta["num_pages"] <= opts.max_pages][:max_queries]
+    chunks = {}
+    for doc_id in dict.fromkeys(q.doc_ids[0] for q in queries):
+        texts, pages = page_chunks(bench.documents[doc_id], opts.chunk_size, opts.chunk_overlap)
+        emb = _encode_cached(embedder, texts, cache_dir, f"mmlb-{doc_id}", queries=False)
+        chunks[doc_id] = (emb, np.asarray(pages))
+    query_emb = _encode_cached(embedder, [q.question for q in queries], cache_dir, "mmlb", queries=True)
+    problems = []
+    for q, qe in zip(queries, query_emb):
+        doc_id = q.doc_ids[0]
+        emb, pages = chunks[doc_id]
+        gold = sorted(q.gold_pages[doc_id])
+        units = pages[None, :] == np.asarray(gold)[:, None]
+        problems.append(StudyProblem(q.qid, emb, qe, units))
+    return problems
+
+
+def load_study_problems(config, name: str, embedder) -> List[StudyProblem]:
+    """The capped, gold-bearing questions of benchmark ``name`` as :class:`StudyProblem`\\ s."""
+    from cdsjax.io.datasets import load_hotpotqa, load_qasper
+
+    cache_dir = pathlib.Path(config.cache_dir or pathlib.Path(config.output_dir) / "cache")
+    cap = int(config.max_queries[name])
+    if name == "mmlongbench":
+        return mmlongbench_study_problems(config, embedder, cache_dir, cap)
+    loader = {"hotpotqa": load_hotpotqa, "qasper": load_qasper}[name]
+    bench = loader(config.data_root)
+    keep = [q for q in bench.queries if q.gold_note_ids][:cap]
+    bench = dataclasses.replace(bench, queries=keep,
+                                corpora={q.doc_ids[0]: bench.corpora[q.doc_ids[0]] for q in keep})
+    return text_study_problems(bench, embedder, cache_dir)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclasses.dataclass
+class Batch:
+    """Problems padded to one bucket size: positions into the problem list and float64 arrays."""
+
+    positions: List[int]
+    notes: np.ndarray  # [b, N, d]
+    query: np.ndarray  # [b, d]
+    valid: np.ndarray  # [b, N]
+    units: np.ndarray  # [b, G, N]
+    unit_valid: np.ndarray  # [b, G]
+
+
+def make_batches(problems: Sequence[StudyProblem], positions: Sequence[int], buckets: Sequence[int],
+                 max_batch: int) -> List[Batch]:
+    """Pads the chosen problems to the smallest bucket that fits, ``max_batch`` per batch."""
+    buckets = sorted(int(b) for b in buckets)
+    groups: Dict[int, List[int]] = {}
+    for pos in positions:
+        n = problems[pos].notes.shape[0]
+        fits = [b for b in buckets if b >= n]
+        if not fits:
+            raise ValueError(f"question {problems[pos].qid} has {n} notes, more than the largest bucket "
+                             f"{buckets[-1]}; add a bucket to config.buckets")
+        groups.setdefault(fits[0], []).append(pos)
+    batches = []
+    for size, members in sorted(groups.items()):
+        for start in range(0, len(members), max_batch):
+            chunk = members[start:start + max_batch]
+            d = problems[chunk[0]].notes.shape[1]
+            g = max(problems[p].units.shape[0] for p in chunk)
+            notes = np.zeros((len(chunk), size, d))
+            query = np.zeros((len(chunk), d))
+            valid = np.zeros((len(chunk), size), bool)
+            units = np.zeros((len(chunk), g, size), bool)
+            unit_valid = np.zeros((len(chunk), g), bool)
+            for b, pos in enumerate(chunk):
+                p = problems[pos]
+                n, gp = p.notes.shape[0], p.units.shape[0]
+                notes[b, :n] = p.notes
+                query[b] = p.query
+                valid[b, :n] = True
+                units[b, :gp, :n] = p.units
+                unit_valid[b, :gp] = True
+            batches.append(Batch(list(chunk), notes, query, valid, units, unit_valid))
+    return batches
+
+
+# --------------------------------------------------------------------------- the measured functions
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Static settings of the compiled functions."""
+
+    budget: int
+    solver: str
+    tol: float
+    max_iter: int
+    tau_temperature: float
+    temperature: float
+    slack_weight: float
+
+
+def options_of(config, name: str) -> Options:
+    return Options(budget=int(config.budget[name]), solver=str(config.solver), tol=float(config.tol),
+                   max_iter=int(config.max_iter), tau_temperature=float(config.tau_temperature),
+                   temperature=float(config.surrogate.temperature),
+                   slack_weight=float(config.surrogate.slack_weight))
+
+
+def _per_query(theta, notes, query, valid, units, unit_valid, opts: Options, tau_mode: str):
+    """``theta = (beta, tau)`` -> ([soft recall, gold mass], diagnostics) for one question."""
+    import jax.numpy as jnp
+
+    from cdsjax import core
+
+    params = core.CDSParams(beta=theta[0], tau=theta[1], tau_mode=tau_mode, tau_temperature=opts.tau_temperature)
+    out = core.retrieval_surrogates(notes, query, valid, units, params, budget=opts.budget, solver=opts.solver,
+                                    temperature=opts.temperature, slack_weight=opts.slack_weight,
+                                    tol=opts.tol, max_iter=opts.max_iter, unit_valid=unit_valid)
+    return jnp.stack([out["soft_recall"], out["gold_mass"]]), out
+
+
+@functools.lru_cache(maxsize=None)
+def measure_fn(opts: Options, tau_mode: str, with_jacobian: bool):
+    """``jit(vmap)`` over questions of the surrogates (and their ``[2, 2]`` Jacobian in theta)."""
+    import jax
+
+    f = functools.partial(_per_query, opts=opts, tau_mode=tau_mode)
+    if with_jacobian:
+        f = jax.jacfwd(f, has_aux=True)
+    return jax.jit(jax.vmap(f, in_axes=(None, 0, 0, 0, 0, 0)))
+
+
+@functools.lru_cache(maxsize=None)
+def train_fn(opts: Options):
+    """``jit`` of value-and-grad of the summed soft recall over a batch in ``u = (log beta, tau)``."""
+    import jax
+    import jax.numpy as jnp
+
+    def total(u, notes, query, valid, units, unit_valid):
+        theta = jnp.stack([jnp.exp(u[0]), u[1]])
+        vals, out = jax.vmap(functools.partial(_per_query, opts=opts, tau_mode="soft"),
+                             in_axes=(None, 0, 0, 0, 0, 0))(theta, notes, query, valid, units, unit_valid)
+        return jnp.sum(vals[:, 0]), (jnp.sum(out["recall"]), jnp.sum(out["converged"]))
+
+    return jax.jit(jax.value_and_grad(total, has_aux=True))
+
+
+def measure(batches: Sequence[Batch], count: int, theta, opts: Options, *, tau_mode: str = "soft",
+            with_jacobian: bool = True) -> Dict[str, np.ndarray]:
+    """Per-question values at ``theta``: soft recall, gold mass, recall, diagnostics, Jacobian."""
+    fn = measure_fn(opts, tau_mode, with_jacobian)
+    theta = np.asarray(theta, np.float64)
+    cols: Dict[str, np.ndarray] = {}
+    for batch in batches:
+        res = fn(theta, batch.notes, batch.query, batch.valid, batch.units, batch.unit_valid)
+        jac, out = res if with_jacobian else (None, res[1])
+        rows = dict(out)
+        if with_jacobian:
+            rows["jacobian"] = jac
+        for k, v in rows.items():
+            v = np.asarray(v)
+            if k not in cols:
+                cols[k] = np.full((count,) + v.shape[1:], np.nan)
+            cols[k][batch.positions] = v
+    return cols
+
+
+# --------------------------------------------------------------------------- study parts
+
+
+def curves(batches, count, config, opts: Options, positions: Sequence[int]) -> List[dict]:
+    """Rows ``(axis, beta, tau, means and mean derivatives)`` over the beta and tau grids."""
+    rows = []
+    grid = [("beta", b, config.curves.tau_for_beta) for b in config.curves.betas]
+    grid += [("tau", config.curves.beta_for_tau, t) for t in config.curves.taus]
+    sel = np.asarray(positions)
+    for axis, beta, tau in grid:
+        m = measure(batches, count, (beta, tau), opts)
+        jac = m["jacobian"][sel]
+        rows.append({
+            "axis": axis, "beta": float(beta), "tau": float(tau),
+            "soft_recall": float(np.mean(m["soft_recall"][sel])),
+            "recall": float(np.mean(m["recall"][sel])),
+            "gold_mass": float(np.mean(m["gold_mass"][sel])),
+            "d_soft_d_beta": float(np.mean(jac[:, 0, 0])), "d_soft_d_tau": float(np.mean(jac[:, 0, 1])),
+            "d_mass_d_beta": float(np.mean(jac[:, 1, 0])), "d_mass_d_tau": float(np.mean(jac[:, 1, 1])),
+            "support_vertices": float(np.mean(m["support_size"][sel])),
+            "converged": float(np.mean(m["converged"][sel])),
+            "implicit_ok": float(np.mean(m["implicit_ok"][sel])),
+        })
+    return rows
+
+
+def derivative_check(batches, count, config, opts: Options, positions) -> dict:
+    """Implicit derivative of the mean surrogates vs central differences at (beta, tau) = (1, 0)."""
+    sel = np.asarray(positions)
+    h = float(config.curves.fd_step)
+    base = measure(batches, count, (1.0, 0.0), opts)
+    implicit_jac = base["jacobian"][sel].mean(axis=0)
+    fd = np.zeros((2, 2))
+    for j in range(2):
+        step = np.eye(2)[j] * h
+        hi = measure(batches, count, np.array([1.0, 0.0]) + step, opts, with_jacobian=False)
+        lo = measure(batches, count, np.array([1.0, 0.0]) - step, opts, with_jacobian=False)
+        for i, key in enumerate(("soft_recall", "gold_mass")):
+            fd[i, j] = (hi[key][sel].mean() - lo[key][sel].mean()) / (2 * h)
+    return {"implicit": implicit_jac.tolist(), "central_differences": fd.tolist(),
+            "max_abs_diff": float(np.abs(implicit_jac - fd).max())}
+
+
+def tune(batches, count, config, opts: Options, train_size: int) -> List[dict]:
+    """Adam on ``u = (log beta, tau)`` maximising the mean soft recall of the training half."""
+    import jax.numpy as jnp
+    import optax
+
+    fn = train_fn(opts)
+    u = jnp.asarray([np.log(config.tune.init_beta), config.tune.init_tau], jnp.float64)
+    optimizer = optax.adam(config.tune.learning_rate)
+    state = optimizer.init(u)
+    trace = []
+    for step in range(int(config.tune.steps) + 1):
+        value, grad, recall, converged = 0.0, jnp.zeros(2), 0.0, 0.0
+        for b in batches:
+            (v, (r, c)), g = fn(u, b.notes, b.query, b.valid, b.units, b.unit_valid)
+            value, grad, recall, converged = value + v, grad + g, recall + r, converged + c
+        trace.append({"step": step, "beta": float(jnp.exp(u[0])), "tau": float(u[1]),
+                      "soft_recall": float(value) / train_size, "recall": float(recall) / train_size,
+                      "converged": float(converged) / train_size})
+        if step == int(config.tune.steps):
+            break
+        updates, state = optimizer.update(-grad / train_size, state, u)  # ascent on the surrogate
+        u = optax.apply_updates(u, updates)
+    return trace
+
+
+def cosine_recall(problems: Sequence[StudyProblem], positions, budget: int) -> np.ndarray:
+    out = []
+    for pos in positions:
+        p = problems[pos]
+        top = np.argsort(-(p.notes @ p.query), kind="stable")[:budget]
+        out.append(np.mean(p.units[:, top].any(axis=1)))
+    return np.asarray(out)
+
+
+def held_out(batches, count, problems, positions, tuned: dict, opts: Options, num_resamples: int) -> List[dict]:
+    """Recall@B on the held-out half for the defaults, the tuned values and cosine, with paired CIs."""
+    from cdsjax.eval.metrics import mean_ci
+
+    sel = np.asarray(positions)
+    settings = [
+        ("defaults (beta=1, tau=0, hard)", (1.0, 0.0), "hard"),
+        ("defaults, soft tau", (1.0, 0.0), "soft"),
+        (f"tuned (beta={tuned['beta']:.3f}, tau={tuned['tau']:.3f}, soft)", (tuned["beta"], tuned["tau"]), "soft"),
+        (f"tuned (beta={tuned['beta']:.3f}, tau={tuned['tau']:.3f}, hard)", (tuned["beta"], tuned["tau"]), "hard"),
+    ]
+    per = {}
+    rows = []
+    for label, theta, mode in settings:
+        m = measure(batches, count, theta, opts, tau_mode=mode, with_jacobian=False)
+        per[label] = (m["recall"][sel], m["soft_recall"][sel], m["converged"][sel])
+    per["cosine top-B"] = (cosine_recall(problems, positions, opts.budget), np.full(len(sel), np.nan),
+                           np.ones(len(sel)))
+    default = per[settings[0][0]][0]
+    for label, (recall, soft, conv) in per.items():
+        mean, lo, hi, n = mean_ci(recall, num_resamples=num_resamples)
+        dmean, dlo, dhi, _ = mean_ci(recall - default, num_resamples=num_resamples)
+        rows.append({"setting": label, "recall": mean, "ci_low": lo, "ci_high": hi, "n": n,
+                     "soft_recall": float(np.nanmean(soft)) if np.isfinite(soft).any() else float("nan"),
+                     "diff_vs_default": dmean, "diff_ci_low": dlo, "diff_ci_high": dhi,
+                     "converged": float(np.mean(conv))})
+    return rows
+
+
+# --------------------------------------------------------------------------- output
+
+
+def plot_curves(rows: List[dict], path: pathlib.Path, title: str) -> None:
+    """Metric curves over beta and tau with the implicit derivative drawn as tangents."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state
+
+    fig = Figure(figsize=(11, 7.5))
+    axes = fig.subplots(2, 2)
+    for col, axis in enumerate(("beta", "tau")):
+        pts = [r for r in rows if r["axis"] == axis]
+        x = np.asarray([r[axis] for r in pts])
+        ax = axes[0, col]
+        for key, label, deriv in (("soft_recall", "soft recall@B", f"d_soft_d_{axis}"),
+                                  ("gold_mass", "gold mass", f"d_mass_d_{axis}"),
+                                  ("recall", "recall@B (measured)", None)):
+            y = np.asarray([r[key] for r in pts])
+            line, = ax.plot(x, y, "o-", label=label)
+            if deriv is None:
+                continue
+            slope = np.asarray([r[deriv] for r in pts])
+            # Tangents: in log-x for beta the slope is d/d(log beta) = beta * d/d beta.
+            half = 0.25 if axis == "beta" else 0.03
+            for xi, yi, si in zip(x, y, slope):
+                if axis == "beta":
+                    xs = xi * np.exp(np.array([-half, half]))
+                    ys = yi + si * xi * np.array([-half, half])
+                else:
+                    xs = xi + np.array([-half, half])
+                    ys = yi + si * np.array([-half, half])
+                ax.plot(xs, ys, "-", color=line.get_color(), alpha=0.5, linewidth=2.5)
+        if axis == "beta":
+            ax.set_xscale("log")
+        ax.set_xlabel(axis)
+        ax.set_title(f"metrics vs {axis} (short segments: implicit derivative)")
+        ax.legend(fontsize=8)
+        ax = axes[1, col]
+        for key, label in ((f"d_soft_d_{axis}", "d soft recall"), (f"d_mass_d_{axis}", "d gold mass")):
+            ax.plot(x, [r[key] for r in pts], "o-", label=f"{label} / d {axis} (implicit)")
+        for key, label in (("soft_recall", "soft recall"), ("gold_mass", "gold mass")):
+            y = np.asarray([r[key] for r in pts])
+            ax.plot(x, np.gradient(y, x), "x--", alpha=0.6, label=f"{label}: slope of the grid curve")
+        if axis == "beta":
+            ax.set_xscale("log")
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_xlabel(axis)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_tuning(trace: List[dict], path: pathlib.Path, title: str) -> None:
+    from matplotlib.figure import Figure
+
+    steps = [t["step"] for t in trace]
+    fig = Figure(figsize=(11, 3.8))
+    axes = fig.subplots(1, 2)
+    axes[0].plot(steps, [t["beta"] for t in trace], label="beta")
+    axes[0].plot(steps, [t["tau"] for t in trace], label="tau")
+    axes[0].set_xlabel("Adam step")
+    axes[0].legend()
+    axes[1].plot(steps, [t["soft_recall"] for t in trace], label="soft recall@B (objective)")
+    axes[1].plot(steps, [t["recall"] for t in trace], label="recall@B (measured)")
+    axes[1].set_xlabel("Adam step")
+    axes[1].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_csv(rows: List[dict], path: pathlib.Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _table(rows: List[dict], keys: Sequence[str], fmt: str = "{:.4g}") -> str:
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        cells = [fmt.format(r[k]) if isinstance(r[k], float) else str(r[k]) for k in keys]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def split_halves(count: int, seed: int) -> tuple[list, list]:
+    """A seeded random half for tuning and the other half for evaluation."""
+    order = np.random.default_rng(seed).permutation(count)
+    half = count // 2
+    return sorted(order[:half].tolist()), sorted(order[half:].tolist())
+
+
+def study_benchmark(config, name: str, embedder, log=print) -> dict:
+    """Runs the curves, the derivative check and the tuning on one benchmark; writes its outputs."""
+    out_dir = pathlib.Path(config.output_dir) / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timings = {}
+    t0 = time.perf_counter()
+    problems = load_study_problems(config, name, embedder)
+    if len(problems) < 2:
+        raise ValueError(f"{name}: need at least 2 questions with gold evidence, got {len(problems)}")
+    timings["load_and_embed_s"] = time.perf_counter() - t0
+    opts = options_of(config, name)
+    count = len(problems)
+    batches = make_batches(problems, range(count), config.buckets, int(config.max_batch))
+    train, test = split_halves(count, int(config.tune.seed))
+    sizes = [p.notes.shape[0] for p in problems]
+    log(f"\n## {name}: {count} questions, notes per question median {int(np.median(sizes))} "
+        f"(max {max(sizes)}), B = {opts.budget}; tuning on {len(train)}, evaluation on {len(test)}")
+
+    t0 = time.perf_counter()
+    curve_rows = curves(batches, count, config, opts, range(count))
+    timings["curves_s"] = time.perf_counter() - t0
+    write_csv(curve_rows, out_dir / "curves.csv")
+    log(_table(curve_rows, ["axis", "beta", "tau", "soft_recall", "recall", "gold_mass", "d_soft_d_beta",
+                            "d_soft_d_tau", "d_mass_d_beta", "d_mass_d_tau", "support_vertices", "converged",
+                            "implicit_ok"]))
+    t0 = time.perf_counter()
+    check = derivative_check(batches, count, config, opts, range(count))
+    timings["derivative_check_s"] = time.perf_counter() - t0
+    log(f"derivative check at (beta, tau) = (1, 0), soft tau, all questions: rows (soft recall, gold mass), "
+        f"columns (d/d beta, d/d tau)\n  implicit            {np.round(check['implicit'], 6).tolist()}\n"
+        f"  central differences {np.round(check['central_differences'], 6).tolist()}  "
+        f"(h = {config.curves.fd_step}; max |diff| {check['max_abs_diff']:.2e})")
+
+    t0 = time.perf_counter()
+    train_batches = make_batches(problems, train, config.buckets, int(config.max_batch))
+    trace = tune(train_batches, count, config, opts, len(train))
+    timings["tuning_s"] = time.perf_counter() - t0
+    write_csv(trace, out_dir / "tuning.csv")
+    tuned = trace[-1]
+    log(f"tuning ({config.tune.steps} Adam steps, lr {config.tune.learning_rate}) on {len(train)} questions: "
+        f"beta {trace[0]['beta']:.3f} -> {tuned['beta']:.4f}, tau {trace[0]['tau']:.3f} -> {tuned['tau']:.4f}; "
+        f"train soft recall {trace[0]['soft_recall']:.4f} -> {tuned['soft_recall']:.4f}, "
+        f"train recall@{opts.budget} {trace[0]['recall']:.4f} -> {tuned['recall']:.4f}")
+
+    t0 = time.perf_counter()
+    test_batches = make_batches(problems, test, config.buckets, int(config.max_batch))
+    eval_rows = held_out(test_batches, count, problems, test, tuned, opts, int(config.num_resamples))
+    timings["held_out_s"] = time.perf_counter() - t0
+    write_csv(eval_rows, out_dir / "held_out.csv")
+    log(f"held-out half ({len(test)} questions), recall@{opts.budget} with 95% bootstrap CI; "
+        f"diff = paired difference to the defaults")
+    log(_table(eval_rows, ["setting", "recall", "ci_low", "ci_high", "diff_vs_default", "diff_ci_low",
+                           "diff_ci_high", "converged", "n"]))
+    plot_curves(curve_rows, out_dir / "curves.png", f"{name}: CDS metrics vs beta and tau (B = {opts.budget})")
+    plot_tuning(trace, out_dir / "tuning.png", f"{name}: Adam on (log beta, tau), {len(train)} questions")
+    timings["total_s"] = sum(timings.values())
+    log("time: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    summary = {"benchmark": name, "questions": count, "budget": opts.budget, "train": len(train),
+               "test": len(test), "curves": curve_rows, "derivative_check": check, "tuning": trace,
+               "held_out": eval_rows, "timings": timings}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def run(config, log=print) -> List[dict]:
+    """The whole study for every configured benchmark (float64)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from cdsjax.io.embed import Embedder
+
+    names = config.benchmarks
+    if isinstance(names, str):
+        names = [s.strip() for s in names.split(",") if s.strip()]
+    unknown = [n for n in names if n not in ("hotpotqa", "qasper", "mmlongbench")]
+    if unknown:
+        raise ValueError(f"config.benchmarks: unknown benchmark(s) {unknown}; known: hotpotqa, qasper, mmlongbench")
+    embedder = Embedder(config)
+    log(f"devices: {jax.devices()}; solver {config.solver} (tol {config.tol}), float64")
+    return [study_benchmark(config, name, embedder, log=log) for name in names]
+
+
+def main(argv):
+    from absl import app
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config configs/sensitivity.py")
+    start = time.perf_counter()
+    run(config)
+    print(f"\nwall time of the whole study: {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    from absl import app
+    from ml_collections import config_flags
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Sensitivity config (configs/sensitivity.py).",
+                                              lock_config=True)
+    app.run(main)

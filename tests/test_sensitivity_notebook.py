@@ -1,0 +1,37 @@
+"""Executes notebooks/sensitivity.ipynb on a tiny run (6 HotpotQA questions, 2 grid points per axis,
+2 Adam steps) and checks what it wrote."""
+
+import json
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "sensitivity.ipynb"
+
+
+def test_sensitivity_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("CDSJAX_NOTEBOOK_TINY", "1")
+    monkeypatch.setenv("CDSJAX_NOTEBOOK_OUT", str(tmp_path))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client.execute()
+
+    out = tmp_path / "hotpotqa"
+    for name in ("curves.png", "tuning.png", "curves.csv", "tuning.csv", "held_out.csv"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["questions"] == 6 and summary["train"] == 3 and summary["test"] == 3
+    assert len(summary["curves"]) == 4 and len(summary["tuning"]) == 3
+    assert summary["derivative_check"]["max_abs_diff"] < 1e-5
+    texts = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    jac_line = next(t for t in texts if "max |jacfwd - jacrev|" in t)
+    diffs = [float(line.split(":")[1]) for line in jac_line.strip().splitlines()]
+    assert max(diffs) < 1e-6, jac_line
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 3
