@@ -103,7 +103,7 @@ def seconds_per_call(f, min_seconds=0.2):
             return elapsed / calls, calls
 
 
-def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_queries=8):
+def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_queries=8, chunk=None):
     notes, queries = clustered(rng, b, n)
     valid = np.ones((b, n), bool)
     links = np.zeros((b, n, n), bool)
@@ -119,8 +119,11 @@ def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_querie
     np_iters = [numpy_cds(notes[i], queries[i], budget)[1] for i in range(k)]
     np_qps = k / (time.perf_counter() - t)
 
-    for name, fn in (selectors or selector_fns(budget)).items():
-        batched = jax.jit(jax.vmap(fn))
+    variants = [(name, fn, None) for name, fn in (selectors or selector_fns(budget)).items()]
+    if chunk:  # the same selectors again, batched as lax.map over vmapped chunks (core.batched)
+        variants += [(f"{name} [chunk {chunk}]", fn, chunk) for name, fn, _ in variants]
+    for name, fn, chunk_size in variants:
+        batched = core.batched(fn, chunk=chunk_size)
         out = batched(notes, queries, valid, links, keys)
         jax.block_until_ready(out)  # compile + warm
         dt, _ = seconds_per_call(lambda: batched(notes, queries, valid, links, keys))
@@ -154,6 +157,7 @@ def main():
     parser.add_argument("--shape", type=int, nargs=2, action="append", metavar=("B", "N"),
                         help="a (b, n) shape to run instead of the defaults (repeatable)")
     parser.add_argument("--loop-queries", type=int, default=8, help="queries timed in the per-query JAX loop")
+    parser.add_argument("--chunk", type=int, help="also time each selector batched in chunks of this many queries")
     args = parser.parse_args()
     shapes = [(1, 32), (8, 64), (4, 128)] if args.quick else [(1, 64), (64, 256), (16, 1024)]
     shapes = [tuple(s) for s in args.shape] if args.shape else shapes
@@ -171,7 +175,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for b, n in shapes:
         rows, np_qps, np_iters = bench_shape(b, n, budget=args.budget, numpy_queries=args.numpy_queries,
-                                             rng=rng, selectors=selectors, loop_queries=args.loop_queries)
+                                             rng=rng, selectors=selectors, loop_queries=args.loop_queries,
+                                             chunk=args.chunk)
         for r in rows:
             extra = ("| {mean_iters:.0f} | {converged:.0%} | {useful_gflops:.2f} | {executed_gflops:.2f} | {pct:.1f}% |"
                      .format(pct=100 * r["executed_gflops"] / peak, **r)) if "mean_iters" in r else "| – | – | – | – | – |"

@@ -302,7 +302,7 @@ def ppr_vector(
 
     def propagate(r):
         # P^T r: linked rows spread r_i / deg_i to neighbours; dangling mass spreads uniformly.
-        spread = adj.T @ (r * inv_degree) + jnp.sum(jnp.where(dangling, r, 0.0)) * uniform
+        spread = (r * inv_degree) @ adj + jnp.sum(jnp.where(dangling, r, 0.0)) * uniform
         r_new = (1.0 - damping) * seed + damping * spread
         return r_new / jnp.sum(r_new)
 
