@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # The surrogate: soft recall@B on the extended equilibrium scores.
     config.surrogate = ml_collections.ConfigDict()
-    config.surrogate.temperature = 0.005  # in equilibrium-weight units
+    config.surrogate.temperature = 0.2  # relative to the spread of the top-2B scores
     config.surrogate.slack_weight = 1.0
 
     # Curves (soft tau): beta at tau = tau_for_beta, tau at beta = beta_for_tau.

@@ -112,12 +112,22 @@ def mmlongbench_study_problems(config, embedder, cache_dir: pathlib.Path, max_qu
 
     opts = config.mmlongbench
     bench = load_mmlongbench(config.data_root, with_boxes=False)
-    queries = [q for q in bench.queries if q.has_gold and q.meta["num_pages"] <= opts.max_pages][:max_queries]
-    chunks = {}
-    for doc_id in dict.fromkeys(q.doc_ids[0] for q in queries):
-        texts, pages = page_chunks(bench.documents[doc_id], opts.chunk_size, opts.chunk_overlap)
-        emb = _encode_cached(embedder, texts, cache_dir, f"mmlb-{doc_id}", queries=False)
-        chunks[doc_id] = (emb, np.asarray(pages))
+    candidates = [q for q in bench.queries if q.has_gold and q.meta["num_pages"] <= opts.max_pages]
+    chunks, queries, no_text = {}, [], set()
+    for q in candidates:
+        doc_id = q.doc_ids[0]
+        if doc_id not in chunks:
+            texts, pages = page_chunks(bench.documents[doc_id], opts.chunk_size, opts.chunk_overlap)
+            emb = _encode_cached(embedder, texts, cache_dir, f"mmlb-{doc_id}", queries=False) if texts else None
+            chunks[doc_id] = (emb, np.asarray(pages))
+        if chunks[doc_id][0] is None:  # no text layer (scanned pages): nothing to retrieve from
+            no_text.add(doc_id)
+            continue
+        queries.append(q)
+        if len(queries) == max_queries:
+            break
+    if no_text:
+        print(f"mmlongbench: skipped questions on {len(no_text)} document(s) without a text layer: {sorted(no_text)}")
     query_emb = _encode_cached(embedder, [q.question for q in queries], cache_dir, "mmlb", queries=True)
     problems = []
     for q, qe in zip(queries, query_emb):

@@ -292,7 +292,8 @@ def test_hard_tau_has_zero_tau_derivative():
 def np_soft_recall(scores, units, budget, temperature, threshold=1e-6):
     order = np.sort(scores[np.isfinite(scores)])[::-1]
     t = threshold if len(order) <= budget else max(threshold, 0.5 * (order[budget - 1] + order[budget]))
-    p = 1.0 / (1.0 + np.exp(-(scores - t) / temperature))
+    spread = np.mean(np.abs(order[: 2 * budget] - t))
+    p = 1.0 / (1.0 + np.exp(-(scores - t) / (temperature * spread)))
     p[~np.isfinite(scores)] = 0.0
     units = units[units.any(axis=1)]
     covered = [1.0 - np.prod(1.0 - p[u]) for u in units]
@@ -307,8 +308,12 @@ def test_soft_recall_matches_reference_and_tends_to_hard_recall():
     units[1, [5]] = True
     units[2, [7, 8, 9]] = True  # unit 3 is padding
     for budget in (1, 4, 8):
-        got = implicit.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=0.02)
-        np.testing.assert_allclose(float(got), np_soft_recall(scores, units, budget, 0.02), rtol=1e-12)
+        got = implicit.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=0.3)
+        np.testing.assert_allclose(float(got), np_soft_recall(scores, units, budget, 0.3), rtol=1e-12)
+        # The temperature is relative: scaling every score leaves the surrogate unchanged.
+        scaled = implicit.soft_recall(jnp.asarray(scores * 1e-3), jnp.asarray(units), budget=budget, temperature=0.3,
+                                      threshold=1e-9)
+        np.testing.assert_allclose(float(scaled), float(got), rtol=1e-9)
         sharp = implicit.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=1e-7)
         picked = np.argsort(-scores)[:budget]
         picked = picked[scores[picked] > 1e-6]
@@ -338,7 +343,7 @@ def test_gold_mass_and_surrogate_gradients():
 
     def objectives(t):
         out = implicit.retrieval_surrogates(jnp.asarray(notes), jnp.asarray(query), valid, jnp.asarray(gold_units),
-                                            params_of(t), budget=3, temperature=0.02, **TIGHT)
+                                            params_of(t), budget=3, temperature=0.3, **TIGHT)
         return jnp.stack([out["soft_recall"], out["gold_mass"]])
 
     x = np.asarray(weights_fn(notes, query, np.ones(n, bool))(theta))
@@ -354,7 +359,7 @@ def test_gold_mass_and_surrogate_gradients():
         m, _ = np_payoff(notes, query, t[0], t[1])
         slack = np.where(support, 0.0, m @ xx - xx @ m @ xx)
         scores = (xx + slack)[1:]
-        return np.array([np_soft_recall(scores, gold_units, 3, 0.02), xx[1:][gold].sum() / xx[1:].sum()])
+        return np.array([np_soft_recall(scores, gold_units, 3, 0.3), xx[1:][gold].sum() / xx[1:].sum()])
 
     fd = np_central_jacobian(reference, np.asarray(theta))
     assert np.abs(fd).max() > 1e-3

@@ -280,16 +280,24 @@ def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) 
     return jnp.where(affinity.valid[m:], s[m:], -jnp.inf)
 
 
-def _soft_threshold(scores: Array, budget: int, threshold: float) -> Array:
-    """Midpoint between the ``budget``-th and the next score, at least ``threshold``."""
+def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array, Array]:
+    """The soft top-B cut and its scale.
+
+    The cut ``t`` is the midpoint between the ``budget``-th and the next score (at
+    least ``threshold``); the scale is the mean distance to ``t`` of the top
+    ``2 * budget`` scores, the spread the soft membership has to resolve.
+    """
     n = scores.shape[0]
-    k = min(budget + 1, n)
-    top = lax.top_k(scores, k)[0]
+    top = lax.top_k(scores, min(2 * budget, n) if budget < n else n)[0]
     if budget >= n:
-        return jnp.asarray(threshold, scores.dtype)
-    kth, nxt = top[budget - 1], top[budget]
-    mid = jnp.where(jnp.isfinite(nxt), 0.5 * (kth + jnp.where(jnp.isfinite(nxt), nxt, 0.0)), -jnp.inf)
-    return jnp.maximum(mid, threshold)
+        t = jnp.asarray(threshold, scores.dtype)
+    else:
+        kth, nxt = top[budget - 1], top[budget]
+        safe_nxt = jnp.where(jnp.isfinite(nxt), nxt, 0.0)
+        t = jnp.maximum(jnp.where(jnp.isfinite(nxt), 0.5 * (kth + safe_nxt), -jnp.inf), threshold)
+    near = jnp.isfinite(top)
+    spread = jnp.sum(jnp.where(near, jnp.abs(jnp.where(near, top, 0.0) - t), 0.0)) / jnp.maximum(jnp.sum(near), 1)
+    return t, jnp.maximum(spread, jnp.finfo(scores.dtype).tiny ** 0.5)
 
 
 def soft_recall(
@@ -297,16 +305,20 @@ def soft_recall(
     gold_units: Array,
     *,
     budget: int,
-    temperature: float = 0.01,
+    temperature: float = 0.2,
     threshold: float = SUPPORT_THRESHOLD,
     unit_valid: Optional[Array] = None,
 ) -> Array:
     r"""Smooth surrogate of gold recall@B: soft top-B membership, soft coverage per gold unit.
 
     Note :math:`i` is "selected" with probability
-    :math:`p_i = \sigma((s_i - t)/T)`, :math:`t` the midpoint between the B-th and
-    (B+1)-th scores (at least :math:`\theta`, as the hard selection also needs
-    :math:`x_i > \theta`). A gold unit (a page, a paragraph) is covered with
+    :math:`p_i = \sigma\big((s_i - t)/(T\kappa)\big)`: :math:`t` is the midpoint
+    between the B-th and (B+1)-th scores (at least :math:`\theta`, as the hard
+    selection also needs :math:`x_i > \theta`) and :math:`\kappa` the mean distance
+    of the top-2B scores to :math:`t`. Dividing by :math:`\kappa` makes :math:`T`
+    relative: scaling all scores leaves the surrogate unchanged, so it stays as
+    sharp when :math:`x^*` flattens (large :math:`\beta`, many notes) as when it is
+    peaked. A gold unit (a page, a paragraph) is covered with
     :math:`1 - \prod_{i\in u}(1-p_i)`; the surrogate is the mean over units. As
     :math:`T \to 0` it tends to the recall of the top-B selection.
 
@@ -314,7 +326,7 @@ def soft_recall(
       scores: ``[n]`` float, e.g. :func:`equilibrium_scores`; ``-inf`` at padding.
       gold_units: ``[g, n]`` bool, row ``u`` marks the notes of gold unit ``u``.
       budget: static B.
-      temperature: :math:`T`, in score units.
+      temperature: :math:`T`, relative to the spread :math:`\kappa` (dimensionless).
       threshold: :math:`\theta`.
       unit_valid: optional ``[g]`` bool, the real gold units (padding False).
         Default: the rows with at least one note. Pass it to count gold units no
@@ -324,12 +336,11 @@ def soft_recall(
       ``[]`` float in [0, 1]; NaN when there is no gold unit (as hard recall).
     """
     budget = check_budget(budget)
-    t = _soft_threshold(scores, budget, threshold)
+    t, spread = _soft_threshold(scores, budget, threshold)
     unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
     finite = jnp.isfinite(scores)
-    z = jnp.where(finite, (jnp.where(finite, scores, 0.0) - t) / temperature, -jnp.inf)
-    log_miss = jax.nn.log_sigmoid(-jnp.where(finite, z, 0.0))
-    log_miss = jnp.where(finite, log_miss, 0.0)
+    z = (jnp.where(finite, scores, 0.0) - t) / (temperature * spread)
+    log_miss = jnp.where(finite, jax.nn.log_sigmoid(-z), 0.0)
     unit_log_miss = jnp.sum(jnp.where(gold_units, log_miss[None, :], 0.0), axis=1)
     covered = -jnp.expm1(unit_log_miss)
     count = jnp.sum(unit_valid)
@@ -398,7 +409,7 @@ def retrieval_surrogates(
     *,
     budget: int,
     solver: SolverSpec = "inimdyn",
-    temperature: float = 0.01,
+    temperature: float = 0.2,
     slack_weight: float = 1.0,
     threshold: float = SUPPORT_THRESHOLD,
     tol: Optional[float] = None,
@@ -412,7 +423,7 @@ def retrieval_surrogates(
       gold_units: ``[g, n]`` bool gold units (pages or paragraphs) over the notes;
         all-False rows are padding.
       budget: static B.
-      temperature: :math:`T` of :func:`soft_recall`.
+      temperature: relative :math:`T` of :func:`soft_recall`.
       slack_weight: :math:`c` of :func:`equilibrium_scores`.
       threshold: support / selection threshold :math:`\theta`.
       unit_valid: optional ``[g]`` bool real gold units (see :func:`soft_recall`).
