@@ -28,7 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
     config.budget = 5
     config.budgets = (5,)
-    config.loader = ml_collections.ConfigDict({"max_papers": None})
+    config.loader = ml_collections.ConfigDict()
+    config.loader.max_papers = ml_collections.config_dict.placeholder(int)  # None: all papers
     config.link_window = 1
 
     config.buckets = (32, 64, 128, 256, 512)

@@ -423,7 +423,7 @@ def text_links(corpus, *, window: int = 1) -> np.ndarray:
 
 
 def _cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[str], *,
-                   queries: bool) -> np.ndarray:
+                   queries: bool, progress: bool = False) -> np.ndarray:
     """Embeds ``texts`` once per (embedder, texts); later runs load the ``.npy``."""
     info = {k: v for k, v in embedder.info().items() if k != "dim"}
     key = fingerprint({"info": info, "queries": queries, "texts": list(texts)})
@@ -432,7 +432,10 @@ def _cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[
         arr = np.load(path)
         if arr.shape[0] == len(texts):
             return arr
-    arr = embedder.encode_queries(list(texts)) if queries else embedder.encode_documents(list(texts))
+    if queries:
+        arr = embedder.encode_queries(list(texts), show_progress=progress)
+    else:
+        arr = embedder.encode_documents(list(texts), show_progress=progress)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, arr)
@@ -440,13 +443,14 @@ def _cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[
     return arr
 
 
-def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int = 1) -> List[Problem]:
+def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int = 1,
+                  progress: bool = False) -> List[Problem]:
     """Problems of a text benchmark: each query searches its corpus's notes."""
     from cdsjax import core
 
     corpus_ids = list(dict.fromkeys(q.doc_ids[0] for q in bench.queries))
     texts = [t for c in corpus_ids for t in bench.corpora[c].texts]
-    note_emb = _cached_encode(cache_dir, bench.name, embedder, texts, queries=False)
+    note_emb = _cached_encode(cache_dir, bench.name, embedder, texts, queries=False, progress=progress)
     query_emb = _cached_encode(cache_dir, bench.name, embedder,
                                [q.question for q in bench.queries], queries=True)
     offsets, start = {}, 0
@@ -467,8 +471,8 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
     return problems
 
 
-def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
-                 log: Callable[[str], None] = print) -> List[Problem]:
+def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
+                 progress: bool = False) -> List[Problem]:
     """Problems of a PDF benchmark: each document is indexed once (cached by content
     and settings under ``cache_dir``); a query searches the notes of its documents."""
     from cdsjax import core
@@ -594,6 +598,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     from cdsjax.core import DEFAULT_BUCKETS
     from cdsjax.io.embed import Embedder
 
+    specs = selector_specs(config)
+    budgets = budgets_of(config)
     out_dir = pathlib.Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     identity = _run_identity(config)
@@ -608,8 +614,6 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                              "use another output_dir or delete it")
     run_file.write_text(json.dumps({"identity": identity}, indent=1, default=str))
 
-    specs = selector_specs(config)
-    budgets = budgets_of(config)
     bench = load_configured_benchmark(config)
     if not bench.queries:
         raise ValueError(f"benchmark {config.benchmark!r} has no queries (max_queries={config.max_queries})")
@@ -618,9 +622,9 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     embedder = Embedder(config)
     if kind == "text":
         problems = text_problems(bench, embedder, cache_dir=cache_dir,
-                                 link_window=int(config.get("link_window", 1)))
+                                 link_window=int(config.get("link_window", 1)), progress=progress)
     else:
-        problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress, log=log)
+        problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
 
     drop_torn_tail(records_path)
     done = {record_key(r) for r in read_records(records_path)}
