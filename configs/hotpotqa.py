@@ -34,5 +34,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.buckets = (16,)
     config.max_batch = 128
     config.num_resamples = 10_000
+    config.dtype = "float32"  # "float64" lets converged-mode solvers go below float32's KKT floor
     config.embedder.show_progress = False
     return config

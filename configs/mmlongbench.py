@@ -38,5 +38,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.buckets = (64, 128, 256, 512, 1024, 2048, 4096)  # padded note counts
     config.max_batch = 32  # problems per compiled call
     config.num_resamples = 10_000  # bootstrap resamples for the 95% intervals
+    config.dtype = "float32"  # "float64" lets converged-mode solvers go below float32's KKT floor
     config.embedder.show_progress = False
     return config

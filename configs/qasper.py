@@ -35,5 +35,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.buckets = (32, 64, 128, 256, 512)
     config.max_batch = 64
     config.num_resamples = 10_000
+    config.dtype = "float32"  # "float64" lets converged-mode solvers go below float32's KKT floor
     config.embedder.show_progress = False
     return config

@@ -334,3 +334,13 @@ def test_drop_torn_tail(tmp_path):
     p.write_text('{"a"')
     R.drop_torn_tail(p)
     assert p.read_text() == ""
+
+
+def test_run_selector_float64():
+    problems = _synthetic_problems([5, 9], seed=3)
+    fn = core.make_selector("cosine", budget=3)
+    out = R.run_selector(fn, problems, buckets=(16,), dtype=np.float64)  # conftest enables x64
+    for p, sel in zip(problems, out):
+        assert sel.scores.dtype == np.float64
+        ref = np.sort(p.notes.astype(np.float64) @ p.query_emb.astype(np.float64))[::-1][:3]
+        np.testing.assert_allclose(sel.scores, ref, rtol=0, atol=1e-12)

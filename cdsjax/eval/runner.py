@@ -134,6 +134,7 @@ def run_selector(
     mesh=None,
     keys: Optional[Sequence[Any]] = None,
     on_chunk: Optional[Callable[[List[int], List[Any]], None]] = None,
+    dtype: Any = np.float32,
 ) -> List[Any]:
     """Runs a registry selector over ragged problems, batched and sharded.
 
@@ -154,6 +155,8 @@ def run_selector(
       keys: one PRNG key per problem (default: derived from each query id).
       on_chunk: called with (problem positions, their selections) after each chunk,
         e.g. to write records as they come.
+      dtype: float type of the embeddings fed to the selector (float64 needs
+        ``jax_enable_x64``; it lets converged-mode solvers go below float32's KKT floor).
 
     Returns:
       One Selection with NumPy leaves per problem, in input order.
@@ -168,6 +171,9 @@ def run_selector(
         return []
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    dtype = np.dtype(dtype)
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise ValueError("dtype float64 needs jax_enable_x64 (config.dtype='float64' sets it)")
     mesh = make_mesh() if mesh is None else mesh
     ndev = int(mesh.devices.size)
     sharding = NamedSharding(mesh, PartitionSpec("batch"))
@@ -176,8 +182,8 @@ def run_selector(
     keys = jnp.stack(list(keys))
 
     groups = core.make_buckets(
-        [np.asarray(p.notes, np.float32) for p in problems],
-        [np.asarray(p.query_emb, np.float32) for p in problems],
+        [np.asarray(p.notes, dtype) for p in problems],
+        [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras={"links": [np.asarray(p.links, bool) for p in problems]},
         pad_batch=False)
     call = _batched(fn)
@@ -562,7 +568,7 @@ def budgets_of(config) -> List[int]:
 
 def _run_identity(config) -> dict:
     """What must match for records in ``output_dir`` to be resumed."""
-    keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window")
+    keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window", "dtype")
     out = {}
     for k in keep:
         if k in config:
@@ -598,6 +604,13 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     from cdsjax.core import DEFAULT_BUCKETS
     from cdsjax.io.embed import Embedder
 
+    dtype = str(config.get("dtype", "float32"))
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"config.dtype must be 'float32' or 'float64', got {dtype!r}")
+    if dtype == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
     specs = selector_specs(config)
     budgets = budgets_of(config)
     out_dir = pathlib.Path(config.output_dir)
@@ -670,7 +683,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                         bar.update(len(positions))
 
                 run_selector(fn, batch, buckets=buckets, max_batch=int(config.get("max_batch", 64)),
-                             mesh=mesh, on_chunk=write)
+                             mesh=mesh, on_chunk=write, dtype=np.dtype(dtype))
     if bar is not None:
         bar.close()
 
