@@ -5,6 +5,12 @@ for the corpus constants, NumPy computations written here.
 """
 
 import functools
+import os
+
+# LAPACK (eigvalsh, the active-set solves) runs on scipy's OpenBLAS, whose spinning
+# threads slow small solves by ~100x on oversubscribed cores; effective when this
+# module is the first to load it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import jax
 import jax.numpy as jnp
