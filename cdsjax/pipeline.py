@@ -26,7 +26,7 @@ from cdsjax.core import registry
 
 # Selector names accepted by the pipeline and the CLI: the registry's, plus
 # "cds-converged" as a spelling of "cds_converged".
-SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-paper": "cds"}
+SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-inimdyn": "cds_inimdyn", "cds-paper": "cds"}
 
 SNIPPET_CHARS = 1500
 
@@ -276,10 +276,10 @@ def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = No
     if sel.result is None:
         return {}
     r = sel.result
-    solver = "inimdyn" if selector == "cds_converged" else "replicator"
+    solver = {"cds_converged": "active_set", "cds_inimdyn": "inimdyn"}.get(selector, "replicator")
     return dict(
         solver=solver,
-        mode="converged" if selector == "cds_converged" else "paper",
+        mode="paper" if solver == "replicator" else "converged",
         num_iters=int(r.num_iters),
         converged=bool(r.converged),
         kkt_residual=float(r.kkt_residual),

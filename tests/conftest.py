@@ -3,6 +3,10 @@
 import os
 import pathlib
 
+# LAPACK through OpenBLAS threads spin-waits on oversubscribed cores (a 258x258 solve
+# took ~400 ms instead of ~1 ms here); one thread per process is faster on 2 cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import jax
 import pytest
 

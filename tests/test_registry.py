@@ -26,7 +26,8 @@ def same_selection(a, b):
 
 
 def test_registry_names():
-    assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged"}
+    assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
+                                   "cds_inimdyn"}
 
 
 class Spy:
@@ -87,8 +88,8 @@ def test_uniform_signature_jits_and_vmaps(name):
 
 
 def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
-    monkeypatch.delitem(core.SOLVERS, "inimdyn", raising=False)
-    with pytest.raises(ValueError, match="cds_converged.*inimdyn"):
+    monkeypatch.delitem(core.SOLVERS, "converged", raising=False)
+    with pytest.raises(ValueError, match="cds_converged.*converged"):
         core.make_selector("cds_converged", budget=3)
 
     calls = []
@@ -97,7 +98,7 @@ def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
         calls.append((tol, max_iter))
         return solve_replicator(affinity, x0, tol=tol, max_iter=max_iter)
 
-    monkeypatch.setitem(core.SOLVERS, "inimdyn", (spy, 1e-9, 77))
+    monkeypatch.setitem(core.SOLVERS, "converged", (spy, 1e-9, 77))
     notes, query, links = problem(4)
     sel = core.make_selector("cds_converged", budget=3)(notes, query, np.ones(20, bool), links, None)
     assert calls == [(1e-9, 77)]

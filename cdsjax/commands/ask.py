@@ -32,7 +32,7 @@ import time
 
 from cdsjax.cli import CLIError
 
-SELECTOR_CHOICES = ("cds", "cds-converged", "cosine", "mmr", "dpp", "ppr", "random", "subgraph")
+SELECTOR_CHOICES = ("cds", "cds-converged", "cds-inimdyn", "cosine", "mmr", "dpp", "ppr", "random", "subgraph")
 
 
 def register(subparsers) -> None:
