@@ -1,0 +1,295 @@
+"""Figures of the evaluation: a 2-D PCA map of one query's notes and ablation curves.
+
+Pure functions over what the harness writes (``summary.csv`` rows, records) or over
+one problem's arrays; each draws into a matplotlib ``Axes`` (a new figure when none
+is given) and returns the figure. Nothing here imports JAX, so the notebook can draw
+from saved results alone.
+
+* :func:`read_summary` / :func:`read_cases` load ``summary.csv`` files and saved
+  PCA cases (``pca_*.npz``, written by :func:`save_case`).
+* :func:`parse_label` recovers ``(selector, param, value)`` from an ablation label
+  such as ``cds_tau=0p3`` (see ``configs/ablations/sweeps.py``).
+* :func:`sweep_points` / :func:`plot_sweep` give metric vs swept value, one line per
+  benchmark; :func:`plot_budget` gives metric vs budget, one line per selector.
+* :func:`pca_map` is the note map: notes projected on their first two principal
+  components, the query, the gold notes and each selector's picks.
+"""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+# The headline metric of each benchmark.
+PRIMARY_METRIC = {"hotpotqa": "paragraph_recall", "qasper": "paragraph_recall", "mmlongbench": "page_recall"}
+
+_LABEL = re.compile(r"^(?P<selector>[a-z_]+?)_(?P<param>[a-z]+)=(?P<value>.+)$")
+_NUMBER_P = re.compile(r"(\d)p(\d)")
+
+
+def _figure(ax=None, size=(5.0, 3.6)):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=size)
+    else:
+        fig = ax.figure
+    return fig, ax
+
+
+def save(fig, path) -> pathlib.Path:
+    """Saves ``fig`` as PNG (parents created) and closes it."""
+    import matplotlib.pyplot as plt
+
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def read_summary(path) -> List[dict]:
+    """Rows of a ``summary.csv`` (or of every ``summary.csv`` under a folder), with
+    ``metric`` split into ``metric`` and integer ``budget`` and numbers as floats."""
+    path = pathlib.Path(path)
+    files = sorted(path.rglob("summary.csv")) if path.is_dir() else [path]
+    rows = []
+    for file in files:
+        with open(file, newline="", encoding="utf-8") as f:
+            for r in csv.DictReader(f):
+                metric, _, budget = r["metric"].rpartition("@")
+                rows.append({"benchmark": r["benchmark"], "selector": r["selector"], "metric": metric,
+                             "budget": int(budget), "mean": float(r["mean"]), "ci_low": float(r["ci_low"]),
+                             "ci_high": float(r["ci_high"]), "n": int(r["n"]), "run": file.parent.name})
+    return rows
+
+
+def parse_label(label: str) -> Optional[Tuple[str, str, Any]]:
+    """``"cds_tau=0p3" -> ("cds", "tau", 0.3)``; None for a plain selector label.
+
+    Values that read as numbers become floats; others stay strings with ``p``
+    between digits turned back into a dot (``softmax_T0p05 -> softmax_T0.05``).
+    """
+    m = _LABEL.match(label)
+    if not m:
+        return None
+    value = _NUMBER_P.sub(r"\1.\2", m.group("value"))
+    try:
+        value = float(value)
+    except ValueError:
+        pass
+    return m.group("selector"), m.group("param"), value
+
+
+def sweep_points(rows: Sequence[Mapping[str, Any]], param: str, metric: str, *,
+                 benchmark: Optional[str] = None) -> Dict[str, List[Tuple[Any, float, float, float]]]:
+    """``benchmark -> [(value, mean, ci_low, ci_high), ...]`` of the variants sweeping
+    ``param`` (labels ``<selector>_<param>=<value>``), in label order of the rows."""
+    out: Dict[str, List[Tuple[Any, float, float, float]]] = {}
+    seen = set()
+    for r in rows:
+        parsed = parse_label(r["selector"])
+        if parsed is None or parsed[1] != param or r["metric"] != metric:
+            continue
+        if benchmark is not None and r["benchmark"] != benchmark:
+            continue
+        key = (r["benchmark"], r["selector"], r["budget"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.setdefault(r["benchmark"], []).append((parsed[2], r["mean"], r["ci_low"], r["ci_high"]))
+    return out
+
+
+def baseline(rows: Sequence[Mapping[str, Any]], benchmark: str, selector: str, metric: str,
+             budget: Optional[int] = None) -> Optional[float]:
+    """Mean of ``metric`` for a plain ``selector`` on ``benchmark`` (first match)."""
+    for r in rows:
+        if (r["benchmark"], r["selector"], r["metric"]) == (benchmark, selector, metric) and (
+                budget is None or r["budget"] == budget):
+            return r["mean"]
+    return None
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot_sweep(rows: Sequence[Mapping[str, Any]], param: str, *, metrics: Optional[Mapping[str, str]] = None,
+               ax=None, reference: Optional[str] = "cosine", title: Optional[str] = None):
+    """Metric vs swept ``param``, one line (with 95% interval bars) per benchmark.
+
+    Args:
+      rows: summary rows (:func:`read_summary`), any benchmarks and runs.
+      param: the swept option as it appears in labels (``tau``, ``beta``, ``lam``,
+        ``prior``, ``coupling``).
+      metrics: ``benchmark -> metric`` (default :data:`PRIMARY_METRIC`, else
+        ``paragraph_recall``).
+      reference: a plain selector drawn as a dashed level per benchmark (None: none).
+    """
+    metrics = dict(PRIMARY_METRIC, **(metrics or {}))
+    fig, ax = _figure(ax)
+    benchmarks = list(dict.fromkeys(r["benchmark"] for r in rows))
+    categories: List[Any] = []
+    for i, bench in enumerate(benchmarks):
+        metric = metrics.get(bench, "paragraph_recall")
+        pts = sweep_points(rows, param, metric, benchmark=bench).get(bench, [])
+        if not pts:
+            continue
+        values = [p[0] for p in pts]
+        numeric = all(isinstance(v, float) for v in values)
+        if numeric:
+            order = np.argsort(values)
+            x = np.asarray(values, float)[order]
+        else:
+            for v in values:
+                if v not in categories:
+                    categories.append(v)
+            order = np.arange(len(values))
+            x = np.asarray([categories.index(v) for v in values], float)
+        mean = np.asarray([p[1] for p in pts])[order]
+        lo = np.asarray([p[2] for p in pts])[order]
+        hi = np.asarray([p[3] for p in pts])[order]
+        color = f"C{i}"
+        ax.errorbar(x, mean, yerr=[mean - lo, hi - mean], marker="o", capsize=3, color=color,
+                    label=f"{bench} ({metric})")
+        if reference is not None:
+            level = baseline(rows, bench, reference, metric)
+            if level is not None:
+                ax.axhline(level, color=color, linestyle="--", linewidth=1, alpha=0.7)
+    if categories:
+        ax.set_xticks(range(len(categories)))
+        ax.set_xticklabels([str(c) for c in categories], rotation=20)
+    ax.set_xlabel(param)
+    ax.set_ylabel("recall")
+    ax.set_title(title or f"sweep of {param}" + (f" (dashed: {reference})" if reference else ""))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_budget(rows: Sequence[Mapping[str, Any]], benchmark: str, *, metric: Optional[str] = None,
+                selectors: Optional[Sequence[str]] = None, ax=None):
+    """Metric vs budget B on one benchmark, one line per selector (with 95% bars)."""
+    metric = metric or PRIMARY_METRIC.get(benchmark, "paragraph_recall")
+    fig, ax = _figure(ax)
+    mine = [r for r in rows if r["benchmark"] == benchmark and r["metric"] == metric]
+    names = list(selectors or dict.fromkeys(r["selector"] for r in mine))
+    for i, name in enumerate(names):
+        pts = {}
+        for r in mine:
+            if r["selector"] == name:
+                pts.setdefault(r["budget"], r)
+        if len(pts) < 1:
+            continue
+        b = sorted(pts)
+        mean = np.asarray([pts[k]["mean"] for k in b])
+        lo = np.asarray([pts[k]["ci_low"] for k in b])
+        hi = np.asarray([pts[k]["ci_high"] for k in b])
+        ax.errorbar(b, mean, yerr=[mean - lo, hi - mean], marker="o", capsize=3, color=f"C{i}", label=name)
+    ax.set_xlabel("budget B")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{benchmark}: {metric} vs budget")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def pca_2d(notes: np.ndarray, query: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Projects notes ``[n, d]`` and the query ``[d]`` on the notes' first two
+    principal components. Returns ``(note_xy [n, 2], query_xy [2], explained [2])``
+    (``explained``: share of the notes' variance on each component)."""
+    notes = np.asarray(notes, float)
+    query = np.asarray(query, float)
+    if notes.ndim != 2 or notes.shape[0] < 2:
+        raise ValueError(f"notes must be [n >= 2, d], got {notes.shape}")
+    if query.shape != notes.shape[1:]:
+        raise ValueError(f"query must be [{notes.shape[1]}], got {query.shape}")
+    mean = notes.mean(axis=0)
+    centred = notes - mean
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    k = min(2, vt.shape[0])
+    comps = np.zeros((2, notes.shape[1]))
+    comps[:k] = vt[:k]
+    var = s ** 2
+    explained = np.zeros(2)
+    explained[:k] = var[:k] / max(var.sum(), 1e-300)
+    return centred @ comps.T, (query - mean) @ comps.T, explained
+
+
+def pca_map(notes: np.ndarray, query: np.ndarray, picks: Mapping[str, Sequence[int]],
+            gold: Sequence[int], *, ax=None, title: Optional[str] = None, labels: Optional[Sequence[str]] = None):
+    """The note map of one query: every note on the first two principal components,
+    gold notes ringed, each selector's picks with its own marker, and the query.
+
+    Args:
+      notes: ``[n, d]`` note embeddings.
+      query: ``[d]`` query embedding.
+      picks: ``selector -> selected note indices`` (e.g. cosine and CDS).
+      gold: indices of the gold notes.
+      labels: optional short text per note, written next to it.
+    """
+    xy, q, explained = pca_2d(notes, query)
+    fig, ax = _figure(ax, size=(5.5, 4.5))
+    ax.scatter(xy[:, 0], xy[:, 1], s=18, color="0.75", label="notes", zorder=1)
+    gold = [int(i) for i in gold]
+    if gold:
+        ax.scatter(xy[gold, 0], xy[gold, 1], s=190, facecolors="none", edgecolors="gold",
+                   linewidths=2.2, label="gold", zorder=2)
+    markers = ["o", "s", "^", "D", "v"]
+    sizes = [90, 40, 40, 30, 30]
+    for i, (name, idx) in enumerate(picks.items()):
+        idx = [int(j) for j in idx]
+        ax.scatter(xy[idx, 0], xy[idx, 1], s=sizes[i % len(sizes)], marker=markers[i % len(markers)],
+                   facecolors="none" if i == 0 else f"C{i}", edgecolors=f"C{i}", linewidths=1.5,
+                   label=f"{name} picks", zorder=3 + i)
+    ax.scatter([q[0]], [q[1]], s=140, marker="*", color="black", label="query", zorder=10)
+    if labels is not None:
+        for j, text in enumerate(labels):
+            ax.annotate(str(text), xy[j], fontsize=6, xytext=(3, 3), textcoords="offset points", color="0.3")
+    ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
+    ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
+    ax.set_title(title or "notes of one query (PCA)")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+# --------------------------------------------------------------------------- saved PCA cases
+
+
+def save_case(path, *, qid: str, question: str, notes, query, picks: Mapping[str, Sequence[int]],
+              gold: Sequence[int], labels: Optional[Sequence[str]] = None) -> pathlib.Path:
+    """Writes what :func:`pca_map` needs for one query to an ``.npz``."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"notes": np.asarray(notes, np.float32), "query": np.asarray(query, np.float32),
+              "gold": np.asarray(list(gold), np.int64), "qid": np.asarray(qid),
+              "question": np.asarray(question), "pick_names": np.asarray(list(picks))}
+    for i, idx in enumerate(picks.values()):
+        arrays[f"pick_{i}"] = np.asarray(list(idx), np.int64)
+    if labels is not None:
+        arrays["labels"] = np.asarray([str(t) for t in labels])
+    np.savez(path, **arrays)
+    return path
+
+
+def load_case(path) -> dict:
+    """Inverse of :func:`save_case`: keyword arguments of :func:`pca_map` plus qid/question."""
+    with np.load(path, allow_pickle=False) as z:
+        names = [str(n) for n in z["pick_names"]]
+        return {"notes": z["notes"], "query": z["query"], "gold": z["gold"].tolist(),
+                "picks": {n: z[f"pick_{i}"].tolist() for i, n in enumerate(names)},
+                "labels": z["labels"].tolist() if "labels" in z else None,
+                "qid": str(z["qid"]), "question": str(z["question"])}
+
+
+def read_cases(folder) -> List[dict]:
+    """Every ``pca_*.npz`` case under ``folder``."""
+    return [load_case(p) for p in sorted(pathlib.Path(folder).rglob("pca_*.npz"))]

@@ -1,0 +1,26 @@
+r"""Ablation sweeps on mmlongbench: one labelled selector per swept setting (see sweeps.py).
+
+Run from the repository root, one sweep per run (mmr, prior, coupling, tau, beta,
+budget, or all = every sweep but budget)::
+
+    python experiments/run_eval.py --config configs/ablations/mmlongbench.py:tau
+    python experiments/run_eval.py --config configs/ablations/mmlongbench.py:budget
+
+or, with the CLI (its default sweep is "all")::
+
+    cdsjax eval --config configs/ablations/mmlongbench.py
+
+Records go to runs/ablations/mmlongbench_<sweep>/. MMLongBench-Doc ablations keep the first 81 questions (12 PDFs), the subset whose PDF indexes are built.
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "cdsjax_ablation_sweeps", pathlib.Path(__file__).with_name("sweeps.py"))
+sweeps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sweeps)
+
+
+def get_config(sweep: str = "all"):
+    return sweeps.ablation_config("mmlongbench", sweep or "all", budgets=None, max_queries=81)
