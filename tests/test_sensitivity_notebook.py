@@ -26,7 +26,8 @@ def test_sensitivity_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["questions"] == 6 and summary["train"] == 3 and summary["test"] == 3
-    assert len(summary["curves"]) == 4 and len(summary["tuning"]) == 3
+    assert len(summary["curves"]) == 4
+    assert 1 <= len(summary["tuning"]) <= 2 and all(len(t) == 3 for t in summary["tuning"].values())
     assert summary["derivative_check"]["max_abs_diff"] < 1e-5
     texts = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     jac_line = next(t for t in texts if "max |jacfwd - jacrev|" in t)
