@@ -35,9 +35,9 @@ def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, p
     Loads the config's benchmark (text benchmarks only: HotpotQA, QASPER), embeds its
     notes (cached under ``cache_dir``, default the config's), runs ``selectors`` at
     ``config.budget`` with the config's ``selector_options``, and returns the case of
-    ``qid``, or of the first question with gold notes on which the selections differ,
-    preferring one where the last selector finds more gold than the first (the
-    config's ``max_queries`` bounds the search).
+    ``qid``, or else of the first question with gold notes where the last selector
+    finds more gold than the first, else where their picks differ, else the first
+    question with gold (the config's ``max_queries`` bounds the search).
     """
     import numpy as np
 
@@ -65,21 +65,22 @@ def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, p
                               max_batch=int(config.get("max_batch", 64)))
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]
                         for s in sels]
-    candidates = []
+    candidates = []  # (case, rank): 2 = last selector finds more gold, 1 = picks differ, 0 = same picks
     for k, p in enumerate(problems):
         gold = [i for i, nid in enumerate(p.note_ids) if nid in set(p.query.gold_note_ids)]
+        if not gold and qid is None:
+            continue
         chosen = {label: picks[label][k] for label in selectors}
         found = [len(set(v) & set(gold)) for v in chosen.values()]
         differ = len({tuple(sorted(v)) for v in chosen.values()}) > 1
-        if qid is not None or (gold and differ):
-            titles = [t.split("\n", 1)[0][:28] for t in bench.corpora[p.query.doc_ids[0]].texts]
-            candidates.append(({"qid": p.query.qid, "question": p.query.question, "notes": p.notes,
-                                "query": p.query_emb, "picks": chosen, "gold": gold, "labels": titles},
-                               found[-1] > found[0]))
-    if candidates:  # prefer a question where the last selector finds more gold than the first
-        return next((c for c, better in candidates if better), candidates[0][0])
-    raise ValueError(f"no question among the {len(problems)} loaded where {list(selectors)} differ")
-
+        titles = [t.split("\n", 1)[0][:28] for t in bench.corpora[p.query.doc_ids[0]].texts]
+        candidates.append(({"qid": p.query.qid, "question": p.query.question, "notes": p.notes,
+                            "query": p.query_emb, "picks": chosen, "gold": gold, "labels": titles},
+                           2 if found[-1] > found[0] else int(differ)))
+    if not candidates:
+        raise ValueError(f"none of the {len(problems)} questions loaded has gold notes")
+    best = max(rank for _, rank in candidates)
+    return next(case for case, rank in candidates if rank == best)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

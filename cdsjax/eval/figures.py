@@ -59,6 +59,8 @@ def read_summary(path) -> List[dict]:
     """Rows of a ``summary.csv`` (or of every ``summary.csv`` under a folder), with
     ``metric`` split into ``metric`` and integer ``budget`` and numbers as floats."""
     path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such summary file or folder")
     files = sorted(path.rglob("summary.csv")) if path.is_dir() else [path]
     rows = []
     for file in files:

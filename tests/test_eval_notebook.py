@@ -1,0 +1,116 @@
+"""Executes notebooks/evaluation.ipynb on a tiny harness run (3 HotpotQA questions,
+cosine and CDS plus a labelled beta variant, budgets 2 and 3) and checks what it
+printed and drew against the run's own records."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "evaluation.ipynb"
+
+
+def _tiny_config(tmp_path):
+    from cdsjax.commands.eval import load_config
+
+    config = load_config(str(ROOT / "configs" / "hotpotqa.py"))
+    config.max_queries = 3
+    config.selectors = "cosine,cds,cds_beta=2p0"
+    config.selector_options = {"cds_beta=2p0": {"selector": "cds", "beta": 2.0}}
+    config.budget = 2
+    config.budgets = (2, 3)
+    config.num_resamples = 200
+    config.output_dir = str(tmp_path / "runs" / "tiny")
+    config.cache_dir = str(tmp_path / "cache")
+    return config
+
+
+def test_evaluation_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from cdsjax.eval import figures as F
+    from cdsjax.eval.runner import evaluate
+    from experiments.make_figures import pca_case
+
+    config = _tiny_config(tmp_path)
+    records, _ = evaluate(config, progress=False, log=lambda s: None)
+    assert len(records) == 3 * 3 * 2
+    case = pca_case(config, selectors=("cosine", "cds"))
+    F.save_case(tmp_path / "runs" / "figures" / "pca_case.npz", **case)
+
+    monkeypatch.setenv("CDSJAX_EVAL_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("CDSJAX_EVAL_FIGURES", str(tmp_path / "figs"))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client.execute()
+
+    for name in ("sweep_beta.png", "budget_hotpotqa.png", f"pca_{case['qid']}.png"):
+        assert (tmp_path / "figs" / name).stat().st_size > 0, name
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+    text = "".join(o.get("text", "") for o in outputs)
+
+    # The printed means are the records' own means (recomputed here from the JSONL).
+    for label in ("cosine", "cds_beta=2p0"):
+        for b in (2, 3):
+            vals = [r["metrics"]["paragraph_recall"] for r in records
+                    if r["selector"] == label and r["budget"] == b]
+            line = next(ln for ln in text.splitlines()
+                        if f" {label} " in ln and f"B={b} " in ln and "paragraph_recall=" in ln)
+            shown = float(line.split("paragraph_recall=")[1].split()[0])
+            assert shown == pytest.approx(np.mean(vals), abs=5e-4), line
+
+    # The win/tie/loss shares match a count over the records.
+    cos = {(r["budget"], r["qid"]): r["metrics"]["paragraph_recall"] for r in records if r["selector"] == "cosine"}
+    cds = {(r["budget"], r["qid"]): r["metrics"]["paragraph_recall"] for r in records if r["selector"] == "cds"}
+    better = np.mean([cds[k] > cos[k] for k in cos if k[0] == 2])
+    line = next(ln for ln in text.splitlines() if ln.startswith("hotpotqa B=2: cds vs cosine"))
+    assert float(line.split("better ")[1].split(",")[0]) == pytest.approx(better, abs=5e-3)
+
+    # The PCA case: gold and picks as the selectors chose them.
+    saved = F.load_case(tmp_path / "runs" / "figures" / "pca_case.npz")
+    assert saved["picks"] == {k: list(v) for k, v in case["picks"].items()}
+    assert len(saved["picks"]["cosine"]) == 2 and saved["gold"]
+    assert f"gold: {saved['gold']}" in text
+
+
+def test_parse_label_and_sweep_points():
+    from cdsjax.eval import figures as F
+
+    assert F.parse_label("cds_tau=0p3") == ("cds", "tau", 0.3)
+    assert F.parse_label("cds_prior=softmax_T0p05") == ("cds", "prior", "softmax_T0.05")
+    assert F.parse_label("mmr_lam=0p9") == ("mmr", "lam", 0.9)
+    assert F.parse_label("cds_converged") is None and F.parse_label("cosine") is None
+    rows = [{"benchmark": "b", "selector": s, "metric": "paragraph_recall", "budget": 4, "mean": m,
+             "ci_low": m - 0.1, "ci_high": m + 0.1, "n": 10, "run": "r"}
+            for s, m in (("cosine", 0.5), ("cds_beta=2p0", 0.7), ("cds_beta=0p5", 0.6))]
+    pts = F.sweep_points(rows, "beta", "paragraph_recall")
+    assert list(pts) == ["b"]
+    np.testing.assert_allclose(pts["b"], [(2.0, 0.7, 0.6, 0.8), (0.5, 0.6, 0.5, 0.7)], atol=1e-12)
+    assert F.baseline(rows, "b", "cosine", "paragraph_recall") == 0.5
+
+
+def test_pca_2d_matches_numpy_reference():
+    from cdsjax.eval import figures as F
+
+    rng = np.random.default_rng(0)
+    notes = rng.normal(size=(12, 6)) * np.array([5.0, 2.0, 1.0, 0.5, 0.2, 0.1])
+    query = rng.normal(size=6)
+    xy, q, explained = F.pca_2d(notes, query)
+    # Reference: eigenvectors of the covariance, up to sign.
+    c = notes - notes.mean(0)
+    w, v = np.linalg.eigh(c.T @ c)
+    top = v[:, ::-1][:, :2]
+    ref = c @ top
+    signs = np.sign(np.sum(xy * ref, axis=0))
+    np.testing.assert_allclose(xy * signs, ref, atol=1e-9)
+    np.testing.assert_allclose(q * signs, (query - notes.mean(0)) @ top, atol=1e-9)
+    np.testing.assert_allclose(explained, w[::-1][:2] / w.sum(), atol=1e-12)
+    with pytest.raises(ValueError, match="query"):
+        F.pca_2d(notes, query[:3])
