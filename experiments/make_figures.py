@@ -12,7 +12,8 @@ Usage (from the repository root)::
   benchmark whose summaries hold several budgets of a plain selector.
 * ``pca_<qid>.png`` (and ``.npz``, which the notebook redraws): one question's
   notes on their first two principal components with the gold notes, cosine's and
-  CDS's picks (the paper's Figure 2). The question is ``--qid`` or the first of the
+  CDS's picks (the paper's Figure 2).
+* ``--tables``: instead of figures, prints the compact markdown tables of RESULTS.md. The question is ``--qid`` or the first of the
   config's questions on which the two selections differ.
 """
 
@@ -91,7 +92,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help="embedding cache (default: the config's)")
     ap.add_argument("--qid", default=None, help="question of the PCA map (default: first that differs)")
     ap.add_argument("--selectors", default="cosine,cds", help="selectors drawn on the PCA map")
+    ap.add_argument("--tables", action="store_true",
+                    help="only print one compact markdown table per run under --runs (as in RESULTS.md)")
     args = ap.parse_args(argv)
+    if args.tables:
+        rows = F.read_summary(args.runs)
+        for run in dict.fromkeys(r["run"] for r in rows):
+            bench = next(r["benchmark"] for r in rows if r["run"] == run)
+            metrics = {"mmlongbench": ("page_recall", "box_recall")}.get(bench, ("paragraph_recall", "all_found"))
+            if run.endswith("budget"):  # one column per budget
+                metrics = metrics[:1]
+            print(f"### {run} ({bench})\n\n{F.compact_table(rows, metrics, run=run)}\n")
+        return 0
 
     import matplotlib
 

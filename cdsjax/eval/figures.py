@@ -295,3 +295,27 @@ def load_case(path) -> dict:
 def read_cases(folder) -> List[dict]:
     """Every ``pca_*.npz`` case under ``folder``."""
     return [load_case(p) for p in sorted(pathlib.Path(folder).rglob("pca_*.npz"))]
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def compact_table(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], *, budget: Optional[int] = None,
+                  run: Optional[str] = None) -> str:
+    """A markdown table, selectors as rows and ``metric@B`` as columns, cells
+    ``mean [ci_low, ci_high]`` (what RESULTS.md shows)."""
+    mine = [r for r in rows if r["metric"] in metrics and (budget is None or r["budget"] == budget)
+            and (run is None or r["run"] == run)]
+    cols = list(dict.fromkeys((r["metric"], r["budget"]) for r in sorted(
+        mine, key=lambda r: (r["budget"], list(metrics).index(r["metric"])))))
+    cell = {(r["selector"], r["metric"], r["budget"]): r for r in mine}
+    lines = ["| selector | " + " | ".join(f"{m}@{b} (n={next(r['n'] for r in mine if (r['metric'], r['budget']) == (m, b))})"
+                                          for m, b in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for sel in dict.fromkeys(r["selector"] for r in mine):
+        cells = []
+        for m, b in cols:
+            r = cell.get((sel, m, b))
+            cells.append("" if r is None else f"{r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+        lines.append(f"| {sel} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
