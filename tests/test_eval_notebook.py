@@ -91,8 +91,8 @@ def test_parse_label_and_sweep_points():
              "ci_low": m - 0.1, "ci_high": m + 0.1, "n": 10, "run": "r"}
             for s, m in (("cosine", 0.5), ("cds_beta=2p0", 0.7), ("cds_beta=0p5", 0.6))]
     pts = F.sweep_points(rows, "beta", "paragraph_recall")
-    assert list(pts) == ["b"]
-    np.testing.assert_allclose(pts["b"], [(2.0, 0.7, 0.6, 0.8), (0.5, 0.6, 0.5, 0.7)], atol=1e-12)
+    assert list(pts) == [("b", "cds")]
+    np.testing.assert_allclose(pts[("b", "cds")], [(2.0, 0.7, 0.6, 0.8), (0.5, 0.6, 0.5, 0.7)], atol=1e-12)
     assert F.baseline(rows, "b", "cosine", "paragraph_recall") == 0.5
 
 

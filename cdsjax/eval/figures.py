@@ -91,10 +91,11 @@ def parse_label(label: str) -> Optional[Tuple[str, str, Any]]:
 
 
 def sweep_points(rows: Sequence[Mapping[str, Any]], param: str, metric: str, *,
-                 benchmark: Optional[str] = None) -> Dict[str, List[Tuple[Any, float, float, float]]]:
-    """``benchmark -> [(value, mean, ci_low, ci_high), ...]`` of the variants sweeping
-    ``param`` (labels ``<selector>_<param>=<value>``), in label order of the rows."""
-    out: Dict[str, List[Tuple[Any, float, float, float]]] = {}
+                 benchmark: Optional[str] = None) -> Dict[Tuple[str, str], List[Tuple[Any, float, float, float]]]:
+    """``(benchmark, selector) -> [(value, mean, ci_low, ci_high), ...]`` of the
+    variants sweeping ``param`` (labels ``<selector>_<param>=<value>``), in label
+    order of the rows."""
+    out: Dict[Tuple[str, str], List[Tuple[Any, float, float, float]]] = {}
     seen = set()
     for r in rows:
         parsed = parse_label(r["selector"])
@@ -106,7 +107,7 @@ def sweep_points(rows: Sequence[Mapping[str, Any]], param: str, metric: str, *,
         if key in seen:
             continue
         seen.add(key)
-        out.setdefault(r["benchmark"], []).append((parsed[2], r["mean"], r["ci_low"], r["ci_high"]))
+        out.setdefault((r["benchmark"], parsed[0]), []).append((parsed[2], r["mean"], r["ci_low"], r["ci_high"]))
     return out
 
 
@@ -125,7 +126,8 @@ def baseline(rows: Sequence[Mapping[str, Any]], benchmark: str, selector: str, m
 
 def plot_sweep(rows: Sequence[Mapping[str, Any]], param: str, *, metrics: Optional[Mapping[str, str]] = None,
                ax=None, reference: Optional[str] = "cosine", title: Optional[str] = None):
-    """Metric vs swept ``param``, one line (with 95% interval bars) per benchmark.
+    """Metric vs swept ``param``, one line (with 95% interval bars) per benchmark and
+    swept selector (e.g. ``cds`` and ``cds_converged``).
 
     Args:
       rows: summary rows (:func:`read_summary`), any benchmarks and runs.
@@ -139,32 +141,31 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], param: str, *, metrics: Option
     fig, ax = _figure(ax)
     benchmarks = list(dict.fromkeys(r["benchmark"] for r in rows))
     categories: List[Any] = []
+    line = 0
     for i, bench in enumerate(benchmarks):
         metric = metrics.get(bench, "paragraph_recall")
-        pts = sweep_points(rows, param, metric, benchmark=bench).get(bench, [])
-        if not pts:
-            continue
-        values = [p[0] for p in pts]
-        numeric = all(isinstance(v, float) for v in values)
-        if numeric:
-            order = np.argsort(values)
-            x = np.asarray(values, float)[order]
-        else:
-            for v in values:
-                if v not in categories:
-                    categories.append(v)
-            order = np.arange(len(values))
-            x = np.asarray([categories.index(v) for v in values], float)
-        mean = np.asarray([p[1] for p in pts])[order]
-        lo = np.asarray([p[2] for p in pts])[order]
-        hi = np.asarray([p[3] for p in pts])[order]
-        color = f"C{i}"
-        ax.errorbar(x, mean, yerr=[mean - lo, hi - mean], marker="o", capsize=3, color=color,
-                    label=f"{bench} ({metric})")
+        for (_, selector), pts in sweep_points(rows, param, metric, benchmark=bench).items():
+            values = [p[0] for p in pts]
+            if all(isinstance(v, float) for v in values):
+                order = np.argsort(values)
+                x = np.asarray(values, float)[order]
+            else:
+                for v in values:
+                    if v not in categories:
+                        categories.append(v)
+                order = np.arange(len(values))
+                x = np.asarray([categories.index(v) for v in values], float)
+            mean = np.asarray([p[1] for p in pts])[order]
+            lo = np.asarray([p[2] for p in pts])[order]
+            hi = np.asarray([p[3] for p in pts])[order]
+            ax.errorbar(x, mean, yerr=[mean - lo, hi - mean], marker="os^D"[line % 4], capsize=3,
+                        color=f"C{i}", linestyle="-" if selector == "cds" else ":",
+                        label=f"{bench} {selector} ({metric})")
+            line += 1
         if reference is not None:
             level = baseline(rows, bench, reference, metric)
             if level is not None:
-                ax.axhline(level, color=color, linestyle="--", linewidth=1, alpha=0.7)
+                ax.axhline(level, color=f"C{i}", linestyle="--", linewidth=1, alpha=0.7)
     if categories:
         ax.set_xticks(range(len(categories)))
         ax.set_xticklabels([str(c) for c in categories], rotation=20)

@@ -1,7 +1,7 @@
 r"""Ablation sweeps on qasper: one labelled selector per swept setting (see sweeps.py).
 
 Run from the repository root, one sweep per run (mmr, prior, coupling, tau, beta,
-budget, or all = every sweep but budget)::
+tau_converged, beta_converged, budget, or all = mmr+prior+coupling+tau+beta)::
 
     python experiments/run_eval.py --config configs/ablations/qasper.py:tau
     python experiments/run_eval.py --config configs/ablations/qasper.py:budget

@@ -16,8 +16,10 @@ the default setting appears once per sweep under that sweep's label):
 * ``coupling``: note--note block: dissimilarity, similarity, none.
 * ``tau``: query-edge threshold in {0, 0.3, 0.5, 0.6}.
 * ``beta``: diversification strength in {0.5, 1, 2, 5}.
+* ``tau_converged``, ``beta_converged``: the tau and beta sweeps with
+  ``cds_converged`` (InImDyn run to its tolerance) instead of paper-mode ``cds``.
 * ``budget``: cosine, MMR (lambda 0.5) and CDS at every budget of ``BUDGETS``.
-* ``all``: every sweep above except ``budget``, in one run at the main budget.
+* ``all``: the mmr, prior, coupling, tau and beta sweeps in one run at the main budget.
 """
 
 import importlib.util
@@ -40,7 +42,12 @@ SWEEPS = {
     "coupling": ("cds", "coupling", ("dissimilarity", "similarity", "none")),
     "tau": ("cds", "tau", (0.0, 0.3, 0.5, 0.6)),
     "beta": ("cds", "beta", (0.5, 1.0, 2.0, 5.0)),
+    # The same two sweeps solved to convergence (InImDyn): separates the effect of the
+    # setting from paper-mode replicator runs that stop at max_iter unconverged.
+    "tau_converged": ("cds_converged", "tau", (0.0, 0.3, 0.5, 0.6)),
+    "beta_converged": ("cds_converged", "beta", (0.5, 1.0, 2.0, 5.0)),
 }
+IN_ALL = ("mmr", "prior", "coupling", "tau", "beta")
 BUDGET_SELECTORS = ("cosine", "mmr", "cds")
 BUDGETS = (3, 5, 10, 15, 20)
 SWEEP_NAMES = tuple(SWEEPS) + ("budget", "all")
@@ -92,7 +99,7 @@ def ablation_config(benchmark: str, sweep: str, *, budgets=None, max_queries=Non
         config.budgets = tuple(budgets or BUDGETS)
         return config
     variants = {}
-    for name in (SWEEPS if sweep == "all" else (sweep,)):
+    for name in (IN_ALL if sweep == "all" else (sweep,)):
         variants.update(sweep_variants(name))
     config.selectors = ",".join(["cosine"] + list(variants))
     config.selector_options = ml_collections.ConfigDict(variants)
