@@ -10,7 +10,7 @@ or, with the CLI (its default sweep is "all")::
 
     cdsjax eval --config configs/ablations/qasper.py
 
-Records go to runs/ablations/qasper_<sweep>/. QASPER ablations keep the first 200 questions (paper order) to fit the compute budget.
+Records go to runs/ablations/qasper_<sweep>/. QASPER ablations use all 753 questions (the runs resume per question, so a capped run extends).
 """
 
 import importlib.util
@@ -23,4 +23,4 @@ _spec.loader.exec_module(sweeps)
 
 
 def get_config(sweep: str = "all"):
-    return sweeps.ablation_config("qasper", sweep or "all", budgets=None, max_queries=200)
+    return sweeps.ablation_config("qasper", sweep or "all", budgets=None, max_queries=None)
