@@ -1,6 +1,7 @@
 """Executes notebooks/evaluation.ipynb on a tiny harness run (3 HotpotQA questions,
 cosine and CDS plus a labelled beta variant, budgets 2 and 3) and checks what it
-printed and drew against the run's own records."""
+printed and drew against the run's own records; also checks the figure helpers and
+that every ablation config builds valid labelled selectors."""
 
 import json
 import pathlib
@@ -114,3 +115,38 @@ def test_pca_2d_matches_numpy_reference():
     np.testing.assert_allclose(explained, w[::-1][:2] / w.sum(), atol=1e-12)
     with pytest.raises(ValueError, match="query"):
         F.pca_2d(notes, query[:3])
+
+
+@pytest.mark.parametrize("benchmark", ["hotpotqa", "qasper", "mmlongbench"])
+def test_ablation_configs_build_valid_labelled_selectors(benchmark):
+    import importlib.util
+
+    from cdsjax.eval import figures as F
+    from cdsjax.eval.runner import budgets_of, selector_specs
+
+    spec = importlib.util.spec_from_file_location("abl", ROOT / "configs" / "ablations" / f"{benchmark}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    main = module.sweeps.base_config(benchmark)
+    expected = {"mmr": ("lam", [0.3, 0.5, 0.7, 0.9]), "tau": ("tau", [0.0, 0.3, 0.5, 0.6]),
+                "beta": ("beta", [0.5, 1.0, 2.0, 5.0]), "coupling": ("coupling", ["dissimilarity", "similarity", "none"]),
+                "prior": ("prior", ["uniform", "softmax_T0.05", "softmax_T0.1", "softmax_T0.2", "diffusion"]),
+                "tau_converged": ("tau", [0.0, 0.3, 0.5, 0.6]), "beta_converged": ("beta", [0.5, 1.0, 2.0, 5.0])}
+    for sweep, (param, values) in expected.items():
+        config = module.get_config(sweep)
+        specs = selector_specs(config)
+        assert specs[0] == ("cosine", "cosine", {})
+        parsed = [F.parse_label(label) for label, _, _ in specs[1:]]
+        assert [p[1] for p in parsed] == [param] * len(values) and [p[2] for p in parsed] == values, sweep
+        for (label, name, opts), p in zip(specs[1:], parsed):
+            assert name == p[0] == ("cds_converged" if sweep.endswith("converged") else "mmr" if sweep == "mmr" else "cds")
+            if param in ("tau", "beta", "lam", "coupling"):
+                assert opts == {param: p[2]}, label
+        assert budgets_of(config) == [int(main.budget)]
+        assert config.output_dir == f"runs/ablations/{benchmark}_{sweep}"
+    # "all" holds the five paper-mode sweeps; "budget" runs plain selectors at several budgets.
+    assert len(selector_specs(module.get_config())) == 1 + 4 + 5 + 3 + 4 + 4
+    budget = module.get_config("budget")
+    assert [s[0] for s in selector_specs(budget)] == ["cosine", "mmr", "cds"] and len(budgets_of(budget)) == 5
+    with pytest.raises(ValueError, match="sweep must be one of"):
+        module.get_config("nope")
