@@ -37,7 +37,7 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, infectivity, nash_error, vertex_step
+from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, nash_error, vertex_steps
 from cdsjax.core.replicator import finish, prepare_x0
 from cdsjax.core.select import register_solver
 from cdsjax.core.types import Affinity, SolverResult
@@ -151,16 +151,6 @@ def solve_active_set(
         tol = default_tol(dtype)
     x = prepare_x0(x0, valid, dtype)
 
-    def inner_cond(state):
-        _, _, _, err, it, k = state
-        return (err >= tol) & (it < max_iter) & (k < inner_steps)
-
-    def inner_body(state):
-        x, mx, f, _, it, k = state
-        i = jnp.argmax(infectivity(x, mx, valid))
-        x, mx, f = vertex_step(payoff, x, mx, f, i)
-        return x, mx, f, nash_error(x, mx, valid), it + 1, k + 1
-
     def outer_cond(state):
         _, _, err, it, newton = state
         return (err >= tol) & (it < max_iter) & (newton < max_newton)
@@ -170,8 +160,7 @@ def solve_active_set(
         x, _ = newton_step(payoff, x, mx, valid)
         mx = payoff @ x
         err = nash_error(x, mx, valid)
-        inner = (x, mx, x @ mx, err, it + 1, jnp.asarray(0, jnp.int32))
-        x, _, _, _, it, _ = lax.while_loop(inner_cond, inner_body, inner)
+        x, it = vertex_steps(payoff, valid, x, mx, err, it + 1, tol=tol, max_iter=max_iter, steps=inner_steps)
         x = jnp.where(valid, jnp.maximum(x, 0.0), 0.0)
         x = x / jnp.sum(x)
         mx = payoff @ x

@@ -119,6 +119,29 @@ def vertex_step(payoff: Array, x: Array, mx: Array, f: Array, i: Array) -> tuple
     return x_new, mx_new, f_new
 
 
+def vertex_steps(payoff: Array, valid: Array, x: Array, mx: Array, err: Array, it: Array, *,
+                 tol: float, max_iter: int, steps: int) -> tuple[Array, Array]:
+    """Up to ``steps`` InImDyn vertex steps from ``(x, mx)`` with ``mx`` updated in O(n) per step.
+
+    Stops early once the Nash error drops below ``tol`` or ``it`` reaches ``max_iter``.
+    Returns the new point (``Mx`` drifts from the O(n) updates: recompute it) and ``it``.
+    """
+
+    def cond(state):
+        _, _, _, err, it, k = state
+        return (err >= tol) & (it < max_iter) & (k < steps)
+
+    def body(state):
+        x, mx, f, _, it, k = state
+        i = jnp.argmax(infectivity(x, mx, valid))
+        x, mx, f = vertex_step(payoff, x, mx, f, i)
+        return x, mx, f, nash_error(x, mx, valid), it + 1, k + 1
+
+    state = (x, mx, x @ mx, err, it, jnp.asarray(0, jnp.int32))
+    x, _, _, _, it, _ = lax.while_loop(cond, body, state)
+    return x, it
+
+
 def solve_inimdyn(
     affinity: Affinity,
     x0: Optional[Array] = None,
@@ -169,24 +192,13 @@ def solve_inimdyn(
         mx = payoff @ x
         return x, mx, nash_error(x, mx, valid)
 
-    def inner_cond(state):
-        _, _, _, err, it, k = state
-        return (err >= tol) & (it < max_iter) & (k < refresh)
-
-    def inner_body(state):
-        x, mx, f, _, it, k = state
-        i = jnp.argmax(infectivity(x, mx, valid))
-        x, mx, f = vertex_step(payoff, x, mx, f, i)
-        return x, mx, f, nash_error(x, mx, valid), it + 1, k + 1
-
     def outer_cond(state):
         _, _, err, it = state
         return (err >= tol) & (it < max_iter)
 
     def outer_body(state):
         x, mx, err, it = state
-        inner = (x, mx, x @ mx, err, it, jnp.asarray(0, jnp.int32))
-        x, _, _, _, it, _ = lax.while_loop(inner_cond, inner_body, inner)
+        x, it = vertex_steps(payoff, valid, x, mx, err, it, tol=tol, max_iter=max_iter, steps=refresh)
         x, mx, err = exact(x)
         return x, mx, err, it
 
