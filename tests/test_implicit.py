@@ -15,6 +15,7 @@ import pytest
 from cdsjax import core
 from cdsjax.core import implicit
 from cdsjax.core.inimdyn import solve_inimdyn
+from tests.test_inimdyn import np_face_solution
 
 TIGHT = dict(solver="replicator", tol=1e-15, max_iter=1_000_000)
 TAU_T = 0.05
@@ -51,25 +52,9 @@ def np_payoff(notes, query, beta, tau, alpha_from="free", eps=1e-3):
     return m, alpha
 
 
-def np_kkt_point(m, support):
-    """The point with (Mx)_S = lambda, sum x = 1, x = 0 off S: exact KKT solve."""
-    idx = np.flatnonzero(support)
-    k = len(idx)
-    system = np.zeros((k + 1, k + 1))
-    system[:k, :k] = m[np.ix_(idx, idx)]
-    system[:k, k] = -1.0
-    system[k, :k] = 1.0
-    rhs = np.zeros(k + 1)
-    rhs[k] = 1.0
-    sol = np.linalg.solve(system, rhs)
-    x = np.zeros(m.shape[0])
-    x[idx] = sol[:k]
-    return x
-
-
 def np_equilibrium(notes, query, theta, support, **kw):
     m, _ = np_payoff(notes, query, theta[0], theta[1], **kw)
-    x = np_kkt_point(m, support)
+    x = np_face_solution(m, support)
     slack = m @ x - x @ m @ x
     # A genuine equilibrium on this support: positive on it, no profitable deviation off it.
     assert np.all(x[support] > 0) and np.all(slack[~support] < 1e-12)
