@@ -53,8 +53,15 @@ class Corpus:
     embedder: dict
     roots: List[str]
 
+    def __post_init__(self):
+        self._positions = {n.get("note_id"): i for i, n in enumerate(self.notes)}
+
     def __len__(self) -> int:
         return len(self.notes)
+
+    def note_index(self, note_id) -> int:
+        """Row of the note with this id in ``embeddings`` / ``notes``."""
+        return self._positions[note_id]
 
     @classmethod
     def merge(cls, indexes: Sequence[Any]) -> "Corpus":
@@ -145,6 +152,7 @@ class Pipeline:
         self.valid = np.arange(self.size) < n
         self.links = np.zeros((self.size, self.size), bool)
         self.links[:n, :n] = corpus.links
+        self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
         self._compiled: Dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ construction
@@ -203,8 +211,8 @@ class Pipeline:
                options: Optional[dict] = None) -> core.Selection:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
-        sel = fn(jnp.asarray(self.notes), jnp.asarray(query), jnp.asarray(self.valid),
-                 jnp.asarray(self.links), core.key_from_query_id(qid))
+        notes, valid, links = self._device
+        sel = fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid))
         return jax.device_get(sel)
 
     def evidence(self, selection: core.Selection) -> List[dict]:
@@ -232,6 +240,17 @@ class Pipeline:
             ))
         return out
 
+    def evidence_items(self, evidence: List[dict]) -> list:
+        """Evidence dicts as reader :class:`~cdsjax.io.reader.EvidenceItem`\ s, with each note's full text."""
+        from cdsjax.io.reader import EvidenceItem
+
+        return [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=int(e["page"]),
+                             kind=e["kind"],
+                             text=self.corpus.notes[self.corpus.note_index(e["note_id"])].get("text") or "",
+                             summary=e.get("summary") or "", caption=e.get("caption") or "",
+                             bbox=tuple(e["bbox"]) if e.get("bbox") else None, image_path=e.get("image_path"),
+                             score=float(e["score"]), rank=int(e["rank"])) for e in evidence]
+
     def ask(self, question: str, *, selector: str = "cds", budget: int = 10, qid: str = "",
             options: Optional[dict] = None, read: bool = True) -> Answer:
         """Answers one question: encode, select, and (with a reader) read."""
@@ -246,13 +265,7 @@ class Pipeline:
         answer_text = None
         reader_info = None
         if read and self.reader is not None:
-            from cdsjax.io.reader import EvidenceItem
-
-            items = [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=e["page"], kind=e["kind"],
-                                  text=self.corpus.notes[_note_index(self.corpus, e)].get("text") or "",
-                                  summary=e["summary"], caption=e["caption"],
-                                  bbox=tuple(e["bbox"]) if e["bbox"] else None, image_path=e["image_path"],
-                                  score=e["score"], rank=e["rank"]) for e in evidence]
+            items = self.evidence_items(evidence)
             t3 = time.perf_counter()
             result = self.reader.answer(question, items)
             timings["read"] = time.perf_counter() - t3
@@ -262,13 +275,6 @@ class Pipeline:
         timings["total"] = time.perf_counter() - t0
         return Answer(question=question, answer=answer_text, evidence=evidence, selector=selector, budget=budget,
                       diagnostics=diagnostics(sel, selector, options), timings=timings, reader=reader_info)
-
-
-def _note_index(corpus: Corpus, ev: dict) -> int:
-    # evidence dicts keep note ids; map back for the full text the reader gets
-    if not hasattr(corpus, "_id_index"):
-        corpus._id_index = {n.get("note_id"): i for i, n in enumerate(corpus.notes)}
-    return corpus._id_index[ev["note_id"]]
 
 
 def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = None) -> Dict[str, Any]:

@@ -33,7 +33,6 @@ call would hit too (unreachable, unknown model, refused key) are raised as :clas
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -682,18 +681,7 @@ class SelectorRetriever:
         return [self._items(sel)]
 
     def _items(self, sel) -> List[EvidenceItem]:
-        return [_as_item(e, self.pipeline.corpus) for e in self.pipeline.evidence(sel)]
-
-
-def _as_item(e: dict, corpus) -> EvidenceItem:
-    from cdsjax.pipeline import _note_index
-
-    note = corpus.notes[_note_index(corpus, e)]
-    return EvidenceItem(
-        note_id=str(e["note_id"]), doc_id=str(e["document"]), page=int(e["page"]), kind=e["kind"],
-        text=note.get("text") or "", summary=e.get("summary") or "", caption=e.get("caption") or "",
-        bbox=tuple(e["bbox"]) if e.get("bbox") else None, image_path=e.get("image_path"),
-        score=float(e["score"]), rank=int(e["rank"]))
+        return self.pipeline.evidence_items(self.pipeline.evidence(sel))
 
 
 def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedder, *, selector: str = "cds",

@@ -122,7 +122,7 @@ def overlap_line(cds, cosine) -> str:
 def stats(answer, pipe) -> str:
     import numpy as np
 
-    idx = [pipe_index(pipe, e["note_id"]) for e in answer.evidence]
+    idx = [pipe.corpus.note_index(e["note_id"]) for e in answer.evidence]
     z = pipe.corpus.embeddings[idx]
     if len(idx) > 1:
         g = z @ z.T
@@ -136,9 +136,3 @@ def stats(answer, pipe) -> str:
     if d:
         line += f" · {'converged' if d['converged'] else 'not converged'} in {d['num_iters']} steps"
     return f"[italic]{line}[/italic]"
-
-
-def pipe_index(pipe, note_id) -> int:
-    if not hasattr(pipe, "_demo_ids"):
-        pipe._demo_ids = {n["note_id"]: i for i, n in enumerate(pipe.corpus.notes)}
-    return pipe._demo_ids[note_id]
