@@ -18,7 +18,6 @@ runs until its slowest query stops). The matmul peak is a jitted float32
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 
 import jax

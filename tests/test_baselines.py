@@ -1,7 +1,6 @@
 """Baseline selectors and the graph-diffusion prior against float64 NumPy references."""
 
 import hashlib
-import itertools
 
 import jax
 import jax.numpy as jnp

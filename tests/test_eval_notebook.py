@@ -3,7 +3,6 @@ cosine and CDS plus a labelled beta variant, budgets 2 and 3) and checks what it
 printed and drew against the run's own records; also checks the figure helpers and
 that every ablation config builds valid labelled selectors."""
 
-import json
 import pathlib
 
 import numpy as np

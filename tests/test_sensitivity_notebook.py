@@ -2,7 +2,6 @@
 2 Adam steps) and checks what it wrote."""
 
 import json
-import os
 import pathlib
 
 import pytest

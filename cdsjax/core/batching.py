@@ -12,7 +12,6 @@ import functools
 from typing import Any, Callable, List, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 from typing import Callable, Dict, Optional
 
-from jax import Array
 
 from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
 from cdsjax.core.select import INITS, SOLVERS, cds_peel, cds_select

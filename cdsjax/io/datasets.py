@@ -30,7 +30,7 @@ import dataclasses
 import json
 import pathlib
 import re
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 DEFAULT_DATA_ROOT = "../shared/data"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
