@@ -241,7 +241,7 @@ class Pipeline:
         return out
 
     def evidence_items(self, evidence: List[dict]) -> list:
-        """Evidence dicts as reader :class:`~cdsjax.io.reader.EvidenceItem`\ s, with each note's full text."""
+        """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""
         from cdsjax.io.reader import EvidenceItem
 
         return [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=int(e["page"]),
