@@ -18,6 +18,7 @@ runs until its slowest query stops). The matmul peak is a jitted float32
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -74,6 +75,17 @@ def matmul_peak(size=2048, reps=10):
     return 2 * size**3 * reps / (time.perf_counter() - t) / 1e9
 
 
+def matvec_floor(n, steps=4000):
+    """Seconds per step of a bare jitted loop ``x <- (M @ x) * 1e-3`` with a float32 ``[n+1, n+1]`` M."""
+    size = n + 1
+    m = jnp.asarray(np.random.default_rng(1).random((size, size)), jnp.float32)
+    x = jnp.full((size,), 1.0 / size, jnp.float32)
+    run = jax.jit(lambda m, x: jax.lax.fori_loop(0, steps, lambda i, x: (m @ x) * 1e-3, x))
+    run(m, x).block_until_ready()
+    dt, _ = seconds_per_call(lambda: run(m, x))
+    return dt / steps
+
+
 def selector_fns(budget):
     """Name -> per-query function (notes, query, valid, links, key) -> Selection, for every selector."""
     fns = {
@@ -121,9 +133,9 @@ def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_querie
     np_iters = [numpy_cds(notes[i], queries[i], budget)[1] for i in range(k)]
     np_qps = k / (time.perf_counter() - t)
 
-    variants = [(name, fn, None) for name, fn in (selectors or selector_fns(budget)).items()]
-    if chunk:  # the same selectors again, batched as lax.map over vmapped chunks (core.batched)
-        variants += [(f"{name} [chunk {chunk}]", fn, chunk) for name, fn, _ in variants]
+    named = (selectors or selector_fns(budget)).items()
+    chunks = [(None, "vmap"), ("auto", "auto")] + ([(chunk, f"chunk {chunk}")] if chunk else [])
+    variants = [(f"{name} [{label}]", fn, c) for name, fn in named for c, label in chunks]
     for name, fn, chunk_size in variants:
         batched = core.batched(fn, chunk=chunk_size)
         out = batched(*on_device)
@@ -145,7 +157,7 @@ def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_querie
             row["mean_iters"] = float(iters.mean())
             row["converged"] = float(np.asarray(out.result.converged).mean())
         rows.append(row)
-    return rows, np_qps, float(np.mean(np_iters))
+    return rows, np_qps, float(np.mean(np_iters)), matvec_floor(n)
 
 
 def main():
@@ -158,7 +170,7 @@ def main():
     parser.add_argument("--shape", type=int, nargs=2, action="append", metavar=("B", "N"),
                         help="a (b, n) shape to run instead of the defaults (repeatable)")
     parser.add_argument("--loop-queries", type=int, default=8, help="queries timed in the per-query JAX loop")
-    parser.add_argument("--chunk", type=int, help="also time each selector batched in chunks of this many queries")
+    parser.add_argument("--chunk", type=int, help="also time each selector batched in fixed chunks of this many queries")
     args = parser.parse_args()
     shapes = [(1, 32), (8, 64), (4, 128)] if args.quick else [(1, 64), (64, 256), (16, 1024)]
     shapes = [tuple(s) for s in args.shape] if args.shape else shapes
@@ -171,11 +183,13 @@ def main():
         selectors = {k: v for k, v in selector_fns(args.budget).items() if k in wanted}
         if set(wanted) - set(selectors):
             parser.error(f"unknown or unavailable selectors: {sorted(set(wanted) - set(selectors))}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ceilings = []
     print()
     print("| selector | (b, n) | JAX batch q/s | JAX per-query loop q/s | batch/loop | NumPy CDS loop q/s | ratio | mean steps | converged | useful GFLOP/s | executed GFLOP/s | % of matmul peak (executed) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for b, n in shapes:
-        rows, np_qps, np_iters = bench_shape(b, n, budget=args.budget, numpy_queries=args.numpy_queries,
+        rows, np_qps, np_iters, floor = bench_shape(b, n, budget=args.budget, numpy_queries=args.numpy_queries,
                                              rng=rng, selectors=selectors, loop_queries=args.loop_queries,
                                              chunk=args.chunk)
         for r in rows:
@@ -185,6 +199,14 @@ def main():
             loop = f"{r['loop_qps']:.1f} | {r['qps'] / r['loop_qps']:.1f}x"
             print(f"| {r['name']} | ({b}, {n}) | {r['qps']:.1f} | {loop} | {np_qps:.2f} | {ratio:.1f}x {extra}")
         print(f"|  | ({b}, {n}) NumPy loop mean steps: {np_iters:.0f} | | | | | | | | | | |")
+        np_step = 1.0 / np_qps / np_iters
+        ceilings.append(f"({b}, {n}): NumPy {np_step * 1e6:.2f} us/step (setup included), bare [{n + 1}, {n + 1}] "
+                        f"matvec {floor * 1e6:.2f} us/step -> ceiling {np_step / floor:.1f}x on one core, "
+                        f"{cores * np_step / floor:.1f}x with all {cores} cores busy")
+    print()
+    print("Ceiling on the ratio for per-query payoffs (one matrix-vector product per step):")
+    for line in ceilings:
+        print("  " + line)
 
 
 if __name__ == "__main__":

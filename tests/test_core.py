@@ -110,10 +110,29 @@ def test_chunked_batch_equals_vmap(problem):
     z = np.stack([notes, notes[::-1]])
     q = np.stack([query, notes[0]])
     v = np.ones((2, len(notes)), bool)
-    a = core.batched(core.cds_select, budget=4, max_iter=300)(z, q, v)
-    b = core.batched(core.cds_select, chunk=1, budget=4, max_iter=300)(z, q, v)
-    np.testing.assert_array_equal(a.indices, b.indices)
-    np.testing.assert_allclose(a.result.x, b.result.x, atol=1e-13)
+    a = core.batched(core.cds_select, chunk=None, budget=4, max_iter=300)(z, q, v)
+    for chunk in (1, "auto"):
+        b = core.batched(core.cds_select, chunk=chunk, budget=4, max_iter=300)(z, q, v)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_allclose(a.result.x, b.result.x, atol=1e-13)
+        np.testing.assert_array_equal(a.result.num_iters, b.result.num_iters)
+
+
+def test_auto_chunk_fits_the_cache_on_cpu_and_vmaps_elsewhere():
+    # [65, 65] float32 is 16.9 KB: 31 fit in 512 KiB, the power of two below is 16
+    assert core.auto_chunk(64, 64, 4, platform="cpu") == 16
+    assert core.auto_chunk(64, 128, 4, platform="cpu") == 4
+    assert core.auto_chunk(64, 256, 4, platform="cpu") == 1
+    assert core.auto_chunk(16, 1024, 4, platform="cpu") == 1
+    assert core.auto_chunk(8, 64, 4, platform="cpu") is None  # the whole batch fits: one vmap
+    assert core.auto_chunk(64, 256, 4, platform="gpu") is None
+    assert core.auto_chunk(64, 256, 4, platform="cpu", cache_bytes=1) == 1
+
+
+@pytest.mark.parametrize("chunk", [0, -2, "fast", 1.5, True])
+def test_batched_rejects_bad_chunk(chunk):
+    with pytest.raises(ValueError, match="chunk"):
+        core.batched(core.cds_select, chunk=chunk, budget=4)
 
 
 def test_kkt_residual_zero_on_hand_solved_three_vertex_case():

@@ -28,7 +28,7 @@ from cdsjax.core.implicit import (
     retrieval_surrogates,
     soft_recall,
 )
-from cdsjax.core.batching import DEFAULT_BUCKETS, batch_apply, batched, bucket_size, make_buckets, run_buckets
+from cdsjax.core.batching import DEFAULT_BUCKETS, auto_chunk, batch_apply, batched, bucket_size, make_buckets, run_buckets
 from cdsjax.core.replicator import (
     kkt_residual,
     objective,
@@ -77,6 +77,7 @@ __all__ = [
     "retrieval_surrogates",
     "soft_recall",
     "batch_apply",
+    "auto_chunk",
     "batched",
     "bucket_size",
     "build_affinity",

@@ -3,13 +3,14 @@
 A run over thousands of queries with different note counts should compile a
 handful of times, not once per query. Problems are padded (trailing) to the
 smallest bucket that fits and the batch axis to a power of two, then each bucket
-runs as one jitted ``vmap``.
+runs as one jitted call: one ``vmap`` on accelerators, cache-sized vmapped chunks
+on CPU (:func:`batched`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -126,9 +127,9 @@ def run_buckets(
     num_problems: int,
     *,
     extra_names: Sequence[str] = (),
-    chunk: Optional[int] = None,
+    chunk: Union[int, str, None] = "auto",
 ) -> List[Any]:
-    """Runs ``jit(vmap(fn))(notes, queries, valid, *extras)`` per bucket.
+    """Runs ``batched(fn, chunk=chunk)(notes, queries, valid, *extras)`` per bucket.
 
     Args:
       fn: per-problem function ``fn(notes [n, d], query, valid [n], *extras) -> pytree``.
@@ -157,7 +158,7 @@ def batch_apply(
     *,
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     extras: Optional[dict] = None,
-    chunk: Optional[int] = None,
+    chunk: Union[int, str, None] = "auto",
 ) -> List[Any]:
     """Pads ragged problems into buckets, runs ``fn`` batched, and returns per-problem results.
 
@@ -183,21 +184,72 @@ def batch_apply(
     return run_buckets(fn, bs, len(notes_list), extra_names=tuple(extras), chunk=chunk)
 
 
-def batched(fn: Callable[..., Any], *, chunk: Optional[int] = None, **kwargs) -> Callable[..., Any]:
-    """A per-query core function over a padded batch: ``jit(vmap(partial(fn, **kwargs)))``.
+CPU_CACHE_BYTES = 1 << 19
+"""Working-set budget of one ``"auto"`` chunk on CPU: half of a 1 MiB per-core L2.
+
+Measured at b = 64 on a 2-core EPYC (``experiments/bench_core.py``): the best
+fixed chunk was 16 at n = 64, 4 at n = 128 and 1 at n >= 256, which this budget
+reproduces; a vmapped chunk of 2 at n = 256 was half as fast as chunks of 1.
+"""
+
+
+def auto_chunk(batch: int, n: int, itemsize: int, *, platform: str, cache_bytes: int = CPU_CACHE_BYTES) -> Optional[int]:
+    """The chunk ``batched(..., chunk="auto")`` uses for a ``[batch, n, ...]`` input.
+
+    Iterative solvers sweep one ``[n+1, n+1]`` matrix per problem on every step. On a
+    CPU, a vmapped step over the whole batch streams all of them from memory each
+    time; a chunk whose matrices fit in the core's cache re-reads them from cache.
+    So on CPU the chunk is the largest power of two whose matrices fit in
+    ``cache_bytes`` (at least 1); on accelerators the batch stays one ``vmap``
+    (``None``), which is what they are built for.
+
+    Args:
+      batch: batch size.
+      n: padded note count.
+      itemsize: bytes per float.
+      platform: ``jax.default_backend()`` (``"cpu"``, ``"gpu"``, ``"tpu"``, ...).
+      cache_bytes: the cache budget of one chunk.
+    """
+    if platform != "cpu":
+        return None
+    per_problem = itemsize * (n + 1) ** 2
+    fit = max(1, cache_bytes // per_problem)
+    chunk = 1 << (int(fit).bit_length() - 1)
+    return None if chunk >= batch else chunk
+
+
+def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = "auto", **kwargs) -> Callable[..., Any]:
+    """A per-query core function over a padded batch, jitted.
 
     Args:
       fn: per-query function; its positional arguments get a leading batch axis.
-      chunk: if set, the batch runs as a sequence of vmapped chunks of this many
-        queries (``lax.map(..., batch_size=chunk)``). Iterative solvers sweep
-        their matrices once per step; a chunk whose matrices fit in cache runs
-        much faster on CPUs than one sweep over the whole batch per step.
-        Results are identical.
+        With ``chunk="auto"`` the first one is the ``[b, n, ...]`` notes.
+      chunk: how the batch axis runs.
+
+        * ``None``: one ``vmap`` over the whole batch (``jit(vmap(fn))``).
+        * an int ``k``: a sequence of vmapped chunks of ``k`` queries
+          (``lax.map(..., batch_size=k)``). Iterative solvers sweep their matrices
+          once per step; a chunk whose matrices fit in cache runs much faster on
+          CPUs than one sweep over the whole batch per step.
+        * ``"auto"`` (default): :func:`auto_chunk` picks per input shape; on CPU a
+          cache-sized chunk, elsewhere one ``vmap``.
+
+        Results are identical whichever is used.
       **kwargs: static keyword arguments bound to ``fn``.
     """
     f = functools.partial(fn, **kwargs)
     if chunk is None:
         return jax.jit(jax.vmap(f))
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if chunk == "auto":
+        def run_auto(*args):
+            lead = jax.tree_util.tree_leaves(args[0])[0]
+            k = auto_chunk(lead.shape[0], lead.shape[1] if lead.ndim > 1 else 1,
+                           jax.numpy.dtype(lead.dtype).itemsize, platform=jax.default_backend())
+            if k is None:
+                return jax.vmap(f)(*args)
+            return jax.lax.map(lambda a: f(*a), args, batch_size=k)
+
+        return jax.jit(run_auto)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, None or 'auto', got {chunk!r}")
     return jax.jit(lambda *args: jax.lax.map(lambda a: f(*a), args, batch_size=chunk))

@@ -102,13 +102,19 @@ def _round_up(k: int, multiple: int) -> int:
 _BATCHED: Dict[Any, Any] = {}
 
 
-def _batched(fn):
-    """``jit(vmap(fn))``, kept per function so repeated runs reuse compilations."""
-    import jax
+def _batched(fn, sharded: bool):
+    """The jitted batch call, kept per function so repeated runs reuse compilations.
 
-    if fn not in _BATCHED:
-        _BATCHED[fn] = jax.jit(jax.vmap(fn))
-    return _BATCHED[fn]
+    Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
+    On one device: :func:`cdsjax.core.batched` with ``chunk="auto"``, i.e. one
+    ``vmap`` on an accelerator and cache-sized chunks on a CPU.
+    """
+    from cdsjax import core
+
+    key = (fn, sharded)
+    if key not in _BATCHED:
+        _BATCHED[key] = core.batched(fn, chunk=None if sharded else "auto")
+    return _BATCHED[key]
 
 
 _SELECTOR_FNS: Dict[str, Any] = {}
@@ -186,7 +192,7 @@ def run_selector(
         [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras={"links": [np.asarray(p.links, bool) for p in problems]},
         pad_batch=False)
-    call = _batched(fn)
+    call = _batched(fn, sharded=ndev > 1)
     out: List[Any] = [None] * len(problems)
     for g in groups:
         for start in range(0, len(g.positions), max_batch):
