@@ -129,6 +129,15 @@ def test_auto_chunk_fits_the_cache_on_cpu_and_vmaps_elsewhere():
     assert core.auto_chunk(64, 256, 4, platform="cpu", cache_bytes=1) == 1
 
 
+def test_registry_selectors_name_their_batch_chunk():
+    from cdsjax.core import registry
+
+    assert registry.make_selector("cds", budget=3).batch_chunk == "auto"
+    assert registry.make_selector("cds", budget=3, peel=True).batch_chunk == "auto"
+    for name in ("cds_converged", "cds_inimdyn", "cosine", "mmr", "ppr"):
+        assert registry.make_selector(name, budget=3).batch_chunk is None
+
+
 @pytest.mark.parametrize("chunk", [0, -2, "fast", 1.5, True])
 def test_batched_rejects_bad_chunk(chunk):
     with pytest.raises(ValueError, match="chunk"):

@@ -3,8 +3,8 @@
 A run over thousands of queries with different note counts should compile a
 handful of times, not once per query. Problems are padded (trailing) to the
 smallest bucket that fits and the batch axis to a power of two, then each bucket
-runs as one jitted call: one ``vmap`` on accelerators, cache-sized vmapped chunks
-on CPU (:func:`batched`).
+runs as one jitted ``vmap`` (or, with ``chunk``, as cache-sized vmapped chunks; see
+:func:`batched`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def run_buckets(
     num_problems: int,
     *,
     extra_names: Sequence[str] = (),
-    chunk: Union[int, str, None] = "auto",
+    chunk: Union[int, str, None] = None,
 ) -> List[Any]:
     """Runs ``batched(fn, chunk=chunk)(notes, queries, valid, *extras)`` per bucket.
 
@@ -158,7 +158,7 @@ def batch_apply(
     *,
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     extras: Optional[dict] = None,
-    chunk: Union[int, str, None] = "auto",
+    chunk: Union[int, str, None] = None,
 ) -> List[Any]:
     """Pads ragged problems into buckets, runs ``fn`` batched, and returns per-problem results.
 
@@ -218,7 +218,7 @@ def auto_chunk(batch: int, n: int, itemsize: int, *, platform: str, cache_bytes:
     return None if chunk >= batch else chunk
 
 
-def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = "auto", **kwargs) -> Callable[..., Any]:
+def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = None, **kwargs) -> Callable[..., Any]:
     """A per-query core function over a padded batch, jitted.
 
     Args:
@@ -226,13 +226,17 @@ def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = "auto", **
         With ``chunk="auto"`` the first one is the ``[b, n, ...]`` notes.
       chunk: how the batch axis runs.
 
-        * ``None``: one ``vmap`` over the whole batch (``jit(vmap(fn))``).
+        * ``None`` (default): one ``vmap`` over the whole batch (``jit(vmap(fn))``).
         * an int ``k``: a sequence of vmapped chunks of ``k`` queries
-          (``lax.map(..., batch_size=k)``). Iterative solvers sweep their matrices
-          once per step; a chunk whose matrices fit in cache runs much faster on
-          CPUs than one sweep over the whole batch per step.
-        * ``"auto"`` (default): :func:`auto_chunk` picks per input shape; on CPU a
-          cache-sized chunk, elsewhere one ``vmap``.
+          (``lax.map(..., batch_size=k)``). Replicator dynamics sweep every
+          query's ``[n+1, n+1]`` payoff on each of thousands of steps; a chunk whose
+          matrices fit in cache runs much faster on CPUs than one sweep over the
+          whole batch per step.
+        * ``"auto"``: :func:`auto_chunk` picks per input shape; on CPU a
+          cache-sized chunk, elsewhere one ``vmap``. Use it for paper-mode CDS
+          (registry selectors say so in their ``batch_chunk`` attribute); solvers
+          that touch one column per step (InImDyn) or stop within a few hundred
+          steps run faster as one ``vmap``.
 
         Results are identical whichever is used.
       **kwargs: static keyword arguments bound to ``fn``.

@@ -131,6 +131,8 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
                     tol=tol, max_iter=max_iter, init=init, prior_temperature=prior_temperature, links=links,
                 )
 
+        # replicator dynamics sweep each payoff thousands of times: cache-sized chunks on CPU
+        fn.batch_chunk = "auto" if solver == "replicator" else None
         return fn
 
     return build
@@ -174,7 +176,9 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
 
     Returns:
       ``fn(notes, query, valid, links=None, key=None) -> Selection``, pure and
-      ``jit`` / ``vmap``-able.
+      ``jit`` / ``vmap``-able. Its ``batch_chunk`` attribute is the ``chunk`` to
+      give :func:`cdsjax.core.batched` for a fast batch (``"auto"`` for paper-mode
+      CDS, ``None`` otherwise).
 
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.
@@ -186,4 +190,5 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     budget = check_budget(budget)
     fn = SELECTORS[name](budget, **options)
     fn.__name__ = f"select_{name}"
+    fn.batch_chunk = getattr(fn, "batch_chunk", None)
     return fn

@@ -106,14 +106,15 @@ def _batched(fn, sharded: bool):
     """The jitted batch call, kept per function so repeated runs reuse compilations.
 
     Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
-    On one device: :func:`cdsjax.core.batched` with ``chunk="auto"``, i.e. one
-    ``vmap`` on an accelerator and cache-sized chunks on a CPU.
+    On one device: :func:`cdsjax.core.batched` with the selector's own
+    ``batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one ``vmap`` on
+    an accelerator).
     """
     from cdsjax import core
 
     key = (fn, sharded)
     if key not in _BATCHED:
-        _BATCHED[key] = core.batched(fn, chunk=None if sharded else "auto")
+        _BATCHED[key] = core.batched(fn, chunk=None if sharded else getattr(fn, "batch_chunk", None))
     return _BATCHED[key]
 
 
