@@ -171,6 +171,10 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
 
 
 def main(argv):
+    from absl import flags as absl_flags, logging as absl_logging
+
+    if not absl_flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint read at INFO
+        absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value

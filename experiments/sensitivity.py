@@ -617,6 +617,10 @@ def run(config, log=print) -> List[dict]:
 
 
 def main(argv):
+    from absl import flags as absl_flags, logging as absl_logging
+
+    if not absl_flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint read at INFO
+        absl_logging.set_verbosity(absl_logging.WARNING)
     from absl import app
 
     if len(argv) > 1:
