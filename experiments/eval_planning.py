@@ -171,15 +171,9 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
 
 
 def main(argv):
-    from absl import flags as absl_flags, logging as absl_logging
+    from experiments.cli import config_or_exit
 
-    if not absl_flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint read at INFO
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
-    if config is None:
-        raise app.UsageError("--config is required, e.g. --config configs/hotpotqa.py")
+    config = config_or_exit(argv, _CONFIG.value, "configs/hotpotqa.py")
     run(config, variants=_VARIANTS.value, budget=_BUDGET.value, tau_max=_TAU_MAX.value,
         max_final_evidence=_MAX_FINAL.value, reader_url=_READER_URL.value, reader_model=_READER_MODEL.value,
         judge=_JUDGE.value, output_dir=_OUTPUT.value, progress=_PROGRESS.value)

@@ -18,7 +18,7 @@ all local devices (``jax.devices()``); on CPU, try
 import pathlib
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -35,13 +35,9 @@ _AGENT = flags.DEFINE_enum("agent", None, ["planning"],
 
 
 def main(argv):
-    if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint read at INFO
-        logging.set_verbosity(logging.WARNING)
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
-    if config is None:
-        raise app.UsageError("--config is required, e.g. --config configs/hotpotqa.py")
+    from experiments.cli import config_or_exit
+
+    config = config_or_exit(argv, _CONFIG.value, "configs/hotpotqa.py")
     from cdsjax.eval.runner import evaluate
 
     if _AGENT.value == "planning":

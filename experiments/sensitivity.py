@@ -617,17 +617,9 @@ def run(config, log=print) -> List[dict]:
 
 
 def main(argv):
-    from absl import flags as absl_flags, logging as absl_logging
+    from experiments.cli import config_or_exit
 
-    if not absl_flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint read at INFO
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    from absl import app
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
-    if config is None:
-        raise app.UsageError("--config is required, e.g. --config configs/sensitivity.py")
+    config = config_or_exit(argv, _CONFIG.value, "configs/sensitivity.py")
     start = time.perf_counter()
     run(config)
     print(f"\nwall time of the whole study: {time.perf_counter() - start:.1f} s")
