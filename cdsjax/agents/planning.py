@@ -434,6 +434,20 @@ class PlanningAgent:
         state.count(usage)
         return content
 
+    def _answer(self, prompt: str, evidence: List[EvidenceItem], state: "_RunState"):
+        """The reader's answer to ``prompt`` over ``evidence``: ``(output, None)``, or
+        ``(None, error)`` when the request failed in a way the run survives (a failed
+        call still counts)."""
+        try:
+            out = self.reader.answer(prompt, evidence)
+        except ReaderError as err:
+            if err.kind in FATAL_KINDS:
+                raise
+            state.calls += 1
+            return None, err
+        state.count(out.usage)
+        return out, None
+
     def _json_call(self, messages: List[dict], parse: Callable[[str], Any], state: "_RunState"
                    ) -> Tuple[Any, Optional[str], List[str]]:
         """Calls the model and parses its reply, asking again on a reply that cannot be parsed.
@@ -546,14 +560,9 @@ class PlanningAgent:
         if deps:
             facts = "\n".join(f"- {d.node.question} -> {d.finding}" for d in deps)
             prompt += WORKER_CONTEXT.format(facts=facts)
-        try:
-            out = self.reader.answer(prompt, evidence)
-        except ReaderError as err:
-            if err.kind in FATAL_KINDS:
-                raise
-            state.calls += 1
+        out, err = self._answer(prompt, evidence, state)
+        if err is not None:
             return NodeResult(node, evidence, None, [], True, error=str(err))
-        state.count(out.usage)
         cited = [evidence[k - 1].note_id for k in out.cited]
         return NodeResult(node, evidence, out.text, cited, out.abstained)
 
@@ -576,14 +585,9 @@ class PlanningAgent:
         findings = "\n".join(f"- {final.nodes[i].node.question} -> {final.nodes[i].finding}"
                              for i in final.plan.order)
         prompt = question + (REASONER_CONTEXT.format(findings=findings) if findings else "")
-        try:
-            out = self.reader.answer(prompt, evidence)
-        except ReaderError as err:
-            if err.kind in FATAL_KINDS:
-                raise
-            state.calls += 1
+        out, err = self._answer(prompt, evidence, state)
+        if err is not None:
             return None, None, f"the reasoner failed: {err}"
-        state.count(out.usage)
         info = {"model": out.model, "cited": [evidence[k - 1].note_id for k in out.cited],
                 "abstained": out.abstained, "latency_s": out.latency_s, "finish_reason": out.finish_reason}
         return strip_thinking(out.text), info, None

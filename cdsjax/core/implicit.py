@@ -55,7 +55,7 @@ import jax.scipy.linalg as jsl
 from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity
-from cdsjax.core.select import SOLVERS
+from cdsjax.core.select import SOLVERS, solve
 from cdsjax.core.types import Affinity, CDSParams, SolverResult
 from cdsjax.core.validation import check_budget, check_option
 
@@ -178,10 +178,7 @@ def _solver_fn(solver: SolverSpec, tol, max_iter) -> Callable[[Affinity, Optiona
             kwargs["max_iter"] = max_iter
         return lambda aff, x0: solver(aff, x0, **kwargs)
     check_option("solver", solver, tuple(SOLVERS))
-    fn, default_tol, default_iter = SOLVERS[solver]
-    tol = default_tol if tol is None else tol
-    max_iter = default_iter if max_iter is None else max_iter
-    return lambda aff, x0: fn(aff, x0, tol=tol, max_iter=max_iter)
+    return lambda aff, x0: solve(aff, x0, solver=solver, tol=tol, max_iter=max_iter)
 
 
 def cds_equilibrium(
