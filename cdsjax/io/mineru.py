@@ -28,6 +28,7 @@ from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.parse import (
     LABEL_RE,
     ParsedDocument,
+    _attach_context,
     _chunk_page,
     _looks_like_chart,
     _normal_label,
@@ -177,11 +178,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                 elements.append(el)
                 if el.kind != "text":
                     el.image_path = _crop(el, base, page, crop_dir, crop_prefix, cfg)
-        n = int(cfg.context_words)
-        for el, pos in visual_pos:
-            before = " ".join(words[max(0, pos - n): pos])
-            after = " ".join(words[pos: pos + n])
-            el.context = (before + " [...] " + after).strip() if (before or after) else ""
+        _attach_context(visual_pos, words, int(cfg.context_words))
         _resolve_parents(elements)
         return ParsedDocument(elements=elements, num_pages=len(sizes), warnings=[])
     finally:

@@ -174,11 +174,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                 elements.append(el)
                 if el.kind != "text":
                     el.image_path = _write_crop(page, el, crop_dir, crop_prefix, cfg)
-        n = int(cfg.context_words)
-        for el, pos in visual_pos:
-            before = " ".join(words[max(0, pos - n) : pos])
-            after = " ".join(words[pos : pos + n])
-            el.context = (before + " [...] " + after).strip() if (before or after) else ""
+        _attach_context(visual_pos, words, int(cfg.context_words))
         _resolve_parents(elements)
         return ParsedDocument(elements=elements, num_pages=len(pages), warnings=warnings)
     except IngestError:
@@ -416,6 +412,14 @@ def _write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional
     name = f"p{el.page:04d}-e{el.reading_order:05d}.png"
     pix.save(str(crop_dir / name))
     return f"{prefix}{name}" if prefix else name
+
+
+def _attach_context(visual_pos, words: List[str], n: int) -> None:
+    """Sets each visual's ``context``: the ``n`` document words before and after its position."""
+    for el, pos in visual_pos:
+        before = " ".join(words[max(0, pos - n) : pos])
+        after = " ".join(words[pos : pos + n])
+        el.context = (before + " [...] " + after).strip() if (before or after) else ""
 
 
 def _resolve_parents(elements: List[Element]) -> None:
