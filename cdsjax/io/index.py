@@ -447,19 +447,24 @@ def _match_removals(remove: Sequence[str], prev_docs: List[dict], out_dir: Path)
 def _obtain(doc: _Doc, previous, cache: store.DocCache, config, keys, embedder, versions, strict, summary,
             seconds, log, progress) -> bool:
     """Fills ``doc`` from the previous index, the cache or its PDF (in that order). False: skipped."""
-    # 1. the previous index, when its copy is intact and current
+    # 1. the previous index, when its copy is intact and current (or at least its parse is)
+    reuse_parse = False
     if previous is not None and doc.status in ("kept", "unchanged"):
         problem = previous.check(doc)
-        if problem is None:
+        old_keys = previous.entry(doc.doc_id).get("keys") or {}
+        if problem is not None:
+            doc.repaired = problem
+            summary.repaired.append((doc.doc_id, problem))
+            log(f"repair: {doc.doc_id}: {problem}; rebuilding it")
+        elif not doc.is_input or old_keys.get("embed") == keys["embed"]:
             previous.fill(doc)
             doc.source = "index"
             if not (doc.is_input and _needs_redo(doc, config)):
                 return True
-            doc.repaired = ""
-        else:
-            doc.repaired = problem
-            summary.repaired.append((doc.doc_id, problem))
-            log(f"repair: {doc.doc_id}: {problem}; rebuilding it")
+        elif old_keys.get("parse") == keys["parse"]:
+            previous.fill(doc)
+            doc.notes, doc.embeddings, doc.edges, doc.enrichment = [], None, None, {}
+            reuse_parse = True
     if doc.status == "kept" and not doc.keys.get("embed"):
         raise IngestError(doc.path, "damaged in the index and its settings are unknown; index it again")
     # 2. the document cache
@@ -471,6 +476,7 @@ def _obtain(doc: _Doc, previous, cache: store.DocCache, config, keys, embedder, 
         log(f"warning: {err}; rebuilding that cache entry")
         entry = None
     if entry is not None:
+        reuse_parse = False
         _fill_from_entry(doc, entry)
         doc.source = "cache"
         if not (doc.is_input and _needs_redo(doc, config)):
@@ -484,7 +490,7 @@ def _obtain(doc: _Doc, previous, cache: store.DocCache, config, keys, embedder, 
     if doc.status == "kept":
         doc.keys = keys  # rebuilt with this run's settings
         key = entry_key(doc.sha, keys)
-    _build_doc(doc, key, cache, config, embedder, seconds, log, progress)
+    _build_doc(doc, key, cache, config, embedder, seconds, log, progress, reuse_parse=reuse_parse)
     doc.source = "built"
     _report_doc(doc, summary, strict, log)
     return True
@@ -528,12 +534,13 @@ def _report_doc(doc: _Doc, summary: IndexSummary, strict: bool, log) -> None:
         state = doc.ocr.get("state")
         line = f"{doc.path}: {n} of {doc.num_pages} pages have no text layer; OCR: {state}"
         if state == "unavailable":
-            line += " (install tesseract-ocr to read them)"
+            line += " (install tesseract-ocr to read them; they are indexed as page images)"
         summary.ocr.append(line)
-        log(line)
+        log(("note: " if state == "done" else "warning: ") + line)
 
 
-def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, seconds, log, progress) -> None:
+def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, seconds, log, progress, *,
+               reuse_parse: bool = False) -> None:
     """Parses (or takes the previous stages of), enriches and embeds one document; commits it to the cache."""
     import shutil
 
@@ -554,6 +561,11 @@ def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, sec
                                                  only=retry)
             doc.notes = notes
             doc.enrichment_reasons = report.reason_text()
+            seconds["notes"] += time.perf_counter() - t0
+        elif reuse_parse:  # same parse settings as the previous index: only notes and embeddings are redone
+            _copy_crops(doc, staging)
+            t0 = time.perf_counter()
+            doc.notes, doc.edges, doc.enrichment_reasons = _enrich(doc, config, staging)
             seconds["notes"] += time.perf_counter() - t0
         else:
             t0 = time.perf_counter()
@@ -766,6 +778,9 @@ class _PreviousIndex:
     def documents(self) -> List[dict]:
         return list(self.manifest["documents"])
 
+    def entry(self, doc_id: str) -> dict:
+        return next(e for e in self.manifest["documents"] if e["doc_id"] == doc_id)
+
     def _load(self) -> None:
         if self._loaded:
             return
@@ -845,7 +860,6 @@ class _PreviousIndex:
         entry = next(e for e in self.manifest["documents"] if e["doc_id"] == doc.doc_id)
         start, count = entry["note_start"], entry["num_notes"]
         doc.num_pages = entry["num_pages"]
-        doc.keys = entry.get("keys") or doc.keys
         doc.ocr = entry.get("ocr") or {}
         doc.enrichment = entry.get("enrichment") or {}
         doc.notes = [json.loads(line) for line in self.note_lines[start : start + count]]

@@ -230,26 +230,42 @@ def writer_lock(out_dir: Path, *, wait: bool = True, on_wait: Optional[Callable[
     """
     out_dir = Path(out_dir).absolute()
     path = out_dir.parent / f".{out_dir.name}.lock"
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise StoreError(f"{out_dir}: cannot create the lock file {path} ({err.strerror or err})") from None
-    try:
+    announced = False
+    while True:
+        try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise StoreError(f"{out_dir}: cannot create the lock file {path} ({err.strerror or err})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _lock_holder(fd)
             if not wait:
+                os.close(fd)
                 raise LockBusy(f"{out_dir}: another cdsjax index run{holder} is writing this index; "
                                f"try again when it has finished (or leave out --no-wait to wait)") from None
-            if on_wait is not None:
+            if on_wait is not None and not announced:
                 on_wait(f"{out_dir}: waiting for another cdsjax index run{holder} to finish")
+                announced = True
             fcntl.flock(fd, fcntl.LOCK_EX)
+        # the holder before us removes the file when it is done: a lock on a removed file locks nothing
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
+        try:
+            os.unlink(path)  # still holding the lock, so nobody else holds this file's lock now
+        except OSError:
+            pass
         os.close(fd)  # releases the lock
 
 
