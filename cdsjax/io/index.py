@@ -958,15 +958,23 @@ def cache_root(config=None) -> Path:
     return Path(root).expanduser()
 
 
-def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False) -> CorpusIndex:
+def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
+              log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
     """Indexes one PDF into the cache (once per content and settings) and loads it.
 
     Used by ``cdsjax ask PDF``. The cache directory is ``<cache>/<stem>-<sha256[:16]>``.
+
+    Repairs, damaged cache entries and pages without text layer are reported through ``log`` (default: one
+    line each on stderr).
 
     Raises:
       IngestError: the PDF cannot be indexed.
     """
     from cdsjax.io.parse import check_pdf_file
+
+    if log is None:
+        def log(line: str) -> None:
+            print(f"cdsjax: {line}", file=sys.stderr)
 
     config = default_config() if config is None else config
     pdf = Path(pdf)
@@ -976,5 +984,5 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False) -> Co
     sha = store.sha256_file(pdf)
     root = Path(cache_dir) if cache_dir is not None else cache_root(config)
     out = root / f"{pdf.stem[:60]}-{sha[:16]}"
-    build_index([pdf], out, config=config, strict=True, progress=progress)
+    build_index([pdf], out, config=config, strict=True, progress=progress, log=log)
     return load_index(out)
