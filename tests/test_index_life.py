@@ -347,3 +347,8 @@ def test_without_ocr_scanned_pages_are_page_images_with_one_warning(tmp_path, ca
     assert lines == [f"cdsjax index: warning: {pdf}: 2 of 2 pages have no text layer; OCR: off"]
     corpus = load_index(out)
     assert {n["kind"] for n in corpus.notes} == {"figure"} and all(n["no_text_layer"] for n in corpus.notes)
+    rc = main(["ask", str(out), "How did the Zanzibar revenue grow?", "--json", "--no-read", "--budget", "2"])
+    o, e = capsys.readouterr()
+    assert rc == 0 and json.loads(o)["evidence"]
+    warn = [x for x in e.splitlines() if "pages without a text layer" in x]
+    assert len(warn) == 1 and warn[0].startswith("cdsjax ask: warning: 2 of 2 evidence notes") and "OCR: off" in warn[0]
