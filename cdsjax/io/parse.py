@@ -258,9 +258,27 @@ def _layout_pages(doc, path: Path, *, use_ocr: bool) -> List[List[_Region]]:
     return pages
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silences file descriptor 2: Tesseract (C++) prints lines such as "Line cannot be recognized!!"."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _ocr_regions(page, *, start: int) -> List[_Region]:
     """The text blocks Tesseract reads on a page (PyMuPDF ``get_textpage_ocr``), as body regions."""
-    textpage = page.get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
+    with _quiet_stderr():
+        textpage = page.get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
     regions = []
     for block in page.get_text("blocks", textpage=textpage, sort=True):
         x0, y0, x1, y1, text, _, kind = block[:7]
