@@ -547,6 +547,7 @@ def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, sec
     from cdsjax.io.notes import Note, embedding_text
 
     staging = cache.staging()
+    redo = bool(doc.notes) or _ocr_redo(doc, config)  # an entry for this key may exist and is being improved
     try:
         retry = [i for i, n in enumerate(doc.notes) if _get(n, "enrichment") == "lite-fallback"] \
             if doc.notes and str(config.enrich.mode) == "vlm" and not _ocr_redo(doc, config) else None
@@ -592,7 +593,7 @@ def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, sec
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         try:
             final = cache.write(key, staging, meta=meta, elements=elements, notes=notes,
-                                embeddings=doc.embeddings, edges=doc.edges)
+                                embeddings=doc.embeddings, edges=doc.edges, replace=redo)
             staging = None
             doc.crop_root = final
         except OSError as err:  # the cache is optional: the index is still written

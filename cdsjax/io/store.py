@@ -425,8 +425,13 @@ class DocCache:
         return path
 
     def write(self, key: str, staging: Path, *, meta: dict, elements: List[dict], notes: List[dict],
-              embeddings: np.ndarray, edges: np.ndarray) -> Path:
-        """Completes the staged entry (crops already in ``staging/crops``) and renames it into place."""
+              embeddings: np.ndarray, edges: np.ndarray, replace: bool = False) -> Path:
+        """Completes the staged entry (crops already in ``staging/crops``) and renames it into place.
+
+        An intact entry already in place (another process finished the same document first) is kept and
+        ours dropped, so a reader of that entry never sees it vanish; ``replace=True`` (an improved entry:
+        retried enrichment, OCR) or a damaged one is swapped out.
+        """
         staging = Path(staging)
         hashes = dict(
             elements=write_jsonl(staging / "elements.jsonl", elements),
@@ -442,6 +447,14 @@ class DocCache:
             os.fsync(f.fileno())
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists() and not replace:
+            try:
+                self.read(key)
+            except StoreError:
+                pass
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+                return final
         if final.exists():  # a damaged or outdated entry: move it aside first
             trash = self.root / f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:
