@@ -256,6 +256,7 @@ def build_index(
     replace: bool = False,
     remove: Sequence[str] = (),
     wait: bool = True,
+    cache_dir=None,
 ) -> IndexSummary:
     """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
 
@@ -279,6 +280,7 @@ def build_index(
       replace: drop the documents of the previous index that are not in ``paths``.
       remove: doc ids (or file names) to remove from the index.
       wait: wait for another writer of ``out_dir``; False raises :class:`store.LockBusy` instead.
+      cache_dir: the document cache directory (default :func:`doc_cache` of ``config``).
 
     Returns:
       an :class:`IndexSummary`.
@@ -294,17 +296,18 @@ def build_index(
     out_dir = Path(out_dir)
     store.check_output_dir(out_dir)
     with store.writer_lock(out_dir, wait=wait, on_wait=log):
-        return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove))
+        return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove), cache_dir)
 
 
-def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, remove) -> IndexSummary:
+def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, remove,
+                  cache_dir) -> IndexSummary:
     from cdsjax.io.embed import Embedder
 
     summary = IndexSummary(out_dir=str(out_dir))
     seconds = collections.defaultdict(float)
     store.recover(out_dir)
     store.check_output_dir(out_dir)
-    cache = doc_cache(config)
+    cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir))
     cache.clean_staging()
     versions = _library_versions()
 
@@ -963,7 +966,9 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
               log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
     """Indexes one PDF into the cache (once per content and settings) and loads it.
 
-    Used by ``cdsjax ask PDF``. The cache directory is ``<cache>/<stem>-<sha256[:16]>``.
+    Used by ``cdsjax ask PDF``. The index directory is ``<cache>/<stem>-<sha256[:16]>``; the documents go
+    to the shared document cache (:func:`doc_cache`), or to ``<cache_dir>/docs`` when ``cache_dir`` is given
+    (an evaluation keeps everything under its own cache).
 
     Repairs, damaged cache entries and pages without text layer are reported through ``log`` (default: one
     line each on stderr).
@@ -985,5 +990,6 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     sha = store.sha256_file(pdf)
     root = Path(cache_dir) if cache_dir is not None else cache_root(config)
     out = root / f"{pdf.stem[:60]}-{sha[:16]}"
-    build_index([pdf], out, config=config, strict=True, progress=progress, log=log)
+    build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
+                cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
     return load_index(out)
