@@ -354,3 +354,16 @@ def test_without_ocr_scanned_pages_are_page_images_with_one_warning(tmp_path, ca
     assert rc == 0 and json.loads(o)["evidence"]
     warn = [x for x in e.splitlines() if "pages without a text layer" in x]
     assert len(warn) == 1 and warn[0].startswith("cdsjax ask: warning: 2 of 2 evidence notes") and "OCR: off" in warn[0]
+
+
+def test_a_damaged_manifest_is_named_and_replace_rebuilds(two_docs, tmp_path, capsys):
+    out = copy_index(two_docs, tmp_path / "index")
+    (out / "manifest.json").write_text((out / "manifest.json").read_text()[:100])
+    for args in (["ask", str(out), "what is in the table?", "--no-read"], ["index", "--verify", str(out)],
+                 ["index", str(A), "--out", str(out), "--no-progress"]):
+        rc = main(args)
+        o, e = capsys.readouterr()
+        no_traceback(o, e)
+        assert rc != 0 and f"{out / 'manifest.json'}: damaged" in e and "--replace" in e, args
+    assert main(["index", str(A), str(B), "--out", str(out), "--replace", "--no-progress"]) == 0
+    assert load_index(out).doc_ids == ["multicolumn.pdf", "pdflatex-image.pdf"]

@@ -294,7 +294,7 @@ def build_index(
     strict = bool(config.index.strict) if strict is None else bool(strict)
     log = log or (lambda line: None)
     out_dir = Path(out_dir)
-    store.check_output_dir(out_dir)
+    store.check_output_dir(out_dir, replace=replace)
     with store.writer_lock(out_dir, wait=wait, on_wait=log):
         return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove), cache_dir)
 
@@ -306,7 +306,7 @@ def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, 
     summary = IndexSummary(out_dir=str(out_dir))
     seconds = collections.defaultdict(float)
     store.recover(out_dir)
-    store.check_output_dir(out_dir)
+    store.check_output_dir(out_dir, replace=replace)
     cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir))
     cache.clean_staging()
     versions = _library_versions()
@@ -893,7 +893,7 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
     store.recover(root)
     manifest = store.read_manifest(root)
     if manifest is None:
-        raise store.StoreError(f"{root}: not a cdsjax index (no readable manifest.json)")
+        raise store.StoreError(store.not_an_index(root))
     fix = f"; run `cdsjax index --verify {root}` to repair it"
     try:
         notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
@@ -932,7 +932,7 @@ def list_index(directory) -> List[dict]:
     root = Path(directory)
     manifest = store.read_manifest(root)
     if manifest is None:
-        raise store.StoreError(f"{root}: not a cdsjax index (no readable manifest.json)")
+        raise store.StoreError(store.not_an_index(root))
     return [dict(doc_id=d["doc_id"], path=d["path"], sha256=d["sha256"], pages=d["num_pages"],
                  notes=d["num_notes"], enrichment=d.get("enrichment") or {}, ocr=d.get("ocr") or {})
             for d in manifest["documents"]]
@@ -946,7 +946,7 @@ def verify_index(directory, *, config=None, log=None, wait: bool = True) -> Inde
     """
     root = Path(directory)
     if store.read_manifest(root) is None:
-        raise store.StoreError(f"{root}: not a cdsjax index (no readable manifest.json)")
+        raise store.StoreError(store.not_an_index(root))
     return build_index([], root, config=config, log=log, wait=wait, strict=False)
 
 

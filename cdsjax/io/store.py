@@ -160,14 +160,30 @@ def recover(out_dir: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_output_dir(out_dir: Path) -> None:
-    """Raises :class:`StoreError` unless ``out_dir`` can receive an index."""
+def not_an_index(directory: Path) -> str:
+    """Why ``directory`` cannot be read as an index: no manifest, or a damaged one (named)."""
+    directory = Path(directory)
+    manifest = directory / MANIFEST
+    if manifest.is_file() and (directory / "notes.jsonl").exists():
+        return (f"{manifest}: damaged (unreadable, so the index cannot be checked or repaired); rebuild it with "
+                f"`cdsjax index PDF... --out {directory} --replace`")
+    return f"{directory}: not a cdsjax index (no readable {MANIFEST})"
+
+
+def check_output_dir(out_dir: Path, *, replace: bool = False) -> None:
+    """Raises :class:`StoreError` unless ``out_dir`` can receive an index.
+
+    ``replace=True`` also accepts an index directory whose manifest is damaged (it is rebuilt whole)."""
     out_dir = Path(out_dir)
     if out_dir.exists():
         if not out_dir.is_dir():
             raise StoreError(f"{out_dir}: output path exists and is not a directory")
         if read_manifest(out_dir) is None and any(out_dir.iterdir()):
-            raise StoreError(f"{out_dir}: output directory is not empty and holds no cdsjax index")
+            if (out_dir / MANIFEST).is_file() and (out_dir / "notes.jsonl").exists():
+                if not replace:
+                    raise StoreError(not_an_index(out_dir))
+            else:
+                raise StoreError(f"{out_dir}: output directory is not empty and holds no cdsjax index")
     parent = out_dir.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
