@@ -10,7 +10,12 @@
      "diagnostics": {"solver", "mode", "num_iters", "converged", "kkt_residual", "objective",
                      "support_size", "alpha", "query_weight"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"}  (seconds),
-     "reader": {"model", "cited", "abstained", "latency_s", "usage"} | null}
+     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings"} | null,
+     "error": {"kind", "message", "server"} | null}
+
+When reading fails (server down, errors after retries, malformed replies) the evidence is still printed,
+``answer`` is null, ``error`` says why, and the exit code is 1. A reader that cannot be reached is found
+by a quick check before the question is encoded.
 
 With ``--agent planning`` (a DAG of sub-questions, G²-Reader §3.3; needs a reader) the object is
 ``cdsjax.agents.planning.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
