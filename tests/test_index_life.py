@@ -109,6 +109,7 @@ def test_a_changed_pdf_is_updated_in_place(tmp_path, capsys):
     assert "oranges" in text and "apples" not in text
 
 
+@pytest.mark.slow  # two fresh processes load torch and the embedder (~30-60 s); the thread test below is fast
 def test_two_concurrent_writers_keep_both_documents(tmp_path):
     out = tmp_path / "index"
     cache = tmp_path / "cache"
@@ -122,6 +123,36 @@ def test_two_concurrent_writers_keep_both_documents(tmp_path):
         no_traceback(o, e)
     assert sorted(load_index(out).doc_ids) == ["multicolumn.pdf", "pdflatex-image.pdf"]
     assert not list(tmp_path.glob(".index.*")), "no lock file or staging directory left behind"
+
+
+def test_a_second_writer_waits_for_the_first(two_docs, tmp_path, capsys):
+    import threading
+
+    out = copy_index(two_docs, tmp_path / "index")
+    extra = gen.make_text_pdf(tmp_path / "extra.pdf", pages=1, text="A third document about pears. ")
+    release = threading.Event()
+    held = threading.Event()
+
+    def first_writer():
+        with store.writer_lock(out):  # the same lock a `cdsjax index` run holds while it writes
+            held.set()
+            release.wait(20)
+
+    t = threading.Thread(target=first_writer)
+    t.start()
+    held.wait(10)
+    result = {}
+    second = threading.Thread(target=lambda: result.setdefault("rc", main(
+        ["index", str(extra), "--out", str(out), "--no-progress"])))
+    second.start()
+    time.sleep(1.0)
+    assert second.is_alive() and "rc" not in result, "the second writer waits"
+    release.set()
+    second.join(120)
+    t.join()
+    o, e = capsys.readouterr()
+    assert result["rc"] == 0 and "waiting for another cdsjax index run" in e
+    assert load_index(out).doc_ids == ["multicolumn.pdf", "pdflatex-image.pdf", "extra.pdf"]
 
 
 def test_no_wait_exits_when_another_writer_holds_the_lock(tmp_path):
