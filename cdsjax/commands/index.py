@@ -87,7 +87,7 @@ def make_config(args):
 def run(args) -> int:
     from cdsjax.io.elements import IngestError
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.io.index import build_index, list_index, verify_index
+    from cdsjax.io.index import build_index, verify_index
     from cdsjax.io.store import LockBusy, StoreError
     from cdsjax.io.vlm import VLMError
 
