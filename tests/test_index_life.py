@@ -398,3 +398,22 @@ def test_a_damaged_manifest_is_named_and_replace_rebuilds(two_docs, tmp_path, ca
         assert rc != 0 and f"{out / 'manifest.json'}: damaged" in e and "--replace" in e, args
     assert main(["index", str(A), str(B), "--out", str(out), "--replace", "--no-progress"]) == 0
     assert load_index(out).doc_ids == ["multicolumn.pdf", "pdflatex-image.pdf"]
+
+
+@needs_tesseract
+def test_installing_tesseract_later_redoes_only_the_scanned_documents(tmp_path, capsys, monkeypatch):
+    pdf = make_scanned_pdf(tmp_path / "scan.pdf", SCAN_TEXT)
+    out = tmp_path / "index"
+    real = parse_mod.ocr_available
+    monkeypatch.setattr(parse_mod, "ocr_available", lambda: False)  # as on a machine without tesseract
+    assert main(["index", str(pdf), str(B), "--out", str(out), "--no-progress"]) == 0
+    o, e = capsys.readouterr()
+    assert "2 of 2 pages have no text layer; OCR: unavailable (install tesseract-ocr" in e
+    assert "Zanzibar" not in " ".join(n["text"] for n in load_index(out).notes)
+    monkeypatch.setattr(parse_mod, "ocr_available", real)  # tesseract is installed now
+    assert main(["index", str(pdf), str(B), "--out", str(out), "--no-progress"]) == 0
+    o, e = capsys.readouterr()
+    assert "1 processed" in o and "OCR: done" in e
+    corpus = load_index(out)
+    assert "Zanzibar" in " ".join(n["text"] for n in corpus.notes if n["doc_id"] == "scan.pdf")
+    assert corpus.doc_ids == ["scan.pdf", "pdflatex-image.pdf"]

@@ -592,7 +592,8 @@ def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, sec
         notes = [n if isinstance(n, dict) else n.to_dict() for n in doc.notes]
         elements = [e if isinstance(e, dict) else e.to_dict() for e in doc.elements]
         meta = dict(sha256=doc.sha, path=str(doc.path), doc_id=doc.doc_id, num_pages=doc.num_pages, keys=doc.keys,
-                    ocr=doc.ocr, enrichment=doc.enrichment, embedder=embedder.info(),
+                    ocr=doc.ocr, enrichment=doc.enrichment, enrichment_reasons=doc.enrichment_reasons,
+                    embedder=embedder.info(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         try:
             final = cache.write(key, staging, meta=meta, elements=elements, notes=notes,
@@ -637,6 +638,7 @@ def _fill_from_entry(doc: _Doc, entry: dict) -> None:
     doc.num_pages = int(meta.get("num_pages", 0))
     doc.ocr = meta.get("ocr") or {}
     doc.enrichment = meta.get("enrichment") or {}
+    doc.enrichment_reasons = meta.get("enrichment_reasons") or ""
     doc.elements = entry["elements"]
     doc.notes = entry["notes"]
     doc.embeddings = entry["embeddings"]
