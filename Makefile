@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench clean ocr
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,14 +14,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[io,dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) ocr
 	$(VENV)/bin/cdsjax demo
 
-test: $(STAMP)
+test: $(STAMP) ocr
 	$(PY) -m pytest -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) ocr
 	$(PY) -m pytest -q -m ""
+
+# Tesseract reads scanned pages (pages without a text layer) when it is installed. Installed here as root
+# where apt works; skipped silently otherwise (scanned pages are then indexed as page images).
+ocr:
+	@command -v tesseract >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tesseract-ocr) >/dev/null 2>&1; } || true
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -57,4 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m cdsjax.cli`: run the imported module's main, so commands raise the same CLIError class it catches
+    from cdsjax.cli import main as _main
+
+    sys.exit(_main())

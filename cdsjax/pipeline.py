@@ -108,6 +108,7 @@ class Answer:
         kkt_residual, objective, support_size, alpha), else {}.
       timings: seconds per stage (encode, select, read, total).
       reader: model, cited evidence ranks, abstained, latency — or None.
+      error: when reading failed, {"kind", "message", "server"} (``answer`` is then None), else None.
     """
 
     question: str
@@ -118,6 +119,7 @@ class Answer:
     diagnostics: Dict[str, Any]
     timings: Dict[str, float]
     reader: Optional[Dict[str, Any]] = None
+    error: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -253,7 +255,10 @@ class Pipeline:
 
     def ask(self, question: str, *, selector: str = "cds", budget: int = 10, qid: str = "",
             options: Optional[dict] = None, read: bool = True) -> Answer:
-        """Answers one question: encode, select, and (with a reader) read."""
+        """Answers one question: encode, select, and (with a reader) read.
+
+        A failed read does not lose the selection: the answer is None and ``error`` says why.
+        """
         selector = canonical_selector(selector)
         t0 = time.perf_counter()
         query = self.encode([question])[0]
@@ -264,17 +269,30 @@ class Pipeline:
         timings = dict(encode=t1 - t0, select=t2 - t1)
         answer_text = None
         reader_info = None
+        error = None
         if read and self.reader is not None:
             items = self.evidence_items(evidence)
             t3 = time.perf_counter()
-            result = self.reader.answer(question, items)
+            result, error = _read_or_error(self.reader, question, items)
             timings["read"] = time.perf_counter() - t3
-            answer_text = result.text
-            reader_info = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
-                               latency_s=result.latency_s, usage=result.usage)
+            if result is not None:
+                answer_text = result.text
+                reader_info = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
+                                   latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings))
         timings["total"] = time.perf_counter() - t0
         return Answer(question=question, answer=answer_text, evidence=evidence, selector=selector, budget=budget,
-                      diagnostics=diagnostics(sel, selector, options), timings=timings, reader=reader_info)
+                      diagnostics=diagnostics(sel, selector, options), timings=timings, reader=reader_info,
+                      error=error)
+
+
+def _read_or_error(reader, question, items):
+    """``(ReaderAnswer, None)``, or ``(None, error dict)`` when the reader fails."""
+    from cdsjax.io.reader import ReaderError, error_dict
+
+    try:
+        return reader.answer(question, items), None
+    except ReaderError as err:
+        return None, error_dict(err)
 
 
 def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = None) -> Dict[str, Any]:

@@ -26,7 +26,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.ingest.crop_padding = 4.0  # points added around a visual element before cropping
     config.ingest.crop_dpi = 144  # resolution of the PNG crops
     config.ingest.min_visual_area = 1500.0  # square points; smaller pictures (icons, rules) are dropped
-    config.ingest.use_ocr = False  # OCR pages without a text layer (needs an OCR engine pymupdf4llm supports)
+    # "auto": OCR pages without a text layer with Tesseract (via PyMuPDF) when it is installed; "off": never
+    config.ingest.use_ocr = "auto"
     config.ingest.mineru_command = "mineru"  # executable used when parser == "mineru" and no output dir is given
     config.ingest.mineru_backend = "pipeline"
     config.ingest.mineru_output = ""  # a directory of existing MinerU outputs, one sub-directory per PDF stem

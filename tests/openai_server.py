@@ -2,8 +2,9 @@
 
 It listens on 127.0.0.1 (an ephemeral port), records every request body, and
 answers each chat completion with whatever ``responder(request_json)`` returns:
-a string (the assistant message content), a dict (a full JSON body), or an
-``(status, body)`` tuple to simulate server errors. ``delay`` seconds of sleep
+a string (the assistant message content), a dict (a full JSON body), an
+``(status, body)`` tuple to simulate server errors, or bytes (sent as the body as
+they are, to simulate a malformed reply). ``delay`` seconds of sleep
 before answering simulates a slow server.
 
     with OpenAIServer(lambda req: "42") as srv:
@@ -43,7 +44,7 @@ class OpenAIServer:
                 pass
 
             def _send(self, status: int, body: Any):
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -81,7 +82,9 @@ class OpenAIServer:
                 except Exception as err:  # a responder bug should show up as a 500
                     self._send(500, {"error": {"message": f"responder failed: {err}"}})
                     return
-                if isinstance(out, tuple):
+                if isinstance(out, bytes):  # raw bytes as the body (a malformed reply)
+                    self._send(200, out)
+                elif isinstance(out, tuple):
                     self._send(out[0], out[1])
                 elif isinstance(out, dict):
                     self._send(200, out)

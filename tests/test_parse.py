@@ -116,10 +116,11 @@ def test_real_pdf_with_figure(data_root, tmp_path):
 
 def test_page_without_text_layer_becomes_page_image(tmp_path):
     pdf = gen.make_image_only_pdf(tmp_path / "scan.pdf")
-    parsed = parse_pdf(pdf, "scan.pdf", config=default_config(), crop_dir=tmp_path / "c")
-    assert len(parsed.warnings) == 2
-    assert all("scan.pdf" in w and "no text layer" in w for w in parsed.warnings)
-    assert "page 1" in parsed.warnings[0] and "page 2" in parsed.warnings[1]
+    cfg = default_config()
+    cfg.ingest.use_ocr = "off"
+    parsed = parse_pdf(pdf, "scan.pdf", config=cfg, crop_dir=tmp_path / "c")
+    assert parsed.warnings == [f"{pdf}: 2 of 3 pages have no text layer; OCR: off"], "one line per document"
+    assert parsed.no_text_pages == [1, 2] and parsed.ocr == "off"
     on1 = [e for e in parsed.elements if e.page == 1]
     assert on1 and all(e.kind != "text" for e in on1)
     on2 = [e for e in parsed.elements if e.page == 2]

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -24,9 +25,10 @@ def pdfs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def config():
+def config(tmp_path_factory):
     cfg = default_config()
     cfg.embedder.show_progress = False
+    cfg.index.cache_dir = str(tmp_path_factory.mktemp("cache"))  # the shared document cache, per test module
     return cfg
 
 
@@ -133,6 +135,7 @@ def test_changed_enrichment_keeps_the_parse(built, pdfs, config, monkeypatch, tm
     shutil.copytree(out, work)
     cfg = default_config()
     cfg.embedder.show_progress = False
+    cfg.index.cache_dir = config.index.cache_dir
     cfg.enrich.window = 3
     _NoParse(monkeypatch, allowed=0)
     s = build_index(list(pdfs), work, config=cfg)
@@ -151,7 +154,7 @@ def test_interrupted_write_leaves_previous_index(built, pdfs, config, monkeypatc
 
     monkeypatch.setattr(store, "save_arrays", boom)
     with pytest.raises(KeyboardInterrupt):
-        build_index([pdfs[1]], work, config=config)  # a different corpus: would rewrite the index
+        build_index([pdfs[1]], work, config=config, replace=True)  # a different corpus: would rewrite the index
     new = load_index(work)
     assert [x["note_id"] for x in new.notes] == [x["note_id"] for x in old.notes]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"], "no staging directory left behind"
@@ -183,7 +186,7 @@ def test_load_errors(built, tmp_path):
     shutil.copytree(out, work)
     with open(work / "notes.jsonl", "a") as f:
         f.write(json.dumps({"note_id": "tampered"}) + "\n")
-    with pytest.raises(store.StoreError, match="does not match the manifest"):
+    with pytest.raises(store.StoreError, match=r"notes.jsonl: damaged .*cdsjax index --verify"):
         load_index(work)
 
 
@@ -196,6 +199,8 @@ def test_refuses_to_replace_a_foreign_directory(pdfs, config, tmp_path):
 
 def test_single_pdf_cache(pdfs, config, monkeypatch, tmp_path):
     monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.index.cache_dir = ""
     spy = _NoParse(monkeypatch, allowed=1)
     first = index_pdf(pdfs[1], config=config)
     assert first.root.parent == (tmp_path / "cache").absolute()

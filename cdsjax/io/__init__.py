@@ -8,7 +8,9 @@ sentence-transformers or openai. Import the submodules you need:
 - :mod:`cdsjax.io.notes` — elements -> notes (lite enrichment and structural links);
 - :mod:`cdsjax.io.vlm` — notes enriched by an OpenAI-compatible VLM;
 - :mod:`cdsjax.io.embed` — :class:`~cdsjax.io.embed.Embedder` (sentence-transformers);
-- :mod:`cdsjax.io.index` — ``build_index`` / ``load_index`` / ``index_pdf``.
+- :mod:`cdsjax.io.index` — ``build_index`` (add/update/remove documents of an index) / ``load_index`` /
+  ``verify_index`` / ``list_index`` / ``index_pdf``;
+- :mod:`cdsjax.io.store` — the on-disk index, the writer lock and the shared document cache.
 """
 
 from cdsjax.io.elements import IngestError

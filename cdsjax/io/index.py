@@ -7,10 +7,17 @@
     corpus.links        # [n, n] bool, symmetric, no self-links
     corpus.notes        # list of dicts (note_id, doc_id, page, bbox, kind, text, summary, ...)
 
-Every document is keyed by the sha256 of its bytes plus stage keys (parser,
-enrichment and embedder versions and settings). Re-building into the same
-directory reuses every stage whose key is unchanged, so unchanged PDFs are not
-re-processed; if nothing changed at all the directory is left untouched.
+An index is a set of documents: ``build_index(paths, out)`` adds the PDFs in
+``paths`` to the index in ``out`` (re-doing those whose content or settings
+changed) and keeps the others; ``replace=True`` starts from an empty set and
+``remove=[doc_id]`` drops documents. Each document is keyed by the sha256 of
+its bytes plus stage keys (parser, enrichment and embedder versions and
+settings) in a content-addressed document cache shared by every index and by
+``ask PDF`` (:func:`doc_cache`); a finished document is committed to it at once,
+so a killed run resumes. Every read checks hashes; damaged documents are
+rebuilt (from the cache, else from their PDF) and named. Writers of one index
+take a lock; publication is atomic; if nothing changed the directory is left
+untouched.
 """
 
 from __future__ import annotations
@@ -56,11 +63,20 @@ class IndexSummary:
     notes: int = 0
     links: int = 0
     seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # per stage
-    reused: int = 0  # documents taken unchanged from the previous index
+    reused: int = 0  # documents not processed in this run (taken from the previous index or the cache)
     processed: int = 0  # documents parsed/enriched/embedded in this run
+    from_cache: int = 0  # documents taken from the shared document cache
     written: bool = False  # False when nothing changed and the index was left as it was
+    added: List[str] = dataclasses.field(default_factory=list)  # doc ids
+    updated: List[str] = dataclasses.field(default_factory=list)
+    kept: List[str] = dataclasses.field(default_factory=list)
+    removed: List[str] = dataclasses.field(default_factory=list)
+    repaired: List[tuple] = dataclasses.field(default_factory=list)  # (doc_id, what was wrong)
     failures: List[tuple] = dataclasses.field(default_factory=list)  # (path, reason)
     warnings: List[str] = dataclasses.field(default_factory=list)
+    enrichment: Dict[str, int] = dataclasses.field(default_factory=dict)  # note status -> count
+    enrichment_failures: List[str] = dataclasses.field(default_factory=list)  # one line per document
+    ocr: List[str] = dataclasses.field(default_factory=list)  # one line per document with pages without text
 
     @property
     def ok(self) -> bool:
@@ -138,6 +154,10 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     from cdsjax.io.parse import PARSER_VERSION
 
     ingest = config.ingest.to_dict()
+    # Whether OCR ran is recorded per document (it depends on Tesseract being installed, not only on the
+    # config), and a document is re-done when OCR becomes possible; the key keeps the old value so
+    # indexes written before OCR existed stay valid.
+    ingest["use_ocr"] = False
     parser = ingest.get("parser", "pymupdf")
     parse_key = store.sha256_json(
         dict(parser=parser, parser_version=PARSER_VERSION, pymupdf=versions.get("pymupdf"),
@@ -186,13 +206,35 @@ class _Doc:
     path: Path
     sha: str
     doc_id: str = ""
+    keys: dict = dataclasses.field(default_factory=dict)
+    is_input: bool = False  # named on this run's command line
+    status: str = ""  # "added" | "updated" | "kept" | "unchanged"
+    source: str = ""  # "index" (taken from the previous index), "cache", "built"
     num_pages: int = 0
-    elements: List[Element] = dataclasses.field(default_factory=list)
+    elements: list = dataclasses.field(default_factory=list)  # Element objects or dicts
     notes: list = dataclasses.field(default_factory=list)  # Note objects or dicts
     embeddings: Optional[np.ndarray] = None
     edges: Optional[np.ndarray] = None  # [E, 2] local indices
-    crop_src: Optional[Path] = None  # crops to carry over from the previous index
-    reused: str = ""  # "", "parse", "notes", "all"
+    crop_root: Optional[Path] = None  # directory that notes' image_path (crops/<sha16>/...) resolve against
+    ocr: dict = dataclasses.field(default_factory=dict)  # no_text_pages, state
+    enrichment: dict = dataclasses.field(default_factory=dict)  # status -> count
+    repaired: str = ""  # why the previous index's copy was not usable
+    enrichment_reasons: str = ""  # VLM failure reasons of this run
+    warnings: list = dataclasses.field(default_factory=list)  # the parser's, except the OCR line
+
+    @property
+    def crop_rel(self) -> str:
+        return f"crops/{self.sha[:16]}/"
+
+
+def entry_key(sha: str, keys: dict) -> str:
+    """The document-cache key: the PDF's sha256 and the last stage key (which chains all the others)."""
+    return store.sha256_json(dict(pdf=sha, embed=keys["embed"]))
+
+
+def doc_cache(config) -> store.DocCache:
+    """The document cache shared by every index and by ``ask PDF``: ``<cache_root>/docs``."""
+    return store.DocCache(cache_root(config) / "docs")
 
 
 def _progress(iterable, *, desc: str, total: int, enabled: bool):
@@ -211,44 +253,68 @@ def build_index(
     strict: Optional[bool] = None,
     progress: bool = False,
     log: Optional[Callable[[str], None]] = None,
+    replace: bool = False,
+    remove: Sequence[str] = (),
+    wait: bool = True,
+    cache_dir=None,
 ) -> IndexSummary:
-    """Indexes PDFs into ``out_dir`` (one corpus: the notes of all documents).
+    """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
+
+    An index is a set of documents. PDFs named in ``paths`` are added, or re-done when their content (or the
+    settings) changed; documents already in the index and not named stay as they are (``replace=True``
+    starts from an empty set). Every finished document is first committed to the shared document cache
+    (:func:`doc_cache`), so a killed run resumes with the documents it had finished, and the same PDF
+    indexed elsewhere is not parsed again. Damaged documents of the previous index (hash mismatch, missing
+    or truncated files) are rebuilt from the cache or their PDF and listed in ``summary.repaired``.
+    The new index is published atomically, under a writer lock (:func:`store.writer_lock`).
 
     Args:
-      paths: PDF files and/or directories (searched recursively for ``*.pdf``).
-      out_dir: the index directory; replaced atomically, cached stages reused.
+      paths: PDF files and/or directories (searched recursively for ``*.pdf``); may be empty (then the run
+        only removes, repairs or verifies).
+      out_dir: the index directory.
       config: the full config (``configs/default.py``); None for the defaults.
-      strict: stop at the first bad document (default ``config.index.strict``).
+      strict: stop at the first bad document or enrichment failure, writing nothing
+        (default ``config.index.strict``).
       progress: show progress bars on stderr.
-      log: called with one line per skipped document or warning (default: nothing).
+      log: called with one line per skipped document, repair or warning (default: nothing).
+      replace: drop the documents of the previous index that are not in ``paths``.
+      remove: doc ids (or file names) to remove from the index.
+      wait: wait for another writer of ``out_dir``; False raises :class:`store.LockBusy` instead.
+      cache_dir: the document cache directory (default :func:`doc_cache` of ``config``).
 
     Returns:
-      an :class:`IndexSummary`; ``failures`` lists ``(path, reason)`` for documents that were skipped.
+      an :class:`IndexSummary`.
 
     Raises:
       IngestError: in strict mode, for the first bad document (nothing is written).
-      store.StoreError: the output directory cannot be written.
+      store.StoreError: the output directory cannot be written, is locked (``wait=False``), or names no
+        such document to remove.
     """
-    from cdsjax.io.embed import Embedder
-    from cdsjax.core import validate_embeddings
-
     config = default_config() if config is None else config
     strict = bool(config.index.strict) if strict is None else bool(strict)
     log = log or (lambda line: None)
     out_dir = Path(out_dir)
+    store.check_output_dir(out_dir, replace=replace)
+    with store.writer_lock(out_dir, wait=wait, on_wait=log):
+        return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove), cache_dir)
+
+
+def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, remove,
+                  cache_dir) -> IndexSummary:
+    from cdsjax.io.embed import Embedder
+
     summary = IndexSummary(out_dir=str(out_dir))
     seconds = collections.defaultdict(float)
-
-    store.check_output_dir(out_dir)
     store.recover(out_dir)
+    store.check_output_dir(out_dir, replace=replace)
+    cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir))
+    cache.clean_staging()
     versions = _library_versions()
-    embedder = Embedder(config)
-    emb_info = embedder.info()
-    keys = stage_keys(config, versions, emb_info)
 
-    # ---- hash inputs, match against the previous index
     t0 = time.perf_counter()
-    docs: List[_Doc] = []
+    previous = _PreviousIndex.open(out_dir)
+    prev_docs = [] if previous is None else previous.documents()
+    inputs: List[_Doc] = []
     for path in expand_paths(paths):
         try:
             if not path.exists():
@@ -256,135 +322,398 @@ def build_index(
             from cdsjax.io.parse import check_pdf_file
 
             check_pdf_file(path)
-            docs.append(_Doc(path=path, sha=store.sha256_file(path)))
+            inputs.append(_Doc(path=path, sha=store.sha256_file(path), is_input=True))
         except IngestError as err:
             _fail(summary, err, strict, log)
+
+    # the embedder: this run's, unless the run only removes or repairs (then the index's own)
+    if not inputs and previous is not None:
+        embedder = Embedder.from_info(previous.manifest["embedder"], device=str(config.embedder.device))
+    else:
+        embedder = Embedder(config)
+    emb_info = embedder.info()
+    keys = stage_keys(config, versions, emb_info)
+
+    # ---- the new document set: previous documents (unless replaced/removed), updated in place, then new ones
+    removed = _match_removals(remove, prev_docs, out_dir)
+    summary.removed = [d["doc_id"] for d in removed]
+    removed_ids = {d["doc_id"] for d in removed}
+    docs: List[_Doc] = []
+    by_path, by_sha = {}, {}
+    if not replace:
+        for entry in prev_docs:
+            if entry["doc_id"] in removed_ids:
+                continue
+            d = _Doc(path=Path(entry["path"]), sha=entry["sha256"], doc_id=entry["doc_id"],
+                     keys=entry.get("keys") or {}, status="kept")
+            docs.append(d)
+            by_path[str(d.path)] = d
+            by_sha.setdefault(d.sha, d)
+    if inputs and any(d.status == "kept" for d in docs):
+        old, new = _embedder_key(previous.manifest["embedder"]), _embedder_key(emb_info)
+        if old != new:
+            raise store.StoreError(
+                f"{out_dir}: the index was embedded with {old[0]} and this run embeds with {new[0]}; "
+                f"use the same --embedder, or --replace to rebuild the whole index")
+    for d in inputs:
+        d.keys = keys
+        same = by_path.get(str(d.path.absolute())) or by_sha.get(d.sha)
+        if same is not None and same.is_input:
+            continue  # named twice
+        if same is not None:
+            same.is_input = True
+            same.keys = keys
+            same.status = "unchanged" if same.sha == d.sha else "updated"
+            same.path, same.sha = d.path.absolute(), d.sha
+            continue
+        d.path = d.path.absolute()
+        d.status = "added"
+        docs.append(d)
+        by_path[str(d.path)] = d
+        by_sha.setdefault(d.sha, d)
     _assign_doc_ids(docs)
-    previous = _PreviousIndex.open(out_dir)
     seconds["hash"] += time.perf_counter() - t0
 
     staging = None
     try:
-        staging = store.staging_dir(out_dir)
-        # ---- parse
-        t0 = time.perf_counter()
         kept: List[_Doc] = []
-        for doc in _progress(docs, desc="parse", total=len(docs), enabled=progress):
-            crop_rel = f"crops/{doc.sha[:16]}/"
-            reuse = previous.lookup(doc, keys) if previous else ""
-            if reuse:
-                previous.fill(doc, reuse)
-                doc.reused = reuse
-                kept.append(doc)
-                continue
+        changed = bool(removed) or (replace and previous is not None and
+                                    {d["doc_id"] for d in prev_docs} != {d.doc_id for d in docs})
+        for doc in _progress(docs, desc="documents", total=len(docs), enabled=progress):
             try:
-                parsed = _parse(doc, config, staging / crop_rel, crop_rel)
+                done = _obtain(doc, previous, cache, config, keys, embedder, versions, strict, summary,
+                               seconds, log, progress)
             except IngestError as err:
                 _fail(summary, err, strict, log)
+                changed = True
                 continue
-            doc.num_pages = parsed.num_pages
-            doc.elements = parsed.elements
-            for w in parsed.warnings:
-                summary.warnings.append(w)
-                log(f"warning: {w}")
-            if not doc.elements:
-                _fail(summary, IngestError(doc.path, "no text, figures or tables found"), strict, log)
-                continue
-            kept.append(doc)
-        seconds["parse"] += time.perf_counter() - t0
-
-        # ---- notes
-        t0 = time.perf_counter()
-        for doc in _progress([d for d in kept if d.reused in ("", "parse")], desc="notes",
-                             total=sum(d.reused in ("", "parse") for d in kept), enabled=progress):
-            doc.notes, doc.edges = _enrich(doc, config, staging)
-        seconds["notes"] += time.perf_counter() - t0
-
-        # ---- embed (one batch over all documents that need it)
-        t0 = time.perf_counter()
-        todo = [d for d in kept if d.reused != "all"]
-        if todo:
-            from cdsjax.io.notes import embedding_text
-
-            texts = [embedding_text(n) for d in todo for n in d.notes]
-            vecs = embedder.encode_documents(texts, show_progress=progress)
-            start = 0
-            for d in todo:
-                d.embeddings = vecs[start : start + len(d.notes)]
-                start += len(d.notes)
-        emb_info = embedder.info() if todo else (previous.manifest["embedder"] if previous else emb_info)
-        seconds["embed"] += time.perf_counter() - t0
+            if done:
+                kept.append(doc)
+                changed = changed or doc.source != "index"
 
         if not kept:
             summary.seconds = dict(seconds)
+            if previous is not None and removed and not docs:
+                raise store.StoreError(f"{out_dir}: the index would hold no documents; nothing was changed "
+                                       f"(delete the directory to drop the index)")
+            return summary  # nothing could be indexed: the previous index (if any) stays as it was
+        order_same = previous is not None and [d.doc_id for d in kept] == [d["doc_id"] for d in prev_docs]
+        if not changed and order_same and not previous.damaged:
+            _fill_summary(summary, kept, written=False, seconds=seconds)
             return summary
 
-        # ---- assemble and write
+        # ---- assemble and publish
         t0 = time.perf_counter()
-        notes, elements, manifest_docs, emb_blocks, edge_blocks = [], [], [], [], []
-        for d in kept:
-            start = len(notes)
-            notes.extend(n if isinstance(n, dict) else n.to_dict() for n in d.notes)
-            elements.extend(e if isinstance(e, dict) else e.to_dict() for e in d.elements)
-            emb_blocks.append(d.embeddings)
-            edge_blocks.append(np.asarray(d.edges, np.int32).reshape(-1, 2) + start)
-            manifest_docs.append(dict(doc_id=d.doc_id, path=str(d.path.absolute()), sha256=d.sha,
-                                      num_pages=d.num_pages, num_elements=len(d.elements), num_notes=len(d.notes),
-                                      note_start=start, keys=keys, crops=f"crops/{d.sha[:16]}/"))
-            if d.crop_src is not None and d.crop_src.is_dir():
-                for png in d.crop_src.iterdir():
-                    store.link_or_copy(png, staging / "crops" / d.sha[:16] / png.name)
-        embeddings = np.concatenate(emb_blocks, axis=0).astype(np.float32)
-        edges = np.concatenate(edge_blocks, axis=0).astype(np.int32)
-        validate_embeddings(embeddings, norm_atol=1e-3 if emb_info.get("normalize", True) else None)
-        if len(notes) != embeddings.shape[0]:
-            raise RuntimeError(f"internal error: {len(notes)} notes but {embeddings.shape[0]} embeddings")
-
-        unchanged = (
-            previous is not None
-            and all(d.reused == "all" for d in kept)
-            and [m["sha256"] for m in manifest_docs] == [m["sha256"] for m in previous.manifest["documents"]]
-            and [m["doc_id"] for m in manifest_docs] == [m["doc_id"] for m in previous.manifest["documents"]]
-        )
-        if not unchanged:
-            hashes = dict(
-                notes=store.write_jsonl(staging / "notes.jsonl", notes),
-                elements=store.write_jsonl(staging / "elements.jsonl", elements),
-                arrays=store.arrays_digest(embeddings, edges),
-            )
-            store.save_arrays(staging / "arrays", embeddings, edges)
-            manifest = dict(
-                format_version=store.FORMAT_VERSION,
-                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                versions=versions,
-                config=config.to_dict(),
-                embedder=emb_info,
-                keys=keys,
-                documents=manifest_docs,
-                counts=dict(notes=len(notes), links=int(edges.shape[0]), dim=int(embeddings.shape[1])),
-                hashes=hashes,
-            )
-            store.write_manifest(staging, manifest)
-            store.commit(staging, out_dir)
-            staging = None
-            summary.written = True
+        staging = store.staging_dir(out_dir)
+        manifest = _write_index(staging, kept, config, versions, embedder, emb_info, keys)
+        store.write_manifest(staging, manifest)
+        store.commit(staging, out_dir)
+        staging = None
         seconds["write"] += time.perf_counter() - t0
+        _fill_summary(summary, kept, written=True, seconds=seconds)
+        return summary
     finally:
         if staging is not None:
             import shutil
 
             shutil.rmtree(staging, ignore_errors=True)
 
+
+def _fill_summary(summary: IndexSummary, kept: List[_Doc], *, written: bool, seconds) -> None:
     kinds = collections.Counter(e["kind"] if isinstance(e, dict) else e.kind for d in kept for e in d.elements)
     summary.documents = len(kept)
     summary.pages = sum(d.num_pages for d in kept)
     summary.elements_by_kind = dict(sorted(kinds.items()))
-    summary.notes = len(notes)
-    summary.links = int(edges.shape[0])
-    summary.reused = sum(d.reused == "all" for d in kept)
-    summary.processed = len(kept) - summary.reused
+    summary.notes = sum(len(d.notes) for d in kept)
+    summary.links = int(sum(np.asarray(d.edges).reshape(-1, 2).shape[0] for d in kept))
+    summary.processed = sum(d.source == "built" for d in kept)
+    summary.reused = len(kept) - summary.processed
+    summary.from_cache = sum(d.source == "cache" for d in kept)
+    summary.added = [d.doc_id for d in kept if d.status == "added"]
+    summary.updated = [d.doc_id for d in kept if d.status == "updated"]
+    summary.kept = [d.doc_id for d in kept if d.status in ("kept", "unchanged")]
+    summary.written = written
     summary.seconds = dict(seconds)
-    return summary
+
+
+def _match_removals(remove: Sequence[str], prev_docs: List[dict], out_dir: Path) -> List[dict]:
+    out = []
+    for name in remove:
+        hits = [d for d in prev_docs if name in (d["doc_id"], Path(d["path"]).name, d["path"])]
+        if not hits:
+            known = ", ".join(d["doc_id"] for d in prev_docs) or "none"
+            raise store.StoreError(f"{out_dir}: no document {name!r} in this index (it holds: {known})")
+        out.extend(h for h in hits if h not in out)
+    return out
+
+
+def _obtain(doc: _Doc, previous, cache: store.DocCache, config, keys, embedder, versions, strict, summary,
+            seconds, log, progress) -> bool:
+    """Fills ``doc`` from the previous index, the cache or its PDF (in that order). False: skipped."""
+    # 1. the previous index, when its copy is intact and current (or at least its parse is)
+    reuse_parse = False
+    if previous is not None and doc.status in ("kept", "unchanged"):
+        problem = previous.check(doc)
+        old_keys = previous.entry(doc.doc_id).get("keys") or {}
+        if problem is not None:
+            doc.repaired = problem
+            summary.repaired.append((doc.doc_id, problem))
+            log(f"repair: {doc.doc_id}: {problem}; rebuilding it")
+        elif not doc.is_input or old_keys.get("embed") == keys["embed"]:
+            previous.fill(doc)
+            doc.source = "index"
+            if not (doc.is_input and _needs_redo(doc, config)):
+                return True
+        elif old_keys.get("parse") == keys["parse"]:
+            previous.fill(doc)
+            doc.notes, doc.embeddings, doc.edges, doc.enrichment = [], None, None, {}
+            reuse_parse = True
+    if doc.status == "kept" and not doc.keys.get("embed"):
+        raise IngestError(doc.path, "damaged in the index and its settings are unknown; index it again")
+    # 2. the document cache
+    key = entry_key(doc.sha, doc.keys)
+    try:
+        entry = cache.read(key)
+    except store.StoreError as err:
+        summary.warnings.append(f"damaged cache entry rebuilt: {err}")
+        log(f"warning: {err}; rebuilding that cache entry")
+        entry = None
+    if entry is not None:
+        reuse_parse = False
+        _fill_from_entry(doc, entry)
+        doc.source = "cache"
+        if not (doc.is_input and _needs_redo(doc, config)):
+            _report_doc(doc, summary, strict, log)
+            return True
+    # 3. the PDF itself
+    if not doc.path.is_file() or store.sha256_file(doc.path) != doc.sha:
+        what = "is gone" if not doc.path.is_file() else "has changed since it was indexed"
+        raise IngestError(doc.path, f"cannot rebuild {doc.doc_id}: its PDF {what}; it was dropped from the "
+                                    f"index (index the file again to add it back)")
+    if doc.status == "kept":
+        doc.keys = keys  # rebuilt with this run's settings
+        key = entry_key(doc.sha, keys)
+    _build_doc(doc, key, cache, config, embedder, seconds, log, progress, reuse_parse=reuse_parse)
+    doc.source = "built"
+    _report_doc(doc, summary, strict, log)
+    return True
+
+
+def _needs_redo(doc: _Doc, config) -> bool:
+    """A named document whose stored copy should be improved: failed VLM notes to retry, or OCR now possible."""
+    if str(config.enrich.mode) == "vlm" and doc.enrichment.get("lite-fallback", 0):
+        return True
+    from cdsjax.io.parse import ocr_available
+
+    ocr = doc.ocr or {}
+    return bool(ocr.get("no_text_pages")) and ocr.get("state") in ("unavailable", "off") \
+        and _ocr_enabled(config) and ocr_available()
+
+
+def _ocr_enabled(config) -> bool:
+    from cdsjax.io.parse import ocr_enabled
+
+    return ocr_enabled(config.ingest)
+
+
+def _report_doc(doc: _Doc, summary: IndexSummary, strict: bool, log) -> None:
+    """Enrichment failures and OCR state of one finished document: counted, and one line each."""
+    for w in doc.warnings:
+        summary.warnings.append(w)
+        log(f"warning: {w}")
+    for status, n in doc.enrichment.items():
+        summary.enrichment[status] = summary.enrichment.get(status, 0) + n
+    failed = doc.enrichment.get("lite-fallback", 0)
+    if failed:
+        reasons = doc.enrichment_reasons
+        line = (f"{doc.path}: VLM enrichment failed for {failed} of {len(doc.notes)} notes"
+                + (f" ({reasons})" if reasons else "") + "; they keep lite values and are retried on the next run")
+        summary.enrichment_failures.append(line)
+        if strict:
+            raise IngestError(doc.path, f"VLM enrichment failed for {failed} of {len(doc.notes)} notes"
+                              + (f" ({reasons})" if reasons else "") + " (--strict)")
+    n = (doc.ocr or {}).get("no_text_pages", 0)
+    if n and doc.source == "built":
+        state = doc.ocr.get("state")
+        line = f"{doc.path}: {n} of {doc.num_pages} pages have no text layer; OCR: {state}"
+        if state == "unavailable":
+            line += " (install tesseract-ocr to read them; they are indexed as page images)"
+        summary.ocr.append(line)
+        log(("note: " if state == "done" else "warning: ") + line)
+
+
+def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, seconds, log, progress, *,
+               reuse_parse: bool = False) -> None:
+    """Parses (or takes the previous stages of), enriches and embeds one document; commits it to the cache."""
+    import shutil
+
+    from cdsjax.io.notes import Note, embedding_text
+
+    staging = cache.staging()
+    redo = bool(doc.notes) or _ocr_redo(doc, config)  # an entry for this key may exist and is being improved
+    try:
+        retry = [i for i, n in enumerate(doc.notes) if _get(n, "enrichment") == "lite-fallback"] \
+            if doc.notes and str(config.enrich.mode) == "vlm" and not _ocr_redo(doc, config) else None
+        if retry:  # only the failed notes go to the VLM again
+            _copy_crops(doc, staging)
+            t0 = time.perf_counter()
+            notes = [n if isinstance(n, Note) else Note.from_dict(n) for n in doc.notes]
+            elements = [e if isinstance(e, Element) else Element.from_dict(e) for e in doc.elements]
+            from cdsjax.io.vlm import enrich_vlm_report
+
+            notes, _, report = enrich_vlm_report(notes, elements, set(), config=config, image_root=staging,
+                                                 only=retry)
+            doc.notes = notes
+            doc.enrichment_reasons = report.reason_text()
+            seconds["notes"] += time.perf_counter() - t0
+        elif reuse_parse:  # same parse settings as the previous index: only notes and embeddings are redone
+            _copy_crops(doc, staging)
+            t0 = time.perf_counter()
+            doc.notes, doc.edges, doc.enrichment_reasons = _enrich(doc, config, staging)
+            seconds["notes"] += time.perf_counter() - t0
+        else:
+            t0 = time.perf_counter()
+            parsed = _parse(doc, config, staging / doc.crop_rel, doc.crop_rel)
+            seconds["parse"] += time.perf_counter() - t0
+            doc.num_pages = parsed.num_pages
+            doc.elements = parsed.elements
+            doc.ocr = dict(no_text_pages=len(parsed.no_text_pages), pages=list(parsed.no_text_pages),
+                           state=parsed.ocr)
+            doc.warnings = [w for w in parsed.warnings if "no text layer" not in w]
+            if not doc.elements:
+                raise IngestError(doc.path, "no text, figures or tables found")
+            t0 = time.perf_counter()
+            doc.notes, doc.edges, doc.enrichment_reasons = _enrich(doc, config, staging)
+            seconds["notes"] += time.perf_counter() - t0
+        doc.enrichment = dict(collections.Counter(_get(n, "enrichment") or "lite" for n in doc.notes))
+        t0 = time.perf_counter()
+        doc.embeddings = embedder.encode_documents([embedding_text(n) for n in doc.notes], show_progress=False)
+        seconds["embed"] += time.perf_counter() - t0
+        notes = [n if isinstance(n, dict) else n.to_dict() for n in doc.notes]
+        elements = [e if isinstance(e, dict) else e.to_dict() for e in doc.elements]
+        meta = dict(sha256=doc.sha, path=str(doc.path), doc_id=doc.doc_id, num_pages=doc.num_pages, keys=doc.keys,
+                    ocr=doc.ocr, enrichment=doc.enrichment, enrichment_reasons=doc.enrichment_reasons,
+                    embedder=embedder.info(),
+                    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        try:
+            final = cache.write(key, staging, meta=meta, elements=elements, notes=notes,
+                                embeddings=doc.embeddings, edges=doc.edges, replace=redo)
+            staging = None
+            doc.crop_root = final
+        except OSError as err:  # the cache is optional: the index is still written
+            log(f"warning: cannot write the document cache {cache.root} ({err.strerror or err})")
+            keep = staging.parent / f".{staging.name}-kept"
+            staging.rename(keep)
+            staging = None
+            doc.crop_root = keep
+        doc.notes, doc.elements = notes, elements
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _ocr_redo(doc: _Doc, config) -> bool:
+    from cdsjax.io.parse import ocr_available
+
+    ocr = doc.ocr or {}
+    return bool(ocr.get("no_text_pages")) and ocr.get("state") in ("unavailable", "off") \
+        and _ocr_enabled(config) and ocr_available()
+
+
+def _copy_crops(doc: _Doc, staging: Path) -> None:
+    if doc.crop_root is None:
+        return
+    src = Path(doc.crop_root) / doc.crop_rel
+    if src.is_dir():
+        for png in src.iterdir():
+            store.link_or_copy(png, staging / doc.crop_rel / png.name)
+
+
+def _get(obj, name):
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def _fill_from_entry(doc: _Doc, entry: dict) -> None:
+    meta = entry["meta"]
+    doc.num_pages = int(meta.get("num_pages", 0))
+    doc.ocr = meta.get("ocr") or {}
+    doc.enrichment = meta.get("enrichment") or {}
+    doc.enrichment_reasons = meta.get("enrichment_reasons") or ""
+    doc.elements = entry["elements"]
+    doc.notes = entry["notes"]
+    doc.embeddings = entry["embeddings"]
+    doc.edges = entry["edges"]
+    doc.crop_root = entry["root"]
+    _rename(doc)
+
+
+def _rename(doc: _Doc) -> None:
+    """Rewrites doc_id / note_id of stored rows when the document has another id in this index."""
+    if doc.notes and _get(doc.notes[0], "doc_id") != doc.doc_id:
+        doc.notes = [dict(n, doc_id=doc.doc_id, note_id=f"{doc.doc_id}#{n['reading_order']}") for n in doc.notes]
+        doc.elements = [dict(e, doc_id=doc.doc_id) for e in doc.elements]
+
+
+def _write_index(staging: Path, kept: List[_Doc], config, versions, embedder, emb_info, keys) -> dict:
+    from cdsjax.core import validate_embeddings
+
+    notes, elements, manifest_docs, emb_blocks, edge_blocks = [], [], [], [], []
+    for d in kept:
+        start = len(notes)
+        d_notes = [n if isinstance(n, dict) else n.to_dict() for n in d.notes]
+        d_elements = [e if isinstance(e, dict) else e.to_dict() for e in d.elements]
+        d_edges = np.asarray(d.edges, np.int32).reshape(-1, 2)
+        d_emb = np.ascontiguousarray(d.embeddings, dtype=np.float32)
+        notes.extend(d_notes)
+        elements.extend(d_elements)
+        emb_blocks.append(d_emb)
+        edge_blocks.append(d_edges + start)
+        if d.crop_root is not None and (Path(d.crop_root) / d.crop_rel).is_dir():
+            for png in (Path(d.crop_root) / d.crop_rel).iterdir():
+                store.link_or_copy(png, staging / d.crop_rel / png.name)
+        manifest_docs.append(dict(
+            doc_id=d.doc_id, path=str(d.path), sha256=d.sha, num_pages=d.num_pages, num_elements=len(d_elements),
+            num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel, ocr=d.ocr,
+            enrichment=d.enrichment,
+            hashes=dict(notes=store.rows_digest(d_notes), elements=store.rows_digest(d_elements),
+                        embeddings=_digest(d_emb), edges=_digest(d_edges),
+                        crops=store.crop_hashes(staging / d.crop_rel)),
+        ))
+    embeddings = np.concatenate(emb_blocks, axis=0).astype(np.float32)
+    edges = np.concatenate(edge_blocks, axis=0).astype(np.int32)
+    validate_embeddings(embeddings, norm_atol=1e-3 if emb_info.get("normalize", True) else None)
+    if len(notes) != embeddings.shape[0]:
+        raise RuntimeError(f"internal error: {len(notes)} notes but {embeddings.shape[0]} embeddings")
+    hashes = dict(
+        notes=store.write_jsonl(staging / "notes.jsonl", notes),
+        elements=store.write_jsonl(staging / "elements.jsonl", elements),
+        arrays=store.arrays_digest(embeddings, edges),
+    )
+    store.save_arrays(staging / "arrays", embeddings, edges)
+    hashes["array_files"] = store.crop_hashes(staging / "arrays")
+    info = dict(emb_info)
+    info["dim"] = int(embeddings.shape[1])
+    return dict(
+        format_version=store.FORMAT_VERSION,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        versions=versions,
+        config=config.to_dict(),
+        embedder=info,
+        keys=keys,
+        documents=manifest_docs,
+        counts=dict(notes=len(notes), links=int(edges.shape[0]), dim=int(embeddings.shape[1])),
+        hashes=hashes,
+    )
+
+
+def _digest(a: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def _embedder_key(info: dict) -> tuple:
+    return tuple(info.get(k) for k in ("model", "query_prefix", "document_prefix", "normalize"))
 
 
 def _fail(summary: IndexSummary, err: IngestError, strict: bool, log) -> None:
@@ -395,10 +724,13 @@ def _fail(summary: IndexSummary, err: IngestError, strict: bool, log) -> None:
 
 
 def _assign_doc_ids(docs: List[_Doc]) -> None:
-    """The file name, unless two different files share it (then name~sha8)."""
-    names = collections.Counter(d.path.name for d in docs)
+    """Documents already in the index keep their id; a new one gets its file name, or name~sha8 if taken."""
+    taken = {d.doc_id for d in docs if d.doc_id}
     for d in docs:
-        d.doc_id = d.path.name if names[d.path.name] == 1 else f"{d.path.name}~{d.sha[:8]}"
+        if d.doc_id:
+            continue
+        d.doc_id = d.path.name if d.path.name not in taken else f"{d.path.name}~{d.sha[:8]}"
+        taken.add(d.doc_id)
 
 
 def _parse(doc: _Doc, config, crop_dir: Path, crop_rel: str):
@@ -415,78 +747,135 @@ def _parse(doc: _Doc, config, crop_dir: Path, crop_rel: str):
 
 
 def _enrich(doc: _Doc, config, staging: Path):
+    """Notes and links of one document: ``(notes, [E, 2] edges, failure reasons text)``."""
     from cdsjax.io.notes import edges_to_array, enrich_lite, structural_links
 
     elements = [e if isinstance(e, Element) else Element.from_dict(e) for e in doc.elements]
     notes = enrich_lite(elements, config)
     edges = structural_links(elements, window=int(config.enrich.window), proximity=float(config.enrich.proximity))
     mode = str(config.enrich.mode)
+    reasons = ""
     if mode == "vlm":
-        from cdsjax.io.vlm import enrich_vlm
+        from cdsjax.io.vlm import enrich_vlm_report
 
-        notes, edges = enrich_vlm(notes, elements, edges, config=config, image_root=staging)
+        notes, edges, report = enrich_vlm_report(notes, elements, edges, config=config, image_root=staging)
+        reasons = report.reason_text()
     elif mode != "lite":
         raise ValueError(f"config.enrich.mode must be 'lite' or 'vlm', got {mode!r}")
-    return notes, edges_to_array(edges)
+    return notes, edges_to_array(edges), reasons
 
 
 class _PreviousIndex:
-    """The index already in ``out_dir``, read for stage reuse."""
+    """The index already in ``out_dir``: its documents, each checked against its recorded hashes."""
 
     def __init__(self, root: Path, manifest: dict):
         self.root = root
         self.manifest = manifest
-        self._notes = None
-        self._elements = None
-        self._arrays = None
-        self.by_sha = {d["sha256"]: d for d in manifest["documents"]}
+        self.damaged = False
+        self._loaded = False
 
     @classmethod
     def open(cls, root: Path) -> Optional["_PreviousIndex"]:
         manifest = store.read_manifest(root)
-        if manifest is None:
+        if manifest is None or not isinstance(manifest.get("documents"), list):
             return None
         return cls(root, manifest)
 
-    def lookup(self, doc: _Doc, keys: dict) -> str:
-        entry = self.by_sha.get(doc.sha)
-        if entry is None:
-            return ""
-        old = entry.get("keys", {})
-        if old.get("embed") == keys["embed"]:
-            return "all"
-        if old.get("notes") == keys["notes"]:
-            return "notes"
-        if old.get("parse") == keys["parse"]:
-            return "parse"
-        return ""
+    def documents(self) -> List[dict]:
+        return list(self.manifest["documents"])
 
-    def _load(self):
-        if self._notes is None:
-            self._notes = store.read_jsonl(self.root / "notes.jsonl")
-            self._elements = store.read_jsonl(self.root / "elements.jsonl")
-            self._arrays = store.load_arrays(self.root / "arrays")
+    def entry(self, doc_id: str) -> dict:
+        return next(e for e in self.manifest["documents"] if e["doc_id"] == doc_id)
 
-    def fill(self, doc: _Doc, level: str) -> None:
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        root = self.root
+        self.line_digests = self.notes_rows = self.element_lines = None
+        self.problems = {}
+        try:
+            self.note_lines = (root / "notes.jsonl").read_bytes().splitlines(keepends=True)
+        except OSError as err:
+            self.note_lines, self.problems["notes"] = None, f"{root / 'notes.jsonl'} is unreadable ({err.strerror})"
+        try:
+            self.element_lines = (root / "elements.jsonl").read_bytes().splitlines(keepends=True)
+        except OSError as err:
+            self.problems["elements"] = f"{root / 'elements.jsonl'} is unreadable ({err.strerror})"
+        try:
+            self.arrays = store.load_arrays_checked(root / "arrays", self.manifest.get("hashes", {}).get("array_files"))
+            if store.arrays_digest(*self.arrays) != self.manifest.get("hashes", {}).get("arrays"):
+                self.problems["arrays"] = f"{root / 'arrays'} does not match its recorded hash"
+                self.arrays_ok = False
+            else:
+                self.arrays_ok = True
+        except store.StoreError as err:
+            self.arrays, self.arrays_ok = None, False
+            self.problems["arrays"] = str(err)
+        self.whole_ok = {
+            "notes": self.note_lines is not None and store.sha256_bytes(b"".join(self.note_lines))
+            == self.manifest.get("hashes", {}).get("notes"),
+            "elements": self.element_lines is not None and store.sha256_bytes(b"".join(self.element_lines))
+            == self.manifest.get("hashes", {}).get("elements"),
+        }
+
+    def check(self, doc: _Doc) -> Optional[str]:
+        """None when the index's copy of ``doc`` is intact, else a line saying what is wrong."""
         self._load()
-        entry = self.by_sha[doc.sha]
+        entry = next(e for e in self.manifest["documents"] if e["doc_id"] == doc.doc_id)
+        problem = self._check(entry)
+        if problem is not None:
+            self.damaged = True
+        return problem
+
+    def _check(self, entry: dict) -> Optional[str]:
+        start, count = entry["note_start"], entry["num_notes"]
+        h = entry.get("hashes")
+        root = self.root
+        for name, lines in (("notes", self.note_lines), ("elements", self.element_lines)):
+            if lines is None:
+                return self.problems[name]
+            piece = lines[start : start + count]
+            if h is None:  # an index written before per-document hashes: the whole file must match
+                if not self.whole_ok[name]:
+                    return f"{root / (name + '.jsonl')} does not match its recorded hash"
+                continue
+            if len(piece) != count or store.sha256_bytes(b"".join(piece)) != h[name]:
+                return f"{root / (name + '.jsonl')}: this document's lines are damaged or missing"
+        if self.arrays is None:
+            return self.problems["arrays"]
+        emb, edges = self.arrays
+        if emb.shape[0] < start + count:
+            return f"{root / 'arrays'}: too few embeddings"
+        if h is None:
+            if not self.arrays_ok:
+                return self.problems["arrays"]
+        else:
+            sel = (edges[:, 0] >= start) & (edges[:, 0] < start + count)
+            if _digest(np.ascontiguousarray(emb[start : start + count], np.float32)) != h["embeddings"] or \
+                    _digest(np.ascontiguousarray(edges[sel] - start, np.int32)) != h["edges"]:
+                return f"{root / 'arrays'}: this document's embeddings or links do not match their hashes"
+            bad = store.check_crops(root / entry["crops"], h.get("crops", {}))
+            if bad:
+                return bad
+        return None
+
+    def fill(self, doc: _Doc) -> None:
+        import json
+
+        entry = next(e for e in self.manifest["documents"] if e["doc_id"] == doc.doc_id)
         start, count = entry["note_start"], entry["num_notes"]
         doc.num_pages = entry["num_pages"]
-        old_id = entry["doc_id"]
-        elements = self._elements[start : start + count]
-        doc.crop_src = self.root / entry["crops"]
-        if old_id != doc.doc_id:
-            elements = [dict(e, doc_id=doc.doc_id) for e in elements]
-        doc.elements = elements
-        if level in ("notes", "all"):
-            notes = self._notes[start : start + count]
-            doc.notes = [dict(n, doc_id=doc.doc_id, note_id=f"{doc.doc_id}#{n['reading_order']}") for n in notes] \
-                if old_id != doc.doc_id else notes
-            emb, edges = self._arrays
-            sel = (edges[:, 0] >= start) & (edges[:, 0] < start + count)
-            doc.edges = edges[sel] - start
-        if level == "all":
-            doc.embeddings = self._arrays[0][start : start + count]
+        doc.ocr = entry.get("ocr") or {}
+        doc.enrichment = entry.get("enrichment") or {}
+        doc.notes = [json.loads(line) for line in self.note_lines[start : start + count]]
+        doc.elements = [json.loads(line) for line in self.element_lines[start : start + count]]
+        emb, edges = self.arrays
+        sel = (edges[:, 0] >= start) & (edges[:, 0] < start + count)
+        doc.edges = edges[sel] - start
+        doc.embeddings = emb[start : start + count]
+        doc.crop_root = self.root
+        _rename(doc)
 
 
 # --------------------------------------------------------------------------- load
@@ -500,36 +889,67 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
       verify: check the notes file and arrays against the manifest's hashes.
 
     Raises:
-      store.StoreError: missing or inconsistent index (one line naming the directory).
+      store.StoreError: missing or damaged index (one line naming the file, and how to repair it).
     """
     root = Path(directory)
     store.recover(root)
     manifest = store.read_manifest(root)
     if manifest is None:
-        raise store.StoreError(f"{root}: not a cdsjax index (no readable manifest.json)")
+        raise store.StoreError(store.not_an_index(root))
+    fix = f"; run `cdsjax index --verify {root}` to repair it"
     try:
-        notes = store.read_jsonl(root / "notes.jsonl")
-        embeddings, edges = store.load_arrays(root / "arrays")
-    except Exception as err:
-        raise store.StoreError(f"{root}: index is damaged ({type(err).__name__}: {err})") from None
-    if verify:
-        if store.sha256_file(root / "notes.jsonl") != manifest["hashes"]["notes"]:
-            raise store.StoreError(f"{root}: notes.jsonl does not match the manifest hash")
-        if store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
-            raise store.StoreError(f"{root}: arrays do not match the manifest hash")
+        notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
+        embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"))
+        if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
+            raise store.StoreError(f"{root / 'arrays'}: damaged (content does not match its recorded sha256)")
+    except store.StoreError as err:
+        raise store.StoreError(f"{err}{fix}") from None
+    except (KeyError, TypeError) as err:
+        raise store.StoreError(f"{root / store.MANIFEST}: damaged (no {err}){fix}") from None
     n = len(notes)
     if embeddings.shape[0] != n:
-        raise store.StoreError(f"{root}: {n} notes but {embeddings.shape[0]} embeddings")
+        raise store.StoreError(f"{root}: {n} notes but {embeddings.shape[0]} embeddings{fix}")
     links = np.zeros((n, n), dtype=np.bool_)
     if edges.size:
+        if edges.min() < 0 or edges.max() >= n:
+            raise store.StoreError(f"{root / 'arrays'}: damaged (link indices out of range){fix}")
         links[edges[:, 0], edges[:, 1]] = True
         links[edges[:, 1], edges[:, 0]] = True
     np.fill_diagonal(links, False)
+    no_text = {d["doc_id"]: (set(d.get("ocr", {}).get("pages", [])), d.get("ocr", {}).get("state"))
+               for d in manifest.get("documents", [])}
     for note in notes:
+        pages, state = no_text.get(note.get("doc_id"), (set(), None))
+        if note.get("page") in pages:  # the reader's evidence from this page is OCR text or only an image
+            note["no_text_layer"] = True
+            note["ocr"] = state
         if note.get("image_path"):
             note["image_path"] = str((root / note["image_path"]).absolute())
     return CorpusIndex(embeddings=embeddings, links=links, notes=notes, manifest=manifest,
                        embedder=manifest["embedder"], root=root.absolute())
+
+
+def list_index(directory) -> List[dict]:
+    """The documents of an index: doc_id, path, sha256, pages, notes, enrichment, OCR state (no hash checks)."""
+    root = Path(directory)
+    manifest = store.read_manifest(root)
+    if manifest is None:
+        raise store.StoreError(store.not_an_index(root))
+    return [dict(doc_id=d["doc_id"], path=d["path"], sha256=d["sha256"], pages=d["num_pages"],
+                 notes=d["num_notes"], enrichment=d.get("enrichment") or {}, ocr=d.get("ocr") or {})
+            for d in manifest["documents"]]
+
+
+def verify_index(directory, *, config=None, log=None, wait: bool = True) -> IndexSummary:
+    """Checks every document of an index against its hashes and rebuilds the damaged ones.
+
+    Returns the summary of the repair run: ``repaired`` lists ``(doc_id, problem)``; ``failures`` the
+    documents that could not be rebuilt (their PDF is gone and no cache entry is left).
+    """
+    root = Path(directory)
+    if store.read_manifest(root) is None:
+        raise store.StoreError(store.not_an_index(root))
+    return build_index([], root, config=config, log=log, wait=wait, strict=False)
 
 
 # --------------------------------------------------------------------------- single-PDF cache
@@ -544,15 +964,25 @@ def cache_root(config=None) -> Path:
     return Path(root).expanduser()
 
 
-def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False) -> CorpusIndex:
+def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
+              log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
     """Indexes one PDF into the cache (once per content and settings) and loads it.
 
-    Used by ``cdsjax ask PDF``. The cache directory is ``<cache>/<stem>-<sha256[:16]>``.
+    Used by ``cdsjax ask PDF``. The index directory is ``<cache>/<stem>-<sha256[:16]>``; the documents go
+    to the shared document cache (:func:`doc_cache`), or to ``<cache_dir>/docs`` when ``cache_dir`` is given
+    (an evaluation keeps everything under its own cache).
+
+    Repairs, damaged cache entries and pages without text layer are reported through ``log`` (default: one
+    line each on stderr).
 
     Raises:
       IngestError: the PDF cannot be indexed.
     """
     from cdsjax.io.parse import check_pdf_file
+
+    if log is None:
+        def log(line: str) -> None:
+            print(f"cdsjax: {line}", file=sys.stderr)
 
     config = default_config() if config is None else config
     pdf = Path(pdf)
@@ -562,5 +992,6 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False) -> Co
     sha = store.sha256_file(pdf)
     root = Path(cache_dir) if cache_dir is not None else cache_root(config)
     out = root / f"{pdf.stem[:60]}-{sha[:16]}"
-    build_index([pdf], out, config=config, strict=True, progress=progress)
+    build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
+                cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
     return load_index(out)

@@ -50,6 +50,9 @@ class Note:
     reading_order: int = -1
     role: str = "body"
     label: str = ""
+    # how the summary/keywords/tags were written: "lite" (no model), "vlm" (the VLM described it), or
+    # "lite-fallback" (the VLM was asked and failed: lite values kept, retried on the next run)
+    enrichment: str = "lite"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -14,23 +14,31 @@ regions in reading order. From that we build:
   footnote below, the text inside the box, and ``context_words`` words of body
   text on each side in reading order.
 
-Page headers and footers are left out. A page with no text layer and no
-detected picture becomes one full-page figure, so scanned pages stay
-retrievable (OCR is opt-in: ``config.ingest.use_ocr``).
+Page headers and footers are left out. A page with no text layer (a scanned
+page) and no detected picture becomes one full-page figure, so it stays
+retrievable as an image; when Tesseract is installed (and
+``config.ingest.use_ocr`` is not "off") the page is also read with OCR through
+PyMuPDF (``Page.get_textpage_ocr``) and its text becomes ordinary text chunks.
+One warning per document says how many pages had no text layer and whether OCR
+read them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import contextlib
+import functools
 import io
 import re
+import shutil
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
 
 PARSER_VERSION = "pymupdf-1"
+OCR_DPI = 300
+OCR_LANGUAGE = "eng"
 
 SKIPPED_CLASSES = {"page-header", "page-footer"}
 LABEL_RE = re.compile(
@@ -56,6 +64,26 @@ class ParsedDocument:
     elements: List[Element]
     num_pages: int
     warnings: List[str]
+    no_text_pages: List[int] = dataclasses.field(default_factory=list)  # 0-based pages without a text layer
+    ocr: str = "not needed"  # "not needed" | "done" | "failed" | "unavailable" | "off"
+
+
+@functools.lru_cache(maxsize=1)
+def ocr_available() -> bool:
+    """True when Tesseract and its language data can be used by PyMuPDF."""
+    if shutil.which("tesseract") is None:
+        return False
+    import pymupdf
+
+    try:
+        return bool(pymupdf.get_tessdata())
+    except Exception:  # no tessdata directory found
+        return False
+
+
+def ocr_enabled(cfg) -> bool:
+    """``config.ingest.use_ocr``: "auto" (default: OCR when Tesseract is installed) or "off"."""
+    return str(cfg.get("use_ocr", "auto")).strip().lower() not in ("off", "false", "0", "no", "none")
 
 
 # --------------------------------------------------------------------------- checks
@@ -148,8 +176,11 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
     cfg = config.ingest
     doc = open_pdf(path)
     warnings: List[str] = []
+    no_text_pages: List[int] = []
+    ocr_failed = 0
+    use_ocr = ocr_enabled(cfg) and ocr_available()
     try:
-        pages = _layout_pages(doc, path, use_ocr=bool(cfg.use_ocr))
+        pages = _layout_pages(doc, path, use_ocr=False)
         elements: List[Element] = []
         words: List[str] = []  # body words of the whole document, in reading order
         visual_pos: List[Tuple[Element, int]] = []
@@ -158,11 +189,15 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         for pno, regions in enumerate(pages):
             page = doc[pno]
             page_rect = [float(v) for v in page.rect]
-            page_elements, stream, no_text = _page_elements(
-                doc_id, pno, regions, page_rect, cfg, has_text=bool(page.get_text("text").strip())
-            )
-            if no_text:
-                warnings.append(f"{path}: page {pno} has no text layer (indexed as a page image)")
+            has_text = bool(page.get_text("text").strip())
+            if not has_text:
+                no_text_pages.append(pno)
+                if use_ocr:
+                    try:
+                        regions = regions + _ocr_regions(page, start=len(regions))
+                    except Exception:  # Tesseract failed on this page: it stays a page image
+                        ocr_failed += 1
+            page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg, has_text=has_text)
             # reading-order walk: body words advance the context cursor, visuals record where they sit
             for item in stream:
                 if isinstance(item, Element):
@@ -176,7 +211,18 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                     el.image_path = _write_crop(page, el, crop_dir, crop_prefix, cfg)
         _attach_context(visual_pos, words, int(cfg.context_words))
         _resolve_parents(elements)
-        return ParsedDocument(elements=elements, num_pages=len(pages), warnings=warnings)
+        ocr = "not needed"
+        if no_text_pages:
+            ocr = ("failed" if ocr_failed == len(no_text_pages) else "done") if use_ocr else (
+                "unavailable" if ocr_enabled(cfg) else "off")
+            line = f"{path}: {len(no_text_pages)} of {len(pages)} pages have no text layer; OCR: {ocr}"
+            if ocr_failed and ocr != "failed":
+                line += f" (failed on {ocr_failed} pages)"
+            if ocr == "unavailable":
+                line += " (install tesseract-ocr to read them; they are indexed as page images)"
+            warnings.append(line)
+        return ParsedDocument(elements=elements, num_pages=len(pages), warnings=warnings,
+                              no_text_pages=no_text_pages, ocr=ocr)
     except IngestError:
         raise
     except Exception as err:
@@ -210,6 +256,36 @@ def _layout_pages(doc, path: Path, *, use_ocr: bool) -> List[List[_Region]]:
             regions.append(_Region(box.boxclass, bbox, text, order, table_md))
         pages.append(regions)
     return pages
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silences file descriptor 2: Tesseract (C++) prints lines such as "Line cannot be recognized!!"."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _ocr_regions(page, *, start: int) -> List[_Region]:
+    """The text blocks Tesseract reads on a page (PyMuPDF ``get_textpage_ocr``), as body regions."""
+    with _quiet_stderr():
+        textpage = page.get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
+    regions = []
+    for block in page.get_text("blocks", textpage=textpage, sort=True):
+        x0, y0, x1, y1, text, _, kind = block[:7]
+        text = " ".join(str(text).split())
+        if kind == 0 and len(text) >= 3:
+            regions.append(_Region("text", [float(x0), float(y0), float(x1), float(y1)], text, start + len(regions)))
+    return regions
 
 
 def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_text: bool):

@@ -21,7 +21,10 @@ The judge (:mod:`cdsjax.io.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_M
 Every failure to get an answer is a :class:`ReaderError` with a one-line message and a ``kind``:
 ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``, ``model_not_found``,
 ``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. Transient failures (connection errors,
-timeouts, HTTP 408/409/429/5xx) are retried with exponential backoff (tenacity) before they are raised.
+timeouts, HTTP 408/409/429/5xx, and replies that are malformed, empty or carry no message) are retried with
+exponential backoff (tenacity) before they are raised; ``timeout`` bounds the whole call, retries included.
+:meth:`ChatClient.probe` is a quick reachability check to run before slow work, and :func:`error_dict`
+is the ``"error"`` object of ``cdsjax ask --json`` when reading fails.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class ReaderConfig:
       base_url: server URL ending in ``/v1``; None reads ``<PREFIX>_URL`` from the environment.
       model: model name; None reads ``<PREFIX>_MODEL``, and failing that uses the server's only model.
       api_key: None reads ``<PREFIX>_API_KEY``, then "EMPTY".
-      timeout: seconds to wait for one response.
+      timeout: seconds one call may take in all, retries and waits between them included.
       max_retries: retries of a transient failure (so at most ``max_retries + 1`` requests per call).
       backoff: first wait between retries, in seconds; it doubles each retry, with up to ``backoff``
         seconds of random jitter.
@@ -245,6 +248,12 @@ class ReaderAnswer:
     latency_s: float
     model: str
     finish_reason: Optional[str] = None
+    warnings: tuple = ()  # e.g. an evidence image that was missing and sent as text instead
+
+
+def error_dict(err: "ReaderError") -> dict:
+    """The ``"error"`` object of ``cdsjax ask --json``: kind, message and server of a failed read."""
+    return {"kind": err.kind, "message": str(err), "server": err.url}
 
 
 SYSTEM_PROMPT = """\
@@ -266,6 +275,7 @@ def build_messages(
     evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
     *,
     max_text_chars: Optional[int] = 1500,
+    missing_images: Optional[list] = None,
 ) -> list:
     """Builds the chat messages for one question (reads image files, sends nothing).
 
@@ -274,6 +284,8 @@ def build_messages(
       evidence: the selected notes, in the order the reader should see them; they are numbered [1], [2], ...
       max_text_chars: longest text kept per note (None keeps everything); a visual note's caption and
         summary share this budget.
+      missing_images: None raises on an evidence image that does not exist; a list makes such a note go as
+        text (caption, summary and its text) and receives one warning line per missing image.
 
     Returns:
       ``[system message, user message]``; the user message's content is a list of ``text`` and
@@ -291,6 +303,10 @@ def build_messages(
              "Evidence: none was found for this question."]
     for i, item in enumerate(items, start=1):
         header = f"[{i}] {item.kind} | document: {item.doc_id} | page {item.page + 1}"
+        if item.is_visual and item.image_path is not None and missing_images is not None \
+                and not Path(item.image_path).is_file():
+            missing_images.append(f"evidence [{i}]: image file not found: {item.image_path}; sent as text instead")
+            item = dataclasses.replace(item, image_path=None)
         if item.is_visual:
             body = _visual_text(item, max_text_chars)
             lines.append(header + ("\n" + body if body else ""))
@@ -390,12 +406,20 @@ _CONTEXT_TOO_LONG = re.compile(
     r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit)", re.IGNORECASE)
 
 
+class _MalformedReply(Exception):
+    """A reply that is not a usable chat completion (invalid JSON, no choices, no message content)."""
+
+
 def _is_transient(err: BaseException) -> bool:
-    if isinstance(err, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(err, (openai.APIConnectionError, _MalformedReply, ValueError)):  # ValueError: invalid JSON body
         return True
     if isinstance(err, openai.APIStatusError):
         return err.status_code in (408, 409, 429) or err.status_code >= 500
     return False
+
+
+def _tries(attempts: int) -> str:
+    return f"{attempts} attempt{'s' if attempts != 1 else ''}"
 
 
 def _server_message(err: openai.APIStatusError) -> str:
@@ -476,34 +500,67 @@ class ChatClient:
           (content, finish_reason, usage dict or None, model name, latency in seconds).
         """
         cfg = self.config
+        start = time.perf_counter()
         model = self.model
+        deadline = start + cfg.timeout
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(cfg.max_retries + 1),
+            stop=tenacity.stop_after_attempt(cfg.max_retries + 1) | tenacity.stop_before_delay(cfg.timeout),
             wait=(tenacity.wait_exponential(multiplier=cfg.backoff, max=cfg.max_backoff)
                   + tenacity.wait_random(0, cfg.backoff)),
             retry=tenacity.retry_if_exception(_is_transient),
             reraise=True,
         )
         attempts = 0
-        start = time.perf_counter()
         try:
             for attempt in retrying:
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
-                    response = self.client.chat.completions.create(
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        raise openai.APITimeoutError(request=None)  # the deadline passed between attempts
+                    response = self.client.with_options(timeout=left).chat.completions.create(
                         model=model, messages=messages, temperature=cfg.temperature,
                         max_tokens=int(max_tokens or cfg.max_tokens))
+                    choices = getattr(response, "choices", None) or []
+                    if not choices or choices[0].message is None:
+                        raise _MalformedReply("a reply without choices")
+                    content = choices[0].message.content
+                    if content is None or not content.strip():
+                        raise _MalformedReply(f"an empty reply (finish_reason={choices[0].finish_reason})")
         except openai.OpenAIError as err:
             raise self._error(err, attempts) from err
+        except _MalformedReply as err:
+            raise ReaderError(f"the {self.role} at {self.url} sent {err} ({_tries(attempts)})",
+                              kind="bad_response", url=self.url, attempts=attempts) from None
+        except ValueError as err:  # the body was not valid JSON
+            raise ReaderError(f"the {self.role} at {self.url} sent a malformed reply (not valid JSON: "
+                              f"{_oneline(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
+                              attempts=attempts) from None
         latency = time.perf_counter() - start
-        choices = getattr(response, "choices", None) or []
-        content = choices[0].message.content if choices and choices[0].message is not None else None
-        if content is None:
-            reason = choices[0].finish_reason if choices else None
-            raise ReaderError(f"the {self.role} at {self.url} returned no message content "
-                              f"(finish_reason={reason})", kind="bad_response", url=self.url, attempts=attempts)
         usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
         return content, choices[0].finish_reason, usage, response.model or model, latency
+
+    def probe(self, timeout: float = 5.0) -> Optional["ReaderError"]:
+        """A quick reachability check (one ``GET /models``, no retries): None when the server answers and
+        serves the model, else the :class:`ReaderError` a call would end with."""
+        try:
+            page = self.client.with_options(timeout=min(timeout, self.config.timeout)).models.list()
+            names = [m.id for m in page.data]
+        except openai.NotFoundError:
+            return None  # some servers have no model list; the chat call will tell
+        except openai.OpenAIError as err:
+            return self._error(err, attempts=1)
+        except ValueError as err:
+            return ReaderError(f"the {self.role} at {self.url} sent a malformed model list (not valid JSON: "
+                               f"{_oneline(err, 120)})", kind="bad_response", url=self.url, attempts=1)
+        if self._model is not None and names and self._model not in names:
+            return ReaderError(self._not_found_message(self._model, names), kind="model_not_found", url=self.url)
+        if self._model is None:
+            try:
+                self.model
+            except ReaderError as err:
+                return err
+        return None
 
     def _not_found_message(self, model: str, names: Sequence[str]) -> str:
         offered = ", ".join(names) if names else "no models"
@@ -511,7 +568,7 @@ class ChatClient:
 
     def _error(self, err: openai.OpenAIError, attempts: int) -> ReaderError:
         url, role = self.url, self.role
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        tries = _tries(attempts)
         if isinstance(err, openai.APITimeoutError):
             return ReaderError(f"the {role} at {url} did not answer within {self.config.timeout:g} s ({tries})",
                                kind="timeout", url=url, attempts=attempts)
@@ -609,14 +666,16 @@ class Reader(ChatClient):
           ReaderError: the server could not give an answer (after retries where retrying makes sense).
         """
         items = as_evidence(evidence)
-        messages = build_messages(question, items, max_text_chars=self.config.max_text_chars)
-        return self._read(messages, len(items), max_tokens)
+        missing: list = []
+        messages = build_messages(question, items, max_text_chars=self.config.max_text_chars,
+                                  missing_images=missing)
+        return self._read(messages, len(items), max_tokens, warnings=tuple(missing))
 
-    def _read(self, messages: list, n_evidence: int, max_tokens: Optional[int]) -> ReaderAnswer:
+    def _read(self, messages: list, n_evidence: int, max_tokens: Optional[int], warnings: tuple = ()) -> ReaderAnswer:
         content, finish, usage, model, latency = self.chat(messages, max_tokens=max_tokens)
         text = strip_thinking(content)
         return ReaderAnswer(text=text, cited=parse_citations(text, n_evidence), abstained=is_abstention(text),
-                            usage=usage, latency_s=latency, model=model, finish_reason=finish)
+                            usage=usage, latency_s=latency, model=model, finish_reason=finish, warnings=warnings)
 
     def answer_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
         """Answers many questions, ``config.concurrency`` at a time, in input order.
@@ -732,3 +791,27 @@ def clamp_output_tokens(context_chars: int, n_images: int, max_model_len: int) -
                          f"{context_chars}, {n_images}, {max_model_len}")
     room = max_model_len - context_chars / CHARS_PER_TOKEN - TOKENS_PER_IMAGE * n_images - PROMPT_RESERVE_TOKENS
     return int(max(MIN_OUTPUT_TOKENS, min(MAX_OUTPUT_TOKENS, math.floor(room))))
+
+
+def ask_warnings(answer, notes_of: Callable[[str], Mapping[str, Any]]) -> list:
+    """One-line warnings about an ``ask`` result: evidence images sent as text, evidence from pages
+    without a text layer (scanned pages: their text is OCR output, or there is only the page image).
+
+    Args:
+      answer: a :class:`cdsjax.pipeline.Answer`.
+      notes_of: note id -> the note dict of the index (``no_text_layer`` / ``ocr`` are set by ``load_index``).
+    """
+    out = list((answer.reader or {}).get("warnings") or [])
+    scanned = []
+    for e in answer.evidence:
+        note = notes_of(e.get("note_id")) or {}
+        if note.get("no_text_layer"):
+            scanned.append((e["rank"], e["document"], e["page"], note.get("ocr")))
+    if scanned:
+        states = sorted({s or "unknown" for *_, s in scanned})
+        where = ", ".join(f"[{r}] {d} p.{p + 1}" for r, d, p, _ in scanned[:6]) + (" ..." if len(scanned) > 6 else "")
+        how = ("their text was read by OCR and may hold errors" if states == ["done"] else
+               "they were indexed as page images without text (install tesseract-ocr and index again)")
+        out.append(f"{len(scanned)} of {len(answer.evidence)} evidence notes come from pages without a text layer "
+                   f"({where}; OCR: {'/'.join(states)}): {how}")
+    return out

@@ -16,13 +16,15 @@ renames, none: :func:`recover` puts the previous one back on the next run).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -158,14 +160,30 @@ def recover(out_dir: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_output_dir(out_dir: Path) -> None:
-    """Raises :class:`StoreError` unless ``out_dir`` can receive an index."""
+def not_an_index(directory: Path) -> str:
+    """Why ``directory`` cannot be read as an index: no manifest, or a damaged one (named)."""
+    directory = Path(directory)
+    manifest = directory / MANIFEST
+    if manifest.is_file() and (directory / "notes.jsonl").exists():
+        return (f"{manifest}: damaged (unreadable, so the index cannot be checked or repaired); rebuild it with "
+                f"`cdsjax index PDF... --out {directory} --replace`")
+    return f"{directory}: not a cdsjax index (no readable {MANIFEST})"
+
+
+def check_output_dir(out_dir: Path, *, replace: bool = False) -> None:
+    """Raises :class:`StoreError` unless ``out_dir`` can receive an index.
+
+    ``replace=True`` also accepts an index directory whose manifest is damaged (it is rebuilt whole)."""
     out_dir = Path(out_dir)
     if out_dir.exists():
         if not out_dir.is_dir():
             raise StoreError(f"{out_dir}: output path exists and is not a directory")
         if read_manifest(out_dir) is None and any(out_dir.iterdir()):
-            raise StoreError(f"{out_dir}: output directory is not empty and holds no cdsjax index")
+            if (out_dir / MANIFEST).is_file() and (out_dir / "notes.jsonl").exists():
+                if not replace:
+                    raise StoreError(not_an_index(out_dir))
+            else:
+                raise StoreError(f"{out_dir}: output directory is not empty and holds no cdsjax index")
     parent = out_dir.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -206,3 +224,299 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+# --------------------------------------------------------------------------- writer lock
+
+
+class LockBusy(StoreError):
+    """Another writer holds the index and the caller asked not to wait."""
+
+
+@contextlib.contextmanager
+def writer_lock(out_dir: Path, *, wait: bool = True, on_wait: Optional[Callable[[str], None]] = None):
+    """Holds the writer lock of ``out_dir`` (an ``fcntl`` lock on the sibling file ``.<name>.lock``).
+
+    The lock file sits next to the index, not inside it, because a commit swaps the index directory.
+    The kernel drops the lock when its holder exits, however it exits (``kill -9`` included).
+
+    Args:
+      wait: block until the lock is free; False raises :class:`LockBusy` at once.
+      on_wait: called once with a line naming the holder before blocking.
+    """
+    out_dir = Path(out_dir).absolute()
+    path = out_dir.parent / f".{out_dir.name}.lock"
+    announced = False
+    while True:
+        try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise StoreError(f"{out_dir}: cannot create the lock file {path} ({err.strerror or err})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            if not wait:
+                os.close(fd)
+                raise LockBusy(f"{out_dir}: another cdsjax index run{holder} is writing this index; "
+                               f"try again when it has finished (or leave out --no-wait to wait)") from None
+            if on_wait is not None and not announced:
+                on_wait(f"{out_dir}: waiting for another cdsjax index run{holder} to finish")
+                announced = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        # the holder before us removes the file when it is done: a lock on a removed file locks nothing
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        try:
+            os.unlink(path)  # still holding the lock, so nobody else holds this file's lock now
+        except OSError:
+            pass
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        pid = int(os.pread(fd, 32, 0).decode().strip() or "0")
+    except (OSError, ValueError):
+        return ""
+    return f" (pid {pid})" if pid > 0 else ""
+
+
+# --------------------------------------------------------------------------- checked reads
+
+
+def rows_digest(rows: Iterable[dict]) -> str:
+    """sha256 of rows as :func:`write_jsonl` writes them (so slices of a file can be checked)."""
+    h = hashlib.sha256()
+    for row in rows:
+        h.update((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    return h.hexdigest()
+
+
+def read_jsonl_checked(path: Path, expected_sha: Optional[str] = None) -> List[dict]:
+    """Reads a JSONL file, raising :class:`StoreError` naming the file on a hash mismatch or bad line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise StoreError(f"{path}: cannot read ({err.strerror or err})") from None
+    if expected_sha is not None and hashlib.sha256(data).hexdigest() != expected_sha:
+        raise StoreError(f"{path}: damaged (content does not match its recorded sha256)")
+    rows = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise StoreError(f"{path}: damaged (line {number} is not valid JSON: {err.msg})") from None
+        if not isinstance(row, dict):
+            raise StoreError(f"{path}: damaged (line {number} is not a JSON object)")
+        rows.append(row)
+    return rows
+
+
+def jsonl_line_digests(path: Path) -> List[str]:
+    """sha256 of each line of a JSONL file (newline included), to check per-document slices."""
+    with open(path, "rb") as f:
+        return [hashlib.sha256(line).hexdigest() for line in f]
+
+
+def save_npy(path: Path, array: np.ndarray) -> str:
+    """Writes one array with ``np.save``; returns the file's sha256."""
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+    return sha256_file(path)
+
+
+def load_npy_checked(path: Path, expected_sha: str) -> np.ndarray:
+    path = Path(path)
+    try:
+        if sha256_file(path) != expected_sha:
+            raise StoreError(f"{path}: damaged (content does not match its recorded sha256)")
+        return np.load(path, allow_pickle=False)
+    except OSError as err:
+        raise StoreError(f"{path}: cannot read ({err.strerror or err})") from None
+    except ValueError as err:
+        raise StoreError(f"{path}: damaged ({' '.join(str(err).split())[:160]})") from None
+
+
+def load_arrays_checked(directory: Path, files: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`load_arrays`, with any failure (missing or truncated files) as a :class:`StoreError`.
+
+    Args:
+      files: ``{relative path: sha256}`` of the checkpoint's files (:func:`crop_hashes` of the directory,
+        recorded at write time); when given, every file is checked before orbax reads any of them.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise StoreError(f"{directory}: missing (the index's arrays are gone)")
+    if files:
+        bad = check_crops(directory, files)
+        if bad:
+            raise StoreError(bad.replace("(image crop)", "(array file)"))
+    try:
+        return load_arrays(directory)
+    except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files
+        text = " ".join(str(err).split())[:160] or type(err).__name__
+        raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None
+
+
+# --------------------------------------------------------------------------- per-document cache
+
+
+class DocCache:
+    """Content-addressed cache of finished documents, shared by every index and by ``ask PDF``.
+
+    One directory per entry, ``<root>/<key[:2]>/<key>/``, where the key hashes the PDF's bytes and every
+    setting that changes the result (parser, enrichment, embedder; see ``cdsjax.io.index.stage_keys``)::
+
+        entry.json      what the entry holds, with the sha256 of every other file (written last)
+        elements.jsonl  notes.jsonl  embeddings.npy  edges.npy  crops/<sha16>/*.png
+
+    (crops sit where an index keeps them, so note ``image_path``s resolve against the entry directory too).
+
+    An entry is written to a hidden staging directory and renamed into place, so a killed writer leaves
+    either a whole entry or none. Reads check every hash; a damaged entry reads as a :class:`StoreError`
+    naming the file, and the caller rebuilds it.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def exists(self, key: str) -> bool:
+        return (self.path(key) / "entry.json").exists() or self.path(key).exists()
+
+    def read(self, key: str) -> Optional[dict]:
+        """The entry for ``key`` (dict with meta, elements, notes, embeddings, edges, crops), or None if absent.
+
+        Raises:
+          StoreError: the entry exists but is damaged (the message names the file).
+        """
+        d = self.path(key)
+        if not d.exists():
+            return None
+        meta_path = d / "entry.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except OSError as err:
+            raise StoreError(f"{meta_path}: cannot read ({err.strerror or err})") from None
+        except ValueError as err:
+            raise StoreError(f"{meta_path}: damaged (not valid JSON: {err})") from None
+        if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("hashes"), dict):
+            raise StoreError(f"{meta_path}: damaged (not a cache entry for key {key[:16]})")
+        h = meta["hashes"]
+        out = dict(meta=meta)
+        out["elements"] = read_jsonl_checked(d / "elements.jsonl", h.get("elements"))
+        out["notes"] = read_jsonl_checked(d / "notes.jsonl", h.get("notes"))
+        out["embeddings"] = load_npy_checked(d / "embeddings.npy", h.get("embeddings"))
+        out["edges"] = load_npy_checked(d / "edges.npy", h.get("edges")).reshape(-1, 2)
+        bad = check_crops(d / "crops", h.get("crops") or {})
+        if bad:
+            raise StoreError(bad)
+        if len(out["notes"]) != out["embeddings"].shape[0] or len(out["notes"]) != len(out["elements"]):
+            raise StoreError(f"{d}: damaged ({len(out['notes'])} notes, {len(out['elements'])} elements, "
+                             f"{out['embeddings'].shape[0]} embeddings)")
+        out["root"] = d
+        return out
+
+    def staging(self) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        (path / "crops").mkdir(parents=True)
+        return path
+
+    def write(self, key: str, staging: Path, *, meta: dict, elements: List[dict], notes: List[dict],
+              embeddings: np.ndarray, edges: np.ndarray, replace: bool = False) -> Path:
+        """Completes the staged entry (crops already in ``staging/crops``) and renames it into place.
+
+        An intact entry already in place (another process finished the same document first) is kept and
+        ours dropped, so a reader of that entry never sees it vanish; ``replace=True`` (an improved entry:
+        retried enrichment, OCR) or a damaged one is swapped out.
+        """
+        staging = Path(staging)
+        hashes = dict(
+            elements=write_jsonl(staging / "elements.jsonl", elements),
+            notes=write_jsonl(staging / "notes.jsonl", notes),
+            embeddings=save_npy(staging / "embeddings.npy", np.asarray(embeddings, np.float32)),
+            edges=save_npy(staging / "edges.npy", np.asarray(edges, np.int32).reshape(-1, 2)),
+            crops=crop_hashes(staging / "crops"),
+        )
+        meta = dict(meta, key=key, hashes=hashes)
+        with open(staging / "entry.json", "w") as f:
+            json.dump(meta, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        final = self.path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists() and not replace:
+            try:
+                self.read(key)
+            except StoreError:
+                pass
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+                return final
+        if final.exists():  # a damaged or outdated entry: move it aside first
+            trash = self.root / f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.replace(final, trash)
+            except OSError:
+                trash = None
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(staging, final)
+        except OSError:  # another process committed the same entry meanwhile: theirs is as good as ours
+            shutil.rmtree(staging, ignore_errors=True)
+        return final
+
+    def discard(self, key: str) -> None:
+        shutil.rmtree(self.path(key), ignore_errors=True)
+
+    def clean_staging(self) -> None:
+        """Removes staging directories of writers that are gone (a killed run's half-written entry)."""
+        if not self.root.is_dir():
+            return
+        for p in self.root.iterdir():
+            if p.name.startswith((".tmp-", ".old-")):
+                pid = _owner_pid(p)
+                if pid == os.getpid() or not _pid_alive(pid):
+                    shutil.rmtree(p, ignore_errors=True)
+
+
+def crop_hashes(crops_dir: Path) -> dict:
+    """``{relative path: sha256}`` of every file under ``crops_dir``."""
+    crops_dir = Path(crops_dir)
+    if not crops_dir.is_dir():
+        return {}
+    return {str(p.relative_to(crops_dir)): sha256_file(p) for p in sorted(crops_dir.rglob("*")) if p.is_file()}
+
+
+def check_crops(crops_dir: Path, expected: dict) -> Optional[str]:
+    """None if every crop is present with its hash, else a line naming the first bad file."""
+    for name, sha in expected.items():
+        crop = Path(crops_dir) / name
+        if not crop.is_file():
+            return f"{crop}: missing (image crop)"
+        if sha256_file(crop) != sha:
+            return f"{crop}: damaged (content does not match its recorded sha256)"
+    return None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -10,15 +10,21 @@ Three passes, each one request per note, sent concurrently (``config.enrich.conc
 3. evolve (``evolution_rounds`` T): in each round every note sees its linked neighbours' current
    summaries and may rewrite its own summary/keywords/tags (all notes update from the same snapshot).
 
-A reply that is not valid JSON leaves the note as it was (lite values); an unreachable endpoint
-raises :class:`VLMError` with one line naming the URL.
+A note whose describe request fails (HTTP error, a reply that is not a JSON object) keeps its lite
+values and is marked ``enrichment="lite-fallback"`` (a described note is ``"vlm"``); the failures are
+counted with their reasons in a :class:`VLMReport`, and failed notes take no part in the later passes.
+After ``FAILURE_LIMIT`` failures in a row with no success at all the server is taken to be broken and the
+remaining notes are not sent. An unreachable endpoint raises :class:`VLMError` with one line naming the URL.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
+import dataclasses
 import json
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
@@ -51,8 +57,33 @@ Reply with one JSON object and nothing else:
 {"update": true or false, "summary": "<the card's summary>", "keywords": ["..."], "tags": ["..."]}"""
 
 
+FAILURE_LIMIT = 8  # describe failures in a row, before any success, that stop a document's requests
+
+
 class VLMError(RuntimeError):
     """The enrichment endpoint cannot be used (one line naming the URL)."""
+
+
+@dataclasses.dataclass
+class VLMReport:
+    """What VLM enrichment of one document did.
+
+    Attributes:
+      described: notes the VLM described (``enrichment == "vlm"``).
+      failed: notes left with lite values (``"lite-fallback"``).
+      reasons: failure reason -> count (e.g. ``"HTTP 500"``, ``"reply is not a JSON object"``).
+      requests: requests sent.
+      url: the endpoint.
+    """
+
+    described: int = 0
+    failed: int = 0
+    reasons: Dict[str, int] = dataclasses.field(default_factory=dict)
+    requests: int = 0
+    url: str = ""
+
+    def reason_text(self) -> str:
+        return ", ".join(f"{r} x{n}" for r, n in sorted(self.reasons.items(), key=lambda t: -t[1]))
 
 
 def parse_json_reply(text: Optional[str]) -> Optional[dict]:
@@ -93,6 +124,10 @@ class _Client:
                                     max_retries=int(cfg.max_retries))
 
     def chat(self, system: str, content) -> Optional[str]:
+        return self.ask(system, content)[0]
+
+    def ask(self, system: str, content) -> Tuple[Optional[str], str]:
+        """``(reply text, "")``, or ``(None, reason)`` when the request failed."""
         try:
             resp = self.client.chat.completions.create(
                 model=self.model,
@@ -106,10 +141,13 @@ class _Client:
             if err.status_code in (401, 403, 404):
                 raise VLMError(f"the VLM at {self.url} refused the request (HTTP {err.status_code}): "
                                f"{' '.join(str(err).split())[:200]}") from None
-            return None  # a failed note keeps its lite values
-        if not resp.choices:
-            return None
-        return resp.choices[0].message.content
+            return None, f"HTTP {err.status_code}"
+        except Exception as err:  # a body that is not a chat completion (plain text, HTML, ...)
+            return None, f"unreadable response ({type(err).__name__})"
+        if not getattr(resp, "choices", None) or resp.choices[0].message is None:
+            return None, "reply without a message"
+        content = resp.choices[0].message.content
+        return (content, "") if content and content.strip() else (None, "empty reply")
 
 
 def _image_part(path: Optional[str], image_root: Optional[Path]):
@@ -154,10 +192,44 @@ def enrich_vlm(notes, elements: Sequence[Element], edges: Set[Tuple[int, int]], 
     Returns:
       ``(notes, edges)`` with the verified edge set.
     """
+    notes, edges, _ = enrich_vlm_report(notes, elements, edges, config=config, image_root=image_root)
+    return notes, edges
+
+
+def enrich_vlm_report(notes, elements: Sequence[Element], edges: Set[Tuple[int, int]], *, config,
+                      image_root: Optional[Path] = None, only: Optional[Sequence[int]] = None):
+    """:func:`enrich_vlm`, returning ``(notes, edges, VLMReport)``.
+
+    Args:
+      only: indices of the notes to (re)describe, e.g. the ``lite-fallback`` notes of an earlier run; the
+        others keep their values and status. With ``only`` given, links are not re-verified and there are no
+        evolution rounds (they already ran for the document).
+    """
     cfg = config.enrich
     client = _Client(config)
     max_chars = int(cfg.max_text_chars)
     workers = max(1, int(cfg.concurrency))
+    report = VLMReport(url=client.url)
+    lock = threading.Lock()
+    state = dict(ok=0, run=0)  # successes so far, failures in a row
+    reasons = collections.Counter()
+
+    def send(system, content):
+        with lock:
+            if state["ok"] == 0 and state["run"] >= FAILURE_LIMIT:
+                return None, f"not sent after {FAILURE_LIMIT} failures in a row"
+            report.requests += 1
+        text, reason = client.ask(system, content)
+        reply = parse_json_reply(text) if text is not None else None
+        if text is not None and reply is None:
+            reason = "reply is not a JSON object"
+        with lock:
+            if reply is None:
+                state["run"] += 1
+            else:
+                state["ok"] += 1
+                state["run"] = 0
+        return reply, reason
 
     def describe(i: int):
         note = notes[i]
@@ -165,11 +237,22 @@ def enrich_vlm(notes, elements: Sequence[Element], edges: Set[Tuple[int, int]], 
         img = _image_part(note.image_path, image_root) if note.kind != "text" else None
         if img:
             parts.append(img)
-        return parse_json_reply(client.chat(DESCRIBE_PROMPT, parts))
+        return send(DESCRIBE_PROMPT, parts)
 
+    todo = list(range(len(notes))) if only is None else sorted(set(only))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for note, reply in zip(notes, pool.map(describe, range(len(notes)))):
-            _apply(note, reply)
+        for i, (reply, reason) in zip(todo, pool.map(describe, todo)):
+            if reply is not None and _apply(notes[i], reply):
+                notes[i].enrichment = "vlm"
+            else:
+                notes[i].enrichment = "lite-fallback"
+                reasons[reason or "reply without summary, keywords or tags"] += 1
+    report.described = sum(n.enrichment == "vlm" for n in notes)
+    report.failed = sum(n.enrichment == "lite-fallback" for n in notes)
+    report.reasons = dict(reasons)
+    if only is not None or report.described == 0:
+        return notes, edges, report
+    failed = {i for i, n in enumerate(notes) if n.enrichment != "vlm"}
 
     if cfg.verify_links and edges:
         keep = {(min(i, j), max(i, j)) for i, j in edges if _structural_pair(elements, i, j)}
@@ -181,7 +264,7 @@ def enrich_vlm(notes, elements: Sequence[Element], edges: Set[Tuple[int, int]], 
             i, cands = item
             text = "anchor:\n" + _summary_card(notes[i], i) + "\n\ncandidates:\n" + "\n".join(
                 _summary_card(notes[j], j) for j in cands)
-            reply = parse_json_reply(client.chat(VERIFY_PROMPT, text))
+            reply = send(VERIFY_PROMPT, text)[0]
             if reply is None or not isinstance(reply.get("related"), list):
                 return i, list(cands)  # unreadable reply: keep the structural candidates
             said = {int(x) for x in reply["related"] if isinstance(x, (int, float, str)) and str(x).strip().lstrip("-").isdigit()}
@@ -200,33 +283,39 @@ def enrich_vlm(notes, elements: Sequence[Element], edges: Set[Tuple[int, int]], 
         snapshot = [(n.summary, list(n.keywords)) for n in notes]
 
         def evolve(i: int):
-            if not neighbours[i]:
+            if not neighbours[i] or i in failed:
                 return None
             own = notes[i]
             text = "card:\n" + _summary_card(own, i) + "\n\nlinked cards:\n" + "\n".join(
                 f"[{j}] ({notes[j].kind}, page {notes[j].page + 1}) {snapshot[j][0]}" for j in sorted(neighbours[i]))
-            return parse_json_reply(client.chat(EVOLVE_PROMPT, text))
+            return send(EVOLVE_PROMPT, text)[0]
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             replies = list(pool.map(evolve, range(len(notes))))
         for note, reply in zip(notes, replies):
             if reply and reply.get("update") is True:
                 _apply(note, reply)
-    return notes, edges
+    return notes, edges, report
 
 
-def _apply(note, reply: Optional[dict]) -> None:
+def _apply(note, reply: Optional[dict]) -> bool:
+    """Copies a reply's summary/keywords/tags onto the note; True if it carried any of them."""
     if not reply:
-        return
+        return False
+    applied = False
     summary = reply.get("summary")
     if isinstance(summary, str) and summary.strip():
         note.summary = " ".join(summary.split())
+        applied = True
     keywords = _str_list(reply.get("keywords"), 12)
     if keywords:
         note.keywords = keywords
+        applied = True
     tags = _str_list(reply.get("tags"), 6)
     if tags:
         note.tags = tags
+        applied = True
+    return applied
 
 
 def _structural_pair(elements: Sequence[Element], i: int, j: int) -> bool:
