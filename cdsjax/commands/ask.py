@@ -65,6 +65,8 @@ def register(subparsers) -> None:
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
     p.add_argument("--lam", type=float, default=None, help="MMR trade-off (default 0.5)")
+    p.add_argument("--max-iter", type=int, default=None,
+                   help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
     p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
@@ -100,8 +102,12 @@ def selector_options(args) -> dict:
             opts["beta"] = args.beta
         if args.tau is not None:
             opts["tau"] = args.tau
-    elif args.beta is not None or args.tau is not None:
-        raise CLIError("--beta/--tau apply to the cds selectors only")
+        if args.max_iter is not None:
+            if args.max_iter < 1:
+                raise CLIError(f"--max-iter must be >= 1, got {args.max_iter}")
+            opts["max_iter"] = args.max_iter
+    elif args.beta is not None or args.tau is not None or args.max_iter is not None:
+        raise CLIError("--beta/--tau/--max-iter apply to the cds selectors only")
     if args.lam is not None:
         if name != "mmr":
             raise CLIError("--lam applies to --selector mmr only")
