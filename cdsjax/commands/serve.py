@@ -68,7 +68,7 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
       queue: most requests admitted at once (running or waiting); more get 503.
       default_selector, default_budget: used when a request leaves them out.
       read_workers: reader calls in flight at once.
-      on_ready: called once the server has started (e.g. to print the address).
+      on_ready: called at application start-up (before the socket accepts connections).
     """
     import asyncio
     import contextlib
@@ -245,8 +245,13 @@ def run(args) -> int:
             print(f"cdsjax serve: warning: bound to {host}, reachable from other machines; there is no "
                   "authentication", file=sys.stderr, flush=True)
 
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started:  # listening now: tell the user (and scripts waiting for this line)
+                ready()
+
     app = create_app(pipe, queue=args.queue, default_selector=args.selector, default_budget=args.budget,
-                     read_workers=args.read_workers, on_ready=ready)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    server.run(sockets=[sock])
+                     read_workers=args.read_workers)
+    Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     return 0
