@@ -1,5 +1,8 @@
 """The entry-point preamble the absl-based experiment scripts share."""
 
+import contextlib
+import sys
+
 from absl import app, flags, logging
 
 
@@ -21,3 +24,14 @@ def config_or_exit(argv, config, example: str):
     if config is None:
         raise app.UsageError(f"--config is required, e.g. --config {example}")
     return config
+
+
+@contextlib.contextmanager
+def exit_on_user_error(prog: str):
+    """Turns a bad config or missing data (ValueError, FileNotFoundError, KeyError) into one line on
+    stderr and exit status 1 instead of a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        print(f"{prog}: error: {str(err).strip(chr(39) + chr(34))}", file=sys.stderr)
+        sys.exit(1)
