@@ -60,4 +60,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from experiments.cli import parse_flags_or_exit
+
+    app.run(main, flags_parser=parse_flags_or_exit)
