@@ -174,7 +174,10 @@ class QueryEncoder:
         key = (str(root), info.get("query_prefix") or "", bool(info.get("normalize", True)))
         with _LOCK:
             if key not in _ENCODERS:
-                _ENCODERS[key] = cls(root, info)
+                try:
+                    _ENCODERS[key] = cls(root, info)
+                except Exception:  # unreadable files, unexpected weights: sentence-transformers decides
+                    return None
             return _ENCODERS[key]
 
     def bucket(self, length: int) -> int:
