@@ -7,6 +7,7 @@ back, so the overload test fills the server's queue deterministically.
 import concurrent.futures
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import re
 
 import pytest
 
@@ -228,3 +230,52 @@ def test_serve_bad_input_one_line(index_dir, capsys):
         code = cli.main(argv)
         err = capsys.readouterr().err
         assert code != 0 and word in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_crop_endpoint_serves_only_index_crops(server):
+    url, _ = server
+    status, sel, _ = request(url + "/select", {"question": "the table", "selector": "cosine", "budget": 6})
+    visual = [e for e in sel["evidence"] if e["image_path"]]
+    assert status == 200 and visual
+    import urllib.parse
+
+    with urllib.request.urlopen(f"{url}/crop?note={urllib.parse.quote(visual[0]['note_id'])}", timeout=30) as r:
+        png = r.read()
+        assert r.headers["Content-Type"] == "image/png" and png[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(visual[0]["image_path"], "rb") as f:
+        assert f.read() == png
+    for bad in ("nope", "../../etc/passwd", visual[0]["image_path"]):
+        status, body, _ = request(f"{url}/crop?note={urllib.parse.quote(bad)}")
+        assert status == 404 and "no crop" in body["error"]
+
+
+def chromium():
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt package chromium)")
+def test_web_page_in_headless_chromium(server, tmp_path):
+    """The page asks on load (?q=...), then shows the answer and one row per evidence note, with crops."""
+    import urllib.parse
+
+    url, _ = server
+    query = urllib.parse.urlencode({"q": "What does the table in the sample document show?", "budget": 6,
+                                    "selector": "cosine"})
+    proc = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom",
+         f"{url}/?{query}"],
+        capture_output=True, text=True, timeout=180)
+    dom = proc.stdout
+    assert proc.returncode == 0 and "<table" in dom, proc.stderr[-2000:]
+    rows = re.findall(r'<tr class="evidence">(.*?)</tr>', dom, re.S)
+    status, expected, _ = request(url + "/select", {"question": "What does the table in the sample document show?",
+                                                   "selector": "cosine", "budget": 6})
+    assert len(rows) == len(expected["evidence"]) == 6
+    for row, e in zip(rows, expected["evidence"]):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        assert cells[0] == str(e["rank"]) and cells[2] == e["document"] and cells[3] == str(e["page"] + 1)
+        assert ('<img src="/crop?note=' in row) == bool(e["image_path"])
+    assert "Answer: The document is a multi-column sample" in dom and "cosine" in dom

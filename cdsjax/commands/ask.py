@@ -18,7 +18,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "num_iters", "converged", "kkt_residual", "objective",
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
                      "query_weight"}  ({} for baselines),
-     "timings": {"encode", "select", "read"?, "total", "load"?, "roundtrip"?}  (seconds),
+     "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
+                 "roundtrip"? (--server)}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage"} | null,
      "warnings": [str]  (e.g. a CDS solve that ended unconverged; also printed to stderr)}
 
