@@ -219,6 +219,7 @@ def test_ask_indexes_a_shared_pdf_on_the_fly(data_root, capsys, cache):
         (["ask", "DEMO", "q?", "--max-iter", "0"], "max-iter"),
         (["ask", "--server", "ftp://x", "q?"], "http"),
         (["ask", "--server", "http://127.0.0.1:9", "DEMO", "q?"], "only the question"),
+        (["ask", "--server", "http://127.0.0.1:9", "q?", "--reader-url", "http://x/v1"], "server's reader"),
     ],
 )
 def test_ask_bad_input_one_line(demo_index, capsys, cache, argv, word):

@@ -135,6 +135,8 @@ def run(args) -> int:
             raise CLIError("--agent planning runs locally; leave out --server")
         if len(args.inputs) != 1:
             raise CLIError("with --server give only the question (the server holds the index)")
+        if args.reader_url or args.reader_model:
+            raise CLIError("with --server the server's reader answers; give --reader-url to `cdsjax serve`")
         if not args.inputs[0].strip():
             raise CLIError("the question is empty")
         result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
