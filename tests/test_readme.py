@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -51,10 +50,11 @@ def workdir(tmp_path_factory):
         (work / name).symlink_to(ROOT / name)
     bin_dir = work / ".bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    shim = bin_dir / "cdsjax"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cdsjax.cli "$@"\n')
-    shim.chmod(0o755)
+    # shims, not symlinks: a symlinked venv interpreter would not find its pyvenv.cfg
+    for name, command in (("python", f'"{sys.executable}"'), ("cdsjax", f'"{sys.executable}" -m cdsjax.cli')):
+        shim = bin_dir / name
+        shim.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        shim.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(ROOT),
                CDSJAX_CACHE=str(work / ".cache"))
     for var in ("CDSJAX_READER_URL", "CDSJAX_READER_MODEL", "CDSJAX_DATA"):

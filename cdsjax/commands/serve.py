@@ -27,6 +27,7 @@ command-line client.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the request model from real annotations
+import os
 import sys
 import time
 from typing import Optional
@@ -163,6 +164,8 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         path = crops.get(note)
         if path is None:
             return error(404, f"no crop for note {note!r}")
+        if not os.path.isfile(path):
+            return error(404, f"the crop of note {note!r} is missing from the index ({path})")
         return FileResponse(path, media_type="image/png")
 
     @app.get("/documents")
