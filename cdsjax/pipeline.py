@@ -189,7 +189,6 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", 256 * 2**20)  # least recently used entries go first
     return directory
 
 

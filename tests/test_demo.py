@@ -15,7 +15,8 @@ from cdsjax.commands.demo import SELECTORS, verdict
 def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
         code = cli.main(["demo", "--dir", str(root), "--json"])
     assert code == 0
     return root, json.loads(out.getvalue())
@@ -57,8 +58,9 @@ def test_verdict_reports_what_was_measured():
     assert fewer.startswith("CDS covers fewer") and "1 vs 2" in fewer
 
 
-def test_demo_table_matches_the_selections(demo_run, capsys):
+def test_demo_table_matches_the_selections(demo_run, capsys, monkeypatch):
     root, result = demo_run
+    monkeypatch.setenv("CDSJAX_CACHE", str(root / "cache"))
     assert result["question"] == demo.QUESTION and result["facts"] == list(demo.FACTS)
     assert [r["label"] for r in result["selectors"]] == [label for label, _, _ in SELECTORS]
     for r in result["selectors"]:

@@ -19,7 +19,8 @@ def demo_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("demo")
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
         code = cli.main(["demo", "--dir", str(root), "--json"])
     assert code == 0
     return root, json.loads(out.getvalue())
