@@ -2,8 +2,12 @@
 
     from cdsjax.pipeline import Pipeline
     pipe = Pipeline.from_paths(["report.pdf"])            # indexes into the cache if needed
-    answer = pipe.ask("What drove the 2023 increase?", selector="cds", budget=10)
-    answer.evidence[0]["page"], answer.diagnostics["converged"]
+    answer = pipe.ask("What drove the 2023 increase?", budget=10)   # converged CDS (the default)
+    answer.evidence[0]["page"], answer.diagnostics["converged"], answer.warnings
+
+The default selector is converged CDS (``"cds-converged"``: the equilibrium itself, found by the
+active-set solver); ``"cds-paper"`` (registry name ``"cds"``) is the paper's replicator dynamics with
+its step cap, which often stops far from equilibrium on real indexes.
 
 With a reader (``reader=ReaderConfig(base_url=..., model=...)``) the answer text
 comes from the VLM; without one, ``answer.answer`` is None and the selected
@@ -24,9 +28,13 @@ import numpy as np
 from cdsjax import core
 from cdsjax.core import registry
 
-# Selector names accepted by the pipeline and the CLI: the registry's, plus
-# "cds-converged" as a spelling of "cds_converged".
+# Selector names accepted by the pipeline and the CLI: the registry's, plus the hyphenated
+# spellings. "cds" keeps meaning paper mode everywhere (registry, configs, RESULTS).
 SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-inimdyn": "cds_inimdyn", "cds-paper": "cds"}
+# The name shown to users (ask --json "selector", serve): the CLI spelling.
+DISPLAY_NAMES = {"cds": "cds-paper", "cds_converged": "cds-converged", "cds_inimdyn": "cds-inimdyn"}
+DEFAULT_SELECTOR = "cds-converged"
+SUPPORT_THRESHOLD = 1e-6
 
 SNIPPET_CHARS = 1500
 
@@ -103,12 +111,15 @@ class Answer:
       evidence: the selected notes, best first: dicts with rank (1-based), score,
         document, page (0-based), bbox, kind, text (text or caption, cut to
         1500 chars), note_id, image_path.
-      selector: selector name; budget: the evidence budget.
-      diagnostics: solver diagnostics for CDS (solver, num_iters, converged,
-        kkt_residual, objective, support_size, alpha), else {}.
+      selector: selector name as users write it (``cds-converged``, ``cds-paper``,
+        ``cosine``, ...); budget: the evidence budget.
+      diagnostics: solver diagnostics for CDS (solver, mode "paper" | "converged",
+        num_iters, converged, kkt_residual, objective, support_size = notes with
+        weight > 1e-6, alpha, query_weight), else {}.
       timings: seconds per stage (encode, select, read, total).
       reader: model, cited evidence ranks, abstained, latency — or None.
       error: when reading failed, {"kind", "message", "server"} (``answer`` is then None), else None.
+      warnings: one-line warnings (e.g. a CDS solve that ended unconverged).
     """
 
     question: str
@@ -120,17 +131,67 @@ class Answer:
     timings: Dict[str, float]
     reader: Optional[Dict[str, Any]] = None
     error: Optional[Dict[str, Any]] = None
+    warnings: List[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 def canonical_selector(name: str) -> str:
+    """The registry name of a selector name or alias (``cds-converged`` -> ``cds_converged``)."""
     name = SELECTOR_ALIASES.get(name, name)
     if name not in registry.SELECTORS:
         names = sorted(set(registry.SELECTORS) | set(SELECTOR_ALIASES))
         raise PipelineError(f"unknown selector {name!r}; choose one of: {', '.join(names)}")
     return name
+
+
+def display_name(name: str) -> str:
+    """The name users write for a selector (``cds`` -> ``cds-paper``, ``cds_converged`` -> ``cds-converged``)."""
+    name = canonical_selector(name)
+    return DISPLAY_NAMES.get(name, name)
+
+
+def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
+    """One line when a CDS solve ended unconverged (residual and the way out), else None."""
+    if not diagnostics or diagnostics.get("converged", True):
+        return None
+    head = (f"CDS {diagnostics['mode']} mode stopped unconverged after {diagnostics['num_iters']} steps "
+            f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
+    if diagnostics["mode"] == "paper":
+        return head + " — use --selector cds-converged (the default) for the equilibrium, or cosine"
+    return head + " — try --selector cds-inimdyn or cosine"
+
+
+def enable_compilation_cache(directory=None) -> Optional[Path]:
+    """Turns on JAX's persistent compilation cache (in the cdsjax cache directory by default).
+
+    A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
+    compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
+    Returns the directory, or None when disabled or not writable.
+    """
+    import os
+
+    setting = os.environ.get("CDSJAX_JAX_CACHE")
+    if setting == "0":
+        return None
+    if directory is None:
+        if setting:
+            directory = setting
+        else:
+            from cdsjax.io.index import cache_root
+
+            directory = cache_root() / "jax-compilation"
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    # the selectors and the encoder compile in 0.1-3 s each: cache them all
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
 
 
 class Pipeline:
@@ -181,10 +242,16 @@ class Pipeline:
 
     @property
     def embedder(self):
+        """The question encoder: the JAX BERT forward when the index's model allows it (no torch import),
+        else the sentence-transformers :class:`~cdsjax.io.embed.Embedder`."""
         if self._embedder is None:
-            from cdsjax.io.embed import Embedder
+            from cdsjax.io.query_encoder import QueryEncoder
 
-            self._embedder = Embedder.from_info(self.corpus.embedder)
+            self._embedder = QueryEncoder.from_info(self.corpus.embedder)
+            if self._embedder is None:
+                from cdsjax.io.embed import Embedder
+
+                self._embedder = Embedder.from_info(self.corpus.embedder)
         return self._embedder
 
     # ------------------------------------------------------------------ retrieval
@@ -209,7 +276,7 @@ class Pipeline:
         core.validate_embeddings(emb, norm_atol=1e-2)
         return emb
 
-    def select(self, query: np.ndarray, *, selector: str = "cds", budget: int = 10, qid: str = "",
+    def select(self, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
                options: Optional[dict] = None) -> core.Selection:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
@@ -253,62 +320,116 @@ class Pipeline:
                              bbox=tuple(e["bbox"]) if e.get("bbox") else None, image_path=e.get("image_path"),
                              score=float(e["score"]), rank=int(e["rank"])) for e in evidence]
 
-    def ask(self, question: str, *, selector: str = "cds", budget: int = 10, qid: str = "",
-            options: Optional[dict] = None, read: bool = True) -> Answer:
-        """Answers one question: encode, select, and (with a reader) read.
-
-        A failed read does not lose the selection: the answer is None and ``error`` says why.
-        """
-        selector = canonical_selector(selector)
+    def retrieve(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+                 options: Optional[dict] = None) -> Answer:
+        """Encodes and selects (no reading): an :class:`Answer` with ``answer=None``."""
+        name = canonical_selector(selector)
         t0 = time.perf_counter()
         query = self.encode([question])[0]
         t1 = time.perf_counter()
-        sel = self.select(query, selector=selector, budget=budget, qid=qid or question, options=options)
+        sel = self.select(query, selector=name, budget=budget, qid=qid or question, options=options)
         t2 = time.perf_counter()
+        diag = self.diagnostics(sel, name)
         evidence = self.evidence(sel)
-        timings = dict(encode=t1 - t0, select=t2 - t1)
-        answer_text = None
-        reader_info = None
-        error = None
-        if read and self.reader is not None:
-            items = self.evidence_items(evidence)
-            t3 = time.perf_counter()
-            result, error = _read_or_error(self.reader, question, items)
-            timings["read"] = time.perf_counter() - t3
-            if result is not None:
-                answer_text = result.text
-                reader_info = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
-                                   latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings))
-        timings["total"] = time.perf_counter() - t0
-        return Answer(question=question, answer=answer_text, evidence=evidence, selector=selector, budget=budget,
-                      diagnostics=diagnostics(sel, selector, options), timings=timings, reader=reader_info,
-                      error=error)
+        warnings = [convergence_warning(diag), self.scanned_warning(evidence)]
+        return Answer(question=question, answer=None, evidence=evidence, selector=display_name(name),
+                      budget=budget, diagnostics=diag, timings=dict(encode=t1 - t0, select=t2 - t1, total=t2 - t0),
+                      warnings=[w for w in warnings if w])
+
+    def scanned_warning(self, evidence: List[dict]) -> Optional[str]:
+        """One line when evidence comes from pages without a text layer (scanned pages: their text is OCR
+        output, or there is only the page image); None otherwise. ``load_index`` sets the notes'
+        ``no_text_layer`` and ``ocr`` fields."""
+        scanned = []
+        for e in evidence:
+            note = self.corpus.notes[self.corpus.note_index(e["note_id"])]
+            if note.get("no_text_layer"):
+                scanned.append((e["rank"], e["document"], e["page"], note.get("ocr")))
+        if not scanned:
+            return None
+        states = sorted({s or "unknown" for *_, s in scanned})
+        where = ", ".join(f"[{r}] {d} p.{p + 1}" for r, d, p, _ in scanned[:6]) + (" ..." if len(scanned) > 6 else "")
+        how = ("their text was read by OCR and may hold errors" if states == ["done"] else
+               "they were indexed as page images without text (install tesseract-ocr and index again)")
+        return (f"{len(scanned)} of {len(evidence)} evidence notes come from pages without a text layer "
+                f"({where}; OCR: {'/'.join(states)}): {how}")
+
+    def read(self, answer: Answer) -> Answer:
+        """Has the reader answer from ``answer.evidence`` (in place; a no-op without a reader).
+
+        A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why.
+        """
+        if self.reader is None:
+            return answer
+        from cdsjax.io.reader import ReaderError, error_dict
+
+        items = self.evidence_items(answer.evidence)
+        t0 = time.perf_counter()
+        try:
+            result = self.reader.answer(answer.question, items)
+        except ReaderError as err:  # the selection is kept: answer stays None and ``error`` says why
+            result = None
+            answer.error = error_dict(err)
+        answer.timings["read"] = time.perf_counter() - t0
+        answer.timings["total"] += answer.timings["read"]
+        if result is not None:
+            answer.answer = result.text
+            answer.reader = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
+                                 latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings))
+            answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
+        return answer
+
+    def ask(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+            options: Optional[dict] = None, read: bool = True) -> Answer:
+        """Answers one question: encode, select, and (with a reader) read."""
+        answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options)
+        return self.read(answer) if read else answer
+
+    def warm(self, selectors: Sequence[str] = (DEFAULT_SELECTOR,), budget: int = 10) -> float:
+        """Compiles the encoder and ``selectors`` at ``budget`` (e.g. before serving); returns seconds."""
+        t0 = time.perf_counter()
+        for name in selectors:
+            self.retrieve("warm-up question", selector=name, budget=budget)
+        # most questions are under 64 tokens: compile the encoder's second token bucket too
+        self.encode([" ".join(["word"] * 40)])
+        return time.perf_counter() - t0
+
+    def diagnostics(self, sel: core.Selection, selector: str) -> Dict[str, Any]:
+        """Solver diagnostics of a CDS selection as plain Python values ({} for baselines)."""
+        return diagnostics(sel, selector, valid=self.valid)
 
 
-def _read_or_error(reader, question, items):
-    """``(ReaderAnswer, None)``, or ``(None, error dict)`` when the reader fails."""
-    from cdsjax.io.reader import ReaderError, error_dict
+def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = None, *,
+                valid: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """Solver diagnostics of a CDS selection as plain Python values ({} for baselines).
 
-    try:
-        return reader.answer(question, items), None
-    except ReaderError as err:
-        return None, error_dict(err)
-
-
-def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = None) -> Dict[str, Any]:
-    """Solver diagnostics of a CDS selection as plain Python values ({} for baselines)."""
+    ``support_size`` counts notes (not the query vertices) with weight > 1e-6; ``valid`` ([n] bool, the
+    padded corpus mask) excludes padding, which the solvers keep at 0 anyway.
+    """
     if sel.result is None:
         return {}
     r = sel.result
-    solver = {"cds_converged": "active_set", "cds_inimdyn": "inimdyn"}.get(selector, "replicator")
-    return dict(
+    name = canonical_selector(selector)
+    solver = {"cds_converged": "active_set", "cds_inimdyn": "inimdyn"}.get(name, "replicator")
+    x = np.asarray(r.x)
+    n = x.shape[0] if valid is None else len(valid)
+    m = x.shape[0] - n if valid is not None else 1
+    weights = x[m:]
+    on = weights > SUPPORT_THRESHOLD
+    if valid is not None:
+        on &= np.asarray(valid, bool)
+    out = dict(
         solver=solver,
         mode="paper" if solver == "replicator" else "converged",
         num_iters=int(r.num_iters),
         converged=bool(r.converged),
         kkt_residual=float(r.kkt_residual),
         objective=float(r.objective),
-        support_size=int(r.support_size),
+        support_size=int(on.sum()),
         alpha=float(r.alpha),
-        query_weight=float(np.asarray(r.x)[0]),
+        query_weight=float(x[:m].sum()),
     )
+    status = getattr(r, "status", None)
+    if status is not None:
+        out["status"] = int(status)
+    return out

@@ -35,10 +35,14 @@ _AGENT = flags.DEFINE_enum("agent", None, ["planning"],
 
 
 def main(argv):
-    from experiments.cli import config_or_exit
+    from experiments.cli import config_or_exit, exit_on_user_error
 
     config = config_or_exit(argv, _CONFIG.value, "configs/hotpotqa.py")
+    from cdsjax.commands.eval import locate_data
     from cdsjax.eval.runner import evaluate
+
+    with exit_on_user_error("run_eval"):
+        locate_data(config, prog="run_eval")
 
     if _AGENT.value == "planning":
         import os
@@ -46,12 +50,16 @@ def main(argv):
         from experiments.eval_planning import run
 
         selectors = config.selectors if isinstance(config.selectors, str) else ",".join(config.selectors)
-        run(config, variants=selectors, budget=int(config.budget), reader_url=os.environ.get("CDSJAX_READER_URL"),
-            reader_model=os.environ.get("CDSJAX_READER_MODEL"), judge=bool(os.environ.get("CDSJAX_JUDGE_URL")),
-            progress=_PROGRESS.value)
+        with exit_on_user_error("run_eval"):
+            run(config, variants=selectors, budget=int(config.budget),
+                reader_url=os.environ.get("CDSJAX_READER_URL"), reader_model=os.environ.get("CDSJAX_READER_MODEL"),
+                judge=bool(os.environ.get("CDSJAX_JUDGE_URL")), progress=_PROGRESS.value)
         return
-    evaluate(config, progress=_PROGRESS.value)
+    with exit_on_user_error("run_eval"):
+        evaluate(config, progress=_PROGRESS.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from experiments.cli import parse_flags_or_exit
+
+    app.run(main, flags_parser=parse_flags_or_exit)

@@ -1,17 +1,29 @@
 """``cdsjax ask DIR_OR_PDF... "question"``: select evidence (and answer, with a reader).
 
+The default selector is converged CDS (``cds-converged``: the equilibrium of the constrained dominant
+set, found by an active-set solver). ``--selector cds-paper`` (also spelled ``cds``) is the paper's
+replicator dynamics with its 10,000-step cap: it reproduces the paper, but on real indexes it often stops
+far from equilibrium, and then ``ask`` says so in one line (residual and the way out).
+
+``--server URL`` sends the question to a running ``cdsjax serve`` instead of loading the index here.
+
 ``--json`` prints one object:
 
-    {"question": str, "answer": str | null, "selector": str, "budget": int,
+    {"question": str, "answer": str | null, "selector": str (e.g. "cds-converged"), "budget": int,
      "evidence": [{"rank": int (1-based), "score": float, "document": str,
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
                    "note_id": str, "image_path": str | null, "summary": str, "caption": str}, ...],
-     "diagnostics": {"solver", "mode", "num_iters", "converged", "kkt_residual", "objective",
-                     "support_size", "alpha", "query_weight"}  ({} for baselines),
-     "timings": {"encode", "select", "read"?, "total", "load"}  (seconds),
+     "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
+                     "num_iters", "converged", "kkt_residual", "objective",
+                     "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
+                     "query_weight"}  ({} for baselines),
+     "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
+                 "roundtrip"? (--server)}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings"} | null,
-     "error": {"kind", "message", "server"} | null}
+     "error": {"kind", "message", "server"} | null,
+     "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
+                         also printed to stderr)}
 
 When reading fails (server down, errors after retries, malformed replies) the evidence is still printed,
 ``answer`` is null, ``error`` says why, and the exit code is 1. A reader that cannot be reached is found
@@ -30,6 +42,7 @@ CDSJAX_READER_MODEL (and CDSJAX_READER_API_KEY).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -37,7 +50,9 @@ import time
 
 from cdsjax.cli import CLIError
 
-SELECTOR_CHOICES = ("cds", "cds-converged", "cds-inimdyn", "cosine", "mmr", "dpp", "ppr", "random", "subgraph")
+DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not imported: it loads JAX)
+SELECTOR_CHOICES = ("cds-converged", "cds-paper", "cds", "cds-inimdyn", "cosine", "mmr", "dpp", "ppr", "random",
+                    "subgraph")
 
 
 def register(subparsers) -> None:
@@ -46,19 +61,27 @@ def register(subparsers) -> None:
         help="ask a question of indexed documents or PDFs",
         description="Select evidence for a question from index directories or PDFs (PDFs are indexed into a "
         "cache on first use) and, with a reader configured, answer it from that evidence.",
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
-    p.add_argument("--selector", default="cds", choices=SELECTOR_CHOICES,
-                   help="evidence selector (default: cds, paper mode; cds-converged solves to equilibrium)")
+    p.add_argument("--selector", default=DEFAULT_SELECTOR, choices=SELECTOR_CHOICES,
+                   help="evidence selector (default: cds-converged, the CDS equilibrium; cds-paper = cds: the "
+                   "paper's replicator dynamics with a step cap)")
     p.add_argument("--budget", type=int, default=10, help="number of evidence notes (default: 10)")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
     p.add_argument("--lam", type=float, default=None, help="MMR trade-off (default 0.5)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (schema in `cdsjax ask --help`)")
+    p.add_argument("--max-iter", type=int, default=None,
+                   help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
+                   "then give only the question")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds the reader may take in all, retries included (default: 300)")
+                   help="seconds the reader (or --server) may take in all, retries included (default: 300)")
     p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
     p.add_argument("--agent", default="direct", choices=("direct", "planning"),
@@ -87,8 +110,12 @@ def selector_options(args) -> dict:
             opts["beta"] = args.beta
         if args.tau is not None:
             opts["tau"] = args.tau
-    elif args.beta is not None or args.tau is not None:
-        raise CLIError("--beta/--tau apply to the cds selectors only")
+        if args.max_iter is not None:
+            if args.max_iter < 1:
+                raise CLIError(f"--max-iter must be >= 1, got {args.max_iter}")
+            opts["max_iter"] = args.max_iter
+    elif args.beta is not None or args.tau is not None or args.max_iter is not None:
+        raise CLIError("--beta/--tau/--max-iter apply to the cds selectors only")
     if args.lam is not None:
         if name != "mmr":
             raise CLIError("--lam applies to --selector mmr only")
@@ -107,54 +134,118 @@ def make_reader(args):
 
 
 def run(args) -> int:
-    from cdsjax.io.reader import ReaderError, error_dict
-    from cdsjax.pipeline import Pipeline, PipelineError
-
-    paths, question = parse_inputs(args.inputs)
     if args.budget < 1:
         raise CLIError(f"--budget must be >= 1, got {args.budget}")
     options = selector_options(args)
+    if args.server:
+        if args.agent != "direct":
+            raise CLIError("--agent planning runs locally; leave out --server")
+        if len(args.inputs) != 1:
+            raise CLIError("with --server give only the question (the server holds the index)")
+        if args.reader_url or args.reader_model:
+            raise CLIError("with --server the server's reader answers; give --reader-url to `cdsjax serve`")
+        if not args.inputs[0].strip():
+            raise CLIError("the question is empty")
+        result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
+                            options=options, read=not args.no_read, timeout=args.timeout)
+    else:
+        paths, question = parse_inputs(args.inputs)
+        result = ask_local(args, paths, question, options)
+        if result is None:  # the planning agent printed its own output
+            return 0
+    return emit(result, args.json)
+
+
+def ask_local(args, paths, question, options):
+    """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
+    from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
+
+    enable_compilation_cache()
     t0 = time.perf_counter()
+    reader = make_reader(args)
+    # the reader module imports openai (~0.7 s): only when a reader is configured
+    reader_errors = ()
+    if reader is not None:
+        from cdsjax.io.reader import ReaderError
+
+        reader_errors = (ReaderError,)
     try:
-        reader = make_reader(args)
         # a dead reader is found before loading and encoding; the evidence is still selected and printed
         unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty())
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
-            return run_planning_agent(args, pipe, question, reader, options, load_s)
+            run_planning_agent(args, pipe, question, reader, options, load_s)
+            return None
         answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options,
                           read=unreachable is None)
-        if unreachable is not None:
-            answer.error = error_dict(unreachable)
     except PipelineError as err:
         raise CLIError(str(err), 1) from None
-    except ReaderError as err:
+    except reader_errors as err:
         raise CLIError(f"reader: {err}", 1) from None
     except ValueError as err:
         raise CLIError(str(err), 2) from None
     answer.timings["load"] = load_s
-    return print_answer(args, answer, pipe)
+    if unreachable is not None:
+        from cdsjax.io.reader import error_dict
+
+        answer.error = error_dict(unreachable)
+    return answer.to_dict()
 
 
-def print_answer(args, answer, pipe) -> int:
-    """Prints the answer (or, when reading failed, the evidence and the error); the exit code."""
-    from cdsjax.io.reader import ask_warnings
+def ask_server(url: str, question: str, *, selector: str, budget: int, options: dict, read: bool = True,
+               timeout: float = 300.0) -> dict:
+    """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here)."""
+    import urllib.error
+    import urllib.request
 
-    notes = pipe.corpus.notes
-    for line in ask_warnings(answer, lambda nid: notes[pipe.corpus.note_index(nid)]):
-        print(f"cdsjax ask: warning: {line}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(answer.to_dict(), indent=2, default=float))
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise CLIError(f"--server {url}: expected an http:// or https:// URL", 2)
+    body = dict(question=question, selector=selector, budget=budget)
+    if options:
+        body["options"] = options
+    request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            result = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        try:
+            body = json.loads(err.read())
+            message = body.get("error") or err.reason
+        except (ValueError, AttributeError):
+            body, message = {}, err.reason
+        if err.code == 502 and isinstance(body.get("result"), dict):  # the reader failed; the evidence came back
+            return body["result"]
+        raise CLIError(f"server {base}: HTTP {err.code}: {message}", 1) from None
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise CLIError(f"server {base}: cannot reach it ({reason}); start one with `cdsjax serve INDEX`", 1) from None
+    except ValueError:
+        raise CLIError(f"server {base}: the reply is not JSON (is it a cdsjax server?)", 1) from None
+    result.setdefault("timings", {})["roundtrip"] = time.perf_counter() - t0
+    return result
+
+
+def emit(result: dict, as_json: bool) -> int:
+    """Prints the result (JSON on stdout, or the evidence table); warnings and a reader failure go to stderr
+    either way. Returns the exit code: 1 when reading failed (the evidence is printed all the same)."""
+    for warning in result.get("warnings") or []:
+        print(f"cdsjax ask: warning: {warning}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(result, indent=2, default=float))
     else:
-        show(answer)
-    if answer.error is not None:
-        print(f"cdsjax ask: error: reader: {answer.error['message']}", file=sys.stderr)
+        show(result)
+    error = result.get("error")
+    if error:
+        print(f"cdsjax ask: error: reader: {error['message']}", file=sys.stderr)
         return 1
     return 0
 
 
-def run_planning_agent(args, pipe, question, reader, options, load_s) -> int:
+def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
     from cdsjax.agents.planning import run_planning
 
     if reader is None:
@@ -164,7 +255,7 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> int:
     result["timings"]["load"] = load_s
     if args.json:
         print(json.dumps(result, indent=2, default=float))
-        return 0
+        return
     for r in result["trace"]["rounds"]:
         verdict = r["verdict"]
         state = "unreadable" if verdict is None else ("sufficient" if verdict["sufficient"] else
@@ -174,44 +265,41 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> int:
             print(f"  {node['id']}: {node['question']} -> {' '.join(str(node['answer']).split())[:160]}")
     print(f"stopped: {result['trace']['stop_reason']}")
     print(f"\nAnswer: {result['answer']}" if result["answer"] is not None else f"\nno answer: {result['error']}")
-    return 0
 
 
-def show(answer) -> None:
+def show(result: dict) -> None:
+    """The evidence table, the convergence line, the answer and the timings (``result``: the --json object)."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"Evidence for: {answer.question}", show_lines=False, expand=True)
+    table = Table(title=f"Evidence for: {result['question']}", show_lines=False, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("score", justify="right", no_wrap=True)
     table.add_column("document", overflow="fold", max_width=28)
     table.add_column("page", justify="right", no_wrap=True)
     table.add_column("kind", no_wrap=True)
     table.add_column("text", overflow="fold", ratio=3)
-    for e in answer.evidence:
+    for e in result["evidence"]:
         snippet = " ".join(e["text"].split())[:220]
         table.add_row(str(e["rank"]), f"{e['score']:.4f}", str(e["document"]), str(e["page"] + 1), e["kind"], snippet)
     console.print(table)
     console.print("[dim]pages are shown 1-based here; --json gives 0-based pages[/dim]")
-    console.print(convergence_line(answer))
-    if answer.answer is not None:
-        console.print(f"\n[bold]Answer[/bold] ({answer.reader['model']}): {answer.answer}")
-    elif answer.error is not None:
+    console.print(convergence_line(result), highlight=False)
+    if result.get("answer") is not None:
+        console.print(f"\n[bold]Answer[/bold] ({result['reader']['model']}): {result['answer']}")
+    elif result.get("error"):
         console.print("\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)")
     else:
         console.print("[dim]no reader configured (--reader-url / CDSJAX_READER_URL): showing the evidence only[/dim]")
-    t = answer.timings
+    t = result.get("timings") or {}
     console.print("[dim]" + ", ".join(f"{k} {v:.2f}s" for k, v in t.items()) + "[/dim]")
 
 
-def convergence_line(answer) -> str:
-    d = answer.diagnostics
+def convergence_line(result: dict) -> str:
+    d = result.get("diagnostics") or {}
     if not d:
-        return f"selector {answer.selector}: no solver involved"
+        return f"selector {result['selector']}: no solver involved"
     state = "converged" if d["converged"] else "did NOT converge"
-    hint = ""
-    if not d["converged"] and d["mode"] == "paper":
-        hint = " — paper mode stops at its step cap; --selector cds-converged solves to equilibrium"
     return (f"CDS {d['mode']} mode ({d['solver']}): {state} after {d['num_iters']} steps, "
-            f"KKT residual {d['kkt_residual']:.1e}, support {d['support_size']} vertices{hint}")
+            f"KKT residual {d['kkt_residual']:.1e}, {d['support_size']} notes in the support")

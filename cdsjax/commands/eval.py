@@ -1,6 +1,10 @@
 """``cdsjax eval --config FILE``: batch retrieval evaluation (the CLI face of experiments/run_eval.py).
 
     cdsjax eval --config configs/hotpotqa.py --max-queries 20 --set selectors=cosine,cds
+
+Both entry points find the benchmark data with :func:`locate_data` and say in one line where they
+looked: the config's ``data_root`` (default ``../shared/data``) from the working directory, then from
+the repository root, then ``$CDSJAX_DATA``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,44 @@ import sys
 from pathlib import Path
 
 from cdsjax.cli import CLIError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def data_candidates(data_root) -> list:
+    """Where ``data_root`` may be, in order, without repeats."""
+    import os
+
+    root = Path(str(data_root)).expanduser()
+    found = [root] if root.is_absolute() else [Path.cwd() / root, REPO_ROOT / root]
+    if os.environ.get("CDSJAX_DATA"):
+        found.append(Path(os.environ["CDSJAX_DATA"]).expanduser())
+    out = []
+    for c in found:
+        c = Path(os.path.normpath(c.absolute()))
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def locate_data(config, *, prog: str = "cdsjax eval") -> Path:
+    """Resolves ``config.data_root`` in place and prints one line saying where the data is.
+
+    Raises:
+      FileNotFoundError: one line naming every place looked at and how to point at the data.
+    """
+    import sys
+
+    candidates = data_candidates(config.data_root)
+    for c in candidates:
+        if c.is_dir():
+            print(f"{prog}: benchmark data from {c} (data_root {str(config.data_root)!r})", file=sys.stderr)
+            config.data_root = str(c)
+            return c
+    raise FileNotFoundError(
+        f"benchmark data not found: data_root {str(config.data_root)!r} is not a directory (looked in "
+        f"{', '.join(str(c) for c in candidates)}); set data_root (--set data_root=DIR, or "
+        "--config.data_root=DIR for run_eval.py) or the environment variable CDSJAX_DATA")
 
 
 def register(subparsers) -> None:
@@ -75,7 +117,8 @@ def run(args) -> int:
     from cdsjax.eval.runner import evaluate
 
     try:
+        locate_data(config)
         evaluate(config, progress=not args.no_progress and sys.stderr.isatty())
-    except (ValueError, FileNotFoundError) as err:
-        raise CLIError(str(err), 1) from None
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        raise CLIError(str(err).strip("'\""), 1) from None
     return 0

@@ -791,27 +791,3 @@ def clamp_output_tokens(context_chars: int, n_images: int, max_model_len: int) -
                          f"{context_chars}, {n_images}, {max_model_len}")
     room = max_model_len - context_chars / CHARS_PER_TOKEN - TOKENS_PER_IMAGE * n_images - PROMPT_RESERVE_TOKENS
     return int(max(MIN_OUTPUT_TOKENS, min(MAX_OUTPUT_TOKENS, math.floor(room))))
-
-
-def ask_warnings(answer, notes_of: Callable[[str], Mapping[str, Any]]) -> list:
-    """One-line warnings about an ``ask`` result: evidence images sent as text, evidence from pages
-    without a text layer (scanned pages: their text is OCR output, or there is only the page image).
-
-    Args:
-      answer: a :class:`cdsjax.pipeline.Answer`.
-      notes_of: note id -> the note dict of the index (``no_text_layer`` / ``ocr`` are set by ``load_index``).
-    """
-    out = list((answer.reader or {}).get("warnings") or [])
-    scanned = []
-    for e in answer.evidence:
-        note = notes_of(e.get("note_id")) or {}
-        if note.get("no_text_layer"):
-            scanned.append((e["rank"], e["document"], e["page"], note.get("ocr")))
-    if scanned:
-        states = sorted({s or "unknown" for *_, s in scanned})
-        where = ", ".join(f"[{r}] {d} p.{p + 1}" for r, d, p, _ in scanned[:6]) + (" ..." if len(scanned) > 6 else "")
-        how = ("their text was read by OCR and may hold errors" if states == ["done"] else
-               "they were indexed as page images without text (install tesseract-ocr and index again)")
-        out.append(f"{len(scanned)} of {len(answer.evidence)} evidence notes come from pages without a text layer "
-                   f"({where}; OCR: {'/'.join(states)}): {how}")
-    return out

@@ -1,0 +1,201 @@
+"""Question encoding without torch: a jitted JAX forward of BERT-type sentence-transformers models.
+
+Asking a question needs one short text embedded with the model that embedded the notes. Loading that
+model through sentence-transformers imports torch and transformers, about 5 s of a 12 s ``cdsjax ask``
+on two cores, for a forward pass that takes milliseconds. For the common case (a BERT encoder with mean
+pooling and optional normalisation, e.g. the default all-MiniLM-L6-v2) this module reads the model's
+own ``model.safetensors`` and ``tokenizer.json`` (the ``tokenizers`` and ``safetensors`` libraries,
+which import in milliseconds) and runs the same forward pass in JAX. Token sequences are padded to a few
+bucket lengths, so a process compiles one or two shapes, and JAX's persistent compilation cache (see
+:func:`cdsjax.pipeline.enable_compilation_cache`) makes later processes skip even that.
+
+Anything else (other architectures, pooling modes, remote code, weights not on local disk) returns
+None from :meth:`QueryEncoder.from_info`; the caller then uses :class:`cdsjax.io.embed.Embedder`.
+``tests/test_query_encoder.py`` checks the output against sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+# Token lengths a question is padded to (the model's max_seq_length caps the last bucket).
+TOKEN_BUCKETS = (32, 64, 128, 256, 512)
+
+_ENCODERS: dict = {}
+_LOCK = threading.Lock()
+
+
+def _read_json(path: Path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def supported_model_dir(info: dict) -> Optional[Path]:
+    """The local model directory of an index's embedder when this module can encode with it, else None."""
+    from cdsjax.io.embed import resolve_model
+
+    if info.get("trust_remote_code"):
+        return None
+    try:
+        source, _ = resolve_model(str(info.get("model")))
+    except Exception:
+        return None
+    root = Path(source)
+    needed = ("modules.json", "config.json", "model.safetensors", "tokenizer.json")
+    if not all((root / name).is_file() for name in needed):
+        return None
+    try:
+        modules = _read_json(root / "modules.json")
+        config = _read_json(root / "config.json")
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return None
+        pooling = _read_json(root / modules[1]["path"] / "config.json")
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    mean_only = pooling.get("pooling_mode_mean_tokens") and not any(
+        v for k, v in pooling.items() if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens")
+    if not (config.get("model_type") == "bert" and config.get("hidden_act") == "gelu"
+            and config.get("position_embedding_type", "absolute") == "absolute" and mean_only):
+        return None
+    return root
+
+
+def _bert_params(weights: dict, num_layers: int):
+    import jax.numpy as jnp
+
+    def g(name):
+        return jnp.asarray(weights[name], jnp.float32)
+
+    def dense(prefix):
+        return dict(w=g(prefix + ".weight").T, b=g(prefix + ".bias"))
+
+    def norm(prefix):
+        return dict(scale=g(prefix + ".weight"), bias=g(prefix + ".bias"))
+
+    layers = []
+    for i in range(num_layers):
+        p = f"encoder.layer.{i}."
+        layers.append(dict(
+            query=dense(p + "attention.self.query"), key=dense(p + "attention.self.key"),
+            value=dense(p + "attention.self.value"), attn_out=dense(p + "attention.output.dense"),
+            attn_norm=norm(p + "attention.output.LayerNorm"), inter=dense(p + "intermediate.dense"),
+            out=dense(p + "output.dense"), out_norm=norm(p + "output.LayerNorm"),
+        ))
+    return dict(
+        word=g("embeddings.word_embeddings.weight"), position=g("embeddings.position_embeddings.weight"),
+        token_type=g("embeddings.token_type_embeddings.weight"), emb_norm=norm("embeddings.LayerNorm"),
+        layers=layers,
+    )
+
+
+def _strip_prefix(weights: dict) -> dict:
+    # some checkpoints store "bert.embeddings...", others "embeddings..."
+    if any(k.startswith("embeddings.") for k in weights):
+        return weights
+    return {k.split(".", 1)[1] if k.startswith("bert.") else k: v for k, v in weights.items()}
+
+
+def _make_forward(num_heads: int, eps: float, normalize: bool):
+    import jax
+    import jax.numpy as jnp
+
+    def layer_norm(x, p):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+    def linear(x, p):
+        return x @ p["w"] + p["b"]
+
+    def forward(params, ids, mask):
+        """ids, mask: [L] int32 / bool (trailing padding) -> [d] sentence embedding."""
+        length = ids.shape[0]
+        h = params["word"][ids] + params["position"][:length] + params["token_type"][0]
+        h = layer_norm(h, params["emb_norm"])
+        d = h.shape[-1]
+        dh = d // num_heads
+        bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
+        for lp in params["layers"]:
+            q, k, v = (linear(h, lp[name]).reshape(length, num_heads, dh) for name in ("query", "key", "value"))
+            scores = jnp.einsum("qhd,khd->hqk", q, k) / jnp.sqrt(jnp.float32(dh)) + bias
+            ctx = jnp.einsum("hqk,khd->qhd", jax.nn.softmax(scores, axis=-1), v).reshape(length, d)
+            h = layer_norm(linear(ctx, lp["attn_out"]) + h, lp["attn_norm"])
+            inner = jax.nn.gelu(linear(h, lp["inter"]), approximate=False)
+            h = layer_norm(linear(inner, lp["out"]) + h, lp["out_norm"])
+        w = mask.astype(h.dtype)
+        pooled = (h * w[:, None]).sum(0) / jnp.maximum(w.sum(), 1e-9)
+        if normalize:
+            pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled), 1e-12)
+        return pooled
+
+    return jax.jit(forward)
+
+
+class QueryEncoder:
+    """Encodes questions like the index's sentence-transformers model, in JAX.
+
+    Build with :meth:`from_info` (None when the model is not supported). ``encode_queries`` has the
+    signature of :meth:`cdsjax.io.embed.Embedder.encode_queries`.
+    """
+
+    def __init__(self, root: Path, info: dict):
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        config = _read_json(root / "config.json")
+        sbert = _read_json(root / "sentence_bert_config.json") if (root / "sentence_bert_config.json").is_file() else {}
+        modules = _read_json(root / "modules.json")
+        self.model_name = str(info.get("model"))
+        self.query_prefix = info.get("query_prefix") or ""
+        # the model's own Normalize module, then the index's normalisation (as the Embedder does)
+        self.normalize = len(modules) == 3 or bool(info.get("normalize", True))
+        self.max_length = int(min(sbert.get("max_seq_length") or 512, config.get("max_position_embeddings", 512)))
+        self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        weights = _strip_prefix(load_file(str(root / "model.safetensors")))
+        self.params = _bert_params(weights, int(config["num_hidden_layers"]))
+        self.pad_id = int(config.get("pad_token_id", 0) or 0)
+        self._forward = _make_forward(int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12)),
+                                      self.normalize)
+
+    @classmethod
+    def from_info(cls, info: dict) -> Optional["QueryEncoder"]:
+        """The encoder for an index's embedder info (cached per model directory), or None if unsupported."""
+        root = supported_model_dir(info)
+        if root is None:
+            return None
+        key = (str(root), info.get("query_prefix") or "", bool(info.get("normalize", True)))
+        with _LOCK:
+            if key not in _ENCODERS:
+                try:
+                    _ENCODERS[key] = cls(root, info)
+                except Exception:  # unreadable files, unexpected weights: sentence-transformers decides
+                    return None
+            return _ENCODERS[key]
+
+    def bucket(self, length: int) -> int:
+        for b in TOKEN_BUCKETS:
+            if length <= b:
+                return min(b, self.max_length)
+        return self.max_length
+
+    def encode_queries(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """``[len(texts), d]`` float32 question embeddings (query prefix applied)."""
+        import jax
+
+        out = []
+        for enc in self.tokenizer.encode_batch([self.query_prefix + t for t in texts]):
+            n = len(enc.ids)
+            size = self.bucket(n)
+            ids = np.full(size, self.pad_id, np.int32)
+            ids[:n] = enc.ids
+            mask = np.arange(size) < n
+            out.append(np.asarray(jax.device_get(self._forward(self.params, ids, mask)), np.float32))
+        return np.stack(out) if out else np.zeros((0, self.params["word"].shape[1]), np.float32)

@@ -1,0 +1,88 @@
+"""`cdsjax demo`: the generated report's layout, the facts-covered table, and its verdict."""
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from cdsjax import cli, demo
+from cdsjax.commands.demo import SELECTORS, verdict
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
+        code = cli.main(["demo", "--dir", str(root), "--json"])
+    assert code == 0
+    return root, json.loads(out.getvalue())
+
+
+def test_report_pages_hold_the_facts_they_are_mapped_to(tmp_path):
+    import pymupdf
+
+    pdf = demo.write_report(tmp_path / "r.pdf")
+    with pymupdf.open(pdf) as doc:
+        texts = [" ".join(page.get_text().split()) for page in doc]
+        images = [len(page.get_images()) for page in doc]
+    assert len(texts) == len(demo.PAGES)
+    for page, (fact, _) in demo.PAGES.items():
+        for other, phrase in demo.FACTS.items():
+            assert (phrase in texts[page]) == (other == fact), (page, other)
+    finding_pages = [p for p, (f, _) in demo.PAGES.items() if f == "finding"]
+    assert len(finding_pages) >= 4  # summary, intro, chart + caption, results, conclusion
+    chart_page = next(p for p, (_, role) in demo.PAGES.items() if role.startswith("chart"))
+    assert images[chart_page] == 1 and sum(images) == 1
+
+
+def test_coverage_counts_facts_and_restatements():
+    assert demo.coverage([0, 1, 4, 6]) == dict(covered=["finding", "method", "cost"], restatements=1, other=0)
+    assert demo.coverage([3, 9, 2, 0]) == dict(covered=["finding"], restatements=3, other=0)
+    assert demo.coverage([7, 8, 5]) == dict(covered=["caveat"], restatements=0, other=2)
+    assert demo.coverage([]) == dict(covered=[], restatements=0, other=0)
+
+
+def test_verdict_reports_what_was_measured():
+    def row(sel, covered, restated):
+        return dict(selector=sel, covered=covered, restatements=restated)
+
+    more = verdict([row("cds-converged", ["finding", "method"], 0), row("cosine", ["finding"], 3)])
+    same = verdict([row("cds-converged", ["finding"], 3), row("cosine", ["finding"], 3)])
+    fewer = verdict([row("cds-converged", ["caveat"], 0), row("cosine", ["finding", "cost"], 1)])
+    assert more.startswith("CDS covers more") and "2 vs 1" in more
+    assert same.startswith("CDS does not cover more") and "both cover 1" in same
+    assert fewer.startswith("CDS covers fewer") and "1 vs 2" in fewer
+
+
+def test_demo_table_matches_the_selections(demo_run, capsys, monkeypatch):
+    root, result = demo_run
+    monkeypatch.setenv("CDSJAX_CACHE", str(root / "cache"))
+    assert result["question"] == demo.QUESTION and result["facts"] == list(demo.FACTS)
+    assert [r["label"] for r in result["selectors"]] == [label for label, _, _ in SELECTORS]
+    for r in result["selectors"]:
+        assert len(r["pages"]) == result["budget"] == 4
+        expect = demo.coverage(r["pages"])
+        assert r["covered"] == expect["covered"] and r["restatements"] == expect["restatements"]
+        assert ("mode" in r["diagnostics"]) == r["selector"].startswith("cds")
+    assert result["verdict"] == verdict(result["selectors"])
+
+    # the table's cosine row is the cosine ranking of the report's notes, recomputed here
+    from cdsjax.io.index import load_index
+    from cdsjax.pipeline import Corpus, Pipeline
+
+    pipe = Pipeline(Corpus.merge([load_index(root / "index")]))
+    q = pipe.encode([demo.QUESTION])[0]
+    order = np.argsort(-(pipe.corpus.embeddings @ q), kind="stable")[:4]
+    cosine = next(r for r in result["selectors"] if r["selector"] == "cosine")
+    assert cosine["pages"] == [int(pipe.corpus.notes[i]["page"]) for i in order]
+
+    # the printed table: every selector, the verdict, and a reused index on the second run
+    code = cli.main(["demo", "--dir", str(root)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "reused" in out
+    assert all(label in out for label, _, _ in SELECTORS)
+    assert " ".join(result["verdict"].split()) in out

@@ -1,0 +1,75 @@
+"""The torch-free question encoder equals sentence-transformers, and asking does not import torch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cdsjax.io.query_encoder import QueryEncoder, supported_model_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MINILM = dict(model="all-MiniLM-L6-v2", query_prefix="", document_prefix="", normalize=True)
+
+TEXTS = [
+    "How much did battery storage reduce diesel use?",
+    "a",
+    "Ünïcode café naïve — 12.5% of $3,000 (FY2021)?",
+    "word " * 400,  # longer than max_seq_length: truncated the same way
+]
+
+
+def test_matches_sentence_transformers():
+    from cdsjax.io.embed import Embedder
+
+    fast = QueryEncoder.from_info(MINILM)
+    assert fast is not None
+    reference = Embedder.from_info(MINILM).encode_queries(TEXTS)
+    got = fast.encode_queries(TEXTS)
+    assert got.shape == reference.shape == (len(TEXTS), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, reference, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_prefix_is_applied():
+    fast = QueryEncoder.from_info(MINILM)
+    prefixed = QueryEncoder.from_info(dict(MINILM, query_prefix="search_query: "))
+    a = fast.encode_queries(["search_query: what is it?"])
+    b = prefixed.encode_queries(["what is it?"])
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_unsupported_models_fall_back():
+    assert supported_model_dir(dict(MINILM, model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True)) is None
+    assert supported_model_dir(dict(MINILM, model="/nonexistent/model")) is None
+    assert QueryEncoder.from_info(dict(MINILM, model="/nonexistent/model")) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory, data_root):
+    from cdsjax import cli
+
+    out = tmp_path_factory.mktemp("qe") / "index"
+    assert cli.main(["index", str(data_root / "pdfs" / "multicolumn.pdf"), "--out", str(out)]) == 0
+    return out
+
+
+def test_ask_on_an_index_does_not_import_torch(tiny_index, tmp_path):
+    code = (
+        "import sys, io, contextlib, json\n"
+        "from cdsjax import cli\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    rc = cli.main(['ask', {str(tiny_index)!r}, 'What is the document about?', '--json'])\n"
+        "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'transformers', 'openai') if m in sys.modules)\n"
+        "print(json.dumps(dict(rc=rc, heavy=heavy, n=len(json.loads(buf.getvalue())['evidence']))))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == dict(rc=0, heavy=[], n=result["n"]) and result["n"] >= 1
+    # the persistent compilation cache was filled in the cdsjax cache directory
+    assert any((tmp_path / "cache" / "jax-compilation").iterdir())

@@ -1,0 +1,281 @@
+"""`cdsjax serve` as a real uvicorn process on 127.0.0.1, driven by real HTTP clients.
+
+The reader is a real local OpenAI-compatible server (tests/openai_server.py) whose answers can be held
+back, so the overload test fills the server's queue deterministically.
+"""
+
+import concurrent.futures
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import re
+
+import pytest
+
+from cdsjax import cli
+from tests.openai_server import OpenAIServer, message_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUEUE = 3
+HOLD = "HOLD-THIS-ANSWER"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def request(url, body=None, *, method=None, timeout=60, raw=None):
+    """(status, parsed JSON body, headers) of one HTTP request."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), r.headers  # case-insensitive
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), err.headers
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, data_root):
+    out = tmp_path_factory.mktemp("serve") / "index"
+    assert cli.main(["index", str(data_root / "pdfs" / "multicolumn.pdf"), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def reader():
+    release = threading.Event()
+
+    def respond(req):
+        if HOLD in message_text(req):
+            release.wait(60)
+        return "The document is a multi-column sample [1]."
+
+    with OpenAIServer(respond, models=("reader-test",)) as srv:
+        srv.release = release
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def server(index_dir, reader, tmp_path_factory):
+    """A `cdsjax serve` process (default host) with a bounded queue and the local reader."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path_factory.mktemp("serve-cache")))
+    env.pop("CDSJAX_READER_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdsjax.cli", "serve", str(index_dir), "--port", str(port), "--queue", str(QUEUE),
+         "--reader-url", reader.base_url, "--reader-model", "reader-test", "--retries", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ready = proc.stdout.readline()  # printed once uvicorn has started
+        assert "listening on http://127.0.0.1:" in ready, (ready, proc.stderr.read() if proc.poll() is not None else "")
+        status, body, _ = request(url + "/health")
+        assert status == 200
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_health_and_documents(server):
+    url, _ = server
+    status, health, _ = request(url + "/health")
+    assert status == 200 and health["status"] == "ok"
+    assert health["documents"] == 1 and health["notes"] >= 1 and health["default_selector"] == "cds-converged"
+    assert health["queue"] == {"in_flight": 0, "limit": QUEUE} and health["reader"] == "reader-test"
+    status, docs, _ = request(url + "/documents")
+    assert status == 200 and [d["document"] for d in docs["documents"]] == ["multicolumn.pdf"]
+    assert docs["documents"][0]["notes"] == health["notes"] and docs["documents"][0]["pages"] >= 1
+
+
+def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
+    url, _ = server
+    q = "What is the sample document about?"
+    status, sel, _ = request(url + "/select", {"question": q, "budget": 3})
+    assert status == 200 and sel["answer"] is None and sel["reader"] is None
+    assert sel["selector"] == "cds-converged" and sel["diagnostics"]["mode"] == "converged"
+    # the same object as a local `cdsjax ask --json` (timings aside)
+    code = cli.main(["ask", str(index_dir), q, "--budget", "3", "--json"])
+    local = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert set(sel) == set(local) and sel["evidence"] == local["evidence"]
+    assert sel["diagnostics"].keys() == local["diagnostics"].keys()
+    status, ans, _ = request(url + "/ask", {"question": q, "selector": "cds-paper", "budget": 2})
+    assert status == 200 and ans["answer"].startswith("The document is") and ans["reader"]["model"] == "reader-test"
+    assert ans["selector"] == "cds-paper" and ans["diagnostics"]["mode"] == "paper" and len(ans["evidence"]) == 2
+
+
+def test_concurrent_clients_get_their_own_answers(server):
+    url, _ = server
+    questions = [f"{topic} in the sample document" for topic in
+                 ("columns", "the table", "the title", "page layout", "the authors", "the first section")]
+    jobs = [(q, sel) for q in questions for sel in ("cds-converged", "cosine")]
+    expected = {}
+    for q, sel in jobs:  # one at a time first
+        status, body, _ = request(url + "/select", {"question": q, "selector": sel, "budget": 3})
+        assert status == 200
+        expected[(q, sel)] = [e["note_id"] for e in body["evidence"]]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=QUEUE) as pool:
+        futures = {pool.submit(request, url + "/select", {"question": q, "selector": sel, "budget": 3}): (q, sel)
+                   for q, sel in jobs}
+        for fut in concurrent.futures.as_completed(futures):
+            status, body, _ = fut.result()
+            q, sel = futures[fut]
+            assert status == 200, body
+            assert body["question"] == q and [e["note_id"] for e in body["evidence"]] == expected[(q, sel)]
+
+
+@pytest.mark.parametrize("path, body, raw, status, word", [
+    ("/ask", {"question": ""}, None, 422, "question"),
+    ("/ask", {"question": "   "}, None, 400, "empty"),
+    ("/ask", {"budget": 3}, None, 422, "question"),
+    ("/ask", {"question": "q", "selector": "nope"}, None, 400, "unknown selector"),
+    ("/select", {"question": "q", "budget": 0}, None, 422, "budget"),
+    ("/select", {"question": "q", "budget": "ten"}, None, 422, "budget"),
+    ("/select", {"question": "q", "options": {"lam": 0.5}}, None, 400, "lam"),
+    ("/select", {"question": "q", "selector": "mmr", "options": {"lam": 7}}, None, 400, "lam"),
+    ("/select", {"question": "q", "colour": "red"}, None, 422, "colour"),
+    ("/select", None, b"{not json", 422, "JSON"),
+    ("/nowhere", {"question": "q"}, None, 404, "Not Found"),
+])
+def test_bad_requests_get_4xx_with_a_message(server, path, body, raw, status, word):
+    url, _ = server
+    got, reply, _ = request(url + path, body, raw=raw)
+    assert got == status and isinstance(reply["error"], str) and word in reply["error"]
+
+
+def test_full_queue_answers_503_and_recovers(server, reader):
+    url, _ = server
+    reader.release.clear()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=QUEUE) as pool:
+        held = [pool.submit(request, url + "/ask", {"question": f"{HOLD} {i}", "budget": 2}) for i in range(QUEUE)]
+        deadline = time.time() + 60
+        while request(url + "/health")[1]["queue"]["in_flight"] < QUEUE:
+            assert time.time() < deadline, "the held requests never filled the queue"
+            time.sleep(0.05)
+        status, body, headers = request(url + "/select", {"question": "one more"})
+        assert status == 503 and "busy" in body["error"] and headers.get("Retry-After") == "1"
+        status, health, _ = request(url + "/health")  # health is not queued
+        assert status == 200 and health["queue"]["in_flight"] == QUEUE
+        reader.release.set()
+        results = [f.result() for f in held]
+    assert [r[0] for r in results] == [200] * QUEUE and all(r[1]["answer"] for r in results)
+    status, body, _ = request(url + "/select", {"question": "one more"})
+    assert status == 200 and request(url + "/health")[1]["queue"]["in_flight"] == 0
+
+
+def test_ask_server_cli(server, capsys):
+    url, _ = server
+    code = cli.main(["ask", "--server", url, "What is the sample document about?", "--json", "--no-read",
+                     "--budget", "2", "--selector", "cosine"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["answer"] is None and result["selector"] == "cosine" and len(result["evidence"]) == 2
+    assert result["timings"]["roundtrip"] > 0
+    code = cli.main(["ask", "--server", url, "What is it about?", "--budget", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "The document is a multi-column sample" in out and "Evidence for" in out
+    code = cli.main(["ask", "--server", url, "q?", "--selector", "mmr", "--lam", "0.5", "--budget", "2"])
+    assert code == 0
+    capsys.readouterr()
+    code = cli.main(["ask", "--server", f"http://127.0.0.1:{free_port()}", "q?"])
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot reach" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ask_server_client_loads_neither_jax_nor_torch(server):
+    url, _ = server
+    code = (
+        "import sys, io, contextlib\n"
+        "from cdsjax import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['ask', '--server', {url!r}, 'what is it?', '--json', '--no-read'])\n"
+        "print(rc, sorted(m for m in ('jax', 'torch', 'sentence_transformers') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0 and proc.stdout.split() == ["0", "[]"], proc.stderr
+
+
+def test_serve_bad_input_one_line(index_dir, capsys):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        code = cli.main(["serve", str(index_dir), "--port", str(busy.getsockname()[1])])
+    finally:
+        busy.close()
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot listen" in err and len(err.strip().splitlines()) == 1
+    for argv, word in ((["serve", "/nonexistent/idx", "--port", "0"], "no such file"),
+                       (["serve", str(index_dir), "--queue", "0"], "queue"),
+                       (["serve", str(index_dir), "--selector", "bogus", "--port", "0"], "unknown selector")):
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code != 0 and word in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_crop_endpoint_serves_only_index_crops(server):
+    url, _ = server
+    status, sel, _ = request(url + "/select", {"question": "the table", "selector": "cosine", "budget": 6})
+    visual = [e for e in sel["evidence"] if e["image_path"]]
+    assert status == 200 and visual
+    import urllib.parse
+
+    with urllib.request.urlopen(f"{url}/crop?note={urllib.parse.quote(visual[0]['note_id'])}", timeout=30) as r:
+        png = r.read()
+        assert r.headers["Content-Type"] == "image/png" and png[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(visual[0]["image_path"], "rb") as f:
+        assert f.read() == png
+    for bad in ("nope", "../../etc/passwd", visual[0]["image_path"]):
+        status, body, _ = request(f"{url}/crop?note={urllib.parse.quote(bad)}")
+        assert status == 404 and "no crop" in body["error"]
+
+
+def chromium():
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt package chromium)")
+def test_web_page_in_headless_chromium(server, tmp_path):
+    """The page asks on load (?q=...), then shows the answer and one row per evidence note, with crops."""
+    import urllib.parse
+
+    url, _ = server
+    query = urllib.parse.urlencode({"q": "What does the table in the sample document show?", "budget": 6,
+                                    "selector": "cosine"})
+    proc = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom",
+         f"{url}/?{query}"],
+        capture_output=True, text=True, timeout=180)
+    dom = proc.stdout
+    assert proc.returncode == 0 and "<table" in dom, proc.stderr[-2000:]
+    rows = re.findall(r'<tr class="evidence">(.*?)</tr>', dom, re.S)
+    status, expected, _ = request(url + "/select", {"question": "What does the table in the sample document show?",
+                                                   "selector": "cosine", "budget": 6})
+    assert len(rows) == len(expected["evidence"]) == 6
+    for row, e in zip(rows, expected["evidence"]):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        assert cells[0] == str(e["rank"]) and cells[2] == e["document"] and cells[3] == str(e["page"] + 1)
+        assert ('<img src="/crop?note=' in row) == bool(e["image_path"])
+    assert "Answer: The document is a multi-column sample" in dom and "cosine" in dom
