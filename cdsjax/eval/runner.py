@@ -42,6 +42,9 @@ METRICS_PDF = ("page_recall", "box_recall", "all_pages_found", "distinct_pages",
 METRICS_TEXT = ("paragraph_recall", "all_found", "best_annotator_recall", "redundancy")
 METRICS_VISDOM = ("page_recall", "doc_recall", "distinct_pages", "redundancy")
 DIAGNOSTICS = ("num_iters", "converged", "kkt_residual", "objective", "support_size", "step")
+# Diagnostics summarised next to the metrics (support_size: notes only; whole_support: the
+# share of questions whose support is every note; num_filled: picks from outside the support).
+SUMMARY_DIAGNOSTICS = ("converged", "kkt_residual", "num_iters", "support_size", "whole_support", "num_filled")
 
 
 @dataclasses.dataclass
@@ -264,15 +267,34 @@ def score_problem(problem: Problem, selection: Any, *, kind: str) -> Dict[str, O
     return {k: _finite_or_none(v) for k, v in out.items()}
 
 
-def diagnostics(selection: Any) -> Dict[str, Any]:
-    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines)."""
+def diagnostics(selection: Any, num_notes: Optional[int] = None) -> Dict[str, Any]:
+    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines).
+
+    ``support_size`` counts notes (not the query) with equilibrium weight above the
+    support threshold; ``num_filled`` / ``fill_reason`` say how many picks came from
+    outside the support and why (:mod:`cdsjax.core.ranking`); ``beta`` is the
+    note-block strength used. With ``num_notes`` (the problem's real note count),
+    ``whole_support`` says whether the support was every note.
+    """
+    from cdsjax.core.types import FILL_REASONS
+
     res = getattr(selection, "result", None)
     if res is None:
         return {}
     out = {}
     for name in DIAGNOSTICS:
+        if name == "support_size":
+            continue  # the solver's count includes the query vertex; the notes-only one is below
         v = np.asarray(getattr(res, name))
         out[name] = bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
+    if getattr(selection, "support_size", None) is not None:
+        out["support_size"] = int(np.asarray(selection.support_size))
+        out["num_filled"] = int(np.asarray(selection.num_filled))
+        out["fill_reason"] = FILL_REASONS[int(np.asarray(selection.fill_reason))]
+        if num_notes is not None:
+            out["whole_support"] = bool(out["support_size"] >= int(num_notes))
+    if getattr(selection, "beta", None) is not None:
+        out["beta"] = float(np.asarray(selection.beta))
     return out
 
 
@@ -329,7 +351,7 @@ def summary_rows(records: Iterable[Mapping[str, Any]], metric_names: Sequence[st
         row = {"benchmark": r["benchmark"], "selector": r["selector"]}
         for m in metric_names:
             row[f"{m}@{r['budget']}"] = r["metrics"].get(m)
-        for d in ("converged", "kkt_residual", "num_iters"):
+        for d in SUMMARY_DIAGNOSTICS:
             if d in r.get("diagnostics", {}):
                 row[f"{d}@{r['budget']}"] = float(r["diagnostics"][d])
         flat.append(row)
@@ -344,7 +366,7 @@ def summary_rows(records: Iterable[Mapping[str, Any]], metric_names: Sequence[st
 
 
 def _metric_rank(name: str, metric_names: Sequence[str]) -> int:
-    order = list(metric_names) + ["converged", "kkt_residual", "num_iters"]
+    order = list(metric_names) + list(SUMMARY_DIAGNOSTICS)
     return order.index(name) if name in order else len(order)
 
 
@@ -680,7 +702,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                             "selected": [p.note_ids[i] for i in idx],
                             "scores": [float(s) for s in np.asarray(sel.scores)[mask]],
                             "metrics": score_problem(p, sel, kind=kind),
-                            "diagnostics": diagnostics(sel),
+                            "diagnostics": diagnostics(sel, num_notes=int(p.notes.shape[0])),
                         }
                         if p.pages is not None:
                             rec["pages"] = [[p.docs[i], p.pages[i]] for i in idx]
