@@ -708,6 +708,19 @@ def pool_problem(query, query_emb: np.ndarray, doc_ids: Sequence[str], notes: Ma
         pool=tuple(doc_ids), gold_docs=tuple(gold_docs))
 
 
+_TOP_K: Dict[str, Any] = {}
+
+
+def _top_k_notes():
+    """``jit((q [b, d], z [N, d], k) -> [b, k] top positions of q @ z.T)``, compiled once
+    per shape (built lazily: this module imports JAX only when it computes)."""
+    if "fn" not in _TOP_K:
+        import jax
+
+        _TOP_K["fn"] = jax.jit(lambda q, z, k: jax.lax.top_k(q @ z.T, k)[1], static_argnums=2)
+    return _TOP_K["fn"]
+
+
 def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int = 256) -> np.ndarray:
     """Top-``k`` notes by exact cosine for each query: a ``jnp`` matmul and ``lax.top_k``.
 
@@ -720,19 +733,18 @@ def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int 
     Returns:
       ``[b, min(k, N)]`` int note positions, best first.
     """
-    import jax
     import jax.numpy as jnp
 
     k = min(int(k), notes.shape[0])
     z = jnp.asarray(notes, jnp.float32)
-    top = jax.jit(lambda q: jax.lax.top_k(q @ z.T, k)[1])
+    fn = _top_k_notes()
     out = []
     for start in range(0, query_emb.shape[0], chunk):
         q = np.asarray(query_emb[start:start + chunk], np.float32)
         rows = q.shape[0]
         if rows < chunk and query_emb.shape[0] > chunk:  # one compiled shape for every chunk
             q = np.concatenate([q, np.repeat(q[:1], chunk - rows, axis=0)])
-        out.append(np.asarray(top(jnp.asarray(q)))[:rows])
+        out.append(np.asarray(fn(jnp.asarray(q), z, k))[:rows])
     return np.concatenate(out) if out else np.zeros((0, k), np.int64)
 
 
