@@ -139,7 +139,7 @@ def paired_table(sel: Dict[str, Dict[str, dict]], value, label: str, num_resampl
         if ref not in sel:
             continue
         for name in sel:
-            if name == ref:
+            if name == ref or (name in REFERENCES and REFERENCES.index(name) < REFERENCES.index(ref)):
                 continue
             p = paired(sel[name], sel[ref], value, num_resamples)
             if p is None:
