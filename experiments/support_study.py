@@ -149,6 +149,27 @@ def paired_table(sel: Dict[str, Dict[str, dict]], value, label: str, num_resampl
     return "\n".join(lines)
 
 
+def share_table(sel: Dict[str, Dict[str, dict]], num_resamples: int) -> str:
+    from cdsjax.eval.metrics import mean_ci
+
+    lines = ["| selector | n | gold-document share [95% CI] |", "|---|---|---|"]
+    for name, recs in sel.items():
+        vals = [np.nan if gold_doc_share(r) is None else gold_doc_share(r) for r in recs.values()]
+        mean, lo, hi, n = mean_ci(vals, num_resamples=num_resamples)
+        lines.append(f"| {name} | {n} | {mean:.3f} [{lo:.3f}, {hi:.3f}] |")
+    return "\n".join(lines)
+
+
+def drop_table(drops: Dict[str, Dict[str, dict]], num_resamples: int) -> str:
+    from cdsjax.eval.metrics import mean_ci
+
+    lines = ["| selector | n | pool minus single [95% CI] |", "|---|---|---|"]
+    for name, recs in drops.items():
+        mean, lo, hi, n = mean_ci([r["drop"] for r in recs.values()], num_resamples=num_resamples)
+        lines.append(f"| {name} | {n} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+    return "\n".join(lines)
+
+
 def num_notes_line(records: Sequence[dict]) -> str:
     first = {}
     for r in records:
@@ -158,17 +179,8 @@ def num_notes_line(records: Sequence[dict]) -> str:
 
 
 def gold_doc_share(r: dict) -> Optional[float]:
-    """Share of the selected notes that come from a gold document (pool runs)."""
-    gold = r.get("gold_documents")
-    docs = r.get("selected_documents")
-    if gold is None or docs is None:
-        sel = r.get("pages")
-        if sel is None or gold is None:
-            return None
-        docs = [d for d, _ in sel]
-    if not docs:
-        return None
-    return float(np.mean([d in set(gold) for d in docs]))
+    """Share of the selected notes that come from the question's own document (pool runs)."""
+    return r["metrics"].get("gold_doc_share")
 
 
 def main(argv):
@@ -201,6 +213,8 @@ def main(argv):
             print()
             print(paired_table(pool, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
             print()
+            print(share_table(pool, _RESAMPLES.value))
+            print()
             print(paired_table(pool, gold_doc_share, "gold-document share", _RESAMPLES.value))
             # single -> pool drop per question, paired across selectors
             drops = {}
@@ -216,7 +230,9 @@ def main(argv):
                     if a is None or b is None:
                         continue
                     drops[name][qid] = {"drop": a - b}
-            print(f"\nsingle -> pool change of {recall}@{budget} (pool minus single), paired:\n")
+            print(f"\nsingle -> pool change of {recall}@{budget} (pool minus single), per selector and paired:\n")
+            print(drop_table(drops, _RESAMPLES.value))
+            print()
             print(paired_table(drops, lambda r: r["drop"], "drop", _RESAMPLES.value))
     print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
 

@@ -255,3 +255,27 @@ def test_records_carry_notes_only_support_size():
     assert means["support_size@5"] == pytest.approx((d["support_size"] + 0) / 2)
     assert means["num_filled@5"] == pytest.approx(2.5)
     assert "whole_support@5" in means
+
+
+# --------------------------------------------------------------------------- dev data
+@pytest.mark.parametrize("benchmark,budget,max_queries", [("hotpotqa", 2, 12), ("qasper", 5, 10)])
+def test_cds_support_size_on_dev_questions(data_root, tmp_path, benchmark, budget, max_queries):
+    """On real questions with at least 2B notes, the support lies in [B/2, 2B] for >= 90%."""
+    from cdsjax.io.datasets import load_benchmark
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.index import default_config
+
+    config = default_config()
+    config.embedder.show_progress = False
+    bench = load_benchmark(benchmark, data_root, max_queries)
+    problems = R.text_problems(bench, Embedder(config), cache_dir=tmp_path, link_window=0)
+    problems = [p for p in problems if p.notes.shape[0] >= 2 * budget]
+    assert len(problems) >= 5
+    fn = core.make_selector("cds_support", budget=budget)
+    sels = R.run_selector(fn, problems, buckets=(16, 64, 128, 256, 512), max_batch=16)
+    sizes = np.asarray([int(s.support_size) for s in sels])
+    inside = (sizes >= budget / 2) & (sizes <= 2 * budget)
+    assert inside.mean() >= 0.9, sizes
+    for p, s in zip(problems, sels):
+        assert int(np.asarray(s.selected_valid).sum()) == budget
+        assert R.diagnostics(s, num_notes=p.notes.shape[0])["support_size"] == int(s.support_size)
