@@ -7,8 +7,9 @@ evaluation harness (:func:`cdsjax.eval.runner.evaluate`, records resumable under
 
 * per selector: recall (mean, 95% bootstrap interval), the support size in notes
   (median, share of questions whose support is every note), the share of
-  questions whose selection needed the fill rule, and for ``cds_support`` the share
-  of questions with at least 2B notes whose support lies in [B/2, 2B];
+  questions whose selection needed the fill rule, the share of questions with at
+  least 2B notes whose support lies in [B/2, 2B], and how much of the selection
+  cosine also selects (mean share of shared notes, share of identical sets);
 * paired differences in recall against ``cosine`` and ``cds_converged``: mean,
   95% bootstrap interval of the mean difference, win / tie / loss counts.
 
@@ -112,8 +113,9 @@ def selector_table(sel: Dict[str, Dict[str, dict]], recall: str, budget: int, nu
     from cdsjax.eval.metrics import mean_ci
 
     lines = [f"| selector | n | {recall}@{budget} [95% CI] | support median (notes) | support = every note | "
-             f"filled | support in [B/2, 2B] (n >= 2B) |",
-             "|---|---|---|---|---|---|---|"]
+             f"filled | support in [B/2, 2B] (n >= 2B) | overlap with cosine | same set as cosine |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    cos = sel.get("cosine", {})
     for name, recs in sel.items():
         vals = [r["metrics"].get(recall) for r in recs.values()]
         vals = [np.nan if v is None else v for v in vals]
@@ -129,6 +131,12 @@ def selector_table(sel: Dict[str, Dict[str, dict]], recall: str, budget: int, nu
             cells = [f"{np.median(sizes):.0f}", f"{whole:.1%}", f"{filled:.1%}", f"{inside:.1%} of {len(big)}"]
         else:
             cells = ["-", "-", "-", "-"]
+        pairs = [(set(r["selected"]), set(cos[q]["selected"])) for q, r in recs.items() if q in cos]
+        if pairs and name != "cosine":
+            overlap = np.mean([len(a & b) / max(len(b), 1) for a, b in pairs])
+            cells += [f"{overlap:.3f}", f"{np.mean([a == b for a, b in pairs]):.1%}"]
+        else:
+            cells += ["-", "-"]
         lines.append(f"| {name} | {n} | {mean:.3f} [{lo:.3f}, {hi:.3f}] | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
