@@ -51,7 +51,8 @@ def selection_from_solution(
     idx, ok, scores, size, num_filled, reason = rank_support(
         result.x[num_queries:], note_valid, budget=budget, threshold=threshold)
     return Selection(indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size,
-                     num_filled=num_filled, fill_reason=reason, beta=beta)
+                     num_filled=num_filled, fill_reason=reason,
+                     beta=None if beta is None else jnp.asarray(beta, result.x.dtype))
 
 
 def initial_point(
