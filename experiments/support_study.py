@@ -141,6 +141,17 @@ def selector_table(sel: Dict[str, Dict[str, dict]], recall: str, budget: int, nu
     return "\n".join(lines)
 
 
+def beta_line(sel: Dict[str, Dict[str, dict]]) -> str:
+    """The note-block strength cds_support chose, as beta and as beta * n."""
+    recs = [r for r in sel.get("cds_support", {}).values() if "beta" in r.get("diagnostics", {})]
+    if not recs:
+        return ""
+    beta = np.asarray([r["diagnostics"]["beta"] for r in recs])
+    gamma = beta * np.asarray([r["num_notes"] for r in recs])
+    q = lambda a: "{:.3g} [{:.3g}, {:.3g}]".format(*np.percentile(a, [50, 25, 75]))
+    return f"cds_support's chosen beta, median [IQR]: {q(beta)}; beta * n: {q(gamma)}"
+
+
 def paired_table(sel: Dict[str, Dict[str, dict]], value, label: str, num_resamples: int) -> str:
     lines = [f"| {label} | minus | n | mean diff [95% CI] | win / tie / loss |", "|---|---|---|---|---|"]
     for ref in REFERENCES:
@@ -209,6 +220,7 @@ def main(argv):
         sel = by_selector(records)
         print(f"\n#### {bench} (single document): {num_notes_line(records)}, B = {budget}\n")
         print(selector_table(sel, recall, budget, _RESAMPLES.value))
+        print(beta_line(sel))
         print()
         print(paired_table(sel, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
         pool_name = f"{bench}_pool"
@@ -218,6 +230,7 @@ def main(argv):
             pool = by_selector(pool_records)
             print(f"\n#### {bench} (pool): {num_notes_line(pool_records)}, B = {budget}\n")
             print(selector_table(pool, recall, budget, _RESAMPLES.value))
+            print(beta_line(pool))
             print()
             print(paired_table(pool, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
             print()
