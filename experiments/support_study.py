@@ -21,6 +21,7 @@ against cosine and cds_converged.
 Run from the repository root::
 
     nice -n 10 python experiments/support_study.py
+    nice -n 10 python experiments/support_study.py --pool --limits=qasper=300,mmlongbench_pool=120
     python experiments/support_study.py --benchmarks=hotpotqa --max_queries=50
 
 Budgets are the benchmarks' own: HotpotQA B = 2, QASPER B = 5, MMLongBench-Doc
@@ -49,6 +50,8 @@ REFERENCES = ("cosine", "cds_converged")
 
 _BENCHMARKS = flags.DEFINE_list("benchmarks", ["hotpotqa", "qasper", "mmlongbench"], "Benchmarks to run.")
 _MAX_QUERIES = flags.DEFINE_integer("max_queries", None, "Questions per benchmark (default: all).")
+_LIMITS = flags.DEFINE_list("limits", [], "Per-run question limits overriding --max_queries, as NAME=N "
+                            "(NAME a benchmark or <benchmark>_pool), e.g. qasper=300,mmlongbench_pool=120.")
 _OUTPUT = flags.DEFINE_string("output_dir", "runs/support_study", "Where records go (one folder per run).")
 _CACHE = flags.DEFINE_string("cache_root", "/work/cache", "Embedding / index caches: <cache_root>/<benchmark>.")
 _SELECTORS = flags.DEFINE_list("selectors", list(SELECTORS), "Selectors to compare.")
@@ -211,12 +214,19 @@ def main(argv):
     for bench in _BENCHMARKS.value:
         if bench not in BUDGETS:
             raise app.UsageError(f"unknown benchmark {bench!r}; known: {sorted(BUDGETS)}")
+    limits = {}
+    for item in _LIMITS.value:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise app.UsageError(f"--limits entries are NAME=N, got {item!r}")
+        limits[name] = int(value)
     import os
 
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     for bench in _BENCHMARKS.value:
         budget, recall = BUDGETS[bench], RECALL[bench]
-        records = run_benchmark(bench, bench, _SELECTORS.value, _MAX_QUERIES.value, out_root, cache_root)
+        records = run_benchmark(bench, bench, _SELECTORS.value, limits.get(bench, _MAX_QUERIES.value), out_root,
+                                cache_root)
         sel = by_selector(records)
         print(f"\n#### {bench} (single document): {num_notes_line(records)}, B = {budget}\n")
         print(selector_table(sel, recall, budget, _RESAMPLES.value))
@@ -225,8 +235,8 @@ def main(argv):
         print(paired_table(sel, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
         pool_name = f"{bench}_pool"
         if _POOL.value and (ROOT / "configs" / f"{pool_name}.py").is_file():
-            pool_records = run_benchmark(pool_name, bench, _SELECTORS.value, _MAX_QUERIES.value, out_root,
-                                         cache_root)
+            pool_limit = limits.get(pool_name, _MAX_QUERIES.value)
+            pool_records = run_benchmark(pool_name, bench, _SELECTORS.value, pool_limit, out_root, cache_root)
             pool = by_selector(pool_records)
             print(f"\n#### {bench} (pool): {num_notes_line(pool_records)}, B = {budget}\n")
             print(selector_table(pool, recall, budget, _RESAMPLES.value))
@@ -244,7 +254,7 @@ def main(argv):
                     continue
                 drops[name] = {}
                 for qid, r in pool[name].items():
-                    s = sel[name].get(qid)
+                    s = sel[name].get(qid)  # single-document records of the same question
                     if s is None:
                         continue
                     a, b = r["metrics"].get(recall), s["metrics"].get(recall)
