@@ -13,7 +13,7 @@ evaluation harness (:func:`cdsjax.eval.runner.evaluate`, records resumable under
 * paired differences in recall against ``cosine`` and ``cds_converged``: mean,
   95% bootstrap interval of the mean difference, win / tie / loss counts.
 
-With ``--pool`` it also runs the pool configs (``configs/mmlongbench_pool.py``,
+With ``--pool=<benchmarks>`` it also runs their pool configs (``configs/mmlongbench_pool.py``,
 ``configs/qasper_pool.py``, where present) and prints the gold-document share of
 the selected notes, recall, support size and the single -> pool drop paired
 against cosine and cds_converged.
@@ -21,7 +21,7 @@ against cosine and cds_converged.
 Run from the repository root::
 
     nice -n 10 python experiments/support_study.py
-    nice -n 10 python experiments/support_study.py --pool --limits=qasper=300,mmlongbench_pool=120
+    nice -n 10 python experiments/support_study.py --pool=mmlongbench --limits=qasper=300,mmlongbench_pool=120
     python experiments/support_study.py --benchmarks=hotpotqa --max_queries=50
 
 Budgets are the benchmarks' own: HotpotQA B = 2, QASPER B = 5, MMLongBench-Doc
@@ -55,7 +55,7 @@ _LIMITS = flags.DEFINE_list("limits", [], "Per-run question limits overriding --
 _OUTPUT = flags.DEFINE_string("output_dir", "runs/support_study", "Where records go (one folder per run).")
 _CACHE = flags.DEFINE_string("cache_root", "/work/cache", "Embedding / index caches: <cache_root>/<benchmark>.")
 _SELECTORS = flags.DEFINE_list("selectors", list(SELECTORS), "Selectors to compare.")
-_POOL = flags.DEFINE_bool("pool", False, "Also run the pool configs (configs/<benchmark>_pool.py).")
+_POOL = flags.DEFINE_list("pool", [], "Benchmarks to also run as pools (configs/<benchmark>_pool.py).")
 _RESAMPLES = flags.DEFINE_integer("num_resamples", 10_000, "Bootstrap resamples.")
 
 
@@ -234,7 +234,9 @@ def main(argv):
         print()
         print(paired_table(sel, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
         pool_name = f"{bench}_pool"
-        if _POOL.value and (ROOT / "configs" / f"{pool_name}.py").is_file():
+        if bench in _POOL.value:
+            if not (ROOT / "configs" / f"{pool_name}.py").is_file():
+                raise app.UsageError(f"--pool={bench}: configs/{pool_name}.py does not exist")
             pool_limit = limits.get(pool_name, _MAX_QUERIES.value)
             pool_records = run_benchmark(pool_name, bench, _SELECTORS.value, pool_limit, out_root, cache_root)
             pool = by_selector(pool_records)
