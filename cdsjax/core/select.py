@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity, spectral_penalty
-from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, rank_support, read_selection, top_b
+from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, rank_support, read_selection
+from cdsjax.core.ranking import top_b  # noqa: F401  (re-exported: baselines import it from here)
 from cdsjax.core.replicator import softmax_prior, solve_replicator
 from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
 from cdsjax.core.validation import check_budget, check_option
