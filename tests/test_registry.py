@@ -27,7 +27,7 @@ def same_selection(a, b):
 
 def test_registry_names():
     assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
-                                   "cds_inimdyn"}
+                                   "cds_inimdyn", "cds_support"}
 
 
 class Spy:
@@ -52,10 +52,13 @@ FORWARDING = [
     ("cds", dict(beta=0.5, tau=0.1, init="diffusion", prior_temperature=0.2, max_iter=150), "cds_select",
      ("notes", "query", "valid"),
      dict(budget=5, params=core.CDSParams(beta=0.5, tau=0.1), solver="replicator", threshold=1e-6, tol=None,
-          max_iter=150, init="diffusion", prior_temperature=0.2, links="links")),
-    ("cds", dict(peel=True, coupling="similarity"), "cds_peel", ("notes", "query", "valid"),
+          max_iter=150, init="diffusion", prior_temperature=0.2, links="links", fill=True)),
+    ("cds", dict(peel=True, coupling="similarity", fill=False), "cds_peel", ("notes", "query", "valid"),
      dict(budget=5, params=core.CDSParams(coupling="similarity"), solver="replicator", threshold=1e-6, tol=None,
-          max_iter=None)),
+          max_iter=None, fill=False)),
+    ("cds_support", dict(tau=0.1, num_steps=7, scale_range=(0.01, 100)), "cds_support", ("notes", "query", "valid"),
+     dict(budget=5, params=core.CDSParams(tau=0.1), solver="converged", threshold=1e-6, tol=None, max_iter=None,
+          num_steps=7, scale_range=(0.01, 100.0), fill=True)),
 ]
 
 
@@ -68,10 +71,11 @@ def test_options_reach_the_core_function(monkeypatch, name, options, target, arg
     assert spy.calls == [(args, kwargs)]
 
 
-@pytest.mark.parametrize("name", ["cosine", "random", "mmr", "dpp", "ppr", "cds"])
+@pytest.mark.parametrize("name", ["cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_support"])
 def test_uniform_signature_jits_and_vmaps(name):
     """Every selector runs as jit(vmap(fn)) over padded problems and multi-row queries."""
-    fn = core.make_selector(name, budget=4, **({"max_iter": 100} if name == "cds" else {}))
+    options = {"cds": {"max_iter": 100}, "cds_support": {"num_steps": 6}}.get(name, {})
+    fn = core.make_selector(name, budget=4, **options)
     sizes = [16, 11, 3]
     batch = [problem(10 + i, n=16, m=2) for i in range(3)]
     notes = np.stack([b[0] for b in batch])
@@ -126,6 +130,10 @@ def test_unknown_names_options_and_missing_inputs_raise():
         core.make_selector("cds", budget=3, params=core.CDSParams(), beta=2.0)
     with pytest.raises(ValueError, match="peel"):
         core.make_selector("cds", budget=3, peel=True, init="softmax")
+    with pytest.raises(ValueError, match="coupling"):
+        core.make_selector("cds_support", budget=3, coupling="none")
+    with pytest.raises(ValueError, match="beta"):
+        core.make_selector("cds_support", budget=3, beta=0.5)
     notes, query, _ = problem(5)
     with pytest.raises(ValueError, match="links"):
         core.make_selector("ppr", budget=3)(notes, query, np.ones(20, bool))

@@ -39,12 +39,23 @@ from cdsjax.core.replicator import (
     uniform_x0,
 )
 from cdsjax.core.registry import SELECTORS, make_selector, selector_options
-from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve, top_b
+from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve
+from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, rank_support, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn  # registers solver "inimdyn"
 from cdsjax.core.active_set import solve_active_set  # registers solver "active_set"
+from cdsjax.core.support import cds_support, scale_note_block
 from cdsjax.core.shared import CorpusAffinity, cds_select_shared, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
-from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
+from cdsjax.core.types import (
+    FILL_NO_QUERY_EDGE,
+    FILL_NONE,
+    FILL_REASONS,
+    FILL_SHORT_SUPPORT,
+    Affinity,
+    CDSParams,
+    Selection,
+    SolverResult,
+)
 from cdsjax.core.validation import validate_embeddings
 
 __all__ = [
@@ -83,6 +94,18 @@ __all__ = [
     "build_affinity",
     "cds_peel",
     "cds_select",
+    "cds_support",
+    "FILL_NO_QUERY_EDGE",
+    "FILL_NONE",
+    "FILL_REASONS",
+    "FILL_SHORT_SUPPORT",
+    "fill_order",
+    "isolated_query",
+    "kkt_slack",
+    "query_cosine",
+    "rank_support",
+    "read_selection",
+    "scale_note_block",
     "kkt_residual",
     "make_buckets",
     "note_coupling",

@@ -19,6 +19,7 @@ from typing import Callable, Dict, Optional
 from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
 from cdsjax.core.select import INITS, SOLVERS, cds_peel, cds_select
 from cdsjax.core.subgraph import select_subgraph_readout
+from cdsjax.core.support import DEFAULT_SCALE_RANGE, DEFAULT_STEPS, cds_support
 from cdsjax.core.types import CDSParams, Selection
 from cdsjax.core.validation import check_budget, check_option
 
@@ -101,6 +102,7 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
         init: str = "uniform",
         prior_temperature: float = 0.1,
         peel: bool = False,
+        fill: bool = True,
     ) -> SelectorFn:
         if solver not in SOLVERS:
             raise ValueError(
@@ -122,13 +124,14 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
             def fn(notes, query, valid, links=None, key=None):
                 return cds_peel(
                     notes, query, valid, budget=budget, params=params, solver=solver, threshold=threshold,
-                    tol=tol, max_iter=max_iter,
+                    tol=tol, max_iter=max_iter, fill=fill,
                 )
         else:
             def fn(notes, query, valid, links=None, key=None):
                 return cds_select(
                     notes, query, valid, budget=budget, params=params, solver=solver, threshold=threshold,
                     tol=tol, max_iter=max_iter, init=init, prior_temperature=prior_temperature, links=links,
+                    fill=fill,
                 )
 
         # replicator dynamics sweep each payoff thousands of times: cache-sized chunks on CPU
@@ -136,6 +139,45 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
         return fn
 
     return build
+
+
+def _cds_support(
+    budget: int,
+    *,
+    tau=None,
+    eps=None,
+    coupling=None,
+    alpha_from=None,
+    tau_mode=None,
+    tau_temperature=None,
+    threshold: float = 1e-6,
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+    num_steps: int = DEFAULT_STEPS,
+    scale_range=DEFAULT_SCALE_RANGE,
+    fill: bool = True,
+) -> SelectorFn:
+    """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
+    if "converged" not in SOLVERS:
+        raise ValueError("selector 'cds_support' needs solver 'converged', which is not registered "
+                         f"(registered solvers: {sorted(SOLVERS)})")
+    fields = {k: v for k, v in dict(
+        tau=tau, eps=eps, coupling=coupling, alpha_from=alpha_from, tau_mode=tau_mode,
+        tau_temperature=tau_temperature,
+    ).items() if v is not None}
+    params = CDSParams(**fields).check()
+    if params.coupling == "none":
+        raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
+    scale_range = tuple(float(v) for v in scale_range)
+
+    def fn(notes, query, valid, links=None, key=None):
+        return cds_support(
+            notes, query, valid, budget=budget, params=params, solver="converged", threshold=threshold, tol=tol,
+            max_iter=max_iter, num_steps=num_steps, scale_range=scale_range, fill=fill,
+        )
+
+    fn.batch_chunk = None
+    return fn
 
 
 # name -> builder(budget, **options) -> selector function.
@@ -151,6 +193,8 @@ SELECTORS: Dict[str, Callable[..., SelectorFn]] = {
     # replicator dynamics to KKT <= 1e-8 at n = 1024); InImDyn is kept as its own entry.
     "cds_converged": _cds_builder("cds_converged", "converged"),
     "cds_inimdyn": _cds_builder("cds_inimdyn", "inimdyn"),
+    # beta chosen per question so the equilibrium's support holds about `budget` notes
+    "cds_support": _cds_support,
 }
 
 
@@ -168,11 +212,13 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
       name: one of :data:`SELECTORS`: ``"cosine"``, ``"random"``, ``"mmr"``,
         ``"dpp"``, ``"ppr"``, ``"cds"`` (paper mode: replicator dynamics) or
         ``"cds_converged"`` (converged mode: the active-set Newton solver) or
-        ``"cds_inimdyn"`` (converged mode with infection-immunization dynamics).
+        ``"cds_inimdyn"`` (converged mode with infection-immunization dynamics) or
+        ``"cds_support"`` (beta chosen per question so the support holds about
+        ``budget`` notes).
       budget: number of notes to select.
       **options: the selector's own options (see :func:`selector_options`),
         e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
-        ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel`` for CDS.
+        ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS.
 
     Returns:
       ``fn(notes, query, valid, links=None, key=None) -> Selection``, pure and

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity, spectral_penalty
+from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, rank_support, read_selection
+from cdsjax.core.ranking import top_b  # noqa: F401  (re-exported: baselines import it from here)
 from cdsjax.core.replicator import softmax_prior, solve_replicator
 from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
 from cdsjax.core.validation import check_budget, check_option
@@ -24,42 +26,34 @@ def register_solver(name: str, fn: Callable, tol: float, max_iter: int) -> None:
     SOLVERS[name] = (fn, tol, max_iter)
 
 
-def top_b(scores: Array, eligible: Array, budget: int) -> tuple[Array, Array, Array]:
-    """Top-``budget`` entries of ``scores`` among ``eligible``, best first.
-
-    Ties go to the lowest index. When fewer than ``budget`` entries are eligible the
-    tail is marked invalid (index 0, score 0).
-
-    Args:
-      scores: ``[n]`` float.
-      eligible: ``[n]`` bool.
-      budget: static number of picks (may exceed ``n``).
-
-    Returns:
-      ``(indices [budget] int32, selected_valid [budget] bool, scores [budget])``.
-    """
-    budget = check_budget(budget)
-    n = scores.shape[0]
-    masked = jnp.where(eligible, scores, -jnp.inf)
-    if budget > n:
-        masked = jnp.concatenate([masked, jnp.full((budget - n,), -jnp.inf, masked.dtype)])
-    values, idx = lax.top_k(masked, budget)
-    ok = jnp.isfinite(values)
-    return (
-        jnp.where(ok, idx, 0).astype(jnp.int32),
-        ok,
-        jnp.where(ok, values, 0.0),
-    )
-
-
 def selection_from_solution(
-    result: SolverResult, num_queries: int, note_valid: Array, *, budget: int, threshold: float = 1e-6
+    result: SolverResult,
+    num_queries: int,
+    note_valid: Array,
+    *,
+    budget: int,
+    threshold: float = 1e-6,
+    affinity: Optional[Affinity] = None,
+    cosine: Optional[Array] = None,
+    fill: bool = True,
+    beta: Optional[Array] = None,
 ) -> Selection:
-    """Reads the top-``budget`` notes (queries excluded) with :math:`x_i >` ``threshold``."""
-    x_notes = result.x[num_queries:]
-    eligible = note_valid & (x_notes > threshold)
-    idx, ok, scores = top_b(x_notes, eligible, budget)
-    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result)
+    r"""Reads the top-``budget`` notes (queries excluded) with :math:`x_i >` ``threshold``.
+
+    With ``affinity`` given (and ``fill``), slots the support leaves empty are filled
+    by the fill rule of :mod:`cdsjax.core.ranking` (KKT slack, then ``cosine``);
+    without it the selection holds only the support (fewer picks, masked).
+    """
+    if affinity is not None:
+        if affinity.num_queries != num_queries:
+            raise ValueError(f"num_queries={num_queries} does not match the affinity's {affinity.num_queries}")
+        return read_selection(result, affinity, budget=budget, threshold=threshold, cosine=cosine, fill=fill,
+                              beta=beta)
+    idx, ok, scores, size, num_filled, reason = rank_support(
+        result.x[num_queries:], note_valid, budget=budget, threshold=threshold)
+    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size,
+                     num_filled=num_filled, fill_reason=reason,
+                     beta=None if beta is None else jnp.asarray(beta, result.x.dtype))
 
 
 def initial_point(
@@ -114,11 +108,14 @@ def cds_select(
     pinned: Optional[Array] = None,
     links: Optional[Array] = None,
     warm_start: str = "uniform",
+    fill: bool = True,
 ) -> Selection:
     r"""Selects evidence as a constrained dominant set (single extraction).
 
     Builds the query-augmented affinity, solves :math:`\max_{x\in\Delta} x^\top M x`
-    and keeps the top-``budget`` notes by equilibrium weight above ``threshold``.
+    and keeps the top-``budget`` notes by equilibrium weight above ``threshold``;
+    when fewer clear it, the fill rule (:mod:`cdsjax.core.ranking`: KKT slack, then
+    cosine) completes the ``budget`` picks and ``num_filled`` / ``fill_reason`` say so.
 
     Args:
       notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
@@ -140,9 +137,12 @@ def cds_select(
       warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
         ``init``; ``"replicator"`` first runs paper mode from there and starts it
         from paper mode's point (``result.num_iters`` counts the solver's own steps).
+      fill: True (default) fills slots the support leaves empty; False returns
+        only the support (fewer than ``budget`` picks, masked), the paper's reading.
 
     Returns:
-      :class:`Selection` with ``result`` holding the solver diagnostics.
+      :class:`Selection` with ``result`` holding the solver diagnostics and
+      ``support_size`` (notes only), ``num_filled``, ``fill_reason``, ``beta``.
     """
     budget = check_budget(budget)
     check_option("solver", solver, tuple(SOLVERS))
@@ -155,9 +155,8 @@ def cds_select(
     if warm_start == "replicator" and solver != "replicator":
         x0 = solve(affinity, x0, solver="replicator").x
     result = solve(affinity, x0, solver=solver, tol=tol, max_iter=max_iter)
-    return selection_from_solution(
-        result, affinity.num_queries, affinity.valid[affinity.num_queries :], budget=budget, threshold=threshold
-    )
+    return read_selection(result, affinity, budget=budget, threshold=threshold,
+                          cosine=query_cosine(notes, query).astype(result.x.dtype), fill=fill, beta=params.beta)
 
 
 def cds_peel(
@@ -172,6 +171,7 @@ def cds_peel(
     tol: Optional[float] = None,
     max_iter: Optional[int] = None,
     pinned: Optional[Array] = None,
+    fill: bool = True,
 ) -> Selection:
     r"""Peeling extraction for several constraint vertices.
 
@@ -181,7 +181,9 @@ def cds_peel(
     are ranked by round, then by their weight within the round; ``scores`` hold
     those weights. ``result`` is the first round's solver result, with
     ``num_iters`` summed over rounds and ``converged`` true only if every round
-    converged.
+    converged. ``support_size`` counts the notes of every round's support; when
+    they are fewer than ``budget``, the fill rule (:mod:`cdsjax.core.ranking`)
+    completes the picks using the first round's slack.
 
     Args: as :func:`cds_select`; ``query`` is ``[m, d]`` (or ``[d]``, which makes
       peeling a single extraction).
@@ -228,11 +230,20 @@ def cds_peel(
     )
     _, _, rank_key, total_iters, all_converged, _ = state
     note_key = rank_key[m:]
-    idx, ok, _ = top_b(note_key, jnp.isfinite(note_key), budget)
-    picked = note_key[idx]
-    scores = jnp.where(ok, picked - jnp.ceil(picked - 1.0), 0.0)
+    note_valid = base.valid[m:]
+    # every round's support has key >= 1 > threshold; the fill uses the first round's point
+    first_round = _restrict(base, base.valid, params)
+    idx, ok, scores, size, num_filled, reason = rank_support(
+        note_key, note_valid, budget=budget, threshold=threshold,
+        slack=kkt_slack(first_round, first.x) if fill else None,
+        cosine=query_cosine(notes, query).astype(dtype), isolated=isolated_query(base))
+    # support picks fill the first slots; their score is the weight within their round
+    in_support = jnp.arange(budget) < size
+    picked = jnp.where(in_support, note_key[idx], 0.0)
+    scores = jnp.where(in_support, picked - jnp.ceil(picked - 1.0), scores)
     result = first.replace(num_iters=total_iters, converged=all_converged)
-    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result)
+    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size,
+                     num_filled=num_filled, fill_reason=reason, beta=jnp.asarray(params.beta, dtype))
 
 
 def _restrict(base: Affinity, active: Array, params: CDSParams) -> Affinity:

@@ -258,6 +258,10 @@ def cds_select_shared(
         result = jax.vmap(
             lambda r: solve(question_affinity(corpus, r), None, solver=solver, tol=tol, max_iter=max_iter)
         )(rel)
+    dtype = corpus.coupling.dtype
+    cosine = jnp.asarray(queries, dtype) @ corpus.notes.astype(dtype).T
     return jax.vmap(
-        lambda res: selection_from_solution(res, 1, corpus.valid, budget=budget, threshold=threshold)
-    )(result)
+        lambda res, r, cos: selection_from_solution(
+            res, 1, corpus.valid, budget=budget, threshold=threshold, affinity=question_affinity(corpus, r),
+            cosine=cos, beta=corpus.params.beta)
+    )(result, rel, cosine)

@@ -17,6 +17,13 @@ COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
 TAU_MODES = ("hard", "soft")
 
+# Why a CDS selection holds notes outside the equilibrium's support (Selection.fill_reason);
+# see cdsjax.core.ranking for the fill rule.
+FILL_NONE = 0  # every pick is in the support (or no slot could be filled)
+FILL_SHORT_SUPPORT = 1  # the support held fewer than budget notes; the rest ranked by KKT slack
+FILL_NO_QUERY_EDGE = 2  # no note has a positive query edge; the rest ranked by cosine
+FILL_REASONS = ("none", "short_support", "no_query_edge")
+
 
 @struct.dataclass
 class CDSParams:
@@ -134,9 +141,23 @@ class Selection:
       scores: ``[budget]`` float, the selector's score of each pick (0 where
         ``selected_valid`` is False).
       result: the :class:`SolverResult` for CDS, None for baselines.
+      support_size: CDS only, ``[]`` int32: notes (constraint queries excluded)
+        with equilibrium weight above the support threshold.
+      num_filled: CDS only, ``[]`` int32: picks taken from outside the support by
+        the fill rule (:mod:`cdsjax.core.ranking`) because the support held fewer
+        than ``budget`` notes.
+      fill_reason: CDS only, ``[]`` int32: one of :data:`FILL_NONE`,
+        :data:`FILL_SHORT_SUPPORT`, :data:`FILL_NO_QUERY_EDGE` (names in
+        :data:`FILL_REASONS`).
+      beta: CDS only, ``[]`` float: the note-block strength beta the
+        equilibrium was computed with (chosen per question by ``cds_support``).
     """
 
     indices: Array
     selected_valid: Array
     scores: Array
     result: Optional[SolverResult] = None
+    support_size: Optional[Array] = None
+    num_filled: Optional[Array] = None
+    fill_reason: Optional[Array] = None
+    beta: Optional[Array] = None

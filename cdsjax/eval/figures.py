@@ -320,3 +320,38 @@ def compact_table(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], *, 
             cells.append("" if r is None else f"{r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
         lines.append(f"| {sel} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_pool_sizes(points: Mapping[str, Mapping[str, Sequence[Tuple[int, float]]]], *, metric: str,
+                    title: str = "", reference: str = "cosine"):
+    """Recall against pool size: one panel per distractor kind, one line per selector.
+
+    Args:
+      points: ``distractors -> selector -> [(pool size, mean metric), ...]``.
+      metric: the y-axis label.
+      title: figure title (e.g. the benchmark and the questions it covers).
+      reference: drawn dashed and black (the selector others are compared with).
+
+    Returns:
+      The figure.
+    """
+    import matplotlib.pyplot as plt
+
+    kinds = list(points)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.6 * len(kinds), 3.6), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for sel, pts in points[kind].items():
+            pts = sorted(pts)
+            style = dict(color="black", linestyle="--") if sel == reference else {}
+            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=sel, **style)
+        sizes = sorted({p for pts in points[kind].values() for p, _ in pts})
+        ax.set_xticks(sizes)
+        ax.set_xlabel("documents per pool")
+        ax.set_title(f"{kind} distractors")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(metric)
+    axes[0][-1].legend(fontsize=8, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

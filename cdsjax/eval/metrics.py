@@ -215,3 +215,50 @@ def summarize(records: Iterable[Mapping[str, object]], metrics: Sequence[str], *
             rows.append({**dict(zip(group_by, key)), "metric": m, "mean": mean,
                          "ci_low": lo, "ci_high": hi, "n": n})
     return rows
+
+
+def gold_doc_share(selected_docs: Sequence[str], gold_docs: Iterable[str]) -> float:
+    """Share of the selected notes that come from a gold document (NaN if none was
+    selected or there is no gold document)."""
+    gold = set(gold_docs)
+    docs = list(selected_docs)
+    if not gold or not docs:
+        return float("nan")
+    return sum(d in gold for d in docs) / len(docs)
+
+
+def gold_doc_hit(selected_docs: Iterable[str], gold_docs: Iterable[str]) -> float:
+    """1.0 if some selected note comes from a gold document, else 0.0; NaN without gold."""
+    gold = set(gold_docs)
+    if not gold:
+        return float("nan")
+    return float(bool(gold & set(selected_docs)))
+
+
+def distinct_docs(selected_docs: Iterable[str]) -> int:
+    """Number of distinct documents among the selected notes."""
+    return len(set(selected_docs))
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95,
+                      num_resamples: int = 10_000, seed: int = 0, tie: float = 1e-9) -> dict:
+    """Paired comparison of two selectors on the same questions: ``a - b``.
+
+    Args:
+      a, b: per-question values, aligned (NaN or None in either drops the pair).
+      confidence, num_resamples, seed: of the bootstrap interval (:func:`mean_ci`).
+      tie: differences with ``|a - b| <= tie`` count as ties.
+
+    Returns:
+      ``{"mean", "ci_low", "ci_high", "n", "better", "tie", "worse"}``: the mean
+      difference with its percentile-bootstrap interval over questions, and how many
+      questions ``a`` is above, equal to and below ``b``.
+    """
+    x = np.asarray([np.nan if v is None else float(v) for v in a], np.float64)
+    y = np.asarray([np.nan if v is None else float(v) for v in b], np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"a and b must have the same length, got {x.size} and {y.size}")
+    d = (x - y)[np.isfinite(x) & np.isfinite(y)]
+    mean, lo, hi, n = mean_ci(d, confidence=confidence, num_resamples=num_resamples, seed=seed)
+    return {"mean": mean, "ci_low": lo, "ci_high": hi, "n": n, "better": int(np.sum(d > tie)),
+            "tie": int(np.sum(np.abs(d) <= tie)), "worse": int(np.sum(d < -tie))}

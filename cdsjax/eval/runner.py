@@ -25,6 +25,7 @@ import json
 import math
 import pathlib
 import re
+import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,13 +36,19 @@ RECORDS_FILE = "records.jsonl"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 RUN_FILE = "run.json"
+TIMINGS_FILE = "timings.jsonl"
 SUMMARY_COLUMNS = ("benchmark", "selector", "metric", "mean", "ci_low", "ci_high", "n")
 
 # Metric order in tables; a benchmark reports the ones its gold supports.
 METRICS_PDF = ("page_recall", "box_recall", "all_pages_found", "distinct_pages", "redundancy")
 METRICS_TEXT = ("paragraph_recall", "all_found", "best_annotator_recall", "redundancy")
 METRICS_VISDOM = ("page_recall", "doc_recall", "distinct_pages", "redundancy")
+# Scored when a question searches several documents (pools, the open corpus, VisDoM).
+METRICS_POOL = ("gold_doc_share", "gold_doc_hit", "distinct_docs")
 DIAGNOSTICS = ("num_iters", "converged", "kkt_residual", "objective", "support_size", "step")
+# Diagnostics summarised next to the metrics (support_size: notes only; whole_support: the
+# share of questions whose support is every note; num_filled: picks from outside the support).
+SUMMARY_DIAGNOSTICS = ("converged", "kkt_residual", "num_iters", "support_size", "whole_support", "num_filled")
 
 
 @dataclasses.dataclass
@@ -57,6 +64,10 @@ class Problem:
       docs: ``[n]`` document of each note.
       pages: ``[n]`` 0-based page of each note, or None (text benchmarks).
       boxes: ``[n]`` ``(x0, y0, x1, y1)`` of each note, or None.
+      pool: the candidate documents the notes come from (pool and open-corpus runs;
+        recorded as ``pool_documents``), or None.
+      gold_docs: the question's own documents; when set, the pool metrics
+        (:data:`METRICS_POOL`) are scored.
     """
 
     query: Any
@@ -67,6 +78,8 @@ class Problem:
     docs: List[str]
     pages: Optional[List[int]] = None
     boxes: Optional[List[Tuple[float, float, float, float]]] = None
+    pool: Optional[Tuple[str, ...]] = None
+    gold_docs: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
         n = self.notes.shape[0]
@@ -261,18 +274,48 @@ def score_problem(problem: Problem, selection: Any, *, kind: str) -> Dict[str, O
     else:
         raise ValueError(f"kind must be 'pdf', 'visdom' or 'text', got {kind!r}")
     out["redundancy"] = M.redundancy(np.asarray(problem.notes)[idx]) if idx else float("nan")
+    if problem.gold_docs is not None:
+        out.update(score_pool(problem, idx))
     return {k: _finite_or_none(v) for k, v in out.items()}
 
 
-def diagnostics(selection: Any) -> Dict[str, Any]:
-    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines)."""
+def score_pool(problem: Problem, idx: Sequence[int]) -> Dict[str, float]:
+    """The pool metrics of selected note positions ``idx``: share of selected notes from
+    a gold document, whether any is, and how many documents the selection spans."""
+    docs = [problem.docs[i] for i in idx]
+    gold = problem.gold_docs or ()
+    return {"gold_doc_share": M.gold_doc_share(docs, gold), "gold_doc_hit": M.gold_doc_hit(docs, gold),
+            "distinct_docs": float(M.distinct_docs(docs))}
+
+
+def diagnostics(selection: Any, num_notes: Optional[int] = None) -> Dict[str, Any]:
+    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines).
+
+    ``support_size`` counts notes (not the query) with equilibrium weight above the
+    support threshold; ``num_filled`` / ``fill_reason`` say how many picks came from
+    outside the support and why (:mod:`cdsjax.core.ranking`); ``beta`` is the
+    note-block strength used. With ``num_notes`` (the problem's real note count),
+    ``whole_support`` says whether the support was every note.
+    """
+    from cdsjax.core.types import FILL_REASONS
+
     res = getattr(selection, "result", None)
     if res is None:
         return {}
     out = {}
     for name in DIAGNOSTICS:
+        if name == "support_size":
+            continue  # the solver's count includes the query vertex; the notes-only one is below
         v = np.asarray(getattr(res, name))
         out[name] = bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
+    if getattr(selection, "support_size", None) is not None:
+        out["support_size"] = int(np.asarray(selection.support_size))
+        out["num_filled"] = int(np.asarray(selection.num_filled))
+        out["fill_reason"] = FILL_REASONS[int(np.asarray(selection.fill_reason))]
+        if num_notes is not None:
+            out["whole_support"] = bool(out["support_size"] >= int(num_notes))
+    if getattr(selection, "beta", None) is not None:
+        out["beta"] = float(np.asarray(selection.beta))
     return out
 
 
@@ -329,7 +372,7 @@ def summary_rows(records: Iterable[Mapping[str, Any]], metric_names: Sequence[st
         row = {"benchmark": r["benchmark"], "selector": r["selector"]}
         for m in metric_names:
             row[f"{m}@{r['budget']}"] = r["metrics"].get(m)
-        for d in ("converged", "kkt_residual", "num_iters"):
+        for d in SUMMARY_DIAGNOSTICS:
             if d in r.get("diagnostics", {}):
                 row[f"{d}@{r['budget']}"] = float(r["diagnostics"][d])
         flat.append(row)
@@ -344,7 +387,7 @@ def summary_rows(records: Iterable[Mapping[str, Any]], metric_names: Sequence[st
 
 
 def _metric_rank(name: str, metric_names: Sequence[str]) -> int:
-    order = list(metric_names) + ["converged", "kkt_residual", "num_iters"]
+    order = list(metric_names) + list(SUMMARY_DIAGNOSTICS)
     return order.index(name) if name in order else len(order)
 
 
@@ -389,6 +432,16 @@ def _fmt_cell(r: Mapping[str, Any]) -> str:
     return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def write_timings(out_dir: pathlib.Path, seconds: Mapping[str, float], counts: Mapping[str, int]) -> None:
+    """Appends this invocation's wall times to ``timings.jsonl``: seconds per
+    ``selector@B`` (compilation included) with the number of questions it solved, and
+    the open-corpus first stage."""
+    entry = {"seconds": {k: round(float(v), 4) for k, v in seconds.items()},
+             "questions": {k: int(v) for k, v in counts.items() if v}}
+    with open(out_dir / TIMINGS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
 def fingerprint(obj: Any) -> str:
     """Short stable hash of a JSON-serialisable object."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -403,8 +456,9 @@ def _benchmark_kind(bench) -> str:
     return "visdom" if bench.name.startswith("visdom") else "pdf"
 
 
-def metric_names(kind: str) -> Tuple[str, ...]:
-    return {"pdf": METRICS_PDF, "visdom": METRICS_VISDOM, "text": METRICS_TEXT}[kind]
+def metric_names(kind: str, pooled: bool = False) -> Tuple[str, ...]:
+    names = {"pdf": METRICS_PDF, "visdom": METRICS_VISDOM, "text": METRICS_TEXT}[kind]
+    return names + METRICS_POOL if pooled else names
 
 
 _FLOAT_LABEL = re.compile(r"^\s*(fig(?:ure)?\.?|table)\s*(\d+)", re.IGNORECASE)
@@ -484,21 +538,20 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
     return problems
 
 
-def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
-                 progress: bool = False) -> List[Problem]:
-    """Problems of a PDF benchmark: each document is indexed once (cached by content
-    and settings under ``cache_dir``); a query searches the notes of its documents."""
-    from cdsjax import core
+def pdf_indexes(bench, doc_ids: Sequence[str], config, embedder, *, cache_dir: pathlib.Path,
+                progress: bool = False) -> Dict[str, Any]:
+    """``doc -> index`` of the PDFs ``doc_ids`` of a PDF benchmark, each indexed once
+    (cached by content and settings under ``cache_dir / "indexes"``), checked to be
+    embedded by ``embedder``'s model."""
     from cdsjax.io.index import index_pdf
 
-    needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
     want = {k: v for k, v in embedder.info().items() if k != "dim"}
     indexes = {}
-    docs_iter = needed
+    docs_iter = list(doc_ids)
     if progress:
         from tqdm.auto import tqdm
 
-        docs_iter = tqdm(needed, desc=f"index {bench.name}", unit="doc")
+        docs_iter = tqdm(docs_iter, desc=f"index {bench.name}", unit="doc")
     for doc_id in docs_iter:
         idx = index_pdf(bench.documents[doc_id], config=config, cache_dir=cache_dir / "indexes")
         got = {k: v for k, v in idx.embedder.items() if k != "dim"}
@@ -506,6 +559,17 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             raise ValueError(f"index of {doc_id} was embedded with {got}, but questions would be "
                              f"encoded with {want}")
         indexes[doc_id] = idx
+    return indexes
+
+
+def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
+                 progress: bool = False) -> List[Problem]:
+    """Problems of a PDF benchmark: each document is indexed once (cached by content
+    and settings under ``cache_dir``); a query searches the notes of its documents."""
+    from cdsjax import core
+
+    needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
+    indexes = pdf_indexes(bench, needed, config, embedder, cache_dir=cache_dir, progress=progress)
     query_emb = _cached_encode(cache_dir, bench.name.replace("/", "_"), embedder,
                                [q.question for q in bench.queries], queries=True)
     problems = []
@@ -527,6 +591,303 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             pages=[int(note["page"]) for _, note in meta],
             boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta]))
     return problems
+
+
+# --------------------------------------------------------------------------- pools and the open corpus
+
+CANDIDATE_POOLS = ("documents", "corpus")
+POOL_FIELDS = ("pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """How each question's candidate notes are gathered (config fields of the same names).
+
+    Attributes:
+      pool_size: documents per question, the question's own included (1 = its own
+        document only).
+      distractors: ``"random"`` (seeded per question) or ``"similar"`` (the documents
+        whose mean note embedding is closest to the gold document's).
+      pool_seed: run seed of the random draws and the shuffle.
+      candidate_pool: ``"documents"`` (the pool above) or ``"corpus"`` (every document
+        of the benchmark; a first stage keeps the top ``first_stage_k`` notes by cosine).
+      first_stage_k: notes the open-corpus first stage passes to the selectors.
+    """
+
+    pool_size: int = 1
+    distractors: str = "random"
+    pool_seed: int = 0
+    candidate_pool: str = "documents"
+    first_stage_k: int = 300
+
+    def __post_init__(self):
+        from cdsjax.io.datasets import DISTRACTORS
+
+        if int(self.pool_size) < 1:
+            raise ValueError(f"config.pool_size must be >= 1, got {self.pool_size}")
+        if self.distractors not in DISTRACTORS:
+            raise ValueError(f"config.distractors must be one of {DISTRACTORS}, got {self.distractors!r}")
+        if self.candidate_pool not in CANDIDATE_POOLS:
+            raise ValueError(f"config.candidate_pool must be one of {CANDIDATE_POOLS}, "
+                             f"got {self.candidate_pool!r}")
+        if int(self.first_stage_k) < 1:
+            raise ValueError(f"config.first_stage_k must be >= 1, got {self.first_stage_k}")
+
+
+def pool_spec(config) -> Optional[PoolSpec]:
+    """The config's :class:`PoolSpec`, or None when it sets none of :data:`POOL_FIELDS`
+    (the plain one-document-per-question run, without pool metrics)."""
+    given = {k: config[k] for k in POOL_FIELDS if k in config and config[k] is not None}
+    if not given:
+        return None
+    for k in ("pool_size", "pool_seed", "first_stage_k"):
+        if k in given:
+            given[k] = int(given[k])
+    return PoolSpec(**given)
+
+
+@dataclasses.dataclass
+class DocumentNotes:
+    """The notes of one document (a PDF's index, or a text corpus).
+
+    Attributes:
+      embeddings: ``[n, d]`` float32 L2-normalised.
+      links: ``[n, n]`` bool, symmetric, False diagonal.
+      note_ids: ``[n]`` ids, unique across the benchmark.
+      pages, boxes: ``[n]`` page and box of each note (PDFs), or None (text).
+    """
+
+    embeddings: np.ndarray
+    links: np.ndarray
+    note_ids: List[str]
+    pages: Optional[List[int]] = None
+    boxes: Optional[List[Tuple[float, float, float, float]]] = None
+
+
+def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
+                   progress: bool = False) -> Dict[str, DocumentNotes]:
+    """:class:`DocumentNotes` of every document or corpus of ``bench``, in its order.
+
+    PDFs are indexed as :func:`pdf_problems` does (same cache); a text benchmark's
+    corpora are embedded in one call over all of them (same cache entry as a full
+    one-document-per-question run when every corpus has questions).
+    """
+    out: Dict[str, DocumentNotes] = {}
+    if bench.corpora:
+        ids = list(bench.corpora)
+        texts = [t for c in ids for t in bench.corpora[c].texts]
+        emb = _cached_encode(cache_dir, bench.name, embedder, texts, queries=False, progress=progress)
+        start = 0
+        window = int(config.get("link_window", 1))
+        for c in ids:
+            corpus = bench.corpora[c]
+            out[c] = DocumentNotes(emb[start:start + len(corpus)], text_links(corpus, window=window),
+                                   list(corpus.note_ids))
+            start += len(corpus)
+        return out
+    for d, idx in pdf_indexes(bench, list(bench.documents), config, embedder, cache_dir=cache_dir,
+                              progress=progress).items():
+        out[d] = DocumentNotes(
+            np.asarray(idx.embeddings, np.float32), np.asarray(idx.links, bool),
+            [f"{d}#{note['reading_order']}" for note in idx.notes],
+            [int(note["page"]) for note in idx.notes],
+            [tuple(float(v) for v in note["bbox"]) for note in idx.notes])
+    return out
+
+
+def document_vectors(notes: Mapping[str, DocumentNotes]) -> Dict[str, np.ndarray]:
+    """``doc -> [d]`` mean note embedding, L2-normalised (what ``"similar"`` compares)."""
+    out = {}
+    for d, dn in notes.items():
+        v = np.asarray(dn.embeddings, np.float64).mean(axis=0)
+        out[d] = v / max(float(np.linalg.norm(v)), 1e-12)
+    return out
+
+
+def pool_problem(query, query_emb: np.ndarray, doc_ids: Sequence[str], notes: Mapping[str, DocumentNotes],
+                 gold_docs: Sequence[str]) -> Problem:
+    """One question's problem over the notes of ``doc_ids``, concatenated in that order;
+    links stay within each document."""
+    from cdsjax import core
+
+    parts = [notes[d] for d in doc_ids]
+    emb = np.concatenate([p.embeddings for p in parts]).astype(np.float32)
+    n = emb.shape[0]
+    links = np.zeros((n, n), bool)
+    start = 0
+    for p in parts:
+        m = len(p.note_ids)
+        links[start:start + m, start:start + m] = p.links
+        start += m
+    core.validate_embeddings(emb, query_emb)
+    pdf = parts[0].pages is not None
+    return Problem(
+        query, emb, np.asarray(query_emb, np.float32), links,
+        note_ids=[i for p in parts for i in p.note_ids],
+        docs=[d for d, p in zip(doc_ids, parts) for _ in p.note_ids],
+        pages=[g for p in parts for g in p.pages] if pdf else None,
+        boxes=[b for p in parts for b in p.boxes] if pdf else None,
+        pool=tuple(doc_ids), gold_docs=tuple(gold_docs))
+
+
+_TOP_K: Dict[str, Any] = {}
+
+
+def _top_k_notes():
+    """``jit((q [b, d], z [N, d], k) -> [b, k] top positions of q @ z.T)``, compiled once
+    per shape (built lazily: this module imports JAX only when it computes)."""
+    if "fn" not in _TOP_K:
+        import jax
+
+        _TOP_K["fn"] = jax.jit(lambda q, z, k: jax.lax.top_k(q @ z.T, k)[1], static_argnums=2)
+    return _TOP_K["fn"]
+
+
+def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int = 256) -> np.ndarray:
+    """Top-``k`` notes by exact cosine for each query: a ``jnp`` matmul and ``lax.top_k``.
+
+    Args:
+      query_emb: ``[b, d]`` L2-normalised queries.
+      notes: ``[N, d]`` L2-normalised notes of the whole collection.
+      k: notes kept per query (at most ``N``).
+      chunk: queries per compiled call (bounds the ``[chunk, N]`` score matrix).
+
+    Returns:
+      ``[b, min(k, N)]`` int note positions, best first.
+    """
+    import jax.numpy as jnp
+
+    k = min(int(k), notes.shape[0])
+    z = jnp.asarray(notes, jnp.float32)
+    fn = _top_k_notes()
+    out = []
+    for start in range(0, query_emb.shape[0], chunk):
+        q = np.asarray(query_emb[start:start + chunk], np.float32)
+        rows = q.shape[0]
+        if rows < chunk and query_emb.shape[0] > chunk:  # one compiled shape for every chunk
+            q = np.concatenate([q, np.repeat(q[:1], chunk - rows, axis=0)])
+        out.append(np.asarray(fn(jnp.asarray(q), z, k))[:rows])
+    return np.concatenate(out) if out else np.zeros((0, k), np.int64)
+
+
+def corpus_problems(queries: Sequence[Any], query_emb: np.ndarray, notes: Mapping[str, DocumentNotes],
+                    k: int) -> Tuple[List[Problem], float]:
+    """Open-corpus problems: each question's candidates are the top-``k`` notes of the
+    whole collection by cosine (:func:`first_stage`); links stay within a document.
+
+    Returns:
+      ``(problems, seconds the first stage took)``; a problem's ``pool`` lists the
+      documents its candidates come from, in rank order of their best note.
+    """
+    import time
+
+    doc_list = list(notes)
+    emb = np.concatenate([notes[d].embeddings for d in doc_list]).astype(np.float32)
+    doc_of = np.concatenate([np.full(len(notes[d].note_ids), i) for i, d in enumerate(doc_list)])
+    local = np.concatenate([np.arange(len(notes[d].note_ids)) for d in doc_list])
+    t0 = time.perf_counter()
+    top = first_stage(query_emb, emb, k)
+    seconds = time.perf_counter() - t0
+    pdf = notes[doc_list[0]].pages is not None
+    problems = []
+    for q, qe, cand in zip(queries, query_emb, top):
+        docs_idx, loc = doc_of[cand], local[cand]
+        links = np.zeros((len(cand), len(cand)), bool)
+        for di in np.unique(docs_idx):
+            pos = np.flatnonzero(docs_idx == di)
+            links[np.ix_(pos, pos)] = notes[doc_list[di]].links[np.ix_(loc[pos], loc[pos])]
+        dn = [notes[doc_list[di]] for di in docs_idx]
+        problems.append(Problem(
+            q, emb[cand], np.asarray(qe, np.float32), links,
+            note_ids=[n.note_ids[j] for n, j in zip(dn, loc)],
+            docs=[doc_list[di] for di in docs_idx],
+            pages=[n.pages[j] for n, j in zip(dn, loc)] if pdf else None,
+            boxes=[n.boxes[j] for n, j in zip(dn, loc)] if pdf else None,
+            pool=tuple(dict.fromkeys(doc_list[di] for di in docs_idx)),
+            gold_docs=tuple(q.meta.get("gold_docs", q.doc_ids))))
+    return problems, seconds
+
+
+def _first_queries(bench, max_queries: Optional[int]):
+    if max_queries is None:
+        return bench
+    return dataclasses.replace(bench, queries=list(bench.queries[: int(max_queries)]))
+
+
+def pooled_problems(config, spec: PoolSpec, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
+                    log: Callable[[str], None] = print):
+    """The benchmark and problems of a pool or open-corpus run.
+
+    The benchmark is loaded whole, pools are drawn over all its documents, and only
+    then are the first ``config.max_queries`` questions kept, so a question's pool does
+    not depend on how many are kept (nor on the process, shard or run).
+
+    Returns:
+      ``(benchmark, kind, problems, timings)``; ``timings`` holds the open-corpus
+      first stage's seconds.
+    """
+    from cdsjax.io.datasets import with_pools
+
+    full = load_configured_benchmark(config, all_queries=True)
+    kind = _benchmark_kind(full)
+    timings: Dict[str, float] = {}
+    if kind == "visdom":
+        if spec.pool_size != 1 or spec.candidate_pool != "documents":
+            raise ValueError(f"{full.name}: VisDoM questions come with their candidate pools; "
+                             "set neither pool_size nor candidate_pool")
+        bench = _first_queries(full, config.get("max_queries", None))
+        problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
+        for p in problems:
+            p.pool = tuple(p.query.doc_ids)
+            p.gold_docs = tuple(p.query.meta.get("gold_docs") or ()) or None
+        return bench, kind, problems, timings
+    notes = document_notes(full, config, embedder, cache_dir=cache_dir, progress=progress)
+    tag = full.name if kind == "text" else full.name.replace("/", "_")
+    qemb = _cached_encode(cache_dir, tag, embedder, [q.question for q in full.queries], queries=True)
+    m = config.get("max_queries", None)
+    keep = len(full.queries) if m is None else min(int(m), len(full.queries))
+    if spec.candidate_pool == "corpus":
+        bench = _first_queries(full, keep)
+        problems, seconds = corpus_problems(bench.queries, qemb[:keep], notes, spec.first_stage_k)
+        timings["first_stage"] = seconds
+        log(f"open corpus: {sum(len(n.note_ids) for n in notes.values())} notes in {len(notes)} documents; "
+            f"first stage (top {spec.first_stage_k}, exact cosine) for {keep} questions: {seconds:.3f} s")
+        return bench, kind, problems, timings
+    vectors = document_vectors(notes) if spec.distractors == "similar" else None
+    pooled = with_pools(full, spec.pool_size, spec.distractors, doc_vectors=vectors, seed=spec.pool_seed)
+    bench = _first_queries(pooled, keep)
+    problems = [pool_problem(q, qe, q.doc_ids, notes, q.meta["gold_docs"])
+                for q, qe in zip(bench.queries, qemb[:keep])]
+    return bench, kind, problems, timings
+
+
+def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
+                  log: Callable[[str], None] = print):
+    """``(benchmark, kind, problems, timings)`` of a config: one document per question,
+    or pools / the open corpus when the config sets :data:`POOL_FIELDS`."""
+    spec = pool_spec(config)
+    if spec is not None:
+        bench, kind, problems, timings = pooled_problems(config, spec, embedder, cache_dir=cache_dir,
+                                                         progress=progress, log=log)
+    else:
+        bench, timings = load_configured_benchmark(config), {}
+        kind = _benchmark_kind(bench)
+        if kind == "text":
+            problems = text_problems(bench, embedder, cache_dir=cache_dir,
+                                     link_window=int(config.get("link_window", 1)), progress=progress)
+        elif bench.queries:
+            problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
+        else:
+            problems = []
+    if not bench.queries:
+        raise ValueError(f"benchmark {config.benchmark!r} has no queries "
+                         f"(max_queries={config.get('max_queries', None)})")
+    return bench, kind, problems, timings
+
+
+def pool_fields(problem: Problem) -> Dict[str, Any]:
+    """What a record says about the problem's candidates (``pool_documents``)."""
+    return {} if problem.pool is None else {"pool_documents": list(problem.pool)}
 
 
 # --------------------------------------------------------------------------- the run
@@ -575,7 +936,8 @@ def budgets_of(config) -> List[int]:
 
 def _run_identity(config) -> dict:
     """What must match for records in ``output_dir`` to be resumed."""
-    keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window", "dtype")
+    keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window", "dtype",
+            "pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
     out = {}
     for k in keep:
         if k in config:
@@ -587,14 +949,17 @@ def _run_identity(config) -> dict:
     return out
 
 
-def load_configured_benchmark(config):
+def load_configured_benchmark(config, *, all_queries: bool = False):
+    """The config's benchmark (its first ``config.max_queries`` questions unless
+    ``all_queries``)."""
     from cdsjax.io.datasets import load_benchmark
 
     options = config.get("loader", None) or {}
     if hasattr(options, "to_dict"):
         options = options.to_dict()
     options = {k: v for k, v in options.items() if v is not None}
-    return load_benchmark(config.benchmark, config.data_root, config.get("max_queries", None), **options)
+    max_queries = None if all_queries else config.get("max_queries", None)
+    return load_benchmark(config.benchmark, config.data_root, max_queries, **options)
 
 
 def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print):
@@ -634,17 +999,11 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                              "use another output_dir or delete it")
     run_file.write_text(json.dumps({"identity": identity}, indent=1, default=str))
 
-    bench = load_configured_benchmark(config)
-    if not bench.queries:
-        raise ValueError(f"benchmark {config.benchmark!r} has no queries (max_queries={config.max_queries})")
-    kind = _benchmark_kind(bench)
     cache_dir = pathlib.Path(config.get("cache_dir", "") or out_dir / "cache")
     embedder = Embedder(config)
-    if kind == "text":
-        problems = text_problems(bench, embedder, cache_dir=cache_dir,
-                                 link_window=int(config.get("link_window", 1)), progress=progress)
-    else:
-        problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
+    bench, kind, problems, timings = load_problems(config, embedder, cache_dir=cache_dir,
+                                                   progress=progress, log=log)
+    pooled = any(p.gold_docs is not None for p in problems)
 
     drop_torn_tail(records_path)
     done = {record_key(r) for r in read_records(records_path)}
@@ -680,19 +1039,24 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                             "selected": [p.note_ids[i] for i in idx],
                             "scores": [float(s) for s in np.asarray(sel.scores)[mask]],
                             "metrics": score_problem(p, sel, kind=kind),
-                            "diagnostics": diagnostics(sel),
+                            "diagnostics": diagnostics(sel, num_notes=int(p.notes.shape[0])),
                         }
                         if p.pages is not None:
                             rec["pages"] = [[p.docs[i], p.pages[i]] for i in idx]
+                        rec.update(pool_fields(p))
                         f.write(json.dumps(rec) + "\n")
                     f.flush()
                     if bar is not None:
                         bar.update(len(positions))
 
+                t0 = time.perf_counter()
                 run_selector(fn, batch, buckets=buckets, max_batch=int(config.get("max_batch", 64)),
                              mesh=mesh, on_chunk=write, dtype=np.dtype(dtype))
+                timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:
         bar.close()
+    write_timings(out_dir, timings, {f"{label}@{b}": len(todo[(label, b)]) for label, _, _ in specs
+                                     for b in budgets})
 
     wanted = {(bench.name, label, b, p.query.qid) for label, _, _ in specs for b in budgets
               for p in problems}
@@ -702,7 +1066,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
             records[record_key(r)] = r  # the latest line wins
     order = {label: i for i, (label, _, _) in enumerate(specs)}
     records = sorted(records.values(), key=lambda r: (order[r["selector"]], r["budget"]))
-    rows = summary_rows(records, metric_names(kind),
+    rows = summary_rows(records, metric_names(kind, pooled),
                         num_resamples=int(config.get("num_resamples", 10_000)))
     write_summary_csv(rows, out_dir / SUMMARY_CSV)
     table = markdown_table(rows)

@@ -1,0 +1,215 @@
+r"""Reading B notes off an equilibrium: the support first, then the fill rule.
+
+The paper's evidence is the support :math:`\sigma(x^*) = \{i : x^*_i > \theta\}` of
+the equilibrium, constraint (query) vertices removed, ranked by :math:`x^*_i` and
+cut to the top :math:`B`. The support can hold fewer than :math:`B` notes: a tight
+cluster, or only the query itself when no note has a positive query edge (every
+cosine :math:`\le 0`, so :math:`r = 0` and :math:`x^* = e_q`). The reader would
+then see little or no evidence. The **fill rule** completes the selection:
+
+1. The support's notes come first, by weight :math:`x^*_i` (the paper's ranking).
+2. The remaining slots take valid notes outside the support by their KKT slack
+
+   .. math:: s_i = (Mx^*)_i - x^{*\top} M x^*,
+
+   largest first. At a KKT point :math:`s_i = 0` on the support and
+   :math:`s_i \le 0` off it; :math:`-s_i` is the payoff a note lacks to enter the
+   support (a note about to enter as :math:`\beta` or :math:`\tau` moves has
+   :math:`s_i \to 0^-`). These are the extended scores of
+   :func:`cdsjax.core.equilibrium_scores`, so a filled selection is the top-B of a
+   score that is continuous across support changes.
+3. Equal slacks go to the higher cosine :math:`\bar q^\top z_i` (mean over the
+   query vertices, before the :math:`\max(\cdot, 0)` clip), then to the lower index.
+4. When no valid note has a positive edge to any query vertex and no note is
+   pinned, the query vertices are isolated and the equilibrium is known exactly:
+   the free note block :math:`W - \alpha I` is negative definite under the spectral
+   penalty, so :math:`x^\top M x \le 0` with equality only at the query alone. Its
+   note support is empty and every note's slack is exactly 0, so rule 3 ranks the
+   whole selection by cosine. The selection uses this exact equilibrium in every
+   mode: paper mode decays towards it at a rate of order :math:`\varepsilon` and
+   after 10,000 steps still spreads weight over every note in a pattern that does
+   not depend on the question.
+
+The same rule serves paper mode, converged mode, peeling and the support-targeted
+CDS. Filled picks carry their slack as their score (so scores stay comparable with
+:func:`~cdsjax.core.equilibrium_scores`) and the :class:`~cdsjax.core.Selection`
+reports ``support_size``, ``num_filled`` and ``fill_reason``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import Array, lax
+
+from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_NONE, FILL_SHORT_SUPPORT, Affinity, Selection, SolverResult
+from cdsjax.core.validation import check_budget
+
+
+def top_b(scores: Array, eligible: Array, budget: int) -> tuple[Array, Array, Array]:
+    """Top-``budget`` entries of ``scores`` among ``eligible``, best first.
+
+    Ties go to the lowest index. When fewer than ``budget`` entries are eligible the
+    tail is marked invalid (index 0, score 0).
+
+    Args:
+      scores: ``[n]`` float.
+      eligible: ``[n]`` bool.
+      budget: static number of picks (may exceed ``n``).
+
+    Returns:
+      ``(indices [budget] int32, selected_valid [budget] bool, scores [budget])``.
+    """
+    budget = check_budget(budget)
+    n = scores.shape[0]
+    masked = jnp.where(eligible, scores, -jnp.inf)
+    if budget > n:
+        masked = jnp.concatenate([masked, jnp.full((budget - n,), -jnp.inf, masked.dtype)])
+    values, idx = lax.top_k(masked, budget)
+    ok = jnp.isfinite(values)
+    return (
+        jnp.where(ok, idx, 0).astype(jnp.int32),
+        ok,
+        jnp.where(ok, values, 0.0),
+    )
+
+
+def kkt_slack(affinity: Affinity, x: Array) -> Array:
+    r"""``[n]`` slack :math:`(Mx)_i - x^\top M x` of the notes (queries excluded)."""
+    payoff = affinity.payoff()
+    mx = payoff @ x
+    return (mx - x @ mx)[affinity.num_queries :]
+
+
+def isolated_query(affinity: Affinity) -> Array:
+    """``[]`` bool: no valid note has a positive edge to a query vertex and none is pinned
+    (rule 4 of the module docstring: the equilibrium is the query alone)."""
+    m = affinity.num_queries
+    note_valid = affinity.valid[m:]
+    edge = jnp.any((affinity.matrix[:m, m:] > 0) & note_valid[None, :])
+    pinned = jnp.any(affinity.constraint[m:] & note_valid)
+    return ~edge & ~pinned
+
+
+def query_cosine(notes: Array, query: Array) -> Array:
+    r"""``[n]`` mean cosine :math:`\bar q^\top z_i` over the query rows (``query`` ``[d]`` or ``[m, d]``)."""
+    query = jnp.asarray(query)
+    if query.ndim == 1:
+        query = query[None, :]
+    return jnp.mean(query @ jnp.asarray(notes).T, axis=0)
+
+
+def fill_order(
+    support: Array, note_valid: Array, slack: Array, cosine: Array, isolated: Array, budget: int
+) -> tuple[Array, Array]:
+    """Notes outside the support in fill order (rules 2-4 of the module docstring).
+
+    Returns:
+      ``(order [max(n, budget)] int32, count [])``: the first ``count`` entries of
+      ``order`` are the fill candidates, best first.
+    """
+    n = slack.shape[0]
+    rest = note_valid & ~support
+    slack = jnp.where(isolated | ~jnp.isfinite(slack), 0.0, slack)
+    cosine = jnp.where(jnp.isfinite(cosine), cosine, -jnp.inf)
+    # lexicographic: candidates first, then larger slack, then larger cosine; the stable
+    # sort keeps lower indices first among exact ties
+    keys = (
+        jnp.where(rest, 0, 1).astype(jnp.int32),
+        jnp.where(rest, -slack, 0.0),
+        jnp.where(rest, -cosine, 0.0),
+        jnp.arange(n, dtype=jnp.int32),
+    )
+    order = lax.sort(keys, num_keys=3, is_stable=True)[3]
+    if budget > n:
+        order = jnp.concatenate([order, jnp.zeros((budget - n,), jnp.int32)])
+    return order, jnp.sum(rest).astype(jnp.int32)
+
+
+def rank_support(
+    x_notes: Array,
+    note_valid: Array,
+    *,
+    budget: int,
+    threshold: float = 1e-6,
+    slack: Array | None = None,
+    cosine: Array | None = None,
+    isolated: Array | None = None,
+) -> tuple[Array, Array, Array, Array, Array, Array]:
+    r"""Support notes by weight, then (with ``slack`` given) the fill rule.
+
+    Args:
+      x_notes: ``[n]`` equilibrium weights of the notes.
+      note_valid: ``[n]`` bool, True on real notes.
+      budget: static number of picks.
+      threshold: support threshold :math:`\theta`.
+      slack: optional ``[n]`` KKT slack (:func:`kkt_slack`); None turns the fill off
+        (the paper's reading: fewer than ``budget`` notes when the support is short).
+      cosine: optional ``[n]`` raw query cosine for ties (:func:`query_cosine`);
+        None ranks ties by index.
+      isolated: optional ``[]`` bool, the query is isolated (:func:`isolated_query`):
+        the support is then empty whatever ``x_notes`` holds.
+
+    Returns:
+      ``(indices [budget] int32, selected_valid [budget] bool, scores [budget],
+      support_size [] int32, num_filled [] int32, fill_reason [] int32)``.
+    """
+    budget = check_budget(budget)
+    isolated = jnp.asarray(False) if isolated is None else jnp.asarray(isolated)
+    support = note_valid & (x_notes > threshold) & ~isolated
+    size = jnp.sum(support).astype(jnp.int32)
+    idx, ok, scores = top_b(x_notes, support, budget)
+    zero = jnp.zeros((), jnp.int32)
+    if slack is None:
+        return idx, ok, scores, size, zero, zero
+    cosine = jnp.zeros_like(slack) if cosine is None else cosine
+    order, count = fill_order(support, note_valid, slack, cosine, isolated, budget)
+    k = jnp.sum(ok).astype(jnp.int32)
+    slots = jnp.arange(budget, dtype=jnp.int32)
+    j = jnp.clip(slots - k, 0, order.shape[0] - 1)
+    filled = (slots >= k) & (slots - k < count)
+    pick = order[j]
+    slack_pick = jnp.where(isolated, 0.0, slack[pick])
+    idx = jnp.where(filled, pick, idx).astype(jnp.int32)
+    scores = jnp.where(filled, slack_pick, scores)
+    num_filled = jnp.sum(filled).astype(jnp.int32)
+    reason = jnp.where(num_filled > 0, jnp.where(isolated, FILL_NO_QUERY_EDGE, FILL_SHORT_SUPPORT), FILL_NONE)
+    return idx, ok | filled, scores, size, num_filled, reason.astype(jnp.int32)
+
+
+def read_selection(
+    result: SolverResult,
+    affinity: Affinity,
+    *,
+    budget: int,
+    threshold: float = 1e-6,
+    cosine: Array | None = None,
+    fill: bool = True,
+    beta: Array | None = None,
+) -> Selection:
+    r"""The :class:`Selection` of an equilibrium: its support by weight, filled by the fill rule.
+
+    Args:
+      result: the solver's result on ``affinity``.
+      affinity: the problem's :class:`Affinity` (gives the payoff for the slack).
+      budget: static number of picks.
+      threshold: support threshold :math:`\theta`.
+      cosine: optional ``[n]`` raw query cosine of the notes, the tie-break
+        (:func:`query_cosine`).
+      fill: False keeps the paper's reading (fewer picks when the support is short).
+      beta: optional ``[]`` note-block strength to report.
+
+    Returns:
+      :class:`Selection` with ``support_size``, ``num_filled`` and ``fill_reason``.
+    """
+    m = affinity.num_queries
+    note_valid = affinity.valid[m:]
+    x_notes = result.x[m:]
+    slack = kkt_slack(affinity, result.x) if fill else None
+    idx, ok, scores, size, num_filled, reason = rank_support(
+        x_notes, note_valid, budget=budget, threshold=threshold, slack=slack, cosine=cosine,
+        isolated=isolated_query(affinity),
+    )
+    return Selection(
+        indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size, num_filled=num_filled,
+        fill_reason=reason, beta=None if beta is None else jnp.asarray(beta, x_notes.dtype),
+    )
