@@ -30,9 +30,11 @@ from cdsjax.core import registry
 
 # Selector names accepted by the pipeline and the CLI: the registry's, plus the hyphenated
 # spellings. "cds" keeps meaning paper mode everywhere (registry, configs, RESULTS).
-SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-inimdyn": "cds_inimdyn", "cds-paper": "cds"}
+SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-inimdyn": "cds_inimdyn", "cds-paper": "cds",
+                    "cds-support": "cds_support"}
 # The name shown to users (ask --json "selector", serve): the CLI spelling.
-DISPLAY_NAMES = {"cds": "cds-paper", "cds_converged": "cds-converged", "cds_inimdyn": "cds-inimdyn"}
+DISPLAY_NAMES = {"cds": "cds-paper", "cds_converged": "cds-converged", "cds_inimdyn": "cds-inimdyn",
+                 "cds_support": "cds-support"}
 DEFAULT_SELECTOR = "cds-converged"
 SUPPORT_THRESHOLD = 1e-6
 
@@ -404,13 +406,16 @@ def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = No
     """Solver diagnostics of a CDS selection as plain Python values ({} for baselines).
 
     ``support_size`` counts notes (not the query vertices) with weight > 1e-6; ``valid`` ([n] bool, the
-    padded corpus mask) excludes padding, which the solvers keep at 0 anyway.
+    padded corpus mask) excludes padding, which the solvers keep at 0 anyway. ``num_filled`` /
+    ``fill_reason`` say how many picks came from outside a support shorter than the budget and why
+    (:mod:`cdsjax.core.ranking`); ``beta`` is the note-block strength (``cds-support`` chooses it per question).
     """
     if sel.result is None:
         return {}
     r = sel.result
     name = canonical_selector(selector)
-    solver = {"cds_converged": "active_set", "cds_inimdyn": "inimdyn"}.get(name, "replicator")
+    solver = {"cds_converged": "active_set", "cds_support": "active_set", "cds_inimdyn": "inimdyn"}.get(
+        name, "replicator")
     x = np.asarray(r.x)
     n = x.shape[0] if valid is None else len(valid)
     m = x.shape[0] - n if valid is not None else 1
@@ -429,6 +434,11 @@ def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = No
         alpha=float(r.alpha),
         query_weight=float(x[:m].sum()),
     )
+    if sel.num_filled is not None:
+        out["num_filled"] = int(np.asarray(sel.num_filled))
+        out["fill_reason"] = core.FILL_REASONS[int(np.asarray(sel.fill_reason))]
+    if sel.beta is not None:
+        out["beta"] = float(np.asarray(sel.beta))
     status = getattr(r, "status", None)
     if status is not None:
         out["status"] = int(status)

@@ -102,6 +102,19 @@ def test_support_size_counts_notes_not_the_query(demo_index, selector):
     assert d["support_size"] == int(sel.result.support_size) - 1  # the solver's count includes the query
 
 
+def test_support_targeted_cds_reports_its_beta_and_fill(demo_index, capsys, cache):
+    code, out, err = run_cli(capsys, "ask", str(demo_index), "What problems did the pilot run into?",
+                             "--selector", "cds-support", "--budget", "3", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    d = result["diagnostics"]
+    assert result["selector"] == "cds-support" and d["mode"] == "converged" and d["solver"] == "active_set"
+    assert len(result["evidence"]) == 3
+    assert d["fill_reason"] in ("none", "short_support", "no_query_edge") and 0 <= d["num_filled"] <= 3
+    assert d["support_size"] + d["num_filled"] >= 3  # the support (cut to B) plus the filled slots
+    assert 0 < d["beta"] < 1  # chosen per question: well below the default beta = 1 at this n
+
+
 def test_unconverged_solve_warns_in_one_line(demo_index, capsys, cache):
     q = "How much did battery storage cut diesel use?"
     code, out, err = run_cli(capsys, "ask", str(demo_index), q, "--json", "--selector", "cds-paper",

@@ -17,7 +17,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
      "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "num_iters", "converged", "kkt_residual", "objective",
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
-                     "query_weight"}  ({} for baselines),
+                     "query_weight", "num_filled", "fill_reason" ("none" | "short_support" |
+                     "no_query_edge"), "beta"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
                  "roundtrip"? (--server)}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings"} | null,
@@ -51,8 +52,8 @@ import time
 from cdsjax.cli import CLIError
 
 DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not imported: it loads JAX)
-SELECTOR_CHOICES = ("cds-converged", "cds-paper", "cds", "cds-inimdyn", "cosine", "mmr", "dpp", "ppr", "random",
-                    "subgraph")
+SELECTOR_CHOICES = ("cds-converged", "cds-paper", "cds", "cds-support", "cds-inimdyn", "cosine", "mmr", "dpp", "ppr",
+                    "random", "subgraph")
 
 
 def register(subparsers) -> None:
