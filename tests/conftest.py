@@ -1,5 +1,8 @@
-"""Test configuration: float64 for reference comparisons, paths to the shared data."""
+"""Test configuration: float64 for reference comparisons, paths to the shared data, the demo index."""
 
+import contextlib
+import io
+import json
 import os
 import pathlib
 
@@ -22,3 +25,17 @@ def data_root() -> pathlib.Path:
     if not DATA.is_dir():
         pytest.skip(f"shared data not found at {DATA}")
     return DATA
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """`cdsjax demo --json` run once for the session (it writes and indexes the report): (dir, output)."""
+    from cdsjax import cli
+
+    root = tmp_path_factory.mktemp("demo")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
+        code = cli.main(["demo", "--dir", str(root), "--json"])
+    assert code == 0
+    return root, json.loads(out.getvalue())

@@ -1,25 +1,9 @@
 """`cdsjax demo`: the generated report's layout, the facts-covered table, and its verdict."""
 
-import contextlib
-import io
-import json
-
 import numpy as np
-import pytest
 
 from cdsjax import cli, demo
 from cdsjax.commands.demo import SELECTORS, verdict
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
-        code = cli.main(["demo", "--dir", str(root), "--json"])
-    assert code == 0
-    return root, json.loads(out.getvalue())
 
 
 def test_report_pages_hold_the_facts_they_are_mapped_to(tmp_path):

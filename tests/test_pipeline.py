@@ -12,21 +12,6 @@ from tests.openai_server import OpenAIServer, message_images, message_text
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    """`cdsjax demo --json` run once for the module (it writes and indexes the report)."""
-    import contextlib
-    import io
-
-    root = tmp_path_factory.mktemp("demo")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
-        code = cli.main(["demo", "--dir", str(root), "--json"])
-    assert code == 0
-    return root, json.loads(out.getvalue())
-
-
-@pytest.fixture(scope="module")
 def demo_index(demo_run):
     return demo_run[0] / "index"
 
