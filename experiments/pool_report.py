@@ -118,7 +118,7 @@ def pool_size_points(sweep_dir, benchmark, metric):
         _, size, kind = d.name.rsplit("_", 2)
         if size.isdigit() and (d / R.RECORDS_FILE).is_file():
             runs[(int(size), kind)] = load_run(d)[0]
-    kinds = sorted({k for _, k in runs})
+    kinds = sorted({k for s, k in runs if s > 1}) or sorted({k for _, k in runs})  # size 1 has no kind
     out, counts = {}, {}
     for kind in kinds:
         sizes = sorted({s for s, k in runs if k == kind or s == 1})
@@ -147,7 +147,7 @@ def main(argv=None):
     ap.add_argument("--sweep", default="runs/pool_sweep", help="folder of the sweep runs (for --figure)")
     args = ap.parse_args(argv)
     for spec in args.runs:
-        label, _, run_dir = spec.partition("=")
+        label, _, run_dir = spec.rpartition("=")
         print(run_table(label, run_dir, args.benchmark, max_queries=args.max_queries,
                         num_resamples=args.num_resamples))
     if args.figure:
