@@ -110,30 +110,35 @@ def run_table(label, run_dir, benchmark, *, max_queries=None, num_resamples=10_0
 
 
 def pool_size_points(sweep_dir, benchmark, metric):
-    """``distractors -> selector -> [(size, mean)]`` over the questions every size holds,
-    and the number of those questions per kind."""
+    """``distractors -> selector -> [(size, mean)]`` over the questions cosine has at every
+    size of that kind (a selector missing at some size has no point there), and the
+    number of those questions per kind."""
     sweep_dir = pathlib.Path(sweep_dir)
     runs = {}
     for d in sorted(sweep_dir.glob(f"{benchmark}_*_*")):
         _, size, kind = d.name.rsplit("_", 2)
         if size.isdigit() and (d / R.RECORDS_FILE).is_file():
             runs[(int(size), kind)] = load_run(d)[0]
-    kinds = sorted({k for _, k in runs})
+    kinds = sorted({k for s, k in runs if s > 1}) or sorted({k for _, k in runs})  # size 1 has no kind
     out, counts = {}, {}
     for kind in kinds:
         sizes = sorted({s for s, k in runs if k == kind or s == 1})
         data = {s: runs.get((s, kind)) or runs.get((s, "random")) for s in sizes}
-        sels = set.intersection(*(set(v) for v in data.values()))
-        common = set.intersection(*(set(v[sel]) for v in data.values() for sel in sels))
+        common = set.intersection(*(set(v.get("cosine", {})) for v in data.values()))
         counts[kind] = len(common)
         out[kind] = {}
-        for sel in [s for s in SELECTOR_ORDER if s in sels]:
+        sels = {sel for v in data.values() for sel in v}
+        for sel in [x for x in SELECTOR_ORDER if x in sels]:
             pts = []
             for s in sizes:
-                vals = [data[s][sel][q]["metrics"].get(metric) for q in common]
+                recs = data[s].get(sel, {})
+                if not common or not common <= set(recs):
+                    continue
+                vals = [recs[q]["metrics"].get(metric) for q in common]
                 vals = [v for v in vals if v is not None]
                 pts.append((s, float(np.mean(vals))))
-            out[kind][sel] = pts
+            if pts:
+                out[kind][sel] = pts
     return out, counts
 
 
@@ -147,7 +152,7 @@ def main(argv=None):
     ap.add_argument("--sweep", default="runs/pool_sweep", help="folder of the sweep runs (for --figure)")
     args = ap.parse_args(argv)
     for spec in args.runs:
-        label, _, run_dir = spec.partition("=")
+        label, _, run_dir = spec.rpartition("=")
         print(run_table(label, run_dir, args.benchmark, max_queries=args.max_queries,
                         num_resamples=args.num_resamples))
     if args.figure:

@@ -279,7 +279,8 @@ def test_pool_size_one_selects_as_the_plain_run(tiny, tmp_path):
     from tests.test_run_eval import _config
 
     cache = tmp_path / "cache"
-    pooled, _ = R.evaluate(pool_config(tiny, tmp_path / "p", cache, "random", pool_size=1),
+    sweep = tmp_path / "sweep"
+    pooled, _ = R.evaluate(pool_config(tiny, sweep / "mmlongbench_1_random", cache, "random", pool_size=1),
                            progress=False, log=lambda s: None)
     plain, _ = R.evaluate(_config("mmlongbench", tmp_path / "q", cache, data_root=str(tiny),
                                   selectors="cosine,cds_converged", budgets=(3,)),
@@ -293,3 +294,19 @@ def test_pool_size_one_selects_as_the_plain_run(tiny, tmp_path):
         assert r["metrics"]["page_recall"] == plain[key(r)]["metrics"]["page_recall"]
         assert r["metrics"]["gold_doc_share"] == 1.0
         assert "pool_documents" not in plain[key(r)]
+
+    # The report and the pool-size figure read these runs.
+    R.evaluate(pool_config(tiny, sweep / "mmlongbench_3_similar", cache, "similar"), progress=False,
+               log=lambda s: None)
+    sys.path.insert(0, str(ROOT))
+    from experiments import pool_report
+
+    table = pool_report.run_table("three", sweep / "mmlongbench_3_similar", "mmlongbench", num_resamples=50)
+    assert "| cds_converged |" in table and "4 questions" in table
+    points, counts = pool_report.pool_size_points(sweep, "mmlongbench", "page_recall")
+    assert counts == {"similar": 4} and [s for s, _ in points["similar"]["cosine"]] == [1, 3]
+    cos1 = np.mean([r["metrics"]["page_recall"] for r in pooled if r["selector"] == "cosine"])
+    assert points["similar"]["cosine"][0][1] == pytest.approx(cos1)
+    out = pool_report.main(["--benchmark", "mmlongbench", "--sweep", str(sweep),
+                            "--figure", str(tmp_path / "pool.png")])
+    assert out is None and (tmp_path / "pool.png").stat().st_size > 1000

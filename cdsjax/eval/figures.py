@@ -340,10 +340,12 @@ def plot_pool_sizes(points: Mapping[str, Mapping[str, Sequence[Tuple[int, float]
     kinds = list(points)
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.6 * len(kinds), 3.6), sharey=True, squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        for sel, pts in points[kind].items():
+        for i, (sel, pts) in enumerate(points[kind].items()):
             pts = sorted(pts)
+            # Distinct markers keep selectors that coincide (paper-mode and converged CDS) visible.
             style = dict(color="black", linestyle="--") if sel == reference else {}
-            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=sel, **style)
+            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="os^vDP*X"[i % 8], markersize=5,
+                    label=sel, **style)
         sizes = sorted({p for pts in points[kind].values() for p, _ in pts})
         ax.set_xticks(sizes)
         ax.set_xlabel("documents per pool")
