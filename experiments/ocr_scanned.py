@@ -52,7 +52,6 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=10)
     args = parser.parse_args()
 
-    from cdsjax.eval import metrics as M  # noqa: F401  (score_problem's metrics)
     from cdsjax.eval.runner import cached_selector, pdf_problems, run_selector, score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder

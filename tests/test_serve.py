@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import re
 
 import pytest
 
