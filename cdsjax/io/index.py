@@ -1124,6 +1124,52 @@ def cache_root(config=None) -> Path:
     return Path(root).expanduser()
 
 
+def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: Optional[int] = None,
+                       progress: bool = False, log: Optional[Callable[[str], None]] = None) -> int:
+    """Builds the documents of ``pdfs`` that the document cache lacks, ``workers`` at a time.
+
+    The same process pool as ``cdsjax index --workers`` (:func:`build_documents`); afterwards
+    :func:`index_pdf` of each PDF finds its document in the cache. Used by the evaluation harness.
+    ``cache_dir`` is the index cache directory as for :func:`index_pdf` (documents go to
+    ``<cache_dir>/docs``). Bad PDFs are left for :func:`index_pdf` to report. Returns how many were built.
+    """
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.parse import check_pdf_file
+
+    config = default_config() if config is None else config
+    log = log or (lambda line: None)
+    cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir) / "docs")
+    embedder = Embedder(config)
+    keys = stage_keys(config, _library_versions(), embedder.info())
+    todo, seen = [], set()
+    for pdf in pdfs:
+        pdf = Path(pdf)
+        try:
+            check_pdf_file(pdf)
+        except (IngestError, OSError):
+            continue
+        sha = store.sha256_file(pdf)
+        if sha in seen:
+            continue
+        seen.add(sha)
+        if cache.path(entry_key(sha, keys)).exists():
+            continue  # (a damaged entry is found and rebuilt by index_pdf)
+        todo.append(_Doc(path=pdf.absolute(), sha=sha, doc_id=pdf.name, keys=keys, is_input=True, status="added"))
+    if not todo:
+        return 0
+    cache.clean_staging()
+    bar = _Bar(len(todo), enabled=progress)
+    built = 0
+    try:
+        for doc, err in build_documents(todo, cache, config, embedder=embedder, workers=resolve_workers(workers),
+                                        log=log):
+            bar.update()
+            built += err is None  # a failure is reported again by index_pdf
+    finally:
+        bar.close()
+    return built
+
+
 def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
               log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
     """Indexes one PDF into the cache (once per content and settings) and loads it.
