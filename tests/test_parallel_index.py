@@ -32,3 +32,29 @@ def test_two_workers_equal_one(tmp_path, monkeypatch, capsys):
         [e["element_id"] if "element_id" in e else json.dumps(e, sort_keys=True) for e in two.elements()]
     np.testing.assert_allclose(one.embeddings, two.embeddings, atol=1e-5)
     assert (one.links == two.links).all()
+
+
+def test_worker_failure_is_one_line(tmp_path, monkeypatch, capsys):
+    """A document failing inside a worker (here: its MinerU content list is not JSON) is one line naming the
+    file; the other documents still finish and are indexed."""
+    from tests.test_parse import _write_mineru_output
+
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    pdfs = [gen.make_synthetic_pdf(tmp_path / name) for name in ("a.pdf", "b.pdf")]
+    pdfs.append(gen.make_text_pdf(tmp_path / "c.pdf", pages=2))
+    for pdf in pdfs[:2]:
+        _write_mineru_output(tmp_path / "mineru", pdf)
+    broken = tmp_path / "mineru" / "c" / "auto" / "c_content_list.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("[{not json")
+    out = tmp_path / "index"
+    rc = main(["index", *map(str, pdfs), "--out", str(out), "--workers", "2", "--parser", "mineru",
+               "--mineru-output", str(tmp_path / "mineru"), "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    errors = [line for line in captured.err.splitlines() if line.startswith("cdsjax index: error:")]
+    assert len(errors) == 1 and str(broken) in errors[0] and "unreadable MinerU content list" in errors[0], \
+        captured.err
+    assert "Traceback" not in captured.err
+    assert "2 processed" in captured.out and "failed 1" in captured.out
+    assert load_index(out).doc_ids == ["a.pdf", "b.pdf"]

@@ -1082,13 +1082,12 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                 timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:
         bar.close()
+    write_timings(out_dir, timings, {f"{label}@{b}": len(todo[(label, b)]) for label, _, _ in specs
+                                     for b in budgets})  # one line per process (appended whole)
     if process is not None:
         process.barrier("selected")
         if not lead:
             return [], []
-    else:
-        write_timings(out_dir, timings, {f"{label}@{b}": len(todo[(label, b)]) for label, _, _ in specs
-                                         for b in budgets})
 
     records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
                                merge=process is not None)

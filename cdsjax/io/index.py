@@ -1124,6 +1124,20 @@ def cache_root(config=None) -> Path:
     return Path(root).expanduser()
 
 
+def _single_index_dir(pdf: Path, sha: str, cache_dir, config) -> Path:
+    root = Path(cache_dir) if cache_dir is not None else cache_root(config)
+    return root / f"{pdf.stem[:60]}-{sha[:16]}"
+
+
+def _current_single_index(out: Path, keys: dict) -> bool:
+    try:
+        manifest = store.read_manifest(out)
+    except Exception:  # unreadable: index_pdf reports or repairs it
+        return False
+    docs = (manifest or {}).get("documents") or []
+    return len(docs) == 1 and (docs[0].get("keys") or {}).get("embed") == keys["embed"]
+
+
 def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: Optional[int] = None,
                        progress: bool = False, log: Optional[Callable[[str], None]] = None) -> int:
     """Builds the documents of ``pdfs`` that the document cache lacks, ``workers`` at a time.
@@ -1154,6 +1168,8 @@ def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: 
         seen.add(sha)
         if cache.path(entry_key(sha, keys)).exists():
             continue  # (a damaged entry is found and rebuilt by index_pdf)
+        if _current_single_index(_single_index_dir(pdf, sha, cache_dir, config), keys):
+            continue  # index_pdf will reuse its own index of this PDF
         todo.append(_Doc(path=pdf.absolute(), sha=sha, doc_id=pdf.name, keys=keys, is_input=True, status="added"))
     if not todo:
         return 0
@@ -1196,8 +1212,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
         raise IngestError(pdf, "no such file or directory")
     check_pdf_file(pdf)
     sha = store.sha256_file(pdf)
-    root = Path(cache_dir) if cache_dir is not None else cache_root(config)
-    out = root / f"{pdf.stem[:60]}-{sha[:16]}"
+    out = _single_index_dir(pdf, sha, cache_dir, config)
     build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
                 cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
     return load_index(out)
