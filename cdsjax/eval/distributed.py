@@ -23,7 +23,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-BARRIER_TIMEOUT_S = 6 * 3600  # preparing (indexing, encoding) happens in process 0 before the others start
+BARRIER_TIMEOUT_S = 6 * 3600  # processes may differ by hours (indexing on a cold cache) before they join
 SHARD_RE = re.compile(r"^records\.(\d+)-of-(\d+)\.jsonl$")
 
 
@@ -33,6 +33,21 @@ class Process:
 
     index: int
     count: int
+    coordinator: str = ""
+
+    def join(self) -> "Process":
+        """Joins the distributed runtime (``jax.distributed.initialize``; blocks until every process has
+        joined) and returns this process's place as the runtime reports it."""
+        import jax
+
+        jax.distributed.initialize(coordinator_address=self.coordinator, num_processes=self.count,
+                                   process_id=self.index, initialization_timeout=BARRIER_TIMEOUT_S)
+        jax.devices()  # every process starts its backend now (each start waits for all of them)
+        joined = Process(index=jax.process_index(), count=jax.process_count(), coordinator=self.coordinator)
+        if (joined.index, joined.count) != (self.index, self.count):
+            raise RuntimeError(f"jax.distributed reports process {joined.index} of {joined.count}, "
+                               f"expected {self.index} of {self.count}")
+        return joined
 
     def barrier(self, name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
         """Waits until every process has reached the barrier ``name``."""
@@ -74,12 +89,8 @@ def settings(coordinator: Optional[str], num_processes: Optional[int],
 
 
 def initialize(coordinator: str, num_processes: int, process_id: int) -> Process:
-    """Joins the distributed runtime (``jax.distributed.initialize``) and returns this process's place."""
-    import jax
-
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)
-    return Process(index=jax.process_index(), count=jax.process_count())
+    """This process's place; :meth:`Process.join` joins the runtime (evaluate does, before using JAX)."""
+    return Process(index=process_id, count=num_processes, coordinator=coordinator)
 
 
 def free_port() -> int:

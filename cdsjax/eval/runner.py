@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import pathlib
 import re
 import time
@@ -511,7 +512,7 @@ def _cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[
     else:
         arr = embedder.encode_documents(list(texts), show_progress=progress)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")  # one per process: several may fill a cold cache
     np.save(tmp, arr)
     tmp.replace(path)  # atomic: a crash leaves no half-written cache
     return arr
@@ -990,6 +991,9 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     """
     from cdsjax.core import DEFAULT_BUCKETS
     from cdsjax.io.embed import Embedder
+
+    if process is not None:
+        process = process.join()  # before anything starts JAX's backend
 
     dtype = str(config.get("dtype", "float32"))
     if dtype not in ("float32", "float64"):
