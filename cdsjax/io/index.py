@@ -427,6 +427,7 @@ def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, 
                 finished[id(doc)] = doc
         finally:
             bar.close()
+        cache.clean_staging()  # again: a killed run's workers may have died only after this run began
         for doc in docs:  # the index's order does not depend on which worker finished first
             if id(doc) in finished:
                 kept.append(doc)
@@ -602,7 +603,8 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     todo, broke = list(docs), collections.Counter()
     while todo:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context,
-                                   initializer=_worker_init, initargs=(config, fresh, str(cache.root), threads))
+                                   initializer=_worker_init,
+                                   initargs=(config, fresh, str(cache.root), threads, os.getpid()))
         try:
             futures = {pool.submit(_worker_build, doc): doc for doc in todo}
             todo = []
@@ -637,7 +639,22 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
 _WORKER: dict = {}
 
 
-def _worker_init(config, embedder, cache_root_dir: str, threads: int) -> None:
+def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: int) -> None:
+    import threading
+
+    def orphaned() -> None:  # the parent was killed (kill -9): stop rather than work for no one
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    try:  # Linux: the kernel kills this worker the moment its parent dies, before anyone resumes the run
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    threading.Thread(target=orphaned, daemon=True, name="cdsjax-parent-watch").start()
     # a fair share of the cores for torch's intra-op threads (read when torch is first imported)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
