@@ -141,8 +141,11 @@ def main() -> None:
             print("|---|---|---|---|---|")
             for p, (wall, sel, _) in ((1, e1), (2, e2)):
                 print(f"| {p} | {wall:.1f} | {n / wall:.2f} | {sel:.1f} | {n / sel:.2f} |")
+            same_order = sum(e1[2][k] == e2[2].get(k) for k in e1[2])
+            same_set = sum(set(e1[2][k]) == set(e2[2].get(k, ())) for k in e1[2])
             print(f"ratio 2/1: wall {e1[0] / e2[0]:.2f}, selection {e1[1] / e2[1]:.2f} (target >= 1.7); "
-                  f"identical selections: {e1[2] == e2[2]}")
+                  f"identical selections (same notes, same order): {same_order}/{n}; same set of notes: "
+                  f"{same_set}/{n}")
     load1 = os.getloadavg()
     print(f"load average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
 
