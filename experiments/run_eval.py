@@ -13,6 +13,13 @@ resumes from that file when rerun, and prints and writes the summary:
 percentile-bootstrap intervals) and ``summary.md``. The batch axis is sharded over
 all local devices (``jax.devices()``); on CPU, try
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4``.
+
+Several processes (joined by ``jax.distributed``; questions split by process index, one records shard
+each, merged by process 0; see ``cdsjax/eval/distributed.py``)::
+
+    python experiments/run_eval.py --config configs/hotpotqa.py --processes 2        # on this machine
+    python experiments/run_eval.py --config ... --coordinator HOST:PORT --num_processes N --process_id I
+                                                                                     # once per host
 """
 
 import pathlib
@@ -34,6 +41,31 @@ _AGENT = flags.DEFINE_enum("agent", None, ["planning"],
                            "CDSJAX_READER_URL or a rule-based stand-in (see experiments/eval_planning.py).")
 
 
+_PROCESSES = flags.DEFINE_integer("processes", 1, "Local processes to run the evaluation in, joined through "
+                                  "jax.distributed (coordinator on 127.0.0.1, one CPU device each).")
+_COORDINATOR = flags.DEFINE_string("coordinator", None, "On a cluster: HOST:PORT of process 0's coordinator "
+                                   "(or JAX_COORDINATOR_ADDRESS).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "On a cluster: how many processes (hosts) in all "
+                                      "(or JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "On a cluster: this process's id, 0..num_processes-1 "
+                                   "(or JAX_PROCESS_ID).")
+
+
+def _without_processes_flag(argv):
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--processes", "-processes"):
+            skip = True
+            continue
+        if a.startswith(("--processes=", "-processes=")):
+            continue
+        out.append(a)
+    return out
+
+
 def main(argv):
     from experiments.cli import config_or_exit, exit_on_user_error
 
@@ -41,8 +73,19 @@ def main(argv):
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval.runner import evaluate
 
+    from cdsjax.eval import distributed
+
     with exit_on_user_error("run_eval"):
         locate_data(config, prog="run_eval")
+        cluster = distributed.settings(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        if _PROCESSES.value < 1:
+            raise ValueError(f"--processes must be >= 1, got {_PROCESSES.value}")
+        if (_PROCESSES.value > 1 or cluster) and _AGENT.value:
+            raise ValueError("--agent runs in one process (no --processes or cluster flags)")
+    if _PROCESSES.value > 1 and cluster is None:
+        sys.exit(distributed.launch_local(str(pathlib.Path(__file__).resolve()),
+                                          _without_processes_flag(sys.argv[1:]), _PROCESSES.value,
+                                          output_dir=str(config.output_dir)))
 
     if _AGENT.value == "planning":
         import os
@@ -55,8 +98,9 @@ def main(argv):
                 reader_url=os.environ.get("CDSJAX_READER_URL"), reader_model=os.environ.get("CDSJAX_READER_MODEL"),
                 judge=bool(os.environ.get("CDSJAX_JUDGE_URL")), progress=_PROGRESS.value)
         return
+    process = distributed.initialize(*cluster) if cluster else None
     with exit_on_user_error("run_eval"):
-        evaluate(config, progress=_PROGRESS.value)
+        evaluate(config, progress=_PROGRESS.value, process=process)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def register(subparsers) -> None:
                    help="check every hash of an index; rebuild damaged documents and say which")
     p.add_argument("--no-wait", action="store_true", help="exit (code 3) if another run is writing DIR")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="accepted for compatibility; documents are processed one at a time")
+                   help="documents parsed, enriched and embedded at once, one process each "
+                        "(default: all cores)")
     p.add_argument("--enrich", choices=("lite", "vlm"), default=None, help="note enrichment (default: lite)")
     p.add_argument("--parser", choices=("pymupdf", "mineru"), default=None, help="PDF parser (default: pymupdf)")
     p.add_argument("--mineru-output", default=None, metavar="DIR",
@@ -118,7 +119,8 @@ def run(args) -> int:
             summary = verify_index(args.verify, config=config, log=log, wait=not args.no_wait)
         else:
             summary = build_index(args.paths, out, config=config, strict=args.strict, progress=progress, log=log,
-                                  replace=args.replace, remove=args.remove or (), wait=not args.no_wait)
+                                  replace=args.replace, remove=args.remove or (), wait=not args.no_wait,
+                                  workers=args.workers)
     except IngestError as err:
         raise CLIError(f"{err.path}: {err.reason} (--strict: nothing was written)", 1) from None
     except LockBusy as err:

@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import pathlib
 import re
 import time
@@ -97,6 +98,13 @@ class Problem:
 
 
 # --------------------------------------------------------------------------- selection
+
+
+def jax_local_devices():
+    """This process's devices (all of them unless several processes joined through jax.distributed)."""
+    import jax
+
+    return jax.local_devices()
 
 
 def make_mesh(devices: Optional[Sequence[Any]] = None):
@@ -504,7 +512,7 @@ def _cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[
     else:
         arr = embedder.encode_documents(list(texts), show_progress=progress)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")  # one per process: several may fill a cold cache
     np.save(tmp, arr)
     tmp.replace(path)  # atomic: a crash leaves no half-written cache
     return arr
@@ -543,11 +551,14 @@ def pdf_indexes(bench, doc_ids: Sequence[str], config, embedder, *, cache_dir: p
     """``doc -> index`` of the PDFs ``doc_ids`` of a PDF benchmark, each indexed once
     (cached by content and settings under ``cache_dir / "indexes"``), checked to be
     embedded by ``embedder``'s model."""
-    from cdsjax.io.index import index_pdf
+    from cdsjax.io.index import index_pdf, prebuild_documents
 
     want = {k: v for k, v in embedder.info().items() if k != "dim"}
     indexes = {}
     docs_iter = list(doc_ids)
+    # the documents not yet in the cache are built in a process pool (as `cdsjax index --workers`)
+    prebuild_documents([bench.documents[d] for d in docs_iter], config=config, cache_dir=cache_dir / "indexes",
+                       workers=config.get("index_workers", None), progress=progress)
     if progress:
         from tqdm.auto import tqdm
 
@@ -962,7 +973,7 @@ def load_configured_benchmark(config, *, all_queries: bool = False):
     return load_benchmark(config.benchmark, config.data_root, max_queries, **options)
 
 
-def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print):
+def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None):
     """Runs every configured selector at every budget on the configured benchmark.
 
     Writes into ``config.output_dir``: ``records.jsonl`` (one line per selector,
@@ -970,11 +981,19 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     it stopped), ``summary.csv`` (benchmark, selector, metric, mean, ci_low, ci_high,
     n; metrics are named ``metric@B``), ``summary.md`` and ``run.json``.
 
+    With ``process`` (a :class:`cdsjax.eval.distributed.Process`, one of several joined by
+    ``jax.distributed``), this process answers every ``process.count``-th question from
+    ``process.index`` on and appends to its own shard; process 0 merges the shards and writes the
+    summary (the others return empty lists).
+
     Returns:
       ``(records, summary rows)`` for the queries and selectors of this config.
     """
     from cdsjax.core import DEFAULT_BUCKETS
     from cdsjax.io.embed import Embedder
+
+    if process is not None:
+        process = process.join()  # before anything starts JAX's backend
 
     dtype = str(config.get("dtype", "float32"))
     if dtype not in ("float32", "float64"):
@@ -990,31 +1009,43 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     identity = _run_identity(config)
     run_file = out_dir / RUN_FILE
     records_path = out_dir / RECORDS_FILE
-    if run_file.is_file() and records_path.is_file():
+    lead = process is None or process.index == 0
+    if lead and run_file.is_file() and records_path.is_file():
         previous = json.loads(run_file.read_text())
         if previous.get("identity") != identity:
             changed = sorted(k for k in set(previous.get("identity", {})) | set(identity)
                              if previous.get("identity", {}).get(k) != identity.get(k))
             raise ValueError(f"{out_dir} holds records of a different run (changed: {changed}); "
                              "use another output_dir or delete it")
-    run_file.write_text(json.dumps({"identity": identity}, indent=1, default=str))
+    if lead:
+        run_file.write_text(json.dumps({"identity": identity}, indent=1, default=str))
 
     cache_dir = pathlib.Path(config.get("cache_dir", "") or out_dir / "cache")
     embedder = Embedder(config)
+    if not lead:  # process 0 fills the caches (indexes, question vectors) first; the others read them
+        process.barrier("prepared")
     bench, kind, problems, timings = load_problems(config, embedder, cache_dir=cache_dir,
                                                    progress=progress, log=log)
+    if process is not None and lead:
+        process.barrier("prepared")
     pooled = any(p.gold_docs is not None for p in problems)
 
+    from cdsjax.eval import distributed as D
+
+    if process is not None:
+        records_path = D.shard_path(out_dir, process.index, process.count)
     drop_torn_tail(records_path)
-    done = {record_key(r) for r in read_records(records_path)}
-    todo = {(label, b): [p for p in problems if (bench.name, label, b, p.query.qid) not in done]
+    done = {record_key(r) for path in [out_dir / RECORDS_FILE, *D.shard_files(out_dir)]
+            for r in read_records(path)}
+    mine = problems if process is None else problems[process.index::process.count]
+    todo = {(label, b): [p for p in mine if (bench.name, label, b, p.query.qid) not in done]
             for label, _, _ in specs for b in budgets}
     total = sum(len(v) for v in todo.values())
     if len(done):
-        log(f"resuming: {len(problems) * len(specs) * len(budgets) - total} of "
-            f"{len(problems) * len(specs) * len(budgets)} (selector, budget, query) results on disk")
+        log(f"resuming: {len(mine) * len(specs) * len(budgets) - total} of "
+            f"{len(mine) * len(specs) * len(budgets)} (selector, budget, query) results on disk")
     buckets = tuple(config.get("buckets", None) or DEFAULT_BUCKETS)
-    mesh = make_mesh()
+    mesh = make_mesh(jax_local_devices())
     bar = None
     if progress and total:
         from tqdm.auto import tqdm
@@ -1056,16 +1087,14 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     if bar is not None:
         bar.close()
     write_timings(out_dir, timings, {f"{label}@{b}": len(todo[(label, b)]) for label, _, _ in specs
-                                     for b in budgets})
+                                     for b in budgets})  # one line per process (appended whole)
+    if process is not None:
+        process.barrier("selected")
+        if not lead:
+            return [], []
 
-    wanted = {(bench.name, label, b, p.query.qid) for label, _, _ in specs for b in budgets
-              for p in problems}
-    records = {}
-    for r in read_records(records_path):
-        if record_key(r) in wanted:
-            records[record_key(r)] = r  # the latest line wins
-    order = {label: i for i, (label, _, _) in enumerate(specs)}
-    records = sorted(records.values(), key=lambda r: (order[r["selector"]], r["budget"]))
+    records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
+                               merge=process is not None)
     rows = summary_rows(records, metric_names(kind, pooled),
                         num_resamples=int(config.get("num_resamples", 10_000)))
     write_summary_csv(rows, out_dir / SUMMARY_CSV)

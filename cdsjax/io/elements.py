@@ -21,6 +21,9 @@ class IngestError(Exception):
         self.path = str(path)
         self.reason = reason
 
+    def __reduce__(self):  # so it crosses a process boundary (parallel ingestion)
+        return (type(self), (self.path, self.reason))
+
 
 @dataclasses.dataclass
 class Element:

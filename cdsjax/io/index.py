@@ -257,6 +257,7 @@ def build_index(
     remove: Sequence[str] = (),
     wait: bool = True,
     cache_dir=None,
+    workers: Optional[int] = 1,
 ) -> IndexSummary:
     """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
 
@@ -281,6 +282,9 @@ def build_index(
       remove: doc ids (or file names) to remove from the index.
       wait: wait for another writer of ``out_dir``; False raises :class:`store.LockBusy` instead.
       cache_dir: the document cache directory (default :func:`doc_cache` of ``config``).
+      workers: documents parsed, enriched and embedded at once, each in its own process
+        (:func:`build_documents`); None means one per core. Each finished document is committed to the
+        cache as soon as it is done; the index is the same for any number of workers.
 
     Returns:
       an :class:`IndexSummary`.
@@ -296,11 +300,24 @@ def build_index(
     out_dir = Path(out_dir)
     store.check_output_dir(out_dir, replace=replace)
     with store.writer_lock(out_dir, wait=wait, on_wait=log):
-        return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove), cache_dir)
+        return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove), cache_dir,
+                             resolve_workers(workers))
+
+
+def resolve_workers(workers: Optional[int]) -> int:
+    """``workers`` (None: the number of cores this process may use), checked to be >= 1."""
+    if workers is None:
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            return max(1, os.cpu_count() or 1)
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return int(workers)
 
 
 def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, remove,
-                  cache_dir) -> IndexSummary:
+                  cache_dir, workers: int = 1) -> IndexSummary:
     from cdsjax.io.embed import Embedder
 
     summary = IndexSummary(out_dir=str(out_dir))
@@ -379,15 +396,40 @@ def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, 
         kept: List[_Doc] = []
         changed = bool(removed) or (replace and previous is not None and
                                     {d["doc_id"] for d in prev_docs} != {d.doc_id for d in docs})
-        for doc in _progress(docs, desc="documents", total=len(docs), enabled=progress):
-            try:
-                done = _obtain(doc, previous, cache, config, keys, embedder, versions, strict, summary,
-                               seconds, log, progress)
-            except IngestError as err:
-                _fail(summary, err, strict, log)
-                changed = True
-                continue
-            if done:
+        bar = _Bar(len(docs), enabled=progress)
+        finished, to_build = {}, []
+        try:
+            for doc in docs:
+                try:
+                    done = _obtain(doc, previous, cache, config, keys, embedder, versions, strict, summary,
+                                   seconds, log, progress, defer=True)
+                except IngestError as err:
+                    _fail(summary, err, strict, log)
+                    changed = True
+                    bar.update()
+                    continue
+                if done == "build":
+                    to_build.append(doc)
+                    continue
+                bar.update()
+                if done:
+                    finished[id(doc)] = doc
+            # the documents that must be parsed: in a pool of processes (or here, for one worker or document)
+            for doc, err in build_documents(to_build, cache, config, embedder=embedder, workers=workers,
+                                            seconds=seconds, log=log, strict=strict):
+                bar.update()
+                if err is not None:
+                    _fail(summary, err, strict, log)
+                    changed = True
+                    continue
+                doc.source = "built"
+                _report_doc(doc, summary, strict, log)
+                finished[id(doc)] = doc
+        finally:
+            bar.close()
+        cache.clean_staging()  # again: a killed run's workers may have died only after this run began
+        for doc in docs:  # the index's order does not depend on which worker finished first
+            if id(doc) in finished:
                 kept.append(doc)
                 changed = changed or doc.source != "index"
 
@@ -448,8 +490,11 @@ def _match_removals(remove: Sequence[str], prev_docs: List[dict], out_dir: Path)
 
 
 def _obtain(doc: _Doc, previous, cache: store.DocCache, config, keys, embedder, versions, strict, summary,
-            seconds, log, progress) -> bool:
-    """Fills ``doc`` from the previous index, the cache or its PDF (in that order). False: skipped."""
+            seconds, log, progress, defer: bool = False):
+    """Fills ``doc`` from the previous index, the cache or its PDF (in that order). False: skipped.
+
+    With ``defer``, a document that must be built from scratch is not built here: ``"build"`` is
+    returned and the caller hands it to :func:`build_documents`."""
     # 1. the previous index, when its copy is intact and current (or at least its parse is)
     reuse_parse = False
     if previous is not None and doc.status in ("kept", "unchanged"):
@@ -493,10 +538,142 @@ def _obtain(doc: _Doc, previous, cache: store.DocCache, config, keys, embedder, 
     if doc.status == "kept":
         doc.keys = keys  # rebuilt with this run's settings
         key = entry_key(doc.sha, keys)
+    if defer and not reuse_parse and not doc.notes and not _ocr_redo(doc, config):
+        return "build"
     _build_doc(doc, key, cache, config, embedder, seconds, log, progress, reuse_parse=reuse_parse)
     doc.source = "built"
     _report_doc(doc, summary, strict, log)
     return True
+
+
+class _Bar:
+    """One progress bar over all documents, advanced as each finishes (here or in a worker)."""
+
+    def __init__(self, total: int, *, enabled: bool):
+        self.bar = None
+        if enabled and total:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="documents", unit="doc", leave=False, file=sys.stderr)
+
+    def update(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embedder, workers: int = 1,
+                    seconds=None, log=None, strict: bool = False):
+    """Parses, enriches and embeds ``docs``, committing each to ``cache`` as soon as it is done.
+
+    With ``workers > 1`` and more than one document, the documents go to a pool of ``workers`` processes
+    (started with ``spawn``: nothing initialised here, such as torch or JAX, is forked). Each worker
+    loads the embedding model once and embeds its own documents (see RESULTS.md, "Scale: workers and
+    processes", for why embedding is not batched here instead).
+
+    Yields ``(doc, None)`` for each finished document (filled in place) and ``(doc, IngestError)`` for each
+    that failed, in the order they finish. A worker that fails or dies is reported as an error naming its
+    document; the other documents still finish (a dead worker's pool is replaced once).
+    """
+    seconds = collections.defaultdict(float) if seconds is None else seconds
+    log = log or (lambda line: None)
+    docs = list(docs)
+    if workers <= 1 or len(docs) <= 1:
+        for doc in docs:
+            try:
+                _build_doc(doc, entry_key(doc.sha, doc.keys), cache, config, embedder, seconds, log, False)
+            except IngestError as err:
+                yield doc, err
+                continue
+            yield doc, None
+        return
+
+    import copy
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    fresh = copy.copy(embedder)
+    fresh._model = None  # each worker loads the model itself
+    threads = max(1, resolve_workers(None) // workers)
+    context = multiprocessing.get_context("spawn")
+    todo, broke = list(docs), collections.Counter()
+    while todo:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context,
+                                   initializer=_worker_init,
+                                   initargs=(config, fresh, str(cache.root), threads, os.getpid()))
+        try:
+            futures = {pool.submit(_worker_build, doc): doc for doc in todo}
+            todo = []
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    doc = futures[fut]
+                    try:
+                        result, err, stage_seconds, lines = fut.result()
+                    except BrokenProcessPool:
+                        broke[id(doc)] += 1
+                        if broke[id(doc)] >= 2:
+                            yield doc, IngestError(doc.path, "its worker process died while indexing it "
+                                                             "(killed, or out of memory)")
+                        else:
+                            todo.append(doc)  # retried in a fresh pool
+                        continue
+                    for line in lines:
+                        log(line)
+                    for k, v in stage_seconds.items():
+                        seconds[k] += v
+                    if err is not None:
+                        yield doc, err
+                        continue
+                    doc.__dict__.update(result.__dict__)
+                    yield doc, None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: int) -> None:
+    import threading
+
+    def orphaned() -> None:  # the parent was killed (kill -9): stop rather than work for no one
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    try:  # Linux: the kernel kills this worker the moment its parent dies, before anyone resumes the run
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    threading.Thread(target=orphaned, daemon=True, name="cdsjax-parent-watch").start()
+    # a fair share of the cores for torch's intra-op threads (read when torch is first imported)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    _WORKER.update(config=config, embedder=embedder, cache=store.DocCache(Path(cache_root_dir)))
+
+
+def _worker_build(doc: _Doc):
+    """One document in a worker: ``(doc, None, seconds, log lines)`` or ``(None, IngestError, ...)``."""
+    seconds: Dict[str, float] = collections.defaultdict(float)
+    lines: List[str] = []
+    try:
+        _build_doc(doc, entry_key(doc.sha, doc.keys), _WORKER["cache"], _WORKER["config"], _WORKER["embedder"],
+                   seconds, lines.append, False)
+    except IngestError as err:
+        return None, err, dict(seconds), lines
+    except Exception as err:  # any failure is this document's, reported in one line; the others go on
+        reason = " ".join(str(err).split())[:300]
+        return None, IngestError(doc.path, f"{type(err).__name__}: {reason}"), dict(seconds), lines
+    return doc, None, dict(seconds), lines
 
 
 def _needs_redo(doc: _Doc, config) -> bool:
@@ -964,6 +1141,68 @@ def cache_root(config=None) -> Path:
     return Path(root).expanduser()
 
 
+def _single_index_dir(pdf: Path, sha: str, cache_dir, config) -> Path:
+    root = Path(cache_dir) if cache_dir is not None else cache_root(config)
+    return root / f"{pdf.stem[:60]}-{sha[:16]}"
+
+
+def _current_single_index(out: Path, keys: dict) -> bool:
+    try:
+        manifest = store.read_manifest(out)
+    except Exception:  # unreadable: index_pdf reports or repairs it
+        return False
+    docs = (manifest or {}).get("documents") or []
+    return len(docs) == 1 and (docs[0].get("keys") or {}).get("embed") == keys["embed"]
+
+
+def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: Optional[int] = None,
+                       progress: bool = False, log: Optional[Callable[[str], None]] = None) -> int:
+    """Builds the documents of ``pdfs`` that the document cache lacks, ``workers`` at a time.
+
+    The same process pool as ``cdsjax index --workers`` (:func:`build_documents`); afterwards
+    :func:`index_pdf` of each PDF finds its document in the cache. Used by the evaluation harness.
+    ``cache_dir`` is the index cache directory as for :func:`index_pdf` (documents go to
+    ``<cache_dir>/docs``). Bad PDFs are left for :func:`index_pdf` to report. Returns how many were built.
+    """
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.parse import check_pdf_file
+
+    config = default_config() if config is None else config
+    log = log or (lambda line: None)
+    cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir) / "docs")
+    embedder = Embedder(config)
+    keys = stage_keys(config, _library_versions(), embedder.info())
+    todo, seen = [], set()
+    for pdf in pdfs:
+        pdf = Path(pdf)
+        try:
+            check_pdf_file(pdf)
+        except (IngestError, OSError):
+            continue
+        sha = store.sha256_file(pdf)
+        if sha in seen:
+            continue
+        seen.add(sha)
+        if cache.path(entry_key(sha, keys)).exists():
+            continue  # (a damaged entry is found and rebuilt by index_pdf)
+        if _current_single_index(_single_index_dir(pdf, sha, cache_dir, config), keys):
+            continue  # index_pdf will reuse its own index of this PDF
+        todo.append(_Doc(path=pdf.absolute(), sha=sha, doc_id=pdf.name, keys=keys, is_input=True, status="added"))
+    if not todo:
+        return 0
+    cache.clean_staging()
+    bar = _Bar(len(todo), enabled=progress)
+    built = 0
+    try:
+        for doc, err in build_documents(todo, cache, config, embedder=embedder, workers=resolve_workers(workers),
+                                        log=log):
+            bar.update()
+            built += err is None  # a failure is reported again by index_pdf
+    finally:
+        bar.close()
+    return built
+
+
 def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
               log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
     """Indexes one PDF into the cache (once per content and settings) and loads it.
@@ -990,8 +1229,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
         raise IngestError(pdf, "no such file or directory")
     check_pdf_file(pdf)
     sha = store.sha256_file(pdf)
-    root = Path(cache_dir) if cache_dir is not None else cache_root(config)
-    out = root / f"{pdf.stem[:60]}-{sha[:16]}"
+    out = _single_index_dir(pdf, sha, cache_dir, config)
     build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
                 cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
     return load_index(out)

@@ -64,6 +64,21 @@ def read_jsonl(path: Path) -> List[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _checkpointer():
+    """orbax's checkpointer for this process's own files: when several processes are joined by
+    ``jax.distributed`` (a multi-process evaluation), each reads and writes its index files alone, with no
+    cross-process barrier."""
+    import orbax.checkpoint as ocp
+
+    import jax
+
+    if jax.process_count() <= 1:
+        return ocp.StandardCheckpointer()
+    me = jax.process_index()
+    return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"cdsjax-p{me}"))
+
+
 def save_arrays(directory: Path, embeddings: np.ndarray, link_edges: np.ndarray) -> None:
     """Saves the arrays with orbax-checkpoint (``directory`` must not exist)."""
     import orbax.checkpoint as ocp
@@ -75,7 +90,7 @@ def save_arrays(directory: Path, embeddings: np.ndarray, link_edges: np.ndarray)
     }
     if tree["embeddings"].shape[0] == 0:
         raise StoreError("refusing to save an index with no notes")
-    with ocp.StandardCheckpointer() as ckpt:
+    with _checkpointer() as ckpt:
         ckpt.save(directory.absolute(), tree)
         ckpt.wait_until_finished()
 
@@ -83,7 +98,7 @@ def save_arrays(directory: Path, embeddings: np.ndarray, link_edges: np.ndarray)
 def load_arrays(directory: Path) -> Tuple[np.ndarray, np.ndarray]:
     import orbax.checkpoint as ocp
 
-    with ocp.StandardCheckpointer() as ckpt:
+    with _checkpointer() as ckpt:
         tree = ckpt.restore(directory.absolute())
     emb = np.asarray(tree["embeddings"], dtype=np.float32)
     edges = np.asarray(tree["link_edges"], dtype=np.int32)[1:]
@@ -135,7 +150,11 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed writer nobody has reaped yet (a zombie) is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _owner_pid(path: Path) -> int:

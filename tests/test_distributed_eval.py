@@ -1,0 +1,96 @@
+"""run_eval.py --processes N: processes joined by jax.distributed give the records and summary.csv of one
+process; a process killed midway (kill -9) ends the run with one line, and the next run resumes to the same
+summary."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+if not DATA.exists():
+    DATA = Path("/work/shared/data")
+
+
+def _args(out: Path, queries: int):
+    return [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "hotpotqa.py"),
+            f"--config.max_queries={queries}", "--config.selectors=cosine,mmr,cds", f"--config.output_dir={out}",
+            f"--config.cache_dir={out.parent / 'cache'}", "--config.num_resamples=200", f"--config.data_root={DATA}",
+            "--noprogress"]
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _records(out: Path):
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+    return {(r["selector"], r["budget"], r["qid"]): r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dist")
+    out = base / "one"
+    subprocess.run(_args(out, 10), env=_env(), check=True, capture_output=True, timeout=600)
+    return base, out
+
+
+def test_two_processes_equal_one(single):
+    base, one = single
+    two = base / "two"
+    proc = subprocess.run(_args(two, 10) + ["--processes", "2"], env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(two.glob("records.*-of-*.jsonl")), "process 0 merges the shards"
+    a, b = _records(one), _records(two)
+    assert len(a) == 10 * 3 * 2 and a.keys() == b.keys()
+    assert all(a[k] == b[k] for k in a), "record for record"
+    assert (one / "summary.csv").read_bytes() == (two / "summary.csv").read_bytes()
+
+
+def _child(pid: int, process_id: int, timeout: float = 120.0) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for child in (Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if f"--process_id={process_id}".encode() in cmd:
+                return int(child)
+        time.sleep(0.1)
+    raise AssertionError("no such child process")
+
+
+@pytest.mark.slow  # ~35 s on two loaded cores, after the shared one-process run
+def test_killed_process_resumes(single):
+    base, one = single
+    out = base / "killed"
+    launcher = subprocess.Popen(_args(out, 10) + ["--processes", "2"], env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    victim = _child(launcher.pid, 1)
+    shard = out / "records.001-of-002.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (shard.is_file() and shard.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    os.kill(victim, signal.SIGKILL)  # midway: some of its records are on disk, not all
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode != 0
+    lines = [line for line in err.splitlines() if line.startswith("run_eval: error:")]
+    assert len(lines) == 1 and "process 1 of 2 failed" in lines[0] and "resumes" in lines[0], err[-2000:]
+    assert not (out / "summary.csv").exists()
+    done = shard.read_text().count("\n")
+    assert 1 <= done < 5 * 3 * 2, done
+
+    again = subprocess.run(_args(out, 10) + ["--processes", "2"], env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming" in again.stdout + again.stderr
+    assert (out / "summary.csv").read_bytes() == (one / "summary.csv").read_bytes()
+    assert _records(out).keys() == _records(one).keys()

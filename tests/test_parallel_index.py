@@ -1,0 +1,60 @@
+"""`cdsjax index --workers N`: documents built in a process pool give the same index as one worker."""
+
+import json
+
+import numpy as np
+
+from cdsjax.cli import main
+from cdsjax.io.index import load_index
+from tests import ingest_pdfs as gen
+
+
+def test_two_workers_equal_one(tmp_path, monkeypatch, capsys):
+    pdfs = [gen.make_synthetic_pdf(tmp_path / "a.pdf"), gen.make_text_pdf(tmp_path / "b.pdf", pages=3),
+            gen.make_image_only_pdf(tmp_path / "scan.pdf")]
+    indexes = {}
+    for workers in (1, 2):
+        monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / f"cache{workers}"))  # nothing shared between runs
+        out = tmp_path / f"index{workers}"
+        rc = main(["index", *map(str, pdfs), "--out", str(out), "--workers", str(workers), "--no-progress"])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        assert "3 processed, 0 from the cache" in captured.out
+        # every document was committed to the cache (by the worker that built it)
+        assert len([p for p in (tmp_path / f"cache{workers}" / "docs").iterdir() if not p.name.startswith(".")]) == 3
+        indexes[workers] = load_index(out)
+    one, two = indexes[1], indexes[2]
+    assert one.doc_ids == two.doc_ids == ["a.pdf", "b.pdf", "scan.pdf"]
+    assert [n["note_id"] for n in one.notes] == [n["note_id"] for n in two.notes]
+    strip = lambda n: {k: v for k, v in n.items() if k != "image_path"}  # absolute paths differ
+    assert [strip(n) for n in one.notes] == [strip(n) for n in two.notes]
+    assert [e["element_id"] if "element_id" in e else json.dumps(e, sort_keys=True) for e in one.elements()] == \
+        [e["element_id"] if "element_id" in e else json.dumps(e, sort_keys=True) for e in two.elements()]
+    np.testing.assert_allclose(one.embeddings, two.embeddings, atol=1e-5)
+    assert (one.links == two.links).all()
+
+
+def test_worker_failure_is_one_line(tmp_path, monkeypatch, capsys):
+    """A document failing inside a worker (here: its MinerU content list is not JSON) is one line naming the
+    file; the other documents still finish and are indexed."""
+    from tests.test_parse import _write_mineru_output
+
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    pdfs = [gen.make_synthetic_pdf(tmp_path / name) for name in ("a.pdf", "b.pdf")]
+    pdfs.append(gen.make_text_pdf(tmp_path / "c.pdf", pages=2))
+    for pdf in pdfs[:2]:
+        _write_mineru_output(tmp_path / "mineru", pdf)
+    broken = tmp_path / "mineru" / "c" / "auto" / "c_content_list.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("[{not json")
+    out = tmp_path / "index"
+    rc = main(["index", *map(str, pdfs), "--out", str(out), "--workers", "2", "--parser", "mineru",
+               "--mineru-output", str(tmp_path / "mineru"), "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    errors = [line for line in captured.err.splitlines() if line.startswith("cdsjax index: error:")]
+    assert len(errors) == 1 and str(broken) in errors[0] and "unreadable MinerU content list" in errors[0], \
+        captured.err
+    assert "Traceback" not in captured.err
+    assert "2 processed" in captured.out and "failed 1" in captured.out
+    assert load_index(out).doc_ids == ["a.pdf", "b.pdf"]
