@@ -173,7 +173,7 @@ def merged_records(out_dir: pathlib.Path, records_name: str, bench_name: str, sp
     """
     import json
 
-    from cdsjax.eval.runner import read_records, record_key
+    from cdsjax.eval.records import read_records, record_key
 
     out_dir = pathlib.Path(out_dir)
     shards = shard_files(out_dir)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
+from cdsjax.eval.records import drop_torn_tail, read_records, record_key
 from cdsjax.eval import metrics as M
 
 RECORDS_FILE = "records.jsonl"
@@ -328,47 +329,6 @@ def diagnostics(selection: Any, num_notes: Optional[int] = None) -> Dict[str, An
 
 
 # --------------------------------------------------------------------------- records & summaries
-
-
-def read_records(path: pathlib.Path) -> List[dict]:
-    """Reads a JSONL records file, skipping a torn last line (an interrupted write)."""
-    if not path.is_file():
-        return []
-    records = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
-    return records
-
-
-def drop_torn_tail(path: pathlib.Path) -> None:
-    """Cuts an unterminated last line (a write interrupted mid-record) so appends start
-    on a fresh line."""
-    if not path.is_file():
-        return
-    with open(path, "rb+") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        f.seek(0)
-        data = f.read()
-        f.truncate(data.rfind(b"\n") + 1)
-
-
-def record_key(r: Mapping[str, Any]) -> Tuple[str, str, int, str]:
-    return (r["benchmark"], r["selector"], int(r["budget"]), r["qid"])
 
 
 def summary_rows(records: Iterable[Mapping[str, Any]], metric_names: Sequence[str], *,
