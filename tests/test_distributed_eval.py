@@ -94,3 +94,29 @@ def test_killed_process_resumes(single):
     assert "resuming" in again.stdout + again.stderr
     assert (out / "summary.csv").read_bytes() == (one / "summary.csv").read_bytes()
     assert _records(out).keys() == _records(one).keys()
+
+
+def test_split_hands_out_whole_chunks():
+    """Every process gets whole (bucket, chunk) batches of the single-process run, so it compiles only its
+    shapes and solves exactly the batches one process would; the split covers every problem once."""
+    from cdsjax.core.batching import bucket_size
+    from cdsjax.eval.distributed import split_problems
+
+    rng = __import__("numpy").random.default_rng(0)
+    sizes = [int(n) for n in rng.integers(5, 700, size=300)]
+    buckets, max_batch = (16, 32, 64, 128, 256, 512, 1024), 32
+    parts = split_problems(sizes, 2, buckets=buckets, max_batch=max_batch)
+    assert parts == split_problems(sizes, 2, buckets=buckets, max_batch=max_batch)  # deterministic
+    assert sorted(i for p in parts for i in p) == list(range(len(sizes)))
+    assert all(p == sorted(p) and p for p in parts)
+
+    def chunks(positions):  # run_selector's chunks of a list of problems
+        by = {}
+        for i in positions:
+            by.setdefault(bucket_size(sizes[i], buckets), []).append(i)
+        return {tuple(v[s:s + max_batch]) for v in by.values() for s in range(0, len(v), max_batch)}
+
+    assert chunks(parts[0]) | chunks(parts[1]) == chunks(range(len(sizes)))
+    assert not chunks(parts[0]) & chunks(parts[1])
+    assert split_problems(sizes, 1, buckets=buckets, max_batch=max_batch) == [list(range(len(sizes)))]
+    assert split_problems(sizes[:3], 4, buckets=buckets, max_batch=max_batch).count([]) >= 1  # more processes than chunks

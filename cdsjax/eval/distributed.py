@@ -5,7 +5,8 @@ One evaluation can run as N processes: on one machine ``run_eval.py --processes 
 same script runs once per host with ``--coordinator HOST:PORT --num_processes N --process_id I`` (or
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), and each host shards its batches
 over its own local devices. Every process joins through :func:`jax.distributed.initialize`, takes the
-questions ``i, i + N, i + 2N, ...`` of ``jax.process_index() == i``, and appends its records to its own
+its share of the questions (:func:`split_problems`: whole compiled chunks, so no shape is compiled
+twice and the selections equal a single process's), and appends its records to its own
 shard ``records.I-of-N.jsonl`` (so resuming is per shard); process 0 merges the shards into
 ``records.jsonl`` and writes ``summary.csv``.
 """
@@ -24,6 +25,10 @@ import time
 from typing import List, Optional, Sequence
 
 BARRIER_TIMEOUT_S = 6 * 3600  # processes may differ by hours (indexing on a cold cache) before they join
+# What compiling one (bucket, chunk) shape costs, in units of "padded problems x notes^2": on one CPU core
+# paper-mode CDS compiles a shape in 2-3 s, about as long as it solves 16 problems of 512 notes (2^22 units);
+# see RESULTS.md, "Scale: workers and processes". Only the balance of the split depends on it.
+COMPILE_COST = 16 * 512 ** 2
 SHARD_RE = re.compile(r"^records\.(\d+)-of-(\d+)\.jsonl$")
 
 
@@ -91,6 +96,58 @@ def settings(coordinator: Optional[str], num_processes: Optional[int],
 def initialize(coordinator: str, num_processes: int, process_id: int) -> Process:
     """This process's place; :meth:`Process.join` joins the runtime (evaluate does, before using JAX)."""
     return Process(index=process_id, count=num_processes, coordinator=coordinator)
+
+
+def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], max_batch: int) -> List[List[int]]:
+    """The problem positions each of ``count`` processes answers: whole compiled chunks, not every N-th question.
+
+    :func:`cdsjax.eval.runner.run_selector` pads problems into note-count buckets and cuts each bucket, in
+    order, into chunks of at most ``max_batch``; each (bucket, padded chunk size) is one compilation. This
+    split hands out those same chunks, so every process solves exactly the batches a single process would
+    (the same selections, bit for bit) and compiles only the shapes of its own chunks. Chunks of one shape
+    stay together (one compilation) unless that shape alone is more than a process's share; the groups
+    go, largest first, to the least loaded process. Cost: :data:`COMPILE_COST` per shape plus padded
+    problems times bucket size squared (the per-step cost of a dense solver). Deterministic: every process computes the same split.
+
+    Args:
+      sizes: the note count of each problem, in order.
+      count: number of processes.
+      buckets: the bucket sizes of the run.
+      max_batch: most problems per compiled call.
+
+    Returns:
+      ``count`` lists of positions, each ascending.
+    """
+    from cdsjax.core.batching import bucket_size, next_pow2
+
+    by_bucket: dict = {}
+    for i, n in enumerate(sizes):
+        by_bucket.setdefault(bucket_size(max(1, int(n)), buckets), []).append(i)
+    shapes: dict = {}  # (bucket, padded chunk) -> [chunk positions, ...]
+    for b in sorted(by_bucket):
+        pos = by_bucket[b]
+        for start in range(0, len(pos), max_batch):
+            chunk = pos[start:start + max_batch]
+            shapes.setdefault((b, next_pow2(len(chunk))), []).append(chunk)
+
+    def cost(shape, chunks):  # compiling a shape, plus solving its chunks
+        return COMPILE_COST + len(chunks) * shape[1] * shape[0] ** 2
+
+    share = sum(cost(s, c) for s, c in shapes.items()) / max(1, count)
+    units = []  # (cost, order, chunks): one compiled shape, or one chunk of an oversized shape
+    for shape, chunks in shapes.items():
+        if cost(shape, chunks) > share and len(chunks) > 1:
+            units += [(cost(shape, [c]), len(units), [c]) for c in chunks]
+        else:
+            units.append((cost(shape, chunks), len(units), chunks))
+    load = [0] * count
+    out: List[List[int]] = [[] for _ in range(count)]
+    for c, _, chunks in sorted(units, key=lambda u: (-u[0], u[1])):
+        k = min(range(count), key=lambda j: (load[j], j))
+        load[k] += c
+        for chunk in chunks:
+            out[k].extend(chunk)
+    return [sorted(o) for o in out]
 
 
 def free_port() -> int:

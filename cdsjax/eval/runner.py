@@ -942,8 +942,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     n; metrics are named ``metric@B``), ``summary.md`` and ``run.json``.
 
     With ``process`` (a :class:`cdsjax.eval.distributed.Process`, one of several joined by
-    ``jax.distributed``), this process answers every ``process.count``-th question from
-    ``process.index`` on and appends to its own shard; process 0 merges the shards and writes the
+    ``jax.distributed``), this process answers its share of the questions (whole compiled chunks,
+    :func:`cdsjax.eval.distributed.split_problems`) and appends to its own shard; process 0 merges the shards and writes the
     summary (the others return empty lists).
 
     Returns:
@@ -997,14 +997,20 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     drop_torn_tail(records_path)
     done = {record_key(r) for path in [out_dir / RECORDS_FILE, *D.shard_files(out_dir)]
             for r in read_records(path)}
-    mine = problems if process is None else problems[process.index::process.count]
+    buckets = tuple(config.get("buckets", None) or DEFAULT_BUCKETS)
+    max_batch = int(config.get("max_batch", 64))
+    if process is None:
+        mine = problems
+    else:
+        split = D.split_problems([p.notes.shape[0] for p in problems], process.count, buckets=buckets,
+                                 max_batch=max_batch)
+        mine = [problems[i] for i in split[process.index]]
     todo = {(label, b): [p for p in mine if (bench.name, label, b, p.query.qid) not in done]
             for label, _, _ in specs for b in budgets}
     total = sum(len(v) for v in todo.values())
     if len(done):
         log(f"resuming: {len(mine) * len(specs) * len(budgets) - total} of "
             f"{len(mine) * len(specs) * len(budgets)} (selector, budget, query) results on disk")
-    buckets = tuple(config.get("buckets", None) or DEFAULT_BUCKETS)
     mesh = make_mesh(jax_local_devices())
     bar = None
     if progress and total:
@@ -1041,7 +1047,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                         bar.update(len(positions))
 
                 t0 = time.perf_counter()
-                run_selector(fn, batch, buckets=buckets, max_batch=int(config.get("max_batch", 64)),
+                run_selector(fn, batch, buckets=buckets, max_batch=max_batch,
                              mesh=mesh, on_chunk=write, dtype=np.dtype(dtype))
                 timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:

@@ -600,11 +600,17 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     fresh._model = None  # each worker loads the model itself
     threads = max(1, resolve_workers(None) // workers)
     context = multiprocessing.get_context("spawn")
+    try:  # with a core per worker, each worker is pinned to its own (its layout model's threads stay there)
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = []
+    slots = context.Value("i", 0)
+    pin = cores if len(cores) >= workers else []
     todo, broke = list(docs), collections.Counter()
     while todo:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context,
                                    initializer=_worker_init,
-                                   initargs=(config, fresh, str(cache.root), threads, os.getpid()))
+                                   initargs=(config, fresh, str(cache.root), threads, os.getpid(), slots, pin))
         try:
             futures = {pool.submit(_worker_build, doc): doc for doc in todo}
             todo = []
@@ -639,8 +645,17 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
 _WORKER: dict = {}
 
 
-def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: int) -> None:
+def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: int, slots=None,
+                 cores: Sequence[int] = ()) -> None:
     import threading
+
+    if cores and slots is not None:
+        with slots.get_lock():
+            slot, slots.value = slots.value, slots.value + 1
+        try:
+            os.sched_setaffinity(0, {cores[slot % len(cores)]})
+        except (AttributeError, OSError):
+            pass
 
     def orphaned() -> None:  # the parent was killed (kill -9): stop rather than work for no one
         while os.getppid() == parent:
