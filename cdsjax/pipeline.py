@@ -28,13 +28,7 @@ import numpy as np
 from cdsjax import core
 from cdsjax.core import registry
 
-# Selector names accepted by the pipeline and the CLI: the registry's, plus the hyphenated
-# spellings. "cds" keeps meaning paper mode everywhere (registry, configs, RESULTS).
-SELECTOR_ALIASES = {"cds-converged": "cds_converged", "cds-inimdyn": "cds_inimdyn", "cds-paper": "cds",
-                    "cds-support": "cds_support"}
-# The name shown to users (ask --json "selector", serve): the CLI spelling.
-DISPLAY_NAMES = {"cds": "cds-paper", "cds_converged": "cds-converged", "cds_inimdyn": "cds-inimdyn",
-                 "cds_support": "cds-support"}
+# Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = "cds-converged"
 SUPPORT_THRESHOLD = 1e-6
 
@@ -141,17 +135,15 @@ class Answer:
 
 def canonical_selector(name: str) -> str:
     """The registry name of a selector name or alias (``cds-converged`` -> ``cds_converged``)."""
-    name = SELECTOR_ALIASES.get(name, name)
-    if name not in registry.SELECTORS:
-        names = sorted(set(registry.SELECTORS) | set(SELECTOR_ALIASES))
-        raise PipelineError(f"unknown selector {name!r}; choose one of: {', '.join(names)}")
-    return name
+    try:
+        return registry.selector_spec(name).name
+    except ValueError as err:
+        raise PipelineError(str(err)) from None
 
 
 def display_name(name: str) -> str:
     """The name users write for a selector (``cds`` -> ``cds-paper``, ``cds_converged`` -> ``cds-converged``)."""
-    name = canonical_selector(name)
-    return DISPLAY_NAMES.get(name, name)
+    return registry.SPECS[canonical_selector(name)].display
 
 
 def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
@@ -413,9 +405,7 @@ def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = No
     if sel.result is None:
         return {}
     r = sel.result
-    name = canonical_selector(selector)
-    solver = {"cds_converged": "active_set", "cds_support": "active_set", "cds_inimdyn": "inimdyn"}.get(
-        name, "replicator")
+    spec = registry.SPECS[canonical_selector(selector)]
     x = np.asarray(r.x)
     n = x.shape[0] if valid is None else len(valid)
     m = x.shape[0] - n if valid is not None else 1
@@ -424,8 +414,8 @@ def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = No
     if valid is not None:
         on &= np.asarray(valid, bool)
     out = dict(
-        solver=solver,
-        mode="paper" if solver == "replicator" else "converged",
+        solver=spec.solver_label,
+        mode=spec.mode,
         num_iters=int(r.num_iters),
         converged=bool(r.converged),
         kkt_residual=float(r.kkt_residual),

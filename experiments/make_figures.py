@@ -43,6 +43,7 @@ def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, p
     import numpy as np
 
     from cdsjax.eval import runner as R
+    from cdsjax import core
     from cdsjax.io.embed import Embedder
 
     bench = R.load_configured_benchmark(config)
@@ -62,7 +63,8 @@ def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, p
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         fn = R.cached_selector(name, int(config.budget), opts)
-        sels = R.run_selector(fn, problems, buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
+        sels = R.run_selector(fn, problems, chunk=core.selector_spec(name).batch_chunk,
+                              buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
                               max_batch=int(config.get("max_batch", 64)))
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]
                         for s in sels]

@@ -52,6 +52,7 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=10)
     args = parser.parse_args()
 
+    from cdsjax.core import selector_spec
     from cdsjax.eval.runner import cached_selector, pdf_problems, run_selector, score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder
@@ -88,7 +89,8 @@ def main() -> int:
         stats[mode]["seconds"] = time.time() - t0
         for name in selectors:
             fn = cached_selector(name, args.budget, {})
-            sels = run_selector(fn, problems, buckets=(64, 128, 256, 512, 1024, 2048, 4096), max_batch=32)
+            sels = run_selector(fn, problems, buckets=(64, 128, 256, 512, 1024, 2048, 4096), max_batch=32,
+                                chunk=selector_spec(name).batch_chunk)
             recall[(mode, name)] = np.array([score_problem(p, s, kind="pdf")["page_recall"] for p, s in
                                              zip(problems, sels)], dtype=object)
 

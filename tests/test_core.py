@@ -129,13 +129,21 @@ def test_auto_chunk_fits_the_cache_on_cpu_and_vmaps_elsewhere():
     assert core.auto_chunk(64, 256, 4, platform="cpu", cache_bytes=1) == 1
 
 
-def test_registry_selectors_name_their_batch_chunk():
+def test_selector_specs_name_chunk_solver_and_spellings():
     from cdsjax.core import registry
 
-    assert registry.make_selector("cds", budget=3).batch_chunk == "auto"
-    assert registry.make_selector("cds", budget=3, peel=True).batch_chunk == "auto"
-    for name in ("cds_converged", "cds_inimdyn", "cosine", "mmr", "ppr"):
-        assert registry.make_selector(name, budget=3).batch_chunk is None
+    assert registry.selector_spec("cds").batch_chunk == "auto"  # replicator dynamics: cache-sized chunks
+    for name in ("cds_converged", "cds_inimdyn", "cds_support", "cosine", "mmr", "ppr"):
+        assert registry.selector_spec(name).batch_chunk is None
+    assert registry.selector_spec("cds-paper") is registry.SPECS["cds"]
+    assert registry.selector_spec("cds-converged").solver_label == "active_set"
+    assert registry.selector_spec("cds-converged").mode == "converged"
+    assert registry.selector_spec("cds").mode == "paper" and registry.selector_spec("mmr").mode is None
+    assert registry.SPECS["cds_converged"].display == "cds-converged"
+    assert set(registry.SELECTORS) == set(registry.SPECS)
+    assert "lam" in registry.selector_spec("mmr").options and "beta" in registry.selector_spec("cds").options
+    with pytest.raises(ValueError, match="unknown selector 'cds_fast'; choose one of: .*cds-paper"):
+        registry.selector_spec("cds_fast")
 
 
 @pytest.mark.parametrize("chunk", [0, -2, "fast", 1.5, True])

@@ -47,7 +47,7 @@ def test_run_selector_equals_per_query_calls(name, options):
     problems = _synthetic_problems([5, 20, 3], seed=1)
     fn = core.make_selector(name, budget=4, **options)
     seen = []
-    out = R.run_selector(fn, problems, buckets=(8, 32), max_batch=2,
+    out = R.run_selector(fn, problems, buckets=(8, 32), max_batch=2, chunk=core.selector_spec(name).batch_chunk,
                          on_chunk=lambda pos, sels: seen.extend(pos))
     assert sorted(seen) == list(range(len(problems)))
     single = jax.jit(fn)
@@ -76,8 +76,9 @@ SHARD_SCRIPT = textwrap.dedent("""
         if name == "ppr":
             continue  # same batching path as cosine; keeps the subprocess short
         fn = core.make_selector(name, budget=4, **options)
-        a = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=full)
-        b = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=one)
+        chunk = core.selector_spec(name).batch_chunk
+        a = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=full, chunk=chunk)
+        b = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=one, chunk=chunk)
         report[name] = dict(
             same_indices=all(np.array_equal(x.indices[x.selected_valid], y.indices[y.selected_valid])
                              and np.array_equal(x.selected_valid, y.selected_valid)

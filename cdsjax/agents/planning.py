@@ -675,7 +675,9 @@ class SelectorRetriever:
             return out
         options = dict(self.options)
         if combined == "peel":
-            if not self.selector.startswith("cds"):
+            from cdsjax.core.registry import selector_spec
+
+            if "peel" not in selector_spec(self.selector).options:
                 raise ValueError(f"combined='peel' needs a CDS selector (cds or cds_converged), got {self.selector!r}")
             options["peel"] = True
         budget = self.joint_budget or self.budget * len(queries)

@@ -52,8 +52,9 @@ import time
 from cdsjax.cli import CLIError
 
 DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not imported: it loads JAX)
-SELECTOR_CHOICES = ("cds-converged", "cds-paper", "cds", "cds-support", "cds-inimdyn", "cosine", "mmr", "dpp", "ppr",
-                    "random", "subgraph")
+# Selector names are checked where the selector is built (cdsjax.core.registry.selector_spec, here or in the
+# server), so this module stays free of JAX for `ask --server`.
+OPTION_FLAGS = (("--beta", "beta"), ("--tau", "tau"), ("--max-iter", "max_iter"), ("--lam", "lam"))
 
 
 def register(subparsers) -> None:
@@ -66,9 +67,10 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
-    p.add_argument("--selector", default=DEFAULT_SELECTOR, choices=SELECTOR_CHOICES,
+    p.add_argument("--selector", default=DEFAULT_SELECTOR,
                    help="evidence selector (default: cds-converged, the CDS equilibrium; cds-paper = cds: the "
-                   "paper's replicator dynamics with a step cap)")
+                   "paper's replicator dynamics with a step cap; also cds-support, cds-inimdyn, cosine, mmr, dpp, "
+                   "ppr, random, subgraph: every name of cdsjax.core.registry.SPECS and its aliases)")
     p.add_argument("--budget", type=int, default=10, help="number of evidence notes (default: 10)")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
@@ -104,24 +106,23 @@ def parse_inputs(inputs):
 
 
 def selector_options(args) -> dict:
-    opts = {}
-    name = args.selector
-    if name.startswith("cds"):
-        if args.beta is not None:
-            opts["beta"] = args.beta
-        if args.tau is not None:
-            opts["tau"] = args.tau
-        if args.max_iter is not None:
-            if args.max_iter < 1:
-                raise CLIError(f"--max-iter must be >= 1, got {args.max_iter}")
-            opts["max_iter"] = args.max_iter
-    elif args.beta is not None or args.tau is not None or args.max_iter is not None:
-        raise CLIError("--beta/--tau/--max-iter apply to the cds selectors only")
-    if args.lam is not None:
-        if name != "mmr":
-            raise CLIError("--lam applies to --selector mmr only")
-        opts["lam"] = args.lam
-    return opts
+    """The selector options given as flags (checked against the selector by :func:`check_options`)."""
+    if args.max_iter is not None and args.max_iter < 1:
+        raise CLIError(f"--max-iter must be >= 1, got {args.max_iter}")
+    return {opt: getattr(args, opt) for _, opt in OPTION_FLAGS if getattr(args, opt) is not None}
+
+
+def check_options(selector: str, options: dict) -> None:
+    """One line for an unknown selector, or a flag the selector has no option for."""
+    from cdsjax.core.registry import selector_spec
+
+    try:
+        spec = selector_spec(selector)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    for flag, opt in OPTION_FLAGS:
+        if opt in options and opt not in spec.options:
+            raise CLIError(f"{flag} does not apply to --selector {selector}")
 
 
 def make_reader(args):
@@ -161,6 +162,7 @@ def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
     from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
 
+    check_options(args.selector, options)
     enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args)

@@ -47,11 +47,12 @@ def register(subparsers) -> None:
 def compare(pipe, question: str, budget: int, beta=None) -> list:
     """One row per selector: label, selector, evidence pages, covered facts, restatement slots, diagnostics."""
     from cdsjax import demo
+    from cdsjax.core.registry import selector_spec
 
     rows = []
     for label, name, options in SELECTORS:
         options = dict(options)
-        if beta is not None and name.startswith("cds"):
+        if beta is not None and "beta" in selector_spec(name).options:
             options["beta"] = beta
         answer = pipe.ask(question, selector=name, budget=budget, options=options or None)
         pages = [e["page"] for e in answer.evidence]

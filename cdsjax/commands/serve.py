@@ -152,10 +152,14 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
                     uptime_s=round(time.time() - state["started"], 3))
 
     crops = {str(n.get("note_id")): n["image_path"] for n in pipe.corpus.notes if n.get("image_path")}
+    from cdsjax.core.registry import SPECS
+
+    selector_options = "".join(f'<option value="{s.display}">{s.display}</option>' for s in SPECS.values())
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
         return HTMLResponse(PAGE.replace("__DEFAULT_SELECTOR__", default_selector)
+                            .replace("__SELECTOR_OPTIONS__", selector_options)
                             .replace("__DEFAULT_BUDGET__", str(default_budget)))
 
     @app.get("/crop")
@@ -233,10 +237,7 @@ PAGE = r"""<!doctype html>
 </style></head><body>
 <h1>cdsjax</h1>
 <form id="ask"><input name="q" placeholder="Ask a question of the indexed documents" required>
- <select name="selector">
-  <option value="cds-converged">CDS (converged)</option><option value="cds-paper">CDS (paper mode)</option>
-  <option value="cosine">cosine</option><option value="mmr">MMR</option><option value="dpp">k-DPP</option>
-  <option value="ppr">PPR</option></select>
+ <select name="selector">__SELECTOR_OPTIONS__</select>
  <input name="budget" type="number" min="1" max="512" value="__DEFAULT_BUDGET__" title="evidence budget">
  <button>Ask</button></form>
 <p id="status" class="muted"></p><div id="answer"></div><div id="warnings" class="warn"></div>

@@ -38,7 +38,7 @@ from cdsjax.core.replicator import (
     support_size,
     uniform_x0,
 )
-from cdsjax.core.registry import SELECTORS, make_selector, selector_options
+from cdsjax.core.registry import SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
 from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, rank_support, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn  # registers solver "inimdyn"
@@ -60,6 +60,8 @@ from cdsjax.core.validation import validate_embeddings
 
 __all__ = [
     "SELECTORS",
+    "SPECS",
+    "SelectorSpec",
     "diffusion_prior",
     "key_from_query_id",
     "make_selector",
@@ -71,7 +73,9 @@ __all__ = [
     "select_ppr",
     "select_random",
     "select_subgraph_readout",
+    "selector_names",
     "selector_options",
+    "selector_spec",
     "Affinity",
     "CDSParams",
     "DEFAULT_BUCKETS",

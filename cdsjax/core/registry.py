@@ -8,12 +8,18 @@ strings. :func:`make_selector` turns a name and its options into a function
 so every selector is jitted and vmapped the same way; a selector ignores the
 arguments it does not use (``links`` matters to ``"ppr"`` and to CDS with
 ``init="diffusion"``, ``key`` to ``"random"``).
+
+Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its builder, the core solver it runs, the batch
+chunk that suits it, the inputs it needs, the spellings users may write and the name shown to them. The CLI,
+the pipeline, the server and the evaluation harness all read it (:func:`selector_spec`), so a name is mapped
+in one place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 
 from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
@@ -134,8 +140,6 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
                     fill=fill,
                 )
 
-        # replicator dynamics sweep each payoff thousands of times: cache-sized chunks on CPU
-        fn.batch_chunk = "auto" if solver == "replicator" else None
         return fn
 
     return build
@@ -176,33 +180,102 @@ def _cds_support(
             max_iter=max_iter, num_steps=num_steps, scale_range=scale_range, fill=fill,
         )
 
-    fn.batch_chunk = None
     return fn
 
 
-# name -> builder(budget, **options) -> selector function.
-SELECTORS: Dict[str, Callable[..., SelectorFn]] = {
-    "cosine": _cosine,
-    "random": _random,
-    "mmr": _mmr,
-    "dpp": _dpp,
-    "ppr": _ppr,
-    "subgraph": _subgraph,
-    "cds": _cds_builder("cds", "replicator"),
+@dataclasses.dataclass(frozen=True)
+class SelectorSpec:
+    """Everything the layers above the core need to know about one selector.
+
+    Attributes:
+      name: the registry name (configs, records, :func:`make_selector`).
+      build: ``build(budget, **options) -> fn`` with the uniform signature.
+      solver: the CDS solver it runs (a key of :data:`cdsjax.core.select.SOLVERS`), None for a baseline.
+      solver_label: that solver as diagnostics name it (``"active_set"`` for ``"converged"``).
+      batch_chunk: the ``chunk`` to give :func:`cdsjax.core.batched` on one device (``"auto"``: replicator
+        dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU).
+      needs_links: it reads the ``links`` argument (always, or with some options).
+      needs_key: it reads the PRNG ``key``.
+      aliases: other spellings users may write (``cds-paper``).
+      display: the name shown to users (CLI, server, ``ask --json``).
+    """
+
+    name: str
+    build: Callable[..., SelectorFn]
+    solver: Optional[str] = None
+    solver_label: Optional[str] = None
+    batch_chunk: Optional[str] = None
+    needs_links: bool = False
+    needs_key: bool = False
+    aliases: Tuple[str, ...] = ()
+    display: str = ""
+
+    @property
+    def mode(self) -> Optional[str]:
+        """``"paper"`` (replicator dynamics, a fixed step budget), ``"converged"`` or None (a baseline)."""
+        if self.solver is None:
+            return None
+        return "paper" if self.solver == "replicator" else "converged"
+
+    @property
+    def options(self) -> tuple:
+        """The option names the builder accepts."""
+        signature = inspect.signature(self.build)
+        return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, aliases=(), display=None):
+    label = {"converged": "active_set"}.get(solver, solver)
+    return SelectorSpec(name=name, build=build, solver=solver, solver_label=label,
+                        batch_chunk="auto" if solver == "replicator" else None, needs_links=needs_links,
+                        needs_key=needs_key, aliases=tuple(aliases), display=display or name)
+
+
+SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
+    _spec("cosine", _cosine),
+    _spec("random", _random, needs_key=True),
+    _spec("mmr", _mmr),
+    _spec("dpp", _dpp),
+    _spec("ppr", _ppr, needs_links=True),
+    _spec("subgraph", _subgraph, needs_links=True),
+    # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere)
+    _spec("cds", _cds_builder("cds", "replicator"), solver="replicator", needs_links=True,
+          aliases=("cds-paper",), display="cds-paper"),
     # Converged mode: the active-set Newton solver (bench_solvers.py: 700-900x faster than
     # replicator dynamics to KKT <= 1e-8 at n = 1024); InImDyn is kept as its own entry.
-    "cds_converged": _cds_builder("cds_converged", "converged"),
-    "cds_inimdyn": _cds_builder("cds_inimdyn", "inimdyn"),
+    _spec("cds_converged", _cds_builder("cds_converged", "converged"), solver="converged", needs_links=True,
+          aliases=("cds-converged",), display="cds-converged"),
+    _spec("cds_inimdyn", _cds_builder("cds_inimdyn", "inimdyn"), solver="inimdyn", needs_links=True,
+          aliases=("cds-inimdyn",), display="cds-inimdyn"),
     # beta chosen per question so the equilibrium's support holds about `budget` notes
-    "cds_support": _cds_support,
-}
+    _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support"),
+)}
+
+# name -> builder(budget, **options) -> selector function (a view of SPECS).
+SELECTORS: Dict[str, Callable[..., SelectorFn]] = {name: spec.build for name, spec in SPECS.items()}
+_BY_SPELLING: Dict[str, str] = {**{a: s.name for s in SPECS.values() for a in s.aliases}, **{n: n for n in SPECS}}
+
+
+def selector_names(*, aliases: bool = True) -> Tuple[str, ...]:
+    """Every registry name, and with ``aliases`` every other accepted spelling, sorted."""
+    return tuple(sorted(_BY_SPELLING if aliases else SPECS))
+
+
+def selector_spec(name: str) -> SelectorSpec:
+    """The spec of a registry name or alias (``cds-converged`` -> the spec of ``cds_converged``).
+
+    Raises:
+      ValueError: an unknown name, listing the known ones.
+    """
+    if name not in _BY_SPELLING:
+        raise ValueError(f"unknown selector {name!r}; choose one of: {', '.join(selector_names())}")
+    return SPECS[_BY_SPELLING[name]]
 
 
 def selector_options(name: str) -> tuple:
     """The option names ``make_selector(name, ...)`` accepts."""
     check_option("selector", name, tuple(SELECTORS))
-    signature = inspect.signature(SELECTORS[name])
-    return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
+    return SPECS[name].options
 
 
 def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
@@ -222,9 +295,8 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
 
     Returns:
       ``fn(notes, query, valid, links=None, key=None) -> Selection``, pure and
-      ``jit`` / ``vmap``-able. Its ``batch_chunk`` attribute is the ``chunk`` to
-      give :func:`cdsjax.core.batched` for a fast batch (``"auto"`` for paper-mode
-      CDS, ``None`` otherwise).
+      ``jit`` / ``vmap``-able. ``selector_spec(name).batch_chunk`` is the ``chunk`` to
+      give :func:`cdsjax.core.batched` for a fast batch.
 
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.
@@ -236,5 +308,4 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     budget = check_budget(budget)
     fn = SELECTORS[name](budget, **options)
     fn.__name__ = f"select_{name}"
-    fn.batch_chunk = getattr(fn, "batch_chunk", None)
     return fn

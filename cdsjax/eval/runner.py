@@ -124,19 +124,19 @@ def _round_up(k: int, multiple: int) -> int:
 _BATCHED: Dict[Any, Any] = {}
 
 
-def _batched(fn, sharded: bool):
+def _batched(fn, sharded: bool, chunk=None):
     """The jitted batch call, kept per function so repeated runs reuse compilations.
 
     Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
-    On one device: :func:`cdsjax.core.batched` with the selector's own
-    ``batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one ``vmap`` on
-    an accelerator).
+    On one device: :func:`cdsjax.core.batched` with ``chunk``, the selector's
+    ``SelectorSpec.batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one
+    ``vmap`` on an accelerator).
     """
     from cdsjax import core
 
-    key = (fn, sharded)
+    key = (fn, sharded, chunk)
     if key not in _BATCHED:
-        _BATCHED[key] = core.batched(fn, chunk=None if sharded else getattr(fn, "batch_chunk", None))
+        _BATCHED[key] = core.batched(fn, chunk=None if sharded else chunk)
     return _BATCHED[key]
 
 
@@ -164,6 +164,7 @@ def run_selector(
     keys: Optional[Sequence[Any]] = None,
     on_chunk: Optional[Callable[[List[int], List[Any]], None]] = None,
     dtype: Any = np.float32,
+    chunk: Optional[Any] = None,
 ) -> List[Any]:
     """Runs a registry selector over ragged problems, batched and sharded.
 
@@ -186,6 +187,7 @@ def run_selector(
         e.g. to write records as they come.
       dtype: float type of the embeddings fed to the selector (float64 needs
         ``jax_enable_x64``; it lets converged-mode solvers go below float32's KKT floor).
+      chunk: the selector's ``SelectorSpec.batch_chunk`` (how a one-device batch is cut).
 
     Returns:
       One Selection with NumPy leaves per problem, in input order.
@@ -215,7 +217,7 @@ def run_selector(
         [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras={"links": [np.asarray(p.links, bool) for p in problems]},
         pad_batch=False)
-    call = _batched(fn, sharded=ndev > 1)
+    call = _batched(fn, sharded=ndev > 1, chunk=chunk)
     out: List[Any] = [None] * len(problems)
     for g in groups:
         for start in range(0, len(g.positions), max_batch):
@@ -873,7 +875,7 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     one selector can appear under several labels with different options. Options of
     labels that are not selected are ignored (so a config can keep them all).
     """
-    from cdsjax.core import SELECTORS
+    from cdsjax.core import selector_names, selector_spec
 
     labels = config.selectors
     if isinstance(labels, str):
@@ -890,9 +892,11 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     for label in labels:
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
-        if name not in SELECTORS:
+        try:
+            name = selector_spec(name).name  # an alias (cds-paper) names its registry entry
+        except ValueError:
             raise ValueError(f"config.selectors: unknown selector {name!r} (label {label!r}); "
-                             f"known: {sorted(SELECTORS)}")
+                             f"known: {list(selector_names())}") from None
         specs.append((label, name, opts))
     return specs
 
@@ -949,7 +953,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     Returns:
       ``(records, summary rows)`` for the queries and selectors of this config.
     """
-    from cdsjax.core import DEFAULT_BUCKETS
+    from cdsjax.core import DEFAULT_BUCKETS, selector_spec
     from cdsjax.io.embed import Embedder
 
     if process is not None:
@@ -1047,7 +1051,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                         bar.update(len(positions))
 
                 t0 = time.perf_counter()
-                run_selector(fn, batch, buckets=buckets, max_batch=max_batch,
+                run_selector(fn, batch, buckets=buckets, max_batch=max_batch, chunk=selector_spec(name).batch_chunk,
                              mesh=mesh, on_chunk=write, dtype=np.dtype(dtype))
                 timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:

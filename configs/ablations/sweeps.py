@@ -17,7 +17,8 @@ the default setting appears once per sweep under that sweep's label):
 * ``tau``: query-edge threshold in {0, 0.3, 0.5, 0.6}.
 * ``beta``: diversification strength in {0.5, 1, 2, 5}.
 * ``tau_converged``, ``beta_converged``: the tau and beta sweeps with
-  ``cds_converged`` (InImDyn run to its tolerance) instead of paper-mode ``cds``.
+  ``cds_converged`` (the active-set solver run to its tolerance; see
+  ``cdsjax.core.registry.SPECS``) instead of paper-mode ``cds``.
 * ``budget``: cosine, MMR (lambda 0.5) and CDS at every budget of ``BUDGETS``.
 * ``all``: the mmr, prior, coupling, tau and beta sweeps in one run at the main budget.
 """
@@ -42,7 +43,7 @@ SWEEPS = {
     "coupling": ("cds", "coupling", ("dissimilarity", "similarity", "none")),
     "tau": ("cds", "tau", (0.0, 0.3, 0.5, 0.6)),
     "beta": ("cds", "beta", (0.5, 1.0, 2.0, 5.0)),
-    # The same two sweeps solved to convergence (InImDyn): separates the effect of the
+    # The same two sweeps solved to convergence (cds_converged: the active-set solver): separates the effect of the
     # setting from paper-mode replicator runs that stop at max_iter unconverged.
     "tau_converged": ("cds_converged", "tau", (0.0, 0.3, 0.5, 0.6)),
     "beta_converged": ("cds_converged", "beta", (0.5, 1.0, 2.0, 5.0)),
