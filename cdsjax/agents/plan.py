@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from cdsjax.io.replies import find_json
 
 MAX_NODES = 6
 MAX_DEPTH = 3
@@ -151,52 +152,24 @@ def topological_order(ids: Sequence[str], needs: Mapping[str, Sequence[str]]) ->
 # --------------------------------------------------------------------------- reading JSON
 
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
-_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
-
-
 def extract_json(text: Any, *, want: Union[type, Tuple[type, ...]] = dict) -> Any:
-    """The first JSON value of type ``want`` (or any object/array) found in a model reply.
+    """The first JSON value of type ``want`` (or else any object/array) found in a model reply.
 
-    Looks inside code fences first, then anywhere in the text; tolerates a ``<think>`` block, curly quotes
-    and trailing commas.
+    Reads the reply with :func:`cdsjax.io.replies.find_json` (code fences first, a ``<think>`` block,
+    curly quotes and trailing commas tolerated).
 
     Raises:
       PlanError: no JSON value could be read (the message quotes the start of the reply).
     """
     if not isinstance(text, str):
         raise PlanError(f"expected a text reply, got {type(text).__name__}")
-    body = _THINK.sub("", text)
-    if "</think>" in body:
-        body = body.rsplit("</think>", 1)[1]
-    candidates = [m.group(1) for m in _FENCE.finditer(body)] + [body]
-    for chunk in candidates:
-        # The repaired variant may decode an object that the raw text only decodes from a nested
-        # position; the value that starts earliest is the whole reply's.
-        found = [_first_json(v, want) for v in (chunk, _TRAILING_COMMA.sub(r"\1", chunk.translate(_QUOTES)))]
-        found = [f for f in found if f is not None]
-        if found:
-            return min(found, key=lambda f: f[0])[1]
+    value = find_json(text, want=want)
+    if value is None:
+        value = find_json(text, want=(dict, list))  # the caller names what it expected
+    if value is not None:
+        return value
     head = " ".join(text.split())[:120]
     raise PlanError(f"no JSON object in the reply: {head!r}" if head else "the reply is empty")
-
-
-def _first_json(text: str, want) -> Optional[Tuple[int, Any]]:
-    """(start, value) of the first decodable JSON value of type ``want``, else of any object/array."""
-    decoder = json.JSONDecoder()
-    first = None
-    for match in re.finditer(r"[{\[]", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, want):
-            return match.start(), value
-        if first is None:
-            first = (match.start(), value)
-    return first
 
 
 def _pick(item: Mapping[str, Any], keys: Sequence[str]) -> Any:

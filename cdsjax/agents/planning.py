@@ -33,7 +33,6 @@ call would hit too (unreachable, unknown model, refused key) are raised as :clas
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -47,16 +46,9 @@ from cdsjax.agents.plan import (
     parse_plan,
     parse_sufficiency,
 )
-from cdsjax.io.reader import (
-    ABSTAIN,
-    FATAL_KINDS,
-    EvidenceItem,
-    Reader,
-    ReaderConfig,
-    ReaderError,
-    as_evidence,
-    strip_thinking,
-)
+from cdsjax.io.llm import FATAL_KINDS, ReaderConfig, ReaderError
+from cdsjax.io.reader import ABSTAIN, EvidenceItem, Reader, as_evidence
+from cdsjax.io.replies import strip_citations, strip_thinking
 
 COMBINED_MODES = (None, "single", "peel")
 
@@ -149,8 +141,6 @@ Findings of sub-questions that were researched for this question, each from its 
 together with the numbered evidence above; cite only the numbered evidence):
 {findings}"""
 
-_CITE = re.compile(r"\s*\[\s*\d+(?:\s*[,;\-–]\s*\d+)*\s*\]")
-
 
 # --------------------------------------------------------------------------- results
 
@@ -194,7 +184,7 @@ class NodeResult:
         """The answer without citation marks (they number this node's evidence, nobody else's)."""
         if self.answer is None:
             return f"{ABSTAIN} (the step failed: {self.error})"
-        return _CITE.sub("", self.answer).strip() or ABSTAIN
+        return strip_citations(self.answer).strip() or ABSTAIN
 
     def to_dict(self, snippet_chars: int) -> dict:
         return {
@@ -430,9 +420,9 @@ class PlanningAgent:
 
     # ------------------------------------------------------------------ model calls
     def _chat(self, messages: List[dict], state: "_RunState", *, max_tokens: Optional[int] = None) -> str:
-        content, _, usage, _, _ = self.reader.chat(messages, max_tokens=max_tokens or self.plan_max_tokens)
-        state.count(usage)
-        return content
+        reply = self.reader.chat(messages, max_tokens=max_tokens or self.plan_max_tokens)
+        state.count(reply.usage)
+        return reply.content
 
     def _answer(self, prompt: str, evidence: List[EvidenceItem], state: "_RunState"):
         """The reader's answer to ``prompt`` over ``evidence``: ``(output, None)``, or

@@ -4,20 +4,21 @@
     verdict = judge.judge("Which year?", gold_answer="2019", predicted="It was 2019 [2].")
     verdict.correct, verdict.score, verdict.rationale
 
-Configuration is a :class:`~cdsjax.io.reader.ReaderConfig`; unset fields fall back to ``CDSJAX_JUDGE_URL``,
+Configuration is a :class:`~cdsjax.io.llm.ReaderConfig`; unset fields fall back to ``CDSJAX_JUDGE_URL``,
 ``CDSJAX_JUDGE_MODEL`` and ``CDSJAX_JUDGE_API_KEY`` (then ``OPENAI_API_KEY``). Failures are
-:class:`~cdsjax.io.reader.ReaderError`, with the same retries as the reader; a reply with no readable
+:class:`~cdsjax.io.llm.ReaderError`, with the same retries as the reader; a reply with no readable
 verdict is one of kind ``bad_response``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Any, Iterable, Mapping, Optional
 
-from cdsjax.io.reader import ABSTAIN, ChatClient, ReaderError, _oneline, strip_thinking
+from cdsjax.io.llm import ChatClient, ReaderError
+from cdsjax.io.reader import ABSTAIN
+from cdsjax.io.replies import find_json, oneline, strip_thinking
 
 JUDGE_PROMPT = f"""\
 You grade answers to questions about documents. You get a question, the reference answer and a candidate \
@@ -82,13 +83,13 @@ class Judge(ChatClient):
             {"role": "user", "content": f"Question: {question.strip()}\n\nReference answer: {gold_answer.strip()}"
                                         f"\n\nCandidate answer: {str(predicted).strip()}"},
         ]
-        content, _, _, model, latency = self.chat(messages)
+        reply = self.chat(messages)
         try:
-            correct, score, rationale = parse_verdict(content)
+            correct, score, rationale = parse_verdict(reply.content)
         except ValueError as err:
             raise ReaderError(f"the judge at {self.url} {err}", kind="bad_response", url=self.url) from None
-        return JudgeVerdict(correct=correct, score=score, rationale=rationale, raw=content, model=model,
-                            latency_s=latency)
+        return JudgeVerdict(correct=correct, score=score, rationale=rationale, raw=reply.content,
+                            model=reply.model, latency_s=reply.latency_s)
 
     def judge_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
         """Judges many predictions, ``config.concurrency`` at a time, in input order.
@@ -123,8 +124,10 @@ def parse_verdict(text: str) -> tuple:
       ValueError: no verdict can be read.
     """
     body = strip_thinking(text)
-    fields = _json_fields(body)
-    if fields is None:
+    fields = find_json(body, accept=lambda v: any(str(k).lower() in ("correct", "score") for k in v))
+    if fields is not None:
+        fields = {str(k).lower(): v for k, v in fields.items()}
+    else:
         fields = {}
         for name in ("correct", "score", "rationale"):
             pattern = r'["\']?rationale["\']?\s*[:=]\s*["\']?([^"\'\n]*)' if name == "rationale" else \
@@ -139,28 +142,14 @@ def parse_verdict(text: str) -> tuple:
     correct = _as_bool(fields.get("correct"))
     score = _as_float(fields.get("score"))
     if correct is None and score is None:
-        raise ValueError(f"sent no readable verdict: {_oneline(text, 200)!r}")
+        raise ValueError(f"sent no readable verdict: {oneline(text, 200)!r}")
     if score is None:
         score = 1.0 if correct else 0.0
     score = min(1.0, max(0.0, score))
     if correct is None:
         correct = score >= 0.5
     rationale = fields.get("rationale")
-    return correct, score, _oneline(rationale, 1000) if rationale else ""
-
-
-def _json_fields(text: str) -> Optional[dict]:
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            lowered = {str(k).lower(): v for k, v in value.items()}
-            if "correct" in lowered or "score" in lowered:
-                return lowered
-    return None
+    return correct, score, oneline(rationale, 1000) if rationale else ""
 
 
 def _as_bool(value: Any) -> Optional[bool]:

@@ -20,9 +20,11 @@ The judge (:mod:`cdsjax.io.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_M
 
 Every failure to get an answer is a :class:`ReaderError` with a one-line message and a ``kind``:
 ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``, ``model_not_found``,
-``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. Transient failures (connection errors,
-timeouts, HTTP 408/409/429/5xx, and replies that are malformed, empty or carry no message) are retried with
-exponential backoff (tenacity) before they are raised; ``timeout`` bounds the whole call, retries included.
+``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. The client and its retries are
+:class:`cdsjax.io.llm.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
+failures (connection errors, timeouts, HTTP 408/409/429/5xx, and replies that are malformed, empty or carry
+no message) are retried with exponential backoff (tenacity) before they are raised; ``timeout`` bounds the
+whole call, retries included. Replies are read by :mod:`cdsjax.io.replies`.
 :meth:`ChatClient.probe` is a quick reachability check to run before slow work, and :func:`error_dict`
 is the ``"error"`` object of ``cdsjax ask --json`` when reading fails.
 """
@@ -33,18 +35,14 @@ import base64
 import dataclasses
 import hashlib
 import math
-import os
 import random
 import re
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-import openai
-import tenacity
-from tqdm import tqdm
+# The client and the reply parsing live in llm / replies; the names stay importable from here.
+from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError  # noqa: F401
+from cdsjax.io.replies import parse_citations, strip_thinking  # noqa: F401
 
 TEXT_KINDS = ("text",)
 VISUAL_KINDS = ("figure", "table", "chart")
@@ -60,97 +58,6 @@ TOKENS_PER_IMAGE = 1500
 PROMPT_RESERVE_TOKENS = 1500
 MIN_OUTPUT_TOKENS = 256
 MAX_OUTPUT_TOKENS = 8192
-
-
-class ReaderError(RuntimeError):
-    """A failed reader or judge call, with a one-line message.
-
-    Attributes:
-      kind: what went wrong (see the module docstring for the list).
-      url: the server's base URL, when known.
-      attempts: how many requests were made before giving up (0 when none was sent).
-    """
-
-    def __init__(self, message: str, *, kind: str, url: Optional[str] = None, attempts: int = 0):
-        super().__init__(message)
-        self.kind = kind
-        self.url = url
-        self.attempts = attempts
-
-
-# Errors that every later request would hit too: a batch stops at the first one even when it collects errors.
-FATAL_KINDS = ("config", "unreachable", "model_not_found", "auth")
-
-
-@dataclasses.dataclass(frozen=True)
-class ReaderConfig:
-    """How to reach an OpenAI-compatible chat server and how to decode (reader and judge alike).
-
-    Attributes:
-      base_url: server URL ending in ``/v1``; None reads ``<PREFIX>_URL`` from the environment.
-      model: model name; None reads ``<PREFIX>_MODEL``, and failing that uses the server's only model.
-      api_key: None reads ``<PREFIX>_API_KEY``, then "EMPTY".
-      timeout: seconds one call may take in all, retries and waits between them included.
-      max_retries: retries of a transient failure (so at most ``max_retries + 1`` requests per call).
-      backoff: first wait between retries, in seconds; it doubles each retry, with up to ``backoff``
-        seconds of random jitter.
-      max_backoff: longest wait between retries, in seconds.
-      max_tokens: new tokens per answer (greedy decoding, paper: 1024).
-      temperature: sampling temperature; 0 is greedy.
-      max_text_chars: longest text passed per note (paper: 1500); longer text is cut.
-      concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
-      max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
-        length; None asks the server (vLLM reports it in /v1/models), else 32768.
-    """
-
-    base_url: Optional[str] = None
-    model: Optional[str] = None
-    api_key: Optional[str] = None
-    timeout: float = 300.0
-    max_retries: int = 3
-    backoff: float = 1.0
-    max_backoff: float = 30.0
-    max_tokens: int = 1024
-    temperature: float = 0.0
-    max_text_chars: int = 1500
-    concurrency: int = 8
-    max_model_len: Optional[int] = None
-
-    def __post_init__(self):
-        checks = {
-            "timeout": self.timeout > 0,
-            "max_retries": self.max_retries >= 0,
-            "backoff": self.backoff >= 0,
-            "max_backoff": self.max_backoff >= 0,
-            "max_tokens": self.max_tokens >= 1,
-            "temperature": self.temperature >= 0,
-            "max_text_chars": self.max_text_chars >= 1,
-            "concurrency": self.concurrency >= 1,
-            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"ReaderConfig.{name} is out of range: {getattr(self, name)!r}")
-
-    def resolve(self, env_prefix: str = "CDSJAX_READER", key_fallbacks: Sequence[str] = ()) -> "ReaderConfig":
-        """Fills unset connection fields from ``<env_prefix>_URL`` / ``_MODEL`` / ``_API_KEY``.
-
-        Raises:
-          ReaderError: (kind ``config``) when no URL is given either way.
-        """
-        env = os.environ
-        base_url = self.base_url or env.get(f"{env_prefix}_URL") or None
-        if not base_url:
-            raise ReaderError(f"no server URL configured: pass base_url or set {env_prefix}_URL", kind="config")
-        api_key = self.api_key or env.get(f"{env_prefix}_API_KEY")
-        for name in key_fallbacks:
-            api_key = api_key or env.get(name)
-        return dataclasses.replace(
-            self,
-            base_url=base_url.rstrip("/"),
-            model=self.model or env.get(f"{env_prefix}_MODEL") or None,
-            api_key=api_key or "EMPTY",
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,288 +270,8 @@ def _data_url(path: str, number: int) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-_CITATION = re.compile(r"\[\s*(\d+(?:\s*(?:[,;]|[-–])\s*\d+)*)\s*\]")
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
-def parse_citations(text: str, n_evidence: int) -> tuple:
-    """Evidence numbers cited as ``[2]``, ``[1, 3]``, ``[1][4]`` or ``[2-4]``, in order of first citation.
-
-    Numbers outside 1..n_evidence (years in brackets, say) are ignored.
-    """
-    seen: list = []
-    for match in _CITATION.finditer(text):
-        for piece in re.split(r"\s*[,;]\s*", match.group(1)):
-            bounds = [int(b) for b in re.split(r"\s*[-–]\s*", piece)]
-            lo, hi = bounds[0], bounds[-1]
-            numbers = range(lo, hi + 1) if lo <= hi and hi - lo < n_evidence else (lo, hi)
-            for k in numbers:
-                if 1 <= k <= n_evidence and k not in seen:
-                    seen.append(k)
-    return tuple(seen)
-
-
-def strip_thinking(text: str) -> str:
-    """Removes a reasoning model's ``<think>...</think>`` block (or everything before a lone ``</think>``)."""
-    text = _THINK.sub("", text)
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    return text.strip()
-
-
 def is_abstention(text: str) -> bool:
     return re.sub(r"[^a-z ]", "", text.lower()).strip().startswith(ABSTAIN.lower())
-
-
-def _oneline(text: Any, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-_CONTEXT_TOO_LONG = re.compile(
-    r"context length|context_length|context window|maximum model length|max_model_len|"
-    r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit)", re.IGNORECASE)
-
-
-class _MalformedReply(Exception):
-    """A reply that is not a usable chat completion (invalid JSON, no choices, no message content)."""
-
-
-def _is_transient(err: BaseException) -> bool:
-    if isinstance(err, (openai.APIConnectionError, _MalformedReply, ValueError)):  # ValueError: invalid JSON body
-        return True
-    if isinstance(err, openai.APIStatusError):
-        return err.status_code in (408, 409, 429) or err.status_code >= 500
-    return False
-
-
-def _tries(attempts: int) -> str:
-    return f"{attempts} attempt{'s' if attempts != 1 else ''}"
-
-
-def _server_message(err: openai.APIStatusError) -> str:
-    body = err.body
-    if isinstance(body, Mapping):
-        message = body.get("message") or body.get("detail") or body
-        return _oneline(message)
-    return _oneline(body if body else err.message)
-
-
-class ChatClient:
-    """Shared machinery of the reader and the judge: config, one openai client, retries, errors, batches."""
-
-    env_prefix = "CDSJAX_READER"
-    key_fallbacks: tuple = ()
-    role = "reader"
-
-    def __init__(self, config: Optional[ReaderConfig] = None, **overrides: Any):
-        config = config if config is not None else ReaderConfig()
-        if overrides:
-            config = dataclasses.replace(config, **overrides)
-        self.config = config.resolve(self.env_prefix, self.key_fallbacks)
-        self.url = self.config.base_url
-        # openai's own retries are off: tenacity retries instead, so backoff is configurable and errors
-        # can say how many attempts were made.
-        self.client = openai.OpenAI(base_url=self.url, api_key=self.config.api_key,
-                                    timeout=self.config.timeout, max_retries=0)
-        self._model = self.config.model
-        self._model_lock = threading.Lock()
-
-    def close(self) -> None:
-        self.client.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def list_models(self) -> list:
-        """The server's /v1/models entries as dicts (vLLM adds ``max_model_len``)."""
-        try:
-            page = self.client.models.list()
-        except openai.NotFoundError as err:
-            raise ReaderError(f"the {self.role} at {self.url} has no model list (HTTP 404: {_server_message(err)}); "
-                              f"check the URL (it usually ends in /v1)", kind="bad_request", url=self.url,
-                              attempts=1) from err
-        except openai.OpenAIError as err:
-            raise self._error(err, attempts=1) from err
-        return [m.model_dump() for m in page.data]
-
-    @property
-    def model(self) -> str:
-        """The configured model, or the server's only model when none is configured."""
-        with self._model_lock:
-            if self._model is None:
-                names = [m["id"] for m in self.list_models()]
-                if len(names) != 1:
-                    offered = ", ".join(names) if names else "none"
-                    raise ReaderError(
-                        f"no {self.role} model configured and the server at {self.url} offers {offered}: "
-                        f"pass model or set {self.env_prefix}_MODEL", kind="config", url=self.url)
-                self._model = names[0]
-            return self._model
-
-    def check(self) -> str:
-        """Confirms the server is up and serves the model; returns the model name."""
-        model = self.model
-        names = [m["id"] for m in self.list_models()]
-        if model not in names:
-            raise ReaderError(self._not_found_message(model, names), kind="model_not_found", url=self.url)
-        return model
-
-    def chat(self, messages: list, *, max_tokens: Optional[int] = None) -> tuple:
-        """One chat completion with retries.
-
-        Returns:
-          (content, finish_reason, usage dict or None, model name, latency in seconds).
-        """
-        cfg = self.config
-        start = time.perf_counter()
-        model = self.model
-        deadline = start + cfg.timeout
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(cfg.max_retries + 1) | tenacity.stop_before_delay(cfg.timeout),
-            wait=(tenacity.wait_exponential(multiplier=cfg.backoff, max=cfg.max_backoff)
-                  + tenacity.wait_random(0, cfg.backoff)),
-            retry=tenacity.retry_if_exception(_is_transient),
-            reraise=True,
-        )
-        attempts = 0
-        try:
-            for attempt in retrying:
-                with attempt:
-                    attempts = attempt.retry_state.attempt_number
-                    left = deadline - time.perf_counter()
-                    if left <= 0:
-                        raise openai.APITimeoutError(request=None)  # the deadline passed between attempts
-                    response = self.client.with_options(timeout=left).chat.completions.create(
-                        model=model, messages=messages, temperature=cfg.temperature,
-                        max_tokens=int(max_tokens or cfg.max_tokens))
-                    choices = getattr(response, "choices", None) or []
-                    if not choices or choices[0].message is None:
-                        raise _MalformedReply("a reply without choices")
-                    content = choices[0].message.content
-                    if content is None or not content.strip():
-                        raise _MalformedReply(f"an empty reply (finish_reason={choices[0].finish_reason})")
-        except openai.OpenAIError as err:
-            raise self._error(err, attempts) from err
-        except _MalformedReply as err:
-            raise ReaderError(f"the {self.role} at {self.url} sent {err} ({_tries(attempts)})",
-                              kind="bad_response", url=self.url, attempts=attempts) from None
-        except ValueError as err:  # the body was not valid JSON
-            raise ReaderError(f"the {self.role} at {self.url} sent a malformed reply (not valid JSON: "
-                              f"{_oneline(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
-                              attempts=attempts) from None
-        latency = time.perf_counter() - start
-        usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
-        return content, choices[0].finish_reason, usage, response.model or model, latency
-
-    def probe(self, timeout: float = 5.0) -> Optional["ReaderError"]:
-        """A quick reachability check (one ``GET /models``, no retries): None when the server answers and
-        serves the model, else the :class:`ReaderError` a call would end with."""
-        try:
-            page = self.client.with_options(timeout=min(timeout, self.config.timeout)).models.list()
-            names = [m.id for m in page.data]
-        except openai.NotFoundError:
-            return None  # some servers have no model list; the chat call will tell
-        except openai.OpenAIError as err:
-            return self._error(err, attempts=1)
-        except ValueError as err:
-            return ReaderError(f"the {self.role} at {self.url} sent a malformed model list (not valid JSON: "
-                               f"{_oneline(err, 120)})", kind="bad_response", url=self.url, attempts=1)
-        if self._model is not None and names and self._model not in names:
-            return ReaderError(self._not_found_message(self._model, names), kind="model_not_found", url=self.url)
-        if self._model is None:
-            try:
-                self.model
-            except ReaderError as err:
-                return err
-        return None
-
-    def _not_found_message(self, model: str, names: Sequence[str]) -> str:
-        offered = ", ".join(names) if names else "no models"
-        return f"model '{model}' not found at {self.url}; the server offers: {offered}"
-
-    def _error(self, err: openai.OpenAIError, attempts: int) -> ReaderError:
-        url, role = self.url, self.role
-        tries = _tries(attempts)
-        if isinstance(err, openai.APITimeoutError):
-            return ReaderError(f"the {role} at {url} did not answer within {self.config.timeout:g} s ({tries})",
-                               kind="timeout", url=url, attempts=attempts)
-        if isinstance(err, openai.APIConnectionError):
-            cause = _oneline(err.__cause__ or err.message, 200)
-            return ReaderError(f"cannot reach the {role} at {url}: {cause} ({tries}; is the server running?)",
-                               kind="unreachable", url=url, attempts=attempts)
-        if isinstance(err, openai.APIStatusError):
-            status, message = err.status_code, _server_message(err)
-            if status == 404:
-                return self._model_not_found(message, attempts)
-            if status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message):
-                return ReaderError(f"the request is too long for model '{self._model}' at {url}: {message}",
-                                   kind="context_too_long", url=url, attempts=attempts)
-            if status in (401, 403):
-                return ReaderError(f"the {role} at {url} refused the API key (HTTP {status}): {message}; "
-                                   f"set {self.env_prefix}_API_KEY", kind="auth", url=url, attempts=attempts)
-            if status == 429:
-                return ReaderError(f"the {role} at {url} is rate limiting (HTTP 429) after {tries}: {message}",
-                                   kind="rate_limited", url=url, attempts=attempts)
-            if status >= 500 or status in (408, 409):
-                return ReaderError(f"the {role} at {url} failed with HTTP {status} after {tries}: {message}",
-                                   kind="server_error", url=url, attempts=attempts)
-            return ReaderError(f"the {role} at {url} rejected the request (HTTP {status}): {message}",
-                               kind="bad_request", url=url, attempts=attempts)
-        return ReaderError(f"the {role} at {url} sent an unreadable response: {_oneline(err)}",
-                           kind="bad_response", url=url, attempts=attempts)
-
-    def _model_not_found(self, message: str, attempts: int) -> ReaderError:
-        model = self._model
-        try:
-            names = [m.id for m in self.client.models.list().data]
-        except openai.OpenAIError as err:
-            return ReaderError(
-                f"{self.url} answered HTTP 404 for model '{model}' ({message}) and could not list its models "
-                f"({_oneline(err, 120)}); check the URL (it usually ends in /v1) and the model name",
-                kind="model_not_found", url=self.url, attempts=attempts)
-        if model in names:
-            return ReaderError(f"the {self.role} at {self.url} answered HTTP 404: {message}",
-                               kind="bad_request", url=self.url, attempts=attempts)
-        return ReaderError(self._not_found_message(model, names), kind="model_not_found",
-                           url=self.url, attempts=attempts)
-
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], *, desc: str, progress: bool,
-            errors: str) -> list:
-        """Applies ``fn`` to each item with at most ``config.concurrency`` calls in flight; keeps order.
-
-        With ``errors="return"`` a failed item's exception takes its place in the result, except for
-        errors every later call would hit too (server unreachable, unknown model, refused key), which
-        stop the batch; with ``errors="raise"`` the first failure stops it.
-        """
-        if errors not in ("raise", "return"):
-            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
-        items = list(items)
-        results: list = [None] * len(items)
-        if not items:
-            return results
-        workers = min(self.config.concurrency, len(items))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"cdsjax-{self.role}")
-        try:
-            with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
-                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-                for future in as_completed(futures):
-                    try:
-                        results[futures[future]] = future.result()
-                    except Exception as err:
-                        if errors == "raise" or getattr(err, "kind", None) in FATAL_KINDS:
-                            raise
-                        results[futures[future]] = err
-                    bar.update()
-        except BaseException:
-            # Fail fast: drop queued calls and do not wait for the ones in flight.
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return results
 
 
 class Reader(ChatClient):
@@ -672,10 +299,11 @@ class Reader(ChatClient):
         return self._read(messages, len(items), max_tokens, warnings=tuple(missing))
 
     def _read(self, messages: list, n_evidence: int, max_tokens: Optional[int], warnings: tuple = ()) -> ReaderAnswer:
-        content, finish, usage, model, latency = self.chat(messages, max_tokens=max_tokens)
-        text = strip_thinking(content)
+        reply = self.chat(messages, max_tokens=max_tokens)
+        text = strip_thinking(reply.content)
         return ReaderAnswer(text=text, cited=parse_citations(text, n_evidence), abstained=is_abstention(text),
-                            usage=usage, latency_s=latency, model=model, finish_reason=finish, warnings=warnings)
+                            usage=reply.usage, latency_s=reply.latency_s, model=reply.model,
+                            finish_reason=reply.finish_reason, warnings=warnings)
 
     def answer_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
         """Answers many questions, ``config.concurrency`` at a time, in input order.

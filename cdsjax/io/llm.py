@@ -1,0 +1,409 @@
+"""The one client for OpenAI-compatible chat servers (vLLM, OpenAI, ...): reader, judge, VLM enrichment and
+the planning agent all call models through :class:`ChatClient`.
+
+One retry policy for every caller: transient failures (connection errors, timeouts, HTTP 408/409/429/5xx,
+and replies that are malformed, empty or carry no message) are retried with exponential backoff and
+jitter (tenacity) before they are raised; ``timeout`` bounds the whole call, retries included. Every
+failure is a :class:`ReaderError` with a one-line message and a ``kind`` (see :mod:`cdsjax.io.reader`).
+A call returns a :class:`ChatReply`; :mod:`cdsjax.io.replies` reads its text.
+
+    client = ChatClient(ReaderConfig(base_url="http://localhost:8000/v1", model="m"))
+    reply = client.chat([{"role": "user", "content": "Hi"}])
+    reply.content, reply.usage, reply.latency_s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import openai
+import tenacity
+from tqdm import tqdm
+
+from cdsjax.io.replies import oneline
+
+
+class ReaderError(RuntimeError):
+    """A failed chat call (reader, judge, VLM, planner), with a one-line message.
+
+    Attributes:
+      kind: what went wrong: ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``,
+        ``model_not_found``, ``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``.
+      url: the server's base URL, when known.
+      attempts: how many requests were made before giving up (0 when none was sent).
+      status: the HTTP status of the last answer, when the server sent one.
+    """
+
+    def __init__(self, message: str, *, kind: str, url: Optional[str] = None, attempts: int = 0,
+                 status: Optional[int] = None):
+        super().__init__(message)
+        self.kind = kind
+        self.url = url
+        self.attempts = attempts
+        self.status = status
+
+
+# Errors that every later request would hit too: a batch stops at the first one even when it collects errors.
+FATAL_KINDS = ("config", "unreachable", "model_not_found", "auth")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderConfig:
+    """How to reach an OpenAI-compatible chat server and how to decode (reader and judge alike).
+
+    Attributes:
+      base_url: server URL ending in ``/v1``; None reads ``<PREFIX>_URL`` from the environment.
+      model: model name; None reads ``<PREFIX>_MODEL``, and failing that uses the server's only model.
+      api_key: None reads ``<PREFIX>_API_KEY``, then "EMPTY".
+      timeout: seconds one call may take in all, retries and waits between them included.
+      max_retries: retries of a transient failure (so at most ``max_retries + 1`` requests per call).
+      backoff: first wait between retries, in seconds; it doubles each retry, with up to ``backoff``
+        seconds of random jitter.
+      max_backoff: longest wait between retries, in seconds.
+      max_tokens: new tokens per answer (greedy decoding, paper: 1024).
+      temperature: sampling temperature; 0 is greedy.
+      max_text_chars: longest text passed per note (paper: 1500); longer text is cut.
+      concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
+      max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
+        length; None asks the server (vLLM reports it in /v1/models), else 32768.
+    """
+
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key: Optional[str] = None
+    timeout: float = 300.0
+    max_retries: int = 3
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    max_text_chars: int = 1500
+    concurrency: int = 8
+    max_model_len: Optional[int] = None
+
+    def __post_init__(self):
+        checks = {
+            "timeout": self.timeout > 0,
+            "max_retries": self.max_retries >= 0,
+            "backoff": self.backoff >= 0,
+            "max_backoff": self.max_backoff >= 0,
+            "max_tokens": self.max_tokens >= 1,
+            "temperature": self.temperature >= 0,
+            "max_text_chars": self.max_text_chars >= 1,
+            "concurrency": self.concurrency >= 1,
+            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ReaderConfig.{name} is out of range: {getattr(self, name)!r}")
+
+    def resolve(self, env_prefix: str = "CDSJAX_READER", key_fallbacks: Sequence[str] = ()) -> "ReaderConfig":
+        """Fills unset connection fields from ``<env_prefix>_URL`` / ``_MODEL`` / ``_API_KEY``.
+
+        Raises:
+          ReaderError: (kind ``config``) when no URL is given either way.
+        """
+        env = os.environ
+        base_url = self.base_url or env.get(f"{env_prefix}_URL") or None
+        if not base_url:
+            raise ReaderError(f"no server URL configured: pass base_url or set {env_prefix}_URL", kind="config")
+        api_key = self.api_key or env.get(f"{env_prefix}_API_KEY")
+        for name in key_fallbacks:
+            api_key = api_key or env.get(name)
+        return dataclasses.replace(
+            self,
+            base_url=base_url.rstrip("/"),
+            model=self.model or env.get(f"{env_prefix}_MODEL") or None,
+            api_key=api_key or "EMPTY",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatReply:
+    """One chat completion.
+
+    Attributes:
+      content: the message text (never empty: an empty reply is an error).
+      finish_reason: "stop", or "length" when the reply hit max_tokens.
+      usage: the server's token counts (prompt_tokens, completion_tokens, total_tokens), or None.
+      model: the model that answered.
+      latency_s: wall time of the call, retries included.
+    """
+
+    content: str
+    finish_reason: Optional[str]
+    usage: Optional[dict]
+    model: str
+    latency_s: float
+
+
+_CONTEXT_TOO_LONG = re.compile(
+    r"context length|context_length|context window|maximum model length|max_model_len|"
+    r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit)", re.IGNORECASE)
+
+
+class _MalformedReply(Exception):
+    """A reply that is not a usable chat completion (invalid JSON, no choices, no message content)."""
+
+
+def _is_transient(err: BaseException) -> bool:
+    if isinstance(err, (openai.APIConnectionError, _MalformedReply, ValueError)):  # ValueError: invalid JSON body
+        return True
+    if isinstance(err, openai.APIStatusError):
+        return err.status_code in (408, 409, 429) or err.status_code >= 500
+    return False
+
+
+def _tries(attempts: int) -> str:
+    return f"{attempts} attempt{'s' if attempts != 1 else ''}"
+
+
+def _server_message(err: openai.APIStatusError) -> str:
+    body = err.body
+    if isinstance(body, Mapping):
+        message = body.get("message") or body.get("detail") or body
+        return oneline(message)
+    return oneline(body if body else err.message)
+
+
+class ChatClient:
+    """The one OpenAI-compatible chat client: config, one openai client, retries, errors, batches.
+
+    ``ChatClient(config)`` or ``ChatClient(base_url=..., model=...)`` (keyword overrides of
+    :class:`ReaderConfig`). The reader, the judge and VLM enrichment are subclasses or instances that differ
+    only in ``env_prefix`` (where unset connection fields are read from), ``key_fallbacks`` and ``role``
+    (the word error messages use).
+    """
+
+    env_prefix = "CDSJAX_READER"
+    key_fallbacks: tuple = ()
+    role = "reader"
+
+    def __init__(self, config: Optional[ReaderConfig] = None, **overrides: Any):
+        config = config if config is not None else ReaderConfig()
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        self.config = config.resolve(self.env_prefix, self.key_fallbacks)
+        self.url = self.config.base_url
+        # openai's own retries are off: tenacity retries instead, so backoff is configurable and errors
+        # can say how many attempts were made.
+        self.client = openai.OpenAI(base_url=self.url, api_key=self.config.api_key,
+                                    timeout=self.config.timeout, max_retries=0)
+        self._model = self.config.model
+        self._model_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def list_models(self) -> list:
+        """The server's /v1/models entries as dicts (vLLM adds ``max_model_len``)."""
+        try:
+            page = self.client.models.list()
+        except openai.NotFoundError as err:
+            raise ReaderError(f"the {self.role} at {self.url} has no model list (HTTP 404: {_server_message(err)}); "
+                              f"check the URL (it usually ends in /v1)", kind="bad_request", url=self.url,
+                              attempts=1) from err
+        except openai.OpenAIError as err:
+            raise self._error(err, attempts=1) from err
+        return [m.model_dump() for m in page.data]
+
+    @property
+    def model(self) -> str:
+        """The configured model, or the server's only model when none is configured."""
+        with self._model_lock:
+            if self._model is None:
+                names = [m["id"] for m in self.list_models()]
+                if len(names) != 1:
+                    offered = ", ".join(names) if names else "none"
+                    raise ReaderError(
+                        f"no {self.role} model configured and the server at {self.url} offers {offered}: "
+                        f"pass model or set {self.env_prefix}_MODEL", kind="config", url=self.url)
+                self._model = names[0]
+            return self._model
+
+    def check(self) -> str:
+        """Confirms the server is up and serves the model; returns the model name."""
+        model = self.model
+        names = [m["id"] for m in self.list_models()]
+        if model not in names:
+            raise ReaderError(self._not_found_message(model, names), kind="model_not_found", url=self.url)
+        return model
+
+    def chat(self, messages: list, *, max_tokens: Optional[int] = None) -> ChatReply:
+        """One chat completion, retrying transient failures (see the module docstring).
+
+        Args:
+          messages: OpenAI chat messages.
+          max_tokens: new-token limit for this call (default ``config.max_tokens``).
+
+        Raises:
+          ReaderError: no usable reply within ``config.timeout`` and ``config.max_retries`` retries.
+        """
+        cfg = self.config
+        start = time.perf_counter()
+        model = self.model
+        deadline = start + cfg.timeout
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(cfg.max_retries + 1) | tenacity.stop_before_delay(cfg.timeout),
+            wait=(tenacity.wait_exponential(multiplier=cfg.backoff, max=cfg.max_backoff)
+                  + tenacity.wait_random(0, cfg.backoff)),
+            retry=tenacity.retry_if_exception(_is_transient),
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        raise openai.APITimeoutError(request=None)  # the deadline passed between attempts
+                    response = self.client.with_options(timeout=left).chat.completions.create(
+                        model=model, messages=messages, temperature=cfg.temperature,
+                        max_tokens=int(max_tokens or cfg.max_tokens))
+                    choices = getattr(response, "choices", None) or []
+                    if not choices or choices[0].message is None:
+                        raise _MalformedReply("a reply without choices")
+                    content = choices[0].message.content
+                    if content is None or not content.strip():
+                        raise _MalformedReply(f"an empty reply (finish_reason={choices[0].finish_reason})")
+        except openai.OpenAIError as err:
+            raise self._error(err, attempts) from err
+        except _MalformedReply as err:
+            raise ReaderError(f"the {self.role} at {self.url} sent {err} ({_tries(attempts)})",
+                              kind="bad_response", url=self.url, attempts=attempts) from None
+        except ValueError as err:  # the body was not valid JSON
+            raise ReaderError(f"the {self.role} at {self.url} sent a malformed reply (not valid JSON: "
+                              f"{oneline(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
+                              attempts=attempts) from None
+        latency = time.perf_counter() - start
+        usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
+        return ChatReply(content=content, finish_reason=choices[0].finish_reason, usage=usage,
+                         model=response.model or model, latency_s=latency)
+
+    def probe(self, timeout: float = 5.0) -> Optional["ReaderError"]:
+        """A quick reachability check (one ``GET /models``, no retries): None when the server answers and
+        serves the model, else the :class:`ReaderError` a call would end with."""
+        try:
+            page = self.client.with_options(timeout=min(timeout, self.config.timeout)).models.list()
+            names = [m.id for m in page.data]
+        except openai.NotFoundError:
+            return None  # some servers have no model list; the chat call will tell
+        except openai.OpenAIError as err:
+            return self._error(err, attempts=1)
+        except ValueError as err:
+            return ReaderError(f"the {self.role} at {self.url} sent a malformed model list (not valid JSON: "
+                               f"{oneline(err, 120)})", kind="bad_response", url=self.url, attempts=1)
+        if self._model is not None and names and self._model not in names:
+            return ReaderError(self._not_found_message(self._model, names), kind="model_not_found", url=self.url)
+        if self._model is None:
+            try:
+                self.model
+            except ReaderError as err:
+                return err
+        return None
+
+    def _not_found_message(self, model: str, names: Sequence[str]) -> str:
+        offered = ", ".join(names) if names else "no models"
+        return f"model '{model}' not found at {self.url}; the server offers: {offered}"
+
+    def _error(self, err: openai.OpenAIError, attempts: int) -> ReaderError:
+        url, role = self.url, self.role
+        tries = _tries(attempts)
+        if isinstance(err, openai.APITimeoutError):
+            return ReaderError(f"the {role} at {url} did not answer within {self.config.timeout:g} s ({tries})",
+                               kind="timeout", url=url, attempts=attempts)
+        if isinstance(err, openai.APIConnectionError):
+            cause = oneline(err.__cause__ or err.message, 200)
+            return ReaderError(f"cannot reach the {role} at {url}: {cause} ({tries}; is the server running?)",
+                               kind="unreachable", url=url, attempts=attempts)
+        if isinstance(err, openai.APIStatusError):
+            out = self._status_error(err, attempts)
+            out.status = err.status_code
+            return out
+        return ReaderError(f"the {role} at {url} sent an unreadable response: {oneline(err)}",
+                           kind="bad_response", url=url, attempts=attempts)
+
+    def _status_error(self, err: openai.APIStatusError, attempts: int) -> ReaderError:
+        url, role = self.url, self.role
+        tries = _tries(attempts)
+        status, message = err.status_code, _server_message(err)
+        if status == 404:
+            return self._model_not_found(message, attempts)
+        if status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message):
+            return ReaderError(f"the request is too long for model '{self._model}' at {url}: {message}",
+                               kind="context_too_long", url=url, attempts=attempts)
+        if status in (401, 403):
+            return ReaderError(f"the {role} at {url} refused the API key (HTTP {status}): {message}; "
+                               f"set {self.env_prefix}_API_KEY", kind="auth", url=url, attempts=attempts)
+        if status == 429:
+            return ReaderError(f"the {role} at {url} is rate limiting (HTTP 429) after {tries}: {message}",
+                               kind="rate_limited", url=url, attempts=attempts)
+        if status >= 500 or status in (408, 409):
+            return ReaderError(f"the {role} at {url} failed with HTTP {status} after {tries}: {message}",
+                               kind="server_error", url=url, attempts=attempts)
+        return ReaderError(f"the {role} at {url} rejected the request (HTTP {status}): {message}",
+                           kind="bad_request", url=url, attempts=attempts)
+
+    def _model_not_found(self, message: str, attempts: int) -> ReaderError:
+        model = self._model
+        try:
+            names = [m.id for m in self.client.models.list().data]
+        except openai.OpenAIError as err:
+            return ReaderError(
+                f"{self.url} answered HTTP 404 for model '{model}' ({message}) and could not list its models "
+                f"({oneline(err, 120)}); check the URL (it usually ends in /v1) and the model name",
+                kind="model_not_found", url=self.url, attempts=attempts)
+        if model in names:
+            return ReaderError(f"the {self.role} at {self.url} answered HTTP 404: {message}",
+                               kind="bad_request", url=self.url, attempts=attempts)
+        return ReaderError(self._not_found_message(model, names), kind="model_not_found",
+                           url=self.url, attempts=attempts)
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], *, desc: str, progress: bool,
+            errors: str) -> list:
+        """Applies ``fn`` to each item with at most ``config.concurrency`` calls in flight; keeps order.
+
+        With ``errors="return"`` a failed item's exception takes its place in the result, except for
+        errors every later call would hit too (server unreachable, unknown model, refused key), which
+        stop the batch; with ``errors="raise"`` the first failure stops it.
+        """
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
+        items = list(items)
+        results: list = [None] * len(items)
+        if not items:
+            return results
+        workers = min(self.config.concurrency, len(items))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"cdsjax-{self.role}")
+        try:
+            with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+                for future in as_completed(futures):
+                    try:
+                        results[futures[future]] = future.result()
+                    except Exception as err:
+                        if errors == "raise" or getattr(err, "kind", None) in FATAL_KINDS:
+                            raise
+                        results[futures[future]] = err
+                    bar.update()
+        except BaseException:
+            # Fail fast: drop queued calls and do not wait for the ones in flight.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return results
+
+

@@ -1,0 +1,103 @@
+"""Model replies as text, JSON and citations: the one place that reads what a chat model wrote.
+
+The reader, the judge, VLM enrichment and the planning agent all go through these functions, so a reply
+is read the same way everywhere:
+
+    strip_thinking("<THINK>plan</think> 42 [2]")      # "42 [2]"
+    parse_citations("91.2% [3], see [1-2]", 5)        # (3, 1, 2)
+    strip_citations("Heron [1].")                     # "Heron."
+    find_json('Sure: ```json\\n{"a": 1,}\\n```')       # {"a": 1}
+
+Nothing here talks to a server (:mod:`cdsjax.io.llm` does) or imports more than the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable, Optional, Tuple, Union
+
+# A reasoning model's thinking block; tags in any case (some templates write <Think>).
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_THINK_END = re.compile(r"</think>", re.IGNORECASE)
+
+# An evidence citation: [2], [1, 3], [1; 4], [2-4], [2–4].
+_CITATION = re.compile(r"\[\s*(\d+(?:\s*[,;\-–]\s*\d+)*)\s*\]")
+_CITATION_MARK = re.compile(r"\s*" + _CITATION.pattern)
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+
+
+def strip_thinking(text: str) -> str:
+    """The reply without a reasoning model's ``<think>...</think>`` blocks (tags in any case), and without
+    everything before a lone closing tag (templates that open the block in the prompt); stripped."""
+    text = _THINK.sub("", text)
+    return _THINK_END.split(text)[-1].strip()
+
+
+def oneline(text: Any, limit: int = 300) -> str:
+    """``text`` on one line (runs of whitespace become one space), cut to ``limit`` characters with "…"."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_citations(text: str, n_evidence: int) -> tuple:
+    """Evidence numbers cited as ``[2]``, ``[1, 3]``, ``[1][4]`` or ``[2-4]``, in order of first citation.
+
+    Numbers outside 1..n_evidence (years in brackets, say) are ignored.
+    """
+    seen: list = []
+    for match in _CITATION.finditer(text):
+        for piece in re.split(r"\s*[,;]\s*", match.group(1)):
+            bounds = [int(b) for b in re.split(r"\s*[-–]\s*", piece)]
+            lo, hi = bounds[0], bounds[-1]
+            numbers = range(lo, hi + 1) if lo <= hi and hi - lo < n_evidence else (lo, hi)
+            for k in numbers:
+                if 1 <= k <= n_evidence and k not in seen:
+                    seen.append(k)
+    return tuple(seen)
+
+
+def strip_citations(text: str) -> str:
+    """``text`` without its citation marks (and the spaces before them); the marks :func:`parse_citations`
+    reads, whatever numbers they hold."""
+    return _CITATION_MARK.sub("", text)
+
+
+def find_json(text: Any, *, want: Union[type, Tuple[type, ...]] = dict,
+              accept: Optional[Callable[[Any], bool]] = None) -> Any:
+    """The first JSON value of type ``want`` (for which ``accept`` holds) in a model reply, or None.
+
+    Thinking blocks are dropped first (:func:`strip_thinking`). Code fences are searched before the rest
+    of the reply; prose around the JSON is skipped, and curly quotes and trailing commas are repaired.
+    Within a piece of text the value that starts first wins, so a whole object beats one nested in it.
+
+    Args:
+      text: the reply; anything but a string gives None.
+      want: the type (or types) of value wanted, e.g. ``dict`` or ``(dict, list)``.
+      accept: an extra test a candidate value must pass (e.g. "has a 'score' key").
+    """
+    if not isinstance(text, str):
+        return None
+    body = strip_thinking(text)
+    for chunk in [m.group(1) for m in _FENCE.finditer(body)] + [body]:
+        repaired = _TRAILING_COMMA.sub(r"\1", chunk.translate(_QUOTES))
+        found = [f for f in (_first_json(v, want, accept) for v in (chunk, repaired)) if f is not None]
+        if found:
+            return min(found, key=lambda f: f[0])[1]
+    return None
+
+
+def _first_json(text: str, want, accept) -> Optional[Tuple[int, Any]]:
+    """(start, value) of the first decodable JSON value in ``text`` of type ``want`` passing ``accept``."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[{\[]", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, want) and (accept is None or accept(value)):
+            return match.start(), value
+    return None
