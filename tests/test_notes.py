@@ -15,7 +15,7 @@ from cdsjax.io.notes import (
     leading_sentences,
     structural_links,
 )
-from cdsjax.io.vlm import VLMError, enrich_vlm, parse_json_reply
+from cdsjax.io.vlm import VLMError, enrich_vlm
 from tests.openai_server import OpenAIServer, message_images, message_text
 
 
@@ -180,11 +180,3 @@ def test_vlm_unreachable_is_one_line(tmp_path):
     with pytest.raises(VLMError, match=r"cannot reach the VLM at http://127.0.0.1:9/v1") as info:
         enrich_vlm(notes, els, set(), config=cfg)
     assert "\n" not in str(info.value)
-
-
-def test_parse_json_reply():
-    assert parse_json_reply('Sure! {"a": 1} trailing') == {"a": 1}
-    assert parse_json_reply("```json\n{\"summary\": \"x\"}\n```") == {"summary": "x"}
-    assert parse_json_reply("{broken {\"ok\": true}") == {"ok": True}
-    assert parse_json_reply("no json") is None and parse_json_reply(None) is None
-    assert parse_json_reply("[1, 2]") is None

@@ -10,8 +10,9 @@ Three passes, each one request per note, sent concurrently (``config.enrich.conc
 3. evolve (``evolution_rounds`` T): in each round every note sees its linked neighbours' current
    summaries and may rewrite its own summary/keywords/tags (all notes update from the same snapshot).
 
-A note whose describe request fails (HTTP error, a reply that is not a JSON object) keeps its lite
-values and is marked ``enrichment="lite-fallback"`` (a described note is ``"vlm"``); the failures are
+Requests go through :class:`VLMClient` (the one chat client, :mod:`cdsjax.io.llm`, with its retries)
+and replies are read by :func:`cdsjax.io.replies.find_json`. A note whose describe request fails (HTTP
+error, a reply that is not a JSON object) keeps its lite values and is marked ``enrichment="lite-fallback"`` (a described note is ``"vlm"``); the failures are
 counted with their reasons in a :class:`VLMReport`, and failed notes take no part in the later passes.
 After ``FAILURE_LIMIT`` failures in a row with no success at all the server is taken to be broken and the
 remaining notes are not sent. An unreachable endpoint raises :class:`VLMError` with one line naming the URL.
@@ -22,14 +23,14 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
-import json
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from cdsjax.io.elements import Element
+from cdsjax.io.llm import FATAL_KINDS, ChatClient, ReaderConfig, ReaderError
+from cdsjax.io.replies import find_json
 
 DESCRIBE_PROMPT = """\
 [cdsjax:describe]
@@ -86,22 +87,6 @@ class VLMReport:
         return ", ".join(f"{r} x{n}" for r, n in sorted(self.reasons.items(), key=lambda t: -t[1]))
 
 
-def parse_json_reply(text: Optional[str]) -> Optional[dict]:
-    """The first JSON object in a model reply (code fences and prose around it are ignored)."""
-    if not text:
-        return None
-    text = re.sub(r"```(?:json)?", "", text)
-    start = text.find("{")
-    while start != -1:
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(text[start:])
-        except ValueError:
-            start = text.find("{", start + 1)
-            continue
-        return obj if isinstance(obj, dict) else None
-    return None
-
-
 def _str_list(value, limit: int) -> Optional[List[str]]:
     if not isinstance(value, list):
         return None
@@ -109,45 +94,38 @@ def _str_list(value, limit: int) -> Optional[List[str]]:
     return out[:limit]
 
 
-class _Client:
-    def __init__(self, config):
-        import openai
+class VLMClient(ChatClient):
+    """The chat client (:class:`~cdsjax.io.llm.ChatClient`: one retry policy for every model call) as the
+    enrichment VLM: errors name "the VLM"; an empty ``enrich.vlm_api_key`` reads ``CDSJAX_VLM_API_KEY``,
+    then ``OPENAI_API_KEY``."""
 
+    env_prefix = "CDSJAX_VLM"
+    key_fallbacks = ("OPENAI_API_KEY",)
+    role = "VLM"
+
+    @classmethod
+    def from_config(cls, config) -> "VLMClient":
+        """The client ``config.enrich`` describes (URL, model, key, timeout per call, retries, max_tokens)."""
         cfg = config.enrich
-        self.url = str(cfg.vlm_url)
-        self.model = str(cfg.vlm_model)
-        self.max_tokens = int(cfg.max_tokens)
-        api_key = str(cfg.vlm_api_key or "") or None
-        self._errors = (openai.APIConnectionError, openai.APITimeoutError)
-        self._status = openai.APIStatusError
-        self.client = openai.OpenAI(base_url=self.url, api_key=api_key or "EMPTY", timeout=float(cfg.timeout),
-                                    max_retries=int(cfg.max_retries))
-
-    def chat(self, system: str, content) -> Optional[str]:
-        return self.ask(system, content)[0]
+        return cls(ReaderConfig(base_url=str(cfg.vlm_url), model=str(cfg.vlm_model) or None,
+                                api_key=str(cfg.vlm_api_key or "") or None, timeout=float(cfg.timeout),
+                                max_retries=int(cfg.max_retries), backoff=0.5, max_backoff=8.0,
+                                max_tokens=int(cfg.max_tokens), temperature=0.0,
+                                concurrency=max(1, int(cfg.concurrency))))
 
     def ask(self, system: str, content) -> Tuple[Optional[str], str]:
-        """``(reply text, "")``, or ``(None, reason)`` when the request failed."""
+        """``(reply text, "")``, or ``(None, reason)`` when the request failed for this note.
+
+        Raises:
+          VLMError: the endpoint cannot be used at all (unreachable, too slow, refused key, unknown model).
+        """
         try:
-            resp = self.client.chat.completions.create(
-                model=self.model,
-                messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
-                temperature=0.0,
-                max_tokens=self.max_tokens,
-            )
-        except self._errors as err:
-            raise VLMError(f"cannot reach the VLM at {self.url} ({type(err).__name__}: {err})") from None
-        except self._status as err:
-            if err.status_code in (401, 403, 404):
-                raise VLMError(f"the VLM at {self.url} refused the request (HTTP {err.status_code}): "
-                               f"{' '.join(str(err).split())[:200]}") from None
-            return None, f"HTTP {err.status_code}"
-        except Exception as err:  # a body that is not a chat completion (plain text, HTML, ...)
-            return None, f"unreadable response ({type(err).__name__})"
-        if not getattr(resp, "choices", None) or resp.choices[0].message is None:
-            return None, "reply without a message"
-        content = resp.choices[0].message.content
-        return (content, "") if content and content.strip() else (None, "empty reply")
+            reply = self.chat([{"role": "system", "content": system}, {"role": "user", "content": content}])
+        except ReaderError as err:
+            if err.kind in FATAL_KINDS + ("timeout",):
+                raise VLMError(str(err)) from None
+            return None, f"HTTP {err.status}" if err.status else err.kind.replace("_", " ")
+        return reply.content, ""
 
 
 def _image_part(path: Optional[str], image_root: Optional[Path]):
@@ -206,7 +184,7 @@ def enrich_vlm_report(notes, elements: Sequence[Element], edges: Set[Tuple[int, 
         evolution rounds (they already ran for the document).
     """
     cfg = config.enrich
-    client = _Client(config)
+    client = VLMClient.from_config(config)
     max_chars = int(cfg.max_text_chars)
     workers = max(1, int(cfg.concurrency))
     report = VLMReport(url=client.url)
@@ -220,7 +198,7 @@ def enrich_vlm_report(notes, elements: Sequence[Element], edges: Set[Tuple[int, 
                 return None, f"not sent after {FAILURE_LIMIT} failures in a row"
             report.requests += 1
         text, reason = client.ask(system, content)
-        reply = parse_json_reply(text) if text is not None else None
+        reply = find_json(text) if text is not None else None
         if text is not None and reply is None:
             reason = "reply is not a JSON object"
         with lock:
