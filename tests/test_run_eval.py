@@ -133,7 +133,7 @@ def test_score_problem_pdf_and_text():
 
 
 def test_text_links_window_and_figure_references():
-    corpus = D.Corpus("c", ("p0", "p1", "p2", "f0", "f1"),
+    corpus = D.TextCorpus("c", ("p0", "p1", "p2", "f0", "f1"),
                       ("Intro.", "As Fig. 2 shows, ...", "See Table 1 and figure 12.",
                        "Figure 2: A plot.", "Table 1: Numbers."),
                       ("paragraph",) * 3 + ("caption",) * 2)

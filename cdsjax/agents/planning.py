@@ -286,6 +286,7 @@ class PlanningResult:
 # --------------------------------------------------------------------------- the agent
 
 
+@dataclasses.dataclass(eq=False)
 class PlanningAgent:
     """Answers questions with a planning graph of sub-questions (see the module docstring).
 
@@ -308,36 +309,36 @@ class PlanningAgent:
       cycles: "repair" or "reject" cyclic plans (see :func:`~cdsjax.agents.plan.parse_plan`).
     """
 
-    def __init__(self, reader: Union[ReaderConfig, Reader], retrieve: RetrieveFn, *,
-                 combined: Optional[str] = None, tau_max: int = 3, max_nodes: int = MAX_NODES,
-                 max_depth: int = MAX_DEPTH, max_final_evidence: int = 20, digest_items: int = 5,
-                 digest_chars: int = 400, json_retries: int = 1, plan_max_tokens: int = 1024,
-                 cycles: str = "repair"):
-        if combined not in COMBINED_MODES:
-            raise ValueError(f"combined must be one of {COMBINED_MODES}, got {combined!r}")
-        checks = {"tau_max": tau_max >= 0, "max_nodes": max_nodes >= 1, "max_depth": max_depth >= 1,
-                  "max_final_evidence": max_final_evidence >= 1, "digest_items": digest_items >= 0,
-                  "digest_chars": digest_chars >= 1, "json_retries": json_retries >= 0,
-                  "plan_max_tokens": plan_max_tokens >= 1}
+    reader: Union[ReaderConfig, Reader]
+    retrieve: RetrieveFn
+    _: dataclasses.KW_ONLY
+    combined: Optional[str] = None
+    tau_max: int = 3
+    max_nodes: int = MAX_NODES
+    max_depth: int = MAX_DEPTH
+    max_final_evidence: int = 20
+    digest_items: int = 5
+    digest_chars: int = 400
+    json_retries: int = 1
+    plan_max_tokens: int = 1024
+    cycles: str = "repair"
+
+    def __post_init__(self):
+        if self.combined not in COMBINED_MODES:
+            raise ValueError(f"combined must be one of {COMBINED_MODES}, got {self.combined!r}")
+        checks = {"tau_max": self.tau_max >= 0, "max_nodes": self.max_nodes >= 1, "max_depth": self.max_depth >= 1,
+                  "max_final_evidence": self.max_final_evidence >= 1, "digest_items": self.digest_items >= 0,
+                  "digest_chars": self.digest_chars >= 1, "json_retries": self.json_retries >= 0,
+                  "plan_max_tokens": self.plan_max_tokens >= 1}
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"{name} is out of range: {locals()[name]!r}")
-        if cycles not in ("repair", "reject"):
-            raise ValueError(f"cycles must be 'repair' or 'reject', got {cycles!r}")
-        if not callable(retrieve):
+                raise ValueError(f"{name} is out of range: {getattr(self, name)!r}")
+        if self.cycles not in ("repair", "reject"):
+            raise ValueError(f"cycles must be 'repair' or 'reject', got {self.cycles!r}")
+        if not callable(self.retrieve):
             raise TypeError("retrieve must be callable: retrieve(queries) -> list of evidence lists")
-        self.reader = reader if isinstance(reader, Reader) else Reader(reader)
-        self.retrieve = retrieve
-        self.combined = combined
-        self.tau_max = tau_max
-        self.max_nodes = max_nodes
-        self.max_depth = max_depth
-        self.max_final_evidence = max_final_evidence
-        self.digest_items = digest_items
-        self.digest_chars = digest_chars
-        self.json_retries = json_retries
-        self.plan_max_tokens = plan_max_tokens
-        self.cycles = cycles
+        if not isinstance(self.reader, Reader):
+            self.reader = Reader(self.reader)
 
     # ------------------------------------------------------------------ run
     def run(self, question: str) -> PlanningResult:

@@ -91,7 +91,7 @@ class Query:
 
 
 @dataclasses.dataclass(frozen=True)
-class Corpus:
+class TextCorpus:
     """The notes of one text corpus (a QASPER paper, a HotpotQA question's context).
 
     Attributes:
@@ -128,13 +128,13 @@ class Benchmark:
       name: ``"mmlongbench"``, ``"qasper"``, ``"hotpotqa"`` or ``"visdom/<subset>"``.
       queries: the questions, in file order.
       documents: ``doc_id -> PDF path`` (PDF benchmarks; empty for text ones).
-      corpora: ``corpus_id -> Corpus`` (text benchmarks; empty for PDF ones).
+      corpora: ``corpus_id -> TextCorpus`` (text benchmarks; empty for PDF ones).
     """
 
     name: str
     queries: List[Query]
     documents: Dict[str, pathlib.Path] = dataclasses.field(default_factory=dict)
-    corpora: Dict[str, Corpus] = dataclasses.field(default_factory=dict)
+    corpora: Dict[str, TextCorpus] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.queries)
@@ -167,6 +167,15 @@ def _read_json(path: pathlib.Path) -> Any:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _read_json_file(path: pathlib.Path, what: str, kind: type, shape: str) -> Any:
+    """The JSON file at ``path`` (``what`` names it when it is missing); it must hold a ``kind`` (a JSON
+    ``shape``)."""
+    data = _read_json(_require_file(path, what))
+    if not isinstance(data, kind):
+        raise ValueError(f"{path}: expected a JSON {shape}")
+    return data
 
 
 def _norm_text(s: str) -> str:
@@ -260,10 +269,8 @@ def load_mmlongbench(data_root=None, max_queries: Optional[int] = None, *,
     if page_source not in PAGE_SOURCES:
         raise ValueError(f"page_source must be one of {PAGE_SOURCES}, got {page_source!r}")
     root = resolve_data_root(data_root)
-    samples_path = _require_file(root / MMLONGBENCH_SAMPLES, "MMLongBench samples")
-    samples = _read_json(samples_path)
-    if not isinstance(samples, list):
-        raise ValueError(f"{samples_path}: expected a JSON list of questions")
+    samples_path = root / MMLONGBENCH_SAMPLES
+    samples = _read_json_file(samples_path, "MMLongBench samples", list, "list of questions")
     mmdocir = {}
     if with_boxes or page_source == "mmdocir":
         mmdocir = _mmdocir_index(_require_file(root / MMLONGBENCH_MMDOCIR, "MMDocIR annotations"))
@@ -365,7 +372,7 @@ class _TextMatcher:
         return hits[0] if len(hits) == 1 else None
 
 
-def _qasper_corpus(paper_id: str, paper: dict) -> Tuple[Corpus, _TextMatcher, _TextMatcher]:
+def _qasper_corpus(paper_id: str, paper: dict) -> Tuple[TextCorpus, _TextMatcher, _TextMatcher]:
     ids, texts, kinds, sections = [], [], [], []
     seen = set()
     for section in paper.get("full_text", []):
@@ -388,7 +395,7 @@ def _qasper_corpus(paper_id: str, paper: dict) -> Tuple[Corpus, _TextMatcher, _T
         texts.append(caption)
         kinds.append("caption")
         sections.append(fig.get("file"))
-    corpus = Corpus(paper_id, tuple(ids), tuple(texts), tuple(kinds),
+    corpus = TextCorpus(paper_id, tuple(ids), tuple(texts), tuple(kinds),
                     meta={"title": paper.get("title"), "sections": sections})
     return (corpus, _TextMatcher(ids[:n_par], texts[:n_par]),
             _TextMatcher(ids[n_par:], texts[n_par:]))
@@ -417,11 +424,9 @@ def load_qasper(data_root=None, max_queries: Optional[int] = None, *,
       ``answerable`` (some annotator answered) and ``unmatched_evidence``.
     """
     root = resolve_data_root(data_root)
-    path = _require_file(root / QASPER_FILE, "QASPER file")
-    papers = _read_json(path)
-    if not isinstance(papers, dict):
-        raise ValueError(f"{path}: expected a JSON object keyed by paper id")
-    corpora: Dict[str, Corpus] = {}
+    path = root / QASPER_FILE
+    papers = _read_json_file(path, "QASPER file", dict, "object keyed by paper id")
+    corpora: Dict[str, TextCorpus] = {}
     queries: List[Query] = []
     for paper_id, paper in _take(list(papers.items()), max_papers):
         if max_queries is not None and len(queries) >= max_queries:
@@ -486,11 +491,9 @@ def load_hotpotqa(data_root=None, max_queries: Optional[int] = None) -> Benchmar
       ``level`` and the raw ``supporting_facts``.
     """
     root = resolve_data_root(data_root)
-    path = _require_file(root / HOTPOTQA_FILE, "HotpotQA file")
-    items = _read_json(path)
-    if not isinstance(items, list):
-        raise ValueError(f"{path}: expected a JSON list of questions")
-    corpora: Dict[str, Corpus] = {}
+    path = root / HOTPOTQA_FILE
+    items = _read_json_file(path, "HotpotQA file", list, "list of questions")
+    corpora: Dict[str, TextCorpus] = {}
     queries: List[Query] = []
     for i, item in _take(list(enumerate(items)), max_queries):
         qid = str(item.get("_id") or item.get("id") or f"hotpotqa-{i:04d}")
@@ -507,7 +510,7 @@ def load_hotpotqa(data_root=None, max_queries: Optional[int] = None) -> Benchmar
         if missing:
             raise ValueError(f"{path}: question {qid}: supporting titles {missing} "
                              "are not in its context")
-        corpora[qid] = Corpus(qid, tuple(ids), tuple(texts), ("paragraph",) * len(ids),
+        corpora[qid] = TextCorpus(qid, tuple(ids), tuple(texts), ("paragraph",) * len(ids),
                               meta={"titles": [t for t, _ in item["context"]]})
         queries.append(Query(
             qid=qid,

@@ -25,8 +25,21 @@ class IngestError(Exception):
         return (type(self), (self.path, self.reason))
 
 
+class Record:
+    """Dict round trip of a dataclass record (elements and notes are stored as JSON)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """The record from a dict; keys that are not fields (from a newer or older version) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
 @dataclasses.dataclass
-class Element:
+class Element(Record):
     """One unit of evidence found in a document.
 
     Attributes:
@@ -61,13 +74,6 @@ class Element:
     label: str = ""
     parent: int = -1
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Element":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def union(boxes: Sequence[Sequence[float]]) -> List[float]:

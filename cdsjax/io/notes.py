@@ -21,7 +21,7 @@ import dataclasses
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from cdsjax.io.elements import Element, gap
+from cdsjax.io.elements import Element, Record, gap
 
 NOTES_VERSION = "notes-1"
 
@@ -32,7 +32,7 @@ _LABEL_NAMES = {"figure": "Figure", "fig.": "Figure", "table": "Table", "tab.": 
 
 
 @dataclasses.dataclass
-class Note:
+class Note(Record):
     """One retrievable unit. ``bbox`` is in PDF points (origin top-left), ``page`` 0-based."""
 
     note_id: str
@@ -54,14 +54,6 @@ class Note:
     # "lite-fallback" (the VLM was asked and failed: lite values kept, retried on the next run)
     enrichment: str = "lite"
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Note":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
 
 def embedding_text(note) -> str:
     """The text that is embedded for a note: summary, then its keywords."""
@@ -71,27 +63,15 @@ def embedding_text(note) -> str:
     return f"{summary} keywords: {', '.join(keywords)}" if keywords else summary
 
 
+# Element fields a note carries unchanged (the bbox is copied as a new list).
+_COPIED_FIELDS = ("doc_id", "page", "kind", "text", "caption", "footnote", "image_path", "reading_order", "role",
+                  "label")
+
+
 def notes_from_elements(elements: Sequence[Element]) -> List[Note]:
     """One note per element, with everything structural copied over (no enrichment yet)."""
-    notes = []
-    for el in elements:
-        notes.append(
-            Note(
-                note_id=f"{el.doc_id}#{el.reading_order}",
-                doc_id=el.doc_id,
-                page=el.page,
-                bbox=list(el.bbox),
-                kind=el.kind,
-                text=el.text,
-                caption=el.caption,
-                footnote=el.footnote,
-                image_path=el.image_path,
-                reading_order=el.reading_order,
-                role=el.role,
-                label=el.label,
-            )
-        )
-    return notes
+    return [Note(note_id=f"{el.doc_id}#{el.reading_order}", bbox=list(el.bbox),
+                 **{name: getattr(el, name) for name in _COPIED_FIELDS}) for el in elements]
 
 
 # --------------------------------------------------------------------------- lite enrichment
