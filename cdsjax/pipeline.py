@@ -27,6 +27,7 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
+from cdsjax.io.embed import embedder_key
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = "cds-converged"
@@ -72,9 +73,9 @@ class Corpus:
         """Merges loaded :class:`~cdsjax.io.index.CorpusIndex` objects (same embedder required)."""
         if not indexes:
             raise PipelineError("no index to search")
-        info = _embedder_key(indexes[0].embedder)
+        info = embedder_key(indexes[0].embedder)
         for idx in indexes[1:]:
-            if _embedder_key(idx.embedder) != info:
+            if embedder_key(idx.embedder) != info:
                 raise PipelineError(
                     f"indexes were embedded with different models ({indexes[0].embedder.get('model')} vs "
                     f"{idx.embedder.get('model')}); re-index them with one embedder"
@@ -91,10 +92,6 @@ class Corpus:
         embeddings = np.concatenate([np.asarray(idx.embeddings, np.float32) for idx in indexes])
         return cls(embeddings=embeddings, links=links, notes=notes, embedder=dict(indexes[0].embedder),
                    roots=[str(idx.root) for idx in indexes])
-
-
-def _embedder_key(info: dict) -> tuple:
-    return tuple(info.get(k) for k in ("model", "query_prefix", "document_prefix", "normalize"))
 
 
 @dataclasses.dataclass
@@ -192,10 +189,12 @@ class Pipeline:
     """Retrieval (and optionally reading) over one merged corpus.
 
     The corpus is padded once to a bucket size, so every question of a session
-    reuses one compiled selector per (selector, budget, options).
+    reuses one compiled selector per (selector, budget, options). ``compiled`` is a dict to keep those
+    jitted selectors in; pipelines over corpora padded to the same size may share one (the planning
+    evaluation builds one pipeline per question).
     """
 
-    def __init__(self, corpus: Corpus, *, embedder=None, reader=None):
+    def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         core.validate_embeddings(corpus.embeddings)
@@ -210,7 +209,8 @@ class Pipeline:
         self.links = np.zeros((self.size, self.size), bool)
         self.links[:n, :n] = corpus.links
         self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
-        self._compiled: Dict[tuple, Any] = {}
+        # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
+        self._compiled: Dict[tuple, Any] = {} if compiled is None else compiled
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -96,10 +96,11 @@ class RealNotes:
 
     def __init__(self, cache: pathlib.Path):
         from cdsjax.io.embed import Embedder
+        from cdsjax.io.index import default_config
 
         self.cache = cache
         cache.mkdir(parents=True, exist_ok=True)
-        self.embedder = Embedder()
+        self.embedder = Embedder(default_config())
         samples = json.loads((DATA / "samples.json").read_text())
         self.docs = sorted({s["doc_id"] for s in samples if (DATA / "documents" / s["doc_id"]).is_file()})
         first = {}

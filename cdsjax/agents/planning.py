@@ -707,9 +707,7 @@ def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedd
     if links.shape != (n, n):
         raise ValueError(f"links must be [{n}, {n}], got {links.shape}")
     corpus = Corpus(embeddings=embeddings, links=links, notes=[dict(x) for x in notes], embedder={}, roots=[])
-    pipe = Pipeline(corpus, embedder=embedder)
-    if compiled is not None:
-        pipe._compiled = compiled
+    pipe = Pipeline(corpus, embedder=embedder, compiled=compiled)
     return SelectorRetriever(pipe, selector=selector, budget=budget, options=options, joint_budget=joint_budget)
 
 

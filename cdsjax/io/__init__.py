@@ -7,6 +7,10 @@ sentence-transformers or openai. Import the submodules you need:
 - :mod:`cdsjax.io.mineru` — MinerU / magic-pdf output directories -> elements;
 - :mod:`cdsjax.io.notes` — elements -> notes (lite enrichment and structural links);
 - :mod:`cdsjax.io.vlm` — notes enriched by an OpenAI-compatible VLM;
+- :mod:`cdsjax.io.llm` — the one OpenAI-compatible chat client (retries, deadline, errors) behind the
+  reader, the judge, VLM enrichment and the planning agent;
+- :mod:`cdsjax.io.replies` — model replies as text, JSON and citations;
+- :mod:`cdsjax.io.reader` / :mod:`cdsjax.io.judge` — answering from evidence, grading answers;
 - :mod:`cdsjax.io.embed` — :class:`~cdsjax.io.embed.Embedder` (sentence-transformers);
 - :mod:`cdsjax.io.index` — ``build_index`` (add/update/remove documents of an index) / ``load_index`` /
   ``verify_index`` / ``list_index`` / ``index_pdf``;

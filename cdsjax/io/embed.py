@@ -50,19 +50,24 @@ def resolve_model(name: str) -> Tuple[str, str]:
 
 
 def _sub(config):
-    """Accepts the full config (with an ``embedder`` group), the group itself, or None."""
+    """Accepts the full config (with an ``embedder`` group) or the group itself."""
     if config is None:
-        from cdsjax.io.index import default_config
-
-        config = default_config()
+        raise TypeError("Embedder needs a config: the full config (e.g. cdsjax.io.index.default_config()) "
+                        "or its embedder group")
     return config.embedder if hasattr(config, "embedder") else config
+
+
+def embedder_key(info: dict) -> tuple:
+    """What must agree for two indexes' (or an index's and a question's) embeddings to be comparable:
+    model, prefixes and normalisation of an :meth:`Embedder.info` dict."""
+    return tuple(info.get(k) for k in ("model", "query_prefix", "document_prefix", "normalize"))
 
 
 class Embedder:
     """Encodes questions and notes into L2-normalised float32 vectors.
 
     Args:
-      config: the full config (``config.embedder`` is read) or None for the defaults.
+      config: the full config (``config.embedder`` is read) or its ``embedder`` group.
 
     Example::
 
@@ -70,7 +75,7 @@ class Embedder:
         q = emb.encode_queries(["what does Figure 2 show?"])   # [1, d] float32
     """
 
-    def __init__(self, config=None):
+    def __init__(self, config):
         cfg = _sub(config)
         self.model_name = str(cfg.model)
         preset = PRESETS.get(self.model_name, {})

@@ -35,6 +35,7 @@ import numpy as np
 
 from cdsjax.io import store
 from cdsjax.io.elements import Element, IngestError
+from cdsjax.io.embed import embedder_key
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -367,7 +368,7 @@ def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, 
             by_path[str(d.path)] = d
             by_sha.setdefault(d.sha, d)
     if inputs and any(d.status == "kept" for d in docs):
-        old, new = _embedder_key(previous.manifest["embedder"]), _embedder_key(emb_info)
+        old, new = embedder_key(previous.manifest["embedder"]), embedder_key(emb_info)
         if old != new:
             raise store.StoreError(
                 f"{out_dir}: the index was embedded with {old[0]} and this run embeds with {new[0]}; "
@@ -902,10 +903,6 @@ def _digest(a: np.ndarray) -> str:
     import hashlib
 
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-
-
-def _embedder_key(info: dict) -> tuple:
-    return tuple(info.get(k) for k in ("model", "query_prefix", "document_prefix", "normalize"))
 
 
 def _fail(summary: IndexSummary, err: IngestError, strict: bool, log) -> None:
