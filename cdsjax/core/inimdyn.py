@@ -25,7 +25,7 @@ The vertex chosen at each step is the most infective one: the largest
 :math:`|r_i|` over pure strategies with :math:`r_i > 0` and co-strategies of
 support vertices with :math:`r_i < 0` (:func:`infectivity`). The dynamics stop
 when the Nash error :math:`\max_i |\min(x_i, -r_i)|` (the KKT residual of
-:func:`cdsjax.core.replicator.kkt_residual`) is below ``tol``.
+:func:`cdsjax.core.solver.nash_error`) is below ``tol``.
 
 Achievable residual by dtype: :math:`r` is a difference of payoffs
 :math:`(Mx)_i` of order one on the CDS payoff, so rounding leaves a floor of a
