@@ -27,11 +27,11 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
+from cdsjax.core.types import SUPPORT_THRESHOLD
 from cdsjax.io.embed import embedder_key
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = "cds-converged"
-SUPPORT_THRESHOLD = 1e-6
 
 SNIPPET_CHARS = 1500
 

@@ -197,7 +197,7 @@ def replicator_to_target(affinity, cap: int, budget_s: float, chunk: int = 10_00
 
 
 def solver_fn(name, **kw):
-    return jax.jit(functools.partial(core.SOLVERS[name][0], **kw))
+    return jax.jit(functools.partial(core.solve, solver=name, **kw))
 
 
 def top10(x):

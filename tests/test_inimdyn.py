@@ -251,7 +251,8 @@ def test_sweep_sizes_and_couplings(solver, seed):
 
 
 def test_registered_names():
-    assert core.SOLVERS["inimdyn"][0] is solve_inimdyn
-    assert core.SOLVERS["active_set"][0] is solve_active_set
-    assert core.SOLVERS["converged"][0] is solve_active_set  # the default converged mode
+    assert core.SOLVERS["inimdyn"] == core.InImDyn()
+    assert core.SOLVERS["active_set"] == core.ActiveSet()
+    assert core.SOLVERS["converged"] == core.ActiveSet()  # the default converged mode
+    assert core.SOLVERS["replicator"] == core.Replicator(tol=1e-7, max_iter=10_000)  # paper mode
     assert core.solve_inimdyn is solve_inimdyn and core.solve_active_set is solve_active_set

@@ -6,7 +6,6 @@ import pytest
 
 from cdsjax import core
 from cdsjax.core import registry
-from cdsjax.core.replicator import solve_replicator
 
 
 def problem(seed, n=20, d=6, m=None):
@@ -30,45 +29,45 @@ def test_registry_names():
                                    "cds_inimdyn", "cds_support"}
 
 
-class Spy:
-    """Stands in for a core function and records how the registry called it."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        return "selection"
-
-
+# (registry name, options, the same selection called on the core directly). Each option is one
+# that changes the result on these problems, so an option that does not reach the core fails.
 FORWARDING = [
-    ("cosine", {}, "select_cosine", ("notes", "query", "valid"), dict(budget=5)),
-    ("random", {}, "select_random", ("valid",), dict(budget=5, key="key")),
-    ("mmr", dict(lam=0.7), "select_mmr", ("notes", "query", "valid"), dict(budget=5, lam=0.7)),
-    ("dpp", dict(theta=2.0, quality="relu"), "select_dpp", ("notes", "query", "valid"),
-     dict(budget=5, theta=2.0, quality="relu", gain_tol=None)),
-    ("ppr", dict(damping=0.5, temperature=0.2), "select_ppr", ("links", "notes", "query", "valid"),
-     dict(budget=5, damping=0.5, temperature=0.2, tol=1e-9, max_iter=1000)),
-    ("cds", dict(beta=0.5, tau=0.1, init="diffusion", prior_temperature=0.2, max_iter=150), "cds_select",
-     ("notes", "query", "valid"),
-     dict(budget=5, params=core.CDSParams(beta=0.5, tau=0.1), solver="replicator", threshold=1e-6, tol=None,
-          max_iter=150, init="diffusion", prior_temperature=0.2, links="links", fill=True)),
-    ("cds", dict(peel=True, coupling="similarity", fill=False), "cds_peel", ("notes", "query", "valid"),
-     dict(budget=5, params=core.CDSParams(coupling="similarity"), solver="replicator", threshold=1e-6, tol=None,
-          max_iter=None, fill=False)),
-    ("cds_support", dict(tau=0.1, num_steps=7, scale_range=(0.01, 100)), "cds_support", ("notes", "query", "valid"),
-     dict(budget=5, params=core.CDSParams(tau=0.1), solver="converged", threshold=1e-6, tol=None, max_iter=None,
-          num_steps=7, scale_range=(0.01, 100.0), fill=True)),
+    ("cosine", {}, lambda z, q, v, l, k: core.select_cosine(z, q, v, budget=5)),
+    ("random", {}, lambda z, q, v, l, k: core.select_random(v, budget=5, key=k)),
+    ("mmr", dict(lam=0.2), lambda z, q, v, l, k: core.select_mmr(z, q, v, budget=5, lam=0.2)),
+    ("dpp", dict(theta=2.0, quality="relu"),
+     lambda z, q, v, l, k: core.select_dpp(z, q, v, budget=5, theta=2.0, quality="relu")),
+    ("ppr", dict(damping=0.5, temperature=0.2),
+     lambda z, q, v, l, k: core.select_ppr(l, z, q, v, budget=5, damping=0.5, temperature=0.2)),
+    ("cds", dict(beta=0.05, tau=0.1, init="diffusion", prior_temperature=0.2, max_iter=150),
+     lambda z, q, v, l, k: core.cds_select(
+         z, q, v, budget=5, params=core.CDSParams(beta=0.05, tau=0.1), links=l,
+         options=core.SolveOptions(init="diffusion", prior_temperature=0.2, max_iter=150))),
+    ("cds", dict(peel=True, coupling="similarity", fill=False),
+     lambda z, q, v, l, k: core.cds_peel(z, q, v, budget=5, params=core.CDSParams(coupling="similarity"),
+                                         fill=False)),
+    ("cds_converged", dict(beta=0.02, threshold=1e-3),
+     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver="converged",
+                                           threshold=1e-3)),
+    ("cds_inimdyn", dict(beta=0.02),
+     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver="inimdyn")),
+    ("cds_support", dict(tau=0.1, num_steps=7, scale_range=(0.01, 100), threshold=0.03, fill=False),
+     lambda z, q, v, l, k: core.cds_support(z, q, v, budget=5, params=core.CDSParams(tau=0.1), num_steps=7,
+                                            scale_range=(0.01, 100.0), threshold=0.03, fill=False)),
 ]
 
 
-@pytest.mark.parametrize("name,options,target,args,kwargs", FORWARDING)
-def test_options_reach_the_core_function(monkeypatch, name, options, target, args, kwargs):
-    spy = Spy()
-    monkeypatch.setattr(registry, target, spy)
-    fn = core.make_selector(name, budget=5, **options)
-    assert fn("notes", "query", "valid", "links", "key") == "selection"
-    assert spy.calls == [(args, kwargs)]
+@pytest.mark.parametrize("name,options,call", FORWARDING)
+def test_options_reach_the_core_function(name, options, call):
+    notes, query, links = problem(3, m=2)
+    valid = np.ones(20, bool)
+    key = core.key_from_query_id("q3")
+    got = core.make_selector(name, budget=5, **options)(notes, query, valid, links, key)
+    want = call(notes, query, valid, links, key)
+    same_selection(got, want)
+    default = core.make_selector(name, budget=5)(notes, query, valid, links, key)
+    if options:  # the options change the selection, so they were not dropped on the way
+        assert not (np.array_equal(default.indices, want.indices) and np.allclose(default.scores, want.scores))
 
 
 @pytest.mark.parametrize("name", ["cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_support"])
@@ -96,17 +95,12 @@ def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
     with pytest.raises(ValueError, match="cds_converged.*converged"):
         core.make_selector("cds_converged", budget=3)
 
-    calls = []
-
-    def spy(affinity, x0, *, tol, max_iter):
-        calls.append((tol, max_iter))
-        return solve_replicator(affinity, x0, tol=tol, max_iter=max_iter)
-
-    monkeypatch.setitem(core.SOLVERS, "converged", (spy, 1e-9, 77))
+    # the registered configuration (and its limits) is the one that runs
+    monkeypatch.setitem(core.SOLVERS, "converged", core.Replicator(tol=1e-12, max_iter=77))
     notes, query, links = problem(4)
     sel = core.make_selector("cds_converged", budget=3)(notes, query, np.ones(20, bool), links, None)
-    assert calls == [(1e-9, 77)]
-    assert int(sel.result.num_iters) <= 77
+    assert int(sel.result.num_iters) == 77
+    assert int(sel.result.status) == core.MAX_STEPS and not bool(sel.result.converged)
 
 
 def test_unknown_names_options_and_missing_inputs_raise():

@@ -7,9 +7,7 @@ Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
 
 from cdsjax.core.affinity import build_affinity, note_coupling, query_relevance, spectral_penalty
 from cdsjax.core.baselines import (
-    diffusion_prior,
     key_from_query_id,
-    ppr_vector,
     relevance,
     select_cosine,
     select_dpp,
@@ -39,14 +37,36 @@ from cdsjax.core.replicator import (
     uniform_x0,
 )
 from cdsjax.core.registry import SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
-from cdsjax.core.select import SOLVERS, cds_peel, cds_select, register_solver, selection_from_solution, solve
+from cdsjax.core.select import (
+    SOLVERS,
+    cds_peel,
+    cds_select,
+    configured_solver,
+    register_solver,
+    selection_from_solution,
+    solve,
+)
+from cdsjax.core.solver import LoopState, iterate, nash_error, within_limits
+from cdsjax.core.payoff import DensePayoff, SharedPayoff
+from cdsjax.core.replicator import Replicator
+from cdsjax.core.inimdyn import InImDyn
+from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, rank_support, read_selection, top_b
-from cdsjax.core.inimdyn import solve_inimdyn  # registers solver "inimdyn"
-from cdsjax.core.active_set import solve_active_set  # registers solver "active_set"
+from cdsjax.core.inimdyn import solve_inimdyn
+from cdsjax.core.active_set import solve_active_set
 from cdsjax.core.support import cds_support, scale_note_block
 from cdsjax.core.shared import CorpusAffinity, cds_select_shared, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
+    CONVERGED,
+    MAX_STEPS,
+    NONFINITE,
+    SINGULAR,
+    STATUSES,
+    SUPPORT_THRESHOLD,
+    SolveOptions,
+    solve_options,
     FILL_NO_QUERY_EDGE,
     FILL_NONE,
     FILL_REASONS,
@@ -59,6 +79,24 @@ from cdsjax.core.types import (
 from cdsjax.core.validation import validate_embeddings
 
 __all__ = [
+    "ActiveSet",
+    "CONVERGED",
+    "DensePayoff",
+    "InImDyn",
+    "LoopState",
+    "MAX_STEPS",
+    "NONFINITE",
+    "Replicator",
+    "SINGULAR",
+    "STATUSES",
+    "SUPPORT_THRESHOLD",
+    "SharedPayoff",
+    "SolveOptions",
+    "configured_solver",
+    "iterate",
+    "nash_error",
+    "solve_options",
+    "within_limits",
     "SELECTORS",
     "SPECS",
     "SelectorSpec",

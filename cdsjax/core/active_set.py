@@ -35,11 +35,12 @@ from __future__ import annotations
 from typing import Optional
 
 import jax.numpy as jnp
-from jax import Array, lax
+from flax import struct
+from jax import Array
 
-from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, nash_error, vertex_steps
-from cdsjax.core.replicator import finish, prepare_x0
-from cdsjax.core.select import register_solver
+from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, exact_point, vertex_steps
+from cdsjax.core.payoff import DensePayoff, prepare_x0
+from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state
 from cdsjax.core.types import Affinity, SolverResult
 
 
@@ -73,12 +74,13 @@ def newton_direction(payoff: Array, x: Array, mx: Array, support: Array) -> Arra
     return jnp.linalg.solve(system, rhs)[:size]
 
 
-def newton_step(payoff: Array, x: Array, mx: Array, valid: Array) -> tuple[Array, Array]:
+def newton_step(payoff: Array, x: Array, mx: Array, valid: Array) -> tuple[Array, Array, Array]:
     """One Newton step on the support of ``x`` with ratio test and exact line search.
 
     Returns:
-      ``(x, gain)``: the new point (``x`` itself when the step fails or gains
-      nothing) and the objective gain (0 then).
+      ``(x, gain, singular)``: the new point (``x`` itself when the step fails or
+      gains nothing), the objective gain (0 then) and whether the face's system was
+      singular (its direction non-finite).
     """
     dtype = x.dtype
     support = valid & (x > 0)
@@ -102,7 +104,59 @@ def newton_step(payoff: Array, x: Array, mx: Array, valid: Array) -> tuple[Array
     x_new = jnp.where((best == 1) & (jnp.arange(x.shape[0]) == block_at), 0.0, x_new)
     x_new = jnp.where(valid, x_new, 0.0)
     x_new = x_new / jnp.sum(x_new)
-    return x_new, gains[best]
+    return x_new, gains[best], ~ok
+
+
+@struct.dataclass
+class ActiveSet:
+    r"""Active-set Newton on the support, a solver for :func:`cdsjax.core.solver.iterate`.
+
+    One step of the loop is a Newton step on the current support followed by up to
+    ``inner_steps`` InImDyn vertex steps; ``num_iters`` counts both. Needs a
+    :class:`~cdsjax.core.payoff.DensePayoff` (the face's system is solved densely).
+
+    Attributes:
+      tol: Nash-error tolerance; None picks the dtype's default
+        (:func:`cdsjax.core.inimdyn.default_tol`).
+      max_iter: maximum number of steps, Newton and vertex steps together.
+      inner_steps: vertex steps between Newton steps; None uses ``N``.
+      max_newton: maximum number of Newton steps; None uses ``N``.
+    """
+
+    tol: Optional[float] = struct.field(pytree_node=False, default=None)
+    max_iter: int = struct.field(pytree_node=False, default=DEFAULT_MAX_ITER)
+    inner_steps: Optional[int] = struct.field(pytree_node=False, default=None)
+    max_newton: Optional[int] = struct.field(pytree_node=False, default=None)
+    unroll: int = struct.field(pytree_node=False, default=1)
+
+    def tolerance(self, dtype) -> float:
+        return default_tol(dtype) if self.tol is None else self.tol
+
+    def prepare(self, payoff: DensePayoff) -> tuple[int, int]:
+        size = payoff.size
+        inner = size if self.inner_steps is None else self.inner_steps
+        newton = size if self.max_newton is None else self.max_newton
+        return check_count("inner_steps", inner), check_count("max_newton", newton)
+
+    def init(self, payoff: DensePayoff, x0: Optional[Array]) -> LoopState:
+        x = prepare_x0(x0, payoff.valid, payoff.dtype)
+        mx = payoff.matvec(x)
+        return start_state(x, nash_error(x, mx, payoff.valid), (mx, jnp.asarray(0, jnp.int32)))
+
+    def proceed(self, consts: tuple[int, int], state: LoopState) -> Array:
+        return state.aux[1] < consts[1]
+
+    def step(self, payoff: DensePayoff, consts: tuple[int, int], state: LoopState) -> LoopState:
+        inner_steps, _ = consts
+        mx, newton = state.aux
+        valid = payoff.valid
+        x, _, singular = newton_step(payoff.matrix, state.x, mx, valid)
+        mx = payoff.matvec(x)
+        err = nash_error(x, mx, valid)
+        x, it = vertex_steps(payoff, x, mx, err, state.num_iters + 1, tol=self.tolerance(payoff.dtype),
+                             max_iter=self.max_iter, steps=inner_steps)
+        x, mx, err = exact_point(payoff, x)
+        return state.replace(x=x, err=err, num_iters=it, singular=state.singular | singular, aux=(mx, newton + 1))
 
 
 def solve_active_set(
@@ -136,44 +190,5 @@ def solve_active_set(
       :class:`SolverResult`; ``num_iters`` counts Newton and vertex steps,
       ``step`` is the final Nash error.
     """
-    if not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
-    payoff = affinity.payoff()
-    valid = affinity.valid
-    dtype = payoff.dtype
-    size = payoff.shape[0]
-    inner_steps = size if inner_steps is None else inner_steps
-    max_newton = size if max_newton is None else max_newton
-    for name, value in (("inner_steps", inner_steps), ("max_newton", max_newton)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if tol is None:
-        tol = default_tol(dtype)
-    x = prepare_x0(x0, valid, dtype)
-
-    def outer_cond(state):
-        _, _, err, it, newton = state
-        return (err >= tol) & (it < max_iter) & (newton < max_newton)
-
-    def outer_body(state):
-        x, mx, _, it, newton = state
-        x, _ = newton_step(payoff, x, mx, valid)
-        mx = payoff @ x
-        err = nash_error(x, mx, valid)
-        x, it = vertex_steps(payoff, valid, x, mx, err, it + 1, tol=tol, max_iter=max_iter, steps=inner_steps)
-        x = jnp.where(valid, jnp.maximum(x, 0.0), 0.0)
-        x = x / jnp.sum(x)
-        mx = payoff @ x
-        return x, mx, nash_error(x, mx, valid), it, newton + 1
-
-    mx = payoff @ x
-    init = (x, mx, nash_error(x, mx, valid), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
-    x, mx, err, it, _ = lax.while_loop(outer_cond, outer_body, init)
-    return finish(payoff, x, valid, it, err < tol, err, affinity.alpha)
-
-
-register_solver("active_set", solve_active_set, None, DEFAULT_MAX_ITER)
-# The default converged mode (``solver="converged"``): on the CDS payoff it reached
-# KKT <= 1e-8 in one Newton step where InImDyn took 1e4-2e5 vertex steps
-# (experiments/bench_solvers.py).
-register_solver("converged", solve_active_set, None, DEFAULT_MAX_ITER)
+    solver = ActiveSet(tol=tol, max_iter=max_iter, inner_steps=inner_steps, max_newton=max_newton)
+    return iterate(solver, DensePayoff.from_affinity(affinity), x0)

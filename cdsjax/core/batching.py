@@ -9,6 +9,7 @@ runs as one jitted ``vmap`` (or, with ``chunk``, as cache-sized vmapped chunks; 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -42,6 +43,7 @@ def next_pow2(k: int) -> int:
     return 1 << max(0, int(k - 1).bit_length())
 
 
+@dataclasses.dataclass
 class Bucket:
     """One padded group: stacked arrays and the original positions of its rows.
 
@@ -55,13 +57,12 @@ class Bucket:
       extras: dict of further per-problem ``[b, n, ...]`` arrays (e.g. links, pinned).
     """
 
-    def __init__(self, size, positions, notes, queries, valid, extras):
-        self.size = size
-        self.positions = positions
-        self.notes = notes
-        self.queries = queries
-        self.valid = valid
-        self.extras = extras
+    size: int
+    positions: np.ndarray
+    notes: np.ndarray
+    queries: np.ndarray
+    valid: np.ndarray
+    extras: dict
 
 
 def make_buckets(

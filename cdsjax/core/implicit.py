@@ -56,11 +56,10 @@ from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity
 from cdsjax.core.select import SOLVERS, solve
-from cdsjax.core.types import Affinity, CDSParams, SolverResult
+from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, CDSParams, SolverResult
 from cdsjax.core.validation import check_budget, check_option
 
 DIFFERENTIATE = ("implicit", "loop")
-SUPPORT_THRESHOLD = 1e-6
 
 SolverSpec = Union[str, Callable[..., SolverResult]]
 

@@ -25,7 +25,7 @@ The vertex chosen at each step is the most infective one: the largest
 :math:`|r_i|` over pure strategies with :math:`r_i > 0` and co-strategies of
 support vertices with :math:`r_i < 0` (:func:`infectivity`). The dynamics stop
 when the Nash error :math:`\max_i |\min(x_i, -r_i)|` (the KKT residual of
-:func:`cdsjax.core.replicator.kkt_residual`) is below ``tol``.
+:func:`cdsjax.core.solver.nash_error`) is below ``tol``.
 
 Achievable residual by dtype: :math:`r` is a difference of payoffs
 :math:`(Mx)_i` of order one on the CDS payoff, so rounding leaves a floor of a
@@ -44,10 +44,11 @@ from __future__ import annotations
 from typing import Optional
 
 import jax.numpy as jnp
+from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.replicator import finish, prepare_x0
-from cdsjax.core.select import register_solver
+from cdsjax.core.payoff import DensePayoff, prepare_x0
+from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state, within_limits
 from cdsjax.core.types import Affinity, SolverResult
 
 TOL_FLOAT64 = 1e-10
@@ -58,12 +59,6 @@ DEFAULT_MAX_ITER = 1_000_000
 def default_tol(dtype) -> float:
     """The default Nash-error tolerance for ``dtype``: 1e-10 in float64, 1e-5 below."""
     return TOL_FLOAT64 if jnp.dtype(dtype) == jnp.float64 else TOL_FLOAT32
-
-
-def nash_error(x: Array, mx: Array, valid: Array) -> Array:
-    r""":math:`\max_i |\min(x_i, -r_i)|` from a precomputed :math:`Mx` (padding ignored)."""
-    r = mx - x @ mx
-    return jnp.max(jnp.where(valid, jnp.abs(jnp.minimum(x, -r)), 0.0))
 
 
 def infectivity(x: Array, mx: Array, valid: Array) -> Array:
@@ -80,11 +75,11 @@ def infectivity(x: Array, mx: Array, valid: Array) -> Array:
     return jnp.where(valid, score, -1.0)
 
 
-def vertex_step(payoff: Array, x: Array, mx: Array, f: Array, i: Array) -> tuple[Array, Array, Array]:
+def vertex_step(payoff, x: Array, mx: Array, f: Array, i: Array) -> tuple[Array, Array, Array]:
     r"""Moves ``x`` along :math:`e_i - x` with the exact line search.
 
     Args:
-      payoff: ``[N, N]`` symmetric payoff :math:`M`.
+      payoff: a :class:`~cdsjax.core.payoff.DensePayoff` (or its ``[N, N]`` symmetric matrix :math:`M`).
       x: ``[N]`` point on the simplex.
       mx: ``[N]`` :math:`Mx`.
       f: ``[]`` :math:`x^\top M x`.
@@ -94,7 +89,7 @@ def vertex_step(payoff: Array, x: Array, mx: Array, f: Array, i: Array) -> tuple
       ``(x, mx, f)`` after the move.
     """
     dtype = x.dtype
-    row = payoff[i]
+    row = DensePayoff.of(payoff).row(i)
     xi = x[i]
     r_i = mx[i] - f
     curv = row[i] - 2.0 * mx[i] + f
@@ -119,17 +114,18 @@ def vertex_step(payoff: Array, x: Array, mx: Array, f: Array, i: Array) -> tuple
     return x_new, mx_new, f_new
 
 
-def vertex_steps(payoff: Array, valid: Array, x: Array, mx: Array, err: Array, it: Array, *,
+def vertex_steps(payoff: DensePayoff, x: Array, mx: Array, err: Array, it: Array, *,
                  tol: float, max_iter: int, steps: int) -> tuple[Array, Array]:
     """Up to ``steps`` InImDyn vertex steps from ``(x, mx)`` with ``mx`` updated in O(n) per step.
 
-    Stops early once the Nash error drops below ``tol`` or ``it`` reaches ``max_iter``.
+    Stops early at the solvers' stopping rule (:func:`~cdsjax.core.solver.within_limits`).
     Returns the new point (``Mx`` drifts from the O(n) updates: recompute it) and ``it``.
     """
+    valid = payoff.valid
 
     def cond(state):
         _, _, _, err, it, k = state
-        return (err >= tol) & (it < max_iter) & (k < steps)
+        return within_limits(err, it, tol, max_iter) & (k < steps)
 
     def body(state):
         x, mx, f, _, it, k = state
@@ -140,6 +136,53 @@ def vertex_steps(payoff: Array, valid: Array, x: Array, mx: Array, err: Array, i
     state = (x, mx, x @ mx, err, it, jnp.asarray(0, jnp.int32))
     x, _, _, _, it, _ = lax.while_loop(cond, body, state)
     return x, it
+
+
+def exact_point(payoff: DensePayoff, x: Array) -> tuple[Array, Array, Array]:
+    """``x`` clipped to the valid simplex, with :math:`Mx` and the Nash error recomputed exactly."""
+    x = jnp.where(payoff.valid, jnp.maximum(x, 0.0), 0.0)
+    x = x / jnp.sum(x)
+    mx = payoff.matvec(x)
+    return x, mx, nash_error(x, mx, payoff.valid)
+
+
+@struct.dataclass
+class InImDyn:
+    r"""Infection--immunization dynamics, a solver for :func:`cdsjax.core.solver.iterate`.
+
+    One step of the loop is up to ``refresh`` O(N) vertex steps followed by an exact
+    recomputation of :math:`Mx` and the Nash error; ``num_iters`` counts vertex steps.
+
+    Attributes:
+      tol: Nash-error tolerance; None picks :func:`default_tol` of the dtype.
+      max_iter: maximum number of vertex steps.
+      refresh: vertex steps between exact recomputations; None uses ``max(N, 16)``.
+    """
+
+    tol: Optional[float] = struct.field(pytree_node=False, default=None)
+    max_iter: int = struct.field(pytree_node=False, default=DEFAULT_MAX_ITER)
+    refresh: Optional[int] = struct.field(pytree_node=False, default=None)
+    unroll: int = struct.field(pytree_node=False, default=1)
+
+    def tolerance(self, dtype) -> float:
+        return default_tol(dtype) if self.tol is None else self.tol
+
+    def prepare(self, payoff: DensePayoff) -> int:
+        refresh = max(payoff.size, 16) if self.refresh is None else self.refresh
+        return check_count("refresh", refresh, 1)
+
+    def init(self, payoff: DensePayoff, x0: Optional[Array]) -> LoopState:
+        x, mx, err = exact_point(payoff, prepare_x0(x0, payoff.valid, payoff.dtype))
+        return start_state(x, err, mx)
+
+    def proceed(self, consts, state: LoopState) -> None:
+        return None
+
+    def step(self, payoff: DensePayoff, refresh: int, state: LoopState) -> LoopState:
+        x, it = vertex_steps(payoff, state.x, state.aux, state.err, state.num_iters,
+                             tol=self.tolerance(payoff.dtype), max_iter=self.max_iter, steps=refresh)
+        x, mx, err = exact_point(payoff, x)
+        return state.replace(x=x, err=err, num_iters=it, aux=mx)
 
 
 def solve_inimdyn(
@@ -172,39 +215,4 @@ def solve_inimdyn(
       :class:`SolverResult`; ``step`` is the Nash error at the last exact check,
       ``converged`` whether it fell below ``tol`` before ``max_iter`` steps.
     """
-    if not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
-    payoff = affinity.payoff()
-    valid = affinity.valid
-    dtype = payoff.dtype
-    size = payoff.shape[0]
-    if refresh is None:
-        refresh = max(size, 16)
-    if not isinstance(refresh, int) or refresh < 1:
-        raise ValueError(f"refresh must be a positive integer, got {refresh!r}")
-    if tol is None:
-        tol = default_tol(dtype)
-    x = prepare_x0(x0, valid, dtype)
-
-    def exact(x):
-        x = jnp.where(valid, jnp.maximum(x, 0.0), 0.0)
-        x = x / jnp.sum(x)
-        mx = payoff @ x
-        return x, mx, nash_error(x, mx, valid)
-
-    def outer_cond(state):
-        _, _, err, it = state
-        return (err >= tol) & (it < max_iter)
-
-    def outer_body(state):
-        x, mx, err, it = state
-        x, it = vertex_steps(payoff, valid, x, mx, err, it, tol=tol, max_iter=max_iter, steps=refresh)
-        x, mx, err = exact(x)
-        return x, mx, err, it
-
-    x, mx, err = exact(x)
-    x, mx, err, it = lax.while_loop(outer_cond, outer_body, (x, mx, err, jnp.asarray(0, jnp.int32)))
-    return finish(payoff, x, valid, it, err < tol, err, affinity.alpha)
-
-
-register_solver("inimdyn", solve_inimdyn, None, DEFAULT_MAX_ITER)
+    return iterate(InImDyn(tol=tol, max_iter=max_iter, refresh=refresh), DensePayoff.from_affinity(affinity), x0)

@@ -23,10 +23,10 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 
 from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
-from cdsjax.core.select import INITS, SOLVERS, cds_peel, cds_select
+from cdsjax.core.select import SOLVERS, cds_peel, cds_select
 from cdsjax.core.subgraph import select_subgraph_readout
-from cdsjax.core.support import DEFAULT_SCALE_RANGE, DEFAULT_STEPS, cds_support
-from cdsjax.core.types import CDSParams, Selection
+from cdsjax.core.support import cds_support
+from cdsjax.core.types import CDSParams, Selection, SolveOptions
 from cdsjax.core.validation import check_budget, check_option
 
 SelectorFn = Callable[..., Selection]
@@ -90,97 +90,66 @@ def _subgraph(budget: int) -> SelectorFn:
     return fn
 
 
+PARAM_OPTIONS = tuple(f.name for f in dataclasses.fields(CDSParams))
+CDS_OPTIONS = ("params", *PARAM_OPTIONS, "threshold", "tol", "max_iter", "init", "prior_temperature", "peel",
+               "fill")
+SUPPORT_OPTIONS = (*(p for p in PARAM_OPTIONS if p != "beta"), "threshold", "tol", "max_iter", "num_steps",
+                   "scale_range", "fill")
+
+
+def _cds_inputs(name: str, solver: str, fields: dict, allowed: tuple, params=None) -> tuple[CDSParams, SolveOptions]:
+    """The :class:`CDSParams` and :class:`SolveOptions` of a CDS selector, built once from its options.
+
+    ``None`` means "the default" for every option.
+    """
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for selector {name!r}; allowed: {list(allowed)}")
+    if solver not in SOLVERS:
+        raise ValueError(
+            f"selector {name!r} needs solver {solver!r}, which is not registered "
+            f"(registered solvers: {sorted(SOLVERS)})"
+        )
+    given = {k: v for k, v in fields.items() if v is not None}
+    param_fields = {k: given.pop(k) for k in PARAM_OPTIONS if k in given}
+    if params is not None and param_fields:
+        raise ValueError(f"pass either params or the CDSParams fields {sorted(param_fields)}, not both")
+    params = (params if params is not None else CDSParams(**param_fields)).check()
+    return params, SolveOptions(solver=solver, **given).check()
+
+
 def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
-    def build(
-        budget: int,
-        *,
-        params: Optional[CDSParams] = None,
-        beta=None,
-        tau=None,
-        eps=None,
-        coupling=None,
-        alpha_from=None,
-        tau_mode=None,
-        tau_temperature=None,
-        threshold: float = 1e-6,
-        tol: Optional[float] = None,
-        max_iter: Optional[int] = None,
-        init: str = "uniform",
-        prior_temperature: float = 0.1,
-        peel: bool = False,
-        fill: bool = True,
-    ) -> SelectorFn:
-        if solver not in SOLVERS:
-            raise ValueError(
-                f"selector {name!r} needs solver {solver!r}, which is not registered "
-                f"(registered solvers: {sorted(SOLVERS)})"
-            )
-        fields = {k: v for k, v in dict(
-            beta=beta, tau=tau, eps=eps, coupling=coupling, alpha_from=alpha_from, tau_mode=tau_mode,
-            tau_temperature=tau_temperature,
-        ).items() if v is not None}
-        if params is not None and fields:
-            raise ValueError(f"pass either params or the CDSParams fields {sorted(fields)}, not both")
-        params = (params if params is not None else CDSParams(**fields)).check()
-        check_option("init", init, INITS)
-        if peel and init != "uniform":
-            raise ValueError(f"peel=True starts every round uniformly; init={init!r} is not supported with it")
+    def build(budget: int, *, params: Optional[CDSParams] = None, peel: bool = False, **fields) -> SelectorFn:
+        params, options = _cds_inputs(name, solver, fields, CDS_OPTIONS, params)
+        if peel and options.init != "uniform":
+            raise ValueError(f"peel=True starts every round uniformly; init={options.init!r} is not supported with it")
 
         if peel:
             def fn(notes, query, valid, links=None, key=None):
-                return cds_peel(
-                    notes, query, valid, budget=budget, params=params, solver=solver, threshold=threshold,
-                    tol=tol, max_iter=max_iter, fill=fill,
-                )
+                return cds_peel(notes, query, valid, budget=budget, params=params, options=options)
         else:
             def fn(notes, query, valid, links=None, key=None):
-                return cds_select(
-                    notes, query, valid, budget=budget, params=params, solver=solver, threshold=threshold,
-                    tol=tol, max_iter=max_iter, init=init, prior_temperature=prior_temperature, links=links,
-                    fill=fill,
-                )
+                return cds_select(notes, query, valid, budget=budget, params=params, options=options, links=links)
 
         return fn
 
+    build.options = CDS_OPTIONS
     return build
 
 
-def _cds_support(
-    budget: int,
-    *,
-    tau=None,
-    eps=None,
-    coupling=None,
-    alpha_from=None,
-    tau_mode=None,
-    tau_temperature=None,
-    threshold: float = 1e-6,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
-    num_steps: int = DEFAULT_STEPS,
-    scale_range=DEFAULT_SCALE_RANGE,
-    fill: bool = True,
-) -> SelectorFn:
+def _cds_support(budget: int, **fields) -> SelectorFn:
     """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
-    if "converged" not in SOLVERS:
-        raise ValueError("selector 'cds_support' needs solver 'converged', which is not registered "
-                         f"(registered solvers: {sorted(SOLVERS)})")
-    fields = {k: v for k, v in dict(
-        tau=tau, eps=eps, coupling=coupling, alpha_from=alpha_from, tau_mode=tau_mode,
-        tau_temperature=tau_temperature,
-    ).items() if v is not None}
-    params = CDSParams(**fields).check()
+    params, options = _cds_inputs("cds_support", "converged", fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
         raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
-    scale_range = tuple(float(v) for v in scale_range)
 
     def fn(notes, query, valid, links=None, key=None):
-        return cds_support(
-            notes, query, valid, budget=budget, params=params, solver="converged", threshold=threshold, tol=tol,
-            max_iter=max_iter, num_steps=num_steps, scale_range=scale_range, fill=fill,
-        )
+        return cds_support(notes, query, valid, budget=budget, params=params, options=options)
 
     return fn
+
+
+_cds_support.options = SUPPORT_OPTIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +189,9 @@ class SelectorSpec:
     @property
     def options(self) -> tuple:
         """The option names the builder accepts."""
+        declared = getattr(self.build, "options", None)
+        if declared is not None:
+            return tuple(declared)
         signature = inspect.signature(self.build)
         return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 

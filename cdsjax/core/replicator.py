@@ -6,18 +6,17 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jax import Array, lax
+from flax import struct
+from jax import Array
 
-from cdsjax.core.types import Affinity, SolverResult
-
-SUPPORT_THRESHOLD = 1e-6
-SHIFT_EPS = 1e-3
+from cdsjax.core.payoff import SHIFT_EPS, DensePayoff, prepare_x0, replicator_shift  # noqa: F401
+from cdsjax.core.solver import LoopState, iterate, nash_error, start_state, support_size  # noqa: F401
+from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, SolverResult  # noqa: F401
 
 
 def uniform_x0(valid: Array, dtype=jnp.float32) -> Array:
     """``[N]`` uniform point over the valid vertices (0 at padding)."""
-    v = valid.astype(dtype)
-    return v / jnp.sum(v)
+    return prepare_x0(None, valid, dtype)
 
 
 def softmax_prior(affinity: Affinity, temperature: float = 0.1) -> Array:
@@ -52,50 +51,54 @@ def objective(payoff: Array, x: Array) -> Array:
 
 
 def kkt_residual(payoff: Array, x: Array, valid: Array) -> Array:
-    r"""Nash error :math:`\max_i |\min(x_i, -r_i)|`, :math:`r = Mx - (x^\top Mx)\mathbf 1`.
+    r"""Nash error :math:`\max_i |\min(x_i, -r_i)|`, :math:`r = Mx - (x^\top Mx)\mathbf 1` (:func:`nash_error`).
 
     Zero exactly at a KKT point of :math:`\max_{x\in\Delta} x^\top M x`; padding is ignored.
     """
-    mx = payoff @ x
-    r = mx - x @ mx
-    return jnp.max(jnp.where(valid, jnp.abs(jnp.minimum(x, -r)), 0.0))
+    return nash_error(x, payoff @ x, valid)
 
 
-def support_size(x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
-    """Number of valid vertices with ``x_i > threshold``."""
-    return jnp.sum(valid & (x > threshold)).astype(jnp.int32)
+@struct.dataclass
+class Replicator:
+    r"""Discrete replicator dynamics (paper mode), a solver for :func:`cdsjax.core.solver.iterate`.
 
+    .. math:: x \leftarrow x \odot (Mx + c) / (x^\top M x + c)
 
-def prepare_x0(x0: Optional[Array], valid: Array, dtype) -> Array:
-    """Masks a user point to the valid vertices and renormalises it; uniform if None."""
-    if x0 is None:
-        return uniform_x0(valid, dtype)
-    x0 = jnp.asarray(x0, dtype)
-    if x0.shape != valid.shape:
-        raise ValueError(f"x0 must have shape {valid.shape}, got {x0.shape}")
-    x0 = jnp.where(valid, jnp.maximum(x0, 0.0), 0.0)
-    return x0 / jnp.sum(x0)
+    with :math:`c = \max(0, -\min M) + \varepsilon`, until
+    :math:`\|x_{t+1}-x_t\|_1 <` ``tol`` or ``max_iter`` steps (the paper's settings:
+    1e-7 and 10,000). Padded vertices start at 0 and stay 0. Runs on a dense or a
+    shared-corpus payoff (:mod:`cdsjax.core.payoff`).
 
+    Attributes:
+      tol: stopping tolerance on the L1 step.
+      max_iter: maximum number of steps.
+      shift_eps: the :math:`\varepsilon` of the shift (a shared corpus fixes its own).
+      unroll: steps per loop trip (a speed knob; results do not depend on it).
+    """
 
-def replicator_shift(payoff: Array, valid: Array, eps: float = SHIFT_EPS) -> Array:
-    r"""Shift :math:`c = \max(0, -\min M) + \varepsilon`, the minimum taken over valid entries."""
-    pair = valid[:, None] & valid[None, :]
-    lowest = jnp.min(jnp.where(pair, payoff, jnp.inf))
-    return jnp.maximum(0.0, -lowest) + eps
+    tol: float = struct.field(pytree_node=False, default=1e-7)
+    max_iter: int = struct.field(pytree_node=False, default=10_000)
+    shift_eps: float = struct.field(pytree_node=False, default=SHIFT_EPS)
+    unroll: int = struct.field(pytree_node=False, default=8)
 
+    def tolerance(self, dtype) -> float:
+        return self.tol
 
-def finish(payoff: Array, x: Array, valid: Array, num_iters, converged, step, alpha) -> SolverResult:
-    """Packs a point and its diagnostics into a :class:`SolverResult`."""
-    return SolverResult(
-        x=x,
-        num_iters=jnp.asarray(num_iters, jnp.int32),
-        converged=jnp.asarray(converged, bool),
-        step=jnp.asarray(step, x.dtype),
-        objective=objective(payoff, x),
-        kkt_residual=kkt_residual(payoff, x, valid),
-        support_size=support_size(x, valid),
-        alpha=jnp.asarray(alpha, x.dtype),
-    )
+    def prepare(self, payoff) -> Array:
+        return payoff.shift(self.shift_eps)
+
+    def init(self, payoff, x0: Optional[Array]) -> LoopState:
+        x = prepare_x0(x0, payoff.valid, payoff.dtype, payoff.batch)
+        return start_state(x, jnp.full(payoff.batch, jnp.inf, payoff.dtype))
+
+    def proceed(self, consts, state: LoopState) -> None:
+        return None
+
+    def step(self, payoff, c: Array, state: LoopState) -> LoopState:
+        x = state.x
+        mx = payoff.matvec(x)
+        x_new = x * (mx + c) / (payoff.value(x, mx) + c)
+        return state.replace(x=x_new, err=jnp.sum(jnp.abs(x_new - x), axis=-1), num_iters=state.num_iters + 1)
 
 
 def solve_replicator(
@@ -127,35 +130,5 @@ def solve_replicator(
     Returns:
       :class:`SolverResult`; ``converged`` is False when ``max_iter`` was hit.
     """
-    if not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
-    if not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll must be a positive integer, got {unroll!r}")
-    payoff = affinity.payoff()
-    valid = affinity.valid
-    dtype = payoff.dtype
-    x = prepare_x0(x0, valid, dtype)
-    c = replicator_shift(payoff, valid, shift_eps).astype(dtype)
-
-    def cond(state):
-        _, step, it = state
-        return (step >= tol) & (it < max_iter)
-
-    def body(state):
-        # `unroll` steps per loop trip amortise the loop's per-trip overhead; each
-        # step is masked once the stopping rule has fired, so the iterates and the
-        # step count are exactly those of a one-step-per-trip loop.
-        x, step, it = state
-        for _ in range(unroll):
-            active = (step >= tol) & (it < max_iter)
-            mx = payoff @ x
-            x_new = x * (mx + c) / (x @ mx + c)
-            step_new = jnp.sum(jnp.abs(x_new - x))
-            x = jnp.where(active, x_new, x)
-            step = jnp.where(active, step_new, step)
-            it = it + active.astype(it.dtype)
-        return x, step, it
-
-    init = (x, jnp.asarray(jnp.inf, dtype), jnp.asarray(0, jnp.int32))
-    x, step, it = lax.while_loop(cond, body, init)
-    return finish(payoff, x, valid, it, step < tol, step, affinity.alpha)
+    solver = Replicator(tol=tol, max_iter=max_iter, shift_eps=shift_eps, unroll=unroll)
+    return iterate(solver, DensePayoff.from_affinity(affinity), x0)

@@ -2,28 +2,46 @@ r"""Constrained-dominant-set selection: affinity -> equilibrium -> top-B notes."
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import jax.numpy as jnp
 from jax import Array, lax
 
+from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.affinity import build_affinity, spectral_penalty
+from cdsjax.core.graph import diffusion_prior
+from cdsjax.core.inimdyn import InImDyn
+from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, rank_support, read_selection
-from cdsjax.core.ranking import top_b  # noqa: F401  (re-exported: baselines import it from here)
-from cdsjax.core.replicator import softmax_prior, solve_replicator
-from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
+from cdsjax.core.replicator import Replicator, softmax_prior
+from cdsjax.core.solver import iterate
+from cdsjax.core.types import CONVERGED, INITS, SUPPORT_THRESHOLD, Affinity, CDSParams, Selection, SolveOptions, SolverResult, solve_options
 from cdsjax.core.validation import check_budget, check_option
 
-INITS = ("uniform", "softmax", "diffusion")
+# name -> solver configuration with its default limits (tol None: the dtype's default).
+SOLVERS: Dict[str, object] = {
+    "replicator": Replicator(),  # paper mode: tol 1e-7, 10,000 steps
+    "inimdyn": InImDyn(),
+    "active_set": ActiveSet(),
+    # The default converged mode (``solver="converged"``): on the CDS payoff it reached
+    # KKT <= 1e-8 in one Newton step where InImDyn took 1e4-2e5 vertex steps
+    # (experiments/bench_solvers.py).
+    "converged": ActiveSet(),
+}
 
-# name -> (solver function, default tol, default max_iter). Converged-mode solvers
-# register themselves here on import (see cdsjax.core.__init__).
-SOLVERS: Dict[str, tuple] = {"replicator": (solve_replicator, 1e-7, 10_000)}
+
+def register_solver(name: str, solver) -> None:
+    """Makes a solver configuration (``init`` / ``step`` / ``proceed``, :mod:`cdsjax.core.solver`)
+    available as ``solver=name``."""
+    SOLVERS[name] = solver
 
 
-def register_solver(name: str, fn: Callable, tol: float, max_iter: int) -> None:
-    """Makes ``fn(affinity, x0, *, tol, max_iter) -> SolverResult`` available as ``solver=name``."""
-    SOLVERS[name] = (fn, tol, max_iter)
+def configured_solver(solver: str, tol: Optional[float] = None, max_iter: Optional[int] = None):
+    """The registered solver ``solver`` with ``tol`` / ``max_iter`` replaced where given."""
+    check_option("solver", solver, tuple(SOLVERS))
+    limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v is not None}
+    config = SOLVERS[solver]
+    return config.replace(**limits) if limits else config
 
 
 def selection_from_solution(
@@ -32,7 +50,7 @@ def selection_from_solution(
     note_valid: Array,
     *,
     budget: int,
-    threshold: float = 1e-6,
+    threshold: float = SUPPORT_THRESHOLD,
     affinity: Optional[Affinity] = None,
     cosine: Optional[Array] = None,
     fill: bool = True,
@@ -66,8 +84,6 @@ def initial_point(
     if init == "diffusion":
         if links is None:
             raise ValueError("init='diffusion' needs links ([n, n] bool note-link adjacency)")
-        from cdsjax.core.baselines import diffusion_prior  # baselines imports this module
-
         return diffusion_prior(affinity, links, temperature)
     return None
 
@@ -80,15 +96,8 @@ def solve(
     tol: Optional[float] = None,
     max_iter: Optional[int] = None,
 ) -> SolverResult:
-    """Dispatches to a registered solver with its default ``tol`` / ``max_iter``."""
-    check_option("solver", solver, tuple(SOLVERS))
-    fn, default_tol, default_iter = SOLVERS[solver]
-    return fn(
-        affinity,
-        x0,
-        tol=default_tol if tol is None else tol,
-        max_iter=default_iter if max_iter is None else max_iter,
-    )
+    """Runs a registered solver on ``affinity``'s payoff with its default ``tol`` / ``max_iter``."""
+    return iterate(configured_solver(solver, tol, max_iter), DensePayoff.from_affinity(affinity), x0)
 
 
 def cds_select(
@@ -98,17 +107,11 @@ def cds_select(
     *,
     budget: int = 10,
     params: CDSParams = CDSParams(),
-    solver: str = "replicator",
-    threshold: float = 1e-6,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
+    options: Optional[SolveOptions] = None,
     x0: Optional[Array] = None,
-    init: str = "uniform",
-    prior_temperature: float = 0.1,
     pinned: Optional[Array] = None,
     links: Optional[Array] = None,
-    warm_start: str = "uniform",
-    fill: bool = True,
+    **overrides,
 ) -> Selection:
     r"""Selects evidence as a constrained dominant set (single extraction).
 
@@ -124,39 +127,31 @@ def cds_select(
       valid: ``[n]`` bool, True on real notes.
       budget: static number of notes to return (fewer if fewer clear ``threshold``).
       params: :class:`CDSParams`.
-      solver: ``"replicator"`` (paper mode) or a registered converged solver.
-      threshold: support threshold :math:`\theta`.
-      tol, max_iter: solver limits; None uses the solver's defaults (replicator:
-        1e-7 and 10,000).
-      x0: optional ``[m+n]`` initial point; overrides ``init``.
-      init: ``"uniform"`` (default), ``"softmax"`` (query-softmax prior) or
-        ``"diffusion"`` (personalised PageRank of the softmax seed; needs ``links``).
-      prior_temperature: temperature of the softmax / diffusion prior.
+      options: :class:`SolveOptions` (solver, threshold, limits, init, warm start,
+        fill); ``solver`` None means ``"replicator"`` (paper mode).
+      x0: optional ``[m+n]`` initial point; overrides ``options.init``.
       pinned: optional ``[n]`` bool, notes added to the constraint set.
       links: optional ``[n, n]`` bool note-link adjacency, for ``init="diffusion"``.
-      warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
-        ``init``; ``"replicator"`` first runs paper mode from there and starts it
-        from paper mode's point (``result.num_iters`` counts the solver's own steps).
-      fill: True (default) fills slots the support leaves empty; False returns
-        only the support (fewer than ``budget`` picks, masked), the paper's reading.
+      **overrides: :class:`SolveOptions` fields replacing those of ``options``
+        (``solver="converged"``, ``max_iter=500``, ...).
 
     Returns:
       :class:`Selection` with ``result`` holding the solver diagnostics and
       ``support_size`` (notes only), ``num_filled``, ``fill_reason``, ``beta``.
     """
     budget = check_budget(budget)
+    options = solve_options(options, **overrides)
+    solver = options.solver or "replicator"
     check_option("solver", solver, tuple(SOLVERS))
-    check_option("warm_start", warm_start, ("uniform", "replicator"))
     affinity = build_affinity(notes, query, valid, params, pinned=pinned)
     if x0 is None:
-        x0 = initial_point(affinity, init, prior_temperature, links)
-    else:
-        check_option("init", init, INITS)
-    if warm_start == "replicator" and solver != "replicator":
+        x0 = initial_point(affinity, options.init, options.prior_temperature, links)
+    if options.warm_start == "replicator" and solver != "replicator":
         x0 = solve(affinity, x0, solver="replicator").x
-    result = solve(affinity, x0, solver=solver, tol=tol, max_iter=max_iter)
-    return read_selection(result, affinity, budget=budget, threshold=threshold,
-                          cosine=query_cosine(notes, query).astype(result.x.dtype), fill=fill, beta=params.beta)
+    result = solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    return read_selection(result, affinity, budget=budget, threshold=options.threshold,
+                          cosine=query_cosine(notes, query).astype(result.x.dtype), fill=options.fill,
+                          beta=params.beta)
 
 
 def cds_peel(
@@ -166,12 +161,9 @@ def cds_peel(
     *,
     budget: int = 10,
     params: CDSParams = CDSParams(),
-    solver: str = "replicator",
-    threshold: float = 1e-6,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
+    options: Optional[SolveOptions] = None,
     pinned: Optional[Array] = None,
-    fill: bool = True,
+    **overrides,
 ) -> Selection:
     r"""Peeling extraction for several constraint vertices.
 
@@ -180,19 +172,22 @@ def cds_peel(
     constraint vertex is covered (at most one round per constraint vertex). Notes
     are ranked by round, then by their weight within the round; ``scores`` hold
     those weights. ``result`` is the first round's solver result, with
-    ``num_iters`` summed over rounds and ``converged`` true only if every round
-    converged. ``support_size`` counts the notes of every round's support; when
-    they are fewer than ``budget``, the fill rule (:mod:`cdsjax.core.ranking`)
-    completes the picks using the first round's slack.
+    ``num_iters`` summed over rounds and ``converged`` (and ``status``) true only if
+    every round converged. ``support_size`` counts the notes of every round's
+    support; when they are fewer than ``budget``, the fill rule
+    (:mod:`cdsjax.core.ranking`) completes the picks using the first round's slack.
 
-    Args: as :func:`cds_select`; ``query`` is ``[m, d]`` (or ``[d]``, which makes
+    Args: as :func:`cds_select` (every round starts uniformly: ``options.init`` and
+      ``warm_start`` are not used); ``query`` is ``[m, d]`` (or ``[d]``, which makes
       peeling a single extraction).
 
     Returns:
       :class:`Selection`.
     """
     budget = check_budget(budget)
-    check_option("solver", solver, tuple(SOLVERS))
+    options = solve_options(options, **overrides)
+    solver = configured_solver(options.solver or "replicator", options.tol, options.max_iter)
+    threshold = options.threshold
     base = build_affinity(notes, query, valid, params, pinned=pinned)
     m = base.num_queries
     n = notes.shape[0]
@@ -200,9 +195,8 @@ def cds_peel(
     dtype = base.matrix.dtype
 
     def extract(state):
-        active, uncovered, rank_key, total_iters, all_converged, r = state
-        sub = _restrict(base, active, params)
-        res = solve(sub, None, solver=solver, tol=tol, max_iter=max_iter)
+        active, uncovered, rank_key, total_iters, status, r = state
+        res = iterate(solver, DensePayoff.from_affinity(_restrict(base, active, params)), None)
         support = active & (res.x > threshold)
         new_notes = support & ~base.constraint
         # Earlier rounds rank above later ones: key = (max_rounds - r) + x, x in [0, 1].
@@ -210,8 +204,9 @@ def cds_peel(
         covered = uncovered & support
         # A round that covers nothing would repeat forever: give up on the rest.
         uncovered = jnp.where(jnp.any(covered), uncovered & ~covered, jnp.zeros_like(uncovered))
-        state = (active & ~support, uncovered, rank_key, total_iters + res.num_iters,
-                 all_converged & res.converged, r + 1)
+        # the first round that did not converge decides the status
+        status = jnp.where(status == CONVERGED, res.status, status)
+        state = (active & ~support, uncovered, rank_key, total_iters + res.num_iters, status, r + 1)
         return state, res
 
     init = (
@@ -219,7 +214,7 @@ def cds_peel(
         base.constraint & base.valid,
         jnp.full((m + n,), -jnp.inf, dtype),
         jnp.asarray(0, jnp.int32),
-        jnp.asarray(True),
+        jnp.asarray(0, jnp.int32),
         jnp.asarray(0, jnp.int32),
     )
     state, first = extract(init)
@@ -228,20 +223,20 @@ def cds_peel(
         lambda s: extract(s)[0],
         state,
     )
-    _, _, rank_key, total_iters, all_converged, _ = state
+    _, _, rank_key, total_iters, status, _ = state
     note_key = rank_key[m:]
     note_valid = base.valid[m:]
     # every round's support has key >= 1 > threshold; the fill uses the first round's point
     first_round = _restrict(base, base.valid, params)
     idx, ok, scores, size, num_filled, reason = rank_support(
         note_key, note_valid, budget=budget, threshold=threshold,
-        slack=kkt_slack(first_round, first.x) if fill else None,
+        slack=kkt_slack(first_round, first.x) if options.fill else None,
         cosine=query_cosine(notes, query).astype(dtype), isolated=isolated_query(base))
     # support picks fill the first slots; their score is the weight within their round
     in_support = jnp.arange(budget) < size
     picked = jnp.where(in_support, note_key[idx], 0.0)
     scores = jnp.where(in_support, picked - jnp.ceil(picked - 1.0), scores)
-    result = first.replace(num_iters=total_iters, converged=all_converged)
+    result = first.replace(num_iters=total_iters, converged=status == CONVERGED, status=status)
     return Selection(indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size,
                      num_filled=num_filled, fill_reason=reason, beta=jnp.asarray(params.beta, dtype))
 

@@ -11,8 +11,10 @@ block :math:`W`, the penalty :math:`\alpha = \lambda_{\max}(W) + \varepsilon`
 (:math:`r_k \ge 0` and the query's zero diagonal never lower :math:`\min M` below
 :math:`\min(0, \min(W - \alpha I))`). :func:`corpus_affinity` computes them once;
 :func:`solve_replicator_shared` then runs paper mode for a batch of ``b``
-questions with one ``[b, n] @ [n, n]`` product per step instead of ``b``
-matrix--vector products over ``b`` materialised payoffs. Each question keeps its
+questions on a :class:`~cdsjax.core.payoff.SharedPayoff` (the same
+:class:`~cdsjax.core.replicator.Replicator` and loop as one question), with one
+``[b, n] @ [n, n]`` product per step instead of ``b`` matrix--vector products over
+``b`` materialised payoffs. Each question keeps its
 own stopping rule (its row is frozen once it stops), so points, step counts and
 diagnostics are those of :func:`cdsjax.core.solve_replicator` on the
 per-question affinity, up to the summation order of the products.
@@ -25,12 +27,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import Array, lax
+from jax import Array
 
 from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalty
-from cdsjax.core.replicator import SHIFT_EPS, SUPPORT_THRESHOLD
-from cdsjax.core.select import SOLVERS, selection_from_solution, solve
-from cdsjax.core.types import Affinity, CDSParams, Selection, SolverResult
+from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
+from cdsjax.core.replicator import Replicator
+from cdsjax.core.select import SOLVERS, configured_solver, selection_from_solution, solve
+from cdsjax.core.solver import iterate
+from cdsjax.core.types import Affinity, CDSParams, Selection, SolveOptions, SolverResult, solve_options
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
 
 
@@ -115,34 +119,10 @@ def question_affinity(corpus: CorpusAffinity, rel: Array) -> Affinity:
     )
 
 
-def _payoff_times(corpus: CorpusAffinity, rel: Array, x: Array) -> Array:
-    r"""``[b, n+1]`` rows :math:`M_k x_k` for all questions with one matrix--matrix product."""
-    xq, y = x[:, :1], x[:, 1:]
-    # W is symmetric: y @ W is (W y_k)_k without a transpose.
-    notes_part = xq * rel + y @ corpus.coupling - jnp.where(corpus.valid, corpus.alpha, 0.0) * y
-    query_part = jnp.sum(rel * y, axis=1, keepdims=True)
-    return jnp.concatenate([query_part, notes_part], axis=1)
-
-
-def _diagnostics(corpus: CorpusAffinity, rel: Array, x: Array, num_iters, converged, step) -> SolverResult:
-    """Batched :class:`SolverResult` with the same diagnostics as :func:`cdsjax.core.replicator.finish`."""
-    mx = _payoff_times(corpus, rel, x)
-    obj = jnp.sum(x * mx, axis=1)
-    valid = jnp.concatenate([jnp.ones((1,), bool), corpus.valid])
-    r = mx - obj[:, None]
-    kkt = jnp.max(jnp.where(valid, jnp.abs(jnp.minimum(x, -r)), 0.0), axis=1)
-    support = jnp.sum(valid & (x > SUPPORT_THRESHOLD), axis=1).astype(jnp.int32)
-    b = x.shape[0]
-    return SolverResult(
-        x=x,
-        num_iters=num_iters.astype(jnp.int32),
-        converged=converged,
-        step=step.astype(x.dtype),
-        objective=obj,
-        kkt_residual=kkt,
-        support_size=support,
-        alpha=jnp.broadcast_to(corpus.alpha, (b,)).astype(x.dtype),
-    )
+def shared_payoff(corpus: CorpusAffinity, rel: Array) -> SharedPayoff:
+    """The :class:`~cdsjax.core.payoff.SharedPayoff` of ``b`` questions (``rel`` ``[b, n]``) on ``corpus``."""
+    return SharedPayoff(coupling=corpus.coupling, rel=rel, note_valid=corpus.valid, alpha=corpus.alpha,
+                        corpus_shift=corpus.shift)
 
 
 def solve_replicator_shared(
@@ -168,46 +148,12 @@ def solve_replicator_shared(
     Returns:
       :class:`SolverResult` whose leaves carry a leading ``b`` axis.
     """
-    if not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
-    if not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll must be a positive integer, got {unroll!r}")
     dtype = corpus.coupling.dtype
     rel = jnp.asarray(rel, dtype)
     n = corpus.coupling.shape[0]
     if rel.ndim != 2 or rel.shape[1] != n:
         raise ValueError(f"rel must have shape [b, {n}], got {rel.shape}")
-    b = rel.shape[0]
-    valid = jnp.concatenate([jnp.ones((1,), bool), corpus.valid])
-    if x0 is None:
-        x = jnp.broadcast_to(valid.astype(dtype) / jnp.sum(valid), (b, n + 1))
-    else:
-        x0 = jnp.asarray(x0, dtype)
-        if x0.shape != (b, n + 1):
-            raise ValueError(f"x0 must have shape {(b, n + 1)}, got {x0.shape}")
-        x = jnp.where(valid, jnp.maximum(x0, 0.0), 0.0)
-        x = x / jnp.sum(x, axis=1, keepdims=True)
-    c = corpus.shift
-
-    def cond(state):
-        _, step, it = state
-        return jnp.any((step >= tol) & (it < max_iter))
-
-    def body(state):
-        x, step, it = state
-        for _ in range(unroll):
-            active = (step >= tol) & (it < max_iter)
-            mx = _payoff_times(corpus, rel, x)
-            x_new = x * (mx + c) / (jnp.sum(x * mx, axis=1, keepdims=True) + c)
-            step_new = jnp.sum(jnp.abs(x_new - x), axis=1)
-            x = jnp.where(active[:, None], x_new, x)
-            step = jnp.where(active, step_new, step)
-            it = it + active.astype(it.dtype)
-        return x, step, it
-
-    init = (x, jnp.full((b,), jnp.inf, dtype), jnp.zeros((b,), jnp.int32))
-    x, step, it = lax.while_loop(cond, body, init)
-    return _diagnostics(corpus, rel, x, it, step < tol, step)
+    return iterate(Replicator(tol=tol, max_iter=max_iter, unroll=unroll), shared_payoff(corpus, rel), x0)
 
 
 def cds_select_shared(
@@ -217,24 +163,23 @@ def cds_select_shared(
     *,
     budget: int = 10,
     params: CDSParams = CDSParams(),
-    solver: str = "replicator",
-    threshold: float = 1e-6,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
+    options: Optional[SolveOptions] = None,
     corpus: Optional[CorpusAffinity] = None,
+    **overrides,
 ) -> Selection:
     r""":func:`cdsjax.core.cds_select` for ``b`` single-vertex questions on one corpus.
 
-    Paper mode (``solver="replicator"``) runs :func:`solve_replicator_shared`;
-    any other registered solver runs under ``vmap`` on per-question affinities
-    assembled from the shared :math:`W` and :math:`\alpha` (no per-question
-    eigenvalue problem).
+    Paper mode (``solver="replicator"``) runs replicator dynamics on the batched
+    :class:`~cdsjax.core.payoff.SharedPayoff`; any other registered solver runs
+    under ``vmap`` on per-question affinities assembled from the shared :math:`W`
+    and :math:`\alpha` (no per-question eigenvalue problem).
 
     Args:
       notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
       queries: ``[b, d]`` float, one L2-normalised query per question.
       valid: ``[n]`` bool, True on real notes.
-      budget, params, solver, threshold, tol, max_iter: as :func:`cds_select`.
+      budget, params, options, **overrides: as :func:`cds_select` (``options.init``
+        and ``warm_start`` are not used: every question starts uniformly).
       corpus: optional precomputed :func:`corpus_affinity` of ``notes`` / ``valid`` /
         ``params`` (reuse it across batches of questions).
 
@@ -242,26 +187,24 @@ def cds_select_shared(
       :class:`Selection` whose leaves (and ``result``'s) carry a leading ``b`` axis.
     """
     budget = check_budget(budget)
+    options = solve_options(options, **overrides)
+    solver = options.solver or "replicator"
     check_option("solver", solver, tuple(SOLVERS))
     if corpus is None:
         corpus = corpus_affinity(notes, valid, params)
     rel = question_relevance(corpus, queries)
     if solver == "replicator":
-        _, default_tol, default_iter = SOLVERS["replicator"]
-        result = solve_replicator_shared(
-            corpus,
-            rel,
-            tol=default_tol if tol is None else tol,
-            max_iter=default_iter if max_iter is None else max_iter,
-        )
+        paper = configured_solver(solver, options.tol, options.max_iter).replace(unroll=4)
+        result = iterate(paper, shared_payoff(corpus, rel), None)
     else:
         result = jax.vmap(
-            lambda r: solve(question_affinity(corpus, r), None, solver=solver, tol=tol, max_iter=max_iter)
+            lambda r: solve(question_affinity(corpus, r), None, solver=solver, tol=options.tol,
+                            max_iter=options.max_iter)
         )(rel)
     dtype = corpus.coupling.dtype
     cosine = jnp.asarray(queries, dtype) @ corpus.notes.astype(dtype).T
     return jax.vmap(
         lambda res, r, cos: selection_from_solution(
-            res, 1, corpus.valid, budget=budget, threshold=threshold, affinity=question_affinity(corpus, r),
+            res, 1, corpus.valid, budget=budget, threshold=options.threshold, affinity=question_affinity(corpus, r),
             cosine=cos, beta=corpus.params.beta)
     )(result, rel, cosine)

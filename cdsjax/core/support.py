@@ -64,19 +64,18 @@ affinity is built (one ``eigvalsh``) once and rescaled at each step;
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity
 from cdsjax.core.ranking import query_cosine, read_selection
-from cdsjax.core.select import SOLVERS, solve
-from cdsjax.core.types import Affinity, CDSParams, Selection
-from cdsjax.core.validation import check_budget, check_option
-
-DEFAULT_STEPS = 20
-DEFAULT_SCALE_RANGE = (1e-4, 1e4)
+from cdsjax.core.select import configured_solver, solve
+from cdsjax.core.solver import check_count
+from cdsjax.core.types import DEFAULT_SCALE_RANGE, Affinity, CDSParams, Selection, SolveOptions, solve_options
+from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS
+from cdsjax.core.validation import check_budget
 
 
 def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
@@ -101,14 +100,9 @@ def cds_support(
     *,
     budget: int = 10,
     params: CDSParams = CDSParams(),
-    solver: str = "converged",
-    threshold: float = 1e-6,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
-    num_steps: int = DEFAULT_STEPS,
-    scale_range: Tuple[float, float] = DEFAULT_SCALE_RANGE,
+    options: Optional[SolveOptions] = None,
     pinned: Optional[Array] = None,
-    fill: bool = True,
+    **overrides,
 ) -> Selection:
     r"""Constrained dominant set whose support holds about ``budget`` notes.
 
@@ -123,14 +117,14 @@ def cds_support(
       budget: static number of notes to return; also the support size aimed at.
       params: :class:`CDSParams`; ``beta`` is ignored (it is what is chosen),
         ``coupling`` must not be ``"none"`` (then :math:`\beta` changes nothing).
-      solver: the solver of each equilibrium (default: the active-set solver,
-        ``"converged"``).
-      threshold: support threshold :math:`\theta`.
-      tol, max_iter: limits of each solve; None uses the solver's defaults.
-      num_steps: static number of bisection steps (each one solve).
-      scale_range: ``(low, high)`` bracket of :math:`\gamma = \beta n`.
+      options: :class:`SolveOptions`: ``solver`` of each equilibrium (None: the
+        active-set solver, ``"converged"``), ``threshold``, ``tol`` / ``max_iter``
+        of each solve, ``num_steps`` (static bisection steps, each one solve),
+        ``scale_range`` (``(low, high)`` bracket of :math:`\gamma = \beta n`) and
+        ``fill`` (complete a short support by the fill rule); ``init`` and
+        ``warm_start`` are not used (every solve starts uniformly).
       pinned: optional ``[n]`` bool, notes added to the constraint set.
-      fill: complete a short support by the fill rule (default True).
+      **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:
       :class:`Selection`: ``result`` is the equilibrium at the chosen
@@ -138,12 +132,15 @@ def cds_support(
       (notes only), ``num_filled`` / ``fill_reason`` as in :func:`cds_select`.
     """
     budget = check_budget(budget)
-    check_option("solver", solver, tuple(SOLVERS))
+    options = solve_options(options, **overrides)
+    solver = options.solver or "converged"
+    configured_solver(solver)
+    threshold, tol, max_iter = options.threshold, options.tol, options.max_iter
     params = params.check()
     if params.coupling == "none":
         raise ValueError("cds_support needs a note block: coupling='none' makes beta irrelevant")
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
+    num_steps = check_count("num_steps", options.num_steps, 1)
+    scale_range = options.scale_range
     low, high = (float(v) for v in scale_range)
     if not 0 < low < high:
         raise ValueError(f"scale_range must be (low, high) with 0 < low < high, got {scale_range!r}")
@@ -192,4 +189,4 @@ def cds_support(
     aff, beta = affinity_at(best)
     result = solve(aff, None, solver=solver, tol=tol, max_iter=max_iter)
     return read_selection(result, aff, budget=budget, threshold=threshold,
-                          cosine=query_cosine(notes, query).astype(dtype), fill=fill, beta=beta)
+                          cosine=query_cosine(notes, query).astype(dtype), fill=options.fill, beta=beta)

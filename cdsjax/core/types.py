@@ -7,6 +7,7 @@ static fields, so they are fixed at trace time.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax.numpy as jnp
@@ -23,6 +24,16 @@ FILL_NONE = 0  # every pick is in the support (or no slot could be filled)
 FILL_SHORT_SUPPORT = 1  # the support held fewer than budget notes; the rest ranked by KKT slack
 FILL_NO_QUERY_EDGE = 2  # no note has a positive query edge; the rest ranked by cosine
 FILL_REASONS = ("none", "short_support", "no_query_edge")
+
+# How a solve ended (SolverResult.status); names in STATUSES. ``converged`` is ``status == CONVERGED``.
+CONVERGED = 0  # the stopping rule fired (step or Nash error below tol)
+MAX_STEPS = 1  # a step cap (max_iter, or the active set's Newton cap) was reached first
+NONFINITE = 2  # the point or its residual holds NaN or inf (e.g. NaN input)
+SINGULAR = 3  # a Newton system of the active-set solver was singular and the cap was reached
+STATUSES = ("converged", "max_steps", "nonfinite", "singular")
+
+# Equilibrium weights above this count as the support (selections, diagnostics, implicit derivatives).
+SUPPORT_THRESHOLD = 1e-6
 
 
 @struct.dataclass
@@ -116,6 +127,8 @@ class SolverResult:
         :math:`r = Mx - (x^\top M x)\mathbf 1` over valid vertices.
       support_size: ``[]`` int32, valid vertices with :math:`x_i > 10^{-6}`.
       alpha: ``[]`` float, the penalty used.
+      status: ``[]`` int32, how the solve ended: :data:`CONVERGED`, :data:`MAX_STEPS`,
+        :data:`NONFINITE` or :data:`SINGULAR` (names in :data:`STATUSES`).
     """
 
     x: Array
@@ -126,6 +139,7 @@ class SolverResult:
     kkt_residual: Array
     support_size: Array
     alpha: Array
+    status: Array
 
 
 @struct.dataclass
@@ -161,3 +175,80 @@ class Selection:
     num_filled: Optional[Array] = None
     fill_reason: Optional[Array] = None
     beta: Optional[Array] = None
+
+
+INITS = ("uniform", "softmax", "diffusion")
+WARM_STARTS = ("uniform", "replicator")
+DEFAULT_SUPPORT_STEPS = 20
+DEFAULT_SCALE_RANGE = (1e-4, 1e4)
+
+
+@struct.dataclass
+class SolveOptions:
+    r"""How a CDS selector solves and reads its equilibrium (every field static).
+
+    One object for :func:`cdsjax.core.cds_select`, :func:`cdsjax.core.cds_peel`,
+    :func:`cdsjax.core.cds_select_shared` and :func:`cdsjax.core.cds_support`; the
+    registry builds it once per selector. The affinity's parameters (and the array
+    leaves :math:`\beta`, :math:`\tau` a sweep varies) live in :class:`CDSParams`.
+
+    Attributes:
+      solver: a registered solver name (:data:`cdsjax.core.SOLVERS`); None uses the
+        function's default (``"replicator"``, paper mode; ``"converged"`` for
+        :func:`~cdsjax.core.cds_support`).
+      threshold: support threshold :math:`\theta`.
+      tol, max_iter: solver limits; None uses the solver's defaults (replicator:
+        1e-7 and 10,000).
+      init: ``"uniform"``, ``"softmax"`` (query-softmax prior) or ``"diffusion"``
+        (personalised PageRank of the softmax seed; needs ``links``).
+      prior_temperature: temperature of the softmax / diffusion prior.
+      warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
+        ``init``; ``"replicator"`` first runs paper mode and starts from its point.
+      fill: True fills slots the support leaves empty (the fill rule of
+        :mod:`cdsjax.core.ranking`); False returns only the support.
+      num_steps: :func:`~cdsjax.core.cds_support` only, bisection steps (each one solve).
+      scale_range: :func:`~cdsjax.core.cds_support` only, ``(low, high)`` bracket of
+        :math:`\gamma = \beta n`.
+    """
+
+    solver: Optional[str] = struct.field(pytree_node=False, default=None)
+    threshold: float = struct.field(pytree_node=False, default=SUPPORT_THRESHOLD)
+    tol: Optional[float] = struct.field(pytree_node=False, default=None)
+    max_iter: Optional[int] = struct.field(pytree_node=False, default=None)
+    init: str = struct.field(pytree_node=False, default="uniform")
+    prior_temperature: float = struct.field(pytree_node=False, default=0.1)
+    warm_start: str = struct.field(pytree_node=False, default="uniform")
+    fill: bool = struct.field(pytree_node=False, default=True)
+    num_steps: int = struct.field(pytree_node=False, default=DEFAULT_SUPPORT_STEPS)
+    scale_range: tuple = struct.field(pytree_node=False, default=DEFAULT_SCALE_RANGE)
+
+    def check(self) -> "SolveOptions":
+        """Raises ``ValueError`` naming the field if an option string or count is invalid."""
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
+        if not isinstance(self.scale_range, tuple) or any(not isinstance(v, float) for v in self.scale_range):
+            # static fields must hash: a list (from a config) becomes a tuple of floats
+            return self.replace(scale_range=tuple(float(v) for v in self.scale_range))
+        return self
+
+
+def solve_options(options: Optional[SolveOptions] = None, **overrides) -> SolveOptions:
+    """``options`` (default :class:`SolveOptions`) with ``overrides`` replaced, checked.
+
+    The functions that take ``options`` also take its fields as keyword overrides, so
+    ``cds_select(..., solver="converged")`` reads as well as
+    ``cds_select(..., options=SolveOptions(solver="converged"))``.
+
+    Raises:
+      TypeError: an override that is not a :class:`SolveOptions` field.
+    """
+    options = SolveOptions() if options is None else options
+    if not isinstance(options, SolveOptions):
+        raise TypeError(f"options must be a SolveOptions, got {type(options).__name__}")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SolveOptions)})
+    if unknown:
+        raise TypeError(f"unknown solve option(s) {unknown}; SolveOptions fields: "
+                        f"{[f.name for f in dataclasses.fields(SolveOptions)]}")
+    return (options.replace(**overrides) if overrides else options).check()

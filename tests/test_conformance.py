@@ -1,0 +1,177 @@
+"""Conformance of every registered selector, and the solvers' status codes.
+
+For each selector in ``core.SPECS`` (baselines and every CDS solver), with and without
+``jit``, in float32 and float64: jit equals eager, trailing padding changes nothing, and
+``vmap`` over a padded batch equals per-question calls on the unpadded problems. The
+precision is set locally (``jax.enable_x64``), so these tests do not depend on the
+suite's global setting.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cdsjax import core
+from cdsjax.core.payoff import DensePayoff
+
+BUDGET = 3
+PADDED = 8
+SIZES = (6, 4)
+DTYPES = {"float32": (np.float32, False), "float64": (np.float64, True)}
+# every option at its default; cds_support's bisection is kept short to stay fast
+OPTIONS = {"cds_support": {"num_steps": 4}}
+
+
+def problem(seed, n, dtype):
+    rng = np.random.default_rng(seed)
+    notes = rng.normal(size=(n, 6))
+    notes /= np.linalg.norm(notes, axis=1, keepdims=True)
+    query = notes[0] + 0.5 * rng.normal(size=6)
+    query /= np.linalg.norm(query)
+    links = rng.random((n, n)) < 0.3
+    return notes.astype(dtype), query.astype(dtype), links
+
+
+def pad(notes, links, size, seed):
+    """Trailing padding filled with junk: padded notes and links must not matter."""
+    rng = np.random.default_rng(seed)
+    n = notes.shape[0]
+    junk = rng.normal(size=(size - n, notes.shape[1])).astype(notes.dtype)
+    padded_links = rng.random((size, size)) < 0.5
+    padded_links[:n, :n] = links
+    return np.concatenate([notes, junk]), padded_links, np.arange(size) < n
+
+
+def assert_same(a, b, rtol):
+    np.testing.assert_array_equal(np.asarray(a.selected_valid), np.asarray(b.selected_valid))
+    ok = np.asarray(a.selected_valid)
+    np.testing.assert_array_equal(np.asarray(a.indices)[ok], np.asarray(b.indices)[ok])
+    np.testing.assert_allclose(np.asarray(a.scores), np.asarray(b.scores), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+@pytest.mark.parametrize("use_jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("name", sorted(core.SPECS))
+def test_selector_conformance(name, use_jit, dtype_name):
+    dtype, x64 = DTYPES[dtype_name]
+    rtol = 1e-4 if dtype is np.float32 else 1e-9
+    with jax.enable_x64(x64):
+        fn = core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {}))
+        run = jax.jit(fn) if use_jit else fn
+        key = core.key_from_query_id(f"{name}-q")
+        problems = [problem(seed, n, dtype) for seed, n in enumerate(SIZES)]
+
+        # one question, unpadded
+        notes, query, links = problems[0]
+        alone = run(notes, query, np.ones(len(notes), bool), links, key)
+        assert alone.indices.shape == (BUDGET,) and alone.indices.dtype == jnp.int32
+        if alone.result is not None:
+            assert alone.result.x.dtype == dtype
+            assert int(alone.result.status) == core.CONVERGED
+        if use_jit:  # jit equals eager
+            assert_same(fn(notes, query, np.ones(len(notes), bool), links, key), alone, rtol)
+
+        # trailing padding (filled with junk) changes nothing
+        padded = [pad(notes, links, PADDED, seed) for seed, (notes, _, links) in enumerate(problems)]
+        singles = [run(notes_p, query, valid_p, links_p, key)
+                   for (notes_p, links_p, valid_p), (_, query, _) in zip(padded, problems)]
+        assert_same(singles[0], alone, rtol)
+
+        # vmap over the padded batch equals the per-question calls
+        batch = [np.stack(column) for column in zip(*padded)]
+        queries = np.stack([query for _, query, _ in problems])
+        keys = jnp.stack([key] * len(problems))
+        vmapped = jax.vmap(fn)
+        out = (jax.jit(vmapped) if use_jit else vmapped)(batch[0], queries, batch[2], batch[1], keys)
+        for i, sel in enumerate(singles):
+            assert_same(jax.tree.map(lambda leaf: leaf[i], out.replace(result=None)), sel.replace(result=None), rtol)
+
+
+def cds_payoff(dtype, n=8, seed=0):
+    notes, query, _ = problem(seed, n, dtype)
+    return DensePayoff.from_affinity(core.build_affinity(notes, query, np.ones(n, bool)))
+
+
+SOLVERS = {
+    "replicator": core.Replicator(),
+    "inimdyn": core.InImDyn(),
+    "active_set": core.ActiveSet(),
+}
+
+
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+def test_status_converged_step_cap_and_nonfinite(solver, dtype_name):
+    dtype, x64 = DTYPES[dtype_name]
+    config = SOLVERS[solver]
+    with jax.enable_x64(x64):
+        payoff = cds_payoff(dtype)
+        done = jax.jit(core.iterate, static_argnums=0)(config, payoff)
+        assert int(done.status) == core.CONVERGED and bool(done.converged)
+
+        capped = core.iterate(config.replace(max_iter=1, tol=0.0), payoff)
+        assert int(capped.status) == core.MAX_STEPS and not bool(capped.converged)
+        assert int(capped.num_iters) == 1
+
+        nan = payoff.replace(matrix=payoff.matrix.at[2, 3].set(jnp.nan))
+        broken = core.iterate(config, nan)
+        assert int(broken.status) == core.NONFINITE and not bool(broken.converged)
+
+
+def test_status_nonfinite_from_nan_embeddings_through_selectors():
+    notes, query, links = problem(1, 8, np.float32)
+    notes[3, 0] = np.nan
+    for name in ("cds", "cds_converged", "cds_inimdyn"):
+        sel = core.make_selector(name, budget=BUDGET)(notes, query, np.ones(8, bool), links, None)
+        assert int(sel.result.status) == core.NONFINITE, name
+        assert core.STATUSES[int(sel.result.status)] == "nonfinite"
+
+
+def test_status_singular_newton_system():
+    # On the support {0, 1, 2} the bordered system [[M, -1], [1, 0]] has rank 3 < 4: the Newton
+    # direction from the uniform start is NaN; that point is not a KKT point, so the step cap ends it.
+    payoff = DensePayoff.of(jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], jnp.float32))
+    capped = core.iterate(core.ActiveSet(tol=1e-6, max_iter=1), payoff)
+    assert int(capped.status) == core.SINGULAR and not bool(capped.converged)
+    # the vertex steps that follow still reach the equilibrium (1/2, 1/2, 0): converged wins
+    done = core.iterate(core.ActiveSet(tol=1e-6), payoff)
+    assert int(done.status) == core.CONVERGED
+    np.testing.assert_allclose(np.asarray(done.x), [0.5, 0.5, 0.0], atol=1e-6)
+
+
+def test_peel_status_is_the_first_unconverged_round():
+    notes, _, _ = problem(2, 10, np.float64)
+    queries = notes[:2] + 0.1
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    capped = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, max_iter=2)
+    assert int(capped.result.status) == core.MAX_STEPS and not bool(capped.result.converged)
+    done = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, solver="converged")
+    assert int(done.result.status) == core.CONVERGED and bool(done.result.converged)
+
+
+def test_beta_and_tau_are_leaves_a_sweep_does_not_recompile():
+    notes, query, links = problem(3, 8, np.float32)
+    traces = []
+
+    def select(params):
+        traces.append(1)
+        return core.cds_select(notes, query, np.ones(8, bool), budget=BUDGET, params=params, solver="converged")
+
+    run = jax.jit(select)
+    for beta, tau in ((1.0, 0.0), (0.5, 0.1), (0.1, 0.2)):
+        run(core.CDSParams(beta=jnp.float32(beta), tau=jnp.float32(tau)))
+    assert len(traces) == 1
+
+
+def test_solve_options_are_one_object_shared_by_the_selectors():
+    notes, query, _ = problem(4, 9, np.float64)
+    options = core.SolveOptions(solver="converged", threshold=1e-4, fill=False)
+    valid = np.ones(9, bool)
+    a = core.cds_select(notes, query, valid, budget=BUDGET, options=options)
+    b = core.cds_select(notes, query, valid, budget=BUDGET, solver="converged", threshold=1e-4, fill=False)
+    assert_same(a, b, 0.0)
+    with pytest.raises(TypeError, match="colour"):
+        core.cds_select(notes, query, valid, colour="red")
+    with pytest.raises(ValueError, match="warm_start"):
+        core.cds_support(notes, query, valid, warm_start="paper")
