@@ -71,7 +71,7 @@ def main(argv):
 
     config = config_or_exit(argv, _CONFIG.value, "configs/hotpotqa.py")
     from cdsjax.commands.eval import locate_data
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
 
     from cdsjax.eval import distributed
 

@@ -114,7 +114,7 @@ def run(args) -> int:
         config.max_queries = args.max_queries
     if args.output_dir is not None:
         config.output_dir = args.output_dir
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
 
     try:
         locate_data(config)
