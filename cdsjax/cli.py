@@ -24,6 +24,14 @@ class CLIError(Exception):
         self.code = code
 
 
+def enable_float64() -> None:
+    """Turns on ``jax_enable_x64``, for a command whose config asks for float64 (``cdsjax eval`` with
+    ``dtype = "float64"``). A process-wide JAX setting, so only entry points change it."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cdsjax",
@@ -46,7 +54,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # 256x256 solve took 1.3 s instead of 20 ms on two loaded cores. Set before JAX loads LAPACK.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # a subcommand may take flags of its own form (eval: --config.FIELD=VALUE); anything else is an error
+    prefix = getattr(args, "extra_prefix", None)
+    unknown = [a for a in extra if not (prefix and a.startswith(prefix) and "=" in a)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.extra = extra
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
