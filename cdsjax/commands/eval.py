@@ -59,22 +59,14 @@ def locate_data(config, *, prog: str = "cdsjax eval") -> Path:
         "environment variable CDSJAX_DATA")
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "eval",
-        help="evaluate selectors on a benchmark (configs/*.py)",
-        description="Runs every configured selector on a benchmark, writes one JSONL record per query "
-        "(resumable) and summary.csv / summary.md to the config's output_dir.",
-        epilog="Any config field can be set with --config.FIELD=VALUE (dotted for nested fields), parsed by "
-        "ml_collections' config_flags as in experiments/run_eval.py.",
-    )
+def add_arguments(p) -> None:
     p.add_argument("--config", required=True, metavar="FILE[:ARG]",
                    help="a config file with get_config(); FILE:ARG passes ARG to get_config, e.g. "
                    "configs/ablations/hotpotqa.py:tau picks that ablation sweep")
     p.add_argument("--max-queries", type=int, default=None, help="evaluate only the first N questions")
     p.add_argument("--output-dir", default=None, help="where records and summaries go")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run, extra_prefix=f"--{CONFIG_FLAG}.")
+    p.set_defaults(extra_prefix=f"--{CONFIG_FLAG}.")
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()):
