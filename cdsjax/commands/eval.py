@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cdsjax.cli import CLIError
+from cdsjax.cli import CLIError, enable_float64
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FLAG = "config"
@@ -107,8 +107,6 @@ def _last_line(err: Exception) -> str:
 
 
 def run(args) -> int:
-    from cdsjax.cli import enable_float64
-
     config = load_config(args.config, args.extra)
     if args.max_queries is not None:
         config.max_queries = args.max_queries

@@ -25,13 +25,13 @@ from typing import Callable
 
 import numpy as np
 
-from cdsjax.eval import distributed as D
+import cdsjax.eval.distributed as D
 from cdsjax.eval.pools import pool_spec, pooled_problems
 from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
 from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, record_key, selection_record,
                                  start_run)
-from cdsjax.eval.report import SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv, \
-    write_timings
+from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
+                                write_timings)
 from cdsjax.eval.run import cached_selector, jax_local_devices, make_mesh, run_selector
 from cdsjax.eval.scoring import metric_names
 from cdsjax.eval.settings import budgets_of, eval_dtype, run_identity, selector_specs

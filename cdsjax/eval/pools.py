@@ -225,7 +225,6 @@ def corpus_problems(queries: Sequence[Any], query_emb: np.ndarray, notes: Mappin
     return problems, seconds
 
 
-
 def pooled_problems(config, spec: PoolSpec, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
                     log: Callable[[str], None] = print):
     """The benchmark and problems of a pool or open-corpus run.

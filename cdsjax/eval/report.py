@@ -9,7 +9,7 @@ import json
 import pathlib
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
-from cdsjax.eval import metrics as M
+import cdsjax.eval.metrics as M
 from cdsjax.eval.scoring import SUMMARY_DIAGNOSTICS
 
 SUMMARY_CSV = "summary.csv"

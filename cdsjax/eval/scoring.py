@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.eval import metrics as M
+import cdsjax.eval.metrics as M
 from cdsjax.eval.problems import Problem
 
 # Metric order in tables; a benchmark reports the ones its gold supports.

@@ -7,6 +7,7 @@ from typing import List, Tuple
 
 DTYPES = ("float32", "float64")
 
+
 def selector_specs(config) -> List[Tuple[str, str, dict]]:
     """``(label, registry name, options)`` per entry of ``config.selectors``.
 
@@ -42,8 +43,8 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     return specs
 
 
-
 def budgets_of(config) -> List[int]:
+    """The budgets to run, ascending without repeats: ``config.budgets``, else ``[config.budget]``."""
     budgets = list(config.get("budgets", None) or []) or [config.budget]
     for b in budgets:
         if int(b) < 1:
@@ -64,7 +65,6 @@ def run_identity(config) -> dict:
 
     out["data_root"] = str(resolve_data_root(config.data_root))
     return out
-
 
 
 def eval_dtype(config) -> str:
