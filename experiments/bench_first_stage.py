@@ -1,5 +1,5 @@
 r"""Is exact search the open corpus's bottleneck? Times the first stage
-(:func:`cdsjax.eval.runner.first_stage`: one ``jnp`` matmul and ``lax.top_k``) on random
+(:func:`cdsjax.eval.pools.first_stage`: one ``jnp`` matmul and ``lax.top_k``) on random
 unit vectors at growing collection sizes.
 
 Usage (from the repository root)::
@@ -37,7 +37,7 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
-    from cdsjax.eval.runner import first_stage
+    from cdsjax.eval.pools import first_stage
 
     rng = np.random.default_rng(0)
     q = _unit(rng, args.queries, args.dim)

@@ -42,15 +42,16 @@ def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, p
     """
     import numpy as np
 
-    from cdsjax.eval import runner as R
+    from cdsjax.eval.problems import load_configured_benchmark, text_problems
+    from cdsjax.eval.run import cached_selector, run_selector
     from cdsjax import core
     from cdsjax.io.embed import Embedder
 
-    bench = R.load_configured_benchmark(config)
+    bench = load_configured_benchmark(config)
     if not bench.corpora:
         raise ValueError(f"pca_case needs a text benchmark, got {config.benchmark!r}")
     cache = pathlib.Path(cache_dir or config.get("cache_dir", "") or pathlib.Path(config.output_dir) / "cache")
-    problems = R.text_problems(bench, Embedder(config), cache_dir=cache,
+    problems = text_problems(bench, Embedder(config), cache_dir=cache,
                                link_window=int(config.get("link_window", 1)), progress=progress)
     if qid is not None:
         problems = [p for p in problems if p.query.qid == qid]
@@ -62,8 +63,8 @@ def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, p
     for label in selectors:
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
-        fn = R.cached_selector(name, int(config.budget), opts)
-        sels = R.run_selector(fn, problems, chunk=core.selector_spec(name).batch_chunk,
+        fn = cached_selector(name, int(config.budget), opts)
+        sels = run_selector(fn, problems, chunk=core.selector_spec(name).batch_chunk,
                               buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
                               max_batch=int(config.get("max_batch", 64)))
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]

@@ -53,7 +53,9 @@ def main() -> int:
     args = parser.parse_args()
 
     from cdsjax.core import selector_spec
-    from cdsjax.eval.runner import cached_selector, pdf_problems, run_selector, score_problem
+    from cdsjax.eval.problems import pdf_problems
+    from cdsjax.eval.run import cached_selector, run_selector
+    from cdsjax.eval.scoring import score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder
     from cdsjax.io.parse import ocr_available

@@ -30,7 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cdsjax.eval import metrics as M  # noqa: E402
-from cdsjax.eval import runner as R  # noqa: E402
+from cdsjax.eval.records import RECORDS_FILE, read_records  # noqa: E402
+from cdsjax.eval.report import TIMINGS_FILE  # noqa: E402
 
 COLUMNS = {
     "mmlongbench": ("page_recall", "box_recall", "gold_doc_share", "gold_doc_hit", "distinct_docs"),
@@ -43,7 +44,7 @@ SELECTOR_ORDER = ("cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_converged
 def load_run(run_dir, max_queries=None):
     """``(records by selector -> qid -> record, qids in order, timings)`` of one run."""
     run_dir = pathlib.Path(run_dir)
-    records = R.read_records(run_dir / R.RECORDS_FILE)
+    records = read_records(run_dir / RECORDS_FILE)
     if not records:
         raise SystemExit(f"{run_dir}: no records")
     by_sel = collections.defaultdict(dict)
@@ -56,7 +57,7 @@ def load_run(run_dir, max_queries=None):
     if max_queries is not None:
         qids = qids[:max_queries]
     seconds, counts = collections.Counter(), collections.Counter()
-    path = run_dir / R.TIMINGS_FILE
+    path = run_dir / TIMINGS_FILE
     if path.is_file():
         for line in path.read_text().splitlines():
             entry = json.loads(line)
@@ -117,7 +118,7 @@ def pool_size_points(sweep_dir, benchmark, metric):
     runs = {}
     for d in sorted(sweep_dir.glob(f"{benchmark}_*_*")):
         _, size, kind = d.name.rsplit("_", 2)
-        if size.isdigit() and (d / R.RECORDS_FILE).is_file():
+        if size.isdigit() and (d / RECORDS_FILE).is_file():
             runs[(int(size), kind)] = load_run(d)[0]
     kinds = sorted({k for s, k in runs if s > 1}) or sorted({k for _, k in runs})  # size 1 has no kind
     out, counts = {}, {}

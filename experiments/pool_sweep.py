@@ -11,7 +11,7 @@ Usage (from the repository root)::
     python experiments/pool_sweep.py --benchmark mmlongbench --corpus_k 100,300 \
         --cache_dir /work/cache/mmlongbench
 
-Each point runs :func:`cdsjax.eval.runner.evaluate` into
+Each point runs :func:`cdsjax.eval.evaluate` into
 ``runs/pool_sweep/<benchmark>_<size>_<distractors>`` (or
 ``runs/eval/<benchmark>_corpus_k<K>``), resuming from its records, and prints its wall
 time. Pool size 1 has no distractors, so it runs once (as ``_1_random``).
@@ -69,7 +69,7 @@ def main(argv=None):
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
 
     todo = points(args.benchmark, [int(s) for s in _csv(args.sizes)], _csv(args.distractors),
                   [int(k) for k in _csv(args.corpus_k)])

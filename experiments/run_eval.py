@@ -70,8 +70,12 @@ def main(argv):
     from experiments.cli import config_or_exit, exit_on_user_error
 
     config = config_or_exit(argv, _CONFIG.value, "configs/hotpotqa.py")
+    if config.get("dtype", None) == "float64":  # a process-wide setting: entry points change it, evaluate checks it
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
     from cdsjax.commands.eval import locate_data
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
 
     from cdsjax.eval import distributed
 

@@ -76,7 +76,7 @@ def _encode_cached(embedder, texts: Sequence[str], cache_dir: pathlib.Path, tag:
 
 def text_study_problems(bench, embedder, cache_dir: pathlib.Path) -> List[StudyProblem]:
     """HotpotQA / QASPER: notes are the corpus's paragraphs; one gold unit per gold note."""
-    from cdsjax.eval.runner import text_problems
+    from cdsjax.eval.problems import text_problems
 
     problems = []
     for p in text_problems(bench, embedder, cache_dir=cache_dir, link_window=0):

@@ -2,7 +2,7 @@ r"""What the equilibrium selects: support sizes, fills, and the support-targeted
 
 For each benchmark (one question's own document(s) as the note set) it runs
 ``cosine``, ``cds`` (paper mode), ``cds_converged`` and ``cds_support`` through the
-evaluation harness (:func:`cdsjax.eval.runner.evaluate`, records resumable under
+evaluation harness (:func:`cdsjax.eval.evaluate`, records resumable under
 ``--output_dir``) and prints, per benchmark:
 
 * per selector: recall (mean, 95% bootstrap interval), the support size in notes
@@ -70,7 +70,7 @@ def load_config(name: str):
 def run_benchmark(config_name: str, bench: str, selectors: Sequence[str], max_queries: Optional[int],
                   out_root: pathlib.Path, cache_root: pathlib.Path) -> List[dict]:
     """Runs (or resumes) the harness for one config and returns its records."""
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
 
     config = load_config(config_name)
     config.output_dir = str(out_root / config_name)

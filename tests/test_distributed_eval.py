@@ -22,7 +22,7 @@ def _args(out: Path, queries: int):
     return [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "hotpotqa.py"),
             f"--config.max_queries={queries}", "--config.selectors=cosine,mmr,cds", f"--config.output_dir={out}",
             f"--config.cache_dir={out.parent / 'cache'}", "--config.num_resamples=200", f"--config.data_root={DATA}",
-            "--noprogress"]
+            "--config.max_batch=4", "--noprogress"]  # several chunks, so both processes get questions
 
 
 def _env():

@@ -30,7 +30,7 @@ def run_eval(*args):
 def test_both_entry_points_find_the_data_the_same_way(tmp_path):
     # from a directory where ../shared/data does not exist, both fall back to the repository root;
     # an unknown selector stops them right after the data line
-    a = run(cdsjax_eval("--set", "selectors=bogus"), cwd=tmp_path)
+    a = run(cdsjax_eval("--config.selectors=bogus"), cwd=tmp_path)
     b = run(run_eval("--config.selectors=bogus"), cwd=tmp_path)
     expect = f"benchmark data from {os.path.normpath(ROOT / '..' / 'shared' / 'data')} (data_root '../shared/data')"
     for proc in (a, b):
@@ -38,13 +38,13 @@ def test_both_entry_points_find_the_data_the_same_way(tmp_path):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert len(lines) == 2 and lines[0].endswith(expect) and "bogus" in lines[1]
     # $CDSJAX_DATA is the last place looked
-    c = run(cdsjax_eval("--set", "data_root=not/here", "--set", "selectors=bogus"), cwd=tmp_path,
+    c = run(cdsjax_eval("--config.data_root=not/here", "--config.selectors=bogus"), cwd=tmp_path,
             CDSJAX_DATA=str(DATA))
     assert f"benchmark data from {os.path.normpath(DATA)}" in c.stderr.splitlines()[0]
 
 
 def test_missing_data_is_one_line_naming_where_it_looked(tmp_path):
-    a = run(cdsjax_eval("--set", "data_root=../no-such-data"), cwd=tmp_path)
+    a = run(cdsjax_eval("--config.data_root=../no-such-data"), cwd=tmp_path)
     b = run(run_eval("--config.data_root=../no-such-data"), cwd=tmp_path)
     for proc in (a, b):
         lines = proc.stderr.strip().splitlines()

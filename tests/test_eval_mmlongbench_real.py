@@ -28,7 +28,7 @@ def one_doc_root(data_root, tmp_path):
 
 
 def test_harness_on_a_real_mmlongbench_document(one_doc_root, tmp_path):
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
     from tests.conftest import ROOT
     from cdsjax.commands.eval import load_config
 

@@ -34,7 +34,7 @@ def test_evaluation_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
 
     sys.path.insert(0, str(ROOT))
     from cdsjax.eval import figures as F
-    from cdsjax.eval.runner import evaluate
+    from cdsjax.eval import evaluate
     from experiments.make_figures import pca_case
 
     config = _tiny_config(tmp_path)
@@ -121,7 +121,7 @@ def test_ablation_configs_build_valid_labelled_selectors(benchmark):
     import importlib.util
 
     from cdsjax.eval import figures as F
-    from cdsjax.eval.runner import budgets_of, selector_specs
+    from cdsjax.eval.settings import budgets_of, selector_specs
 
     spec = importlib.util.spec_from_file_location("abl", ROOT / "configs" / "ablations" / f"{benchmark}.py")
     module = importlib.util.module_from_spec(spec)

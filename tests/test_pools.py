@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from cdsjax.eval import metrics as M
-from cdsjax.eval import runner as R
+from cdsjax.eval import evaluate
+from cdsjax.eval.pools import (DocumentNotes, PoolSpec, corpus_problems, first_stage, pool_problem,
+                               pool_spec)
+from cdsjax.eval.scoring import score_problem
 from cdsjax.io import datasets as D
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -94,7 +97,7 @@ def _doc_notes(rng, docs, n, d=8):
         z = rng.normal(size=(n, d)).astype(np.float32)
         z /= np.linalg.norm(z, axis=1, keepdims=True)
         links = np.triu(rng.random((n, n)) < 0.4, 1)
-        out[doc] = R.DocumentNotes(z, links | links.T, [f"{doc}#{j}" for j in range(n)],
+        out[doc] = DocumentNotes(z, links | links.T, [f"{doc}#{j}" for j in range(n)],
                                    pages=[j % 3 for j in range(n)],
                                    boxes=[(0.0, j, 1.0, j + 1.0) for j in range(n)])
     return out
@@ -105,7 +108,7 @@ def test_pool_problem_concatenates_documents_and_keeps_links_inside_them():
     notes = _doc_notes(rng, ["a", "b", "c"], 4)
     q = D.Query("q", "?", None, ("b",), gold_pages={"b": frozenset({1})})
     qe = notes["b"].embeddings[1]
-    p = R.pool_problem(q, qe, ("c", "b"), notes, ("b",))
+    p = pool_problem(q, qe, ("c", "b"), notes, ("b",))
     assert p.docs == ["c"] * 4 + ["b"] * 4 and p.pool == ("c", "b") and p.gold_docs == ("b",)
     np.testing.assert_array_equal(p.notes[4:], notes["b"].embeddings)
     np.testing.assert_array_equal(p.links[:4, :4], notes["c"].links)
@@ -116,7 +119,7 @@ def test_pool_problem_concatenates_documents_and_keeps_links_inside_them():
         selected_valid = np.array([True, True, True, False])
         scores = np.zeros(4)
 
-    m = R.score_problem(p, Sel(), kind="pdf")
+    m = score_problem(p, Sel(), kind="pdf")
     assert m["gold_doc_share"] == pytest.approx(2 / 3)
     assert m["gold_doc_hit"] == 1.0 and m["distinct_docs"] == 2.0
     assert m["page_recall"] == 1.0  # note 5 of b is on page 1
@@ -142,11 +145,11 @@ def test_first_stage_and_corpus_problems_match_numpy():
     z = np.concatenate([notes[d].embeddings for d in notes])
     qs = z[[3, 17, 25]] + 0.1 * rng.normal(size=(3, 8)).astype(np.float32)
     qs /= np.linalg.norm(qs, axis=1, keepdims=True)
-    top = R.first_stage(qs, z, 7, chunk=2)
+    top = first_stage(qs, z, 7, chunk=2)
     np.testing.assert_array_equal(top, np.argsort(-(qs @ z.T), axis=1, kind="stable")[:, :7])
-    assert R.first_stage(qs, z, 100).shape == (3, 30)
+    assert first_stage(qs, z, 100).shape == (3, 30)
     queries = [D.Query(f"q{i}", "?", None, ("a",)) for i in range(3)]
-    problems, seconds = R.corpus_problems(queries, qs, notes, 7)
+    problems, seconds = corpus_problems(queries, qs, notes, 7)
     assert seconds >= 0
     ids = [i for d in notes for i in notes[d].note_ids]
     for p, t in zip(problems, top):
@@ -164,12 +167,12 @@ def test_pool_spec_from_config():
     import ml_collections
 
     c = ml_collections.ConfigDict({"benchmark": "qasper"})
-    assert R.pool_spec(c) is None
+    assert pool_spec(c) is None
     c.pool_size = 5
-    assert R.pool_spec(c) == R.PoolSpec(pool_size=5)
+    assert pool_spec(c) == PoolSpec(pool_size=5)
     c.candidate_pool = "web"
     with pytest.raises(ValueError, match="candidate_pool"):
-        R.pool_spec(c)
+        pool_spec(c)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -206,11 +209,11 @@ RUN_SCRIPT = """
 import json, sys
 import jax
 sys.path.insert(0, sys.argv[1])
-from cdsjax.eval import runner as R
+from cdsjax.eval import evaluate
 from tests.test_pools import pool_config
 assert len(jax.devices()) == int(sys.argv[5]), jax.devices()
 config = pool_config(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[6])
-records, _ = R.evaluate(config, progress=False, log=lambda s: None)
+records, _ = evaluate(config, progress=False, log=lambda s: None)
 print(json.dumps({f"{r['selector']}|{r['qid']}": [r["pool_documents"], r["selected"]] for r in records}))
 """
 
@@ -245,7 +248,7 @@ def _run_in_subprocess(tmp_path, data, out, cache, distractors, devices, hash_se
 def test_pools_identical_across_runs_processes_and_a_sharded_run(tiny, tmp_path, distractors):
     cache = tmp_path.parent / "pool_cache"  # shared by the parametrised runs: PDFs indexed once
     config = pool_config(tiny, tmp_path / "a", cache, distractors)
-    records, rows = R.evaluate(config, progress=False, log=lambda s: None)
+    records, rows = evaluate(config, progress=False, log=lambda s: None)
     here = {f"{r['selector']}|{r['qid']}": [r["pool_documents"], r["selected"]] for r in records}
     assert len(here) == 8
     bench = D.load_mmlongbench(tiny)
@@ -261,7 +264,7 @@ def test_pools_identical_across_runs_processes_and_a_sharded_run(tiny, tmp_path,
     assert {m["metric"] for m in rows} >= {"gold_doc_share@3", "gold_doc_hit@3", "distinct_docs@3"}
     # The same pools and picks in a second run in this process, in another process with
     # another hash seed, and in a run sharded over two host devices.
-    again, _ = R.evaluate(pool_config(tiny, tmp_path / "b", cache, distractors), progress=False,
+    again, _ = evaluate(pool_config(tiny, tmp_path / "b", cache, distractors), progress=False,
                           log=lambda s: None)
     assert {f"{r['selector']}|{r['qid']}": [r["pool_documents"], r["selected"]] for r in again} == here
     sharded = _run_in_subprocess(tmp_path, tiny, tmp_path / "c", cache, distractors, 2, "7")
@@ -269,7 +272,7 @@ def test_pools_identical_across_runs_processes_and_a_sharded_run(tiny, tmp_path,
     # Keeping fewer questions does not change the pools of those kept.
     config = pool_config(tiny, tmp_path / "d", cache, distractors)
     config.max_queries = 2
-    few, _ = R.evaluate(config, progress=False, log=lambda s: None)
+    few, _ = evaluate(config, progress=False, log=lambda s: None)
     assert len(few) == 4
     for r in few:
         assert [r["pool_documents"], r["selected"]] == here[f"{r['selector']}|{r['qid']}"]
@@ -280,9 +283,9 @@ def test_pool_size_one_selects_as_the_plain_run(tiny, tmp_path):
 
     cache = tmp_path / "cache"
     sweep = tmp_path / "sweep"
-    pooled, _ = R.evaluate(pool_config(tiny, sweep / "mmlongbench_1_random", cache, "random", pool_size=1),
+    pooled, _ = evaluate(pool_config(tiny, sweep / "mmlongbench_1_random", cache, "random", pool_size=1),
                            progress=False, log=lambda s: None)
-    plain, _ = R.evaluate(_config("mmlongbench", tmp_path / "q", cache, data_root=str(tiny),
+    plain, _ = evaluate(_config("mmlongbench", tmp_path / "q", cache, data_root=str(tiny),
                                   selectors="cosine,cds_converged", budgets=(3,)),
                           progress=False, log=lambda s: None)
     key = lambda r: (r["selector"], r["qid"])  # noqa: E731
@@ -296,7 +299,7 @@ def test_pool_size_one_selects_as_the_plain_run(tiny, tmp_path):
         assert "pool_documents" not in plain[key(r)]
 
     # The report and the pool-size figure read these runs.
-    R.evaluate(pool_config(tiny, sweep / "mmlongbench_3_similar", cache, "similar"), progress=False,
+    evaluate(pool_config(tiny, sweep / "mmlongbench_3_similar", cache, "similar"), progress=False,
                log=lambda s: None)
     sys.path.insert(0, str(ROOT))
     from experiments import pool_report

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.eval import runner as R
+from cdsjax.eval import evaluate
+from cdsjax.eval.problems import Problem, text_links
+from cdsjax.eval.records import RECORDS_FILE, drop_torn_tail, read_records, record_key
+from cdsjax.eval.report import (SUMMARY_COLUMNS, SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows,
+                                write_summary_csv)
+from cdsjax.eval.run import make_mesh, run_selector
+from cdsjax.eval.scoring import score_problem
 from cdsjax.io import datasets as D
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -33,7 +39,7 @@ def _synthetic_problems(sizes, d=8, seed=0):
         links = links | links.T
         query = D.Query(qid=f"q{i}", question="?", answer=None, doc_ids=("doc",),
                         gold_pages={"doc": frozenset({0, 1})})
-        problems.append(R.Problem(query, z, q, links, [f"n{j}" for j in range(n)], ["doc"] * n,
+        problems.append(Problem(query, z, q, links, [f"n{j}" for j in range(n)], ["doc"] * n,
                                   pages=[j % 4 for j in range(n)],
                                   boxes=[(0.0, 10.0 * j, 100.0, 10.0 * j + 9) for j in range(n)]))
     return problems
@@ -47,7 +53,7 @@ def test_run_selector_equals_per_query_calls(name, options):
     problems = _synthetic_problems([5, 20, 3], seed=1)
     fn = core.make_selector(name, budget=4, **options)
     seen = []
-    out = R.run_selector(fn, problems, buckets=(8, 32), max_batch=2, chunk=core.selector_spec(name).batch_chunk,
+    out = run_selector(fn, problems, buckets=(8, 32), max_batch=2, chunk=core.selector_spec(name).batch_chunk,
                          on_chunk=lambda pos, sels: seen.extend(pos))
     assert sorted(seen) == list(range(len(problems)))
     single = jax.jit(fn)
@@ -66,19 +72,19 @@ SHARD_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     from cdsjax import core
-    from cdsjax.eval import runner as R
+    from cdsjax.eval.run import make_mesh, run_selector
     from tests.test_run_eval import _synthetic_problems, SELECTORS
     assert len(jax.devices()) == 4, jax.devices()
     problems = _synthetic_problems([5, 7, 20, 3, 9], seed=2)
-    full, one = R.make_mesh(), R.make_mesh(jax.devices()[:1])
+    full, one = make_mesh(), make_mesh(jax.devices()[:1])
     report = {}
     for name, options in SELECTORS:
         if name == "ppr":
             continue  # same batching path as cosine; keeps the subprocess short
         fn = core.make_selector(name, budget=4, **options)
         chunk = core.selector_spec(name).batch_chunk
-        a = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=full, chunk=chunk)
-        b = R.run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=one, chunk=chunk)
+        a = run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=full, chunk=chunk)
+        b = run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=one, chunk=chunk)
         report[name] = dict(
             same_indices=all(np.array_equal(x.indices[x.selected_valid], y.indices[y.selected_valid])
                              and np.array_equal(x.selected_valid, y.selected_valid)
@@ -113,7 +119,7 @@ def test_score_problem_pdf_and_text():
                                   D.GoldBox("doc", 2, (0.0, 0.0, 5.0, 5.0))))
     sel = core.Selection(indices=np.array([1, 5, 0, 0]), selected_valid=np.array([1, 1, 0, 0], bool),
                          scores=np.zeros(4))
-    m = R.score_problem(p, sel, kind="pdf")
+    m = score_problem(p, sel, kind="pdf")
     # notes 1 and 5 sit on pages 1 and 1 (j % 4): gold pages {1, 3} -> 1/2.
     assert m["page_recall"] == 0.5 and m["all_pages_found"] == 0.0
     assert m["distinct_pages"] == 1.0 and m["num_selected"] == 2.0
@@ -124,12 +130,12 @@ def test_score_problem_pdf_and_text():
     p.query = D.Query(qid="y", question="?", answer=None, doc_ids=("doc",),
                       gold_note_ids=frozenset({"n1", "n2"}),
                       meta={"gold_per_annotator": [["n1"], ["n2", "n3"]]})
-    m = R.score_problem(p, sel, kind="text")
+    m = score_problem(p, sel, kind="text")
     assert m["paragraph_recall"] == 0.5 and m["all_found"] == 0.0
     assert m["best_annotator_recall"] == 1.0
     one = core.Selection(indices=np.array([2, 0]), selected_valid=np.array([1, 0], bool),
                          scores=np.zeros(2))
-    assert R.score_problem(p, one, kind="text")["redundancy"] is None  # NaN -> None in records
+    assert score_problem(p, one, kind="text")["redundancy"] is None  # NaN -> None in records
 
 
 def test_text_links_window_and_figure_references():
@@ -137,11 +143,11 @@ def test_text_links_window_and_figure_references():
                       ("Intro.", "As Fig. 2 shows, ...", "See Table 1 and figure 12.",
                        "Figure 2: A plot.", "Table 1: Numbers."),
                       ("paragraph",) * 3 + ("caption",) * 2)
-    L = R.text_links(corpus, window=1)
+    L = text_links(corpus, window=1)
     expected = {(0, 1), (1, 2), (1, 3), (2, 4)}
     got = {(i, j) for i, j in zip(*np.nonzero(L)) if i < j}
     assert got == expected and (L == L.T).all() and not L.diagonal().any()
-    assert not R.text_links(corpus, window=0)[0, 1]
+    assert not text_links(corpus, window=0)[0, 1]
 
 
 def test_summary_rows_markdown_and_csv(tmp_path):
@@ -151,16 +157,16 @@ def test_summary_rows_markdown_and_csv(tmp_path):
             recs.append({"benchmark": "b", "selector": sel, "budget": 5, "qid": f"q{i}",
                          "metrics": {"page_recall": v, "redundancy": 0.25},
                          "diagnostics": {"converged": True} if sel == "cds" else {}})
-    rows = R.summary_rows(recs, ("page_recall", "redundancy"), num_resamples=500)
+    rows = summary_rows(recs, ("page_recall", "redundancy"), num_resamples=500)
     got = {(r["selector"], r["metric"]): (round(r["mean"], 6), r["n"]) for r in rows}
     assert got == {("cosine", "page_recall@5"): (0.666667, 3), ("cosine", "redundancy@5"): (0.25, 3),
                    ("cds", "page_recall@5"): (0.5, 2), ("cds", "redundancy@5"): (0.25, 3),
                    ("cds", "converged@5"): (1.0, 3)}
-    R.write_summary_csv(rows, tmp_path / "s.csv")
+    write_summary_csv(rows, tmp_path / "s.csv")
     with open(tmp_path / "s.csv") as f:
         table = list(csv.DictReader(f))
-    assert list(table[0]) == list(R.SUMMARY_COLUMNS) and len(table) == len(rows)
-    md = R.markdown_table(rows)
+    assert list(table[0]) == list(SUMMARY_COLUMNS) and len(table) == len(rows)
+    md = markdown_table(rows)
     assert "### b, budget 5" in md
     assert "| cosine | 0.667 [" in md and "page_recall (n=" not in md  # n differs by selector
     assert "redundancy (n=3)" in md
@@ -185,11 +191,11 @@ def _config(benchmark, out_dir, cache_dir, **fields):
 
 
 def _records(out_dir):
-    return [json.loads(line) for line in (out_dir / R.RECORDS_FILE).read_text().splitlines()]
+    return [json.loads(line) for line in (out_dir / RECORDS_FILE).read_text().splitlines()]
 
 
 def _summary(out_dir):
-    with open(out_dir / R.SUMMARY_CSV) as f:
+    with open(out_dir / SUMMARY_CSV) as f:
         return list(csv.DictReader(f))
 
 
@@ -203,7 +209,7 @@ def test_end_to_end_hotpotqa_and_resume(data_root, tmp_path, cache_dir):
     config = _config("hotpotqa", out, cache_dir, data_root=str(data_root), max_queries=3,
                      selectors="cosine,cds_paper", budgets=(2, 3),
                      selector_options={"cds_paper": {"selector": "cds", "max_iter": 500}})
-    records, rows = R.evaluate(config, progress=False, log=lambda s: None)
+    records, rows = evaluate(config, progress=False, log=lambda s: None)
     assert len(records) == 3 * 2 * 2
     bench = D.load_hotpotqa(data_root, max_queries=3)
     gold = {q.qid: q.gold_note_ids for q in bench.queries}
@@ -215,7 +221,7 @@ def test_end_to_end_hotpotqa_and_resume(data_root, tmp_path, cache_dir):
         assert r["metrics"]["all_found"] == float(found == 1.0)
         assert ("kkt_residual" in r["diagnostics"]) == (r["selector"] == "cds_paper")
     table = _summary(out)
-    assert list(table[0]) == list(R.SUMMARY_COLUMNS)
+    assert list(table[0]) == list(SUMMARY_COLUMNS)
     means = {(t["selector"], t["metric"]): float(t["mean"]) for t in table}
     for sel in ("cosine", "cds_paper"):
         for b in (2, 3):
@@ -223,32 +229,32 @@ def test_end_to_end_hotpotqa_and_resume(data_root, tmp_path, cache_dir):
                     if r["selector"] == sel and r["budget"] == b]
             assert means[(sel, f"paragraph_recall@{b}")] == pytest.approx(np.mean(vals))
     assert ("cds_paper", "converged@2") in means and ("cosine", "converged@2") not in means
-    assert (out / R.SUMMARY_MD).read_text().startswith("### hotpotqa, budget 2")
+    assert (out / SUMMARY_MD).read_text().startswith("### hotpotqa, budget 2")
 
     # Resume: nothing is recomputed; a torn last line and a missing record are redone.
-    lines = (out / R.RECORDS_FILE).read_text().splitlines()
-    (out / R.RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
-    records2, rows2 = R.evaluate(config, progress=False, log=lambda s: None)
+    lines = (out / RECORDS_FILE).read_text().splitlines()
+    (out / RECORDS_FILE).write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    records2, rows2 = evaluate(config, progress=False, log=lambda s: None)
     assert len(_records_clean(out)) == len(lines)
-    assert sorted(map(R.record_key, records2)) == sorted(map(R.record_key, records))
-    assert R.evaluate(config, progress=False, log=lambda s: None)[1] == rows2
+    assert sorted(map(record_key, records2)) == sorted(map(record_key, records))
+    assert evaluate(config, progress=False, log=lambda s: None)[1] == rows2
     assert len(_records_clean(out)) == len(lines)
     # A different run into the same directory is refused.
     other = _config("hotpotqa", out, cache_dir, data_root=str(data_root), max_queries=3,
                     selectors="cosine", link_window=2)
     with pytest.raises(ValueError, match="link_window"):
-        R.evaluate(other, progress=False, log=lambda s: None)
+        evaluate(other, progress=False, log=lambda s: None)
 
 
 def _records_clean(out_dir):
-    return R.read_records(out_dir / R.RECORDS_FILE)
+    return read_records(out_dir / RECORDS_FILE)
 
 
 def test_end_to_end_qasper(data_root, tmp_path, cache_dir):
     out = tmp_path / "qasper"
     config = _config("qasper", out, cache_dir, data_root=str(data_root), max_queries=4,
                      selectors="cosine,mmr", budgets=(3,))
-    records, rows = R.evaluate(config, progress=False, log=lambda s: None)
+    records, rows = evaluate(config, progress=False, log=lambda s: None)
     bench = D.load_qasper(data_root, max_queries=4)
     by_id = {q.qid: q for q in bench.queries}
     assert len(records) == 8
@@ -328,19 +334,19 @@ def test_end_to_end_mmlongbench_layout_via_script(tmp_path, cache_dir):
 def test_drop_torn_tail(tmp_path):
     p = tmp_path / "r.jsonl"
     p.write_text('{"a": 1}\n{"a": 2}\n{"a"')
-    R.drop_torn_tail(p)
+    drop_torn_tail(p)
     assert p.read_text() == '{"a": 1}\n{"a": 2}\n'
-    R.drop_torn_tail(p)
+    drop_torn_tail(p)
     assert p.read_text() == '{"a": 1}\n{"a": 2}\n'
     p.write_text('{"a"')
-    R.drop_torn_tail(p)
+    drop_torn_tail(p)
     assert p.read_text() == ""
 
 
 def test_run_selector_float64():
     problems = _synthetic_problems([5, 9], seed=3)
     fn = core.make_selector("cosine", budget=3)
-    out = R.run_selector(fn, problems, buckets=(16,), dtype=np.float64)  # conftest enables x64
+    out = run_selector(fn, problems, buckets=(16,), dtype=np.float64)  # conftest enables x64
     for p, sel in zip(problems, out):
         assert sel.scores.dtype == np.float64
         ref = np.sort(p.notes.astype(np.float64) @ p.query_emb.astype(np.float64))[::-1][:3]

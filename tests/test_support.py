@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.eval import runner as R
+from cdsjax.eval.problems import text_problems
+from cdsjax.eval.report import summary_rows
+from cdsjax.eval.run import run_selector
+from cdsjax.eval.scoring import diagnostics
 
 
 def unit_rows(x):
@@ -239,16 +242,16 @@ def test_records_carry_notes_only_support_size():
     notes = clustered(rng, 20)
     query = unit_rows(notes[0] + 0.3 * rng.normal(size=16))
     sel = core.cds_select(notes, query, np.ones(20, bool), budget=5, solver="converged")
-    d = R.diagnostics(jax.device_get(sel), num_notes=20)
+    d = diagnostics(jax.device_get(sel), num_notes=20)
     assert d["support_size"] == int((np.asarray(sel.result.x)[1:] > 1e-6).sum())
     assert d["support_size"] == int(sel.result.support_size) - 1  # the solver's count includes the query
     assert d["whole_support"] == (d["support_size"] == 20)
     assert d["num_filled"] == 0 and d["fill_reason"] == "none" and d["beta"] == 1.0
     notes2, q2 = away_from_query(rng, 20)
-    d2 = R.diagnostics(jax.device_get(core.cds_select(notes2, q2, np.ones(20, bool), budget=5)), num_notes=20)
+    d2 = diagnostics(jax.device_get(core.cds_select(notes2, q2, np.ones(20, bool), budget=5)), num_notes=20)
     assert d2["support_size"] == 0 and d2["num_filled"] == 5 and d2["fill_reason"] == "no_query_edge"
-    assert R.diagnostics(core.select_cosine(notes, query, np.ones(20, bool), budget=5)) == {}
-    rows = R.summary_rows([{"benchmark": "b", "selector": "s", "budget": 5, "metrics": {},
+    assert diagnostics(core.select_cosine(notes, query, np.ones(20, bool), budget=5)) == {}
+    rows = summary_rows([{"benchmark": "b", "selector": "s", "budget": 5, "metrics": {},
                             "diagnostics": d}, {"benchmark": "b", "selector": "s", "budget": 5,
                                                 "metrics": {}, "diagnostics": d2}], (), num_resamples=10)
     means = {r["metric"]: r["mean"] for r in rows}
@@ -269,14 +272,14 @@ def test_cds_support_size_on_dev_questions(data_root, tmp_path, benchmark, budge
     config = default_config()
     config.embedder.show_progress = False
     bench = load_benchmark(benchmark, data_root, max_queries)
-    problems = R.text_problems(bench, Embedder(config), cache_dir=tmp_path, link_window=0)
+    problems = text_problems(bench, Embedder(config), cache_dir=tmp_path, link_window=0)
     problems = [p for p in problems if p.notes.shape[0] >= 2 * budget]
     assert len(problems) >= 5
     fn = core.make_selector("cds_support", budget=budget)
-    sels = R.run_selector(fn, problems, buckets=(16, 64, 128, 256, 512), max_batch=16)
+    sels = run_selector(fn, problems, buckets=(16, 64, 128, 256, 512), max_batch=16)
     sizes = np.asarray([int(s.support_size) for s in sels])
     inside = (sizes >= budget / 2) & (sizes <= 2 * budget)
     assert inside.mean() >= 0.9, sizes
     for p, s in zip(problems, sels):
         assert int(np.asarray(s.selected_valid).sum()) == budget
-        assert R.diagnostics(s, num_notes=p.notes.shape[0])["support_size"] == int(s.support_size)
+        assert diagnostics(s, num_notes=p.notes.shape[0])["support_size"] == int(s.support_size)

@@ -1,7 +1,7 @@
 """Evaluating the planning agent on a benchmark: retrieval metrics of its evidence, and answers.
 
 For each question the agent runs against the question's own notes (the same problems the selector
-harness builds, :mod:`cdsjax.eval.runner`) and is scored four ways with the harness's metrics:
+harness builds, :mod:`cdsjax.eval.problems`) and is scored four ways with the harness's metrics:
 
 * ``final``: the evidence the reasoner read (the deduplicated union of the probe and the last round's
   sub-question evidence, at most ``max_final_evidence`` notes);
@@ -119,22 +119,23 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
     """
     from cdsjax.agents.planning import PlanningAgent, make_retriever
     from cdsjax.eval import metrics as M
-    from cdsjax.eval import runner
+    from cdsjax.eval import problems as P
+    from cdsjax.eval import report, scoring
     from cdsjax.io.embed import Embedder
 
     out_dir = pathlib.Path(output_dir or config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    bench = runner.load_configured_benchmark(config)
+    bench = P.load_configured_benchmark(config)
     if not bench.queries:
         raise ValueError(f"benchmark {config.benchmark!r} has no queries")
-    kind = runner._benchmark_kind(bench)
+    kind = P.benchmark_kind(bench)
     cache_dir = pathlib.Path(config.get("cache_dir", "") or out_dir / "cache")
     embedder = Embedder(config)
     if kind == "text":
-        problems = runner.text_problems(bench, embedder, cache_dir=cache_dir,
-                                        link_window=int(config.get("link_window", 1)))
+        problems = P.text_problems(bench, embedder, cache_dir=cache_dir,
+                                   link_window=int(config.get("link_window", 1)))
     else:
-        problems = runner.pdf_problems(bench, config, embedder, cache_dir=cache_dir, log=log)
+        problems = P.pdf_problems(bench, config, embedder, cache_dir=cache_dir, log=log)
     notes_of = [problem_notes(bench, p, kind, config, cache_dir) for p in problems]
     encoder = CachedQueryEncoder(embedder, {p.query.question: np.asarray(p.query_emb, np.float32) for p in problems})
 
@@ -160,7 +161,7 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
             probe = [position[e.note_id] for e in result.probe]
             rel = np.asarray(p.notes, np.float64) @ np.asarray(p.query_emb, np.float64)
             matched = list(np.argsort(-rel, kind="stable")[: len(final)])
-            metrics = {view: runner.score_problem(p, _selection(idx), kind=kind)
+            metrics = {view: scoring.score_problem(p, _selection(idx), kind=kind)
                        for view, idx in zip(VIEWS, (final, explored, probe, matched))}
             rec = {
                 "benchmark": bench.name, "variant": variant.label, "budget": budget, "qid": p.query.qid,
@@ -175,7 +176,7 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
             f.flush()
             records.append(rec)
 
-    metric_names = list(runner.metric_names(kind)) + ["num_selected"]
+    metric_names = list(scoring.metric_names(kind)) + ["num_selected"]
     flat = []
     for r in records:
         for view in VIEWS:
@@ -187,8 +188,8 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
     names = metric_names + ["rounds", "llm_calls", "accuracy"]
     rows = [row for row in M.summarize(flat, names, num_resamples=int(config.get("num_resamples", 10_000)))
             if row["n"] > 0]
-    runner.write_summary_csv(rows, out_dir / "planning_summary.csv")
-    table = runner.markdown_table([dict(row, metric=f"{row['metric']}@{budget}") for row in rows])
+    report.write_summary_csv(rows, out_dir / "planning_summary.csv")
+    table = report.markdown_table([dict(row, metric=f"{row['metric']}@{budget}") for row in rows])
     (out_dir / "planning_summary.md").write_text(table)
     log(table)
     return records, rows

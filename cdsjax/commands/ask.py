@@ -43,7 +43,6 @@ CDSJAX_READER_MODEL (and CDSJAX_READER_API_KEY).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -57,15 +56,7 @@ DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not im
 OPTION_FLAGS = (("--beta", "beta"), ("--tau", "tau"), ("--max-iter", "max_iter"), ("--lam", "lam"))
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "ask",
-        help="ask a question of indexed documents or PDFs",
-        description="Select evidence for a question from index directories or PDFs (PDFs are indexed into a "
-        "cache on first use) and, with a reader configured, answer it from that evidence.",
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
     p.add_argument("--selector", default=DEFAULT_SELECTOR,
                    help="evidence selector (default: cds-converged, the CDS equilibrium; cds-paper = cds: the "
@@ -93,7 +84,6 @@ def register(subparsers) -> None:
     p.add_argument("--combined", default=None, choices=("single", "peel"),
                    help="planning: one selection with every sub-question as a query vertex (peel: by peeling)")
     p.add_argument("--tau-max", type=int, default=3, help="planning: most refinement rounds (default: 3)")
-    p.set_defaults(func=run)
 
 
 def parse_inputs(inputs):

@@ -29,19 +29,11 @@ SELECTORS = (
 )
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="a report that restates one finding: which distinct facts does each selector's evidence cover?",
-        description="Writes a 10-page report that restates one finding in a chart, its caption, an intro sentence "
-        "and a summary beside the distinct facts a full answer needs, indexes it, asks one question and shows, "
-        "per selector, the facts its top-B covers and the slots spent on restatements.",
-    )
+def add_arguments(p) -> None:
     p.add_argument("--dir", default=None, help="where to write the report and its index (default: the cache)")
     p.add_argument("--budget", type=int, default=4, help="evidence budget (default: 4, the number of facts)")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default: 1.0, the paper's)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
-    p.set_defaults(func=run)
 
 
 def compare(pipe, question: str, budget: int, beta=None) -> list:

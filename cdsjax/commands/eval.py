@@ -1,6 +1,10 @@
 """``cdsjax eval --config FILE``: batch retrieval evaluation (the CLI face of experiments/run_eval.py).
 
-    cdsjax eval --config configs/hotpotqa.py --max-queries 20 --set selectors=cosine,cds
+    cdsjax eval --config configs/hotpotqa.py --max-queries 20 --config.selectors=cosine,cds
+    cdsjax eval --config configs/ablations/hotpotqa.py:tau
+
+Config fields are set with ``--config.FIELD=VALUE`` (ml_collections ``config_flags``, as in
+``experiments/run_eval.py``); ``FILE:ARG`` passes ARG to the file's ``get_config``.
 
 Both entry points find the benchmark data with :func:`locate_data` and say in one line where they
 looked: the config's ``data_root`` (default ``../shared/data``) from the working directory, then from
@@ -9,14 +13,14 @@ the repository root, then ``$CDSJAX_DATA``.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import sys
 from pathlib import Path
+from typing import Sequence
 
-from cdsjax.cli import CLIError
+from cdsjax.cli import CLIError, enable_float64
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_FLAG = "config"
 
 
 def data_candidates(data_root) -> list:
@@ -51,70 +55,66 @@ def locate_data(config, *, prog: str = "cdsjax eval") -> Path:
             return c
     raise FileNotFoundError(
         f"benchmark data not found: data_root {str(config.data_root)!r} is not a directory (looked in "
-        f"{', '.join(str(c) for c in candidates)}); set data_root (--set data_root=DIR, or "
-        "--config.data_root=DIR for run_eval.py) or the environment variable CDSJAX_DATA")
+        f"{', '.join(str(c) for c in candidates)}); set data_root (--config.data_root=DIR) or the "
+        "environment variable CDSJAX_DATA")
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "eval",
-        help="evaluate selectors on a benchmark (configs/*.py)",
-        description="Runs every configured selector on a benchmark, writes one JSONL record per query "
-        "(resumable) and summary.csv / summary.md to the config's output_dir.",
-    )
-    p.add_argument("--config", required=True, metavar="FILE", help="a config file with get_config()")
+def add_arguments(p) -> None:
+    p.add_argument("--config", required=True, metavar="FILE[:ARG]",
+                   help="a config file with get_config(); FILE:ARG passes ARG to get_config, e.g. "
+                   "configs/ablations/hotpotqa.py:tau picks that ablation sweep")
     p.add_argument("--max-queries", type=int, default=None, help="evaluate only the first N questions")
     p.add_argument("--output-dir", default=None, help="where records and summaries go")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field (dotted key; VALUE is a Python literal or a string)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
+    p.set_defaults(extra_prefix=f"--{CONFIG_FLAG}.")
 
 
-def load_config(path: str):
-    file = Path(path)
+def load_config(spec: str, overrides: Sequence[str] = ()):
+    """The config of ``FILE[:ARG]`` with ``--config.FIELD=VALUE`` overrides applied, read by
+    ml_collections' ``config_flags`` (the parser of ``experiments/run_eval.py``).
+
+    Raises:
+      CLIError: a missing or broken file, or an override that names no field or has a bad value (one
+        line, exit status 2).
+    """
+    from absl import flags
+    from ml_collections import config_flags
+
+    file = Path(spec.split(":", 1)[0])
     if not file.is_file():
         raise CLIError(f"{file}: no such config file", 2)
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
+    argv = ["cdsjax eval", f"--{CONFIG_FLAG}={spec}", *overrides]
+    values = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file(CONFIG_FLAG, None, "config file", flag_values=values,
+                                             lock_config=True, sys_argv=argv)
     try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        raise CLIError(f"{file}: cannot load config ({type(err).__name__}: {err})", 2) from None
-    if not hasattr(module, "get_config"):
-        raise CLIError(f"{file}: has no get_config()", 2)
-    return module.get_config()
+        values(argv)
+        config = holder.value
+        config.keys()  # a file that failed to load raises here, on first use
+    except (AttributeError, KeyError) as err:  # config_flags names the field it could not find
+        raise CLIError(f"--{CONFIG_FLAG}.{str(err).strip(chr(39) + chr(34))}: no such config field", 2) from None
+    except flags.Error as err:  # a bad override value, or get_config(ARG) failed while flags were parsed
+        line = _last_line(err)
+        raise CLIError(line if f"--{CONFIG_FLAG}." in line else f"{file}: cannot load config ({line})", 2) from None
+    except Exception as err:  # the config module itself failed: OSError, SyntaxError, NameError, ...
+        raise CLIError(f"{file}: cannot load config ({type(err).__name__}: {_last_line(err)})", 2) from None
+    return config
 
 
-def apply_overrides(config, items):
-    for item in items:
-        if "=" not in item:
-            raise CLIError(f"--set expects KEY=VALUE, got {item!r}", 2)
-        key, raw = item.split("=", 1)
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        node = config
-        *parents, leaf = key.split(".")
-        try:
-            for part in parents:
-                node = node[part]
-            if leaf not in node:
-                raise KeyError(leaf)
-            node[leaf] = value
-        except (KeyError, TypeError) as err:
-            raise CLIError(f"--set {key}: no such config field ({err})", 2) from None
+def _last_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def run(args) -> int:
-    config = load_config(args.config)
-    apply_overrides(config, args.set)
+    config = load_config(args.config, args.extra)
     if args.max_queries is not None:
         config.max_queries = args.max_queries
     if args.output_dir is not None:
         config.output_dir = args.output_dir
-    from cdsjax.eval.runner import evaluate
+    if config.get("dtype", None) == "float64":
+        enable_float64()
+    from cdsjax.eval import evaluate
 
     try:
         locate_data(config)

@@ -24,14 +24,7 @@ from cdsjax.cli import CLIError
 EXIT_LOCKED = 3
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "index",
-        help="add PDFs to an index directory; list, remove, verify",
-        description="Parse PDFs into elements and notes, embed them, and add them to the index in DIR "
-        "(documents already there are kept; changed PDFs are re-done). Finished documents go to a shared "
-        "cache first, so an interrupted run resumes.",
-    )
+def add_arguments(p) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="PDF files or directories (searched for *.pdf)")
     p.add_argument("--out", metavar="DIR", help="index directory (published atomically)")
     p.add_argument("--replace", action="store_true", help="drop the documents of DIR that are not named here")
@@ -59,29 +52,22 @@ def register(subparsers) -> None:
                    help="stop at the first bad input or VLM enrichment failure; write nothing")
     p.add_argument("--json", action="store_true", help="with --list: print JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
+
+
+# flag (argparse dest) -> the config section and field it sets when given
+CONFIG_FLAGS = (("enrich", "enrich", "mode"), ("parser", "ingest", "parser"),
+                ("mineru_output", "ingest", "mineru_output"), ("vlm_url", "enrich", "vlm_url"),
+                ("vlm_model", "enrich", "vlm_model"), ("ocr", "ingest", "use_ocr"),
+                ("embedder", "embedder", "model"), ("device", "embedder", "device"))
 
 
 def make_config(args):
     from cdsjax.io.index import default_config
 
     config = default_config()
-    if args.enrich:
-        config.enrich.mode = args.enrich
-    if args.parser:
-        config.ingest.parser = args.parser
-    if args.mineru_output:
-        config.ingest.mineru_output = args.mineru_output
-    if args.vlm_url:
-        config.enrich.vlm_url = args.vlm_url
-    if args.vlm_model:
-        config.enrich.vlm_model = args.vlm_model
-    if args.ocr:
-        config.ingest.use_ocr = args.ocr
-    if args.embedder:
-        config.embedder.model = args.embedder
-    if args.device:
-        config.embedder.device = args.device
+    for flag, section, field in CONFIG_FLAGS:
+        if getattr(args, flag):
+            config[section][field] = getattr(args, flag)
     return config
 
 

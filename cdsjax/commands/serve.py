@@ -38,15 +38,7 @@ MAX_BUDGET = 512
 MAX_QUESTION_CHARS = 4000
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "serve",
-        help="serve indexes over a local HTTP JSON API (warm: answers in milliseconds)",
-        description="Loads index directories (or PDFs) once and answers POST /ask, POST /select, GET /health and "
-        "GET /documents as JSON. See `cdsjax ask --server URL`.",
-        epilog=__doc__,
-        formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
-    )
+def add_arguments(p) -> None:
     p.add_argument("indexes", nargs="+", metavar="INDEX", help="index directories or PDF files")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0 picks a free one)")
@@ -60,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
     p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
     p.add_argument("--read-workers", type=int, default=4, help="reader calls in flight at once (default: 4)")
-    p.set_defaults(func=run, no_read=False)
+    p.set_defaults(no_read=False)
 
 
 def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged", default_budget: int = 10,

@@ -1,5 +1,170 @@
-"""Evaluation: retrieval metrics and their summaries (pure NumPy).
+"""Batch evaluation of selectors on a benchmark: problems -> sharded selection -> records -> summary.
 
-- :mod:`cdsjax.eval.metrics` — page / box / paragraph recall at a budget, redundancy,
-  distinct pages, and mean with a 95% bootstrap interval.
+The parts, each usable alone:
+
+* :mod:`cdsjax.eval.problems` — :class:`~cdsjax.eval.problems.Problem` (one query's notes, query
+  vector, note links) and the problems of a text or PDF benchmark; :mod:`cdsjax.eval.pools` — candidate
+  pools and the open corpus.
+* :mod:`cdsjax.eval.run` — :func:`~cdsjax.eval.run.run_selector`: problems padded into buckets, a
+  selector ``jit(vmap)`` per bucket with the batch axis sharded over a 1-D device mesh.
+* :mod:`cdsjax.eval.scoring` — the retrieval metrics and solver diagnostics of one selection
+  (:mod:`cdsjax.eval.metrics`: the metrics themselves, pure NumPy).
+* :mod:`cdsjax.eval.records` — one JSONL record per (selector, budget, query), resumed from;
+  :mod:`cdsjax.eval.report` — ``summary.csv``, markdown tables, timings.
+* :mod:`cdsjax.eval.settings` — what a config asks for (selectors, budgets, dtype, run identity).
+* :func:`evaluate` — all of it for a config. ``experiments/run_eval.py`` and ``cdsjax eval`` are the
+  command-line entry points.
 """
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Callable
+
+import numpy as np
+
+import cdsjax.eval.distributed as D
+from cdsjax.eval.pools import pool_spec, pooled_problems
+from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
+from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, record_key, selection_record,
+                                 start_run)
+from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
+                                write_timings)
+from cdsjax.eval.run import cached_selector, jax_local_devices, make_mesh, run_selector
+from cdsjax.eval.scoring import metric_names
+from cdsjax.eval.settings import budgets_of, eval_dtype, run_identity, selector_specs
+
+
+def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
+                  log: Callable[[str], None] = print):
+    """``(benchmark, kind, problems, timings)`` of a config: one document per question,
+    or pools / the open corpus when the config sets :data:`cdsjax.eval.pools.POOL_FIELDS`."""
+    spec = pool_spec(config)
+    if spec is not None:
+        bench, kind, problems, timings = pooled_problems(config, spec, embedder, cache_dir=cache_dir,
+                                                         progress=progress, log=log)
+    else:
+        bench, timings = load_configured_benchmark(config), {}
+        kind = benchmark_kind(bench)
+        if kind == "text":
+            problems = text_problems(bench, embedder, cache_dir=cache_dir,
+                                     link_window=int(config.get("link_window", 1)), progress=progress)
+        elif bench.queries:
+            problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
+        else:
+            problems = []
+    if not bench.queries:
+        raise ValueError(f"benchmark {config.benchmark!r} has no queries "
+                         f"(max_queries={config.get('max_queries', None)})")
+    return bench, kind, problems, timings
+
+
+def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None):
+    """Runs every configured selector at every budget on the configured benchmark.
+
+    Writes into ``config.output_dir``: ``records.jsonl`` (one line per selector,
+    budget and query, appended as results come, so an interrupted run resumes where
+    it stopped), ``summary.csv`` (benchmark, selector, metric, mean, ci_low, ci_high,
+    n; metrics are named ``metric@B``), ``summary.md`` and ``run.json``.
+
+    ``config.dtype = "float64"`` needs ``jax_enable_x64`` turned on by the entry point beforehand
+    (this function changes no JAX setting).
+
+    With ``process`` (a :class:`cdsjax.eval.distributed.Process`, one of several joined by
+    ``jax.distributed``), this process answers its share of the questions (whole compiled chunks,
+    :func:`cdsjax.eval.distributed.split_problems`) and appends to its own shard; process 0
+    merges the shards and writes the summary (the others return empty lists).
+
+    Returns:
+      ``(records, summary rows)`` for the queries and selectors of this config.
+    """
+    from cdsjax.core import DEFAULT_BUCKETS, selector_spec
+    from cdsjax.io.embed import Embedder
+
+    if process is not None:
+        process = process.join()  # before anything starts JAX's backend
+
+    dtype = np.dtype(eval_dtype(config))
+    specs = selector_specs(config)
+    budgets = budgets_of(config)
+    out_dir = pathlib.Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lead = process is None or process.index == 0
+    if lead:
+        start_run(out_dir, run_identity(config))
+
+    cache_dir = pathlib.Path(config.get("cache_dir", "") or out_dir / "cache")
+    embedder = Embedder(config)
+    if not lead:  # process 0 fills the caches (indexes, question vectors) first; the others read them
+        process.barrier("prepared")
+    bench, kind, problems, timings = load_problems(config, embedder, cache_dir=cache_dir,
+                                                   progress=progress, log=log)
+    if process is not None and lead:
+        process.barrier("prepared")
+    pooled = any(p.gold_docs is not None for p in problems)
+
+    records_path = out_dir / RECORDS_FILE
+    if process is not None:
+        records_path = D.shard_path(out_dir, process.index, process.count)
+    drop_torn_tail(records_path)
+    done = {record_key(r) for path in [out_dir / RECORDS_FILE, *D.shard_files(out_dir)]
+            for r in read_records(path)}
+    buckets = tuple(config.get("buckets", None) or DEFAULT_BUCKETS)
+    max_batch = int(config.get("max_batch", 64))
+    if process is None:
+        mine = problems
+    else:
+        split = D.split_problems([p.notes.shape[0] for p in problems], process.count, buckets=buckets,
+                                 max_batch=max_batch)
+        mine = [problems[i] for i in split[process.index]]
+    todo = {(label, b): [p for p in mine if (bench.name, label, b, p.query.qid) not in done]
+            for label, _, _ in specs for b in budgets}
+    total = sum(len(v) for v in todo.values())
+    if len(done):
+        log(f"resuming: {len(mine) * len(specs) * len(budgets) - total} of "
+            f"{len(mine) * len(specs) * len(budgets)} (selector, budget, query) results on disk")
+    mesh = make_mesh(jax_local_devices())
+    bar = None
+    if progress and total:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=f"select {bench.name}", unit="query")
+    with open(records_path, "a", encoding="utf-8") as f:
+        for label, name, opts in specs:
+            for b in budgets:
+                batch = todo[(label, b)]
+                if not batch:
+                    continue
+
+                def write(positions, sels, batch=batch, label=label, b=b):
+                    for pos, sel in zip(positions, sels):
+                        f.write(json.dumps(selection_record(bench.name, label, b, batch[pos], sel, kind=kind))
+                                + "\n")
+                    f.flush()
+                    if bar is not None:
+                        bar.update(len(positions))
+
+                t0 = time.perf_counter()
+                run_selector(cached_selector(name, b, opts), batch, buckets=buckets, max_batch=max_batch,
+                             chunk=selector_spec(name).batch_chunk, mesh=mesh, on_chunk=write, dtype=dtype)
+                timings[f"{label}@{b}"] = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    write_timings(out_dir, timings, {f"{label}@{b}": len(todo[(label, b)]) for label, _, _ in specs
+                                     for b in budgets})  # one line per process (appended whole)
+    if process is not None:
+        process.barrier("selected")
+        if not lead:
+            return [], []
+
+    records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
+                               merge=process is not None)
+    rows = summary_rows(records, metric_names(kind, pooled),
+                        num_resamples=int(config.get("num_resamples", 10_000)))
+    write_summary_csv(rows, out_dir / SUMMARY_CSV)
+    table = markdown_table(rows)
+    (out_dir / SUMMARY_MD).write_text(table)
+    log(table)
+    return records, rows

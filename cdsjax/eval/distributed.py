@@ -101,7 +101,7 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> Process
 def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], max_batch: int) -> List[List[int]]:
     """The problem positions each of ``count`` processes answers: whole compiled chunks, not every N-th question.
 
-    :func:`cdsjax.eval.runner.run_selector` pads problems into note-count buckets and cuts each bucket, in
+    :func:`cdsjax.eval.run.run_selector` pads problems into note-count buckets and cuts each bucket, in
     order, into chunks of at most ``max_batch``; each (bucket, padded chunk size) is one compilation. This
     split hands out those same chunks, so every process solves exactly the batches a single process would
     (the same selections, bit for bit) and compiles only the shapes of its own chunks. Chunks of one shape

@@ -1,11 +1,20 @@
-"""Evaluation records: one JSON line per (benchmark, selector, budget, question), read back for
-resuming and merging (shared by the runner and the multi-process merge)."""
+"""Evaluation records: one JSON line per (benchmark, selector, budget, question), written as results come
+and read back for resuming and merging (shared by :func:`cdsjax.eval.evaluate` and the multi-process
+merge), and ``run.json``, the identity a resumed run must match."""
 
 from __future__ import annotations
 
 import json
 import pathlib
 from typing import Any, List, Mapping, Tuple
+
+import numpy as np
+
+from cdsjax.eval.problems import Problem
+from cdsjax.eval.scoring import diagnostics, score_problem
+
+RECORDS_FILE = "records.jsonl"
+RUN_FILE = "run.json"
 
 
 def read_records(path: pathlib.Path) -> List[dict]:
@@ -47,3 +56,41 @@ def drop_torn_tail(path: pathlib.Path) -> None:
 
 def record_key(r: Mapping[str, Any]) -> Tuple[str, str, int, str]:
     return (r["benchmark"], r["selector"], int(r["budget"]), r["qid"])
+
+
+def selection_record(benchmark: str, label: str, budget: int, problem: Problem, selection: Any, *,
+                     kind: str) -> dict:
+    """The record of one solved problem: the selected notes and scores, the metrics
+    (:func:`cdsjax.eval.scoring.score_problem`), the solver diagnostics, pages and the candidate pool."""
+    mask = np.asarray(selection.selected_valid, bool)
+    idx = [int(i) for i in np.asarray(selection.indices)[mask]]
+    rec = {
+        "benchmark": benchmark, "selector": label, "budget": budget,
+        "qid": problem.query.qid, "num_notes": int(problem.notes.shape[0]),
+        "selected": [problem.note_ids[i] for i in idx],
+        "scores": [float(s) for s in np.asarray(selection.scores)[mask]],
+        "metrics": score_problem(problem, selection, kind=kind),
+        "diagnostics": diagnostics(selection, num_notes=int(problem.notes.shape[0])),
+    }
+    if problem.pages is not None:
+        rec["pages"] = [[problem.docs[i], problem.pages[i]] for i in idx]
+    if problem.pool is not None:
+        rec["pool_documents"] = list(problem.pool)
+    return rec
+
+
+def start_run(out_dir: pathlib.Path, identity: Mapping[str, Any]) -> None:
+    """Writes ``run.json`` with the run's identity, after checking that records already in ``out_dir``
+    (if any) come from a run with the same identity, so they can be resumed.
+
+    Raises:
+      ValueError: ``out_dir`` holds records of a different run (naming the settings that changed).
+    """
+    run_file = out_dir / RUN_FILE
+    if run_file.is_file() and (out_dir / RECORDS_FILE).is_file():
+        previous = json.loads(run_file.read_text()).get("identity", {})
+        if previous != identity:
+            changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
+            raise ValueError(f"{out_dir} holds records of a different run (changed: {changed}); "
+                             "use another output_dir or delete it")
+    run_file.write_text(json.dumps({"identity": identity}, indent=1, default=str))

@@ -6,9 +6,9 @@ tau_converged, beta_converged, budget, or all = mmr+prior+coupling+tau+beta)::
     python experiments/run_eval.py --config configs/ablations/hotpotqa.py:tau
     python experiments/run_eval.py --config configs/ablations/hotpotqa.py:budget
 
-or, with the CLI (its default sweep is "all")::
+or, with the CLI (same FILE:ARG form; without ARG the sweep is "all")::
 
-    cdsjax eval --config configs/ablations/hotpotqa.py
+    cdsjax eval --config configs/ablations/hotpotqa.py:tau
 
 Records go to runs/ablations/hotpotqa_<sweep>/. HotpotQA questions have 10 paragraphs each, so the budget sweep uses B in {2, ..., 6} instead of {3, 5, 10, 15, 20}; all 100 questions.
 """

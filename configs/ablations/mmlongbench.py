@@ -6,9 +6,9 @@ tau_converged, beta_converged, budget, or all = mmr+prior+coupling+tau+beta)::
     python experiments/run_eval.py --config configs/ablations/mmlongbench.py:tau
     python experiments/run_eval.py --config configs/ablations/mmlongbench.py:budget
 
-or, with the CLI (its default sweep is "all")::
+or, with the CLI (same FILE:ARG form; without ARG the sweep is "all")::
 
-    cdsjax eval --config configs/ablations/mmlongbench.py
+    cdsjax eval --config configs/ablations/mmlongbench.py:tau
 
 Records go to runs/ablations/mmlongbench_<sweep>/. MMLongBench-Doc ablations keep the first 81 questions (12 PDFs), the subset whose PDF indexes are built.
 """

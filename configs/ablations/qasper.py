@@ -6,9 +6,9 @@ tau_converged, beta_converged, budget, or all = mmr+prior+coupling+tau+beta)::
     python experiments/run_eval.py --config configs/ablations/qasper.py:tau
     python experiments/run_eval.py --config configs/ablations/qasper.py:budget
 
-or, with the CLI (its default sweep is "all")::
+or, with the CLI (same FILE:ARG form; without ARG the sweep is "all")::
 
-    cdsjax eval --config configs/ablations/qasper.py
+    cdsjax eval --config configs/ablations/qasper.py:tau
 
 Records go to runs/ablations/qasper_<sweep>/. QASPER ablations use all 753 questions (the runs resume per question, so a capped run extends).
 """

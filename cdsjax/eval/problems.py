@@ -1,0 +1,239 @@
+"""Selection problems of a benchmark: one query's notes, query vector, note links and what each note is.
+
+* :class:`Problem` — the inputs of one query's selection and what is needed to score it.
+* :func:`text_problems` / :func:`pdf_problems` — one problem per question over its own corpus or
+  documents (PDFs indexed once, embeddings cached by content under ``cache_dir``).
+* :func:`load_configured_benchmark` and :func:`benchmark_kind` — the config's benchmark and how it is
+  scored. Pools and the open corpus: :mod:`cdsjax.eval.pools`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Problem:
+    """One query's selection problem and what is needed to score it.
+
+    Attributes:
+      query: the benchmark :class:`~cdsjax.io.datasets.Query`.
+      notes: ``[n, d]`` float32 L2-normalised note embeddings.
+      query_emb: ``[d]`` float32 L2-normalised query embedding.
+      links: ``[n, n]`` bool note-link adjacency (symmetric, False diagonal).
+      note_ids: ``[n]`` note ids (corpus note ids for text benchmarks).
+      docs: ``[n]`` document of each note.
+      pages: ``[n]`` 0-based page of each note, or None (text benchmarks).
+      boxes: ``[n]`` ``(x0, y0, x1, y1)`` of each note, or None.
+      pool: the candidate documents the notes come from (pool and open-corpus runs;
+        recorded as ``pool_documents``), or None.
+      gold_docs: the question's own documents; when set, the pool metrics
+        (:data:`cdsjax.eval.scoring.METRICS_POOL`) are scored.
+    """
+
+    query: Any
+    notes: np.ndarray
+    query_emb: np.ndarray
+    links: np.ndarray
+    note_ids: List[str]
+    docs: List[str]
+    pages: Optional[List[int]] = None
+    boxes: Optional[List[Tuple[float, float, float, float]]] = None
+    pool: Optional[Tuple[str, ...]] = None
+    gold_docs: Optional[Tuple[str, ...]] = None
+
+    def __post_init__(self):
+        n = self.notes.shape[0]
+        if self.notes.ndim != 2 or n == 0:
+            raise ValueError(f"query {self.query.qid}: notes must be [n>0, d], got {self.notes.shape}")
+        if self.query_emb.shape != self.notes.shape[1:]:
+            raise ValueError(f"query {self.query.qid}: query_emb shape {self.query_emb.shape} "
+                             f"does not match notes {self.notes.shape}")
+        if self.links.shape != (n, n):
+            raise ValueError(f"query {self.query.qid}: links must be [{n}, {n}], got {self.links.shape}")
+        for name in ("note_ids", "docs", "pages", "boxes"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
+
+
+def benchmark_kind(bench) -> str:
+    """How a benchmark is scored: ``"text"`` (corpora of paragraphs), ``"visdom"`` or ``"pdf"``."""
+    if bench.corpora:
+        return "text"
+    return "visdom" if bench.name.startswith("visdom") else "pdf"
+
+
+def load_configured_benchmark(config, *, all_queries: bool = False):
+    """The config's benchmark (its first ``config.max_queries`` questions unless
+    ``all_queries``)."""
+    from cdsjax.io.datasets import load_benchmark
+
+    options = config.get("loader", None) or {}
+    if hasattr(options, "to_dict"):
+        options = options.to_dict()
+    options = {k: v for k, v in options.items() if v is not None}
+    max_queries = None if all_queries else config.get("max_queries", None)
+    return load_benchmark(config.benchmark, config.data_root, max_queries, **options)
+
+
+def first_queries(bench, max_queries: Optional[int]):
+    """``bench`` with only its first ``max_queries`` questions (all of them for None)."""
+    if max_queries is None:
+        return bench
+    return dataclasses.replace(bench, queries=list(bench.queries[: int(max_queries)]))
+
+
+def fingerprint(obj: Any) -> str:
+    """Short stable hash of a JSON-serialisable object."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_FLOAT_LABEL = re.compile(r"^\s*(fig(?:ure)?\.?|table)\s*(\d+)", re.IGNORECASE)
+
+
+def text_links(corpus, *, window: int = 1) -> np.ndarray:
+    """Structural links of a text corpus: paragraphs within ``window`` of each other in
+    reading order, and a caption ``"Figure N"``/``"Table N"`` with every paragraph that
+    names it. Returns ``[n, n]`` bool, symmetric, False diagonal."""
+    n = len(corpus)
+    links = np.zeros((n, n), bool)
+    par = [i for i, k in enumerate(corpus.kinds) if k == "paragraph"]
+    for a, i in enumerate(par):
+        for j in par[a + 1: a + 1 + max(0, window)]:
+            links[i, j] = links[j, i] = True
+    for i, kind in enumerate(corpus.kinds):
+        if kind != "caption":
+            continue
+        m = _FLOAT_LABEL.match(corpus.texts[i])
+        if not m:
+            continue
+        word = "fig" if m.group(1).lower().startswith("fig") else "table"
+        pattern = (re.compile(rf"\b(?:fig(?:ure)?\.?|figs?\.)\s*{m.group(2)}\b", re.IGNORECASE)
+                   if word == "fig" else re.compile(rf"\btables?\s*{m.group(2)}\b", re.IGNORECASE))
+        for j in par:
+            if pattern.search(corpus.texts[j]):
+                links[i, j] = links[j, i] = True
+    return links
+
+
+def cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[str], *,
+                   queries: bool, progress: bool = False) -> np.ndarray:
+    """Embeds ``texts`` once per (embedder, texts); later runs load the ``.npy``."""
+    info = {k: v for k, v in embedder.info().items() if k != "dim"}
+    key = fingerprint({"info": info, "queries": queries, "texts": list(texts)})
+    path = cache_dir / f"{tag}-{'q' if queries else 'd'}-{key}.npy"
+    if path.is_file():
+        arr = np.load(path)
+        if arr.shape[0] == len(texts):
+            return arr
+    if queries:
+        arr = embedder.encode_queries(list(texts), show_progress=progress)
+    else:
+        arr = embedder.encode_documents(list(texts), show_progress=progress)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")  # one per process: several may fill a cold cache
+    np.save(tmp, arr)
+    tmp.replace(path)  # atomic: a crash leaves no half-written cache
+    return arr
+
+
+def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int = 1,
+                  progress: bool = False) -> List[Problem]:
+    """Problems of a text benchmark: each query searches its corpus's notes."""
+    from cdsjax import core
+
+    corpus_ids = list(dict.fromkeys(q.doc_ids[0] for q in bench.queries))
+    texts = [t for c in corpus_ids for t in bench.corpora[c].texts]
+    note_emb = cached_encode(cache_dir, bench.name, embedder, texts, queries=False, progress=progress)
+    query_emb = cached_encode(cache_dir, bench.name, embedder,
+                              [q.question for q in bench.queries], queries=True)
+    offsets, start = {}, 0
+    for c in corpus_ids:
+        offsets[c] = (start, start + len(bench.corpora[c]))
+        start += len(bench.corpora[c])
+    links = {c: text_links(bench.corpora[c], window=link_window) for c in corpus_ids}
+    problems = []
+    for q, qe in zip(bench.queries, query_emb):
+        if len(q.doc_ids) != 1:
+            raise ValueError(f"text query {q.qid} must name exactly one corpus, got {q.doc_ids}")
+        c = q.doc_ids[0]
+        lo, hi = offsets[c]
+        core.validate_embeddings(note_emb[lo:hi], qe)
+        corpus = bench.corpora[c]
+        problems.append(Problem(q, note_emb[lo:hi], qe, links[c], list(corpus.note_ids),
+                                [c] * len(corpus)))
+    return problems
+
+
+def block_links(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """The note links of several documents' notes concatenated in order: each ``[n_i, n_i]`` block on
+    the diagonal, documents not linked to each other. Returns ``[sum n_i, sum n_i]`` bool."""
+    n = sum(len(b) for b in blocks)
+    links = np.zeros((n, n), bool)
+    start = 0
+    for b in blocks:
+        links[start:start + len(b), start:start + len(b)] = b
+        start += len(b)
+    return links
+
+
+def pdf_indexes(bench, doc_ids: Sequence[str], config, embedder, *, cache_dir: pathlib.Path,
+                progress: bool = False) -> Dict[str, Any]:
+    """``doc -> index`` of the PDFs ``doc_ids`` of a PDF benchmark, each indexed once
+    (cached by content and settings under ``cache_dir / "indexes"``), checked to be
+    embedded by ``embedder``'s model."""
+    from cdsjax.io.index import index_pdf, prebuild_documents
+
+    want = {k: v for k, v in embedder.info().items() if k != "dim"}
+    indexes = {}
+    docs_iter = list(doc_ids)
+    # the documents not yet in the cache are built in a process pool (as `cdsjax index --workers`)
+    prebuild_documents([bench.documents[d] for d in docs_iter], config=config, cache_dir=cache_dir / "indexes",
+                       workers=config.get("index_workers", None), progress=progress)
+    if progress:
+        from tqdm.auto import tqdm
+
+        docs_iter = tqdm(docs_iter, desc=f"index {bench.name}", unit="doc")
+    for doc_id in docs_iter:
+        idx = index_pdf(bench.documents[doc_id], config=config, cache_dir=cache_dir / "indexes")
+        got = {k: v for k, v in idx.embedder.items() if k != "dim"}
+        if got != want:
+            raise ValueError(f"index of {doc_id} was embedded with {got}, but questions would be "
+                             f"encoded with {want}")
+        indexes[doc_id] = idx
+    return indexes
+
+
+def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
+                 progress: bool = False) -> List[Problem]:
+    """Problems of a PDF benchmark: each document is indexed once (cached by content
+    and settings under ``cache_dir``); a query searches the notes of its documents."""
+    from cdsjax import core
+
+    needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
+    indexes = pdf_indexes(bench, needed, config, embedder, cache_dir=cache_dir, progress=progress)
+    query_emb = cached_encode(cache_dir, bench.name.replace("/", "_"), embedder,
+                              [q.question for q in bench.queries], queries=True)
+    problems = []
+    for q, qe in zip(bench.queries, query_emb):
+        parts = [indexes[d] for d in q.doc_ids]
+        notes = np.concatenate([p.embeddings for p in parts]).astype(np.float32)
+        links = block_links([p.links for p in parts])
+        core.validate_embeddings(notes, qe)
+        meta = [(d, note) for d, p in zip(q.doc_ids, parts) for note in p.notes]
+        problems.append(Problem(
+            q, notes, qe, links,
+            note_ids=[f"{d}#{note['reading_order']}" for d, note in meta],
+            docs=[d for d, _ in meta],
+            pages=[int(note["page"]) for _, note in meta],
+            boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta]))
+    return problems

@@ -1,0 +1,158 @@
+"""Running a registry selector over ragged problems: note-count buckets, compiled batches sharded over a
+1-D device mesh, and the caches that let a second run in the same process skip compilation.
+
+* :func:`make_mesh` / :func:`jax_local_devices` — the ``"batch"`` mesh.
+* :func:`cached_selector` — :func:`cdsjax.core.make_selector`, memoised.
+* :func:`run_selector` — one NumPy :class:`~cdsjax.core.Selection` per problem.
+
+How several processes split the problems: :mod:`cdsjax.eval.distributed`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from cdsjax.eval.problems import Problem
+
+
+def jax_local_devices():
+    """This process's devices (all of them unless several processes joined through jax.distributed)."""
+    import jax
+
+    return jax.local_devices()
+
+
+def make_mesh(devices: Optional[Sequence[Any]] = None):
+    """A 1-D mesh with axis ``"batch"`` over ``devices`` (default: all devices)."""
+    import jax
+    from jax.sharding import Mesh
+
+    devices = list(jax.devices() if devices is None else devices)
+    return Mesh(np.asarray(devices), ("batch",))
+
+
+def _round_up(k: int, multiple: int) -> int:
+    return -(-k // multiple) * multiple
+
+
+_BATCHED: Dict[Any, Any] = {}
+
+
+def _batched(fn, sharded: bool, chunk=None):
+    """The jitted batch call, kept per function so repeated runs reuse compilations.
+
+    Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
+    On one device: :func:`cdsjax.core.batched` with ``chunk``, the selector's
+    ``SelectorSpec.batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one
+    ``vmap`` on an accelerator).
+    """
+    from cdsjax import core
+
+    key = (fn, sharded, chunk)
+    if key not in _BATCHED:
+        _BATCHED[key] = core.batched(fn, chunk=None if sharded else chunk)
+    return _BATCHED[key]
+
+
+_SELECTOR_FNS: Dict[str, Any] = {}
+
+
+def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
+    """:func:`cdsjax.core.make_selector`, memoised on (name, budget, options), so a
+    second :func:`evaluate` in the same process does not compile again."""
+    from cdsjax.core import make_selector
+
+    key = json.dumps([name, int(budget), dict(options)], sort_keys=True, default=repr)
+    if key not in _SELECTOR_FNS:
+        _SELECTOR_FNS[key] = make_selector(name, budget=budget, **options)
+    return _SELECTOR_FNS[key]
+
+
+def run_selector(
+    fn: Callable[..., Any],
+    problems: Sequence[Problem],
+    *,
+    buckets: Sequence[int],
+    max_batch: int = 64,
+    mesh=None,
+    keys: Optional[Sequence[Any]] = None,
+    on_chunk: Optional[Callable[[List[int], List[Any]], None]] = None,
+    dtype: Any = np.float32,
+    chunk: Optional[Any] = None,
+) -> List[Any]:
+    """Runs a registry selector over ragged problems, batched and sharded.
+
+    Problems are padded (trailing) into note-count buckets; each bucket is cut into
+    chunks of at most ``max_batch`` problems, and a chunk's batch axis is padded to a
+    power of two that the mesh size divides (repeating its first problem), so a run
+    compiles once per (bucket, chunk size). Inputs are placed with
+    ``NamedSharding(mesh, P("batch"))``: each device solves its slice of the batch.
+
+    Args:
+      fn: ``fn(notes [n, d], query [d], valid [n], links [n, n], key) -> Selection``
+        (see :func:`cdsjax.core.make_selector`).
+      problems: the problems, any note counts.
+      buckets: allowed padded note counts.
+      max_batch: most problems per compiled call (memory bound: CDS holds an
+        ``[n+1, n+1]`` matrix per problem).
+      mesh: a 1-D mesh from :func:`make_mesh` (default: all devices).
+      keys: one PRNG key per problem (default: derived from each query id).
+      on_chunk: called with (problem positions, their selections) after each chunk,
+        e.g. to write records as they come.
+      dtype: float type of the embeddings fed to the selector (float64 needs
+        ``jax_enable_x64``, set by the entry point; it lets converged-mode solvers go below
+        float32's KKT floor).
+      chunk: the selector's ``SelectorSpec.batch_chunk`` (how a one-device batch is cut).
+
+    Returns:
+      One Selection with NumPy leaves per problem, in input order.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from cdsjax import core
+
+    if not problems:
+        return []
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    dtype = np.dtype(dtype)
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise ValueError("dtype float64 needs jax_enable_x64 (turned on by the entry point)")
+    mesh = make_mesh() if mesh is None else mesh
+    ndev = int(mesh.devices.size)
+    sharding = NamedSharding(mesh, PartitionSpec("batch"))
+    if keys is None:
+        keys = [core.key_from_query_id(p.query.qid) for p in problems]
+    keys = jnp.stack(list(keys))
+
+    groups = core.make_buckets(
+        [np.asarray(p.notes, dtype) for p in problems],
+        [np.asarray(p.query_emb, dtype) for p in problems],
+        buckets=buckets, extras={"links": [np.asarray(p.links, bool) for p in problems]},
+        pad_batch=False)
+    call = _batched(fn, sharded=ndev > 1, chunk=chunk)
+    out: List[Any] = [None] * len(problems)
+    for g in groups:
+        for start in range(0, len(g.positions), max_batch):
+            rows = np.arange(start, min(start + max_batch, len(g.positions)))
+            k = len(rows)
+            size = _round_up(max(1 << (k - 1).bit_length(), 1), ndev)
+            padded = np.concatenate([rows, np.full(size - k, rows[0])])
+            args = [g.notes[padded], g.queries[padded], g.valid[padded],
+                    g.extras["links"][padded]]
+            args = [jax.device_put(a, sharding) for a in args]
+            key_batch = jax.device_put(keys[g.positions[padded]], sharding)
+            sel = jax.device_get(call(*args, key_batch))
+            positions = [int(g.positions[r]) for r in rows]
+            chunk = [jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), sel)
+                     for i in range(k)]
+            for pos, s in zip(positions, chunk):
+                out[pos] = s
+            if on_chunk is not None:
+                on_chunk(positions, chunk)
+    return out

@@ -1,0 +1,88 @@
+"""What an evaluation config asks for: the selectors under their labels, the budgets, the float type, and
+the settings that identify a run (records are resumed only into a run with the same identity)."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+DTYPES = ("float32", "float64")
+
+
+def selector_specs(config) -> List[Tuple[str, str, dict]]:
+    """``(label, registry name, options)`` per entry of ``config.selectors``.
+
+    ``config.selectors`` is a list (or comma-separated string) of labels;
+    ``config.selector_options[label]`` holds that selector's options, and its
+    optional ``selector`` key names the registry entry (default: the label), so
+    one selector can appear under several labels with different options. Options of
+    labels that are not selected are ignored (so a config can keep them all).
+    """
+    from cdsjax.core import selector_names, selector_spec
+
+    labels = config.selectors
+    if isinstance(labels, str):
+        labels = [s.strip() for s in labels.split(",") if s.strip()]
+    labels = list(labels)
+    if not labels:
+        raise ValueError("config.selectors is empty")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"config.selectors has duplicates: {labels}")
+    all_opts = config.get("selector_options", None) or {}
+    if hasattr(all_opts, "to_dict"):
+        all_opts = all_opts.to_dict()
+    specs = []
+    for label in labels:
+        opts = dict(all_opts.get(label, {}))
+        name = opts.pop("selector", label)
+        try:
+            name = selector_spec(name).name  # an alias (cds-paper) names its registry entry
+        except ValueError:
+            raise ValueError(f"config.selectors: unknown selector {name!r} (label {label!r}); "
+                             f"known: {list(selector_names())}") from None
+        specs.append((label, name, opts))
+    return specs
+
+
+def budgets_of(config) -> List[int]:
+    """The budgets to run, ascending without repeats: ``config.budgets``, else ``[config.budget]``."""
+    budgets = list(config.get("budgets", None) or []) or [config.budget]
+    for b in budgets:
+        if int(b) < 1:
+            raise ValueError(f"budgets must be >= 1, got {b}")
+    return sorted(dict.fromkeys(int(b) for b in budgets))
+
+
+def run_identity(config) -> dict:
+    """What must match for records in ``output_dir`` to be resumed."""
+    keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window", "dtype",
+            "pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
+    out = {}
+    for k in keep:
+        if k in config:
+            v = config[k]
+            out[k] = v.to_dict() if hasattr(v, "to_dict") else v
+    from cdsjax.io.datasets import resolve_data_root
+
+    out["data_root"] = str(resolve_data_root(config.data_root))
+    return out
+
+
+def eval_dtype(config) -> str:
+    """``config.dtype`` (default ``"float32"``), checked.
+
+    ``"float64"`` needs ``jax_enable_x64``, a process-wide JAX setting that only entry points change
+    (``experiments/run_eval.py`` and ``cdsjax eval`` turn it on for such a config).
+
+    Raises:
+      ValueError: an unknown dtype, or float64 while x64 is off (one line).
+    """
+    dtype = str(config.get("dtype", "float32"))
+    if dtype not in DTYPES:
+        raise ValueError(f"config.dtype must be 'float32' or 'float64', got {dtype!r}")
+    if dtype == "float64":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise ValueError("config.dtype='float64' needs jax_enable_x64, which is off: enable it in the "
+                             "entry point (jax.config.update('jax_enable_x64', True)) before evaluating")
+    return dtype
