@@ -135,7 +135,7 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
         problems = P.text_problems(bench, embedder, cache_dir=cache_dir,
                                    link_window=int(config.get("link_window", 1)))
     else:
-        problems = P.pdf_problems(bench, config, embedder, cache_dir=cache_dir, log=log)
+        problems = P.pdf_problems(bench, config, embedder, cache_dir=cache_dir)
     notes_of = [problem_notes(bench, p, kind, config, cache_dir) for p in problems]
     encoder = CachedQueryEncoder(embedder, {p.query.question: np.asarray(p.query_emb, np.float32) for p in problems})
 
