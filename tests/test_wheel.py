@@ -61,6 +61,9 @@ def installed(tmp_path_factory):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert not [n for n in names if n.startswith(("tests/", "configs/", "experiments/"))], names
+    # Everything the package holds (modules and any data files it reads) is in the wheel.
+    package = {p.relative_to(src).as_posix() for p in (src / "cdsjax").rglob("*") if p.is_file()}
+    assert "cdsjax/config.py" in package and package <= set(names), sorted(package - set(names))
 
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp, env=_clean_env())
