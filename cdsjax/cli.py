@@ -13,15 +13,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from cdsjax.commands import CLIError
+
+__all__ = ["COMMANDS", "CLIError", "build_parser", "main"]
+
 COMMANDS = ("index", "ask", "serve", "demo", "eval")
-
-
-class CLIError(Exception):
-    """An error to show the user as one line, with exit code ``code``."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,8 +60,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m cdsjax.cli`: run the imported module's main, so CLIError raised by the
-    # subcommands (which import cdsjax.cli) is the class main() catches
-    from cdsjax.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

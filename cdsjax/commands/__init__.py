@@ -1,1 +1,13 @@
-"""Subcommands of the ``cdsjax`` command, one module each (see :mod:`cdsjax.cli`)."""
+"""Subcommands of the ``cdsjax`` command, one module each (see :mod:`cdsjax.cli`).
+
+:class:`CLIError` lives here, not in :mod:`cdsjax.cli`, because :mod:`cdsjax.cli` imports the subcommands:
+they import it from their own package, so no subcommand imports the module that imports it.
+"""
+
+
+class CLIError(Exception):
+    """An error to show the user as one line, with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from cdsjax.cli import CLIError
+from cdsjax.commands import CLIError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
