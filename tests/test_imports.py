@@ -18,6 +18,10 @@ Python runs the parent's ``__init__`` first: that is package initialisation, not
 would put every submodule of a re-exporting package (``cdsjax.core``, whose ``__init__`` imports all of
 ``cdsjax.core.*``) into one meaningless cycle with its package. A submodule that reaches back to its package's
 re-exports (``from cdsjax.core import X`` inside ``cdsjax/core/``) does close a real cycle, and is reported.
+
+Two more checks read the same imports: ``cdsjax.core`` imports nothing but the standard library, jax, numpy,
+flax and itself (also inside functions); and no module uses a ``_private`` name of a module in another package
+(``from cdsjax.eval.runner import _x`` or ``runner._x`` from ``cdsjax.agents``), as LAYOUT.md asks.
 """
 
 from __future__ import annotations
@@ -81,24 +85,29 @@ def _dynamic_name(call: ast.Call) -> Optional[Tuple[str, bool]]:
     return None
 
 
+def raw_imports_of(node: ast.ImportFrom, module: str, is_package: bool) -> List[Tuple[str, str, int]]:
+    """``(absolute source, name, line)`` of one ``from ... import ...`` statement."""
+    package = module if is_package else module.rpartition(".")[0]
+    if node.level:
+        base = package.split(".")
+        base = base[: len(base) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module
+    return [(source, alias.name, node.lineno) for alias in node.names]
+
+
 def raw_imports(path: Path, module: str, is_package: bool) -> List[Tuple[str, Optional[str], int]]:
     """``(module, name, line)`` for every import in a file: ``name`` is the imported name of a
     ``from module import name`` (None for ``import module``); relative imports made absolute; a dynamic
     import with a prefix gives ``(prefix, "*prefix", line)``."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    package = module if is_package else module.rpartition(".")[0]
     out = []
     for node in _walk(tree):
         if isinstance(node, ast.Import):
             out.extend((alias.name, None, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module
-            out.extend((source, alias.name, node.lineno) for alias in node.names)
+            out.extend(raw_imports_of(node, module, is_package))
         elif isinstance(node, ast.Call):
             dynamic = _dynamic_name(node)
             if dynamic is not None:
@@ -203,6 +212,45 @@ def describe(graph: Graph, component: List[str], modules: Dict[str, Path], root:
     return f"{len(component)} modules: {', '.join(component)}; e.g.\n      " + "\n      ".join(steps)
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _package_of(module: str, modules: Dict[str, Path]) -> str:
+    return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def private_uses(path: Path, module: str, modules: Dict[str, Path]) -> List[Tuple[int, str]]:
+    """``(line, "module._name")`` for each private name of another package's module that a file imports
+    (``from m import _name``) or reads through a module it imported (``import m as r; r._name``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _package_of(module, modules)
+    is_package = path.name == "__init__.py"
+    aliases: Dict[str, str] = {}  # local name -> module of ours
+    out = []
+
+    def foreign(target: str) -> bool:
+        return _package_of(target, modules) != package
+
+    for node in _walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            source = raw_imports_of(node, module, is_package)[0][0]
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                elif source in modules and _private(alias.name) and foreign(source):
+                    out.append((node.lineno, f"{source}.{alias.name}"))
+    for node in _walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and _private(node.attr) and foreign(aliases[node.value.id])):
+            out.append((node.lineno, f"{aliases[node.value.id]}.{node.attr}"))
+    return sorted(out)
+
+
 # --------------------------------------------------------------------------- the walker itself
 
 
@@ -262,6 +310,24 @@ def test_walker_reports_a_package_reaching_back_to_its_reexports(tmp_path):
     assert shortest_cycle(graph, component) == ["pkg.core", "pkg.core.select", "pkg.core"]
 
 
+def test_walker_finds_private_names_used_across_packages(tmp_path):
+    pkg = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/eval/__init__.py": "",
+        "pkg/eval/runner.py": "def _kind():\n    pass\n",
+        "pkg/eval/report.py": "from pkg.eval.runner import _kind\n",  # same package: allowed
+        "pkg/agents/__init__.py": "",
+        "pkg/agents/a.py": "from pkg.eval import runner\nfrom pkg.eval.runner import _kind as k\n"
+                           "def f():\n    return runner._kind(), runner.__name__\n",
+        "pkg/agents/b.py": "import pkg.eval.runner as r\nx = r._kind\n",
+    })
+    modules = find_modules(pkg, "pkg")
+    found = {m: private_uses(p, m, modules) for m, p in modules.items()}
+    assert found["pkg.eval.report"] == []
+    assert found["pkg.agents.a"] == [(2, "pkg.eval.runner._kind"), (4, "pkg.eval.runner._kind")]
+    assert found["pkg.agents.b"] == [(2, "pkg.eval.runner._kind")]
+
+
 # --------------------------------------------------------------------------- cdsjax
 
 
@@ -291,3 +357,11 @@ def test_core_imports_only_jax_numpy_flax_and_itself():
             if not ok:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {source}")
     assert not bad, "cdsjax.core imports beyond jax/numpy/flax/stdlib:\n" + "\n".join(bad)
+
+
+def test_no_private_names_across_packages():
+    """No module reaches for a ``_private`` name of a module in another package (LAYOUT.md's check)."""
+    modules = find_modules(ROOT / PACKAGE, PACKAGE)
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}"
+           for module, path in modules.items() for line, name in private_uses(path, module, modules)]
+    assert not bad, "private names used from another package:\n" + "\n".join(bad)
