@@ -34,8 +34,8 @@ def _x64(request):
             with jax.enable_x64(True):
                 yield
     finally:
-        # code under test may still switch the global setting (an entry point called in-process)
-        jax.config.update("jax_enable_x64", before)
+        if jax.config.jax_enable_x64 != before:  # an entry point called in-process switched it globally
+            jax.config.update("jax_enable_x64", before)
 
 
 @pytest.fixture(scope="session")
