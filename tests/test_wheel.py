@@ -49,7 +49,8 @@ def _clean_env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(the fresh venv, its ``cdsjax`` script, a working directory outside the repository)."""
+    """(the fresh venv's python, its ``cdsjax`` script, a working directory outside the repository, the
+    environment to run them in)."""
     pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools")
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
@@ -67,7 +68,7 @@ def installed(tmp_path_factory):
 
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp, env=_clean_env())
-    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    python = venv / "bin" / "python"
     _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel],
          cwd=tmp, env=_clean_env())
     purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
@@ -80,21 +81,20 @@ def installed(tmp_path_factory):
     env = _clean_env(CDSJAX_CACHE=str(tmp / "cache"))
     where = _run([python, "-c", "import cdsjax; print(cdsjax.__file__)"], cwd=work, env=env).stdout.strip()
     assert Path(where).resolve().is_relative_to(purelib.resolve()), where
-    script = venv / ("Scripts/cdsjax.exe" if os.name == "nt" else "bin/cdsjax")
+    script = venv / "bin" / "cdsjax"
     assert script.exists(), "the wheel installs the cdsjax console script"
-    return venv, script, work, env
+    return python, script, work, env
 
 
 def test_installed_package_has_its_default_config(installed):
-    venv, _, work, env = installed
-    python = venv / "bin" / "python"
+    python, _, work, env = installed
     out = _run([python, "-c", "from cdsjax.io.index import default_config; c = default_config(); "
                 "print(c.ingest.parser, c.embedder.model)"], cwd=work, env=env).stdout.split()
     assert out == ["pymupdf", "all-MiniLM-L6-v2"]
 
 
 def test_installed_cli_indexes_and_answers(installed):
-    venv, cdsjax, work, env = installed
+    _, cdsjax, work, env = installed
     gen.make_synthetic_pdf(work / "study.pdf")
     proc = _run([cdsjax, "index", "study.pdf", "--out", "idx", "--no-progress"], cwd=work, env=env)
     assert "documents 1 (1 added); 1 processed" in proc.stdout, proc.stdout
