@@ -71,6 +71,7 @@ def test_options_reach_the_core_function(monkeypatch, name, options, target, arg
     assert spy.calls == [(args, kwargs)]
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("name", ["cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_support"])
 def test_uniform_signature_jits_and_vmaps(name):
     """Every selector runs as jit(vmap(fn)) over padded problems and multi-row queries."""
