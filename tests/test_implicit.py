@@ -17,6 +17,8 @@ from cdsjax.core import implicit
 from cdsjax.core.inimdyn import solve_inimdyn
 from tests.test_inimdyn import np_face_solution
 
+# Every test compares with float64 references at tolerances float32 cannot reach.
+pytestmark = pytest.mark.x64
 TIGHT = dict(solver="replicator", tol=1e-15, max_iter=1_000_000)
 TAU_T = 0.05
 

@@ -105,6 +105,7 @@ def check_certified(aff, res, tol=1e-10):
     assert np.all(x >= 0)
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_cds_instances_reach_kkt_and_beat_paper_mode(solver):
     # n = 120 (one compilation), both couplings, several seeds; n = 1000 once.
@@ -118,6 +119,7 @@ def test_cds_instances_reach_kkt_and_beat_paper_mode(solver):
         assert float(res.x[0]) > 1e-6  # the constraint vertex is in the support
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_any_sign_payoff(solver):
     # Sizes match the CDS cases above (121 and 1001 vertices) to reuse their compilations.
@@ -134,6 +136,7 @@ def test_any_sign_payoff(solver):
             assert np.linalg.eigvalsh(q.T @ m[np.ix_(idx, idx)] @ q).max() < 1e-9
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_warm_start_from_paper_mode_never_loses_objective(solver):
     # From paper mode's point both solvers only ascend, whatever the payoff.
@@ -144,6 +147,7 @@ def test_warm_start_from_paper_mode_never_loses_objective(solver):
         assert float(res.objective) >= float(paper.objective) - 1e-12
 
 
+@pytest.mark.x64
 def test_agrees_with_replicator_run_to_convergence():
     long_paper = jax.jit(functools.partial(core.solve_replicator, tol=1e-15, max_iter=400_000))
     for seed in (10, 11, 12, 13):
@@ -156,6 +160,7 @@ def test_agrees_with_replicator_run_to_convergence():
             np.testing.assert_allclose(float(res.objective), float(long_run.objective), atol=1e-9)
 
 
+@pytest.mark.x64
 def test_vertex_step_is_the_exact_line_search():
     rng = np.random.default_rng(13)
     for trial in range(20):
@@ -180,6 +185,7 @@ def test_vertex_step_is_the_exact_line_search():
         np.testing.assert_allclose(float(f_new), x_new @ m @ x_new, atol=1e-12)
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_padding_and_vmap_invariance(solver):
     # Unpadded problems have 120 notes (the shape compiled above); the batch pads them to 127.
@@ -200,6 +206,7 @@ def test_padding_and_vmap_invariance(solver):
         assert int(batch.support_size[k]) == int(single.support_size)
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_cds_select_dispatch_and_warm_start(solver):
     z, q = clustered(120, seed=17)
@@ -238,6 +245,7 @@ def test_max_iter_cap_and_bad_arguments(solver):
         CONVERGED[solver](aff, jnp.ones(3))
 
 
+@pytest.mark.x64
 @pytest.mark.slow
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 @pytest.mark.parametrize("seed", range(6))

@@ -343,10 +343,11 @@ def test_drop_torn_tail(tmp_path):
     assert p.read_text() == ""
 
 
+@pytest.mark.x64
 def test_run_selector_float64():
     problems = _synthetic_problems([5, 9], seed=3)
     fn = core.make_selector("cosine", budget=3)
-    out = run_selector(fn, problems, buckets=(16,), dtype=np.float64)  # conftest enables x64
+    out = run_selector(fn, problems, buckets=(16,), dtype=np.float64)  # the x64 marker enables float64
     for p, sel in zip(problems, out):
         assert sel.scores.dtype == np.float64
         ref = np.sort(p.notes.astype(np.float64) @ p.query_emb.astype(np.float64))[::-1][:3]

@@ -21,6 +21,8 @@ from cdsjax import core
 from cdsjax.core.replicator import replicator_shift
 from cdsjax.core.shared import question_affinity, question_relevance
 
+# Float64 references at tolerances float32 cannot reach, throughout.
+pytestmark = pytest.mark.x64
 N, PAD, D, B = 40, 8, 16, 6
 
 

@@ -46,6 +46,7 @@ def picks(sel):
     return [int(i) for i in np.asarray(sel.indices)[ok]]
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("budget", [1, 5, 12])
 def test_matches_reference(seed, budget):

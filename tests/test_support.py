@@ -82,6 +82,7 @@ def np_slack(payoff, x):
     return mx - x @ mx
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("solver,kwargs", [("converged", {}), ("replicator", dict(tol=1e-13, max_iter=200_000))])
 def test_short_support_is_filled_by_kkt_slack(solver, kwargs):
     """Support first by weight, then the rest by (Mx)_i - x'Mx (independent NumPy check)."""
@@ -187,6 +188,7 @@ def test_cds_support_grows_its_support_with_beta_times_n():
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1] and sizes[-1] == 80, sizes
 
 
+@pytest.mark.x64
 def test_cds_support_identical_under_jit_vmap_and_padding():
     rng = np.random.default_rng(8)
     sizes = [30, 17]
@@ -224,6 +226,7 @@ def test_cds_support_rejects_bad_options():
         core.cds_support(z, q, np.ones(6, bool), num_steps=0)
 
 
+@pytest.mark.x64
 def test_scale_note_block_equals_a_rebuild():
     rng = np.random.default_rng(10)
     z = clustered(rng, 12)

@@ -48,7 +48,7 @@ import os
 import sys
 import time
 
-from cdsjax.cli import CLIError
+from cdsjax.commands import CLIError
 
 DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not imported: it loads JAX)
 # Selector names are checked where the selector is built (cdsjax.core.registry.selector_spec, here or in the

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from cdsjax.cli import CLIError
+from cdsjax.commands import CLIError
 
 # (label, selector name, options): the default, paper mode, and the baselines a reader would compare.
 SELECTORS = (

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cdsjax.cli import CLIError, enable_float64
+from cdsjax.commands import CLIError, enable_float64
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FLAG = "config"

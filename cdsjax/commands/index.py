@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from cdsjax.cli import CLIError
+from cdsjax.commands import CLIError
 
 EXIT_LOCKED = 3
 

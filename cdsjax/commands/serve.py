@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Optional
 
-from cdsjax.cli import CLIError
+from cdsjax.commands import CLIError
 
 MAX_BUDGET = 512
 MAX_QUESTION_CHARS = 4000

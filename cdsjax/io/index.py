@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.util
 import os
 import sys
 import time
@@ -33,24 +32,15 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from cdsjax.config import get_config
 from cdsjax.io import store
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.embed import embedder_key
 
-_ROOT = Path(__file__).resolve().parents[2]
-
 
 def default_config():
-    """``configs/default.py``'s ``get_config()`` (loaded by path, so it works from any directory)."""
-    path = _ROOT / "configs" / "default.py"
-    if "configs.default" in sys.modules:
-        return sys.modules["configs.default"].get_config()
-    spec = importlib.util.spec_from_file_location("cdsjax_default_config", path)
-    if spec is None or not path.exists():
-        raise FileNotFoundError(f"default config not found at {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """The default configuration (:func:`cdsjax.config.get_config`; ``configs/default.py`` re-exports it)."""
+    return get_config()
 
 
 @dataclasses.dataclass
