@@ -77,7 +77,7 @@ def test_float64_without_x64_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "out").exists()  # stops before it writes anything
 
 
-@pytest.mark.parametrize("entry", ["cdsjax eval", "run_eval.py"])
+@pytest.mark.parametrize("entry", [pytest.param("cdsjax eval", marks=pytest.mark.slow), "run_eval.py"])
 def test_entry_points_turn_x64_on_for_a_float64_config(data_root, tmp_path, entry):
     # a fresh process (x64 off, no conftest): the entry point, not evaluate, switches it on
     out_dir = tmp_path / "f64"

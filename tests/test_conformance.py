@@ -51,7 +51,8 @@ def assert_same(a, b, rtol):
 
 
 @pytest.mark.parametrize("dtype_name", sorted(DTYPES))
-@pytest.mark.parametrize("use_jit", [True, False], ids=["jit", "eager"])
+# the eager variant is slow (10 000 eager replicator steps); the jit variant also compares jit with eager
+@pytest.mark.parametrize("use_jit", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["jit", "eager"])
 @pytest.mark.parametrize("name", sorted(core.SPECS))
 def test_selector_conformance(name, use_jit, dtype_name):
     dtype, x64 = DTYPES[dtype_name]

@@ -70,6 +70,7 @@ def test_options_reach_the_core_function(name, options, call):
         assert not (np.array_equal(default.indices, want.indices) and np.allclose(default.scores, want.scores))
 
 
+@pytest.mark.slow  # tests/test_conformance.py checks jit, vmap and padding for every selector by default
 @pytest.mark.x64
 @pytest.mark.parametrize("name", ["cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_support"])
 def test_uniform_signature_jits_and_vmaps(name):

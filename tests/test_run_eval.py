@@ -302,6 +302,7 @@ def _tiny_mmlongbench(root):
     (root / "mmlongbench" / "mmdocir_annotations.jsonl").write_text(json.dumps(ann) + "\n")
 
 
+@pytest.mark.slow  # test_eval_mmlongbench_real runs the harness on a real MMLongBench-Doc document by default
 def test_end_to_end_mmlongbench_layout_via_script(tmp_path, cache_dir):
     data = tmp_path / "data"
     _tiny_mmlongbench(data)

@@ -10,6 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "sensitivity.ipynb"
 
 
+@pytest.mark.slow  # executes the whole notebook (23 s); test_eval_notebook runs the evaluation notebook by default
 def test_sensitivity_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -188,6 +188,7 @@ def test_cds_support_grows_its_support_with_beta_times_n():
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1] and sizes[-1] == 80, sizes
 
 
+@pytest.mark.slow  # tests/test_conformance.py checks cds_support under jit, vmap and padding by default
 @pytest.mark.x64
 def test_cds_support_identical_under_jit_vmap_and_padding():
     rng = np.random.default_rng(8)
