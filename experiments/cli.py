@@ -6,21 +6,27 @@ import sys
 from absl import app, flags, logging
 
 
-def config_or_exit(argv, config, example: str):
-    """Checks ``argv`` and returns the loaded ``--config``; quiets absl logging.
+def check_argv(argv) -> None:
+    """Rejects positional arguments and quiets absl logging.
 
     Orbax logs every checkpoint read at INFO, which buries progress bars and tables,
     so absl logging drops to WARNING unless ``--verbosity`` was given.
+    """
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+
+
+def config_or_exit(argv, config, example: str):
+    """:func:`check_argv`, then returns the loaded ``--config``.
 
     Args:
       argv: ``main``'s argv (no positional arguments are accepted).
       config: the value of the script's ``config_flags`` flag.
       example: config file named in the error when ``--config`` is missing.
     """
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    check_argv(argv)
     if config is None:
         raise app.UsageError(f"--config is required, e.g. --config {example}")
     try:

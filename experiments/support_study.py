@@ -205,10 +205,21 @@ def gold_doc_share(r: dict) -> Optional[float]:
     return r["metrics"].get("gold_doc_share")
 
 
-def main(argv):
-    from experiments.cli import config_or_exit
+def report(records, title: str, recall: str, budget: int) -> dict:
+    """Prints one benchmark's tables (selectors, beta, paired differences); returns its records by selector."""
+    sel = by_selector(records)
+    print(f"\n#### {title}: {num_notes_line(records)}, B = {budget}\n")
+    print(selector_table(sel, recall, budget, _RESAMPLES.value))
+    print(beta_line(sel))
+    print()
+    print(paired_table(sel, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
+    return sel
 
-    config_or_exit(argv, True, "")
+
+def main(argv):
+    from experiments.cli import check_argv
+
+    check_argv(argv)  # this script takes flags, not a --config
     out_root = pathlib.Path(_OUTPUT.value)
     cache_root = pathlib.Path(_CACHE.value)
     for bench in _BENCHMARKS.value:
@@ -227,24 +238,14 @@ def main(argv):
         budget, recall = BUDGETS[bench], RECALL[bench]
         records = run_benchmark(bench, bench, _SELECTORS.value, limits.get(bench, _MAX_QUERIES.value), out_root,
                                 cache_root)
-        sel = by_selector(records)
-        print(f"\n#### {bench} (single document): {num_notes_line(records)}, B = {budget}\n")
-        print(selector_table(sel, recall, budget, _RESAMPLES.value))
-        print(beta_line(sel))
-        print()
-        print(paired_table(sel, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
+        sel = report(records, f"{bench} (single document)", recall, budget)
         pool_name = f"{bench}_pool"
         if bench in _POOL.value:
             if not (ROOT / "configs" / f"{pool_name}.py").is_file():
                 raise app.UsageError(f"--pool={bench}: configs/{pool_name}.py does not exist")
             pool_limit = limits.get(pool_name, _MAX_QUERIES.value)
             pool_records = run_benchmark(pool_name, bench, _SELECTORS.value, pool_limit, out_root, cache_root)
-            pool = by_selector(pool_records)
-            print(f"\n#### {bench} (pool): {num_notes_line(pool_records)}, B = {budget}\n")
-            print(selector_table(pool, recall, budget, _RESAMPLES.value))
-            print(beta_line(pool))
-            print()
-            print(paired_table(pool, lambda r: r["metrics"].get(recall), f"{recall}@{budget}", _RESAMPLES.value))
+            pool = report(pool_records, f"{bench} (pool)", recall, budget)
             print()
             print(share_table(pool, _RESAMPLES.value))
             print()

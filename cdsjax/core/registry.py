@@ -160,7 +160,6 @@ class SelectorSpec:
       name: the registry name (configs, records, :func:`make_selector`).
       build: ``build(budget, **options) -> fn`` with the uniform signature.
       solver: the CDS solver it runs (a key of :data:`cdsjax.core.select.SOLVERS`), None for a baseline.
-      solver_label: that solver as diagnostics name it (``"active_set"`` for ``"converged"``).
       batch_chunk: the ``chunk`` to give :func:`cdsjax.core.batched` on one device (``"auto"``: replicator
         dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU).
       needs_links: it reads the ``links`` argument (always, or with some options).
@@ -172,7 +171,6 @@ class SelectorSpec:
     name: str
     build: Callable[..., SelectorFn]
     solver: Optional[str] = None
-    solver_label: Optional[str] = None
     batch_chunk: Optional[str] = None
     needs_links: bool = False
     needs_key: bool = False
@@ -187,6 +185,11 @@ class SelectorSpec:
         return "paper" if self.solver == "replicator" else "converged"
 
     @property
+    def solver_label(self) -> Optional[str]:
+        """The solver as diagnostics name it (``"active_set"`` for ``"converged"``)."""
+        return {"converged": "active_set"}.get(self.solver, self.solver)
+
+    @property
     def options(self) -> tuple:
         """The option names the builder accepts."""
         declared = getattr(self.build, "options", None)
@@ -197,8 +200,7 @@ class SelectorSpec:
 
 
 def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, aliases=(), display=None):
-    label = {"converged": "active_set"}.get(solver, solver)
-    return SelectorSpec(name=name, build=build, solver=solver, solver_label=label,
+    return SelectorSpec(name=name, build=build, solver=solver,
                         batch_chunk="auto" if solver == "replicator" else None, needs_links=needs_links,
                         needs_key=needs_key, aliases=tuple(aliases), display=display or name)
 
