@@ -44,19 +44,19 @@ def dev_pdfs(data: pathlib.Path, cache: pathlib.Path, count: int):
     return sorted(pdfs, key=lambda p: (pages[p], p.name))[:count]
 
 
-def ingest(pdfs, workers: int, tmp: pathlib.Path, *, one_core: bool = False):
+def ingest(pdfs, workers: int, tmp: pathlib.Path, *, one_core: bool = False, embed_in: str = "parent"):
     from cdsjax.io.index import build_index, default_config, load_index
 
     config = default_config()
     config.embedder.show_progress = False
-    tag = f"w{workers}" + ("-core" if one_core else "")
+    tag = f"w{workers}-{embed_in}" + ("-core" if one_core else "")
     allowed = os.sched_getaffinity(0)
     if one_core:  # this process (the one worker) and every thread it starts on one core
         os.sched_setaffinity(0, {min(allowed)})
     try:
         t0 = time.perf_counter()
         s = build_index(pdfs, tmp / f"index-{tag}", config=config, cache_dir=tmp / f"cache-{tag}",
-                        workers=workers, progress=True)
+                        workers=workers, progress=True, embed_in=embed_in)
         wall = time.perf_counter() - t0
     finally:
         os.sched_setaffinity(0, allowed)

@@ -120,3 +120,29 @@ def test_split_hands_out_whole_chunks():
     assert not chunks(parts[0]) & chunks(parts[1])
     assert split_problems(sizes, 1, buckets=buckets, max_batch=max_batch) == [list(range(len(sizes)))]
     assert split_problems(sizes[:3], 4, buckets=buckets, max_batch=max_batch).count([]) >= 1  # more processes than chunks
+
+
+def test_compiling_on_one_core_is_this_thread_only_and_restored():
+    """run_selector compiles with the compiling thread on one core (so every process, pinned or not, gets the
+    same XLA partitioning and so the same float rounding), and gives the thread its cores back afterwards."""
+    import os
+
+    import jax
+    import jax.numpy as jnp
+
+    from cdsjax.eval.run import _executable, compiling_on_one_core
+
+    before = os.sched_getaffinity(0)
+    seen = {}
+    with compiling_on_one_core():
+        seen["inside"] = os.sched_getaffinity(0)
+    assert len(seen["inside"]) == 1 and seen["inside"] <= before
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(RuntimeError):
+        with compiling_on_one_core():
+            raise RuntimeError("boom")
+    assert os.sched_getaffinity(0) == before  # restored on error too
+    f = jax.jit(lambda a, x: jnp.tanh(a @ x))
+    a, x = jnp.arange(64.0).reshape(8, 8) / 64, jnp.ones(8)
+    assert (_executable(f, [a, x])(a, x) == f(a, x)).all()
+    assert _executable(f, [a, x]) is _executable(f, [a, x])  # compiled once

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.index import load_index
@@ -58,3 +59,51 @@ def test_worker_failure_is_one_line(tmp_path, monkeypatch, capsys):
     assert "Traceback" not in captured.err
     assert "2 processed" in captured.out and "failed 1" in captured.out
     assert load_index(out).doc_ids == ["a.pdf", "b.pdf"]
+
+
+def test_layout_sessions_take_the_thread_limit(tmp_path):
+    """In an ingestion worker, onnxruntime sessions built the way PyMuPDF builds them (options left at their
+    defaults) get the worker's share of threads and do not spin; options a caller set stay as set."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import pathlib, onnxruntime as ort, pymupdf.layout
+        from cdsjax.io.parse import limit_layout_threads
+        model = next((pathlib.Path(pymupdf.layout.__file__).parent / "resources" / "onnx").glob("*.onnx"))
+        limit_layout_threads(1)
+        limit_layout_threads(1)  # twice: still one subclass deep
+        plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 3
+        chosen = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        o = plain.get_session_options()
+        print(o.intra_op_num_threads, o.inter_op_num_threads,
+              o.get_session_config_entry("session.intra_op.allow_spinning"),
+              chosen.get_session_options().intra_op_num_threads, ort.InferenceSession.__mro__[1].__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1", "0", "3", "InferenceSession"]
+
+
+@pytest.mark.slow  # ~15 s (each worker loads the model); the default, the parent, is tested above
+def test_embedding_in_workers_equals_embedding_in_parent(tmp_path):
+    """Both places to embed (``embed_in``) give the same index; the parent is the default."""
+    import inspect
+
+    from cdsjax.io.index import build_index
+
+    assert inspect.signature(build_index).parameters["embed_in"].default == "parent"
+    pdfs = [gen.make_synthetic_pdf(tmp_path / "a.pdf"), gen.make_text_pdf(tmp_path / "b.pdf", pages=2)]
+    got = {}
+    for where in ("parent", "worker"):
+        s = build_index(pdfs, tmp_path / f"index-{where}", cache_dir=tmp_path / f"cache-{where}", workers=2,
+                        embed_in=where)
+        assert s.processed == 2 and not s.failures
+        got[where] = load_index(tmp_path / f"index-{where}")
+        assert len([p for p in (tmp_path / f"cache-{where}").iterdir() if not p.name.startswith(".")]) == 2
+        assert not [p for p in (tmp_path / f"cache-{where}").rglob(".tmp-*")]  # no staging left behind
+    assert [n["text"] for n in got["parent"].notes] == [n["text"] for n in got["worker"].notes]
+    np.testing.assert_allclose(got["parent"].embeddings, got["worker"].embeddings, atol=1e-5)

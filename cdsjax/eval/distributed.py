@@ -103,9 +103,9 @@ def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], 
 
     :func:`cdsjax.eval.run.run_selector` pads problems into note-count buckets and cuts each bucket, in order,
     into chunks of at most ``max_batch``; each (bucket, padded chunk size) is one compilation. This split hands
-    out those same chunks, so every process solves exactly the batches a single process would (so the same
-    selections, bit for bit, wherever XLA runs them with the same thread count: a process pinned to one core may
-    round near-tied scores differently) and compiles only the shapes of its own chunks. Chunks of one shape stay
+    out those same chunks, so every process solves exactly the batches a single process would (the same
+    selections, bit for bit: :func:`cdsjax.eval.run.run_selector` compiles as for one core in every process)
+    and compiles only the shapes of its own chunks. Chunks of one shape stay
     together (one compilation) unless that shape alone is more than a process's share; the groups go, largest
     first, to the least loaded process. Cost: :data:`COMPILE_COST` per shape plus padded problems times bucket
     size squared (the per-step cost of a dense solver). Deterministic: every process computes the same split.

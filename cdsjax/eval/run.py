@@ -10,7 +10,9 @@ How several processes split the problems: :mod:`cdsjax.eval.distributed`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -39,6 +41,43 @@ def _round_up(k: int, multiple: int) -> int:
 
 
 _BATCHED: Dict[Any, Any] = {}
+_COMPILED: Dict[Any, Any] = {}
+
+
+@contextlib.contextmanager
+def compiling_on_one_core():
+    """Runs the block with this thread allowed on one core only (on CPU platforms), then restores it.
+
+    XLA:CPU splits large operations into as many parallel parts as the compiling thread may use cores
+    (its parallel task assignment), and the split decides the order of float reductions. Without this, a
+    process pinned to one core (``run_eval.py --processes N``) compiles other executables than a process
+    on all the cores, and near-tied scores round differently (measured: 15 of 324 paper-mode selections in
+    five-document pools came out in another order). Compiled as for one core, every process, on any
+    machine, runs the same executables; they still run on all of the process's cores, since only this
+    thread's affinity changes, and only while compiling. RESULTS.md, "Scale: workers and processes", has
+    what it costs a single process.
+    """
+    import jax
+
+    if jax.default_backend() != "cpu" or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)  # pid 0: this thread
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _executable(call, args):
+    """``call`` compiled for ``args`` (shapes, dtypes, placement) once per process, as for one core
+    (:func:`compiling_on_one_core`)."""
+    key = (call, tuple((a.shape, str(a.dtype), a.sharding) for a in args))
+    if key not in _COMPILED:
+        with compiling_on_one_core():
+            _COMPILED[key] = call.lower(*args).compile()
+    return _COMPILED[key]
 
 
 def _batched(fn, sharded: bool, chunk=None):
@@ -147,7 +186,7 @@ def run_selector(
                     g.extras["links"][padded]]
             args = [jax.device_put(a, sharding) for a in args]
             key_batch = jax.device_put(keys[g.positions[padded]], sharding)
-            sel = jax.device_get(call(*args, key_batch))
+            sel = jax.device_get(_executable(call, [*args, key_batch])(*args, key_batch))
             positions = [int(g.positions[r]) for r in rows]
             chunk = [jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), sel)
                      for i in range(k)]

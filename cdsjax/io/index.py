@@ -249,6 +249,7 @@ def build_index(
     wait: bool = True,
     cache_dir=None,
     workers: Optional[int] = 1,
+    embed_in: str = "parent",
 ) -> IndexSummary:
     """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
 
@@ -276,6 +277,8 @@ def build_index(
       workers: documents parsed, enriched and embedded at once, each in its own process
         (:func:`build_documents`); None means one per core. Each finished document is committed to the
         cache as soon as it is done; the index is the same for any number of workers.
+      embed_in: with several workers, where the notes are embedded: ``"parent"`` (this process, as each
+        document comes back) or ``"worker"`` (see :func:`build_documents`).
 
     Returns:
       an :class:`IndexSummary`.
@@ -292,7 +295,7 @@ def build_index(
     store.check_output_dir(out_dir, replace=replace)
     with store.writer_lock(out_dir, wait=wait, on_wait=log):
         return _build_locked(paths, out_dir, config, strict, progress, log, replace, list(remove), cache_dir,
-                             resolve_workers(workers))
+                             resolve_workers(workers), embed_in)
 
 
 def resolve_workers(workers: Optional[int]) -> int:
@@ -308,7 +311,7 @@ def resolve_workers(workers: Optional[int]) -> int:
 
 
 def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, remove,
-                  cache_dir, workers: int = 1) -> IndexSummary:
+                  cache_dir, workers: int = 1, embed_in: str = "parent") -> IndexSummary:
     from cdsjax.io.embed import Embedder
 
     summary = IndexSummary(out_dir=str(out_dir))
@@ -407,7 +410,7 @@ def _build_locked(paths, out_dir: Path, config, strict, progress, log, replace, 
                     finished[id(doc)] = doc
             # the documents that must be parsed: in a pool of processes (or here, for one worker or document)
             for doc, err in build_documents(to_build, cache, config, embedder=embedder, workers=workers,
-                                            seconds=seconds, log=log, strict=strict):
+                                            seconds=seconds, log=log, strict=strict, embed_in=embed_in):
                 bar.update()
                 if err is not None:
                     _fail(summary, err, strict, log)
@@ -556,14 +559,19 @@ class _Bar:
             self.bar.close()
 
 
+EMBED_IN = ("parent", "worker")
+
+
 def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embedder, workers: int = 1,
-                    seconds=None, log=None, strict: bool = False):
+                    seconds=None, log=None, strict: bool = False, embed_in: str = "parent"):
     """Parses, enriches and embeds ``docs``, committing each to ``cache`` as soon as it is done.
 
     With ``workers > 1`` and more than one document, the documents go to a pool of ``workers`` processes
-    (started with ``spawn``: nothing initialised here, such as torch or JAX, is forked). Each worker
-    loads the embedding model once and embeds its own documents (see RESULTS.md, "Scale: workers and
-    processes", for why embedding is not batched here instead).
+    (started with ``spawn``: nothing initialised here, such as torch or JAX, is forked), longest first.
+    ``embed_in="parent"`` (default): a worker parses and enriches, and this process embeds each document
+    the moment it comes back and commits it, so the workers never import torch or load the model;
+    ``"worker"``: each worker loads the embedding model and embeds and commits its own documents. RESULTS.md,
+    "Scale: workers and processes", has the measurement behind the default.
 
     Yields ``(doc, None)`` for each finished document (filled in place) and ``(doc, IngestError)`` for each
     that failed, in the order they finish. A worker that fails or dies is reported as an error naming its
@@ -587,14 +595,23 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    fresh = copy.copy(embedder)
-    fresh._model = None  # each worker loads the model itself
+    if embed_in not in EMBED_IN:
+        raise ValueError(f"embed_in must be one of {EMBED_IN}, got {embed_in!r}")
+    in_worker = embed_in == "worker"
+    fresh = None
+    if in_worker:
+        fresh = copy.copy(embedder)
+        fresh._model = None  # each worker loads the model itself
+    docs = sorted(docs, key=_doc_size, reverse=True)  # longest first: no long document starts last
+    loader = None
+    if not in_worker:  # load the model here while the workers parse their first documents
+        import threading
+
+        loader = threading.Thread(target=lambda: embedder.model, daemon=True, name="cdsjax-embedder-load")
+        loader.start()
     threads = max(1, resolve_workers(None) // workers)
     context = multiprocessing.get_context("spawn")
-    try:  # with a core per worker, each worker is pinned to its own (its layout model's threads stay there)
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = []
+    cores = _cores()  # with a core per worker, each worker is pinned to its own
     slots = context.Value("i", 0)
     pin = cores if len(cores) >= workers else []
     todo, broke = list(docs), collections.Counter()
@@ -603,7 +620,7 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
                                    initializer=_worker_init,
                                    initargs=(config, fresh, str(cache.root), threads, os.getpid(), slots, pin))
         try:
-            futures = {pool.submit(_worker_build, doc): doc for doc in todo}
+            futures = {pool.submit(_worker_build, doc, in_worker): doc for doc in todo}
             todo = []
             pending = set(futures)
             while pending:
@@ -611,7 +628,7 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
                 for fut in done:
                     doc = futures[fut]
                     try:
-                        result, err, stage_seconds, lines = fut.result()
+                        result, err, stage_seconds, lines, staged = fut.result()
                     except BrokenProcessPool:
                         broke[id(doc)] += 1
                         if broke[id(doc)] >= 2:
@@ -624,6 +641,14 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
                         log(line)
                     for k, v in stage_seconds.items():
                         seconds[k] += v
+                    if err is None and staged is not None:  # prepared there; embedded and committed here
+                        loader.join()
+                        try:
+                            _finish_doc(result, entry_key(result.sha, result.keys), cache, Path(staged[0]),
+                                        staged[1], embedder, seconds, log)
+                        except Exception as exc:
+                            err = exc if isinstance(exc, IngestError) else IngestError(
+                                doc.path, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
                     if err is not None:
                         yield doc, err
                         continue
@@ -664,22 +689,57 @@ def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: in
     # a fair share of the cores for torch's intra-op threads (read when torch is first imported)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
+    from cdsjax.io.parse import limit_layout_threads
+
+    limit_layout_threads(threads)
     _WORKER.update(config=config, embedder=embedder, cache=store.DocCache(Path(cache_root_dir)))
 
 
-def _worker_build(doc: _Doc):
-    """One document in a worker: ``(doc, None, seconds, log lines)`` or ``(None, IngestError, ...)``."""
+def _worker_build(doc: _Doc, embed: bool = True):
+    """One document in a worker: ``(doc, None, seconds, log lines, staged)`` or ``(None, IngestError, ...)``.
+
+    With ``embed`` the document is embedded and committed here (``staged`` is None); without, it is only
+    prepared and ``staged`` is ``(staging directory, redo)`` for the parent to finish.
+    """
     seconds: Dict[str, float] = collections.defaultdict(float)
     lines: List[str] = []
+    staged = None
     try:
-        _build_doc(doc, entry_key(doc.sha, doc.keys), _WORKER["cache"], _WORKER["config"], _WORKER["embedder"],
-                   seconds, lines.append, False)
+        if embed:
+            _build_doc(doc, entry_key(doc.sha, doc.keys), _WORKER["cache"], _WORKER["config"], _WORKER["embedder"],
+                       seconds, lines.append, False)
+        else:
+            staging, redo = _prepare_doc(doc, _WORKER["cache"], _WORKER["config"], seconds)
+            staged = (str(staging), redo)
     except IngestError as err:
-        return None, err, dict(seconds), lines
+        return None, err, dict(seconds), lines, None
     except Exception as err:  # any failure is this document's, reported in one line; the others go on
         reason = " ".join(str(err).split())[:300]
-        return None, IngestError(doc.path, f"{type(err).__name__}: {reason}"), dict(seconds), lines
-    return doc, None, dict(seconds), lines
+        return None, IngestError(doc.path, f"{type(err).__name__}: {reason}"), dict(seconds), lines, None
+    return doc, None, dict(seconds), lines, staged
+
+
+def _cores() -> List[int]:
+    """The cores this process may run on (empty where the platform cannot say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return []
+
+
+def _doc_size(doc: _Doc) -> tuple:
+    """How long a document takes to build, roughly: ``(pages, bytes)`` (0 pages when it cannot be opened)."""
+    try:
+        size = Path(doc.path).stat().st_size
+    except OSError:
+        return (0, 0)
+    try:
+        import pymupdf
+
+        with pymupdf.open(doc.path) as pdf:
+            return (pdf.page_count, size)
+    except Exception:  # a damaged file fails in its worker, with its own message
+        return (0, size)
 
 
 def _needs_redo(doc: _Doc, config) -> bool:
@@ -728,9 +788,16 @@ def _report_doc(doc: _Doc, summary: IndexSummary, strict: bool, log) -> None:
 def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, seconds, log, progress, *,
                reuse_parse: bool = False) -> None:
     """Parses (or takes the previous stages of), enriches and embeds one document; commits it to the cache."""
+    staging, redo = _prepare_doc(doc, cache, config, seconds, reuse_parse=reuse_parse)
+    _finish_doc(doc, key, cache, staging, redo, embedder, seconds, log)
+
+
+def _prepare_doc(doc: _Doc, cache: store.DocCache, config, seconds, *, reuse_parse: bool = False):
+    """Everything before embedding: parse (or the previous stages), enrich; crops go to a new staging
+    directory of ``cache``. Returns ``(staging, redo)``; on failure the staging directory is removed."""
     import shutil
 
-    from cdsjax.io.notes import Note, embedding_text
+    from cdsjax.io.notes import Note
 
     staging = cache.staging()
     redo = bool(doc.notes) or _ocr_redo(doc, config)  # an entry for this key may exist and is being improved
@@ -769,6 +836,20 @@ def _build_doc(doc: _Doc, key: str, cache: store.DocCache, config, embedder, sec
             doc.notes, doc.edges, doc.enrichment_reasons = _enrich(doc, config, staging)
             seconds["notes"] += time.perf_counter() - t0
         doc.enrichment = dict(collections.Counter(_get(n, "enrichment") or "lite" for n in doc.notes))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging, redo
+
+
+def _finish_doc(doc: _Doc, key: str, cache: store.DocCache, staging: Path, redo: bool, embedder, seconds,
+                log) -> None:
+    """Embeds a prepared document and commits it (with the crops in ``staging``) to the cache."""
+    import shutil
+
+    from cdsjax.io.notes import embedding_text
+
+    try:
         t0 = time.perf_counter()
         doc.embeddings = embedder.encode_documents([embedding_text(n) for n in doc.notes], show_progress=False)
         seconds["embed"] += time.perf_counter() - t0

@@ -86,6 +86,36 @@ def ocr_enabled(cfg) -> bool:
     return str(cfg.get("use_ocr", "auto")).strip().lower() not in ("off", "false", "0", "no", "none")
 
 
+def limit_layout_threads(threads: int) -> None:
+    """Makes the onnxruntime sessions this process creates from now on (PyMuPDF's layout and table
+    models) run on ``threads`` intra-op threads that sleep rather than spin when idle.
+
+    onnxruntime's default is a spinning thread per core, each pinned by onnxruntime itself to a core, so
+    the process affinity an ingestion worker is given does not hold them: two workers on two cores then
+    spin on each other's core and each parses 1.6x slower (RESULTS.md, "Scale: workers and processes").
+    PyMuPDF builds its sessions without a way to pass options, so ``onnxruntime.InferenceSession`` is
+    replaced in this process by a subclass that fills in options a caller left at their defaults.
+    """
+    import onnxruntime as ort
+
+    threads = max(1, int(threads))
+    base = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)
+
+    class LimitedSession(base):
+        cdsjax_base = base
+
+        def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
+            options = sess_options if sess_options is not None else ort.SessionOptions()
+            if options.intra_op_num_threads == 0:  # 0: onnxruntime's default, a thread per core
+                options.intra_op_num_threads = threads
+            if options.inter_op_num_threads == 0:
+                options.inter_op_num_threads = 1
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
+
+    ort.InferenceSession = LimitedSession
+
+
 # --------------------------------------------------------------------------- checks
 
 
