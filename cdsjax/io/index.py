@@ -607,7 +607,13 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     if not in_worker:  # load the model here while the workers parse their first documents
         import threading
 
-        loader = threading.Thread(target=lambda: embedder.model, daemon=True, name="cdsjax-embedder-load")
+        def preload() -> None:
+            try:
+                embedder.model  # noqa: B018
+            except Exception:  # raised again, as each document's one-line error, where the model is used
+                pass
+
+        loader = threading.Thread(target=preload, daemon=True, name="cdsjax-embedder-load")
         loader.start()
     threads = max(1, resolve_workers(None) // workers)
     context = multiprocessing.get_context("spawn")
