@@ -77,15 +77,18 @@ def test_layout_sessions_take_the_thread_limit(tmp_path):
         plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
         chosen = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
         o = plain.get_session_options()
         print(o.intra_op_num_threads, o.inter_op_num_threads,
               o.get_session_config_entry("session.intra_op.allow_spinning"),
-              chosen.get_session_options().intra_op_num_threads, ort.InferenceSession.__mro__[1].__name__)
+              chosen.get_session_options().intra_op_num_threads,
+              chosen.get_session_options().get_session_config_entry("session.intra_op.allow_spinning"),
+              ort.InferenceSession.__mro__[1].__name__)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "1", "0", "3", "InferenceSession"]
+    assert out.stdout.split() == ["1", "1", "0", "3", "1", "InferenceSession"]
 
 
 @pytest.mark.slow  # ~15 s (each worker loads the model); the default, the parent, is tested above

@@ -86,6 +86,9 @@ def ocr_enabled(cfg) -> bool:
     return str(cfg.get("use_ocr", "auto")).strip().lower() not in ("off", "false", "0", "no", "none")
 
 
+SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option: idle threads spin ("1") or sleep
+
+
 def limit_layout_threads(threads: int) -> None:
     """Makes the onnxruntime sessions this process creates from now on (PyMuPDF's layout and table
     models) run on ``threads`` intra-op threads that sleep rather than spin when idle.
@@ -110,7 +113,10 @@ def limit_layout_threads(threads: int) -> None:
                 options.intra_op_num_threads = threads
             if options.inter_op_num_threads == 0:
                 options.inter_op_num_threads = 1
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            try:
+                options.get_session_config_entry(SPINNING)
+            except RuntimeError:  # not set by the caller
+                options.add_session_config_entry(SPINNING, "0")
             super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
 
     ort.InferenceSession = LimitedSession
