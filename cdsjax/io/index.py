@@ -653,8 +653,7 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
                             _finish_doc(result, entry_key(result.sha, result.keys), cache, Path(staged[0]),
                                         staged[1], embedder, seconds, log)
                         except Exception as exc:
-                            err = exc if isinstance(exc, IngestError) else IngestError(
-                                doc.path, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+                            err = _as_ingest_error(doc, exc)
                     if err is not None:
                         yield doc, err
                         continue
@@ -717,12 +716,16 @@ def _worker_build(doc: _Doc, embed: bool = True):
         else:
             staging, redo = _prepare_doc(doc, _WORKER["cache"], _WORKER["config"], seconds)
             staged = (str(staging), redo)
-    except IngestError as err:
-        return None, err, dict(seconds), lines, None
     except Exception as err:  # any failure is this document's, reported in one line; the others go on
-        reason = " ".join(str(err).split())[:300]
-        return None, IngestError(doc.path, f"{type(err).__name__}: {reason}"), dict(seconds), lines, None
+        return None, _as_ingest_error(doc, err), dict(seconds), lines, None
     return doc, None, dict(seconds), lines, staged
+
+
+def _as_ingest_error(doc: _Doc, err: Exception) -> IngestError:
+    """``err`` as this document's one-line :class:`IngestError` (kept as it is when it already is one)."""
+    if isinstance(err, IngestError):
+        return err
+    return IngestError(doc.path, f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
 
 
 def _cores() -> List[int]:
