@@ -53,14 +53,6 @@ def cpu_seconds() -> float:
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def _build(pdfs, out, cache, workers, embed_in):
-    from cdsjax.io.index import build_index, default_config
-
-    config = default_config()
-    config.embedder.show_progress = False
-    return build_index(pdfs, out, config=config, cache_dir=cache, workers=workers, progress=True, embed_in=embed_in)
-
-
 def _child_init(core) -> None:
     """A fresh process for one ingestion, like a new ``cdsjax index`` command; with ``core``, held to it."""
     if core is not None:
@@ -74,8 +66,12 @@ def _child_init(core) -> None:
 
 
 def _timed_build(pdfs, out, cache, workers, embed_in):
+    from cdsjax.io.index import build_index, default_config
+
+    config = default_config()
+    config.embedder.show_progress = False
     t0, c0 = time.perf_counter(), cpu_seconds()
-    s = _build(pdfs, out, cache, workers, embed_in)
+    s = build_index(pdfs, out, config=config, cache_dir=cache, workers=workers, progress=True, embed_in=embed_in)
     return time.perf_counter() - t0, cpu_seconds() - c0, s
 
 

@@ -81,7 +81,7 @@ def _executable(call, args):
 
 
 def _batched(fn, sharded: bool, chunk=None):
-    """The jitted batch call, kept per function so repeated runs reuse compilations.
+    """The jitted batch call, kept per function (:func:`_executable` compiles it once per input shape).
 
     Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
     On one device: :func:`cdsjax.core.batched` with ``chunk``, the selector's

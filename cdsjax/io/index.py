@@ -580,6 +580,8 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     seconds = collections.defaultdict(float) if seconds is None else seconds
     log = log or (lambda line: None)
     docs = list(docs)
+    if embed_in not in EMBED_IN:
+        raise ValueError(f"embed_in must be one of {EMBED_IN}, got {embed_in!r}")
     if workers <= 1 or len(docs) <= 1:
         for doc in docs:
             try:
@@ -595,8 +597,6 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    if embed_in not in EMBED_IN:
-        raise ValueError(f"embed_in must be one of {EMBED_IN}, got {embed_in!r}")
     in_worker = embed_in == "worker"
     fresh = None
     if in_worker:
