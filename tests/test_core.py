@@ -132,6 +132,19 @@ def test_auto_chunk_fits_the_cache_on_cpu_and_vmaps_elsewhere():
     assert core.auto_chunk(64, 256, 4, platform="cpu", cache_bytes=1) == 1
 
 
+def test_padded_batch_is_a_power_of_two_unless_padding_costs_more_than_a_compile():
+    # at n = 1024 a padded slot costs a quarter of a compilation: 48 problems stay 48, not 64
+    assert core.padded_batch(48, 1024) == 48 and core.padded_batch(47, 1024) == 48
+    assert core.padded_batch(38, 512) == 48 and core.padded_batch(64, 512) == 64  # multiples of 16 at n = 512
+    assert core.padded_batch(46, 256) == 64 and core.padded_batch(20, 256) == 32  # small n: powers of two
+    assert core.padded_batch(3, 16) == 4 and core.padded_batch(1, 4096) == 1
+    assert core.padded_batch(48, 1024, multiple=5) == 50  # then a multiple of the devices
+    assert all(core.padded_batch(k, n) <= 1 << (k - 1).bit_length()
+               for k in range(1, 70) for n in (16, 256, 512, 1024, 2048))
+    with pytest.raises(ValueError):
+        core.padded_batch(0, 64)
+
+
 def test_selector_specs_name_chunk_solver_and_spellings():
     from cdsjax.core import registry
 

@@ -26,7 +26,8 @@ from cdsjax.core.implicit import (
     retrieval_surrogates,
     soft_recall,
 )
-from cdsjax.core.batching import DEFAULT_BUCKETS, auto_chunk, batch_apply, batched, bucket_size, make_buckets, run_buckets
+from cdsjax.core.batching import (DEFAULT_BUCKETS, auto_chunk, batch_apply, batched, bucket_size, make_buckets, padded_batch,
+                                  run_buckets)
 from cdsjax.core.replicator import (
     kkt_residual,
     objective,
@@ -133,6 +134,7 @@ __all__ = [
     "auto_chunk",
     "batched",
     "bucket_size",
+    "padded_batch",
     "build_affinity",
     "cds_peel",
     "cds_select",

@@ -43,6 +43,31 @@ def next_pow2(k: int) -> int:
     return 1 << max(0, int(k - 1).bit_length())
 
 
+COMPILE_COST = 16 * 512 ** 2
+"""What compiling one batch shape of paper-mode CDS costs, in units of padded problems x notes^2 (the
+per-step cost of a dense solver): on one CPU core a shape compiles in 2-3 s, about as long as 16 problems of
+512 notes take to solve. Only padding and the balance of a multi-process split depend on it."""
+
+
+def padded_batch(k: int, n: int, *, multiple: int = 1, compile_cost: float = COMPILE_COST) -> int:
+    """The batch size a chunk of ``k`` problems of ``n`` (padded) notes is padded to.
+
+    A power of two keeps the number of compiled shapes small, but a padded slot is solved like a real
+    problem, so for large ``n`` that costs more than a compilation: a chunk of 48 problems of 1024 notes
+    padded to 64 solves 16 problems for nothing. So the chunk pads to the next power of two or to the next
+    multiple of ``g``, whichever is smaller, where ``g`` is the largest power of two whose ``g - 1`` wasted
+    slots cost no more than ``compile_cost``; then up to a multiple of ``multiple`` (the devices sharing the
+    batch). Depends only on ``(k, n)``, so every process of a split pads a chunk alike.
+    """
+    if k < 1 or n < 1:
+        raise ValueError(f"k and n must be >= 1, got k={k}, n={n}")
+    g = 1
+    while 2 * g - 1 <= compile_cost / float(n) ** 2:
+        g *= 2
+    size = min(next_pow2(k), -(-k // g) * g)
+    return -(-size // multiple) * multiple
+
+
 @dataclasses.dataclass
 class Bucket:
     """One padded group: stacked arrays and the original positions of its rows.

@@ -25,10 +25,6 @@ import time
 from typing import List, Optional, Sequence
 
 BARRIER_TIMEOUT_S = 6 * 3600  # processes may differ by hours (indexing on a cold cache) before they join
-# What compiling one (bucket, chunk) shape costs, in units of "padded problems x notes^2": on one CPU core
-# paper-mode CDS compiles a shape in 2-3 s, about as long as it solves 16 problems of 512 notes (2^22 units);
-# see RESULTS.md, "Scale: workers and processes". Only the balance of the split depends on it.
-COMPILE_COST = 16 * 512 ** 2
 SHARD_RE = re.compile(r"^records\.(\d+)-of-(\d+)\.jsonl$")
 
 
@@ -107,8 +103,8 @@ def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], 
     selections, bit for bit: :func:`cdsjax.eval.run.run_selector` compiles as for one core in every process)
     and compiles only the shapes of its own chunks. Chunks of one shape stay
     together (one compilation) unless that shape alone is more than a process's share; the groups go, largest
-    first, to the least loaded process. Cost: :data:`COMPILE_COST` per shape plus padded problems times bucket
-    size squared (the per-step cost of a dense solver). Deterministic: every process computes the same split.
+    first, to the least loaded process. Cost: :data:`cdsjax.core.batching.COMPILE_COST` per shape plus padded
+    problems times bucket size squared (the per-step cost of a dense solver). Deterministic: every process computes the same split.
 
     Args:
       sizes: the note count of each problem, in order.
@@ -119,7 +115,7 @@ def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], 
     Returns:
       ``count`` lists of positions, each ascending.
     """
-    from cdsjax.core.batching import bucket_size, next_pow2
+    from cdsjax.core.batching import COMPILE_COST, bucket_size, padded_batch
 
     by_bucket: dict = {}
     for i, n in enumerate(sizes):
@@ -129,7 +125,7 @@ def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], 
         pos = by_bucket[b]
         for start in range(0, len(pos), max_batch):
             chunk = pos[start:start + max_batch]
-            shapes.setdefault((b, next_pow2(len(chunk))), []).append(chunk)
+            shapes.setdefault((b, padded_batch(len(chunk), b)), []).append(chunk)
 
     def cost(shape, chunks):  # compiling a shape, plus solving its chunks
         return COMPILE_COST + len(chunks) * shape[1] * shape[0] ** 2

@@ -36,10 +36,6 @@ def make_mesh(devices: Optional[Sequence[Any]] = None):
     return Mesh(np.asarray(devices), ("batch",))
 
 
-def _round_up(k: int, multiple: int) -> int:
-    return -(-k // multiple) * multiple
-
-
 _BATCHED: Dict[Any, Any] = {}
 _COMPILED: Dict[Any, Any] = {}
 
@@ -125,9 +121,10 @@ def run_selector(
     """Runs a registry selector over ragged problems, batched and sharded.
 
     Problems are padded (trailing) into note-count buckets; each bucket is cut into
-    chunks of at most ``max_batch`` problems, and a chunk's batch axis is padded to a
-    power of two that the mesh size divides (repeating its first problem), so a run
-    compiles once per (bucket, chunk size). Inputs are placed with
+    chunks of at most ``max_batch`` problems, and a chunk's batch axis is padded
+    (repeating its first problem) to a size the mesh size divides
+    (:func:`cdsjax.core.padded_batch`: a power of two, or less where padded slots
+    would cost more than a compilation), so a run compiles once per (bucket, chunk size). Inputs are placed with
     ``NamedSharding(mesh, P("batch"))``: each device solves its slice of the batch.
 
     Args:
@@ -180,7 +177,7 @@ def run_selector(
         for start in range(0, len(g.positions), max_batch):
             rows = np.arange(start, min(start + max_batch, len(g.positions)))
             k = len(rows)
-            size = _round_up(max(1 << (k - 1).bit_length(), 1), ndev)
+            size = core.padded_batch(k, g.size, multiple=ndev)
             padded = np.concatenate([rows, np.full(size - k, rows[0])])
             args = [g.notes[padded], g.queries[padded], g.valid[padded],
                     g.extras["links"][padded]]
