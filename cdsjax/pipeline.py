@@ -107,7 +107,8 @@ class Answer:
       selector: selector name as users write it (``cds-converged``, ``cds-paper``,
         ``cosine``, ...); budget: the evidence budget.
       diagnostics: solver diagnostics for CDS (solver, mode "paper" | "converged",
-        num_iters, converged, kkt_residual, objective, support_size = notes with
+        num_iters, converged, status = how the solve ended ("converged" | "max_steps" |
+        "nonfinite" | "singular"), kkt_residual, objective, support_size = notes with
         weight > 1e-6, alpha, query_weight), else {}.
       timings: seconds per stage (encode, select, read, total).
       reader: model, cited evidence ranks, abstained, latency — or None.
@@ -144,10 +145,13 @@ def display_name(name: str) -> str:
 
 
 def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
-    """One line when a CDS solve ended unconverged (residual and the way out), else None."""
+    """One line when a CDS solve ended unconverged (how it ended, the residual and the way out), else None."""
     if not diagnostics or diagnostics.get("converged", True):
         return None
-    head = (f"CDS {diagnostics['mode']} mode stopped unconverged after {diagnostics['num_iters']} steps "
+    how = {"nonfinite": f"ended on non-finite weights (NaN or inf) after {diagnostics['num_iters']} steps",
+           "singular": f"stopped on a singular Newton system after {diagnostics['num_iters']} steps"}
+    ended = how.get(diagnostics.get("status"), f"stopped unconverged after {diagnostics['num_iters']} steps")
+    head = (f"CDS {diagnostics['mode']} mode {ended} "
             f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
     if diagnostics["mode"] == "paper":
         return head + " — use --selector cds-converged (the default) for the equilibrium, or cosine"
@@ -431,5 +435,5 @@ def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = No
         out["beta"] = float(np.asarray(sel.beta))
     status = getattr(r, "status", None)
     if status is not None:
-        out["status"] = int(status)
+        out["status"] = core.STATUSES[int(status)]
     return out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cdsjax import cli
-from cdsjax.pipeline import Corpus, Pipeline, PipelineError
+from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
 from tests.openai_server import OpenAIServer, message_images, message_text
 
 
@@ -107,16 +107,30 @@ def test_unconverged_solve_warns_in_one_line(demo_index, capsys, cache):
     assert code == 0
     result = json.loads(out)
     assert result["diagnostics"]["converged"] is False and result["diagnostics"]["num_iters"] == 3
+    assert result["diagnostics"]["status"] == "max_steps"
     lines = err.strip().splitlines()
     assert len(lines) == 1 and len(result["warnings"]) == 1
     residual = f"{result['diagnostics']['kkt_residual']:.1e}"
     assert "warning" in lines[0] and f"KKT residual {residual}" in lines[0] and "--selector cds-converged" in lines[0]
     # the table view prints the same line
     code, out, err = run_cli(capsys, "ask", str(demo_index), q, "--selector", "cds-paper", "--max-iter", "3")
-    assert code == 0 and len(err.strip().splitlines()) == 1 and "did NOT converge" in out
+    assert code == 0 and len(err.strip().splitlines()) == 1 and "did NOT converge (max_steps)" in out
     # converged mode: no warning
     code, out, err = run_cli(capsys, "ask", str(demo_index), q, "--json")
     assert code == 0 and err == "" and json.loads(out)["warnings"] == []
+    assert json.loads(out)["diagnostics"]["status"] == "converged"
+
+
+def test_convergence_warning_names_how_the_solve_ended():
+    base = {"converged": False, "mode": "paper", "num_iters": 7, "kkt_residual": float("nan")}
+    lines = {status: convergence_warning({**base, "status": status})
+             for status in ("max_steps", "nonfinite", "singular")}
+    assert "stopped unconverged after 7 steps" in lines["max_steps"]
+    assert "non-finite weights (NaN or inf)" in lines["nonfinite"]
+    assert "singular Newton system" in lines["singular"]
+    assert all("\n" not in line and "near-arbitrary" in line for line in lines.values())
+    assert convergence_warning({**base, "converged": True, "status": "converged"}) is None
+    assert convergence_warning({}) is None
 
 
 def test_ask_help_shows_the_json_schema(capsys):

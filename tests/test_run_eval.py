@@ -238,6 +238,10 @@ def test_end_to_end_hotpotqa_and_resume(data_root, tmp_path, cache_dir):
         assert r["metrics"]["paragraph_recall"] == pytest.approx(found)
         assert r["metrics"]["all_found"] == float(found == 1.0)
         assert ("kkt_residual" in r["diagnostics"]) == (r["selector"] == "cds_paper")
+        if r["selector"] == "cds_paper":  # how the solve ended, by name, agreeing with ``converged``
+            d = r["diagnostics"]
+            assert d["status"] in ("converged", "max_steps")
+            assert (d["status"] == "converged") == d["converged"]
     table = _summary(out)
     assert list(table[0]) == list(SUMMARY_COLUMNS)
     means = {(t["selector"], t["metric"]): float(t["mean"]) for t in table}

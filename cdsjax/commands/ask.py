@@ -15,7 +15,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
                    "note_id": str, "image_path": str | null, "summary": str, "caption": str}, ...],
      "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
-                     "num_iters", "converged", "kkt_residual", "objective",
+                     "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
+                     "singular": how the solve ended), "kkt_residual", "objective",
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
                      "query_weight", "num_filled", "fill_reason" ("none" | "short_support" |
                      "no_query_edge"), "beta"}  ({} for baselines),
@@ -293,6 +294,6 @@ def convergence_line(result: dict) -> str:
     d = result.get("diagnostics") or {}
     if not d:
         return f"selector {result['selector']}: no solver involved"
-    state = "converged" if d["converged"] else "did NOT converge"
+    state = "converged" if d["converged"] else f"did NOT converge ({d.get('status', 'max_steps')})"
     return (f"CDS {d['mode']} mode ({d['solver']}): {state} after {d['num_iters']} steps, "
             f"KKT residual {d['kkt_residual']:.1e}, {d['support_size']} notes in the support")

@@ -93,9 +93,10 @@ def diagnostics(selection: Any, num_notes: Optional[int] = None) -> Dict[str, An
     support threshold; ``num_filled`` / ``fill_reason`` say how many picks came from
     outside the support and why (:mod:`cdsjax.core.ranking`); ``beta`` is the
     note-block strength used. With ``num_notes`` (the problem's real note count),
-    ``whole_support`` says whether the support was every note.
+    ``whole_support`` says whether the support was every note. ``status`` says how the solve ended
+    (``"converged"``, ``"max_steps"``, ``"nonfinite"`` or ``"singular"``; ``converged`` is its first case).
     """
-    from cdsjax.core.types import FILL_REASONS
+    from cdsjax.core.types import FILL_REASONS, STATUSES
 
     res = getattr(selection, "result", None)
     if res is None:
@@ -114,4 +115,6 @@ def diagnostics(selection: Any, num_notes: Optional[int] = None) -> Dict[str, An
             out["whole_support"] = bool(out["support_size"] >= int(num_notes))
     if getattr(selection, "beta", None) is not None:
         out["beta"] = float(np.asarray(selection.beta))
+    if getattr(res, "status", None) is not None:
+        out["status"] = STATUSES[int(np.asarray(res.status))]
     return out
