@@ -26,8 +26,16 @@ from cdsjax.core.implicit import (
     retrieval_surrogates,
     soft_recall,
 )
-from cdsjax.core.batching import (DEFAULT_BUCKETS, auto_chunk, batch_apply, batched, bucket_size, make_buckets, padded_batch,
-                                  run_buckets)
+from cdsjax.core.batching import (
+    DEFAULT_BUCKETS,
+    auto_chunk,
+    batch_apply,
+    batched,
+    bucket_size,
+    make_buckets,
+    padded_batch,
+    run_buckets,
+)
 from cdsjax.core.replicator import (
     kkt_residual,
     objective,

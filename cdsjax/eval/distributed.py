@@ -104,7 +104,8 @@ def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], 
     and compiles only the shapes of its own chunks. Chunks of one shape stay
     together (one compilation) unless that shape alone is more than a process's share; the groups go, largest
     first, to the least loaded process. Cost: :data:`cdsjax.core.batching.COMPILE_COST` per shape plus padded
-    problems times bucket size squared (the per-step cost of a dense solver). Deterministic: every process computes the same split.
+    problems times bucket size squared (the per-step cost of a dense solver). Deterministic: every process
+    computes the same split.
 
     Args:
       sizes: the note count of each problem, in order.

@@ -124,8 +124,9 @@ def run_selector(
     chunks of at most ``max_batch`` problems, and a chunk's batch axis is padded
     (repeating its first problem) to a size the mesh size divides
     (:func:`cdsjax.core.padded_batch`: a power of two, or less where padded slots
-    would cost more than a compilation), so a run compiles once per (bucket, chunk size). Inputs are placed with
-    ``NamedSharding(mesh, P("batch"))``: each device solves its slice of the batch.
+    would cost more than a compilation), so a run compiles once per (bucket, chunk
+    size). Inputs are placed with ``NamedSharding(mesh, P("batch"))``: each device
+    solves its slice of the batch.
 
     Args:
       fn: ``fn(notes [n, d], query [d], valid [n], links [n, n], key) -> Selection``
