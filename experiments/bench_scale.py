@@ -113,7 +113,7 @@ def run_eval(out: pathlib.Path, cache: pathlib.Path, queries: int, processes: in
     cmd = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / CONFIGS[setting]),
            f"--config.max_queries={queries}", f"--config.selectors={selectors}", f"--config.output_dir={out}",
            f"--config.cache_dir={cache}", "--config.num_resamples=1000", "--noprogress", f"--processes={processes}"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CDSJAX_JAX_CACHE="0")  # every run compiles (no warm cache)
     env.pop("XLA_FLAGS", None)
     if one_core:  # the command and every thread it starts on one core
         cmd = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] + cmd

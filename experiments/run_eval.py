@@ -103,6 +103,10 @@ def main(argv):
                 judge=bool(os.environ.get("CDSJAX_JUDGE_URL")), progress=_PROGRESS.value)
         return
     process = distributed.initialize(*cluster) if cluster else None
+    from cdsjax.eval.settings import cache_dir_of
+    from cdsjax.pipeline import enable_compilation_cache
+
+    enable_compilation_cache(cache_dir_of(config) / "jax-compilation")  # a rerun loads its executables
     with exit_on_user_error("run_eval"):
         evaluate(config, progress=_PROGRESS.value, process=process)
 

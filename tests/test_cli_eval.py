@@ -93,3 +93,13 @@ def test_entry_points_turn_x64_on_for_a_float64_config(data_root, tmp_path, entr
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out_dir / "run.json").read_text())["identity"]["dtype"] == "float64"
     assert (out_dir / "records.jsonl").read_text().count("\n") == 2
+    # the compiled selectors went to the run's cache directory, for the next run to load
+    assert any((tmp_path / "cache" / "jax-compilation").iterdir())
+    # CDSJAX_JAX_CACHE=0: nothing is cached
+    off = tmp_path / "off"
+    argv = [a.replace(str(tmp_path / "cache"), str(off / "cache")).replace(str(out_dir), str(off / "out")) for a in argv]
+    env["CDSJAX_JAX_CACHE"] = "0"
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (off / "out" / "records.jsonl").read_text() == (out_dir / "records.jsonl").read_text()
+    assert not (off / "cache" / "jax-compilation").exists()

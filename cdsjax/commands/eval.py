@@ -8,7 +8,9 @@ Config fields are set with ``--config.FIELD=VALUE`` (ml_collections ``config_fla
 
 Both entry points find the benchmark data with :func:`locate_data` and say in one line where they
 looked: the config's ``data_root`` (default ``../shared/data``) from the working directory, then from
-the repository root, then ``$CDSJAX_DATA``.
+the repository root, then ``$CDSJAX_DATA``. Both keep JAX's compilation cache in the run's cache directory
+(``<cache_dir>/jax-compilation``), so a rerun loads its compiled selectors instead of compiling them
+(``CDSJAX_JAX_CACHE=0`` turns that off).
 """
 
 from __future__ import annotations
@@ -115,9 +117,12 @@ def run(args) -> int:
     if config.get("dtype", None) == "float64":
         enable_float64()
     from cdsjax.eval import evaluate
+    from cdsjax.eval.settings import cache_dir_of
+    from cdsjax.pipeline import enable_compilation_cache
 
     try:
         locate_data(config)
+        enable_compilation_cache(cache_dir_of(config) / "jax-compilation")  # a rerun loads its executables
         evaluate(config, progress=not args.no_progress and sys.stderr.isatty())
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise CLIError(str(err).strip("'\""), 1) from None

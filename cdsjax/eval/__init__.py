@@ -34,7 +34,7 @@ from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary
                                 write_timings)
 from cdsjax.eval.run import cached_selector, jax_local_devices, make_mesh, run_selector
 from cdsjax.eval.scoring import metric_names
-from cdsjax.eval.settings import budgets_of, eval_dtype, run_identity, selector_specs
+from cdsjax.eval.settings import budgets_of, cache_dir_of, eval_dtype, run_identity, selector_specs
 
 
 def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
@@ -95,7 +95,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     if lead:
         start_run(out_dir, run_identity(config))
 
-    cache_dir = pathlib.Path(config.get("cache_dir", "") or out_dir / "cache")
+    cache_dir = cache_dir_of(config)
     embedder = Embedder(config)
     if not lead:  # process 0 fills the caches (indexes, question vectors) first; the others read them
         process.barrier("prepared")

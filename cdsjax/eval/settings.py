@@ -3,6 +3,7 @@ the settings that identify a run (records are resumed only into a run with the s
 
 from __future__ import annotations
 
+import pathlib
 from typing import List, Tuple
 
 DTYPES = ("float32", "float64")
@@ -65,6 +66,12 @@ def run_identity(config) -> dict:
 
     out["data_root"] = str(resolve_data_root(config.data_root))
     return out
+
+
+def cache_dir_of(config) -> pathlib.Path:
+    """Where a run keeps its indexes, question vectors and compiled selectors: ``config.cache_dir``, else
+    ``<output_dir>/cache``."""
+    return pathlib.Path(config.get("cache_dir", "") or pathlib.Path(config.output_dir) / "cache")
 
 
 def eval_dtype(config) -> str:
