@@ -148,10 +148,9 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     """One line when a CDS solve ended unconverged (how it ended, the residual and the way out), else None."""
     if not diagnostics or diagnostics.get("converged", True):
         return None
-    how = {"nonfinite": f"ended on non-finite weights (NaN or inf) after {diagnostics['num_iters']} steps",
-           "singular": f"stopped on a singular Newton system after {diagnostics['num_iters']} steps"}
-    ended = how.get(diagnostics.get("status"), f"stopped unconverged after {diagnostics['num_iters']} steps")
-    head = (f"CDS {diagnostics['mode']} mode {ended} "
+    ended = {"nonfinite": "ended on non-finite weights (NaN or inf)",
+             "singular": "stopped on a singular Newton system"}.get(diagnostics.get("status"), "stopped unconverged")
+    head = (f"CDS {diagnostics['mode']} mode {ended} after {diagnostics['num_iters']} steps "
             f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
     if diagnostics["mode"] == "paper":
         return head + " — use --selector cds-converged (the default) for the equilibrium, or cosine"

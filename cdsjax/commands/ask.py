@@ -294,6 +294,6 @@ def convergence_line(result: dict) -> str:
     d = result.get("diagnostics") or {}
     if not d:
         return f"selector {result['selector']}: no solver involved"
-    state = "converged" if d["converged"] else f"did NOT converge ({d.get('status', 'max_steps')})"
+    state = "converged" if d["converged"] else "did NOT converge" + (f" ({d['status']})" if "status" in d else "")
     return (f"CDS {d['mode']} mode ({d['solver']}): {state} after {d['num_iters']} steps, "
             f"KKT residual {d['kkt_residual']:.1e}, {d['support_size']} notes in the support")
