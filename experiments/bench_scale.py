@@ -109,7 +109,8 @@ CONFIGS = {"single": "mmlongbench.py", "pool": "mmlongbench_pool.py"}
 
 def run_eval(out: pathlib.Path, cache: pathlib.Path, queries: int, processes: int, setting: str,
              selectors: str = "cds", *, one_core: bool = False):
-    """``(wall s, selection s, CPU s, {(selector, budget, qid): selected})`` of one ``run_eval.py`` command."""
+    """``(wall s, selection s, CPU s, {(selector, budget, qid): selected}, [selection s of each process])`` of
+    one ``run_eval.py`` command (selection s: the slowest process's)."""
     cmd = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / CONFIGS[setting]),
            f"--config.max_queries={queries}", f"--config.selectors={selectors}", f"--config.output_dir={out}",
            f"--config.cache_dir={cache}", "--config.num_resamples=1000", "--noprogress", f"--processes={processes}"]
@@ -122,10 +123,10 @@ def run_eval(out: pathlib.Path, cache: pathlib.Path, queries: int, processes: in
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     if proc.returncode != 0:
         raise SystemExit(f"bench_scale: run_eval --processes {processes} failed:\n{proc.stderr[-3000:]}")
-    select = max(sum(json.loads(line)["seconds"].values())
-                 for line in (out / "timings.jsonl").read_text().splitlines() if line.strip())
+    each = [sum(json.loads(line)["seconds"].values())
+            for line in (out / "timings.jsonl").read_text().splitlines() if line.strip()]
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
-    return wall, select, cpu, {(r["selector"], r["budget"], r["qid"]): r["selected"] for r in records}
+    return wall, max(each), cpu, {(r["selector"], r["budget"], r["qid"]): r["selected"] for r in records}, each
 
 
 def ceiling(one: float, one_core: float, target: str) -> str:
@@ -185,7 +186,7 @@ def bench_eval(mmlb: pathlib.Path, queries: int, settings, tmp: pathlib.Path) ->
               f"MMLongBench-Doc dev questions ({n} records)")
         print("| processes | wall s | q/s (wall) | selection s | q/s (selection) | CPU s |")
         print("|---|---|---|---|---|---|")
-        for p, (wall, sel, cpu, _) in runs.items():
+        for p, (wall, sel, cpu, *_) in runs.items():
             print(f"| {p} | {wall:.1f} | {n / wall:.2f} | {sel:.1f} | {n / sel:.2f} | {cpu:.1f} |")
         e1, e2, ec = runs.values()
         same = {p: sum(ref[k] == r[3].get(k) for k in ref) for p, r in runs.items()}
@@ -195,6 +196,8 @@ def bench_eval(mmlb: pathlib.Path, queries: int, settings, tmp: pathlib.Path) ->
         print(f"2 processes against one process on one core: wall {ec[0] / e2[0]:.2f}, selection "
               f"{ec[1] / e2[1]:.2f}; one process's use of the second core: selection {ec[1] / e1[1]:.2f}")
         print(ceiling(e1[1], ec[1], "1.7"))
+        print(f"2 processes, each one's selection s: {' / '.join(f'{t:.1f}' for t in e2[4])} (the same work split "
+              f"evenly: {sum(e2[4]) / len(e2[4]):.1f}, a 2/1 of {len(e2[4]) * e1[1] / sum(e2[4]):.2f})")
 
 
 def main() -> None:
