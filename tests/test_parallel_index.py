@@ -1,6 +1,9 @@
 """`cdsjax index --workers N`: documents built in a process pool give the same index as one worker."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -110,3 +113,41 @@ def test_embedding_in_workers_equals_embedding_in_parent(tmp_path):
         assert not [p for p in (tmp_path / f"cache-{where}").rglob(".tmp-*")]  # no staging left behind
     assert [n["text"] for n in got["parent"].notes] == [n["text"] for n in got["worker"].notes]
     np.testing.assert_allclose(got["parent"].embeddings, got["worker"].embeddings, atol=1e-5)
+
+
+_ALLOC_CYCLES = r"""
+import ctypes, resource
+from cdsjax.io.memory import keep_freed_memory
+kept = keep_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+size = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MB)
+def cycle():
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+cycle()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    cycle()
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+def test_keep_freed_memory_reuses_large_blocks():
+    """A freed 64 MB block is reused without page faults once ``keep_freed_memory`` ran; with
+    ``CDSJAX_KEEP_FREED_MEMORY=0`` the allocator is left alone and each new block is faulted in again."""
+
+    def run(flag):
+        env = dict(os.environ, CDSJAX_KEEP_FREED_MEMORY=flag)
+        out = subprocess.run([sys.executable, "-c", _ALLOC_CYCLES], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        return out[0], int(out[1])
+
+    kept, faults_kept = run("1")
+    left, faults_left = run("0")
+    assert (kept, left) == ("True", "False")
+    assert faults_left > 3 * (64 << 20) // (2 << 20)  # at least one fault per 2 MB page, cycle after cycle
+    assert faults_kept * 20 < faults_left

@@ -36,6 +36,7 @@ from cdsjax.config import get_config
 from cdsjax.io import store
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.embed import embedder_key
+from cdsjax.io.memory import keep_freed_memory
 
 
 def default_config():
@@ -582,6 +583,8 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     docs = list(docs)
     if embed_in not in EMBED_IN:
         raise ValueError(f"embed_in must be one of {EMBED_IN}, got {embed_in!r}")
+    if docs:
+        keep_freed_memory()  # parsing and embedding reuse their large blocks instead of faulting them in again
     if workers <= 1 or len(docs) <= 1:
         for doc in docs:
             try:
@@ -697,6 +700,7 @@ def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: in
     from cdsjax.io.parse import limit_layout_threads
 
     limit_layout_threads(threads)
+    keep_freed_memory()
     _WORKER.update(config=config, embedder=embedder, cache=store.DocCache(Path(cache_root_dir)))
 
 
