@@ -131,23 +131,30 @@ cycle()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(3):
     cycle()
-print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+from cdsjax.io.memory import release_freed_memory
+resident = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() >> 20
+held = resident()
+release_freed_memory()
+print(kept, faults, held - resident())
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
 def test_keep_freed_memory_reuses_large_blocks():
-    """A freed 64 MB block is reused without page faults once ``keep_freed_memory`` ran; with
-    ``CDSJAX_KEEP_FREED_MEMORY=0`` the allocator is left alone and each new block is faulted in again."""
+    """A freed 64 MB block is reused without page faults once ``keep_freed_memory`` ran, and
+    ``release_freed_memory`` hands it back to the kernel; with ``CDSJAX_KEEP_FREED_MEMORY=0`` the allocator is
+    left alone: each new block is faulted in again, and there is nothing held to release."""
 
     def run(flag):
         env = dict(os.environ, CDSJAX_KEEP_FREED_MEMORY=flag)
         out = subprocess.run([sys.executable, "-c", _ALLOC_CYCLES], env=env, capture_output=True, text=True,
                              check=True).stdout.split()
-        return out[0], int(out[1])
+        return out[0], int(out[1]), int(out[2])
 
-    kept, faults_kept = run("1")
-    left, faults_left = run("0")
+    kept, faults_kept, released_kept = run("1")
+    left, faults_left, released_left = run("0")
     assert (kept, left) == ("True", "False")
     assert faults_left > 3 * (64 << 20) // (2 << 20)  # at least one fault per 2 MB page, cycle after cycle
     assert faults_kept * 20 < faults_left
+    assert released_kept >= 48 and released_left < 16  # MB back to the kernel

@@ -36,7 +36,7 @@ from cdsjax.config import get_config
 from cdsjax.io import store
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.embed import embedder_key
-from cdsjax.io.memory import keep_freed_memory
+from cdsjax.io.memory import keep_freed_memory, release_freed_memory
 
 
 def default_config():
@@ -722,6 +722,8 @@ def _worker_build(doc: _Doc, embed: bool = True):
             staged = (str(staging), redo)
     except Exception as err:  # any failure is this document's, reported in one line; the others go on
         return None, _as_ingest_error(doc, err), dict(seconds), lines, None
+    finally:
+        release_freed_memory()
     return doc, None, dict(seconds), lines, staged
 
 
@@ -887,6 +889,7 @@ def _finish_doc(doc: _Doc, key: str, cache: store.DocCache, staging: Path, redo:
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+        release_freed_memory()  # this document's blocks go back to the kernel before the next one
 
 
 def _ocr_redo(doc: _Doc, config) -> bool:
