@@ -116,9 +116,9 @@ def test_embedding_in_workers_equals_embedding_in_parent(tmp_path):
 
 
 _ALLOC_CYCLES = r"""
-import ctypes, resource
+import ctypes, resource, sys
 from cdsjax.io.memory import keep_freed_memory
-kept = keep_freed_memory()
+kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
@@ -148,8 +148,8 @@ def test_keep_freed_memory_reuses_large_blocks():
 
     def run(flag):
         env = dict(os.environ, CDSJAX_KEEP_FREED_MEMORY=flag)
-        out = subprocess.run([sys.executable, "-c", _ALLOC_CYCLES], env=env, capture_output=True, text=True,
-                             check=True).stdout.split()
+        out = subprocess.run([sys.executable, "-c", _ALLOC_CYCLES, "keep"], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
         return out[0], int(out[1]), int(out[2])
 
     kept, faults_kept, released_kept = run("1")
@@ -158,3 +158,36 @@ def test_keep_freed_memory_reuses_large_blocks():
     assert faults_left > 3 * (64 << 20) // (2 << 20)  # at least one fault per 2 MB page, cycle after cycle
     assert faults_kept * 20 < faults_left
     assert released_kept >= 48 and released_left < 16  # MB back to the kernel
+
+
+def _huge_pages_possible() -> bool:
+    try:
+        return "[never]" not in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _huge_pages_possible(), reason="no transparent huge pages on this machine")
+def test_worker_environment_faults_large_blocks_in_huge_pages(monkeypatch):
+    """A process started with :func:`worker_environment` (as every parsing worker is) faults a new 64 MB block
+    in 2 MB pages; without it, in 4 KB pages. ``CDSJAX_KEEP_FREED_MEMORY=0`` gives an empty environment."""
+    from cdsjax.io.memory import worker_environment
+
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+
+    def faults(extra):
+        env = dict(os.environ, **extra)
+        env.pop("CDSJAX_KEEP_FREED_MEMORY", None)
+        out = subprocess.run([sys.executable, "-c", _ALLOC_CYCLES, "plain"], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        return int(out[1])
+
+    extra = worker_environment()
+    assert extra == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    huge, small = faults(extra), faults({})
+    assert huge * 10 < small  # (the ends of a block that are not 2 MB aligned still take 4 KB pages)
+    monkeypatch.setenv("CDSJAX_KEEP_FREED_MEMORY", "0")
+    assert worker_environment() == {}
+    monkeypatch.setenv("CDSJAX_KEEP_FREED_MEMORY", "1")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert worker_environment() == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}

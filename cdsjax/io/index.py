@@ -23,6 +23,7 @@ untouched.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import sys
@@ -36,7 +37,7 @@ from cdsjax.config import get_config
 from cdsjax.io import store
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.embed import embedder_key
-from cdsjax.io.memory import keep_freed_memory, release_freed_memory
+from cdsjax.io.memory import keep_freed_memory, release_freed_memory, worker_environment
 
 
 def default_config():
@@ -583,8 +584,6 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     docs = list(docs)
     if embed_in not in EMBED_IN:
         raise ValueError(f"embed_in must be one of {EMBED_IN}, got {embed_in!r}")
-    if docs:
-        keep_freed_memory()  # parsing and embedding reuse their large blocks instead of faulting them in again
     if workers <= 1 or len(docs) <= 1:
         for doc in docs:
             try:
@@ -608,6 +607,7 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     docs = sorted(docs, key=_doc_size, reverse=True)  # longest first: no long document starts last
     loader = None
     if not in_worker:  # load the model here while the workers parse their first documents
+        keep_freed_memory()  # this process only embeds and writes: its large blocks are reused, not faulted in
         import threading
 
         def preload() -> None:
@@ -629,7 +629,8 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
                                    initializer=_worker_init,
                                    initargs=(config, fresh, str(cache.root), threads, os.getpid(), slots, pin))
         try:
-            futures = {pool.submit(_worker_build, doc, in_worker): doc for doc in todo}
+            with _environment(worker_environment()):  # read by each worker's C library as it starts
+                futures = {pool.submit(_worker_build, doc, in_worker): doc for doc in todo}  # starts the workers
             todo = []
             pending = set(futures)
             while pending:
@@ -666,6 +667,21 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def _environment(values: Dict[str, str]):
+    """``os.environ`` with ``values`` set, for processes started meanwhile; restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 _WORKER: dict = {}
 
 
@@ -700,7 +716,6 @@ def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: in
     from cdsjax.io.parse import limit_layout_threads
 
     limit_layout_threads(threads)
-    keep_freed_memory()
     _WORKER.update(config=config, embedder=embedder, cache=store.DocCache(Path(cache_root_dir)))
 
 
@@ -722,8 +737,6 @@ def _worker_build(doc: _Doc, embed: bool = True):
             staged = (str(staging), redo)
     except Exception as err:  # any failure is this document's, reported in one line; the others go on
         return None, _as_ingest_error(doc, err), dict(seconds), lines, None
-    finally:
-        release_freed_memory()
     return doc, None, dict(seconds), lines, staged
 
 

@@ -3,11 +3,18 @@
 Parsing a page (PyMuPDF's layout models on onnxruntime) and embedding a batch of notes (torch) allocate and
 free blocks of tens to hundreds of megabytes many times over. glibc's ``malloc`` serves blocks above its
 mmap threshold (at most 32 MB) straight from the kernel and gives them back on ``free``, so every such block
-is faulted in again, page by page, the next time (~35,000 page faults per PDF page, measured).
-:func:`keep_freed_memory` raises the thresholds so that these blocks come from the heap and are reused
-within a document, and :func:`release_freed_memory` hands the free memory back to the kernel after each
-document (kept for good, the free blocks of every thread's arena added up to 6-8 GB over the 41 dev PDFs).
-RESULTS.md, "Scale: workers and processes", has the measurement.
+is faulted in again, 4 KB page by 4 KB page, the next time (~35,000 page faults per PDF page, measured). Two
+remedies, each where it was measured to pay without holding memory:
+
+- the parsing workers start with glibc's ``hugetlb`` tunable (:func:`worker_environment`): those blocks are
+  faulted in as 2 MB transparent huge pages, 512 times fewer faults, at the same resident size;
+- the indexing process, which with workers only embeds and writes, keeps its large freed blocks for reuse
+  (:func:`keep_freed_memory`) and hands them back after each document (:func:`release_freed_memory`).
+  Parsing with blocks kept grew to 7-8 GB resident over the 41 dev PDFs (heap fragmentation), so a process
+  that parses never keeps them.
+
+``CDSJAX_KEEP_FREED_MEMORY=0`` turns both off. Nothing computed depends on the allocator. RESULTS.md, "Scale:
+workers and processes", has the measurements.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import Dict
 
 OFF_VAR = "CDSJAX_KEEP_FREED_MEMORY"  # "0": leave the allocator as it is
+HUGETLB = "glibc.malloc.hugetlb=1"  # malloc asks for transparent huge pages (madvise) for its memory
 MMAP_MB = 1024  # blocks up to this size come from the heap
 TRIM_MB = 1024  # free memory kept at the top of the heap before it is returned to the kernel
 
@@ -24,8 +33,26 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
 _done = False
 
 
+def enabled() -> bool:
+    """False with ``CDSJAX_KEEP_FREED_MEMORY=0`` or off Linux."""
+    return os.environ.get(OFF_VAR, "1").strip() != "0" and sys.platform.startswith("linux")
+
+
+def worker_environment() -> Dict[str, str]:
+    """Environment variables for a parsing process to start with: glibc's ``hugetlb`` tunable (glibc >= 2.35;
+    older or other C libraries ignore it), added to any ``GLIBC_TUNABLES`` already set. Empty when disabled."""
+    if not enabled():
+        return {}
+    current = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in current:
+        return {}
+    return {"GLIBC_TUNABLES": ":".join(t for t in (current, HUGETLB) if t)}
+
+
 def keep_freed_memory() -> bool:
     """Makes glibc's ``malloc`` in this process keep large freed blocks for reuse; True if it now does.
+
+    For a process that does not parse PDFs (see the module docstring).
 
     A no-op returning False where the C library is not glibc (macOS, musl), or with
     ``CDSJAX_KEEP_FREED_MEMORY=0``. Only the allocator's thresholds change: nothing computed depends on it.
@@ -34,7 +61,7 @@ def keep_freed_memory() -> bool:
     global _done
     if _done:
         return True
-    if os.environ.get(OFF_VAR, "1").strip() == "0" or not sys.platform.startswith("linux"):
+    if not enabled():
         return False
     try:
         libc = ctypes.CDLL(None)
