@@ -15,6 +15,7 @@ sentence-transformers or openai. Import the submodules you need:
 - :mod:`cdsjax.io.index` — ``build_index`` (add/update/remove documents of an index) / ``load_index`` /
   ``verify_index`` / ``list_index`` / ``index_pdf``;
 - :mod:`cdsjax.io.store` — the on-disk index, the writer lock and the shared document cache.
+- :mod:`cdsjax.io.memory` — how the ingestion processes use the C allocator (fewer page faults).
 """
 
 from cdsjax.io.elements import IngestError

@@ -573,7 +573,10 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     ``embed_in="parent"`` (default): a worker parses and enriches, and this process embeds each document
     the moment it comes back and commits it, so the workers never import torch or load the model;
     ``"worker"``: each worker loads the embedding model and embeds and commits its own documents. RESULTS.md,
-    "Scale: workers and processes", has the measurement behind the default.
+    "Scale: workers and processes", has the measurement behind the default. Workers start with
+    :func:`cdsjax.io.memory.worker_environment` (2 MB pages for their large blocks), and this process, which
+    then only embeds and writes, keeps its freed blocks until each document is committed
+    (:mod:`cdsjax.io.memory`).
 
     Yields ``(doc, None)`` for each finished document (filled in place) and ``(doc, IngestError)`` for each
     that failed, in the order they finish. A worker that fails or dies is reported as an error naming its
