@@ -118,7 +118,10 @@ def test_embedding_in_workers_equals_embedding_in_parent(tmp_path):
 _ALLOC_CYCLES = r"""
 import ctypes, resource, sys
 from cdsjax.io.memory import keep_freed_memory
-kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+kept = keep_freed_memory() if sys.argv[1] in ("keep", "stop") else False
+if sys.argv[1] == "stop":  # kept, then no longer: as in a process whose workers are done and that parses next
+    from cdsjax.io.memory import stop_keeping_freed_memory
+    stop_keeping_freed_memory()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
@@ -191,3 +194,14 @@ def test_worker_environment_faults_large_blocks_in_huge_pages(monkeypatch):
     monkeypatch.setenv("CDSJAX_KEEP_FREED_MEMORY", "1")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
     assert worker_environment() == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+def test_stop_keeping_freed_memory_gives_large_blocks_back_again():
+    """After ``stop_keeping_freed_memory`` (the end of every pooled ``build_documents``), a 64 MB block is
+    handed back on ``free`` again, so a process that parses next does not grow its heap."""
+    env = dict(os.environ, CDSJAX_KEEP_FREED_MEMORY="1")
+    env.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run([sys.executable, "-c", _ALLOC_CYCLES, "stop"], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "True" and int(out[1]) > 3 * (64 << 20) // (2 << 20)

@@ -37,7 +37,7 @@ from cdsjax.config import get_config
 from cdsjax.io import store
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.embed import embedder_key
-from cdsjax.io.memory import keep_freed_memory, release_freed_memory, worker_environment
+from cdsjax.io.memory import keep_freed_memory, release_freed_memory, stop_keeping_freed_memory, worker_environment
 
 
 def default_config():
@@ -627,47 +627,50 @@ def build_documents(docs: Sequence[_Doc], cache: store.DocCache, config, *, embe
     slots = context.Value("i", 0)
     pin = cores if len(cores) >= workers else []
     todo, broke = list(docs), collections.Counter()
-    while todo:
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context,
-                                   initializer=_worker_init,
-                                   initargs=(config, fresh, str(cache.root), threads, os.getpid(), slots, pin))
-        try:
-            with _environment(worker_environment()):  # read by each worker's C library as it starts
-                futures = {pool.submit(_worker_build, doc, in_worker): doc for doc in todo}  # starts the workers
-            todo = []
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    doc = futures[fut]
-                    try:
-                        result, err, stage_seconds, lines, staged = fut.result()
-                    except BrokenProcessPool:
-                        broke[id(doc)] += 1
-                        if broke[id(doc)] >= 2:
-                            yield doc, IngestError(doc.path, "its worker process died while indexing it "
-                                                             "(killed, or out of memory)")
-                        else:
-                            todo.append(doc)  # retried in a fresh pool
-                        continue
-                    for line in lines:
-                        log(line)
-                    for k, v in stage_seconds.items():
-                        seconds[k] += v
-                    if err is None and staged is not None:  # prepared there; embedded and committed here
-                        loader.join()
+    try:
+        while todo:
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context,
+                                       initializer=_worker_init,
+                                       initargs=(config, fresh, str(cache.root), threads, os.getpid(), slots, pin))
+            try:
+                with _environment(worker_environment()):  # read by each worker's C library as it starts
+                    futures = {pool.submit(_worker_build, doc, in_worker): doc for doc in todo}  # starts the workers
+                todo = []
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        doc = futures[fut]
                         try:
-                            _finish_doc(result, entry_key(result.sha, result.keys), cache, Path(staged[0]),
-                                        staged[1], embedder, seconds, log)
-                        except Exception as exc:
-                            err = _as_ingest_error(doc, exc)
-                    if err is not None:
-                        yield doc, err
-                        continue
-                    doc.__dict__.update(result.__dict__)
-                    yield doc, None
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+                            result, err, stage_seconds, lines, staged = fut.result()
+                        except BrokenProcessPool:
+                            broke[id(doc)] += 1
+                            if broke[id(doc)] >= 2:
+                                yield doc, IngestError(doc.path, "its worker process died while indexing it "
+                                                                 "(killed, or out of memory)")
+                            else:
+                                todo.append(doc)  # retried in a fresh pool
+                            continue
+                        for line in lines:
+                            log(line)
+                        for k, v in stage_seconds.items():
+                            seconds[k] += v
+                        if err is None and staged is not None:  # prepared there; embedded and committed here
+                            loader.join()
+                            try:
+                                _finish_doc(result, entry_key(result.sha, result.keys), cache, Path(staged[0]),
+                                            staged[1], embedder, seconds, log)
+                            except Exception as exc:
+                                err = _as_ingest_error(doc, exc)
+                        if err is not None:
+                            yield doc, err
+                            continue
+                        doc.__dict__.update(result.__dict__)
+                        yield doc, None
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        stop_keeping_freed_memory()  # this process may parse next (one document, or --workers 1)
 
 
 @contextlib.contextmanager

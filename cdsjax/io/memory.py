@@ -9,9 +9,10 @@ remedies, each where it was measured to pay without holding memory:
 - the parsing workers start with glibc's ``hugetlb`` tunable (:func:`worker_environment`): those blocks are
   faulted in as 2 MB transparent huge pages, 512 times fewer faults, at the same resident size;
 - the indexing process, which with workers only embeds and writes, keeps its large freed blocks for reuse
-  (:func:`keep_freed_memory`) and hands them back after each document (:func:`release_freed_memory`).
-  Parsing with blocks kept grew to 7-8 GB resident over the 41 dev PDFs (heap fragmentation), so a process
-  that parses never keeps them.
+  (:func:`keep_freed_memory`), hands them back after each document (:func:`release_freed_memory`), and
+  stops keeping them when its workers are done (:func:`stop_keeping_freed_memory`). Parsing with blocks kept
+  grew to 7-8 GB resident over the 41 dev PDFs (heap fragmentation), so a process never parses while it
+  keeps them.
 
 ``CDSJAX_KEEP_FREED_MEMORY=0`` turns both off. Nothing computed depends on the allocator. RESULTS.md, "Scale:
 workers and processes", has the measurements.
@@ -83,3 +84,17 @@ def release_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def stop_keeping_freed_memory() -> None:
+    """Undoes :func:`keep_freed_memory` (where it is in effect) before this process parses again: hands the
+    free memory back, and sets the thresholds glibc's own dynamic ones reach once 32 MB blocks have been freed
+    (mmap 32 MB, trim 64 MB; glibc cannot turn its dynamic adjustment back on)."""
+    global _done
+    if not _done:
+        return
+    release_freed_memory()
+    libc = ctypes.CDLL(None)
+    libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+    _done = False
