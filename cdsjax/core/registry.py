@@ -22,7 +22,8 @@ import inspect
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 
-from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
+from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
+                                   select_ppr, select_random)
 from cdsjax.core.select import SOLVERS, cds_peel, cds_select
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.support import cds_support
@@ -35,6 +36,15 @@ SelectorFn = Callable[..., Selection]
 def _cosine(budget: int) -> SelectorFn:
     def fn(notes, query, valid, links=None, key=None):
         return select_cosine(notes, query, valid, budget=budget)
+
+    return fn
+
+
+def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+        if pages is None:
+            raise ValueError("selector 'cosine_pages' needs pages ([n] int page, or paragraph group, of each note)")
+        return select_cosine_pages(notes, query, valid, pages, budget=budget, doc_ids=doc_ids, fill=fill)
 
     return fn
 
@@ -207,6 +217,8 @@ def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, alias
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("cosine", _cosine),
+    # cosine top-B taking the best note of each (document, page) first: the structural rule learned CDS must beat
+    _spec("cosine_pages", _cosine_pages, aliases=("cosine-pages",), display="cosine-pages"),
     _spec("random", _random, needs_key=True),
     _spec("mmr", _mmr),
     _spec("dpp", _dpp),
