@@ -40,7 +40,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.learned = True
     config.val_fraction = 0.2
     config.fit_budget = 10  # the budget of the fitted surrogate (one fit serves every evaluated budget)
-    config.learn = ml_collections.ConfigDict()  # passed to cdsjax.learn.fit (its own defaults otherwise)
+    # passed to cdsjax.learn.fit (FitConfig); None keeps its default
+    config.learn = ml_collections.ConfigDict({k: ml_collections.config_dict.placeholder(t) for k, t in (
+        ("steps", int), ("num_starts_fitted", int), ("patience", int), ("learning_rate", float), ("l2", float),
+        ("dtype", str), ("max_batch", int))})
 
     config.num_resamples = 10_000
     config.max_batch = 32

@@ -50,6 +50,7 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/learned_cv.py", lock_config=True)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
 _SUMMARY_COPY = flags.DEFINE_string("summary_copy", None, "Also write summary.json to this path.")
+_SUMMARIZE_ONLY = flags.DEFINE_bool("summarize_only", False, "Only summarise the tasks already on disk.")
 
 LEARNED = "cds-learned"
 FIXED = (("cosine", "cosine", {}), ("cosine-pages", "cosine_pages", {}), ("ppr", "ppr", {}),
@@ -252,14 +253,35 @@ def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
             "dpp (tuned)": [(f"dpp@theta={v:g}", "dpp", {"theta": float(v)}) for v in config.dpp_thetas]}
 
 
+def fit_example(problem):
+    """The fitting example of a problem with the structure arrays the evaluation passes to the selector
+    (:meth:`~cdsjax.eval.problems.Problem.structure`: on text benchmarks the paragraph group is the page),
+    so the game is fitted on what it is later asked to select from; None without gold."""
+    from cdsjax.learn.data import Example, gold_units
+
+    units, unit_valid = gold_units(problem)
+    if units.shape[0] == 0:
+        return None
+    s = problem.structure()
+    return Example(qid=str(problem.query.qid), group="|".join(problem.query.doc_ids),
+                   notes=np.asarray(problem.notes, np.float32), query=np.asarray(problem.query_emb, np.float32),
+                   links=np.asarray(problem.links, bool), pages=s["pages"], doc_ids=s["doc_ids"], kinds=s["kinds"],
+                   units=units, unit_valid=unit_valid)
+
+
 def fit_learned(task: Task, config, log=print):
     """``(theta, fit info)`` from ``cdsjax.learn.fit`` on the task's training and validation problems."""
     from cdsjax.learn import fit
 
+    options = {"budget": int(config.fit_budget), "progress": False,
+               **{k: v for k, v in config.learn.to_dict().items() if v is not None}}
+    train = [e for e in map(fit_example, task.train) if e is not None]
+    val = [e for e in map(fit_example, task.val) if e is not None]
     t0 = time.perf_counter()
-    result = fit(task.train, task.val, config.learn)
+    result = fit(train, val, options, log=lambda line: log(f"    {line}"))
     info = {"seconds": float(getattr(result, "seconds", time.perf_counter() - t0)),
-            "train_questions": len(task.train), "val_questions": len(task.val)}
+            "train_questions": len(train), "val_questions": len(val),
+            "best": getattr(result, "best", None)}
     log(f"  fitted {task.label} (pool {task.pool_size}) on {len(task.train)} questions, "
         f"stopped on {len(task.val)}: {info['seconds']:.0f} s")
     return result.theta, info
@@ -443,6 +465,9 @@ def main(argv):
     config = config_or_exit(argv, _CONFIG.value, "configs/learned_cv.py")
     out_dir = pathlib.Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from cdsjax.pipeline import enable_compilation_cache
+
+    enable_compilation_cache(out_dir / "cache" / "jax-compilation")  # a rerun loads its executables
     with exit_on_user_error("learned_cv"):
         names = [b.strip() for b in str(config.benchmarks).split(",") if b.strip()]
         datas = {b: load_data(b, config) for b in names}
@@ -453,9 +478,9 @@ def main(argv):
     tuning = json.loads(tuning_path.read_text()) if tuning_path.is_file() else {}
     done = {(t.label, t.pool_size) for t in tasks if tuning.get(f"{t.label}/pool{t.pool_size}", {}).get("complete")}
     runner = Runner(datas, int(config.max_batch))
-    todo = [t for t in tasks if (t.label, t.pool_size) not in done]
+    todo = [] if _SUMMARIZE_ONLY.value else [t for t in tasks if (t.label, t.pool_size) not in done]
     print(f"{len(tasks)} tasks ({len(tasks) - len(todo)} already on disk)")
-    if todo:  # a task interrupted half-way is redone whole: drop its partial rows
+    if todo or _SUMMARIZE_ONLY.value:  # a task interrupted half-way is redone whole: drop its partial rows
         keep = [r for r in _done_records(records_path) if (r["label"], r["pool_size"]) in done]
         records_path.write_text("".join(json.dumps(r) + "\n" for r in keep))
     bar = None
