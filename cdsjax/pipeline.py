@@ -94,6 +94,20 @@ class Corpus:
                    roots=[str(idx.root) for idx in indexes])
 
 
+def structure_arrays(notes: Sequence[dict], size: int) -> Dict[str, np.ndarray]:
+    """``pages``, ``doc_ids`` and ``kinds`` ``[size]`` int32 of the notes (padded with -1), for selectors that
+    read the document structure (``cds-learned``)."""
+    from cdsjax.core.learned import kind_codes
+
+    docs = {d: i for i, d in enumerate(dict.fromkeys(str(n.get("doc_id")) for n in notes))}
+    out = {k: np.full(size, -1, np.int32) for k in ("pages", "doc_ids", "kinds")}
+    k = len(notes)
+    out["pages"][:k] = [int(n["page"]) if n.get("page") is not None else -1 for n in notes]
+    out["doc_ids"][:k] = [docs[str(n.get("doc_id"))] for n in notes]
+    out["kinds"][:k] = kind_codes([n.get("kind") for n in notes])
+    return out
+
+
 @dataclasses.dataclass
 class Answer:
     """The result of one question.
@@ -197,7 +211,8 @@ class Pipeline:
     evaluation builds one pipeline per question).
     """
 
-    def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None):
+    def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
+                 params: Optional[str] = None):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         core.validate_embeddings(corpus.embeddings)
@@ -212,12 +227,22 @@ class Pipeline:
         self.links = np.zeros((self.size, self.size), bool)
         self.links[:n, :n] = corpus.links
         self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
+        self._structure = {k: jnp.asarray(v) for k, v in structure_arrays(corpus.notes, self.size).items()}
+        self.params = None if params is None else str(params)
+        if self.params is not None:  # a missing or malformed file is one line now, not at the first question
+            from cdsjax.learn.params_io import load_params
+
+            try:
+                load_params(self.params)
+            except ValueError as err:
+                raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
         self._compiled: Dict[tuple, Any] = {} if compiled is None else compiled
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False) -> "Pipeline":
+    def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
+                   params: Optional[str] = None) -> "Pipeline":
         """Loads index directories and indexes PDFs (into the cache) named by ``paths``."""
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
@@ -235,7 +260,7 @@ class Pipeline:
                     raise PipelineError(f"{path}: no such file or directory")
             except (IngestError, StoreError) as err:
                 raise PipelineError(str(err)) from None
-        return cls(Corpus.merge(indexes), reader=reader)
+        return cls(Corpus.merge(indexes), reader=reader, params=params)
 
     @property
     def embedder(self):
@@ -256,13 +281,17 @@ class Pipeline:
         """A jitted per-question selector over the padded corpus (cached)."""
         selector = canonical_selector(selector)
         options = dict(options or {})
+        if selector == "cds_learned" and self.params is not None:
+            options.setdefault("params", self.params)
         key = (selector, budget, tuple(sorted(options.items())))
         if key not in self._compiled:
             try:
                 fn = registry.make_selector(selector, budget=budget, **options)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
-            self._compiled[key] = jax.jit(fn)
+            jitted = jax.jit(fn)
+            jitted.takes_structure = getattr(fn, "takes_structure", False)
+            self._compiled[key] = jitted
         return self._compiled[key]
 
     def encode(self, questions: Sequence[str]) -> np.ndarray:
@@ -278,7 +307,8 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
         notes, valid, links = self._device
-        sel = fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid))
+        structure = self._structure if getattr(fn, "takes_structure", False) else {}
+        sel = fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid), **structure)
         return jax.device_get(sel)
 
     def evidence(self, selection: core.Selection) -> List[dict]:

@@ -47,6 +47,8 @@ def add_arguments(p) -> None:
     p.add_argument("--selector", default="cds-converged",
                    help="selector when a request names none (default: cds-converged)")
     p.add_argument("--budget", type=int, default=10, help="budget when a request gives none (default: 10)")
+    p.add_argument("--params", default=None, metavar="FILE",
+                   help="learned parameters for --selector cds-learned (cdsjax tune; default: the shipped file)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
@@ -175,6 +177,8 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
             selector = canonical_selector(body.selector or default_selector)
         except PipelineError as err:
             return error(400, str(err))
+        if "params" in (body.options or {}):  # a client does not make the server read its files
+            return error(400, "option 'params' is set when the server starts (cdsjax serve --params FILE)")
         if state["in_flight"] >= queue:
             return JSONResponse({"error": f"server busy: {state['in_flight']} requests in flight (limit {queue}); "
                                           "retry later"}, status_code=503, headers={"Retry-After": "1"})
@@ -300,6 +304,13 @@ def run(args) -> int:
         canonical_selector(args.selector)
     except PipelineError as err:
         raise CLIError(str(err), 2) from None
+    if getattr(args, "params", None) is not None:
+        from cdsjax.learn.params_io import load_params
+
+        try:
+            load_params(getattr(args, "params", None))
+        except ValueError as err:
+            raise CLIError(str(err), 1) from None
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -310,7 +321,8 @@ def run(args) -> int:
     enable_compilation_cache()
     t0 = time.perf_counter()
     try:
-        pipe = Pipeline.from_paths(args.indexes, reader=make_reader(args), progress=sys.stderr.isatty())
+        pipe = Pipeline.from_paths(args.indexes, reader=make_reader(args), progress=sys.stderr.isatty(),
+                                   params=getattr(args, "params", None))
         warm_s = pipe.warm([args.selector], budget=args.budget)
     except PipelineError as err:
         sock.close()

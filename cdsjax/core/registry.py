@@ -161,6 +161,37 @@ def _cds_support(budget: int, **fields) -> SelectorFn:
 
 _cds_support.options = SUPPORT_OPTIONS
 
+LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
+
+
+def _cds_learned(budget: int, *, params=None, solver: str = "converged", **fields) -> SelectorFn:
+    """The learned game (:mod:`cdsjax.core.learned`): ``params`` is a parameter file (None: the shipped one) or
+    a :class:`~cdsjax.core.learned.LearnedParams`. Reads the structure arrays (``pages``, ``doc_ids``,
+    ``kinds``) when the caller passes them (``fn.takes_structure``)."""
+    from cdsjax.core.learned import LearnedParams, cds_learned
+
+    if isinstance(params, LearnedParams):
+        theta = params
+    else:
+        # the parameter file is read here, not in the core (which never touches files)
+        from cdsjax.learn.params_io import load_params
+
+        theta = load_params(params)[0]
+    unknown = sorted(set(fields) - set(LEARNED_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for selector 'cds_learned'; allowed: {list(LEARNED_OPTIONS)}")
+    options = SolveOptions(solver=solver, **{k: v for k, v in fields.items() if v is not None}).check()
+
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+        return cds_learned(notes, query, valid, links, key, pages=pages, doc_ids=doc_ids, kinds=kinds, theta=theta,
+                           budget=budget, options=options)
+
+    fn.takes_structure = True
+    return fn
+
+
+_cds_learned.options = LEARNED_OPTIONS
+
 
 @dataclasses.dataclass(frozen=True)
 class SelectorSpec:
@@ -235,6 +266,9 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           aliases=("cds-inimdyn",), display="cds-inimdyn"),
     # beta chosen per question so the equilibrium's support holds about `budget` notes
     _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support"),
+    # the learned game (cdsjax.learn): parameters from a file, the shipped one by default
+    _spec("cds_learned", _cds_learned, solver="converged", needs_links=True, aliases=("cds-learned",),
+          display="cds-learned"),
 )}
 
 # name -> builder(budget, **options) -> selector function (a view of SPECS).
@@ -294,4 +328,5 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     budget = check_budget(budget)
     fn = SELECTORS[name](budget, **options)
     fn.__name__ = f"select_{name}"
+    fn.takes_structure = getattr(fn, "takes_structure", False)
     return fn

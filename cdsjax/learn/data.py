@@ -74,6 +74,7 @@ class Example:
       notes, query: ``[n, d]``, ``[d]`` float32.
       links: ``[n, n]`` bool; pages, doc_ids, kinds: ``[n]`` int32 (-1 unknown).
       units, unit_valid: ``[g, n]`` bool, ``[g]`` bool.
+      budget: the recall budget B this question is fitted at (None: the fit's default).
     """
 
     qid: str
@@ -86,6 +87,7 @@ class Example:
     kinds: np.ndarray
     units: np.ndarray
     unit_valid: np.ndarray
+    budget: Optional[int] = None
 
     @property
     def size(self) -> int:
@@ -145,16 +147,17 @@ class Batch:
     arrays: Dict[str, np.ndarray]
     weight: np.ndarray  # [b] 1 for real examples
     count: int
+    budget: Optional[int] = None
 
 
 def make_batches(examples: Sequence[Example], *, buckets: Sequence[int] = DEFAULT_BUCKETS,
                  max_batch: int = 32) -> List[Batch]:
-    """Groups examples by padded note count and pads notes, structure and gold units (trailing)."""
-    by_size: Dict[int, List[Example]] = {}
+    """Groups examples by padded note count and budget and pads notes, structure and gold units (trailing)."""
+    by_size: Dict[tuple, List[Example]] = {}
     for e in examples:
-        by_size.setdefault(bucket_size(e.size, buckets), []).append(e)
+        by_size.setdefault((bucket_size(e.size, buckets), e.budget or 0), []).append(e)
     out = []
-    for n, group in sorted(by_size.items()):
+    for (n, budget), group in sorted(by_size.items()):
         for start in range(0, len(group), max_batch):
             chunk = group[start:start + max_batch]
             g = max(e.units.shape[0] for e in chunk)
@@ -162,7 +165,7 @@ def make_batches(examples: Sequence[Example], *, buckets: Sequence[int] = DEFAUL
             rows = [_pad(e, n, g) for e in chunk] + [_pad(chunk[0], n, g)] * (b - len(chunk))
             arrays = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
             weight = np.array([1.0] * len(chunk) + [0.0] * (b - len(chunk)), np.float32)
-            out.append(Batch(arrays=arrays, weight=weight, count=len(chunk)))
+            out.append(Batch(arrays=arrays, weight=weight, count=len(chunk), budget=budget or None))
     return out
 
 

@@ -111,6 +111,8 @@ class FitResult:
       grid: one dict per grid point (``start``, ``theta``, ``train_surrogate``, ``train_recall``).
       best: the history entry of the returned parameters.
       finished: False when ``stop_after`` ended the call early.
+      reference: the surrogate, recall@B, support size and convergence share of :math:`\theta_0` (the paper's
+        game) on ``{"train": ..., "val": ...}``.
     """
 
     theta: LearnedParams
@@ -119,6 +121,7 @@ class FitResult:
     grid: List[dict] = dataclasses.field(default_factory=list)
     best: Optional[dict] = None
     finished: bool = True
+    reference: Dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 def _as_examples(items: Sequence) -> List[Example]:
@@ -140,9 +143,9 @@ class _Objective:
         from cdsjax.core.implicit import hard_recall, soft_recall
         from cdsjax.core.learned import learned_scores
 
-        budget, temp = int(cfg.budget), float(cfg.temperature)
+        temp = float(cfg.temperature)
 
-        def one(theta, a):
+        def one(theta, a, budget):
             scores, result, _ = learned_scores(
                 a["notes"], a["query"], a["valid"], theta, links=a["links"], pages=a["pages"], doc_ids=a["doc_ids"],
                 kinds=a["kinds"], solver=cfg.solver, tol=cfg.tol, max_iter=cfg.max_iter,
@@ -154,13 +157,14 @@ class _Objective:
                                unit_valid=a["unit_valid"])
             return soft, hard, result.converged.astype(soft.dtype), result.support_size.astype(soft.dtype) - 1.0
 
-        def batch_sum(theta, arrays, weight):
-            soft, hard, conv, supp = jax.vmap(one, in_axes=(None, 0))(theta, arrays)
+        def batch_sum(theta, arrays, weight, budget):
+            soft, hard, conv, supp = jax.vmap(lambda a: one(theta, a, budget))(arrays)
             w = weight.astype(soft.dtype)
             return jnp.sum(w * soft), (jnp.sum(w * hard), jnp.sum(w * conv), jnp.sum(w * supp))
 
-        self.value_and_grad = jax.jit(jax.value_and_grad(batch_sum, has_aux=True))
-        self.value = jax.jit(batch_sum)
+        self.value_and_grad = jax.jit(jax.value_and_grad(batch_sum, has_aux=True), static_argnums=3)
+        self.value = jax.jit(batch_sum, static_argnums=3)
+        self.budget = int(cfg.budget)
 
     def measure(self, theta, batches: Sequence[Batch], with_grad: bool):
         import jax
@@ -168,10 +172,10 @@ class _Objective:
         total, hard, conv, supp, count, grad = 0.0, 0.0, 0.0, 0.0, 0, None
         for b in batches:
             if with_grad:
-                (s, aux), g = self.value_and_grad(theta, b.arrays, b.weight)
+                (s, aux), g = self.value_and_grad(theta, b.arrays, b.weight, b.budget or self.budget)
                 grad = g if grad is None else jax.tree_util.tree_map(lambda x, y: x + y, grad, g)
             else:
-                s, aux = self.value(theta, b.arrays, b.weight)
+                s, aux = self.value(theta, b.arrays, b.weight, b.budget or self.budget)
             total += float(s)
             hard, conv, supp = hard + float(aux[0]), conv + float(aux[1]), supp + float(aux[2])
             count += b.count
@@ -218,7 +222,7 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
 
     t0 = time.perf_counter()
     dtype = jnp.float64 if cfg.dtype == "float64" else jnp.float32
-    keep = lambda xs: [e for e in _as_examples(xs) if e.size > cfg.budget]
+    keep = lambda xs: [e for e in _as_examples(xs) if e.size > (e.budget or cfg.budget)]
     train_ex, val_ex = keep(train), keep(val)
     if not train_ex:
         raise ValueError("no training question has gold evidence and more notes than the budget")
@@ -246,6 +250,8 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
                          "train_recall": stats["recall"]})
             log(f"fit: grid point {i} {start}: train surrogate {stats['surrogate']:.4f} recall {stats['recall']:.4f}")
         state["grid"] = grid
+        state["reference"] = {name: objective.measure(theta0, b, with_grad=False)[0]
+                              for name, b in (("train", train_b), ("val", val_b)) if b}
         order = sorted(range(len(grid)), key=lambda i: -grid[i]["train_surrogate"])
         state["order"] = order[:max(1, int(cfg.num_starts_fitted))]
 
@@ -327,7 +333,8 @@ def _result(state, finished: bool) -> FitResult:
         theta = LearnedParams.from_dict(best["theta"]) if best else LearnedParams.paper()
     clean = lambda t: LearnedParams.from_dict({k: float(v) for k, v in t.to_dict().items()})
     return FitResult(theta=clean(theta), history=list(state["history"]), seconds=float(state.get("seconds", 0.0)),
-                     grid=list(state.get("grid") or []), best=best, finished=finished)
+                     grid=list(state.get("grid") or []), best=best, finished=finished,
+                     reference=dict(state.get("reference") or {}))
 
 
 def _bar(cfg: FitConfig, total: int, state):
