@@ -202,6 +202,8 @@ def make_tasks(datas: Dict[str, BenchmarkData], config) -> Tuple[List[Task], dic
                     if dst != src:
                         tasks.append(Task("transfer", f"{src}->{dst}", -1, size, train, val,
                                           {dst: _problems(other, list(other.notes), size, seed)}))
+    order = {"cv": 0, "transfer": 1, "both": 2}  # cross-validation first: the later ones reuse its solves
+    tasks.sort(key=lambda t: (order[t.name], t.pool_size))
     return tasks, split
 
 
@@ -239,6 +241,38 @@ class Runner:
             for p, s in zip(ps, sels):
                 self.memo[self.key(label, budget, p)] = recall(p, s, kind)
         return np.asarray([self.memo[self.key(label, budget, p)] for p in problems], np.float64)
+
+
+def prefetch(tasks: Sequence[Task], runner: Runner, config, log=print) -> None:
+    """Runs every baseline once over the union of the problems the tasks need (test problems; for the
+    tuned grids also the training and validation ones), so each selector compiles once per shape and a
+    problem shared by several tasks is solved once; :func:`run_task` then reads the remembered recalls."""
+    budgets = [int(b) for b in config.budgets]
+    tests, tune = {}, {}
+    for t in tasks:
+        for ps in t.test.values():
+            for p in ps:
+                tests.setdefault(runner.key("", 0, p), p)
+        for p in t.train + t.val:
+            tune.setdefault(runner.key("", 0, p), p)
+    test_list, both_list = list(tests.values()), list({**tests, **tune}.values())
+    jobs = [(label, name, opts, b, test_list) for b in budgets for label, name, opts in FIXED]
+    tune_budgets = budgets if config.tune_budget_each else sorted(set(budgets) | {int(config.fit_budget)})
+    jobs += [(label, name, opts, b, both_list) for b in tune_budgets for grid in tuned_candidates(config).values()
+             for label, name, opts in grid]
+    bar = None
+    if _PROGRESS.value:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc="baselines", unit="selector")
+    for label, name, opts, b, problems in jobs:
+        t0 = time.perf_counter()
+        runner.recalls(label, _registry_fn(name, b, opts), b, problems)
+        log(f"  {label}@{b}: {len(problems)} problems, {time.perf_counter() - t0:.0f} s")
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
 
 
 def _registry_fn(name: str, budget: int, options: dict):
@@ -483,6 +517,8 @@ def main(argv):
     if todo or _SUMMARIZE_ONLY.value:  # a task interrupted half-way is redone whole: drop its partial rows
         keep = [r for r in _done_records(records_path) if (r["label"], r["pool_size"]) in done]
         records_path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    if todo:
+        prefetch(todo, runner, config)
     bar = None
     if _PROGRESS.value and todo:
         from tqdm.auto import tqdm

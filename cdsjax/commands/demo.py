@@ -19,13 +19,16 @@ from pathlib import Path
 
 from cdsjax.commands import CLIError
 
-# (label, selector name, options): the default, paper mode, and the baselines a reader would compare.
+# (label, selector name, options): the default, paper mode, the learned game, and the baselines a reader would
+# compare (cosine-pages: the structural rule learned CDS must beat).
 SELECTORS = (
     ("CDS (converged, default)", "cds-converged", {}),
     ("CDS (paper mode)", "cds-paper", {}),
     ("cosine top-B", "cosine", {}),
     ("MMR (lambda 0.5)", "mmr", {"lam": 0.5}),
     ("k-DPP (greedy MAP)", "dpp", {}),
+    ("CDS (learned, shipped parameters)", "cds-learned", {}),
+    ("cosine, one note per page first", "cosine-pages", {}),
 )
 
 

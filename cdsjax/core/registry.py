@@ -46,6 +46,7 @@ def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
             raise ValueError("selector 'cosine_pages' needs pages ([n] int page, or paragraph group, of each note)")
         return select_cosine_pages(notes, query, valid, pages, budget=budget, doc_ids=doc_ids, fill=fill)
 
+    fn.takes_structure = True
     return fn
 
 
