@@ -164,10 +164,12 @@ def recall(problem, selection, kind: str) -> float:
 
 
 def _problems(data: BenchmarkData, docs, pool_size: int, seed: int):
+    """The problems of the questions of ``docs``, pools drawn inside ``docs`` (a side with fewer documents
+    than ``pool_size``, e.g. a small validation share, pools all of them)."""
     from cdsjax.eval.folds import split_problems
 
-    return split_problems(data.name, data.queries, data.query_emb, data.notes, docs, pool_size=pool_size,
-                          pool_seed=seed)
+    return split_problems(data.name, data.queries, data.query_emb, data.notes, docs,
+                          pool_size=min(int(pool_size), len(docs)), pool_seed=seed)
 
 
 def make_tasks(datas: Dict[str, BenchmarkData], config) -> Tuple[List[Task], dict]:

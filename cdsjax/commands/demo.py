@@ -27,8 +27,8 @@ SELECTORS = (
     ("cosine top-B", "cosine", {}),
     ("MMR (lambda 0.5)", "mmr", {"lam": 0.5}),
     ("k-DPP (greedy MAP)", "dpp", {}),
-    ("CDS (learned, shipped parameters)", "cds-learned", {}),
-    ("cosine, one note per page first", "cosine-pages", {}),
+    ("CDS (learned, shipped)", "cds-learned", {}),
+    ("cosine, page-first", "cosine-pages", {}),
 )
 
 
