@@ -51,6 +51,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/learned_cv.py
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
 _SUMMARY_COPY = flags.DEFINE_string("summary_copy", None, "Also write summary.json to this path.")
 _SUMMARIZE_ONLY = flags.DEFINE_bool("summarize_only", False, "Only summarise the tasks already on disk.")
+_MERGE = flags.DEFINE_list("merge", None, "Summarise the completed tasks of these output directories (e.g. one "
+                           "run per benchmark) into config.output_dir, without loading any data.")
 
 LEARNED = "cds-learned"
 FIXED = (("cosine", "cosine", {}), ("cosine-pages", "cosine_pages", {}), ("ppr", "ppr", {}),
@@ -495,10 +497,38 @@ def _done_records(path: pathlib.Path) -> List[dict]:
     return read_records(path)
 
 
+def completed_records(out_dir: pathlib.Path) -> Tuple[List[dict], dict]:
+    """The records and tuning of the tasks an output directory completed (a task cut short is left out)."""
+    tuning_path = out_dir / "tuning.json"
+    tuning = json.loads(tuning_path.read_text()) if tuning_path.is_file() else {}
+    done = {k for k, v in tuning.items() if v.get("complete")}
+    records = [r for r in _done_records(out_dir / "records.jsonl") if f'{r["label"]}/pool{r["pool_size"]}' in done]
+    return records, {k: tuning[k] for k in done}
+
+
+def merge(dirs: Sequence[str], config) -> None:
+    """:func:`summarize` over the completed tasks of several output directories."""
+    out_dir = pathlib.Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records, tuning = [], {}
+    for d in dirs:
+        r, t = completed_records(pathlib.Path(d))
+        records += r
+        tuning.update(t)
+        print(f"{d}: {len(t)} completed tasks, {len(r)} records")
+    summary = summarize(records, config)
+    summary["tuning"] = tuning
+    summary["config"] = json.loads(config.to_json())
+    write_outputs(out_dir, summary, _SUMMARY_COPY.value)
+
+
 def main(argv):
     from experiments.cli import config_or_exit, exit_on_user_error
 
     config = config_or_exit(argv, _CONFIG.value, "configs/learned_cv.py")
+    if _MERGE.value:
+        merge(_MERGE.value, config)
+        return
     out_dir = pathlib.Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     from cdsjax.pipeline import enable_compilation_cache
