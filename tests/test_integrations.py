@@ -190,8 +190,15 @@ def test_llama_index_postprocessor_bad_input(index_dir):
     assert len(wide) == 3  # a budget above the candidates keeps them all, ranked
 
 
-def test_missing_extra_message():
-    from cdsjax.integrations._common import missing_extra
+@pytest.mark.parametrize("module, blocked, extra", [("langchain", "langchain_core", "langchain"),
+                                                     ("llama_index", "llama_index", "llamaindex")])
+def test_missing_extra_is_one_line(module, blocked, extra):
+    """Without the framework installed, importing the adapter says which extra to install."""
+    import subprocess
+    import sys
 
-    err = missing_extra("langchain", "langchain-core", ImportError("No module named 'langchain_core'"))
-    assert "pip install 'cdsjax[langchain]'" in str(err) and "\n" not in str(err)
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
+            f"try:\n    import cdsjax.integrations.{module}\n"
+            f"except ImportError as err:\n    print(err)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert f"pip install 'cdsjax[{extra}]'" in out and out.count("\n") == 1, out
