@@ -18,6 +18,9 @@ selector called directly on the padded arrays (median over the questions, after 
     python experiments/compare_langchain.py --mmlb-cache DIR --mmlb-queries 60 --qasper-queries 60 \
         --out runs/compare_langchain
 
+Needs ``cdsjax[langchain]`` and ``langchain-community`` (where ``EmbeddingsRedundantFilter`` lives:
+``pip install langchain-community``).
+
 ``--mmlb-cache`` is an evaluation cache of MMLongBench-Doc indexes (``run_eval.py --config.cache_dir``);
 only questions whose documents are all in it are used, so nothing is indexed here.
 """
