@@ -10,7 +10,6 @@ document or node carries.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -276,9 +275,3 @@ class Encoder:
     def documents(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.documents_encoder().encode_documents(list(texts), show_progress=False), np.float32)
 
-
-def timed(fn, *args, **kwargs):
-    """``(fn(*args, **kwargs), seconds)``."""
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0
