@@ -49,6 +49,8 @@ def test_fit_records_history_and_resumes_to_the_same_parameters(tmp_path):
     assert rest.finished and len(rest.history) == 4
     assert rest.theta.to_dict() == full.theta.to_dict()
     assert [h["train_surrogate"] for h in rest.history] == [h["train_surrogate"] for h in full.history]
+    with pytest.raises(ValueError, match="other data or settings"):
+        fit(train[:-1], val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None)
 
 
 def test_fit_config_rejects_unknown_options():

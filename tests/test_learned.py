@@ -80,7 +80,7 @@ def _loss_fn(p, v):
                                              pages=p["pages"], doc_ids=p["doc_ids"], kinds=p["kinds"], tol=1e-13,
                                              max_iter=200_000)
         return jnp.sum(result.x[1:] * v)
-    return loss
+    return jax.jit(loss)  # one compilation for the 25 solves of the check
 
 
 @pytest.mark.x64
@@ -89,7 +89,7 @@ def test_implicit_gradient_of_every_parameter_matches_finite_differences():
     v = np.random.default_rng(1).normal(size=12)
     loss = _loss_fn(p, v)
     theta = GENERIC.astype(jnp.float64)
-    grad = jax.grad(loss)(theta)
+    grad = jax.jit(jax.grad(loss))(theta)
     h = 1e-6
     for name in LearnedParams.names():
         plus = loss(theta.replace(**{name: getattr(theta, name) + h}))

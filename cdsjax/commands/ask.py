@@ -61,8 +61,9 @@ def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
     p.add_argument("--selector", default=DEFAULT_SELECTOR,
                    help="evidence selector (default: cds-converged, the CDS equilibrium; cds-paper = cds: the "
-                   "paper's replicator dynamics with a step cap; also cds-support, cds-inimdyn, cosine, mmr, dpp, "
-                   "ppr, random, subgraph: every name of cdsjax.core.registry.SPECS and its aliases)")
+                   "paper's replicator dynamics with a step cap; also cds-learned (the fitted game, see "
+                   "--params), cds-support, cds-inimdyn, cosine, mmr, dpp, ppr, random, subgraph: every name of "
+                   "cdsjax.core.registry.SPECS and its aliases)")
     p.add_argument("--budget", type=int, default=10, help="number of evidence notes (default: 10)")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")

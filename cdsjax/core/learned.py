@@ -40,12 +40,17 @@ leave the paper's :math:`\alpha`.
 Structure arrays (all optional, ``[n]`` int32 unless said): ``pages`` (0-based page,
 -1 unknown), ``doc_ids`` (document code; None means one document), ``kinds``
 (:data:`NOTE_KINDS` code, -1 unknown), ``links`` (``[n, n]`` bool).
+
+Parameters are saved as JSON (:func:`cdsjax.learn.save_params`) and read by :func:`read_params`, the one
+function of the core that reads a file (the ``cds-learned`` selector calls it when it is built).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Optional, Sequence
+import pathlib
+from typing import Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +69,10 @@ NOTE_KINDS = ("text", "figure", "table", "chart", "page-image", "other")
 TEXT_KIND = NOTE_KINDS.index("text")
 VISUAL_KINDS = tuple(NOTE_KINDS.index(k) for k in ("figure", "table", "chart", "page-image"))
 PAPER_GATE_TEMPERATURE = 0.05
+# The parameter file (written by cdsjax.learn.save_params); the package ships one, the selector's default.
+PARAMS_FORMAT = "cdsjax-learned-params"
+PARAMS_VERSION = 1
+DEFAULT_PARAMS = pathlib.Path(__file__).resolve().parents[1] / "learn" / "default_params.json"
 
 # Bounds kept by LearnedParams.project: name -> (low, high); None is unbounded.
 BOUNDS = {
@@ -355,3 +364,32 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
         k = aliases.get(k, k) if k is not None else None
         out.append(NOTE_KINDS.index(k) if k in NOTE_KINDS else -1)
     return out
+
+
+def read_params(path: Union[str, pathlib.Path, None] = None) -> Tuple[LearnedParams, dict]:
+    """``(theta, provenance)`` of a parameter file (:data:`DEFAULT_PARAMS`, the shipped fit, when ``path`` is None).
+
+    The one place the core reads a file: the ``cds-learned`` selector calls it once, when it is built.
+
+    Raises:
+      ValueError: one line naming the file, when it is missing, not JSON, or not a parameter file.
+    """
+    path = DEFAULT_PARAMS if path is None else pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"learned parameter file {str(path)!r} does not exist")
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"learned parameter file {str(path)!r} is not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(body, dict) or body.get("format") != PARAMS_FORMAT or not isinstance(body.get("theta"), dict):
+        raise ValueError(f"{str(path)!r} is not a learned parameter file "
+                         f"(expected a JSON object with format {PARAMS_FORMAT!r} and a 'theta' object)")
+    if body.get("version") != PARAMS_VERSION:
+        raise ValueError(f"learned parameter file {str(path)!r} has version {body.get('version')!r}; "
+                         f"this cdsjax reads version {PARAMS_VERSION}")
+    try:
+        theta = LearnedParams.from_dict(body["theta"])
+    except ValueError as e:
+        raise ValueError(f"learned parameter file {str(path)!r}: {e}") from None
+    provenance = body.get("provenance") if isinstance(body.get("provenance"), dict) else {}
+    return theta, provenance

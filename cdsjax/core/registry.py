@@ -169,15 +169,9 @@ def _cds_learned(budget: int, *, params=None, solver: str = "converged", **field
     """The learned game (:mod:`cdsjax.core.learned`): ``params`` is a parameter file (None: the shipped one) or
     a :class:`~cdsjax.core.learned.LearnedParams`. Reads the structure arrays (``pages``, ``doc_ids``,
     ``kinds``) when the caller passes them (``fn.takes_structure``)."""
-    from cdsjax.core.learned import LearnedParams, cds_learned
+    from cdsjax.core.learned import LearnedParams, cds_learned, read_params
 
-    if isinstance(params, LearnedParams):
-        theta = params
-    else:
-        # the parameter file is read here, not in the core (which never touches files)
-        from cdsjax.learn.params_io import load_params
-
-        theta = load_params(params)[0]
+    theta = params if isinstance(params, LearnedParams) else read_params(params)[0]
     unknown = sorted(set(fields) - set(LEARNED_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {unknown} for selector 'cds_learned'; allowed: {list(LEARNED_OPTIONS)}")

@@ -232,9 +232,13 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
     theta0 = LearnedParams.paper().astype(dtype)
     optimizer = optax.adam(cfg.learning_rate)
     ckpt = _Checkpoint(cfg.checkpoint_dir, theta0, optimizer) if cfg.checkpoint_dir else None
+    identity = _identity(cfg, train_ex, val_ex)
     state = ckpt.load() if ckpt else None
+    if state is not None and state.get("identity") != identity:
+        raise ValueError(f"the checkpoint in {cfg.checkpoint_dir} belongs to a fit of other data or settings; "
+                         "remove it or choose another checkpoint_dir")
     if state is None:
-        state = {"grid": None, "order": None, "run": 0, "step": 0, "theta": None, "opt": None, "best": None,
+        state = {"identity": identity, "grid": None, "order": None, "run": 0, "step": 0, "theta": None, "opt": None, "best": None,
                  "best_theta": None, "run_best": -math.inf, "bad": 0, "history": [], "seconds": 0.0,
                  "global_steps": 0}
     elif state.get("done"):
@@ -301,6 +305,16 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
         if ckpt:
             ckpt.save(state, 0.0, final=True)
     return _result(state, finished=finished)
+
+
+def _identity(cfg: FitConfig, train: Sequence[Example], val: Sequence[Example]) -> str:
+    """What a checkpoint must match to be resumed: the settings that shape the fit and the questions."""
+    import hashlib
+
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("checkpoint_dir", "stop_after", "progress")}
+    body = json.dumps({"settings": settings, "train": [e.qid for e in train], "val": [e.qid for e in val]},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def jax_tree_sub(a, b):

@@ -1,4 +1,8 @@
-"""The learned game's parameter file: one JSON object with the parameters and their provenance."""
+"""The learned game's parameter file: one JSON object with the parameters and their provenance.
+
+The reader lives in :mod:`cdsjax.core.learned` (the ``cds-learned`` selector reads the file when it is built);
+this module adds the writer.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,10 @@ import json
 import pathlib
 from typing import Tuple, Union
 
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.learned import DEFAULT_PARAMS, PARAMS_FORMAT as FORMAT, PARAMS_VERSION as VERSION, LearnedParams, \
+    read_params
 
-FORMAT = "cdsjax-learned-params"
-VERSION = 1
-DEFAULT_PARAMS = pathlib.Path(__file__).with_name("default_params.json")
+__all__ = ["DEFAULT_PARAMS", "FORMAT", "VERSION", "load_params", "save_params"]
 
 
 def save_params(path: Union[str, pathlib.Path], theta: LearnedParams, provenance: dict) -> pathlib.Path:
@@ -37,22 +40,4 @@ def load_params(path: Union[str, pathlib.Path, None] = None) -> Tuple[LearnedPar
     Raises:
       ValueError: one line naming the file, when it is missing, not JSON, or not a parameter file.
     """
-    path = DEFAULT_PARAMS if path is None else pathlib.Path(path)
-    if not path.is_file():
-        raise ValueError(f"learned parameter file {str(path)!r} does not exist")
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"learned parameter file {str(path)!r} is not valid JSON ({e.__class__.__name__})") from None
-    if not isinstance(body, dict) or body.get("format") != FORMAT or not isinstance(body.get("theta"), dict):
-        raise ValueError(f"{str(path)!r} is not a learned parameter file "
-                         f"(expected a JSON object with format {FORMAT!r} and a 'theta' object)")
-    if body.get("version") != VERSION:
-        raise ValueError(f"learned parameter file {str(path)!r} has version {body.get('version')!r}; "
-                         f"this cdsjax reads version {VERSION}")
-    try:
-        theta = LearnedParams.from_dict(body["theta"])
-    except ValueError as e:
-        raise ValueError(f"learned parameter file {str(path)!r}: {e}") from None
-    provenance = body.get("provenance") if isinstance(body.get("provenance"), dict) else {}
-    return theta, provenance
+    return read_params(path)

@@ -19,14 +19,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.data_root = "../shared/data"
     config.output = "runs/tune/dev/params.json"
     config.cache_dirs = ml_collections.ConfigDict({"qasper": "", "mmlongbench": ""})  # "" -> next to output
-    config.max_queries = ml_collections.ConfigDict({"qasper": None, "mmlongbench": None})
+    every = ml_collections.config_dict.placeholder  # None: every question (one placeholder per field)
+    config.max_queries = ml_collections.ConfigDict({"qasper": every(int), "mmlongbench": every(int)})
     config.budgets = ml_collections.ConfigDict({"qasper": 5, "mmlongbench": 10})
     config.link_window = 1
     config.val_fraction = 0.25
     config.seed = 0
     config.cv_summary = ""
     config.fit = ml_collections.ConfigDict(dict(
-        budget=10, steps=25, learning_rate=0.05, l2=1e-3, temperature=0.2,
+        budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,
         starts=[{"beta": 0.1}, {"beta": 0.3}, {"beta": 1.0}, {"beta": 3.0},
                 {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0, "rel_repulsion": 1.0}],
         num_starts_fitted=2, eval_every=1, patience=5, dtype="float32", tol=1e-6,
