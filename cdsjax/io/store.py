@@ -12,6 +12,9 @@ Layout of an index directory::
 A build writes into a hidden sibling directory and swaps it in with two
 renames, so an interrupted run leaves the previous index (or, between the two
 renames, none: :func:`recover` puts the previous one back on the next run).
+
+Indexes and cache entries hold private document text: directories cdsjax creates are 0700 and a committed
+index or cache entry is 0700/0600 (:func:`make_private`), whatever the umask.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Tuple
@@ -132,6 +136,45 @@ def read_manifest(directory: Path) -> Optional[dict]:
     return manifest if isinstance(manifest, dict) and manifest.get("format_version") == FORMAT_VERSION else None
 
 
+# --------------------------------------------------------------------------- private modes
+
+
+def private_dir(path: Path) -> Path:
+    """Creates ``path`` and any missing parents with mode 0700 (existing directories are left alone)."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
+    return path
+
+
+def make_private(root: Path) -> None:
+    """Sets every directory under ``root`` (itself included) to 0700 and every regular file to 0600.
+
+    Symlinks are not followed (``os.walk`` does not descend into them and ``lchmod``-like behaviour is had by
+    skipping them)."""
+    root = Path(root)
+    os.chmod(root, 0o700)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs:
+            p = os.path.join(parent, name)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+        for name in files:
+            p = os.path.join(parent, name)
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                os.chmod(p, 0o600)
+
+
 # --------------------------------------------------------------------------- atomic directory swap
 
 
@@ -205,7 +248,7 @@ def check_output_dir(out_dir: Path, *, replace: bool = False) -> None:
                 raise StoreError(f"{out_dir}: output directory is not empty and holds no cdsjax index")
     parent = out_dir.absolute().parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        private_dir(parent)
     except OSError as err:
         raise StoreError(f"{out_dir}: cannot create output directory ({err.strerror or err})") from None
     if not parent.is_dir():
@@ -221,13 +264,15 @@ def check_output_dir(out_dir: Path, *, replace: bool = False) -> None:
 def staging_dir(out_dir: Path) -> Path:
     out_dir = Path(out_dir).absolute()
     path = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
+    private_dir(out_dir.parent)
+    path.mkdir(mode=0o700)
     return path
 
 
 def commit(staging: Path, out_dir: Path) -> None:
-    """Swaps a fully written staging directory in place of ``out_dir``."""
+    """Swaps a fully written staging directory in place of ``out_dir`` (made private first: 0700/0600)."""
     out_dir = Path(out_dir).absolute()
+    make_private(staging)
     old = None
     if out_dir.exists():
         old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -267,11 +312,7 @@ def writer_lock(out_dir: Path, *, wait: bool = True, on_wait: Optional[Callable[
     path = out_dir.parent / f".{out_dir.name}.lock"
     announced = False
     while True:
-        try:
-            out_dir.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise StoreError(f"{out_dir}: cannot create the lock file {path} ({err.strerror or err})") from None
+        fd = _open_lock(out_dir, path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -302,6 +343,22 @@ def writer_lock(out_dir: Path, *, wait: bool = True, on_wait: Optional[Callable[
         except OSError:
             pass
         os.close(fd)  # releases the lock
+
+
+def _open_lock(out_dir: Path, path: Path) -> int:
+    """The lock file, opened without following a symlink planted in its place (which would make the
+    lock's truncation write through to the link's target), and required to be a regular file (mode 0600)."""
+    try:
+        private_dir(out_dir.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as err:
+        why = "it is a symbolic link" if os.path.islink(path) else (err.strerror or str(err))
+        raise StoreError(f"{out_dir}: cannot open the lock file {path} ({why}); remove it if no cdsjax "
+                         "run is writing this index") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{out_dir}: the lock file {path} is not a regular file; remove it")
+    return fd
 
 
 def _lock_holder(fd: int) -> str:
@@ -454,9 +511,10 @@ class DocCache:
         return out
 
     def staging(self) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         path = self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        (path / "crops").mkdir(parents=True)
+        path.mkdir(mode=0o700)
+        (path / "crops").mkdir(mode=0o700)
         return path
 
     def write(self, key: str, staging: Path, *, meta: dict, elements: List[dict], notes: List[dict],
@@ -480,8 +538,9 @@ class DocCache:
             json.dump(meta, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
+        make_private(staging)
         final = self.path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(final.parent)
         if final.exists() and not replace:
             try:
                 self.read(key)
@@ -539,3 +598,63 @@ def check_crops(crops_dir: Path, expected: dict) -> Optional[str]:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- crops of a loaded index
+
+
+def _expected_crops(documents: List[dict]) -> Tuple[dict, set]:
+    """``({path relative to the index: sha256}, doc_ids with no recorded crop hashes)`` from a manifest."""
+    expected, unhashed = {}, set()
+    for d in documents or []:
+        hashes = d.get("hashes") if isinstance(d, dict) else None
+        if not isinstance(hashes, dict) or not isinstance(hashes.get("crops"), dict):
+            unhashed.add(d.get("doc_id") if isinstance(d, dict) else None)
+            continue
+        prefix = str(d.get("crops") or "")
+        for name, sha in hashes["crops"].items():
+            expected[os.path.normpath(os.path.join(prefix, str(name)))] = sha
+    return expected, unhashed
+
+
+def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verify: bool = True) -> None:
+    """Resolves every note's ``image_path`` inside the index ``root`` (in place), checking it on the way.
+
+    A note's path must be relative, stay inside ``root`` once every symlink is resolved, and name a crop
+    the manifest lists; a crop that is present must be a regular file (not a link) with its recorded sha256
+    (``verify``). A missing crop is tolerated (the reader sends that note as text). Each note gets the
+    absolute ``image_path`` and ``image_sha256`` (what ``cdsjax serve`` checks again before serving it).
+
+    Raises:
+      StoreError: a path that leaves the index or is not one of its crops (a crafted index), or a crop that
+        does not match its hash (a damaged one).
+    """
+    root = Path(root).absolute()
+    real_root = os.path.realpath(root)
+    expected, unhashed = _expected_crops(documents)
+    for note in notes:
+        path = note.get("image_path")
+        if not path:
+            continue
+        rel = os.path.normpath(str(path)) if isinstance(path, str) else ""
+        if not rel or os.path.isabs(rel) or rel == ".." or rel.startswith(".." + os.sep) or "\x00" in rel:
+            raise StoreError(f"{root}: refusing the index: note {str(note.get('note_id'))[:80]!r} points outside "
+                             "the index for its image")
+        full = os.path.join(real_root, rel)
+        real = os.path.realpath(full)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
+                             "resolves outside the index")
+        sha = expected.get(rel)
+        if sha is None and note.get("doc_id") not in unhashed:
+            raise StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
+                             "is not a crop its manifest lists")
+        if os.path.lexists(full):
+            if os.path.islink(full) or real != full or not os.path.isfile(full):
+                raise StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
+            if sha is None:  # an index written before per-document crop hashes: what is there now
+                sha = sha256_file(Path(full))
+            elif verify and sha256_file(Path(full)) != sha:
+                raise StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
+        note["image_path"] = str(root / rel)
+        note["image_sha256"] = sha
