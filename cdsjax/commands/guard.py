@@ -223,9 +223,12 @@ class Guard:
             return await self.app(scope, replay, tracked_send)
         app_task = asyncio.ensure_future(self.app(scope, replay, tracked_send))
         watch = asyncio.ensure_future(self.wait_disconnect(receive))
+        shutting_down = False
         try:
             finished, _ = await asyncio.wait({app_task, watch}, timeout=self.limits.deadline(path),
                                              return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is stopping (SIGTERM) and cancels what is still running
+            finished, shutting_down = set(), True
         finally:
             watch.cancel()
         if app_task in finished:
@@ -235,6 +238,10 @@ class Guard:
             await app_task
         except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the request is over either way
             pass
+        if shutting_down:
+            if not started:
+                await self.reply(send, 503, "the server is shutting down")
+            return
         if watch in finished:
             self.count("disconnected")
             return

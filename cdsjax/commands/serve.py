@@ -40,16 +40,22 @@ MAX_QUESTION_CHARS = 4000
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0
 
-# The options an HTTP request may set, per selector, with their types. Everything else is refused (400);
-# the values' limits (tol > 0, max_iter and num_steps capped) are SolveOptions' and the builders'.
-CDS_HTTP_OPTIONS = dict(beta=float, tau=float, threshold=float, tol=float, max_iter=int, init=str,
-                        prior_temperature=float, fill=bool)
+# The options an HTTP request may set, per selector: their types and, for those that set how much work a
+# request costs, the HTTP policy's bounds (tighter than SolveOptions' own hard limits, which every caller
+# gets: a request's solve stays within seconds on a few thousand notes). Everything else is refused (400).
+HTTP_MAX_ITER = 20_000  # twice paper mode's 10,000 steps
+HTTP_MIN_TOL = 1e-12
+HTTP_MAX_SUPPORT_STEPS = 40  # twice cds-support's default bisection
+_TOL = (float, HTTP_MIN_TOL, 1.0)
+_MAX_ITER = (int, 1, HTTP_MAX_ITER)
+CDS_HTTP_OPTIONS = dict(beta=(float,), tau=(float,), threshold=(float,), tol=_TOL, max_iter=_MAX_ITER,
+                        init=(str,), prior_temperature=(float,), fill=(bool,), peel=(bool,))
 HTTP_OPTIONS = dict(
-    cds={**CDS_HTTP_OPTIONS, "peel": bool}, cds_converged={**CDS_HTTP_OPTIONS, "peel": bool},
-    cds_inimdyn={**CDS_HTTP_OPTIONS, "peel": bool},
-    cds_support=dict(tau=float, threshold=float, tol=float, max_iter=int, num_steps=int, fill=bool),
-    mmr=dict(lam=float), dpp=dict(theta=float, quality=str),
-    ppr=dict(damping=float, temperature=float, tol=float, max_iter=int),
+    cds=CDS_HTTP_OPTIONS, cds_converged=CDS_HTTP_OPTIONS, cds_inimdyn=CDS_HTTP_OPTIONS,
+    cds_support=dict(tau=(float,), threshold=(float,), tol=_TOL, max_iter=_MAX_ITER,
+                     num_steps=(int, 1, HTTP_MAX_SUPPORT_STEPS), fill=(bool,)),
+    mmr=dict(lam=(float,)), dpp=dict(theta=(float,), quality=(str,)),
+    ppr=dict(damping=(float,), temperature=(float,), tol=_TOL, max_iter=_MAX_ITER),
     cosine={}, random={}, subgraph={},
 )
 
@@ -69,13 +75,15 @@ def check_http_options(selector: str, options: dict) -> dict:
         if name not in allowed:
             raise ValueError(f"option {name!r} is not accepted for selector {selector!r} over HTTP; "
                              f"accepted: {sorted(allowed) or 'none'}")
-        kind = allowed[name]
-        ok = (isinstance(value, bool) if kind is bool else isinstance(value, str) if kind is str else
-              isinstance(value, int) and not isinstance(value, bool) if kind is int else
+        kind, *bounds = allowed[name]
+        ok = (isinstance(value, bool) if kind is bool else isinstance(value, str) and len(value) <= 40
+              if kind is str else isinstance(value, int) and not isinstance(value, bool) if kind is int else
               isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
         if not ok:
             raise ValueError(f"option {name!r} must be a {'finite number' if kind is float else kind.__name__}, "
                              f"got {value!r}"[:200])
+        if bounds and not bounds[0] <= value <= bounds[1]:
+            raise ValueError(f"option {name!r} must be in [{bounds[0]:g}, {bounds[1]:g}] over HTTP, got {value!r}")
     return dict(options)
 
 

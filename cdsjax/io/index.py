@@ -992,6 +992,7 @@ def _write_index(staging: Path, kept: List[_Doc], config, versions, embedder, em
     hashes["array_files"] = store.crop_hashes(staging / "arrays")
     info = dict(emb_info)
     info["dim"] = int(embeddings.shape[1])
+    hashes["embedder"] = store.embedder_digest(info)
     return dict(
         format_version=store.FORMAT_VERSION,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -1193,6 +1194,8 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         raise store.StoreError(store.not_an_index(root))
     fix = f"; run `cdsjax index --verify {root}` to repair it"
     try:
+        if verify:
+            store.check_embedder_digest(root, manifest)
         notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
         embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"))
         if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
@@ -1218,8 +1221,7 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         if note.get("page") in pages:  # the reader's evidence from this page is OCR text or only an image
             note["no_text_layer"] = True
             note["ocr"] = state
-        if note.get("image_path"):
-            note["image_path"] = str((root / note["image_path"]).absolute())
+    store.resolve_crops(root, notes, manifest.get("documents", []), verify=verify)
     return CorpusIndex(embeddings=embeddings, links=links, notes=notes, manifest=manifest,
                        embedder=manifest["embedder"], root=root.absolute())
 

@@ -658,3 +658,17 @@ def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verif
                 raise StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
         note["image_path"] = str(root / rel)
         note["image_sha256"] = sha
+
+
+def embedder_digest(info: dict) -> str:
+    """sha256 of a manifest's embedder fields (recorded under ``hashes.embedder``)."""
+    return sha256_json(info)
+
+
+def check_embedder_digest(root: Path, manifest: dict) -> None:
+    """Raises :class:`StoreError` when the manifest's embedder fields do not match their recorded hash
+    (indexes written before the hash was recorded have none and pass; the embedder itself is still checked
+    against the models cdsjax accepts when it is loaded)."""
+    recorded = (manifest.get("hashes") or {}).get("embedder")
+    if recorded is not None and embedder_digest(manifest.get("embedder")) != recorded:
+        raise StoreError(f"{Path(root) / MANIFEST}: damaged (its embedder fields do not match their recorded sha256)")
