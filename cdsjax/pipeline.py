@@ -267,6 +267,7 @@ class Pipeline:
         self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
         self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
+        self._ran: set = set()  # keys whose selector has run (compiled) at least once
         # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
         self.embedders = tuple(embedders)
         self.trust_remote_code = bool(trust_remote_code)
@@ -323,11 +324,23 @@ class Pipeline:
         return self._embedder
 
     # ------------------------------------------------------------------ retrieval
+    @staticmethod
+    def selector_key(selector: str, budget: int, options: Optional[dict] = None) -> tuple:
+        """The key of a selector in :attr:`compiled`."""
+        return canonical_selector(selector), budget, tuple(sorted(dict(options or {}).items()))
+
+    def is_compiled(self, selector: str, budget: int, options: Optional[dict] = None) -> bool:
+        """True when this selector has been built and run before (so a call does not compile)."""
+        try:
+            key = self.selector_key(selector, budget, options)
+            return key in self._ran and key in self.compiled
+        except (PipelineError, TypeError):  # unknown names, unhashable option values
+            return False
+
     def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
         """A jitted per-question selector over the padded corpus (cached)."""
-        selector = canonical_selector(selector)
-        options = dict(options or {})
-        key = (selector, budget, tuple(sorted(options.items())))
+        key = self.selector_key(selector, budget, options)
+        selector, options = key[0], dict(options or {})
 
         def make():
             try:
@@ -354,8 +367,11 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
         notes, valid, links = self._device
-        sel = fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid))
-        return jax.device_get(sel)
+        sel = jax.device_get(fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid)))
+        self._ran.add(self.selector_key(selector, budget, options))
+        if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
+            self._ran &= set(self.compiled)
+        return sel
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""

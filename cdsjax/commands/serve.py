@@ -209,7 +209,10 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         limits = Limits(queue=queue)
     if limits.queue < 1:
         raise ValueError(f"queue must be >= 1, got {limits.queue}")
+    # selections whose selector is compiled run on one lane; those that compile one (seconds, and a new
+    # option value always does) on another, so a client asking for new compilations cannot hold up the rest
     compute = Lane("select", concurrency=1, max_abandoned=2)
+    compiling = Lane("compile", concurrency=1, max_abandoned=2)
     reading = Lane("read", concurrency=max(1, read_workers), max_abandoned=max(1, read_workers))
     state: Dict[str, Any] = dict(in_flight=0, started=time.time(), refused={})
     roots = list(pipe.corpus.roots)
@@ -221,7 +224,6 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         yield
 
     app = FastAPI(title="cdsjax", lifespan=lifespan)
-    app.state.lanes = (compute, reading)
 
     class Question(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -272,8 +274,9 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
                     default_selector=default_selector, default_budget=default_budget,
                     reader=getattr(getattr(reader, "config", None), "model", None) if reader else None,
                     queue=dict(in_flight=state["in_flight"], limit=limits.queue),
-                    compute=dict(running=compute.running(), abandoned=compute.abandoned,
-                                 compiled=len(pipe.compiled), compiled_limit=pipe.compiled.maxsize),
+                    compute=dict(running=compute.running() + compiling.running(),
+                                 abandoned=compute.abandoned + compiling.abandoned,
+                                 compiled=len(pipe.compiled), compiled_limit=getattr(pipe.compiled, "maxsize", None)),
                     refused=dict(state["refused"]),
                     uptime_s=round(time.time() - state["started"], 3))
 
@@ -321,16 +324,17 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         except ValueError as err:
             return error(400, f"bad request: {err}")
         t0 = time.perf_counter()
+        budget = body.budget or default_budget
+        lane = compute if pipe.is_compiled(selector, budget, options) else compiling
 
         def retrieve():
             waited = time.perf_counter() - t0
-            result = pipe.retrieve(body.question, selector=selector, budget=body.budget or default_budget,
-                                   options=options or None)
+            result = pipe.retrieve(body.question, selector=selector, budget=budget, options=options or None)
             result.timings["queue"] = waited
             return result
 
         try:
-            result = await compute.run(retrieve)
+            result = await lane.run(retrieve)
         except Busy as err:
             state["refused"]["busy"] = state["refused"].get("busy", 0) + 1
             return JSONResponse({"error": f"server busy: {err}; retry later"}, status_code=503,
@@ -358,7 +362,7 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         return await answer(body, read=False)
 
     guarded = Guard(app, limits, state)
-    guarded.lanes = (compute, reading)
+    guarded.lanes = (compute, compiling, reading)
     return guarded
 
 
