@@ -194,7 +194,7 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
             directory = cache_root() / "jax-compilation"
     directory = Path(directory)
     try:
-        from cdsjax.io.store import private_dir
+        from cdsjax.io.private import private_dir
 
         private_dir(directory)
         max_mb = float(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB") or DEFAULT_JAX_CACHE_MAX_MB)

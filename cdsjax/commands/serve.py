@@ -6,9 +6,10 @@ questions in milliseconds instead of paying start-up, model loading and compilat
 Endpoints (JSON in and out):
 
     GET  /health     -> 200 {"status": "ok", "documents", "notes", "default_selector", "reader",
-                             "queue": {"in_flight", "limit"}, "uptime_s"}
+                             "queue": {"in_flight", "limit"}, "compute": {"running", "abandoned", "compiled",
+                             "compiled_limit"}, "refused": {kind: count}, "uptime_s"}
     GET  /documents  -> 200 {"documents": [{"document", "pages", "notes", "kinds": {kind: count}}],
-                             "indexes": [dir, ...]}
+                             "indexes": [index directory name, ...]}
     POST /ask        {"question": str, "selector"?: str, "budget"?: int, "options"?: {..}}
                      -> 200 the `cdsjax ask --json` object (read by the reader when one is configured)
     POST /select     same body -> the same object without reading ("answer": null)
@@ -17,10 +18,17 @@ Endpoints (JSON in and out):
     GET  /crop?note=NOTE_ID  -> the PNG crop of a visual note of the index
 
 Bad requests get a 4xx with {"error": message}; a reader failure a 502 with the selected evidence and
-{"error": message, "error_kind": kind}. At most ``--queue`` requests are admitted at once (running or
-waiting); beyond that the server answers 503 {"error": ...} with a Retry-After header at once rather
-than letting clients pile up. Selection runs on one worker thread (JAX already uses the cores);
-reading runs on a small pool, so slow reader calls do not hold up selection.
+{"error": message, "error_kind": kind}. Answers and errors carry no server path (an evidence item's
+``image_path`` is relative to its index).
+
+What keeps it safe to expose (:mod:`cdsjax.commands.guard`; README, "Security"): a Host-header check and an
+optional bearer token (``--token`` / CDSJAX_TOKEN, required beyond loopback unless ``--no-auth``); at most
+``--queue`` question requests admitted at once from their first byte (503 with Retry-After beyond); bodies
+over ``--max-body`` refused with 413 before they are read; options on a per-selector allow-list with
+bounds (:data:`HTTP_OPTIONS`); a deadline (``--request-timeout``) after which the client gets 504 and its
+slot back, the computation being abandoned on its daemon thread; at most ``--max-compiled`` compiled
+selectors. Selection runs on a worker thread (JAX already uses the cores), selections that compile a new
+selector on a second one; reading runs on a small pool, so slow reader calls do not hold up selection.
 
 It binds to 127.0.0.1 unless ``--host`` says otherwise. ``cdsjax ask --server URL "question"`` is the
 command-line client.
@@ -192,7 +200,6 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
       limits: a :class:`cdsjax.commands.guard.Limits` (host names, token, body size, deadline); default:
         loopback names only, no token, 64 KiB bodies, 30 s.
     """
-    import asyncio
     import contextlib
     from typing import Any, Dict
 
@@ -223,7 +230,8 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
             on_ready()
         yield
 
-    app = FastAPI(title="cdsjax", lifespan=lifespan)
+    # no /docs, /redoc or /openapi.json: the Swagger page would load third-party scripts into this origin
+    app = FastAPI(title="cdsjax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     class Question(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -32,6 +32,8 @@ from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from cdsjax.io.private import make_private, private_dir
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
@@ -134,45 +136,6 @@ def read_manifest(directory: Path) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("format_version") == FORMAT_VERSION else None
-
-
-# --------------------------------------------------------------------------- private modes
-
-
-def private_dir(path: Path) -> Path:
-    """Creates ``path`` and any missing parents with mode 0700 (existing directories are left alone)."""
-    path = Path(path)
-    missing = []
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-        else:
-            os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
-    return path
-
-
-def make_private(root: Path) -> None:
-    """Sets every directory under ``root`` (itself included) to 0700 and every regular file to 0600.
-
-    Symlinks are not followed (``os.walk`` does not descend into them and ``lchmod``-like behaviour is had by
-    skipping them)."""
-    root = Path(root)
-    os.chmod(root, 0o700)
-    for parent, dirs, files in os.walk(root):
-        for name in dirs:
-            p = os.path.join(parent, name)
-            if not os.path.islink(p):
-                os.chmod(p, 0o700)
-        for name in files:
-            p = os.path.join(parent, name)
-            if stat.S_ISREG(os.lstat(p).st_mode):
-                os.chmod(p, 0o600)
 
 
 # --------------------------------------------------------------------------- atomic directory swap
@@ -598,66 +561,6 @@ def check_crops(crops_dir: Path, expected: dict) -> Optional[str]:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-# --------------------------------------------------------------------------- crops of a loaded index
-
-
-def _expected_crops(documents: List[dict]) -> Tuple[dict, set]:
-    """``({path relative to the index: sha256}, doc_ids with no recorded crop hashes)`` from a manifest."""
-    expected, unhashed = {}, set()
-    for d in documents or []:
-        hashes = d.get("hashes") if isinstance(d, dict) else None
-        if not isinstance(hashes, dict) or not isinstance(hashes.get("crops"), dict):
-            unhashed.add(d.get("doc_id") if isinstance(d, dict) else None)
-            continue
-        prefix = str(d.get("crops") or "")
-        for name, sha in hashes["crops"].items():
-            expected[os.path.normpath(os.path.join(prefix, str(name)))] = sha
-    return expected, unhashed
-
-
-def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verify: bool = True) -> None:
-    """Resolves every note's ``image_path`` inside the index ``root`` (in place), checking it on the way.
-
-    A note's path must be relative, stay inside ``root`` once every symlink is resolved, and name a crop
-    the manifest lists; a crop that is present must be a regular file (not a link) with its recorded sha256
-    (``verify``). A missing crop is tolerated (the reader sends that note as text). Each note gets the
-    absolute ``image_path`` and ``image_sha256`` (what ``cdsjax serve`` checks again before serving it).
-
-    Raises:
-      StoreError: a path that leaves the index or is not one of its crops (a crafted index), or a crop that
-        does not match its hash (a damaged one).
-    """
-    root = Path(root).absolute()
-    real_root = os.path.realpath(root)
-    expected, unhashed = _expected_crops(documents)
-    for note in notes:
-        path = note.get("image_path")
-        if not path:
-            continue
-        rel = os.path.normpath(str(path)) if isinstance(path, str) else ""
-        if not rel or os.path.isabs(rel) or rel == ".." or rel.startswith(".." + os.sep) or "\x00" in rel:
-            raise StoreError(f"{root}: refusing the index: note {str(note.get('note_id'))[:80]!r} points outside "
-                             "the index for its image")
-        full = os.path.join(real_root, rel)
-        real = os.path.realpath(full)
-        if os.path.commonpath([real, real_root]) != real_root:
-            raise StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
-                             "resolves outside the index")
-        sha = expected.get(rel)
-        if sha is None and note.get("doc_id") not in unhashed:
-            raise StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
-                             "is not a crop its manifest lists")
-        if os.path.lexists(full):
-            if os.path.islink(full) or real != full or not os.path.isfile(full):
-                raise StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
-            if sha is None:  # an index written before per-document crop hashes: what is there now
-                sha = sha256_file(Path(full))
-            elif verify and sha256_file(Path(full)) != sha:
-                raise StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
-        note["image_path"] = str(root / rel)
-        note["image_sha256"] = sha
 
 
 def embedder_digest(info: dict) -> str:
