@@ -176,8 +176,8 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
 
     A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
     compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
-    The directory is private (0700) and capped at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024):
-    beyond that JAX deletes the least recently used entries, so a server whose clients ask for ever new
+    The directory is private (0700) and capped at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1
+    for no cap; needs the ``filelock`` package): beyond that JAX deletes the least recently used entries, so a server whose clients ask for ever new
     budgets and options cannot fill the disk. Returns the directory, or None when disabled or not writable.
     """
     import os
@@ -201,7 +201,12 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
     except (OSError, ValueError):
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_compilation_cache_max_size", int(max_mb * 2**20) if max_mb >= 0 else -1)
+    try:  # JAX's eviction needs filelock (installed with the io extra's hub clients)
+        import filelock  # noqa: F401
+
+        jax.config.update("jax_compilation_cache_max_size", int(max_mb * 2**20) if max_mb >= 0 else -1)
+    except ImportError:
+        pass
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

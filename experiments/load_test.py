@@ -160,7 +160,8 @@ def start_server(indexes, args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("CDSJAX_READER_URL", None)
     cmd = [sys.executable, "-m", "cdsjax.cli", "serve", *map(str, indexes), "--host", HOST, "--port", str(port),
-           "--queue", str(args.queue), "--request-timeout", str(args.request_timeout)]
+           "--queue", str(args.queue), "--request-timeout", str(args.request_timeout),
+           "--max-compiled", str(args.max_compiled)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if "listening on" not in line:
@@ -179,6 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-requests", type=int, default=20000)
     p.add_argument("--queue", type=int, default=16)
     p.add_argument("--request-timeout", type=float, default=10.0)
+    p.add_argument("--max-compiled", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if not (1 <= args.clients <= 64 and 0 < args.seconds <= 900 and 0 <= args.hostile <= 1):
@@ -196,8 +198,10 @@ def main(argv=None) -> int:
         t0 = time.time()
         for c in clients:
             c.start()
-        for c in clients:
-            c.join(args.seconds + args.request_timeout + 60)
+        samples = []  # (seconds, RSS MB) every tenth of the run
+        while any(c.is_alive() for c in clients) and time.time() < stop + args.request_timeout + 60:
+            samples.append((time.time() - t0, rss_mb(proc.pid)))
+            time.sleep(max(1.0, args.seconds / 10))
         wall = time.time() - t0
         rss_after = rss_mb(proc.pid)
         with urllib.request.urlopen(url + "/health", timeout=30) as r:
@@ -210,18 +214,18 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
         stop_s = time.time() - t_stop
-    report(clients, args, wall, rss_before, rss_after, health, stop_s)
+    report(clients, args, wall, rss_before, rss_after, health, stop_s, samples)
     return 0
 
 
-def report(clients, args, wall, rss_before, rss_after, health, stop_s) -> None:
+def report(clients, args, wall, rss_before, rss_after, health, stop_s, samples) -> None:
     outcomes = collections.Counter()
     for c in clients:
         outcomes.update(c.outcomes)
     lat = sorted(x for c in clients for x in c.latencies)
     total = sum(outcomes.values())
     print(f"load_test: {args.clients} clients for {wall:.1f} s, {args.hostile:.0%} hostile, "
-          f"--queue {args.queue}, --request-timeout {args.request_timeout:g} s")
+          f"--queue {args.queue}, --request-timeout {args.request_timeout:g} s, --max-compiled {args.max_compiled}")
     print(f"requests: {total} ({total / wall:.1f}/s); normal answered 200: {len(lat)}")
     if lat:
         p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
@@ -232,7 +236,8 @@ def report(clients, args, wall, rss_before, rss_after, health, stop_s) -> None:
         row = {o: n for (k, o), n in sorted(outcomes.items()) if k == kind}
         if row:
             print(f"  {kind:12s} " + ", ".join(f"{o}: {n}" for o, n in row.items()))
-    print(f"server RSS: {rss_before:.0f} MB after warm-up, {rss_after:.0f} MB at the end")
+    print(f"server RSS: {rss_before:.0f} MB after warm-up, {rss_after:.0f} MB at the end; during the run: "
+          + ", ".join(f"{t:.0f}s {m:.0f}" for t, m in samples))
     print(f"server /health at the end: queue {health['queue']}, compute {health['compute']}, "
           f"refused {health['refused']}")
     print(f"server stopped {stop_s:.1f} s after SIGTERM")
