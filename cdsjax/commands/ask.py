@@ -13,7 +13,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
      "evidence": [{"rank": int (1-based), "score": float, "document": str,
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
-                   "note_id": str, "image_path": str | null, "summary": str, "caption": str}, ...],
+                   "note_id": str, "image_path": str | null (absolute locally; relative to its index
+                   with --server), "summary": str, "caption": str}, ...],
      "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
                      "singular": how the solve ended), "kkt_residual", "objective",
