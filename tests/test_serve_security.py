@@ -4,6 +4,7 @@ One small index (multicolumn.pdf: text notes and a table crop) is built once; ea
 with the attack written in and its recorded hashes brought back in line, as an attacker would.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -489,3 +490,25 @@ def test_no_server_paths_in_answers_or_errors(main_server):
     for path, body in (("/select", {"question": "x", "selector": "nope"}), ("/crop?note=../../x", None)):
         status, reply, _ = request(url + path, body)
         assert 400 <= status < 500 and index not in reply["error"]
+
+
+def test_pdf_route_serves_only_the_recorded_pdf(built, tmp_path, tmp_path_factory):
+    """/pdf?document=ID serves a file outside the index (the source PDF): a crafted manifest must not make
+    it serve anything else, with its hash left out or recomputed for the file it names."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+
+    def point_at_secret(m):
+        m["documents"][0]["path"] = str(secret)
+        m["documents"][0]["sha256"] = digest
+        m["documents"].append(dict(m["documents"][0], doc_id="nohash.pdf", sha256=None))
+
+    crafted = craft(built, tmp_path / "crafted", manifest=point_at_secret)
+    srv = Server(crafted, "--selector", "cosine", env=server_env(tmp_path_factory))
+    try:
+        for doc in ("multicolumn.pdf", "nohash.pdf"):
+            status, reply, _ = request(f"{srv.url}/pdf?document={doc}")
+            assert status == 404 and str(secret) not in reply["error"], reply
+    finally:
+        srv.stop()
