@@ -393,6 +393,28 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
     return guarded
 
 
+def host_limits(args) -> tuple:
+    """``(allowed host names or None for any, token or None)`` from the flags, or a CLIError saying what is
+    missing: a bind beyond loopback needs a token (or --no-auth), a wildcard bind needs --allowed-host."""
+    from cdsjax.commands.guard import LOOPBACK_NAMES, is_loopback
+
+    token = args.token or os.environ.get("CDSJAX_TOKEN") or None
+    loopback = is_loopback(args.host)
+    if not loopback and token is None and not args.no_auth:
+        raise CLIError(f"--host {args.host} is reachable from other machines: give --token (or set CDSJAX_TOKEN), "
+                       "or --no-auth to serve without one", 2)
+    names = {h.strip().lower() for h in args.allowed_host if h.strip()}
+    if "*" in names:
+        return None, token
+    bound = args.host.lower()
+    if not loopback and bound not in ("0.0.0.0", "::", ""):
+        names.add(f"[{bound}]" if ":" in bound else bound)
+    elif not loopback and not names:
+        raise CLIError(f"--host {args.host} listens on every address: name the host clients use with "
+                       "--allowed-host NAME (or --allowed-host '*' to accept any)", 2)
+    return frozenset(LOOPBACK_NAMES | names), token
+
+
 def run(args) -> int:
     import socket
 
