@@ -66,6 +66,8 @@ CDS_HTTP_OPTIONS = dict(beta=(float,), tau=(float,), threshold=(float,), tol=_TO
                         init=(str,), prior_temperature=(float,), fill=(bool,), peel=(bool,))
 HTTP_OPTIONS = dict(
     cds=CDS_HTTP_OPTIONS, cds_converged=CDS_HTTP_OPTIONS, cds_inimdyn=CDS_HTTP_OPTIONS,
+    # no `params` over HTTP: the learned parameters are the server's (cdsjax serve --params FILE)
+    cds_learned=dict(threshold=(float,), tol=_TOL, max_iter=_MAX_ITER, fill=(bool,)),
     cds_support=dict(tau=(float,), threshold=(float,), tol=_TOL, max_iter=_MAX_ITER,
                      num_steps=(int, 1, HTTP_MAX_SUPPORT_STEPS), fill=(bool,)),
     mmr=dict(lam=(float,)), dpp=dict(theta=(float,), quality=(str,)),
