@@ -27,7 +27,8 @@ class SelectorRetriever:
 
     Args:
       pipeline: a :class:`cdsjax.pipeline.Pipeline` (padded corpus, embedder, compiled selectors).
-      selector: a registry selector name (``cds``, ``cds_converged``, ``cosine``, ``subgraph``, ...).
+      selector: a registry selector name or alias; None for the default of ``cdsjax ask``
+        (:data:`cdsjax.core.registry.DEFAULT_SELECTOR`).
       budget: notes per query.
       options: selector options (``beta``, ``tau``, ``lam``, ...).
       joint_budget: notes of a combined selection; None means ``budget * m``.
@@ -36,14 +37,14 @@ class SelectorRetriever:
       last_diagnostics: per selection of the last call, the solver diagnostics ({} for baselines).
     """
 
-    def __init__(self, pipeline, *, selector: str = "cds", budget: int = 5, options: Optional[dict] = None,
-                 joint_budget: Optional[int] = None):
-        from cdsjax.pipeline import canonical_selector
+    def __init__(self, pipeline, *, selector: Optional[str] = None, budget: int = 5,
+                 options: Optional[dict] = None, joint_budget: Optional[int] = None):
+        from cdsjax.pipeline import DEFAULT_SELECTOR, canonical_selector
 
         if budget < 1 or (joint_budget is not None and joint_budget < 1):
             raise ValueError(f"budget and joint_budget must be >= 1, got {budget} and {joint_budget}")
         self.pipeline = pipeline
-        self.selector = canonical_selector(selector)
+        self.selector = canonical_selector(selector or DEFAULT_SELECTOR)
         self.budget = int(budget)
         self.options = dict(options or {})
         self.joint_budget = joint_budget
@@ -69,10 +70,11 @@ class SelectorRetriever:
             return out
         options = dict(self.options)
         if combined == "peel":
-            from cdsjax.core.registry import selector_spec
+            from cdsjax.core.registry import SPECS, selector_spec
 
             if "peel" not in selector_spec(self.selector).options:
-                raise ValueError(f"combined='peel' needs a CDS selector (cds or cds_converged), got {self.selector!r}")
+                able = ", ".join(s.display for s in SPECS.values() if "peel" in s.options)
+                raise ValueError(f"combined='peel' needs a CDS selector that peels ({able}), got {self.selector!r}")
             options["peel"] = True
         budget = self.joint_budget or self.budget * len(queries)
         sel = self.pipeline.select(emb, selector=self.selector, budget=budget, qid=" | ".join(queries),
@@ -84,7 +86,7 @@ class SelectorRetriever:
         return self.pipeline.evidence_items(self.pipeline.evidence(sel))
 
 
-def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedder, *, selector: str = "cds",
+def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedder, *, selector: Optional[str] = None,
                    budget: int = 5, options: Optional[dict] = None, joint_budget: Optional[int] = None,
                    compiled: Optional[dict] = None) -> SelectorRetriever:
     """A :class:`SelectorRetriever` over a corpus given as arrays.
@@ -114,7 +116,8 @@ def make_retriever(embeddings, links, notes: Sequence[Mapping[str, Any]], embedd
     return SelectorRetriever(pipe, selector=selector, budget=budget, options=options, joint_budget=joint_budget)
 
 
-def run_planning(pipeline, question: str, *, reader: Union[ReaderConfig, Reader, None], selector: str = "cds",
+def run_planning(pipeline, question: str, *, reader: Union[ReaderConfig, Reader, None],
+                 selector: Optional[str] = None,
                  budget: int = 5, options: Optional[dict] = None, combined: Optional[str] = None,
                  joint_budget: Optional[int] = None, tau_max: int = 3, **agent_options) -> PlanningResult:
     """Runs the planning agent on a :class:`cdsjax.pipeline.Pipeline` (what ``cdsjax ask --agent
@@ -124,7 +127,8 @@ def run_planning(pipeline, question: str, *, reader: Union[ReaderConfig, Reader,
       pipeline: the corpus to search.
       question: the question.
       reader: the model for every role; required (planning needs a model).
-      selector, budget, options: retrieval per sub-question (paper: the subgraph readout, k = 5).
+      selector, budget, options: retrieval per sub-question (the paper: the subgraph readout, k = 5; here
+        the default selector of ``cdsjax ask`` unless one is named).
       combined: None, "single" or "peel" (see :class:`PlanningAgent`).
       joint_budget: notes of a combined selection (default ``budget`` per sub-question).
       tau_max: most refinement rounds.

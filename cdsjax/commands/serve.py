@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Optional
 
-from cdsjax.commands import CLIError
+from cdsjax.commands import CLIError, add_selector_argument
 
 MAX_BUDGET = 512
 MAX_QUESTION_CHARS = 4000
@@ -44,8 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0 picks a free one)")
     p.add_argument("--queue", type=int, default=32,
                    help="most requests admitted at once, running or waiting; more get 503 (default: 32)")
-    p.add_argument("--selector", default="cds-converged",
-                   help="selector when a request names none (default: cds-converged)")
+    add_selector_argument(p, "selector when a request names none")
     p.add_argument("--budget", type=int, default=10, help="budget when a request gives none (default: 10)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
@@ -55,14 +54,15 @@ def add_arguments(p) -> None:
     p.set_defaults(no_read=False)
 
 
-def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged", default_budget: int = 10,
+def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None, default_budget: int = 10,
                read_workers: int = 4, on_ready=None):
     """The FastAPI application around a loaded :class:`cdsjax.pipeline.Pipeline`.
 
     Args:
       pipe: the pipeline (its ``reader`` answers /ask when set).
       queue: most requests admitted at once (running or waiting); more get 503.
-      default_selector, default_budget: used when a request leaves them out.
+      default_selector, default_budget: used when a request leaves them out (selector: None for the
+        registry's default).
       read_workers: reader calls in flight at once.
       on_ready: called at application start-up (before the socket accepts connections).
     """
@@ -77,8 +77,9 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
     from pydantic import BaseModel, ConfigDict, Field
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from cdsjax.pipeline import PipelineError, canonical_selector
+    from cdsjax.pipeline import DEFAULT_SELECTOR, PipelineError, canonical_selector
 
+    default_selector = default_selector or DEFAULT_SELECTOR
     if queue < 1:
         raise ValueError(f"queue must be >= 1, got {queue}")
     compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-select")
@@ -285,8 +286,9 @@ def run(args) -> int:
     import socket
 
     from cdsjax.commands.ask import make_reader
-    from cdsjax.pipeline import Pipeline, PipelineError, canonical_selector, enable_compilation_cache
+    from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, canonical_selector, enable_compilation_cache
 
+    args.selector = args.selector or DEFAULT_SELECTOR
     if args.queue < 1:
         raise CLIError(f"--queue must be >= 1, got {args.queue}")
     if not 1 <= args.budget <= MAX_BUDGET:
