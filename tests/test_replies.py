@@ -17,7 +17,7 @@ from cdsjax.io.judge import parse_verdict
 from cdsjax.io.llm import ChatClient, ChatReply, ReaderConfig, ReaderError
 from cdsjax.io.replies import find_json, oneline, parse_citations, strip_citations, strip_thinking
 from cdsjax.io.vlm import VLMClient, VLMError
-from tests.openai_server import OpenAIServer, completion
+from cdsjax.io.scripted_server import OpenAIServer, completion
 
 
 @pytest.mark.parametrize("reply, text", [
