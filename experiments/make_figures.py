@@ -31,7 +31,8 @@ from cdsjax.eval import figures as F  # noqa: E402
 SWEPT = ("lam", "prior", "coupling", "tau", "beta")
 
 
-def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR), cache_dir=None, progress: bool = False) -> dict:
+def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR), cache_dir=None,
+             progress: bool = False) -> dict:
     """Builds one question's PCA case for :func:`cdsjax.eval.figures.pca_map`.
 
     Loads the config's benchmark (text benchmarks only: HotpotQA, QASPER), embeds its

@@ -46,7 +46,8 @@ def test_a_config_package_outside_the_repository_imports_its_siblings(tmp_path):
     (pkg / "base.py").write_text("import ml_collections\n\ndef get_config(arg=None):\n"
                                  "    return ml_collections.ConfigDict(dict(size=1, name='base'))\n")
     (pkg / "child.py").write_text("from myconfigs import base\n\ndef get_config(arg=None):\n"
-                                  "    config = base.get_config()\n    config.size = int(arg or 2)\n    return config\n")
+                                  "    config = base.get_config()\n"
+                                  "    config.size = int(arg or 2)\n    return config\n")
     code = ("from cdsjax.commands.eval import load_config; "
             f"c = load_config({str(pkg / 'child.py') + ':7'!r}); print(c.name, c.size)")
     elsewhere = tmp_path / "elsewhere"

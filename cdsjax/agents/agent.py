@@ -8,16 +8,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from cdsjax.agents.plan import MAX_DEPTH, MAX_NODES, Plan, PlanError, PlanNode, parse_plan, parse_sufficiency
-from cdsjax.agents.prompts import (
-    CHECKER_SYSTEM,
-    CHECKER_USER,
-    DECOMPOSER_SYSTEM,
-    DECOMPOSER_USER,
-    REASONER_CONTEXT,
-    REFINER_USER,
-    RETRY_USER,
-    WORKER_CONTEXT,
-)
+from cdsjax.agents import prompts
 from cdsjax.agents.trace import NodeResult, PlanningResult, Round
 from cdsjax.io.llm import FATAL_KINDS, ReaderConfig, ReaderError
 from cdsjax.io.reader import EvidenceItem, Reader, as_evidence
@@ -204,7 +195,7 @@ class PlanningAgent:
             except PlanError as err:
                 error = str(err)
             messages = messages + [{"role": "assistant", "content": reply},
-                                   {"role": "user", "content": RETRY_USER.format(reason=error)}]
+                                   {"role": "user", "content": prompts.RETRY_USER.format(reason=error)}]
         return None, error, raw
 
     def _plan_parser(self, question: str) -> Callable[[str], Tuple[Plan, List[str]]]:
@@ -212,9 +203,9 @@ class PlanningAgent:
                                         max_depth=self.max_depth, cycles=self.cycles)
 
     def _decompose(self, question: str, digest: str, state: "_RunState"):
-        system = DECOMPOSER_SYSTEM.format(max_nodes=self.max_nodes, max_depth=self.max_depth)
+        system = prompts.DECOMPOSER_SYSTEM.format(max_nodes=self.max_nodes, max_depth=self.max_depth)
         messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": DECOMPOSER_USER.format(digest=digest, question=question)}]
+                    {"role": "user", "content": prompts.DECOMPOSER_USER.format(digest=digest, question=question)}]
         parsed, error, raw = self._json_call(messages, self._plan_parser(question), state)
         if parsed is None:
             # Without a usable plan the question itself is the one sub-question: plain retrieve-then-read
@@ -225,8 +216,8 @@ class PlanningAgent:
         return plan, "decomposer", repairs, None, raw
 
     def _refine(self, question: str, digest: str, current: Round, state: "_RunState"):
-        system = DECOMPOSER_SYSTEM.format(max_nodes=self.max_nodes, max_depth=self.max_depth)
-        user = REFINER_USER.format(
+        system = prompts.DECOMPOSER_SYSTEM.format(max_nodes=self.max_nodes, max_depth=self.max_depth)
+        user = prompts.REFINER_USER.format(
             question=question, digest=digest, plan=current.plan.to_json(),
             findings=self._findings(current), gaps="\n".join(f"- {g}" for g in current.verdict.gaps),
             max_nodes=self.max_nodes, max_depth=self.max_depth)
@@ -239,9 +230,9 @@ class PlanningAgent:
         return plan, "refinement", repairs, None, raw
 
     def _check(self, question: str, digest: str, current: Round, state: "_RunState") -> None:
-        user = CHECKER_USER.format(question=question, digest=digest, findings=self._findings(current))
+        user = prompts.CHECKER_USER.format(question=question, digest=digest, findings=self._findings(current))
         verdict, error, raw = self._json_call(
-            [{"role": "system", "content": CHECKER_SYSTEM}, {"role": "user", "content": user}],
+            [{"role": "system", "content": prompts.CHECKER_SYSTEM}, {"role": "user", "content": user}],
             parse_sufficiency, state)
         current.verdict, current.verdict_error, current.raw_verdict = verdict, error, raw
 
@@ -294,7 +285,7 @@ class PlanningAgent:
         prompt = node.question
         if deps:
             facts = "\n".join(f"- {d.node.question} -> {d.finding}" for d in deps)
-            prompt += WORKER_CONTEXT.format(facts=facts)
+            prompt += prompts.WORKER_CONTEXT.format(facts=facts)
         out, err = self._answer(prompt, evidence, state)
         if err is not None:
             return NodeResult(node, evidence, None, [], True, error=str(err))
@@ -319,7 +310,7 @@ class PlanningAgent:
     def _reason(self, question: str, evidence: List[EvidenceItem], final: Round, state: "_RunState"):
         findings = "\n".join(f"- {final.nodes[i].node.question} -> {final.nodes[i].finding}"
                              for i in final.plan.order)
-        prompt = question + (REASONER_CONTEXT.format(findings=findings) if findings else "")
+        prompt = question + (prompts.REASONER_CONTEXT.format(findings=findings) if findings else "")
         out, err = self._answer(prompt, evidence, state)
         if err is not None:
             return None, None, f"the reasoner failed: {err}"

@@ -19,4 +19,5 @@ from configs.ablations import sweeps
 
 def get_config(arg=None):
     """``arg``: the sweep (default ``all``)."""
-    return sweeps.ablation_config("hotpotqa", common.parse_arg(arg, sweep="all").sweep, budgets=(2, 3, 4, 5, 6), max_queries=None)
+    sweep = common.parse_arg(arg, sweep="all").sweep
+    return sweeps.ablation_config("hotpotqa", sweep, budgets=(2, 3, 4, 5, 6), max_queries=None)

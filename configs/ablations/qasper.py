@@ -19,4 +19,5 @@ from configs.ablations import sweeps
 
 def get_config(arg=None):
     """``arg``: the sweep (default ``all``)."""
-    return sweeps.ablation_config("qasper", common.parse_arg(arg, sweep="all").sweep, budgets=None, max_queries=None)
+    sweep = common.parse_arg(arg, sweep="all").sweep
+    return sweeps.ablation_config("qasper", sweep, budgets=None, max_queries=None)
