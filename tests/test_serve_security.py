@@ -512,3 +512,28 @@ def test_pdf_route_serves_only_the_recorded_pdf(built, tmp_path, tmp_path_factor
             assert status == 404 and str(secret) not in reply["error"], reply
     finally:
         srv.stop()
+
+
+def test_check_embedder_accepts_only_known_or_named_models():
+    from cdsjax.io.embed import EmbedderError, check_embedder
+
+    minilm = dict(model="all-MiniLM-L6-v2", query_prefix="", document_prefix="", normalize=True,
+                  trust_remote_code=True)
+    assert check_embedder(minilm)["trust_remote_code"] is False, "the index's flag is never taken"
+    nomic = dict(minilm, model="nomic-ai/nomic-embed-text-v1.5")
+    with pytest.raises(EmbedderError, match="--trust-remote-code"):
+        check_embedder(nomic)
+    assert check_embedder(nomic, trust_remote_code=True)["trust_remote_code"] is True
+    for model in ("/tmp/some-model", "someone/evil", "", None):
+        with pytest.raises(EmbedderError, match="refusing the index"):
+            check_embedder(dict(minilm, model=model))
+    assert check_embedder(dict(minilm, model="/tmp/some-model"), allowed=["/tmp/some-model"])["model"]
+    with pytest.raises(EmbedderError, match="query_prefix"):
+        check_embedder(dict(minilm, query_prefix=["not", "a", "string"]))
+
+
+def test_nomic_index_needs_the_users_flag(built, tmp_path):
+    crafted = craft(built, tmp_path / "nomic", manifest=lambda m: m["embedder"].update(
+        model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True))
+    code, _, err = run_cli("ask", crafted, "what is it?")
+    assert code == 1 and "--trust-remote-code" in err and len(err.strip().splitlines()) == 1
