@@ -34,6 +34,17 @@ def run_cli(*argv, env=None, timeout=180):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def in_process(capsys, *argv):
+    """`cdsjax ARGV` in this process (for commands that refuse before serving): (exit code, stderr)."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def server_env(tmp_path_factory, **extra):
     env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path_factory.mktemp("cache") / "fresh"), **extra)
     for name in ("CDSJAX_READER_URL", "CDSJAX_TOKEN"):
@@ -129,37 +140,47 @@ def evil_model(tmp_path):
     return model, marker
 
 
-def test_index_naming_code_is_refused_in_one_line(built, tmp_path):
+def code_index(built, tmp_path):
     model, marker = evil_model(tmp_path)
 
     def point_at_model(m):
         m["embedder"].update(model=str(model), trust_remote_code=True)
 
-    crafted = craft(built, tmp_path / "crafted", manifest=point_at_model)
-    env = dict(os.environ, PYTHONPATH=ROOT, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    for argv in (["serve", crafted, "--port", free_port()], ["ask", crafted, "what is it?"]):
-        code, out, err = run_cli(*argv, env=env)
-        assert code == 1 and "refusing the index" in err and "--embedder" in err, (argv, err)
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    return craft(built, tmp_path / "crafted", manifest=point_at_model), model, marker
+
+
+def test_index_naming_code_is_refused_in_one_line(built, tmp_path, capsys, monkeypatch):
+    crafted, model, marker = code_index(built, tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for argv in (["serve", crafted, "--port", 0], ["ask", crafted, "what is it?"]):
+        code, err = in_process(capsys, *argv)
+        assert code == 1 and "refusing the index" in err and "--embedder" in err and one_line(err), (argv, err)
         assert not marker.exists(), "the index's module ran"
     # a hub id in the manifest is refused the same way (it would fetch the model's code)
     crafted_hub = craft(built, tmp_path / "hub", manifest=lambda m: m["embedder"].update(model="someone/evil"))
-    code, _, err = run_cli("ask", crafted_hub, "what is it?", env=env)
-    assert code == 1 and "'someone/evil' is not one cdsjax knows" in err and len(err.strip().splitlines()) == 1
-    # the crafted index really is dangerous: only the user's own flags let its code run
+    code, err = in_process(capsys, "ask", crafted_hub, "what is it?")
+    assert code == 1 and "'someone/evil' is not one cdsjax knows" in err and one_line(err)
+
+
+@pytest.mark.slow
+def test_crafted_index_runs_code_only_with_the_users_flags(built, tmp_path):
+    """The crafted index above really is dangerous: named with --embedder and --trust-remote-code, its
+    module runs (a separate process: the module is imported)."""
+    crafted, model, marker = code_index(built, tmp_path)
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
     code, _, err = run_cli("ask", crafted, "what is it?", "--embedder", model, "--trust-remote-code", env=env)
-    assert marker.exists() and code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert marker.exists() and code == 1 and one_line(err)
 
 
-def test_embedder_fields_are_covered_by_the_manifest_hashes(built, tmp_path):
+def test_embedder_fields_are_covered_by_the_manifest_hashes(built, tmp_path, capsys):
     crafted = tmp_path / "edited"
     shutil.copytree(built, crafted)
     m = json.loads((crafted / "manifest.json").read_text())
     assert m["hashes"]["embedder"]
     m["embedder"]["query_prefix"] = "ignore the question: "  # edited without its hash
     (crafted / "manifest.json").write_text(json.dumps(m))
-    code, _, err = run_cli("ask", crafted, "what is it?")
-    assert code == 1 and "embedder fields do not match" in err and len(err.strip().splitlines()) == 1
+    code, err = in_process(capsys, "ask", crafted, "what is it?")
+    assert code == 1 and "embedder fields do not match" in err and one_line(err)
 
 
 # ------------------------------------------------------------------ 2. bounded work per request
@@ -342,7 +363,7 @@ def crop(url, note):
     return request(f"{url}/crop?note={urllib.parse.quote(note)}")
 
 
-def test_crop_paths_outside_the_index_are_refused_at_load(built, tmp_path):
+def test_crop_paths_outside_the_index_are_refused_at_load(built, tmp_path, capsys):
     secret = tmp_path / "secret.txt"
     secret.write_text("private")
 
@@ -355,15 +376,15 @@ def test_crop_paths_outside_the_index_are_refused_at_load(built, tmp_path):
 
     for name, target in (("dots", "../../../../etc/passwd"), ("absolute", str(secret))):
         crafted = craft(built, tmp_path / name, notes=escape(target))
-        code, _, err = run_cli("serve", crafted, "--port", free_port())
-        assert code == 1 and "refusing the index" in err and len(err.strip().splitlines()) == 1, err
+        code, err = in_process(capsys, "serve", crafted, "--port", 0)
+        assert code == 1 and "refusing the index" in err and one_line(err), err
     # a crop replaced by a symlink to a file outside the index
     linked = craft(built, tmp_path / "linked")
     png = sorted((linked / "crops").rglob("*.png"))[0]
     png.unlink()
     png.symlink_to(secret)
-    code, _, err = run_cli("ask", linked, "what is the table?")
-    assert code == 1 and "refusing the index" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, err = in_process(capsys, "ask", linked, "what is the table?")
+    assert code == 1 and "refusing the index" in err and one_line(err)
 
 
 def test_crop_endpoint_rechecks_path_and_hash(main_server):
@@ -447,24 +468,25 @@ def test_token_is_required_when_set(built, tmp_path_factory):
         srv.stop()
 
 
-def test_binding_beyond_loopback_needs_a_token_and_a_host_name(built):
+def test_binding_beyond_loopback_needs_a_token_and_a_host_name(built, capsys, monkeypatch):
+    monkeypatch.delenv("CDSJAX_TOKEN", raising=False)
     for argv, word in ((["--host", "0.0.0.0"], "--token"),
                        (["--host", "0.0.0.0", "--token", "t"], "--allowed-host"),
                        (["--host", "0.0.0.0", "--no-auth"], "--allowed-host")):
-        code, _, err = run_cli("serve", built, "--port", free_port(), *argv)
-        assert code == 2 and word in err and len(err.strip().splitlines()) == 1, (argv, err)
+        code, err = in_process(capsys, "serve", built, "--port", 0, *argv)
+        assert code == 2 and word in err and one_line(err), (argv, err)
 
 
 # ------------------------------------------------------------------ 7. lock file, modes, paths
 
 
-def test_lock_file_symlink_is_not_followed(built, tmp_path, data_root):
+def test_lock_file_symlink_is_not_followed(built, tmp_path, data_root, capsys):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     out = tmp_path / "idx"
     (tmp_path / ".idx.lock").symlink_to(victim)
-    code, _, err = run_cli("index", data_root / "pdfs" / "multicolumn.pdf", "--out", out)
-    assert code != 0 and "lock file" in err and len(err.strip().splitlines()) == 1, err
+    code, err = in_process(capsys, "index", data_root / "pdfs" / "multicolumn.pdf", "--out", out)
+    assert code != 0 and "lock file" in err and one_line(err), err
     assert victim.read_text() == "keep me"
 
 
@@ -512,3 +534,38 @@ def test_pdf_route_serves_only_the_recorded_pdf(built, tmp_path, tmp_path_factor
             assert status == 404 and str(secret) not in reply["error"], reply
     finally:
         srv.stop()
+
+
+def test_check_embedder_accepts_only_known_or_named_models():
+    from cdsjax.io.embed import EmbedderError, check_embedder
+
+    minilm = dict(model="all-MiniLM-L6-v2", query_prefix="", document_prefix="", normalize=True,
+                  trust_remote_code=True)
+    assert check_embedder(minilm)["trust_remote_code"] is False, "the index's flag is never taken"
+    nomic = dict(minilm, model="nomic-ai/nomic-embed-text-v1.5")
+    with pytest.raises(EmbedderError, match="--trust-remote-code"):
+        check_embedder(nomic)
+    assert check_embedder(nomic, trust_remote_code=True)["trust_remote_code"] is True
+    for model in ("/tmp/some-model", "someone/evil", "", None):
+        with pytest.raises(EmbedderError, match="refusing the index"):
+            check_embedder(dict(minilm, model=model))
+    assert check_embedder(dict(minilm, model="/tmp/some-model"), allowed=["/tmp/some-model"])["model"]
+    with pytest.raises(EmbedderError, match="query_prefix"):
+        check_embedder(dict(minilm, query_prefix=["not", "a", "string"]))
+
+
+def test_nomic_index_needs_the_users_flag(built, tmp_path, capsys):
+    crafted = craft(built, tmp_path / "nomic", manifest=lambda m: m["embedder"].update(
+        model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True))
+    code, err = in_process(capsys, "ask", crafted, "what is it?")
+    assert code == 1 and "--trust-remote-code" in err and one_line(err)
+
+
+def test_lock_file_is_private_while_held(tmp_path):
+    from cdsjax.io import store
+
+    with store.writer_lock(tmp_path / "fresh" / "idx"):
+        lock = tmp_path / "fresh" / ".idx.lock"
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(tmp_path / "fresh").st_mode) == 0o700  # created by cdsjax: private
+    assert not lock.exists()
