@@ -85,7 +85,7 @@ def test_pipeline_passes_params_and_structure(tmp_path):
     corpus, q = _corpus()
     theta = LearnedParams(beta=0.2, w_page=-0.3, w_same_kind=0.1)
     path = save_params(tmp_path / "p.json", theta, {"data": "test"})
-    pipe = Pipeline(corpus, params=str(path))
+    pipe = Pipeline(corpus, params=str(path), embedders=("x",))
     sel = pipe.select(q, selector="cds-learned", budget=4)
     n, size = len(corpus), pipe.size
     pad = lambda a: np.concatenate([np.asarray(a, np.int32), np.full(size - n, -1, np.int32)])
@@ -95,7 +95,7 @@ def test_pipeline_passes_params_and_structure(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(PipelineError, match="not valid JSON"):
-        Pipeline(corpus, params=str(bad))
+        Pipeline(corpus, params=str(bad), embedders=("x",))
 
 
 def test_ask_params_errors_are_one_line(tmp_path, capsys):
@@ -109,3 +109,11 @@ def test_ask_params_errors_are_one_line(tmp_path, capsys):
     assert rc == 1 and "not a learned parameter file" in err
     rc = main(["ask", str(tmp_path), "what?", "--selector", "cosine", "--params", str(tmp_path / "p.json")])
     assert rc == 2 and "--params applies to --selector cds-learned" in capsys.readouterr().err
+
+
+def test_serve_takes_no_params_file_over_http():
+    from cdsjax.commands.serve import check_http_options
+
+    assert check_http_options("cds_learned", {"fill": False}) == {"fill": False}
+    with pytest.raises(ValueError, match="'params' is not accepted"):
+        check_http_options("cds_learned", {"params": "/etc/passwd"})
