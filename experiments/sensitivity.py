@@ -235,7 +235,8 @@ def _per_query(theta, notes, query, valid, units, unit_valid, opts: Options, tau
     from cdsjax import core
 
     params = core.CDSParams(beta=theta[0], tau=theta[1], tau_mode=tau_mode, tau_temperature=opts.tau_temperature)
-    out = core.retrieval_surrogates(notes, query, valid, units, params, budget=opts.budget, solver=opts.solver,
+    out = core.retrieval_surrogates(core.CDSProblem.create(notes, query, valid), units, params,
+                                    budget=opts.budget, solver=opts.solver,
                                     temperature=opts.temperature, slack_weight=opts.slack_weight,
                                     tol=opts.tol, max_iter=opts.max_iter, unit_valid=unit_valid)
     return jnp.stack([out["soft_recall"], out["gold_mass"]]), out

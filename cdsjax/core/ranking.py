@@ -176,6 +176,45 @@ def rank_support(
     return idx, ok | filled, scores, size, num_filled, reason.astype(jnp.int32)
 
 
+def read_out(
+    result: SolverResult,
+    note_valid: Array,
+    *,
+    budget: int,
+    threshold: float = 1e-6,
+    slack: Array | None = None,
+    cosine: Array | None = None,
+    isolated: Array | None = None,
+    beta: Array | None = None,
+    rank: Array | None = None,
+) -> Selection:
+    r"""The one read-out of every CDS strategy: the support by weight, then the fill rule, as a :class:`Selection`.
+
+    Args:
+      result: the solver's result (``x`` ``[m+n]``, queries first); stored in the selection.
+      note_valid: ``[n]`` bool, True on real notes.
+      budget: static number of picks.
+      threshold: support threshold :math:`\theta`.
+      slack: ``[n]`` KKT slack of the notes (:func:`kkt_slack`), or None for no fill (the paper's
+        reading: fewer picks when the support is short).
+      cosine: optional ``[n]`` raw query cosine, the tie-break (:func:`query_cosine`).
+      isolated: optional ``[]`` bool, the query vertices are isolated (:func:`isolated_query`).
+      beta: optional ``[]`` note-block strength to report.
+      rank: optional ``[n]`` weights to rank the notes by (default: the notes' part of ``result.x``;
+        peeling ranks by round, then weight).
+
+    Returns:
+      :class:`Selection` with ``support_size``, ``num_filled`` and ``fill_reason``.
+    """
+    x_notes = result.x[result.x.shape[-1] - note_valid.shape[-1]:] if rank is None else rank
+    idx, ok, scores, size, num_filled, reason = rank_support(
+        x_notes, note_valid, budget=budget, threshold=threshold, slack=slack, cosine=cosine, isolated=isolated)
+    return Selection(
+        indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size, num_filled=num_filled,
+        fill_reason=reason, beta=None if beta is None else jnp.asarray(beta, result.x.dtype),
+    )
+
+
 def read_selection(
     result: SolverResult,
     affinity: Affinity,
@@ -185,8 +224,9 @@ def read_selection(
     cosine: Array | None = None,
     fill: bool = True,
     beta: Array | None = None,
+    rank: Array | None = None,
 ) -> Selection:
-    r"""The :class:`Selection` of an equilibrium: its support by weight, filled by the fill rule.
+    r"""The :class:`Selection` of an equilibrium of ``affinity`` (:func:`read_out` with its slack).
 
     Args:
       result: the solver's result on ``affinity``.
@@ -197,19 +237,12 @@ def read_selection(
         (:func:`query_cosine`).
       fill: False keeps the paper's reading (fewer picks when the support is short).
       beta: optional ``[]`` note-block strength to report.
+      rank: optional ``[n]`` ranking weights (see :func:`read_out`).
 
     Returns:
       :class:`Selection` with ``support_size``, ``num_filled`` and ``fill_reason``.
     """
     m = affinity.num_queries
-    note_valid = affinity.valid[m:]
-    x_notes = result.x[m:]
-    slack = kkt_slack(affinity, result.x) if fill else None
-    idx, ok, scores, size, num_filled, reason = rank_support(
-        x_notes, note_valid, budget=budget, threshold=threshold, slack=slack, cosine=cosine,
-        isolated=isolated_query(affinity),
-    )
-    return Selection(
-        indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size, num_filled=num_filled,
-        fill_reason=reason, beta=None if beta is None else jnp.asarray(beta, x_notes.dtype),
-    )
+    return read_out(result, affinity.valid[m:], budget=budget, threshold=threshold,
+                    slack=kkt_slack(affinity, result.x) if fill else None, cosine=cosine,
+                    isolated=isolated_query(affinity), beta=beta, rank=rank)
