@@ -27,7 +27,6 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
-from cdsjax.core.types import SUPPORT_THRESHOLD
 from cdsjax.io.embed import embedder_key
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.

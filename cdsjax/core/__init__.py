@@ -47,7 +47,6 @@ from cdsjax.core.replicator import (
 )
 from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
 from cdsjax.core.solvers import SOLVERS, configured_solver, register_solver, solve, solver_name
-from cdsjax.core.select import selection_from_solution
 from cdsjax.core.cds import (
     STRATEGIES,
     cds,
@@ -65,7 +64,7 @@ from cdsjax.core.replicator import Replicator
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.graph import diffusion_prior, ppr_vector
-from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, rank_support, read_selection, top_b
+from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
 from cdsjax.core.active_set import solve_active_set
 from cdsjax.core.support import scale_note_block
@@ -183,7 +182,7 @@ __all__ = [
     "isolated_query",
     "kkt_slack",
     "query_cosine",
-    "rank_support",
+    "read_out",
     "read_selection",
     "scale_note_block",
     "kkt_residual",
@@ -194,7 +193,6 @@ __all__ = [
     "register_solver",
     "replicator_shift",
     "run_buckets",
-    "selection_from_solution",
     "softmax_prior",
     "solve",
     "solve_replicator",

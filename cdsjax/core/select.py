@@ -14,35 +14,8 @@ from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_ou
 from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver, solve
-from cdsjax.core.types import (CONVERGED, INITS, SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, Selection,
-                               SolveOptions, SolverResult)
+from cdsjax.core.types import CONVERGED, INITS, Affinity, CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import check_option
-
-
-def selection_from_solution(
-    result: SolverResult,
-    num_queries: int,
-    note_valid: Array,
-    *,
-    budget: int,
-    threshold: float = SUPPORT_THRESHOLD,
-    affinity: Optional[Affinity] = None,
-    cosine: Optional[Array] = None,
-    fill: bool = True,
-    beta: Optional[Array] = None,
-) -> Selection:
-    r"""Reads the top-``budget`` notes (queries excluded) with :math:`x_i >` ``threshold``.
-
-    With ``affinity`` given (and ``fill``), slots the support leaves empty are filled
-    by the fill rule of :mod:`cdsjax.core.ranking` (KKT slack, then ``cosine``);
-    without it the selection holds only the support (fewer picks, masked).
-    """
-    if affinity is not None:
-        if affinity.num_queries != num_queries:
-            raise ValueError(f"num_queries={num_queries} does not match the affinity's {affinity.num_queries}")
-        return read_selection(result, affinity, budget=budget, threshold=threshold, cosine=cosine, fill=fill,
-                              beta=beta)
-    return read_out(result, note_valid, budget=budget, threshold=threshold, beta=beta, rank=result.x[num_queries:])
 
 
 def initial_point(
@@ -75,9 +48,8 @@ def solve_single(problem: CDSProblem, params: CDSParams, options: SolveOptions, 
     if options.warm_start == "replicator" and solver != "replicator":
         x0 = solve(affinity, x0, solver="replicator").x
     result = solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
-    return read_selection(result, affinity, budget=budget, threshold=options.threshold,
-                          cosine=query_cosine(notes, query).astype(result.x.dtype), fill=options.fill,
-                          beta=params.beta)
+    return read_selection(result, affinity, options, budget=budget,
+                          cosine=query_cosine(notes, query).astype(result.x.dtype), beta=params.beta)
 
 
 def solve_peel(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int) -> Selection:

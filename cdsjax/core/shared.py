@@ -1,4 +1,4 @@
-r"""Many questions over one corpus: shared note--note block, batched replicator steps.
+r"""Many questions over one corpus (the ``"shared"`` strategy of :func:`cdsjax.core.cds`): one note block.
 
 For a single query vertex and no pinned notes the payoff of question :math:`k` is
 
@@ -18,6 +18,11 @@ questions on a :class:`~cdsjax.core.payoff.SharedPayoff` (the same
 own stopping rule (its row is frozen once it stops), so points, step counts and
 diagnostics are those of :func:`cdsjax.core.solve_replicator` on the
 per-question affinity, up to the summation order of the products.
+
+The converged solvers (InImDyn, the active set) run on the same payoff one question at a time
+(``lax.map``): InImDyn needs rows and products only, and the active set assembles each Newton system
+from the payoff's rows, so the batch never holds ``b`` dense ``[n+1, n+1]`` matrices
+(``experiments/bench_core.py`` measures both paths).
 """
 
 from __future__ import annotations

@@ -156,5 +156,5 @@ def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions,
 
     aff, beta = affinity_at(best)
     result = solve(aff, None, solver=solver, tol=tol, max_iter=max_iter)
-    return read_selection(result, aff, budget=budget, threshold=threshold,
-                          cosine=query_cosine(notes, query).astype(dtype), fill=options.fill, beta=beta)
+    return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
+                          beta=beta)
