@@ -12,9 +12,15 @@ Endpoints (JSON in and out):
     POST /ask        {"question": str, "selector"?: str, "budget"?: int, "options"?: {..}}
                      -> 200 the `cdsjax ask --json` object (read by the reader when one is configured)
     POST /select     same body -> the same object without reading ("answer": null)
-    GET  /           a small web page: ask a question, see the answer and the evidence (crops, scores,
-                     document, page); /?q=...&selector=...&budget=... asks on load
+                     (either: "near_duplicates": t adds {"near_duplicates": {"threshold": t, "pairs":
+                     [[rank_i, rank_j, cosine], ...]}}, the pairs of evidence notes with cosine >= t)
+    GET  /           the web page (cdsjax/commands/page.py): one question, two selectors side by side
+                     (default cosine and the server's default), notes both chose on one row, notes only one
+                     chose and near-duplicates within a list marked, each note linked to its PDF page;
+                     /?q=...&a=...&b=...&budget=...&threshold=... asks on load (selector= is b)
     GET  /crop?note=NOTE_ID  -> the PNG crop of a visual note of the index
+    GET  /pdf?document=DOC_ID  -> the source PDF of a document of the loaded indexes (by id, never by path;
+                     404 for any other id, or when the file is gone or changed since indexing)
 
 Bad requests get a 4xx with {"error": message}; a reader failure a 502 with the selected evidence and
 {"error": message, "error_kind": kind}. At most ``--queue`` requests are admitted at once (running or
@@ -101,6 +107,7 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         selector: Optional[str] = None
         budget: Optional[int] = Field(default=None, ge=1, le=MAX_BUDGET)
         options: Dict[str, Any] = Field(default_factory=dict)
+        near_duplicates: Optional[float] = Field(default=None, ge=-1.0, le=1.0)
 
     def error(status: int, message: str, **extra) -> JSONResponse:
         return JSONResponse({"error": message, **extra}, status_code=status)
@@ -144,15 +151,25 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
                     uptime_s=round(time.time() - state["started"], 3))
 
     crops = {str(n.get("note_id")): n["image_path"] for n in pipe.corpus.notes if n.get("image_path")}
+    from cdsjax.commands import page as web
     from cdsjax.core.registry import SPECS
 
-    selector_options = "".join(f'<option value="{s.display}">{s.display}</option>' for s in SPECS.values())
+    page_html = web.render(default_selector=default_selector, default_budget=default_budget,
+                           selector_displays=[s.display for s in SPECS.values()])
+    pdfs = web.PdfFiles(pipe.corpus.roots)
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        return HTMLResponse(PAGE.replace("__DEFAULT_SELECTOR__", default_selector)
-                            .replace("__SELECTOR_OPTIONS__", selector_options)
-                            .replace("__DEFAULT_BUDGET__", str(default_budget)))
+        return HTMLResponse(page_html)
+
+    @app.get("/pdf")
+    async def pdf(document: str):
+        # only the PDFs the loaded indexes list, by document id: never a path from the request
+        path = pdfs.path(document)
+        if path is None:
+            why = "is not in the loaded indexes" if document not in pdfs else "is missing or changed on disk"
+            return error(404, f"no PDF for document {document!r}: it {why}")
+        return FileResponse(path, media_type="application/pdf")
 
     @app.get("/crop")
     async def crop(note: str):
@@ -167,6 +184,12 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
     @app.get("/documents")
     async def list_documents():
         return {"documents": document_rows, "indexes": list(pipe.corpus.roots)}
+
+    def reply(result, body: Question) -> dict:
+        out = result.to_dict()
+        if body.near_duplicates is not None:  # for the web page: pairs within the list, no embeddings sent
+            out["near_duplicates"] = web.near_duplicates(pipe, out["evidence"], body.near_duplicates)
+        return out
 
     async def answer(body: Question, read: bool):
         if not body.question.strip():
@@ -199,8 +222,8 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
                 await loop.run_in_executor(reading, pipe.read, result)
                 if result.error is not None:  # the evidence is kept; Pipeline.read recorded why reading failed
                     return error(502, f"reader: {result.error['message']}", error_kind=result.error["kind"],
-                                 result=result.to_dict())
-            return result.to_dict()
+                                 result=reply(result, body))
+            return reply(result, body)
         finally:
             state["in_flight"] -= 1
 
@@ -213,72 +236,6 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
         return await answer(body, read=False)
 
     return app
-
-
-PAGE = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>cdsjax</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
- body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem; color: #222; }
- form { display: flex; gap: .5rem; flex-wrap: wrap; } input[name=q] { flex: 1 1 24rem; padding: .45rem; }
- select, input, button { font: inherit; padding: .4rem; } .muted { color: #666; font-size: 13px; }
- .warn { color: #8a4b00; } .err { color: #a00; } #answer { margin: 1rem 0; white-space: pre-wrap; }
- table { border-collapse: collapse; width: 100%; margin-top: .5rem; } td, th { border-top: 1px solid #ddd;
- padding: .4rem; vertical-align: top; text-align: left; } td.n { text-align: right; white-space: nowrap; }
- img { max-width: 22rem; max-height: 14rem; display: block; margin-top: .3rem; border: 1px solid #ccc; }
-</style></head><body>
-<h1>cdsjax</h1>
-<form id="ask"><input name="q" placeholder="Ask a question of the indexed documents" required>
- <select name="selector">__SELECTOR_OPTIONS__</select>
- <input name="budget" type="number" min="1" max="512" value="__DEFAULT_BUDGET__" title="evidence budget">
- <button>Ask</button></form>
-<p id="status" class="muted"></p><div id="answer"></div><div id="warnings" class="warn"></div>
-<table id="evidence" hidden><thead><tr><th>#</th><th>score</th><th>document</th><th>page</th><th>kind</th>
-<th>evidence</th></tr></thead><tbody></tbody></table>
-<script>
-const form = document.getElementById("ask"), status = document.getElementById("status");
-form.selector.value = "__DEFAULT_SELECTOR__";
-function cell(row, text, cls) { const td = row.insertCell(); td.textContent = text; if (cls) td.className = cls; return td; }
-async function ask(q, selector, budget) {
-  status.className = "muted"; status.textContent = "asking...";
-  document.getElementById("answer").textContent = ""; document.getElementById("warnings").textContent = "";
-  let reply, body;
-  try {
-    reply = await fetch("/ask", {method: "POST", headers: {"Content-Type": "application/json"},
-                                 body: JSON.stringify({question: q, selector: selector, budget: budget})});
-    body = await reply.json();
-  } catch (e) { status.className = "err"; status.textContent = "cannot reach the server: " + e; return; }
-  if (!reply.ok) { status.className = "err"; status.textContent = "error " + reply.status + ": " + body.error;
-                   if (!body.result) return; body = Object.assign(body.result, {answer: null}); }
-  const d = body.diagnostics || {};
-  status.textContent = body.selector + (d.mode ? " (" + d.mode + " mode, " + (d.converged ? "converged" :
-    "NOT converged") + ", KKT residual " + Number(d.kkt_residual).toExponential(1) + ", support " +
-    d.support_size + " notes)" : "") + " · " + (1000 * body.timings.total).toFixed(0) + " ms";
-  document.getElementById("answer").textContent = body.answer === null ? "" : "Answer: " + body.answer;
-  document.getElementById("warnings").textContent = (body.warnings || []).join(" ");
-  const table = document.getElementById("evidence"), tbody = table.tBodies[0];
-  tbody.replaceChildren();
-  for (const e of body.evidence) {
-    const row = tbody.insertRow(); row.className = "evidence";
-    cell(row, e.rank, "n"); cell(row, e.score.toFixed(4), "n"); cell(row, e.document);
-    cell(row, e.page + 1, "n"); cell(row, e.kind);
-    const td = cell(row, e.text.replace(/\s+/g, " ").slice(0, 400));
-    if (e.image_path) { const img = document.createElement("img");
-      img.src = "/crop?note=" + encodeURIComponent(e.note_id); img.alt = e.caption || e.kind; td.appendChild(img); }
-  }
-  table.hidden = false;
-}
-form.addEventListener("submit", ev => { ev.preventDefault();
-  ask(form.q.value, form.selector.value, parseInt(form.budget.value, 10)); });
-const params = new URLSearchParams(location.search);
-if (params.get("q")) {
-  form.q.value = params.get("q");
-  if (params.get("selector")) form.selector.value = params.get("selector");
-  if (params.get("budget")) form.budget.value = params.get("budget");
-  ask(form.q.value, form.selector.value, parseInt(form.budget.value, 10));
-}
-</script></body></html>
-"""
 
 
 def run(args) -> int:
