@@ -118,14 +118,12 @@ def test_pca_2d_matches_numpy_reference():
 
 @pytest.mark.parametrize("benchmark", ["hotpotqa", "qasper", "mmlongbench"])
 def test_ablation_configs_build_valid_labelled_selectors(benchmark):
-    import importlib.util
+    import importlib
 
     from cdsjax.eval import figures as F
     from cdsjax.eval.settings import budgets_of, selector_specs
 
-    spec = importlib.util.spec_from_file_location("abl", ROOT / "configs" / "ablations" / f"{benchmark}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(f"configs.ablations.{benchmark}")
     main = module.sweeps.base_config(benchmark)
     expected = {"mmr": ("lam", [0.3, 0.5, 0.7, 0.9]), "tau": ("tau", [0.0, 0.3, 0.5, 0.6]),
                 "beta": ("beta", [0.5, 1.0, 2.0, 5.0]), "coupling": ("coupling", ["dissimilarity", "similarity", "none"]),

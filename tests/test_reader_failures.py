@@ -14,7 +14,7 @@ import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.reader import Reader, ReaderError
-from tests.openai_server import OpenAIServer, completion, message_images
+from cdsjax.io.scripted_server import OpenAIServer, completion, message_images
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pdfs"
 FIG = DATA / "pdflatex-image.pdf"  # one page with a figure (a crop PNG in the index)

@@ -1,6 +1,6 @@
 """`cdsjax serve` as a real uvicorn process on 127.0.0.1, driven by real HTTP clients.
 
-The reader is a real local OpenAI-compatible server (tests/openai_server.py) whose answers can be held
+The reader is a real local OpenAI-compatible server (cdsjax/io/scripted_server.py) whose answers can be held
 back, so the overload test fills the server's queue deterministically.
 """
 
@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 from cdsjax import cli
-from tests.openai_server import OpenAIServer, message_text
+from cdsjax.io.scripted_server import OpenAIServer, message_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE = 3
@@ -113,6 +113,10 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
     code = cli.main(["ask", str(index_dir), q, "--budget", "3", "--json"])
     local = json.loads(capsys.readouterr().out)
     assert code == 0
+    # over HTTP a crop's path is relative to its index (no server path leaves the server); locally absolute
+    for e in local["evidence"]:
+        if e["image_path"]:
+            e["image_path"] = os.path.relpath(e["image_path"], index_dir)
     assert set(sel) == set(local) and sel["evidence"] == local["evidence"]
     assert sel["diagnostics"].keys() == local["diagnostics"].keys()
     status, ans, _ = request(url + "/ask", {"question": q, "selector": "cds-paper", "budget": 2})
@@ -231,7 +235,7 @@ def test_serve_bad_input_one_line(index_dir, capsys):
         assert code != 0 and word in err and len(err.strip().splitlines()) == 1, (argv, err)
 
 
-def test_crop_endpoint_serves_only_index_crops(server):
+def test_crop_endpoint_serves_only_index_crops(server, index_dir):
     url, _ = server
     status, sel, _ = request(url + "/select", {"question": "the table", "selector": "cosine", "budget": 6})
     visual = [e for e in sel["evidence"] if e["image_path"]]
@@ -241,7 +245,8 @@ def test_crop_endpoint_serves_only_index_crops(server):
     with urllib.request.urlopen(f"{url}/crop?note={urllib.parse.quote(visual[0]['note_id'])}", timeout=30) as r:
         png = r.read()
         assert r.headers["Content-Type"] == "image/png" and png[:8] == b"\x89PNG\r\n\x1a\n"
-    with open(visual[0]["image_path"], "rb") as f:
+    assert not os.path.isabs(visual[0]["image_path"])
+    with open(index_dir / visual[0]["image_path"], "rb") as f:
         assert f.read() == png
     for bad in ("nope", "../../etc/passwd", visual[0]["image_path"]):
         status, body, _ = request(f"{url}/crop?note={urllib.parse.quote(bad)}")

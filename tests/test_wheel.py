@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import ingest_pdfs as gen
-from tests.openai_server import OpenAIServer, message_text
+from cdsjax.io.scripted_server import OpenAIServer, message_text
 
 ROOT = Path(__file__).resolve().parents[1]
 # Source-tree entries a wheel build never needs (large, or written by runs and builds).

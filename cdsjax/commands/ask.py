@@ -13,7 +13,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
      "evidence": [{"rank": int (1-based), "score": float, "document": str,
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
-                   "note_id": str, "image_path": str | null, "summary": str, "caption": str}, ...],
+                   "note_id": str, "image_path": str | null (absolute locally; relative to its index
+                   with --server), "summary": str, "caption": str}, ...],
      "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
                      "singular": how the solve ended), "kkt_residual", "objective",
@@ -48,21 +49,18 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
-from cdsjax.commands import CLIError
+from cdsjax.commands import CLIError, add_selector_argument
 
-DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not imported: it loads JAX)
-# Selector names are checked where the selector is built (cdsjax.core.registry.selector_spec, here or in the
+# Selector names and the default are read where the selector is built (cdsjax.core.registry, here or in the
 # server), so this module stays free of JAX for `ask --server`.
 OPTION_FLAGS = (("--beta", "beta"), ("--tau", "tau"), ("--max-iter", "max_iter"), ("--lam", "lam"))
 
 
 def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
-    p.add_argument("--selector", default=DEFAULT_SELECTOR,
-                   help="evidence selector (default: cds-converged, the CDS equilibrium; cds-paper = cds: the "
-                   "paper's replicator dynamics with a step cap; also cds-support, cds-inimdyn, cosine, mmr, dpp, "
-                   "ppr, random, subgraph: every name of cdsjax.core.registry.SPECS and its aliases)")
+    add_selector_argument(p, "evidence selector; with --server, the server's default when not given")
     p.add_argument("--budget", type=int, default=10, help="number of evidence notes (default: 10)")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
@@ -73,6 +71,13 @@ def add_arguments(p) -> None:
     p.add_argument("--server", default=None, metavar="URL",
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
                    "then give only the question")
+    p.add_argument("--token", default=None,
+                   help="with --server: the server's bearer token (env CDSJAX_TOKEN)")
+    p.add_argument("--embedder", action="append", default=[], metavar="MODEL",
+                   help="accept indexes embedded with MODEL besides the shipped MiniLM and the documented presets")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let the embedding model run its own Python code (nomic-embed needs it); never taken "
+                   "from an index")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0,
@@ -140,7 +145,8 @@ def run(args) -> int:
         if not args.inputs[0].strip():
             raise CLIError("the question is empty")
         result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
-                            options=options, read=not args.no_read, timeout=args.timeout)
+                            options=options, read=not args.no_read, timeout=args.timeout,
+                            token=args.token or os.environ.get("CDSJAX_TOKEN"))
     else:
         paths, question = parse_inputs(args.inputs)
         result = ask_local(args, paths, question, options)
@@ -151,8 +157,11 @@ def run(args) -> int:
 
 def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
-    from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
+    from cdsjax.io.embed import EmbedderError
+    from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, enable_compilation_cache
 
+    if args.selector is None:
+        args.selector = DEFAULT_SELECTOR
     check_options(args.selector, options)
     enable_compilation_cache()
     t0 = time.perf_counter()
@@ -166,14 +175,15 @@ def ask_local(args, paths, question, options):
     try:
         # a dead reader is found before loading and encoding; the evidence is still selected and printed
         unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
-        pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty())
+        pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
+                                   embedders=args.embedder, trust_remote_code=args.trust_remote_code)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)
             return None
         answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options,
                           read=unreachable is None)
-    except PipelineError as err:
+    except (PipelineError, EmbedderError) as err:
         raise CLIError(str(err), 1) from None
     except reader_errors as err:
         raise CLIError(f"reader: {err}", 1) from None
@@ -187,20 +197,26 @@ def ask_local(args, paths, question, options):
     return answer.to_dict()
 
 
-def ask_server(url: str, question: str, *, selector: str, budget: int, options: dict, read: bool = True,
-               timeout: float = 300.0) -> dict:
-    """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here)."""
+def ask_server(url: str, question: str, *, selector: Optional[str], budget: int, options: dict, read: bool = True,
+               timeout: float = 300.0, token: "str | None" = None) -> dict:
+    """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here); without a
+    ``selector`` the server uses its default."""
     import urllib.error
     import urllib.request
 
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise CLIError(f"--server {url}: expected an http:// or https:// URL", 2)
-    body = dict(question=question, selector=selector, budget=budget)
+    body = dict(question=question, budget=budget)
+    if selector is not None:
+        body["selector"] = selector
     if options:
         body["options"] = options
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
     t0 = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

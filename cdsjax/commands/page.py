@@ -74,9 +74,20 @@ class PdfFiles:
             return None
         if doc_id not in self._checked:
             path = str(entry["path"])
-            ok = os.path.isfile(path) and (not entry.get("sha256") or sha256_file(Path(path)) == entry["sha256"])
+            # the manifest names a file outside the index: serve it only if it is a PDF with the recorded hash
+            # (a manifest without a hash, or naming some other file, must not turn /pdf into a file reader)
+            ok = (bool(entry.get("sha256")) and os.path.isfile(path) and _starts_like_pdf(path)
+                  and sha256_file(Path(path)) == entry["sha256"])
             self._checked[doc_id] = path if ok else None
         return self._checked[doc_id]
+
+
+def _starts_like_pdf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(5) == b"%PDF-"
+    except OSError:
+        return False
 
 
 def selector_options_html(displays: List[str]) -> str:

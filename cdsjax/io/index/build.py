@@ -391,6 +391,7 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
     hashes["array_files"] = store.crop_hashes(staging / "arrays")
     info = dict(emb_info)
     info["dim"] = int(embeddings.shape[1])
+    hashes["embedder"] = store.embedder_digest(info)
     return dict(
         format_version=store.FORMAT_VERSION,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

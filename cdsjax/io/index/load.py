@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import List
+import os
+from typing import List, Tuple
 
 import numpy as np
 
@@ -22,7 +23,8 @@ class CorpusIndex:
       links: ``[n, n]`` bool, symmetric note-link adjacency (no self-links, no cross-document links).
       notes: n dicts: note_id, doc_id, page (0-based), bbox [x0, y0, x1, y1] (points, top-left origin),
         kind ("text" | "figure" | "table" | "chart"), role, text, summary, keywords, tags, caption,
-        footnote, image_path (absolute path of the PNG crop, or None), reading_order, label.
+        footnote, image_path (absolute path of the PNG crop inside the index, or None; ``image_sha256`` its
+        recorded hash), reading_order, label.
       manifest: the index manifest (versions, config, documents, hashes).
       embedder: model name, prefixes and normalisation used for the notes.
       root: the index directory.
@@ -76,6 +78,8 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         raise store.StoreError(store.not_an_index(root))
     fix = f"; run `cdsjax index --verify {root}` to repair it"
     try:
+        if verify:
+            store.check_embedder_digest(root, manifest)
         notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
         embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"))
         if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
@@ -101,8 +105,8 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         if note.get("page") in pages:  # the reader's evidence from this page is OCR text or only an image
             note["no_text_layer"] = True
             note["ocr"] = state
-        if note.get("image_path"):
-            note["image_path"] = str((root / note["image_path"]).absolute())
+    # every crop path resolved inside the index and checked against its recorded hash (refused otherwise)
+    resolve_crops(root, notes, manifest.get("documents", []), verify=verify)
     return CorpusIndex(embeddings=embeddings, links=links, notes=notes, manifest=manifest,
                        embedder=manifest["embedder"], root=root.absolute())
 
@@ -128,3 +132,60 @@ def verify_index(directory, *, config=None, log=None, wait: bool = True) -> Inde
     if store.read_manifest(root) is None:
         raise store.StoreError(store.not_an_index(root))
     return build_index([], root, config=config, log=log, wait=wait, strict=False)
+
+
+def _expected_crops(documents: List[dict]) -> Tuple[dict, set]:
+    """``({path relative to the index: sha256}, doc_ids with no recorded crop hashes)`` from a manifest."""
+    expected, unhashed = {}, set()
+    for d in documents or []:
+        hashes = d.get("hashes") if isinstance(d, dict) else None
+        if not isinstance(hashes, dict) or not isinstance(hashes.get("crops"), dict):
+            unhashed.add(d.get("doc_id") if isinstance(d, dict) else None)
+            continue
+        prefix = str(d.get("crops") or "")
+        for name, sha in hashes["crops"].items():
+            expected[os.path.normpath(os.path.join(prefix, str(name)))] = sha
+    return expected, unhashed
+
+
+def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verify: bool = True) -> None:
+    """Resolves every note's ``image_path`` inside the index ``root`` (in place), checking it on the way.
+
+    A note's path must be relative, stay inside ``root`` once every symlink is resolved, and name a crop
+    the manifest lists; a crop that is present must be a regular file (not a link) with its recorded sha256
+    (``verify``). A missing crop is tolerated (the reader sends that note as text). Each note gets the
+    absolute ``image_path`` and ``image_sha256`` (what ``cdsjax serve`` checks again before serving it).
+
+    Raises:
+      store.StoreError: a path that leaves the index or is not one of its crops (a crafted index), or a crop that
+        does not match its hash (a damaged one).
+    """
+    root = Path(root).absolute()
+    real_root = os.path.realpath(root)
+    expected, unhashed = _expected_crops(documents)
+    for note in notes:
+        path = note.get("image_path")
+        if not path:
+            continue
+        rel = os.path.normpath(str(path)) if isinstance(path, str) else ""
+        if not rel or os.path.isabs(rel) or rel == ".." or rel.startswith(".." + os.sep) or "\x00" in rel:
+            raise store.StoreError(f"{root}: refusing the index: note {str(note.get('note_id'))[:80]!r} points outside "
+                             "the index for its image")
+        full = os.path.join(real_root, rel)
+        real = os.path.realpath(full)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise store.StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
+                             "resolves outside the index")
+        sha = expected.get(rel)
+        if sha is None and note.get("doc_id") not in unhashed:
+            raise store.StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
+                             "is not a crop its manifest lists")
+        if os.path.lexists(full):
+            if os.path.islink(full) or real != full or not os.path.isfile(full):
+                raise store.StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
+            if sha is None:  # an index written before per-document crop hashes: what is there now
+                sha = store.sha256_file(Path(full))
+            elif verify and store.sha256_file(Path(full)) != sha:
+                raise store.StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
+        note["image_path"] = str(root / rel)
+        note["image_sha256"] = sha
