@@ -29,7 +29,6 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
-from cdsjax.core.types import SUPPORT_THRESHOLD
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
@@ -527,47 +526,6 @@ class Pipeline:
         return time.perf_counter() - t0
 
     def diagnostics(self, sel: core.Selection, selector: str) -> Dict[str, Any]:
-        """Solver diagnostics of a CDS selection as plain Python values ({} for baselines)."""
-        return diagnostics(sel, selector, valid=self.valid)
-
-
-def diagnostics(sel: core.Selection, selector: str, options: Optional[dict] = None, *,
-                valid: Optional[np.ndarray] = None) -> Dict[str, Any]:
-    """Solver diagnostics of a CDS selection as plain Python values ({} for baselines).
-
-    ``support_size`` counts notes (not the query vertices) with weight > 1e-6; ``valid`` ([n] bool, the
-    padded corpus mask) excludes padding, which the solvers keep at 0 anyway. ``num_filled`` /
-    ``fill_reason`` say how many picks came from outside a support shorter than the budget and why
-    (:mod:`cdsjax.core.ranking`); ``beta`` is the note-block strength (``cds-support`` chooses it per question).
-    """
-    if sel.result is None:
-        return {}
-    r = sel.result
-    spec = registry.SPECS[canonical_selector(selector)]
-    x = np.asarray(r.x)
-    n = x.shape[0] if valid is None else len(valid)
-    m = x.shape[0] - n if valid is not None else 1
-    weights = x[m:]
-    on = weights > SUPPORT_THRESHOLD
-    if valid is not None:
-        on &= np.asarray(valid, bool)
-    out = dict(
-        solver=spec.solver_label,
-        mode=spec.mode,
-        num_iters=int(r.num_iters),
-        converged=bool(r.converged),
-        kkt_residual=float(r.kkt_residual),
-        objective=float(r.objective),
-        support_size=int(on.sum()),
-        alpha=float(r.alpha),
-        query_weight=float(x[:m].sum()),
-    )
-    if sel.num_filled is not None:
-        out["num_filled"] = int(np.asarray(sel.num_filled))
-        out["fill_reason"] = core.FILL_REASONS[int(np.asarray(sel.fill_reason))]
-    if sel.beta is not None:
-        out["beta"] = float(np.asarray(sel.beta))
-    status = getattr(r, "status", None)
-    if status is not None:
-        out["status"] = core.STATUSES[int(status)]
-    return out
+        """Solver diagnostics of a CDS selection as plain Python values ({} for baselines):
+        :func:`cdsjax.core.diagnostics` with the selector's solver and mode and this corpus's mask."""
+        return core.diagnostics(sel, selector=canonical_selector(selector), valid=self.valid)

@@ -333,6 +333,7 @@ def learned_fn(theta, budget: int):
         return cds_learned(notes, query, valid, links, key, pages=pages, doc_ids=doc_ids, kinds=kinds,
                            theta=theta, budget=budget)
 
+    fn.takes_structure = True
     return fn
 
 

@@ -60,12 +60,13 @@ from jax import Array, lax
 from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalty
 from cdsjax.core.implicit import attach_implicit, equilibrium_scores
 from cdsjax.core.ranking import query_cosine, read_selection
-from cdsjax.core.select import SOLVERS, initial_point, solve
-from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, CDSParams, Selection, SolveOptions, solve_options
+from cdsjax.core.select import initial_point
+from cdsjax.core.solvers import SOLVERS, solve
+from cdsjax.core.types import (NOTE_KINDS, SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, Selection, SolveOptions,
+                               solve_options)
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
 
-# Element kinds, coded by their position (the coding of cdsjax.core's problem type).
-NOTE_KINDS = ("text", "figure", "table", "chart", "page-image", "other")
+# Element kinds are coded by their position in NOTE_KINDS (the coding of CDSProblem.kinds).
 TEXT_KIND = NOTE_KINDS.index("text")
 VISUAL_KINDS = tuple(NOTE_KINDS.index(k) for k in ("figure", "table", "chart", "page-image"))
 PAPER_GATE_TEMPERATURE = 0.05
@@ -318,8 +319,16 @@ def cds_learned(
                                 kinds=kinds, base=base)
     result = _solve(affinity, options, links)
     beta = jnp.asarray(_clamped(theta.astype(result.x.dtype)).beta)
-    return read_selection(result, affinity, budget=budget, threshold=options.threshold,
-                          cosine=query_cosine(notes, query).astype(result.x.dtype), fill=options.fill, beta=beta)
+    return read_selection(result, affinity, options.replace(solver=options.solver or "converged"), budget=budget,
+                          cosine=query_cosine(notes, query).astype(result.x.dtype), beta=beta)
+
+
+def select_learned(problem: CDSProblem, theta: LearnedParams, *, budget: int,
+                   options: Optional[SolveOptions] = None, base: CDSParams = CDSParams()) -> Selection:
+    """:func:`cds_learned` on a :class:`~cdsjax.core.CDSProblem` (its links, pages, documents and kinds)."""
+    return cds_learned(problem.notes, problem.queries, problem.valid, problem.links, pages=problem.pages,
+                       doc_ids=problem.doc_ids, kinds=problem.kinds, theta=theta, budget=budget, options=options,
+                       base=base)
 
 
 def learned_scores(

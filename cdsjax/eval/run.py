@@ -98,14 +98,10 @@ _STRUCTURED: Dict[Any, Any] = {}
 
 
 def structure_args(fn: Callable[..., Any]) -> tuple:
-    """The structure keyword arguments (:data:`STRUCTURE_ARGS`) that ``fn`` takes, in that order."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return ()
-    return tuple(a for a in STRUCTURE_ARGS if a in params)
+    """The structure keyword arguments (:data:`STRUCTURE_ARGS`) to pass ``fn``: all of them when it reads them
+    (``fn.takes_structure``, set by the registry on ``cds_learned`` and ``cosine_pages``), else none, so the
+    other selectors compile and run exactly as before."""
+    return STRUCTURE_ARGS if getattr(fn, "takes_structure", False) else ()
 
 
 def _positional(fn: Callable[..., Any], names: tuple) -> Callable[..., Any]:
@@ -169,7 +165,7 @@ def run_selector(
         float32's KKT floor).
       chunk: the selector's ``SelectorSpec.batch_chunk`` (how a one-device batch is cut).
 
-    A selector whose function takes the structure keywords (:data:`STRUCTURE_ARGS`: ``pages``,
+    A selector that reads the structure keywords (``fn.takes_structure``; :data:`STRUCTURE_ARGS`: ``pages``,
     ``doc_ids``, ``kinds``) gets them from :meth:`Problem.structure`, padded like the notes (padding
     is 0; the ``valid`` mask says which notes are real).
 
