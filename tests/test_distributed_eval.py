@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-if not DATA.exists():
-    DATA = Path("/work/shared/data")
+from tests.conftest import DATA, ROOT
 
 
 def _args(out: Path, queries: int):

@@ -30,7 +30,6 @@ B = DATA / "pdflatex-image.pdf"  # 1 page, a figure
 ROOT = Path(__file__).resolve().parents[1]
 
 needs_data = pytest.mark.skipif(not A.exists() or not B.exists(), reason="shared PDFs not available")
-needs_tesseract = pytest.mark.skipif(not ocr_available(), reason="tesseract is not installed")
 pytestmark = needs_data
 
 
@@ -357,8 +356,15 @@ def make_scanned_pdf(path: Path, text: str) -> Path:
 SCAN_TEXT = "Quarterly revenue of the Zanzibar division grew by forty percent after the harbour expansion."
 
 
-@needs_tesseract
-def test_scanned_pages_are_read_with_ocr_and_reported_once(tmp_path, capfd):
+@pytest.fixture
+def tesseract():
+    """Tesseract with its language data; a test that uses this fails under CI=true without it."""
+    from tests.conftest import require_tool
+
+    return require_tool("tesseract", usable=ocr_available)
+
+
+def test_scanned_pages_are_read_with_ocr_and_reported_once(tesseract, tmp_path, capfd):
     pdf = make_scanned_pdf(tmp_path / "scan.pdf", SCAN_TEXT + " Tiny marks: . , ; : ' `")
     out = tmp_path / "index"
     assert main(["index", str(pdf), "--out", str(out), "--no-progress"]) == 0
@@ -400,8 +406,7 @@ def test_a_damaged_manifest_is_named_and_replace_rebuilds(two_docs, tmp_path, ca
     assert load_index(out).doc_ids == ["multicolumn.pdf", "pdflatex-image.pdf"]
 
 
-@needs_tesseract
-def test_installing_tesseract_later_redoes_only_the_scanned_documents(tmp_path, capsys, monkeypatch):
+def test_installing_tesseract_later_redoes_only_the_scanned_documents(tesseract, tmp_path, capsys, monkeypatch):
     pdf = make_scanned_pdf(tmp_path / "scan.pdf", SCAN_TEXT)
     out = tmp_path / "index"
     real = parse_mod.ocr_available

@@ -248,22 +248,18 @@ def test_crop_endpoint_serves_only_index_crops(server):
         assert status == 404 and "no crop" in body["error"]
 
 
-def chromium():
-    import shutil
-
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt package chromium)")
 def test_web_page_in_headless_chromium(server, tmp_path):
     """The page asks on load (?q=...), then shows the answer and one row per evidence note, with crops."""
     import urllib.parse
 
+    from tests.conftest import require_tool
+
+    chromium = require_tool("chromium")  # fails under CI=true when missing, skips elsewhere
     url, _ = server
     query = urllib.parse.urlencode({"q": "What does the table in the sample document show?", "budget": 6,
                                     "selector": "cosine"})
     proc = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom",
          f"{url}/?{query}"],
         capture_output=True, text=True, timeout=180)
