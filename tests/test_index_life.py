@@ -108,11 +108,11 @@ def test_a_changed_pdf_is_updated_in_place(tmp_path, capsys):
     assert "oranges" in text and "apples" not in text
 
 
-@pytest.mark.slow  # two fresh processes load torch and the embedder (~30-60 s); the thread test below is fast
-def test_two_concurrent_writers_keep_both_documents(tmp_path):
+def test_two_concurrent_writers_keep_both_documents(two_docs, cache_dir, tmp_path):
+    # Both documents are in the document cache (two_docs indexed them), so each process only imports, reads
+    # its cached document and writes (a few seconds): the two writes meet at the index lock.
     out = tmp_path / "index"
-    cache = tmp_path / "cache"
-    env = dict(os.environ, CDSJAX_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, CDSJAX_CACHE=str(cache_dir), PYTHONPATH=str(ROOT))
     procs = [subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "index", str(pdf), "--out", str(out),
                                "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for pdf in (A, B)]
