@@ -16,7 +16,9 @@ evidence is the result (the embedded default).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -28,7 +30,7 @@ import numpy as np
 from cdsjax import core
 from cdsjax.core import registry
 from cdsjax.core.types import SUPPORT_THRESHOLD
-from cdsjax.io.embed import embedder_key
+from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = "cds-converged"
@@ -131,6 +133,15 @@ class Answer:
         return dataclasses.asdict(self)
 
 
+def checked_embedder(info: dict, *, allowed: Sequence[str] = (), trust_remote_code: bool = False) -> dict:
+    """An index's embedder info if cdsjax may load that model (:func:`cdsjax.io.embed.check_embedder`),
+    with ``trust_remote_code`` set to the caller's choice; else a one-line :class:`PipelineError`."""
+    try:
+        return check_embedder(info, allowed=allowed, trust_remote_code=trust_remote_code)
+    except EmbedderError as err:
+        raise PipelineError(str(err)) from None
+
+
 def canonical_selector(name: str) -> str:
     """The registry name of a selector name or alias (``cds-converged`` -> ``cds_converged``)."""
     try:
@@ -157,12 +168,17 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     return head + " — try --selector cds-inimdyn or cosine"
 
 
+DEFAULT_JAX_CACHE_MAX_MB = 1024
+
+
 def enable_compilation_cache(directory=None) -> Optional[Path]:
     """Turns on JAX's persistent compilation cache (in the cdsjax cache directory by default).
 
     A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
     compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
-    Returns the directory, or None when disabled or not writable.
+    The directory is private (0700) and capped at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1
+    for no cap; needs the ``filelock`` package): beyond that JAX deletes the least recently used entries, so a server whose clients ask for ever new
+    budgets and options cannot fill the disk. Returns the directory, or None when disabled or not writable.
     """
     import os
 
@@ -178,26 +194,68 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
             directory = cache_root() / "jax-compilation"
     directory = Path(directory)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
+        from cdsjax.io.private import private_dir
+
+        private_dir(directory)
+        max_mb = float(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB") or DEFAULT_JAX_CACHE_MAX_MB)
+    except (OSError, ValueError):
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    try:  # JAX's eviction needs filelock (installed with the io extra's hub clients)
+        import filelock  # noqa: F401
+
+        jax.config.update("jax_compilation_cache_max_size", int(max_mb * 2**20) if max_mb >= 0 else -1)
+    except ImportError:
+        pass
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return directory
 
 
+DEFAULT_MAX_COMPILED = 16
+
+
+class SelectorCache(collections.OrderedDict):
+    """The jitted selectors of a pipeline, least recently used dropped beyond ``maxsize``.
+
+    Each entry holds its compiled executables (about 10 MB for a CDS selector on a few hundred notes), and
+    every new budget or option value compiles a new one: without a cap a server's clients could grow its
+    memory at will. Thread-safe (a server's timed-out selection may still be running on another thread).
+    """
+
+    def __init__(self, maxsize: int = DEFAULT_MAX_COMPILED):
+        super().__init__()
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self.maxsize = int(maxsize)
+        self.lock = threading.RLock()
+
+    def get_or_make(self, key, make):
+        """The entry for ``key``, made with ``make()`` (and the oldest entries dropped) when absent."""
+        with self.lock:
+            if key in self:
+                self.move_to_end(key)
+                return self[key]
+            value = make()
+            self[key] = value
+            while len(self) > self.maxsize:
+                self.popitem(last=False)
+            return value
+
+
 class Pipeline:
     """Retrieval (and optionally reading) over one merged corpus.
 
     The corpus is padded once to a bucket size, so every question of a session
-    reuses one compiled selector per (selector, budget, options). ``compiled`` is a dict to keep those
-    jitted selectors in; pipelines over corpora padded to the same size may share one (the planning
-    evaluation builds one pipeline per question).
+    reuses one compiled selector per (selector, budget, options). ``compiled`` is where those jitted
+    selectors are kept: by default a :class:`SelectorCache` of ``max_compiled`` entries; pipelines over
+    corpora padded to the same size may share one (the planning evaluation builds one pipeline per question).
     """
 
-    def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None):
+    def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
+                 max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
+                 trust_remote_code: bool = False):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         core.validate_embeddings(corpus.embeddings)
@@ -213,12 +271,26 @@ class Pipeline:
         self.links[:n, :n] = corpus.links
         self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
-        self._compiled: Dict[tuple, Any] = {} if compiled is None else compiled
+        self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
+        self._ran: set = set()  # keys whose selector has run (compiled) at least once
+        # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
+        self.embedders = tuple(embedders)
+        self.trust_remote_code = bool(trust_remote_code)
+        self.embedder_info = dict(corpus.embedder) if embedder is not None else checked_embedder(
+            corpus.embedder, allowed=self.embedders, trust_remote_code=self.trust_remote_code)
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False) -> "Pipeline":
-        """Loads index directories and indexes PDFs (into the cache) named by ``paths``."""
+    def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
+                   embedders: Sequence[str] = (), trust_remote_code: bool = False,
+                   max_compiled: int = DEFAULT_MAX_COMPILED) -> "Pipeline":
+        """Loads index directories and indexes PDFs (into the cache) named by ``paths``.
+
+        An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
+        :mod:`cdsjax.io.embed`), nor one in ``embedders`` or ``config.embedder.model``, is refused
+        (:class:`PipelineError`) before anything is loaded from it; model code runs only with
+        ``trust_remote_code``, never because an index says so.
+        """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
         from cdsjax.io.store import StoreError
@@ -235,7 +307,11 @@ class Pipeline:
                     raise PipelineError(f"{path}: no such file or directory")
             except (IngestError, StoreError) as err:
                 raise PipelineError(str(err)) from None
-        return cls(Corpus.merge(indexes), reader=reader)
+        accepted = tuple(embedders)
+        if config is not None and "embedder" in config and config.embedder.get("model"):
+            accepted += (str(config.embedder.model),)
+        return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
+                   max_compiled=max_compiled)
 
     @property
     def embedder(self):
@@ -244,26 +320,44 @@ class Pipeline:
         if self._embedder is None:
             from cdsjax.io.query_encoder import QueryEncoder
 
-            self._embedder = QueryEncoder.from_info(self.corpus.embedder)
+            self._embedder = QueryEncoder.from_info(self.embedder_info)
             if self._embedder is None:
                 from cdsjax.io.embed import Embedder
 
-                self._embedder = Embedder.from_info(self.corpus.embedder)
+                self._embedder = Embedder.from_info(self.embedder_info, allowed=self.embedders,
+                                                    trust_remote_code=self.trust_remote_code)
         return self._embedder
 
     # ------------------------------------------------------------------ retrieval
+    @staticmethod
+    def selector_key(selector: str, budget: int, options: Optional[dict] = None) -> tuple:
+        """The key of a selector in :attr:`compiled`."""
+        return canonical_selector(selector), budget, tuple(sorted(dict(options or {}).items()))
+
+    def is_compiled(self, selector: str, budget: int, options: Optional[dict] = None) -> bool:
+        """True when this selector has been built and run before (so a call does not compile)."""
+        try:
+            key = self.selector_key(selector, budget, options)
+            return key in self._ran and key in self.compiled
+        except (PipelineError, TypeError):  # unknown names, unhashable option values
+            return False
+
     def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
         """A jitted per-question selector over the padded corpus (cached)."""
-        selector = canonical_selector(selector)
-        options = dict(options or {})
-        key = (selector, budget, tuple(sorted(options.items())))
-        if key not in self._compiled:
+        key = self.selector_key(selector, budget, options)
+        selector, options = key[0], dict(options or {})
+
+        def make():
             try:
-                fn = registry.make_selector(selector, budget=budget, **options)
+                return jax.jit(registry.make_selector(selector, budget=budget, **options))
             except ValueError as err:
                 raise PipelineError(str(err)) from None
-            self._compiled[key] = jax.jit(fn)
-        return self._compiled[key]
+
+        if isinstance(self.compiled, SelectorCache):
+            return self.compiled.get_or_make(key, make)
+        if key not in self.compiled:
+            self.compiled[key] = make()
+        return self.compiled[key]
 
     def encode(self, questions: Sequence[str]) -> np.ndarray:
         for q in questions:
@@ -278,8 +372,11 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
         notes, valid, links = self._device
-        sel = fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid))
-        return jax.device_get(sel)
+        sel = jax.device_get(fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid)))
+        self._ran.add(self.selector_key(selector, budget, options))
+        if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
+            self._ran &= set(self.compiled)
+        return sel
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""

@@ -71,7 +71,7 @@ def run_block(lang, code, work, env, timeout=300):
 
 def test_readme_has_the_blocks_this_test_knows():
     kinds = [(lang, kind) for lang, _, kind in blocks()]
-    assert kinds.count(("bash", "make")) == 1 and kinds.count(("python", "fast")) == 2
+    assert kinds.count(("bash", "make")) == 1 and kinds.count(("python", "fast")) == 4
     assert kinds.count(("bash", "slow")) == 3 and kinds.count(("bash", "fast")) == 2
 
 
@@ -97,6 +97,8 @@ def test_readme_commands_and_snippets_run(workdir):
             proc = run_block(lang, code, work, block_env)
             if lang == "python" and "Pipeline" in code:
                 assert "It is a sample document" in proc.stdout and "converged" in proc.stdout
+            if "cdsjax.integrations" in code:  # the notes of runs/my-index, by id
+                assert "multicolumn.pdf#" in proc.stdout, proc.stdout
         assert len(srv.requests) == 1  # the first pipe.ask read; the second had read=False
     assert (work / "runs" / "my-index" / "manifest.json").is_file()
     for name in ("answer.json", "served.json"):

@@ -113,6 +113,10 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
     code = cli.main(["ask", str(index_dir), q, "--budget", "3", "--json"])
     local = json.loads(capsys.readouterr().out)
     assert code == 0
+    # over HTTP a crop's path is relative to its index (no server path leaves the server); locally absolute
+    for e in local["evidence"]:
+        if e["image_path"]:
+            e["image_path"] = os.path.relpath(e["image_path"], index_dir)
     assert set(sel) == set(local) and sel["evidence"] == local["evidence"]
     assert sel["diagnostics"].keys() == local["diagnostics"].keys()
     status, ans, _ = request(url + "/ask", {"question": q, "selector": "cds-paper", "budget": 2})
@@ -231,7 +235,7 @@ def test_serve_bad_input_one_line(index_dir, capsys):
         assert code != 0 and word in err and len(err.strip().splitlines()) == 1, (argv, err)
 
 
-def test_crop_endpoint_serves_only_index_crops(server):
+def test_crop_endpoint_serves_only_index_crops(server, index_dir):
     url, _ = server
     status, sel, _ = request(url + "/select", {"question": "the table", "selector": "cosine", "budget": 6})
     visual = [e for e in sel["evidence"] if e["image_path"]]
@@ -241,7 +245,8 @@ def test_crop_endpoint_serves_only_index_crops(server):
     with urllib.request.urlopen(f"{url}/crop?note={urllib.parse.quote(visual[0]['note_id'])}", timeout=30) as r:
         png = r.read()
         assert r.headers["Content-Type"] == "image/png" and png[:8] == b"\x89PNG\r\n\x1a\n"
-    with open(visual[0]["image_path"], "rb") as f:
+    assert not os.path.isabs(visual[0]["image_path"])
+    with open(index_dir / visual[0]["image_path"], "rb") as f:
         assert f.read() == png
     for bad in ("nope", "../../etc/passwd", visual[0]["image_path"]):
         status, body, _ = request(f"{url}/crop?note={urllib.parse.quote(bad)}")
@@ -249,15 +254,19 @@ def test_crop_endpoint_serves_only_index_crops(server):
 
 
 def test_web_page_in_headless_chromium(server, tmp_path):
-    """The page asks on load (?q=...), then shows the answer and one row per evidence note, with crops."""
+    """The page asks on load (?q=...) two selectors side by side: notes both chose share a row, notes only one
+    chose are marked, near-duplicates within each list are marked with the threshold shown, each note links to
+    its PDF page, crops are shown, and the answer comes from the right selector's evidence."""
+    import html
     import urllib.parse
 
     from tests.conftest import require_tool
 
     chromium = require_tool("chromium")  # fails under CI=true when missing, skips elsewhere
     url, _ = server
-    query = urllib.parse.urlencode({"q": "What does the table in the sample document show?", "budget": 6,
-                                    "selector": "cosine"})
+    q, budget, threshold = "What does the table in the sample document show?", 3, 0.5
+    query = urllib.parse.urlencode({"q": q, "budget": budget, "a": "cosine", "b": "cds-converged",
+                                    "threshold": threshold})
     proc = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom",
@@ -265,12 +274,51 @@ def test_web_page_in_headless_chromium(server, tmp_path):
         capture_output=True, text=True, timeout=180)
     dom = proc.stdout
     assert proc.returncode == 0 and "<table" in dom, proc.stderr[-2000:]
-    rows = re.findall(r'<tr class="evidence">(.*?)</tr>', dom, re.S)
-    status, expected, _ = request(url + "/select", {"question": "What does the table in the sample document show?",
-                                                   "selector": "cosine", "budget": 6})
-    assert len(rows) == len(expected["evidence"]) == 6
-    for row, e in zip(rows, expected["evidence"]):
-        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
-        assert cells[0] == str(e["rank"]) and cells[2] == e["document"] and cells[3] == str(e["page"] + 1)
-        assert ('<img src="/crop?note=' in row) == bool(e["image_path"])
-    assert "Answer: The document is a multi-column sample" in dom and "cosine" in dom
+    replies = {}
+    for side, selector in (("left", "cosine"), ("right", "cds-converged")):
+        status, replies[side], _ = request(url + "/select", {"question": q, "selector": selector, "budget": budget,
+                                                            "near_duplicates": threshold})
+        assert status == 200 and replies[side]["near_duplicates"]["threshold"] == threshold
+    left_ids = [e["note_id"] for e in replies["left"]["evidence"]]
+    right_ids = [e["note_id"] for e in replies["right"]["evidence"]]
+    rows = re.findall(r'<tr class="pair (both|differ)">(.*?)</tr>', dom, re.S)
+    shared = [i for i in left_ids if i in right_ids]
+    assert [kind for kind, _ in rows] == ["both"] * len(shared) + ["differ"] * (budget - len(shared))
+    cells = {"left": [], "right": []}
+    for kind, row in rows:
+        found = re.findall(r'<td class="note (left|right) (shared|only)" data-note="([^"]*)" data-rank="(\d+)">'
+                           r'(.*?)</td>', row, re.S)
+        for side, cls, note, rank, body in found:
+            assert (cls == "shared") == (kind == "both")
+            cells[side].append((html.unescape(note), int(rank), body))
+    for side, ids in (("left", left_ids), ("right", right_ids)):
+        assert sorted(n for n, _, _ in cells[side]) == sorted(ids)  # every chosen note shown once
+        evidence = {e["note_id"]: e for e in replies[side]["evidence"]}
+        dups = {}
+        for i, j, c in replies[side]["near_duplicates"]["pairs"]:
+            dups.setdefault(i, []).append(f"#{j} ({c:.2f})")
+            dups.setdefault(j, []).append(f"#{i} ({c:.2f})")
+        for note, rank, body in cells[side]:
+            e = evidence[note]
+            assert rank == e["rank"] and ("only " in body) == (note not in shared)
+            assert f'href="/pdf?document={urllib.parse.quote(e["document"])}#page={e["page"] + 1}"' in body
+            assert f"page {e['page'] + 1}" in body
+            assert sorted(re.findall(r'class="tag dup">\u2248 (#\d+ \([\d.]+\))<', body)) == sorted(dups.get(rank, []))
+            assert ('<img src="/crop?note=' in body) == bool(e["image_path"])
+    assert any(replies[s]["near_duplicates"]["pairs"] for s in replies)  # the test exercises the marks
+    assert 'cosine ≥ <span id="thr">0.50</span>' in dom
+    assert "Answer (from cds-converged's evidence): The document is a multi-column sample" in dom
+
+
+def test_pdf_endpoint_serves_only_index_documents(server, data_root):
+    import urllib.parse
+
+    url, _ = server
+    with urllib.request.urlopen(f"{url}/pdf?document=multicolumn.pdf", timeout=30) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "application/pdf"
+        assert r.read() == (data_root / "pdfs" / "multicolumn.pdf").read_bytes()
+    for bad in ("other.pdf", "../multicolumn.pdf", str(data_root / "pdfs" / "multicolumn.pdf")):
+        status, body, _ = request(f"{url}/pdf?document={urllib.parse.quote(bad)}")
+        assert status == 404 and "not in the loaded indexes" in body["error"], bad
+    status, body, _ = request(url + "/select", {"question": "q", "near_duplicates": 2})
+    assert status == 422

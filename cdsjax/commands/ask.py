@@ -13,7 +13,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
      "evidence": [{"rank": int (1-based), "score": float, "document": str,
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
-                   "note_id": str, "image_path": str | null, "summary": str, "caption": str}, ...],
+                   "note_id": str, "image_path": str | null (absolute locally; relative to its index
+                   with --server), "summary": str, "caption": str}, ...],
      "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
                      "singular": how the solve ended), "kkt_residual", "objective",
@@ -73,6 +74,13 @@ def add_arguments(p) -> None:
     p.add_argument("--server", default=None, metavar="URL",
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
                    "then give only the question")
+    p.add_argument("--token", default=None,
+                   help="with --server: the server's bearer token (env CDSJAX_TOKEN)")
+    p.add_argument("--embedder", action="append", default=[], metavar="MODEL",
+                   help="accept indexes embedded with MODEL besides the shipped MiniLM and the documented presets")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let the embedding model run its own Python code (nomic-embed needs it); never taken "
+                   "from an index")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0,
@@ -140,7 +148,8 @@ def run(args) -> int:
         if not args.inputs[0].strip():
             raise CLIError("the question is empty")
         result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
-                            options=options, read=not args.no_read, timeout=args.timeout)
+                            options=options, read=not args.no_read, timeout=args.timeout,
+                            token=args.token or os.environ.get("CDSJAX_TOKEN"))
     else:
         paths, question = parse_inputs(args.inputs)
         result = ask_local(args, paths, question, options)
@@ -151,6 +160,7 @@ def run(args) -> int:
 
 def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
+    from cdsjax.io.embed import EmbedderError
     from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
 
     check_options(args.selector, options)
@@ -166,14 +176,15 @@ def ask_local(args, paths, question, options):
     try:
         # a dead reader is found before loading and encoding; the evidence is still selected and printed
         unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
-        pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty())
+        pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
+                                   embedders=args.embedder, trust_remote_code=args.trust_remote_code)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)
             return None
         answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options,
                           read=unreachable is None)
-    except PipelineError as err:
+    except (PipelineError, EmbedderError) as err:
         raise CLIError(str(err), 1) from None
     except reader_errors as err:
         raise CLIError(f"reader: {err}", 1) from None
@@ -188,7 +199,7 @@ def ask_local(args, paths, question, options):
 
 
 def ask_server(url: str, question: str, *, selector: str, budget: int, options: dict, read: bool = True,
-               timeout: float = 300.0) -> dict:
+               timeout: float = 300.0, token: "str | None" = None) -> dict:
     """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here)."""
     import urllib.error
     import urllib.request
@@ -199,8 +210,11 @@ def ask_server(url: str, question: str, *, selector: str, budget: int, options: 
     body = dict(question=question, selector=selector, budget=budget)
     if options:
         body["options"] = options
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
     t0 = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

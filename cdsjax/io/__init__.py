@@ -13,7 +13,8 @@ sentence-transformers or openai. Import the submodules you need:
 - :mod:`cdsjax.io.reader` / :mod:`cdsjax.io.judge` — answering from evidence, grading answers;
 - :mod:`cdsjax.io.embed` — :class:`~cdsjax.io.embed.Embedder` (sentence-transformers);
 - :mod:`cdsjax.io.index` — ``build_index`` (add/update/remove documents of an index) / ``load_index`` /
-  ``verify_index`` / ``list_index`` / ``index_pdf``;
+  ``verify_index`` / ``list_index`` / ``index_pdf`` (a package: keys, build, stages, workers, repair, load,
+  single-PDF cache, around one ``BuildContext``);
 - :mod:`cdsjax.io.store` — the on-disk index, the writer lock and the shared document cache.
 - :mod:`cdsjax.io.memory` — how the ingestion processes use the C allocator (fewer page faults).
 """

