@@ -81,6 +81,21 @@ def find_tool(name: str) -> Optional[str]:
     return next((path for path in map(shutil.which, names) if path), None)
 
 
+def require_modules(*names: str) -> None:
+    """Imports the optional packages a test module needs (the extras `make` installs); a missing one fails
+    the module under ``CI=true`` and skips it elsewhere, in one line."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            line = f"{name} is not installed ({err}); `make` installs the extras of pyproject.toml"
+            if IN_CI:
+                pytest.fail(f"{line}; CI=true needs it", pytrace=False)
+            pytest.skip(line, allow_module_level=True)
+
+
 def require_tool(name: str, usable: Optional[Callable[[], bool]] = None) -> str:
     """The path of a documented system tool, for a test that needs it.
 
