@@ -20,18 +20,18 @@ demo: $(STAMP) tools
 # The suite runs in parallel, whole test files per worker process (pytest-xdist; one worker per core, at most
 # 4), with coverage of cdsjax/ (subprocesses included; [tool.coverage] in pyproject.toml: the run fails below
 # its fail_under; `.venv/bin/coverage report -m` lists the missed lines afterwards) and a per-test time limit
-# ([tool.pytest.ini_options] timeout). -rs lists every skipped test with its reason.
+# ([tool.pytest.ini_options] timeout). -rfEs lists failures, errors and every skipped test with its reason.
 # SUITE_LIMIT stops a run that a hang inside C code would otherwise keep going until CI's limit.
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 COVERAGE := --cov=cdsjax --cov-report=term:skip-covered
 SUITE_LIMIT := 3600
 
 test: $(STAMP) tools
-	@timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rs $(XDIST) $(COVERAGE); rc=$$?; \
+	@timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rfEs $(XDIST) $(COVERAGE); rc=$$?; \
 	if [ $$rc = 124 ]; then echo "make test: stopped after $(SUITE_LIMIT) s (SUITE_LIMIT): a test hangs"; fi; exit $$rc
 
 test-all: $(STAMP) tools
-	$(PY) -m pytest -q -rs $(XDIST) -m ""
+	$(PY) -m pytest -q -rfEs $(XDIST) -m ""
 
 # System tools of documented features: Tesseract reads scanned pages (pages without a text layer; without it
 # they are indexed as page images) and headless Chromium runs the web page's test. Installed as root where apt
