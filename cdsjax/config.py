@@ -72,3 +72,25 @@ def get_config() -> ml_collections.ConfigDict:
     config.index.strict = False  # stop at the first bad input instead of skipping it
 
     return config
+
+
+def import_config_package(config_file) -> None:
+    """Lets a config file loaded by path import the package it belongs to.
+
+    ``configs/pool_sweep.py`` imports ``configs.common`` and ``configs.mmlongbench_pool`` (big_vision's
+    layout: configs form a package). A loader that runs the file by path (ml_collections ``config_flags``)
+    gives it no package, so the directory above its outermost package (the nearest ancestors holding an
+    ``__init__.py``: for ``configs/x.py`` the repository root) goes first on ``sys.path``. A file outside
+    any package is left as it is.
+    """
+    import sys
+    from pathlib import Path
+
+    here = Path(config_file).resolve().parent
+    if not (here / "__init__.py").is_file():
+        return
+    while (here.parent / "__init__.py").is_file():
+        here = here.parent
+    root = str(here.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)

@@ -33,7 +33,7 @@ from cdsjax.core.types import SUPPORT_THRESHOLD
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
-DEFAULT_SELECTOR = "cds-converged"
+DEFAULT_SELECTOR = registry.SPECS[registry.DEFAULT_SELECTOR].display
 
 SNIPPET_CHARS = 1500
 
@@ -163,9 +163,12 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
              "singular": "stopped on a singular Newton system"}.get(diagnostics.get("status"), "stopped unconverged")
     head = (f"CDS {diagnostics['mode']} mode {ended} after {diagnostics['num_iters']} steps "
             f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
+    reference = registry.SPECS[registry.REFERENCE_SELECTOR].display
     if diagnostics["mode"] == "paper":
-        return head + " — use --selector cds-converged (the default) for the equilibrium, or cosine"
-    return head + " — try --selector cds-inimdyn or cosine"
+        return head + f" — use --selector {DEFAULT_SELECTOR} (the default) for the equilibrium, or {reference}"
+    default_solver = registry.SPECS[registry.DEFAULT_SELECTOR].solver
+    other = next(s.display for s in registry.SPECS.values() if s.mode == "converged" and s.solver != default_solver)
+    return head + f" — try --selector {other} or {reference}"
 
 
 DEFAULT_JAX_CACHE_MAX_MB = 1024

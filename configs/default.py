@@ -11,6 +11,13 @@ working. Usage::
     cdsjax index docs/*.pdf --out runs/index            # uses these defaults
 """
 
-from cdsjax.config import get_config
+from cdsjax.config import get_config as package_config
+from configs import common
 
 __all__ = ["get_config"]
+
+
+def get_config(arg=None):
+    """:func:`cdsjax.config.get_config` (this config takes no argument)."""
+    common.parse_arg(arg)
+    return package_config()

@@ -14,9 +14,11 @@ by its teleport distribution alone).
 import ml_collections
 
 from cdsjax.io.index import default_config
+from configs import common
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    common.parse_arg(arg)  # takes no argument
     config = default_config()
     config.benchmark = "hotpotqa"
     config.data_root = "../shared/data"

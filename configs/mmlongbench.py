@@ -15,9 +15,11 @@ the ingestion settings of ``configs/default.py``, which this config extends.
 import ml_collections
 
 from cdsjax.io.index import default_config
+from configs import common
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    common.parse_arg(arg)  # takes no argument
     config = default_config()
     config.benchmark = "mmlongbench"
     config.data_root = "../shared/data"  # same layout as ../shared/data

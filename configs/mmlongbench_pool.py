@@ -16,23 +16,14 @@ adds the pool metrics (share of selected notes from the gold document, gold-docu
 hit, distinct documents).
 """
 
-import importlib.util
-import pathlib
-
 import ml_collections
 
-
-def _sibling(name: str):
-    """Loads ``configs/<name>.py`` by path (configs/ is not a package)."""
-    path = pathlib.Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from configs import common, mmlongbench
 
 
-def get_config() -> ml_collections.ConfigDict:
-    config = _sibling("mmlongbench").get_config()
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    common.parse_arg(arg)  # takes no argument
+    config = mmlongbench.get_config()
     config.output_dir = "runs/eval/mmlongbench_pool"
     config.pool_size = 5  # the gold document + 4 distractors (1 = the question's own document only)
     config.distractors = "random"  # "random" | "similar"

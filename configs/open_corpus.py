@@ -11,33 +11,21 @@ The log line ``open corpus: ...`` and ``timings.jsonl`` give the first stage's t
 ``pool_documents`` lists the documents the K candidates come from.
 """
 
-import importlib.util
-import pathlib
-
 import ml_collections
 
-
-def _sibling(name: str):
-    """Loads ``configs/<name>.py`` by path (configs/ is not a package)."""
-    path = pathlib.Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from configs import common, mmlongbench_pool, qasper_pool
 
 
-BASES = {"mmlongbench": "mmlongbench_pool", "qasper": "qasper_pool"}
+BASES = {"mmlongbench": mmlongbench_pool, "qasper": qasper_pool}
 
 
-def get_config(arg: str = "mmlongbench,300") -> ml_collections.ConfigDict:
-    try:
-        benchmark, k = (s.strip() for s in arg.split(","))
-        k = int(k)
-    except ValueError:
-        raise ValueError(f"configs/open_corpus.py: expected '<benchmark>,<K>', got {arg!r}") from None
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    """``arg``: ``<benchmark>,<K>`` (or ``benchmark=...,k=...``); default ``mmlongbench,300``."""
+    fields = common.parse_arg(arg, benchmark="mmlongbench", k=300)
+    benchmark, k = fields.benchmark, fields.k
     if benchmark not in BASES:
         raise ValueError(f"configs/open_corpus.py: benchmark must be one of {sorted(BASES)}, got {benchmark!r}")
-    config = _sibling(BASES[benchmark]).get_config()
+    config = BASES[benchmark].get_config()
     config.candidate_pool = "corpus"
     config.pool_size = 1  # not used by the open corpus
     config.first_stage_k = k

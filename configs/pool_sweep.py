@@ -12,36 +12,23 @@ size. Pool size 1 goes through the same pool path (its pool is the question's ow
 document), so its records carry ``pool_documents`` and the pool metrics too.
 """
 
-import importlib.util
-import pathlib
-
 import ml_collections
 
-
-def _sibling(name: str):
-    """Loads ``configs/<name>.py`` by path (configs/ is not a package)."""
-    path = pathlib.Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from configs import common, mmlongbench_pool, qasper_pool
 
 
 POOL_SIZES = (1, 5, 10, 20)
 DISTRACTORS = ("random", "similar")
-BASES = {"mmlongbench": "mmlongbench_pool", "qasper": "qasper_pool"}
+BASES = {"mmlongbench": mmlongbench_pool, "qasper": qasper_pool}
 
 
-def get_config(arg: str = "mmlongbench,5,random") -> ml_collections.ConfigDict:
-    try:
-        benchmark, size, distractors = (s.strip() for s in arg.split(","))
-        size = int(size)
-    except ValueError:
-        raise ValueError(f"configs/pool_sweep.py: expected '<benchmark>,<pool size>,<distractors>', "
-                         f"got {arg!r}") from None
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    """``arg``: ``<benchmark>,<pool size>,<distractors>`` (or by name); default ``mmlongbench,5,random``."""
+    fields = common.parse_arg(arg, benchmark="mmlongbench", size=5, distractors="random")
+    benchmark, size, distractors = fields.benchmark, fields.size, fields.distractors
     if benchmark not in BASES:
         raise ValueError(f"configs/pool_sweep.py: benchmark must be one of {sorted(BASES)}, got {benchmark!r}")
-    config = _sibling(BASES[benchmark]).get_config()
+    config = BASES[benchmark].get_config()
     config.pool_size = size
     config.distractors = distractors
     config.output_dir = f"runs/pool_sweep/{benchmark}_{size}_{distractors}"

@@ -11,23 +11,14 @@ See ``configs/mmlongbench_pool.py`` for the pool fields. All papers of the file 
 embedded (once, cached), since any of them may be a distractor.
 """
 
-import importlib.util
-import pathlib
-
 import ml_collections
 
-
-def _sibling(name: str):
-    """Loads ``configs/<name>.py`` by path (configs/ is not a package)."""
-    path = pathlib.Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from configs import common, qasper
 
 
-def get_config() -> ml_collections.ConfigDict:
-    config = _sibling("qasper").get_config()
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    common.parse_arg(arg)  # takes no argument
+    config = qasper.get_config()
     config.output_dir = "runs/eval/qasper_pool"
     config.pool_size = 5
     config.distractors = "random"  # "random" | "similar"

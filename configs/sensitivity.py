@@ -16,9 +16,11 @@ converged InImDyn equilibria in float64; tau is differentiated in soft mode
 import ml_collections
 
 from cdsjax.io.index import default_config
+from configs import common
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg=None) -> ml_collections.ConfigDict:
+    common.parse_arg(arg)  # takes no argument
     config = default_config()
     config.data_root = "../shared/data"
     config.output_dir = "results/sensitivity"

@@ -107,19 +107,23 @@ def main() -> int:
     new_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip() or "?"
 
+    sys.path.insert(0, str(ROOT))
+    from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, SPECS
+
+    default, paper = SPECS[DEFAULT_SELECTOR].display, SPECS[PAPER_SELECTOR].display
+    paper_row = f"new, --selector {paper}"
     tmp = Path(tempfile.mkdtemp(prefix="bench_ask_"))
     shared_cache = tmp / "cache"
-    rows = {"old": [], "new, first run (empty cache)": [], "new": [], "new, --selector cds-paper": []}
+    rows = {"old": [], "new, first run (empty cache)": [], "new": [], paper_row: []}
     cold_qs = iter(questions[args.questions:])
     # first-ever run of the new code: no compilation cache yet
     rows["new, first run (empty cache)"].append(cold_ask(str(ROOT), index, next(cold_qs), shared_cache))
-    if rows["new, first run (empty cache)"][0]["selector"] != "cds-converged":
+    if rows["new, first run (empty cache)"][0]["selector"] != default:
         raise SystemExit("bench_ask: the new code did not run (is another cdsjax first on sys.path?)")
     for _ in tqdm(range(args.cold), desc="cold runs (old/new interleaved)", file=sys.stderr):
         rows["old"].append(cold_ask(args.old_root, index, next(cold_qs), tmp / "old-cache"))
         rows["new"].append(cold_ask(str(ROOT), index, next(cold_qs), shared_cache))
-        rows["new, --selector cds-paper"].append(cold_ask(str(ROOT), index, next(cold_qs), shared_cache,
-                                                          ("--selector", "cds-paper")))
+        rows[paper_row].append(cold_ask(str(ROOT), index, next(cold_qs), shared_cache, ("--selector", paper)))
 
     # warm: one serve process
     s = socket.socket()
@@ -172,7 +176,7 @@ def main() -> int:
     print("\nRatios (same run):\n")
     print(f"- cold new / cold old: {new / old:.2f} (target <= 0.40); first-run new / cold old: "
           f"{med(rows['new, first run (empty cache)'], 'wall') / old:.2f}; "
-          f"new cds-paper / cold old: {med(rows['new, --selector cds-paper'], 'wall') / old:.2f}")
+          f"new {paper} / cold old: {med(rows[paper_row], 'wall') / old:.2f}")
     print(f"- warm p50 / cold old: {p50 / old:.3f}; warm p50 / cold new: {p50 / new:.3f}; "
           f"warm p50 {p50:.3f}s (target <= 0.2 s)")
     print(f"- unconverged solves among the warm questions: {unconverged} of {len(warm)}")

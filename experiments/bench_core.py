@@ -95,7 +95,8 @@ def selector_fns(budget):
         from cdsjax.core import registry
     except ImportError:
         return fns
-    for name in ("cosine", "mmr", "dpp", "ppr", "random", "cds_converged"):
+    # every baseline, and the default selector (paper mode is timed above)
+    for name in [n for n, s in registry.SPECS.items() if s.solver is None] + [registry.DEFAULT_SELECTOR]:
         try:
             fns[name] = registry.make_selector(name, budget=budget)
         except ValueError:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -108,9 +109,13 @@ CONFIGS = {"single": "mmlongbench.py", "pool": "mmlongbench_pool.py"}
 
 
 def run_eval(out: pathlib.Path, cache: pathlib.Path, queries: int, processes: int, setting: str,
-             selectors: str = "cds", *, one_core: bool = False):
+             selectors: Optional[str] = None, *, one_core: bool = False):
     """``(wall s, selection s, CPU s, {(selector, budget, qid): selected}, [selection s of each process])`` of
-    one ``run_eval.py`` command (selection s: the slowest process's)."""
+    one ``run_eval.py`` command (selection s: the slowest process's); ``selectors`` defaults to paper-mode CDS."""
+    if selectors is None:
+        from cdsjax.core.registry import PAPER_SELECTOR
+
+        selectors = PAPER_SELECTOR
     cmd = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / CONFIGS[setting]),
            f"--config.max_queries={queries}", f"--config.selectors={selectors}", f"--config.output_dir={out}",
            f"--config.cache_dir={cache}", "--config.num_resamples=1000", "--noprogress", f"--processes={processes}"]
@@ -176,11 +181,13 @@ def bench_ingest(data: pathlib.Path, mmlb: pathlib.Path, count: int, tmp: pathli
 
 
 def bench_eval(mmlb: pathlib.Path, queries: int, settings, tmp: pathlib.Path) -> None:
+    from cdsjax.core.registry import REFERENCE_SELECTOR as reference
+
     cache = tmp / "mmlb-cache"
     cache.mkdir()
     (cache / "indexes").symlink_to(mmlb / "indexes")  # read only: every dev index is current there
     for setting in settings:
-        run_eval(tmp / f"warmup-{setting}", cache, queries, 1, setting, selectors="cosine")  # question vectors
+        run_eval(tmp / f"warmup-{setting}", cache, queries, 1, setting, selectors=reference)  # question vectors
         runs = {"1": run_eval(tmp / f"{setting}-p1", cache, queries, 1, setting),
                 "2": run_eval(tmp / f"{setting}-p2", cache, queries, 2, setting),
                 "1, pinned to one core": run_eval(tmp / f"{setting}-p1core", cache, queries, 1, setting,

@@ -70,7 +70,7 @@ class RuleBasedModel:
 
     def __call__(self, req):
         from cdsjax.agents import planning
-        from tests.openai_server import message_text
+        from cdsjax.io.scripted_server import message_text
 
         system = req["messages"][0]["content"]
         text = message_text(req)
@@ -162,7 +162,7 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
                   output_dir=output, progress=progress)
     if reader_url:
         return evaluate_planning(config, ReaderConfig(base_url=reader_url, model=reader_model), variants, **kwargs)
-    from tests.openai_server import OpenAIServer
+    from cdsjax.io.scripted_server import OpenAIServer
 
     print("model: the rule-based stand-in (no reader URL); see experiments/eval_planning.py", file=sys.stderr)
     with OpenAIServer(RuleBasedModel()) as srv:

@@ -50,6 +50,18 @@ HOSTILE = ("bad_options", "new_compile", "heavy", "big_body", "slow_upload", "di
            "crop_escape")
 
 
+def selector_names() -> dict:
+    """Display names the hostile requests use, from the selector registry: paper mode, the default, and
+    support-targeted CDS (the converged CDS selector that takes no beta)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, SPECS
+
+    support = next(s for s in SPECS.values() if s.mode == "converged" and "beta" not in s.options)
+    return dict(paper=SPECS[PAPER_SELECTOR].display, default=SPECS[DEFAULT_SELECTOR].display,
+                support=support.display)
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind((HOST, 0))
@@ -98,6 +110,7 @@ class Client(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.port, self.stop_at, self.hostile = url, port, stop, hostile
         self.rng = random.Random(seed)
+        self.names = selector_names()
         self.budget = budget
         self.timeout = timeout
         self.latencies = []
@@ -125,13 +138,14 @@ class Client(threading.Thread):
         if kind == "normal":
             return post(select, json.dumps({"question": q}).encode(), self.timeout)
         if kind == "bad_options":
-            body = {"question": q, "selector": "cds-paper", "options": {"tol": -1, "max_iter": 2**31 - 1}}
+            body = {"question": q, "selector": self.names["paper"], "options": {"tol": -1, "max_iter": 2**31 - 1}}
             return post(select, json.dumps(body).encode(), self.timeout)
         if kind == "new_compile":
-            body = {"question": q, "selector": "cds-converged", "options": {"beta": round(self.rng.uniform(0.1, 3), 6)}}
+            body = {"question": q, "selector": self.names["default"],
+                    "options": {"beta": round(self.rng.uniform(0.1, 3), 6)}}
             return post(select, json.dumps(body).encode(), self.timeout)
         if kind == "heavy":
-            body = {"question": q, "selector": "cds-paper",
+            body = {"question": q, "selector": self.names["paper"],
                     "options": {"beta": round(self.rng.uniform(0.1, 3), 6), "max_iter": 20000, "tol": 1e-12}}
             return post(select, json.dumps(body).encode(), self.timeout)
         if kind == "big_body":
@@ -141,7 +155,7 @@ class Client(threading.Thread):
                     b"Content-Length: 5000\r\n\r\n{\"question\": ")
             return raw(self.port, head, hold=2.0, read=False)
         if kind == "disconnect":
-            body = json.dumps({"question": q, "selector": "cds-support",
+            body = json.dumps({"question": q, "selector": self.names["support"],
                                "options": {"tau": round(self.rng.uniform(0, 0.2), 6)}}).encode()
             head = (b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     b"Content-Length: %d\r\n\r\n" % len(body))

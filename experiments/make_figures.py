@@ -25,12 +25,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cdsjax.core.registry import PAPER_SELECTOR, REFERENCE_SELECTOR  # noqa: E402
 from cdsjax.eval import figures as F  # noqa: E402
 
 SWEPT = ("lam", "prior", "coupling", "tau", "beta")
 
 
-def pca_case(config, *, qid=None, selectors=("cosine", "cds"), cache_dir=None, progress: bool = False) -> dict:
+def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR), cache_dir=None,
+             progress: bool = False) -> dict:
     """Builds one question's PCA case for :func:`cdsjax.eval.figures.pca_map`.
 
     Loads the config's benchmark (text benchmarks only: HotpotQA, QASPER), embeds its
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
                     help="text-benchmark config for the PCA map ('' skips it)")
     ap.add_argument("--cache-dir", default=None, help="embedding cache (default: the config's)")
     ap.add_argument("--qid", default=None, help="question of the PCA map (default: first that differs)")
-    ap.add_argument("--selectors", default="cosine,cds", help="selectors drawn on the PCA map")
+    ap.add_argument("--selectors", default=f"{REFERENCE_SELECTOR},{PAPER_SELECTOR}",
+                    help="selectors drawn on the PCA map")
     ap.add_argument("--tables", action="store_true",
                     help="only print one compact markdown table per run under --runs (as in RESULTS.md)")
     args = ap.parse_args(argv)

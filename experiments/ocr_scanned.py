@@ -48,7 +48,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/ocr_scanned")
     parser.add_argument("--data-root", default=str(ROOT / ".." / "shared" / "data"))
-    parser.add_argument("--selectors", default="cosine,cds_converged,cds")
+    from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR
+
+    parser.add_argument("--selectors", default=",".join((REFERENCE_SELECTOR, DEFAULT_SELECTOR, PAPER_SELECTOR)))
     parser.add_argument("--budget", type=int, default=10)
     args = parser.parse_args()
 

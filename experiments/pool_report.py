@@ -29,6 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cdsjax.core.registry import REFERENCE_SELECTOR, SPECS  # noqa: E402
 from cdsjax.eval import metrics as M  # noqa: E402
 from cdsjax.eval.records import RECORDS_FILE, read_records  # noqa: E402
 from cdsjax.eval.report import TIMINGS_FILE  # noqa: E402
@@ -38,7 +39,7 @@ COLUMNS = {
     "qasper": ("paragraph_recall", "best_annotator_recall", "gold_doc_share", "gold_doc_hit", "distinct_docs"),
 }
 PAIRED = {"mmlongbench": ("page_recall", "box_recall"), "qasper": ("paragraph_recall",)}
-SELECTOR_ORDER = ("cosine", "random", "mmr", "dpp", "ppr", "cds", "cds_converged")
+SELECTOR_ORDER = tuple(SPECS)  # rows in registry order: the reference baseline first, CDS last
 
 
 def load_run(run_dir, max_queries=None):
@@ -75,7 +76,7 @@ def run_table(label, run_dir, benchmark, *, max_queries=None, num_resamples=10_0
     by_sel, qids, (seconds, counts) = load_run(run_dir, max_queries)
     cols, paired = COLUMNS[benchmark], PAIRED[benchmark]
     sels = [s for s in SELECTOR_ORDER if s in by_sel] + sorted(set(by_sel) - set(SELECTOR_ORDER))
-    base = by_sel.get("cosine", {})
+    base = by_sel.get(REFERENCE_SELECTOR, {})
     notes = [by_sel[sels[0]][q]["num_notes"] for q in qids if q in by_sel[sels[0]]]
     head = (f"**{label}** (`{run_dir}`): {len(qids)} questions, median {int(np.median(notes))} candidate "
             f"notes per question (min {min(notes)}, max {max(notes)})\n\n")
@@ -91,7 +92,7 @@ def run_table(label, run_dir, benchmark, *, max_queries=None, num_resamples=10_0
             row.append("—" if n == 0 else (f"{mean:.2f} [{lo:.2f}, {hi:.2f}] ({n})" if c == "distinct_docs"
                                            else _cell(mean, lo, hi) + f" ({n})"))
         for p in paired:
-            if s == "cosine" or not base:
+            if s == REFERENCE_SELECTOR or not base:
                 row.append("")
                 continue
             both = [q for q in qids if q in by_sel[s] and q in base]
@@ -125,7 +126,7 @@ def pool_size_points(sweep_dir, benchmark, metric):
     for kind in kinds:
         sizes = sorted({s for s, k in runs if k == kind or s == 1})
         data = {s: runs.get((s, kind)) or runs.get((s, "random")) for s in sizes}
-        common = set.intersection(*(set(v.get("cosine", {})) for v in data.values()))
+        common = set.intersection(*(set(v.get(REFERENCE_SELECTOR, {})) for v in data.values()))
         counts[kind] = len(common)
         out[kind] = {}
         sels = {sel for v in data.values() for sel in v}

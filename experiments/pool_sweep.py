@@ -19,7 +19,7 @@ time. Pool size 1 has no distractors, so it runs once (as ``_1_random``).
 """
 
 import argparse
-import importlib.util
+import importlib
 import pathlib
 import sys
 import time
@@ -30,10 +30,7 @@ if str(ROOT) not in sys.path:
 
 
 def _config_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{name}", ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"configs.{name}")
 
 
 def _csv(text: str):

@@ -25,12 +25,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
-import hashlib
 import json
 import pathlib
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -39,54 +38,24 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-@dataclasses.dataclass
-class StudyProblem:
-    """One question: note and query embeddings, and its gold units over the notes.
-
-    Attributes:
-      qid: question id.
-      notes: ``[n, d]`` float32, L2-normalised.
-      query: ``[d]`` float32, L2-normalised.
-      units: ``[g, n]`` bool, one row per gold unit (paragraph or page); a row may be
-        all False (a gold page without text), which counts as missed.
-    """
-
-    qid: str
-    notes: np.ndarray
-    query: np.ndarray
-    units: np.ndarray
-
-
 # --------------------------------------------------------------------------- data
+#
+# A question is the package's selection problem (cdsjax.eval.problems.Problem: notes, query vector, note ids,
+# pages) and its gold units over the notes (gold_units), embeddings cached by cdsjax.eval.problems.cached_encode.
 
 
-def _encode_cached(embedder, texts: Sequence[str], cache_dir: pathlib.Path, tag: str, *, queries: bool) -> np.ndarray:
-    info = {k: v for k, v in embedder.info().items() if k != "dim"}
-    key = hashlib.sha256(json.dumps([info, queries, list(texts)]).encode()).hexdigest()[:16]
-    path = cache_dir / f"{tag}-{'q' if queries else 'd'}-{key}.npy"
-    if path.is_file():
-        return np.load(path)
-    out = embedder.encode_queries(list(texts)) if queries else embedder.encode_documents(list(texts))
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, out)
-    tmp.replace(path)
-    return out
-
-
-def text_study_problems(bench, embedder, cache_dir: pathlib.Path) -> List[StudyProblem]:
-    """HotpotQA / QASPER: notes are the corpus's paragraphs; one gold unit per gold note."""
-    from cdsjax.eval.problems import text_problems
-
-    problems = []
-    for p in text_problems(bench, embedder, cache_dir=cache_dir, link_window=0):
-        gold = sorted(p.query.gold_note_ids)
-        index = {nid: i for i, nid in enumerate(p.note_ids)}
-        units = np.zeros((len(gold), len(p.note_ids)), bool)
+def gold_units(problem) -> np.ndarray:
+    """``[g, n]`` bool, one row per gold unit over the notes: a gold note (text benchmarks, notes without
+    pages) or a gold page (page-chunk notes; a gold page without text is a row no note covers, a miss)."""
+    if problem.pages is None:
+        index = {nid: i for i, nid in enumerate(problem.note_ids)}
+        gold = sorted(problem.query.gold_note_ids)
+        units = np.zeros((len(gold), len(problem.note_ids)), bool)
         for u, nid in enumerate(gold):
             units[u, index[nid]] = True
-        problems.append(StudyProblem(p.query.qid, p.notes, p.query_emb, units))
-    return problems
+        return units
+    gold = sorted(problem.query.gold_pages[problem.query.doc_ids[0]])
+    return np.asarray(problem.pages)[None, :] == np.asarray(gold)[:, None]
 
 
 def page_chunks(pdf: pathlib.Path, chunk_size: int, chunk_overlap: int) -> tuple[list, list]:
@@ -105,9 +74,10 @@ def page_chunks(pdf: pathlib.Path, chunk_size: int, chunk_overlap: int) -> tuple
     return texts, pages
 
 
-def mmlongbench_study_problems(config, embedder, cache_dir: pathlib.Path, max_queries: int) -> List[StudyProblem]:
-    """MMLongBench-Doc on page-text chunks; one gold unit per gold page (a page without text
+def mmlongbench_study_problems(config, embedder, cache_dir: pathlib.Path, max_queries: int) -> list:
+    """MMLongBench-Doc on page-text chunks (no links); one gold unit per gold page (a page without text
     is a unit no note covers)."""
+    from cdsjax.eval.problems import Problem, cached_encode
     from cdsjax.io.datasets import load_mmlongbench
 
     opts = config.mmlongbench
@@ -118,7 +88,7 @@ def mmlongbench_study_problems(config, embedder, cache_dir: pathlib.Path, max_qu
         doc_id = q.doc_ids[0]
         if doc_id not in chunks:
             texts, pages = page_chunks(bench.documents[doc_id], opts.chunk_size, opts.chunk_overlap)
-            emb = _encode_cached(embedder, texts, cache_dir, f"mmlb-{doc_id}", queries=False) if texts else None
+            emb = cached_encode(cache_dir, f"mmlb-{doc_id}", embedder, texts, queries=False) if texts else None
             chunks[doc_id] = (emb, np.asarray(pages))
         if chunks[doc_id][0] is None:  # no text layer (scanned pages): nothing to retrieve from
             no_text.add(doc_id)
@@ -128,19 +98,21 @@ def mmlongbench_study_problems(config, embedder, cache_dir: pathlib.Path, max_qu
             break
     if no_text:
         print(f"mmlongbench: skipped questions on {len(no_text)} document(s) without a text layer: {sorted(no_text)}")
-    query_emb = _encode_cached(embedder, [q.question for q in queries], cache_dir, "mmlb", queries=True)
+    query_emb = cached_encode(cache_dir, "mmlb", embedder, [q.question for q in queries], queries=True)
     problems = []
     for q, qe in zip(queries, query_emb):
         doc_id = q.doc_ids[0]
         emb, pages = chunks[doc_id]
-        gold = sorted(q.gold_pages[doc_id])
-        units = pages[None, :] == np.asarray(gold)[:, None]
-        problems.append(StudyProblem(q.qid, emb, qe, units))
+        n = len(pages)
+        problems.append(Problem(q, emb, qe, np.zeros((n, n), bool), [f"{doc_id}#{i}" for i in range(n)],
+                                [doc_id] * n, pages=pages.tolist()))
     return problems
 
 
-def load_study_problems(config, name: str, embedder) -> List[StudyProblem]:
-    """The capped, gold-bearing questions of benchmark ``name`` as :class:`StudyProblem`\\ s."""
+def load_study_problems(config, name: str, embedder) -> list:
+    """The capped, gold-bearing questions of benchmark ``name`` as :class:`cdsjax.eval.problems.Problem`\\ s
+    (text benchmarks: each question's paragraphs, no links)."""
+    from cdsjax.eval.problems import text_problems
     from cdsjax.io.datasets import load_hotpotqa, load_qasper
 
     cache_dir = pathlib.Path(config.cache_dir or pathlib.Path(config.output_dir) / "cache")
@@ -152,7 +124,7 @@ def load_study_problems(config, name: str, embedder) -> List[StudyProblem]:
     keep = [q for q in bench.queries if q.gold_note_ids][:cap]
     bench = dataclasses.replace(bench, queries=keep,
                                 corpora={q.doc_ids[0]: bench.corpora[q.doc_ids[0]] for q in keep})
-    return text_study_problems(bench, embedder, cache_dir)
+    return text_problems(bench, embedder, cache_dir=cache_dir, link_window=0)
 
 
 # --------------------------------------------------------------------------- batches
@@ -170,38 +142,26 @@ class Batch:
     unit_valid: np.ndarray  # [b, G]
 
 
-def make_batches(problems: Sequence[StudyProblem], positions: Sequence[int], buckets: Sequence[int],
-                 max_batch: int) -> List[Batch]:
-    """Pads the chosen problems to the smallest bucket that fits, ``max_batch`` per batch."""
-    buckets = sorted(int(b) for b in buckets)
+def make_batches(problems: Sequence, positions: Sequence[int], buckets: Sequence[int], max_batch: int) -> List[Batch]:
+    """Pads the chosen problems to their bucket (:func:`cdsjax.core.bucket_size`), ``max_batch`` per batch,
+    in float64 (:func:`cdsjax.core.make_buckets` pads notes and queries; the gold units are padded here)."""
+    from cdsjax.core.batching import bucket_size, make_buckets, pad_rows
+
     groups: Dict[int, List[int]] = {}
     for pos in positions:
-        n = problems[pos].notes.shape[0]
-        fits = [b for b in buckets if b >= n]
-        if not fits:
-            raise ValueError(f"question {problems[pos].qid} has {n} notes, more than the largest bucket "
-                             f"{buckets[-1]}; add a bucket to config.buckets")
-        groups.setdefault(fits[0], []).append(pos)
+        groups.setdefault(bucket_size(problems[pos].notes.shape[0], buckets), []).append(pos)
     batches = []
     for size, members in sorted(groups.items()):
         for start in range(0, len(members), max_batch):
             chunk = members[start:start + max_batch]
-            d = problems[chunk[0]].notes.shape[1]
-            g = max(problems[p].units.shape[0] for p in chunk)
-            notes = np.zeros((len(chunk), size, d))
-            query = np.zeros((len(chunk), d))
-            valid = np.zeros((len(chunk), size), bool)
-            units = np.zeros((len(chunk), g, size), bool)
-            unit_valid = np.zeros((len(chunk), g), bool)
-            for b, pos in enumerate(chunk):
-                p = problems[pos]
-                n, gp = p.notes.shape[0], p.units.shape[0]
-                notes[b, :n] = p.notes
-                query[b] = p.query
-                valid[b, :n] = True
-                units[b, :gp, :n] = p.units
-                unit_valid[b, :gp] = True
-            batches.append(Batch(list(chunk), notes, query, valid, units, unit_valid))
+            (padded,) = make_buckets([problems[p].notes for p in chunk], [problems[p].query_emb for p in chunk],
+                                     buckets=(size,), pad_batch=False)
+            units = [gold_units(problems[p]) for p in chunk]
+            g = max(u.shape[0] for u in units)
+            batches.append(Batch(
+                list(chunk), padded.notes.astype(np.float64), padded.queries.astype(np.float64), padded.valid,
+                np.stack([pad_rows(pad_rows(u, g).T, size).T for u in units]),
+                np.stack([np.arange(g) < u.shape[0] for u in units])))
     return batches
 
 
@@ -210,20 +170,21 @@ def make_batches(problems: Sequence[StudyProblem], positions: Sequence[int], buc
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Static settings of the compiled functions."""
+    """Static settings of the compiled functions: the budget, how equilibria are solved (the package's
+    :class:`cdsjax.core.SolveOptions`), the soft tau gate and the surrogate's settings."""
 
     budget: int
-    solver: str
-    tol: float
-    max_iter: int
+    solve: Any  # cdsjax.core.SolveOptions (solver, tol, max_iter)
     tau_temperature: float
     temperature: float
     slack_weight: float
 
 
 def options_of(config, name: str) -> Options:
-    return Options(budget=int(config.budget[name]), solver=str(config.solver), tol=float(config.tol),
-                   max_iter=int(config.max_iter), tau_temperature=float(config.tau_temperature),
+    from cdsjax import core
+
+    solve = core.SolveOptions(solver=str(config.solver), tol=float(config.tol), max_iter=int(config.max_iter)).check()
+    return Options(budget=int(config.budget[name]), solve=solve, tau_temperature=float(config.tau_temperature),
                    temperature=float(config.surrogate.temperature),
                    slack_weight=float(config.surrogate.slack_weight))
 
@@ -235,9 +196,9 @@ def _per_query(theta, notes, query, valid, units, unit_valid, opts: Options, tau
     from cdsjax import core
 
     params = core.CDSParams(beta=theta[0], tau=theta[1], tau_mode=tau_mode, tau_temperature=opts.tau_temperature)
-    out = core.retrieval_surrogates(notes, query, valid, units, params, budget=opts.budget, solver=opts.solver,
+    out = core.retrieval_surrogates(notes, query, valid, units, params, budget=opts.budget, solver=opts.solve.solver,
                                     temperature=opts.temperature, slack_weight=opts.slack_weight,
-                                    tol=opts.tol, max_iter=opts.max_iter, unit_valid=unit_valid)
+                                    tol=opts.solve.tol, max_iter=opts.solve.max_iter, unit_valid=unit_valid)
     return jnp.stack([out["soft_recall"], out["gold_mass"]]), out
 
 
@@ -380,12 +341,12 @@ def tune(batches, count, config, opts: Options, train_size: int, init=None) -> L
     return trace
 
 
-def cosine_recall(problems: Sequence[StudyProblem], positions, budget: int) -> np.ndarray:
+def cosine_recall(problems: Sequence, positions, budget: int) -> np.ndarray:
     out = []
     for pos in positions:
         p = problems[pos]
-        top = np.argsort(-(p.notes @ p.query), kind="stable")[:budget]
-        out.append(np.mean(p.units[:, top].any(axis=1)))
+        top = np.argsort(-(p.notes @ p.query_emb), kind="stable")[:budget]
+        out.append(np.mean(gold_units(p)[:, top].any(axis=1)))
     return np.asarray(out)
 
 

@@ -31,7 +31,7 @@ the prebuilt indexes).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import pathlib
 import sys
 from typing import Dict, List, Optional, Sequence
@@ -43,10 +43,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR, SPECS  # noqa: E402
+
 BUDGETS = {"hotpotqa": 2, "qasper": 5, "mmlongbench": 10}
 RECALL = {"hotpotqa": "paragraph_recall", "qasper": "paragraph_recall", "mmlongbench": "page_recall"}
-SELECTORS = ("cosine", "cds", "cds_converged", "cds_support")
-REFERENCES = ("cosine", "cds_converged")
+# the reference baseline, paper-mode and default CDS, and support-targeted CDS (the converged CDS selector
+# that takes no beta: it chooses beta per question)
+SUPPORT = next(n for n, s in SPECS.items() if s.mode == "converged" and "beta" not in s.options)
+SELECTORS = (REFERENCE_SELECTOR, PAPER_SELECTOR, DEFAULT_SELECTOR, SUPPORT)
+REFERENCES = (REFERENCE_SELECTOR, DEFAULT_SELECTOR)
 
 _BENCHMARKS = flags.DEFINE_list("benchmarks", ["hotpotqa", "qasper", "mmlongbench"], "Benchmarks to run.")
 _MAX_QUERIES = flags.DEFINE_integer("max_queries", None, "Questions per benchmark (default: all).")
@@ -60,11 +65,8 @@ _RESAMPLES = flags.DEFINE_integer("num_resamples", 10_000, "Bootstrap resamples.
 
 
 def load_config(name: str):
-    path = ROOT / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """``configs/<name>.py``'s ``get_config()``."""
+    return importlib.import_module(f"configs.{name}").get_config()
 
 
 def run_benchmark(config_name: str, bench: str, selectors: Sequence[str], max_queries: Optional[int],
@@ -118,7 +120,7 @@ def selector_table(sel: Dict[str, Dict[str, dict]], recall: str, budget: int, nu
     lines = [f"| selector | n | {recall}@{budget} [95% CI] | support median (notes) | support = every note | "
              f"filled | support in [B/2, 2B] (n >= 2B) | overlap with cosine | same set as cosine |",
              "|---|---|---|---|---|---|---|---|---|"]
-    cos = sel.get("cosine", {})
+    cos = sel.get(REFERENCE_SELECTOR, {})
     for name, recs in sel.items():
         vals = [r["metrics"].get(recall) for r in recs.values()]
         vals = [np.nan if v is None else v for v in vals]
@@ -135,7 +137,7 @@ def selector_table(sel: Dict[str, Dict[str, dict]], recall: str, budget: int, nu
         else:
             cells = ["-", "-", "-", "-"]
         pairs = [(set(r["selected"]), set(cos[q]["selected"])) for q, r in recs.items() if q in cos]
-        if pairs and name != "cosine":
+        if pairs and name != REFERENCE_SELECTOR:
             overlap = np.mean([len(a & b) / max(len(b), 1) for a, b in pairs])
             cells += [f"{overlap:.3f}", f"{np.mean([a == b for a, b in pairs]):.1%}"]
         else:
@@ -146,7 +148,7 @@ def selector_table(sel: Dict[str, Dict[str, dict]], recall: str, budget: int, nu
 
 def beta_line(sel: Dict[str, Dict[str, dict]]) -> str:
     """The note-block strength cds_support chose, as beta and as beta * n."""
-    recs = [r for r in sel.get("cds_support", {}).values() if "beta" in r.get("diagnostics", {})]
+    recs = [r for r in sel.get(SUPPORT, {}).values() if "beta" in r.get("diagnostics", {})]
     if not recs:
         return ""
     beta = np.asarray([r["diagnostics"]["beta"] for r in recs])

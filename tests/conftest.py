@@ -81,19 +81,25 @@ def find_tool(name: str) -> Optional[str]:
     return next((path for path in map(shutil.which, names) if path), None)
 
 
-def require_modules(*names: str) -> None:
-    """Imports the optional packages a test module needs (the extras `make` installs); a missing one fails
-    the module under ``CI=true`` and skips it elsewhere, in one line."""
+def require_module(name: str):
+    """The optional package a test needs (an extra or dev dependency `make` installs), imported; when it is
+    missing the test fails under ``CI=true`` and skips elsewhere, in one line."""
     import importlib
 
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        line = f"{name} is not installed ({err}); `make` installs the extras of pyproject.toml"
+        if IN_CI:
+            pytest.fail(f"{line}; CI=true needs it", pytrace=False)
+        pytest.skip(line, allow_module_level=True)
+
+
+def require_modules(*names: str) -> None:
+    """:func:`require_module` for each name, at a test module's top (under ``CI=true`` a missing package
+    is then a collection error that stops the run, with its one line)."""
     for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            line = f"{name} is not installed ({err}); `make` installs the extras of pyproject.toml"
-            if IN_CI:
-                pytest.fail(f"{line}; CI=true needs it", pytrace=False)
-            pytest.skip(line, allow_module_level=True)
+        require_module(name)
 
 
 def require_tool(name: str, usable: Optional[Callable[[], bool]] = None) -> str:

@@ -3,7 +3,7 @@
 import numpy as np
 
 from cdsjax import cli, demo
-from cdsjax.commands.demo import SELECTORS, verdict
+from cdsjax.commands.demo import demo_selectors, verdict
 
 
 def test_report_pages_hold_the_facts_they_are_mapped_to(tmp_path):
@@ -46,7 +46,7 @@ def test_demo_table_matches_the_selections(demo_run, capsys, monkeypatch):
     root, result = demo_run
     monkeypatch.setenv("CDSJAX_CACHE", str(root / "cache"))
     assert result["question"] == demo.QUESTION and result["facts"] == list(demo.FACTS)
-    assert [r["label"] for r in result["selectors"]] == [label for label, _, _ in SELECTORS]
+    assert [r["label"] for r in result["selectors"]] == [label for label, _ in demo_selectors()]
     for r in result["selectors"]:
         assert len(r["pages"]) == result["budget"] == 4
         expect = demo.coverage(r["pages"])
@@ -68,5 +68,5 @@ def test_demo_table_matches_the_selections(demo_run, capsys, monkeypatch):
     code = cli.main(["demo", "--dir", str(root)])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "reused" in out
-    assert all(label in out for label, _, _ in SELECTORS)
+    assert all(label in out for label, _ in demo_selectors())
     assert " ".join(result["verdict"].split()) in out

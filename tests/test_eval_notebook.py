@@ -8,6 +8,8 @@ import pathlib
 import numpy as np
 import pytest
 
+from tests.conftest import require_module
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "evaluation.ipynb"
 
@@ -28,8 +30,8 @@ def _tiny_config(tmp_path):
 
 
 def test_evaluation_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    nbformat = require_module("nbformat")
+    nbclient = require_module("nbclient")
     import sys
 
     sys.path.insert(0, str(ROOT))
@@ -118,14 +120,12 @@ def test_pca_2d_matches_numpy_reference():
 
 @pytest.mark.parametrize("benchmark", ["hotpotqa", "qasper", "mmlongbench"])
 def test_ablation_configs_build_valid_labelled_selectors(benchmark):
-    import importlib.util
+    import importlib
 
     from cdsjax.eval import figures as F
     from cdsjax.eval.settings import budgets_of, selector_specs
 
-    spec = importlib.util.spec_from_file_location("abl", ROOT / "configs" / "ablations" / f"{benchmark}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(f"configs.ablations.{benchmark}")
     main = module.sweeps.base_config(benchmark)
     expected = {"mmr": ("lam", [0.3, 0.5, 0.7, 0.9]), "tau": ("tau", [0.0, 0.3, 0.5, 0.6]),
                 "beta": ("beta", [0.5, 1.0, 2.0, 5.0]), "coupling": ("coupling", ["dissimilarity", "similarity", "none"]),

@@ -6,7 +6,7 @@ import pytest
 
 from cdsjax.io.judge import Judge, JudgeVerdict, parse_verdict
 from cdsjax.io.reader import ReaderError
-from tests.openai_server import OpenAIServer, message_text
+from cdsjax.io.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=1, backoff=0.01, max_backoff=0.02, timeout=5.0)
 

@@ -8,7 +8,7 @@ import pytest
 
 from cdsjax import cli
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
-from tests.openai_server import OpenAIServer, message_images, message_text
+from cdsjax.io.scripted_server import OpenAIServer, message_images, message_text
 
 
 @pytest.fixture(scope="module")

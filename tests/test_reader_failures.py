@@ -13,8 +13,8 @@ import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.reader import Reader, ReaderError
+from cdsjax.io.scripted_server import OpenAIServer, completion, message_images
 from tests.conftest import DATA
-from tests.openai_server import OpenAIServer, completion, message_images
 
 FIG = DATA / "pdfs" / "pdflatex-image.pdf"  # one page with a figure (a crop PNG in the index)
 FAST = dict(model="test-model", backoff=0.0, max_backoff=0.0)

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.conftest import DATA, ROOT
-from tests.openai_server import OpenAIServer
+from cdsjax.io.scripted_server import OpenAIServer
 
 README = ROOT / "README.md"
 BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```", re.S | re.M)

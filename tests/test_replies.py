@@ -17,7 +17,7 @@ from cdsjax.io.judge import parse_verdict
 from cdsjax.io.llm import ChatClient, ChatReply, ReaderConfig, ReaderError
 from cdsjax.io.replies import find_json, oneline, parse_citations, strip_citations, strip_thinking
 from cdsjax.io.vlm import VLMClient, VLMError
-from tests.openai_server import OpenAIServer, completion
+from cdsjax.io.scripted_server import OpenAIServer, completion
 
 
 @pytest.mark.parametrize("reply, text", [
@@ -148,3 +148,18 @@ def test_vlm_errors_that_stop_enrichment_are_one_line():
             VLMClient.from_config(_vlm_config(srv.base_url)).ask("system", "user")
     with pytest.raises(ReaderError, match="no server URL configured"):
         VLMClient(ReaderConfig())
+
+
+def test_yes_no_fields_and_leading_words_are_read_in_one_place():
+    from cdsjax.io.replies import find_field, leading_word, read_bool, read_float, starts_with
+
+    assert read_bool(" Yes ") is True and read_bool("n") is False and read_bool("maybe") is None
+    assert read_bool("correct") is None and read_bool("Correct", yes=("correct",)) is True
+    assert read_bool(0.7) is True and read_bool(0.7, threshold=None) is None and read_bool(1, threshold=None) is True
+    assert read_float("0.25") == 0.25 and read_float(True) is None and read_float(float("nan")) is None
+    reply = "Correct: no\nscore = 0.2\nrationale: 'the year differs'"
+    assert find_field(reply, "correct") == "no" and find_field(reply, "score") == "0.2"
+    assert find_field(reply, "rationale", free_text=True) == "the year differs"
+    assert find_field("incorrect: 1", "correct") is None  # a field name inside another word is not it
+    assert leading_word("**Wrong.** It was 2019.", ("correct", "wrong")) == ("Wrong", ".** It was 2019.")
+    assert starts_with("**Not answerable.**", "Not answerable") and not starts_with("It is answerable", "answerable")

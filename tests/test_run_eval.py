@@ -194,12 +194,9 @@ def test_summary_rows_markdown_and_csv(tmp_path):
 
 
 def _config(benchmark, out_dir, cache_dir, **fields):
-    import importlib.util
+    import importlib
 
-    spec = importlib.util.spec_from_file_location(f"cfg_{benchmark}", ROOT / "configs" / f"{benchmark}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = importlib.import_module(f"configs.{benchmark}").get_config()
     config.output_dir = str(out_dir)
     config.cache_dir = str(cache_dir)
     config.num_resamples = 500

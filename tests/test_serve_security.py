@@ -559,3 +559,13 @@ def test_nomic_index_needs_the_users_flag(built, tmp_path, capsys):
         model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True))
     code, err = in_process(capsys, "ask", crafted, "what is it?")
     assert code == 1 and "--trust-remote-code" in err and one_line(err)
+
+
+def test_lock_file_is_private_while_held(tmp_path):
+    from cdsjax.io import store
+
+    with store.writer_lock(tmp_path / "fresh" / "idx"):
+        lock = tmp_path / "fresh" / ".idx.lock"
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(tmp_path / "fresh").st_mode) == 0o700  # created by cdsjax: private
+    assert not lock.exists()

@@ -22,7 +22,7 @@ import dataclasses
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from cdsjax.io.replies import find_json
+from cdsjax.io.replies import find_json, read_bool
 
 MAX_NODES = 6
 MAX_DEPTH = 3
@@ -390,8 +390,9 @@ class Verdict:
         return {"sufficient": self.sufficient, "gaps": list(self.gaps)}
 
 
-_TRUE = ("true", "yes", "y", "1", "sufficient", "enough")
-_FALSE = ("false", "no", "n", "0", "insufficient", "not sufficient", "not enough")
+# The checker's own words for yes and no, beside those every reply may use (io.replies.read_bool).
+SUFFICIENT_WORDS = ("sufficient", "enough")
+INSUFFICIENT_WORDS = ("insufficient", "not sufficient", "not enough")
 
 
 def parse_sufficiency(text: Any) -> Verdict:
@@ -409,15 +410,10 @@ def parse_sufficiency(text: Any) -> Verdict:
         raise PlanError(f"expected a JSON object with 'sufficient', got {type(data).__name__}")
     raw = _pick(data, ("sufficient", "is_sufficient", "enough", "complete", "answerable"))
     gaps = _gap_list(_pick(data, ("gaps", "missing", "gap", "missing_information")))
-    if isinstance(raw, bool):
-        sufficient = raw
-    elif isinstance(raw, (int, float)) and raw in (0, 1):
-        sufficient = bool(raw)
-    elif isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
-        sufficient = raw.strip().lower() in _TRUE
-    elif raw is None and gaps:
+    sufficient = read_bool(raw, yes=SUFFICIENT_WORDS, no=INSUFFICIENT_WORDS, threshold=None)
+    if sufficient is None and raw is None and gaps:
         sufficient = False
-    else:
+    elif sufficient is None:
         raise PlanError(f"no readable 'sufficient' field in the verdict: {json.dumps(data)[:160]}")
     if sufficient:
         return Verdict(True, ())

@@ -19,3 +19,29 @@ def enable_float64() -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)
+
+
+def add_selector_argument(parser, lead: str) -> None:
+    """``--selector NAME`` (default None: the registry's default, resolved where the selector is built).
+
+    Its help is ``lead`` followed by every selector of :data:`cdsjax.core.registry.SPECS` with its one-line
+    help, read only when help is shown: the registry imports JAX, which ``cdsjax --help`` and
+    ``cdsjax ask --server`` must not load.
+    """
+    import argparse
+
+    class SelectorAction(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            setattr(namespace, self.dest, values)
+
+        @property
+        def help(self) -> str:
+            from cdsjax.core.registry import selectors_help
+
+            return f"{self._lead} ({selectors_help()})"
+
+        @help.setter
+        def help(self, value) -> None:
+            self._lead = value or ""
+
+    parser.add_argument("--selector", default=None, metavar="NAME", action=SelectorAction, help=lead)

@@ -49,21 +49,18 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
-from cdsjax.commands import CLIError
+from cdsjax.commands import CLIError, add_selector_argument
 
-DEFAULT_SELECTOR = "cds-converged"  # = cdsjax.pipeline.DEFAULT_SELECTOR (not imported: it loads JAX)
-# Selector names are checked where the selector is built (cdsjax.core.registry.selector_spec, here or in the
+# Selector names and the default are read where the selector is built (cdsjax.core.registry, here or in the
 # server), so this module stays free of JAX for `ask --server`.
 OPTION_FLAGS = (("--beta", "beta"), ("--tau", "tau"), ("--max-iter", "max_iter"), ("--lam", "lam"))
 
 
 def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
-    p.add_argument("--selector", default=DEFAULT_SELECTOR,
-                   help="evidence selector (default: cds-converged, the CDS equilibrium; cds-paper = cds: the "
-                   "paper's replicator dynamics with a step cap; also cds-support, cds-inimdyn, cosine, mmr, dpp, "
-                   "ppr, random, subgraph: every name of cdsjax.core.registry.SPECS and its aliases)")
+    add_selector_argument(p, "evidence selector; with --server, the server's default when not given")
     p.add_argument("--budget", type=int, default=10, help="number of evidence notes (default: 10)")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
@@ -161,8 +158,10 @@ def run(args) -> int:
 def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
+    from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, enable_compilation_cache
 
+    if args.selector is None:
+        args.selector = DEFAULT_SELECTOR
     check_options(args.selector, options)
     enable_compilation_cache()
     t0 = time.perf_counter()
@@ -198,16 +197,19 @@ def ask_local(args, paths, question, options):
     return answer.to_dict()
 
 
-def ask_server(url: str, question: str, *, selector: str, budget: int, options: dict, read: bool = True,
+def ask_server(url: str, question: str, *, selector: Optional[str], budget: int, options: dict, read: bool = True,
                timeout: float = 300.0, token: "str | None" = None) -> dict:
-    """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here)."""
+    """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here); without a
+    ``selector`` the server uses its default."""
     import urllib.error
     import urllib.request
 
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise CLIError(f"--server {url}: expected an http:// or https:// URL", 2)
-    body = dict(question=question, selector=selector, budget=budget)
+    body = dict(question=question, budget=budget)
+    if selector is not None:
+        body["selector"] = selector
     if options:
         body["options"] = options
     headers = {"Content-Type": "application/json"}

@@ -82,9 +82,12 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
     from absl import flags
     from ml_collections import config_flags
 
+    from cdsjax.config import import_config_package
+
     file = Path(spec.split(":", 1)[0])
     if not file.is_file():
         raise CLIError(f"{file}: no such config file", 2)
+    import_config_package(file)
     argv = ["cdsjax eval", f"--{CONFIG_FLAG}={spec}", *overrides]
     values = flags.FlagValues()
     holder = config_flags.DEFINE_config_file(CONFIG_FLAG, None, "config file", flag_values=values,

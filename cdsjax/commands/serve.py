@@ -47,7 +47,7 @@ import sys
 import time
 from typing import Optional
 
-from cdsjax.commands import CLIError
+from cdsjax.commands import CLIError, add_selector_argument
 
 MAX_BUDGET = 512
 MAX_QUESTION_CHARS = 4000
@@ -132,8 +132,7 @@ def add_arguments(p) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let the embedding model run its own Python code (needed by nomic-embed); never taken "
                    "from an index")
-    p.add_argument("--selector", default="cds-converged",
-                   help="selector when a request names none (default: cds-converged)")
+    add_selector_argument(p, "selector when a request names none")
     p.add_argument("--budget", type=int, default=10, help="budget when a request gives none (default: 10)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
@@ -193,14 +192,15 @@ def read_crop(path: str, roots, expected_sha: Optional[str]) -> Optional[bytes]:
     return data
 
 
-def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged", default_budget: int = 10,
+def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None, default_budget: int = 10,
                read_workers: int = 4, on_ready=None, limits=None):
     """The ASGI application around a loaded :class:`cdsjax.pipeline.Pipeline`: FastAPI behind the guard.
 
     Args:
       pipe: the pipeline (its ``reader`` answers /ask when set).
       queue: most question requests admitted at once; more get 503 (``limits.queue`` when limits are given).
-      default_selector, default_budget: used when a request leaves them out.
+      default_selector, default_budget: used when a request leaves them out (selector: None for the
+        registry's default).
       read_workers: reader calls in flight at once.
       on_ready: called at application start-up (before the socket accepts connections).
       limits: a :class:`cdsjax.commands.guard.Limits` (host names, token, body size, deadline); default:
@@ -216,8 +216,9 @@ def create_app(pipe, *, queue: int = 32, default_selector: str = "cds-converged"
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from cdsjax.commands.guard import Busy, Guard, Lane, Limits
-    from cdsjax.pipeline import PipelineError, canonical_selector
+    from cdsjax.pipeline import DEFAULT_SELECTOR, PipelineError, canonical_selector
 
+    default_selector = default_selector or DEFAULT_SELECTOR
     if limits is None:
         limits = Limits(queue=queue)
     if limits.queue < 1:
@@ -421,8 +422,8 @@ def run(args) -> int:
     from cdsjax.commands.ask import make_reader
     from cdsjax.commands.guard import Limits
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.pipeline import Pipeline, PipelineError, canonical_selector, enable_compilation_cache
-
+    from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, canonical_selector, enable_compilation_cache
+    args.selector = args.selector or DEFAULT_SELECTOR
     if args.queue < 1:
         raise CLIError(f"--queue must be >= 1, got {args.queue}")
     if not 1 <= args.budget <= MAX_BUDGET:

@@ -166,6 +166,7 @@ class SelectorSpec:
       needs_key: it reads the PRNG ``key``.
       aliases: other spellings users may write (``cds-paper``).
       display: the name shown to users (CLI, server, ``ask --json``).
+      help: one line saying what it selects (CLI help, listings).
     """
 
     name: str
@@ -176,6 +177,7 @@ class SelectorSpec:
     needs_key: bool = False
     aliases: Tuple[str, ...] = ()
     display: str = ""
+    help: str = ""
 
     @property
     def mode(self) -> Optional[str]:
@@ -199,31 +201,42 @@ class SelectorSpec:
         return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, aliases=(), display=None):
+def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, aliases=(), display=None, help=""):
     return SelectorSpec(name=name, build=build, solver=solver,
                         batch_chunk="auto" if solver == "replicator" else None, needs_links=needs_links,
-                        needs_key=needs_key, aliases=tuple(aliases), display=display or name)
+                        needs_key=needs_key, aliases=tuple(aliases), display=display or name, help=help)
 
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
-    _spec("cosine", _cosine),
-    _spec("random", _random, needs_key=True),
-    _spec("mmr", _mmr),
-    _spec("dpp", _dpp),
-    _spec("ppr", _ppr, needs_links=True),
-    _spec("subgraph", _subgraph, needs_links=True),
+    _spec("cosine", _cosine, help="the B notes most similar to the question"),
+    _spec("random", _random, needs_key=True, help="B notes drawn at random (seeded by the question id)"),
+    _spec("mmr", _mmr, help="maximal marginal relevance: relevance minus redundancy, greedily (lam)"),
+    _spec("dpp", _dpp, help="k-DPP greedy MAP: relevant and mutually dissimilar notes (theta, quality)"),
+    _spec("ppr", _ppr, needs_links=True, help="personalised PageRank over the note links, seeded by similarity"),
+    _spec("subgraph", _subgraph, needs_links=True, help="G2-Reader's subgraph readout over the note links"),
     # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere)
     _spec("cds", _cds_builder("cds", "replicator"), solver="replicator", needs_links=True,
-          aliases=("cds-paper",), display="cds-paper"),
+          aliases=("cds-paper",), display="cds-paper",
+          help="CDS, paper mode: replicator dynamics with the paper's step cap (may stop short of equilibrium)"),
     # Converged mode: the active-set Newton solver (bench_solvers.py: 700-900x faster than
     # replicator dynamics to KKT <= 1e-8 at n = 1024); InImDyn is kept as its own entry.
     _spec("cds_converged", _cds_builder("cds_converged", "converged"), solver="converged", needs_links=True,
-          aliases=("cds-converged",), display="cds-converged"),
+          aliases=("cds-converged",), display="cds-converged",
+          help="CDS, converged: the equilibrium itself, found by the active-set solver"),
     _spec("cds_inimdyn", _cds_builder("cds_inimdyn", "inimdyn"), solver="inimdyn", needs_links=True,
-          aliases=("cds-inimdyn",), display="cds-inimdyn"),
+          aliases=("cds-inimdyn",), display="cds-inimdyn",
+          help="CDS, converged by infection-immunization dynamics"),
     # beta chosen per question so the equilibrium's support holds about `budget` notes
-    _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support"),
+    _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support",
+          help="CDS with beta chosen per question so the support holds about B notes"),
 )}
+
+# The selector used when none is named: ask, serve, the pipeline and the planning agent.
+DEFAULT_SELECTOR = "cds_converged"
+# The plain baseline that comparisons are reported against (demo, figures, pool and support reports).
+REFERENCE_SELECTOR = "cosine"
+# The paper's method as published (replicator dynamics, its step cap): what reproductions compare.
+PAPER_SELECTOR = "cds"
 
 # name -> builder(budget, **options) -> selector function (a view of SPECS).
 SELECTORS: Dict[str, Callable[..., SelectorFn]] = {name: spec.build for name, spec in SPECS.items()}
@@ -233,6 +246,17 @@ _BY_SPELLING: Dict[str, str] = {**{a: s.name for s in SPECS.values() for a in s.
 def selector_names(*, aliases: bool = True) -> Tuple[str, ...]:
     """Every registry name, and with ``aliases`` every other accepted spelling, sorted."""
     return tuple(sorted(_BY_SPELLING if aliases else SPECS))
+
+
+def selectors_help() -> str:
+    """Every selector for a help text, the default first: ``display (also name, aliases): help; ...``."""
+    parts = []
+    for name in (DEFAULT_SELECTOR, *(n for n in SPECS if n != DEFAULT_SELECTOR)):
+        spec = SPECS[name]
+        others = [a for a in (spec.name, *spec.aliases) if a != spec.display]
+        also = f" (also {', '.join(others)})" if others else ""
+        parts.append(f"{spec.display}{also}{' [default]' if name == DEFAULT_SELECTOR else ''}: {spec.help}")
+    return "; ".join(parts)
 
 
 def selector_spec(name: str) -> SelectorSpec:

@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from cdsjax.core.registry import REFERENCE_SELECTOR, SPECS
+
 # The headline metric of each benchmark.
 PRIMARY_METRIC = {"hotpotqa": "paragraph_recall", "qasper": "paragraph_recall", "mmlongbench": "page_recall"}
 
@@ -111,6 +113,12 @@ def sweep_points(rows: Sequence[Mapping[str, Any]], param: str, metric: str, *,
     return out
 
 
+def _paper_mode(selector: str) -> bool:
+    """Paper-mode CDS (drawn solid in sweeps); False for any other selector or an unknown label."""
+    spec = SPECS.get(selector)
+    return spec is not None and spec.mode == "paper"
+
+
 def baseline(rows: Sequence[Mapping[str, Any]], benchmark: str, selector: str, metric: str,
              budget: Optional[int] = None) -> Optional[float]:
     """Mean of ``metric`` for a plain ``selector`` on ``benchmark`` (first match)."""
@@ -125,7 +133,7 @@ def baseline(rows: Sequence[Mapping[str, Any]], benchmark: str, selector: str, m
 
 
 def plot_sweep(rows: Sequence[Mapping[str, Any]], param: str, *, metrics: Optional[Mapping[str, str]] = None,
-               ax=None, reference: Optional[str] = "cosine", title: Optional[str] = None):
+               ax=None, reference: Optional[str] = REFERENCE_SELECTOR, title: Optional[str] = None):
     """Metric vs swept ``param``, one line (with 95% interval bars) per benchmark and
     swept selector (e.g. ``cds`` and ``cds_converged``).
 
@@ -159,7 +167,7 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], param: str, *, metrics: Option
             lo = np.asarray([p[2] for p in pts])[order]
             hi = np.asarray([p[3] for p in pts])[order]
             ax.errorbar(x, mean, yerr=[mean - lo, hi - mean], marker="os^D"[line % 4], capsize=3,
-                        color=f"C{i}", linestyle="-" if selector == "cds" else ":",
+                        color=f"C{i}", linestyle="-" if _paper_mode(selector) else ":",
                         label=f"{bench} {selector} ({metric})")
             line += 1
         if reference is not None:
@@ -323,7 +331,7 @@ def compact_table(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], *, 
 
 
 def plot_pool_sizes(points: Mapping[str, Mapping[str, Sequence[Tuple[int, float]]]], *, metric: str,
-                    title: str = "", reference: str = "cosine"):
+                    title: str = "", reference: str = REFERENCE_SELECTOR):
     """Recall against pool size: one panel per distractor kind, one line per selector.
 
     Args:

@@ -29,12 +29,9 @@ def missing_extra(extra: str, package: str, err: ImportError) -> ImportError:
 
 def default_selector() -> str:
     """The selector ``cdsjax ask`` and ``cdsjax serve`` use when none is given."""
-    from cdsjax.core import registry
+    from cdsjax.core.registry import DEFAULT_SELECTOR
 
-    name = getattr(registry, "DEFAULT_SELECTOR", None)
-    if name is None:
-        from cdsjax.pipeline import DEFAULT_SELECTOR as name
-    return name
+    return DEFAULT_SELECTOR
 
 
 def unit_rows(vectors, what: str) -> np.ndarray:

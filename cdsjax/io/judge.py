@@ -13,12 +13,11 @@ verdict is one of kind ``bad_response``.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Iterable, Mapping, Optional
 
 from cdsjax.io.llm import ChatClient, ReaderError
 from cdsjax.io.reader import ABSTAIN
-from cdsjax.io.replies import find_json, oneline, strip_thinking
+from cdsjax.io.replies import find_field, find_json, leading_word, oneline, read_bool, read_float, strip_thinking
 
 JUDGE_PROMPT = f"""\
 You grade answers to questions about documents. You get a question, the reference answer and a candidate \
@@ -107,9 +106,11 @@ class Judge(ChatClient):
         return self.map(one, items, desc="judge", progress=progress, errors=errors)
 
 
-_TRUE = {"true", "yes", "correct", "1", "y"}
-_FALSE = {"false", "no", "incorrect", "wrong", "0", "n"}
-_FIELD = r'(?<![A-Za-z])["\']?{name}["\']?\s*[:=]\s*["\']?([A-Za-z]+|[-+]?\d+(?:\.\d+)?)'
+# The judge's own words for a verdict, beside the yes/no words every reply may use (io.replies).
+CORRECT_WORDS = ("correct",)
+INCORRECT_WORDS = ("incorrect", "wrong")
+# Words a reply without JSON or fields may start with to give its verdict.
+VERDICT_WORDS = ("correct", "incorrect", "yes", "no", "true", "false", "wrong")
 
 
 def parse_verdict(text: str) -> tuple:
@@ -128,19 +129,14 @@ def parse_verdict(text: str) -> tuple:
     if fields is not None:
         fields = {str(k).lower(): v for k, v in fields.items()}
     else:
-        fields = {}
-        for name in ("correct", "score", "rationale"):
-            pattern = r'["\']?rationale["\']?\s*[:=]\s*["\']?([^"\'\n]*)' if name == "rationale" else \
-                _FIELD.format(name=name)
-            match = re.search(pattern, body, re.IGNORECASE)
-            if match:
-                fields[name] = match.group(1)
+        fields = {name: value for name in ("correct", "score", "rationale")
+                  if (value := find_field(body, name, free_text=name == "rationale")) is not None}
         if "correct" not in fields and "score" not in fields:
-            match = re.match(r"\W*(correct|incorrect|yes|no|true|false|wrong)\b", body, re.IGNORECASE)
-            if match:
-                fields = {"correct": match.group(1), "rationale": body[match.end():].strip(" .:-\n")}
-    correct = _as_bool(fields.get("correct"))
-    score = _as_float(fields.get("score"))
+            lead = leading_word(body, VERDICT_WORDS)
+            if lead is not None:
+                fields = {"correct": lead[0], "rationale": lead[1].strip(" .:-\n")}
+    correct = read_bool(fields.get("correct"), yes=CORRECT_WORDS, no=INCORRECT_WORDS)
+    score = read_float(fields.get("score"))
     if correct is None and score is None:
         raise ValueError(f"sent no readable verdict: {oneline(text, 200)!r}")
     if score is None:
@@ -150,28 +146,3 @@ def parse_verdict(text: str) -> tuple:
         correct = score >= 0.5
     rationale = fields.get("rationale")
     return correct, score, oneline(rationale, 1000) if rationale else ""
-
-
-def _as_bool(value: Any) -> Optional[bool]:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value >= 0.5
-    word = str(value).strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    return None
-
-
-def _as_float(value: Any) -> Optional[float]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if out == out else None  # NaN is no score

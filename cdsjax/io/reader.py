@@ -36,13 +36,12 @@ import dataclasses
 import hashlib
 import math
 import random
-import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 # The client and the reply parsing live in llm / replies; the names stay importable from here.
 from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError  # noqa: F401
-from cdsjax.io.replies import parse_citations, strip_thinking  # noqa: F401
+from cdsjax.io.replies import parse_citations, starts_with, strip_thinking  # noqa: F401
 
 TEXT_KINDS = ("text",)
 VISUAL_KINDS = ("figure", "table", "chart")
@@ -271,7 +270,8 @@ def _data_url(path: str, number: int) -> str:
 
 
 def is_abstention(text: str) -> bool:
-    return re.sub(r"[^a-z ]", "", text.lower()).strip().startswith(ABSTAIN.lower())
+    """True when the answer declines (starts with :data:`ABSTAIN`, whatever the markup around it)."""
+    return starts_with(text, ABSTAIN)
 
 
 class Reader(ChatClient):

@@ -7,6 +7,8 @@ is read the same way everywhere:
     parse_citations("91.2% [3], see [1-2]", 5)        # (3, 1, 2)
     strip_citations("Heron [1].")                     # "Heron."
     find_json('Sure: ```json\\n{"a": 1,}\\n```')       # {"a": 1}
+    read_bool("Yes"), read_bool("correct", yes=("correct",))   # True, True
+    find_field("correct: no\\nscore: 0.2", "score")     # "0.2"
 
 Nothing here talks to a server (:mod:`cdsjax.io.llm` does) or imports more than the standard library.
 """
@@ -28,6 +30,13 @@ _CITATION_MARK = re.compile(r"\s*" + _CITATION.pattern)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+
+# Words every yes/no field accepts; callers add their own (the judge "correct", the checker "sufficient").
+YES_WORDS = ("true", "yes", "y", "1")
+NO_WORDS = ("false", "no", "n", "0")
+# A "name: value" field of a reply without JSON: one word or number, or (free text) the rest of the line.
+_FIELD = r'(?<![A-Za-z])["\']?{name}["\']?\s*[:=]\s*["\']?([A-Za-z]+|[-+]?\d+(?:\.\d+)?)'
+_TEXT_FIELD = r'["\']?{name}["\']?\s*[:=]\s*["\']?([^"\'\n]*)'
 
 
 def strip_thinking(text: str) -> str:
@@ -101,3 +110,61 @@ def _first_json(text: str, want, accept) -> Optional[Tuple[int, Any]]:
         if isinstance(value, want) and (accept is None or accept(value)):
             return match.start(), value
     return None
+
+
+def read_bool(value: Any, *, yes: Tuple[str, ...] = (), no: Tuple[str, ...] = (),
+              threshold: Optional[float] = 0.5) -> Optional[bool]:
+    """A yes/no a model wrote, or None when it cannot be read.
+
+    Args:
+      value: a bool; a number (yes when ``>= threshold``; with ``threshold=None`` only 0 and 1 are read);
+        or a word of :data:`YES_WORDS` / :data:`NO_WORDS` or of ``yes`` / ``no`` (any case, outer spaces).
+      yes, no: the caller's own words for yes and no (e.g. ``("correct",)`` / ``("incorrect", "wrong")``).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        if threshold is not None:
+            return value >= threshold
+        return bool(value) if value in (0, 1) else None
+    word = str(value).strip().lower()
+    if word in YES_WORDS + tuple(yes):
+        return True
+    if word in NO_WORDS + tuple(no):
+        return False
+    return None
+
+
+def read_float(value: Any) -> Optional[float]:
+    """A number a model wrote (a number or a numeric string), or None (also for a bool or NaN)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if out == out else None
+
+
+def find_field(text: str, name: str, *, free_text: bool = False) -> Optional[str]:
+    """The value of a ``name: value`` (or ``"name" = value``) field in a reply that holds no JSON, or None.
+
+    The value is one word or number; with ``free_text`` it is the rest of the line (quotes dropped).
+    """
+    pattern = (_TEXT_FIELD if free_text else _FIELD).format(name=re.escape(name))
+    match = re.search(pattern, text, re.IGNORECASE)
+    return match.group(1) if match else None
+
+
+def leading_word(text: str, words: Tuple[str, ...]) -> Optional[Tuple[str, str]]:
+    """``(word, rest of the reply)`` when the reply starts (after punctuation) with one of ``words``."""
+    match = re.match(r"\W*(" + "|".join(map(re.escape, words)) + r")\b", text, re.IGNORECASE)
+    return (match.group(1), text[match.end():]) if match else None
+
+
+def starts_with(text: str, phrase: str) -> bool:
+    """True when the reply, read as lowercase letters and spaces only, starts with ``phrase`` (so
+    "**Not answerable.**" starts with "not answerable")."""
+    return re.sub(r"[^a-z ]", "", text.lower()).strip().startswith(phrase.lower())

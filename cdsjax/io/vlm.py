@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from cdsjax.io.elements import Element
 from cdsjax.io.llm import FATAL_KINDS, ChatClient, ReaderConfig, ReaderError
-from cdsjax.io.replies import find_json
+from cdsjax.io.replies import find_json, read_bool
 
 DESCRIBE_PROMPT = """\
 [cdsjax:describe]
@@ -271,7 +271,7 @@ def enrich_vlm_report(notes, elements: Sequence[Element], edges: Set[Tuple[int, 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             replies = list(pool.map(evolve, range(len(notes))))
         for note, reply in zip(notes, replies):
-            if reply and reply.get("update") is True:
+            if reply and read_bool(reply.get("update"), threshold=None):
                 _apply(note, reply)
     return notes, edges, report
 

@@ -13,14 +13,11 @@ or, with the CLI (same FILE:ARG form; without ARG the sweep is "all")::
 Records go to runs/ablations/mmlongbench_<sweep>/. MMLongBench-Doc ablations keep the first 81 questions (12 PDFs), the subset whose PDF indexes are built.
 """
 
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location(
-    "cdsjax_ablation_sweeps", pathlib.Path(__file__).with_name("sweeps.py"))
-sweeps = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweeps)
+from configs import common
+from configs.ablations import sweeps
 
 
-def get_config(sweep: str = "all"):
-    return sweeps.ablation_config("mmlongbench", sweep or "all", budgets=None, max_queries=81)
+def get_config(arg=None):
+    """``arg``: the sweep (default ``all``)."""
+    sweep = common.parse_arg(arg, sweep="all").sweep
+    return sweeps.ablation_config("mmlongbench", sweep, budgets=None, max_queries=81)

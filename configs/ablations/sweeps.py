@@ -23,12 +23,9 @@ the default setting appears once per sweep under that sweep's label):
 * ``all``: the mmr, prior, coupling, tau and beta sweeps in one run at the main budget.
 """
 
-import importlib.util
-import pathlib
+import importlib
 
 import ml_collections
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1]
 
 # sweep -> (selector, option name, values); a value may be (label value, options).
 SWEEPS = {
@@ -56,11 +53,7 @@ SWEEP_NAMES = tuple(SWEEPS) + ("budget", "all")
 
 def base_config(benchmark: str) -> ml_collections.ConfigDict:
     """``configs/<benchmark>.py``'s ``get_config()``."""
-    path = CONFIGS / f"{benchmark}.py"
-    spec = importlib.util.spec_from_file_location(f"cdsjax_config_{benchmark}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return importlib.import_module(f"configs.{benchmark}").get_config()
 
 
 def encode_value(value) -> str:

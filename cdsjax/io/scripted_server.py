@@ -1,4 +1,7 @@
-"""A real local HTTP server that speaks the OpenAI chat-completions API, for tests.
+"""A local scripted server that speaks the OpenAI chat-completions API: for tests and offline experiments.
+
+Nothing in the package uses it to answer real questions; it stands in for a model server where none may be
+reached (the test suite, ``experiments/eval_planning.py`` without a reader URL). Standard library only.
 
 It listens on 127.0.0.1 (an ephemeral port), records every request body, and
 answers each chat completion with whatever ``responder(request_json)`` returns:
@@ -26,6 +29,14 @@ Response = Union[str, dict, tuple]
 
 
 class OpenAIServer:
+    """The server, started on entering ``with`` and stopped on leaving it; ``base_url`` is its ``/v1`` URL.
+
+    Args:
+      responder: ``responder(request body) -> reply`` (see the module docstring for the reply forms).
+      models: the model ids ``GET /v1/models`` lists.
+      delay: seconds to sleep before each answer.
+    """
+
     def __init__(
         self,
         responder: Callable[[dict], Response] = lambda req: "ok",
@@ -60,8 +71,8 @@ class OpenAIServer:
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
                     self._send(200, {"object": "list", "data": [
-                        {"id": m, "object": "model", "created": 0, "owned_by": "test", **server.model_fields.get(m, {})}
-                        for m in server.models
+                        {"id": m, "object": "model", "created": 0, "owned_by": "test",
+                         **server.model_fields.get(m, {})} for m in server.models
                     ]})
                 else:
                     self._send(404, {"error": {"message": "not found"}})

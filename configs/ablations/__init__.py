@@ -1,0 +1,1 @@
+"""Ablation sweeps, one config per benchmark (see :mod:`configs.ablations.sweeps`)."""

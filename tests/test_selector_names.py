@@ -1,0 +1,71 @@
+"""A selector's name, default and help live in the selector registry only (cdsjax/core/registry.py).
+
+Elsewhere code reads them from :data:`cdsjax.core.registry.SPECS` and the registry's ``DEFAULT_SELECTOR``,
+``REFERENCE_SELECTOR`` and ``PAPER_SELECTOR``. Docs, docstrings, comments and tests may name selectors, and
+so may ``configs/`` (a config choosing what to evaluate is configuration, like a command line). The check
+is static: no string literal other than a docstring or an ``__all__`` entry, in ``cdsjax/`` or
+``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
+``random`` is left out: it is also the distractor kind of candidate pools (``io.datasets.DISTRACTORS``).
+Files listed in :data:`OTHER_LIBRARIES` label another library's methods with the same words; they are not
+registry names.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+from cdsjax.core.registry import SPECS, selector_names
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = ROOT / "cdsjax" / "core" / "registry.py"
+NAMES = (set(selector_names(aliases=True)) | {s.display for s in SPECS.values()}) - {"random"}
+FLAG = re.compile(r"--selector[ =]([A-Za-z_-]+)")
+OTHER_LIBRARIES = {
+    "experiments/compare_langchain.py": "rows of LangChain's similarity order and MMR beside the CDS adapter",
+}
+
+
+def names_in(text: str) -> list:
+    """Selector names a string spells: the whole string, every part of a comma list, or ``--selector X``."""
+    parts = [p.strip() for p in text.split(",")]
+    if all(p in NAMES for p in parts):
+        return parts
+    return [m for m in FLAG.findall(text) if m in NAMES]
+
+
+def _exempt(tree: ast.AST) -> set:
+    """ids of the string nodes that are docstrings or ``__all__`` entries."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            out.update(id(n) for n in ast.walk(node.value))
+    return out
+
+
+def selector_literals(path: Path) -> list:
+    """``"line: 'literal'"`` for each string literal of ``path`` that spells a selector name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    exempt = _exempt(tree)
+    return [f"{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in exempt
+            and names_in(node.value)]
+
+
+def test_the_check_finds_names_lists_and_flags_but_not_prose_or_docstrings(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('"""cosine and cds-paper in a docstring are documentation."""\n'
+                   '__all__ = ["cds_support"]\n'
+                   'A = "cds-converged"\nB = "cosine,mmr"\nC = f"use --selector cds-paper now"\n'
+                   'D = "exact cosine similarity"\nE = "random"\n')
+    assert selector_literals(src) == ["3: 'cds-converged'", "4: 'cosine,mmr'", "5: 'use --selector cds-paper now'"]
+
+
+def test_selector_names_live_only_in_the_registry():
+    bad = [f"{path.relative_to(ROOT)}:{hit}" for top in ("cdsjax", "experiments")
+           for path in sorted((ROOT / top).rglob("*.py"))
+           if path != REGISTRY and str(path.relative_to(ROOT)) not in OTHER_LIBRARIES for hit in selector_literals(path)]
+    assert not bad, "selector names spelled outside cdsjax/core/registry.py:\n" + "\n".join(bad)
