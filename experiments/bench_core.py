@@ -3,6 +3,13 @@
 Run:
     .venv/bin/python experiments/bench_core.py            # the three (b, n) shapes of the issue
     .venv/bin/python experiments/bench_core.py --quick    # smaller, for a smoke run
+    .venv/bin/python experiments/bench_core.py --shared-only --shared-shape 32 512   # only the last section
+
+The last section times converged CDS (the active-set solver) for b questions on ONE corpus two ways:
+per question on dense [n+1, n+1] payoffs (jit(vmap(cds_select))) and with the "shared" strategy of
+core.cds (the note block once, each question's rows formed on demand, questions solved one after
+another), and prints XLA's temporary buffer bytes of each compiled function and the largest
+intermediate array each traces.
 
 Everything in one table is measured in one run (machines here are shared and
 noisy; compare the ratios, not the absolute numbers). Embeddings are synthetic
@@ -161,6 +168,55 @@ def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_querie
     return rows, np_qps, float(np.mean(np_iters)), matvec_floor(n)
 
 
+def _largest_intermediate(fn, *args):
+    """``(shape, bytes)`` of the largest intermediate array in ``fn``'s jaxpr (loops and branches included)."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            found.extend(v.aval for v in eqn.outvars if hasattr(v.aval, "shape"))
+            for param in eqn.params.values():
+                for inner in param if isinstance(param, (tuple, list)) else (param,):
+                    inner = getattr(inner, "jaxpr", inner)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    aval = max(found, key=lambda a: int(np.prod(a.shape)) * a.dtype.itemsize)
+    return tuple(aval.shape), int(np.prod(aval.shape)) * aval.dtype.itemsize
+
+
+def bench_shared(b, n, *, budget, rng):
+    """Converged CDS for ``b`` questions on one corpus: dense per-question payoffs vs the shared strategy."""
+    notes, queries = clustered(rng, b, n)
+    notes = notes[0]
+    valid = np.ones(n, bool)
+    dense = jax.jit(jax.vmap(lambda q: core.cds_select(notes, q, valid, budget=budget, solver="converged")))
+    shared = jax.jit(lambda q: core.cds(core.CDSProblem.create(notes, q, valid), "shared", budget=budget,
+                                        solver="converged"))
+    rows = []
+    for label, fn in (("dense per question (jit(vmap(cds_select)))", dense), ('shared corpus (cds(..., "shared"))', shared)):
+        compiled = fn.lower(queries).compile()
+        memory = compiled.memory_analysis()
+        temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
+        out = fn(queries)
+        jax.block_until_ready(out)
+        dt, _ = seconds_per_call(lambda: fn(queries))
+        shape, nbytes = _largest_intermediate(fn, queries)
+        rows.append(dict(label=label, out=out, seconds=dt, temp=temp, shape=shape, nbytes=nbytes))
+    same = float(np.mean(np.all(np.asarray(rows[0]["out"].indices) == np.asarray(rows[1]["out"].indices), axis=1)))
+    dx = float(np.max(np.abs(np.asarray(rows[0]["out"].result.x) - np.asarray(rows[1]["out"].result.x))))
+    print()
+    print(f"Converged CDS (active set), b = {b} questions on one corpus of n = {n} notes, budget {budget}:")
+    print("| path | seconds per batch | q/s | XLA temp buffers (MB) | largest intermediate | its size (MB) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        temp = "n/a" if r["temp"] is None else f"{r['temp'] / 1e6:.1f}"
+        print(f"| {r['label']} | {r['seconds']:.3g} | {b / r['seconds']:.1f} | {temp} | {list(r['shape'])} | "
+              f"{r['nbytes'] / 1e6:.2f} |")
+    print(f"same selections: {same:.0%} of questions; max |x_dense - x_shared| = {dx:.2e}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes for a smoke run")
@@ -172,7 +228,14 @@ def main():
                         help="a (b, n) shape to run instead of the defaults (repeatable)")
     parser.add_argument("--loop-queries", type=int, default=8, help="queries timed in the per-query JAX loop")
     parser.add_argument("--chunk", type=int, help="also time each selector batched in fixed chunks of this many queries")
+    parser.add_argument("--shared-shape", type=int, nargs=2, metavar=("B", "N"),
+                        help="(b, n) of the shared-corpus section (default 32 512; --quick: 8 64)")
+    parser.add_argument("--shared-only", action="store_true", help="only the shared-corpus section")
     args = parser.parse_args()
+    shared_shape = tuple(args.shared_shape) if args.shared_shape else ((8, 64) if args.quick else (32, 512))
+    if args.shared_only:
+        bench_shared(*shared_shape, budget=args.budget, rng=np.random.default_rng(0))
+        return
     shapes = [(1, 32), (8, 64), (4, 128)] if args.quick else [(1, 64), (64, 256), (16, 1024)]
     shapes = [tuple(s) for s in args.shape] if args.shape else shapes
     rng = np.random.default_rng(0)
@@ -208,6 +271,7 @@ def main():
     print("Ceiling on the ratio for per-query payoffs (one matrix-vector product per step):")
     for line in ceilings:
         print("  " + line)
+    bench_shared(*shared_shape, budget=args.budget, rng=rng)
 
 
 if __name__ == "__main__":

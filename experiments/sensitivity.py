@@ -196,9 +196,9 @@ def _per_query(theta, notes, query, valid, units, unit_valid, opts: Options, tau
     from cdsjax import core
 
     params = core.CDSParams(beta=theta[0], tau=theta[1], tau_mode=tau_mode, tau_temperature=opts.tau_temperature)
-    out = core.retrieval_surrogates(notes, query, valid, units, params, budget=opts.budget, solver=opts.solve.solver,
-                                    temperature=opts.temperature, slack_weight=opts.slack_weight,
-                                    tol=opts.solve.tol, max_iter=opts.solve.max_iter, unit_valid=unit_valid)
+    out = core.retrieval_surrogates(core.CDSProblem.create(notes, query, valid), units, params, opts.solve,
+                                    budget=opts.budget, temperature=opts.temperature, slack_weight=opts.slack_weight,
+                                    unit_valid=unit_valid)
     return jnp.stack([out["soft_recall"], out["gold_mass"]]), out
 
 

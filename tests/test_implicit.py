@@ -14,7 +14,6 @@ import pytest
 
 from cdsjax import core
 from cdsjax.core import implicit
-from cdsjax.core.inimdyn import solve_inimdyn
 from tests.test_inimdyn import np_face_solution
 
 # Every test compares with float64 references at tolerances float32 cannot reach.
@@ -102,8 +101,7 @@ def test_implicit_jacfwd_grad_loop_and_finite_differences_agree(theta):
     notes, query = clustered_problem()
     valid = np.ones(len(notes), bool)
     theta = jnp.asarray(theta)
-    result, _ = implicit.cds_equilibrium(jnp.asarray(notes), jnp.asarray(query), jnp.asarray(valid),
-                                         params_of(theta), **TIGHT)
+    result, _ = implicit.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta), **TIGHT)
     assert bool(result.converged) and float(result.kkt_residual) < 1e-12
     support = np.asarray(result.x) > 1e-6
     x_ref = np_equilibrium(notes, query, np.asarray(theta), support)
@@ -130,7 +128,7 @@ def test_implicit_derivative_does_not_depend_on_the_solver():
     valid = np.ones(len(notes), bool)
     theta = jnp.asarray([0.3, 0.1])
     by_replicator = jac_fn(notes, query, valid)(theta)
-    by_inimdyn = jac_fn(notes, query, valid, solver=solve_inimdyn)(theta)
+    by_inimdyn = jac_fn(notes, query, valid, solver="inimdyn")(theta)
     np.testing.assert_allclose(np.asarray(by_inimdyn), np.asarray(by_replicator), rtol=1e-6, atol=1e-9)
 
 
@@ -191,7 +189,7 @@ def test_support_change_gives_finite_one_sided_derivatives():
     thetas = jnp.stack([betas, jnp.full_like(betas, tau)], axis=1)
     # InImDyn: near the kink the slack of the changing note is tiny and replicator
     # dynamics slow to a crawl, while InImDyn's exact line search still converges.
-    fn = weights_fn(notes, query, np.ones(len(notes), bool), solver=solve_inimdyn)
+    fn = weights_fn(notes, query, np.ones(len(notes), bool), solver="inimdyn")
     xs = np.stack([np.asarray(fn(t)) for t in thetas])
     sizes = (xs[:, 1:] > 1e-6).sum(axis=1)
     k = int(np.flatnonzero(np.diff(sizes) != 0)[0])
@@ -204,7 +202,7 @@ def test_support_change_gives_finite_one_sided_derivatives():
         lo, hi = (mid, hi) if size_mid == size_lo else (lo, mid)
     kink = 0.5 * (lo + hi)
     grid = jnp.stack([kink + jnp.asarray([-1e-3, -1e-6, 1e-6, 1e-3]), jnp.full((4,), tau)], axis=1)
-    jac_at = jac_fn(notes, query, np.ones(len(notes), bool), solver=solve_inimdyn)
+    jac_at = jac_fn(notes, query, np.ones(len(notes), bool), solver="inimdyn")
     jac = np.stack([np.asarray(jac_at(t)) for t in grid])[:, :, 0]
     assert np.all(np.isfinite(jac))
     # Left and right branches differ (a kink), and each side matches its own finite differences.
@@ -217,8 +215,8 @@ def test_support_change_gives_finite_one_sided_derivatives():
 
     # Extended scores pass through 0 for the note that changes status: continuous at the kink.
     def scores(theta):
-        result, aff = implicit.cds_equilibrium(jnp.asarray(notes), jnp.asarray(query), valid, params_of(theta),
-                                               solver=solve_inimdyn, tol=1e-13)
+        result, aff = implicit.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta),
+                                               solver="inimdyn", tol=1e-13)
         return implicit.equilibrium_scores(aff, result.x)
 
     scores_and_tangent = jax.jit(lambda t: jax.jvp(scores, (t,), (jnp.asarray([1.0, 0.0]),)))
@@ -329,7 +327,7 @@ def test_gold_mass_and_surrogate_gradients():
     theta = jnp.asarray([0.5, 0.1])
 
     def objectives(t):
-        out = implicit.retrieval_surrogates(jnp.asarray(notes), jnp.asarray(query), valid, jnp.asarray(gold_units),
+        out = implicit.retrieval_surrogates(core.CDSProblem.create(notes, query, valid), jnp.asarray(gold_units),
                                             params_of(t), budget=3, temperature=0.3, **TIGHT)
         return jnp.stack([out["soft_recall"], out["gold_mass"]])
 

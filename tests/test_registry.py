@@ -53,7 +53,8 @@ FORWARDING = [
      lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver="inimdyn")),
     ("cds_support", dict(tau=0.1, num_steps=7, scale_range=(0.01, 100), threshold=0.03, fill=False),
      lambda z, q, v, l, k: core.cds_support(z, q, v, budget=5, params=core.CDSParams(tau=0.1), num_steps=7,
-                                            scale_range=(0.01, 100.0), threshold=0.03, fill=False)),
+                                            scale_range=(0.01, 100.0), threshold=0.03, fill=False,
+                                            solver="converged")),
 ]
 
 

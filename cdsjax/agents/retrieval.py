@@ -51,8 +51,6 @@ class SelectorRetriever:
         self.last_diagnostics: List[dict] = []
 
     def __call__(self, queries: Sequence[str], *, combined: Optional[str] = None) -> List[List[EvidenceItem]]:
-        from cdsjax.pipeline import diagnostics
-
         if combined not in COMBINED_MODES:
             raise ValueError(f"combined must be one of {COMBINED_MODES}, got {combined!r}")
         queries = list(queries)
@@ -65,7 +63,7 @@ class SelectorRetriever:
                 sel = self.pipeline.select(e, selector=self.selector, budget=self.budget, qid=q,
                                            options=self.options or None)
                 out.append(self._items(sel))
-                diags.append(diagnostics(sel, self.selector, self.options))
+                diags.append(self.pipeline.diagnostics(sel, self.selector))
             self.last_diagnostics = diags
             return out
         options = dict(self.options)
@@ -79,7 +77,7 @@ class SelectorRetriever:
         budget = self.joint_budget or self.budget * len(queries)
         sel = self.pipeline.select(emb, selector=self.selector, budget=budget, qid=" | ".join(queries),
                                    options=options or None)
-        self.last_diagnostics = [diagnostics(sel, self.selector, options)]
+        self.last_diagnostics = [self.pipeline.diagnostics(sel, self.selector)]
         return [self._items(sel)]
 
     def _items(self, sel) -> List[EvidenceItem]:

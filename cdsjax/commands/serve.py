@@ -54,23 +54,18 @@ MAX_QUESTION_CHARS = 4000
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0
 
-# The options an HTTP request may set, per selector: their types and, for those that set how much work a
+# The options an HTTP request may set, by name, with their types and, for those that set how much work a
 # request costs, the HTTP policy's bounds (tighter than SolveOptions' own hard limits, which every caller
-# gets: a request's solve stays within seconds on a few thousand notes). Everything else is refused (400).
+# gets: a request's solve stays within seconds on a few thousand notes). A selector accepts those of them
+# its registry spec declares (SelectorSpec.options); everything else (solver, warm_start, params, the
+# affinity's shape fields, ...) is refused with 400.
 HTTP_MAX_ITER = 20_000  # twice paper mode's 10,000 steps
 HTTP_MIN_TOL = 1e-12
 HTTP_MAX_SUPPORT_STEPS = 40  # twice cds-support's default bisection
-_TOL = (float, HTTP_MIN_TOL, 1.0)
-_MAX_ITER = (int, 1, HTTP_MAX_ITER)
-CDS_HTTP_OPTIONS = dict(beta=(float,), tau=(float,), threshold=(float,), tol=_TOL, max_iter=_MAX_ITER,
-                        init=(str,), prior_temperature=(float,), fill=(bool,), peel=(bool,))
 HTTP_OPTIONS = dict(
-    cds=CDS_HTTP_OPTIONS, cds_converged=CDS_HTTP_OPTIONS, cds_inimdyn=CDS_HTTP_OPTIONS,
-    cds_support=dict(tau=(float,), threshold=(float,), tol=_TOL, max_iter=_MAX_ITER,
-                     num_steps=(int, 1, HTTP_MAX_SUPPORT_STEPS), fill=(bool,)),
-    mmr=dict(lam=(float,)), dpp=dict(theta=(float,), quality=(str,)),
-    ppr=dict(damping=(float,), temperature=(float,), tol=_TOL, max_iter=_MAX_ITER),
-    cosine={}, random={}, subgraph={},
+    beta=(float,), tau=(float,), threshold=(float,), init=(str,), prior_temperature=(float,), fill=(bool,),
+    peel=(bool,), lam=(float,), theta=(float,), quality=(str,), damping=(float,), temperature=(float,),
+    tol=(float, HTTP_MIN_TOL, 1.0), max_iter=(int, 1, HTTP_MAX_ITER), num_steps=(int, 1, HTTP_MAX_SUPPORT_STEPS),
 )
 
 
@@ -84,7 +79,9 @@ def check_http_options(selector: str, options: dict) -> dict:
     Raises:
       ValueError: one line naming the option.
     """
-    allowed = HTTP_OPTIONS.get(selector, {})
+    from cdsjax.core.registry import selector_spec
+
+    allowed = {name: HTTP_OPTIONS[name] for name in selector_spec(selector).options if name in HTTP_OPTIONS}
     for name, value in options.items():
         if name not in allowed:
             raise ValueError(f"option {name!r} is not accepted for selector {selector!r} over HTTP; "
@@ -216,7 +213,7 @@ def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None,
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from cdsjax.commands.guard import Busy, Guard, Lane, Limits
-    from cdsjax.pipeline import DEFAULT_SELECTOR, PipelineError, canonical_selector
+    from cdsjax.pipeline import DEFAULT_SELECTOR, PipelineError, canonical_selector, prune_compilation_cache
 
     default_selector = default_selector or DEFAULT_SELECTOR
     if limits is None:
@@ -359,6 +356,8 @@ def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None,
             waited = time.perf_counter() - t0
             result = pipe.retrieve(body.question, selector=selector, budget=budget, options=options or None)
             result.timings["queue"] = waited
+            if lane is compiling:  # a new executable may have gone to the compilation cache: keep it capped
+                prune_compilation_cache()
             return result
 
         try:

@@ -45,30 +45,40 @@ from cdsjax.core.replicator import (
     support_size,
     uniform_x0,
 )
-from cdsjax.core.registry import SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
-from cdsjax.core.select import (
-    SOLVERS,
+from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
+from cdsjax.core.solvers import SOLVERS, configured_solver, register_solver, solve, solver_name
+from cdsjax.core.cds import (
+    STRATEGIES,
+    cds,
     cds_peel,
     cds_select,
-    configured_solver,
-    register_solver,
-    selection_from_solution,
-    solve,
+    cds_select_shared,
+    cds_support,
+    select_problem,
 )
-from cdsjax.core.solver import LoopState, iterate, nash_error, within_limits
+from cdsjax.core.diagnostics import diagnostics
+from cdsjax.core.protocols import Payoff, Solver, Status
+from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, within_limits
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.graph import diffusion_prior, ppr_vector
-from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, rank_support, read_selection, top_b
+from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
 from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.support import cds_support, scale_note_block
-from cdsjax.core.shared import CorpusAffinity, cds_select_shared, corpus_affinity, solve_replicator_shared
+from cdsjax.core.support import scale_note_block
+from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
     CONVERGED,
+    DEFAULT_SOLVER,
+    MAX_ITER_CAP,
+    MAX_SUPPORT_STEPS,
+    NOTE_KINDS,
+    SOLVER_ALIASES,
+    CDSProblem,
+    kind_code,
     MAX_STEPS,
     NONFINITE,
     SINGULAR,
@@ -88,6 +98,23 @@ from cdsjax.core.types import (
 from cdsjax.core.validation import validate_embeddings
 
 __all__ = [
+    "CDSProblem",
+    "DEFAULT_SOLVER",
+    "MAX_ITER_CAP",
+    "MAX_SUPPORT_STEPS",
+    "NOTE_KINDS",
+    "PPR_MAX_ITER_CAP",
+    "Payoff",
+    "SOLVER_ALIASES",
+    "STRATEGIES",
+    "Solver",
+    "Status",
+    "cds",
+    "diagnostics",
+    "kind_code",
+    "select_problem",
+    "solver_name",
+    "stop_rule",
     "ActiveSet",
     "CONVERGED",
     "DensePayoff",
@@ -155,7 +182,7 @@ __all__ = [
     "isolated_query",
     "kkt_slack",
     "query_cosine",
-    "rank_support",
+    "read_out",
     "read_selection",
     "scale_note_block",
     "kkt_residual",
@@ -166,7 +193,6 @@ __all__ = [
     "register_solver",
     "replicator_shift",
     "run_buckets",
-    "selection_from_solution",
     "softmax_prior",
     "solve",
     "solve_replicator",

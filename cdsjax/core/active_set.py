@@ -34,13 +34,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
 from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, exact_point, vertex_steps
 from cdsjax.core.payoff import DensePayoff, prepare_x0
-from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state
+from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state, stop_rule
 from cdsjax.core.types import Affinity, SolverResult
 
 
@@ -74,8 +75,19 @@ def newton_direction(payoff: Array, x: Array, mx: Array, support: Array) -> Arra
     return jnp.linalg.solve(system, rhs)[:size]
 
 
-def newton_step(payoff: Array, x: Array, mx: Array, valid: Array) -> tuple[Array, Array, Array]:
+def dense_rows(payoff) -> Array:
+    """``[N, N]`` the payoff of one problem assembled from its rows (:meth:`Payoff.row`).
+
+    The face's Newton system is dense whatever the payoff's storage; reading it row by row keeps
+    the solver off the payoff's internals (a shared corpus builds one question's rows on demand).
+    """
+    return jax.vmap(payoff.row)(jnp.arange(payoff.size))
+
+
+def newton_step(payoff, x: Array, mx: Array, valid: Array) -> tuple[Array, Array, Array]:
     """One Newton step on the support of ``x`` with ratio test and exact line search.
+
+    ``payoff`` is a :class:`~cdsjax.core.protocols.Payoff` of one problem (or its ``[N, N]`` matrix).
 
     Returns:
       ``(x, gain, singular)``: the new point (``x`` itself when the step fails or
@@ -83,8 +95,9 @@ def newton_step(payoff: Array, x: Array, mx: Array, valid: Array) -> tuple[Array
       singular (its direction non-finite).
     """
     dtype = x.dtype
+    payoff = DensePayoff.of(payoff)
     support = valid & (x > 0)
-    d = newton_direction(payoff, x, mx, support)
+    d = newton_direction(dense_rows(payoff), x, mx, support)
     ok = jnp.all(jnp.isfinite(d))
     d = jnp.where(ok & support, d, 0.0)
     shrinking = d < 0
@@ -93,7 +106,7 @@ def newton_step(payoff: Array, x: Array, mx: Array, valid: Array) -> tuple[Array
     t_max = ratios[block_at]
     t_max = jnp.where(jnp.isfinite(t_max), t_max, 0.0)
     slope = d @ mx
-    curv = d @ (payoff @ d)
+    curv = d @ payoff.matvec(d)
     concave = curv < 0
     interior = jnp.clip(jnp.where(concave, -slope / jnp.where(concave, curv, -1.0), 0.0), 0.0, t_max)
     cands = jnp.stack([jnp.zeros((), dtype), t_max, interior])
@@ -112,8 +125,10 @@ class ActiveSet:
     r"""Active-set Newton on the support, a solver for :func:`cdsjax.core.solver.iterate`.
 
     One step of the loop is a Newton step on the current support followed by up to
-    ``inner_steps`` InImDyn vertex steps; ``num_iters`` counts both. Needs a
-    :class:`~cdsjax.core.payoff.DensePayoff` (the face's system is solved densely).
+    ``inner_steps`` InImDyn vertex steps; ``num_iters`` counts both. Runs on any
+    payoff of one problem (the face's system is assembled from :meth:`Payoff.row`).
+    It stops, besides ``tol`` and ``max_iter``, after ``max_newton`` Newton steps; a run
+    stopped short whose Newton systems were ever singular ends :data:`SINGULAR`.
 
     Attributes:
       tol: Nash-error tolerance; None picks the dtype's default
@@ -141,22 +156,24 @@ class ActiveSet:
     def init(self, payoff: DensePayoff, x0: Optional[Array]) -> LoopState:
         x = prepare_x0(x0, payoff.valid, payoff.dtype)
         mx = payoff.matvec(x)
-        return start_state(x, nash_error(x, mx, payoff.valid), (mx, jnp.asarray(0, jnp.int32)))
+        return start_state(x, nash_error(x, mx, payoff.valid), (mx, jnp.asarray(0, jnp.int32), jnp.asarray(False)))
 
-    def proceed(self, consts: tuple[int, int], state: LoopState) -> Array:
-        return state.aux[1] < consts[1]
+    def terminate(self, consts: tuple[int, int], state: LoopState) -> tuple[Array, Array]:
+        _, newton, singular = state.aux
+        return stop_rule(state, self.tolerance(state.x.dtype), self.max_iter, capped=newton >= consts[1],
+                         singular=singular)
 
     def step(self, payoff: DensePayoff, consts: tuple[int, int], state: LoopState) -> LoopState:
         inner_steps, _ = consts
-        mx, newton = state.aux
+        mx, newton, was_singular = state.aux
         valid = payoff.valid
-        x, _, singular = newton_step(payoff.matrix, state.x, mx, valid)
+        x, _, singular = newton_step(payoff, state.x, mx, valid)
         mx = payoff.matvec(x)
         err = nash_error(x, mx, valid)
         x, it = vertex_steps(payoff, x, mx, err, state.num_iters + 1, tol=self.tolerance(payoff.dtype),
                              max_iter=self.max_iter, steps=inner_steps)
         x, mx, err = exact_point(payoff, x)
-        return state.replace(x=x, err=err, num_iters=it, singular=state.singular | singular, aux=(mx, newton + 1))
+        return state.replace(x=x, err=err, num_iters=it, aux=(mx, newton + 1, was_singular | singular))
 
 
 def solve_active_set(

@@ -47,7 +47,7 @@ retrieval surrogates (:func:`soft_recall`, :func:`gold_mass`) build on it.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Union
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,13 +55,11 @@ import jax.scipy.linalg as jsl
 from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity
-from cdsjax.core.select import SOLVERS, solve
-from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, CDSParams, SolverResult
+from cdsjax.core.solvers import solve, solver_name
+from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, SolveOptions, SolverResult, solve_options
 from cdsjax.core.validation import check_budget, check_option
 
 DIFFERENTIATE = ("implicit", "loop")
-
-SolverSpec = Union[str, Callable[..., SolverResult]]
 
 
 def implicit_system(payoff: Array, x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
@@ -168,50 +166,30 @@ def _attach_implicit_jvp(threshold, primals, tangents):
     return x, dx
 
 
-def _solver_fn(solver: SolverSpec, tol, max_iter) -> Callable[[Affinity, Optional[Array]], SolverResult]:
-    if callable(solver):
-        kwargs = {}
-        if tol is not None:
-            kwargs["tol"] = tol
-        if max_iter is not None:
-            kwargs["max_iter"] = max_iter
-        return lambda aff, x0: solver(aff, x0, **kwargs)
-    check_option("solver", solver, tuple(SOLVERS))
-    return lambda aff, x0: solve(aff, x0, solver=solver, tol=tol, max_iter=max_iter)
-
-
 def cds_equilibrium(
-    notes: Array,
-    query: Array,
-    valid: Array,
+    problem: CDSProblem,
     params: CDSParams = CDSParams(),
+    options: Optional[SolveOptions] = None,
     *,
-    solver: SolverSpec = "inimdyn",
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
     x0: Optional[Array] = None,
-    pinned: Optional[Array] = None,
-    threshold: float = SUPPORT_THRESHOLD,
     differentiate: str = "implicit",
+    **overrides,
 ) -> tuple[SolverResult, Affinity]:
-    r"""Solves the CDS problem and returns a result whose ``x`` is differentiable.
+    r"""Solves the CDS problem and returns a result whose ``x`` is differentiable (the companion of
+    :func:`cdsjax.core.cds` for derivatives).
 
     Args:
-      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
-      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
-      valid: ``[n]`` bool, True on real notes.
+      problem: the :class:`CDSProblem` (one question; its ``pinned`` notes join the constraint set).
       params: :class:`CDSParams`; ``beta`` and ``tau`` are differentiable leaves
         (``tau`` only in ``tau_mode="soft"``; hard :math:`\tau` has derivative 0).
-      solver: a registered solver name (``"inimdyn"``: converged mode, the
-        default; ``"replicator"``: paper mode) or a callable
-        ``fn(affinity, x0, *, tol, max_iter) -> SolverResult``.
-      tol, max_iter: solver limits; None uses the solver's defaults.
+      options: :class:`SolveOptions`: ``solver`` (None: :data:`~cdsjax.core.types.DEFAULT_SOLVER`,
+        paper mode; pass a converged one, ``"inimdyn"`` or ``"converged"``, for exact derivatives),
+        ``tol`` / ``max_iter``, and ``threshold`` (the support of the implicit system).
       x0: optional ``[m+n]`` initial point.
-      pinned: optional ``[n]`` bool, notes added to the constraint set.
-      threshold: support threshold :math:`\theta` of the implicit system.
       differentiate: ``"implicit"`` (KKT implicit function; forward and reverse
         mode, solver-independent) or ``"loop"`` (forward-mode differentiation
         through the solver's iterations; the reference, forward mode only).
+      **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:
       ``(result, affinity)``: the :class:`SolverResult` with differentiable ``x``
@@ -220,31 +198,30 @@ def cds_equilibrium(
       only right where ``result.converged`` holds.
     """
     check_option("differentiate", differentiate, DIFFERENTIATE)
-    run = _solver_fn(solver, tol, max_iter)
-    affinity = build_affinity(notes, query, valid, params, pinned=pinned)
+    options = solve_options(options, **overrides)
+    solver = solver_name(options.solver)
+
+    def run(aff):
+        return solve(aff, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+
+    affinity = build_affinity(problem.notes, problem.queries, problem.valid, params, pinned=problem.pinned)
     if differentiate == "loop":
-        return run(affinity, x0), affinity
-    result = run(lax.stop_gradient(affinity), x0)
-    x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
+        return run(affinity), affinity
+    result = run(lax.stop_gradient(affinity))
+    x = attach_implicit(affinity, lax.stop_gradient(result.x), options.threshold)
     return result.replace(x=x), affinity
 
 
-def cds_weights(
-    notes: Array,
-    query: Array,
-    valid: Array,
-    params: CDSParams = CDSParams(),
-    *,
-    solver: SolverSpec = "inimdyn",
-    **kwargs,
-) -> Array:
+def cds_weights(notes: Array, query: Array, valid: Array, params: CDSParams = CDSParams(), *,
+                pinned: Optional[Array] = None, **kwargs) -> Array:
     r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
 
-    A thin wrapper of :func:`cds_equilibrium` (same keyword arguments) for callers
-    that only need the weights; use :func:`cds_equilibrium` to also get the
-    convergence diagnostics that say whether the derivative can be trusted.
+    A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
+    (``kwargs``: ``options``, ``x0``, ``differentiate`` and :class:`SolveOptions` fields) for callers
+    that only need the weights; use :func:`cds_equilibrium` to also get the convergence diagnostics
+    that say whether the derivative can be trusted.
     """
-    return cds_equilibrium(notes, query, valid, params, solver=solver, **kwargs)[0].x
+    return cds_equilibrium(CDSProblem.create(notes, query, valid, pinned=pinned), params, **kwargs)[0].x
 
 
 def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) -> Array:
@@ -397,31 +374,27 @@ def gold_mass(x_notes: Array, gold: Array, valid: Array) -> Array:
 
 
 def retrieval_surrogates(
-    notes: Array,
-    query: Array,
-    valid: Array,
+    problem: CDSProblem,
     gold_units: Array,
     params: CDSParams,
+    options: Optional[SolveOptions] = None,
     *,
     budget: int,
-    solver: SolverSpec = "inimdyn",
     temperature: float = 0.2,
     slack_weight: float = 1.0,
-    threshold: float = SUPPORT_THRESHOLD,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
     unit_valid: Optional[Array] = None,
+    **overrides,
 ) -> dict:
     r"""Differentiable retrieval objectives of one query, with the measured recall and diagnostics.
 
     Args:
-      notes, query, valid, params, solver, tol, max_iter: as :func:`cds_equilibrium`.
+      problem, params, options, **overrides: as :func:`cds_equilibrium` (``options.threshold`` is
+        also the selection threshold :math:`\theta`).
       gold_units: ``[g, n]`` bool gold units (pages or paragraphs) over the notes;
         all-False rows are padding.
       budget: static B.
       temperature: relative :math:`T` of :func:`soft_recall`.
       slack_weight: :math:`c` of :func:`equilibrium_scores`.
-      threshold: support / selection threshold :math:`\theta`.
       unit_valid: optional ``[g]`` bool real gold units (see :func:`soft_recall`).
 
     Returns:
@@ -429,8 +402,9 @@ def retrieval_surrogates(
       ``params``), ``recall`` (hard recall@B of the selection, piecewise constant),
       ``converged``, ``kkt_residual``, ``support_size``, ``implicit_ok``.
     """
-    result, affinity = cds_equilibrium(
-        notes, query, valid, params, solver=solver, tol=tol, max_iter=max_iter, threshold=threshold)
+    options = solve_options(options, **overrides)
+    threshold = options.threshold
+    result, affinity = cds_equilibrium(problem, params, options)
     m = affinity.num_queries
     scores = equilibrium_scores(affinity, result.x, slack_weight)
     gold_notes = jnp.any(gold_units, axis=0)
@@ -438,7 +412,7 @@ def retrieval_surrogates(
     return {
         "soft_recall": soft_recall(scores, gold_units, budget=budget, temperature=temperature, threshold=threshold,
                                    unit_valid=unit_valid),
-        "gold_mass": gold_mass(result.x[m:], gold_notes, valid),
+        "gold_mass": gold_mass(result.x[m:], gold_notes, problem.valid),
         "recall": hard_recall(lax.stop_gradient(scores), gold_units, budget=budget, threshold=threshold,
                               unit_valid=unit_valid),
         "converged": result.converged,

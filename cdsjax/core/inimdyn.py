@@ -48,7 +48,7 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.payoff import DensePayoff, prepare_x0
-from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state, within_limits
+from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state, stop_rule, within_limits
 from cdsjax.core.types import Affinity, SolverResult
 
 TOL_FLOAT64 = 1e-10
@@ -175,8 +175,8 @@ class InImDyn:
         x, mx, err = exact_point(payoff, prepare_x0(x0, payoff.valid, payoff.dtype))
         return start_state(x, err, mx)
 
-    def proceed(self, consts, state: LoopState) -> None:
-        return None
+    def terminate(self, consts, state: LoopState) -> tuple[Array, Array]:
+        return stop_rule(state, self.tolerance(state.x.dtype), self.max_iter)
 
     def step(self, payoff: DensePayoff, refresh: int, state: LoopState) -> LoopState:
         x, it = vertex_steps(payoff, state.x, state.aux, state.err, state.num_iters,

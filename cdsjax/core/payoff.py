@@ -67,8 +67,9 @@ class DensePayoff:
 
     @classmethod
     def of(cls, payoff) -> "DensePayoff":
-        """``payoff`` itself, or a bare ``[N, N]`` matrix wrapped (every vertex valid)."""
-        if isinstance(payoff, cls):
+        """``payoff`` itself (any payoff with the protocol's methods), or a bare ``[N, N]`` matrix wrapped
+        (every vertex valid)."""
+        if hasattr(payoff, "matvec") and hasattr(payoff, "row"):
             return payoff
         matrix = jnp.asarray(payoff)
         return cls(matrix=matrix, valid=jnp.ones(matrix.shape[:1], bool), alpha=jnp.zeros((), matrix.dtype))
@@ -97,6 +98,10 @@ class DensePayoff:
         """``[N]`` row ``i`` of :math:`M`."""
         return self.matrix[i]
 
+    def diag(self) -> Array:
+        """``[N]`` the diagonal of :math:`M`."""
+        return jnp.diagonal(self.matrix)
+
     def shift(self, eps: float) -> Array:
         """The replicator shift :func:`replicator_shift` of :math:`M`."""
         return replicator_shift(self.matrix, self.valid, eps).astype(self.dtype)
@@ -106,9 +111,13 @@ class DensePayoff:
 class SharedPayoff:
     r"""``b`` single-vertex questions on one corpus (query vertex first, then ``n`` notes).
 
+    The note block is stored once; a question's row, diagonal or product is formed on demand, so no
+    per-question ``[n+1, n+1]`` matrix exists. ``rel`` ``[n]`` (no batch axis) is one question, the
+    form the converged solvers run on question by question.
+
     Attributes:
       coupling: ``[n, n]`` shared note block :math:`W` (symmetric, zero at padding).
-      rel: ``[b, n]`` relevance rows :math:`r_k`, 0 at padding.
+      rel: ``[b, n]`` (or ``[n]``) relevance rows :math:`r_k`, 0 at padding.
       note_valid: ``[n]`` bool, True on real notes.
       alpha: ``[]`` the shared penalty :math:`\alpha`.
       corpus_shift: ``[]`` the replicator shift, a property of the corpus
@@ -131,7 +140,7 @@ class SharedPayoff:
 
     @property
     def batch(self) -> tuple:
-        return self.rel.shape[:1]
+        return self.rel.shape[:-1]
 
     @property
     def valid(self) -> Array:
@@ -140,15 +149,33 @@ class SharedPayoff:
 
     def matvec(self, x: Array) -> Array:
         r"""``[b, n+1]`` rows :math:`M_k x_k` with one matrix--matrix product."""
-        xq, y = x[:, :1], x[:, 1:]
+        xq, y = x[..., :1], x[..., 1:]
         # W is symmetric: y @ W is (W y_k)_k without a transpose.
         notes_part = xq * self.rel + y @ self.coupling - jnp.where(self.note_valid, self.alpha, 0.0) * y
-        query_part = jnp.sum(self.rel * y, axis=1, keepdims=True)
-        return jnp.concatenate([query_part, notes_part], axis=1)
+        query_part = jnp.sum(self.rel * y, axis=-1, keepdims=True)
+        return jnp.concatenate([query_part, notes_part], axis=-1)
 
     def value(self, x: Array, mx: Array) -> Array:
         r"""``[b, 1]`` :math:`x_k^\top M_k x_k`."""
-        return jnp.sum(x * mx, axis=1, keepdims=True)
+        return jnp.sum(x * mx, axis=-1, keepdims=True)
+
+    def row(self, i: Array) -> Array:
+        """``[b, n+1]`` row ``i`` (``[b]`` int; ``[]`` for one question) of each :math:`M_k`."""
+        i = jnp.asarray(i)
+        n = self.coupling.shape[0]
+        j = jnp.maximum(i - 1, 0)
+        own = (jnp.arange(n) == j[..., None]) & self.note_valid
+        note_block = self.coupling[j] - jnp.where(own, self.alpha, 0.0).astype(self.dtype)
+        rel_j = jnp.take_along_axis(self.rel, j[..., None], axis=-1)
+        note_row = jnp.concatenate([rel_j, note_block], axis=-1)
+        query_row = jnp.concatenate([jnp.zeros(self.rel.shape[:-1] + (1,), self.dtype), self.rel], axis=-1)
+        return jnp.where((i == 0)[..., None], query_row, note_row)
+
+    def diag(self) -> Array:
+        """``[b, n+1]`` the diagonal of each :math:`M_k` (0 at the query, :math:`-\alpha` at free notes)."""
+        notes = jnp.diagonal(self.coupling) - jnp.where(self.note_valid, self.alpha, 0.0).astype(self.dtype)
+        d = jnp.concatenate([jnp.zeros((1,), self.dtype), notes])
+        return jnp.broadcast_to(d, self.batch + d.shape)
 
     def shift(self, eps: float) -> Array:
         """The corpus's shift (fixed, with its own ``eps``, when the corpus was built)."""

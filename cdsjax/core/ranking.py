@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_NONE, FILL_SHORT_SUPPORT, Affinity, Selection, SolverResult
+from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_NONE, FILL_SHORT_SUPPORT, Affinity, Selection, SolveOptions, SolverResult
 from cdsjax.core.validation import check_budget
 
 
@@ -125,42 +125,9 @@ def fill_order(
     return order, jnp.sum(rest).astype(jnp.int32)
 
 
-def rank_support(
-    x_notes: Array,
-    note_valid: Array,
-    *,
-    budget: int,
-    threshold: float = 1e-6,
-    slack: Array | None = None,
-    cosine: Array | None = None,
-    isolated: Array | None = None,
-) -> tuple[Array, Array, Array, Array, Array, Array]:
-    r"""Support notes by weight, then (with ``slack`` given) the fill rule.
-
-    Args:
-      x_notes: ``[n]`` equilibrium weights of the notes.
-      note_valid: ``[n]`` bool, True on real notes.
-      budget: static number of picks.
-      threshold: support threshold :math:`\theta`.
-      slack: optional ``[n]`` KKT slack (:func:`kkt_slack`); None turns the fill off
-        (the paper's reading: fewer than ``budget`` notes when the support is short).
-      cosine: optional ``[n]`` raw query cosine for ties (:func:`query_cosine`);
-        None ranks ties by index.
-      isolated: optional ``[]`` bool, the query is isolated (:func:`isolated_query`):
-        the support is then empty whatever ``x_notes`` holds.
-
-    Returns:
-      ``(indices [budget] int32, selected_valid [budget] bool, scores [budget],
-      support_size [] int32, num_filled [] int32, fill_reason [] int32)``.
-    """
-    budget = check_budget(budget)
-    isolated = jnp.asarray(False) if isolated is None else jnp.asarray(isolated)
-    support = note_valid & (x_notes > threshold) & ~isolated
-    size = jnp.sum(support).astype(jnp.int32)
-    idx, ok, scores = top_b(x_notes, support, budget)
-    zero = jnp.zeros((), jnp.int32)
-    if slack is None:
-        return idx, ok, scores, size, zero, zero
+def _fill(idx, ok, support, note_valid, slack, cosine, isolated, budget):
+    """Completes the support's picks ``(idx, ok)`` by the fill rule; returns the picks, their scores' fill
+    values and ``(num_filled, fill_reason)``."""
     cosine = jnp.zeros_like(slack) if cosine is None else cosine
     order, count = fill_order(support, note_valid, slack, cosine, isolated, budget)
     k = jnp.sum(ok).astype(jnp.int32)
@@ -169,47 +136,75 @@ def rank_support(
     filled = (slots >= k) & (slots - k < count)
     pick = order[j]
     slack_pick = jnp.where(isolated, 0.0, slack[pick])
-    idx = jnp.where(filled, pick, idx).astype(jnp.int32)
-    scores = jnp.where(filled, slack_pick, scores)
     num_filled = jnp.sum(filled).astype(jnp.int32)
     reason = jnp.where(num_filled > 0, jnp.where(isolated, FILL_NO_QUERY_EDGE, FILL_SHORT_SUPPORT), FILL_NONE)
-    return idx, ok | filled, scores, size, num_filled, reason.astype(jnp.int32)
+    return filled, jnp.where(filled, pick, idx).astype(jnp.int32), slack_pick, num_filled, reason.astype(jnp.int32)
 
 
-def read_selection(
+def read_out(
     result: SolverResult,
-    affinity: Affinity,
+    note_valid: Array,
     *,
     budget: int,
     threshold: float = 1e-6,
+    slack: Array | None = None,
     cosine: Array | None = None,
-    fill: bool = True,
+    isolated: Array | None = None,
     beta: Array | None = None,
+    rank: Array | None = None,
 ) -> Selection:
-    r"""The :class:`Selection` of an equilibrium: its support by weight, filled by the fill rule.
+    r"""The one read-out of every CDS strategy: the support by weight, then the fill rule, as a :class:`Selection`.
 
     Args:
-      result: the solver's result on ``affinity``.
-      affinity: the problem's :class:`Affinity` (gives the payoff for the slack).
+      result: the solver's result (``x`` ``[m+n]``, queries first); stored in the selection.
+      note_valid: ``[n]`` bool, True on real notes.
       budget: static number of picks.
       threshold: support threshold :math:`\theta`.
-      cosine: optional ``[n]`` raw query cosine of the notes, the tie-break
-        (:func:`query_cosine`).
-      fill: False keeps the paper's reading (fewer picks when the support is short).
+      slack: ``[n]`` KKT slack of the notes (:func:`kkt_slack`), or None for no fill (the paper's
+        reading: fewer picks when the support is short).
+      cosine: optional ``[n]`` raw query cosine, the tie-break (:func:`query_cosine`); None ranks
+        ties by index.
+      isolated: optional ``[]`` bool, the query vertices are isolated (:func:`isolated_query`): the
+        support is then empty whatever ``x`` holds.
       beta: optional ``[]`` note-block strength to report.
+      rank: optional ``[n]`` weights to rank the notes by (default: the notes' part of ``result.x``;
+        peeling ranks by round, then weight).
 
     Returns:
       :class:`Selection` with ``support_size``, ``num_filled`` and ``fill_reason``.
     """
-    m = affinity.num_queries
-    note_valid = affinity.valid[m:]
-    x_notes = result.x[m:]
-    slack = kkt_slack(affinity, result.x) if fill else None
-    idx, ok, scores, size, num_filled, reason = rank_support(
-        x_notes, note_valid, budget=budget, threshold=threshold, slack=slack, cosine=cosine,
-        isolated=isolated_query(affinity),
-    )
+    budget = check_budget(budget)
+    x_notes = result.x[result.x.shape[-1] - note_valid.shape[-1]:] if rank is None else rank
+    isolated = jnp.asarray(False) if isolated is None else jnp.asarray(isolated)
+    support = note_valid & (x_notes > threshold) & ~isolated
+    size = jnp.sum(support).astype(jnp.int32)
+    idx, ok, scores = top_b(x_notes, support, budget)
+    num_filled = reason = jnp.zeros((), jnp.int32)
+    if slack is not None:
+        filled, idx, slack_pick, num_filled, reason = _fill(idx, ok, support, note_valid, slack, cosine, isolated,
+                                                            budget)
+        scores = jnp.where(filled, slack_pick, scores)
+        ok = ok | filled
     return Selection(
         indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size, num_filled=num_filled,
-        fill_reason=reason, beta=None if beta is None else jnp.asarray(beta, x_notes.dtype),
+        fill_reason=reason, beta=None if beta is None else jnp.asarray(beta, result.x.dtype),
     )
+
+
+def read_selection(result: SolverResult, affinity: Affinity, options: SolveOptions, *, budget: int,
+                   cosine: Array | None = None, beta: Array | None = None) -> Selection:
+    r"""The :class:`Selection` of an equilibrium of a dense ``affinity``: :func:`read_out` with its slack
+    (when ``options.fill``), its isolated-query test and ``options.threshold``.
+
+    Args:
+      result: the solver's result on ``affinity``.
+      affinity: the problem's :class:`Affinity` (gives the payoff for the slack).
+      options: the :class:`SolveOptions` (``threshold``, ``fill``).
+      budget: static number of picks.
+      cosine: optional ``[n]`` raw query cosine of the notes, the tie-break (:func:`query_cosine`).
+      beta: optional ``[]`` note-block strength to report.
+    """
+    m = affinity.num_queries
+    return read_out(result, affinity.valid[m:], budget=budget, threshold=options.threshold,
+                    slack=kkt_slack(affinity, result.x) if options.fill else None, cosine=cosine,
+                    isolated=isolated_query(affinity), beta=beta)

@@ -3,11 +3,15 @@
 The pipeline and the evaluation harness pick selectors from configuration
 strings. :func:`make_selector` turns a name and its options into a function
 
-    ``fn(notes [n, d], query [d] or [m, d], valid [n], links [n, n] bool, key) -> Selection``
+    ``fn(notes [n, d], query [d] or [m, d], valid [n], links [n, n] bool, key, *,
+       pages [n] int32, doc_ids [n] int32, kinds [n] int32) -> Selection``
 
 so every selector is jitted and vmapped the same way; a selector ignores the
 arguments it does not use (``links`` matters to ``"ppr"`` and to CDS with
-``init="diffusion"``, ``key`` to ``"random"``).
+``init="diffusion"``, ``key`` to ``"random"``; ``pages`` / ``doc_ids`` / ``kinds``,
+all optional, are the note structure a learned selector may read).
+:func:`cdsjax.core.select_problem` calls such a function on a :class:`~cdsjax.core.CDSProblem`.
+The CDS builders call :func:`cdsjax.core.cds` with a strategy.
 
 Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its builder, the core solver it runs, the batch
 chunk that suits it, the inputs it needs, the spellings users may write and the name shown to them. The CLI,
@@ -23,24 +27,27 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 
 from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
-from cdsjax.core.select import SOLVERS, cds_peel, cds_select
+from cdsjax.core.cds import cds
+from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.subgraph import select_subgraph_readout
-from cdsjax.core.support import cds_support
-from cdsjax.core.types import CDSParams, Selection, SolveOptions
-from cdsjax.core.validation import check_budget, check_option
+from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
+from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 
 SelectorFn = Callable[..., Selection]
 
+# Hard limit of the PPR selector's power iterations (it converges in tens at damping 0.85).
+PPR_MAX_ITER_CAP = 100_000
+
 
 def _cosine(budget: int) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None):
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         return select_cosine(notes, query, valid, budget=budget)
 
     return fn
 
 
 def _random(budget: int) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None):
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         if key is None:
             raise ValueError("selector 'random' needs a PRNG key (see core.key_from_query_id)")
         return select_random(valid, budget=budget, key=key)
@@ -52,7 +59,7 @@ def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
     if not 0.0 <= float(lam) <= 1.0:
         raise ValueError(f"lam must be in [0, 1], got {lam!r}")
 
-    def fn(notes, query, valid, links=None, key=None):
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         return select_mmr(notes, query, valid, budget=budget, lam=lam)
 
     return fn
@@ -61,7 +68,7 @@ def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
 def _dpp(budget: int, *, theta: float = 1.0, quality: str = "exp", gain_tol: Optional[float] = None) -> SelectorFn:
     check_option("quality", quality, DPP_QUALITIES)
 
-    def fn(notes, query, valid, links=None, key=None):
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         return select_dpp(notes, query, valid, budget=budget, theta=theta, quality=quality, gain_tol=gain_tol)
 
     return fn
@@ -70,7 +77,10 @@ def _dpp(budget: int, *, theta: float = 1.0, quality: str = "exp", gain_tol: Opt
 def _ppr(
     budget: int, *, damping: float = 0.85, temperature: float = 0.1, tol: float = 1e-9, max_iter: int = 1000
 ) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None):
+    check_positive("tol", tol)
+    check_int_range("max_iter", max_iter, PPR_MAX_ITER_CAP)
+
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         if links is None:
             raise ValueError("selector 'ppr' needs links ([n, n] bool note-link adjacency)")
         return select_ppr(
@@ -82,7 +92,7 @@ def _ppr(
 
 
 def _subgraph(budget: int) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None):
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         if links is None:
             raise ValueError("selector 'subgraph' needs links ([n, n] bool note-link adjacency)")
         return select_subgraph_readout(links, notes, query, valid, budget=budget)
@@ -118,20 +128,23 @@ def _cds_inputs(name: str, solver: str, fields: dict, allowed: tuple, params=Non
     return params, SolveOptions(solver=solver, **given).check()
 
 
+def _cds_fn(strategy: str, budget: int, params: CDSParams, options: SolveOptions) -> SelectorFn:
+    """The selector function of a CDS strategy (:func:`cdsjax.core.cds`; links reach the diffusion prior)."""
+
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+        problem = CDSProblem.create(notes, query, valid, links=links)
+        return cds(problem, strategy, params, options, budget=budget)
+
+    return fn
+
+
 def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
     def build(budget: int, *, params: Optional[CDSParams] = None, peel: bool = False, **fields) -> SelectorFn:
         params, options = _cds_inputs(name, solver, fields, CDS_OPTIONS, params)
         if peel and options.init != "uniform":
             raise ValueError(f"peel=True starts every round uniformly; init={options.init!r} is not supported with it")
 
-        if peel:
-            def fn(notes, query, valid, links=None, key=None):
-                return cds_peel(notes, query, valid, budget=budget, params=params, options=options)
-        else:
-            def fn(notes, query, valid, links=None, key=None):
-                return cds_select(notes, query, valid, budget=budget, params=params, options=options, links=links)
-
-        return fn
+        return _cds_fn("peel" if peel else "single", budget, params, options)
 
     build.options = CDS_OPTIONS
     return build
@@ -143,10 +156,7 @@ def _cds_support(budget: int, **fields) -> SelectorFn:
     if params.coupling == "none":
         raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
 
-    def fn(notes, query, valid, links=None, key=None):
-        return cds_support(notes, query, valid, budget=budget, params=params, options=options)
-
-    return fn
+    return _cds_fn("support", budget, params, options)
 
 
 _cds_support.options = SUPPORT_OPTIONS
@@ -189,7 +199,7 @@ class SelectorSpec:
     @property
     def solver_label(self) -> Optional[str]:
         """The solver as diagnostics name it (``"active_set"`` for ``"converged"``)."""
-        return {"converged": "active_set"}.get(self.solver, self.solver)
+        return solver_label(self.solver)
 
     @property
     def options(self) -> tuple:
@@ -292,7 +302,8 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
         ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS.
 
     Returns:
-      ``fn(notes, query, valid, links=None, key=None) -> Selection``, pure and
+      ``fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None) -> Selection``,
+      pure and
       ``jit`` / ``vmap``-able. ``selector_spec(name).batch_chunk`` is the ``chunk`` to
       give :func:`cdsjax.core.batched` for a fast batch.
 

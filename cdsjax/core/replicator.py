@@ -10,7 +10,7 @@ from flax import struct
 from jax import Array
 
 from cdsjax.core.payoff import SHIFT_EPS, DensePayoff, prepare_x0, replicator_shift  # noqa: F401
-from cdsjax.core.solver import LoopState, iterate, nash_error, start_state, support_size  # noqa: F401
+from cdsjax.core.solver import LoopState, iterate, nash_error, start_state, stop_rule, support_size  # noqa: F401
 from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, SolverResult  # noqa: F401
 
 
@@ -91,8 +91,8 @@ class Replicator:
         x = prepare_x0(x0, payoff.valid, payoff.dtype, payoff.batch)
         return start_state(x, jnp.full(payoff.batch, jnp.inf, payoff.dtype))
 
-    def proceed(self, consts, state: LoopState) -> None:
-        return None
+    def terminate(self, consts, state: LoopState) -> tuple[Array, Array]:
+        return stop_rule(state, self.tolerance(state.x.dtype), self.max_iter)
 
     def step(self, payoff, c: Array, state: LoopState) -> LoopState:
         x = state.x

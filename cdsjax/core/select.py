@@ -1,77 +1,21 @@
-r"""Constrained-dominant-set selection: affinity -> equilibrium -> top-B notes."""
+r"""The strategies on one question: a single extraction and peeling (affinity -> equilibrium -> top-B notes)."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.affinity import build_affinity, spectral_penalty
 from cdsjax.core.graph import diffusion_prior
-from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, rank_support, read_selection
-from cdsjax.core.replicator import Replicator, softmax_prior
+from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
+from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solver import iterate
-from cdsjax.core.types import CONVERGED, INITS, SUPPORT_THRESHOLD, Affinity, CDSParams, Selection, SolveOptions, SolverResult, solve_options
-from cdsjax.core.validation import check_budget, check_option
-
-# name -> solver configuration with its default limits (tol None: the dtype's default).
-SOLVERS: Dict[str, object] = {
-    "replicator": Replicator(),  # paper mode: tol 1e-7, 10,000 steps
-    "inimdyn": InImDyn(),
-    "active_set": ActiveSet(),
-    # The default converged mode (``solver="converged"``): on the CDS payoff it reached
-    # KKT <= 1e-8 in one Newton step where InImDyn took 1e4-2e5 vertex steps
-    # (experiments/bench_solvers.py).
-    "converged": ActiveSet(),
-}
-
-
-def register_solver(name: str, solver) -> None:
-    """Makes a solver configuration (``init`` / ``step`` / ``proceed``, :mod:`cdsjax.core.solver`)
-    available as ``solver=name``."""
-    SOLVERS[name] = solver
-
-
-def configured_solver(solver: str, tol: Optional[float] = None, max_iter: Optional[int] = None):
-    """The registered solver ``solver`` with ``tol`` / ``max_iter`` replaced where given."""
-    check_option("solver", solver, tuple(SOLVERS))
-    limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v is not None}
-    config = SOLVERS[solver]
-    return config.replace(**limits) if limits else config
-
-
-def selection_from_solution(
-    result: SolverResult,
-    num_queries: int,
-    note_valid: Array,
-    *,
-    budget: int,
-    threshold: float = SUPPORT_THRESHOLD,
-    affinity: Optional[Affinity] = None,
-    cosine: Optional[Array] = None,
-    fill: bool = True,
-    beta: Optional[Array] = None,
-) -> Selection:
-    r"""Reads the top-``budget`` notes (queries excluded) with :math:`x_i >` ``threshold``.
-
-    With ``affinity`` given (and ``fill``), slots the support leaves empty are filled
-    by the fill rule of :mod:`cdsjax.core.ranking` (KKT slack, then ``cosine``);
-    without it the selection holds only the support (fewer picks, masked).
-    """
-    if affinity is not None:
-        if affinity.num_queries != num_queries:
-            raise ValueError(f"num_queries={num_queries} does not match the affinity's {affinity.num_queries}")
-        return read_selection(result, affinity, budget=budget, threshold=threshold, cosine=cosine, fill=fill,
-                              beta=beta)
-    idx, ok, scores, size, num_filled, reason = rank_support(
-        result.x[num_queries:], note_valid, budget=budget, threshold=threshold)
-    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size,
-                     num_filled=num_filled, fill_reason=reason,
-                     beta=None if beta is None else jnp.asarray(beta, result.x.dtype))
+from cdsjax.core.solvers import configured_solver, solve
+from cdsjax.core.types import CONVERGED, INITS, Affinity, CDSParams, CDSProblem, Selection, SolveOptions
+from cdsjax.core.validation import check_option
 
 
 def initial_point(
@@ -88,84 +32,28 @@ def initial_point(
     return None
 
 
-def solve(
-    affinity: Affinity,
-    x0: Optional[Array] = None,
-    *,
-    solver: str = "replicator",
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
-) -> SolverResult:
-    """Runs a registered solver on ``affinity``'s payoff with its default ``tol`` / ``max_iter``."""
-    return iterate(configured_solver(solver, tol, max_iter), DensePayoff.from_affinity(affinity), x0)
+def solve_single(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int,
+                 x0: Optional[Array] = None) -> Selection:
+    r"""Strategy ``"single"`` of :func:`cdsjax.core.cds`: one extraction on the query-augmented affinity.
 
-
-def cds_select(
-    notes: Array,
-    query: Array,
-    valid: Array,
-    *,
-    budget: int = 10,
-    params: CDSParams = CDSParams(),
-    options: Optional[SolveOptions] = None,
-    x0: Optional[Array] = None,
-    pinned: Optional[Array] = None,
-    links: Optional[Array] = None,
-    **overrides,
-) -> Selection:
-    r"""Selects evidence as a constrained dominant set (single extraction).
-
-    Builds the query-augmented affinity, solves :math:`\max_{x\in\Delta} x^\top M x`
-    and keeps the top-``budget`` notes by equilibrium weight above ``threshold``;
-    when fewer clear it, the fill rule (:mod:`cdsjax.core.ranking`: KKT slack, then
-    cosine) completes the ``budget`` picks and ``num_filled`` / ``fill_reason`` say so.
-
-    Args:
-      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
-      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s); every
-        query is a constraint vertex.
-      valid: ``[n]`` bool, True on real notes.
-      budget: static number of notes to return (fewer if fewer clear ``threshold``).
-      params: :class:`CDSParams`.
-      options: :class:`SolveOptions` (solver, threshold, limits, init, warm start,
-        fill); ``solver`` None means ``"replicator"`` (paper mode).
-      x0: optional ``[m+n]`` initial point; overrides ``options.init``.
-      pinned: optional ``[n]`` bool, notes added to the constraint set.
-      links: optional ``[n, n]`` bool note-link adjacency, for ``init="diffusion"``.
-      **overrides: :class:`SolveOptions` fields replacing those of ``options``
-        (``solver="converged"``, ``max_iter=500``, ...).
-
-    Returns:
-      :class:`Selection` with ``result`` holding the solver diagnostics and
-      ``support_size`` (notes only), ``num_filled``, ``fill_reason``, ``beta``.
+    Builds the affinity, solves :math:`\max_{x\in\Delta} x^\top M x` from ``x0`` (else
+    ``options.init``; a converged solver first runs paper mode with ``warm_start="replicator"``)
+    and reads the top-``budget`` notes off the equilibrium (:func:`~cdsjax.core.ranking.read_out`).
+    ``options`` arrive checked, with ``solver`` resolved.
     """
-    budget = check_budget(budget)
-    options = solve_options(options, **overrides)
-    solver = options.solver or "replicator"
-    check_option("solver", solver, tuple(SOLVERS))
-    affinity = build_affinity(notes, query, valid, params, pinned=pinned)
+    notes, query, solver = problem.notes, problem.queries, options.solver
+    affinity = build_affinity(notes, query, problem.valid, params, pinned=problem.pinned)
     if x0 is None:
-        x0 = initial_point(affinity, options.init, options.prior_temperature, links)
+        x0 = initial_point(affinity, options.init, options.prior_temperature, problem.links)
     if options.warm_start == "replicator" and solver != "replicator":
         x0 = solve(affinity, x0, solver="replicator").x
     result = solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
-    return read_selection(result, affinity, budget=budget, threshold=options.threshold,
-                          cosine=query_cosine(notes, query).astype(result.x.dtype), fill=options.fill,
-                          beta=params.beta)
+    return read_selection(result, affinity, options, budget=budget,
+                          cosine=query_cosine(notes, query).astype(result.x.dtype), beta=params.beta)
 
 
-def cds_peel(
-    notes: Array,
-    query: Array,
-    valid: Array,
-    *,
-    budget: int = 10,
-    params: CDSParams = CDSParams(),
-    options: Optional[SolveOptions] = None,
-    pinned: Optional[Array] = None,
-    **overrides,
-) -> Selection:
-    r"""Peeling extraction for several constraint vertices.
+def solve_peel(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int) -> Selection:
+    r"""Strategy ``"peel"`` of :func:`cdsjax.core.cds`: peeling extraction for several constraint vertices.
 
     Extracts a constrained dominant set, removes its support (the notes and the
     constraint vertices it covers), and repeats on what is left until every
@@ -176,19 +64,12 @@ def cds_peel(
     every round converged. ``support_size`` counts the notes of every round's
     support; when they are fewer than ``budget``, the fill rule
     (:mod:`cdsjax.core.ranking`) completes the picks using the first round's slack.
-
-    Args: as :func:`cds_select` (every round starts uniformly: ``options.init`` and
-      ``warm_start`` are not used); ``query`` is ``[m, d]`` (or ``[d]``, which makes
-      peeling a single extraction).
-
-    Returns:
-      :class:`Selection`.
+    Every round starts uniformly (``options.init`` and ``warm_start`` are not used).
     """
-    budget = check_budget(budget)
-    options = solve_options(options, **overrides)
-    solver = configured_solver(options.solver or "replicator", options.tol, options.max_iter)
+    notes, query = problem.notes, problem.queries
+    solver = configured_solver(options.solver, options.tol, options.max_iter)
     threshold = options.threshold
-    base = build_affinity(notes, query, valid, params, pinned=pinned)
+    base = build_affinity(notes, query, problem.valid, params, pinned=problem.pinned)
     m = base.num_queries
     n = notes.shape[0]
     max_rounds = m + n
@@ -225,20 +106,16 @@ def cds_peel(
     )
     _, _, rank_key, total_iters, status, _ = state
     note_key = rank_key[m:]
-    note_valid = base.valid[m:]
-    # every round's support has key >= 1 > threshold; the fill uses the first round's point
-    first_round = _restrict(base, base.valid, params)
-    idx, ok, scores, size, num_filled, reason = rank_support(
-        note_key, note_valid, budget=budget, threshold=threshold,
-        slack=kkt_slack(first_round, first.x) if options.fill else None,
-        cosine=query_cosine(notes, query).astype(dtype), isolated=isolated_query(base))
-    # support picks fill the first slots; their score is the weight within their round
-    in_support = jnp.arange(budget) < size
-    picked = jnp.where(in_support, note_key[idx], 0.0)
-    scores = jnp.where(in_support, picked - jnp.ceil(picked - 1.0), scores)
     result = first.replace(num_iters=total_iters, converged=status == CONVERGED, status=status)
-    return Selection(indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size,
-                     num_filled=num_filled, fill_reason=reason, beta=jnp.asarray(params.beta, dtype))
+    # every round's support has key >= 1 > threshold; the fill uses the first round's point and slack
+    sel = read_out(result, base.valid[m:], budget=budget, threshold=threshold,
+                   slack=kkt_slack(_restrict(base, base.valid, params), first.x) if options.fill else None,
+                   cosine=query_cosine(notes, query).astype(dtype), isolated=isolated_query(base),
+                   beta=params.beta, rank=note_key)
+    # support picks fill the first slots; their score is the weight within their round
+    in_support = jnp.arange(budget) < sel.support_size
+    picked = jnp.where(in_support, note_key[sel.indices], 0.0)
+    return sel.replace(scores=jnp.where(in_support, picked - jnp.ceil(picked - 1.0), sel.scores))
 
 
 def _restrict(base: Affinity, active: Array, params: CDSParams) -> Affinity:

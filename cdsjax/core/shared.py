@@ -1,4 +1,4 @@
-r"""Many questions over one corpus: shared note--note block, batched replicator steps.
+r"""Many questions over one corpus (the ``"shared"`` strategy of :func:`cdsjax.core.cds`): one note block.
 
 For a single query vertex and no pinned notes the payoff of question :math:`k` is
 
@@ -18,6 +18,11 @@ questions on a :class:`~cdsjax.core.payoff.SharedPayoff` (the same
 own stopping rule (its row is frozen once it stops), so points, step counts and
 diagnostics are those of :func:`cdsjax.core.solve_replicator` on the
 per-question affinity, up to the summation order of the products.
+
+The converged solvers (InImDyn, the active set) run on the same payoff one question at a time
+(``lax.map``): InImDyn needs rows and products only, and the active set assembles each Newton system
+from the payoff's rows, so the batch never holds ``b`` dense ``[n+1, n+1]`` matrices
+(``experiments/bench_core.py`` measures both paths).
 """
 
 from __future__ import annotations
@@ -27,15 +32,16 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import Array
+from jax import Array, lax
 
 from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalty
 from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.replicator import Replicator
-from cdsjax.core.select import SOLVERS, configured_solver, selection_from_solution, solve
+from cdsjax.core.ranking import read_out
 from cdsjax.core.solver import iterate
-from cdsjax.core.types import Affinity, CDSParams, Selection, SolveOptions, SolverResult, solve_options
-from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
+from cdsjax.core.solvers import configured_solver
+from cdsjax.core.types import Affinity, CDSParams, CDSProblem, Selection, SolveOptions, SolverResult
+from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 
 @struct.dataclass
@@ -156,55 +162,40 @@ def solve_replicator_shared(
     return iterate(Replicator(tol=tol, max_iter=max_iter, unroll=unroll), shared_payoff(corpus, rel), x0)
 
 
-def cds_select_shared(
-    notes: Array,
-    queries: Array,
-    valid: Array,
-    *,
-    budget: int = 10,
-    params: CDSParams = CDSParams(),
-    options: Optional[SolveOptions] = None,
-    corpus: Optional[CorpusAffinity] = None,
-    **overrides,
-) -> Selection:
-    r""":func:`cdsjax.core.cds_select` for ``b`` single-vertex questions on one corpus.
+def solve_shared(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int,
+                 corpus: Optional[CorpusAffinity] = None) -> Selection:
+    r"""Strategy ``"shared"`` of :func:`cdsjax.core.cds`: ``b`` single-vertex questions on one corpus.
 
-    Paper mode (``solver="replicator"``) runs replicator dynamics on the batched
-    :class:`~cdsjax.core.payoff.SharedPayoff`; any other registered solver runs
-    under ``vmap`` on per-question affinities assembled from the shared :math:`W`
-    and :math:`\alpha` (no per-question eigenvalue problem).
-
-    Args:
-      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
-      queries: ``[b, d]`` float, one L2-normalised query per question.
-      valid: ``[n]`` bool, True on real notes.
-      budget, params, options, **overrides: as :func:`cds_select` (``options.init``
-        and ``warm_start`` are not used: every question starts uniformly).
-      corpus: optional precomputed :func:`corpus_affinity` of ``notes`` / ``valid`` /
-        ``params`` (reuse it across batches of questions).
+    ``problem.queries`` ``[b, d]`` are ``b`` questions. The note block :math:`W`, :math:`\alpha` and the
+    replicator shift are computed once (:func:`corpus_affinity`, or ``corpus`` when given: reuse it
+    across batches) and every solver runs on the :class:`~cdsjax.core.payoff.SharedPayoff`: paper mode
+    (``"replicator"``) batched, one ``[b, n] @ [n, n]`` product per step; a converged solver question by
+    question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
+    ``[n+1, n+1]`` matrix is ever materialised for the batch. The read-out (slack for the fill rule) uses
+    the payoff's products too. Every question starts uniformly; pinned notes are not supported.
 
     Returns:
       :class:`Selection` whose leaves (and ``result``'s) carry a leading ``b`` axis.
     """
-    budget = check_budget(budget)
-    options = solve_options(options, **overrides)
-    solver = options.solver or "replicator"
-    check_option("solver", solver, tuple(SOLVERS))
+    if problem.pinned is not None:
+        raise ValueError("the shared strategy does not support pinned notes (each question has one vertex)")
     if corpus is None:
-        corpus = corpus_affinity(notes, valid, params)
-    rel = question_relevance(corpus, queries)
-    if solver == "replicator":
-        paper = configured_solver(solver, options.tol, options.max_iter).replace(unroll=4)
-        result = iterate(paper, shared_payoff(corpus, rel), None)
+        corpus = corpus_affinity(problem.notes, problem.valid, params)
+    rel = question_relevance(corpus, problem.queries)
+    solver = configured_solver(options.solver, options.tol, options.max_iter)
+    if options.solver == "replicator":
+        result = iterate(solver.replace(unroll=4), shared_payoff(corpus, rel), None)
     else:
-        result = jax.vmap(
-            lambda r: solve(question_affinity(corpus, r), None, solver=solver, tol=options.tol,
-                            max_iter=options.max_iter)
-        )(rel)
+        result = lax.map(lambda r: iterate(solver, shared_payoff(corpus, r), None), rel)
     dtype = corpus.coupling.dtype
-    cosine = jnp.asarray(queries, dtype) @ corpus.notes.astype(dtype).T
-    return jax.vmap(
-        lambda res, r, cos: selection_from_solution(
-            res, 1, corpus.valid, budget=budget, threshold=options.threshold, affinity=question_affinity(corpus, r),
-            cosine=cos, beta=corpus.params.beta)
-    )(result, rel, cosine)
+    cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
+
+    def read(res, r, cos):
+        payoff = shared_payoff(corpus, r)
+        mx = payoff.matvec(res.x)
+        slack = (mx - payoff.value(res.x, mx))[1:] if options.fill else None
+        isolated = ~jnp.any((r > 0) & corpus.valid)
+        return read_out(res, corpus.valid, budget=budget, threshold=options.threshold, slack=slack, cosine=cos,
+                        isolated=isolated, beta=corpus.params.beta)
+
+    return jax.vmap(read)(result, rel, cosine)

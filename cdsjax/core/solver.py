@@ -1,21 +1,23 @@
 r"""The one loop every iterative solver of :math:`\max_{x\in\Delta} x^\top M x` runs.
 
-A solver is a small frozen configuration (static ``tol`` / ``max_iter`` and its own
-knobs) with three methods:
+A solver (the :class:`~cdsjax.core.protocols.Solver` protocol) is a small frozen configuration (static
+``tol`` / ``max_iter`` and its own knobs) with four methods:
 
+* ``prepare(payoff) -> consts``: what a step needs but never changes;
 * ``init(payoff, x0) -> LoopState``: the start, with its stopping quantity ``err``;
 * ``step(payoff, consts, state) -> LoopState``: one step of its rule (which may
   count several iterations, e.g. a run of vertex steps);
-* ``proceed(consts, state) -> bool or None``: a limit of its own besides ``tol`` and
-  ``max_iter`` (the active set's Newton cap); None when it has none.
+* ``terminate(consts, state) -> (done, status)``: whether to stop and why, a
+  :class:`~cdsjax.core.protocols.Status` code. :func:`stop_rule` is the common part
+  (``tol``, ``max_iter``, non-finite points); a solver adds its own reasons (the
+  active set's Newton cap and singular systems).
 
-``consts = solver.prepare(payoff)`` holds what a step needs but never changes.
-:func:`iterate` runs them under one ``lax.while_loop`` whose stopping rule,
-:func:`within_limits`, is the only place ``tol`` and ``max_iter`` are checked, and
-returns a :class:`~cdsjax.core.SolverResult` whose ``status`` says how it ended.
-The payoff is reached only through :mod:`cdsjax.core.payoff`'s methods, so a
-batched payoff (:class:`~cdsjax.core.payoff.SharedPayoff`) runs through the same
-loop: each batch row keeps its own stopping rule and is frozen once it stops.
+:func:`iterate` runs them under one ``lax.while_loop`` that carries the status, so
+how a solve ended is decided in the loop, and returns a
+:class:`~cdsjax.core.SolverResult`. The payoff is reached only through the
+:class:`~cdsjax.core.protocols.Payoff` methods, so a batched payoff
+(:class:`~cdsjax.core.payoff.SharedPayoff`) runs through the same loop: each batch
+row keeps its own stopping rule and is frozen once it stops.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
+from cdsjax.core.protocols import Payoff, Solver
 from cdsjax.core.types import CONVERGED, MAX_STEPS, NONFINITE, SINGULAR, SUPPORT_THRESHOLD, SolverResult
 
 
@@ -38,22 +41,19 @@ class LoopState:
       x: ``[..., N]`` the current point on the simplex.
       err: ``[...]`` the stopping quantity (an L1 step, or the Nash error).
       num_iters: ``[...]`` int32 iterations so far.
-      singular: ``[...]`` bool, a linear system of a step was singular.
       aux: the solver's own carry (e.g. :math:`Mx`), a pytree.
     """
 
     x: Array
     err: Array
     num_iters: Array
-    singular: Array
     aux: Any = ()
 
 
 def start_state(x: Array, err: Array, aux: Any = ()) -> LoopState:
     """A :class:`LoopState` at iteration 0 for a point ``x`` ``[..., N]``."""
     batch = x.shape[:-1]
-    return LoopState(x=x, err=err, num_iters=jnp.zeros(batch, jnp.int32), singular=jnp.zeros(batch, bool),
-                     aux=aux)
+    return LoopState(x=x, err=err, num_iters=jnp.zeros(batch, jnp.int32), aux=aux)
 
 
 def within_limits(err: Array, num_iters: Array, tol: float, max_iter: int) -> Array:
@@ -96,15 +96,26 @@ def support_size(x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -
     return jnp.sum(valid & (x > threshold), axis=-1).astype(jnp.int32)
 
 
-def status_code(err: Array, tol: float, x: Array, singular: Array) -> Array:
-    """``[...]`` int32 status: converged, else non-finite, else singular, else a step cap."""
+def stop_rule(state: LoopState, tol: float, max_iter: int, *, capped: Optional[Array] = None,
+              singular: Optional[Array] = None) -> tuple[Array, Array]:
+    """The common ``terminate``: ``(done, status)`` of ``state`` under ``tol`` and ``max_iter``.
+
+    Done when ``err < tol`` (:data:`CONVERGED`), when ``err`` is NaN (the point is then
+    :data:`NONFINITE`), at ``max_iter`` steps, or where the solver's own cap says so (``capped``).
+    A run stopped short of ``tol`` is :data:`NONFINITE` if its point or residual is not finite,
+    else :data:`SINGULAR` where ``singular`` (a solver's linear system failed), else :data:`MAX_STEPS`.
+    """
+    err, x = state.err, state.x
+    done = ~within_limits(err, state.num_iters, tol, max_iter)
+    if capped is not None:
+        done = done | capped
     finite = jnp.isfinite(err) & jnp.all(jnp.isfinite(x), axis=-1)
-    code = jnp.where(singular, SINGULAR, MAX_STEPS)
+    code = jnp.full(err.shape, MAX_STEPS, jnp.int32) if singular is None else jnp.where(singular, SINGULAR, MAX_STEPS)
     code = jnp.where(finite, code, NONFINITE)
-    return jnp.where(err < tol, CONVERGED, code).astype(jnp.int32)
+    return done, jnp.where(err < tol, CONVERGED, code).astype(jnp.int32)
 
 
-def finish(payoff, x: Array, num_iters, err, tol: float, singular=False) -> SolverResult:
+def finish(payoff, x: Array, num_iters, err, tol: float, status: Array) -> SolverResult:
     """Packs a point of ``payoff`` and its diagnostics into a :class:`SolverResult`."""
     batch = x.shape[:-1]
     mx = payoff.matvec(x)
@@ -119,7 +130,7 @@ def finish(payoff, x: Array, num_iters, err, tol: float, singular=False) -> Solv
         kkt_residual=nash_error(x, mx, payoff.valid, value),
         support_size=support_size(x, payoff.valid),
         alpha=jnp.broadcast_to(payoff.alpha, batch).astype(x.dtype),
-        status=status_code(err, tol, x, jnp.broadcast_to(jnp.asarray(singular), batch)),
+        status=jnp.asarray(status, jnp.int32),
     )
 
 
@@ -133,30 +144,28 @@ def _keep(active: Array, new, old):
     return jax.tree.map(pick, new, old)
 
 
-def iterate(solver, payoff, x0: Optional[Array] = None) -> SolverResult:
-    """Runs ``solver`` on ``payoff`` from ``x0`` (None: uniform) to its stopping rule.
+def iterate(solver: Solver, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
+    """Runs ``solver`` on ``payoff`` from ``x0`` (None: uniform) until its ``terminate`` says done.
 
-    ``solver.unroll`` steps run per loop trip (a speed knob): each is masked once the
-    stopping rule has fired, so the iterates and the step count are exactly those of
-    one step per trip.
+    The loop carries ``(state, done, status)``; ``solver.unroll`` steps run per loop
+    trip (a speed knob): each is masked once its row is done, so the iterates, the step
+    count and the status are exactly those of one step per trip.
 
     Returns:
       :class:`~cdsjax.core.SolverResult` (leaves with the payoff's batch axes).
     """
     tol = solver.tolerance(payoff.dtype)
-    max_iter = check_count("max_iter", solver.max_iter)
+    check_count("max_iter", solver.max_iter)
     unroll = check_count("unroll", solver.unroll, 1)
     consts = solver.prepare(payoff)
 
-    def running(state):
-        keep = within_limits(state.err, state.num_iters, tol, max_iter)
-        extra = solver.proceed(consts, state)
-        return keep if extra is None else keep & extra
-
-    def body(state):
+    def body(carry):
+        state, done, status = carry
         for _ in range(unroll):
-            state = _keep(running(state), solver.step(payoff, consts, state), state)
-        return state
+            state = _keep(~done, solver.step(payoff, consts, state), state)
+            done, status = solver.terminate(consts, state)
+        return state, done, status
 
-    state = lax.while_loop(lambda s: jnp.any(running(s)), body, solver.init(payoff, x0))
-    return finish(payoff, state.x, state.num_iters, state.err, tol, state.singular)
+    state = solver.init(payoff, x0)
+    state, _, status = lax.while_loop(lambda c: jnp.any(~c[1]), body, (state, *solver.terminate(consts, state)))
+    return finish(payoff, state.x, state.num_iters, state.err, tol, status)

@@ -45,7 +45,7 @@ Below :math:`\beta c n \approx \varepsilon` the penalty's margin dominates
 :math:`D` and :math:`\beta` no longer changes the support (the smallest reachable
 support is set by :math:`\varepsilon`).
 
-**The selector.** :func:`cds_support` therefore searches :math:`\gamma = \beta n`
+**The selector.** The ``"support"`` strategy of :func:`cdsjax.core.cds` (:func:`cds_support`) therefore searches :math:`\gamma = \beta n`
 (``n`` the valid notes) on a log scale by bisection with a fixed number of steps:
 each step solves the equilibrium with the converged (active-set) solver from the
 uniform start; a support of fewer than ``budget`` notes moves the lower end up,
@@ -64,18 +64,14 @@ affinity is built (one ``eigvalsh``) once and rescaled at each step;
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.affinity import build_affinity
 from cdsjax.core.ranking import query_cosine, read_selection
-from cdsjax.core.select import configured_solver, solve
-from cdsjax.core.solver import check_count
-from cdsjax.core.types import DEFAULT_SCALE_RANGE, Affinity, CDSParams, Selection, SolveOptions, solve_options
-from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS
-from cdsjax.core.validation import check_budget
+from cdsjax.core.solvers import solve
+from cdsjax.core.types import DEFAULT_SCALE_RANGE, Affinity, CDSParams, CDSProblem, Selection, SolveOptions  # noqa: F401
+from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
 
 
 def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
@@ -93,53 +89,25 @@ def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
     return base.replace(matrix=matrix, alpha=alpha.astype(base.matrix.dtype))
 
 
-def cds_support(
-    notes: Array,
-    query: Array,
-    valid: Array,
-    *,
-    budget: int = 10,
-    params: CDSParams = CDSParams(),
-    options: Optional[SolveOptions] = None,
-    pinned: Optional[Array] = None,
-    **overrides,
-) -> Selection:
-    r"""Constrained dominant set whose support holds about ``budget`` notes.
+def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int) -> Selection:
+    r"""Strategy ``"support"`` of :func:`cdsjax.core.cds`: the constrained dominant set whose support holds
+    about ``budget`` notes.
 
     Chooses :math:`\beta` per question (bisection on :math:`\log(\beta n)`, see the
     module docstring) so that the equilibrium's support is closest to ``budget``
-    notes, and returns that support as the evidence, ranked by weight.
-
-    Args:
-      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
-      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
-      valid: ``[n]`` bool, True on real notes.
-      budget: static number of notes to return; also the support size aimed at.
-      params: :class:`CDSParams`; ``beta`` is ignored (it is what is chosen),
-        ``coupling`` must not be ``"none"`` (then :math:`\beta` changes nothing).
-      options: :class:`SolveOptions`: ``solver`` of each equilibrium (None: the
-        active-set solver, ``"converged"``), ``threshold``, ``tol`` / ``max_iter``
-        of each solve, ``num_steps`` (static bisection steps, each one solve),
-        ``scale_range`` (``(low, high)`` bracket of :math:`\gamma = \beta n`) and
-        ``fill`` (complete a short support by the fill rule); ``init`` and
-        ``warm_start`` are not used (every solve starts uniformly).
-      pinned: optional ``[n]`` bool, notes added to the constraint set.
-      **overrides: :class:`SolveOptions` fields replacing those of ``options``.
-
-    Returns:
-      :class:`Selection`: ``result`` is the equilibrium at the chosen
-      :math:`\beta`, ``beta`` that :math:`\beta`, ``support_size`` its support
-      (notes only), ``num_filled`` / ``fill_reason`` as in :func:`cds_select`.
+    notes, and returns that support as the evidence, ranked by weight. ``params.beta``
+    is ignored (it is what is chosen); ``coupling`` must not be ``"none"``. Of
+    ``options``: ``solver`` of each equilibrium, ``threshold``, ``tol`` / ``max_iter``
+    of each solve, ``num_steps`` (bisection steps, each one solve), ``scale_range``
+    (``(low, high)`` bracket of :math:`\gamma = \beta n`) and ``fill``; every solve
+    starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta`, ``beta`` that
+    :math:`\beta`.
     """
-    budget = check_budget(budget)
-    options = solve_options(options, **overrides)
-    solver = options.solver or "converged"
-    configured_solver(solver)
-    threshold, tol, max_iter = options.threshold, options.tol, options.max_iter
-    params = params.check()
+    notes, query, valid, pinned = problem.notes, problem.queries, problem.valid, problem.pinned
+    solver, threshold, tol, max_iter = options.solver, options.threshold, options.tol, options.max_iter
     if params.coupling == "none":
         raise ValueError("cds_support needs a note block: coupling='none' makes beta irrelevant")
-    num_steps = check_count("num_steps", options.num_steps, 1)
+    num_steps = options.num_steps
     scale_range = options.scale_range
     low, high = (float(v) for v in scale_range)
     if not 0 < low < high:
@@ -188,5 +156,5 @@ def cds_support(
 
     aff, beta = affinity_at(best)
     result = solve(aff, None, solver=solver, tol=tol, max_iter=max_iter)
-    return read_selection(result, aff, budget=budget, threshold=threshold,
-                          cosine=query_cosine(notes, query).astype(dtype), fill=options.fill, beta=beta)
+    return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
+                          beta=beta)

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
+from cdsjax.core.validation import as_query_matrix, check_int_range, check_notes_valid, check_positive
+
 COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
 TAU_MODES = ("hard", "soft")
@@ -25,15 +27,35 @@ FILL_SHORT_SUPPORT = 1  # the support held fewer than budget notes; the rest ran
 FILL_NO_QUERY_EDGE = 2  # no note has a positive query edge; the rest ranked by cosine
 FILL_REASONS = ("none", "short_support", "no_query_edge")
 
-# How a solve ended (SolverResult.status); names in STATUSES. ``converged`` is ``status == CONVERGED``.
+# How a solve ended (SolverResult.status): the codes of cdsjax.core.protocols.Status, names in STATUSES.
+# ``converged`` is ``status == CONVERGED``.
 CONVERGED = 0  # the stopping rule fired (step or Nash error below tol)
 MAX_STEPS = 1  # a step cap (max_iter, or the active set's Newton cap) was reached first
 NONFINITE = 2  # the point or its residual holds NaN or inf (e.g. NaN input)
 SINGULAR = 3  # a Newton system of the active-set solver was singular and the cap was reached
 STATUSES = ("converged", "max_steps", "nonfinite", "singular")
 
+# The solver every CDS strategy uses when SolveOptions.solver is None: replicator dynamics with the paper's
+# limits (paper mode), the long-standing default of cds_select. Selectors in the registry name theirs.
+DEFAULT_SOLVER = "replicator"
+# Other names of registered solvers: "converged" is the converged mode's solver, the active-set Newton one.
+SOLVER_ALIASES = {"converged": "active_set"}
+
+# Hard limits of SolveOptions, checked for every caller (library, CLI, server): a request cannot ask for
+# unbounded work. 1,000,000 steps is InImDyn's own default cap; paper mode runs 10,000.
+MAX_ITER_CAP = 1_000_000
+MAX_SUPPORT_STEPS = 100
+
+# Kinds of notes (CDSProblem.kinds holds their index; -1 for none given).
+NOTE_KINDS = ("text", "figure", "table", "chart", "page-image", "other")
+
 # Equilibrium weights above this count as the support (selections, diagnostics, implicit derivatives).
 SUPPORT_THRESHOLD = 1e-6
+
+
+def kind_code(kind: str) -> int:
+    """The code of a note kind in :data:`NOTE_KINDS` (``"other"`` for an unknown one)."""
+    return NOTE_KINDS.index(kind) if kind in NOTE_KINDS else NOTE_KINDS.index("other")
 
 
 @struct.dataclass
@@ -223,7 +245,16 @@ class SolveOptions:
     scale_range: tuple = struct.field(pytree_node=False, default=DEFAULT_SCALE_RANGE)
 
     def check(self) -> "SolveOptions":
-        """Raises ``ValueError`` naming the field if an option string or count is invalid."""
+        """Raises ``ValueError`` naming the field if an option string, a limit or a count is invalid.
+
+        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given,
+        ``1 <= num_steps <= MAX_SUPPORT_STEPS``.
+        """
+        if self.tol is not None:
+            check_positive("tol", self.tol)
+        if self.max_iter is not None:
+            check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
+        check_int_range("num_steps", self.num_steps, MAX_SUPPORT_STEPS)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.warm_start not in WARM_STARTS:
@@ -252,3 +283,65 @@ def solve_options(options: Optional[SolveOptions] = None, **overrides) -> SolveO
         raise TypeError(f"unknown solve option(s) {unknown}; SolveOptions fields: "
                         f"{[f.name for f in dataclasses.fields(SolveOptions)]}")
     return (options.replace(**overrides) if overrides else options).check()
+
+
+@struct.dataclass
+class CDSProblem:
+    r"""One CDS problem: the notes, the question(s) and what is known about the notes' structure.
+
+    Every array is a pytree leaf, so a batch of problems is a ``CDSProblem`` with a leading axis
+    (``jax.vmap`` over it). Padding is trailing and inert: padded notes (``valid`` False) are never
+    selected and their structure entries are ignored. Build one with :meth:`create`.
+
+    Attributes:
+      notes: ``[n, d]`` float, L2-normalised note embeddings.
+      queries: ``[m, d]`` float, L2-normalised query embeddings. For the strategies on one question
+        (``"single"``, ``"peel"``, ``"support"``) the ``m`` rows are the constraint vertices; for
+        ``"shared"`` they are ``m`` separate questions on the same notes (one vertex each).
+      valid: ``[n]`` bool, True on real notes.
+      links: optional ``[n, n]`` bool note-link adjacency (PPR, the diffusion prior).
+      doc_ids: optional ``[n]`` int32 document of each note.
+      pages: optional ``[n]`` int32 page of each note.
+      kinds: optional ``[n]`` int32 kind of each note (an index into :data:`NOTE_KINDS`, see
+        :func:`kind_code`).
+      pinned: optional ``[n]`` bool, notes added to the constraint set.
+    """
+
+    notes: Array
+    queries: Array
+    valid: Array
+    links: Optional[Array] = None
+    doc_ids: Optional[Array] = None
+    pages: Optional[Array] = None
+    kinds: Optional[Array] = None
+    pinned: Optional[Array] = None
+
+    @classmethod
+    def create(cls, notes, query, valid=None, *, links=None, doc_ids=None, pages=None, kinds=None,
+               pinned=None) -> "CDSProblem":
+        """A problem with ``query`` ``[d]`` promoted to ``[1, d]`` and every shape checked.
+
+        ``valid`` None marks every note real. Raises ``ValueError`` naming the argument whose shape is
+        wrong (checks are static: they run at trace time under ``jit``).
+        """
+        notes = jnp.asarray(notes)
+        queries = as_query_matrix(query, notes)
+        valid = check_notes_valid(notes, jnp.ones(notes.shape[:1], bool) if valid is None else valid)
+        n = notes.shape[0]
+        extras = {}
+        for name, value, dtype, shape in (("links", links, bool, (n, n)), ("doc_ids", doc_ids, jnp.int32, (n,)),
+                                          ("pages", pages, jnp.int32, (n,)), ("kinds", kinds, jnp.int32, (n,)),
+                                          ("pinned", pinned, bool, (n,))):
+            if value is None:
+                extras[name] = None
+                continue
+            value = jnp.asarray(value)
+            if value.shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {value.shape}")
+            extras[name] = value.astype(dtype)
+        return cls(notes=notes, queries=queries, valid=valid, **extras)
+
+    @property
+    def num_notes(self) -> int:
+        """Static ``n`` (padding included)."""
+        return self.notes.shape[-2]

@@ -56,6 +56,19 @@ def check_budget(budget) -> int:
     return int(budget)
 
 
+def check_positive(name: str, value) -> None:
+    """Raises ``ValueError`` naming ``name`` unless ``value`` is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+
+def check_int_range(name: str, value, cap: int) -> None:
+    """Raises ``ValueError`` naming ``name`` unless ``value`` is an integer in ``[1, cap]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= cap:
+        raise ValueError(f"{name} must be an integer in [1, {cap:,}], got {value!r}")
+
+
 def check_option(name: str, value, allowed) -> None:
     """Raises ``ValueError`` naming ``name`` if ``value`` is not one of ``allowed``."""
     if value not in allowed:

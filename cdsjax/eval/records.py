@@ -11,7 +11,8 @@ from typing import Any, List, Mapping, Tuple
 import numpy as np
 
 from cdsjax.eval.problems import Problem
-from cdsjax.eval.scoring import diagnostics, score_problem
+from cdsjax.core.diagnostics import diagnostics
+from cdsjax.eval.scoring import score_problem
 
 RECORDS_FILE = "records.jsonl"
 RUN_FILE = "run.json"

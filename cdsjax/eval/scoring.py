@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 import cdsjax.eval.metrics as M
+from cdsjax.core.diagnostics import diagnostics  # noqa: F401  (the one diagnostics function, used by records)
 from cdsjax.eval.problems import Problem
 
 # Metric order in tables; a benchmark reports the ones its gold supports.
@@ -86,35 +87,3 @@ def score_pool(problem: Problem, idx: Sequence[int]) -> Dict[str, float]:
             "distinct_docs": float(M.distinct_docs(docs))}
 
 
-def diagnostics(selection: Any, num_notes: Optional[int] = None) -> Dict[str, Any]:
-    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines).
-
-    ``support_size`` counts notes (not the query) with equilibrium weight above the
-    support threshold; ``num_filled`` / ``fill_reason`` say how many picks came from
-    outside the support and why (:mod:`cdsjax.core.ranking`); ``beta`` is the
-    note-block strength used. With ``num_notes`` (the problem's real note count),
-    ``whole_support`` says whether the support was every note. ``status`` says how the solve ended
-    (``"converged"``, ``"max_steps"``, ``"nonfinite"`` or ``"singular"``; ``converged`` is its first case).
-    """
-    from cdsjax.core.types import FILL_REASONS, STATUSES
-
-    res = getattr(selection, "result", None)
-    if res is None:
-        return {}
-    out = {}
-    for name in DIAGNOSTICS:
-        if name == "support_size":
-            continue  # the solver's count includes the query vertex; the notes-only one is below
-        v = np.asarray(getattr(res, name))
-        out[name] = bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
-    if getattr(selection, "support_size", None) is not None:
-        out["support_size"] = int(np.asarray(selection.support_size))
-        out["num_filled"] = int(np.asarray(selection.num_filled))
-        out["fill_reason"] = FILL_REASONS[int(np.asarray(selection.fill_reason))]
-        if num_notes is not None:
-            out["whole_support"] = bool(out["support_size"] >= int(num_notes))
-    if getattr(selection, "beta", None) is not None:
-        out["beta"] = float(np.asarray(selection.beta))
-    if getattr(res, "status", None) is not None:
-        out["status"] = STATUSES[int(np.asarray(res.status))]
-    return out

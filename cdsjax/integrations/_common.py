@@ -104,7 +104,6 @@ class Chooser:
         import jax.numpy as jnp
 
         from cdsjax import core
-        from cdsjax.pipeline import diagnostics
 
         if len(candidates) == 0:
             return [], {}
@@ -134,7 +133,7 @@ class Chooser:
         sel = jax.device_get(sel)
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
-        return chosen, diagnostics(sel, self.spec.name, valid=valid)
+        return chosen, core.diagnostics(sel, selector=self.spec.name, valid=valid)
 
 
 def note_text(note: dict) -> str:

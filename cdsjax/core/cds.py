@@ -1,0 +1,133 @@
+r"""One entry point for constrained-dominant-set selection: :func:`cds` on a :class:`CDSProblem`.
+
+Every CDS selection goes through :func:`cds`, which checks the budget, the options and the solver
+once, then runs a **strategy**:
+
+* ``"single"`` (:func:`~cdsjax.core.select.solve_single`): one extraction; every query row is a
+  constraint vertex.
+* ``"peel"`` (:func:`~cdsjax.core.select.solve_peel`): repeated extraction until every constraint
+  vertex is covered.
+* ``"support"`` (:func:`~cdsjax.core.support.solve_support`): :math:`\beta` chosen per question so
+  the support holds about ``budget`` notes.
+* ``"shared"`` (:func:`~cdsjax.core.shared.solve_shared`): ``b`` questions (the query rows) on one
+  corpus, without per-question dense payoffs.
+
+Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
+``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy uses
+:data:`~cdsjax.core.types.DEFAULT_SOLVER` when ``options.solver`` is None. The derivative of the
+equilibrium is the companion :func:`cdsjax.core.implicit.cds_equilibrium` on the same problem type.
+
+The old names (:func:`cds_select`, :func:`cds_peel`, :func:`cds_support`, :func:`cds_select_shared`)
+are thin wrappers that take arrays, for the README, notebooks and existing callers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import jax.numpy as jnp
+from jax import Array
+
+from cdsjax.core.select import solve_peel, solve_single
+from cdsjax.core.shared import CorpusAffinity, solve_shared
+from cdsjax.core.solvers import solver_name
+from cdsjax.core.support import solve_support
+from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions, solve_options
+from cdsjax.core.validation import check_budget, check_option
+
+# strategy name -> fn(problem, params, options (checked, solver resolved), *, budget, **extra) -> Selection
+STRATEGIES: Dict[str, Callable[..., Selection]] = {
+    "single": solve_single,
+    "peel": solve_peel,
+    "support": solve_support,
+    "shared": solve_shared,
+}
+
+
+def cds(
+    problem: CDSProblem,
+    strategy: str = "single",
+    params: CDSParams = CDSParams(),
+    options: Optional[SolveOptions] = None,
+    *,
+    budget: int = 10,
+    x0: Optional[Array] = None,
+    corpus: Optional[CorpusAffinity] = None,
+    **overrides,
+) -> Selection:
+    r"""Selects evidence for ``problem`` as a constrained dominant set.
+
+    Builds the query-augmented affinity, solves :math:`\max_{x\in\Delta} x^\top M x` and keeps the
+    top-``budget`` notes by equilibrium weight above ``options.threshold``; when fewer clear it and
+    ``options.fill`` is set, the fill rule (:mod:`cdsjax.core.ranking`: KKT slack, then cosine)
+    completes the picks and ``num_filled`` / ``fill_reason`` say so.
+
+    Args:
+      problem: the :class:`CDSProblem` (``CDSProblem.create(notes, query, valid, ...)``).
+      strategy: ``"single"``, ``"peel"``, ``"support"`` or ``"shared"`` (module docstring).
+      params: :class:`CDSParams` of the affinity.
+      options: :class:`SolveOptions` (solver, threshold, limits, init, warm start, fill, the support
+        strategy's bisection); ``solver`` None means :data:`~cdsjax.core.types.DEFAULT_SOLVER`.
+      budget: static number of notes to return.
+      x0: ``"single"`` only, an ``[m+n]`` initial point; overrides ``options.init``.
+      corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
+      **overrides: :class:`SolveOptions` fields replacing those of ``options``.
+
+    Returns:
+      :class:`Selection` with ``result`` (the solver diagnostics), ``support_size`` (notes only),
+      ``num_filled``, ``fill_reason`` and ``beta``; for ``"shared"`` every leaf has a leading
+      question axis.
+
+    Raises:
+      ValueError: an unknown strategy or solver, a bad budget or option value, or an argument the
+        strategy does not take.
+      TypeError: an override that is not a :class:`SolveOptions` field.
+    """
+    check_option("strategy", strategy, tuple(STRATEGIES))
+    if not isinstance(problem, CDSProblem):
+        raise TypeError(f"problem must be a CDSProblem (CDSProblem.create), got {type(problem).__name__}")
+    budget = check_budget(budget)
+    options = solve_options(options, **overrides)
+    options = options.replace(solver=solver_name(options.solver))
+    params = params.check()
+    extra = {}
+    if x0 is not None:
+        if strategy != "single":
+            raise ValueError(f"x0 is only used by the 'single' strategy, not {strategy!r}")
+        extra["x0"] = x0
+    if corpus is not None:
+        if strategy != "shared":
+            raise ValueError(f"corpus is only used by the 'shared' strategy, not {strategy!r}")
+        extra["corpus"] = corpus
+    return STRATEGIES[strategy](problem, params, options, budget=budget, **extra)
+
+
+def select_problem(fn: Callable[..., Selection], problem: CDSProblem, key: Optional[Array] = None) -> Selection:
+    """Calls a registry selector (``fn(notes, query, valid, links, key, *, pages, doc_ids, kinds)``) on a problem."""
+    return fn(problem.notes, problem.queries, problem.valid, problem.links, key, pages=problem.pages,
+              doc_ids=problem.doc_ids, kinds=problem.kinds)
+
+
+def _array_wrapper(strategy: str, name: str, summary: str) -> Callable[..., Selection]:
+    """The old array-taking entry point of a strategy: :func:`cds` on ``CDSProblem.create(...)``."""
+
+    def wrapper(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: CDSParams = CDSParams(),
+                options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+                links: Optional[Array] = None, **kwargs) -> Selection:
+        if strategy == "shared" and jnp.ndim(query) != 2:
+            raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
+        problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
+        return cds(problem, strategy, params, options, budget=budget, **kwargs)
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = (f"{summary}\n\n    ``{name}(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, "
+                       f"query, valid, links=, pinned=), {strategy!r}, params, options, **kw)``; see :func:`cds`.\n")
+    return wrapper
+
+
+cds_select = _array_wrapper("single", "cds_select", "Selects evidence as a constrained dominant set (one extraction).")
+cds_peel = _array_wrapper("peel", "cds_peel", "Peeling extraction for several constraint vertices.")
+cds_support = _array_wrapper("support", "cds_support",
+                             "Constrained dominant set whose support holds about ``budget`` notes.")
+cds_select_shared = _array_wrapper("shared", "cds_select_shared",
+                                   "Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.")

@@ -1,0 +1,66 @@
+"""The solver diagnostics of a selection as plain Python values: one function for records, answers and traces.
+
+The evaluation records (:mod:`cdsjax.eval.records`), ``ask --json`` / the server
+(:meth:`cdsjax.pipeline.Pipeline.diagnostics`) and the planning agent's traces all call
+:func:`diagnostics`; it reads concrete arrays (call it outside ``jit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from cdsjax.core.types import FILL_REASONS, STATUSES
+
+# Fields of the SolverResult copied as they are (``support_size`` is the selection's notes-only count).
+RESULT_FIELDS = ("num_iters", "converged", "kkt_residual", "objective", "step")
+
+
+def _plain(value) -> Any:
+    v = np.asarray(value)
+    return bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
+
+
+def diagnostics(selection: Any, *, selector: Optional[str] = None, num_notes: Optional[int] = None,
+                valid: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """Solver diagnostics of a CDS selection as plain numbers ({} for baselines).
+
+    Always: ``num_iters``, ``converged``, ``kkt_residual``, ``objective``, ``step`` (of the solve),
+    ``support_size`` (notes, not the query vertices, with weight above the selection's threshold),
+    ``num_filled`` / ``fill_reason`` (picks from outside the support and why, :mod:`cdsjax.core.ranking`),
+    ``beta`` (the note-block strength; ``cds_support`` chooses it per question) and ``status``
+    (``"converged"``, ``"max_steps"``, ``"nonfinite"`` or ``"singular"``).
+
+    Args:
+      selection: a :class:`~cdsjax.core.Selection` (concrete arrays).
+      selector: a registry name or alias; adds ``solver`` and ``mode`` (first) from its spec.
+      num_notes: the problem's real note count; adds ``whole_support`` (the support is every note).
+      valid: ``[n]`` bool, the padded note mask; adds ``alpha`` and ``query_weight`` (the weight on the
+        query vertices, the ``m`` entries of ``x`` before the ``n`` notes).
+    """
+    res = getattr(selection, "result", None)
+    if res is None:
+        return {}
+    out: Dict[str, Any] = {}
+    if selector is not None:
+        from cdsjax.core.registry import selector_spec
+
+        spec = selector_spec(selector)
+        out["solver"], out["mode"] = spec.solver_label, spec.mode
+    out.update({name: _plain(getattr(res, name)) for name in RESULT_FIELDS})
+    if getattr(selection, "support_size", None) is not None:
+        out["support_size"] = _plain(selection.support_size)
+        out["num_filled"] = _plain(selection.num_filled)
+        out["fill_reason"] = FILL_REASONS[int(np.asarray(selection.fill_reason))]
+        if num_notes is not None:
+            out["whole_support"] = bool(out["support_size"] >= int(num_notes))
+    if valid is not None:
+        x = np.asarray(res.x)
+        out["alpha"] = _plain(res.alpha)
+        out["query_weight"] = float(x[: x.shape[0] - len(valid)].sum())
+    if getattr(selection, "beta", None) is not None:
+        out["beta"] = float(np.asarray(selection.beta))
+    if getattr(res, "status", None) is not None:
+        out["status"] = STATUSES[int(np.asarray(res.status))]
+    return out

@@ -1,0 +1,117 @@
+r"""The declared interfaces of the core: what a solver and a payoff must provide, and how a solve ends.
+
+A **payoff** is the matrix :math:`M` of :math:`\max_{x\in\Delta} x^\top M x`, seen only through
+:class:`Payoff`'s methods, so a payoff stored in another form (a shared note block with per-question
+relevance rows, :class:`~cdsjax.core.payoff.SharedPayoff`) runs under every solver without the solver
+knowing its storage. A **solver** is a small frozen configuration with ``init`` / ``step`` /
+``terminate`` that :func:`cdsjax.core.solver.iterate` runs under one ``lax.while_loop``; ``terminate``
+says both whether to stop and why (a :class:`Status`), so every reason a solve can end is decided in
+the loop, by the solver, and recorded as the result's ``status``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Optional, Protocol, Tuple, runtime_checkable
+
+from jax import Array
+
+from cdsjax.core.types import CONVERGED, MAX_STEPS, NONFINITE, SINGULAR, STATUSES
+
+
+class Status(enum.IntEnum):
+    """How a solve ended (``SolverResult.status`` holds the code; :data:`STATUSES` the names)."""
+
+    CONVERGED = CONVERGED
+    MAX_STEPS = MAX_STEPS
+    NONFINITE = NONFINITE
+    SINGULAR = SINGULAR
+
+    @property
+    def label(self) -> str:
+        """The name written in records and diagnostics (``"converged"``, ``"max_steps"``, ...)."""
+        return STATUSES[int(self)]
+
+    @property
+    def message(self) -> str:
+        """One sentence for a user."""
+        return _MESSAGES[self]
+
+
+_MESSAGES = {
+    Status.CONVERGED: "The stopping rule fired: the step or the Nash error fell below the tolerance.",
+    Status.MAX_STEPS: "A step cap (max_iter, or the active set's Newton cap) was reached before the tolerance.",
+    Status.NONFINITE: "The point or its residual holds NaN or inf (e.g. NaN input).",
+    Status.SINGULAR: "A Newton system of the active-set solver was singular and a step cap was reached.",
+}
+
+
+@runtime_checkable
+class Payoff(Protocol):
+    r"""A payoff matrix :math:`M` (symmetric), possibly for a batch of problems.
+
+    Points are ``[*batch, N]`` with the batch axes in front (none for one problem).
+    """
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of :math:`M`."""
+
+    @property
+    def size(self) -> int:
+        """Static ``N``, the number of vertices (padding included)."""
+
+    @property
+    def batch(self) -> Tuple[int, ...]:
+        """Static batch shape (``()`` for one problem)."""
+
+    @property
+    def valid(self) -> Array:
+        """``[N]`` bool, True on real vertices."""
+
+    @property
+    def alpha(self) -> Array:
+        """The penalty inside :math:`M` (reported in results)."""
+
+    def matvec(self, x: Array) -> Array:
+        """``[*batch, N]`` :math:`Mx`."""
+
+    def value(self, x: Array, mx: Array) -> Array:
+        r""":math:`x^\top M x` from ``mx`` :math:`= Mx` (broadcastable against ``mx``)."""
+
+    def row(self, i: Array) -> Array:
+        """``[*batch, N]`` row ``i`` of :math:`M` (``i`` ``[*batch]`` int)."""
+
+    def diag(self) -> Array:
+        """``[*batch, N]`` the diagonal of :math:`M`."""
+
+    def shift(self, eps: float) -> Array:
+        r"""The replicator shift :math:`c = \max(0, -\min M) + \varepsilon` (``[*batch, 1]`` or ``[]``)."""
+
+
+@runtime_checkable
+class Solver(Protocol):
+    r"""An iterative solver of :math:`\max_{x\in\Delta} x^\top M x` for :func:`cdsjax.core.solver.iterate`.
+
+    ``consts = prepare(payoff)`` holds what a step needs but never changes; the loop runs ``step`` while
+    ``terminate`` says not done, masking each batch row once it is done.
+    """
+
+    tol: Optional[float]
+    max_iter: int
+    unroll: int
+
+    def tolerance(self, dtype) -> float:
+        """The stopping tolerance in ``dtype`` (a solver may pick one per precision)."""
+
+    def prepare(self, payoff: Payoff) -> Any:
+        """Constants of the run (e.g. the replicator shift)."""
+
+    def init(self, payoff: Payoff, x0: Optional[Array]) -> Any:
+        """The starting :class:`~cdsjax.core.solver.LoopState` (``x0`` None: uniform)."""
+
+    def step(self, payoff: Payoff, consts: Any, state: Any) -> Any:
+        """One step of the solver's rule (it may count several iterations)."""
+
+    def terminate(self, consts: Any, state: Any) -> Tuple[Array, Array]:
+        """``(done [*batch] bool, status [*batch] int32)``: whether to stop, and the :class:`Status` if so."""

@@ -1,0 +1,261 @@
+"""The one CDS entry point: every strategy x solver x payoff, the shared options, the declared interfaces.
+
+``core.cds(problem, strategy, params, options)`` runs four strategies ("single", "peel", "support",
+"shared") with any registered solver on a dense or a shared-corpus payoff. These tests check that
+they agree where they should (same equilibrium, same selection), that padding, ``jit`` and ``vmap``
+change nothing, that ``fill=False`` and the default solver mean the same in every strategy, that
+``SolveOptions`` enforces its hard limits, and that the shared corpus never builds per-question
+dense matrices.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cdsjax import core
+from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.shared import question_affinity, question_relevance, shared_payoff
+
+N, D, B, BUDGET = 9, 6, 3, 3
+CONVERGED_SOLVERS = ("inimdyn", "active_set")
+
+
+def corpus(seed=0, n=N, b=B):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(3, D))
+    notes = centres[np.arange(n) % 3] + 0.4 * rng.normal(size=(n, D))
+    notes /= np.linalg.norm(notes, axis=1, keepdims=True)
+    queries = notes[:b] + 0.3 * rng.normal(size=(b, D))
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return notes, queries
+
+
+def same_selection(a, b, atol):
+    np.testing.assert_array_equal(np.asarray(a.selected_valid), np.asarray(b.selected_valid))
+    ok = np.asarray(a.selected_valid)
+    np.testing.assert_array_equal(np.asarray(a.indices)[ok], np.asarray(b.indices)[ok])
+    np.testing.assert_allclose(np.asarray(a.scores), np.asarray(b.scores), atol=atol)
+
+
+# --------------------------------------------------------------------------- payoffs and solvers
+def test_shared_payoff_has_the_dense_rows_diagonal_and_products():
+    with jax.enable_x64(True):
+        notes, queries = corpus()
+        valid = np.arange(N) < N - 2  # trailing padding
+        shared = core.corpus_affinity(notes, valid)
+        rel = question_relevance(shared, queries)
+        batched = shared_payoff(shared, rel)
+        x = jnp.asarray(np.random.default_rng(1).random((B, N + 1)))
+        for k in range(B):
+            dense = DensePayoff.from_affinity(question_affinity(shared, rel[k]))
+            one = shared_payoff(shared, rel[k])
+            assert one.batch == () and batched.batch == (B,)
+            np.testing.assert_allclose(np.asarray(one.diag()), np.asarray(dense.diag()), atol=1e-14)
+            np.testing.assert_allclose(np.asarray(batched.diag()[k]), np.asarray(dense.diag()), atol=1e-14)
+            np.testing.assert_allclose(np.asarray(one.matvec(x[k])), np.asarray(dense.matvec(x[k])), atol=1e-13)
+            for i in range(N + 1):
+                np.testing.assert_allclose(np.asarray(one.row(i)), np.asarray(dense.row(i)), atol=1e-14)
+            rows = batched.row(jnp.full((B,), 4))
+            np.testing.assert_allclose(np.asarray(rows[k]), np.asarray(dense.row(4)), atol=1e-14)
+        assert isinstance(batched, core.Payoff) and isinstance(dense, core.Payoff)
+
+
+@pytest.mark.parametrize("solver", ("replicator", "inimdyn", "active_set"))
+def test_every_solver_runs_on_every_payoff(solver):
+    with jax.enable_x64(True):
+        notes, queries = corpus(2)
+        valid = np.ones(N, bool)
+        shared = core.corpus_affinity(notes, valid)
+        rel = question_relevance(shared, queries)
+        config = core.SOLVERS[solver]
+        assert isinstance(config, core.Solver)
+        for k in range(B):
+            dense = core.iterate(config, DensePayoff.from_affinity(question_affinity(shared, rel[k])))
+            on_shared = core.iterate(config, shared_payoff(shared, rel[k]))
+            np.testing.assert_allclose(np.asarray(on_shared.x), np.asarray(dense.x), atol=1e-9)
+            assert int(on_shared.status) == int(dense.status)
+
+
+def test_status_enumeration_keeps_the_recorded_codes():
+    assert [s.label for s in core.Status] == list(core.STATUSES)
+    assert [int(s) for s in core.Status] == [core.CONVERGED, core.MAX_STEPS, core.NONFINITE, core.SINGULAR]
+    assert all(s.message.endswith(".") for s in core.Status)
+    # the loop records why it stopped: a step cap
+    notes, queries = corpus()
+    sel = core.cds(core.CDSProblem.create(notes, queries[0]), budget=BUDGET, max_iter=3)
+    assert int(sel.result.status) == core.Status.MAX_STEPS and int(sel.result.num_iters) == 3
+
+
+# --------------------------------------------------------------------------- strategies agree
+@pytest.mark.parametrize("solver", ("replicator",) + CONVERGED_SOLVERS)
+def test_strategies_agree_where_they_should(solver):
+    """One question: single == peel (one constraint vertex) == shared (the shared payoff), per solver;
+    the converged solvers reach the same equilibrium, so the same selection, in every strategy."""
+    with jax.enable_x64(True):
+        notes, queries = corpus(3)
+        valid = np.ones(N, bool)
+        shared = core.cds(core.CDSProblem.create(notes, queries, valid), "shared", budget=BUDGET, solver=solver)
+        for k in range(B):
+            problem = core.CDSProblem.create(notes, queries[k], valid)
+            single = core.cds(problem, "single", budget=BUDGET, solver=solver)
+            peel = core.cds(problem, "peel", budget=BUDGET, solver=solver)
+            same_selection(single, peel, 1e-12)
+            np.testing.assert_allclose(np.asarray(peel.result.x), np.asarray(single.result.x), atol=1e-15)
+            row = jax.tree.map(lambda a: a[k], shared)
+            same_selection(single, row, 1e-9)
+            np.testing.assert_allclose(np.asarray(row.result.x), np.asarray(single.result.x), atol=1e-9)
+            if solver != "replicator":
+                reference = core.cds(problem, "single", budget=BUDGET, solver="active_set")
+                same_selection(single, reference, 1e-8)
+                support = core.cds(problem, "support", budget=BUDGET, solver=solver, num_steps=6)
+                support_ref = core.cds(problem, "support", budget=BUDGET, solver="active_set", num_steps=6)
+                same_selection(support, support_ref, 1e-8)
+                assert float(support.beta) == float(support_ref.beta)
+
+
+@pytest.mark.parametrize("strategy", ("single", "peel", "support"))
+def test_padding_jit_and_vmap_change_nothing(strategy):
+    with jax.enable_x64(True):
+        notes, queries = corpus(4)
+        pad = 4
+        junk = np.random.default_rng(9).normal(size=(pad, D))
+        padded = np.concatenate([notes, junk])
+        valid = np.arange(N + pad) < N
+        kw = dict(budget=BUDGET, solver="active_set", num_steps=5)
+        plain = [core.cds(core.CDSProblem.create(notes, q), strategy, **kw) for q in queries]
+        run = jax.jit(lambda p: core.cds(p, strategy, **kw))
+        problems = [core.CDSProblem.create(padded, q, valid) for q in queries]
+        batch = jax.jit(jax.vmap(lambda p: core.cds(p, strategy, **kw)))(jax.tree.map(lambda *a: jnp.stack(a), *problems))
+        for k, problem in enumerate(problems):
+            same_selection(run(problem), plain[k], 1e-9)
+            same_selection(jax.tree.map(lambda a: a[k], batch), plain[k], 1e-9)
+
+
+def test_shared_strategy_ignores_padding():
+    with jax.enable_x64(True):
+        notes, queries = corpus(5)
+        padded = np.concatenate([notes, np.random.default_rng(3).normal(size=(3, D))])
+        valid = np.arange(N + 3) < N
+        for solver in ("replicator", "active_set"):
+            a = core.cds(core.CDSProblem.create(notes, queries), "shared", budget=BUDGET, solver=solver)
+            b = jax.jit(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver))(
+                core.CDSProblem.create(padded, queries, valid))
+            same_selection(a, b, 1e-9)
+
+
+# --------------------------------------------------------------------------- one meaning of each option
+STRATEGIES = ("single", "peel", "support", "shared")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_fill_false_is_honoured_in_every_strategy(strategy):
+    """Every cosine is negative: the query is isolated and the support empty. With fill the picks come
+    from the fill rule; without it the selection is empty (the paper's reading)."""
+    notes = np.abs(np.random.default_rng(6).normal(size=(N, D)))
+    notes /= np.linalg.norm(notes, axis=1, keepdims=True)
+    query = -notes.mean(0) / np.linalg.norm(notes.mean(0))
+    problem = core.CDSProblem.create(notes, query[None] if strategy == "shared" else query)
+    kw = dict(budget=BUDGET, solver="active_set", num_steps=4)
+    filled = core.cds(problem, strategy, **kw)
+    bare = core.cds(problem, strategy, fill=False, **kw)
+    assert int(np.sum(filled.selected_valid)) == BUDGET and int(np.sum(filled.num_filled)) == BUDGET
+    assert int(np.sum(filled.fill_reason)) == core.FILL_NO_QUERY_EDGE
+    assert not np.any(np.asarray(bare.selected_valid)) and int(np.sum(bare.num_filled)) == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES + ("equilibrium",))
+def test_every_strategy_uses_the_one_default_solver(strategy, monkeypatch):
+    """With ``solver`` unset every strategy (and the differentiable equilibrium) runs DEFAULT_SOLVER's
+    registered configuration: swap it for a 5-step one and every solve stops at 5 steps."""
+    assert core.DEFAULT_SOLVER == "replicator" and core.SolveOptions().solver is None
+    monkeypatch.setitem(core.SOLVERS, core.DEFAULT_SOLVER, core.Replicator(tol=1e-300, max_iter=5))
+    notes, queries = corpus(7)
+    if strategy == "equilibrium":
+        result, _ = core.cds_equilibrium(core.CDSProblem.create(notes, queries[0]))
+    else:
+        problem = core.CDSProblem.create(notes, queries if strategy == "shared" else queries[0])
+        result = core.cds(problem, strategy, budget=BUDGET, num_steps=3).result
+    assert np.all(np.asarray(result.num_iters) == 5)
+    assert np.all(np.asarray(result.status) == core.MAX_STEPS)
+
+
+@pytest.mark.parametrize("field,value", [("tol", 0.0), ("tol", -1.0), ("tol", float("nan")), ("max_iter", 0),
+                                         ("max_iter", core.MAX_ITER_CAP + 1), ("max_iter", 2_147_483_647),
+                                         ("num_steps", 0), ("num_steps", core.MAX_SUPPORT_STEPS + 1)])
+def test_solve_options_enforce_hard_limits(field, value):
+    with pytest.raises(ValueError, match=field):
+        core.SolveOptions(**{field: value}).check()
+    notes, queries = corpus()
+    with pytest.raises(ValueError, match=field):
+        core.cds(core.CDSProblem.create(notes, queries[0]), **{field: value})
+    with pytest.raises(ValueError, match=field):
+        core.make_selector("cds_support" if field == "num_steps" else "cds", budget=3, **{field: value})
+
+
+def test_hard_limits_keep_the_documented_settings_legal():
+    core.SolveOptions(tol=1e-7, max_iter=10_000).check()  # paper mode
+    core.SolveOptions(tol=1e-15, max_iter=core.MAX_ITER_CAP, num_steps=core.MAX_SUPPORT_STEPS).check()
+    for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": core.PPR_MAX_ITER_CAP + 1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            core.make_selector("ppr", budget=3, **bad)
+    core.make_selector("ppr", budget=3, tol=1e-9, max_iter=core.PPR_MAX_ITER_CAP)
+
+
+def test_entry_point_rejects_what_a_strategy_does_not_take():
+    notes, queries = corpus()
+    problem = core.CDSProblem.create(notes, queries[0])
+    with pytest.raises(ValueError, match="strategy"):
+        core.cds(problem, "greedy")
+    with pytest.raises(ValueError, match="x0"):
+        core.cds(problem, "peel", x0=jnp.ones(N + 1))
+    with pytest.raises(ValueError, match="solver"):
+        core.cds(problem, solver="nope")
+    with pytest.raises(ValueError, match="pages"):
+        core.CDSProblem.create(notes, queries[0], pages=np.zeros(N + 1, np.int32))
+    assert core.CDSProblem.create(notes, queries[0]).queries.shape == (1, D)
+
+
+# --------------------------------------------------------------------------- the selector contract
+def test_every_selector_takes_the_problem_structure():
+    notes, queries = corpus(8)
+    links = np.random.default_rng(0).random((N, N)) < 0.3
+    problem = core.CDSProblem.create(notes, queries[0], links=links, pages=np.arange(N) // 3,
+                                     doc_ids=np.zeros(N), kinds=[core.kind_code("text")] * N)
+    assert core.kind_code("table") == core.NOTE_KINDS.index("table") and core.kind_code("?") == 5
+    key = core.key_from_query_id("q")
+    for name in core.SPECS:
+        fn = core.make_selector(name, budget=BUDGET, **({"num_steps": 3} if name == "cds_support" else {}))
+        a = core.select_problem(fn, problem, key)
+        b = fn(notes, queries[0], np.ones(N, bool), links, key)
+        same_selection(a, b, 0.0)
+
+
+# --------------------------------------------------------------------------- no per-question dense matrices
+def _shapes(jaxpr, out):
+    """Every intermediate shape of ``jaxpr``, nested jaxprs (loops, branches, calls) included."""
+    for eqn in jaxpr.eqns:
+        out.extend(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    _shapes(inner, out)
+    return out
+
+
+def test_shared_corpus_never_materialises_per_question_dense_matrices():
+    notes, queries = corpus(b=5, n=11)
+    problem = core.CDSProblem.create(notes, queries)
+    size = N + 2  # n = 11 notes
+
+    def dense_batches(fn):
+        shapes = _shapes(jax.make_jaxpr(fn)(problem).jaxpr, [])
+        return [s for s in shapes if len(s) >= 3 and s[0] == 5 and min(s[-2:]) >= size]
+
+    for solver in ("replicator", "inimdyn", "active_set"):
+        assert dense_batches(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver)) == [], solver
+    # the per-question path does build them: the check can fail
+    per_question = jax.vmap(lambda q: core.cds_select(problem.notes, q, problem.valid, budget=BUDGET,
+                                                      solver="active_set"))
+    assert dense_batches(lambda p: per_question(p.queries))
