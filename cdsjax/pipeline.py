@@ -185,6 +185,7 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
 
 
 DEFAULT_JAX_CACHE_MAX_MB = 1024
+_JAX_CACHE: Dict[str, Any] = {}  # the directory and byte cap enable_compilation_cache set, for pruning
 
 
 def enable_compilation_cache(directory=None) -> Optional[Path]:
@@ -192,9 +193,12 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
 
     A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
     compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
-    The directory is private (0700) and capped at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1
-    for no cap; needs the ``filelock`` package): beyond that JAX deletes the least recently used entries, so a server whose clients ask for ever new
-    budgets and options cannot fill the disk. Returns the directory, or None when disabled or not writable.
+    The directory is private (0700) and kept under ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024;
+    -1: no cap) by :func:`prune_compilation_cache`, run here and by ``cdsjax serve`` after each compilation,
+    so a server whose clients ask for ever new budgets and options cannot fill the disk. (JAX's own
+    ``jax_compilation_cache_max_size`` is not used: its eviction fails on entries written without it, as by
+    earlier cdsjax versions, and warns on every later write.) Returns the directory, or None when disabled or
+    not writable.
     """
     import os
 
@@ -217,16 +221,45 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
     except (OSError, ValueError):
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    try:  # JAX's eviction needs filelock (installed with the io extra's hub clients)
-        import filelock  # noqa: F401
-
-        jax.config.update("jax_compilation_cache_max_size", int(max_mb * 2**20) if max_mb >= 0 else -1)
-    except ImportError:
-        pass
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _JAX_CACHE.update(directory=directory, max_bytes=int(max_mb * 2**20) if max_mb >= 0 else None)
+    prune_compilation_cache()
     return directory
+
+
+def prune_compilation_cache(directory=None, max_bytes: Optional[int] = None) -> int:
+    """Deletes the oldest files (by modification time) of a compilation cache directory until the rest fit
+    in ``max_bytes``; returns the bytes freed. Defaults: what :func:`enable_compilation_cache` set (no-op
+    when it was not called or set no cap). A file another process is reading may go: JAX then compiles."""
+    import os
+
+    directory = directory if directory is not None else _JAX_CACHE.get("directory")
+    max_bytes = max_bytes if max_bytes is not None else _JAX_CACHE.get("max_bytes")
+    if directory is None or max_bytes is None:
+        return 0
+    files = []
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    files.append((st.st_mtime, st.st_size, entry.path))
+    except OSError:
+        return 0
+    total = sum(size for _, size, _ in files)
+    freed = 0
+    for _, size, path in sorted(files):
+        if total <= max_bytes:
+            break
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        total -= size
+        freed += size
+    return freed
 
 
 DEFAULT_MAX_COMPILED = 16

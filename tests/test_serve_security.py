@@ -546,10 +546,10 @@ def test_check_embedder_accepts_only_known_or_named_models():
     with pytest.raises(EmbedderError, match="--trust-remote-code"):
         check_embedder(nomic)
     assert check_embedder(nomic, trust_remote_code=True)["trust_remote_code"] is True
-    for model in ("/tmp/some-model", "someone/evil", "", None):
+    for model in ("/opt/models/some-model", "someone/evil", "", None):
         with pytest.raises(EmbedderError, match="refusing the index"):
             check_embedder(dict(minilm, model=model))
-    assert check_embedder(dict(minilm, model="/tmp/some-model"), allowed=["/tmp/some-model"])["model"]
+    assert check_embedder(dict(minilm, model="/opt/models/some-model"), allowed=["/opt/models/some-model"])["model"]
     with pytest.raises(EmbedderError, match="query_prefix"):
         check_embedder(dict(minilm, query_prefix=["not", "a", "string"]))
 
@@ -569,3 +569,15 @@ def test_lock_file_is_private_while_held(tmp_path):
         assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(tmp_path / "fresh").st_mode) == 0o700  # created by cdsjax: private
     assert not lock.exists()
+
+
+def test_compilation_cache_is_pruned_to_its_cap(tmp_path):
+    from cdsjax.pipeline import prune_compilation_cache
+
+    for i in range(5):  # entries of 1 KB, oldest first
+        f = tmp_path / f"entry-{i}"
+        f.write_bytes(b"x" * 1024)
+        os.utime(f, (1000 + i, 1000 + i))
+    assert prune_compilation_cache(tmp_path, 2500) == 3 * 1024
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry-3", "entry-4"]
+    assert prune_compilation_cache(tmp_path, 2500) == 0

@@ -215,7 +215,7 @@ def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None,
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from cdsjax.commands.guard import Busy, Guard, Lane, Limits
-    from cdsjax.pipeline import DEFAULT_SELECTOR, PipelineError, canonical_selector
+    from cdsjax.pipeline import DEFAULT_SELECTOR, PipelineError, canonical_selector, prune_compilation_cache
 
     default_selector = default_selector or DEFAULT_SELECTOR
     if limits is None:
@@ -358,6 +358,8 @@ def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None,
             waited = time.perf_counter() - t0
             result = pipe.retrieve(body.question, selector=selector, budget=budget, options=options or None)
             result.timings["queue"] = waited
+            if lane is compiling:  # a new executable may have gone to the compilation cache: keep it capped
+                prune_compilation_cache()
             return result
 
         try:
