@@ -1,4 +1,4 @@
-"""The ``cdsjax`` command: ``index``, ``ask``, ``serve``, ``demo``, ``eval``.
+"""The ``cdsjax`` command: ``index``, ``ask``, ``serve``, ``demo``, ``eval``, ``tune``.
 
 :data:`COMMANDS` names each subcommand and its help text; the subcommand lives in
 :mod:`cdsjax.commands` as a module with ``add_arguments(parser)`` and
@@ -53,6 +53,11 @@ COMMANDS = {
         "evaluate selectors on a benchmark (configs/*.py)",
         "Runs every configured selector on a benchmark, writes one JSONL record per query (resumable) and "
         "summary.csv / summary.md to the config's output_dir.",
+        epilog_from_doc=True),
+    "tune": Command(
+        "fit the learned CDS game (selector cds-learned) on benchmark questions (configs/tune/*.py)",
+        "Splits the config's benchmark questions by document, fits the learned game's parameters through the "
+        "implicit derivatives of its equilibrium, and writes a parameter file with its provenance (resumable).",
         epilog_from_doc=True),
 }
 

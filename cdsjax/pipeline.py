@@ -95,6 +95,20 @@ class Corpus:
                    roots=[str(idx.root) for idx in indexes])
 
 
+def structure_arrays(notes: Sequence[dict], size: int) -> Dict[str, np.ndarray]:
+    """``pages``, ``doc_ids`` and ``kinds`` ``[size]`` int32 of the notes (padded with -1), for selectors that
+    read the document structure (``cds-learned``)."""
+    from cdsjax.core.learned import kind_codes
+
+    docs = {d: i for i, d in enumerate(dict.fromkeys(str(n.get("doc_id")) for n in notes))}
+    out = {k: np.full(size, -1, np.int32) for k in ("pages", "doc_ids", "kinds")}
+    k = len(notes)
+    out["pages"][:k] = [int(n["page"]) if n.get("page") is not None else -1 for n in notes]
+    out["doc_ids"][:k] = [docs[str(n.get("doc_id"))] for n in notes]
+    out["kinds"][:k] = kind_codes([n.get("kind") for n in notes])
+    return out
+
+
 @dataclasses.dataclass
 class Answer:
     """The result of one question.
@@ -290,7 +304,7 @@ class Pipeline:
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
                  max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, params: Optional[str] = None):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         core.validate_embeddings(corpus.embeddings)
@@ -305,6 +319,15 @@ class Pipeline:
         self.links = np.zeros((self.size, self.size), bool)
         self.links[:n, :n] = corpus.links
         self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
+        self._structure = {k: jnp.asarray(v) for k, v in structure_arrays(corpus.notes, self.size).items()}
+        self.params = None if params is None else str(params)
+        if self.params is not None:  # a missing or malformed file is one line now, not at the first question
+            from cdsjax.learn.params_io import load_params
+
+            try:
+                load_params(self.params)
+            except ValueError as err:
+                raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
         self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
@@ -318,13 +341,14 @@ class Pipeline:
     @classmethod
     def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
                    embedders: Sequence[str] = (), trust_remote_code: bool = False,
-                   max_compiled: int = DEFAULT_MAX_COMPILED) -> "Pipeline":
+                   max_compiled: int = DEFAULT_MAX_COMPILED, params: Optional[str] = None) -> "Pipeline":
         """Loads index directories and indexes PDFs (into the cache) named by ``paths``.
 
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
         :mod:`cdsjax.io.embed`), nor one in ``embedders`` or ``config.embedder.model``, is refused
         (:class:`PipelineError`) before anything is loaded from it; model code runs only with
-        ``trust_remote_code``, never because an index says so.
+        ``trust_remote_code``, never because an index says so. ``params`` is the parameter file of the
+        ``cds-learned`` selector (default: the shipped one).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
@@ -346,7 +370,7 @@ class Pipeline:
         if config is not None and "embedder" in config and config.embedder.get("model"):
             accepted += (str(config.embedder.model),)
         return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
-                   max_compiled=max_compiled)
+                   max_compiled=max_compiled, params=params)
 
     @property
     def embedder(self):
@@ -372,27 +396,37 @@ class Pipeline:
     def is_compiled(self, selector: str, budget: int, options: Optional[dict] = None) -> bool:
         """True when this selector has been built and run before (so a call does not compile)."""
         try:
-            key = self.selector_key(selector, budget, options)
+            key = self.selector_key(selector, budget, self.learned_options(selector, options))
             return key in self._ran and key in self.compiled
         except (PipelineError, TypeError):  # unknown names, unhashable option values
             return False
 
     def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
         """A jitted per-question selector over the padded corpus (cached)."""
+        options = self.learned_options(selector, options)
         key = self.selector_key(selector, budget, options)
         selector, options = key[0], dict(options or {})
 
         def make():
             try:
-                return jax.jit(registry.make_selector(selector, budget=budget, **options))
+                fn = registry.make_selector(selector, budget=budget, **options)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
+            jitted = jax.jit(fn)
+            jitted.takes_structure = getattr(fn, "takes_structure", False)  # reads pages / doc_ids / kinds
+            return jitted
 
         if isinstance(self.compiled, SelectorCache):
             return self.compiled.get_or_make(key, make)
         if key not in self.compiled:
             self.compiled[key] = make()
         return self.compiled[key]
+
+    def learned_options(self, selector: str, options: Optional[dict]) -> Optional[dict]:
+        """``options`` with this pipeline's parameter file for ``cds-learned`` (unless the options name one)."""
+        if self.params is None or canonical_selector(selector) != "cds_learned" or "params" in (options or {}):
+            return options
+        return {**(options or {}), "params": self.params}
 
     def encode(self, questions: Sequence[str]) -> np.ndarray:
         for q in questions:
@@ -407,8 +441,9 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
         notes, valid, links = self._device
-        sel = jax.device_get(fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid)))
-        self._ran.add(self.selector_key(selector, budget, options))
+        structure = self._structure if getattr(fn, "takes_structure", False) else {}
+        sel = jax.device_get(fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid), **structure))
+        self._ran.add(self.selector_key(selector, budget, self.learned_options(selector, options)))
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
             self._ran &= set(self.compiled)
         return sel

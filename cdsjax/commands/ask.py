@@ -65,6 +65,9 @@ def add_arguments(p) -> None:
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
     p.add_argument("--lam", type=float, default=None, help="MMR trade-off (default 0.5)")
+    p.add_argument("--params", default=None, metavar="FILE",
+                   help="learned parameters for --selector cds-learned (a `cdsjax tune` file; default: the "
+                   "shipped one)")
     p.add_argument("--max-iter", type=int, default=None,
                    help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
     p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
@@ -121,6 +124,26 @@ def check_options(selector: str, options: dict) -> None:
             raise CLIError(f"{flag} does not apply to --selector {selector}")
 
 
+def check_params(selector: str, params) -> None:
+    """One line when ``--params`` is given to another selector than cds-learned, or names a bad file."""
+    if params is None:
+        return
+    from cdsjax.core.registry import selector_spec
+
+    try:
+        name = selector_spec(selector).name
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    if name != "cds_learned":
+        raise CLIError(f"--params applies to --selector cds-learned, not {selector}")
+    from cdsjax.learn.params_io import load_params
+
+    try:
+        load_params(params)
+    except ValueError as err:
+        raise CLIError(str(err), 1) from None
+
+
 def make_reader(args):
     url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
     if args.no_read or not url:
@@ -144,6 +167,8 @@ def run(args) -> int:
             raise CLIError("with --server the server's reader answers; give --reader-url to `cdsjax serve`")
         if not args.inputs[0].strip():
             raise CLIError("the question is empty")
+        if getattr(args, "params", None) is not None:
+            raise CLIError("with --server the server's parameters are used; give --params to `cdsjax serve`")
         result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
                             options=options, read=not args.no_read, timeout=args.timeout,
                             token=args.token or os.environ.get("CDSJAX_TOKEN"))
@@ -163,6 +188,7 @@ def ask_local(args, paths, question, options):
     if args.selector is None:
         args.selector = DEFAULT_SELECTOR
     check_options(args.selector, options)
+    check_params(args.selector, getattr(args, "params", None))
     enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args)
@@ -176,7 +202,8 @@ def ask_local(args, paths, question, options):
         # a dead reader is found before loading and encoding; the evidence is still selected and printed
         unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
-                                   embedders=args.embedder, trust_remote_code=args.trust_remote_code)
+                                   embedders=args.embedder, trust_remote_code=args.trust_remote_code,
+                                   params=getattr(args, "params", None))
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)

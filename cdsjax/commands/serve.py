@@ -131,6 +131,8 @@ def add_arguments(p) -> None:
                    "from an index")
     add_selector_argument(p, "selector when a request names none")
     p.add_argument("--budget", type=int, default=10, help="budget when a request gives none (default: 10)")
+    p.add_argument("--params", default=None, metavar="FILE",
+                   help="learned parameters for --selector cds-learned (cdsjax tune; default: the shipped file)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
@@ -346,7 +348,7 @@ def create_app(pipe, *, queue: int = 32, default_selector: Optional[str] = None,
             options = check_http_options(selector, body.options)
         except PipelineError as err:
             return error(400, str(err))
-        except ValueError as err:
+        except ValueError as err:  # cds-learned takes no option over HTTP: its parameters are the server's
             return error(400, f"bad request: {err}")
         t0 = time.perf_counter()
         budget = body.budget or default_budget
@@ -443,6 +445,13 @@ def run(args) -> int:
         canonical_selector(args.selector)
     except PipelineError as err:
         raise CLIError(str(err), 2) from None
+    if getattr(args, "params", None) is not None:
+        from cdsjax.learn.params_io import load_params
+
+        try:
+            load_params(getattr(args, "params", None))
+        except ValueError as err:
+            raise CLIError(str(err), 1) from None
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -456,7 +465,7 @@ def run(args) -> int:
     try:
         pipe = Pipeline.from_paths(args.indexes, reader=reader, progress=sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   max_compiled=args.max_compiled)
+                                   max_compiled=args.max_compiled, params=getattr(args, "params", None))
         warm_s = pipe.warm([args.selector], budget=args.budget)
     except (PipelineError, EmbedderError) as err:
         sock.close()

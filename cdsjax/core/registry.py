@@ -161,6 +161,31 @@ def _cds_support(budget: int, **fields) -> SelectorFn:
 
 _cds_support.options = SUPPORT_OPTIONS
 
+LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
+
+
+def _cds_learned(budget: int, *, params=None, solver: str = "converged", **fields) -> SelectorFn:
+    """The learned game (:mod:`cdsjax.core.learned`): ``params`` is a parameter file (None: the shipped one) or
+    a :class:`~cdsjax.core.learned.LearnedParams`. Reads the structure arrays (``pages``, ``doc_ids``,
+    ``kinds``) when the caller passes them (``fn.takes_structure``)."""
+    from cdsjax.core.learned import LearnedParams, cds_learned, read_params
+
+    theta = params if isinstance(params, LearnedParams) else read_params(params)[0]
+    unknown = sorted(set(fields) - set(LEARNED_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for selector 'cds_learned'; allowed: {list(LEARNED_OPTIONS)}")
+    options = SolveOptions(solver=solver, **{k: v for k, v in fields.items() if v is not None}).check()
+
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+        return cds_learned(notes, query, valid, links, key, pages=pages, doc_ids=doc_ids, kinds=kinds, theta=theta,
+                           budget=budget, options=options)
+
+    fn.takes_structure = True
+    return fn
+
+
+_cds_learned.options = LEARNED_OPTIONS
+
 
 @dataclasses.dataclass(frozen=True)
 class SelectorSpec:
@@ -239,6 +264,10 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     # beta chosen per question so the equilibrium's support holds about `budget` notes
     _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support",
           help="CDS with beta chosen per question so the support holds about B notes"),
+    # the learned game (cdsjax.learn): parameters from a file, the shipped one by default
+    _spec("cds_learned", _cds_learned, solver="converged", needs_links=True, aliases=("cds-learned",),
+          display="cds-learned",
+          help="CDS with a fitted game (cdsjax tune): structure features, relevance shaping; --params FILE"),
 )}
 
 # The selector used when none is named: ask, serve, the pipeline and the planning agent.
@@ -317,4 +346,5 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     budget = check_budget(budget)
     fn = SELECTORS[name](budget, **options)
     fn.__name__ = f"select_{name}"
+    fn.takes_structure = getattr(fn, "takes_structure", False)
     return fn

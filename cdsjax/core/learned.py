@@ -1,0 +1,404 @@
+r"""Learned CDS: a parametric payoff with the paper's game as one point :math:`\theta_0`.
+
+The affinity of :func:`cdsjax.core.build_affinity` is extended by twelve scalars
+(:class:`LearnedParams`) that a fit may move away from the paper's values:
+
+* **Query edges** :math:`r_{ki} = \max(s_{ki}, 0)\,g_{ki}\,h_{ki}` with the soft gate
+  :math:`g = 1 - \gamma + \gamma\,\sigma\big((s - \tau)/T\big)` (``gate`` :math:`\gamma`
+  mixes it in, ``tau``, ``log_gate_temperature`` :math:`\log T`) and the sharpening
+  :math:`h = \exp\big(\kappa\,(s - \max_j s_{kj})\big)` (``sharpness`` :math:`\kappa \ge 0`),
+  which concentrates the query's pull on its best notes as :math:`\kappa` grows.
+* **Note--note edges**
+  :math:`W_{ij} = \big[\beta(1 - z_i^\top z_j) + \sum_f w_f\,\phi_f(i, j)\big]
+  \big(1 - \lambda + \lambda\,\rho_i\rho_j\big)`, where :math:`\rho_i \in [0, 1]` is
+  note :math:`i`'s clipped cosine to the query divided by the best one. With
+  ``rel_repulsion`` :math:`\lambda = 1` two notes reward each other for being unlike
+  only in proportion to how relevant both are, so notes of unrelated documents are
+  not paid for being unlike everything. The structure features :math:`\phi_f` are
+  same page (same document too), same document, a link edge, same element kind, and
+  a text--visual pair (one text note, one figure/table/chart/page image); their
+  weights ``w_page``, ``w_doc``, ``w_link``, ``w_same_kind``, ``w_text_visual`` may
+  take either sign.
+* **Penalty** :math:`\alpha = b + (f - 1)\,|b|` with :math:`b` the paper's spectral
+  bound :math:`\lambda_{\max}(A|_{\bar S}) + \varepsilon` and ``alpha_factor``
+  :math:`f \ge 1`, so :math:`\alpha \ge b` always and the query stays in the support.
+
+At :data:`LearnedParams.paper` every added weight is exactly 0 and every factor
+exactly 1, and the affinity is computed by the same functions as
+:func:`~cdsjax.core.build_affinity` followed by ``+ 0.0`` and ``* 1.0``, which are exact
+in floating point: the game, its equilibrium and the selection are bit-identical to
+today's CDS (``tests/test_learned.py``).
+
+Bounds (``beta >= 0``, ``alpha_factor >= 1``, ``gate`` and ``rel_repulsion`` in
+[0, 1], ``sharpness >= 0``) are kept by :meth:`LearnedParams.project`, which a fit
+applies after every step; :func:`learned_affinity` reads the parameters through the
+same clamp with identity derivatives inside the bounds. The factor :math:`f` is a
+projected parameter rather than :math:`1 + \mathrm{softplus}(u)`: a smooth map onto
+:math:`[1, \infty)` that reaches 1 exactly has zero slope there, so the fit could never
+leave the paper's :math:`\alpha`.
+
+Structure arrays (all optional, ``[n]`` int32 unless said): ``pages`` (0-based page,
+-1 unknown), ``doc_ids`` (document code; None means one document), ``kinds``
+(:data:`NOTE_KINDS` code, -1 unknown), ``links`` (``[n, n]`` bool).
+
+Parameters are saved as JSON (:func:`cdsjax.learn.save_params`) and read by :func:`read_params`, the one
+function of the core that reads a file (the ``cds-learned`` selector calls it when it is built).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import Array, lax
+
+from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalty
+from cdsjax.core.implicit import attach_implicit, equilibrium_scores
+from cdsjax.core.ranking import query_cosine, read_selection
+from cdsjax.core.select import initial_point
+from cdsjax.core.solvers import SOLVERS, solve
+from cdsjax.core.types import (NOTE_KINDS, SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, Selection, SolveOptions,
+                               solve_options)
+from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
+
+# Element kinds are coded by their position in NOTE_KINDS (the coding of CDSProblem.kinds).
+TEXT_KIND = NOTE_KINDS.index("text")
+VISUAL_KINDS = tuple(NOTE_KINDS.index(k) for k in ("figure", "table", "chart", "page-image"))
+PAPER_GATE_TEMPERATURE = 0.05
+# The parameter file (written by cdsjax.learn.save_params); the package ships one, the selector's default.
+PARAMS_FORMAT = "cdsjax-learned-params"
+PARAMS_VERSION = 1
+DEFAULT_PARAMS = pathlib.Path(__file__).resolve().parents[1] / "learn" / "default_params.json"
+
+# Bounds kept by LearnedParams.project: name -> (low, high); None is unbounded.
+BOUNDS = {
+    "beta": (0.0, None),
+    "alpha_factor": (1.0, None),
+    "gate": (0.0, 1.0),
+    "log_gate_temperature": (math.log(1e-3), math.log(1.0)),
+    "sharpness": (0.0, None),
+    "rel_repulsion": (0.0, 1.0),
+}
+
+
+@struct.dataclass
+class LearnedParams:
+    r"""The twelve scalars :math:`\theta` of the learned payoff (see the module docstring).
+
+    Every field is a pytree leaf (a float or a ``[]`` array), so ``jax.grad`` of a loss
+    of :func:`learned_affinity` returns a :class:`LearnedParams` of derivatives.
+    """
+
+    beta: float | Array = 1.0
+    alpha_factor: float | Array = 1.0
+    tau: float | Array = 0.0
+    gate: float | Array = 0.0
+    log_gate_temperature: float | Array = math.log(PAPER_GATE_TEMPERATURE)
+    sharpness: float | Array = 0.0
+    rel_repulsion: float | Array = 0.0
+    w_page: float | Array = 0.0
+    w_doc: float | Array = 0.0
+    w_link: float | Array = 0.0
+    w_same_kind: float | Array = 0.0
+    w_text_visual: float | Array = 0.0
+
+    @classmethod
+    def paper(cls) -> "LearnedParams":
+        r""":math:`\theta_0`: the paper's game (beta 1, alpha the spectral bound, no shaping, no structure)."""
+        return cls()
+
+    @classmethod
+    def names(cls) -> tuple:
+        """The field names, in order."""
+        return tuple(f for f in cls.__dataclass_fields__)
+
+    def to_dict(self) -> dict:
+        """``name -> float`` (for JSON)."""
+        return {k: float(getattr(self, k)) for k in self.names()}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "LearnedParams":
+        """Inverse of :meth:`to_dict`; unknown or non-numeric entries raise ``ValueError``."""
+        unknown = sorted(set(values) - set(cls.names()))
+        if unknown:
+            raise ValueError(f"unknown learned parameter(s) {unknown}; expected a subset of {list(cls.names())}")
+        out = {}
+        for k, v in values.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+                raise ValueError(f"learned parameter {k!r} must be a finite number, got {v!r}")
+            out[k] = float(v)
+        return cls(**out)
+
+    def project(self) -> "LearnedParams":
+        """The nearest parameters inside :data:`BOUNDS` (jittable)."""
+        return self.replace(**{k: jnp.clip(getattr(self, k), lo, hi) for k, (lo, hi) in BOUNDS.items()})
+
+    def astype(self, dtype) -> "LearnedParams":
+        """Every leaf as a ``[]`` array of ``dtype``."""
+        return jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype), self)
+
+
+def _clamped(theta: LearnedParams) -> LearnedParams:
+    """``theta`` inside its bounds with derivative 1 within them (``where`` keeps the tangent of the kept side)."""
+    def clamp(v, lo, hi):
+        if lo is not None:
+            v = jnp.where(v >= lo, v, jnp.asarray(lo, v.dtype))
+        if hi is not None:
+            v = jnp.where(v <= hi, v, jnp.asarray(hi, v.dtype))
+        return v
+
+    return theta.replace(**{k: clamp(getattr(theta, k), lo, hi) for k, (lo, hi) in BOUNDS.items()})
+
+
+def _codes(values: Optional[Array], n: int, name: str) -> Optional[Array]:
+    if values is None:
+        return None
+    values = jnp.asarray(values)
+    if values.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), got {values.shape}")
+    return values.astype(jnp.int32)
+
+
+def structure_features(
+    n: int,
+    *,
+    links: Optional[Array] = None,
+    pages: Optional[Array] = None,
+    doc_ids: Optional[Array] = None,
+    kinds: Optional[Array] = None,
+    dtype=jnp.float32,
+) -> Array:
+    r"""``[5, n, n]`` 0/1 features of each note pair: same page, same document, link, same kind, text--visual.
+
+    Missing arrays give all-zero features (``doc_ids`` None: every note in one document).
+    Diagonal and padding are not masked here (:func:`learned_affinity` does).
+    """
+    pages, doc_ids, kinds = (_codes(v, n, k) for v, k in ((pages, "pages"), (doc_ids, "doc_ids"), (kinds, "kinds")))
+    zeros = jnp.zeros((n, n), bool)
+    same_doc = jnp.ones((n, n), bool) if doc_ids is None else doc_ids[:, None] == doc_ids[None, :]
+    if pages is None:
+        same_page = zeros
+    else:
+        known = pages >= 0
+        same_page = same_doc & (pages[:, None] == pages[None, :]) & known[:, None] & known[None, :]
+    if links is None:
+        link = zeros
+    else:
+        link = jnp.asarray(links).astype(bool)
+        if link.shape != (n, n):
+            raise ValueError(f"links must have shape ({n}, {n}), got {link.shape}")
+    if kinds is None:
+        same_kind = mixed = zeros
+    else:
+        known = kinds >= 0
+        same_kind = (kinds[:, None] == kinds[None, :]) & known[:, None] & known[None, :]
+        text = kinds == TEXT_KIND
+        visual = jnp.isin(kinds, jnp.asarray(VISUAL_KINDS, jnp.int32))
+        mixed = (text[:, None] & visual[None, :]) | (visual[:, None] & text[None, :])
+    return jnp.stack([same_page, same_doc, link, same_kind, mixed]).astype(dtype)
+
+
+def _shaped_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams, base: CDSParams):
+    """The query edges ``[m, n]`` and each note's relative relevance ``[n]`` in [0, 1]."""
+    rel0 = query_relevance(notes, queries, valid, base).astype(notes.dtype)
+    sims = queries @ notes.T
+    gate = 1.0 - theta.gate + theta.gate * jax.nn.sigmoid((sims - theta.tau) / jnp.exp(theta.log_gate_temperature))
+    best = jnp.max(jnp.where(valid[None, :], sims, -jnp.inf), axis=1, keepdims=True)
+    below = jnp.where(valid[None, :], sims - best, 0.0)  # <= 0 on valid notes, finite everywhere
+    sharp = jnp.exp(theta.sharpness * below)
+    rel = jnp.where(valid[None, :], rel0 * gate * sharp, 0.0)
+    # relative relevance for the repulsion weights: a function of the embeddings only
+    raw = jnp.max(jnp.where(valid[None, :], jnp.maximum(sims, 0.0), 0.0), axis=0)
+    top = jnp.max(raw)
+    rho = raw / jnp.where(top > 0, top, 1.0)
+    return rel, lax.stop_gradient(rho)
+
+
+def learned_affinity(
+    notes: Array,
+    queries: Array,
+    valid: Array,
+    theta: LearnedParams,
+    *,
+    links: Optional[Array] = None,
+    doc_ids: Optional[Array] = None,
+    pages: Optional[Array] = None,
+    kinds: Optional[Array] = None,
+    base: CDSParams = CDSParams(),
+) -> Affinity:
+    r"""The query-augmented affinity of the learned game (module docstring).
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      queries: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      theta: :class:`LearnedParams` (read inside its bounds).
+      links, doc_ids, pages, kinds: optional structure arrays (module docstring).
+      base: the paper's :class:`CDSParams` the game extends (its ``tau`` rule, ``eps``,
+        ``alpha_from``; ``coupling`` must be ``"dissimilarity"``; its ``beta`` is
+        replaced by ``theta.beta``).
+
+    Returns:
+      The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at
+      :meth:`LearnedParams.paper` equal bit for bit to
+      ``build_affinity(notes, queries, valid, base)``.
+    """
+    base.check()
+    if base.coupling != "dissimilarity":
+        raise ValueError(f"the learned game extends the dissimilarity coupling, got coupling={base.coupling!r}")
+    queries = as_query_matrix(queries, notes)
+    valid = check_notes_valid(notes, valid)
+    dtype = jnp.result_type(notes.dtype, queries.dtype)
+    notes = notes.astype(dtype)
+    queries = queries.astype(dtype)
+    theta = _clamped(theta.astype(dtype))
+    n, m = notes.shape[0], queries.shape[0]
+
+    rel, rho = _shaped_relevance(notes, queries, valid, theta, base)
+    paper_block = note_coupling(notes, valid, base.replace(beta=theta.beta))
+    feats = structure_features(n, links=links, pages=pages, doc_ids=doc_ids, kinds=kinds, dtype=dtype)
+    weights = jnp.stack([theta.w_page, theta.w_doc, theta.w_link, theta.w_same_kind, theta.w_text_visual])
+    structure = jnp.tensordot(weights, feats, axes=1)
+    scale = 1.0 - theta.rel_repulsion + theta.rel_repulsion * (rho[:, None] * rho[None, :])
+    pair = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
+    w = jnp.where(pair, (paper_block + structure) * scale, 0.0).astype(dtype)
+
+    top = jnp.concatenate([jnp.zeros((m, m), dtype), rel], axis=1)
+    bottom = jnp.concatenate([rel.T, w], axis=1)
+    matrix = jnp.concatenate([top, bottom], axis=0)
+    all_valid = jnp.concatenate([jnp.ones((m,), bool), valid])
+    constraint = jnp.concatenate([jnp.ones((m,), bool), jnp.zeros((n,), bool)])
+    mask = all_valid & ~constraint if base.alpha_from == "free" else all_valid
+    bound = spectral_penalty(matrix, mask, base.eps).astype(dtype)
+    alpha = bound + (theta.alpha_factor - 1.0) * jnp.abs(bound)
+    return Affinity(matrix=matrix, constraint=constraint, valid=all_valid, alpha=alpha, num_queries=m)
+
+
+def _solve(affinity: Affinity, options: SolveOptions, links: Optional[Array]):
+    solver = options.solver or "converged"
+    check_option("solver", solver, tuple(SOLVERS))
+    x0 = initial_point(affinity, options.init, options.prior_temperature, links)
+    if options.warm_start == "replicator" and solver != "replicator":
+        x0 = solve(affinity, x0, solver="replicator").x
+    return solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+
+
+def cds_learned(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    links: Optional[Array] = None,
+    key: Optional[Array] = None,
+    *,
+    pages: Optional[Array] = None,
+    doc_ids: Optional[Array] = None,
+    kinds: Optional[Array] = None,
+    theta: LearnedParams,
+    budget: int,
+    options: Optional[SolveOptions] = None,
+    base: CDSParams = CDSParams(),
+) -> Selection:
+    r"""Selects evidence with the learned game: affinity, converged equilibrium, top-``budget`` notes.
+
+    The reading (support by weight, then the fill rule) is that of
+    :func:`cdsjax.core.cds_select`. ``options.solver`` None means ``"converged"``
+    (the active-set solver; ``"replicator"`` gives paper mode). ``key`` is unused (the
+    uniform selector signature). Jittable and vmappable; padding is inert.
+
+    Returns:
+      :class:`~cdsjax.core.Selection` with ``beta`` the learned :math:`\beta`.
+    """
+    budget = check_budget(budget)
+    options = solve_options(options)
+    affinity = learned_affinity(notes, query, valid, theta, links=links, doc_ids=doc_ids, pages=pages,
+                                kinds=kinds, base=base)
+    result = _solve(affinity, options, links)
+    beta = jnp.asarray(_clamped(theta.astype(result.x.dtype)).beta)
+    return read_selection(result, affinity, options.replace(solver=options.solver or "converged"), budget=budget,
+                          cosine=query_cosine(notes, query).astype(result.x.dtype), beta=beta)
+
+
+def select_learned(problem: CDSProblem, theta: LearnedParams, *, budget: int,
+                   options: Optional[SolveOptions] = None, base: CDSParams = CDSParams()) -> Selection:
+    """:func:`cds_learned` on a :class:`~cdsjax.core.CDSProblem` (its links, pages, documents and kinds)."""
+    return cds_learned(problem.notes, problem.queries, problem.valid, problem.links, pages=problem.pages,
+                       doc_ids=problem.doc_ids, kinds=problem.kinds, theta=theta, budget=budget, options=options,
+                       base=base)
+
+
+def learned_scores(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    theta: LearnedParams,
+    *,
+    links: Optional[Array] = None,
+    pages: Optional[Array] = None,
+    doc_ids: Optional[Array] = None,
+    kinds: Optional[Array] = None,
+    solver: str = "converged",
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
+    threshold: float = SUPPORT_THRESHOLD,
+    slack_weight: float = 1.0,
+    base: CDSParams = CDSParams(),
+):
+    r"""The equilibrium and the extended note scores, differentiable in ``theta`` (implicit derivatives).
+
+    The solve runs with gradients stopped; :func:`cdsjax.core.attach_implicit` gives
+    :math:`x^*` the derivative of the KKT conditions on its support, and
+    :func:`cdsjax.core.equilibrium_scores` extends it off the support by the KKT slack.
+
+    Returns:
+      ``(scores [n], result, affinity)``: scores ``-inf`` at padding; ``result.x`` is
+      differentiable; the derivative is right where ``result.converged`` holds.
+    """
+    affinity = learned_affinity(notes, query, valid, theta, links=links, doc_ids=doc_ids, pages=pages,
+                                kinds=kinds, base=base)
+    result = solve(lax.stop_gradient(affinity), None, solver=solver, tol=tol, max_iter=max_iter)
+    x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
+    return equilibrium_scores(affinity, x, slack_weight), result.replace(x=x), affinity
+
+
+def kind_codes(kinds: Sequence[Optional[str]]) -> list:
+    """:data:`NOTE_KINDS` codes of kind names (-1 for None or an unknown name; ``paragraph`` is text)."""
+    aliases = {"paragraph": "text", "page_image": "page-image", "image": "figure"}
+    out = []
+    for k in kinds:
+        k = aliases.get(k, k) if k is not None else None
+        out.append(NOTE_KINDS.index(k) if k in NOTE_KINDS else -1)
+    return out
+
+
+def read_params(path: Union[str, pathlib.Path, None] = None) -> Tuple[LearnedParams, dict]:
+    """``(theta, provenance)`` of a parameter file (:data:`DEFAULT_PARAMS`, the shipped fit, when ``path`` is None).
+
+    The one place the core reads a file: the ``cds-learned`` selector calls it once, when it is built.
+
+    Raises:
+      ValueError: one line naming the file, when it is missing, not JSON, or not a parameter file.
+    """
+    path = DEFAULT_PARAMS if path is None else pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"learned parameter file {str(path)!r} does not exist")
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"learned parameter file {str(path)!r} is not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(body, dict) or body.get("format") != PARAMS_FORMAT or not isinstance(body.get("theta"), dict):
+        raise ValueError(f"{str(path)!r} is not a learned parameter file "
+                         f"(expected a JSON object with format {PARAMS_FORMAT!r} and a 'theta' object)")
+    if body.get("version") != PARAMS_VERSION:
+        raise ValueError(f"learned parameter file {str(path)!r} has version {body.get('version')!r}; "
+                         f"this cdsjax reads version {PARAMS_VERSION}")
+    try:
+        theta = LearnedParams.from_dict(body["theta"])
+    except ValueError as e:
+        raise ValueError(f"learned parameter file {str(path)!r}: {e}") from None
+    provenance = body.get("provenance") if isinstance(body.get("provenance"), dict) else {}
+    return theta, provenance

@@ -1,0 +1,15 @@
+"""Fitting the learned CDS game (:mod:`cdsjax.core.learned`) to questions with gold evidence.
+
+* :func:`fit` / :class:`FitConfig` / :class:`FitResult` — Adam through implicit derivatives
+  (:mod:`cdsjax.learn.fit`).
+* :func:`save_params` / :func:`load_params` — the parameter file with its provenance; the package ships
+  one (:data:`DEFAULT_PARAMS`), the default of the ``cds-learned`` selector.
+* :mod:`cdsjax.learn.data` — gold units, structure codes, padded batches, the split by document.
+"""
+
+from cdsjax.learn.data import Example, examples_of, gold_units, make_batches, split_by_document
+from cdsjax.learn.fit import FitConfig, FitResult, fit
+from cdsjax.learn.params_io import DEFAULT_PARAMS, load_params, save_params
+
+__all__ = ["DEFAULT_PARAMS", "Example", "FitConfig", "FitResult", "examples_of", "fit", "gold_units",
+           "load_params", "make_batches", "save_params", "split_by_document"]

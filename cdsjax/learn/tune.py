@@ -1,0 +1,172 @@
+"""``cdsjax tune``: load benchmark questions, split them by document, fit the learned game, write the
+parameter file with its provenance.
+
+The config (``configs/tune/*.py``) names the benchmarks (``benchmarks = "qasper,mmlongbench"``) and per
+benchmark the questions kept (``max_queries``), the recall budget (``budgets``) and an embedding / index
+cache (``cache_dirs``; "" keeps it under the output's directory). ``fit`` holds
+:class:`~cdsjax.learn.fit.FitConfig` fields. The split is by document: each benchmark's documents are
+shuffled with ``seed`` and ``val_fraction`` of them (with all their questions) form the validation split.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import subprocess
+from typing import Callable, Dict, List, Tuple
+
+import ml_collections
+
+from cdsjax.learn.data import Example, examples_of, split_by_document
+from cdsjax.learn.fit import FitConfig, FitResult, fit
+from cdsjax.learn.params_io import save_params
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def code_version() -> str:
+    """``git describe --always --dirty`` of the source tree, else the package version."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return f"git {out.stdout.strip()}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"cdsjax {version('cdsjax')}"
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def benchmark_names(config) -> List[str]:
+    names = [b.strip() for b in str(config.benchmarks).split(",") if b.strip()]
+    if not names:
+        raise ValueError("config.benchmarks names no benchmark")
+    return names
+
+
+def _sub(config, name: str, key: str, default=None):
+    group = config.get(key, None)
+    if group is None:
+        return default
+    value = group.get(name, default) if hasattr(group, "get") else group
+    return default if value in (None, "") else value
+
+
+def cache_dir_for(config, name: str) -> pathlib.Path:
+    given = _sub(config, name, "cache_dirs")
+    return pathlib.Path(given) if given else pathlib.Path(config.output).parent / "cache" / name
+
+
+def load_examples(config, name: str, embedder, *, progress: bool = False,
+                  log: Callable[[str], None] = print) -> List[Example]:
+    """The examples (questions with gold) of one benchmark of the config, each with its budget."""
+    from cdsjax.eval import load_problems
+
+    values = config.to_dict()
+    loader = _sub(config, name, "loaders")
+    values.update(benchmark=name, max_queries=_sub(config, name, "max_queries"),
+                  loader=loader.to_dict() if hasattr(loader, "to_dict") else dict(loader or {}))
+    for key in ("max_queries", "cache_dirs", "budgets", "loaders"):  # per-benchmark groups, resolved above
+        if key != "max_queries":
+            values.pop(key, None)
+    sub = ml_collections.ConfigDict(values)
+    bench, kind, problems, _ = load_problems(sub, embedder, cache_dir=cache_dir_for(config, name), progress=progress,
+                                             log=log)
+    examples = examples_of(problems, getattr(bench, "corpora", None) or None)
+    budget = int(_sub(config, name, "budgets", 10))
+    for e in examples:
+        e.budget = budget
+        e.group = f"{name}:{e.group}"
+    log(f"tune: {name}: {len(problems)} questions, {len(examples)} with gold, budget {budget}")
+    return examples
+
+
+def split_examples(config, per_bench: Dict[str, List[Example]]) -> Tuple[list, list, dict]:
+    """Each benchmark split by document with the config's seed; the splits are concatenated."""
+    train, val, docs = [], [], {}
+    for name, examples in per_bench.items():
+        tr, va, d = split_by_document(examples, float(config.val_fraction), int(config.seed))
+        train += tr
+        val += va
+        docs[name] = d
+    return train, val, docs
+
+
+def provenance(config, per_bench, docs, result: FitResult, seconds: float) -> dict:
+    """What the parameter file says about where it came from."""
+    best = result.best or {}
+    figures = lambda which: {k: best.get(f"{which}_{k}") for k in ("surrogate", "recall")}
+    split_counts = {n: {"train_documents": len(d["train"]), "val_documents": len(d["val"])} for n, d in docs.items()}
+    return {
+        "data": {n: {"questions_with_gold": len(ex), "budget": ex[0].budget if ex else None,
+                     "max_queries": _sub(config, n, "max_queries"), **split_counts[n]}
+                 for n, ex in per_bench.items()},
+        "split": {"by": "document", "val_fraction": float(config.val_fraction), "seed": int(config.seed),
+                  "documents": docs},
+        "seeds": {"split": int(config.seed), "fit": int(result_fit_seed(config))},
+        "fit": FitConfig.from_mapping(config.fit).to_dict(),
+        "figures": {"train": figures("train"), "val": figures("val"), "paper_theta0": result.reference,
+                    "note": "surrogate = soft recall@B; recall = recall@B of the learned selection (fill rule), "
+                            "mean over questions of the split"},
+        "best": {k: best.get(k) for k in ("start", "step")},
+        "grid": result.grid,
+        "history": result.history,
+        "fit_seconds": seconds,
+        "code_version": code_version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cross_validation": cross_validation(config),
+    }
+
+
+def result_fit_seed(config) -> int:
+    return int(config.fit.get("seed", 0) or 0)
+
+
+def cross_validation(config):
+    """The cross-validated figures of ``config.cv_summary`` (a JSON file) if given and readable, else where
+    they are reported."""
+    import json
+
+    path = str(config.get("cv_summary", "") or "")
+    if path and pathlib.Path(path).is_file():
+        try:
+            return json.loads(pathlib.Path(path).read_text())
+        except (OSError, ValueError):
+            pass
+    return "not part of this fit: see RESULTS.md, section 'Learned CDS' (cross-validated, transfer and pool tables)"
+
+
+def tune(config, *, progress: bool = False, log: Callable[[str], None] = print) -> Tuple[pathlib.Path, FitResult]:
+    """Runs the tuning a config describes and writes ``config.output``; returns its path and the fit."""
+    import time
+
+    from cdsjax.io.embed import Embedder
+
+    start = time.perf_counter()
+    names = benchmark_names(config)
+    embedder = Embedder(config)
+    per_bench = {n: load_examples(config, n, embedder, progress=progress, log=log) for n in names}
+    loaded = time.perf_counter() - start
+    train, val, docs = split_examples(config, per_bench)
+    log(f"tune: {len(train)} training and {len(val)} validation questions "
+        f"({sum(len(d['train']) for d in docs.values())} / {sum(len(d['val']) for d in docs.values())} documents); "
+        f"data loaded in {loaded:.0f} s")
+    fit_config = FitConfig.from_mapping(config.fit)
+    if not fit_config.checkpoint_dir:
+        fit_config.checkpoint_dir = str(pathlib.Path(config.output).with_suffix(".ckpt"))
+    fit_config.progress = progress and fit_config.progress
+    result = fit(train, val, fit_config, log=log)
+    if not result.finished:
+        log(f"tune: stopped after stop_after={fit_config.stop_after} steps; rerun to resume from "
+            f"{fit_config.checkpoint_dir}")
+    prov = provenance(config, per_bench, docs, result, result.seconds)
+    prov["load_seconds"] = loaded
+    path = save_params(config.output, result.theta, prov)
+    best = result.best or {}
+    log(f"tune: wrote {path} (fit {result.seconds:.0f} s; validation recall {best.get('val_recall')}, "
+        f"paper game {result.reference.get('val', {}).get('recall')})")
+    return path, result

@@ -1,0 +1,36 @@
+r"""The shipped fit of the learned CDS game: all dev questions of MMLongBench-Doc and QASPER.
+
+    cdsjax tune --config configs/tune/dev.py --config.cache_dirs.mmlongbench=DIR --config.cache_dirs.qasper=DIR \
+        --config.output=cdsjax/learn/default_params.json
+
+Validation: a quarter of each benchmark's documents (split by document, seed 0). The grid covers beta
+(the knob the sensitivity study found far from 1) with and without relevance-weighted repulsion; Adam runs
+from the two best grid points.
+"""
+
+import ml_collections
+
+from cdsjax.io.index import default_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = default_config()
+    config.benchmarks = "mmlongbench,qasper"
+    config.data_root = "../shared/data"
+    config.output = "runs/tune/dev/params.json"
+    config.cache_dirs = ml_collections.ConfigDict({"qasper": "", "mmlongbench": ""})  # "" -> next to output
+    every = ml_collections.config_dict.placeholder  # None: every question (one placeholder per field)
+    config.max_queries = ml_collections.ConfigDict({"qasper": every(int), "mmlongbench": every(int)})
+    config.budgets = ml_collections.ConfigDict({"qasper": 5, "mmlongbench": 10})
+    config.link_window = 1
+    config.val_fraction = 0.25
+    config.seed = 0
+    config.cv_summary = ""
+    config.fit = ml_collections.ConfigDict(dict(
+        budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,
+        starts=[{"beta": 0.1}, {"beta": 0.3}, {"beta": 1.0}, {"beta": 3.0},
+                {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0, "rel_repulsion": 1.0}],
+        num_starts_fitted=2, eval_every=1, patience=5, dtype="float32", tol=1e-6,
+        buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0))
+    config.embedder.show_progress = False
+    return config

@@ -1,0 +1,98 @@
+"""Fitting the learned game: the fit improves its surrogate, an interrupted fit resumes to the same
+parameters, the parameter file round-trips and rejects bad files with one line, the split is by document."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cdsjax.core.learned import LearnedParams
+from cdsjax.learn import FitConfig, fit, load_params, save_params, split_by_document
+from cdsjax.learn.data import Example, make_batches
+
+
+def synthetic(seed, n=12, d=8, group=None):
+    """A question whose gold notes are near the query but also near each other (a redundant cluster)."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=d)
+    q /= np.linalg.norm(q)
+    z = rng.normal(size=(n, d))
+    z[:4] = q + 0.6 * rng.normal(size=(4, d))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    units = np.zeros((2, n), bool)
+    units[0, [0, 1]] = True
+    units[1, [2]] = True
+    pages = np.arange(n) // 2
+    return Example(qid=f"q{seed}", group=group or f"doc{seed % 4}", notes=z.astype(np.float32),
+                   query=q.astype(np.float32), links=np.zeros((n, n), bool), pages=pages.astype(np.int32),
+                   doc_ids=np.zeros(n, np.int32), kinds=np.zeros(n, np.int32), units=units,
+                   unit_valid=np.ones(2, bool))
+
+
+CFG = dict(budget=2, steps=4, learning_rate=0.1, starts=[{"beta": 0.3}, {"beta": 1.0}], num_starts_fitted=1,
+           patience=10, dtype="float32", buckets=[16], progress=False, tol=1e-6)
+
+
+def test_fit_records_history_and_resumes_to_the_same_parameters(tmp_path):
+    train = [synthetic(s) for s in range(6)]
+    val = [synthetic(s) for s in range(6, 9)]
+    full = fit(train, val, CFG, log=lambda s: None)
+    assert full.finished and len(full.history) == 4
+    assert {"train_surrogate", "val_surrogate", "val_recall", "theta"} <= set(full.history[0])
+    assert len(full.grid) == 2 and full.seconds > 0
+    assert full.theta.to_dict() != LearnedParams.paper().to_dict()
+
+    ckpt = str(tmp_path / "ckpt")
+    part = fit(train, val, {**CFG, "checkpoint_dir": ckpt, "stop_after": 2}, log=lambda s: None)
+    assert not part.finished and len(part.history) == 2
+    rest = fit(train, val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None)
+    assert rest.finished and len(rest.history) == 4
+    assert rest.theta.to_dict() == full.theta.to_dict()
+    assert [h["train_surrogate"] for h in rest.history] == [h["train_surrogate"] for h in full.history]
+    with pytest.raises(ValueError, match="other data or settings"):
+        fit(train[:-1], val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None)
+
+
+def test_fit_config_rejects_unknown_options():
+    with pytest.raises(ValueError, match="unknown fit option"):
+        FitConfig.from_mapping({"stepz": 3})
+    with pytest.raises(ValueError, match="unknown learned parameter"):
+        FitConfig.from_mapping({"starts": [{"gamma": 1.0}]})
+
+
+def test_params_file_round_trip_and_bad_files(tmp_path):
+    theta = LearnedParams(beta=0.25, w_page=-0.1)
+    path = save_params(tmp_path / "p.json", theta, {"data": "synthetic"})
+    got, prov = load_params(path)
+    assert got.to_dict() == theta.to_dict() and prov == {"data": "synthetic"}
+    with pytest.raises(ValueError, match="does not exist"):
+        load_params(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_params(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text(json.dumps({"beta": 1}))
+    with pytest.raises(ValueError, match="not a learned parameter file"):
+        load_params(tmp_path / "other.json")
+    body = json.loads(path.read_text())
+    body["theta"]["beta"] = "high"
+    (tmp_path / "badval.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match="finite number"):
+        load_params(tmp_path / "badval.json")
+
+
+def test_shipped_params_load():
+    theta, prov = load_params()
+    assert isinstance(theta, LearnedParams) and "data" in prov
+
+
+def test_split_is_by_document_and_batches_pad():
+    examples = [synthetic(s, group=f"doc{s // 3}") for s in range(12)]
+    train, val, docs = split_by_document(examples, 0.25, seed=0)
+    assert not set(docs["train"]) & set(docs["val"]) and len(docs["val"]) == 1
+    assert {e.group for e in val} == set(docs["val"]) and len(train) + len(val) == 12
+    assert split_by_document(examples, 0.25, seed=0)[2] == docs
+    batches = make_batches(train, buckets=[16], max_batch=4)
+    assert sum(b.count for b in batches) == len(train)
+    b = batches[-1]
+    assert b.arrays["notes"].shape[1] == 16 and not b.arrays["valid"][:, 12:].any()
+    assert b.weight.sum() == b.count

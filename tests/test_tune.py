@@ -1,0 +1,119 @@
+"""`cdsjax tune` on the small config, and the cds-learned selector in the registry, the Pipeline and the CLI
+(the shipped parameter file, --params, and one clear line for a missing or malformed file)."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from cdsjax import core
+from cdsjax.cli import main
+from cdsjax.core.learned import LearnedParams, cds_learned
+from cdsjax.learn import load_params, save_params
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_tune_small_config_writes_a_params_file(tmp_path, capsys):
+    out = tmp_path / "params.json"
+    rc = main(["tune", "--config", str(ROOT / "configs/tune/small.py"), f"--config.output={out}",
+               f"--config.cache_dirs.qasper={tmp_path / 'cache'}", "--config.fit.steps=2", "--no-progress"])
+    assert rc == 0
+    theta, prov = load_params(out)
+    assert isinstance(theta, LearnedParams)
+    docs = prov["split"]["documents"]["qasper"]
+    assert docs["train"] and docs["val"] and not set(docs["train"]) & set(docs["val"])
+    assert prov["split"]["by"] == "document" and len(prov["history"]) == 2
+    assert {"train", "val", "paper_theta0"} <= set(prov["figures"]) and prov["figures"]["val"]["recall"] is not None
+    assert prov["code_version"] and prov["fit_seconds"] > 0 and prov["data"]["qasper"]["questions_with_gold"] > 0
+    # a second run finds the finished checkpoint and writes the same parameters
+    rc = main(["tune", "--config", str(ROOT / "configs/tune/small.py"), f"--config.output={out}",
+               f"--config.cache_dirs.qasper={tmp_path / 'cache'}", "--config.fit.steps=2", "--no-progress"])
+    assert rc == 0 and load_params(out)[0].to_dict() == theta.to_dict()
+    assert "already finished" in capsys.readouterr().err
+
+
+def test_tune_bad_config_is_one_line(tmp_path, capsys):
+    rc = main(["tune", "--config", str(tmp_path / "nope.py")])
+    assert rc == 2 and "no such config file" in capsys.readouterr().err
+
+
+def problem(n=20, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, d))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    q = z[0] + 0.3 * rng.normal(size=d)
+    return z.astype(np.float32), (q / np.linalg.norm(q)).astype(np.float32)
+
+
+def test_registry_cds_learned_at_theta0_is_converged_cds_and_reads_files(tmp_path):
+    z, q = problem()
+    valid = np.ones(len(z), bool)
+    learned = core.make_selector("cds_learned", budget=5, params=LearnedParams.paper())
+    converged = core.make_selector("cds_converged", budget=5)
+    a, b = jax.jit(learned)(z, q, valid), jax.jit(converged)(z, q, valid)
+    np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
+    assert core.selector_spec("cds-learned").name == "cds_learned" and core.selector_spec("cds-learned").display == \
+        "cds-learned"
+    shipped = core.make_selector("cds_learned", budget=5)  # the packaged file
+    assert np.asarray(shipped(z, q, valid).selected_valid).all()
+    path = save_params(tmp_path / "p.json", LearnedParams(beta=0.2, w_page=-0.3), {"data": "test"})
+    pages = np.arange(len(z)) // 2
+    fn = core.make_selector("cds_learned", budget=5, params=str(path))
+    assert fn.takes_structure
+    got = fn(z, q, valid, pages=pages)
+    want = cds_learned(z, q, valid, pages=pages, theta=LearnedParams(beta=0.2, w_page=-0.3), budget=5)
+    np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(want.indices))
+    with pytest.raises(ValueError, match="does not exist"):
+        core.make_selector("cds_learned", budget=5, params=str(tmp_path / "missing.json"))
+
+
+def _corpus(n=20):
+    from cdsjax.pipeline import Corpus
+
+    z, q = problem(n)
+    notes = [{"note_id": f"n{i}", "doc_id": "d", "page": i // 2, "kind": "text" if i % 3 else "figure",
+              "text": f"note {i}"} for i in range(n)]
+    return Corpus(embeddings=z, links=np.zeros((n, n), bool), notes=notes, embedder={"model": "x"}, roots=["r"]), q
+
+
+def test_pipeline_passes_params_and_structure(tmp_path):
+    from cdsjax.pipeline import Pipeline, PipelineError
+
+    corpus, q = _corpus()
+    theta = LearnedParams(beta=0.2, w_page=-0.3, w_same_kind=0.1)
+    path = save_params(tmp_path / "p.json", theta, {"data": "test"})
+    pipe = Pipeline(corpus, params=str(path), embedders=("x",))
+    sel = pipe.select(q, selector="cds-learned", budget=4)
+    n, size = len(corpus), pipe.size
+    pad = lambda a: np.concatenate([np.asarray(a, np.int32), np.full(size - n, -1, np.int32)])
+    want = cds_learned(pipe.notes, q, pipe.valid, pipe.links, pages=pad([i // 2 for i in range(n)]),
+                       doc_ids=pad([0] * n), kinds=pad([0 if i % 3 else 1 for i in range(n)]), theta=theta, budget=4)
+    np.testing.assert_array_equal(np.asarray(sel.indices), np.asarray(want.indices))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(PipelineError, match="not valid JSON"):
+        Pipeline(corpus, params=str(bad), embedders=("x",))
+
+
+def test_ask_params_errors_are_one_line(tmp_path, capsys):
+    rc = main(["ask", str(tmp_path), "what?", "--selector", "cds-learned", "--params", str(tmp_path / "none.json"),
+               "--no-read"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "does not exist" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "p.json").write_text(json.dumps({"format": "cdsjax-learned-params", "version": 1, "theta": []}))
+    rc = main(["ask", str(tmp_path), "what?", "--selector", "cds-learned", "--params", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "not a learned parameter file" in err
+    rc = main(["ask", str(tmp_path), "what?", "--selector", "cosine", "--params", str(tmp_path / "p.json")])
+    assert rc == 2 and "--params applies to --selector cds-learned" in capsys.readouterr().err
+
+
+def test_serve_takes_no_params_file_over_http():
+    from cdsjax.commands.serve import check_http_options
+
+    assert check_http_options("cds_learned", {"fill": False}) == {"fill": False}
+    with pytest.raises(ValueError, match="'params' is not accepted"):
+        check_http_options("cds_learned", {"params": "/etc/passwd"})
