@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench clean ocr
+.PHONY: demo test test-all bench clean ocr tools
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,24 +14,39 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[io,dev,langchain,llamaindex]"
 	touch $(STAMP)
 
-demo: $(STAMP) ocr
+demo: $(STAMP) tools
 	$(VENV)/bin/cdsjax demo
 
 # The suite runs in parallel, whole test files per worker process (pytest-xdist; one worker per core, at most
-# 4): on 2 cores 9 minutes instead of 13.
+# 4), with coverage of cdsjax/ (subprocesses included; [tool.coverage] in pyproject.toml: the run fails below
+# its fail_under; `.venv/bin/coverage report -m` lists the missed lines afterwards) and a per-test time limit
+# ([tool.pytest.ini_options] timeout). -rfEs lists failures, errors and every skipped test with its reason.
+# SUITE_LIMIT stops a run that a hang inside C code would otherwise keep going until CI's limit.
 XDIST := -n auto --maxprocesses 4 --dist loadfile
+COVERAGE := --cov=cdsjax --cov-report=term:skip-covered
+SUITE_LIMIT := 3600
 
-test: $(STAMP) ocr
-	$(PY) -m pytest -q $(XDIST)
+test: $(STAMP) tools
+	@timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rfEs $(XDIST) $(COVERAGE); rc=$$?; \
+	if [ $$rc = 124 ]; then echo "make test: stopped after $(SUITE_LIMIT) s (SUITE_LIMIT): a test hangs"; fi; exit $$rc
 
-test-all: $(STAMP) ocr
-	$(PY) -m pytest -q $(XDIST) -m ""
+test-all: $(STAMP) tools
+	$(PY) -m pytest -q -rfEs $(XDIST) -m ""
 
-# Tesseract reads scanned pages (pages without a text layer) when it is installed. Installed here as root
-# where apt works; skipped silently otherwise (scanned pages are then indexed as page images).
-ocr:
-	@command -v tesseract >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tesseract-ocr) >/dev/null 2>&1; } || true
+# System tools of documented features: Tesseract reads scanned pages (pages without a text layer; without it
+# they are indexed as page images) and headless Chromium runs the web page's test. Installed as root where apt
+# works; one line says what was installed or why not. Under CI=true the tests that need a missing tool fail.
+TOOLS := tesseract:tesseract-ocr chromium:chromium
+tools:
+	@missing=""; for t in $(TOOLS); do command -v "$${t%%:*}" >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
+	if [ -z "$$missing" ]; then echo "make tools: tesseract and chromium are installed"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make tools: not installed:$$missing (needs root and apt-get; their tests skip, and fail under CI=true)"; \
+	elif log=$$( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing) 2>&1 ); then \
+	  echo "make tools: installed$$missing"; \
+	else echo "make tools: apt-get could not install$$missing: $$(printf '%s\n' "$$log" | tail -n 1)"; fi
+
+ocr: tools
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .coverage .coverage.*

@@ -5,7 +5,7 @@ within each document).
 Run from the repository root::
 
     python experiments/run_eval.py --config configs/mmlongbench_pool.py \
-        --config.cache_dir=/work/cache/mmlongbench
+        --config.cache_dir=runs/cache/mmlongbench
     python experiments/run_eval.py --config configs/mmlongbench_pool.py \
         --config.distractors=similar --config.output_dir=runs/eval/mmlongbench_pool_similar
 

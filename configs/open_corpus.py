@@ -5,7 +5,7 @@ collection (one ``jnp`` matmul and ``lax.top_k``); every selector then works on 
 The argument after ``:`` is ``<benchmark>,<K>``::
 
     python experiments/run_eval.py --config configs/open_corpus.py:mmlongbench,300 \
-        --config.cache_dir=/work/cache/mmlongbench
+        --config.cache_dir=runs/cache/mmlongbench
 
 The log line ``open corpus: ...`` and ``timings.jsonl`` give the first stage's time;
 ``pool_documents`` lists the documents the K candidates come from.

@@ -4,7 +4,7 @@ r"""One point of the pool sweep: pool size in {1, 5, 10, 20} x distractors in
 The argument after ``:`` is ``<benchmark>,<pool size>,<distractors>``::
 
     python experiments/run_eval.py --config configs/pool_sweep.py:mmlongbench,10,similar \
-        --config.cache_dir=/work/cache/mmlongbench
+        --config.cache_dir=runs/cache/mmlongbench
 
 ``experiments/pool_sweep.py`` runs every point (``POOL_SIZES`` x ``DISTRACTORS``) into
 ``runs/pool_sweep/<benchmark>_<size>_<distractors>`` and draws recall against pool

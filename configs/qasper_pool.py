@@ -3,7 +3,7 @@ captions of five papers (its own and four distractors); links stay within a pape
 
 Run from the repository root::
 
-    python experiments/run_eval.py --config configs/qasper_pool.py --config.cache_dir=/work/cache/qasper
+    python experiments/run_eval.py --config configs/qasper_pool.py --config.cache_dir=runs/cache/qasper
     python experiments/run_eval.py --config configs/qasper_pool.py \
         --config.distractors=similar --config.output_dir=runs/eval/qasper_pool_similar
 

@@ -2,9 +2,9 @@
 
 Run (from the repository root):
 
-    python experiments/bench_ask.py                                  # COSTCO 10-K (76 pages), 60 questions
-    python experiments/bench_ask.py --pdf ../shared/data/mmlongbench/documents/NIKE_2021_10K.pdf
-    python experiments/bench_ask.py --old-root /work/main             # "today's" code to compare against
+    python experiments/bench_ask.py --old-root DIR                   # COSTCO 10-K (76 pages), 60 questions
+    python experiments/bench_ask.py --old-root DIR --pdf ../shared/data/mmlongbench/documents/NIKE_2021_10K.pdf
+    python experiments/bench_ask.py --old-root ../main-before        # a checkout of "today's" code to compare against
 
 Everything is measured in one run, cold runs of the old and new code interleaved so both see the same load:
 
@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--index", default=None, help="an existing index of --pdf (default: built under runs/)")
     ap.add_argument("--questions", type=int, default=60, help="warm questions (default: 60)")
     ap.add_argument("--cold", type=int, default=3, help="cold runs per variant (default: 3)")
-    ap.add_argument("--old-root", default="/work/main", help="checkout with today's code (default: /work/main)")
+    ap.add_argument("--old-root", required=True, help="a checkout of the code to compare against (e.g. git worktree add)")
     args = ap.parse_args()
 
     from tqdm import tqdm
@@ -156,7 +156,7 @@ def main() -> int:
     def med(rs, key):
         return statistics.median(r[key] for r in rs)
 
-    print(f"\n## bench_ask: {pdf.name} ({pages} pages, {notes} notes); old = {args.old_root} @ {old_commit}, "
+    print(f"\n## bench_ask: {pdf.name} ({pages} pages, {notes} notes); old = {Path(args.old_root).resolve().name} @ {old_commit}, "
           f"new = {new_commit}; {os.cpu_count()} cores")
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}\n")

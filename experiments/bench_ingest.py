@@ -8,7 +8,7 @@ Prints, from one run:
   document, with a breakdown of the misses.
 
     .venv/bin/python experiments/bench_ingest.py                       # all 41 PDFs
-    .venv/bin/python experiments/bench_ingest.py --limit 3 --out /tmp/bench_small
+    .venv/bin/python experiments/bench_ingest.py --limit 3 --out runs/bench_small
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=Path, default=DATA / "documents")
     ap.add_argument("--annotations", type=Path, default=DATA / "mmdocir_annotations.jsonl")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/cdsjax_bench_ingest"))
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_ingest"))
     ap.add_argument("--limit", type=int, default=0, help="only the first N PDFs (sorted by name)")
     ap.add_argument("--show-misses", type=int, default=15)
     args = ap.parse_args(argv)

@@ -218,7 +218,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=324)
     ap.add_argument("--settings", default="single,pool", help="evaluation settings: single, pool or both")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--mmlb-cache", default="/work/cache/mmlongbench",
+    ap.add_argument("--mmlb-cache", default="runs/cache/mmlongbench",
                     help="a cache_dir holding the dev indexes of configs/mmlongbench.py (read only)")
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-eval", action="store_true")

@@ -409,7 +409,7 @@ def main():
     ap.add_argument("--per-question-sample", type=int, default=8)
     ap.add_argument("--shared-repeats", type=int, default=3, help="timed runs of the shared solve (best kept)")
     ap.add_argument("--no-real", action="store_true", help="synthetic data only (no PDFs, no MiniLM)")
-    ap.add_argument("--cache", default="/tmp/cdsjax_bench_solvers", help="embedding cache directory")
+    ap.add_argument("--cache", default="runs/bench_solvers/cache", help="embedding cache directory")
     ap.add_argument("--skip-part1", action="store_true")
     ap.add_argument("--skip-part2", action="store_true")
     ap.add_argument("--quick", action="store_true", help="smoke run: n in {32, 64}, synthetic, small throughput")

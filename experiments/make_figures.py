@@ -3,7 +3,7 @@ r"""Draws the evaluation figures (PNG) from harness outputs.
 Usage (from the repository root)::
 
     python experiments/make_figures.py --runs runs/ablations --out runs/figures \
-        --pca-config configs/hotpotqa.py --cache-dir /tmp/cdsjax_runs/cache
+        --pca-config configs/hotpotqa.py --cache-dir runs/cdsjax_runs/cache
 
 * ``sweep_<param>.png``: recall vs each swept setting found in the ``summary.csv``
   files under ``--runs`` (labels ``<selector>_<param>=<value>``, see

@@ -5,11 +5,11 @@ r"""The pool sweep: every selector at pool size in {1, 5, 10, 20} x distractors 
 Usage (from the repository root)::
 
     python experiments/pool_sweep.py --benchmark mmlongbench --sizes 1,5 --distractors random,similar \
-        --cache_dir /work/cache/mmlongbench
+        --cache_dir runs/cache/mmlongbench
     python experiments/pool_sweep.py --benchmark mmlongbench --sizes 10,20 --max_queries 48 \
-        --cache_dir /work/cache/mmlongbench
+        --cache_dir runs/cache/mmlongbench
     python experiments/pool_sweep.py --benchmark mmlongbench --corpus_k 100,300 \
-        --cache_dir /work/cache/mmlongbench
+        --cache_dir runs/cache/mmlongbench
 
 Each point runs :func:`cdsjax.eval.evaluate` into
 ``runs/pool_sweep/<benchmark>_<size>_<distractors>`` (or

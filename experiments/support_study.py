@@ -58,7 +58,7 @@ _MAX_QUERIES = flags.DEFINE_integer("max_queries", None, "Questions per benchmar
 _LIMITS = flags.DEFINE_list("limits", [], "Per-run question limits overriding --max_queries, as NAME=N "
                             "(NAME a benchmark or <benchmark>_pool), e.g. qasper=300,mmlongbench_pool=120.")
 _OUTPUT = flags.DEFINE_string("output_dir", "runs/support_study", "Where records go (one folder per run).")
-_CACHE = flags.DEFINE_string("cache_root", "/work/cache", "Embedding / index caches: <cache_root>/<benchmark>.")
+_CACHE = flags.DEFINE_string("cache_root", "runs/cache", "Embedding / index caches: <cache_root>/<benchmark>.")
 _SELECTORS = flags.DEFINE_list("selectors", list(SELECTORS), "Selectors to compare.")
 _POOL = flags.DEFINE_list("pool", [], "Benchmarks to also run as pools (configs/<benchmark>_pool.py).")
 _RESAMPLES = flags.DEFINE_integer("num_resamples", 10_000, "Bootstrap resamples.")

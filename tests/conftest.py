@@ -1,4 +1,4 @@
-"""Test configuration: the ``x64`` marker, paths to the shared data, the demo index.
+"""Test configuration: the ``x64`` marker, paths to the shared data, the demo index, the system tools.
 
 The suite runs with JAX's defaults (``jax_enable_x64`` off), as the pipeline does. A test that compares against
 a float64 reference at tight tolerances opts in with ``@pytest.mark.x64`` (or ``pytestmark = pytest.mark.x64``
@@ -10,6 +10,8 @@ import io
 import json
 import os
 import pathlib
+import shutil
+from typing import Callable, Optional
 
 # LAPACK through OpenBLAS threads spin-waits on oversubscribed cores (a 258x258 solve
 # took ~400 ms instead of ~1 ms here); one thread per process is faster on 2 cores.
@@ -20,7 +22,17 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("CDSJAX_SHARED", ROOT.parent / "shared"))
-DATA = SHARED / "data"
+# The benchmark data: $CDSJAX_DATA when set (as for `cdsjax eval`), else ../shared/data next to the repository.
+DATA = pathlib.Path(os.environ.get("CDSJAX_DATA") or SHARED / "data")
+
+# CI runs with CI=true: there a documented tool that is missing fails its tests instead of skipping them.
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+# The system tools the documented features use: the executable's names and the Debian package `make` installs.
+TOOLS = {
+    "chromium": (("chromium", "chromium-browser"), "chromium"),  # headless, for the web page's test
+    "tesseract": (("tesseract",), "tesseract-ocr"),  # OCR of scanned pages (cdsjax.io.parse)
+}
 
 
 @pytest.fixture(autouse=True)
@@ -57,3 +69,52 @@ def demo_run(tmp_path_factory):
         code = cli.main(["demo", "--dir", str(root), "--json"])
     assert code == 0
     return root, json.loads(out.getvalue())
+
+
+def find_tool(name: str) -> Optional[str]:
+    """The executable of a documented tool: ``$CDSJAX_<NAME>`` when set (a path; one that does not exist
+    hides the tool, e.g. ``CDSJAX_CHROMIUM=/nonexistent``), else the first of its names on ``PATH``."""
+    override = os.environ.get(f"CDSJAX_{name.upper()}")
+    if override is not None:
+        return override if os.path.isfile(override) and os.access(override, os.X_OK) else None
+    names, _ = TOOLS[name]
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+def require_module(name: str):
+    """The optional package a test needs (an extra or dev dependency `make` installs), imported; when it is
+    missing the test fails under ``CI=true`` and skips elsewhere, in one line."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        line = f"{name} is not installed ({err}); `make` installs the extras of pyproject.toml"
+        if IN_CI:
+            pytest.fail(f"{line}; CI=true needs it", pytrace=False)
+        pytest.skip(line, allow_module_level=True)
+
+
+def require_modules(*names: str) -> None:
+    """:func:`require_module` for each name, at a test module's top (under ``CI=true`` a missing package
+    is then a collection error that stops the run, with its one line)."""
+    for name in names:
+        require_module(name)
+
+
+def require_tool(name: str, usable: Optional[Callable[[], bool]] = None) -> str:
+    """The path of a documented system tool, for a test that needs it.
+
+    When the tool is missing (or ``usable()`` says it cannot be used), the test fails under ``CI=true``
+    (the run must show that a documented feature went untested) and skips elsewhere, in one line that
+    names the package ``make`` installs.
+    """
+    path = find_tool(name)
+    if path is not None and (usable is None or usable()):
+        return path
+    _, package = TOOLS[name]
+    what = f"{name} is not installed" if path is None else f"{name} at {path} cannot be used"
+    line = f"{what} (Debian package {package}; `make` installs it as root where apt works)"
+    if IN_CI:
+        pytest.fail(f"{line}; CI=true needs it", pytrace=False)
+    pytest.skip(line)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from cdsjax import cli
@@ -75,6 +76,26 @@ def test_float64_without_x64_is_a_one_line_error(tmp_path):
         jax.config.update("jax_enable_x64", before)
     assert "\n" not in str(err.value) and "float64" in str(err.value)
     assert not (tmp_path / "out").exists()  # stops before it writes anything
+
+
+def test_cdsjax_eval_turns_x64_on_for_a_float64_config(data_root, tmp_path, capsys):
+    # in this process (x64 off, as the suite runs; tests/conftest.py turns it back off afterwards): the command,
+    # not evaluate, switches it on, and the run computes in float64
+    out_dir = tmp_path / "f64"
+    assert not jax.config.jax_enable_x64
+    code = cli.main(["eval", "--config", CONFIG, "--max-queries", "2", "--output-dir", str(out_dir), "--no-progress",
+                     "--config.dtype=float64", "--config.selectors=cosine,cds", "--config.budgets=(2,)",
+                     f"--config.data_root={data_root}", f"--config.cache_dir={tmp_path / 'cache'}",
+                     "--config.num_resamples=100"])
+    assert code == 0, capsys.readouterr().err
+    assert jax.config.jax_enable_x64
+    assert json.loads((out_dir / "run.json").read_text())["identity"]["dtype"] == "float64"
+    records = [json.loads(line) for line in (out_dir / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    # computed in float64: the scores and CDS objectives carry more digits than a float32 can hold
+    values = [s for r in records for s in r["scores"]] + [r["diagnostics"]["objective"] for r in records
+                                                           if r["selector"] == "cds"]
+    assert len(values) == 2 * (2 + 2 + 1) and all(float(np.float32(v)) != v for v in values), values
 
 
 @pytest.mark.parametrize("entry", [pytest.param("cdsjax eval", marks=pytest.mark.slow), "run_eval.py"])

@@ -120,7 +120,9 @@ def test_qasper_counts(qasper, qasper_raw):
 
 
 def test_qasper_gold_found_verbatim(qasper, qasper_raw):
-    n_caption_gold = 0
+    n_caption_gold = n_unmatched = 0
+    n_evidence = sum(len(a["answer"]["evidence"]) for p in qasper_raw.values() for x in p["qas"]
+                     for a in x["answers"])
     for q in qasper.queries:
         paper_id = q.doc_ids[0]
         corpus = qasper.corpora[paper_id]
@@ -145,9 +147,41 @@ def test_qasper_gold_found_verbatim(qasper, qasper_raw):
                            for e in evidence if e.strip())
         if not evidence:
             assert not q.gold_note_ids
-        # Every evidence string is either mapped or reported.
-        assert len(q.meta["unmatched_evidence"]) <= len(evidence)
+        # Every evidence string is either mapped (to a note of that annotator's gold) or reported, in order.
+        para_notes = [(nid, " ".join(t.split())) for nid, t in text_of.items() if kind_of[nid] == "paragraph"]
+        cap_notes = [(nid, " ".join(t.split())) for nid, t in text_of.items() if kind_of[nid] == "caption"]
+        unmatched = []
+        answers = [a["answer"] for a in raw_q["answers"]]
+        assert len(q.meta["gold_per_annotator"]) == len(answers)
+        for ann, gold in zip(answers, q.meta["gold_per_annotator"]):
+            mapped = set()
+            for e in ann["evidence"]:
+                if e.startswith("FLOAT SELECTED: "):
+                    nid = _unique_match(e[len("FLOAT SELECTED: "):], cap_notes)
+                else:
+                    nid = _unique_match(e, para_notes)
+                if nid is None:
+                    unmatched.append(e)
+                else:
+                    mapped.add(nid)
+            assert set(gold) == mapped, q.qid
+        assert q.meta["unmatched_evidence"] == unmatched, q.qid
+        n_unmatched += len(unmatched)
     assert n_caption_gold > 100
+    assert 0 < n_unmatched < n_evidence / 10, (n_unmatched, n_evidence)  # a few cite section headings
+
+
+def _unique_match(evidence, notes):
+    """The note an evidence string names: equal up to whitespace (the first such note), else the only note
+    that contains it; None when there is no such note or several contain it."""
+    key = " ".join(evidence.split())
+    if not key:
+        return None
+    equal = [nid for nid, text in notes if text == key]
+    if equal:
+        return equal[0]
+    containing = [nid for nid, text in notes if key in text]
+    return containing[0] if len(containing) == 1 else None
 
 
 def test_qasper_max_queries(data_root):

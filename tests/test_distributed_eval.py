@@ -1,9 +1,11 @@
 """run_eval.py --processes N: processes joined by jax.distributed give the records and summary.csv of one
-process; a process killed midway (kill -9) ends the run with one line, and the next run resumes to the same
-summary."""
+process; a process killed midway (kill -9) ends the run with one line, and the next run, started by hand with
+JAX's environment variables instead of flags, resumes to the same summary; a partial cluster setting is one
+line."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,22 +14,25 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-if not DATA.exists():
-    DATA = Path("/work/shared/data")
+from cdsjax.eval import distributed
+from tests.conftest import DATA, ROOT
+
+QUERIES = 10
+RECORDS = QUERIES * 3 * 2  # cosine, mmr, cds at budgets 2 and 3 (configs/hotpotqa.py)
 
 
-def _args(out: Path, queries: int):
+def _args(out: Path, cache: Path):
     return [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "hotpotqa.py"),
-            f"--config.max_queries={queries}", "--config.selectors=cosine,mmr,cds", f"--config.output_dir={out}",
-            f"--config.cache_dir={out.parent / 'cache'}", "--config.num_resamples=200", f"--config.data_root={DATA}",
+            f"--config.max_queries={QUERIES}", "--config.selectors=cosine,mmr,cds", f"--config.output_dir={out}",
+            f"--config.cache_dir={cache}", "--config.num_resamples=200", f"--config.data_root={DATA}",
             "--config.max_batch=4", "--noprogress"]  # several chunks, so both processes get questions
 
 
-def _env():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+    for name in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        if name not in extra:
+            env.pop(name, None)
     return env
 
 
@@ -37,22 +42,24 @@ def _records(out: Path):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
+def single(data_root, tmp_path_factory):
+    """One process's run; it fills the cache (question and paragraph vectors, compiled selectors) the other
+    runs of this file read, so they start in seconds."""
     base = tmp_path_factory.mktemp("dist")
     out = base / "one"
-    subprocess.run(_args(out, 10), env=_env(), check=True, capture_output=True, timeout=600)
+    subprocess.run(_args(out, base / "cache"), env=_env(), check=True, capture_output=True, timeout=600)
     return base, out
 
 
 def test_two_processes_equal_one(single):
     base, one = single
     two = base / "two"
-    proc = subprocess.run(_args(two, 10) + ["--processes", "2"], env=_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(_args(two, base / "cache") + ["--processes", "2"], env=_env(), capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not list(two.glob("records.*-of-*.jsonl")), "process 0 merges the shards"
     a, b = _records(one), _records(two)
-    assert len(a) == 10 * 3 * 2 and a.keys() == b.keys()
+    assert len(a) == RECORDS and a.keys() == b.keys()
     assert all(a[k] == b[k] for k in a), "record for record"
     assert (one / "summary.csv").read_bytes() == (two / "summary.csv").read_bytes()
 
@@ -64,21 +71,25 @@ def _child(pid: int, process_id: int, timeout: float = 120.0) -> int:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             if f"--process_id={process_id}".encode() in cmd:
                 return int(child)
-        time.sleep(0.1)
+        time.sleep(0.05)
     raise AssertionError("no such child process")
 
 
-@pytest.mark.slow  # ~35 s on two loaded cores, after the shared one-process run
-def test_killed_process_resumes(single):
+def test_killed_process_resumes_with_jax_environment_variables(single):
     base, one = single
     out = base / "killed"
-    launcher = subprocess.Popen(_args(out, 10) + ["--processes", "2"], env=_env(), stdout=subprocess.PIPE,
+    # the vectors are cached, the compiled selectors are not: each selector compiles between its records and
+    # the next selector's, so the kill lands while the victim still has records to write
+    cache = base / "cache-killed"
+    shutil.copytree(base / "cache", cache, ignore=shutil.ignore_patterns("jax-compilation"))
+    args = _args(out, cache)
+    launcher = subprocess.Popen(args + ["--processes", "2"], env=_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     victim = _child(launcher.pid, 1)
     shard = out / "records.001-of-002.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and not (shard.is_file() and shard.read_text().count("\n") >= 1):
-        time.sleep(0.05)
+        time.sleep(0.01)
     os.kill(victim, signal.SIGKILL)  # midway: some of its records are on disk, not all
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode != 0
@@ -86,14 +97,55 @@ def test_killed_process_resumes(single):
     assert len(lines) == 1 and "process 1 of 2 failed" in lines[0] and "resumes" in lines[0], err[-2000:]
     assert not (out / "summary.csv").exists()
     done = shard.read_text().count("\n")
-    assert 1 <= done < 5 * 3 * 2, done
+    assert 1 <= done < RECORDS // 2, done
 
-    again = subprocess.run(_args(out, 10) + ["--processes", "2"], env=_env(), capture_output=True, text=True,
-                           timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "resuming" in again.stdout + again.stderr
+    # The same run as a cluster would start it: one command per process, JAX_COORDINATOR_ADDRESS,
+    # JAX_NUM_PROCESSES and JAX_PROCESS_ID instead of --coordinator, --num_processes and --process_id.
+    port = distributed.free_port()
+    procs = [subprocess.Popen(args, env=_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                                             JAX_PROCESS_ID=str(i), JAX_PLATFORMS="cpu"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (o, e) in zip(procs, results):
+        assert p.returncode == 0, e[-2000:]
+    assert "resuming" in "".join(o + e for o, e in results)
     assert (out / "summary.csv").read_bytes() == (one / "summary.csv").read_bytes()
     assert _records(out).keys() == _records(one).keys()
+    assert not list(out.glob("records.*-of-*.jsonl"))
+
+
+def test_a_partial_cluster_setting_is_one_line(data_root, tmp_path):
+    """A process given some of the three settings (here only JAX_COORDINATOR_ADDRESS) stops before it
+    loads anything, naming all three."""
+    proc = subprocess.run(_args(tmp_path / "out", tmp_path / "cache"), capture_output=True, text=True, timeout=300,
+                          env=_env(JAX_COORDINATOR_ADDRESS="127.0.0.1:1"))
+    lines = [line for line in proc.stderr.splitlines() if "error" in line or "Traceback" in line]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("run_eval: error: a multi-process run needs all of --coordinator HOST:PORT")
+    assert "JAX_NUM_PROCESSES" in lines[0] and not (tmp_path / "out" / "records.jsonl").exists()
+
+
+def test_cluster_settings_from_flags_and_environment(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.settings(None, None, None) is None  # a plain single-process run
+    assert distributed.settings("h:1", 4, 3) == ("h:1", 4, 3)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "3")
+    monkeypatch.setenv("JAX_PROCESS_ID", "2")
+    assert distributed.settings(None, None, None) == ("10.0.0.1:1234", 3, 2)
+    assert distributed.settings("h:9", 4, 0) == ("h:9", 4, 0)  # flags win over the environment
+    assert distributed.initialize(*distributed.settings(None, None, None)) == distributed.Process(2, 3, "10.0.0.1:1234")
+    monkeypatch.delenv("JAX_PROCESS_ID")
+    with pytest.raises(ValueError, match="needs all of --coordinator HOST:PORT, --num_processes N and --process_id I"):
+        distributed.settings(None, None, None)
+    assert distributed.settings(None, None, 1) == ("10.0.0.1:1234", 3, 1)  # the missing one as a flag
+    with pytest.raises(ValueError, match=r"--process_id must be in \[0, 3\), got 3"):
+        distributed.settings(None, None, 3)
+    monkeypatch.setenv("JAX_PROCESS_ID", "0")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "0")
+    with pytest.raises(ValueError, match="--process_id must be in"):
+        distributed.settings(None, None, None)
 
 
 def test_split_hands_out_whole_chunks():

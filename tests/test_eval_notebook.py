@@ -8,6 +8,8 @@ import pathlib
 import numpy as np
 import pytest
 
+from tests.conftest import require_module
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "evaluation.ipynb"
 
@@ -28,8 +30,8 @@ def _tiny_config(tmp_path):
 
 
 def test_evaluation_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    nbformat = require_module("nbformat")
+    nbclient = require_module("nbclient")
     import sys
 
     sys.path.insert(0, str(ROOT))

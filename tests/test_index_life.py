@@ -30,7 +30,6 @@ B = DATA / "pdflatex-image.pdf"  # 1 page, a figure
 ROOT = Path(__file__).resolve().parents[1]
 
 needs_data = pytest.mark.skipif(not A.exists() or not B.exists(), reason="shared PDFs not available")
-needs_tesseract = pytest.mark.skipif(not ocr_available(), reason="tesseract is not installed")
 pytestmark = needs_data
 
 
@@ -109,11 +108,11 @@ def test_a_changed_pdf_is_updated_in_place(tmp_path, capsys):
     assert "oranges" in text and "apples" not in text
 
 
-@pytest.mark.slow  # two fresh processes load torch and the embedder (~30-60 s); the thread test below is fast
-def test_two_concurrent_writers_keep_both_documents(tmp_path):
+def test_two_concurrent_writers_keep_both_documents(two_docs, cache_dir, tmp_path):
+    # Both documents are in the document cache (two_docs indexed them), so each process only imports, reads
+    # its cached document and writes (a few seconds): the two writes meet at the index lock.
     out = tmp_path / "index"
-    cache = tmp_path / "cache"
-    env = dict(os.environ, CDSJAX_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, CDSJAX_CACHE=str(cache_dir), PYTHONPATH=str(ROOT))
     procs = [subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "index", str(pdf), "--out", str(out),
                                "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for pdf in (A, B)]
@@ -357,8 +356,15 @@ def make_scanned_pdf(path: Path, text: str) -> Path:
 SCAN_TEXT = "Quarterly revenue of the Zanzibar division grew by forty percent after the harbour expansion."
 
 
-@needs_tesseract
-def test_scanned_pages_are_read_with_ocr_and_reported_once(tmp_path, capfd):
+@pytest.fixture
+def tesseract():
+    """Tesseract with its language data; a test that uses this fails under CI=true without it."""
+    from tests.conftest import require_tool
+
+    return require_tool("tesseract", usable=ocr_available)
+
+
+def test_scanned_pages_are_read_with_ocr_and_reported_once(tesseract, tmp_path, capfd):
     pdf = make_scanned_pdf(tmp_path / "scan.pdf", SCAN_TEXT + " Tiny marks: . , ; : ' `")
     out = tmp_path / "index"
     assert main(["index", str(pdf), "--out", str(out), "--no-progress"]) == 0
@@ -400,8 +406,7 @@ def test_a_damaged_manifest_is_named_and_replace_rebuilds(two_docs, tmp_path, ca
     assert load_index(out).doc_ids == ["multicolumn.pdf", "pdflatex-image.pdf"]
 
 
-@needs_tesseract
-def test_installing_tesseract_later_redoes_only_the_scanned_documents(tmp_path, capsys, monkeypatch):
+def test_installing_tesseract_later_redoes_only_the_scanned_documents(tesseract, tmp_path, capsys, monkeypatch):
     pdf = make_scanned_pdf(tmp_path / "scan.pdf", SCAN_TEXT)
     out = tmp_path / "index"
     real = parse_mod.ocr_available

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from cdsjax import cli
+from tests.conftest import require_modules
 
-pytest.importorskip("langchain_core")
-pytest.importorskip("langchain_classic")
-pytest.importorskip("llama_index.core")
+require_modules("langchain_core", "langchain_classic", "llama_index.core")  # fails under CI=true when missing
 
 from langchain_classic.retrievers import ContextualCompressionRetriever  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402

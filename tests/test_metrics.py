@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cdsjax.eval import metrics as M
+from tests.conftest import require_module
 
 
 def test_page_recall_counts_gold_pairs_once_and_ignores_other_docs():
@@ -115,7 +116,7 @@ def test_mean_ci_matches_normal_theory_and_scipy():
     half = 1.959964 * x.std(ddof=0) / math.sqrt(n)
     assert lo == pytest.approx(mean - half, abs=0.006)
     assert hi == pytest.approx(mean + half, abs=0.006)
-    scipy_stats = pytest.importorskip("scipy.stats")
+    scipy_stats = require_module("scipy.stats")
     ref = scipy_stats.bootstrap((x,), np.mean, n_resamples=20_000, method="percentile",
                                 random_state=np.random.default_rng(2)).confidence_interval
     assert lo == pytest.approx(ref.low, abs=0.006)

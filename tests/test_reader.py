@@ -335,8 +335,27 @@ def test_answer_without_retrieval_clamps_output_to_the_window(png):
 def test_max_model_len_comes_from_the_server_when_unset():
     with OpenAIServer() as srv:
         reader = Reader(base_url=srv.base_url, **FAST)
-        assert reader.max_model_len() == 32768  # the fake server reports none: the paper's default
+        assert reader.max_model_len() == 32768  # a server that reports none: the paper's default
         assert Reader(base_url=srv.base_url, **dict(FAST, max_model_len=4096)).max_model_len() == 4096
+
+
+def test_no_retrieval_control_uses_the_window_a_vllm_server_reports(png):
+    """vLLM lists ``max_model_len`` with each served model; unset in the config, the control clamps to it."""
+    elements = make_elements(12, 0)
+    elements += [{"note_id": f"v{i}", "doc_id": "d", "page": i, "kind": "figure", "caption": f"Figure {i}",
+                  "image_path": str(png)} for i in range(12)]
+    windows = {"test-model": {"max_model_len": 24000, "root": "test-model"}, "other": {"max_model_len": 1000}}
+    with OpenAIServer(lambda req: "Not answerable", models=("other", "test-model"), model_fields=windows) as srv:
+        reader = Reader(base_url=srv.base_url, **FAST)
+        assert reader.max_model_len() == 24000  # its own model's entry, not the first one listed
+        reader.answer_without_retrieval("What is shown?", elements, "q5", seed=42)
+        req = srv.requests[0]
+    chars = len(req["messages"][0]["content"]) + sum(
+        len(p["text"]) for p in req["messages"][1]["content"] if p["type"] == "text")
+    expected = max(256, min(8192, int(24000 - chars / 3 - 1500 * 10 - 1500)))
+    assert req["max_tokens"] == expected and 256 < expected < 8192  # below the 8192 cap: the window binds
+    with OpenAIServer(models=("other", "test-model"), model_fields={"other": {"max_model_len": 1000}}) as srv:
+        assert Reader(base_url=srv.base_url, **FAST).max_model_len() == 32768  # another model's window
 
 
 def test_malformed_response_is_a_clear_error(evidence):

@@ -8,20 +8,17 @@ object and exits non-zero; a missing crop is sent as text with a warning.
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.reader import Reader, ReaderError
 from cdsjax.io.scripted_server import OpenAIServer, completion, message_images
+from tests.conftest import DATA
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pdfs"
-FIG = DATA / "pdflatex-image.pdf"  # one page with a figure (a crop PNG in the index)
+FIG = DATA / "pdfs" / "pdflatex-image.pdf"  # one page with a figure (a crop PNG in the index)
 FAST = dict(model="test-model", backoff=0.0, max_backoff=0.0)
 EVIDENCE = [dict(note_id="d#0", doc_id="d", page=0, kind="text", text="The answer is 42.")]
-
-pytestmark = pytest.mark.skipif(not FIG.exists(), reason="shared PDFs not available")
 
 
 def test_malformed_json_reply_is_retried_then_succeeds():
@@ -76,6 +73,9 @@ def test_probe_finds_a_dead_server_at_once():
 
 @pytest.fixture(scope="module")
 def fig_index(tmp_path_factory):
+    """An index of a shared one-page PDF with a figure (the tests above need no data; these skip without it)."""
+    if not FIG.exists():
+        pytest.skip(f"shared PDF not found: {FIG}")
     out = tmp_path_factory.mktemp("ask") / "index"
     os.environ.setdefault("CDSJAX_CACHE", str(tmp_path_factory.mktemp("cache")))
     assert main(["index", str(FIG), "--out", str(out), "--no-progress"]) == 0

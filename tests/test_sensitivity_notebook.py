@@ -6,14 +6,16 @@ import pathlib
 
 import pytest
 
+from tests.conftest import require_module
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "sensitivity.ipynb"
 
 
 @pytest.mark.slow  # executes the whole notebook (23 s); test_eval_notebook runs the evaluation notebook by default
 def test_sensitivity_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    nbformat = require_module("nbformat")
+    nbclient = require_module("nbclient")
     monkeypatch.setenv("CDSJAX_NOTEBOOK_TINY", "1")
     monkeypatch.setenv("CDSJAX_NOTEBOOK_OUT", str(tmp_path))
     nb = nbformat.read(NOTEBOOK, as_version=4)

@@ -253,13 +253,6 @@ def test_crop_endpoint_serves_only_index_crops(server, index_dir):
         assert status == 404 and "no crop" in body["error"]
 
 
-def chromium():
-    import shutil
-
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt package chromium)")
 def test_web_page_in_headless_chromium(server, tmp_path):
     """The page asks on load (?q=...) two selectors side by side: notes both chose share a row, notes only one
     chose are marked, near-duplicates within each list are marked with the threshold shown, each note links to
@@ -267,12 +260,15 @@ def test_web_page_in_headless_chromium(server, tmp_path):
     import html
     import urllib.parse
 
+    from tests.conftest import require_tool
+
+    chromium = require_tool("chromium")  # fails under CI=true when missing, skips elsewhere
     url, _ = server
     q, budget, threshold = "What does the table in the sample document show?", 3, 0.5
     query = urllib.parse.urlencode({"q": q, "budget": budget, "a": "cosine", "b": "cds-converged",
                                     "threshold": threshold})
     proc = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom",
          f"{url}/?{query}"],
         capture_output=True, text=True, timeout=180)

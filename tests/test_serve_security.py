@@ -546,10 +546,10 @@ def test_check_embedder_accepts_only_known_or_named_models():
     with pytest.raises(EmbedderError, match="--trust-remote-code"):
         check_embedder(nomic)
     assert check_embedder(nomic, trust_remote_code=True)["trust_remote_code"] is True
-    for model in ("/tmp/some-model", "someone/evil", "", None):
+    for model in ("/opt/models/some-model", "someone/evil", "", None):
         with pytest.raises(EmbedderError, match="refusing the index"):
             check_embedder(dict(minilm, model=model))
-    assert check_embedder(dict(minilm, model="/tmp/some-model"), allowed=["/tmp/some-model"])["model"]
+    assert check_embedder(dict(minilm, model="/opt/models/some-model"), allowed=["/opt/models/some-model"])["model"]
     with pytest.raises(EmbedderError, match="query_prefix"):
         check_embedder(dict(minilm, query_prefix=["not", "a", "string"]))
 

@@ -24,6 +24,7 @@ import pytest
 
 from tests import ingest_pdfs as gen
 from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.conftest import require_module
 
 ROOT = Path(__file__).resolve().parents[1]
 # Source-tree entries a wheel build never needs (large, or written by runs and builds).
@@ -51,7 +52,7 @@ def _clean_env(**extra) -> dict:
 def installed(tmp_path_factory):
     """(the fresh venv's python, its ``cdsjax`` script, a working directory outside the repository, the
     environment to run them in)."""
-    pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools")
+    require_module("setuptools")  # building the wheel without isolation needs it
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*SKIP), symlinks=True)

@@ -8,7 +8,8 @@ answers each chat completion with whatever ``responder(request_json)`` returns:
 a string (the assistant message content), a dict (a full JSON body), an
 ``(status, body)`` tuple to simulate server errors, or bytes (sent as the body as
 they are, to simulate a malformed reply). ``delay`` seconds of sleep
-before answering simulates a slow server.
+before answering simulates a slow server. ``model_fields`` maps a model id to fields added to its
+``/v1/models`` entry, as vLLM adds ``max_model_len`` (the served context window).
 
     with OpenAIServer(lambda req: "42") as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x")
@@ -22,7 +23,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, List, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 Response = Union[str, dict, tuple]
 
@@ -42,9 +43,11 @@ class OpenAIServer:
         *,
         models: tuple = ("test-model",),
         delay: float = 0.0,
+        model_fields: Optional[Dict[str, dict]] = None,
     ):
         self.responder = responder
         self.models = list(models)
+        self.model_fields = dict(model_fields or {})
         self.delay = delay
         self.requests: List[dict] = []
         self.lock = threading.Lock()
@@ -68,7 +71,8 @@ class OpenAIServer:
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
                     self._send(200, {"object": "list", "data": [
-                        {"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in server.models
+                        {"id": m, "object": "model", "created": 0, "owned_by": "test",
+                         **server.model_fields.get(m, {})} for m in server.models
                     ]})
                 else:
                     self._send(404, {"error": {"message": "not found"}})
