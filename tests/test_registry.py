@@ -26,7 +26,7 @@ def same_selection(a, b):
 
 def test_registry_names():
     assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
-                                   "cds_inimdyn", "cds_support", "cds_learned"}
+                                   "cds_inimdyn", "cds_support", "cds_learned", "cosine_pages"}
 
 
 # (registry name, options, the same selection called on the core directly). Each option is one

@@ -285,3 +285,69 @@ def select_ppr(
     r = ppr_vector(links, seed, valid, damping=damping, tol=tol, max_iter=max_iter)
     idx, ok, scores = top_b(r, valid, budget)
     return Selection(indices=idx, selected_valid=ok, scores=scores)
+
+
+def select_cosine_pages(
+    notes: Array,
+    query: Array,
+    valid: Array,
+    pages: Array,
+    *,
+    budget: int,
+    doc_ids: Optional[Array] = None,
+    fill: bool = True,
+) -> Selection:
+    r"""Cosine top-``budget`` keeping at most one note per page, then (``fill``) the next best.
+
+    A note's *tier* is its rank by relevance among the valid notes of its own unit (its page, or
+    its ``(document, page)`` pair when ``doc_ids`` is given): the best note of every unit is tier 0.
+    Notes are taken by tier, then by relevance, then by index, so the first picks are the best note
+    of each unit in cosine order. With ``fill=False`` only tier-0 notes are eligible (fewer than
+    ``budget`` picks, masked, when there are fewer units); with ``fill=True`` the remaining slots go
+    to the second-best note of each unit, and so on. Page recall is the same either way; ``fill``
+    only adds notes from pages already covered.
+
+    The ranking is exact (a lexicographic sort, no float key), ``O(n^2)`` in the unit comparison,
+    and ``jit`` / ``vmap``-able; padding (``valid`` False) is never picked and does not change the
+    tiers of real notes.
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
+      query: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
+      valid: ``[n]`` bool, True on real notes.
+      pages: ``[n]`` int unit of each note (a page; on text benchmarks the caller's paragraph group).
+      budget: static number of picks; fewer (masked) when fewer notes are eligible.
+      doc_ids: optional ``[n]`` int document of each note (units are then ``(document, page)``).
+      fill: complete the selection with lower tiers once every unit has given its best note.
+
+    Returns:
+      :class:`Selection` with ``scores`` the relevances.
+    """
+    budget = check_budget(budget)
+    rel = relevance(notes, query, valid)
+    valid = jnp.asarray(valid, bool)
+    pages = jnp.asarray(pages)
+    n = rel.shape[0]
+    if pages.shape != (n,):
+        raise ValueError(f"pages must have shape [{n}], got {pages.shape}")
+    same = pages[:, None] == pages[None, :]
+    if doc_ids is not None:
+        doc_ids = jnp.asarray(doc_ids)
+        if doc_ids.shape != (n,):
+            raise ValueError(f"doc_ids must have shape [{n}], got {doc_ids.shape}")
+        same = same & (doc_ids[:, None] == doc_ids[None, :])
+    pos = jnp.arange(n)
+    # ahead[i, j]: note j comes before note i in cosine order (ties to the lower index)
+    ahead = (rel[None, :] > rel[:, None]) | ((rel[None, :] == rel[:, None]) & (pos[None, :] < pos[:, None]))
+    tier = jnp.sum(same & ahead & valid[None, :], axis=1)
+    eligible = valid if fill else valid & (tier == 0)
+    tier = jnp.where(eligible, tier, n + 1)
+    order = jnp.lexsort((pos, -rel, tier))  # last key is the primary one
+    if budget > n:
+        order = jnp.concatenate([order, jnp.zeros((budget - n,), order.dtype)])
+        ok = jnp.concatenate([eligible[order[:n]], jnp.zeros((budget - n,), bool)])
+    else:
+        order = order[:budget]
+        ok = eligible[order]
+    idx = jnp.where(ok, order, 0).astype(jnp.int32)
+    return Selection(indices=idx, selected_valid=ok, scores=jnp.where(ok, rel[idx], 0.0))

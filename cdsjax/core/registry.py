@@ -26,7 +26,8 @@ import inspect
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 
-from cdsjax.core.baselines import DPP_QUALITIES, select_cosine, select_dpp, select_mmr, select_ppr, select_random
+from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
+                                   select_ppr, select_random)
 from cdsjax.core.cds import cds
 from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.subgraph import select_subgraph_readout
@@ -43,6 +44,16 @@ def _cosine(budget: int) -> SelectorFn:
     def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
         return select_cosine(notes, query, valid, budget=budget)
 
+    return fn
+
+
+def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+        if pages is None:
+            raise ValueError("selector 'cosine_pages' needs pages ([n] int page, or paragraph group, of each note)")
+        return select_cosine_pages(notes, query, valid, pages, budget=budget, doc_ids=doc_ids, fill=fill)
+
+    fn.takes_structure = True
     return fn
 
 
@@ -244,6 +255,9 @@ def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, alias
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("cosine", _cosine, help="the B notes most similar to the question"),
+    # cosine top-B taking the best note of each (document, page) first: the structural rule learned CDS must beat
+    _spec("cosine_pages", _cosine_pages, aliases=("cosine-pages",), display="cosine-pages",
+          help="cosine, taking the best note of each page first (paragraph group on text corpora)"),
     _spec("random", _random, needs_key=True, help="B notes drawn at random (seeded by the question id)"),
     _spec("mmr", _mmr, help="maximal marginal relevance: relevance minus redundancy, greedily (lam)"),
     _spec("dpp", _dpp, help="k-DPP greedy MAP: relevant and mutually dissimilar notes (theta, quality)"),

@@ -18,7 +18,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.eval.problems import (Problem, benchmark_kind, block_links, cached_encode, first_queries,
-                                  load_configured_benchmark, pdf_indexes, pdf_problems, text_links)
+                                  index_note_kind, load_configured_benchmark, pdf_indexes, pdf_problems,
+                                  text_kinds, text_links, text_sections)
 
 CANDIDATE_POOLS = ("documents", "corpus")
 POOL_FIELDS = ("pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
@@ -80,6 +81,8 @@ class DocumentNotes:
       links: ``[n, n]`` bool, symmetric, False diagonal.
       note_ids: ``[n]`` ids, unique across the benchmark.
       pages, boxes: ``[n]`` page and box of each note (PDFs), or None (text).
+      kinds: ``[n]`` :data:`~cdsjax.eval.problems.NOTE_KINDS` of each note, or None.
+      sections: ``[n]`` paragraph group of each note (text), or None.
     """
 
     embeddings: np.ndarray
@@ -87,6 +90,8 @@ class DocumentNotes:
     note_ids: List[str]
     pages: Optional[List[int]] = None
     boxes: Optional[List[Tuple[float, float, float, float]]] = None
+    kinds: Optional[List[str]] = None
+    sections: Optional[List[int]] = None
 
 
 def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
@@ -107,7 +112,8 @@ def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
         for c in ids:
             corpus = bench.corpora[c]
             out[c] = DocumentNotes(emb[start:start + len(corpus)], text_links(corpus, window=window),
-                                   list(corpus.note_ids))
+                                   list(corpus.note_ids), kinds=text_kinds(corpus),
+                                   sections=text_sections(corpus))
             start += len(corpus)
         return out
     for d, idx in pdf_indexes(bench, list(bench.documents), config, embedder, cache_dir=cache_dir,
@@ -116,7 +122,8 @@ def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
             np.asarray(idx.embeddings, np.float32), np.asarray(idx.links, bool),
             [f"{d}#{note['reading_order']}" for note in idx.notes],
             [int(note["page"]) for note in idx.notes],
-            [tuple(float(v) for v in note["bbox"]) for note in idx.notes])
+            [tuple(float(v) for v in note["bbox"]) for note in idx.notes],
+            kinds=[index_note_kind(note) for note in idx.notes])
     return out
 
 
@@ -146,7 +153,14 @@ def pool_problem(query, query_emb: np.ndarray, doc_ids: Sequence[str], notes: Ma
         docs=[d for d, p in zip(doc_ids, parts) for _ in p.note_ids],
         pages=[g for p in parts for g in p.pages] if pdf else None,
         boxes=[b for p in parts for b in p.boxes] if pdf else None,
-        pool=tuple(doc_ids), gold_docs=tuple(gold_docs))
+        pool=tuple(doc_ids), gold_docs=tuple(gold_docs),
+        kinds=_joined(parts, "kinds"), sections=_joined(parts, "sections"))
+
+
+def _joined(parts: Sequence[DocumentNotes], field: str) -> Optional[list]:
+    """``field`` of several documents' notes concatenated, or None when one of them lacks it."""
+    values = [getattr(p, field) for p in parts]
+    return None if any(v is None for v in values) else [x for v in values for x in v]
 
 
 _TOP_K: Dict[str, Any] = {}
@@ -220,6 +234,8 @@ def corpus_problems(queries: Sequence[Any], query_emb: np.ndarray, notes: Mappin
             docs=[doc_list[di] for di in docs_idx],
             pages=[n.pages[j] for n, j in zip(dn, loc)] if pdf else None,
             boxes=[n.boxes[j] for n, j in zip(dn, loc)] if pdf else None,
+            kinds=None if any(n.kinds is None for n in dn) else [n.kinds[j] for n, j in zip(dn, loc)],
+            sections=None if any(n.sections is None for n in dn) else [n.sections[j] for n, j in zip(dn, loc)],
             pool=tuple(dict.fromkeys(doc_list[di] for di in docs_idx)),
             gold_docs=tuple(q.meta.get("gold_docs", q.doc_ids))))
     return problems, seconds

@@ -37,6 +37,9 @@ class Problem:
         recorded as ``pool_documents``), or None.
       gold_docs: the question's own documents; when set, the pool metrics
         (:data:`cdsjax.eval.scoring.METRICS_POOL`) are scored.
+      kinds: ``[n]`` kind of each note, one of :data:`NOTE_KINDS`, or None (unknown).
+      sections: ``[n]`` paragraph group of each note on text benchmarks (consecutive paragraphs
+        of one section; each caption alone), the text analogue of a page, or None.
     """
 
     query: Any
@@ -49,6 +52,8 @@ class Problem:
     boxes: Optional[List[Tuple[float, float, float, float]]] = None
     pool: Optional[Tuple[str, ...]] = None
     gold_docs: Optional[Tuple[str, ...]] = None
+    kinds: Optional[List[str]] = None
+    sections: Optional[List[int]] = None
 
     def __post_init__(self):
         n = self.notes.shape[0]
@@ -59,10 +64,73 @@ class Problem:
                              f"does not match notes {self.notes.shape}")
         if self.links.shape != (n, n):
             raise ValueError(f"query {self.query.qid}: links must be [{n}, {n}], got {self.links.shape}")
-        for name in ("note_ids", "docs", "pages", "boxes"):
+        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
+
+
+    def structure(self) -> Dict[str, np.ndarray]:
+        """The structure arrays selectors take as keyword arguments, all ``[n]`` int32.
+
+        ``doc_ids``: the position of each note's document among this problem's documents (first
+        appearance order); ``pages``: the page (PDFs), else the paragraph group (:attr:`sections`),
+        else each note its own unit; ``kinds``: the index into :data:`NOTE_KINDS` (``"other"`` when
+        unknown). Units of several documents are told apart by ``doc_ids`` with ``pages``.
+        """
+        n = self.notes.shape[0]
+        order = {d: i for i, d in enumerate(dict.fromkeys(self.docs))}
+        doc_ids = np.asarray([order[d] for d in self.docs], np.int32)
+        if self.pages is not None:
+            pages = np.asarray(self.pages, np.int32)
+        elif self.sections is not None:
+            pages = np.asarray(self.sections, np.int32)
+        else:
+            pages = np.arange(n, dtype=np.int32)
+        other = NOTE_KINDS.index("other")
+        kinds = (np.full(n, other, np.int32) if self.kinds is None else
+                 np.asarray([NOTE_KINDS.index(k) if k in NOTE_KINDS else other for k in self.kinds], np.int32))
+        return {"doc_ids": doc_ids, "pages": pages, "kinds": kinds}
+
+
+# The kinds a note may have, in the order of their integer codes (Problem.structure()["kinds"]).
+NOTE_KINDS = ("text", "figure", "table", "chart", "page-image", "other")
+
+
+def index_note_kind(note: Dict[str, Any]) -> str:
+    """The :data:`NOTE_KINDS` entry of an index note: its ``kind``, or ``"page-image"`` for a
+    full-page picture (role ``page-image``)."""
+    if note.get("role") == "page-image":
+        return "page-image"
+    kind = note.get("kind")
+    return kind if kind in NOTE_KINDS else "other"
+
+
+def text_kinds(corpus) -> List[str]:
+    """The :data:`NOTE_KINDS` of a text corpus's notes: paragraphs are ``"text"``; a caption is a
+    ``"table"`` when it starts with "Table", else a ``"figure"``."""
+    out = []
+    for kind, text in zip(corpus.kinds, corpus.texts):
+        if kind == "caption":
+            out.append("table" if text.lstrip().lower().startswith("table") else "figure")
+        else:
+            out.append("text" if kind == "paragraph" else "other")
+    return out
+
+
+def text_sections(corpus) -> List[int]:
+    """Paragraph groups of a text corpus, the text analogue of a page: consecutive paragraphs under
+    the same section name share a group, and every caption (or a corpus without section names,
+    e.g. HotpotQA, every paragraph) is a group of its own. Returns ``[n]`` group numbers from 0."""
+    names = corpus.meta.get("sections") if corpus.meta else None
+    out, group, last = [], -1, object()
+    for i, kind in enumerate(corpus.kinds):
+        name = names[i] if names is not None and i < len(names) else None
+        if kind != "paragraph" or name is None or name != last:
+            group += 1
+        last = name if kind == "paragraph" else object()
+        out.append(group)
+    return out
 
 
 def benchmark_kind(bench) -> str:
@@ -170,7 +238,8 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
         core.validate_embeddings(note_emb[lo:hi], qe)
         corpus = bench.corpora[c]
         problems.append(Problem(q, note_emb[lo:hi], qe, links[c], list(corpus.note_ids),
-                                [c] * len(corpus)))
+                                [c] * len(corpus), kinds=text_kinds(corpus),
+                                sections=text_sections(corpus)))
     return problems
 
 
@@ -235,5 +304,6 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             note_ids=[f"{d}#{note['reading_order']}" for d, note in meta],
             docs=[d for d, _ in meta],
             pages=[int(note["page"]) for _, note in meta],
-            boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta]))
+            boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta],
+            kinds=[index_note_kind(note) for _, note in meta]))
     return problems

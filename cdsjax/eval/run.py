@@ -93,6 +93,27 @@ def _batched(fn, sharded: bool, chunk=None):
 
 
 _SELECTOR_FNS: Dict[str, Any] = {}
+STRUCTURE_ARGS = ("pages", "doc_ids", "kinds")
+_STRUCTURED: Dict[Any, Any] = {}
+
+
+def structure_args(fn: Callable[..., Any]) -> tuple:
+    """The structure keyword arguments (:data:`STRUCTURE_ARGS`) to pass ``fn``: all of them when it reads them
+    (``fn.takes_structure``, set by the registry on ``cds_learned`` and ``cosine_pages``), else none, so the
+    other selectors compile and run exactly as before."""
+    return STRUCTURE_ARGS if getattr(fn, "takes_structure", False) else ()
+
+
+def _positional(fn: Callable[..., Any], names: tuple) -> Callable[..., Any]:
+    """``fn`` with its structure keywords ``names`` taken as trailing positional arguments (what
+    :func:`cdsjax.core.batched` maps over), one wrapper per function so compilation is cached."""
+    key = (fn, names)
+    if key not in _STRUCTURED:
+        def wrapped(notes, query, valid, links, key_, *structure):
+            return fn(notes, query, valid, links, key_, **dict(zip(names, structure)))
+
+        _STRUCTURED[key] = wrapped
+    return _STRUCTURED[key]
 
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
@@ -144,6 +165,10 @@ def run_selector(
         float32's KKT floor).
       chunk: the selector's ``SelectorSpec.batch_chunk`` (how a one-device batch is cut).
 
+    A selector that reads the structure keywords (``fn.takes_structure``; :data:`STRUCTURE_ARGS`: ``pages``,
+    ``doc_ids``, ``kinds``) gets them from :meth:`Problem.structure`, padded like the notes (padding
+    is 0; the ``valid`` mask says which notes are real).
+
     Returns:
       One Selection with NumPy leaves per problem, in input order.
     """
@@ -167,11 +192,16 @@ def run_selector(
         keys = [core.key_from_query_id(p.query.qid) for p in problems]
     keys = jnp.stack(list(keys))
 
+    names = structure_args(fn)
+    extras = {"links": [np.asarray(p.links, bool) for p in problems]}
+    if names:
+        structures = [p.structure() for p in problems]
+        extras.update({a: [s[a] for s in structures] for a in names})
+        fn = _positional(fn, names)
     groups = core.make_buckets(
         [np.asarray(p.notes, dtype) for p in problems],
         [np.asarray(p.query_emb, dtype) for p in problems],
-        buckets=buckets, extras={"links": [np.asarray(p.links, bool) for p in problems]},
-        pad_batch=False)
+        buckets=buckets, extras=extras, pad_batch=False)
     call = _batched(fn, sharded=ndev > 1, chunk=chunk)
     out: List[Any] = [None] * len(problems)
     for g in groups:
@@ -184,7 +214,8 @@ def run_selector(
                     g.extras["links"][padded]]
             args = [jax.device_put(a, sharding) for a in args]
             key_batch = jax.device_put(keys[g.positions[padded]], sharding)
-            sel = jax.device_get(_executable(call, [*args, key_batch])(*args, key_batch))
+            tail = [jax.device_put(g.extras[a][padded], sharding) for a in names]
+            sel = jax.device_get(_executable(call, [*args, key_batch, *tail])(*args, key_batch, *tail))
             positions = [int(g.positions[r]) for r in rows]
             chunk = [jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), sel)
                      for i in range(k)]

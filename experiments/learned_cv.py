@@ -1,0 +1,580 @@
+r"""Does a learned CDS beat tuned baselines on documents it never saw? Cross-validation by document.
+
+Usage (from the repository root)::
+
+    python experiments/learned_cv.py --config configs/learned_cv.py \
+        --config.cache_dirs.qasper=CACHE_Q --config.cache_dirs.mmlongbench=CACHE_M [--summary_copy FILE]
+
+Tasks (each: training documents, validation documents, test documents):
+
+* ``cv``: per benchmark, ``config.folds`` seeded folds over its documents (PDFs, papers);
+* ``transfer``: fit on every document of one benchmark, test on every document of the other;
+* ``both``: fold ``i`` of each benchmark tested after fitting on the training folds of both.
+
+Each task runs in every ``config.pool_sizes`` setting: pool size 1 is the question's own document;
+larger pools are drawn inside the test documents (test problems) or inside the training documents
+(problems used to fit or tune). Every selector answers the same test problems:
+
+* cosine, cosine-pages (best note of each page first), PPR, converged CDS at its defaults;
+* MMR (lambda) and k-DPP (quality exponent) tuned on the task's training and validation documents by
+  mean recall@B over their questions;
+* learned CDS: ``cdsjax.learn.fit`` on the training documents, early-stopped on the validation share.
+
+Outputs in ``config.output_dir``: ``records.jsonl`` (one line per task, selector, budget and
+question; a rerun skips what is there), ``tuning.json`` (the chosen values per task), ``folds.json``
+(the document split), ``summary.json`` / ``summary.csv`` (means with bootstrap intervals, paired
+differences of learned CDS against each selector with win/tie/loss), ``learned_cv.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import importlib.util
+import json
+import pathlib
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/learned_cv.py", lock_config=True)
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
+_SUMMARY_COPY = flags.DEFINE_string("summary_copy", None, "Also write summary.json to this path.")
+_SUMMARIZE_ONLY = flags.DEFINE_bool("summarize_only", False, "Only summarise the tasks already on disk.")
+_MERGE = flags.DEFINE_list("merge", None, "Summarise the completed tasks of these output directories (e.g. one "
+                           "run per benchmark) into config.output_dir, without loading any data.")
+
+LEARNED = "cds-learned"
+FIXED = (("cosine", "cosine", {}), ("cosine-pages", "cosine_pages", {}), ("ppr", "ppr", {}),
+         ("cds-converged", "cds_converged", {}))
+
+
+@dataclasses.dataclass
+class Task:
+    """What one fit sees and what it is tested on.
+
+    Attributes:
+      name: ``cv``, ``transfer`` or ``both``.
+      label: e.g. ``qasper/fold2`` or ``qasper->mmlongbench``.
+      fold: fold index (-1 for transfer).
+      pool_size: documents per question.
+      train, val: problems to fit on and to stop on (pools drawn inside their own documents).
+      test: ``benchmark -> problems`` (pools drawn inside the test documents).
+    """
+
+    name: str
+    label: str
+    fold: int
+    pool_size: int
+    train: List[Any]
+    val: List[Any]
+    test: Dict[str, List[Any]]
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _benchmark_config(name: str, config):
+    path = ROOT / "configs" / f"{config.benchmark_configs[name]}.py"
+    spec = importlib.util.spec_from_file_location(f"cdsjax_cv_config_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    cfg.data_root = config.data_root
+    cfg.output_dir = str(pathlib.Path(config.output_dir) / "cache" / name)
+    cfg.cache_dir = config.cache_dirs.get(name, "") or ""
+    return cfg
+
+
+@dataclasses.dataclass
+class BenchmarkData:
+    """A benchmark's questions with gold evidence, their embeddings and every document's notes."""
+
+    name: str
+    kind: str
+    queries: List[Any]
+    query_emb: np.ndarray
+    notes: Dict[str, Any]
+    buckets: Tuple[int, ...]
+
+
+def load_data(name: str, config, log=print) -> BenchmarkData:
+    """Loads, indexes (cached) and embeds a benchmark; keeps the questions that have gold evidence."""
+    from cdsjax.eval.pools import document_notes
+    from cdsjax.eval.problems import benchmark_kind, cached_encode, load_configured_benchmark
+    from cdsjax.eval.settings import cache_dir_of
+    from cdsjax.io.embed import Embedder
+
+    cfg = _benchmark_config(name, config)
+    bench = first_documents(load_configured_benchmark(cfg, all_queries=True), config.get("max_documents", None))
+    kind = benchmark_kind(bench)
+    embedder = Embedder(cfg)
+    cache_dir = cache_dir_of(cfg)
+    t0 = time.perf_counter()
+    notes = document_notes(bench, cfg, embedder, cache_dir=cache_dir, progress=_PROGRESS.value)
+    tag = bench.name if kind == "text" else bench.name.replace("/", "_")
+    qemb = cached_encode(cache_dir, tag, embedder, [q.question for q in bench.queries], queries=True)
+    keep = [i for i, q in enumerate(bench.queries) if has_gold(q, kind)]
+    log(f"{name}: {len(bench.queries)} questions ({len(keep)} with gold evidence), {len(notes)} documents, "
+        f"{sum(len(n.note_ids) for n in notes.values())} notes; loaded in {time.perf_counter() - t0:.0f} s")
+    buckets = tuple(sorted(set(cfg.buckets) | {1024, 2048, 4096}))  # pools of 5 documents need the larger ones
+    return BenchmarkData(name, kind, [bench.queries[i] for i in keep], np.asarray(qemb)[keep], notes, buckets)
+
+
+def first_documents(bench, count: Optional[int]):
+    """``bench`` cut to its first ``count`` documents (benchmark order) and their questions (all for None)."""
+    if count is None:
+        return bench
+    docs = list(bench.corpora or bench.documents)[: int(count)]
+    keep = set(docs)
+    cut = {"queries": [q for q in bench.queries if set(q.doc_ids) <= keep]}
+    if bench.corpora:
+        cut["corpora"] = {d: bench.corpora[d] for d in docs}
+    else:
+        cut["documents"] = {d: bench.documents[d] for d in docs}
+    return dataclasses.replace(bench, **cut)
+
+
+def has_gold(q, kind: str) -> bool:
+    """Whether a question has the gold the recall of its benchmark counts (pages or paragraphs)."""
+    if kind == "text":
+        return bool(q.gold_note_ids)
+    return any(len(p) for p in q.gold_pages.values())
+
+
+def recall(problem, selection, kind: str) -> float:
+    """Recall of the selection: gold pages (PDF) or gold paragraphs (text) among the picked notes."""
+    import cdsjax.eval.metrics as M
+
+    idx = [int(i) for i in np.asarray(selection.indices)[np.asarray(selection.selected_valid, bool)]]
+    if kind == "text":
+        return M.paragraph_recall([problem.note_ids[i] for i in idx], problem.query.gold_note_ids)
+    return M.page_recall([(problem.docs[i], problem.pages[i]) for i in idx], problem.query.gold_pages)
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def _problems(data: BenchmarkData, docs, pool_size: int, seed: int):
+    """The problems of the questions of ``docs``, pools drawn inside ``docs`` (a side with fewer documents
+    than ``pool_size``, e.g. a small validation share, pools all of them)."""
+    from cdsjax.eval.folds import split_problems
+
+    return split_problems(data.name, data.queries, data.query_emb, data.notes, docs,
+                          pool_size=min(int(pool_size), len(docs)), pool_seed=seed)
+
+
+def make_tasks(datas: Dict[str, BenchmarkData], config) -> Tuple[List[Task], dict]:
+    """Every task of the config, and the document split (for ``folds.json``)."""
+    from cdsjax.eval.folds import document_folds, validation_split
+
+    seed, k = int(config.seed), int(config.folds)
+    folds = {b: document_folds(list(d.notes), k, seed=seed) for b, d in datas.items()}
+    split = {b: [{"fold": f.index, "test": list(f.test)} for f in fs] for b, fs in folds.items()}
+    tasks = []
+    for size in config.pool_sizes:
+        size = int(size)
+        sides: Dict[Tuple[str, int], tuple] = {}
+        for b, data in datas.items():
+            for f in folds[b]:
+                fit_docs, val_docs = validation_split(f.train, config.val_fraction, seed=seed + f.index)
+                sides[(b, f.index)] = (_problems(data, fit_docs, size, seed), _problems(data, val_docs, size, seed),
+                                       _problems(data, f.test, size, seed))
+                tasks.append(Task("cv", f"{b}/fold{f.index}", f.index, size, sides[(b, f.index)][0],
+                                  sides[(b, f.index)][1], {b: sides[(b, f.index)][2]}))
+        if config.both and len(datas) > 1:
+            for i in range(k):
+                tasks.append(Task("both", f"both/fold{i}", i, size,
+                                  [p for b in datas for p in sides[(b, i)][0]],
+                                  [p for b in datas for p in sides[(b, i)][1]],
+                                  {b: sides[(b, i)][2] for b in datas}))
+        if config.transfer and len(datas) > 1:
+            for src, data in datas.items():
+                fit_docs, val_docs = validation_split(list(data.notes), config.val_fraction, seed=seed)
+                train, val = _problems(data, fit_docs, size, seed), _problems(data, val_docs, size, seed)
+                for dst, other in datas.items():
+                    if dst != src:
+                        tasks.append(Task("transfer", f"{src}->{dst}", -1, size, train, val,
+                                          {dst: _problems(other, list(other.notes), size, seed)}))
+    order = {"cv": 0, "transfer": 1, "both": 2}  # cross-validation first: the later ones reuse its solves
+    tasks.sort(key=lambda t: (order[t.name], t.pool_size))
+    return tasks, split
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class Runner:
+    """Runs selectors over problems, remembering each (selector, budget, question, pool) recall, so a
+    problem shared by several tasks (single documents, the transfer targets) is solved once."""
+
+    def __init__(self, datas: Dict[str, BenchmarkData], max_batch: int):
+        self.datas = datas
+        self.max_batch = max_batch
+        self.kind_of = {}
+        self.memo: Dict[tuple, float] = {}
+        for b, d in datas.items():
+            for q in d.queries:
+                self.kind_of[q.qid] = (b, d.kind)
+
+    @staticmethod
+    def key(label: str, budget: int, problem) -> tuple:
+        return (label, int(budget), problem.query.qid, tuple(dict.fromkeys(problem.docs)))
+
+    def recalls(self, label: str, fn, budget: int, problems: Sequence[Any], *, memo: bool = True) -> np.ndarray:
+        """``[len(problems)]`` recall@budget of the selector ``fn`` (registry calling convention)."""
+        from cdsjax.eval.run import run_selector
+
+        todo = [p for p in problems if not memo or self.key(label, budget, p) not in self.memo]
+        by_bench: Dict[str, list] = {}
+        for p in todo:
+            by_bench.setdefault(self.kind_of[p.query.qid][0], []).append(p)
+        for b, ps in by_bench.items():
+            kind = self.datas[b].kind
+            sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch)
+            for p, s in zip(ps, sels):
+                self.memo[self.key(label, budget, p)] = recall(p, s, kind)
+        return np.asarray([self.memo[self.key(label, budget, p)] for p in problems], np.float64)
+
+
+def prefetch(tasks: Sequence[Task], runner: Runner, config, log=print) -> None:
+    """Runs every baseline once over the union of the problems the tasks need (test problems; for the
+    tuned grids also the training and validation ones), so each selector compiles once per shape and a
+    problem shared by several tasks is solved once; :func:`run_task` then reads the remembered recalls."""
+    budgets = [int(b) for b in config.budgets]
+    tests, tune = {}, {}
+    for t in tasks:
+        for ps in t.test.values():
+            for p in ps:
+                tests.setdefault(runner.key("", 0, p), p)
+        for p in t.train + t.val:
+            tune.setdefault(runner.key("", 0, p), p)
+    test_list, both_list = list(tests.values()), list({**tests, **tune}.values())
+    jobs = [(label, name, opts, b, test_list) for b in budgets for label, name, opts in FIXED]
+    tune_budgets = budgets if config.tune_budget_each else sorted(set(budgets) | {int(config.fit_budget)})
+    jobs += [(label, name, opts, b, both_list) for b in tune_budgets for grid in tuned_candidates(config).values()
+             for label, name, opts in grid]
+    bar = None
+    if _PROGRESS.value:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc="baselines", unit="selector")
+    for label, name, opts, b, problems in jobs:
+        t0 = time.perf_counter()
+        runner.recalls(label, _registry_fn(name, b, opts), b, problems)
+        log(f"  {label}@{b}: {len(problems)} problems, {time.perf_counter() - t0:.0f} s")
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+
+
+def _registry_fn(name: str, budget: int, options: dict):
+    from cdsjax.eval.run import cached_selector
+
+    return cached_selector(name, budget, options)
+
+
+def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
+    """``display name -> [(label, registry name, options)]`` of the tuned baselines' grids."""
+    return {"mmr (tuned)": [(f"mmr@lam={v:g}", "mmr", {"lam": float(v)}) for v in config.mmr_lams],
+            "dpp (tuned)": [(f"dpp@theta={v:g}", "dpp", {"theta": float(v)}) for v in config.dpp_thetas]}
+
+
+def fit_example(problem):
+    """The fitting example of a problem with the structure arrays the evaluation passes to the selector
+    (:meth:`~cdsjax.eval.problems.Problem.structure`: on text benchmarks the paragraph group is the page),
+    so the game is fitted on what it is later asked to select from; None without gold."""
+    from cdsjax.learn.data import Example, gold_units
+
+    units, unit_valid = gold_units(problem)
+    if units.shape[0] == 0:
+        return None
+    s = problem.structure()
+    return Example(qid=str(problem.query.qid), group="|".join(problem.query.doc_ids),
+                   notes=np.asarray(problem.notes, np.float32), query=np.asarray(problem.query_emb, np.float32),
+                   links=np.asarray(problem.links, bool), pages=s["pages"], doc_ids=s["doc_ids"], kinds=s["kinds"],
+                   units=units, unit_valid=unit_valid)
+
+
+def fit_learned(task: Task, config, log=print):
+    """``(theta, fit info)`` from ``cdsjax.learn.fit`` on the task's training and validation problems."""
+    from cdsjax.learn import fit
+
+    options = {"budget": int(config.fit_budget), "progress": False,
+               **{k: v for k, v in config.learn.to_dict().items() if v is not None}}
+    train = [e for e in map(fit_example, task.train) if e is not None]
+    val = [e for e in map(fit_example, task.val) if e is not None]
+    t0 = time.perf_counter()
+    result = fit(train, val, options, log=lambda line: log(f"    {line}"))
+    info = {"seconds": float(getattr(result, "seconds", time.perf_counter() - t0)),
+            "train_questions": len(train), "val_questions": len(val),
+            "best": getattr(result, "best", None)}
+    log(f"  fitted {task.label} (pool {task.pool_size}) on {len(task.train)} questions, "
+        f"stopped on {len(task.val)}: {info['seconds']:.0f} s")
+    return result.theta, info
+
+
+def learned_fn(theta, budget: int):
+    """The learned selector for ``theta`` with the registry calling convention and structure keywords."""
+    from cdsjax.core.learned import cds_learned
+
+    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+        return cds_learned(notes, query, valid, links, key, pages=pages, doc_ids=doc_ids, kinds=kinds,
+                           theta=theta, budget=budget)
+
+    fn.takes_structure = True
+    return fn
+
+
+def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -> None:
+    """Every selector on the task's test problems; tuned baselines chosen on its training side."""
+    budgets = [int(b) for b in config.budgets]
+    tune_on = task.train + task.val
+    test = [(b, p) for b, ps in task.test.items() for p in ps]
+    choice = tuning.setdefault(f"{task.label}/pool{task.pool_size}", {})
+
+    def emit(selector: str, budget: int, values, chosen=None):
+        for (b, p), v in zip(test, values):
+            out.write(json.dumps({"task": task.name, "label": task.label, "fold": task.fold,
+                                  "pool_size": task.pool_size, "benchmark": b, "selector": selector,
+                                  "budget": budget, "qid": p.query.qid,
+                                  "recall": None if not np.isfinite(v) else float(v),
+                                  **({"chosen": chosen} if chosen else {})}) + "\n")
+        out.flush()
+
+    problems = [p for _, p in test]
+    for budget in budgets:
+        for label, name, opts in FIXED:
+            emit(label, budget, runner.recalls(label, _registry_fn(name, budget, opts), budget, problems))
+        for display, grid in tuned_candidates(config).items():
+            tune_budget = budget if config.tune_budget_each else int(config.fit_budget)
+            scores = [float(np.nanmean(runner.recalls(lab, _registry_fn(n, tune_budget, o), tune_budget, tune_on)))
+                      for lab, n, o in grid]
+            best = int(np.argmax(scores))  # ties: the first value of the grid
+            lab, name, opts = grid[best]
+            choice[f"{display}@{budget}"] = {"chosen": opts, "train_recall": dict(zip([g[0] for g in grid], scores))}
+            emit(display, budget, runner.recalls(lab, _registry_fn(name, budget, opts), budget, problems), chosen=opts)
+    if config.learned:
+        try:
+            theta, info = fit_learned(task, config, log=log)
+        except ImportError as err:
+            log(f"  learned CDS not available ({err}); no learned rows for {task.label}")
+            theta = None
+        if theta is not None:
+            choice["cds-learned"] = {**info, "theta": _theta_json(theta)}
+            for budget in budgets:
+                values = runner.recalls(f"learned:{task.label}:{task.pool_size}", learned_fn(theta, budget), budget,
+                                        problems, memo=False)
+                emit(LEARNED, budget, values)
+    choice["complete"] = True
+
+
+def _theta_json(theta) -> Any:
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), dataclasses.asdict(theta)
+                                  if dataclasses.is_dataclass(theta) else theta)
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def summarize(records: List[dict], config) -> dict:
+    """Means with bootstrap intervals per (task, pool size, benchmark, selector, budget); paired
+    differences of learned CDS against every other selector; per-fold means."""
+    from cdsjax.eval.metrics import mean_ci, paired_difference
+
+    R = int(config.num_resamples)
+    groups: Dict[tuple, Dict[str, float]] = {}
+    folds: Dict[tuple, list] = {}
+    for r in records:
+        key = (r["task"], r["pool_size"], r["benchmark"], r["budget"], r["selector"])
+        groups.setdefault(key, {})[f'{r["label"]}|{r["qid"]}'] = np.nan if r["recall"] is None else r["recall"]
+        folds.setdefault(key + (r["fold"],), []).append(np.nan if r["recall"] is None else r["recall"])
+    rows, pairs = [], []
+    for key, vals in groups.items():
+        task, size, bench, budget, sel = key
+        mean, lo, hi, n = mean_ci(list(vals.values()), num_resamples=R)
+        rows.append({"task": task, "pool_size": size, "benchmark": bench, "budget": budget, "selector": sel,
+                     "mean": mean, "ci_low": lo, "ci_high": hi, "n": n})
+        learned = groups.get((task, size, bench, budget, LEARNED))
+        if learned is None or sel == LEARNED:
+            continue
+        ids = sorted(set(learned) & set(vals))
+        d = paired_difference([learned[i] for i in ids], [vals[i] for i in ids], num_resamples=R)
+        pairs.append({"task": task, "pool_size": size, "benchmark": bench, "budget": budget,
+                      "against": sel, **d})
+    per_fold = [{"task": k[0], "pool_size": k[1], "benchmark": k[2], "budget": k[3], "selector": k[4],
+                 "fold": k[5], "mean": float(np.nanmean(v)) if np.isfinite(v).any() else None, "n": len(v)}
+                for k, v in folds.items()]
+    return {"rows": rows, "paired": pairs, "per_fold": per_fold}
+
+
+def write_outputs(out_dir: pathlib.Path, summary: dict, copy: Optional[str], log=print) -> None:
+    """``summary.json``, ``summary.csv``, ``paired.csv``, the figure and the printed tables."""
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    for name, rows in (("summary.csv", summary["rows"]), ("paired.csv", summary["paired"])):
+        if rows:
+            with open(out_dir / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+    if copy:
+        path = pathlib.Path(copy)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1))
+    figure(summary, out_dir / "learned_cv.png")
+    log(tables(summary))
+
+
+def tables(summary: dict) -> str:
+    """Markdown: recall@B per selector (mean [95% CI]) and learned CDS minus each (win/tie/loss)."""
+    lines = []
+    paired = {(p["task"], p["pool_size"], p["benchmark"], p["budget"], p["against"]): p for p in summary["paired"]}
+    keys = sorted({(r["task"], r["pool_size"], r["benchmark"], r["budget"]) for r in summary["rows"]})
+    for task, size, bench, budget in keys:
+        lines += [f"\n#### {task}: {bench}, pool size {size}, recall@{budget}\n",
+                  "| selector | recall | n | cds-learned minus it [95% CI] | win / tie / loss |", "|---|---|---|---|---|"]
+        for r in summary["rows"]:
+            if (r["task"], r["pool_size"], r["benchmark"], r["budget"]) != (task, size, bench, budget):
+                continue
+            p = paired.get((task, size, bench, budget, r["selector"]))
+            diff = "" if p is None else f'{p["mean"]:+.3f} [{p["ci_low"]:+.3f}, {p["ci_high"]:+.3f}]'
+            wtl = "" if p is None else f'{p["better"]} / {p["tie"]} / {p["worse"]}'
+            lines.append(f'| {r["selector"]} | {r["mean"]:.3f} [{r["ci_low"]:.3f}, {r["ci_high"]:.3f}] | {r["n"]} '
+                         f'| {diff} | {wtl} |')
+    return "\n".join(lines)
+
+
+def figure(summary: dict, path: pathlib.Path) -> None:
+    """Per-fold recall@10 (or the largest budget) of every selector, cross-validation tasks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cv = [r for r in summary["per_fold"] if r["task"] == "cv" and r["mean"] is not None]
+    if not cv:
+        return
+    budget = max(r["budget"] for r in cv)
+    panels = sorted({(r["benchmark"], r["pool_size"]) for r in cv})
+    selectors = list(dict.fromkeys(r["selector"] for r in cv))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (bench, size) in zip(axes[0], panels):
+        for j, sel in enumerate(selectors):
+            pts = sorted((r["fold"], r["mean"]) for r in cv if (r["benchmark"], r["pool_size"], r["selector"],
+                                                                 r["budget"]) == (bench, size, sel, budget))
+            if pts:
+                ax.plot([j] * len(pts), [m for _, m in pts], "o", alpha=0.6, color=f"C{j}")
+                ax.plot([j - 0.3, j + 0.3], [np.mean([m for _, m in pts])] * 2, "-", color=f"C{j}", lw=2)
+        ax.set_xticks(range(len(selectors)))
+        ax.set_xticklabels(selectors, rotation=60, ha="right", fontsize=8)
+        ax.set_title(f"{bench}, {'single document' if size == 1 else f'{size}-document pools'}", fontsize=9)
+        ax.set_ylabel(f"recall@{budget} per test fold")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _done_records(path: pathlib.Path) -> List[dict]:
+    from cdsjax.eval.records import drop_torn_tail, read_records
+
+    drop_torn_tail(path)
+    return read_records(path)
+
+
+def completed_records(out_dir: pathlib.Path) -> Tuple[List[dict], dict]:
+    """The records and tuning of the tasks an output directory completed (a task cut short is left out)."""
+    tuning_path = out_dir / "tuning.json"
+    tuning = json.loads(tuning_path.read_text()) if tuning_path.is_file() else {}
+    done = {k for k, v in tuning.items() if v.get("complete")}
+    records = [r for r in _done_records(out_dir / "records.jsonl") if f'{r["label"]}/pool{r["pool_size"]}' in done]
+    return records, {k: tuning[k] for k in done}
+
+
+def merge(dirs: Sequence[str], config) -> None:
+    """:func:`summarize` over the completed tasks of several output directories."""
+    out_dir = pathlib.Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records, tuning = [], {}
+    for d in dirs:
+        r, t = completed_records(pathlib.Path(d))
+        records += r
+        tuning.update(t)
+        print(f"{d}: {len(t)} completed tasks, {len(r)} records")
+    summary = summarize(records, config)
+    summary["tuning"] = tuning
+    summary["config"] = json.loads(config.to_json())
+    write_outputs(out_dir, summary, _SUMMARY_COPY.value)
+
+
+def main(argv):
+    from experiments.cli import config_or_exit, exit_on_user_error
+
+    config = config_or_exit(argv, _CONFIG.value, "configs/learned_cv.py")
+    if _MERGE.value:
+        merge(_MERGE.value, config)
+        return
+    out_dir = pathlib.Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from cdsjax.pipeline import enable_compilation_cache
+
+    enable_compilation_cache(out_dir / "cache" / "jax-compilation")  # a rerun loads its executables
+    with exit_on_user_error("learned_cv"):
+        names = [b.strip() for b in str(config.benchmarks).split(",") if b.strip()]
+        datas = {b: load_data(b, config) for b in names}
+        tasks, split = make_tasks(datas, config)
+    (out_dir / "folds.json").write_text(json.dumps({"seed": int(config.seed), "folds": split}, indent=1))
+    records_path = out_dir / "records.jsonl"
+    tuning_path = out_dir / "tuning.json"
+    tuning = json.loads(tuning_path.read_text()) if tuning_path.is_file() else {}
+    done = {(t.label, t.pool_size) for t in tasks if tuning.get(f"{t.label}/pool{t.pool_size}", {}).get("complete")}
+    runner = Runner(datas, int(config.max_batch))
+    todo = [] if _SUMMARIZE_ONLY.value else [t for t in tasks if (t.label, t.pool_size) not in done]
+    print(f"{len(tasks)} tasks ({len(tasks) - len(todo)} already on disk)")
+    if todo or _SUMMARIZE_ONLY.value:  # a task interrupted half-way is redone whole: drop its partial rows
+        keep = [r for r in _done_records(records_path) if (r["label"], r["pool_size"]) in done]
+        records_path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    if todo:
+        prefetch(todo, runner, config)
+    bar = None
+    if _PROGRESS.value and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="tasks", unit="task")
+    with open(records_path, "a", encoding="utf-8") as f:
+        for task in todo:
+            t0 = time.perf_counter()
+            run_task(task, runner, config, f, tuning, log=print)
+            tuning_path.write_text(json.dumps(tuning, indent=1))
+            print(f"{task.label} pool {task.pool_size}: {sum(len(v) for v in task.test.values())} test questions, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    summary = summarize(_done_records(records_path), config)
+    summary["tuning"] = tuning
+    summary["config"] = json.loads(config.to_json())
+    write_outputs(out_dir, summary, _SUMMARY_COPY.value)
+
+
+if __name__ == "__main__":
+    from experiments.cli import parse_flags_or_exit
+
+    app.run(main, flags_parser=parse_flags_or_exit)

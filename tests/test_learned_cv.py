@@ -1,0 +1,77 @@
+"""experiments/learned_cv.py: tasks split by document (no test document seen in fitting or tuning),
+and the paired summary."""
+
+import importlib
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from cdsjax.eval.pools import DocumentNotes
+from cdsjax.io.datasets import Query
+
+
+@pytest.fixture(scope="module")
+def cv():
+    sys.argv = sys.argv[:1]
+    return importlib.import_module("experiments.learned_cv")
+
+
+def _data(cv, name, num_docs, kind="pdf"):
+    rng = np.random.default_rng(len(name))
+    notes, queries = {}, []
+    for i in range(num_docs):
+        d = f"{name}-d{i}"
+        z = rng.normal(size=(5, 4)).astype(np.float32)
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        notes[d] = DocumentNotes(z, np.zeros((5, 5), bool), [f"{d}#{j}" for j in range(5)], pages=[0, 0, 1, 1, 2],
+                                 boxes=[(0, 0, 1, 1)] * 5, kinds=["text"] * 5)
+        for k in range(2):
+            queries.append(Query(f"{d}/q{k}", "?", None, (d,), gold_pages={d: frozenset({k})}))
+    qemb = np.stack([notes[q.doc_ids[0]].embeddings[0] for q in queries])
+    return cv.BenchmarkData(name, kind, queries, qemb, notes, (8, 16, 32))
+
+
+def _config(**kw):
+    c = ml_collections.ConfigDict(dict(folds=3, seed=0, pool_sizes=(1, 3), val_fraction=0.25, transfer=True,
+                                       both=True))
+    c.update(kw)
+    return c
+
+
+def test_tasks_never_show_a_test_document_to_fitting_or_tuning(cv):
+    datas = {"a": _data(cv, "a", 12), "b": _data(cv, "b", 9)}
+    tasks, split = cv.make_tasks(datas, _config())
+    assert [t.name for t in tasks][:12] == ["cv"] * 12  # cross-validation first
+    assert {t.name for t in tasks} == {"cv", "transfer", "both"}
+    for t in tasks:
+        test_docs = {d for ps in t.test.values() for p in ps for d in p.docs}
+        seen = {d for p in t.train + t.val for d in p.docs}
+        assert test_docs and seen and not test_docs & seen, t.label
+        assert not {d for p in t.train for d in p.docs} & {d for p in t.val for d in p.docs}
+        for ps in t.test.values():
+            assert all(len(set(p.docs)) == t.pool_size for p in ps)
+    # every question of a benchmark is tested exactly once per pool size in cross-validation
+    for b, data in datas.items():
+        tested = [p.query.qid for t in tasks if t.name == "cv" and t.pool_size == 1 for p in t.test.get(b, [])]
+        assert sorted(tested) == sorted(q.qid for q in data.queries)
+    assert sorted(d for f in split["a"] for d in f["test"]) == sorted(datas["a"].notes)
+
+
+def test_summary_pairs_learned_with_each_selector(cv):
+    recs = []
+    for i in range(20):
+        for sel, v in (("cosine", 0.5), ("cds-learned", 0.5 + 0.25 * (i % 2)), ("mmr (tuned)", 1.0)):
+            recs.append(dict(task="cv", label="x/fold0", fold=i % 2, pool_size=1, benchmark="x", selector=sel,
+                             budget=10, qid=f"q{i}", recall=v))
+    summary = cv.summarize(recs, ml_collections.ConfigDict({"num_resamples": 200}))
+    pairs = {p["against"]: p for p in summary["paired"]}
+    assert pairs["cosine"]["better"] == 10 and pairs["cosine"]["tie"] == 10 and pairs["cosine"]["worse"] == 0
+    assert pairs["cosine"]["mean"] == pytest.approx(0.125)
+    assert pairs["mmr (tuned)"]["worse"] == 20 and pairs["mmr (tuned)"]["ci_high"] < 0
+    assert "cds-learned" not in pairs
+    folds = {(r["selector"], r["fold"]): r["mean"] for r in summary["per_fold"]}
+    assert folds[("cds-learned", 1)] == pytest.approx(0.75) and folds[("cds-learned", 0)] == pytest.approx(0.5)
+    table = cv.tables(summary)
+    assert "+0.125" in table and "10 / 10 / 0" in table
