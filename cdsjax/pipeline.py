@@ -424,7 +424,7 @@ class Pipeline:
 
     def learned_options(self, selector: str, options: Optional[dict]) -> Optional[dict]:
         """``options`` with this pipeline's parameter file for ``cds-learned`` (unless the options name one)."""
-        if self.params is None or canonical_selector(selector) != "cds_learned" or "params" in (options or {}):
+        if self.params is None or canonical_selector(selector) != registry.LEARNED_SELECTOR or "params" in (options or {}):
             return options
         return {**(options or {}), "params": self.params}
 

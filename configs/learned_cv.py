@@ -31,6 +31,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.pool_sizes = (1, 5)  # single document, and 5-document pools drawn inside one side of the split
     config.budgets = (5, 10)
     config.tune_budget_each = True  # baselines tuned by recall@B at each budget B
+    # selectors run with their default options, and the two whose knob is tuned on the training documents
+    config.fixed_selectors = "cosine,cosine_pages,ppr,cds_converged"
+    config.mmr_selector = "mmr"
+    config.dpp_selector = "dpp"
     config.mmr_lams = (0.3, 0.5, 0.7, 0.9)
     config.dpp_thetas = (1.0, 3.0, 10.0)
     config.transfer = True  # fit on one benchmark, test on the other

@@ -47,6 +47,8 @@ if str(ROOT) not in sys.path:
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from cdsjax.core.registry import LEARNED_SELECTOR, SPECS  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/learned_cv.py", lock_config=True)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
 _SUMMARY_COPY = flags.DEFINE_string("summary_copy", None, "Also write summary.json to this path.")
@@ -54,9 +56,12 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool("summarize_only", False, "Only summarise the
 _MERGE = flags.DEFINE_list("merge", None, "Summarise the completed tasks of these output directories (e.g. one "
                            "run per benchmark) into config.output_dir, without loading any data.")
 
-LEARNED = "cds-learned"
-FIXED = (("cosine", "cosine", {}), ("cosine-pages", "cosine_pages", {}), ("ppr", "ppr", {}),
-         ("cds-converged", "cds_converged", {}))
+LEARNED = SPECS[LEARNED_SELECTOR].display
+
+
+def fixed_selectors(config) -> List[Tuple[str, str, dict]]:
+    """``[(label, registry name, options)]`` of the selectors run with their default options."""
+    return [(SPECS[n].display, n, {}) for n in (s.strip() for s in config.fixed_selectors.split(",")) if n]
 
 
 @dataclasses.dataclass
@@ -260,7 +265,7 @@ def prefetch(tasks: Sequence[Task], runner: Runner, config, log=print) -> None:
         for p in t.train + t.val:
             tune.setdefault(runner.key("", 0, p), p)
     test_list, both_list = list(tests.values()), list({**tests, **tune}.values())
-    jobs = [(label, name, opts, b, test_list) for b in budgets for label, name, opts in FIXED]
+    jobs = [(label, name, opts, b, test_list) for b in budgets for label, name, opts in fixed_selectors(config)]
     tune_budgets = budgets if config.tune_budget_each else sorted(set(budgets) | {int(config.fit_budget)})
     jobs += [(label, name, opts, b, both_list) for b in tune_budgets for grid in tuned_candidates(config).values()
              for label, name, opts in grid]
@@ -287,8 +292,9 @@ def _registry_fn(name: str, budget: int, options: dict):
 
 def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
     """``display name -> [(label, registry name, options)]`` of the tuned baselines' grids."""
-    return {"mmr (tuned)": [(f"mmr@lam={v:g}", "mmr", {"lam": float(v)}) for v in config.mmr_lams],
-            "dpp (tuned)": [(f"dpp@theta={v:g}", "dpp", {"theta": float(v)}) for v in config.dpp_thetas]}
+    mmr, dpp = config.mmr_selector, config.dpp_selector
+    return {f"{mmr} (tuned)": [(f"{mmr}@lam={v:g}", mmr, {"lam": float(v)}) for v in config.mmr_lams],
+            f"{dpp} (tuned)": [(f"{dpp}@theta={v:g}", dpp, {"theta": float(v)}) for v in config.dpp_thetas]}
 
 
 def fit_example(problem):
@@ -355,7 +361,7 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
 
     problems = [p for _, p in test]
     for budget in budgets:
-        for label, name, opts in FIXED:
+        for label, name, opts in fixed_selectors(config):
             emit(label, budget, runner.recalls(label, _registry_fn(name, budget, opts), budget, problems))
         for display, grid in tuned_candidates(config).items():
             tune_budget = budget if config.tune_budget_each else int(config.fit_budget)
@@ -372,7 +378,7 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             log(f"  learned CDS not available ({err}); no learned rows for {task.label}")
             theta = None
         if theta is not None:
-            choice["cds-learned"] = {**info, "theta": _theta_json(theta)}
+            choice[LEARNED] = {**info, "theta": _theta_json(theta)}
             for budget in budgets:
                 values = runner.recalls(f"learned:{task.label}:{task.pool_size}", learned_fn(theta, budget), budget,
                                         problems, memo=False)

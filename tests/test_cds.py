@@ -227,7 +227,10 @@ def test_every_selector_takes_the_problem_structure():
     for name in core.SPECS:
         fn = core.make_selector(name, budget=BUDGET, **({"num_steps": 3} if name == "cds_support" else {}))
         a = core.select_problem(fn, problem, key)
-        b = fn(notes, queries[0], np.ones(N, bool), links, key)
+        # selectors that read the structure (cosine-pages, cds-learned) get it by keyword; the others ignore it
+        structure = (dict(pages=problem.pages, doc_ids=problem.doc_ids, kinds=problem.kinds)
+                     if getattr(fn, "takes_structure", False) else {})
+        b = fn(notes, queries[0], np.ones(N, bool), links, key, **structure)
         same_selection(a, b, 0.0)
 
 

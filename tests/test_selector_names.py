@@ -33,9 +33,26 @@ def names_in(text: str) -> list:
     return [m for m in FLAG.findall(text) if m in NAMES]
 
 
+def _defined(tree: ast.AST) -> set:
+    """Names the module itself binds at top level (functions, classes, assigned names): ``cds_support`` is a
+    function of core.cds as well as a registry name, and a wrapper naming itself is not a selector name."""
+    names = set()
+    for node in getattr(tree, "body", ()):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
 def _exempt(tree: ast.AST) -> set:
-    """ids of the string nodes that are docstrings or ``__all__`` entries."""
+    """ids of the string nodes that are docstrings, ``__all__`` entries, or the name of something the module
+    binds (see :func:`_defined`)."""
     out = set()
+    own = _defined(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in own:
+            out.add(id(node))
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
@@ -60,7 +77,8 @@ def test_the_check_finds_names_lists_and_flags_but_not_prose_or_docstrings(tmp_p
     src.write_text('"""cosine and cds-paper in a docstring are documentation."""\n'
                    '__all__ = ["cds_support"]\n'
                    'A = "cds-converged"\nB = "cosine,mmr"\nC = f"use --selector cds-paper now"\n'
-                   'D = "exact cosine similarity"\nE = "random"\n')
+                   'D = "exact cosine similarity"\nE = "random"\n'
+                   'cds_support = make("cds_support")\n')
     assert selector_literals(src) == ["3: 'cds-converged'", "4: 'cosine,mmr'", "5: 'use --selector cds-paper now'"]
 
 

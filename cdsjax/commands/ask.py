@@ -66,8 +66,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
     p.add_argument("--lam", type=float, default=None, help="MMR trade-off (default 0.5)")
     p.add_argument("--params", default=None, metavar="FILE",
-                   help="learned parameters for --selector cds-learned (a `cdsjax tune` file; default: the "
-                   "shipped one)")
+                   help="parameters of the learned CDS selector (a `cdsjax tune` file; default: the shipped "
+                   "one)")
     p.add_argument("--max-iter", type=int, default=None,
                    help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
     p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
@@ -128,14 +128,14 @@ def check_params(selector: str, params) -> None:
     """One line when ``--params`` is given to another selector than cds-learned, or names a bad file."""
     if params is None:
         return
-    from cdsjax.core.registry import selector_spec
+    from cdsjax.core.registry import LEARNED_SELECTOR, SPECS, selector_spec
 
     try:
         name = selector_spec(selector).name
     except ValueError as err:
         raise CLIError(str(err)) from None
-    if name != "cds_learned":
-        raise CLIError(f"--params applies to --selector cds-learned, not {selector}")
+    if name != LEARNED_SELECTOR:
+        raise CLIError(f"--params applies to --selector {SPECS[LEARNED_SELECTOR].display}, not {selector}")
     from cdsjax.learn.params_io import load_params
 
     try:

@@ -27,9 +27,9 @@ def demo_selectors() -> list:
 
     A function, not a constant: the registry imports JAX, and every ``cdsjax`` command imports this module.
     """
-    from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+    from cdsjax.core.registry import DEFAULT_SELECTOR, LEARNED_SELECTOR, SPECS
 
-    names = [DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), "cds_learned",
+    names = [DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
              *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)]
     return [(SPECS[n].display + (" (default)" if n == DEFAULT_SELECTOR else ""), SPECS[n].display) for n in names]
 

@@ -290,6 +290,8 @@ DEFAULT_SELECTOR = "cds_converged"
 REFERENCE_SELECTOR = "cosine"
 # The paper's method as published (replicator dynamics, its step cap): what reproductions compare.
 PAPER_SELECTOR = "cds"
+# the learned game (its parameters from a `cdsjax tune` file: --params / Pipeline(params=...))
+LEARNED_SELECTOR = "cds_learned"
 
 # name -> builder(budget, **options) -> selector function (a view of SPECS).
 SELECTORS: Dict[str, Callable[..., SelectorFn]] = {name: spec.build for name, spec in SPECS.items()}
