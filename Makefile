@@ -27,7 +27,7 @@ COVERAGE := --cov=cdsjax --cov-report=term:skip-covered
 SUITE_LIMIT := 3600
 
 test: $(STAMP) tools
-	@timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rfEs $(XDIST) $(COVERAGE); rc=$$?; \
+	@timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rfEs --durations=12 $(XDIST) $(COVERAGE); rc=$$?; \
 	if [ $$rc = 124 ]; then echo "make test: stopped after $(SUITE_LIMIT) s (SUITE_LIMIT): a test hangs"; fi; exit $$rc
 
 test-all: $(STAMP) tools
