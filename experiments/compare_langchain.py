@@ -163,15 +163,12 @@ def benchmark_rows(name: str, problems, budget: int, k: int, compressor, timings
 
 
 def mmlb_problems(cache: pathlib.Path, max_queries: int):
-    import importlib.util
+    import importlib
 
     from cdsjax.eval.problems import load_configured_benchmark, pdf_problems
     from cdsjax.io.embed import Embedder
 
-    spec = importlib.util.spec_from_file_location("mmlb_config", ROOT / "configs" / "mmlongbench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = importlib.import_module("configs.mmlongbench").get_config()
     config.data_root = str(ROOT.parent / "shared" / "data")
     bench = load_configured_benchmark(config, all_queries=True)
     cached = cached_doc_ids(cache)
@@ -181,15 +178,12 @@ def mmlb_problems(cache: pathlib.Path, max_queries: int):
 
 
 def qasper_problems(cache: pathlib.Path, max_queries: int):
-    import importlib.util
+    import importlib
 
     from cdsjax.eval.problems import load_configured_benchmark, text_problems
     from cdsjax.io.embed import Embedder
 
-    spec = importlib.util.spec_from_file_location("qasper_config", ROOT / "configs" / "qasper.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = importlib.import_module("configs.qasper").get_config()
     config.data_root = str(ROOT.parent / "shared" / "data")
     config.max_queries = max_queries
     bench = load_configured_benchmark(config)

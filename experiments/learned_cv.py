@@ -31,7 +31,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
-import importlib.util
+import importlib
 import json
 import pathlib
 import sys
@@ -90,11 +90,7 @@ class Task:
 
 
 def _benchmark_config(name: str, config):
-    path = ROOT / "configs" / f"{config.benchmark_configs[name]}.py"
-    spec = importlib.util.spec_from_file_location(f"cdsjax_cv_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
+    cfg = importlib.import_module(f"configs.{config.benchmark_configs[name]}").get_config()
     cfg.data_root = config.data_root
     cfg.output_dir = str(pathlib.Path(config.output_dir) / "cache" / name)
     cfg.cache_dir = config.cache_dirs.get(name, "") or ""
