@@ -31,6 +31,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # name the registry entry with "selector" (so one selector can run with several settings).
     config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged"
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
+    # the parameter file of the cds_learned selector (cdsjax tune); "" -> the fit shipped with the package
+    config.params = ""
     config.budget = 10
     config.budgets = (10,)  # every budget is a separate run; metrics are reported as metric@B
 

@@ -28,6 +28,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 
     config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged"
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
+    # the parameter file of the cds_learned selector (cdsjax tune); "" -> the fit shipped with the package
+    config.params = ""
     config.budget = 5
     config.budgets = (5,)
     config.loader = ml_collections.ConfigDict()

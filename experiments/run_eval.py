@@ -41,6 +41,8 @@ _AGENT = flags.DEFINE_enum("agent", None, ["planning"],
                            "CDSJAX_READER_URL or a rule-based stand-in (see experiments/eval_planning.py).")
 
 
+_PARAMS = flags.DEFINE_string("params", None, "The learned game's parameter file (cdsjax tune) for the cds_learned "
+                              "selector; the same as --config.params=FILE (default: the fit shipped with cdsjax).")
 _PROCESSES = flags.DEFINE_integer("processes", 1, "Local processes to run the evaluation in, joined through "
                                   "jax.distributed (coordinator on 127.0.0.1, one CPU device each).")
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "On a cluster: HOST:PORT of process 0's coordinator "
@@ -70,16 +72,21 @@ def main(argv):
     from experiments.cli import config_or_exit, exit_on_user_error
 
     config = config_or_exit(argv, _CONFIG.value, "configs/hotpotqa.py")
+    if _PARAMS.value is not None:
+        with config.unlocked():
+            config.params = _PARAMS.value
     if config.get("dtype", None) == "float64":  # a process-wide setting: entry points change it, evaluate checks it
         import jax
 
         jax.config.update("jax_enable_x64", True)
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval import evaluate
+    from cdsjax.eval.settings import check_params
 
     from cdsjax.eval import distributed
 
     with exit_on_user_error("run_eval"):
+        check_params(config)
         locate_data(config, prog="run_eval")
         cluster = distributed.settings(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         if _PROCESSES.value < 1:

@@ -117,3 +117,58 @@ def test_serve_takes_no_params_file_over_http():
     assert check_http_options("cds_learned", {"fill": False}) == {"fill": False}
     with pytest.raises(ValueError, match="'params' is not accepted"):
         check_http_options("cds_learned", {"params": "/etc/passwd"})
+
+
+def _eval_config(data_root, out, cache, **fields):
+    from configs import hotpotqa
+
+    config = hotpotqa.get_config()
+    config.update(dict(data_root=str(data_root), output_dir=str(out), cache_dir=str(cache), max_queries=4,
+                       selectors="cds_learned", budgets=(2,), num_resamples=200, **fields))
+    return config
+
+
+def test_run_eval_params_field_and_flag(data_root, tmp_path):
+    """run_eval takes the parameter file as the config field ``params`` (and ``--params``): its records are those
+    of the selector built from that file, another file does not resume into the same run, and a missing file
+    is one line before any data is loaded."""
+    import subprocess
+    import sys
+
+    from cdsjax.eval import evaluate
+    from cdsjax.eval.settings import selector_specs
+
+    theta = LearnedParams(beta=0.05, w_same_kind=-0.5)
+    path = save_params(tmp_path / "p.json", theta, {"data": "test"})
+    config = _eval_config(data_root, tmp_path / "a", tmp_path / "cache", params=str(path))
+    assert selector_specs(config) == [("cds_learned", "cds_learned", {"params": str(path)})]
+    records, _ = evaluate(config, progress=False, log=lambda s: None)
+    shipped, _ = evaluate(_eval_config(data_root, tmp_path / "b", tmp_path / "cache"), progress=False,
+                          log=lambda s: None)
+    assert len(records) == len(shipped) == 4
+    assert [r["qid"] for r in records] == [r["qid"] for r in shipped]
+    # the records are the file's selector's picks (direct call on the same problem)
+    from cdsjax.eval import load_problems
+    from cdsjax.io.embed import Embedder
+
+    _, _, problems, _ = load_problems(config, Embedder(config), cache_dir=tmp_path / "cache", progress=False, log=lambda s: None)
+    fn = core.make_selector("cds_learned", budget=2, params=str(path))
+    by_qid = {r["qid"]: r for r in records}
+    for p in problems:
+        s = p.structure()
+        sel = fn(p.notes, p.query_emb, np.ones(len(p.notes), bool), p.links, pages=s["pages"], doc_ids=s["doc_ids"],
+                 kinds=s["kinds"])
+        assert by_qid[p.query.qid]["selected"] == [p.note_ids[i] for i in np.asarray(sel.indices)]
+    other = save_params(tmp_path / "q.json", LearnedParams(beta=0.5), {"data": "test"})
+    with pytest.raises(ValueError, match="params"):
+        evaluate(_eval_config(data_root, tmp_path / "a", tmp_path / "cache", params=str(other)), progress=False,
+                 log=lambda s: None)
+
+    script = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "hotpotqa.py"),
+              f"--config.data_root={data_root}", f"--config.output_dir={tmp_path / 'c'}", "--noprogress"]
+    for extra in (["--params", str(tmp_path / "none.json")], [f"--config.params={tmp_path / 'none.json'}"]):
+        proc = subprocess.run(script + extra, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith("run_eval: error:") and "none.json" in lines[0] and "does not exist" in lines[0]
+    assert not (tmp_path / "c").exists()

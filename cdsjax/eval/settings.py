@@ -19,6 +19,7 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     labels that are not selected are ignored (so a config can keep them all).
     """
     from cdsjax.core import selector_names, selector_spec
+    from cdsjax.core.registry import LEARNED_SELECTOR
 
     labels = config.selectors
     if isinstance(labels, str):
@@ -40,8 +41,25 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
         except ValueError:
             raise ValueError(f"config.selectors: unknown selector {name!r} (label {label!r}); "
                              f"known: {list(selector_names())}") from None
+        if name == LEARNED_SELECTOR and params_file(config) and "params" not in opts:
+            opts["params"] = params_file(config)
         specs.append((label, name, opts))
     return specs
+
+
+def params_file(config) -> str:
+    """``config.params``: the learned game's parameter file for the ``cds_learned`` selector ("" or absent: the
+    fit shipped with the package). A selector's own ``params`` option wins over it."""
+    value = config.get("params", None)
+    return str(value) if value else ""
+
+
+def check_params(config) -> None:
+    """Reads ``config.params`` now, so a missing or malformed file is one line before any data is loaded."""
+    if params_file(config):
+        from cdsjax.learn.params_io import load_params
+
+        load_params(params_file(config))
 
 
 def budgets_of(config) -> List[int]:
@@ -65,6 +83,10 @@ def run_identity(config) -> dict:
     from cdsjax.io.datasets import resolve_data_root
 
     out["data_root"] = str(resolve_data_root(config.data_root))
+    if params_file(config):  # records of another fit are not resumed (the file's content, not its path)
+        import hashlib
+
+        out["params"] = hashlib.sha256(pathlib.Path(params_file(config)).read_bytes()).hexdigest()[:16]
     return out
 
 

@@ -40,8 +40,12 @@ from cdsjax.core.batching import DEFAULT_BUCKETS
 from cdsjax.core.learned import LearnedParams
 from cdsjax.learn.data import Batch, Example, example_of, make_batches
 
+# The coarse grid the fit starts from: beta (the surrogate is not concave in it), relevance-weighted repulsion,
+# and the same-page weight at one coarse value. The structure needs grid points of its own: at beta ~ 1 a
+# small page weight barely changes the selection, so its gradient at theta0 is too weak to find it.
 DEFAULT_STARTS = ({"beta": 0.1}, {"beta": 0.3}, {"beta": 1.0}, {"beta": 3.0},
-                  {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0, "rel_repulsion": 1.0})
+                  {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0, "rel_repulsion": 1.0},
+                  {"beta": 0.03, "w_page": -1.0}, {"beta": 0.3, "w_page": -1.0}, {"beta": 0.1, "w_page": -3.0})
 
 
 @dataclasses.dataclass

@@ -3,14 +3,16 @@ r"""The shipped fit of the learned CDS game: all dev questions of MMLongBench-Do
     cdsjax tune --config configs/tune/dev.py --config.cache_dirs.mmlongbench=DIR --config.cache_dirs.qasper=DIR \
         --config.output=cdsjax/learn/default_params.json
 
-Validation: a quarter of each benchmark's documents (split by document, seed 0). The grid covers beta
-(the knob the sensitivity study found far from 1) with and without relevance-weighted repulsion; Adam runs
-from the two best grid points.
+Validation: a quarter of each benchmark's documents (split by document, seed 0). The grid of starts is
+the fit's default (``cdsjax.learn.fit.DEFAULT_STARTS``): beta (the knob the sensitivity study found far from
+1) with and without relevance-weighted repulsion, and a negative same-page weight (documents restate a
+finding on one page); Adam runs from the two best grid points.
 """
 
 import ml_collections
 
 from cdsjax.io.index import default_config
+from cdsjax.learn.fit import DEFAULT_STARTS
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -28,8 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.cv_summary = ""
     config.fit = ml_collections.ConfigDict(dict(
         budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,
-        starts=[{"beta": 0.1}, {"beta": 0.3}, {"beta": 1.0}, {"beta": 3.0},
-                {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0, "rel_repulsion": 1.0}],
+        starts=[dict(s) for s in DEFAULT_STARTS],
         num_starts_fitted=2, eval_every=1, patience=5, dtype="float32", tol=1e-6,
         buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0))
     config.embedder.show_progress = False
