@@ -43,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     # learned CDS: cdsjax.learn.fit on each training side, early-stopped on val_fraction of its documents
     config.learned = True
     config.val_fraction = 0.2
+    config.balance = True  # a fit on both benchmarks weighs each the same (as cdsjax tune's shipped fit)
     config.fit_budget = 10  # the budget of the fitted surrogate (one fit serves every evaluated budget)
     # passed to cdsjax.learn.fit (FitConfig); None keeps its default
     config.learn = ml_collections.ConfigDict({k: ml_collections.config_dict.placeholder(t) for k, t in (

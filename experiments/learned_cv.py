@@ -309,14 +309,23 @@ def fit_example(problem):
                    units=units, unit_valid=unit_valid)
 
 
-def fit_learned(task: Task, config, log=print):
-    """``(theta, fit info)`` from ``cdsjax.learn.fit`` on the task's training and validation problems."""
+def fit_learned(task: Task, config, log=print, benchmark_of=None):
+    """``(theta, fit info)`` from ``cdsjax.learn.fit`` on the task's training and validation problems.
+
+    With ``config.balance`` a fit on several benchmarks (``both``) weighs each benchmark the same
+    (``benchmark_of``: question id -> benchmark), as ``cdsjax tune`` does for the shipped fit.
+    """
     from cdsjax.learn import fit
+    from cdsjax.learn.data import balance
 
     options = {"budget": int(config.fit_budget), "progress": False,
                **{k: v for k, v in config.learn.to_dict().items() if v is not None}}
     train = [e for e in map(fit_example, task.train) if e is not None]
     val = [e for e in map(fit_example, task.val) if e is not None]
+    if config.get("balance", False) and benchmark_of is not None:
+        for side in (train, val):
+            if side:
+                balance(side, lambda e: benchmark_of(e.qid))
     t0 = time.perf_counter()
     result = fit(train, val, options, log=lambda line: log(f"    {line}"))
     info = {"seconds": float(getattr(result, "seconds", time.perf_counter() - t0)),
@@ -369,7 +378,7 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             emit(display, budget, runner.recalls(lab, _registry_fn(name, budget, opts), budget, problems), chosen=opts)
     if config.learned:
         try:
-            theta, info = fit_learned(task, config, log=log)
+            theta, info = fit_learned(task, config, log=log, benchmark_of=lambda qid: runner.kind_of[qid][0])
         except ImportError as err:
             log(f"  learned CDS not available ({err}); no learned rows for {task.label}")
             theta = None

@@ -96,3 +96,26 @@ def test_split_is_by_document_and_batches_pad():
     b = batches[-1]
     assert b.arrays["notes"].shape[1] == 16 and not b.arrays["valid"][:, 12:].any()
     assert b.weight.sum() == b.count
+
+
+def test_balance_gives_each_benchmark_the_same_weight_in_the_fit_means():
+    """Balanced, a group of 1 question weighs as much as a group of 3: the fit's means are the mean of the group
+    means (checked on the surrogate the fit reports)."""
+    from cdsjax.learn.data import balance
+    from cdsjax.learn.fit import _Objective
+
+    a = [synthetic(0, group="A:x")]
+    b = [synthetic(s, group="B:y") for s in (1, 2, 3)]
+    weights = balance(a + b, lambda e: e.group.split(":")[0])
+    assert weights == pytest.approx({"A": 2.0, "B": 2.0 / 3.0})
+    assert np.mean([e.weight for e in a + b]) == pytest.approx(1.0)
+    cfg = FitConfig.from_mapping(CFG)
+    objective = _Objective(cfg)
+    theta = LearnedParams(beta=0.3)
+    whole, _ = objective.measure(theta, make_batches(a + b, buckets=[16]), with_grad=False)
+    per = [objective.measure(theta, make_batches([e], buckets=[16]), with_grad=False)[0]["surrogate"] for e in a + b]
+    assert whole["surrogate"] == pytest.approx(0.5 * per[0] + 0.5 * np.mean(per[1:]), rel=1e-5)
+    for e in a + b:
+        e.weight = 1.0
+    plain, _ = objective.measure(theta, make_batches(a + b, buckets=[16]), with_grad=False)
+    assert plain["surrogate"] == pytest.approx(np.mean(per), rel=1e-5)

@@ -75,6 +75,7 @@ class Example:
       links: ``[n, n]`` bool; pages, doc_ids, kinds: ``[n]`` int32 (-1 unknown).
       units, unit_valid: ``[g, n]`` bool, ``[g]`` bool.
       budget: the recall budget B this question is fitted at (None: the fit's default).
+      weight: the question's weight in the fit's means (1; :func:`balance` sets it).
     """
 
     qid: str
@@ -88,6 +89,7 @@ class Example:
     units: np.ndarray
     unit_valid: np.ndarray
     budget: Optional[int] = None
+    weight: float = 1.0
 
     @property
     def size(self) -> int:
@@ -139,15 +141,29 @@ def split_by_document(examples: Sequence[Example], val_fraction: float, seed: in
     return train, val, {"train": sorted(set(groups) - val_groups), "val": sorted(val_groups)}
 
 
+def balance(examples: Sequence[Example], key) -> Dict[str, float]:
+    """Weights the examples so that every ``key(example)`` group (e.g. a benchmark) carries the same total weight,
+    the weights averaging 1; returns ``group -> weight``. Without it a fit on two benchmarks is mostly a fit
+    on the one with more questions."""
+    groups: Dict[str, int] = {}
+    for e in examples:
+        groups[key(e)] = groups.get(key(e), 0) + 1
+    weights = {g: len(examples) / (len(groups) * count) for g, count in groups.items()}
+    for e in examples:
+        e.weight = weights[key(e)]
+    return weights
+
+
 @dataclasses.dataclass
 class Batch:
     """Examples padded to one note count ``n``, one unit count ``g`` and a batch size (padding slots repeat the
     first example with ``weight`` 0)."""
 
     arrays: Dict[str, np.ndarray]
-    weight: np.ndarray  # [b] 1 for real examples
+    weight: np.ndarray  # [b] each real example's weight (1 unless balanced), 0 for padding slots
     count: int
     budget: Optional[int] = None
+    total: Optional[float] = None  # the sum of the weights (None: count)
 
 
 def make_batches(examples: Sequence[Example], *, buckets: Sequence[int] = DEFAULT_BUCKETS,
@@ -164,8 +180,9 @@ def make_batches(examples: Sequence[Example], *, buckets: Sequence[int] = DEFAUL
             b = 1 << max(0, (len(chunk) - 1).bit_length())
             rows = [_pad(e, n, g) for e in chunk] + [_pad(chunk[0], n, g)] * (b - len(chunk))
             arrays = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-            weight = np.array([1.0] * len(chunk) + [0.0] * (b - len(chunk)), np.float32)
-            out.append(Batch(arrays=arrays, weight=weight, count=len(chunk), budget=budget or None))
+            weight = np.array([float(e.weight) for e in chunk] + [0.0] * (b - len(chunk)), np.float32)
+            out.append(Batch(arrays=arrays, weight=weight, count=len(chunk), budget=budget or None,
+                             total=float(sum(float(e.weight) for e in chunk))))
     return out
 
 
@@ -183,5 +200,5 @@ def _pad(e: Example, n: int, g: int) -> Dict[str, np.ndarray]:
                 unit_valid=unit_valid)
 
 
-__all__ = ["Batch", "Example", "NOTE_KINDS", "example_of", "examples_of", "gold_units", "make_batches",
+__all__ = ["Batch", "Example", "NOTE_KINDS", "balance", "example_of", "examples_of", "gold_units", "make_batches",
            "note_kinds", "split_by_document"]

@@ -182,8 +182,8 @@ class _Objective:
                 s, aux = self.value(theta, b.arrays, b.weight, b.budget or self.budget)
             total += float(s)
             hard, conv, supp = hard + float(aux[0]), conv + float(aux[1]), supp + float(aux[2])
-            count += b.count
-        c = max(count, 1)
+            count += b.count if b.total is None else b.total
+        c = count if count > 0 else 1.0
         stats = {"surrogate": total / c, "recall": hard / c, "converged": conv / c, "support": supp / c}
         if grad is not None:
             grad = jax.tree_util.tree_map(lambda x: x / c, grad)
@@ -316,7 +316,8 @@ def _identity(cfg: FitConfig, train: Sequence[Example], val: Sequence[Example]) 
     import hashlib
 
     settings = {k: v for k, v in cfg.to_dict().items() if k not in ("checkpoint_dir", "stop_after", "progress")}
-    body = json.dumps({"settings": settings, "train": [e.qid for e in train], "val": [e.qid for e in val]},
+    tag = lambda e: e.qid if e.weight == 1.0 else f"{e.qid}*{e.weight:.9g}"
+    body = json.dumps({"settings": settings, "train": [tag(e) for e in train], "val": [tag(e) for e in val]},
                       sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 

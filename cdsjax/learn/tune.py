@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Tuple
 
 import ml_collections
 
-from cdsjax.learn.data import Example, examples_of, split_by_document
+from cdsjax.learn.data import Example, balance, examples_of, split_by_document
 from cdsjax.learn.fit import FitConfig, FitResult, fit
 from cdsjax.learn.params_io import save_params
 
@@ -85,14 +85,25 @@ def load_examples(config, name: str, embedder, *, progress: bool = False,
     return examples
 
 
+def benchmark_of(example: Example) -> str:
+    """The benchmark an example was loaded from (:func:`load_examples` prefixes its group with it)."""
+    return example.group.split(":", 1)[0]
+
+
 def split_examples(config, per_bench: Dict[str, List[Example]]) -> Tuple[list, list, dict]:
-    """Each benchmark split by document with the config's seed; the splits are concatenated."""
+    """Each benchmark split by document with the config's seed; the splits are concatenated. With
+    ``config.balance`` each benchmark weighs the same in the training and in the validation means."""
     train, val, docs = [], [], {}
     for name, examples in per_bench.items():
         tr, va, d = split_by_document(examples, float(config.val_fraction), int(config.seed))
         train += tr
         val += va
         docs[name] = d
+    if config.get("balance", False):
+        weights = {side: balance(examples, benchmark_of) if examples else {} for side, examples in
+                   (("train", train), ("val", val))}
+        for name in docs:
+            docs[name]["weight"] = {side: w.get(name) for side, w in weights.items()}
     return train, val, docs
 
 
@@ -106,7 +117,9 @@ def provenance(config, per_bench, docs, result: FitResult, seconds: float) -> di
                      "max_queries": _sub(config, n, "max_queries"), **split_counts[n]}
                  for n, ex in per_bench.items()},
         "split": {"by": "document", "val_fraction": float(config.val_fraction), "seed": int(config.seed),
-                  "documents": docs},
+                  "documents": {n: {k: v for k, v in d.items() if k != "weight"} for n, d in docs.items()}},
+        "balance": ({"by": "benchmark", "weight_per_question": {n: d.get("weight") for n, d in docs.items()}}
+                    if config.get("balance", False) else None),
         "seeds": {"split": int(config.seed), "fit": int(result_fit_seed(config))},
         "fit": FitConfig.from_mapping(config.fit).to_dict(),
         "figures": {"train": figures("train"), "val": figures("val"), "paper_theta0": result.reference,

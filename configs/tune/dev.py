@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.link_window = 1
     config.val_fraction = 0.25
     config.seed = 0
+    config.balance = True  # each benchmark weighs the same in the fit (not its question count)
     config.cv_summary = ""
     config.fit = ml_collections.ConfigDict(dict(
         budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,

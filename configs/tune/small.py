@@ -19,6 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.link_window = 1
     config.val_fraction = 0.25  # of each benchmark's documents
     config.seed = 0
+    config.balance = True  # each benchmark weighs the same in the fit (not its question count)
     config.cv_summary = ""  # a JSON file of cross-validated figures to copy into the provenance
     config.fit = ml_collections.ConfigDict(dict(
         budget=5, steps=3, learning_rate=0.05, l2=1e-3, temperature=0.2, starts=[{"beta": 0.3}, {"beta": 1.0}],
