@@ -384,9 +384,12 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             theta = None
         if theta is not None:
             choice[LEARNED] = {**info, "theta": _theta_json(theta)}
+            from cdsjax.eval.run import release
+
             for budget in budgets:
-                values = runner.recalls(f"learned:{task.label}:{task.pool_size}", learned_fn(theta, budget), budget,
-                                        problems, memo=False)
+                fn = learned_fn(theta, budget)
+                values = runner.recalls(f"learned:{task.label}:{task.pool_size}", fn, budget, problems, memo=False)
+                release(fn)  # this task's game is not solved again: free its executables
                 emit(LEARNED, budget, values)
     choice["complete"] = True
 

@@ -392,3 +392,18 @@ def test_run_selector_float64():
         assert sel.scores.dtype == np.float64
         ref = np.sort(p.notes.astype(np.float64) @ p.query_emb.astype(np.float64))[::-1][:3]
         np.testing.assert_allclose(sel.scores, ref, rtol=0, atol=1e-12)
+
+
+def test_release_drops_a_selectors_executables():
+    from cdsjax.core.learned import LearnedParams
+    from cdsjax.eval import run as R
+
+    problems = _synthetic_problems([5, 9], seed=3)
+    fn = core.make_selector("cds_learned", budget=2, params=LearnedParams(beta=0.2, w_page=-0.5))
+    first = run_selector(fn, problems, buckets=(16,), max_batch=2)
+    held = lambda: sum(1 for k in R._COMPILED if any(k[0] is v for v in R._BATCHED.values())) + len(R._STRUCTURED)
+    before = held()
+    assert R.release(fn) >= 3  # the structure wrapper, its batched call and at least one executable
+    assert held() < before and not [k for k in R._STRUCTURED if k[0] is fn]
+    again = run_selector(fn, problems, buckets=(16,), max_batch=2)  # compiles again, same picks
+    assert [list(np.asarray(s.indices)) for s in again] == [list(np.asarray(s.indices)) for s in first]

@@ -76,6 +76,25 @@ def _executable(call, args):
     return _COMPILED[key]
 
 
+def release(fn: Callable[..., Any]) -> int:
+    """Drops every executable and wrapper kept for ``fn`` (a selector built for one use, e.g. one fitted
+    game per cross-validation task), so a long run does not keep one set of loaded executables per such
+    function; returns how many cache entries were dropped."""
+    dropped = 0
+    for key in [k for k in _STRUCTURED if k[0] is fn]:
+        wrapped = _STRUCTURED.pop(key)
+        dropped += 1 + release(wrapped)
+    batched = [k for k in _BATCHED if k[0] is fn]
+    calls = {id(_BATCHED[k]) for k in batched}
+    for key in batched:
+        del _BATCHED[key]
+        dropped += 1
+    for key in [k for k in _COMPILED if k[0] is fn or id(k[0]) in calls]:
+        del _COMPILED[key]
+        dropped += 1
+    return dropped
+
+
 def _batched(fn, sharded: bool, chunk=None):
     """The jitted batch call, kept per function (:func:`_executable` compiles it once per input shape).
 

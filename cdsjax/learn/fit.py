@@ -190,6 +190,19 @@ class _Objective:
         return stats, grad
 
 
+_OBJECTIVES: Dict[tuple, _Objective] = {}
+
+
+def objective_for(cfg: FitConfig) -> _Objective:
+    """The jitted objective of a fit's settings, one per process: fits with the same settings (the folds of a
+    cross-validation) reuse its compiled executables instead of compiling and loading their own each time,
+    which also bounds the process's code memory (many loaded executables exhaust LLVM's mappings)."""
+    key = (cfg.solver, cfg.tol, cfg.max_iter, float(cfg.temperature), float(cfg.slack_weight), int(cfg.budget))
+    if key not in _OBJECTIVES:
+        _OBJECTIVES[key] = _Objective(cfg)
+    return _OBJECTIVES[key]
+
+
 def _penalty_grad(theta, theta0, l2: float):
     import jax
 
@@ -232,7 +245,7 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
         raise ValueError("no training question has gold evidence and more notes than the budget")
     train_b = make_batches(train_ex, buckets=cfg.buckets, max_batch=cfg.max_batch)
     val_b = make_batches(val_ex, buckets=cfg.buckets, max_batch=cfg.max_batch) if val_ex else []
-    objective = _Objective(cfg)
+    objective = objective_for(cfg)
     theta0 = LearnedParams.paper().astype(dtype)
     optimizer = optax.adam(cfg.learning_rate)
     ckpt = _Checkpoint(cfg.checkpoint_dir, theta0, optimizer) if cfg.checkpoint_dir else None
