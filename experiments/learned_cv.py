@@ -537,6 +537,23 @@ def merge(dirs: Sequence[str], config) -> None:
     write_outputs(out_dir, summary, _SUMMARY_COPY.value)
 
 
+MIN_MAP_COUNT = 262_144
+
+
+def warn_map_count(path: str = "/proc/sys/vm/max_map_count", log=print) -> None:
+    """One line when the kernel's limit on memory mappings is low: a whole run loads thousands of executables
+    (a few mappings each) and, past Linux's default 65,530, LLVM fails with 'Cannot allocate memory' and the
+    process dies (measured: ~45,000 mappings after the baselines alone). Runs resume after the last task."""
+    try:
+        limit = int(pathlib.Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if limit < MIN_MAP_COUNT:
+        log(f"learned_cv: warning: vm.max_map_count is {limit}; a whole run may crash in LLVM ('Cannot allocate "
+            f"memory') — raise it (sysctl -w vm.max_map_count={4 * MIN_MAP_COUNT}) or rerun, which resumes "
+            "after the last completed task")
+
+
 def main(argv):
     from experiments.cli import config_or_exit, exit_on_user_error
 
@@ -549,6 +566,7 @@ def main(argv):
     from cdsjax.pipeline import enable_compilation_cache
 
     enable_compilation_cache(out_dir / "cache" / "jax-compilation")  # a rerun loads its executables
+    warn_map_count()
     with exit_on_user_error("learned_cv"):
         names = [b.strip() for b in str(config.benchmarks).split(",") if b.strip()]
         datas = {b: load_data(b, config) for b in names}

@@ -75,3 +75,16 @@ def test_summary_pairs_learned_with_each_selector(cv):
     assert folds[("cds-learned", 1)] == pytest.approx(0.75) and folds[("cds-learned", 0)] == pytest.approx(0.5)
     table = cv.tables(summary)
     assert "+0.125" in table and "10 / 10 / 0" in table
+
+
+def test_low_map_count_is_one_warning_line(tmp_path):
+    from experiments.learned_cv import MIN_MAP_COUNT, warn_map_count
+
+    lines = []
+    (tmp_path / "low").write_text("65530\n")
+    warn_map_count(str(tmp_path / "low"), log=lines.append)
+    assert len(lines) == 1 and "vm.max_map_count is 65530" in lines[0]
+    (tmp_path / "high").write_text(f"{MIN_MAP_COUNT}\n")
+    warn_map_count(str(tmp_path / "high"), log=lines.append)
+    warn_map_count(str(tmp_path / "missing"), log=lines.append)
+    assert len(lines) == 1

@@ -140,16 +140,24 @@ def result_fit_seed(config) -> int:
 
 
 def cross_validation(config):
-    """The cross-validated figures of ``config.cv_summary`` (a JSON file) if given and readable, else where
-    they are reported."""
+    """The cross-validated figures of ``config.cv_summary`` (the ``summary.json`` of
+    ``experiments/learned_cv.py``) if given and readable: its means with intervals and the paired differences
+    of learned CDS, rounded (not its per-fold rows or tuning); else where they are reported."""
     import json
 
     path = str(config.get("cv_summary", "") or "")
     if path and pathlib.Path(path).is_file():
         try:
-            return json.loads(pathlib.Path(path).read_text())
+            body = json.loads(pathlib.Path(path).read_text())
         except (OSError, ValueError):
-            pass
+            body = None
+        if isinstance(body, dict) and "rows" in body:
+            r4 = lambda v: round(v, 4) if isinstance(v, float) else v
+            keep = lambda rows: [{k: r4(v) for k, v in row.items()} for row in rows or []]
+            return {"source": "experiments/learned_cv.py summary.json", "rows": keep(body.get("rows")),
+                    "paired": keep(body.get("paired"))}
+        if body is not None:
+            return body
     return "not part of this fit: see RESULTS.md, section 'Learned CDS' (cross-validated, transfer and pool tables)"
 
 
