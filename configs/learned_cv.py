@@ -44,6 +44,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.learned = True
     config.val_fraction = 0.2
     config.balance = True  # a fit on both benchmarks weighs each the same (as cdsjax tune's shipped fit)
+    # pool size of the problems the game is fitted on (None: the task's own); 1 fits every task's game on the
+    # training documents one at a time (a 5-document fit costs ~25x a single-document one on 2 cores)
+    config.fit_pool_size = ml_collections.config_dict.placeholder(int)
+    config.fits_from = ""  # another run's tuning.json whose fits at fit_pool_size are reused (same folds and settings)
     config.fit_budget = 10  # the budget of the fitted surrogate (one fit serves every evaluated budget)
     # passed to cdsjax.learn.fit (FitConfig); None keeps its default
     config.learn = ml_collections.ConfigDict({k: ml_collections.config_dict.placeholder(t) for k, t in (

@@ -73,8 +73,11 @@ class Task:
       label: e.g. ``qasper/fold2`` or ``qasper->mmlongbench``.
       fold: fold index (-1 for transfer).
       pool_size: documents per question.
-      train, val: problems to fit on and to stop on (pools drawn inside their own documents).
+      train, val: problems to fit on and to stop on (pools drawn inside their own documents); the tuned
+        baselines choose their knob on both.
       test: ``benchmark -> problems`` (pools drawn inside the test documents).
+      fit_train, fit_val: the same documents' problems at ``config.fit_pool_size`` when the game is fitted
+        at another pool size than the task's (None: ``train`` and ``val``).
     """
 
     name: str
@@ -84,6 +87,8 @@ class Task:
     train: List[Any]
     val: List[Any]
     test: Dict[str, List[Any]]
+    fit_train: Optional[List[Any]] = None
+    fit_val: Optional[List[Any]] = None
 
 
 # ----------------------------------------------------------------------------- data
@@ -183,30 +188,38 @@ def make_tasks(datas: Dict[str, BenchmarkData], config) -> Tuple[List[Task], dic
     folds = {b: document_folds(list(d.notes), k, seed=seed) for b, d in datas.items()}
     split = {b: [{"fold": f.index, "test": list(f.test)} for f in fs] for b, fs in folds.items()}
     tasks = []
+    fit_pool = config.get("fit_pool_size", None)
     for size in config.pool_sizes:
         size = int(size)
+        fit_size = int(fit_pool) if fit_pool else size
+        # the game's fitting problems: the same documents, at fit_size documents per question
+        fitting = (lambda data, fit_docs, val_docs: (None, None) if fit_size == size else
+                   (_problems(data, fit_docs, fit_size, seed), _problems(data, val_docs, fit_size, seed)))
+        joined = lambda i, j: None if fit_size == size else [p for b in datas for p in sides[(b, i)][j]]
         sides: Dict[Tuple[str, int], tuple] = {}
         for b, data in datas.items():
             for f in folds[b]:
                 fit_docs, val_docs = validation_split(f.train, config.val_fraction, seed=seed + f.index)
-                sides[(b, f.index)] = (_problems(data, fit_docs, size, seed), _problems(data, val_docs, size, seed),
-                                       _problems(data, f.test, size, seed))
-                tasks.append(Task("cv", f"{b}/fold{f.index}", f.index, size, sides[(b, f.index)][0],
-                                  sides[(b, f.index)][1], {b: sides[(b, f.index)][2]}))
+                train, val = _problems(data, fit_docs, size, seed), _problems(data, val_docs, size, seed)
+                sides[(b, f.index)] = (train, val, _problems(data, f.test, size, seed),
+                                       *fitting(data, fit_docs, val_docs))
+                tasks.append(Task("cv", f"{b}/fold{f.index}", f.index, size, train, val, {b: sides[(b, f.index)][2]},
+                                  *sides[(b, f.index)][3:]))
         if config.both and len(datas) > 1:
             for i in range(k):
                 tasks.append(Task("both", f"both/fold{i}", i, size,
                                   [p for b in datas for p in sides[(b, i)][0]],
                                   [p for b in datas for p in sides[(b, i)][1]],
-                                  {b: sides[(b, i)][2] for b in datas}))
+                                  {b: sides[(b, i)][2] for b in datas}, joined(i, 3), joined(i, 4)))
         if config.transfer and len(datas) > 1:
             for src, data in datas.items():
                 fit_docs, val_docs = validation_split(list(data.notes), config.val_fraction, seed=seed)
                 train, val = _problems(data, fit_docs, size, seed), _problems(data, val_docs, size, seed)
+                fit_train, fit_val = fitting(data, fit_docs, val_docs)
                 for dst, other in datas.items():
                     if dst != src:
                         tasks.append(Task("transfer", f"{src}->{dst}", -1, size, train, val,
-                                          {dst: _problems(other, list(other.notes), size, seed)}))
+                                          {dst: _problems(other, list(other.notes), size, seed)}, fit_train, fit_val))
     order = {"cv": 0, "transfer": 1, "both": 2}  # cross-validation first: the later ones reuse its solves
     tasks.sort(key=lambda t: (order[t.name], t.pool_size))
     return tasks, split
@@ -320,8 +333,10 @@ def fit_learned(task: Task, config, log=print, benchmark_of=None):
 
     options = {"budget": int(config.fit_budget), "progress": False,
                **{k: v for k, v in config.learn.to_dict().items() if v is not None}}
-    train = [e for e in map(fit_example, task.train) if e is not None]
-    val = [e for e in map(fit_example, task.val) if e is not None]
+    fit_train = task.train if task.fit_train is None else task.fit_train
+    fit_val = task.val if task.fit_val is None else task.fit_val
+    train = [e for e in map(fit_example, fit_train) if e is not None]
+    val = [e for e in map(fit_example, fit_val) if e is not None]
     if config.get("balance", False) and benchmark_of is not None:
         for side in (train, val):
             if side:
@@ -331,9 +346,35 @@ def fit_learned(task: Task, config, log=print, benchmark_of=None):
     info = {"seconds": float(getattr(result, "seconds", time.perf_counter() - t0)),
             "train_questions": len(train), "val_questions": len(val),
             "best": getattr(result, "best", None)}
-    log(f"  fitted {task.label} (pool {task.pool_size}) on {len(task.train)} questions, "
-        f"stopped on {len(task.val)}: {info['seconds']:.0f} s")
+    fit_pool = task.pool_size if task.fit_train is None else int(config.fit_pool_size)
+    info["fit_pool_size"] = fit_pool
+    log(f"  fitted {task.label} (pool {task.pool_size}; fitted on pools of {fit_pool}) on {len(fit_train)} "
+        f"questions, stopped on {len(fit_val)}: {info['seconds']:.0f} s")
     return result.theta, info
+
+
+def earlier_fit(task: Task, config, tuning: dict, log=print):
+    """``(theta, info)`` of the fit a task with ``config.fit_pool_size`` shares with the task of that pool size
+    (same label, so the same training and validation documents at the same pool size: the same fit, which is
+    deterministic), found in this run's ``tuning`` or in ``config.fits_from`` (another run's ``tuning.json``);
+    None when there is none, and the game is fitted."""
+    if task.fit_train is None:
+        return None
+    key = f"{task.label}/pool{int(config.fit_pool_size)}"
+    sources = [("this run", tuning)]
+    path = str(config.get("fits_from", "") or "")
+    if path and pathlib.Path(path).is_file():
+        sources.append((path, json.loads(pathlib.Path(path).read_text())))
+    for where, table in sources:
+        entry = (table.get(key) or {}).get(LEARNED) if isinstance(table, dict) else None
+        if entry and entry.get("theta") and (table.get(key) or {}).get("complete"):
+            from cdsjax.core.learned import LearnedParams
+
+            theta = LearnedParams.from_dict({k: float(v) for k, v in entry["theta"].items()})
+            log(f"  {task.label} (pool {task.pool_size}): the game fitted for {key} ({where})")
+            info = {k: v for k, v in entry.items() if k != "theta"}
+            return theta, {**info, "fit_pool_size": int(config.fit_pool_size), "reused": key}
+    return None
 
 
 def learned_fn(theta, budget: int):
@@ -378,7 +419,8 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             emit(display, budget, runner.recalls(lab, _registry_fn(name, budget, opts), budget, problems), chosen=opts)
     if config.learned:
         try:
-            theta, info = fit_learned(task, config, log=log, benchmark_of=lambda qid: runner.kind_of[qid][0])
+            theta, info = earlier_fit(task, config, tuning, log=log) or fit_learned(
+                task, config, log=log, benchmark_of=lambda qid: runner.kind_of[qid][0])
         except ImportError as err:
             log(f"  learned CDS not available ({err}); no learned rows for {task.label}")
             theta = None

@@ -88,3 +88,35 @@ def test_low_map_count_is_one_warning_line(tmp_path):
     warn_map_count(str(tmp_path / "high"), log=lines.append)
     warn_map_count(str(tmp_path / "missing"), log=lines.append)
     assert len(lines) == 1
+
+
+def test_fit_pool_size_fits_on_the_same_training_documents_one_at_a_time(cv):
+    datas = {"a": _data(cv, "a", 12), "b": _data(cv, "b", 9)}
+    tasks, _ = cv.make_tasks(datas, _config(pool_sizes=(3,), fit_pool_size=1))
+    for t in tasks:
+        assert t.pool_size == 3 and t.fit_train is not None and t.fit_val is not None
+        assert all(len(set(p.docs)) == 1 for p in t.fit_train + t.fit_val)
+        assert {d for p in t.fit_train for d in p.docs} == {d for p in t.train for d in p.docs}, t.label
+        assert {d for p in t.fit_val for d in p.docs} == {d for p in t.val for d in p.docs}, t.label
+        test_docs = {d for ps in t.test.values() for p in ps for d in p.docs}
+        assert not test_docs & {d for p in t.fit_train + t.fit_val for d in p.docs}
+    same, _ = cv.make_tasks(datas, _config(pool_sizes=(3,)))
+    assert all(t.fit_train is None and t.fit_val is None for t in same)
+
+
+def test_a_pool_task_reuses_the_fit_of_its_fit_pool_size(cv, tmp_path):
+    import json
+
+    datas = {"a": _data(cv, "a", 12)}
+    config = _config(pool_sizes=(3,), fit_pool_size=1, transfer=False, both=False, fits_from="")
+    task = cv.make_tasks(datas, config)[0][0]
+    assert cv.earlier_fit(task, config, {}, log=lambda s: None) is None
+    entry = {cv.LEARNED: {"seconds": 3.0, "theta": {"beta": 0.2, "w_page": -1.0}}, "complete": True}
+    theta, info = cv.earlier_fit(task, config, {f"{task.label}/pool1": entry}, log=lambda s: None)
+    assert float(theta.beta) == 0.2 and float(theta.w_page) == -1.0 and info["reused"] == f"{task.label}/pool1"
+    (tmp_path / "tuning.json").write_text(json.dumps({f"{task.label}/pool1": entry}))
+    config.fits_from = str(tmp_path / "tuning.json")
+    assert cv.earlier_fit(task, config, {}, log=lambda s: None)[1]["fit_pool_size"] == 1
+    # an unfinished entry is not reused
+    assert cv.earlier_fit(task, _config(pool_sizes=(3,), fit_pool_size=1, fits_from=""),
+                          {f"{task.label}/pool1": {**entry, "complete": False}}, log=lambda s: None) is None
