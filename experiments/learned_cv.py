@@ -307,15 +307,16 @@ def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
 
 
 def fit_example(problem):
-    """The fitting example of a problem with the structure arrays the evaluation passes to the selector
-    (:meth:`~cdsjax.eval.problems.Problem.structure`: on text benchmarks the paragraph group is the page),
-    so the game is fitted on what it is later asked to select from; None without gold."""
+    """The fitting example of a problem with the structure arrays the evaluation passes to the learned selector
+    (:meth:`~cdsjax.eval.problems.Problem.structure` with ``pages_only``: printed pages; on text benchmarks
+    each note is its own unit), so the game is fitted on what it is later asked to select from; None without
+    gold."""
     from cdsjax.learn.data import Example, gold_units
 
     units, unit_valid = gold_units(problem)
     if units.shape[0] == 0:
         return None
-    s = problem.structure()
+    s = problem.structure(pages_only=True)
     return Example(qid=str(problem.query.qid), group="|".join(problem.query.doc_ids),
                    notes=np.asarray(problem.notes, np.float32), query=np.asarray(problem.query_emb, np.float32),
                    links=np.asarray(problem.links, bool), pages=s["pages"], doc_ids=s["doc_ids"], kinds=s["kinds"],
@@ -386,6 +387,7 @@ def learned_fn(theta, budget: int):
                            theta=theta, budget=budget)
 
     fn.takes_structure = True
+    fn.pages_only = True  # as the registry's cds_learned
     return fn
 
 

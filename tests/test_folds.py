@@ -78,6 +78,12 @@ def test_text_sections_and_kinds():
     p = Problem(Query("q", "?", None, ("c",)), z, z[0], np.zeros((6, 6), bool), list(corpus.note_ids), ["c"] * 6,
                 kinds=text_kinds(corpus), sections=text_sections(corpus))
     assert p.structure()["pages"].tolist() == [0, 0, 1, 2, 3, 4]
+    # the learned game reads printed pages only: a text problem's notes are each their own unit
+    assert p.structure(pages_only=True)["pages"].tolist() == [0, 1, 2, 3, 4, 5]
+    from cdsjax import core
+
+    assert core.make_selector("cds_learned", budget=2).pages_only
+    assert not core.make_selector("cosine_pages", budget=2).pages_only
     with pytest.raises(ValueError, match="sections has 2 entries"):
         Problem(Query("q", "?", None, ("c",)), z, z[0], np.zeros((6, 6), bool), list(corpus.note_ids), ["c"] * 6,
                 sections=[0, 1])

@@ -192,6 +192,9 @@ def _cds_learned(budget: int, *, params=None, solver: str = "converged", **field
                            budget=budget, options=options)
 
     fn.takes_structure = True
+    # the game's same-page weight is fitted on printed pages: a text corpus's paragraph groups are not pages
+    # (the fitted weights of the two disagree), so callers pass pages only where there are pages
+    fn.pages_only = True
     return fn
 
 
@@ -363,4 +366,5 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     fn = SELECTORS[name](budget, **options)
     fn.__name__ = f"select_{name}"
     fn.takes_structure = getattr(fn, "takes_structure", False)
+    fn.pages_only = getattr(fn, "pages_only", False)
     return fn

@@ -70,20 +70,22 @@ class Problem:
                 raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
 
 
-    def structure(self) -> Dict[str, np.ndarray]:
+    def structure(self, pages_only: bool = False) -> Dict[str, np.ndarray]:
         """The structure arrays selectors take as keyword arguments, all ``[n]`` int32.
 
         ``doc_ids``: the position of each note's document among this problem's documents (first
         appearance order); ``pages``: the page (PDFs), else the paragraph group (:attr:`sections`),
         else each note its own unit; ``kinds``: the index into :data:`NOTE_KINDS` (``"other"`` when
         unknown). Units of several documents are told apart by ``doc_ids`` with ``pages``.
+        ``pages_only``: no paragraph groups — a text problem's notes are each their own unit (what the
+        learned game reads: ``fn.pages_only``).
         """
         n = self.notes.shape[0]
         order = {d: i for i, d in enumerate(dict.fromkeys(self.docs))}
         doc_ids = np.asarray([order[d] for d in self.docs], np.int32)
         if self.pages is not None:
             pages = np.asarray(self.pages, np.int32)
-        elif self.sections is not None:
+        elif self.sections is not None and not pages_only:
             pages = np.asarray(self.sections, np.int32)
         else:
             pages = np.arange(n, dtype=np.int32)

@@ -214,7 +214,7 @@ def run_selector(
     names = structure_args(fn)
     extras = {"links": [np.asarray(p.links, bool) for p in problems]}
     if names:
-        structures = [p.structure() for p in problems]
+        structures = [p.structure(pages_only=getattr(fn, "pages_only", False)) for p in problems]
         extras.update({a: [s[a] for s in structures] for a in names})
         fn = _positional(fn, names)
     groups = core.make_buckets(
