@@ -34,9 +34,12 @@ def test_verdict_reports_what_was_measured():
     def row(sel, covered, restated):
         return dict(selector=sel, covered=covered, restatements=restated)
 
-    more = verdict([row("cds-converged", ["finding", "method"], 0), row("cosine", ["finding"], 3)])
-    same = verdict([row("cds-converged", ["finding"], 3), row("cosine", ["finding"], 3)])
-    fewer = verdict([row("cds-converged", ["caveat"], 0), row("cosine", ["finding", "cost"], 1)])
+    from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+
+    default = SPECS[DEFAULT_SELECTOR].display
+    more = verdict([row(default, ["finding", "method"], 0), row("cosine", ["finding"], 3)])
+    same = verdict([row(default, ["finding"], 3), row("cosine", ["finding"], 3)])
+    fewer = verdict([row(default, ["caveat"], 0), row("cosine", ["finding", "cost"], 1)])
     assert more.startswith("CDS covers more") and "2 vs 1" in more
     assert same.startswith("CDS does not cover more") and "both cover 1" in same
     assert fewer.startswith("CDS covers fewer") and "1 vs 2" in fewer

@@ -13,6 +13,10 @@ import json
 import numpy as np
 import pytest
 
+from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+
+DEFAULT = SPECS[DEFAULT_SELECTOR].display  # what the retrievers use when no selector is named
+
 from cdsjax import cli
 from tests.conftest import require_modules
 
@@ -52,7 +56,7 @@ def ask_json(index_dir, selector, budget=BUDGET):
 @pytest.fixture(scope="module")
 def reference(index_dir):
     """`cdsjax ask --json` with the default selector and with MMR."""
-    return {name: ask_json(index_dir, name) for name in ("cds-converged", "mmr")}
+    return {name: ask_json(index_dir, name) for name in dict.fromkeys((DEFAULT, "cds-converged", "mmr"))}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +76,7 @@ def ids(items):
 
 
 def test_langchain_retriever_matches_ask(index_dir, reference):
-    ref = reference["cds-converged"]
+    ref = reference[DEFAULT]
     docs = lc.CDSRetriever(index=str(index_dir), budget=BUDGET).invoke(QUESTION)
     assert ids(docs) == [e["note_id"] for e in ref["evidence"]]
     for doc, e in zip(docs, ref["evidence"]):
@@ -80,7 +84,7 @@ def test_langchain_retriever_matches_ask(index_dir, reference):
         for key in ("note_id", "document", "page", "bbox", "kind", "image_path", "rank"):
             assert m[key] == e[key], key
         assert m["crop"] == e["image_path"] and m["score"] == pytest.approx(e["score"], rel=1e-5)
-        assert m["selector"] == "cds-converged" and m["diagnostics"]["converged"] is True
+        assert m["selector"] == DEFAULT and m["diagnostics"]["converged"] is True
         assert len(m["embedding"]) == 384 and doc.id == e["note_id"]
     assert any(m.metadata["bbox"] is not None for m in docs)
 
@@ -149,7 +153,7 @@ def test_embeddings_match_the_index_encoder(index_dir, embeddings):
 
 
 def test_llama_index_retriever_and_query_engine_match_ask(index_dir, reference):
-    ref = reference["cds-converged"]
+    ref = reference[DEFAULT]
     nodes = li.CDSRetriever(index=str(index_dir), budget=BUDGET).retrieve(QUESTION)
     assert [n.node.metadata["note_id"] for n in nodes] == [e["note_id"] for e in ref["evidence"]]
     for n, e in zip(nodes, ref["evidence"]):

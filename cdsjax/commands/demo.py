@@ -22,15 +22,18 @@ from cdsjax.commands import CLIError
 
 def demo_selectors() -> list:
     """``(label, selector name)`` rows of the table, from the selector registry: the default, paper mode, the
-    learned game (its shipped parameters), and the baselines that read neither links nor a random key (each with
-    its default options; ``cosine-pages`` among them, the structural rule learned CDS must beat).
+    learned game (its shipped parameters), the paper's game at its equilibrium (converged, beta = 1), and the
+    baselines that read neither links nor a random key (each with its default options; ``cosine-pages`` among
+    them, the structural rule learned CDS must beat). Each selector once.
 
     A function, not a constant: the registry imports JAX, and every ``cdsjax`` command imports this module.
     """
     from cdsjax.core.registry import DEFAULT_SELECTOR, LEARNED_SELECTOR, SPECS
 
-    names = [DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
-             *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)]
+    converged = (n for n, s in SPECS.items() if s.solver == "converged" and s.needs_links and n != LEARNED_SELECTOR)
+    names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
+                           *converged,
+                           *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)])
     return [(SPECS[n].display + (" (default)" if n == DEFAULT_SELECTOR else ""), SPECS[n].display) for n in names]
 
 

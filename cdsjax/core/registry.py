@@ -288,7 +288,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
 )}
 
 # The selector used when none is named: ask, serve, the pipeline and the planning agent.
-DEFAULT_SELECTOR = "cds_converged"
+DEFAULT_SELECTOR = "cds_learned"
 # The plain baseline that comparisons are reported against (demo, figures, pool and support reports).
 REFERENCE_SELECTOR = "cosine"
 # The paper's method as published (replicator dynamics, its step cap): what reproductions compare.
