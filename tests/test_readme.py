@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
 from tests.conftest import DATA, ROOT
 from cdsjax.io.scripted_server import OpenAIServer
 
@@ -72,7 +73,7 @@ def run_block(lang, code, work, env, timeout=300):
 def test_readme_has_the_blocks_this_test_knows():
     kinds = [(lang, kind) for lang, _, kind in blocks()]
     assert kinds.count(("bash", "make")) == 1 and kinds.count(("python", "fast")) == 4
-    assert kinds.count(("bash", "slow")) == 3 and kinds.count(("bash", "fast")) == 2
+    assert kinds.count(("bash", "slow")) == 4 and kinds.count(("bash", "fast")) == 2  # + cdsjax tune
 
 
 def test_make_targets_exist():
@@ -104,7 +105,7 @@ def test_readme_commands_and_snippets_run(workdir):
     for name in ("answer.json", "served.json"):
         result = json.loads((work / name).read_text())
         assert result["evidence"] and result["evidence"][0]["document"] == "multicolumn.pdf"
-        assert result["selector"] == "cds-converged" and result["diagnostics"]["mode"] == "converged"
+        assert result["selector"] == SPECS[DEFAULT_SELECTOR].display and result["diagnostics"]["mode"] == "converged"
 
 
 @pytest.mark.slow

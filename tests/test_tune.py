@@ -166,9 +166,15 @@ def test_run_eval_params_field_and_flag(data_root, tmp_path):
 
     script = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "hotpotqa.py"),
               f"--config.data_root={data_root}", f"--config.output_dir={tmp_path / 'c'}", "--noprogress"]
-    for extra in (["--params", str(tmp_path / "none.json")], [f"--config.params={tmp_path / 'none.json'}"]):
-        proc = subprocess.run(script + extra, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
-        assert lines[0].startswith("run_eval: error:") and "none.json" in lines[0] and "does not exist" in lines[0]
+    proc = subprocess.run(script + ["--params", str(tmp_path / "none.json")], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("run_eval: error:") and "none.json" in lines[0] and "does not exist" in lines[0]
     assert not (tmp_path / "c").exists()
+    # the config field is read by the same check (run_eval calls it before locating any data)
+    from cdsjax.eval.settings import check_params
+
+    with pytest.raises(ValueError, match="none.json.*does not exist"):
+        check_params(_eval_config(data_root, tmp_path / "d", tmp_path / "cache", params=str(tmp_path / "none.json")))
+    check_params(_eval_config(data_root, tmp_path / "d", tmp_path / "cache"))  # no file: the shipped fit
