@@ -378,19 +378,6 @@ def earlier_fit(task: Task, config, tuning: dict, log=print):
     return None
 
 
-def learned_fn(theta, budget: int):
-    """The learned selector for ``theta`` with the registry calling convention and structure keywords."""
-    from cdsjax.core.learned import cds_learned
-
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        return cds_learned(notes, query, valid, links, key, pages=pages, doc_ids=doc_ids, kinds=kinds,
-                           theta=theta, budget=budget)
-
-    fn.takes_structure = True
-    fn.pages_only = True  # as the registry's cds_learned
-    return fn
-
-
 def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -> None:
     """Every selector on the task's test problems; tuned baselines chosen on its training side."""
     budgets = [int(b) for b in config.budgets]
@@ -428,10 +415,11 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             theta = None
         if theta is not None:
             choice[LEARNED] = {**info, "theta": _theta_json(theta)}
+            from cdsjax.core import make_selector
             from cdsjax.eval.run import release
 
-            for budget in budgets:
-                fn = learned_fn(theta, budget)
+            for budget in budgets:  # the registry's selector for this task's theta (not memoised: used once)
+                fn = make_selector(LEARNED_SELECTOR, budget=budget, params=theta)
                 values = runner.recalls(f"learned:{task.label}:{task.pool_size}", fn, budget, problems, memo=False)
                 release(fn)  # this task's game is not solved again: free its executables
                 emit(LEARNED, budget, values)
