@@ -12,28 +12,21 @@ finding on one page); Adam runs from the two best grid points.
 
 import ml_collections
 
-from cdsjax.io.index import default_config
+from configs.tune import small
 from cdsjax.learn.fit import DEFAULT_STARTS
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = default_config()
+    config = small.get_config()  # the same layout; here every question of both benchmarks, the full fit
     config.benchmarks = "mmlongbench,qasper"
-    config.data_root = "../shared/data"
     config.output = "runs/tune/dev/params.json"
-    config.cache_dirs = ml_collections.ConfigDict({"qasper": "", "mmlongbench": ""})  # "" -> next to output
     every = ml_collections.config_dict.placeholder  # None: every question (one placeholder per field)
     config.max_queries = ml_collections.ConfigDict({"qasper": every(int), "mmlongbench": every(int)})
     config.budgets = ml_collections.ConfigDict({"qasper": 10, "mmlongbench": 10})  # as the cross-validation fits
-    config.link_window = 1
     config.val_fraction = 0.2  # of each benchmark's documents, as in the cross-validation
-    config.seed = 0
-    config.balance = True  # each benchmark weighs the same in the fit (not its question count)
-    config.cv_summary = ""
     config.fit = ml_collections.ConfigDict(dict(
         budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,
         starts=[dict(s) for s in DEFAULT_STARTS],
         num_starts_fitted=2, eval_every=1, patience=5, dtype="float32", tol=1e-6,
         buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0))
-    config.embedder.show_progress = False
     return config
