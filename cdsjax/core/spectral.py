@@ -1,0 +1,200 @@
+r"""The CDS penalty :math:`\alpha \ge \lambda_{\max}` without a per-question eigendecomposition.
+
+The penalty of a CDS game is :math:`\alpha = \lambda_{\max}(A|_F) + \varepsilon` over the free block
+:math:`F` (:func:`cdsjax.core.affinity.spectral_penalty`, one ``eigvalsh`` of the padded
+``[m+n, m+n]`` matrix: O(n³), 0.3-0.6 s at n = 1024 on two cores). Two ways to avoid paying it per
+question:
+
+* **Once per corpus, exactly.** With ``alpha_from="free"`` and no pinned notes the free block is
+  the note block :math:`W`, and for the paper game (and the learned game when its
+  relevance-weighted repulsion is 0) :math:`W` does not depend on the question: the query rows are
+  masked out before ``eigvalsh``, so the matrix it sees is the same for every question.
+  :func:`corpus_bound` and :func:`learned_corpus_bound` build that same matrix once (the note block
+  by the same functions, zero query rows, the same padded size) and return the same number, bit for
+  bit; a problem carrying it (``bound=``) skips the eigendecomposition.
+* **Per question, certified.** Where the block does depend on the question (``alpha_from="full"``,
+  pinned notes, peeling rounds, a learned game with relevance-weighted repulsion),
+  :func:`certified_bound` returns an upper bound of :math:`\lambda_{\max}` in O(k n²) (k Lanczos
+  steps): for *any* unit vector :math:`v` with :math:`\theta = v^\top A v` and residual
+  :math:`r = Av - \theta v`,
+
+  .. math:: A = A' + \theta vv^\top + (rv^\top + vr^\top), \qquad A'v = 0,
+
+  so by Weyl :math:`\lambda_{\max}(A) \le \max(\theta, \lambda_{\max}(A'|_{v^\perp})) + \|r\|` and
+  :math:`\lambda_{\max}(A'|_{v^\perp}) \le` the Gershgorin bound of :math:`A'`. Lanczos only finds a good
+  :math:`v` (the top Ritz vector); the certificate does not depend on how :math:`v` was found. When the
+  top eigenvalue stands clear of the rest (the CDS note block's Perron eigenvalue does), the bound is
+  :math:`\theta + \|r\|`, within :math:`\|r\|` of :math:`\lambda_{\max}`; otherwise it is never worse
+  than Gershgorin's bound of :math:`A` itself. A margin of :math:`2 n u \|A\|_\infty` (u the unit
+  roundoff) covers the rounding of the products.
+
+The CDS guarantee needs only :math:`\alpha > \lambda_{\max}(A|_F)`: with a larger :math:`\alpha` the
+query still stays in the support; the free notes are penalised a little more, so the equilibrium
+(and where :math:`\alpha` moves, the picks) can change.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+
+from cdsjax.core.affinity import note_coupling, spectral_penalty
+from cdsjax.core.types import CDSParams
+from cdsjax.core.validation import check_notes_valid
+
+LANCZOS_STEPS = 32
+
+
+def padded_note_penalty(block: Array, valid: Array, num_queries: int, eps: float) -> Array:
+    r""":func:`spectral_penalty` of an ``[n, n]`` note block laid out as in a problem with ``num_queries``
+    query rows: the same ``[m+n, m+n]`` matrix (query rows zero, as the mask leaves them) and the same
+    mask, so the result equals the per-question penalty bit for bit."""
+    n = block.shape[0]
+    m = int(num_queries)
+    dtype = block.dtype
+    top = jnp.zeros((m, m + n), dtype)
+    bottom = jnp.concatenate([jnp.zeros((n, m), dtype), block], axis=1)
+    matrix = jnp.concatenate([top, bottom], axis=0)
+    mask = jnp.concatenate([jnp.zeros((m,), bool), valid])
+    return spectral_penalty(matrix, mask, eps).astype(dtype)
+
+
+def corpus_bound(notes: Array, valid: Array, params: CDSParams = CDSParams(), *, num_queries: int = 1) -> Array:
+    r"""The paper game's penalty :math:`\lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once per corpus.
+
+    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.build_affinity` on any question with
+    ``num_queries`` query rows and no pinned notes, when ``params.alpha_from`` is ``"free"``.
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding (the padded corpus).
+      valid: ``[n]`` bool, True on real notes.
+      params: :class:`CDSParams` (``coupling``, ``beta``, ``eps``).
+      num_queries: query rows of the questions it will serve (1 for a single question vector).
+
+    Raises:
+      ValueError: ``alpha_from="full"`` (that penalty depends on the question).
+    """
+    params.check()
+    if params.alpha_from != "free":
+        raise ValueError(f"a corpus bound needs alpha_from='free' (got {params.alpha_from!r}): "
+                         "with 'full' the penalty depends on each question's relevance row")
+    notes = jnp.asarray(notes)
+    valid = check_notes_valid(notes, valid)
+    return padded_note_penalty(note_coupling(notes, valid, params), valid, num_queries, params.eps)
+
+
+def learned_is_corpus_level(theta, base: CDSParams = CDSParams()) -> bool:
+    """True when the learned game's penalty does not depend on the question: ``alpha_from="free"`` and a
+    relevance-weighted repulsion of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
+    try:
+        rel = float(theta.rel_repulsion)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return False
+    return base.alpha_from == "free" and rel <= 0.0
+
+
+def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
+                         base: CDSParams = CDSParams(), num_queries: int = 1) -> Array:
+    r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once
+    per corpus (before ``alpha_factor``; :func:`~cdsjax.core.learned.learned_affinity` applies it).
+
+    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are
+    masked out of the bound, and with ``rel_repulsion`` 0 the note block does not read the question), so it
+    equals that function's bound on every question bit for bit.
+
+    Raises:
+      ValueError: when :func:`learned_is_corpus_level` is False.
+    """
+    from cdsjax.core.learned import learned_affinity
+
+    if not learned_is_corpus_level(theta, base):
+        raise ValueError("the learned game's bound depends on the question (rel_repulsion > 0 or "
+                         "alpha_from='full'): use certified_bound per question")
+    notes = jnp.asarray(notes)
+    queries = jnp.zeros((int(num_queries), notes.shape[1]), notes.dtype)
+    affinity = learned_affinity(notes, queries, valid, theta.replace(alpha_factor=1.0), links=links,
+                                pages=pages, doc_ids=doc_ids, kinds=kinds, base=base)
+    return affinity.alpha
+
+
+def _lanczos_vector(matrix: Array, mask: Array, steps: int) -> Array:
+    """A unit vector supported on ``mask`` near the top eigenvector of the masked block (the top Ritz vector
+    of ``steps`` Lanczos steps with full reorthogonalisation, started from the mask's indicator)."""
+    size = matrix.shape[0]
+    dtype = matrix.dtype
+    k = max(1, min(int(steps), size))
+    start = mask.astype(dtype)
+    start = start / jnp.maximum(jnp.linalg.norm(start), jnp.finfo(dtype).tiny)
+
+    def body(j, state):
+        basis, alphas, betas = state
+        v = basis[j]
+        w = jnp.where(mask, matrix @ v, 0.0)
+        a = w @ v
+        # full reorthogonalisation (twice is enough) against every vector so far
+        for _ in range(2):
+            w = w - basis.T @ (basis @ w)
+        b = jnp.linalg.norm(w)
+        ok = b > 100 * jnp.finfo(dtype).eps * (jnp.abs(a) + 1.0)
+        nxt = jnp.where(ok, w / jnp.where(ok, b, 1.0), 0.0)
+        basis = basis.at[j + 1].set(nxt)
+        return basis, alphas.at[j].set(a), betas.at[j].set(jnp.where(ok, b, 0.0))
+
+    basis = jnp.zeros((k + 1, size), dtype).at[0].set(start)
+    basis, alphas, betas = lax.fori_loop(0, k, body, (basis, jnp.zeros((k,), dtype), jnp.zeros((k,), dtype)))
+    tri = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+    _, vecs = jnp.linalg.eigh(tri)
+    v = basis[:k].T @ vecs[:, -1]
+    v = jnp.where(mask, v, 0.0)
+    norm = jnp.linalg.norm(v)
+    return jnp.where(norm > 0, v / jnp.where(norm > 0, norm, 1.0), start)
+
+
+def gershgorin(matrix: Array, mask: Array) -> Array:
+    r"""Gershgorin's upper bound of :math:`\lambda_{\max}` of the masked block:
+    :math:`\max_i a_{ii} + \sum_{j \ne i} |a_{ij}|` over the mask (``-inf`` when it is empty)."""
+    pair = mask[:, None] & mask[None, :]
+    off = jnp.where(pair & ~jnp.eye(matrix.shape[0], dtype=bool), jnp.abs(matrix), 0.0)
+    rows = jnp.diagonal(matrix) + jnp.sum(off, axis=1)
+    return jnp.max(jnp.where(mask, rows, -jnp.inf))
+
+
+def certified_bound(matrix: Array, mask: Array, eps: float, *, steps: int = LANCZOS_STEPS,
+                    vector: Optional[Array] = None) -> Array:
+    r"""An upper bound of :math:`\lambda_{\max}(\text{matrix}[\text{mask}, \text{mask}])`, plus ``eps``,
+    in O(``steps`` n²) (module docstring: deflated Gershgorin with a Lanczos vector, and Weyl).
+
+    Args:
+      matrix: ``[N, N]`` float, symmetric.
+      mask: ``[N]`` bool, the vertices of the block.
+      eps: margin added (as in :func:`~cdsjax.core.affinity.spectral_penalty`).
+      steps: Lanczos steps that find the test vector.
+      vector: optional ``[N]`` test vector to use instead of Lanczos (any nonzero vector keeps the bound
+        valid; a good one keeps it tight).
+
+    Returns:
+      ``[]`` float :math:`\ge \lambda_{\max} + \varepsilon` (``eps`` when the mask is empty).
+    """
+    matrix = jnp.asarray(matrix)
+    dtype = matrix.dtype
+    pair = mask[:, None] & mask[None, :]
+    block = jnp.where(pair, matrix, 0.0)
+    if vector is None:
+        v = _lanczos_vector(block, mask, steps)
+    else:
+        v = jnp.where(mask, jnp.asarray(vector, dtype), 0.0)
+        v = v / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(dtype).tiny)
+    av = block @ v
+    theta = v @ av
+    r = jnp.where(mask, av - theta * v, 0.0)
+    deflated = block - theta * jnp.outer(v, v) - jnp.outer(r, v) - jnp.outer(v, r)
+    weyl = jnp.maximum(theta, gershgorin(deflated, mask)) + jnp.linalg.norm(r)
+    plain = gershgorin(block, mask)
+    # rounding of the products above: |fl(Av) - Av| <= n u |A| |v| elementwise, and the same for the sums
+    n_mask = jnp.sum(mask).astype(dtype)
+    margin = 2.0 * n_mask * jnp.finfo(dtype).eps * jnp.maximum(jnp.max(jnp.sum(jnp.abs(block), axis=1)), 0.0)
+    bound = jnp.minimum(weyl, plain) + margin
+    return jnp.where(jnp.any(mask), bound, 0.0).astype(dtype) + eps
