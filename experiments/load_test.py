@@ -14,7 +14,8 @@ Each request is normal with probability ``1 - --hostile``: a /select question fr
 server's default selector. Otherwise it is one of the hostile kinds, chosen uniformly:
 
 - ``bad_options``: solver options that used to spin forever (``tol: -1``, ``max_iter: 2**31 - 1``) -> 400;
-- ``new_compile``: a fresh CDS option value, which compiles a new selector (slow; LRU-capped) -> 200 or 504;
+- ``new_compile``: a fresh beta for converged CDS, which compiles a new selector (slow; LRU-capped) -> 200,
+  504, or 503 while two abandoned compilations are still running;
 - ``heavy``: the most work the HTTP bounds allow (paper mode, 20,000 steps, tol 1e-12, a fresh beta);
 - ``big_body``: a 1 MB question -> 413 before it is read;
 - ``slow_upload``: an upload that stalls, then the client leaves -> the slot is freed;
@@ -71,15 +72,17 @@ TRICKLE_HEAD = (b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl
 
 
 def selector_names() -> dict:
-    """Display names the hostile requests use, from the selector registry: paper mode, the default, and
-    support-targeted CDS (the converged CDS selector that takes no beta)."""
+    """Display names the hostile requests use, from the selector registry: paper mode, the default, a
+    converged CDS selector that takes beta (a new beta compiles a new selector), and support-targeted CDS (the
+    converged CDS selector that takes no beta)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, SPECS
 
     support = next(s for s in SPECS.values() if s.mode == "converged" and "beta" not in s.options)
+    beta = next(s for s in SPECS.values() if s.mode == "converged" and "beta" in s.options)
     return dict(paper=SPECS[PAPER_SELECTOR].display, default=SPECS[DEFAULT_SELECTOR].display,
-                support=support.display)
+                support=support.display, beta=beta.display)
 
 
 def free_port() -> int:
@@ -114,8 +117,9 @@ def post(url: str, body: bytes, timeout: float, headers=None) -> str:
                          "uploads" if "uploads" in text else "other")
 
 
-def trickle(port: int, limit: float = 60.0) -> str:
-    """An upload that sends one byte a second until the server answers; the status it got."""
+def trickle(port: int, limit: float = 60.0, unanswered: str = "never answered") -> str:
+    """An upload that sends one byte a second until the server answers; the status it got (``unanswered``
+    after ``limit`` seconds)."""
     sock = socket.create_connection((HOST, port), timeout=30)
     t0 = time.time()
     try:
@@ -125,7 +129,7 @@ def trickle(port: int, limit: float = 60.0) -> str:
                 head = sock.recv(64).split()
                 return head[1].decode() if len(head) > 1 else "closed"
             sock.sendall(b" ")
-        return "never answered"
+        return unanswered
     except OSError as err:
         return f"error:{type(err).__name__}"
     finally:
@@ -206,7 +210,7 @@ class Client(threading.Thread):
             body = {"question": q, "selector": self.names["paper"], "options": {"tol": -1, "max_iter": 2**31 - 1}}
             return post(select, json.dumps(body).encode(), self.timeout)
         if kind == "new_compile":
-            body = {"question": q, "selector": self.names["default"],
+            body = {"question": q, "selector": self.names["beta"],
                     "options": {"beta": round(self.rng.uniform(0.1, 3), 6)}}
             return post(select, json.dumps(body).encode(), self.timeout)
         if kind == "heavy":
@@ -238,7 +242,7 @@ class Client(threading.Thread):
         if kind == "giant_number":
             giant = b"9" * 401
             body = self.rng.choice([
-                b'{"question": "x", "selector": "%s", "options": {"beta": %s}}' % (self.names["default"].encode(), giant),
+                b'{"question": "x", "selector": "%s", "options": {"beta": %s}}' % (self.names["beta"].encode(), giant),
                 b'{"question": "x", "budget": %s}' % giant, b'{"question": "x", "near_duplicates": -%s}' % giant])
             return post(select, body, self.timeout)
         raise ValueError(kind)
@@ -254,11 +258,27 @@ class Trickler(threading.Thread):
 
     def run(self):
         while time.time() < self.stop_at:
-            self.outcomes[trickle(self.port, limit=max(1.0, self.stop_at - time.time()))] += 1
+            self.outcomes[trickle(self.port, max(1.0, self.stop_at - time.time()), "still open at the end")] += 1
+
+
+PROBE = """
+import sys, time, urllib.request
+url, stop = sys.argv[1], float(sys.argv[2])
+while time.time() < stop:
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            r.read()
+        print(time.perf_counter() - t0, flush=True)
+    except OSError as err:
+        print(type(err).__name__, flush=True)
+    time.sleep(0.25)
+"""
 
 
 class HealthProbe(threading.Thread):
-    """Times ``GET /health`` every quarter second until ``stop``."""
+    """Times ``GET /health`` every quarter second until ``stop``, from a process of its own (so the clients'
+    threads do not share its interpreter)."""
 
     def __init__(self, url: str, stop: float):
         super().__init__(daemon=True)
@@ -267,15 +287,13 @@ class HealthProbe(threading.Thread):
         self.failures = collections.Counter()
 
     def run(self):
-        while time.time() < self.stop_at:
-            t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", PROBE, self.url, str(self.stop_at)], capture_output=True,
+                              text=True, timeout=self.stop_at - time.time() + 60)
+        for line in proc.stdout.split():
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=30) as r:
-                    r.read()
-                self.seconds.append(time.perf_counter() - t0)
-            except (OSError, urllib.error.URLError) as err:
-                self.failures[type(err).__name__] += 1
-            time.sleep(0.25)
+                self.seconds.append(float(line))
+            except ValueError:
+                self.failures[line] += 1
 
 
 def private_copy(index: Path, workdir: Path) -> Swap:
