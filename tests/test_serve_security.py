@@ -765,6 +765,7 @@ GIANT = b"9" * 401
     b'{"question": "x", "selector": "cds-converged", "options": {"beta": %s}}' % GIANT,
     b'{"question": "x", "selector": "cds-converged", "options": {"beta": -%s}}' % GIANT,
     b'{"question": "x", "selector": "cds-converged", "options": {"beta": 1e999}}',
+    b'{"question": "x", "selector": "cds-converged", "options": {"beta": 1e308}}',  # finite, but not in float32
     b'{"question": "x", "selector": "cds-paper", "options": {"max_iter": %s}}' % GIANT,
     b'{"question": "x", "selector": "cds-paper", "options": {"tol": 1e-999}}',
     b'{"question": "x", "budget": %s}' % GIANT,
@@ -852,3 +853,13 @@ def test_token_flag_says_prefer_the_environment(capsys):
     security = (Path(ROOT) / "README.md").read_text().split("## Security", 1)[1].split("\n## ")[0]
     examples = "".join(re.findall(r"```[a-z]*\n(.*?)```", security, flags=re.S))
     assert "in `ps`" in security and "CDSJAX_TOKEN" in examples and "--token" not in examples
+
+
+def test_answers_never_carry_inf_or_nan():
+    """A diagnostic that overflowed (an option at the edge of float32) is sent as null, not as a 500."""
+    from cdsjax.commands.policy import finite
+
+    out = finite({"diagnostics": {"beta": float("inf"), "objective": float("nan"), "ok": 1.5},
+                  "evidence": [{"score": float("-inf"), "rank": 1}]})
+    assert out == {"diagnostics": {"beta": None, "objective": None, "ok": 1.5}, "evidence": [{"score": None, "rank": 1}]}
+    assert json.dumps(out, allow_nan=False)

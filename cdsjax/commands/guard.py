@@ -186,7 +186,7 @@ class Guard:
             if policy.token_matches(cookie, self._token):  # /?token=T: a same-site cookie, dropped from the URL
                 return await self.set_cookie(send, cookie)
         length = headers.get("content-length", b"").decode("latin-1")
-        if length and (not length.isdigit() or int(length) > self.limits.max_body):
+        if length and (not length.isdigit() or len(length) > 18 or int(length) > self.limits.max_body):
             return await self.reply(send, 413, f"request body over the limit of {self.limits.max_body} bytes")
         has_body = (length not in ("", "0")) or "transfer-encoding" in headers
         body = await self.read_body(receive, send, has_body)

@@ -35,6 +35,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 TOKEN_COOKIE = "cdsjax_token"
 DEFAULT_MAX_PDF_MB = 256
 MAX_CROP_BYTES = 32 << 20
+FLOAT32_MAX = 3.4028234663852886e38  # selection runs in float32: a larger option value would become inf
 
 # The options an HTTP request may set, by name, with their types and, for those that set how much work a
 # request costs, the HTTP policy's bounds (tighter than SolveOptions' own hard limits, which every caller
@@ -78,7 +79,8 @@ def _typed(kind: type, value):
     """``value`` as an option of type ``kind`` (a float option takes an int too), or None if it is not one.
 
     Strict: a string is never a number, a bool never an int or a float, and a float option must be finite
-    as a float (an integer too large for one is refused rather than overflowing later).
+    in float32, the precision selection runs in (an integer too large for a float, or a float beyond
+    float32's range, is refused rather than overflowing later).
     """
     if kind is bool:
         return value if isinstance(value, bool) else None
@@ -92,7 +94,19 @@ def _typed(kind: type, value):
         number = float(value)
     except OverflowError:
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and abs(number) <= FLOAT32_MAX else None
+
+
+def finite(value):
+    """``value`` (an answer's JSON) with every non-finite float replaced by None: JSON has no inf or NaN, and
+    a diagnostic that overflowed must not turn an answer into an error."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def check_http_options(selector: str, options: dict) -> dict:

@@ -252,7 +252,7 @@ def public(state: ServerState, result, body: Question) -> dict:
         e["image_path"] = policy.public_path(e.get("image_path"), roots)
     if out.get("error"):
         out["error"] = {k: policy.scrub(v, roots) if isinstance(v, str) else v for k, v in out["error"].items()}
-    return out
+    return policy.finite(out)
 
 
 async def answer(state: ServerState, body: Question, read: bool):
