@@ -241,7 +241,7 @@ def ask_server(url: str, question: str, *, selector: Optional[str], budget: int,
         body["options"] = options
     headers = {"Content-Type": "application/json"}
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers["Authorization"] = b"Bearer " + token.encode("utf-8")  # any text: the server compares bytes
     request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
     t0 = time.perf_counter()
