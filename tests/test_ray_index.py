@@ -2,14 +2,14 @@
 worker killed mid-run (retried, nothing lost), and a document that cannot be built reported in one line."""
 
 import numpy as np
-import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.index import load_index
 from cdsjax.io.index.on_ray import FAULT_ENV
 from tests import ingest_pdfs as gen
+from tests.conftest import require_module
 
-ray = pytest.importorskip("ray", reason="cdsjax[ray] is not installed (make test installs it)")
+ray = require_module("ray")  # cdsjax[ray]: make test installs it; fails under CI=true when missing
 
 
 def _entries(cache):

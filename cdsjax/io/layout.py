@@ -196,7 +196,7 @@ def _install_batching(extractor_cls, document_layout) -> None:
             self._session = PageBatcher(self._session)
             _STATE["batcher"] = self._session
         page = getattr(current, "page", None)
-        if aug_fetmap is None and page is not None and _STATE.get("batch", True):
+        if aug_fetmap is None and page is not None and _STATE.get("batch", False):
             self._session.prefetch(page)
         return original_predict(self, page_img, aug_fetmap=aug_fetmap)
 
@@ -213,7 +213,9 @@ def _install_batching(extractor_cls, document_layout) -> None:
 
 
 def set_page_batching(enabled: bool) -> None:
-    """Turns page batching on (default) or off in this process (for measurements)."""
+    """Turns page batching on or off (default) in this process: on this 2-core CPU a batch of pages through
+    the image network took as long as the same pages one by one (RESULTS.md, "Ingestion: profile and
+    floors"), so it is off unless asked for."""
     _STATE["batch"] = bool(enabled)
 
 
