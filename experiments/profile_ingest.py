@@ -109,10 +109,24 @@ def child(args) -> int:
         from cdsjax.io.layout import set_page_batching
 
         set_page_batching(True)
+    if args.one_process:
+        from cdsjax.io.layout import set_page_split
+
+        set_page_split(False)
     t0 = time.perf_counter()
     s = build_index(args.pdfs, args.out, config=config, workers=args.workers, cache_dir=args.cache)
     wall = time.perf_counter() - t0
-    print(json.dumps(dict(wall=wall, process=time.perf_counter() - t_start, pages=s.pages, notes=s.notes,
+    try:  # the new code's helper process: stopped, so its CPU time counts below
+        from cdsjax.io.layout import stop_helper
+
+        stop_helper()
+    except ImportError:
+        pass
+    import resource
+
+    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    print(json.dumps(dict(wall=wall, cpu=cpu, process=time.perf_counter() - t_start, pages=s.pages, notes=s.notes,
                           documents=s.documents, failures=len(s.failures), seconds=dict(s.seconds),
                           stages=dict(acc))))
     return 0
@@ -146,10 +160,12 @@ def _floors(args) -> int:
 # --------------------------------------------------------------------------- parent
 
 
-def run_child(code_root: Path, mode: str, pdfs, out: Path, cache: Path, workers=1, batch=False) -> dict:
+def run_child(code_root: Path, mode: str, pdfs, out: Path, cache: Path, workers=1, batch=False,
+              one_process=False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(code_root))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--out", str(out), "--cache", str(cache),
-           "--workers", str(workers), "--pdfs", *map(str, pdfs)] + (["--batch"] if batch else [])
+           "--workers", str(workers), "--pdfs", *map(str, pdfs)] + (["--batch"] if batch else []) \
+        + (["--one-process"] if one_process else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(code_root), timeout=7200)
     if proc.returncode != 0:
         raise SystemExit(f"profile_ingest: the {mode} run failed:\n{proc.stderr[-3000:]}")
@@ -210,6 +226,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--old-root", type=Path, help="a checkout of the code to compare against")
     ap.add_argument("--pdfs", nargs="+", default=None, help="PDFs (default: the 5-PDF subset)")
@@ -228,16 +245,17 @@ def main() -> int:
     load_before = os.getloadavg()
     commit = lambda root: subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],  # noqa: E731
                                          capture_output=True, text=True).stdout.strip()
-    variants = [("old", args.old_root, False), ("new", ROOT, False)]
+    # "new, 1 process": long documents not split over a helper process, so every stage is timed here
+    variants = [("old", args.old_root, {}), ("new, 1 process", ROOT, dict(one_process=True)), ("new", ROOT, {})]
     if args.with_batching:
-        variants.append(("new, pages batched", ROOT, True))
+        variants.append(("new, pages batched", ROOT, dict(batch=True)))
     results = collections.defaultdict(list)
     try:
         for rnd in range(args.rounds):
-            for name, root, batch in variants:
+            for name, root, opts in variants:
                 tag = f"{name.replace(' ', '_').replace(',', '')}{rnd}"
                 t0 = time.time()
-                r = run_child(root, "build", pdfs, work / f"index-{tag}", work / f"cache-{tag}", batch=batch)
+                r = run_child(root, "build", pdfs, work / f"index-{tag}", work / f"cache-{tag}", **opts)
                 results[name].append(r)
                 print(f"[{time.strftime('%H:%M:%S')}] {name} round {rnd}: {r['wall']:.1f} s wall, "
                       f"{r['pages'] / r['wall']:.2f} pages/s, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
@@ -256,19 +274,28 @@ def main() -> int:
           f"after {' '.join(f'{v:.2f}' for v in load_after)}\n")
     print("PDFs: " + ", ".join(p.name for p in pdfs) + "\n")
     med = lambda rs, f: sorted(f(r) for r in rs)[len(rs) // 2]  # noqa: E731
-    print("| stage | " + " | ".join(f"{n} s | {n} share | {n} pages/s" for n in results) + " |")
-    print("|---|" + "---:|---:|---:|" * len(results))
+    # the stage table: runs where every stage runs in the timed process (not "new": its helper's stages are not)
+    cols = [n for n in results if n != "new"]
+    print("| stage | " + " | ".join(f"{n} s | {n} share | {n} pages/s" for n in cols) + " |")
+    print("|---|" + "---:|---:|---:|" * len(cols))
     per = {n: dict(stage_rows(rs[0])) for n, rs in results.items()}
     walls = {n: med(rs, lambda r: r["wall"]) for n, rs in results.items()}
     for stage in per["old"]:
         cells = []
-        for n in results:
+        for n in cols:
             v = per[n].get(stage, 0.0)
             rate = f"{pages / v:.1f}" if v > 0.05 else "-"
             cells.append(f"{v:.1f} | {100 * v / rs_wall(results[n]):.0f}% | {rate}")
         print(f"| {stage} | " + " | ".join(cells) + " |")
     print("| **wall (build_index)** | " + " | ".join(
-        f"**{walls[n]:.1f}** | 100% | **{pages / walls[n]:.2f}**" for n in results) + " |")
+        f"**{walls[n]:.1f}** | 100% | **{pages / walls[n]:.2f}**" for n in cols) + " |")
+    print("\n(with the embedding on its own thread, overlapping the next document's parse, a run's stage seconds "
+          "can add up to more than its wall time)")
+    print("\n| run | wall s | pages/s | x old | CPU s per page |")
+    print("|---|---:|---:|---:|---:|")
+    for n, rs in results.items():
+        print(f"| {n} | {walls[n]:.1f} | {pages / walls[n]:.2f} | {walls['old'] / walls[n]:.2f} | "
+              f"{med(rs, lambda r: r.get('cpu', 0.0)) / pages:.2f} |")
     fl = floors["stages"]
     model_onnx = sum(v for k, v in fl.items() if k.startswith("onnx: "))
     print(f"\nFloors on the same {floors['pages']} pages (a third process, the new code's thread settings):\n")
@@ -278,6 +305,9 @@ def main() -> int:
     print(f"| of which its networks (onnxruntime) | {model_onnx:.1f} | {floors['pages'] / model_onnx:.2f} |")
     print(f"| plain text extraction, `page.get_text()` per page | {fl['text extraction']:.1f} | "
           f"{floors['pages'] / fl['text extraction']:.1f} |")
+    print("\nCPU seconds per page (this process and its children, imports and model loads included; under load "
+          "the fairer measure of work, since wall time also depends on how many threads compete): "
+          + "; ".join(f"{n}: {med(rs, lambda r: r['cpu']) / pages:.2f}" for n, rs in results.items()))
     print("\nWall times per round (s): " + "; ".join(f"{n}: " + ", ".join(f"{r['wall']:.1f}" for r in rs)
                                                     for n, rs in results.items()))
     speed = walls["old"] / walls["new"]

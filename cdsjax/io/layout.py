@@ -60,6 +60,7 @@ def limit_layout_threads(threads: int) -> None:
     import onnxruntime as ort
 
     threads = max(1, int(threads))
+    _STATE["threads"] = threads
     base = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)
 
     class LimitedSession(base):
@@ -89,6 +90,7 @@ def usable_cores() -> int:
 
 _SETUP = threading.Lock()
 _STATE: dict = {}
+SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 
 
 def prepare_models(threads: Optional[int] = None) -> None:
@@ -227,8 +229,96 @@ def batch_stats() -> dict:
 
 
 def layout_pages(doc, path: Path) -> List[List[_Region]]:
-    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order."""
+    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
+
+    With two or more cores to itself (one process indexing, not one of several workers) a document of
+    ``SPLIT_MIN_PAGES`` pages or more is analysed by this process (the first half of its pages) and a helper
+    process (the second half) at once. pymupdf4llm analyses each page on its own (the one thing it carries
+    across pages, the font sizes of headings, sets a markdown header level this parser does not read), so
+    the regions are the same as from one process.
+    """
     prepare_models()
+    n = doc.page_count
+    if n < SPLIT_MIN_PAGES or _STATE.get("threads", 1) < 2 or not _STATE.get("split", True):
+        return _analyse(doc, None)
+    half = (n + 1) // 2
+    helper = _helper()
+    tail = helper.submit(_helper_pages, str(path), half, n)
+    try:
+        head = _analyse(doc, range(half))
+    except BaseException:
+        tail.cancel()
+        raise
+    try:
+        rest = tail.result()
+    except Exception:  # the helper died or failed: this process does the second half itself
+        _drop_helper()
+        rest = None
+    if rest is None:
+        return head + _analyse(doc, range(half, n))
+    for p in range(half, n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
+        doc[p].remove_rotation()
+    return head + rest
+
+
+def set_page_split(enabled: bool) -> None:
+    """Turns the two-process analysis of long documents on (default) or off in this process."""
+    _STATE["split"] = bool(enabled)
+
+
+def _helper():
+    """A second process with the layout models loaded (started once, kept for the next documents)."""
+    pool = _STATE.get("helper")
+    if pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_helper_init,
+                                   initargs=(max(1, _STATE.get("threads", 2) // 2), os.getpid()))
+        _STATE["helper"] = pool
+    return pool
+
+
+def _drop_helper(wait: bool = False) -> None:
+    pool = _STATE.pop("helper", None)
+    if pool is not None:
+        pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def stop_helper() -> None:
+    """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
+    another."""
+    _drop_helper(wait=True)
+
+
+def _helper_init(threads: int, parent: int) -> None:
+    try:  # Linux: the helper dies with its parent
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+    limit_layout_threads(threads)
+    _STATE["split"] = False
+    prepare_models(threads)
+
+
+def _helper_pages(path: str, start: int, stop: int) -> List[List[_Region]]:
+    """In the helper: the regions of pages ``start .. stop - 1`` of the PDF at ``path``."""
+    import pymupdf
+
+    doc = pymupdf.open(path)
+    try:
+        return _analyse(doc, range(start, stop))
+    finally:
+        doc.close()
+
+
+def _analyse(doc, pages) -> List[List[_Region]]:
+    """pymupdf4llm's analysis of ``pages`` (None: all) of ``doc``, as regions per page."""
     from pymupdf4llm.helpers import document_layout
 
     batcher = _STATE.get("batcher")
@@ -236,13 +326,14 @@ def layout_pages(doc, path: Path) -> List[List[_Region]]:
         # pymupdf4llm prints progress and OCR notices to stdout; keep our output clean.
         with contextlib.redirect_stdout(io.StringIO()):
             parsed = document_layout.parse_document(
-                doc, use_ocr=False, force_text=True, embed_images=False, write_images=False
+                doc, pages=None if pages is None else list(pages), use_ocr=False, force_text=True,
+                embed_images=False, write_images=False
             )
     finally:
         batcher = _STATE.get("batcher", batcher)
         if batcher is not None:
             batcher.forget()
-    pages: List[List[_Region]] = []
+    pages_out: List[List[_Region]] = []
     for page_layout in parsed.pages:
         regions = []
         for order, box in enumerate(page_layout.boxes):
@@ -255,8 +346,8 @@ def layout_pages(doc, path: Path) -> List[List[_Region]]:
             if box.boxclass == "table" and box.table:
                 table_md = (box.table.get("markdown") or "").strip()
             regions.append(_Region(box.boxclass, bbox, text, order, table_md))
-        pages.append(regions)
-    return pages
+        pages_out.append(regions)
+    return pages_out
 
 
 @contextlib.contextmanager
