@@ -124,8 +124,21 @@ def main() -> int:
           f"{extra['result_bytes'] / 1e6:.2f} MB back, no work); driver commit {commit:.2f} s for "
           f"{rs.processed} documents = {rs.processed / max(commit, 1e-9):.1f} documents/s "
           f"({pages / max(commit, 1e-9):.0f} pages/s)")
+    import resource
+
+    def size(d):
+        return sum(f.stat().st_size for f in pathlib.Path(d).rglob("*") if f.is_file())
+
+    cache_mb, index_mb = size(tmp / "cache-w1-parent") / 1e6, size(tmp / "index-w1-parent") / 1e6
+    print(f"storage: document cache {cache_mb:.1f} MB, index {index_mb:.1f} MB for {len(pdfs)} documents "
+          f"({pages} pages, {runs['1 process'][2].notes} notes): {cache_mb / pages:.3f} + {index_mb / pages:.3f} MB "
+          f"per page; largest process of the run (max RSS): "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6:.2f} GB")
     print(f"stage seconds, 1 process: { {k: round(v, 1) for k, v in runs['1 process'][2].seconds.items()} }")
     print(f"stage seconds, Ray: { {k: round(v, 1) for k, v in rs.seconds.items()} }")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -153,7 +153,10 @@ def _floors(args) -> int:
             pages += 1
         acc["get_layout"] += time.perf_counter() - t0
         doc.close()
-    print(json.dumps(dict(pages=pages, stages=dict(acc))))
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps(dict(pages=pages, stages=dict(acc), cpu=ru.ru_utime + ru.ru_stime)))
     return 0
 
 
@@ -303,6 +306,8 @@ def main() -> int:
     print("|---|---:|---:|")
     print(f"| layout model, `page.get_layout()` per page | {fl['get_layout']:.1f} | {floors['pages'] / fl['get_layout']:.2f} |")
     print(f"| of which its networks (onnxruntime) | {model_onnx:.1f} | {floors['pages'] / model_onnx:.2f} |")
+    if "cpu" in floors:
+        print(f"| (CPU seconds of the floor process, imports and model load included: {floors['cpu']:.1f}) | | |")
     print(f"| plain text extraction, `page.get_text()` per page | {fl['text extraction']:.1f} | "
           f"{floors['pages'] / fl['text extraction']:.1f} |")
     print("\nCPU seconds per page (this process and its children, imports and model loads included; under load "
