@@ -1,7 +1,7 @@
 """The content-addressed cache of finished documents (:class:`DocCache`), shared by every index and ``ask PDF``.
 
-Its files are written and checked with the helpers of :mod:`cdsjax.io.store` (which re-exports the class as
-``store.DocCache``).
+Its files are written and checked with the helpers of :mod:`cdsjax.io.storefiles`; :mod:`cdsjax.io.store`
+re-exports the class as ``store.DocCache``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import List, Optional
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
-from cdsjax.io.store import (StoreError, _owner_pid, _pid_alive, check_crops, crop_hashes, load_npy_checked,
-                             read_jsonl_checked, save_npy, write_jsonl)
+from cdsjax.io.storefiles import (StoreError, _owner_pid, _pid_alive, check_crops, crop_hashes, load_npy_checked,
+                                  read_jsonl_checked, save_npy, write_jsonl)
 
 
 class DocCache:
