@@ -75,7 +75,8 @@ def add_arguments(p) -> None:
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
                    "then give only the question")
     p.add_argument("--token", default=None,
-                   help="with --server: the server's bearer token (env CDSJAX_TOKEN)")
+                   help="with --server: the server's bearer token; prefer the environment variable "
+                   "CDSJAX_TOKEN (a --token value is visible to every user of the machine in `ps`)")
     p.add_argument("--embedder", action="append", default=[], metavar="MODEL",
                    help="accept indexes embedded with MODEL besides the shipped MiniLM and the documented presets")
     p.add_argument("--trust-remote-code", action="store_true",
