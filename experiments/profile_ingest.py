@@ -147,11 +147,12 @@ def _floors(args) -> int:
         for page in doc:
             page.get_text()
         acc["text extraction"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for page in doc:
             page.get_layout()
             pages += 1
         acc["get_layout"] += time.perf_counter() - t0
+        acc["get_layout CPU"] += time.process_time() - c0  # every thread of this process
         doc.close()
     import resource
 
@@ -305,6 +306,9 @@ def main() -> int:
     print("| floor | seconds | pages/s |")
     print("|---|---:|---:|")
     print(f"| layout model, `page.get_layout()` per page | {fl['get_layout']:.1f} | {floors['pages'] / fl['get_layout']:.2f} |")
+    if "get_layout CPU" in fl:
+        print(f"| layout model, CPU seconds (all threads; core-seconds per page: "
+              f"{fl['get_layout CPU'] / floors['pages']:.2f}) | {fl['get_layout CPU']:.1f} | |")
     print(f"| of which its networks (onnxruntime) | {model_onnx:.1f} | {floors['pages'] / model_onnx:.2f} |")
     if "cpu" in floors:
         print(f"| (CPU seconds of the floor process, imports and model load included: {floors['cpu']:.1f}) | | |")
