@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from tests.conftest import on_arrays
 from cdsjax.core.payoff import DensePayoff
 
 BUDGET = 3
@@ -58,7 +59,7 @@ def test_selector_conformance(name, use_jit, dtype_name):
     dtype, x64 = DTYPES[dtype_name]
     rtol = 1e-4 if dtype is np.float32 else 1e-9
     with jax.enable_x64(x64):
-        fn = core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {}))
+        fn = on_arrays(core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {})))
         if core.selector_spec(name).name == "cosine_pages":  # its pages: three per problem, padding on page 0
             plain = fn
             fn = lambda z, q, v, l, k: plain(z, q, v, l, k, pages=jnp.arange(z.shape[0]) % 3)  # noqa: E731
@@ -127,7 +128,7 @@ def test_status_nonfinite_from_nan_embeddings_through_selectors():
     notes, query, links = problem(1, 8, np.float32)
     notes[3, 0] = np.nan
     for name in ("cds", "cds_converged", "cds_inimdyn"):
-        sel = core.make_selector(name, budget=BUDGET)(notes, query, np.ones(8, bool), links, None)
+        sel = on_arrays(core.make_selector(name, budget=BUDGET))(notes, query, np.ones(8, bool), links, None)
         assert int(sel.result.status) == core.NONFINITE, name
         assert core.STATUSES[int(sel.result.status)] == "nonfinite"
 

@@ -56,10 +56,11 @@ longer, completed by the fill rule of :mod:`cdsjax.core.ranking` when shorter.
 Support size is monotone in :math:`\beta` in the model above; where a real
 problem is not monotone, bisection still returns the best size it visited.
 
-For ``alpha_from="free"`` the penalty scales exactly,
+For the paper's game with ``alpha_from="free"`` the penalty scales exactly,
 :math:`\alpha(\beta) = \beta(\alpha(1) - \varepsilon) + \varepsilon`, so the
 affinity is built (one ``eigvalsh``) once and rescaled at each step;
-``alpha_from="full"`` rebuilds it per step.
+``alpha_from="full"`` and other games (the learned one, whose note block is not
+proportional to :math:`\beta`) rebuild it per step.
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.affinity import build_affinity
+from typing import Optional
+
+from cdsjax.core.affinity import problem_affinity
+from cdsjax.core.implicit import Adjoint, check_adjoint
+from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers import solve
 from cdsjax.core.types import DEFAULT_SCALE_RANGE, Affinity, CDSParams, CDSProblem, Selection, SolveOptions  # noqa: F401
@@ -89,7 +94,8 @@ def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
     return base.replace(matrix=matrix, alpha=alpha.astype(base.matrix.dtype))
 
 
-def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int) -> Selection:
+def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+                  adjoint: Optional[Adjoint] = None) -> Selection:
     r"""Strategy ``"support"`` of :func:`cdsjax.core.cds`: the constrained dominant set whose support holds
     about ``budget`` notes.
 
@@ -100,10 +106,11 @@ def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions,
     ``options``: ``solver`` of each equilibrium, ``threshold``, ``tol`` / ``max_iter``
     of each solve, ``num_steps`` (bisection steps, each one solve), ``scale_range``
     (``(low, high)`` bracket of :math:`\gamma = \beta n`) and ``fill``; every solve
-    starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta`, ``beta`` that
-    :math:`\beta`.
+    starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta` (differentiated by
+    ``adjoint``, the choice itself held fixed), ``beta`` that :math:`\beta`.
     """
-    notes, query, valid, pinned = problem.notes, problem.queries, problem.valid, problem.pinned
+    notes, query = problem.notes, problem.queries
+    adjoint = check_adjoint(adjoint)
     solver, threshold, tol, max_iter = options.solver, options.threshold, options.tol, options.max_iter
     if params.coupling == "none":
         raise ValueError("cds_support needs a note block: coupling='none' makes beta irrelevant")
@@ -114,16 +121,17 @@ def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions,
         raise ValueError(f"scale_range must be (low, high) with 0 < low < high, got {scale_range!r}")
 
     base_params = params.replace(beta=1.0)
-    base = build_affinity(notes, query, valid, base_params, pinned=pinned)
+    base = problem_affinity(problem, base_params)
+    rescale = isinstance(params, CDSParams) and params.alpha_from == "free"
     dtype = base.matrix.dtype
     m = base.num_queries
     n_valid = jnp.maximum(jnp.sum(base.valid[m:]), 1).astype(dtype)
 
     def affinity_at(log_gamma):
         beta = jnp.exp(log_gamma) / n_valid
-        if params.alpha_from == "free":
+        if rescale:
             return scale_note_block(base, beta, params.eps), beta
-        return build_affinity(notes, query, valid, params.replace(beta=beta), pinned=pinned), beta
+        return problem_affinity(problem, params.replace(beta=beta)), beta
 
     def support_at(log_gamma):
         aff, _ = affinity_at(log_gamma)
@@ -155,6 +163,6 @@ def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions,
     _, _, best, _ = lax.fori_loop(0, num_steps, step, init)
 
     aff, beta = affinity_at(best)
-    result = solve(aff, None, solver=solver, tol=tol, max_iter=max_iter)
+    result = adjoint.apply(lambda a: solve(a, None, solver=solver, tol=tol, max_iter=max_iter), aff, threshold)
     return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
                           beta=beta)
