@@ -1,8 +1,13 @@
-"""Test configuration: the ``x64`` marker, paths to the shared data, the demo index, the system tools.
+"""Test configuration: the ``x64`` marker, the benchmark data (``needs_data``), the demo index, the system tools.
 
 The suite runs with JAX's defaults (``jax_enable_x64`` off), as the pipeline does. A test that compares against
 a float64 reference at tight tolerances opts in with ``@pytest.mark.x64`` (or ``pytestmark = pytest.mark.x64``
 for a module): it then runs inside ``jax.enable_x64(True)``, a context that ends with the test.
+
+A test that reads the benchmark data (``../shared/data`` or ``$CDSJAX_DATA``) takes the ``data_root`` fixture or
+carries ``@pytest.mark.needs_data`` (``pytestmark = pytest.mark.needs_data`` for a module); either marks it.
+Without the data such a test skips with the reason, and the run ends with one line counting them and saying how
+to get the data; under ``CI=true`` (CI always has the data) it fails instead, in one line.
 """
 
 import contextlib
@@ -28,6 +33,14 @@ DATA = pathlib.Path(os.environ.get("CDSJAX_DATA") or SHARED / "data")
 # CI runs with CI=true: there a documented tool that is missing fails its tests instead of skipping them.
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
+# Whether the benchmark data is there decides which tests run and which coverage floor `make test` uses (the
+# Makefile looks at the same directory).
+HAVE_DATA = DATA.is_dir()
+NO_DATA = f"benchmark data not found at {DATA}"
+GET_DATA = ("`cdsjax data fetch` downloads it to ../shared/data beside the repository (or `--to DIR` and "
+            "CDSJAX_DATA=DIR; README: Getting the benchmark data)")
+_data_misses = {"skipped": 0, "failed": 0}
+
 # The system tools the documented features use: the executable's names and the Debian package `make` installs.
 TOOLS = {
     "chromium": (("chromium", "chromium-browser"), "chromium"),  # headless, for the web page's test
@@ -52,9 +65,54 @@ def _x64(request):
 
 @pytest.fixture(scope="session")
 def data_root() -> pathlib.Path:
-    if not DATA.is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
+    """The benchmark data directory; a test (or fixture) that takes it is marked ``needs_data``."""
+    _require_data()
     return DATA
+
+
+def _require_data() -> None:
+    if not HAVE_DATA:
+        if IN_CI:
+            pytest.fail(f"{NO_DATA}; CI=true needs it: {GET_DATA}", pytrace=False)
+        pytest.skip(NO_DATA)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_data: reads the benchmark data (../shared/data or $CDSJAX_DATA); "
+                            "skips without it, fails without it under CI=true (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "data_root" in item.fixturenames and item.get_closest_marker("needs_data") is None:
+            item.add_marker(pytest.mark.needs_data)
+        if not HAVE_DATA and not IN_CI and item.get_closest_marker("needs_data") is not None:
+            item.add_marker(pytest.mark.skip(reason=NO_DATA))  # listed by -rs with the test's own location
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_data") is not None:
+        _require_data()  # under CI=true: one line, a failure
+
+
+def pytest_runtest_logreport(report):
+    # in the xdist controller this sees every worker's reports, so the count covers the whole run
+    if report.when == "setup" and NO_DATA in str(report.longrepr):
+        if report.skipped:
+            _data_misses["skipped"] += 1
+        elif report.failed:
+            _data_misses["failed"] += 1
+
+
+def pytest_unconfigure(config):
+    """The run's last line: how many tests the missing data skipped (or failed, under CI=true), and how to get it."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller reports
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    skipped, failed = _data_misses["skipped"], _data_misses["failed"]
+    if reporter is not None and (skipped or failed):
+        what = f"{skipped} tests skipped" if skipped else f"{failed} tests failed (CI=true)"
+        reporter.write_line(f"{what} for lack of the benchmark data ({NO_DATA}): {GET_DATA}")
 
 
 @pytest.fixture(scope="session")

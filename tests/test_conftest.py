@@ -1,4 +1,5 @@
-"""The suite's JAX precision (tests/conftest.py): float32 by default, float64 only under ``x64``."""
+"""tests/conftest.py: the suite's JAX precision (float32 by default, float64 only under ``x64``), the system
+tools, and the benchmark data (``data_root`` / ``needs_data``: skip without it, fail without it under CI=true)."""
 
 import jax
 import jax.numpy as jnp
@@ -48,3 +49,38 @@ def test_a_missing_documented_tool_fails_under_ci_and_skips_elsewhere(monkeypatc
     monkeypatch.setenv("CDSJAX_TESSERACT", str(fake))  # there, but without its language data, say
     with pytest.raises(pytest.fail.Exception, match=f"tesseract at {fake} cannot be used"):
         conftest.require_tool("tesseract", usable=lambda: False)
+
+
+def test_data_root_probe(data_root):
+    assert data_root.is_dir()  # a data test (the fixture marks it): the test below runs it without the data
+
+
+@pytest.mark.needs_data
+def test_needs_data_probe():
+    from tests.conftest import DATA
+
+    assert DATA.is_dir()
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_without_the_data_its_tests_skip_with_one_closing_line_and_fail_under_ci(tmp_path, ci):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CDSJAX_DATA", "PYTEST_ADDOPTS")}
+    env.update(CDSJAX_SHARED=str(tmp_path / "none"), CI=ci)
+    probes = [f"tests/test_conftest.py::{name}" for name in ("test_data_root_probe", "test_needs_data_probe")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-rfEs", *probes], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    last = proc.stdout.strip().splitlines()[-1]
+    where = tmp_path / "none" / "data"
+    if not ci:
+        assert proc.returncode == 0 and "2 skipped" in proc.stdout, proc.stdout[-2000:]
+        assert f"benchmark data not found at {where}" in proc.stdout  # each skip's reason (-rs)
+        assert last.startswith("2 tests skipped for lack of the benchmark data") and "cdsjax data fetch" in last
+    else:
+        assert proc.returncode == 1 and "CI=true needs it" in proc.stdout, proc.stdout[-2000:]
+        assert last.startswith("2 tests failed (CI=true) for lack of the benchmark data")

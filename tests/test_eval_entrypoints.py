@@ -26,7 +26,7 @@ def run_eval(*args):
     return [str(ROOT / "experiments" / "run_eval.py"), "--config", CONFIG, "--noprogress", *args]
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason="shared data not found")
+@pytest.mark.needs_data
 def test_both_entry_points_find_the_data_the_same_way(tmp_path):
     # from a directory where ../shared/data does not exist, both fall back to the repository root;
     # an unknown selector stops them right after the data line

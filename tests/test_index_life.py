@@ -24,12 +24,14 @@ from cdsjax.io.index import load_index
 from cdsjax.io.parse import ocr_available
 from tests import ingest_pdfs as gen
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pdfs"
+from tests.conftest import DATA as SHARED_DATA
+
+DATA = SHARED_DATA / "pdfs"
 A = DATA / "multicolumn.pdf"  # 3 pages, a table
 B = DATA / "pdflatex-image.pdf"  # 1 page, a figure
 ROOT = Path(__file__).resolve().parents[1]
 
-needs_data = pytest.mark.skipif(not A.exists() or not B.exists(), reason="shared PDFs not available")
+needs_data = pytest.mark.needs_data  # without the benchmark data these skip (tests/conftest.py)
 pytestmark = needs_data
 
 

@@ -72,10 +72,8 @@ def test_probe_finds_a_dead_server_at_once():
 
 
 @pytest.fixture(scope="module")
-def fig_index(tmp_path_factory):
+def fig_index(tmp_path_factory, data_root):
     """An index of a shared one-page PDF with a figure (the tests above need no data; these skip without it)."""
-    if not FIG.exists():
-        pytest.skip(f"shared PDF not found: {FIG}")
     out = tmp_path_factory.mktemp("ask") / "index"
     os.environ.setdefault("CDSJAX_CACHE", str(tmp_path_factory.mktemp("cache")))
     assert main(["index", str(FIG), "--out", str(out), "--no-progress"]) == 0

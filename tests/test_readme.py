@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
-from tests.conftest import DATA, ROOT
+from tests.conftest import ROOT
 from cdsjax.io.scripted_server import OpenAIServer
 
 README = ROOT / "README.md"
@@ -40,10 +40,8 @@ def blocks():
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    pdf = DATA / "pdfs" / "multicolumn.pdf"
-    if not pdf.is_file():
-        pytest.skip(f"shared data not found at {DATA}")
+def workdir(tmp_path_factory, data_root):
+    pdf = data_root / "pdfs" / "multicolumn.pdf"
     work = tmp_path_factory.mktemp("readme")
     (work / "docs").mkdir()
     (work / "docs" / pdf.name).symlink_to(pdf)

@@ -286,6 +286,21 @@ def test_end_to_end_qasper(data_root, tmp_path, cache_dir):
                 len(q.gold_note_ids & set(r["selected"])) / len(q.gold_note_ids))
         else:
             assert r["metrics"]["paragraph_recall"] is None
+        # has-answer: scored exactly where an annotator gave extractive spans that some paragraph holds; a hit
+        # means every span of one annotator is in a selected paragraph
+        texts = dict(zip(corpus.note_ids, corpus.texts))
+        from cdsjax.eval.answers import MAX_LIST_ITEMS
+
+        spans = [s for s in q.meta["extractive_spans"] if s and len(s) <= MAX_LIST_ITEMS]
+        findable = [s for s in spans if all(any(x.lower() in t.lower() for t in corpus.texts) for x in s)]
+        hit = r["metrics"]["has_answer"]
+        if not spans:
+            assert hit is None
+        elif hit == 1.0:
+            assert any(all(any(x.lower() in texts[i].lower() for i in r["selected"]) for x in s) for s in spans)
+        elif hit is None:
+            assert not findable
+    assert any(r["metrics"]["has_answer"] is not None for r in records)
     # Both selections against a float64 reference on the run's own embeddings (read back from its cache):
     # cosine is the top 3 by relevance, MMR (lam 0.5) the greedy relevance-minus-redundancy picks.
     from cdsjax.eval import load_problems
@@ -309,7 +324,7 @@ def test_end_to_end_qasper(data_root, tmp_path, cache_dir):
     cos = {r["qid"]: r["selected"] for r in records if r["selector"] == "cosine"}
     mmr = {r["qid"]: r["selected"] for r in records if r["selector"] == "mmr"}
     assert any(cos[q] != mmr[q] for q in cos), "on these questions MMR trades relevance for diversity at least once"
-    assert {m["metric"] for m in rows} >= {"paragraph_recall@3", "best_annotator_recall@3",
+    assert {m["metric"] for m in rows} >= {"paragraph_recall@3", "has_answer@3", "best_annotator_recall@3",
                                            "redundancy@3"}
 
 
@@ -363,9 +378,11 @@ def test_end_to_end_mmlongbench_layout_via_script(tmp_path, cache_dir):
     assert answerable["pages"] == [["orchard.pdf", 1]]
     assert answerable["metrics"]["page_recall"] == 1.0
     assert answerable["metrics"]["box_recall"] == 1.0
+    assert answerable["metrics"]["has_answer"] == 1.0  # "4.2 million euros" is in the revenue note
     unanswerable = records[("cosine", "mmlongbench-0001")]
     assert unanswerable["metrics"]["page_recall"] is None
     assert unanswerable["metrics"]["box_recall"] is None
+    assert unanswerable["metrics"]["has_answer"] is None
     rows = {(r["selector"], r["metric"]): r for r in _summary(out)}
     assert rows[("cosine", "page_recall@1")]["n"] == "1"
     assert rows[("cds", "distinct_pages@1")]["n"] == "2"

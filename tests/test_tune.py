@@ -23,10 +23,11 @@ def cds_learned(z, q, valid, theta, budget, **structure):
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_tune_small_config_writes_a_params_file(tmp_path, capsys):
+def test_tune_small_config_writes_a_params_file(data_root, tmp_path, capsys):
     out = tmp_path / "params.json"
     rc = main(["tune", "--config", str(ROOT / "configs/tune/small.py"), f"--config.output={out}",
-               f"--config.cache_dirs.qasper={tmp_path / 'cache'}", "--config.fit.steps=2", "--no-progress"])
+               f"--config.cache_dirs.qasper={tmp_path / 'cache'}", "--config.fit.steps=2", "--no-progress",
+               f"--config.data_root={data_root}"])
     assert rc == 0
     theta, prov = load_params(out)
     assert isinstance(theta, LearnedParams)
@@ -37,7 +38,8 @@ def test_tune_small_config_writes_a_params_file(tmp_path, capsys):
     assert prov["code_version"] and prov["fit_seconds"] > 0 and prov["data"]["qasper"]["questions_with_gold"] > 0
     # a second run finds the finished checkpoint and writes the same parameters
     rc = main(["tune", "--config", str(ROOT / "configs/tune/small.py"), f"--config.output={out}",
-               f"--config.cache_dirs.qasper={tmp_path / 'cache'}", "--config.fit.steps=2", "--no-progress"])
+               f"--config.cache_dirs.qasper={tmp_path / 'cache'}", "--config.fit.steps=2", "--no-progress",
+               f"--config.data_root={data_root}"])
     assert rc == 0 and load_params(out)[0].to_dict() == theta.to_dict()
     assert "already finished" in capsys.readouterr().err
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.eval.problems import (Problem, benchmark_kind, block_links, cached_encode, first_queries,
-                                  index_note_kind, load_configured_benchmark, pdf_indexes, pdf_problems,
-                                  text_kinds, text_links, text_sections)
+                                  index_note_kind, load_configured_benchmark, note_text, pdf_indexes,
+                                  pdf_problems, text_kinds, text_links, text_sections)
 
 CANDIDATE_POOLS = ("documents", "corpus")
 POOL_FIELDS = ("pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
@@ -83,6 +83,7 @@ class DocumentNotes:
       pages, boxes: ``[n]`` page and box of each note (PDFs), or None (text).
       kinds: ``[n]`` :data:`~cdsjax.eval.problems.NOTE_KINDS` of each note, or None.
       sections: ``[n]`` paragraph group of each note (text), or None.
+      texts: ``[n]`` the text of each note (what the answer metric searches), or None.
     """
 
     embeddings: np.ndarray
@@ -92,6 +93,7 @@ class DocumentNotes:
     boxes: Optional[List[Tuple[float, float, float, float]]] = None
     kinds: Optional[List[str]] = None
     sections: Optional[List[int]] = None
+    texts: Optional[List[str]] = None
 
 
 def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
@@ -113,7 +115,7 @@ def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
             corpus = bench.corpora[c]
             out[c] = DocumentNotes(emb[start:start + len(corpus)], text_links(corpus, window=window),
                                    list(corpus.note_ids), kinds=text_kinds(corpus),
-                                   sections=text_sections(corpus))
+                                   sections=text_sections(corpus), texts=list(corpus.texts))
             start += len(corpus)
         return out
     for d, idx in pdf_indexes(bench, list(bench.documents), config, embedder, cache_dir=cache_dir,
@@ -123,7 +125,8 @@ def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
             [f"{d}#{note['reading_order']}" for note in idx.notes],
             [int(note["page"]) for note in idx.notes],
             [tuple(float(v) for v in note["bbox"]) for note in idx.notes],
-            kinds=[index_note_kind(note) for note in idx.notes])
+            kinds=[index_note_kind(note) for note in idx.notes],
+            texts=[note_text(note) for note in idx.notes])
     return out
 
 
@@ -154,7 +157,7 @@ def pool_problem(query, query_emb: np.ndarray, doc_ids: Sequence[str], notes: Ma
         pages=[g for p in parts for g in p.pages] if pdf else None,
         boxes=[b for p in parts for b in p.boxes] if pdf else None,
         pool=tuple(doc_ids), gold_docs=tuple(gold_docs),
-        kinds=_joined(parts, "kinds"), sections=_joined(parts, "sections"))
+        kinds=_joined(parts, "kinds"), sections=_joined(parts, "sections"), texts=_joined(parts, "texts"))
 
 
 def _joined(parts: Sequence[DocumentNotes], field: str) -> Optional[list]:
@@ -236,6 +239,7 @@ def corpus_problems(queries: Sequence[Any], query_emb: np.ndarray, notes: Mappin
             boxes=[n.boxes[j] for n, j in zip(dn, loc)] if pdf else None,
             kinds=None if any(n.kinds is None for n in dn) else [n.kinds[j] for n, j in zip(dn, loc)],
             sections=None if any(n.sections is None for n in dn) else [n.sections[j] for n, j in zip(dn, loc)],
+            texts=None if any(n.texts is None for n in dn) else [n.texts[j] for n, j in zip(dn, loc)],
             pool=tuple(dict.fromkeys(doc_list[di] for di in docs_idx)),
             gold_docs=tuple(q.meta.get("gold_docs", q.doc_ids))))
     return problems, seconds

@@ -40,6 +40,7 @@ class Problem:
       kinds: ``[n]`` kind of each note, one of :data:`NOTE_KINDS`, or None (unknown).
       sections: ``[n]`` paragraph group of each note on text benchmarks (consecutive paragraphs
         of one section; each caption alone), the text analogue of a page, or None.
+      texts: ``[n]`` the text of each note (:func:`note_text`; what the answer metric searches), or None.
     """
 
     query: Any
@@ -54,6 +55,7 @@ class Problem:
     gold_docs: Optional[Tuple[str, ...]] = None
     kinds: Optional[List[str]] = None
     sections: Optional[List[int]] = None
+    texts: Optional[List[str]] = None
 
     def __post_init__(self):
         n = self.notes.shape[0]
@@ -64,7 +66,7 @@ class Problem:
                              f"does not match notes {self.notes.shape}")
         if self.links.shape != (n, n):
             raise ValueError(f"query {self.query.qid}: links must be [{n}, {n}], got {self.links.shape}")
-        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections"):
+        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections", "texts"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
@@ -94,6 +96,20 @@ class Problem:
                  np.asarray([NOTE_KINDS.index(k) if k in NOTE_KINDS else other for k in self.kinds], np.int32))
         return {"doc_ids": doc_ids, "pages": pages, "kinds": kinds}
 
+    def answer_targets(self):
+        """The gold answers the answer metric checks on this problem (:mod:`cdsjax.eval.answers`): those of its
+        question that some note of the question's own documents contains, or None (not covered: no eligible
+        answer, no note texts, or an answer in no note). Computed once per problem."""
+        if "_answer_targets" not in self.__dict__:
+            from cdsjax.eval.answers import answer_coverage, answer_targets
+
+            targets = None if self.texts is None else answer_targets(self.query)
+            if targets is not None:
+                own = set(self.gold_docs or self.query.doc_ids)
+                targets = answer_coverage([t for t, d in zip(self.texts, self.docs) if d in own], targets)
+            self.__dict__["_answer_targets"] = targets
+        return self.__dict__["_answer_targets"]
+
 
 # The kinds a note may have, in the order of their integer codes (Problem.structure()["kinds"]).
 NOTE_KINDS = ("text", "figure", "table", "chart", "page-image", "other")
@@ -106,6 +122,13 @@ def index_note_kind(note: Dict[str, Any]) -> str:
         return "page-image"
     kind = note.get("kind")
     return kind if kind in NOTE_KINDS else "other"
+
+
+def note_text(note: Dict[str, Any]) -> str:
+    """The text of an index note that the answer metric searches: its text, caption, footnote and summary (each
+    once; a figure's summary is what describes it to the reader)."""
+    parts = [str(note.get(k) or "").strip() for k in ("text", "caption", "footnote", "summary")]
+    return "\n".join(dict.fromkeys(p for p in parts if p))
 
 
 def text_kinds(corpus) -> List[str]:
@@ -241,7 +264,7 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
         corpus = bench.corpora[c]
         problems.append(Problem(q, note_emb[lo:hi], qe, links[c], list(corpus.note_ids),
                                 [c] * len(corpus), kinds=text_kinds(corpus),
-                                sections=text_sections(corpus)))
+                                sections=text_sections(corpus), texts=list(corpus.texts)))
     return problems
 
 
@@ -307,5 +330,6 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             docs=[d for d, _ in meta],
             pages=[int(note["page"]) for _, note in meta],
             boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta],
-            kinds=[index_note_kind(note) for _, note in meta]))
+            kinds=[index_note_kind(note) for _, note in meta],
+            texts=[note_text(note) for _, note in meta]))
     return problems

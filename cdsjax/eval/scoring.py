@@ -9,13 +9,16 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 import cdsjax.eval.metrics as M
+from cdsjax.eval.answers import has_answer
 from cdsjax.core.diagnostics import diagnostics  # noqa: F401  (the one diagnostics function, used by records)
 from cdsjax.eval.problems import Problem
 
 # Metric order in tables; a benchmark reports the ones its gold supports.
-METRICS_PDF = ("page_recall", "box_recall", "all_pages_found", "distinct_pages", "redundancy")
-METRICS_TEXT = ("paragraph_recall", "all_found", "best_annotator_recall", "redundancy")
-METRICS_VISDOM = ("page_recall", "doc_recall", "distinct_pages", "redundancy")
+# has_answer (cdsjax.eval.answers): the selected notes' text holds a gold answer; scored where the problem has note
+# texts and the question an answer the metric covers (None otherwise, so its n says how many questions it covers)
+METRICS_PDF = ("page_recall", "has_answer", "box_recall", "all_pages_found", "distinct_pages", "redundancy")
+METRICS_TEXT = ("paragraph_recall", "has_answer", "all_found", "best_annotator_recall", "redundancy")
+METRICS_VISDOM = ("page_recall", "has_answer", "doc_recall", "distinct_pages", "redundancy")
 # Scored when a question searches several documents (pools, the open corpus, VisDoM).
 METRICS_POOL = ("gold_doc_share", "gold_doc_hit", "distinct_docs")
 DIAGNOSTICS = ("num_iters", "converged", "kkt_residual", "objective", "support_size", "step")
@@ -72,10 +75,21 @@ def score_problem(problem: Problem, selection: Any, *, kind: str) -> Dict[str, O
                 chosen, q.meta["gold_per_annotator"])
     else:
         raise ValueError(f"kind must be 'pdf', 'visdom' or 'text', got {kind!r}")
+    out["has_answer"] = answer_hit(problem, idx)
     out["redundancy"] = M.redundancy(np.asarray(problem.notes)[idx]) if idx else float("nan")
     if problem.gold_docs is not None:
         out.update(score_pool(problem, idx))
     return {k: _finite_or_none(v) for k, v in out.items()}
+
+
+def answer_hit(problem: Problem, idx: Sequence[int]) -> float:
+    """has-answer of the selected note positions ``idx`` (:func:`cdsjax.eval.answers.has_answer`): 1.0 when their
+    text holds one of the problem's covered gold answers (:meth:`Problem.answer_targets`), 0.0 when not, NaN when
+    the question is not covered."""
+    targets = problem.answer_targets()
+    if targets is None:
+        return float("nan")
+    return has_answer([problem.texts[i] for i in idx], targets)
 
 
 def score_pool(problem: Problem, idx: Sequence[int]) -> Dict[str, float]:

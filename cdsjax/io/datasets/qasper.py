@@ -103,7 +103,8 @@ def load_qasper(data_root=None, max_queries: Optional[int] = None, *,
 
     Returns:
       A Benchmark with ``corpora`` keyed by arXiv id; each query's ``meta`` holds
-      ``answers`` (one per annotator), ``gold_per_annotator`` (sorted id lists),
+      ``answers`` (one per annotator), ``extractive_spans`` (one list per annotator, empty unless that
+      annotator's answer is extractive), ``gold_per_annotator`` (sorted id lists),
       ``answerable`` (some annotator answered) and ``unmatched_evidence``.
     """
     root = resolve_data_root(data_root)
@@ -121,10 +122,12 @@ def load_qasper(data_root=None, max_queries: Optional[int] = None, *,
         for qi, qa in enumerate(paper.get("qas", [])):
             if max_queries is not None and len(queries) >= max_queries:
                 break
-            per_annotator, unmatched, answers = [], [], []
+            per_annotator, unmatched, answers, spans = [], [], [], []
             for ann in qa.get("answers", []):
                 a = ann.get("answer", {})
                 answers.append(_qasper_answer_text(a))
+                extractive = not a.get("unanswerable") and a.get("extractive_spans")
+                spans.append([str(x).strip() for x in a["extractive_spans"] if str(x).strip()] if extractive else [])
                 gold = set()
                 for ev in a.get("evidence", []):
                     if ev.startswith(FLOAT_PREFIX):
@@ -145,6 +148,7 @@ def load_qasper(data_root=None, max_queries: Optional[int] = None, *,
                 gold_note_ids=gold_ids,
                 meta={
                     "answers": answers,
+                    "extractive_spans": spans,
                     "answerable": any(a != "Unanswerable" for a in answers),
                     "gold_per_annotator": per_annotator,
                     "unmatched_evidence": unmatched,
