@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES = 600
+MAX_LINES = 500
+# Files still over the limit while their split lands (issue 36: io/parse.py, io/store.py; issue 35: the server).
+PENDING_SPLIT = {"cdsjax/io/parse.py", "cdsjax/io/store.py", "cdsjax/commands/serve.py"}
 
 
 def _imported_modules(source: str, filename: str) -> list:
@@ -38,9 +40,9 @@ def test_nothing_outside_tests_imports_tests():
     assert not bad, "modules outside tests/ import the tests package:\n" + "\n".join(bad)
 
 
-def test_no_file_in_the_package_is_over_600_lines():
+def test_no_file_in_the_package_is_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "cdsjax").rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+            if (n := len(p.read_text().splitlines())) > MAX_LINES and str(p.relative_to(ROOT)) not in PENDING_SPLIT}
     assert not long, f"files over {MAX_LINES} lines (split them by job): {long}"
 
 
