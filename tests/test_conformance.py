@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.learn import default_params
 from tests.conftest import on_arrays
 from cdsjax.core.payoff import DensePayoff
 
@@ -21,7 +22,8 @@ PADDED = 8
 SIZES = (6, 4)
 DTYPES = {"float32": (np.float32, False), "float64": (np.float64, True)}
 # every option at its default; cds_support's bisection is kept short to stay fast
-OPTIONS = {"cds_support": {"num_steps": 4}}
+# the learned selector's parameters are a value the caller supplies: the shipped fit (read by cdsjax.learn)
+OPTIONS = {"cds_support": {"num_steps": 4}, "cds_learned": {"params": default_params()}}
 
 
 def problem(seed, n, dtype):
