@@ -31,6 +31,7 @@ import numpy as np
 from cdsjax import core
 from cdsjax.core import registry
 from cdsjax.io.compilation_cache import enable_compilation_cache, prune_compilation_cache  # noqa: F401 (entry points)
+from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.selection import Candidates, make_selector, note_structure, selector_key, selector_options
@@ -38,7 +39,6 @@ from cdsjax.selection import Candidates, make_selector, note_structure, selector
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = registry.SPECS[registry.DEFAULT_SELECTOR].display
 
-SNIPPET_CHARS = 1500
 
 
 class PipelineError(Exception):
@@ -346,28 +346,9 @@ class Pipeline:
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""
-        out = []
         ok = np.asarray(selection.selected_valid)
-        for rank, (i, s) in enumerate(zip(np.asarray(selection.indices)[ok], np.asarray(selection.scores)[ok]), 1):
-            note = self.corpus.notes[int(i)]
-            kind = note.get("kind", "text")
-            text = note.get("text") or ""
-            if kind != "text" and note.get("caption"):
-                text = note["caption"]
-            out.append(dict(
-                rank=rank,
-                score=float(s),
-                document=note.get("doc_id"),
-                page=int(note.get("page", 0)),
-                bbox=[float(v) for v in note["bbox"]] if note.get("bbox") is not None else None,
-                kind=kind,
-                text=text[:SNIPPET_CHARS],
-                note_id=note.get("note_id"),
-                image_path=note.get("image_path"),
-                summary=note.get("summary") or "",
-                caption=note.get("caption") or "",
-            ))
-        return out
+        return [evidence_item(self.corpus.notes[int(i)], rank=rank, score=s) for rank, (i, s) in
+                enumerate(zip(np.asarray(selection.indices)[ok], np.asarray(selection.scores)[ok]), 1)]
 
     def evidence_items(self, evidence: List[dict]) -> list:
         """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""

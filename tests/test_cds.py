@@ -184,18 +184,22 @@ def test_every_strategy_uses_the_one_default_solver(strategy, monkeypatch):
                                          ("max_iter", core.MAX_ITER_CAP + 1), ("max_iter", 2_147_483_647),
                                          ("num_steps", 0), ("num_steps", core.MAX_SUPPORT_STEPS + 1)])
 def test_solve_options_enforce_hard_limits(field, value):
+    support = field == "num_steps"  # the support strategy's own setting, not a SolveOptions field
     with pytest.raises(ValueError, match=field):
-        core.SolveOptions(**{field: value}).check()
+        core.support_settings(value) if support else core.SolveOptions(**{field: value}).check()
     notes, queries = corpus()
     with pytest.raises(ValueError, match=field):
-        core.cds(core.CDSProblem.create(notes, queries[0]), **{field: value})
+        core.cds(core.CDSProblem.create(notes, queries[0]), "support" if support else "single", **{field: value})
     with pytest.raises(ValueError, match=field):
         core.make_selector("cds_support" if field == "num_steps" else "cds", budget=3, **{field: value})
 
 
 def test_hard_limits_keep_the_documented_settings_legal():
     core.SolveOptions(tol=1e-7, max_iter=10_000).check()  # paper mode
-    core.SolveOptions(tol=1e-15, max_iter=core.MAX_ITER_CAP, num_steps=core.MAX_SUPPORT_STEPS).check()
+    core.SolveOptions(tol=1e-15, max_iter=core.MAX_ITER_CAP).check()
+    assert core.support_settings(core.MAX_SUPPORT_STEPS)[0] == core.MAX_SUPPORT_STEPS
+    with pytest.raises(ValueError, match="only used by the 'support' strategy"):
+        core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), "single", num_steps=3)
     for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": core.PPR_MAX_ITER_CAP + 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             core.make_selector("ppr", budget=3, **bad)

@@ -70,7 +70,7 @@ from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
 from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.support import scale_note_block
+from cdsjax.core.support import scale_note_block, support_settings
 from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
@@ -122,6 +122,7 @@ __all__ = [
     "assemble_affinity",
     "initial_point",
     "problem_affinity",
+    "support_settings",
     "solver_name",
     "stop_rule",
     "ActiveSet",

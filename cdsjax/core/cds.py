@@ -61,6 +61,8 @@ def cds(
     x0: Optional[Array] = None,
     corpus: Optional[CorpusAffinity] = None,
     adjoint: Optional[Adjoint] = None,
+    num_steps: Optional[int] = None,
+    scale_range: Optional[tuple] = None,
     **overrides,
 ) -> Selection:
     r"""Selects evidence for ``problem`` as a constrained dominant set.
@@ -83,6 +85,8 @@ def cds(
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
         default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
         that derivative (``"shared"`` with the paper's game differentiates through its loop).
+      num_steps, scale_range: ``"support"`` only, its bisection steps and the bracket of
+        :math:`\gamma = \beta n` (:func:`~cdsjax.core.support.support_settings`; None: the defaults).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:
@@ -107,6 +111,11 @@ def cds(
         if strategy != "single":
             raise ValueError(f"x0 is only used by the 'single' strategy, not {strategy!r}")
         extra["x0"] = x0
+    for name, value in (("num_steps", num_steps), ("scale_range", scale_range)):
+        if value is not None:
+            if strategy != "support":
+                raise ValueError(f"{name} is only used by the 'support' strategy, not {strategy!r}")
+            extra[name] = value
     if corpus is not None:
         if strategy != "shared":
             raise ValueError(f"corpus is only used by the 'shared' strategy, not {strategy!r}")

@@ -33,6 +33,7 @@ from cdsjax.core.cds import cds
 from cdsjax.core.learned import LearnedParams
 from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.subgraph import select_subgraph_readout
+from cdsjax.core.support import support_settings
 from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 
@@ -143,11 +144,12 @@ def _cds_inputs(name: str, solver: str, fields: dict, allowed: tuple, params=Non
     return params, SolveOptions(solver=solver, **given).check()
 
 
-def _cds_fn(strategy: str, budget: int, params, options: SolveOptions) -> SelectorFn:
-    """The selector function of a CDS strategy and game: :func:`cdsjax.core.cds` on the caller's problem."""
+def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **settings) -> SelectorFn:
+    """The selector function of a CDS strategy and game: :func:`cdsjax.core.cds` on the caller's problem
+    (``settings``: the strategy's own, e.g. the support strategy's ``num_steps``)."""
 
     def fn(problem: CDSProblem, key=None):
-        return cds(problem, strategy, params, options, budget=budget)
+        return cds(problem, strategy, params, options, budget=budget, **settings)
 
     return fn
 
@@ -166,11 +168,12 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
 
 def _cds_support(budget: int, **fields) -> SelectorFn:
     """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
+    num_steps, scale_range = support_settings(fields.pop("num_steps", None), fields.pop("scale_range", None))
     params, options = _cds_inputs("cds_support", "converged", fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
         raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
 
-    return _cds_fn("support", budget, params, options)
+    return _cds_fn("support", budget, params, options, num_steps=num_steps, scale_range=scale_range)
 
 
 _cds_support.options = SUPPORT_OPTIONS

@@ -75,8 +75,10 @@ from cdsjax.core.implicit import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers import solve
-from cdsjax.core.types import DEFAULT_SCALE_RANGE, Affinity, CDSParams, CDSProblem, Selection, SolveOptions  # noqa: F401
+from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSParams, CDSProblem,  # noqa: F401
+                               Selection, SolveOptions)
 from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
+from cdsjax.core.validation import check_int_range
 
 
 def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
@@ -94,8 +96,27 @@ def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
     return base.replace(matrix=matrix, alpha=alpha.astype(base.matrix.dtype))
 
 
+def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple:
+    """``(num_steps, scale_range)`` of the support strategy, checked (None: the defaults).
+
+    ``1 <= num_steps <= MAX_SUPPORT_STEPS`` (each step one solve); ``scale_range`` a ``(low, high)`` bracket of
+    :math:`\gamma = \beta n` with ``0 < low < high``, returned as a tuple of floats (a static, hashable value).
+    """
+    num_steps = DEFAULT_STEPS if num_steps is None else num_steps
+    check_int_range("num_steps", num_steps, MAX_SUPPORT_STEPS)
+    scale_range = DEFAULT_SCALE_RANGE if scale_range is None else scale_range
+    try:
+        low, high = (float(v) for v in scale_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale_range must be (low, high), got {scale_range!r}") from None
+    if not 0 < low < high:
+        raise ValueError(f"scale_range must be (low, high) with 0 < low < high, got {scale_range!r}")
+    return int(num_steps), (low, high)
+
+
 def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
-                  adjoint: Optional[Adjoint] = None) -> Selection:
+                  adjoint: Optional[Adjoint] = None, num_steps: Optional[int] = None,
+                  scale_range=None) -> Selection:
     r"""Strategy ``"support"`` of :func:`cdsjax.core.cds`: the constrained dominant set whose support holds
     about ``budget`` notes.
 
@@ -104,8 +125,9 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
     notes, and returns that support as the evidence, ranked by weight. ``params.beta``
     is ignored (it is what is chosen); ``coupling`` must not be ``"none"``. Of
     ``options``: ``solver`` of each equilibrium, ``threshold``, ``tol`` / ``max_iter``
-    of each solve, ``num_steps`` (bisection steps, each one solve), ``scale_range``
-    (``(low, high)`` bracket of :math:`\gamma = \beta n`) and ``fill``; every solve
+    of each solve and ``fill``; the strategy's own settings are ``num_steps`` (bisection
+    steps, each one solve) and ``scale_range`` (``(low, high)`` bracket of
+    :math:`\gamma = \beta n`), checked by :func:`support_settings`; every solve
     starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta` (differentiated by
     ``adjoint``, the choice itself held fixed), ``beta`` that :math:`\beta`.
     """
@@ -114,11 +136,7 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
     solver, threshold, tol, max_iter = options.solver, options.threshold, options.tol, options.max_iter
     if params.coupling == "none":
         raise ValueError("cds_support needs a note block: coupling='none' makes beta irrelevant")
-    num_steps = options.num_steps
-    scale_range = options.scale_range
-    low, high = (float(v) for v in scale_range)
-    if not 0 < low < high:
-        raise ValueError(f"scale_range must be (low, high) with 0 < low < high, got {scale_range!r}")
+    num_steps, (low, high) = support_settings(num_steps, scale_range)
 
     base_params = params.replace(beta=1.0)
     base = problem_affinity(problem, base_params)

@@ -259,9 +259,9 @@ class SolveOptions:
         ``init``; ``"replicator"`` first runs paper mode and starts from its point.
       fill: True fills slots the support leaves empty (the fill rule of
         :mod:`cdsjax.core.ranking`); False returns only the support.
-      num_steps: :func:`~cdsjax.core.cds_support` only, bisection steps (each one solve).
-      scale_range: :func:`~cdsjax.core.cds_support` only, ``(low, high)`` bracket of
-        :math:`\gamma = \beta n`.
+
+    The support strategy's own settings (bisection steps, the bracket of :math:`\gamma = \beta n`) are
+    arguments of that strategy (``cds(..., "support", num_steps=, scale_range=)``), not fields here.
     """
 
     solver: Optional[str] = struct.field(pytree_node=False, default=None)
@@ -272,27 +272,20 @@ class SolveOptions:
     prior_temperature: float = struct.field(pytree_node=False, default=0.1)
     warm_start: str = struct.field(pytree_node=False, default="uniform")
     fill: bool = struct.field(pytree_node=False, default=True)
-    num_steps: int = struct.field(pytree_node=False, default=DEFAULT_SUPPORT_STEPS)
-    scale_range: tuple = struct.field(pytree_node=False, default=DEFAULT_SCALE_RANGE)
 
     def check(self) -> "SolveOptions":
         """Raises ``ValueError`` naming the field if an option string, a limit or a count is invalid.
 
-        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given,
-        ``1 <= num_steps <= MAX_SUPPORT_STEPS``.
+        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given.
         """
         if self.tol is not None:
             check_positive("tol", self.tol)
         if self.max_iter is not None:
             check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
-        check_int_range("num_steps", self.num_steps, MAX_SUPPORT_STEPS)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.warm_start not in WARM_STARTS:
             raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
-        if not isinstance(self.scale_range, tuple) or any(not isinstance(v, float) for v in self.scale_range):
-            # static fields must hash: a list (from a config) becomes a tuple of floats
-            return self.replace(scale_range=tuple(float(v) for v in self.scale_range))
         return self
 
 

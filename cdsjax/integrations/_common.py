@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapters' formatter, shared with ask)
+
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
                "summary", "caption")
@@ -129,45 +131,6 @@ class Chooser:
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
         return chosen, core.diagnostics(sel, selector=self.spec.name, valid=padded.valid)
-
-
-def note_text(note: dict) -> str:
-    """The text a note stands for: its text, or for a figure, table or chart its caption when it has one."""
-    kind = note.get("kind", "text")
-    if kind != "text" and note.get("caption"):
-        return str(note["caption"])
-    return str(note.get("text") or note.get("summary") or "")
-
-
-def note_metadata(note: dict, *, score: Optional[float] = None, rank: Optional[int] = None,
-                  selector: Optional[str] = None, diagnostics: Optional[dict] = None) -> Dict[str, Any]:
-    """The metadata of one returned note (the fields of ``cdsjax ask --json`` evidence).
-
-    Keys: note_id, document, page (0-based), bbox ([x0, y0, x1, y1] PDF points, top-left origin, or None),
-    kind, image_path and crop (the PNG crop of a visual note, or None), summary, caption, and when known score,
-    rank (1-based), selector and diagnostics (the solver's, ``{}`` for baselines).
-    """
-    bbox = note.get("bbox")
-    out = dict(
-        note_id=str(note.get("note_id")),
-        document=note.get("doc_id"),
-        page=int(note.get("page", 0)),
-        bbox=[float(v) for v in bbox] if bbox is not None else None,
-        kind=note.get("kind", "text"),
-        image_path=note.get("image_path"),
-        crop=note.get("image_path"),
-        summary=note.get("summary") or "",
-        caption=note.get("caption") or "",
-    )
-    if score is not None:
-        out["score"] = float(score)
-    if rank is not None:
-        out["rank"] = int(rank)
-    if selector is not None:
-        out["selector"] = selector
-    if diagnostics is not None:
-        out["diagnostics"] = dict(diagnostics)
-    return out
 
 
 class IndexSource:
