@@ -84,3 +84,13 @@ def test_docs_name_the_registry_default_selector():
                   "converged CDS (the default)", "the server's default, converged CDS)", "default selector (cds-paper)"):
         assert _selector_default_claims(stale, others, phrases), stale
     assert not _selector_default_claims("the default selector is learned CDS (``cds-learned``)", others, phrases)
+
+
+def test_core_opens_no_file():
+    """The pure core receives values: no file is opened, read or named there (parameter files: cdsjax.learn)."""
+    import re
+
+    calls = re.compile(r"\bopen\(|\.read_text\(|\.read_bytes\(|\.write_text\(|\bimport (?:pathlib|json|os)\b|__file__")
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "cdsjax" / "core").rglob("*.py"))
+           for i, line in enumerate(p.read_text().splitlines(), 1) if calls.search(line)]
+    assert not bad, f"file access in cdsjax/core: {bad}"

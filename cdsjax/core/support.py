@@ -97,7 +97,7 @@ def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
 
 
 def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple:
-    """``(num_steps, scale_range)`` of the support strategy, checked (None: the defaults).
+    r"""``(num_steps, scale_range)`` of the support strategy, checked (None: the defaults).
 
     ``1 <= num_steps <= MAX_SUPPORT_STEPS`` (each step one solve); ``scale_range`` a ``(low, high)`` bracket of
     :math:`\gamma = \beta n` with ``0 < low < high``, returned as a tuple of floats (a static, hashable value).
