@@ -129,7 +129,7 @@ def test_ask_params_errors_are_one_line(tmp_path, capsys):
 
 
 def test_serve_takes_no_params_file_over_http():
-    from cdsjax.commands.serve import check_http_options
+    from cdsjax.commands.policy import check_http_options
 
     assert check_http_options("cds_learned", {"fill": False}) == {"fill": False}
     with pytest.raises(ValueError, match="'params' is not accepted"):

@@ -77,7 +77,8 @@ def add_arguments(p) -> None:
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
                    "then give only the question")
     p.add_argument("--token", default=None,
-                   help="with --server: the server's bearer token (env CDSJAX_TOKEN)")
+                   help="with --server: the server's bearer token; prefer the environment variable "
+                   "CDSJAX_TOKEN (a --token value is visible to every user of the machine in `ps`)")
     p.add_argument("--embedder", action="append", default=[], metavar="MODEL",
                    help="accept indexes embedded with MODEL besides the shipped MiniLM and the documented presets")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -244,7 +245,7 @@ def ask_server(url: str, question: str, *, selector: Optional[str], budget: int,
         body["options"] = options
     headers = {"Content-Type": "application/json"}
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers["Authorization"] = b"Bearer " + token.encode("utf-8")  # any text: the server compares bytes
     request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
     t0 = time.perf_counter()
