@@ -86,38 +86,62 @@ def corpus_bound(notes: Array, valid: Array, params: CDSParams = CDSParams(), *,
     return padded_note_penalty(note_coupling(notes, valid, params), valid, num_queries, params.eps)
 
 
-def learned_is_corpus_level(theta, base: CDSParams = CDSParams()) -> bool:
-    """True when the learned game's penalty does not depend on the question: ``alpha_from="free"`` and a
-    relevance-weighted repulsion of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
+def learned_is_corpus_level(theta) -> bool:
+    """True when the learned game's note block does not read the question: a relevance-weighted repulsion
+    of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
     try:
-        rel = float(theta.rel_repulsion)
+        return float(theta.rel_repulsion) <= 0.0
     except (TypeError, jax.errors.ConcretizationTypeError):
         return False
-    return base.alpha_from == "free" and rel <= 0.0
 
 
 def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
-                         base: CDSParams = CDSParams(), num_queries: int = 1) -> Array:
-    r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once
-    per corpus (before ``alpha_factor``; :func:`~cdsjax.core.learned.learned_affinity` applies it).
+                         num_queries: int = 1) -> Array:
+    r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon` once per
+    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.learned.learned_affinity` applies).
 
-    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are
-    masked out of the bound, and with ``rel_repulsion`` 0 the note block does not read the question), so it
-    equals that function's bound on every question bit for bit.
-
-    Raises:
-      ValueError: when :func:`learned_is_corpus_level` is False.
+    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are masked
+    out of the bound). With ``rel_repulsion`` 0 the note block :math:`C` does not read the question and this is
+    the per-question bound bit for bit. Otherwise the block is
+    :math:`W(q) = (1-\lambda)C + \lambda D_\rho C D_\rho` with :math:`0 \le \rho_i \le 1`, and for a unit
+    :math:`x`, :math:`x^\top W x \le (1-\lambda)\lambda_{\max}(C) + \lambda \max(\lambda_{\max}(C), 0)\|D_\rho x\|^2
+    \le \max(\lambda_{\max}(C), 0)`: the bound of :math:`C`, raised to at least :math:`\varepsilon`, is then an
+    upper bound for every question (certified, not exact: the picks can change).
     """
     from cdsjax.core.learned import learned_affinity
 
-    if not learned_is_corpus_level(theta, base):
-        raise ValueError("the learned game's bound depends on the question (rel_repulsion > 0 or "
-                         "alpha_from='full'): use certified_bound per question")
+    exact = learned_is_corpus_level(theta)
+    probe = theta.replace(alpha_factor=1.0) if exact else theta.replace(alpha_factor=1.0, rel_repulsion=0.0)
     notes = jnp.asarray(notes)
     queries = jnp.zeros((int(num_queries), notes.shape[1]), notes.dtype)
-    affinity = learned_affinity(notes, queries, valid, theta.replace(alpha_factor=1.0), links=links,
-                                pages=pages, doc_ids=doc_ids, kinds=kinds, base=base)
-    return affinity.alpha
+    bound = learned_affinity(notes, queries, valid, probe, links=links, pages=pages, doc_ids=doc_ids,
+                             kinds=kinds).alpha
+    return bound if exact else jnp.maximum(bound, jnp.asarray(theta.eps, bound.dtype))
+
+
+def problem_bound(problem, params, strategy: str = "single") -> Optional[Array]:
+    r"""The spectral bound the game ``params`` uses on ``problem``'s corpus under ``strategy``, computed once
+    for every question on it; None when the penalty must be found per question.
+
+    ``"single"`` and ``"peel"`` (its first round) use the game's bound, ``"support"`` the bound at
+    :math:`\beta = 1` (which it rescales); ``"shared"`` computes its own, and ``alpha_from="full"`` reads each
+    question's relevance row (None for both). Exact (equal bit for bit to the per-question bound) for the
+    paper's game and a learned game without relevance-weighted repulsion when no notes are pinned; with
+    pinned notes or that repulsion, an upper bound (interlacing, :func:`learned_corpus_bound`), so the
+    guarantee holds. The query rows only give their count.
+    """
+    from cdsjax.core.learned import LearnedParams
+
+    if strategy == "shared" or params.alpha_from != "free":
+        return None
+    m = problem.queries.shape[-2]
+    if isinstance(params, CDSParams):
+        game = params.replace(beta=1.0) if strategy == "support" else params
+        return corpus_bound(problem.notes, problem.valid, game, num_queries=m)
+    if isinstance(params, LearnedParams) and strategy in ("single", "peel"):
+        return learned_corpus_bound(problem.notes, problem.valid, params, links=problem.links, pages=problem.pages,
+                                    doc_ids=problem.doc_ids, kinds=problem.kinds, num_queries=m)
+    return None
 
 
 def _lanczos_vector(matrix: Array, mask: Array, steps: int) -> Array:
