@@ -170,11 +170,14 @@ def worker_eval(spec: dict) -> dict:
     name = spec["selector"]
     fn = cached_selector(name, 10, {})
     chunk = selector_spec(name).batch_chunk
+    import inspect
+
+    extra = {"spec": selector_spec(name)} if "spec" in inspect.signature(run_selector).parameters else {}
     t0 = time.perf_counter()
-    first = run_selector(fn, problems, buckets=DEFAULT_BUCKETS, max_batch=16, chunk=chunk)
+    first = run_selector(fn, problems, buckets=DEFAULT_BUCKETS, max_batch=16, chunk=chunk, **extra)
     cold = time.perf_counter() - t0
     t0 = time.perf_counter()
-    run_selector(fn, problems, buckets=DEFAULT_BUCKETS, max_batch=16, chunk=chunk)
+    run_selector(fn, problems, buckets=DEFAULT_BUCKETS, max_batch=16, chunk=chunk, **extra)
     warm = time.perf_counter() - t0
     picks = [np.asarray(s.indices)[np.asarray(s.selected_valid)].tolist() for s in first]
     scores = [np.asarray(s.scores).tobytes().hex() for s in first]
@@ -270,6 +273,7 @@ def main(argv=None) -> int:
     p.add_argument("--old-root", default=None, help="a checkout of the code to compare against")
     p.add_argument("--sizes", default="164,1000,4000,10000")
     p.add_argument("--questions", type=int, default=30, help="warm questions per corpus")
+    p.add_argument("--large-questions", type=int, default=3, help="warm questions per corpus above 2,000 notes")
     p.add_argument("--old-max", type=int, default=4100, help="largest corpus the old code is timed on")
     p.add_argument("--index", default=None, help="an index directory to serve (old and new) over HTTP")
     p.add_argument("--http-questions", type=int, default=30)
@@ -297,7 +301,8 @@ def main(argv=None) -> int:
             for label, root in roots.items():
                 if label == "old" and size > args.old_max:
                     continue
-                spec = {"data": data, "size": size, "selectors": SELECTORS, "questions": args.questions}
+                questions = args.questions if size <= 2000 else args.large_questions
+                spec = {"data": data, "size": size, "selectors": SELECTORS, "questions": questions}
                 report["sizes"][size][label] = run_worker(root, "corpus", spec, args.timeout)
                 print(f"size {size} {label}: {json.dumps(report['sizes'][size][label])[:600]}", flush=True)
     if args.index and "http" not in skip:

@@ -45,20 +45,93 @@ def test_corpus_bound_refuses_a_question_dependent_penalty():
     with pytest.raises(ValueError, match="alpha_from='free'"):
         corpus_bound(z, valid, core.CDSParams(alpha_from="full"))
     assert learned_is_corpus_level(SHIPPED) and not learned_is_corpus_level(SHIPPED.replace(rel_repulsion=0.5))
-    with pytest.raises(ValueError, match="depends on the question"):
-        learned_corpus_bound(z, valid, SHIPPED.replace(rel_repulsion=1.0))
 
 
 def test_learned_corpus_bound_is_the_per_question_bound_bit_for_bit():
     z, q, valid, pages = corpus(70, 128, seed=3)
     for theta in (SHIPPED, SHIPPED.replace(alpha_factor=1.5), LearnedParams.paper()):
         bound = jax.jit(lambda z, v, p, t=theta: learned_corpus_bound(z, v, t, pages=p))(z, valid, pages)
-        aff = jax.jit(lambda z, q, v, p, t=theta: learned_affinity(z, q, v, t, pages=p))(z, q, valid, pages)
-        expected = theta.replace(alpha_factor=1.0)
-        plain = learned_affinity(z, q, valid, expected, pages=pages).alpha
+        plain = learned_affinity(z, q, valid, theta.replace(alpha_factor=1.0), pages=pages).alpha
         assert np.asarray(bound).tobytes() == np.asarray(plain).tobytes()
-        f = float(theta.alpha_factor)
-        np.testing.assert_allclose(float(aff.alpha), float(bound) + (f - 1.0) * abs(float(bound)), rtol=1e-6)
+    # with relevance-weighted repulsion the block reads the question: the corpus bound is an upper bound
+    theta = SHIPPED.replace(rel_repulsion=1.0)
+    bound = float(learned_corpus_bound(z, valid, theta, pages=pages))
+    for query in (q, z[0], z[40]):
+        aff = learned_affinity(z, query, valid, theta, pages=pages)
+        free = np.asarray(aff.free)
+        lam = np.linalg.eigvalsh(np.asarray(aff.matrix, np.float64)[np.ix_(free, free)])[-1]
+        assert bound >= lam + 1e-3 - 1e-6
+
+
+def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
+    """cds() on a problem with the corpus bound (problem_bound) == the same problem computing it per
+    question, for the paper game's strategies and the learned game; the registry's selectors supply it."""
+    from cdsjax.core.registry import corpus_bound_fn
+    from cdsjax.core.spectral import problem_bound
+
+    z, q, valid, pages = corpus(40, 64, seed=7)
+    problem = core.CDSProblem.create(z, q, valid, pages=pages)
+    for strategy, params in (("single", core.CDSParams()), ("peel", core.CDSParams(beta=0.3)),
+                             ("support", core.CDSParams()), ("single", SHIPPED)):
+        with_bound = problem.replace(bound=problem_bound(problem, params, strategy))
+        a = core.cds(problem, strategy, params, budget=5)
+        b = core.cds(with_bound, strategy, params, budget=5)
+        assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes(), strategy
+        assert np.asarray(a.scores).tobytes() == np.asarray(b.scores).tobytes(), strategy
+    assert problem_bound(problem, core.CDSParams(alpha_from="full")) is None
+    assert problem_bound(problem, core.CDSParams(), "shared") is None
+    assert corpus_bound_fn(core.make_selector("cosine", budget=3)) is None
+    fn = core.make_selector("cds_converged", budget=3)
+    assert float(corpus_bound_fn(fn)(problem)) == float(problem_bound(problem, core.CDSParams()))
+
+
+def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties():
+    z, q, valid, _ = corpus(40, 64, seed=8)
+    exact = core.build_affinity(z, q, valid, core.CDSParams(alpha_from="full"))
+    cert = core.build_affinity(z, q, valid, core.CDSParams(alpha_from="full", alpha_bound="certified"))
+    lam = np.linalg.eigvalsh(np.asarray(exact.matrix, np.float64))[-1]
+    assert float(cert.alpha) >= lam + 1e-3 and float(cert.alpha) <= float(exact.alpha) * (1 + 1e-3)
+    sel = core.cds(core.CDSProblem.create(z, q, valid), "peel", core.CDSParams(alpha_bound="certified"), budget=5,
+                   solver="converged")
+    assert int(sel.result.status) == 0 and int(np.sum(sel.selected_valid)) == 5
+    with pytest.raises(ValueError, match="alpha_bound"):
+        core.CDSParams(alpha_bound="approx").check()
+
+
+def test_run_selector_computes_one_bound_per_corpus():
+    """The evaluation's batches: questions on one document share its bound (one computation), and the
+    selections are those of the per-question penalty, bit for bit."""
+    from cdsjax.eval import run as R
+    from cdsjax.eval.problems import Problem
+    from cdsjax.io.datasets import Query
+
+    docs = [corpus(n, n, seed=n) for n in (20, 27)]
+    rng = np.random.default_rng(0)
+    problems = []
+    for k in range(6):
+        z, _, _, pages = docs[k % 2]
+        q = rng.normal(size=z.shape[1])
+        problems.append(Problem(Query(qid=f"q{k}", question="", answer="", doc_ids=(f"d{k % 2}",)), z,
+                                (q / np.linalg.norm(q)).astype(np.float32), np.zeros((len(z), len(z)), bool),
+                                [f"n{i}" for i in range(len(z))], [f"d{k % 2}"] * len(z), pages=list(pages)))
+    spec = core.selector_spec("cds_converged")
+    fn = core.make_selector("cds_converged", budget=4)
+    real = R._bound_call(fn)
+    concrete = []
+
+    def counting(problem):
+        concrete.append(not isinstance(problem.notes, jax.core.Tracer))
+        return real(problem)
+
+    R._BOUNDS[fn] = counting
+    with_bound = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec)
+    assert sum(concrete) == 2  # two documents, six questions in two chunks
+    R._BOUNDS[fn] = None  # the per-question penalty, as before
+    plain = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec)
+    for a, b in zip(with_bound, plain):
+        assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes()
+        assert np.asarray(a.scores).tobytes() == np.asarray(b.scores).tobytes()
+    R.release(fn)
 
 
 def blocks(seed):
