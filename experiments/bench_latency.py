@@ -303,13 +303,16 @@ def main(argv=None) -> int:
                     continue
                 questions = args.questions if size <= 2000 else args.large_questions
                 spec = {"data": data, "size": size, "selectors": SELECTORS, "questions": questions}
-                report["sizes"][size][label] = run_worker(root, "corpus", spec, args.timeout)
-                print(f"size {size} {label}: {json.dumps(report['sizes'][size][label])[:600]}", flush=True)
+                report["sizes"][size][label] = r = run_worker(root, "corpus", spec, args.timeout)
+                brief = {k: (v["cold_ms"], v["warm"]) for k, v in r.get("selectors", {}).items()}
+                print(f"size {size} {label}: load {r.get('load')} {brief or r}", flush=True)
+                save(args.out, report)
     if args.index and "http" not in skip:
         with tempfile.TemporaryDirectory() as cache:
             report["http"] = serve_index(roots, args.index, mmlongbench_questions(args.http_questions + 1),
                                          SELECTORS, Path(cache))
         print(f"http: {json.dumps(report['http'])}", flush=True)
+        save(args.out, report)
     if "eval" not in skip:
         for label, root in roots.items():
             spec = {"data": data, "questions": args.eval_questions, "selector": "cds_learned"}
@@ -319,10 +322,15 @@ def main(argv=None) -> int:
             old, new = report["eval"]["old"], report["eval"]["new"]
             report["eval"]["same_picks"] = sum(a == b for a, b in zip(old["picks"], new["picks"]))
             report["eval"]["same_scores"] = sum(a == b for a, b in zip(old["scores"], new["scores"]))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    save(args.out, report)
     print(tables(report))
     return 0
+
+
+def save(path: str, report: dict) -> None:
+    """Writes the report so far (each part as it finishes)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1))
 
 
 def tables(report: dict) -> str:
