@@ -44,7 +44,16 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench_latency"
-SELECTORS = ("cds_learned", "cds_converged", "cosine")
+
+
+def selectors() -> tuple:
+    """The default selector, converged CDS (the paper's game, beta an option) and cosine, from the registry."""
+    from cdsjax.core.registry import DEFAULT_SELECTOR, REFERENCE_SELECTOR, SPECS
+
+    converged = next(s.name for s in SPECS.values() if s.mode == "converged" and "beta" in s.options)
+    return DEFAULT_SELECTOR, converged, REFERENCE_SELECTOR
+
+
 PAGE_SIZE = 5
 QASPER_QUESTIONS = 240  # the first questions of QASPER and their papers: about 3,000 real paragraphs
 
@@ -302,7 +311,7 @@ def main(argv=None) -> int:
                 if label == "old" and size > args.old_max:
                     continue
                 questions = args.questions if size <= 2000 else args.large_questions
-                spec = {"data": data, "size": size, "selectors": SELECTORS, "questions": questions}
+                spec = {"data": data, "size": size, "selectors": selectors(), "questions": questions}
                 report["sizes"][size][label] = r = run_worker(root, "corpus", spec, args.timeout)
                 brief = {k: (v["cold_ms"], v["warm"]) for k, v in r.get("selectors", {}).items()}
                 print(f"size {size} {label}: load {r.get('load')} {brief or r}", flush=True)
@@ -310,12 +319,12 @@ def main(argv=None) -> int:
     if args.index and "http" not in skip:
         with tempfile.TemporaryDirectory() as cache:
             report["http"] = serve_index(roots, args.index, mmlongbench_questions(args.http_questions + 1),
-                                         SELECTORS, Path(cache))
+                                         selectors(), Path(cache))
         print(f"http: {json.dumps(report['http'])}", flush=True)
         save(args.out, report)
     if "eval" not in skip:
         for label, root in roots.items():
-            spec = {"data": data, "questions": args.eval_questions, "selector": "cds_learned"}
+            spec = {"data": data, "questions": args.eval_questions, "selector": selectors()[0]}
             report["eval"][label] = run_worker(root, "eval", spec, args.timeout)
             print(f"eval {label}: {json.dumps({k: v for k, v in report['eval'][label].items() if k not in ('picks', 'scores')})}", flush=True)
         if len(report["eval"]) == 2 and all("picks" in v for v in report["eval"].values()):
@@ -346,7 +355,7 @@ def tables(report: dict) -> str:
                              f"{v['warm']['p50']:.1f} | {v['warm']['p95']:.1f} | {r['load']} |")
         if len(by_code) == 2 and all("selectors" in r for r in by_code.values()):
             same = {s: sum(a == b for a, b in zip(by_code["old"]["selectors"][s]["picks"],
-                                                 by_code["new"]["selectors"][s]["picks"])) for s in SELECTORS}
+                                                 by_code["new"]["selectors"][s]["picks"])) for s in selectors()}
             lines.append(f"| | | same picks old/new | {same} | | | |")
     if report.get("http"):
         h = report["http"]

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from cdsjax.core.certified import certified_bound
 from cdsjax.core.types import Affinity, CDSParams, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
@@ -97,8 +98,6 @@ def block_bound(matrix: Array, mask: Array, params, bound: Optional[Array] = Non
     if bound is not None and params.alpha_from == "free":
         return jnp.asarray(bound).astype(dtype)
     if getattr(params, "alpha_bound", "exact") == "certified":
-        from cdsjax.core.spectral import certified_bound
-
         return certified_bound(matrix, mask, params.eps).astype(dtype)
     return spectral_penalty(matrix, mask, params.eps).astype(dtype)
 
