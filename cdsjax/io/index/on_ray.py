@@ -88,7 +88,7 @@ def _run(ray, docs: List[Doc], ctx: BuildContext):
     fresh = copy.copy(ctx.embedder)
     fresh._model = None  # each actor loads the model itself, once
     actors = [ray.remote(num_cpus=0, max_restarts=RETRIES, max_task_retries=RETRIES)(EmbedActor).remote(fresh)
-              for _ in range(max(1, cpus // 8))]
+              for _ in range(max(1, cpus // 4))]  # embedding is about a quarter of the work
     window = 2 * cpus  # documents in flight: enough to keep every core busy, not the whole corpus in memory
     todo = sorted(docs, key=_size, reverse=True)  # longest first: no long document starts last
     config = ray.put(ctx.config)
