@@ -1,7 +1,7 @@
 """The web page of ``cdsjax serve`` and what the server computes for it.
 
 The page (``GET /``) asks one question of two selectors side by side (by default cosine and the server's
-default, converged CDS): the notes both chose share a row, the notes only one chose are marked, and within
+default, learned CDS): the notes both chose share a row, the notes only one chose are marked, and within
 each list the near-duplicates (cosine >= a threshold shown on the page) are marked. Each note links to its PDF
 at its page (``GET /pdf?document=DOC_ID#page=N``). The page renders every value with ``textContent``; no
 data reaches ``innerHTML``.

@@ -172,11 +172,12 @@ def run(args) -> int:
         canonical_selector(args.selector)
     except PipelineError as err:
         raise CLIError(str(err), 2) from None
-    if getattr(args, "params", None) is not None:
-        from cdsjax.learn.params_io import load_params
+    params = None
+    if getattr(args, "params", None) is not None:  # read once, here; the pipeline gets the value
+        from cdsjax.learn.params_io import resolve_params
 
         try:
-            load_params(getattr(args, "params", None))
+            params = resolve_params(args.params)
         except ValueError as err:
             raise CLIError(str(err), 1) from None
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -192,7 +193,7 @@ def run(args) -> int:
     try:
         pipe = Pipeline.from_paths(args.indexes, reader=reader, progress=sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   max_compiled=args.max_compiled, params=getattr(args, "params", None))
+                                   max_compiled=args.max_compiled, params=params)
         warm_s = pipe.warm([args.selector], budget=args.budget)
     except (PipelineError, EmbedderError) as err:
         sock.close()
