@@ -71,14 +71,19 @@ def settings():
 
 
 def _rank_fn(kind: str):
-    """``f(notes, query, valid, links, pages_game, units, doc_ids, kinds, param) -> rank [n]`` (jittable)."""
+    """``f(notes, query, valid, links, pages_game, units, doc_ids, kinds, param) -> (rank [n], kept [])`` (jittable;
+    ``kept``: the sparse regime's equilibrium kept the query, True for every other ranking)."""
     import jax.numpy as jnp
 
     from cdsjax.core import structure as S
     from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr
     from cdsjax.core.learned import LearnedParams, cds_learned
 
-    def f(notes, query, valid, links, pages_game, units, doc_ids, kinds, param):
+    def f(*args):
+        out = g(*args)
+        return out if isinstance(out, tuple) else (out, jnp.asarray(True))
+
+    def g(notes, query, valid, links, pages_game, units, doc_ids, kinds, param):
         n = notes.shape[0]
         if kind == "cosine":
             return S.ranking_of(lambda b: lambda z, q, v: select_cosine(z, q, v, budget=b), notes, query, valid)[0]
@@ -94,11 +99,13 @@ def _rank_fn(kind: str):
                                                    theta=param, budget=b)
             return S.ranking_of(build, notes, query, valid)[0]
         if kind == "pages":
-            return S.page_game_ranking(notes, query, valid, units, param, doc_ids=doc_ids)[0]
+            rank, _, kept = S.page_game_ranking(notes, query, valid, units, param, doc_ids=doc_ids)
+            return rank, kept
         if kind == "sparse":
             theta, factor = param
-            return S.sparse_learned_ranking(notes, query, valid, theta, factor, links=links, pages=pages_game,
-                                            doc_ids=doc_ids, kinds=kinds)[0]
+            rank, _, kept = S.sparse_learned_ranking(notes, query, valid, theta, factor, links=links,
+                                                     pages=pages_game, doc_ids=doc_ids, kinds=kinds)
+            return rank, kept
         raise ValueError(kind)
 
     return f
@@ -117,8 +124,9 @@ def _param(kind, p):
     return p
 
 
-def rankings(problems, kind, param, buckets=(64, 128, 256, 512, 1024, 2048), chunk=16) -> List[np.ndarray]:
-    """Each problem's rank positions under one setting (padded into buckets, jit + vmap, the knob traced where it
+def rankings(problems, kind, param, buckets=(64, 128, 256, 512, 1024, 2048), chunk=16):
+    """``(ranks, kept)``: each problem's rank positions under one setting, and whether the query stayed in the
+    support (sparse regime) (padded into buckets, jit + vmap, the knob traced where it
     is a pytree so one compilation serves a family)."""
     import jax
     import jax.numpy as jnp
@@ -133,6 +141,7 @@ def rankings(problems, kind, param, buckets=(64, 128, 256, 512, 1024, 2048), chu
         call = _CALLS.setdefault(key, jax.jit(jax.vmap(lambda *a: f(*a, param))))
         run = call
     out: List[np.ndarray] = [None] * len(problems)
+    kept = np.ones(len(problems), bool)
     groups: Dict[int, list] = {}
     for i, p in enumerate(problems):
         n = p.notes.shape[0]
@@ -143,10 +152,11 @@ def rankings(problems, kind, param, buckets=(64, 128, 256, 512, 1024, 2048), chu
             batch = rows + [rows[0]] * (chunk - len(rows)) if len(members) > chunk else rows
             arrays = [_padded(problems[i], size) for i in batch]
             stacked = [jnp.asarray(np.stack([a[j] for a in arrays])) for j in range(8)]
-            ranks = np.asarray(run(*stacked))
-            for r, i in zip(ranks, rows):
+            ranks, keeps = (np.asarray(a) for a in run(*stacked))
+            for r, kp, i in zip(ranks, keeps, rows):
                 out[i] = r[: problems[i].notes.shape[0]]
-    return out
+                kept[i] = bool(kp)
+    return out, kept
 
 
 _CALLS: dict = {}
@@ -218,14 +228,16 @@ def main(argv):
     diag = {}
     for family, label, kind, param in settings():
         t0 = time.perf_counter()
-        ranks = rankings(problems, kind, param)
+        ranks, kept = rankings(problems, kind, param)
+        diag[label] = float(kept.mean())
         for k in READOUTS:
             for b in budgets:
                 rows = [score(p, readout(r, u, b, k), data.kind) for p, r, u in zip(problems, ranks, units)]
                 values[(label, k, b, "recall")] = np.asarray([r[0] for r in rows], float)
                 values[(label, k, b, "has_answer")] = np.asarray([r[1] for r in rows], float)
         print(f"  {label}: {time.perf_counter() - t0:.0f} s; recall@10 none/k1/k2 "
-              + " / ".join(f"{np.nanmean(values[(label, k, 10, 'recall')]):.3f}" for k in READOUTS), flush=True)
+              + " / ".join(f"{np.nanmean(values[(label, k, 10, 'recall')]):.3f}" for k in READOUTS)
+              + ("" if kept.all() else f"; query kept in the support on {kept.mean():.0%}"), flush=True)
     np.savez_compressed(out / "values.npz", **{"|".join(map(str, k)): v for k, v in values.items()})
 
     folds = document_folds(list(data.notes), 5, seed=0)
@@ -258,7 +270,7 @@ def main(argv):
                 rows[(fam, reg, b)] = {"recall": rec, "has_answer": ans}
                 chosen[f"{fam}|{reg}|{b}"] = [f"{lab} k={k}" for lab, k in picks]
     summary = {"benchmark": name, "questions": len(problems), "covered": covered, "documents": len(data.notes),
-               "chosen": chosen, "rows": []}
+               "chosen": chosen, "query_kept": diag, "rows": []}
     R = _RESAMPLES.value
     ref = {"cosine-pages": ("cosine", "read"), "cosine": ("cosine", "none")}
     for (fam, reg, b), vals in rows.items():

@@ -153,16 +153,24 @@ def test_page_vectors_and_relevance():
     assert not np.asarray(aff.valid)[1:][~rep].any()
 
 
-def test_sparse_regime_shrinks_the_support():
-    p = problem(8, n=30, pages_per=1)  # pages irrelevant here
+def test_sparse_regime_shrinks_the_support_or_falls_back_to_the_bound():
+    p = problem(8, n=30, pages_per=1)
     own = np.arange(30, dtype=np.int32)
-    sizes = []
-    for f in (1.0, 0.5, 0.0):
-        sel = S.select_page_game(p["notes"], p["query"], p["valid"], own, S.PageGameParams(beta=1.0, alpha_factor=f),
-                                 budget=5)
-        sizes.append(int(sel.support_size))
-        assert bool(S.query_in_support(sel.result))
-    assert sizes[0] > sizes[1] >= sizes[2] and sizes[2] < 30
+
+    def run(beta, f):
+        rank, ranked, kept = S.page_game_ranking(p["notes"], p["query"], p["valid"], own,
+                                                 S.PageGameParams(beta=beta, alpha_factor=f))
+        return np.asarray(rank), int(ranked.support_size), bool(kept), bool(S.query_in_support(ranked.result))
+
+    # small beta: below the bound the equilibrium keeps the query and is a smaller cluster
+    dense = run(0.1, 1.0)
+    sparse = run(0.1, 0.3)
+    assert dense[2] and dense[3] and sparse[2] and sparse[3]
+    assert sparse[1] < dense[1]
+    # beta = 1 at alpha = 0: the dissimilarity block wins and the query leaves: the bound's game is read
+    lost = run(1.0, 0.0)
+    assert not lost[2] and lost[3]
+    np.testing.assert_array_equal(lost[0], run(1.0, 1.0)[0])
     aff = core.build_affinity(jnp.asarray(p["notes"]), jnp.asarray(p["query"]), jnp.asarray(p["valid"]))
     assert float(S.sparse_affinity(aff, 0.25).alpha) == pytest.approx(0.25 * float(aff.alpha), rel=1e-6)
 

@@ -36,6 +36,7 @@ from jax import Array, lax
 from cdsjax.core.affinity import spectral_penalty
 from cdsjax.core.implicit import attach_implicit, equilibrium_scores
 from cdsjax.core.ranking import read_selection
+from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solvers import solve
 from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, Selection, SolveOptions, solve_options
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid
@@ -208,19 +209,61 @@ def page_affinity(notes: Array, query: Array, valid: Array, pages: Array, params
     return affinity, rep, owner, page_cos
 
 
+def anchored_start(affinity: Affinity, temperature: float = 0.1) -> Array:
+    r"""``[m+n]`` start of a sparse-regime solve: half the mass on the query vertices, half on the notes in
+    proportion to :math:`\exp(r_i / T)` (the query-softmax prior of paper mode with the query's share raised),
+    so the solver climbs to the local maximiser around the query rather than to a cluster elsewhere."""
+    prior = softmax_prior(affinity, temperature)
+    m = affinity.num_queries
+    notes = prior[m:] / jnp.maximum(jnp.sum(prior[m:]), 1e-30)
+    return jnp.concatenate([jnp.full((m,), 0.5 / m, prior.dtype), 0.5 * notes])
+
+
+def solve_keeping_query(affinity: Affinity, bound: Optional[Affinity], options: SolveOptions,
+                        sparse: Array) -> tuple:
+    """``(result, affinity_used, kept)``: the equilibrium of ``affinity``, from :func:`anchored_start` when
+    ``sparse`` (else the uniform start); where the query is not in its support and ``bound`` (the same game at the
+    spectral bound) is given, the equilibrium of ``bound`` instead — the game then reads as at the bound. ``kept``
+    says which happened ([] bool; True when not sparse)."""
+    solver = options.solver or "converged"
+    m = affinity.num_queries
+    valid = affinity.valid
+    uniform = valid.astype(affinity.matrix.dtype) / jnp.sum(valid)
+    x0 = jnp.where(sparse, anchored_start(affinity), uniform)
+    result = solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    kept = query_in_support(result, m) | ~jnp.asarray(sparse)
+    if bound is None:
+        return result, affinity, kept
+    at_bound = solve(bound, None, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    pick = lambda a, b: jnp.where(kept, a, b)  # noqa: E731
+    return (jax.tree_util.tree_map(pick, result, at_bound), jax.tree_util.tree_map(pick, affinity, bound), kept)
+
+
+def _is_dense(factor) -> bool:
+    """A static penalty factor at or above 1 (no sparse regime: no anchoring, no fallback solve)."""
+    return isinstance(factor, (int, float)) and float(factor) >= 1.0
+
+
 def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
                       params: PageGameParams = PageGameParams(), *, doc_ids: Optional[Array] = None,
                       options: Optional[SolveOptions] = None) -> tuple[Array, Selection]:
-    """``(rank [n], pages_read)``: the notes' order under the page game — pages by its equilibrium (support by
+    """``(rank [n], pages_read, kept)``: the notes' order under the page game — pages by its equilibrium (support by
     weight, then the fill rule), a page's notes by cosine — and the page selection it came from (its ``result`` is
     the page game's equilibrium: queries, then pages at their representative note's position; ``support_size``
-    counts pages)."""
+    counts pages). In the sparse regime (``alpha_factor < 1``) the solve starts around the query and falls back to
+    the game at the spectral bound where the query leaves the support (:func:`solve_keeping_query`; ``kept``)."""
     options = solve_options(options)
     notes = jnp.asarray(notes)
     valid = check_notes_valid(notes, valid)
     n = notes.shape[0]
     affinity, rep, owner, page_cos = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
-    result = solve(affinity, None, solver=options.solver or "converged", tol=options.tol, max_iter=options.max_iter)
+    if _is_dense(params.alpha_factor):
+        result = solve(affinity, None, solver=options.solver or "converged", tol=options.tol,
+                       max_iter=options.max_iter)
+        kept = jnp.asarray(True)
+    else:
+        bound = page_affinity(notes, query, valid, pages, params.replace(alpha_factor=1.0), doc_ids=doc_ids)[0]
+        result, affinity, kept = solve_keeping_query(affinity, bound, options, jnp.asarray(params.alpha_factor) < 1)
     ranked = read_selection(result, affinity, options.replace(fill=True), budget=n,
                             cosine=page_cos.astype(result.x.dtype), beta=jnp.asarray(params.beta, result.x.dtype))
     page_rank = rank_positions(ranked.indices, ranked.selected_valid, rep, page_cos)
@@ -228,7 +271,7 @@ def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
     # notes ordered by their page's rank, then by cosine within the page, then by index; padding last
     order = jnp.lexsort((jnp.arange(n), -cos, page_rank[owner], ~valid))
     rank = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
-    return rank, ranked
+    return rank, ranked, kept
 
 
 def select_page_game(notes: Array, query: Array, valid: Array, pages: Array, params: PageGameParams = PageGameParams(),
@@ -237,7 +280,7 @@ def select_page_game(notes: Array, query: Array, valid: Array, pages: Array, par
     """Evidence from the page game: its ranking (:func:`page_game_ranking`) read ``k`` notes per page per round
     (:func:`structured_readout`); scores are the notes' cosine, the diagnostics the page game's."""
     budget = check_budget(budget)
-    rank, ranked = page_game_ranking(notes, query, valid, pages, params, doc_ids=doc_ids, options=options)
+    rank, ranked, _ = page_game_ranking(notes, query, valid, pages, params, doc_ids=doc_ids, options=options)
     valid = jnp.asarray(valid, bool)
     idx, ok = structured_readout(rank, valid, pages, budget=budget, k=k, doc_ids=doc_ids)
     cos = _cosine(jnp.asarray(notes), query, valid)
@@ -274,20 +317,21 @@ def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, fact
                            links: Optional[Array] = None, pages: Optional[Array] = None,
                            doc_ids: Optional[Array] = None, kinds: Optional[Array] = None,
                            options: Optional[SolveOptions] = None) -> tuple[Array, Selection]:
-    r"""``(rank [n], selection)``: the learned game (:func:`cdsjax.core.learned.learned_affinity`, its penalty at the
+    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.learned.learned_affinity`, its penalty at the
     spectral bound) moved to the sparse regime :math:`\alpha = b + (f - 1)|b|` by :func:`sparse_affinity`, solved
-    by the converged solver, every note ranked by the one read-out (support by weight, then the fill rule). Whether
-    the query stayed in the support is :func:`query_in_support` of ``selection.result``."""
+    by the converged solver from around the query, every note ranked by the one read-out (support by weight, then the
+    fill rule); where the query leaves the support, the game at the bound is read instead (``kept`` False:
+    :func:`solve_keeping_query`)."""
     from cdsjax.core.learned import learned_affinity
 
     options = solve_options(options)
     notes = jnp.asarray(notes)
     valid = check_notes_valid(notes, valid)
     n = notes.shape[0]
-    affinity = learned_affinity(notes, query, valid, theta.replace(alpha_factor=1.0), links=links, pages=pages,
-                                doc_ids=doc_ids, kinds=kinds)
-    affinity = sparse_affinity(affinity, factor)
-    result = solve(affinity, None, solver=options.solver or "converged", tol=options.tol, max_iter=options.max_iter)
+    bound = learned_affinity(notes, query, valid, theta.replace(alpha_factor=1.0), links=links, pages=pages,
+                             doc_ids=doc_ids, kinds=kinds)
+    affinity = sparse_affinity(bound, factor)
+    result, affinity, kept = solve_keeping_query(affinity, bound, options, jnp.asarray(factor) < 1)
     cos = _cosine(notes, query, valid)
     sel = read_selection(result, affinity, options.replace(fill=True), budget=n, cosine=cos.astype(result.x.dtype))
-    return rank_positions(sel.indices, sel.selected_valid, valid, cos), sel
+    return rank_positions(sel.indices, sel.selected_valid, valid, cos), sel, kept
