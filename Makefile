@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so nothing later resolves a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[io,dev,langchain,llamaindex]"
+	$(PY) -m pip install --quiet -e ".[io,dev,langchain,llamaindex,ray]"
 	touch $(STAMP)
 
 demo: $(STAMP) tools

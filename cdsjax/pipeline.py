@@ -2,12 +2,14 @@
 
     from cdsjax.pipeline import Pipeline
     pipe = Pipeline.from_paths(["report.pdf"])            # indexes into the cache if needed
-    answer = pipe.ask("What drove the 2023 increase?", budget=10)   # converged CDS (the default)
+    answer = pipe.ask("What drove the 2023 increase?", budget=10)   # learned CDS (the default)
     answer.evidence[0]["page"], answer.diagnostics["converged"], answer.warnings
 
-The default selector is converged CDS (``"cds-converged"``: the equilibrium itself, found by the
-active-set solver); ``"cds-paper"`` (registry name ``"cds"``) is the paper's replicator dynamics with
-its step cap, which often stops far from equilibrium on real indexes.
+The default selector is the registry's ``DEFAULT_SELECTOR``, learned CDS (``"cds-learned"``: the fitted
+game's equilibrium, found by the active-set solver, reading the notes' pages); ``"cds-converged"`` is the
+paper's game at equilibrium and ``"cds-paper"`` (registry name ``"cds"``) the paper's replicator dynamics
+with its step cap, which often stops far from equilibrium on real indexes. Candidates become a problem
+through :mod:`cdsjax.selection`, the path the integrations and the evaluation take too.
 
 With a reader (``reader=ReaderConfig(base_url=..., model=...)``) the answer text
 comes from the VLM; without one, ``answer.answer`` is None and the selected
@@ -24,17 +26,19 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
+from cdsjax.io.compilation_cache import enable_compilation_cache, prune_compilation_cache  # noqa: F401 (entry points)
+from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
+from cdsjax.learn.params_io import resolve_params
+from cdsjax.selection import Candidates, make_selector, note_structure, selector_key, selector_options
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = registry.SPECS[registry.DEFAULT_SELECTOR].display
 
-SNIPPET_CHARS = 1500
 
 
 class PipelineError(Exception):
@@ -93,20 +97,6 @@ class Corpus:
         embeddings = np.concatenate([np.asarray(idx.embeddings, np.float32) for idx in indexes])
         return cls(embeddings=embeddings, links=links, notes=notes, embedder=dict(indexes[0].embedder),
                    roots=[str(idx.root) for idx in indexes])
-
-
-def structure_arrays(notes: Sequence[dict], size: int) -> Dict[str, np.ndarray]:
-    """``pages``, ``doc_ids`` and ``kinds`` ``[size]`` int32 of the notes (padded with -1), for selectors that
-    read the document structure (``cds-learned``)."""
-    from cdsjax.core.learned import kind_codes
-
-    docs = {d: i for i, d in enumerate(dict.fromkeys(str(n.get("doc_id")) for n in notes))}
-    out = {k: np.full(size, -1, np.int32) for k in ("pages", "doc_ids", "kinds")}
-    k = len(notes)
-    out["pages"][:k] = [int(n["page"]) if n.get("page") is not None else -1 for n in notes]
-    out["doc_ids"][:k] = [docs[str(n.get("doc_id"))] for n in notes]
-    out["kinds"][:k] = kind_codes([n.get("kind") for n in notes])
-    return out
 
 
 @dataclasses.dataclass
@@ -184,84 +174,6 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     return head + f" — try --selector {other} or {reference}"
 
 
-DEFAULT_JAX_CACHE_MAX_MB = 1024
-_JAX_CACHE: Dict[str, Any] = {}  # the directory and byte cap enable_compilation_cache set, for pruning
-
-
-def enable_compilation_cache(directory=None) -> Optional[Path]:
-    """Turns on JAX's persistent compilation cache (in the cdsjax cache directory by default).
-
-    A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
-    compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
-    The directory is private (0700) and kept under ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024;
-    -1: no cap) by :func:`prune_compilation_cache`, run here and by ``cdsjax serve`` after each compilation,
-    so a server whose clients ask for ever new budgets and options cannot fill the disk. (JAX's own
-    ``jax_compilation_cache_max_size`` is not used: its eviction fails on entries written without it, as by
-    earlier cdsjax versions, and warns on every later write.) Returns the directory, or None when disabled or
-    not writable.
-    """
-    import os
-
-    setting = os.environ.get("CDSJAX_JAX_CACHE")
-    if setting == "0":
-        return None
-    if directory is None:
-        if setting:
-            directory = setting
-        else:
-            from cdsjax.io.index import cache_root
-
-            directory = cache_root() / "jax-compilation"
-    directory = Path(directory)
-    try:
-        from cdsjax.io.private import private_dir
-
-        private_dir(directory)
-        max_mb = float(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB") or DEFAULT_JAX_CACHE_MAX_MB)
-    except (OSError, ValueError):
-        return None
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    # the selectors and the encoder compile in 0.1-3 s each: cache them all
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _JAX_CACHE.update(directory=directory, max_bytes=int(max_mb * 2**20) if max_mb >= 0 else None)
-    prune_compilation_cache()
-    return directory
-
-
-def prune_compilation_cache(directory=None, max_bytes: Optional[int] = None) -> int:
-    """Deletes the oldest files (by modification time) of a compilation cache directory until the rest fit
-    in ``max_bytes``; returns the bytes freed. Defaults: what :func:`enable_compilation_cache` set (no-op
-    when it was not called or set no cap). A file another process is reading may go: JAX then compiles."""
-    import os
-
-    directory = directory if directory is not None else _JAX_CACHE.get("directory")
-    max_bytes = max_bytes if max_bytes is not None else _JAX_CACHE.get("max_bytes")
-    if directory is None or max_bytes is None:
-        return 0
-    files = []
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    files.append((st.st_mtime, st.st_size, entry.path))
-    except OSError:
-        return 0
-    total = sum(size for _, size, _ in files)
-    freed = 0
-    for _, size, path in sorted(files):
-        if total <= max_bytes:
-            break
-        try:
-            os.unlink(path)
-        except OSError:
-            continue
-        total -= size
-        freed += size
-    return freed
-
-
 DEFAULT_MAX_COMPILED = 16
 
 
@@ -304,30 +216,22 @@ class Pipeline:
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
                  max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
-                 trust_remote_code: bool = False, params: Optional[str] = None):
+                 trust_remote_code: bool = False, params=None):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         core.validate_embeddings(corpus.embeddings)
         self.corpus = corpus
         self._embedder = embedder
         self.reader = reader
-        n = len(corpus)
-        self.size = core.bucket_size(n)
-        self.notes = np.zeros((self.size, corpus.embeddings.shape[1]), np.float32)
-        self.notes[:n] = corpus.embeddings
-        self.valid = np.arange(self.size) < n
-        self.links = np.zeros((self.size, self.size), bool)
-        self.links[:n, :n] = corpus.links
-        self._device = tuple(jnp.asarray(a) for a in (self.notes, self.valid, self.links))
-        self._structure = {k: jnp.asarray(v) for k, v in structure_arrays(corpus.notes, self.size).items()}
-        self.params = None if params is None else str(params)
-        if self.params is not None:  # a missing or malformed file is one line now, not at the first question
-            from cdsjax.learn.params_io import load_params
-
-            try:
-                load_params(self.params)
-            except ValueError as err:
-                raise PipelineError(str(err)) from None
+        # the one problem builder (cdsjax.selection): padded once, one problem per question
+        self.candidates = Candidates.pad(corpus.embeddings, links=corpus.links, structure=note_structure(corpus.notes))
+        self.size = self.candidates.size
+        self.notes, self.valid, self.links = self.candidates.notes, self.candidates.valid, self.candidates.links
+        # the learned game's parameters, a value read once (None: the shipped fit, read once per process)
+        try:
+            self.params = resolve_params(params)
+        except ValueError as err:  # a missing or malformed file is one line now, not at the first question
+            raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
         self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
@@ -388,45 +292,38 @@ class Pipeline:
         return self._embedder
 
     # ------------------------------------------------------------------ retrieval
-    @staticmethod
-    def selector_key(selector: str, budget: int, options: Optional[dict] = None) -> tuple:
-        """The key of a selector in :attr:`compiled`."""
-        return canonical_selector(selector), budget, tuple(sorted(dict(options or {}).items()))
+    def selector_key(self, selector: str, budget: int, options: Optional[dict] = None) -> tuple:
+        """The key of a selector in :attr:`compiled` (a parameter value by its content hash, never a path)."""
+        try:
+            return selector_key(selector, budget, selector_options(canonical_selector(selector), options,
+                                                                   self.params))
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
 
     def is_compiled(self, selector: str, budget: int, options: Optional[dict] = None) -> bool:
         """True when this selector has been built and run before (so a call does not compile)."""
         try:
-            key = self.selector_key(selector, budget, self.learned_options(selector, options))
+            key = self.selector_key(selector, budget, options)
             return key in self._ran and key in self.compiled
         except (PipelineError, TypeError):  # unknown names, unhashable option values
             return False
 
     def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
-        """A jitted per-question selector over the padded corpus (cached)."""
-        options = self.learned_options(selector, options)
+        """A jitted per-question selector ``fn(problem, key)`` (cached by :meth:`selector_key`)."""
         key = self.selector_key(selector, budget, options)
-        selector, options = key[0], dict(options or {})
 
         def make():
             try:
-                fn = registry.make_selector(selector, budget=budget, **options)
+                _, fn = make_selector(key[0], budget, options, self.params)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
-            jitted = jax.jit(fn)
-            jitted.takes_structure = getattr(fn, "takes_structure", False)  # reads pages / doc_ids / kinds
-            return jitted
+            return jax.jit(fn)
 
         if isinstance(self.compiled, SelectorCache):
             return self.compiled.get_or_make(key, make)
         if key not in self.compiled:
             self.compiled[key] = make()
         return self.compiled[key]
-
-    def learned_options(self, selector: str, options: Optional[dict]) -> Optional[dict]:
-        """``options`` with this pipeline's parameter file for ``cds-learned`` (unless the options name one)."""
-        if self.params is None or canonical_selector(selector) != registry.LEARNED_SELECTOR or "params" in (options or {}):
-            return options
-        return {**(options or {}), "params": self.params}
 
     def encode(self, questions: Sequence[str]) -> np.ndarray:
         for q in questions:
@@ -440,38 +337,18 @@ class Pipeline:
                options: Optional[dict] = None) -> core.Selection:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
-        notes, valid, links = self._device
-        structure = self._structure if getattr(fn, "takes_structure", False) else {}
-        sel = jax.device_get(fn(notes, jnp.asarray(query), valid, links, core.key_from_query_id(qid), **structure))
-        self._ran.add(self.selector_key(selector, budget, self.learned_options(selector, options)))
+        problem = self.candidates.problem(query, registry.selector_spec(selector))
+        sel = jax.device_get(fn(problem, core.key_from_query_id(qid)))
+        self._ran.add(self.selector_key(selector, budget, options))
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
             self._ran &= set(self.compiled)
         return sel
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""
-        out = []
         ok = np.asarray(selection.selected_valid)
-        for rank, (i, s) in enumerate(zip(np.asarray(selection.indices)[ok], np.asarray(selection.scores)[ok]), 1):
-            note = self.corpus.notes[int(i)]
-            kind = note.get("kind", "text")
-            text = note.get("text") or ""
-            if kind != "text" and note.get("caption"):
-                text = note["caption"]
-            out.append(dict(
-                rank=rank,
-                score=float(s),
-                document=note.get("doc_id"),
-                page=int(note.get("page", 0)),
-                bbox=[float(v) for v in note["bbox"]] if note.get("bbox") is not None else None,
-                kind=kind,
-                text=text[:SNIPPET_CHARS],
-                note_id=note.get("note_id"),
-                image_path=note.get("image_path"),
-                summary=note.get("summary") or "",
-                caption=note.get("caption") or "",
-            ))
-        return out
+        return [evidence_item(self.corpus.notes[int(i)], rank=rank, score=s) for rank, (i, s) in
+                enumerate(zip(np.asarray(selection.indices)[ok], np.asarray(selection.scores)[ok]), 1)]
 
     def evidence_items(self, evidence: List[dict]) -> list:
         """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""

@@ -26,7 +26,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.cache_dir = ""  # note and question embeddings; "" -> <output_dir>/cache
     config.max_queries = ml_collections.config_dict.placeholder(int)
 
-    config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged"
+    config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged,cds_learned"
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
     # the parameter file of the cds_learned selector (cdsjax tune); "" -> the fit shipped with the package
     config.params = ""

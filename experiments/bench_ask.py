@@ -14,6 +14,10 @@ Everything is measured in one run, cold runs of the old and new code interleaved
   "new" runs share a cache directory, as a user's runs do. "old" is the same command line with
   ``--old-root`` on PYTHONPATH (today's default selector there is paper-mode CDS; the row "new,
   --selector cds-paper" runs the same selector as the old default).
+- a new PDF: `cdsjax ask NEW.pdf "question" --json` on a PDF no cache has seen (``--new-pdf``, default the first
+  50 pages of NIKE_2021_10K.pdf written to a temporary file), from a warm install (the runs above have filled
+  the compilation cache; the document cache does not hold this PDF): old and new code, one run each (``--new-runs``),
+  each into a document cache of its own. "load" is then the indexing of the PDF.
 - warm: one `cdsjax serve INDEX` process; a client POSTs /select (the reader excluded) for each question
   one after another; latency is measured by the client (HTTP included).
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -83,6 +88,8 @@ def main() -> int:
     ap.add_argument("--index", default=None, help="an existing index of --pdf (default: built under runs/)")
     ap.add_argument("--questions", type=int, default=60, help="warm questions (default: 60)")
     ap.add_argument("--cold", type=int, default=3, help="cold runs per variant (default: 3)")
+    ap.add_argument("--new-pdf", default=None, help="a PDF for the first-ask rows (default: 50 pages of NIKE 10-K)")
+    ap.add_argument("--new-runs", type=int, default=1, help="first asks of the new PDF per code (default: 1; 0: none)")
     ap.add_argument("--old-root", required=True, help="a checkout of the code to compare against (e.g. git worktree add)")
     args = ap.parse_args()
 
@@ -125,6 +132,22 @@ def main() -> int:
         rows["new"].append(cold_ask(str(ROOT), index, next(cold_qs), shared_cache))
         rows[paper_row].append(cold_ask(str(ROOT), index, next(cold_qs), shared_cache, ("--selector", paper)))
 
+    # a PDF not seen before, from a warm install (compilation cache filled above, no document cache entry)
+    new_rows = {"old": [], "new": []}
+    new_pdf = Path(args.new_pdf).resolve() if args.new_pdf else tmp / "new50.pdf"
+    if args.new_runs and not args.new_pdf:
+        src = pymupdf.open(DATA / "mmlongbench" / "documents" / "NIKE_2021_10K.pdf")
+        out = pymupdf.open()
+        out.insert_pdf(src, from_page=0, to_page=49)
+        out.save(new_pdf)
+    for i in range(args.new_runs):
+        for code, root, cache in (("old", args.old_root, tmp / "old-cache"), ("new", str(ROOT), shared_cache)):
+            for d in [Path(cache) / "docs", *Path(cache).glob(new_pdf.stem[:60] + "-*")]:
+                shutil.rmtree(d, ignore_errors=True)  # the PDF's document entry and index: not seen before
+            wall, out_text = run_cli(root, ["ask", str(new_pdf), next(cold_qs), "--json"], {"CDSJAX_CACHE": str(cache)})
+            t = json.loads(out_text)["timings"]
+            new_rows[code].append(dict(wall=wall, load=t.get("load", 0.0), encode=t["encode"], select=t["select"]))
+
     # warm: one serve process
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -166,6 +189,17 @@ def main() -> int:
     for name, rs in rows.items():
         print(f"| {name} | {len(rs)} | {med(rs, 'wall'):.2f} | {med(rs, 'startup'):.2f} | {med(rs, 'load'):.2f} | "
               f"{med(rs, 'encode'):.2f} | {med(rs, 'select'):.2f} | {rs[0]['selector']} |")
+    if any(new_rows.values()):
+        new_pages = pymupdf.open(new_pdf).page_count
+        print(f"\nFirst `cdsjax ask NEW.pdf \"question\" --json` on a PDF no cache holds ({new_pdf.name}, {new_pages} "
+              f"pages), warm install; load = indexing the PDF (seconds, median of runs):\n")
+        print("| code | runs | wall | load (index the PDF) | encode | select | pages/s of the whole ask |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for code, rs in new_rows.items():
+            print(f"| {code} | {len(rs)} | {med(rs, 'wall'):.2f} | {med(rs, 'load'):.2f} | {med(rs, 'encode'):.2f} | "
+                  f"{med(rs, 'select'):.2f} | {new_pages / med(rs, 'wall'):.2f} |")
+        print(f"\nnew / old wall: {med(new_rows['new'], 'wall') / med(new_rows['old'], 'wall'):.2f} "
+              f"(target: new <= 15 s; here {med(new_rows['new'], 'wall'):.1f} s)")
     p50, p95 = percentile(warm, 0.5), percentile(warm, 0.95)
     print(f"\nWarm `cdsjax serve` (POST /select, default selector, reader excluded), {len(warm)} questions asked "
           f"one after another; server ready {ready_s:.1f}s after launch:\n")

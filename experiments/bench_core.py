@@ -100,12 +100,15 @@ def selector_fns(budget):
     }
     try:
         from cdsjax.core import registry
+        from cdsjax.learn import default_params
     except ImportError:
         return fns
     # every baseline, and the default selector (paper mode is timed above)
     for name in [n for n, s in registry.SPECS.items() if s.solver is None] + [registry.DEFAULT_SELECTOR]:
         try:
-            fns[name] = registry.make_selector(name, budget=budget)
+            fn = registry.make_selector(name, budget=budget, **(
+                {"params": default_params()} if registry.SPECS[name].learned else {}))
+            fns[name] = lambda z, q, v, links, key, fn=fn: fn(core.CDSProblem.create(z, q, v, links=links), key)
         except ValueError:
             pass
     return fns

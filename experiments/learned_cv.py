@@ -245,17 +245,18 @@ class Runner:
     def key(label: str, budget: int, problem) -> tuple:
         return (label, int(budget), problem.query.qid, tuple(dict.fromkeys(problem.docs)))
 
-    def recalls(self, label: str, fn, budget: int, problems: Sequence[Any], *, memo: bool = True) -> np.ndarray:
-        """``[len(problems)]`` recall@budget of the selector ``fn`` (registry calling convention)."""
+    def recalls(self, label: str, selector, budget: int, problems: Sequence[Any], *, memo: bool = True) -> np.ndarray:
+        """``[len(problems)]`` recall@budget of ``selector``: ``(spec, fn)``, a registry spec and its function."""
         from cdsjax.eval.run import run_selector
 
+        spec, fn = selector
         todo = [p for p in problems if not memo or self.key(label, budget, p) not in self.memo]
         by_bench: Dict[str, list] = {}
         for p in todo:
             by_bench.setdefault(self.kind_of[p.query.qid][0], []).append(p)
         for b, ps in by_bench.items():
             kind = self.datas[b].kind
-            sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch)
+            sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch, spec=spec)
             for p, s in zip(ps, sels):
                 self.memo[self.key(label, budget, p)] = recall(p, s, kind)
         return np.asarray([self.memo[self.key(label, budget, p)] for p in problems], np.float64)
@@ -294,9 +295,11 @@ def prefetch(tasks: Sequence[Task], runner: Runner, config, log=print) -> None:
 
 
 def _registry_fn(name: str, budget: int, options: dict):
+    """``(spec, fn)`` of a registry selector (parameters resolved at the edge, memoised)."""
+    from cdsjax.core import selector_spec
     from cdsjax.eval.run import cached_selector
 
-    return cached_selector(name, budget, options)
+    return selector_spec(name), cached_selector(name, budget, options)
 
 
 def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
@@ -415,12 +418,13 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             theta = None
         if theta is not None:
             choice[LEARNED] = {**info, "theta": _theta_json(theta)}
-            from cdsjax.core import make_selector
+            from cdsjax.core import make_selector, selector_spec
             from cdsjax.eval.run import release
 
             for budget in budgets:  # the registry's selector for this task's theta (not memoised: used once)
                 fn = make_selector(LEARNED_SELECTOR, budget=budget, params=theta)
-                values = runner.recalls(f"learned:{task.label}:{task.pool_size}", fn, budget, problems, memo=False)
+                values = runner.recalls(f"learned:{task.label}:{task.pool_size}", (selector_spec(LEARNED_SELECTOR), fn),
+                                        budget, problems, memo=False)
                 release(fn)  # this task's game is not solved again: free its executables
                 emit(LEARNED, budget, values)
     choice["complete"] = True

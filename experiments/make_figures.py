@@ -66,7 +66,7 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         fn = cached_selector(name, int(config.budget), opts)
-        sels = run_selector(fn, problems, chunk=core.selector_spec(name).batch_chunk,
+        sels = run_selector(fn, problems, chunk=core.selector_spec(name).batch_chunk, spec=core.selector_spec(name),
                               buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
                               max_batch=int(config.get("max_batch", 64)))
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]

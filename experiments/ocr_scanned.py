@@ -94,7 +94,7 @@ def main() -> int:
         for name in selectors:
             fn = cached_selector(name, args.budget, {})
             sels = run_selector(fn, problems, buckets=(64, 128, 256, 512, 1024, 2048, 4096), max_batch=32,
-                                chunk=selector_spec(name).batch_chunk)
+                                chunk=selector_spec(name).batch_chunk, spec=selector_spec(name))
             recall[(mode, name)] = np.array([score_problem(p, s, kind="pdf")["page_recall"] for p, s in
                                              zip(problems, sels)], dtype=object)
 

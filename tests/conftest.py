@@ -176,3 +176,14 @@ def require_tool(name: str, usable: Optional[Callable[[], bool]] = None) -> str:
     if IN_CI:
         pytest.fail(f"{line}; CI=true needs it", pytrace=False)
     pytest.skip(line)
+
+
+def on_arrays(fn: Callable) -> Callable:
+    """A registry selector ``fn(problem, key)`` called the array way ``(notes, query, valid, links, key, **structure)``
+    (jit- and vmap-able), for tests that build their inputs as arrays."""
+    from cdsjax.core import CDSProblem
+
+    def call(notes, query, valid=None, links=None, key=None, **structure):
+        return fn(CDSProblem.create(notes, query, valid, links=links, **structure), key)
+
+    return call

@@ -184,18 +184,22 @@ def test_every_strategy_uses_the_one_default_solver(strategy, monkeypatch):
                                          ("max_iter", core.MAX_ITER_CAP + 1), ("max_iter", 2_147_483_647),
                                          ("num_steps", 0), ("num_steps", core.MAX_SUPPORT_STEPS + 1)])
 def test_solve_options_enforce_hard_limits(field, value):
+    support = field == "num_steps"  # the support strategy's own setting, not a SolveOptions field
     with pytest.raises(ValueError, match=field):
-        core.SolveOptions(**{field: value}).check()
+        core.support_settings(value) if support else core.SolveOptions(**{field: value}).check()
     notes, queries = corpus()
     with pytest.raises(ValueError, match=field):
-        core.cds(core.CDSProblem.create(notes, queries[0]), **{field: value})
+        core.cds(core.CDSProblem.create(notes, queries[0]), "support" if support else "single", **{field: value})
     with pytest.raises(ValueError, match=field):
         core.make_selector("cds_support" if field == "num_steps" else "cds", budget=3, **{field: value})
 
 
 def test_hard_limits_keep_the_documented_settings_legal():
     core.SolveOptions(tol=1e-7, max_iter=10_000).check()  # paper mode
-    core.SolveOptions(tol=1e-15, max_iter=core.MAX_ITER_CAP, num_steps=core.MAX_SUPPORT_STEPS).check()
+    core.SolveOptions(tol=1e-15, max_iter=core.MAX_ITER_CAP).check()
+    assert core.support_settings(core.MAX_SUPPORT_STEPS)[0] == core.MAX_SUPPORT_STEPS
+    with pytest.raises(ValueError, match="only used by the 'support' strategy"):
+        core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), "single", num_steps=3)
     for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": core.PPR_MAX_ITER_CAP + 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             core.make_selector("ppr", budget=3, **bad)
@@ -217,21 +221,27 @@ def test_entry_point_rejects_what_a_strategy_does_not_take():
 
 
 # --------------------------------------------------------------------------- the selector contract
-def test_every_selector_takes_the_problem_structure():
+@pytest.mark.x64  # equal selections (scores at rtol 1e-7): float64, where two traces cannot differ by float32 ulps
+def test_every_selector_takes_a_problem_and_its_spec_says_what_it_reads():
     notes, queries = corpus(8)
     links = np.random.default_rng(0).random((N, N)) < 0.3
-    problem = core.CDSProblem.create(notes, queries[0], links=links, pages=np.arange(N) // 3,
-                                     doc_ids=np.zeros(N), kinds=[core.kind_code("text")] * N)
+    structure = dict(pages=np.arange(N) // 3, doc_ids=np.arange(N) % 2, kinds=[core.kind_code("text")] * N)
+    problem = core.CDSProblem.create(notes, queries[0], links=links, **structure)
+    bare = core.CDSProblem.create(notes, queries[0], links=links)
     assert core.kind_code("table") == core.NOTE_KINDS.index("table") and core.kind_code("?") == 5
     key = core.key_from_query_id("q")
-    for name in core.SPECS:
-        fn = core.make_selector(name, budget=BUDGET, **({"num_steps": 3} if name == "cds_support" else {}))
-        a = core.select_problem(fn, problem, key)
-        # selectors that read the structure (cosine-pages, cds-learned) get it by keyword; the others ignore it
-        structure = (dict(pages=problem.pages, doc_ids=problem.doc_ids, kinds=problem.kinds)
-                     if getattr(fn, "takes_structure", False) else {})
-        b = fn(notes, queries[0], np.ones(N, bool), links, key, **structure)
-        same_selection(a, b, 0.0)
+    theta = core.LearnedParams(beta=0.2, w_page=-0.5, w_doc=0.3)
+    for name, spec in core.SPECS.items():
+        opts = {"num_steps": 3} if name == "cds_support" else {"params": theta} if spec.learned else {}
+        fn = core.make_selector(name, budget=BUDGET, **opts)
+        a = fn(problem, key)
+        same_selection(a, jax.jit(fn)(problem, key), 0.0)
+        if not spec.structure:  # a selector that does not declare structure ignores it
+            same_selection(a, fn(bare, key), 0.0)
+        elif name != "cosine_pages":  # one that declares it reads it (cosine-pages needs it)
+            assert not np.array_equal(np.asarray(a.result.x), np.asarray(fn(bare, key).result.x)), name
+    with pytest.raises(ValueError, match="needs params=LearnedParams"):
+        core.make_selector("cds_learned", budget=BUDGET, params="some/file.json")
 
 
 # --------------------------------------------------------------------------- no per-question dense matrices

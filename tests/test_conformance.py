@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.learn import default_params
+from tests.conftest import on_arrays
 from cdsjax.core.payoff import DensePayoff
 
 BUDGET = 3
@@ -20,7 +22,8 @@ PADDED = 8
 SIZES = (6, 4)
 DTYPES = {"float32": (np.float32, False), "float64": (np.float64, True)}
 # every option at its default; cds_support's bisection is kept short to stay fast
-OPTIONS = {"cds_support": {"num_steps": 4}}
+# the learned selector's parameters are a value the caller supplies: the shipped fit (read by cdsjax.learn)
+OPTIONS = {"cds_support": {"num_steps": 4}, "cds_learned": {"params": default_params()}}
 
 
 def problem(seed, n, dtype):
@@ -58,7 +61,7 @@ def test_selector_conformance(name, use_jit, dtype_name):
     dtype, x64 = DTYPES[dtype_name]
     rtol = 1e-4 if dtype is np.float32 else 1e-9
     with jax.enable_x64(x64):
-        fn = core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {}))
+        fn = on_arrays(core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {})))
         if core.selector_spec(name).name == "cosine_pages":  # its pages: three per problem, padding on page 0
             plain = fn
             fn = lambda z, q, v, l, k: plain(z, q, v, l, k, pages=jnp.arange(z.shape[0]) % 3)  # noqa: E731
@@ -127,7 +130,7 @@ def test_status_nonfinite_from_nan_embeddings_through_selectors():
     notes, query, links = problem(1, 8, np.float32)
     notes[3, 0] = np.nan
     for name in ("cds", "cds_converged", "cds_inimdyn"):
-        sel = core.make_selector(name, budget=BUDGET)(notes, query, np.ones(8, bool), links, None)
+        sel = on_arrays(core.make_selector(name, budget=BUDGET))(notes, query, np.ones(8, bool), links, None)
         assert int(sel.result.status) == core.NONFINITE, name
         assert core.STATUSES[int(sel.result.status)] == "nonfinite"
 

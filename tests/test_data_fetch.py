@@ -241,6 +241,9 @@ def test_upstream_that_does_not_give_the_recorded_file_is_not_written(fixture, t
         failures = _fetch(root, [srcs["mmdocir"], srcs["qasper"]])
         assert len(failures) == 2 and "not the recorded file" in failures[0] and "cannot lay it out" in failures[1]
         assert not (root / "mmlongbench").exists() and not (root / "qasper").exists()
+        srv.files.update(upstream)  # the host serves the right files again: the next run fetches them again
+        assert _fetch(root, [srcs["mmdocir"], srcs["qasper"]]) == []
+        assert (root / "qasper/qasper-test-v0.3.json").read_bytes() == laid["qasper/qasper-test-v0.3.json"]
 
 
 def test_cli_fetch_only_and_errors(fixture, tmp_path, monkeypatch, capsys):
@@ -262,6 +265,13 @@ def test_cli_fetch_only_and_errors(fixture, tmp_path, monkeypatch, capsys):
         assert any("HTTP 404" in line for line in err) and "1 files failed" in err[-1]
     monkeypatch.setenv("CDSJAX_DATA", str(tmp_path / "elsewhere"))
     assert download.default_root() == tmp_path / "elsewhere"
+    (tmp_path / "file").write_text("")
+    assert main(["data", "fetch", "--to", str(tmp_path / "file")]) == 2 and "not a directory" in capsys.readouterr().err
+    assert main(["data"]) == 2 and "cdsjax data fetch" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["data", "list"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert len(listing) == 5 and "CC BY-NC 4.0" in listing[0] and "78.4 MB" in listing[0]
 
 
 def test_the_real_sources_are_pinned_https_and_name_their_licence():

@@ -66,6 +66,7 @@ def _expected_metrics(problem, positions, gold_pages):
 def test_harness_on_a_real_mmlongbench_document(one_doc_root, tmp_path):
     from cdsjax.commands.eval import load_config
     from cdsjax.core import make_selector
+    from tests.conftest import on_arrays
     from cdsjax.eval import evaluate, load_problems
     from cdsjax.io.embed import Embedder
     from tests.conftest import ROOT
@@ -89,7 +90,7 @@ def test_harness_on_a_real_mmlongbench_document(one_doc_root, tmp_path):
     assert sum(bool(p.query.gold_boxes) for p in problems) >= 1, "box recall is scored on some question"
 
     with jax.enable_x64(True):
-        cds64 = jax.jit(make_selector("cds", budget=BUDGET))
+        cds64 = jax.jit(on_arrays(make_selector("cds", budget=BUDGET)))
         for r in records:
             p = by_qid[r["qid"]]
             k = problems.index(p)

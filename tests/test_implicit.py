@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core import implicit
+from cdsjax.core import implicit, surrogates
 from tests.test_inimdyn import np_face_solution
 
 # Every test compares with float64 references at tolerances float32 cannot reach.
@@ -217,7 +217,7 @@ def test_support_change_gives_finite_one_sided_derivatives():
     def scores(theta):
         result, aff = implicit.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta),
                                                solver="inimdyn", tol=1e-13)
-        return implicit.equilibrium_scores(aff, result.x)
+        return surrogates.equilibrium_scores(aff, result.x)
 
     scores_and_tangent = jax.jit(lambda t: jax.jvp(scores, (t,), (jnp.asarray([1.0, 0.0]),)))
     near = [tuple(map(np.asarray, scores_and_tangent(t))) for t in grid[:3]]
@@ -293,28 +293,28 @@ def test_soft_recall_matches_reference_and_tends_to_hard_recall():
     units[1, [5]] = True
     units[2, [7, 8, 9]] = True  # unit 3 is padding
     for budget in (1, 4, 8):
-        got = implicit.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=0.3)
+        got = surrogates.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=0.3)
         np.testing.assert_allclose(float(got), np_soft_recall(scores, units, budget, 0.3), rtol=1e-12)
         # The temperature is relative: scaling every score leaves the surrogate unchanged.
-        scaled = implicit.soft_recall(jnp.asarray(scores * 1e-3), jnp.asarray(units), budget=budget, temperature=0.3,
+        scaled = surrogates.soft_recall(jnp.asarray(scores * 1e-3), jnp.asarray(units), budget=budget, temperature=0.3,
                                       threshold=1e-9)
         np.testing.assert_allclose(float(scaled), float(got), rtol=1e-9)
-        sharp = implicit.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=1e-7)
+        sharp = surrogates.soft_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget, temperature=1e-7)
         picked = np.argsort(-scores)[:budget]
         picked = picked[scores[picked] > 1e-6]
         hard = np.mean([np.isin(np.flatnonzero(u), picked).any() for u in units[:3]])
         np.testing.assert_allclose(float(sharp), hard, atol=1e-6)
         np.testing.assert_allclose(
-            float(implicit.hard_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget)), hard)
-    assert np.isnan(float(implicit.soft_recall(jnp.asarray(scores), jnp.zeros((2, 16), bool), budget=3)))
+            float(surrogates.hard_recall(jnp.asarray(scores), jnp.asarray(units), budget=budget)), hard)
+    assert np.isnan(float(surrogates.soft_recall(jnp.asarray(scores), jnp.zeros((2, 16), bool), budget=3)))
     # A real gold unit that no note covers (a page without text) counts as missed when declared valid.
     declared = jnp.asarray([True, True, True, True])
-    for fn in (functools.partial(implicit.soft_recall, temperature=1e-7), implicit.hard_recall):
+    for fn in (functools.partial(surrogates.soft_recall, temperature=1e-7), surrogates.hard_recall):
         counted = float(fn(jnp.asarray(scores), jnp.asarray(units), budget=4, unit_valid=declared))
         default = float(fn(jnp.asarray(scores), jnp.asarray(units), budget=4))
         np.testing.assert_allclose(counted, default * 3 / 4, atol=1e-6)
     with pytest.raises(ValueError, match="gold_units"):
-        implicit.hard_recall(jnp.asarray(scores), jnp.asarray(units[:, :8]), budget=2)
+        surrogates.hard_recall(jnp.asarray(scores), jnp.asarray(units[:, :8]), budget=2)
 
 
 def test_gold_mass_and_surrogate_gradients():
@@ -327,7 +327,7 @@ def test_gold_mass_and_surrogate_gradients():
     theta = jnp.asarray([0.5, 0.1])
 
     def objectives(t):
-        out = implicit.retrieval_surrogates(core.CDSProblem.create(notes, query, valid), jnp.asarray(gold_units),
+        out = surrogates.retrieval_surrogates(core.CDSProblem.create(notes, query, valid), jnp.asarray(gold_units),
                                             params_of(t), budget=3, temperature=0.3, **TIGHT)
         return jnp.stack([out["soft_recall"], out["gold_mass"]])
 

@@ -205,3 +205,58 @@ def test_missing_extra_is_one_line(module, blocked, extra):
             f"except ImportError as err:\n    print(err)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert f"pip install 'cdsjax[{extra}]'" in out and out.count("\n") == 1, out
+
+
+def _index_documents(index_dir):
+    """Every note of the index in index order, as a first-stage retriever hands them over (text, the metadata
+    the integrations write, the stored embedding): the same candidates `cdsjax ask` selects from."""
+    from cdsjax.integrations._common import note_metadata, note_text
+    from cdsjax.pipeline import Pipeline
+
+    corpus = Pipeline.from_paths([str(index_dir)]).corpus
+    docs = [Document(page_content=note_text(n), id=str(n["note_id"]),
+                     metadata=dict(note_metadata(n), embedding=corpus.embeddings[i].tolist()))
+            for i, n in enumerate(corpus.notes)]
+    nodes = [NodeWithScore(node=TextNode(text=d.page_content, id_=d.id, metadata=dict(d.metadata),
+                                         embedding=d.metadata["embedding"]), score=0.0) for d in docs]
+    return docs, nodes
+
+
+def _same_candidates_same_evidence(index_dir, selector, documents, nodes):
+    ref = ask_json(index_dir, selector)
+    want = [e["note_id"] for e in ref["evidence"]]
+    assert want, selector
+    scores = [e["score"] for e in ref["evidence"]]
+    retrieved = lc.CDSRetriever(index=str(index_dir), selector=selector, budget=BUDGET).invoke(QUESTION)
+    assert ids(retrieved) == want, selector
+    embeddings = lc.CDSEmbeddings(index=str(index_dir))
+    compressor = lc.CDSCompressor(embeddings=embeddings, selector=selector, budget=BUDGET)
+    post = li.CDSPostprocessor(embed_model=li.CDSEmbedding(index=str(index_dir)), selector=selector, budget=BUDGET)
+    from cdsjax.core import selector_spec
+
+    spec = selector_spec(selector)
+    if spec.needs_links and spec.solver is None:  # ppr, subgraph: candidates from another retriever have no links
+        with pytest.raises(ValueError, match="needs note links"):
+            compressor.compress_documents(documents, QUESTION)
+        return
+    kept = compressor.compress_documents(documents, QUESTION)
+    assert ids(kept) == want, selector
+    np.testing.assert_allclose([d.metadata["score"] for d in kept], scores, rtol=1e-6, atol=1e-9)
+    processed = post.postprocess_nodes(nodes, query_str=QUESTION)
+    assert [n.node.metadata["note_id"] for n in processed] == want, selector
+
+
+def test_every_cds_adapter_gives_asks_evidence_for_the_default(index_dir):
+    """The done-when of issue 33: fed all of an index's notes, CDSCompressor and CDSPostprocessor return what
+    `cdsjax ask` (and CDSRetriever) return for the default selector, which reads the notes' pages; cosine-pages
+    reads them too, and MMR reads none."""
+    documents, nodes = _index_documents(index_dir)
+    for selector in (DEFAULT, "cosine-pages", "mmr"):
+        _same_candidates_same_evidence(index_dir, selector, documents, nodes)
+
+
+@pytest.mark.slow  # one compilation per selector and adapter; the default run checks three selectors above
+def test_every_registered_selector_gives_the_same_evidence_everywhere(index_dir):
+    documents, nodes = _index_documents(index_dir)
+    for name, spec in SPECS.items():
+        _same_candidates_same_evidence(index_dir, spec.display, documents, nodes)

@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES = 600
+MAX_LINES = 500
+# Files still over the limit while their split lands (issue 36: io/parse.py, io/store.py).
+PENDING_SPLIT = {"cdsjax/io/parse.py", "cdsjax/io/store.py"}
 
 
 def _imported_modules(source: str, filename: str) -> list:
@@ -38,9 +40,9 @@ def test_nothing_outside_tests_imports_tests():
     assert not bad, "modules outside tests/ import the tests package:\n" + "\n".join(bad)
 
 
-def test_no_file_in_the_package_is_over_600_lines():
+def test_no_file_in_the_package_is_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "cdsjax").rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+            if (n := len(p.read_text().splitlines())) > MAX_LINES and str(p.relative_to(ROOT)) not in PENDING_SPLIT}
     assert not long, f"files over {MAX_LINES} lines (split them by job): {long}"
 
 
@@ -48,3 +50,47 @@ def test_configs_load_no_sibling_by_file_path():
     bad = [str(p.relative_to(ROOT)) for top in ("configs", "experiments") for p in sorted((ROOT / top).rglob("*.py"))
            if "spec_from_file_location" in p.read_text()]
     assert not bad, f"configs loaded by file path (import them through the configs package): {bad}"
+
+
+def _selector_default_claims(text: str, names: list, phrases: list) -> list:
+    """Phrases of ``text`` that call a selector of ``names`` (exact spellings) or ``phrases`` (any case) the default
+    (``default: cds-converged``, ``the default selector is converged CDS``, ``converged CDS (the default)``,
+    ``the server's default, converged CDS)``, ``default selector (cds-paper)``)."""
+    import re
+
+    spelled = [rf"(?<![\w-]){re.escape(n)}(?![\w-])" for n in sorted(names, key=len, reverse=True)]
+    alt = "|".join(spelled + [rf"(?i:{re.escape(p)})" for p in phrases])
+    q = r"[`*\"']*"
+    patterns = (rf"(?i:\bdefault(?:\s+selector)?\s*(?:is|:))\s*(?:the\s+)?{q}(?:{alt}){q}",
+                rf"(?i:\bdefault),\s*{q}(?:{alt}){q}\s*[).]",
+                rf"(?:{alt}){q}\s*(?i:\(\s*(?:the\s+)?default\b)",
+                rf"(?i:\bdefault\s+selector)\s*\(\s*{q}(?:{alt}){q}\s*[),]")
+    return [m.group(0) for p in patterns for m in re.finditer(p, text)]
+
+
+def test_docs_name_the_registry_default_selector():
+    """A docstring, comment, config or README sentence that calls a selector the default names the registry's
+    DEFAULT_SELECTOR (its names or "learned CDS"), never another selector."""
+    from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+
+    others = [n for s in SPECS.values() if s.name != DEFAULT_SELECTOR for n in {s.name, s.display, *s.aliases}]
+    phrases = ["converged CDS", "paper mode", "the paper's game"]  # how the other CDS selectors are described
+    files = [p for top in ("cdsjax", "experiments", "configs") for p in sorted((ROOT / top).rglob("*.py"))]
+    bad = [f"{p.relative_to(ROOT)}: {claim!r}" for p in [*files, ROOT / "README.md"]
+           for claim in _selector_default_claims(p.read_text(), others, phrases)]
+    assert not bad, "sentences naming a default other than the registry's:\n" + "\n".join(bad)
+    # the check can fail: the stale sentences issue 33 lists are caught
+    for stale in ("(default: ``cds-converged``, as ``cdsjax ask``)", "The default selector is converged CDS",
+                  "converged CDS (the default)", "the server's default, converged CDS)", "default selector (cds-paper)"):
+        assert _selector_default_claims(stale, others, phrases), stale
+    assert not _selector_default_claims("the default selector is learned CDS (``cds-learned``)", others, phrases)
+
+
+def test_core_opens_no_file():
+    """The pure core receives values: no file is opened, read or named there (parameter files: cdsjax.learn)."""
+    import re
+
+    calls = re.compile(r"\bopen\(|\.read_text\(|\.read_bytes\(|\.write_text\(|\bimport (?:pathlib|json|os)\b|__file__")
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "cdsjax" / "core").rglob("*.py"))
+           for i, line in enumerate(p.read_text().splitlines(), 1) if calls.search(line)]
+    assert not bad, f"file access in cdsjax/core: {bad}"

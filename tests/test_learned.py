@@ -1,5 +1,6 @@
-"""The learned CDS game: the paper's game at theta_0 bit for bit, implicit derivatives of every parameter
-against central finite differences (float64), and padding / jit / vmap invariance."""
+"""The learned CDS game as a game of the one entry point (core.cds with LearnedParams): the paper's game at
+theta_0 bit for bit under every strategy, pinned notes kept, implicit derivatives of every parameter through
+core.cds against central finite differences (float64), and padding / jit / vmap invariance."""
 
 import dataclasses
 
@@ -9,7 +10,17 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.learned import NOTE_KINDS, LearnedParams, cds_learned, kind_codes, learned_affinity, learned_scores
+from cdsjax.core.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
+
+
+def as_problem(p, **extra):
+    return core.CDSProblem.create(p["notes"], p["query"], p["valid"], links=p["links"], pages=p["pages"],
+                                  doc_ids=p["doc_ids"], kinds=p["kinds"], **extra)
+
+
+def cds_learned(p, theta, budget=4, solver="converged", strategy="single", **kw):
+    """The cds-learned selection: core.cds on the problem with the learned game as params."""
+    return core.cds(as_problem(p), strategy, theta, core.SolveOptions(solver=solver), budget=budget, **kw)
 
 
 def problem(seed=0, n=14, d=8, pad=0, dtype=np.float32):
@@ -47,12 +58,11 @@ def test_paper_point_is_bit_identical(solver):
     def today(z, q, v):
         return core.cds_select(z, q, v, budget=5, solver=solver)
 
-    def learned(z, q, v, links, pages, doc_ids, kinds):
-        return cds_learned(z, q, v, links, pages=pages, doc_ids=doc_ids, kinds=kinds, theta=LearnedParams.paper(),
-                           budget=5, options=core.SolveOptions(solver=solver))
+    def learned(p):
+        return cds_learned(p, LearnedParams.paper(), budget=5, solver=solver)
 
     a = jax.jit(today)(p["notes"], p["query"], p["valid"])
-    b = jax.jit(learned)(p["notes"], p["query"], p["valid"], p["links"], **structure)
+    b = jax.jit(learned)(p)
     assert np.array_equal(np.asarray(a.result.x), np.asarray(b.result.x))
     assert np.array_equal(np.asarray(a.indices), np.asarray(b.indices))
     assert np.array_equal(np.asarray(a.scores), np.asarray(b.scores))
@@ -74,12 +84,12 @@ def test_generic_point_changes_the_game_and_keeps_the_bound():
     assert float(aff.alpha) >= np.linalg.eigvalsh(block)[-1]  # the query stays in the support
 
 
-def _loss_fn(p, v):
-    def loss(theta):
-        scores, result, aff = learned_scores(p["notes"], p["query"], p["valid"], theta, links=p["links"],
-                                             pages=p["pages"], doc_ids=p["doc_ids"], kinds=p["kinds"], tol=1e-13,
-                                             max_iter=200_000)
-        return jnp.sum(result.x[1:] * v)
+def _loss_fn(p, v, adjoint=None):
+    options = core.SolveOptions(solver="converged", tol=1e-13, max_iter=200_000)
+
+    def loss(theta):  # through the one entry point: the selection's equilibrium carries the derivative
+        sel = core.cds(as_problem(p), "single", theta, options, budget=4, adjoint=adjoint)
+        return jnp.sum(sel.result.x[1:] * v)
     return jax.jit(loss)  # one compilation for the 25 solves of the check
 
 
@@ -111,8 +121,7 @@ def test_gradient_at_the_paper_point_is_finite_and_moves_beta():
 
 
 def _select(p, theta, budget=4):
-    return cds_learned(p["notes"], p["query"], p["valid"], p["links"], pages=p["pages"], doc_ids=p["doc_ids"],
-                       kinds=p["kinds"], theta=theta, budget=budget)
+    return cds_learned(p, theta, budget=budget)
 
 
 def test_padding_jit_and_vmap_invariance():
@@ -142,3 +151,46 @@ def test_params_dict_round_trip_and_projection():
         LearnedParams.from_dict({"beta": "x"})
     assert kind_codes(["paragraph", "figure", None, "weird"]) == [0, 1, -1, -1]
     assert len(dataclasses.fields(LearnedParams)) <= 12
+
+
+@pytest.mark.x64
+def test_implicit_and_loop_adjoints_agree_through_cds():
+    p = problem(seed=3, n=12, dtype=np.float64)
+    v = np.random.default_rng(1).normal(size=12)
+    theta = GENERIC.astype(jnp.float64)
+    implicit = jax.grad(_loss_fn(p, v))(theta)
+    loop = jax.jacfwd(_loss_fn(p, v, adjoint=core.LoopAdjoint()))(theta)
+    for name in ("beta", "w_page", "gate"):
+        np.testing.assert_allclose(float(getattr(implicit, name)), float(getattr(loop, name)), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("strategy", ["peel", "support", "shared"])
+def test_every_strategy_runs_the_learned_game(strategy):
+    """The paper point of the learned game is the paper's game under every strategy of core.cds."""
+    p = problem(pad=3)
+    kw = {"num_steps": 4} if strategy == "support" else {}
+    opts = core.SolveOptions(solver="converged")
+    paper = core.cds(core.CDSProblem.create(p["notes"], p["query"], p["valid"]), strategy, core.CDSParams(), opts,
+                     budget=5, **kw)
+    learned = core.cds(as_problem(p), strategy, LearnedParams.paper(), opts, budget=5, **kw)
+    np.testing.assert_array_equal(np.asarray(paper.indices), np.asarray(learned.indices))
+    np.testing.assert_allclose(np.asarray(paper.result.x), np.asarray(learned.result.x), atol=1e-5)
+    if strategy == "peel":  # same affinity, same rounds: bit for bit
+        assert np.array_equal(np.asarray(paper.result.x), np.asarray(learned.result.x))
+    other = core.cds(as_problem(p), strategy, GENERIC, opts, budget=5, **kw)
+    assert np.asarray(other.selected_valid).any()
+
+
+def test_pinned_notes_join_the_learned_constraint_set():
+    p = problem(pad=2)
+    pinned = np.zeros(len(p["valid"]), bool)
+    pinned[[1, 4]] = True
+    prob = as_problem(p, pinned=pinned)
+    aff_paper = core.build_affinity(prob.notes, prob.queries, prob.valid, pinned=pinned)
+    aff = core.problem_affinity(prob, LearnedParams.paper())
+    assert np.array_equal(np.asarray(aff_paper.matrix), np.asarray(aff.matrix))
+    assert np.array_equal(np.asarray(aff_paper.constraint), np.asarray(aff.constraint))
+    assert np.asarray(aff_paper.alpha) == np.asarray(aff.alpha)
+    generic = core.problem_affinity(as_problem(p, pinned=pinned), GENERIC)
+    assert np.asarray(generic.constraint)[1:].tolist() == pinned.tolist()
+    assert not np.array_equal(np.asarray(generic.alpha), np.asarray(core.problem_affinity(as_problem(p), GENERIC).alpha))

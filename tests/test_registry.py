@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from tests.conftest import on_arrays
 from cdsjax.core import registry
 
 
@@ -63,10 +64,10 @@ def test_options_reach_the_core_function(name, options, call):
     notes, query, links = problem(3, m=2)
     valid = np.ones(20, bool)
     key = core.key_from_query_id("q3")
-    got = core.make_selector(name, budget=5, **options)(notes, query, valid, links, key)
+    got = on_arrays(core.make_selector(name, budget=5, **options))(notes, query, valid, links, key)
     want = call(notes, query, valid, links, key)
     same_selection(got, want)
-    default = core.make_selector(name, budget=5)(notes, query, valid, links, key)
+    default = on_arrays(core.make_selector(name, budget=5))(notes, query, valid, links, key)
     if options:  # the options change the selection, so they were not dropped on the way
         assert not (np.array_equal(default.indices, want.indices) and np.allclose(default.scores, want.scores))
 
@@ -77,7 +78,7 @@ def test_options_reach_the_core_function(name, options, call):
 def test_uniform_signature_jits_and_vmaps(name):
     """Every selector runs as jit(vmap(fn)) over padded problems and multi-row queries."""
     options = {"cds": {"max_iter": 100}, "cds_support": {"num_steps": 6}}.get(name, {})
-    fn = core.make_selector(name, budget=4, **options)
+    fn = on_arrays(core.make_selector(name, budget=4, **options))
     sizes = [16, 11, 3]
     batch = [problem(10 + i, n=16, m=2) for i in range(3)]
     notes = np.stack([b[0] for b in batch])
@@ -101,7 +102,7 @@ def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
     # the registered configuration (and its limits) is the one that runs
     monkeypatch.setitem(core.SOLVERS, "converged", core.Replicator(tol=1e-12, max_iter=77))
     notes, query, links = problem(4)
-    sel = core.make_selector("cds_converged", budget=3)(notes, query, np.ones(20, bool), links, None)
+    sel = on_arrays(core.make_selector("cds_converged", budget=3))(notes, query, np.ones(20, bool), links, None)
     assert int(sel.result.num_iters) == 77
     assert int(sel.result.status) == core.MAX_STEPS and not bool(sel.result.converged)
 
@@ -133,7 +134,7 @@ def test_unknown_names_options_and_missing_inputs_raise():
         core.make_selector("cds_support", budget=3, beta=0.5)
     notes, query, _ = problem(5)
     with pytest.raises(ValueError, match="links"):
-        core.make_selector("ppr", budget=3)(notes, query, np.ones(20, bool))
+        on_arrays(core.make_selector("ppr", budget=3))(notes, query, np.ones(20, bool))
     with pytest.raises(ValueError, match="key"):
-        core.make_selector("random", budget=3)(notes, query, np.ones(20, bool))
+        on_arrays(core.make_selector("random", budget=3))(notes, query, np.ones(20, bool))
     assert "lam" in registry.selector_options("mmr")

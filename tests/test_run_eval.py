@@ -58,7 +58,7 @@ def test_run_selector_equals_per_query_calls(name, options):
     assert sorted(seen) == list(range(len(problems)))
     single = jax.jit(fn)
     for p, sel in zip(problems, out):
-        ref = single(p.notes, p.query_emb, np.ones(len(p.notes), bool), p.links,
+        ref = single(core.CDSProblem.create(p.notes, p.query_emb, np.ones(len(p.notes), bool), links=p.links),
                      core.key_from_query_id(p.query.qid))
         np.testing.assert_array_equal(sel.selected_valid, np.asarray(ref.selected_valid))
         v = np.asarray(ref.selected_valid)
@@ -76,11 +76,11 @@ def test_run_selector_pads_large_chunks_tightly():
     fn = core.make_selector("cosine", budget=5)
     before = set(R._COMPILED)
     out = run_selector(fn, problems, buckets=(1024,), max_batch=16)
-    shapes = {args[0][0] for (_, args) in set(R._COMPILED) - before}
+    shapes = {leaves[0][0] for (_, _, leaves) in set(R._COMPILED) - before}
     assert shapes == {(12, 1024, 4)}
     single = jax.jit(fn)
     for p, sel in zip(problems, out):
-        ref = single(p.notes, p.query_emb, np.ones(len(p.notes), bool), p.links,
+        ref = single(core.CDSProblem.create(p.notes, p.query_emb, np.ones(len(p.notes), bool), links=p.links),
                      core.key_from_query_id(p.query.qid))
         np.testing.assert_array_equal(sel.indices, np.asarray(ref.indices))
 
@@ -417,10 +417,11 @@ def test_release_drops_a_selectors_executables():
 
     problems = _synthetic_problems([5, 9], seed=3)
     fn = core.make_selector("cds_learned", budget=2, params=LearnedParams(beta=0.2, w_page=-0.5))
-    first = run_selector(fn, problems, buckets=(16,), max_batch=2)
-    held = lambda: sum(1 for k in R._COMPILED if any(k[0] is v for v in R._BATCHED.values())) + len(R._STRUCTURED)
+    spec = core.selector_spec("cds_learned")
+    first = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec)
+    held = lambda: sum(1 for k in R._COMPILED if any(k[0] is v for v in R._BATCHED.values()))
     before = held()
-    assert R.release(fn) >= 3  # the structure wrapper, its batched call and at least one executable
-    assert held() < before and not [k for k in R._STRUCTURED if k[0] is fn]
-    again = run_selector(fn, problems, buckets=(16,), max_batch=2)  # compiles again, same picks
+    assert R.release(fn) >= 2  # its batched call and at least one executable
+    assert held() < before and not [k for k in R._BATCHED if k[0] is fn]
+    again = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec)  # compiles again, same picks
     assert [list(np.asarray(s.indices)) for s in again] == [list(np.asarray(s.indices)) for s in first]

@@ -7,6 +7,8 @@ with the attack written in and its recorded hashes brought back in line, as an a
 import hashlib
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import socket
@@ -113,15 +115,34 @@ def craft(src, dst, *, manifest=None, notes=None):
     return dst
 
 
+PDF_CASES = ("swap", "append", "gone", "restored")  # one source PDF per /pdf case, so no case sees another's
+HUGE_PDF = 3 << 30  # a sparse file: hashing it whole takes seconds, reading its size none
+
+
 @pytest.fixture(scope="module")
 def main_server(built, tmp_path_factory):
-    """The main server on a copy of the index (tests tamper with its crops), a short deadline, queue 3."""
-    index = tmp_path_factory.mktemp("served") / "index"
-    shutil.copytree(built, index)
+    """The main server on a copy of the index (tests tamper with its crops), a short deadline, queue 3.
+
+    Its manifest also lists ``PDF_CASES`` documents (copies of the source PDF that tests swap, extend, delete
+    and restore) and ``huge.pdf``, a 3 GiB sparse file that starts like a PDF (its recorded hash is that of
+    the source PDF: only a server that hashes it would find out)."""
+    pdfs = tmp_path_factory.mktemp("pdfs")
+    source = json.loads((built / "manifest.json").read_text())["documents"][0]
+    for name in PDF_CASES:
+        shutil.copyfile(source["path"], pdfs / f"{name}.pdf")
+    with open(pdfs / "huge.pdf", "wb") as f:
+        f.write(b"%PDF-1.4\n")
+        f.truncate(HUGE_PDF)
+
+    def add_documents(m):
+        for name in (*PDF_CASES, "huge"):
+            m["documents"].append(dict(source, doc_id=f"{name}.pdf", path=str(pdfs / f"{name}.pdf")))
+
+    index = craft(built, tmp_path_factory.mktemp("served") / "index", manifest=add_documents)
     env = server_env(tmp_path_factory)
     srv = Server(index, "--queue", 3, "--request-timeout", TIMEOUT, "--max-compiled", 3, "--budget", 6,
                  "--selector", "cosine", env=env)
-    srv.index, srv.cache = index, env["CDSJAX_CACHE"]
+    srv.index, srv.cache, srv.pdfs = index, env["CDSJAX_CACHE"], pdfs
     yield srv
     srv.stop()
 
@@ -332,28 +353,47 @@ def test_large_body_gets_413_before_it_is_read(main_server):
     sock.close()
 
 
-def test_slow_uploads_count_against_the_queue(main_server):
+def test_trickled_uploads_get_408_and_never_keep_questions_out(main_server):
+    """Issue 35, 2: uploads that send a byte now and then neither hold the question slots (--queue 3) nor
+    their own for longer than --body-timeout (5 s by default): each gets 408 and the server forgets it."""
     url = main_server.url
     wait_idle(url)
-    held = []
-    for _ in range(3):  # --queue 3: three uploads that never finish
-        sock = socket.create_connection(("127.0.0.1", main_server.port))
-        sock.sendall(b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"question\": ")
-        held.append(sock)
-    deadline = time.time() + 10
-    while health(url)["queue"]["in_flight"] < 3:
+    outcomes = []
+    threads = [threading.Thread(target=lambda: outcomes.append(trickle_until_answered(main_server.port, 12)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 4
+    while health(url)["uploads"]["in_progress"] < 3:  # all three uploading (on 7227bc3: all three slots held)
         assert time.time() < deadline
-        time.sleep(0.02)
-    status, reply, headers = request(url + "/select", {"question": "one more"})
-    assert status == 503 and "busy" in reply["error"] and headers.get("Retry-After")
+        time.sleep(0.05)
+    status, reply, _ = request(url + "/select", {"question": "one more"})
+    assert status == 200 and reply["evidence"]
+    for t in threads:
+        t.join()
+    assert [status for status, _ in outcomes] == [408] * 3, outcomes
+    assert all(seconds < 5 + 5 for _, seconds in outcomes), outcomes
+    after = health(url)
+    assert after["uploads"]["in_progress"] == 0 and after["queue"]["in_flight"] == 0
+    assert after["refused"]["slow_upload"] >= 3
+
+
+def test_a_new_upload_takes_the_slot_of_the_oldest_slow_one(main_server):
+    """However many slow uploads hold the upload slots (64 by default), a question still gets in."""
+    url = main_server.url
+    wait_idle(url)
+    t0 = time.time()
+    held = [trickle(main_server.port) for _ in range(64)]
+    while health(url)["uploads"]["in_progress"] < 64:
+        assert time.time() < t0 + 3
+        time.sleep(0.05)
+    time.sleep(max(0.0, t0 + 1.2 - time.time()))  # the oldest is older than guard.SLOW_UPLOAD_S, not yet 5 s
+    status, reply, _ = request(url + "/select", {"question": "one more"})
+    assert status == 200 and reply["evidence"]
+    assert reply_status(held[0], 5) == 408
+    assert health(url)["refused"]["upload_cut"] >= 1
     for sock in held:
         sock.close()
-    deadline = time.time() + 10
-    while health(url)["queue"]["in_flight"]:
-        assert time.time() < deadline
-        time.sleep(0.02)
-    assert request(url + "/select", {"question": "one more"})[0] == 200
 
 
 # ------------------------------------------------------------------ 5. crops
@@ -581,3 +621,247 @@ def test_compilation_cache_is_pruned_to_its_cap(tmp_path):
     assert prune_compilation_cache(tmp_path, 2500) == 3 * 1024
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry-3", "entry-4"]
     assert prune_compilation_cache(tmp_path, 2500) == 0
+
+
+# ------------------------------------------------------------------ 8. second pass (issue 35), one case per finding
+
+
+def trickle(port, length=1000):
+    """A socket that has sent a question's headers and the first bytes of a ``length``-byte body."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n{\"question\": " % length)
+    return sock
+
+
+def reply_status(sock, timeout) -> int:
+    """The status of the reply on ``sock`` (0 if none came within ``timeout`` seconds)."""
+    sock.settimeout(timeout)
+    head = b""
+    try:
+        while b"\r\n" not in head and (chunk := sock.recv(1024)):
+            head += chunk
+    except OSError:
+        pass
+    return int(head.split()[1]) if head.startswith(b"HTTP/") else 0
+
+
+def trickle_until_answered(port, limit):
+    """(status, seconds) of an upload that sends one byte every 0.5 s until it is answered or ``limit`` s."""
+    sock = trickle(port)
+    t0 = time.time()
+    try:
+        while time.time() - t0 < limit:
+            readable, _, _ = select.select([sock], [], [], 0.5)
+            if readable:
+                return reply_status(sock, 5), time.time() - t0
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                return reply_status(sock, 5), time.time() - t0
+        return 0, time.time() - t0
+    finally:
+        sock.close()
+
+
+def get_pdf(url, document):
+    """(status, body bytes) of ``GET /pdf?document=...``."""
+    try:
+        with urllib.request.urlopen(f"{url}/pdf?document={urllib.parse.quote(document)}", timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def one_line_error(body: bytes) -> str:
+    error = json.loads(body)["error"]
+    assert len(error.splitlines()) == 1 and "Traceback" not in error, error
+    return error
+
+
+def test_pdf_swapped_for_a_link_is_not_served(main_server):
+    url, path = main_server.url, main_server.pdfs / "swap.pdf"
+    good = path.read_bytes()
+    assert get_pdf(url, "swap.pdf") == (200, good)
+    secret = main_server.pdfs / "secret.txt"
+    secret.write_text("private key material")
+    path.unlink()
+    path.symlink_to(secret)  # after a request that succeeded
+    status, body = get_pdf(url, "swap.pdf")
+    assert status == 404 and b"private" not in body and str(main_server.pdfs) not in one_line_error(body)
+    copy = main_server.pdfs / "copy.pdf"
+    copy.write_bytes(good)
+    path.unlink()
+    path.symlink_to(copy)  # a link is refused even to the very same bytes: only the recorded file is served
+    assert get_pdf(url, "swap.pdf")[0] == 404
+
+
+def test_pdf_with_bytes_appended_is_not_served(main_server):
+    url, path = main_server.url, main_server.pdfs / "append.pdf"
+    good = path.read_bytes()
+    assert get_pdf(url, "append.pdf") == (200, good)
+    with open(path, "ab") as f:
+        f.write(b"\n<script>alert(1)</script>\n")
+    status, body = get_pdf(url, "append.pdf")
+    assert status == 404 and b"script" not in body
+    path.write_bytes(good)
+    assert get_pdf(url, "append.pdf") == (200, good)
+
+
+def test_pdf_deleted_after_serving_gives_404_not_500(main_server):
+    url, path = main_server.url, main_server.pdfs / "gone.pdf"
+    assert get_pdf(url, "gone.pdf")[0] == 200
+    path.unlink()
+    status, body = get_pdf(url, "gone.pdf")
+    assert status == 404 and "missing" in one_line_error(body)
+
+
+def test_pdf_changed_then_restored_is_served_again(main_server):
+    """Nothing is cached across requests: a refusal holds only while the file is wrong."""
+    url, path = main_server.url, main_server.pdfs / "restored.pdf"
+    good = path.read_bytes()
+    path.write_bytes(good[:-10] + b"0123456789")  # same size, other bytes
+    assert get_pdf(url, "restored.pdf")[0] == 404
+    path.write_bytes(good)
+    assert get_pdf(url, "restored.pdf") == (200, good)
+
+
+def test_pdf_hashing_never_holds_up_health(main_server):
+    """A 3 GiB file behind /pdf: refused (over --max-pdf-mb) without being hashed on the event loop."""
+    url = main_server.url
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=get_pdf(url, "huge.pdf")))
+    thread.start()
+    slowest, t_end = 0.0, time.time() + 1.5
+    while time.time() < t_end or thread.is_alive():
+        t0 = time.perf_counter()
+        health(url, timeout=30)
+        slowest = max(slowest, time.perf_counter() - t0)
+        assert time.time() < t_end + 30
+        time.sleep(0.05)
+    thread.join()
+    assert slowest < 1.0, f"/health took {slowest:.2f} s while a PDF was checked"
+    assert result["r"][0] == 404 and "MB" in one_line_error(result["r"][1])
+
+
+def test_pdf_unknown_document_is_echoed_short(main_server):
+    status, body = get_pdf(main_server.url, "x" * 12_000)
+    assert status == 404 and len(one_line_error(body)) < 400
+
+
+def post_raw(url, data: bytes):
+    """(status, error line or None) of a POST with the raw body ``data``."""
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+            return r.status, None
+    except urllib.error.HTTPError as err:
+        return err.code, one_line_error(err.read())
+
+
+GIANT = b"9" * 401
+
+
+@pytest.mark.parametrize("data", [
+    b'{"question": "x", "selector": "cds-converged", "options": {"beta": %s}}' % GIANT,
+    b'{"question": "x", "selector": "cds-converged", "options": {"beta": -%s}}' % GIANT,
+    b'{"question": "x", "selector": "cds-converged", "options": {"beta": 1e999}}',
+    b'{"question": "x", "selector": "cds-converged", "options": {"beta": 1e308}}',  # finite, but not in float32
+    b'{"question": "x", "selector": "cds-paper", "options": {"max_iter": %s}}' % GIANT,
+    b'{"question": "x", "selector": "cds-paper", "options": {"tol": 1e-999}}',
+    b'{"question": "x", "budget": %s}' % GIANT,
+    b'{"question": "x", "near_duplicates": %s}' % GIANT,
+    b'{"question": "x", "budget": %s}' % (b"9" * 5000),  # over Python's int-from-text limit
+    b'{"question": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",  # nesting deeper than the JSON parser recurses
+    b'{"question": "\\ud800"}',  # a lone surrogate
+    b'{"question": "x", "selector": "\\udfff"}',
+    b'{"question": "x", "selector": "mmr", "options": {"\\ud800": 1}}',
+    b'{"question": "\xff\xfe"}',  # not UTF-8
+])
+def test_request_values_give_a_4xx_never_a_500(main_server, data):
+    status, error = post_raw(main_server.url + "/select", data)
+    assert 400 <= status < 500 and error, (status, error)
+
+
+@pytest.mark.parametrize("body", [
+    {"question": "x", "budget": "5"}, {"question": "x", "budget": True}, {"question": "x", "budget": 5.0},
+    {"question": "x", "near_duplicates": "0.9"}, {"question": "x", "near_duplicates": True},
+    {"question": 5}, {"question": "x", "selector": 5},
+    {"question": "x", "selector": "cds-paper", "options": {"max_iter": "100"}},
+    {"question": "x", "selector": "cds-paper", "options": {"max_iter": 100.0}},
+    {"question": "x", "selector": "cds-converged", "options": {"beta": "0.5"}},
+    {"question": "x", "selector": "cds-converged", "options": {"beta": False}},
+])
+def test_budget_and_options_are_strictly_typed(main_server, body):
+    status, error = post_raw(main_server.url + "/select", json.dumps(body).encode())
+    assert status in (400, 422) and error, (body, status, error)
+
+
+def test_host_header_is_parsed_whole(main_server):
+    port = main_server.port
+    for host in ("localhost:evil", "[::1]evil.example", f"127.0.0.1:{port}/evil", "localhost:99999",
+                 "localhost:", f"localhost:{port}:1", "127.0.0.1 evil.example", "[::1"):
+        status, body = raw_get(port, "/documents", host)
+        assert status == 400, (host, status, body)
+    for host in (f"localhost:{port}", f"[::1]:{port}", "127.0.0.1", "LocalHost"):
+        assert raw_get(port, "/documents", host)[0] == 200, host
+
+
+NON_ASCII_TOKEN = "pässwörd-☃-tökén"
+
+
+def test_non_ascii_token_is_compared_as_bytes(built, tmp_path_factory):
+    token = NON_ASCII_TOKEN.encode()
+    env = dict(server_env(tmp_path_factory), CDSJAX_TOKEN=NON_ASCII_TOKEN)  # the environment: not seen in `ps`
+    srv = Server(built, "--selector", "cosine", env=env)
+    try:
+        def documents(headers):
+            req = urllib.request.Request(srv.url + "/documents", headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        assert documents({"Authorization": b"Bearer " + token}) == 200
+        assert documents({"Authorization": b"Bearer " + token[:-1]}) == 401
+        assert documents({"Authorization": b"Bearer \xff\xfe"}) == 401
+        # the page with a wrong token is just the page; a raw non-ASCII byte in the URL is refused by HTTP parsing
+        for query, expected in ((urllib.parse.quote(token), ("303",)), ("%FF%FE", ("200",)), ("\u00e9", ("200", "400"))):
+            sock = socket.create_connection(("127.0.0.1", srv.port))
+            sock.sendall(b"GET /?token=" + query.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Connection: close\r\n\r\n")
+            reply = sock.recv(4096).decode("latin-1")
+            sock.close()
+            assert reply.split()[1] in expected, (query, reply[:300])
+            if expected == ("303",):
+                cookie = reply.split("set-cookie: ", 1)[1].split(";", 1)[0]
+                assert cookie.isascii() and documents({"Cookie": cookie}) == 200
+        env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_TOKEN=NON_ASCII_TOKEN)
+        code, out, err = run_cli("ask", "--server", srv.url, "what is it?", "--json", "--no-read", env=env)
+        assert code == 0 and json.loads(out)["evidence"], err
+    finally:
+        srv.stop()
+
+
+def test_token_flag_says_prefer_the_environment(capsys):
+    from pathlib import Path
+
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "in `ps`" in text and "CDSJAX_TOKEN" in text
+    security = (Path(ROOT) / "README.md").read_text().split("## Security", 1)[1].split("\n## ")[0]
+    examples = "".join(re.findall(r"```[a-z]*\n(.*?)```", security, flags=re.S))
+    assert "in `ps`" in security and "CDSJAX_TOKEN" in examples and "--token" not in examples
+
+
+def test_answers_never_carry_inf_or_nan():
+    """A diagnostic that overflowed (an option at the edge of float32) is sent as null, not as a 500."""
+    from cdsjax.commands.policy import finite
+
+    out = finite({"diagnostics": {"beta": float("inf"), "objective": float("nan"), "ok": 1.5},
+                  "evidence": [{"score": float("-inf"), "rank": 1}]})
+    assert out == {"diagnostics": {"beta": None, "objective": None, "ok": 1.5}, "evidence": [{"score": None, "rank": 1}]}
+    assert json.dumps(out, allow_nan=False)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from tests.conftest import on_arrays
 from cdsjax.core.subgraph import select_subgraph_readout
 
 readout = jax.jit(select_subgraph_readout, static_argnames=("budget",))
@@ -136,7 +137,7 @@ def test_jit_equals_eager_and_float32():
 def test_registry_entry():
     notes, query, links = instance(4, link_p=0.2)
     valid = np.ones(len(notes), bool)
-    fn = core.make_selector("subgraph", budget=6)
+    fn = on_arrays(core.make_selector("subgraph", budget=6))
     sel = jax.jit(fn)(notes, query, valid, links, None)
     assert picks(sel) == ref_readout(links, notes, query, 6)[0]
     with pytest.raises(ValueError, match="links"):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from tests.conftest import on_arrays
 from cdsjax.eval.problems import text_problems
 from cdsjax.eval.report import summary_rows
 from cdsjax.eval.run import run_selector
@@ -38,11 +39,11 @@ def picks(sel):
 
 # Every CDS mode: (label, fn(notes, query, valid, budget) -> Selection).
 MODES = {
-    "paper": lambda z, q, v, b: core.make_selector("cds", budget=b)(z, q, v),
-    "converged": lambda z, q, v, b: core.make_selector("cds_converged", budget=b)(z, q, v),
-    "inimdyn": lambda z, q, v, b: core.make_selector("cds_inimdyn", budget=b)(z, q, v),
-    "peel": lambda z, q, v, b: core.make_selector("cds", budget=b, peel=True)(z, q, v),
-    "support": lambda z, q, v, b: core.make_selector("cds_support", budget=b, num_steps=8)(z, q, v),
+    "paper": lambda z, q, v, b: on_arrays(core.make_selector("cds", budget=b))(z, q, v),
+    "converged": lambda z, q, v, b: on_arrays(core.make_selector("cds_converged", budget=b))(z, q, v),
+    "inimdyn": lambda z, q, v, b: on_arrays(core.make_selector("cds_inimdyn", budget=b))(z, q, v),
+    "peel": lambda z, q, v, b: on_arrays(core.make_selector("cds", budget=b, peel=True))(z, q, v),
+    "support": lambda z, q, v, b: on_arrays(core.make_selector("cds_support", budget=b, num_steps=8))(z, q, v),
     "shared-paper": lambda z, q, v, b: jax.tree.map(lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b)),
     "shared-converged": lambda z, q, v, b: jax.tree.map(
         lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b, solver="converged")),
@@ -193,7 +194,7 @@ def test_cds_support_grows_its_support_with_beta_times_n():
 def test_cds_support_identical_under_jit_vmap_and_padding():
     rng = np.random.default_rng(8)
     sizes = [30, 17]
-    fn = core.make_selector("cds_support", budget=4, num_steps=12)
+    fn = on_arrays(core.make_selector("cds_support", budget=4, num_steps=12))
     probs = []
     for n in sizes:
         z = clustered(rng, n)

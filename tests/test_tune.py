@@ -10,8 +10,15 @@ import pytest
 
 from cdsjax import core
 from cdsjax.cli import main
-from cdsjax.core.learned import LearnedParams, cds_learned
-from cdsjax.learn import load_params, save_params
+from cdsjax.core.learned import LearnedParams
+from cdsjax.learn import default_params, load_params, resolve_params, save_params
+from cdsjax.selection import make_selector, selector_key
+
+
+def cds_learned(z, q, valid, theta, budget, **structure):
+    """The learned game through the one entry point (what the cds-learned selector runs)."""
+    problem = core.CDSProblem.create(z, q, valid, **structure)
+    return core.cds(problem, "single", theta, core.SolveOptions(solver="converged"), budget=budget)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -50,26 +57,34 @@ def problem(n=20, d=8, seed=0):
     return z.astype(np.float32), (q / np.linalg.norm(q)).astype(np.float32)
 
 
-def test_registry_cds_learned_at_theta0_is_converged_cds_and_reads_files(tmp_path):
+def test_registry_cds_learned_at_theta0_is_converged_cds_and_files_are_read_at_the_edge(tmp_path):
     z, q = problem()
     valid = np.ones(len(z), bool)
+    prob = core.CDSProblem.create(z, q, valid)
     learned = core.make_selector("cds_learned", budget=5, params=LearnedParams.paper())
     converged = core.make_selector("cds_converged", budget=5)
-    a, b = jax.jit(learned)(z, q, valid), jax.jit(converged)(z, q, valid)
+    a, b = jax.jit(learned)(prob), jax.jit(converged)(prob)
     np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
     assert core.selector_spec("cds-learned").name == "cds_learned" and core.selector_spec("cds-learned").display == \
         "cds-learned"
-    shipped = core.make_selector("cds_learned", budget=5)  # the packaged file
-    assert np.asarray(shipped(z, q, valid).selected_valid).all()
-    path = save_params(tmp_path / "p.json", LearnedParams(beta=0.2, w_page=-0.3), {"data": "test"})
+    spec, shipped = make_selector("cds_learned", 5)  # the edge supplies the packaged fit
+    assert spec.learned and spec.structure and spec.pages_only
+    assert np.asarray(shipped(prob).selected_valid).all()
+    assert default_params() is default_params() is resolve_params(None)  # read once per process
+    theta = LearnedParams(beta=0.2, w_page=-0.3)
+    path = save_params(tmp_path / "p.json", theta, {"data": "test"})
     pages = np.arange(len(z)) // 2
-    fn = core.make_selector("cds_learned", budget=5, params=str(path))
-    assert fn.takes_structure
-    got = fn(z, q, valid, pages=pages)
-    want = cds_learned(z, q, valid, pages=pages, theta=LearnedParams(beta=0.2, w_page=-0.3), budget=5)
+    _, fn = make_selector("cds_learned", 5, {"params": str(path)})
+    got = fn(core.CDSProblem.create(z, q, valid, pages=pages))
+    want = cds_learned(z, q, valid, theta, 5, pages=pages)
     np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(want.indices))
+    # compiled selectors are named by the parameters' content, not by the file
+    copy = save_params(tmp_path / "other.json", theta, {"data": "elsewhere"})
+    assert selector_key("cds-learned", 5, {"params": resolve_params(str(path))}) == \
+        selector_key("cds_learned", 5, {"params": resolve_params(str(copy))})
+    assert str(path) not in repr(selector_key("cds_learned", 5, {"params": resolve_params(str(path))}))
     with pytest.raises(ValueError, match="does not exist"):
-        core.make_selector("cds_learned", budget=5, params=str(tmp_path / "missing.json"))
+        make_selector("cds_learned", 5, {"params": str(tmp_path / "missing.json")})
 
 
 def _corpus(n=20):
@@ -91,8 +106,8 @@ def test_pipeline_passes_params_and_structure(tmp_path):
     sel = pipe.select(q, selector="cds-learned", budget=4)
     n, size = len(corpus), pipe.size
     pad = lambda a: np.concatenate([np.asarray(a, np.int32), np.full(size - n, -1, np.int32)])
-    want = cds_learned(pipe.notes, q, pipe.valid, pipe.links, pages=pad([i // 2 for i in range(n)]),
-                       doc_ids=pad([0] * n), kinds=pad([0 if i % 3 else 1 for i in range(n)]), theta=theta, budget=4)
+    want = cds_learned(pipe.notes, q, pipe.valid, theta, 4, links=pipe.links, pages=pad([i // 2 for i in range(n)]),
+                       doc_ids=pad([0] * n), kinds=pad([0 if i % 3 else 1 for i in range(n)]))
     np.testing.assert_array_equal(np.asarray(sel.indices), np.asarray(want.indices))
     bad = tmp_path / "bad.json"
     bad.write_text("{")
@@ -114,7 +129,7 @@ def test_ask_params_errors_are_one_line(tmp_path, capsys):
 
 
 def test_serve_takes_no_params_file_over_http():
-    from cdsjax.commands.serve import check_http_options
+    from cdsjax.commands.policy import check_http_options
 
     assert check_http_options("cds_learned", {"fill": False}) == {"fill": False}
     with pytest.raises(ValueError, match="'params' is not accepted"):
@@ -154,12 +169,11 @@ def test_run_eval_params_field_and_flag(data_root, tmp_path):
     from cdsjax.io.embed import Embedder
 
     _, _, problems, _ = load_problems(config, Embedder(config), cache_dir=tmp_path / "cache", progress=False, log=lambda s: None)
-    fn = core.make_selector("cds_learned", budget=2, params=str(path))
+    fn = core.make_selector("cds_learned", budget=2, params=load_params(path)[0])
     by_qid = {r["qid"]: r for r in records}
     for p in problems:
-        s = p.structure()
-        sel = fn(p.notes, p.query_emb, np.ones(len(p.notes), bool), p.links, pages=s["pages"], doc_ids=s["doc_ids"],
-                 kinds=s["kinds"])
+        s = p.structure(pages_only=True)
+        sel = fn(core.CDSProblem.create(p.notes, p.query_emb, np.ones(len(p.notes), bool), links=p.links, **s))
         assert by_qid[p.query.qid]["selected"] == [p.note_ids[i] for i in np.asarray(sel.indices)]
     other = save_params(tmp_path / "q.json", LearnedParams(beta=0.5), {"data": "test"})
     with pytest.raises(ValueError, match="params"):

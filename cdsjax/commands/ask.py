@@ -1,7 +1,9 @@
 """``cdsjax ask DIR_OR_PDF... "question"``: select evidence (and answer, with a reader).
 
-The default selector is converged CDS (``cds-converged``: the equilibrium of the constrained dominant
-set, found by an active-set solver). ``--selector cds-paper`` (also spelled ``cds``) is the paper's
+The default selector is the registry's ``DEFAULT_SELECTOR``: learned CDS (``cds-learned``, the constrained
+dominant set of the fitted game, converged by the active-set solver, reading the notes' pages).
+``--selector cds-converged`` is the paper's game at its equilibrium; ``--selector cds-paper`` (also spelled
+``cds``) is the paper's
 replicator dynamics with its 10,000-step cap: it reproduces the paper, but on real indexes it often stops
 far from equilibrium, and then ``ask`` says so in one line (residual and the way out).
 
@@ -75,7 +77,8 @@ def add_arguments(p) -> None:
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
                    "then give only the question")
     p.add_argument("--token", default=None,
-                   help="with --server: the server's bearer token (env CDSJAX_TOKEN)")
+                   help="with --server: the server's bearer token; prefer the environment variable "
+                   "CDSJAX_TOKEN (a --token value is visible to every user of the machine in `ps`)")
     p.add_argument("--embedder", action="append", default=[], metavar="MODEL",
                    help="accept indexes embedded with MODEL besides the shipped MiniLM and the documented presets")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -124,10 +127,11 @@ def check_options(selector: str, options: dict) -> None:
             raise CLIError(f"{flag} does not apply to --selector {selector}")
 
 
-def check_params(selector: str, params) -> None:
-    """One line when ``--params`` is given to another selector than cds-learned, or names a bad file."""
+def check_params(selector: str, params):
+    """The ``--params`` file's parameters (None without it); one line when it is given to another selector
+    than cds-learned, or names a bad file."""
     if params is None:
-        return
+        return None
     from cdsjax.core.registry import LEARNED_SELECTOR, SPECS, selector_spec
 
     try:
@@ -136,10 +140,10 @@ def check_params(selector: str, params) -> None:
         raise CLIError(str(err)) from None
     if name != LEARNED_SELECTOR:
         raise CLIError(f"--params applies to --selector {SPECS[LEARNED_SELECTOR].display}, not {selector}")
-    from cdsjax.learn.params_io import load_params
+    from cdsjax.learn.params_io import resolve_params
 
     try:
-        load_params(params)
+        return resolve_params(params)
     except ValueError as err:
         raise CLIError(str(err), 1) from None
 
@@ -188,7 +192,7 @@ def ask_local(args, paths, question, options):
     if args.selector is None:
         args.selector = DEFAULT_SELECTOR
     check_options(args.selector, options)
-    check_params(args.selector, getattr(args, "params", None))
+    params = check_params(args.selector, getattr(args, "params", None))
     enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args)
@@ -203,7 +207,7 @@ def ask_local(args, paths, question, options):
         unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   params=getattr(args, "params", None))
+                                   params=params)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)
@@ -241,7 +245,7 @@ def ask_server(url: str, question: str, *, selector: Optional[str], budget: int,
         body["options"] = options
     headers = {"Content-Type": "application/json"}
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers["Authorization"] = b"Bearer " + token.encode("utf-8")  # any text: the server compares bytes
     request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
     t0 = time.perf_counter()

@@ -5,6 +5,7 @@
     cdsjax index --remove DOC... --out DIR   drop documents (DOC: a doc id or file name, see --list)
     cdsjax index --list DIR                  what the index holds
     cdsjax index --verify DIR                check every hash; rebuild damaged documents (from the cache or PDF)
+    cdsjax index PDF... --out DIR --ray [ADDRESS]   the documents built on Ray (a cluster, or a local Ray)
 
 Bad inputs (missing files, non-PDFs, corrupt, encrypted or empty PDFs) are reported one line each and
 skipped; the exit code is 1 if any was skipped (``--strict`` stops at the first one, or at the first
@@ -37,6 +38,9 @@ def add_arguments(p) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="documents parsed, enriched and embedded at once, one process each "
                         "(default: all cores)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="build the documents on Ray: a cluster's address (e.g. auto, ray://head:10001), or "
+                        "none for a local Ray on this machine's cores (needs cdsjax[ray])")
     p.add_argument("--enrich", choices=("lite", "vlm"), default=None, help="note enrichment (default: lite)")
     p.add_argument("--parser", choices=("pymupdf", "mineru"), default=None, help="PDF parser (default: pymupdf)")
     p.add_argument("--mineru-output", default=None, metavar="DIR",
@@ -76,11 +80,14 @@ def run(args) -> int:
     from cdsjax.io.embed import EmbedderError
     from cdsjax.io.index import build_index, verify_index
     from cdsjax.io.store import LockBusy, StoreError
+    from cdsjax.io.index.on_ray import RayUnavailable
     from cdsjax.io.vlm import VLMError
 
     modes = [m for m in ("list", "verify") if getattr(args, m)]
     if len(modes) > 1 or (modes and (args.paths or args.out or args.remove)):
         raise CLIError(f"--{modes[0]} DIR takes no PDFs, --out or --remove")
+    if args.ray is not None and (modes or args.workers is not None):
+        raise CLIError("--ray builds the documents on Ray: it takes no --workers, --list or --verify")
     if args.workers is not None and args.workers < 1:
         raise CLIError(f"--workers must be >= 1, got {args.workers}")
     if args.list:
@@ -106,12 +113,12 @@ def run(args) -> int:
         else:
             summary = build_index(args.paths, out, config=config, strict=args.strict, progress=progress, log=log,
                                   replace=args.replace, remove=args.remove or (), wait=not args.no_wait,
-                                  workers=args.workers)
+                                  workers=args.workers, ray=args.ray)
     except IngestError as err:
         raise CLIError(f"{err.path}: {err.reason} (--strict: nothing was written)", 1) from None
     except LockBusy as err:
         raise CLIError(str(err), EXIT_LOCKED) from None
-    except (StoreError, EmbedderError, VLMError) as err:
+    except (StoreError, EmbedderError, VLMError, RayUnavailable) as err:
         raise CLIError(str(err), 2) from None
     except OSError as err:  # e.g. the disk filled up while writing; the previous index is untouched
         name = getattr(err, "filename", None) or out

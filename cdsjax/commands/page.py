@@ -1,21 +1,19 @@
 """The web page of ``cdsjax serve`` and what the server computes for it.
 
 The page (``GET /``) asks one question of two selectors side by side (by default cosine and the server's
-default, converged CDS): the notes both chose share a row, the notes only one chose are marked, and within
+default, learned CDS): the notes both chose share a row, the notes only one chose are marked, and within
 each list the near-duplicates (cosine >= a threshold shown on the page) are marked. Each note links to its PDF
 at its page (``GET /pdf?document=DOC_ID#page=N``). The page renders every value with ``textContent``; no
 data reaches ``innerHTML``.
 
 The server side lives here too: :func:`near_duplicates` (the pairs within one evidence list, computed from the
-index's embeddings, so no embedding goes to the browser) and :class:`PdfFiles` (the PDFs of the loaded
-indexes, looked up by document id, never by a path from the request).
+index's embeddings, so no embedding goes to the browser). Which PDFs ``/pdf`` serves is
+:class:`cdsjax.commands.policy.PdfFiles`.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 
@@ -42,52 +40,6 @@ def near_duplicates(pipe, evidence: Sequence[dict], threshold: float = DEFAULT_T
              for i in range(len(rows)) for j in range(i + 1, len(rows)) if sims[i, j] >= threshold]
     pairs.sort(key=lambda p: -p[2])
     return dict(threshold=float(threshold), pairs=pairs)
-
-
-class PdfFiles:
-    """The source PDFs of the loaded indexes, by document id.
-
-    A PDF is served only when its document id is in a loaded index's manifest and the file at the recorded
-    path still has the recorded sha256 (checked once per document); the request never names a path.
-    """
-
-    def __init__(self, roots: Sequence[str]):
-        from cdsjax.io.store import read_manifest
-
-        self._entries: Dict[str, dict] = {}
-        for root in roots:
-            manifest = read_manifest(Path(root)) or {}
-            for entry in manifest.get("documents", []):
-                if entry.get("doc_id") is not None and entry.get("path"):
-                    self._entries.setdefault(str(entry["doc_id"]), entry)
-        self._checked: Dict[str, Optional[str]] = {}
-
-    def __contains__(self, doc_id: str) -> bool:
-        return doc_id in self._entries
-
-    def path(self, doc_id: str) -> Optional[str]:
-        """The PDF of ``doc_id`` if it belongs to a loaded index and is unchanged on disk, else None."""
-        from cdsjax.io.store import sha256_file
-
-        entry = self._entries.get(doc_id)
-        if entry is None:
-            return None
-        if doc_id not in self._checked:
-            path = str(entry["path"])
-            # the manifest names a file outside the index: serve it only if it is a PDF with the recorded hash
-            # (a manifest without a hash, or naming some other file, must not turn /pdf into a file reader)
-            ok = (bool(entry.get("sha256")) and os.path.isfile(path) and _starts_like_pdf(path)
-                  and sha256_file(Path(path)) == entry["sha256"])
-            self._checked[doc_id] = path if ok else None
-        return self._checked[doc_id]
-
-
-def _starts_like_pdf(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(5) == b"%PDF-"
-    except OSError:
-        return False
 
 
 def selector_options_html(displays: List[str]) -> str:

@@ -1,11 +1,14 @@
 """Pure JAX core of cdsjax: affinity, spectral penalty, solvers, selectors.
 
 Nothing here touches files, the network or global state, and nothing imports
-torch, sentence-transformers, vllm, openai, pymupdf or :mod:`cdsjax.io`.
+torch, sentence-transformers, vllm, openai, pymupdf or :mod:`cdsjax.io`; parameter
+files are read by :mod:`cdsjax.learn` and passed in as values.
 Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
+One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
 """
 
-from cdsjax.core.affinity import build_affinity, note_coupling, query_relevance, spectral_penalty
+from cdsjax.core.affinity import (assemble_affinity, build_affinity, note_coupling, problem_affinity, query_relevance,
+                                  spectral_penalty)
 from cdsjax.core.baselines import (
     key_from_query_id,
     relevance,
@@ -17,16 +20,16 @@ from cdsjax.core.baselines import (
     select_random,
 )
 from cdsjax.core.implicit import (
+    ImplicitAdjoint,
+    LoopAdjoint,
     attach_implicit,
     cds_equilibrium,
     cds_weights,
-    equilibrium_scores,
-    gold_mass,
-    hard_recall,
     implicit_tangent,
-    retrieval_surrogates,
-    soft_recall,
+    initial_point,
 )
+from cdsjax.core.learned import LearnedParams
+from cdsjax.core.surrogates import equilibrium_scores, gold_mass, hard_recall, retrieval_surrogates, soft_recall
 from cdsjax.core.batching import (
     DEFAULT_BUCKETS,
     auto_chunk,
@@ -55,10 +58,9 @@ from cdsjax.core.cds import (
     cds_select,
     cds_select_shared,
     cds_support,
-    select_problem,
 )
 from cdsjax.core.diagnostics import diagnostics
-from cdsjax.core.protocols import Payoff, Solver, Status
+from cdsjax.core.protocols import Game, Payoff, Solver, Status
 from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, within_limits
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.replicator import Replicator
@@ -68,7 +70,7 @@ from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
 from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.support import scale_note_block
+from cdsjax.core.support import scale_note_block, support_settings
 from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
@@ -113,7 +115,14 @@ __all__ = [
     "cds",
     "diagnostics",
     "kind_code",
-    "select_problem",
+    "Game",
+    "ImplicitAdjoint",
+    "LearnedParams",
+    "LoopAdjoint",
+    "assemble_affinity",
+    "initial_point",
+    "problem_affinity",
+    "support_settings",
     "solver_name",
     "stop_rule",
     "ActiveSet",

@@ -1,4 +1,11 @@
-"""The query-augmented affinity and its spectral penalty."""
+r"""The query-augmented affinity and its spectral penalty: the one affinity builder of every game.
+
+:func:`problem_affinity` is what every strategy of :func:`cdsjax.core.cds` and the differentiable
+equilibrium call: the paper's game for :class:`~cdsjax.core.CDSParams` (:func:`build_affinity`), a
+parametric game's own edges for any other :class:`~cdsjax.core.protocols.Game` (the learned game,
+:class:`~cdsjax.core.learned.LearnedParams`). Both assemble their matrix, constraint set and penalty with
+:func:`assemble_affinity`, so pinned notes and the penalty rule mean the same in every game.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.types import Affinity, CDSParams
+from cdsjax.core.types import Affinity, CDSParams, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 
@@ -110,30 +117,58 @@ def build_affinity(
     params.check()
     queries = as_query_matrix(queries, notes)
     valid = check_notes_valid(notes, valid)
-    n = notes.shape[0]
-    m = queries.shape[0]
-    if pinned is None:
-        pinned = jnp.zeros((n,), bool)
-    else:
-        pinned = jnp.asarray(pinned)
-        if pinned.shape != (n,):
-            raise ValueError(f"pinned must have shape ({n},), got {pinned.shape}")
-        pinned = pinned.astype(bool) & valid
-
     dtype = jnp.result_type(notes.dtype, queries.dtype)
     notes = notes.astype(dtype)
     queries = queries.astype(dtype)
     rel = query_relevance(notes, queries, valid, params).astype(dtype)
-    w = note_coupling(notes, valid, params)
+    return assemble_affinity(rel, note_coupling(notes, valid, params), valid, params, pinned=pinned)
+
+
+def check_pinned(pinned: Optional[Array], valid: Array) -> Array:
+    """``[n]`` bool pinned notes (real ones only; none when ``pinned`` is None); ``ValueError`` on a bad shape."""
+    n = valid.shape[0]
+    if pinned is None:
+        return jnp.zeros((n,), bool)
+    pinned = jnp.asarray(pinned)
+    if pinned.shape != (n,):
+        raise ValueError(f"pinned must have shape ({n},), got {pinned.shape}")
+    return pinned.astype(bool) & valid
+
+
+def assemble_affinity(rel: Array, w: Array, valid: Array, params, *, pinned: Optional[Array] = None) -> Affinity:
+    r"""The :class:`Affinity` of query edges ``rel`` and note block ``w``, with its constraint set and penalty.
+
+    Args:
+      rel: ``[m, n]`` query--note edges (0 at padding), in the affinity's dtype.
+      w: ``[n, n]`` note--note block (zero diagonal, zero at padding), same dtype.
+      valid: ``[n]`` bool, True on real notes.
+      params: the game (:class:`~cdsjax.core.protocols.Game`): ``alpha_from`` and ``eps`` give the
+        spectral bound :math:`b`, ``params.penalty(b)`` the penalty :math:`\alpha`.
+      pinned: optional ``[n]`` bool, notes that join the constraint set.
+    """
+    m, n = rel.shape
+    dtype = w.dtype
+    pinned = check_pinned(pinned, valid)
     top = jnp.concatenate([jnp.zeros((m, m), dtype), rel], axis=1)
     bottom = jnp.concatenate([rel.T, w], axis=1)
     matrix = jnp.concatenate([top, bottom], axis=0)
-
     all_valid = jnp.concatenate([jnp.ones((m,), bool), valid])
     constraint = jnp.concatenate([jnp.ones((m,), bool), pinned])
-    if params.alpha_from == "free":
-        mask = all_valid & ~constraint
-    else:
-        mask = all_valid
-    alpha = spectral_penalty(matrix, mask, params.eps).astype(dtype)
+    mask = all_valid & ~constraint if params.alpha_from == "free" else all_valid
+    alpha = params.penalty(spectral_penalty(matrix, mask, params.eps).astype(dtype))
     return Affinity(matrix=matrix, constraint=constraint, valid=all_valid, alpha=alpha, num_queries=m)
+
+
+def problem_affinity(problem: CDSProblem, params) -> Affinity:
+    """The affinity of ``problem`` under the game ``params``: the one builder every strategy calls.
+
+    :class:`CDSParams` builds the paper's game (:func:`build_affinity`, pinned notes kept); any other game
+    (:class:`~cdsjax.core.protocols.Game`, e.g. :class:`~cdsjax.core.learned.LearnedParams`) builds its own
+    with ``params.affinity(problem)``, which reads the problem's structure arrays and pinned notes.
+    """
+    if isinstance(params, CDSParams):
+        return build_affinity(problem.notes, problem.queries, problem.valid, params, pinned=problem.pinned)
+    if not callable(getattr(params, "affinity", None)):
+        raise TypeError(f"params must be CDSParams or a game with an affinity(problem) method, got "
+                        f"{type(params).__name__}")
+    return params.affinity(problem)

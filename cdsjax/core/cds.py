@@ -12,10 +12,15 @@ once, then runs a **strategy**:
 * ``"shared"`` (:func:`~cdsjax.core.shared.solve_shared`): ``b`` questions (the query rows) on one
   corpus, without per-question dense payoffs.
 
+The game is data: ``params`` is the paper's :class:`CDSParams` or the learned game's
+:class:`~cdsjax.core.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
+affinity builder (:func:`cdsjax.core.affinity.problem_affinity`) under every strategy. How to
+differentiate is an argument too (``adjoint``, as in optimistix): the dense strategies solve through
+:func:`cdsjax.core.implicit.cds_equilibrium`, the one differentiable solve.
+
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
 ``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy uses
-:data:`~cdsjax.core.types.DEFAULT_SOLVER` when ``options.solver`` is None. The derivative of the
-equilibrium is the companion :func:`cdsjax.core.implicit.cds_equilibrium` on the same problem type.
+:data:`~cdsjax.core.types.DEFAULT_SOLVER` when ``options.solver`` is None (registry selectors name theirs).
 
 The old names (:func:`cds_select`, :func:`cds_peel`, :func:`cds_support`, :func:`cds_select_shared`)
 are thin wrappers that take arrays, for the README, notebooks and existing callers.
@@ -28,6 +33,8 @@ from typing import Callable, Dict, Optional
 import jax.numpy as jnp
 from jax import Array
 
+from cdsjax.core.implicit import Adjoint, check_adjoint
+from cdsjax.core.protocols import Game
 from cdsjax.core.select import solve_peel, solve_single
 from cdsjax.core.shared import CorpusAffinity, solve_shared
 from cdsjax.core.solvers import solver_name
@@ -35,7 +42,7 @@ from cdsjax.core.support import solve_support
 from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions, solve_options
 from cdsjax.core.validation import check_budget, check_option
 
-# strategy name -> fn(problem, params, options (checked, solver resolved), *, budget, **extra) -> Selection
+# strategy name -> fn(problem, params, options (checked, solver resolved), *, budget, adjoint, **extra) -> Selection
 STRATEGIES: Dict[str, Callable[..., Selection]] = {
     "single": solve_single,
     "peel": solve_peel,
@@ -47,12 +54,15 @@ STRATEGIES: Dict[str, Callable[..., Selection]] = {
 def cds(
     problem: CDSProblem,
     strategy: str = "single",
-    params: CDSParams = CDSParams(),
+    params: Game = CDSParams(),
     options: Optional[SolveOptions] = None,
     *,
     budget: int = 10,
     x0: Optional[Array] = None,
     corpus: Optional[CorpusAffinity] = None,
+    adjoint: Optional[Adjoint] = None,
+    num_steps: Optional[int] = None,
+    scale_range: Optional[tuple] = None,
     **overrides,
 ) -> Selection:
     r"""Selects evidence for ``problem`` as a constrained dominant set.
@@ -65,12 +75,18 @@ def cds(
     Args:
       problem: the :class:`CDSProblem` (``CDSProblem.create(notes, query, valid, ...)``).
       strategy: ``"single"``, ``"peel"``, ``"support"`` or ``"shared"`` (module docstring).
-      params: :class:`CDSParams` of the affinity.
+      params: the game: :class:`CDSParams` (the paper's) or :class:`~cdsjax.core.learned.LearnedParams`
+        (the learned one; it reads the problem's structure arrays).
       options: :class:`SolveOptions` (solver, threshold, limits, init, warm start, fill, the support
         strategy's bisection); ``solver`` None means :data:`~cdsjax.core.types.DEFAULT_SOLVER`.
       budget: static number of notes to return.
       x0: ``"single"`` only, an ``[m+n]`` initial point; overrides ``options.init``.
       corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
+      adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
+        default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
+        that derivative (``"shared"`` with the paper's game differentiates through its loop).
+      num_steps, scale_range: ``"support"`` only, its bisection steps and the bracket of
+        :math:`\gamma = \beta n` (:func:`~cdsjax.core.support.support_settings`; None: the defaults).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:
@@ -90,11 +106,16 @@ def cds(
     options = solve_options(options, **overrides)
     options = options.replace(solver=solver_name(options.solver))
     params = params.check()
-    extra = {}
+    extra = {"adjoint": check_adjoint(adjoint)}
     if x0 is not None:
         if strategy != "single":
             raise ValueError(f"x0 is only used by the 'single' strategy, not {strategy!r}")
         extra["x0"] = x0
+    for name, value in (("num_steps", num_steps), ("scale_range", scale_range)):
+        if value is not None:
+            if strategy != "support":
+                raise ValueError(f"{name} is only used by the 'support' strategy, not {strategy!r}")
+            extra[name] = value
     if corpus is not None:
         if strategy != "shared":
             raise ValueError(f"corpus is only used by the 'shared' strategy, not {strategy!r}")
@@ -102,16 +123,10 @@ def cds(
     return STRATEGIES[strategy](problem, params, options, budget=budget, **extra)
 
 
-def select_problem(fn: Callable[..., Selection], problem: CDSProblem, key: Optional[Array] = None) -> Selection:
-    """Calls a registry selector (``fn(notes, query, valid, links, key, *, pages, doc_ids, kinds)``) on a problem."""
-    return fn(problem.notes, problem.queries, problem.valid, problem.links, key, pages=problem.pages,
-              doc_ids=problem.doc_ids, kinds=problem.kinds)
-
-
 def _array_wrapper(strategy: str, name: str, summary: str) -> Callable[..., Selection]:
     """The old array-taking entry point of a strategy: :func:`cds` on ``CDSProblem.create(...)``."""
 
-    def wrapper(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: CDSParams = CDSParams(),
+    def wrapper(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
                 options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
                 links: Optional[Array] = None, **kwargs) -> Selection:
         if strategy == "shared" and jnp.ndim(query) != 2:

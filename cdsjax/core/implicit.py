@@ -38,28 +38,31 @@ What the derivative means:
   so its derivative is 0 almost everywhere; use ``tau_mode="soft"`` for
   :math:`\tau`-derivatives.
 
-:func:`equilibrium_scores` extends :math:`x^*` off the support by the KKT slack
-:math:`(Mx^*)_i - \lambda \le 0`, giving a ranking score that is continuous across
-support changes and has non-zero derivatives for notes outside the support; the
-retrieval surrogates (:func:`soft_recall`, :func:`gold_mass`) build on it.
+How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
+(the default) or :class:`LoopAdjoint` (the reference). :func:`cds_equilibrium` is the one solve of a dense
+problem: :func:`cdsjax.core.cds` reads its selections off it, and the retrieval objectives of
+:mod:`cdsjax.core.surrogates` differentiate it, for the paper's game and the learned one alike.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import build_affinity
+from cdsjax.core.affinity import problem_affinity
+from cdsjax.core.graph import diffusion_prior
+from cdsjax.core.protocols import Game
+from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solvers import solve, solver_name
-from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, SolveOptions, SolverResult, solve_options
-from cdsjax.core.validation import check_budget, check_option
-
-DIFFERENTIATE = ("implicit", "loop")
+from cdsjax.core.types import (INITS, SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, SolveOptions, SolverResult,
+                               solve_options)
+from cdsjax.core.validation import check_option
 
 
 def implicit_system(payoff: Array, x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
@@ -166,258 +169,113 @@ def _attach_implicit_jvp(threshold, primals, tangents):
     return x, dx
 
 
+@struct.dataclass
+class ImplicitAdjoint:
+    r"""Differentiate an equilibrium by the implicit function theorem on its KKT conditions.
+
+    The solve runs with gradients stopped and :func:`attach_implicit` gives :math:`x^*` the derivative of
+    the KKT system on its support: forward and reverse mode, whatever the solver, exact where the solve
+    converged. The default of :func:`cdsjax.core.cds` and :func:`cds_equilibrium`.
+    """
+
+    def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
+        """``run(affinity)`` with the implicit derivative attached to its point."""
+        result = run(lax.stop_gradient(affinity))
+        return result.replace(x=attach_implicit(affinity, lax.stop_gradient(result.x), threshold))
+
+
+@struct.dataclass
+class LoopAdjoint:
+    """Differentiate through the solver's iterations (forward mode only): the reference path of the tests."""
+
+    def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
+        """``run(affinity)`` as it is."""
+        return run(affinity)
+
+
+Adjoint = Union[ImplicitAdjoint, LoopAdjoint]
+# the adjoints by the names cds_weights takes (``differentiate="loop"``)
+ADJOINTS = {"implicit": ImplicitAdjoint(), "loop": LoopAdjoint()}
+
+
+def check_adjoint(adjoint) -> Adjoint:
+    """``adjoint`` (None: :class:`ImplicitAdjoint`) if it has an ``apply``; ``TypeError`` otherwise."""
+    if adjoint is None:
+        return ImplicitAdjoint()
+    if not callable(getattr(adjoint, "apply", None)):
+        raise TypeError(f"adjoint must be ImplicitAdjoint() or LoopAdjoint(), got {adjoint!r}")
+    return adjoint
+
+
+def initial_point(
+    affinity: Affinity, init: str = "uniform", temperature: float = 0.1, links: Optional[Array] = None
+) -> Optional[Array]:
+    """The solver's starting point: None (uniform), the query-softmax or the graph-diffusion prior."""
+    check_option("init", init, INITS)
+    if init == "softmax":
+        return softmax_prior(affinity, temperature)
+    if init == "diffusion":
+        if links is None:
+            raise ValueError("init='diffusion' needs links ([n, n] bool note-link adjacency)")
+        return diffusion_prior(affinity, links, temperature)
+    return None
+
+
 def cds_equilibrium(
     problem: CDSProblem,
-    params: CDSParams = CDSParams(),
+    params: Game = CDSParams(),
     options: Optional[SolveOptions] = None,
     *,
     x0: Optional[Array] = None,
-    differentiate: str = "implicit",
+    adjoint: Optional[Adjoint] = None,
     **overrides,
 ) -> tuple[SolverResult, Affinity]:
-    r"""Solves the CDS problem and returns a result whose ``x`` is differentiable (the companion of
-    :func:`cdsjax.core.cds` for derivatives).
+    r"""The equilibrium of a CDS problem, differentiable in the game's parameters: the one solve every
+    dense strategy of :func:`cdsjax.core.cds` runs, and the entry point for derivatives.
 
     Args:
-      problem: the :class:`CDSProblem` (one question; its ``pinned`` notes join the constraint set).
-      params: :class:`CDSParams`; ``beta`` and ``tau`` are differentiable leaves
-        (``tau`` only in ``tau_mode="soft"``; hard :math:`\tau` has derivative 0).
-      options: :class:`SolveOptions`: ``solver`` (None: :data:`~cdsjax.core.types.DEFAULT_SOLVER`,
-        paper mode; pass a converged one, ``"inimdyn"`` or ``"converged"``, for exact derivatives),
-        ``tol`` / ``max_iter``, and ``threshold`` (the support of the implicit system).
-      x0: optional ``[m+n]`` initial point.
-      differentiate: ``"implicit"`` (KKT implicit function; forward and reverse
-        mode, solver-independent) or ``"loop"`` (forward-mode differentiation
-        through the solver's iterations; the reference, forward mode only).
+      problem: the :class:`CDSProblem` (one question; its structure arrays reach a game that reads them, its
+        ``pinned`` notes join the constraint set).
+      params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
+        ``tau_mode="soft"``) or :class:`~cdsjax.core.learned.LearnedParams` (every leaf).
+      options: :class:`SolveOptions`: ``solver`` (None: :data:`~cdsjax.core.types.DEFAULT_SOLVER`, paper mode;
+        pass a converged one for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
+        start when ``x0`` is None) and ``threshold`` (the support of the implicit system).
+      x0: optional ``[m+n]`` initial point (overrides ``options.init``).
+      adjoint: how to differentiate: :class:`ImplicitAdjoint` (None; KKT implicit function, forward and
+        reverse mode, solver-independent) or :class:`LoopAdjoint` (forward mode through the iterations).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:
-      ``(result, affinity)``: the :class:`SolverResult` with differentiable ``x``
-      (``[m+n]``, queries first; diagnostics are those of the solve, without
-      derivatives), and the differentiable :class:`Affinity`. The derivative is
-      only right where ``result.converged`` holds.
+      ``(result, affinity)``: the :class:`SolverResult` with differentiable ``x`` (``[m+n]``, queries first;
+      the diagnostics are those of the solve, without derivatives) and the differentiable
+      :class:`Affinity`. The derivative is only right where ``result.converged`` holds.
     """
-    check_option("differentiate", differentiate, DIFFERENTIATE)
+    adjoint = check_adjoint(adjoint)
     options = solve_options(options, **overrides)
     solver = solver_name(options.solver)
 
     def run(aff):
-        return solve(aff, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+        start = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
+        if options.warm_start == "replicator" and solver != "replicator":
+            start = solve(aff, start, solver="replicator").x
+        return solve(aff, start, solver=solver, tol=options.tol, max_iter=options.max_iter)
 
-    affinity = build_affinity(problem.notes, problem.queries, problem.valid, params, pinned=problem.pinned)
-    if differentiate == "loop":
-        return run(affinity), affinity
-    result = run(lax.stop_gradient(affinity))
-    x = attach_implicit(affinity, lax.stop_gradient(result.x), options.threshold)
-    return result.replace(x=x), affinity
+    affinity = problem_affinity(problem, params.check())
+    return adjoint.apply(run, affinity, options.threshold), affinity
 
 
-def cds_weights(notes: Array, query: Array, valid: Array, params: CDSParams = CDSParams(), *,
-                pinned: Optional[Array] = None, **kwargs) -> Array:
+def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,
+                pinned: Optional[Array] = None, differentiate: Optional[str] = None, **kwargs) -> Array:
     r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
 
     A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
-    (``kwargs``: ``options``, ``x0``, ``differentiate`` and :class:`SolveOptions` fields) for callers
-    that only need the weights; use :func:`cds_equilibrium` to also get the convergence diagnostics
-    that say whether the derivative can be trusted.
+    (``kwargs``: ``options``, ``x0``, ``adjoint`` and :class:`SolveOptions` fields; ``differentiate``
+    ``"implicit"`` / ``"loop"`` names an adjoint) for callers that only need the weights; use
+    :func:`cds_equilibrium` to also get the convergence diagnostics that say whether the derivative can be
+    trusted.
     """
+    if differentiate is not None:
+        check_option("differentiate", differentiate, tuple(ADJOINTS))
+        kwargs["adjoint"] = ADJOINTS[differentiate]
     return cds_equilibrium(CDSProblem.create(notes, query, valid, pinned=pinned), params, **kwargs)[0].x
-
-
-def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) -> Array:
-    r"""Note scores :math:`s = x^* + c\,\big(Mx^* - \lambda\big)`, continuous across support changes.
-
-    On the support the KKT slack :math:`(Mx^*)_i - \lambda` vanishes, so
-    :math:`s_i = x^*_i > 0`; off the support :math:`x^*_i = 0` and the slack is
-    :math:`\le 0`, so :math:`s_i \le 0` says how far the note is from entering. A
-    note entering or leaving passes through :math:`s_i = 0` from either side, which
-    makes :math:`s` continuous in the hyperparameters where :math:`x^*` only is
-    (with derivatives for notes outside the support). Ranking by ``s`` above
-    :math:`\theta` is ranking by :math:`x^*`.
-
-    Args:
-      affinity: the problem's :class:`Affinity` (differentiable).
-      x: ``[m+n]`` float, the (differentiable) equilibrium.
-      slack_weight: :math:`c`, payoff units to weight units.
-
-    Returns:
-      ``[n]`` float scores of the notes (queries excluded); padding gets ``-inf``.
-    """
-    m = affinity.num_queries
-    payoff = affinity.payoff()
-    mx = payoff @ x
-    lam = x @ mx
-    support = x > SUPPORT_THRESHOLD
-    slack = jnp.where(support, 0.0, mx - lam)
-    s = x + slack_weight * slack
-    return jnp.where(affinity.valid[m:], s[m:], -jnp.inf)
-
-
-def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array, Array]:
-    """The soft top-B cut and its scale.
-
-    The cut ``t`` is the midpoint between the ``budget``-th and the next score (at
-    least ``threshold``); the scale is the mean distance to ``t`` of the top
-    ``2 * budget`` scores, the spread the soft membership has to resolve.
-    """
-    n = scores.shape[0]
-    top = lax.top_k(scores, min(2 * budget, n) if budget < n else n)[0]
-    if budget >= n:
-        t = jnp.asarray(threshold, scores.dtype)
-    else:
-        kth, nxt = top[budget - 1], top[budget]
-        safe_nxt = jnp.where(jnp.isfinite(nxt), nxt, 0.0)
-        t = jnp.maximum(jnp.where(jnp.isfinite(nxt), 0.5 * (kth + safe_nxt), -jnp.inf), threshold)
-    near = jnp.isfinite(top)
-    spread = jnp.sum(jnp.where(near, jnp.abs(jnp.where(near, top, 0.0) - t), 0.0)) / jnp.maximum(jnp.sum(near), 1)
-    return t, jnp.maximum(spread, jnp.finfo(scores.dtype).tiny ** 0.5)
-
-
-def soft_recall(
-    scores: Array,
-    gold_units: Array,
-    *,
-    budget: int,
-    temperature: float = 0.2,
-    threshold: float = SUPPORT_THRESHOLD,
-    unit_valid: Optional[Array] = None,
-) -> Array:
-    r"""Smooth surrogate of gold recall@B: soft top-B membership, soft coverage per gold unit.
-
-    Note :math:`i` is "selected" with probability
-    :math:`p_i = \sigma\big((s_i - t)/(T\kappa)\big)`: :math:`t` is the midpoint
-    between the B-th and (B+1)-th scores (at least :math:`\theta`, as the hard
-    selection also needs :math:`x_i > \theta`) and :math:`\kappa` the mean distance
-    of the top-2B scores to :math:`t`. Dividing by :math:`\kappa` makes :math:`T`
-    relative: scaling all scores leaves the surrogate unchanged, so it stays as
-    sharp when :math:`x^*` flattens (large :math:`\beta`, many notes) as when it is
-    peaked. A gold unit (a page, a paragraph) is covered with
-    :math:`1 - \prod_{i\in u}(1-p_i)`; the surrogate is the mean over units. As
-    :math:`T \to 0` it tends to the recall of the top-B selection.
-
-    Args:
-      scores: ``[n]`` float, e.g. :func:`equilibrium_scores`; ``-inf`` at padding.
-      gold_units: ``[g, n]`` bool, row ``u`` marks the notes of gold unit ``u``.
-      budget: static B.
-      temperature: :math:`T`, relative to the spread :math:`\kappa` (dimensionless).
-      threshold: :math:`\theta`.
-      unit_valid: optional ``[g]`` bool, the real gold units (padding False).
-        Default: the rows with at least one note. Pass it to count gold units no
-        note covers (e.g. a gold page without text) as missed.
-
-    Returns:
-      ``[]`` float in [0, 1]; NaN when there is no gold unit (as hard recall).
-    """
-    budget = check_budget(budget)
-    t, spread = _soft_threshold(scores, budget, threshold)
-    unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
-    finite = jnp.isfinite(scores)
-    z = (jnp.where(finite, scores, 0.0) - t) / (temperature * spread)
-    log_miss = jnp.where(finite, jax.nn.log_sigmoid(-z), 0.0)
-    unit_log_miss = jnp.sum(jnp.where(gold_units, log_miss[None, :], 0.0), axis=1)
-    covered = -jnp.expm1(unit_log_miss)
-    count = jnp.sum(unit_valid)
-    total = jnp.sum(jnp.where(unit_valid, covered, 0.0))
-    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
-
-
-def _unit_valid(gold_units: Array, unit_valid: Optional[Array], n: int) -> Array:
-    if gold_units.ndim != 2 or gold_units.shape[1] != n:
-        raise ValueError(f"gold_units must have shape [g, {n}], got {gold_units.shape}")
-    if unit_valid is None:
-        return jnp.any(gold_units, axis=1)
-    unit_valid = jnp.asarray(unit_valid)
-    if unit_valid.shape != gold_units.shape[:1]:
-        raise ValueError(f"unit_valid must have shape ({gold_units.shape[0]},), got {unit_valid.shape}")
-    return unit_valid.astype(bool)
-
-
-def hard_recall(
-    scores: Array,
-    gold_units: Array,
-    *,
-    budget: int,
-    threshold: float = SUPPORT_THRESHOLD,
-    unit_valid: Optional[Array] = None,
-) -> Array:
-    """Gold recall@B of the top-``budget`` scores above ``threshold`` (the measured metric).
-
-    Arguments as :func:`soft_recall`; returns ``[]`` float, NaN without gold units.
-    """
-    budget = check_budget(budget)
-    unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
-    n = scores.shape[0]
-    k = min(budget, n)
-    values, idx = lax.top_k(scores, k)
-    picked = jnp.zeros((n,), bool).at[idx].set(values > threshold)
-    covered = jnp.any(gold_units & picked[None, :], axis=1)
-    count = jnp.sum(unit_valid)
-    return jnp.where(count > 0, jnp.sum(covered & unit_valid) / jnp.maximum(count, 1), jnp.nan)
-
-
-def gold_mass(x_notes: Array, gold: Array, valid: Array) -> Array:
-    r"""Share of the notes' equilibrium mass on gold notes, :math:`\sum_{i\in G} x_i / \sum_i x_i`.
-
-    Args:
-      x_notes: ``[n]`` float, the notes' part of :math:`x^*`.
-      gold: ``[n]`` bool, gold notes.
-      valid: ``[n]`` bool, real notes.
-
-    Returns:
-      ``[]`` float in [0, 1]; NaN when no note is gold.
-    """
-    x_notes = jnp.where(valid, x_notes, 0.0)
-    total = jnp.sum(x_notes)
-    on_gold = jnp.sum(jnp.where(gold & valid, x_notes, 0.0))
-    safe = jnp.where(total > 0, total, 1.0)
-    return jnp.where(jnp.any(gold & valid), on_gold / safe, jnp.nan)
-
-
-def retrieval_surrogates(
-    problem: CDSProblem,
-    gold_units: Array,
-    params: CDSParams,
-    options: Optional[SolveOptions] = None,
-    *,
-    budget: int,
-    temperature: float = 0.2,
-    slack_weight: float = 1.0,
-    unit_valid: Optional[Array] = None,
-    **overrides,
-) -> dict:
-    r"""Differentiable retrieval objectives of one query, with the measured recall and diagnostics.
-
-    Args:
-      problem, params, options, **overrides: as :func:`cds_equilibrium` (``options.threshold`` is
-        also the selection threshold :math:`\theta`).
-      gold_units: ``[g, n]`` bool gold units (pages or paragraphs) over the notes;
-        all-False rows are padding.
-      budget: static B.
-      temperature: relative :math:`T` of :func:`soft_recall`.
-      slack_weight: :math:`c` of :func:`equilibrium_scores`.
-      unit_valid: optional ``[g]`` bool real gold units (see :func:`soft_recall`).
-
-    Returns:
-      dict of ``[]`` arrays: ``soft_recall`` and ``gold_mass`` (differentiable in
-      ``params``), ``recall`` (hard recall@B of the selection, piecewise constant),
-      ``converged``, ``kkt_residual``, ``support_size``, ``implicit_ok``.
-    """
-    options = solve_options(options, **overrides)
-    threshold = options.threshold
-    result, affinity = cds_equilibrium(problem, params, options)
-    m = affinity.num_queries
-    scores = equilibrium_scores(affinity, result.x, slack_weight)
-    gold_notes = jnp.any(gold_units, axis=0)
-    x_fixed = lax.stop_gradient(result.x)
-    return {
-        "soft_recall": soft_recall(scores, gold_units, budget=budget, temperature=temperature, threshold=threshold,
-                                   unit_valid=unit_valid),
-        "gold_mass": gold_mass(result.x[m:], gold_notes, problem.valid),
-        "recall": hard_recall(lax.stop_gradient(scores), gold_units, budget=budget, threshold=threshold,
-                              unit_valid=unit_valid),
-        "converged": result.converged,
-        "kkt_residual": result.kkt_residual,
-        "support_size": result.support_size,
-        "implicit_ok": implicit_system_ok(
-            lax.stop_gradient(affinity.payoff()), x_fixed, affinity.valid, threshold),
-    }

@@ -37,43 +37,36 @@ projected parameter rather than :math:`1 + \mathrm{softplus}(u)`: a smooth map o
 :math:`[1, \infty)` that reaches 1 exactly has zero slope there, so the fit could never
 leave the paper's :math:`\alpha`.
 
-Structure arrays (all optional, ``[n]`` int32 unless said): ``pages`` (0-based page,
--1 unknown), ``doc_ids`` (document code; None means one document), ``kinds``
-(:data:`NOTE_KINDS` code, -1 unknown), ``links`` (``[n, n]`` bool).
+Structure arrays come from the :class:`~cdsjax.core.CDSProblem` (all optional, ``[n]`` int32 unless said):
+``pages`` (0-based page, -1 unknown), ``doc_ids`` (document code; None means one document), ``kinds``
+(:data:`NOTE_KINDS` code, -1 unknown), ``links`` (``[n, n]`` bool); its ``pinned`` notes join the
+constraint set as in the paper's game.
 
-Parameters are saved as JSON (:func:`cdsjax.learn.save_params`) and read by :func:`read_params`, the one
-function of the core that reads a file (the ``cds-learned`` selector calls it when it is built).
+:class:`LearnedParams` is a game (:class:`~cdsjax.core.protocols.Game`): :func:`cdsjax.core.cds` takes it as
+``params`` under every strategy, solver and adjoint, and :func:`cdsjax.core.cds_equilibrium` differentiates
+it. Parameter files are read and written by :mod:`cdsjax.learn` (the core opens no file).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import pathlib
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalty
-from cdsjax.core.implicit import attach_implicit, equilibrium_scores
-from cdsjax.core.ranking import query_cosine, read_selection
-from cdsjax.core.select import initial_point
-from cdsjax.core.solvers import SOLVERS, solve
-from cdsjax.core.types import (NOTE_KINDS, SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, Selection, SolveOptions,
-                               solve_options)
-from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
+from cdsjax.core.affinity import assemble_affinity, note_coupling, query_relevance
+from cdsjax.core.types import NOTE_KINDS, Affinity, CDSParams, CDSProblem
+from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 # Element kinds are coded by their position in NOTE_KINDS (the coding of CDSProblem.kinds).
 TEXT_KIND = NOTE_KINDS.index("text")
 VISUAL_KINDS = tuple(NOTE_KINDS.index(k) for k in ("figure", "table", "chart", "page-image"))
 PAPER_GATE_TEMPERATURE = 0.05
-# The parameter file (written by cdsjax.learn.save_params); the package ships one, the selector's default.
-PARAMS_FORMAT = "cdsjax-learned-params"
-PARAMS_VERSION = 1
-DEFAULT_PARAMS = pathlib.Path(__file__).resolve().parents[1] / "learn" / "default_params.json"
+# The paper's game the learned one extends: its tau rule, eps and alpha_from (dissimilarity coupling).
+BASE = CDSParams()
 
 # Bounds kept by LearnedParams.project: name -> (low, high); None is unbounded.
 BOUNDS = {
@@ -142,6 +135,30 @@ class LearnedParams:
         """Every leaf as a ``[]`` array of ``dtype``."""
         return jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype), self)
 
+    # The Game interface (cdsjax.core.protocols.Game): the static options are those of BASE.
+    eps = property(lambda self: BASE.eps, doc="Margin of the spectral bound (the paper's).")
+    alpha_from = property(lambda self: BASE.alpha_from, doc="The block of the spectral bound (the paper's).")
+    coupling = property(lambda self: BASE.coupling, doc="The note block it extends: dissimilarity.")
+
+    def check(self) -> "LearnedParams":
+        """Itself (every leaf is a number; bounds are applied where the parameters are read)."""
+        return self
+
+    def penalty(self, bound: Array) -> Array:
+        r"""The penalty :math:`\alpha = b + (f - 1)\,|b|` (``alpha_factor`` :math:`f \ge 1`)."""
+        factor = _clamped(self.astype(bound.dtype)).alpha_factor
+        return bound + (factor - 1.0) * jnp.abs(bound)
+
+    def strength(self, dtype=None) -> Array:
+        r"""The learned :math:`\beta`, read inside its bounds."""
+        return _clamped(self.astype(dtype)).beta
+
+    def affinity(self, problem: CDSProblem) -> Affinity:
+        """The learned game's affinity of ``problem`` (:func:`learned_affinity` with its structure and pins)."""
+        return learned_affinity(problem.notes, problem.queries, problem.valid, self, links=problem.links,
+                                doc_ids=problem.doc_ids, pages=problem.pages, kinds=problem.kinds,
+                                pinned=problem.pinned)
+
 
 def _clamped(theta: LearnedParams) -> LearnedParams:
     """``theta`` inside its bounds with derivative 1 within them (``where`` keeps the tangent of the kept side)."""
@@ -203,9 +220,9 @@ def structure_features(
     return jnp.stack([same_page, same_doc, link, same_kind, mixed]).astype(dtype)
 
 
-def _shaped_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams, base: CDSParams):
+def _shaped_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams):
     """The query edges ``[m, n]`` and each note's relative relevance ``[n]`` in [0, 1]."""
-    rel0 = query_relevance(notes, queries, valid, base).astype(notes.dtype)
+    rel0 = query_relevance(notes, queries, valid, BASE).astype(notes.dtype)
     sims = queries @ notes.T
     gate = 1.0 - theta.gate + theta.gate * jax.nn.sigmoid((sims - theta.tau) / jnp.exp(theta.log_gate_temperature))
     best = jnp.max(jnp.where(valid[None, :], sims, -jnp.inf), axis=1, keepdims=True)
@@ -229,7 +246,7 @@ def learned_affinity(
     doc_ids: Optional[Array] = None,
     pages: Optional[Array] = None,
     kinds: Optional[Array] = None,
-    base: CDSParams = CDSParams(),
+    pinned: Optional[Array] = None,
 ) -> Affinity:
     r"""The query-augmented affinity of the learned game (module docstring).
 
@@ -239,130 +256,30 @@ def learned_affinity(
       valid: ``[n]`` bool, True on real notes.
       theta: :class:`LearnedParams` (read inside its bounds).
       links, doc_ids, pages, kinds: optional structure arrays (module docstring).
-      base: the paper's :class:`CDSParams` the game extends (its ``tau`` rule, ``eps``,
-        ``alpha_from``; ``coupling`` must be ``"dissimilarity"``; its ``beta`` is
-        replaced by ``theta.beta``).
+      pinned: optional ``[n]`` bool, notes that join the constraint set.
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at
-      :meth:`LearnedParams.paper` equal bit for bit to
-      ``build_affinity(notes, queries, valid, base)``.
+      :meth:`LearnedParams.paper` equal bit for bit to ``build_affinity(notes, queries, valid, CDSParams(),
+      pinned)``.
     """
-    base.check()
-    if base.coupling != "dissimilarity":
-        raise ValueError(f"the learned game extends the dissimilarity coupling, got coupling={base.coupling!r}")
     queries = as_query_matrix(queries, notes)
     valid = check_notes_valid(notes, valid)
     dtype = jnp.result_type(notes.dtype, queries.dtype)
     notes = notes.astype(dtype)
     queries = queries.astype(dtype)
     theta = _clamped(theta.astype(dtype))
-    n, m = notes.shape[0], queries.shape[0]
+    n = notes.shape[0]
 
-    rel, rho = _shaped_relevance(notes, queries, valid, theta, base)
-    paper_block = note_coupling(notes, valid, base.replace(beta=theta.beta))
+    rel, rho = _shaped_relevance(notes, queries, valid, theta)
+    paper_block = note_coupling(notes, valid, BASE.replace(beta=theta.beta))
     feats = structure_features(n, links=links, pages=pages, doc_ids=doc_ids, kinds=kinds, dtype=dtype)
     weights = jnp.stack([theta.w_page, theta.w_doc, theta.w_link, theta.w_same_kind, theta.w_text_visual])
     structure = jnp.tensordot(weights, feats, axes=1)
     scale = 1.0 - theta.rel_repulsion + theta.rel_repulsion * (rho[:, None] * rho[None, :])
     pair = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
     w = jnp.where(pair, (paper_block + structure) * scale, 0.0).astype(dtype)
-
-    top = jnp.concatenate([jnp.zeros((m, m), dtype), rel], axis=1)
-    bottom = jnp.concatenate([rel.T, w], axis=1)
-    matrix = jnp.concatenate([top, bottom], axis=0)
-    all_valid = jnp.concatenate([jnp.ones((m,), bool), valid])
-    constraint = jnp.concatenate([jnp.ones((m,), bool), jnp.zeros((n,), bool)])
-    mask = all_valid & ~constraint if base.alpha_from == "free" else all_valid
-    bound = spectral_penalty(matrix, mask, base.eps).astype(dtype)
-    alpha = bound + (theta.alpha_factor - 1.0) * jnp.abs(bound)
-    return Affinity(matrix=matrix, constraint=constraint, valid=all_valid, alpha=alpha, num_queries=m)
-
-
-def _solve(affinity: Affinity, options: SolveOptions, links: Optional[Array]):
-    solver = options.solver or "converged"
-    check_option("solver", solver, tuple(SOLVERS))
-    x0 = initial_point(affinity, options.init, options.prior_temperature, links)
-    if options.warm_start == "replicator" and solver != "replicator":
-        x0 = solve(affinity, x0, solver="replicator").x
-    return solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
-
-
-def cds_learned(
-    notes: Array,
-    query: Array,
-    valid: Array,
-    links: Optional[Array] = None,
-    key: Optional[Array] = None,
-    *,
-    pages: Optional[Array] = None,
-    doc_ids: Optional[Array] = None,
-    kinds: Optional[Array] = None,
-    theta: LearnedParams,
-    budget: int,
-    options: Optional[SolveOptions] = None,
-    base: CDSParams = CDSParams(),
-) -> Selection:
-    r"""Selects evidence with the learned game: affinity, converged equilibrium, top-``budget`` notes.
-
-    The reading (support by weight, then the fill rule) is that of
-    :func:`cdsjax.core.cds_select`. ``options.solver`` None means ``"converged"``
-    (the active-set solver; ``"replicator"`` gives paper mode). ``key`` is unused (the
-    uniform selector signature). Jittable and vmappable; padding is inert.
-
-    Returns:
-      :class:`~cdsjax.core.Selection` with ``beta`` the learned :math:`\beta`.
-    """
-    budget = check_budget(budget)
-    options = solve_options(options)
-    affinity = learned_affinity(notes, query, valid, theta, links=links, doc_ids=doc_ids, pages=pages,
-                                kinds=kinds, base=base)
-    result = _solve(affinity, options, links)
-    beta = jnp.asarray(_clamped(theta.astype(result.x.dtype)).beta)
-    return read_selection(result, affinity, options.replace(solver=options.solver or "converged"), budget=budget,
-                          cosine=query_cosine(notes, query).astype(result.x.dtype), beta=beta)
-
-
-def select_learned(problem: CDSProblem, theta: LearnedParams, *, budget: int,
-                   options: Optional[SolveOptions] = None, base: CDSParams = CDSParams()) -> Selection:
-    """:func:`cds_learned` on a :class:`~cdsjax.core.CDSProblem` (its links, pages, documents and kinds)."""
-    return cds_learned(problem.notes, problem.queries, problem.valid, problem.links, pages=problem.pages,
-                       doc_ids=problem.doc_ids, kinds=problem.kinds, theta=theta, budget=budget, options=options,
-                       base=base)
-
-
-def learned_scores(
-    notes: Array,
-    query: Array,
-    valid: Array,
-    theta: LearnedParams,
-    *,
-    links: Optional[Array] = None,
-    pages: Optional[Array] = None,
-    doc_ids: Optional[Array] = None,
-    kinds: Optional[Array] = None,
-    solver: str = "converged",
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
-    threshold: float = SUPPORT_THRESHOLD,
-    slack_weight: float = 1.0,
-    base: CDSParams = CDSParams(),
-):
-    r"""The equilibrium and the extended note scores, differentiable in ``theta`` (implicit derivatives).
-
-    The solve runs with gradients stopped; :func:`cdsjax.core.attach_implicit` gives
-    :math:`x^*` the derivative of the KKT conditions on its support, and
-    :func:`cdsjax.core.equilibrium_scores` extends it off the support by the KKT slack.
-
-    Returns:
-      ``(scores [n], result, affinity)``: scores ``-inf`` at padding; ``result.x`` is
-      differentiable; the derivative is right where ``result.converged`` holds.
-    """
-    affinity = learned_affinity(notes, query, valid, theta, links=links, doc_ids=doc_ids, pages=pages,
-                                kinds=kinds, base=base)
-    result = solve(lax.stop_gradient(affinity), None, solver=solver, tol=tol, max_iter=max_iter)
-    x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
-    return equilibrium_scores(affinity, x, slack_weight), result.replace(x=x), affinity
+    return assemble_affinity(rel, w, valid, theta, pinned=pinned)
 
 
 def kind_codes(kinds: Sequence[Optional[str]]) -> list:
@@ -373,32 +290,3 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
         k = aliases.get(k, k) if k is not None else None
         out.append(NOTE_KINDS.index(k) if k in NOTE_KINDS else -1)
     return out
-
-
-def read_params(path: Union[str, pathlib.Path, None] = None) -> Tuple[LearnedParams, dict]:
-    """``(theta, provenance)`` of a parameter file (:data:`DEFAULT_PARAMS`, the shipped fit, when ``path`` is None).
-
-    The one place the core reads a file: the ``cds-learned`` selector calls it once, when it is built.
-
-    Raises:
-      ValueError: one line naming the file, when it is missing, not JSON, or not a parameter file.
-    """
-    path = DEFAULT_PARAMS if path is None else pathlib.Path(path)
-    if not path.is_file():
-        raise ValueError(f"learned parameter file {str(path)!r} does not exist")
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"learned parameter file {str(path)!r} is not valid JSON ({e.__class__.__name__})") from None
-    if not isinstance(body, dict) or body.get("format") != PARAMS_FORMAT or not isinstance(body.get("theta"), dict):
-        raise ValueError(f"{str(path)!r} is not a learned parameter file "
-                         f"(expected a JSON object with format {PARAMS_FORMAT!r} and a 'theta' object)")
-    if body.get("version") != PARAMS_VERSION:
-        raise ValueError(f"learned parameter file {str(path)!r} has version {body.get('version')!r}; "
-                         f"this cdsjax reads version {PARAMS_VERSION}")
-    try:
-        theta = LearnedParams.from_dict(body["theta"])
-    except ValueError as e:
-        raise ValueError(f"learned parameter file {str(path)!r}: {e}") from None
-    provenance = body.get("provenance") if isinstance(body.get("provenance"), dict) else {}
-    return theta, provenance

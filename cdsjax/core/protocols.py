@@ -11,39 +11,11 @@ the loop, by the solver, and recorded as the result's ``status``.
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Optional, Protocol, Tuple, runtime_checkable
 
 from jax import Array
 
-from cdsjax.core.types import CONVERGED, MAX_STEPS, NONFINITE, SINGULAR, STATUSES
-
-
-class Status(enum.IntEnum):
-    """How a solve ended (``SolverResult.status`` holds the code; :data:`STATUSES` the names)."""
-
-    CONVERGED = CONVERGED
-    MAX_STEPS = MAX_STEPS
-    NONFINITE = NONFINITE
-    SINGULAR = SINGULAR
-
-    @property
-    def label(self) -> str:
-        """The name written in records and diagnostics (``"converged"``, ``"max_steps"``, ...)."""
-        return STATUSES[int(self)]
-
-    @property
-    def message(self) -> str:
-        """One sentence for a user."""
-        return _MESSAGES[self]
-
-
-_MESSAGES = {
-    Status.CONVERGED: "The stopping rule fired: the step or the Nash error fell below the tolerance.",
-    Status.MAX_STEPS: "A step cap (max_iter, or the active set's Newton cap) was reached before the tolerance.",
-    Status.NONFINITE: "The point or its residual holds NaN or inf (e.g. NaN input).",
-    Status.SINGULAR: "A Newton system of the active-set solver was singular and a step cap was reached.",
-}
+from cdsjax.core.types import Status  # noqa: F401  (re-exported: the solvers' terminate returns one)
 
 
 @runtime_checkable
@@ -115,3 +87,30 @@ class Solver(Protocol):
 
     def terminate(self, consts: Any, state: Any) -> Tuple[Array, Array]:
         """``(done [*batch] bool, status [*batch] int32)``: whether to stop, and the :class:`Status` if so."""
+
+
+@runtime_checkable
+class Game(Protocol):
+    r"""The parameters of a CDS game: what :func:`cdsjax.core.cds` takes as ``params``.
+
+    :class:`~cdsjax.core.CDSParams` is the paper's game and :class:`~cdsjax.core.learned.LearnedParams` the
+    learned one; a new game is one more pytree with these members (its differentiable values as leaves) and
+    runs under every strategy, solver and adjoint. Its affinity comes from
+    :func:`cdsjax.core.affinity.problem_affinity`: :func:`~cdsjax.core.build_affinity` for ``CDSParams``,
+    the game's own ``affinity(problem)`` otherwise (assembled with
+    :func:`~cdsjax.core.affinity.assemble_affinity`, so pinned notes and the penalty rule are shared).
+    """
+
+    beta: Any
+    eps: float
+    alpha_from: str
+    coupling: str
+
+    def check(self) -> "Game":
+        """The game with its static options checked (``ValueError`` naming a bad one)."""
+
+    def penalty(self, bound: Array) -> Array:
+        r"""The penalty :math:`\alpha` from the spectral bound :math:`b = \lambda_{\max} + \varepsilon`."""
+
+    def strength(self, dtype=None) -> Array:
+        r"""The note-block strength :math:`\beta` the affinity uses, as ``Selection.beta`` reports it."""

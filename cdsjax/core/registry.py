@@ -1,22 +1,23 @@
 """Selectors by name, behind one calling convention.
 
-The pipeline and the evaluation harness pick selectors from configuration
+The pipeline, the integrations, the server and the evaluation harness pick selectors from configuration
 strings. :func:`make_selector` turns a name and its options into a function
 
-    ``fn(notes [n, d], query [d] or [m, d], valid [n], links [n, n] bool, key, *,
-       pages [n] int32, doc_ids [n] int32, kinds [n] int32) -> Selection``
+    ``fn(problem: CDSProblem, key=None) -> Selection``
 
-so every selector is jitted and vmapped the same way; a selector ignores the
-arguments it does not use (``links`` matters to ``"ppr"`` and to CDS with
-``init="diffusion"``, ``key`` to ``"random"``; ``pages`` / ``doc_ids`` / ``kinds``,
-all optional, are the note structure a learned selector may read).
-:func:`cdsjax.core.select_problem` calls such a function on a :class:`~cdsjax.core.CDSProblem`.
-The CDS builders call :func:`cdsjax.core.cds` with a strategy.
+so every selector is jitted and vmapped the same way (a batch of problems is a ``CDSProblem`` with a
+leading axis). A selector reads what it needs from the problem: the notes and query rows always, ``links``
+for ``"ppr"``, ``"subgraph"`` and CDS with ``init="diffusion"`` (and the learned game's link feature), the
+structure arrays ``pages`` / ``doc_ids`` / ``kinds`` when its spec says :attr:`SelectorSpec.structure`;
+``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.cds` with a strategy and a
+game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.learned.LearnedParams`).
 
 Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its builder, the core solver it runs, the batch
-chunk that suits it, the inputs it needs, the spellings users may write and the name shown to them. The CLI,
-the pipeline, the server and the evaluation harness all read it (:func:`selector_spec`), so a name is mapped
-in one place.
+chunk that suits it, the inputs it reads (links, key, structure, pages only), whether it takes learned
+parameters, the spellings users may write and the name shown to them. Callers build problems from the spec
+alone (:func:`selector_spec`), so a name is mapped, and a selector described, in one place. The registry
+receives parameter values, never file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the
+shipped fit to a learned selector).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
                                    select_ppr, select_random)
 from cdsjax.core.cds import cds
+from cdsjax.core.learned import LearnedParams
 from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.subgraph import select_subgraph_readout
+from cdsjax.core.support import support_settings
 from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 
@@ -41,27 +44,27 @@ PPR_MAX_ITER_CAP = 100_000
 
 
 def _cosine(budget: int) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        return select_cosine(notes, query, valid, budget=budget)
+    def fn(problem: CDSProblem, key=None):
+        return select_cosine(problem.notes, problem.queries, problem.valid, budget=budget)
 
     return fn
 
 
 def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        if pages is None:
+    def fn(problem: CDSProblem, key=None):
+        if problem.pages is None:
             raise ValueError("selector 'cosine_pages' needs pages ([n] int page, or paragraph group, of each note)")
-        return select_cosine_pages(notes, query, valid, pages, budget=budget, doc_ids=doc_ids, fill=fill)
+        return select_cosine_pages(problem.notes, problem.queries, problem.valid, problem.pages, budget=budget,
+                                   doc_ids=problem.doc_ids, fill=fill)
 
-    fn.takes_structure = True
     return fn
 
 
 def _random(budget: int) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
+    def fn(problem: CDSProblem, key=None):
         if key is None:
             raise ValueError("selector 'random' needs a PRNG key (see core.key_from_query_id)")
-        return select_random(valid, budget=budget, key=key)
+        return select_random(problem.valid, budget=budget, key=key)
 
     return fn
 
@@ -70,8 +73,8 @@ def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
     if not 0.0 <= float(lam) <= 1.0:
         raise ValueError(f"lam must be in [0, 1], got {lam!r}")
 
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        return select_mmr(notes, query, valid, budget=budget, lam=lam)
+    def fn(problem: CDSProblem, key=None):
+        return select_mmr(problem.notes, problem.queries, problem.valid, budget=budget, lam=lam)
 
     return fn
 
@@ -79,10 +82,17 @@ def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
 def _dpp(budget: int, *, theta: float = 1.0, quality: str = "exp", gain_tol: Optional[float] = None) -> SelectorFn:
     check_option("quality", quality, DPP_QUALITIES)
 
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        return select_dpp(notes, query, valid, budget=budget, theta=theta, quality=quality, gain_tol=gain_tol)
+    def fn(problem: CDSProblem, key=None):
+        return select_dpp(problem.notes, problem.queries, problem.valid, budget=budget, theta=theta, quality=quality,
+                          gain_tol=gain_tol)
 
     return fn
+
+
+def _links(problem: CDSProblem, name: str):
+    if problem.links is None:
+        raise ValueError(f"selector {name!r} needs links ([n, n] bool note-link adjacency)")
+    return problem.links
 
 
 def _ppr(
@@ -91,22 +101,17 @@ def _ppr(
     check_positive("tol", tol)
     check_int_range("max_iter", max_iter, PPR_MAX_ITER_CAP)
 
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        if links is None:
-            raise ValueError("selector 'ppr' needs links ([n, n] bool note-link adjacency)")
-        return select_ppr(
-            links, notes, query, valid, budget=budget, damping=damping, temperature=temperature, tol=tol,
-            max_iter=max_iter,
-        )
+    def fn(problem: CDSProblem, key=None):
+        return select_ppr(_links(problem, "ppr"), problem.notes, problem.queries, problem.valid, budget=budget,
+                          damping=damping, temperature=temperature, tol=tol, max_iter=max_iter)
 
     return fn
 
 
 def _subgraph(budget: int) -> SelectorFn:
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        if links is None:
-            raise ValueError("selector 'subgraph' needs links ([n, n] bool note-link adjacency)")
-        return select_subgraph_readout(links, notes, query, valid, budget=budget)
+    def fn(problem: CDSProblem, key=None):
+        return select_subgraph_readout(_links(problem, "subgraph"), problem.notes, problem.queries, problem.valid,
+                                       budget=budget)
 
     return fn
 
@@ -139,12 +144,12 @@ def _cds_inputs(name: str, solver: str, fields: dict, allowed: tuple, params=Non
     return params, SolveOptions(solver=solver, **given).check()
 
 
-def _cds_fn(strategy: str, budget: int, params: CDSParams, options: SolveOptions) -> SelectorFn:
-    """The selector function of a CDS strategy (:func:`cdsjax.core.cds`; links reach the diffusion prior)."""
+def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **settings) -> SelectorFn:
+    """The selector function of a CDS strategy and game: :func:`cdsjax.core.cds` on the caller's problem
+    (``settings``: the strategy's own, e.g. the support strategy's ``num_steps``)."""
 
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        problem = CDSProblem.create(notes, query, valid, links=links)
-        return cds(problem, strategy, params, options, budget=budget)
+    def fn(problem: CDSProblem, key=None):
+        return cds(problem, strategy, params, options, budget=budget, **settings)
 
     return fn
 
@@ -163,11 +168,12 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
 
 def _cds_support(budget: int, **fields) -> SelectorFn:
     """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
+    num_steps, scale_range = support_settings(fields.pop("num_steps", None), fields.pop("scale_range", None))
     params, options = _cds_inputs("cds_support", "converged", fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
         raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
 
-    return _cds_fn("support", budget, params, options)
+    return _cds_fn("support", budget, params, options, num_steps=num_steps, scale_range=scale_range)
 
 
 _cds_support.options = SUPPORT_OPTIONS
@@ -175,27 +181,19 @@ _cds_support.options = SUPPORT_OPTIONS
 LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
 
 
-def _cds_learned(budget: int, *, params=None, solver: str = "converged", **fields) -> SelectorFn:
-    """The learned game (:mod:`cdsjax.core.learned`): ``params`` is a parameter file (None: the shipped one) or
-    a :class:`~cdsjax.core.learned.LearnedParams`. Reads the structure arrays (``pages``, ``doc_ids``,
-    ``kinds``) when the caller passes them (``fn.takes_structure``)."""
-    from cdsjax.core.learned import LearnedParams, cds_learned, read_params
-
-    theta = params if isinstance(params, LearnedParams) else read_params(params)[0]
+def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver: str = "converged",
+                 **fields) -> SelectorFn:
+    """The learned game (:mod:`cdsjax.core.learned`) through :func:`cdsjax.core.cds`: ``params`` is the
+    :class:`~cdsjax.core.learned.LearnedParams` value (``cdsjax.learn.default_params()`` is the shipped fit;
+    callers above the core pass it, the registry never reads a file)."""
+    if not isinstance(params, LearnedParams):
+        raise ValueError(f"selector 'cds_learned' needs params=LearnedParams(...) (cdsjax.learn reads a parameter "
+                         f"file and supplies the shipped fit), got {type(params).__name__}")
     unknown = sorted(set(fields) - set(LEARNED_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {unknown} for selector 'cds_learned'; allowed: {list(LEARNED_OPTIONS)}")
     options = SolveOptions(solver=solver, **{k: v for k, v in fields.items() if v is not None}).check()
-
-    def fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None):
-        return cds_learned(notes, query, valid, links, key, pages=pages, doc_ids=doc_ids, kinds=kinds, theta=theta,
-                           budget=budget, options=options)
-
-    fn.takes_structure = True
-    # the game's same-page weight is fitted on printed pages: a text corpus's paragraph groups are not pages
-    # (the fitted weights of the two disagree), so callers pass pages only where there are pages
-    fn.pages_only = True
-    return fn
+    return _cds_fn("single", budget, params, options)
 
 
 _cds_learned.options = LEARNED_OPTIONS
@@ -208,11 +206,17 @@ class SelectorSpec:
     Attributes:
       name: the registry name (configs, records, :func:`make_selector`).
       build: ``build(budget, **options) -> fn`` with the uniform signature.
-      solver: the CDS solver it runs (a key of :data:`cdsjax.core.select.SOLVERS`), None for a baseline.
+      solver: the CDS solver it runs (a key of :data:`cdsjax.core.solvers.SOLVERS`), None for a baseline.
       batch_chunk: the ``chunk`` to give :func:`cdsjax.core.batched` on one device (``"auto"``: replicator
         dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU).
-      needs_links: it reads the ``links`` argument (always, or with some options).
+      needs_links: it reads ``problem.links`` (always, or with some options).
       needs_key: it reads the PRNG ``key``.
+      structure: it reads the structure arrays ``problem.pages`` / ``doc_ids`` / ``kinds`` (callers build
+        the problem with them; other selectors get a problem without them and compile as they always did).
+      pages_only: with ``structure``, ``pages`` must be printed pages: a text corpus's paragraph groups are
+        not given as pages (the learned game's same-page weight is fitted on printed pages).
+      learned: its ``params`` option is a :class:`~cdsjax.core.learned.LearnedParams` value; callers above the
+        core supply it (``cdsjax.learn`` resolves a file or the shipped fit).
       aliases: other spellings users may write (``cds-paper``).
       display: the name shown to users (CLI, server, ``ask --json``).
       help: one line saying what it selects (CLI help, listings).
@@ -224,6 +228,9 @@ class SelectorSpec:
     batch_chunk: Optional[str] = None
     needs_links: bool = False
     needs_key: bool = False
+    structure: bool = False
+    pages_only: bool = False
+    learned: bool = False
     aliases: Tuple[str, ...] = ()
     display: str = ""
     help: str = ""
@@ -250,16 +257,15 @@ class SelectorSpec:
         return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def _spec(name, build, *, solver=None, needs_links=False, needs_key=False, aliases=(), display=None, help=""):
-    return SelectorSpec(name=name, build=build, solver=solver,
-                        batch_chunk="auto" if solver == "replicator" else None, needs_links=needs_links,
-                        needs_key=needs_key, aliases=tuple(aliases), display=display or name, help=help)
+def _spec(name, build, *, solver=None, aliases=(), display=None, help="", **reads):
+    return SelectorSpec(name=name, build=build, solver=solver, batch_chunk="auto" if solver == "replicator" else None,
+                        aliases=tuple(aliases), display=display or name, help=help, **reads)
 
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("cosine", _cosine, help="the B notes most similar to the question"),
     # cosine top-B taking the best note of each (document, page) first: the structural rule learned CDS must beat
-    _spec("cosine_pages", _cosine_pages, aliases=("cosine-pages",), display="cosine-pages",
+    _spec("cosine_pages", _cosine_pages, structure=True, aliases=("cosine-pages",), display="cosine-pages",
           help="cosine, taking the best note of each page first (paragraph group on text corpora)"),
     _spec("random", _random, needs_key=True, help="B notes drawn at random (seeded by the question id)"),
     _spec("mmr", _mmr, help="maximal marginal relevance: relevance minus redundancy, greedily (lam)"),
@@ -281,8 +287,10 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     # beta chosen per question so the equilibrium's support holds about `budget` notes
     _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support",
           help="CDS with beta chosen per question so the support holds about B notes"),
-    # the learned game (cdsjax.learn): parameters from a file, the shipped one by default
-    _spec("cds_learned", _cds_learned, solver="converged", needs_links=True, aliases=("cds-learned",),
+    # the learned game (cdsjax.learn): its parameters a value the caller supplies (cdsjax.learn: a file, the
+    # shipped fit by default); it reads the notes' structure, pages only where there are printed pages
+    _spec("cds_learned", _cds_learned, solver="converged", needs_links=True, structure=True, pages_only=True,
+          learned=True, aliases=("cds-learned",),
           display="cds-learned",
           help="CDS with a fitted game (cdsjax tune): structure features, relevance shaping; --params FILE"),
 )}
@@ -338,22 +346,21 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     """A selector function with the uniform signature.
 
     Args:
-      name: one of :data:`SELECTORS`: ``"cosine"``, ``"random"``, ``"mmr"``,
-        ``"dpp"``, ``"ppr"``, ``"cds"`` (paper mode: replicator dynamics) or
-        ``"cds_converged"`` (converged mode: the active-set Newton solver) or
-        ``"cds_inimdyn"`` (converged mode with infection-immunization dynamics) or
-        ``"cds_support"`` (beta chosen per question so the support holds about
-        ``budget`` notes).
+      name: a registry name (:data:`SPECS`; :func:`selector_names` lists them with their aliases): the
+        baselines ``"cosine"``, ``"cosine_pages"``, ``"random"``, ``"mmr"``, ``"dpp"``, ``"ppr"``,
+        ``"subgraph"``; CDS ``"cds"`` (paper mode: replicator dynamics), ``"cds_converged"`` (the active-set
+        solver), ``"cds_inimdyn"``, ``"cds_support"`` (beta chosen per question so the support holds about
+        ``budget`` notes) and ``"cds_learned"`` (the learned game, :data:`DEFAULT_SELECTOR`).
       budget: number of notes to select.
       **options: the selector's own options (see :func:`selector_options`),
         e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
-        ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS.
+        ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS, ``params`` (a
+        :class:`~cdsjax.core.learned.LearnedParams`) for the learned game.
 
     Returns:
-      ``fn(notes, query, valid, links=None, key=None, *, pages=None, doc_ids=None, kinds=None) -> Selection``,
-      pure and
-      ``jit`` / ``vmap``-able. ``selector_spec(name).batch_chunk`` is the ``chunk`` to
-      give :func:`cdsjax.core.batched` for a fast batch.
+      ``fn(problem: CDSProblem, key=None) -> Selection``, pure and ``jit`` / ``vmap``-able. What it reads
+      of the problem, and ``batch_chunk`` (the ``chunk`` to give :func:`cdsjax.core.batched`), are in
+      ``selector_spec(name)``.
 
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.
@@ -365,6 +372,4 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     budget = check_budget(budget)
     fn = SELECTORS[name](budget, **options)
     fn.__name__ = f"select_{name}"
-    fn.takes_structure = getattr(fn, "takes_structure", False)
-    fn.pages_only = getattr(fn, "pages_only", False)
     return fn

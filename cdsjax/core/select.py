@@ -1,4 +1,5 @@
-r"""The strategies on one question: a single extraction and peeling (affinity -> equilibrium -> top-B notes)."""
+r"""The strategies on one question: a single extraction and peeling (affinity -> equilibrium -> top-B notes),
+for any game (:class:`~cdsjax.core.protocols.Game`)."""
 
 from __future__ import annotations
 
@@ -7,52 +8,34 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.affinity import build_affinity, spectral_penalty
-from cdsjax.core.graph import diffusion_prior
+from cdsjax.core.affinity import problem_affinity, spectral_penalty
+from cdsjax.core.implicit import Adjoint, cds_equilibrium, check_adjoint
 from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
-from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solver import iterate
-from cdsjax.core.solvers import configured_solver, solve
-from cdsjax.core.types import CONVERGED, INITS, Affinity, CDSParams, CDSProblem, Selection, SolveOptions
-from cdsjax.core.validation import check_option
+from cdsjax.core.solvers import configured_solver
+from cdsjax.core.types import CONVERGED, Affinity, CDSProblem, Selection, SolveOptions
 
 
-def initial_point(
-    affinity: Affinity, init: str = "uniform", temperature: float = 0.1, links: Optional[Array] = None
-) -> Optional[Array]:
-    """The solver's starting point: None (uniform), the query-softmax or the graph-diffusion prior."""
-    check_option("init", init, INITS)
-    if init == "softmax":
-        return softmax_prior(affinity, temperature)
-    if init == "diffusion":
-        if links is None:
-            raise ValueError("init='diffusion' needs links ([n, n] bool note-link adjacency)")
-        return diffusion_prior(affinity, links, temperature)
-    return None
-
-
-def solve_single(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int,
-                 x0: Optional[Array] = None) -> Selection:
+def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+                 x0: Optional[Array] = None, adjoint: Optional[Adjoint] = None) -> Selection:
     r"""Strategy ``"single"`` of :func:`cdsjax.core.cds`: one extraction on the query-augmented affinity.
 
-    Builds the affinity, solves :math:`\max_{x\in\Delta} x^\top M x` from ``x0`` (else
-    ``options.init``; a converged solver first runs paper mode with ``warm_start="replicator"``)
-    and reads the top-``budget`` notes off the equilibrium (:func:`~cdsjax.core.ranking.read_out`).
-    ``options`` arrive checked, with ``solver`` resolved.
+    Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.implicit.cds_equilibrium` (from
+    ``x0``, else ``options.init``; a converged solver first runs paper mode with
+    ``warm_start="replicator"``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
+    equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked, with ``solver`` resolved.
     """
-    notes, query, solver = problem.notes, problem.queries, options.solver
-    affinity = build_affinity(notes, query, problem.valid, params, pinned=problem.pinned)
-    if x0 is None:
-        x0 = initial_point(affinity, options.init, options.prior_temperature, problem.links)
-    if options.warm_start == "replicator" and solver != "replicator":
-        x0 = solve(affinity, x0, solver="replicator").x
-    result = solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
+    dtype = result.x.dtype
     return read_selection(result, affinity, options, budget=budget,
-                          cosine=query_cosine(notes, query).astype(result.x.dtype), beta=params.beta)
+                          cosine=query_cosine(problem.notes, problem.queries).astype(dtype),
+                          beta=params.strength(dtype))
 
 
-def solve_peel(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int) -> Selection:
+def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+               adjoint: Optional[Adjoint] = None) -> Selection:
     r"""Strategy ``"peel"`` of :func:`cdsjax.core.cds`: peeling extraction for several constraint vertices.
 
     Extracts a constrained dominant set, removes its support (the notes and the
@@ -64,12 +47,14 @@ def solve_peel(problem: CDSProblem, params: CDSParams, options: SolveOptions, *,
     every round converged. ``support_size`` counts the notes of every round's
     support; when they are fewer than ``budget``, the fill rule
     (:mod:`cdsjax.core.ranking`) completes the picks using the first round's slack.
-    Every round starts uniformly (``options.init`` and ``warm_start`` are not used).
+    Every round starts uniformly (``options.init`` and ``warm_start`` are not used); each round's
+    equilibrium is differentiated by ``adjoint``.
     """
     notes, query = problem.notes, problem.queries
     solver = configured_solver(options.solver, options.tol, options.max_iter)
     threshold = options.threshold
-    base = build_affinity(notes, query, problem.valid, params, pinned=problem.pinned)
+    adjoint = check_adjoint(adjoint)
+    base = problem_affinity(problem, params)
     m = base.num_queries
     n = notes.shape[0]
     max_rounds = m + n
@@ -77,7 +62,8 @@ def solve_peel(problem: CDSProblem, params: CDSParams, options: SolveOptions, *,
 
     def extract(state):
         active, uncovered, rank_key, total_iters, status, r = state
-        res = iterate(solver, DensePayoff.from_affinity(_restrict(base, active, params)), None)
+        res = adjoint.apply(lambda aff: iterate(solver, DensePayoff.from_affinity(aff), None),
+                            _restrict(base, active, params), threshold)
         support = active & (res.x > threshold)
         new_notes = support & ~base.constraint
         # Earlier rounds rank above later ones: key = (max_rounds - r) + x, x in [0, 1].
@@ -111,15 +97,15 @@ def solve_peel(problem: CDSProblem, params: CDSParams, options: SolveOptions, *,
     sel = read_out(result, base.valid[m:], budget=budget, threshold=threshold,
                    slack=kkt_slack(_restrict(base, base.valid, params), first.x) if options.fill else None,
                    cosine=query_cosine(notes, query).astype(dtype), isolated=isolated_query(base),
-                   beta=params.beta, rank=note_key)
+                   beta=params.strength(dtype), rank=note_key)
     # support picks fill the first slots; their score is the weight within their round
     in_support = jnp.arange(budget) < sel.support_size
     picked = jnp.where(in_support, note_key[sel.indices], 0.0)
     return sel.replace(scores=jnp.where(in_support, picked - jnp.ceil(picked - 1.0), sel.scores))
 
 
-def _restrict(base: Affinity, active: Array, params: CDSParams) -> Affinity:
-    """The affinity of the subgraph on ``active`` vertices, with its own penalty."""
+def _restrict(base: Affinity, active: Array, params: Game) -> Affinity:
+    """The affinity of the subgraph on ``active`` vertices, with its own penalty (the game's rule)."""
     # An empty graph would make the uniform start 0/0; solve the base one instead
     # (callers only read rounds that still have an active constraint vertex).
     active = jnp.where(jnp.any(active), active, base.valid)
@@ -130,5 +116,5 @@ def _restrict(base: Affinity, active: Array, params: CDSParams) -> Affinity:
         mask = active & ~constraint
     else:
         mask = active
-    alpha = spectral_penalty(matrix, mask, params.eps).astype(matrix.dtype)
+    alpha = params.penalty(spectral_penalty(matrix, mask, params.eps).astype(matrix.dtype))
     return Affinity(matrix=matrix, constraint=constraint, valid=active, alpha=alpha, num_queries=base.num_queries)

@@ -38,6 +38,7 @@ from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalt
 from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.ranking import read_out
+from cdsjax.core.select import solve_single
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver
 from cdsjax.core.types import Affinity, CDSParams, CDSProblem, Selection, SolveOptions, SolverResult
@@ -162,8 +163,8 @@ def solve_replicator_shared(
     return iterate(Replicator(tol=tol, max_iter=max_iter, unroll=unroll), shared_payoff(corpus, rel), x0)
 
 
-def solve_shared(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int,
-                 corpus: Optional[CorpusAffinity] = None) -> Selection:
+def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: int,
+                 corpus: Optional[CorpusAffinity] = None, adjoint=None) -> Selection:
     r"""Strategy ``"shared"`` of :func:`cdsjax.core.cds`: ``b`` single-vertex questions on one corpus.
 
     ``problem.queries`` ``[b, d]`` are ``b`` questions. The note block :math:`W`, :math:`\alpha` and the
@@ -172,13 +173,25 @@ def solve_shared(problem: CDSProblem, params: CDSParams, options: SolveOptions, 
     (``"replicator"``) batched, one ``[b, n] @ [n, n]`` product per step; a converged solver question by
     question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
     ``[n+1, n+1]`` matrix is ever materialised for the batch. The read-out (slack for the fill rule) uses
-    the payoff's products too. Every question starts uniformly; pinned notes are not supported.
+    the payoff's products too. Every question starts uniformly; pinned notes are not supported. The
+    shared payoff's solves are differentiated through their iterations (forward mode; ``adjoint`` is
+    not used for the paper's game).
+
+    A game whose note block depends on the question (any game but :class:`CDSParams`, e.g. the learned
+    one with its relevance-scaled repulsion and structure) has no shared block: each question is then
+    solved as the ``"single"`` strategy on its own dense payoff (``jax.vmap`` over the questions), with
+    ``adjoint``, and the result has the same form.
 
     Returns:
       :class:`Selection` whose leaves (and ``result``'s) carry a leading ``b`` axis.
     """
     if problem.pinned is not None:
         raise ValueError("the shared strategy does not support pinned notes (each question has one vertex)")
+    if not isinstance(params, CDSParams):
+        if corpus is not None:
+            raise ValueError("corpus (a CorpusAffinity) is the paper's game's shared block; this game has none")
+        return jax.vmap(lambda q: solve_single(problem.replace(queries=q[None, :]), params, options, budget=budget,
+                                               adjoint=adjoint))(problem.queries)
     if corpus is None:
         corpus = corpus_affinity(problem.notes, problem.valid, params)
     rel = question_relevance(corpus, problem.queries)

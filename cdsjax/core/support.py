@@ -56,10 +56,11 @@ longer, completed by the fill rule of :mod:`cdsjax.core.ranking` when shorter.
 Support size is monotone in :math:`\beta` in the model above; where a real
 problem is not monotone, bisection still returns the best size it visited.
 
-For ``alpha_from="free"`` the penalty scales exactly,
+For the paper's game with ``alpha_from="free"`` the penalty scales exactly,
 :math:`\alpha(\beta) = \beta(\alpha(1) - \varepsilon) + \varepsilon`, so the
 affinity is built (one ``eigvalsh``) once and rescaled at each step;
-``alpha_from="full"`` rebuilds it per step.
+``alpha_from="full"`` and other games (the learned one, whose note block is not
+proportional to :math:`\beta`) rebuild it per step.
 """
 
 from __future__ import annotations
@@ -67,11 +68,17 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.affinity import build_affinity
+from typing import Optional
+
+from cdsjax.core.affinity import problem_affinity
+from cdsjax.core.implicit import Adjoint, check_adjoint
+from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers import solve
-from cdsjax.core.types import DEFAULT_SCALE_RANGE, Affinity, CDSParams, CDSProblem, Selection, SolveOptions  # noqa: F401
+from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSParams, CDSProblem,  # noqa: F401
+                               Selection, SolveOptions)
 from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
+from cdsjax.core.validation import check_int_range
 
 
 def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
@@ -89,7 +96,27 @@ def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
     return base.replace(matrix=matrix, alpha=alpha.astype(base.matrix.dtype))
 
 
-def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions, *, budget: int) -> Selection:
+def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple:
+    r"""``(num_steps, scale_range)`` of the support strategy, checked (None: the defaults).
+
+    ``1 <= num_steps <= MAX_SUPPORT_STEPS`` (each step one solve); ``scale_range`` a ``(low, high)`` bracket of
+    :math:`\gamma = \beta n` with ``0 < low < high``, returned as a tuple of floats (a static, hashable value).
+    """
+    num_steps = DEFAULT_STEPS if num_steps is None else num_steps
+    check_int_range("num_steps", num_steps, MAX_SUPPORT_STEPS)
+    scale_range = DEFAULT_SCALE_RANGE if scale_range is None else scale_range
+    try:
+        low, high = (float(v) for v in scale_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale_range must be (low, high), got {scale_range!r}") from None
+    if not 0 < low < high:
+        raise ValueError(f"scale_range must be (low, high) with 0 < low < high, got {scale_range!r}")
+    return int(num_steps), (low, high)
+
+
+def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+                  adjoint: Optional[Adjoint] = None, num_steps: Optional[int] = None,
+                  scale_range=None) -> Selection:
     r"""Strategy ``"support"`` of :func:`cdsjax.core.cds`: the constrained dominant set whose support holds
     about ``budget`` notes.
 
@@ -98,32 +125,31 @@ def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions,
     notes, and returns that support as the evidence, ranked by weight. ``params.beta``
     is ignored (it is what is chosen); ``coupling`` must not be ``"none"``. Of
     ``options``: ``solver`` of each equilibrium, ``threshold``, ``tol`` / ``max_iter``
-    of each solve, ``num_steps`` (bisection steps, each one solve), ``scale_range``
-    (``(low, high)`` bracket of :math:`\gamma = \beta n`) and ``fill``; every solve
-    starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta`, ``beta`` that
-    :math:`\beta`.
+    of each solve and ``fill``; the strategy's own settings are ``num_steps`` (bisection
+    steps, each one solve) and ``scale_range`` (``(low, high)`` bracket of
+    :math:`\gamma = \beta n`), checked by :func:`support_settings`; every solve
+    starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta` (differentiated by
+    ``adjoint``, the choice itself held fixed), ``beta`` that :math:`\beta`.
     """
-    notes, query, valid, pinned = problem.notes, problem.queries, problem.valid, problem.pinned
+    notes, query = problem.notes, problem.queries
+    adjoint = check_adjoint(adjoint)
     solver, threshold, tol, max_iter = options.solver, options.threshold, options.tol, options.max_iter
     if params.coupling == "none":
         raise ValueError("cds_support needs a note block: coupling='none' makes beta irrelevant")
-    num_steps = options.num_steps
-    scale_range = options.scale_range
-    low, high = (float(v) for v in scale_range)
-    if not 0 < low < high:
-        raise ValueError(f"scale_range must be (low, high) with 0 < low < high, got {scale_range!r}")
+    num_steps, (low, high) = support_settings(num_steps, scale_range)
 
     base_params = params.replace(beta=1.0)
-    base = build_affinity(notes, query, valid, base_params, pinned=pinned)
+    base = problem_affinity(problem, base_params)
+    rescale = isinstance(params, CDSParams) and params.alpha_from == "free"
     dtype = base.matrix.dtype
     m = base.num_queries
     n_valid = jnp.maximum(jnp.sum(base.valid[m:]), 1).astype(dtype)
 
     def affinity_at(log_gamma):
         beta = jnp.exp(log_gamma) / n_valid
-        if params.alpha_from == "free":
+        if rescale:
             return scale_note_block(base, beta, params.eps), beta
-        return build_affinity(notes, query, valid, params.replace(beta=beta), pinned=pinned), beta
+        return problem_affinity(problem, params.replace(beta=beta)), beta
 
     def support_at(log_gamma):
         aff, _ = affinity_at(log_gamma)
@@ -155,6 +181,6 @@ def solve_support(problem: CDSProblem, params: CDSParams, options: SolveOptions,
     _, _, best, _ = lax.fori_loop(0, num_steps, step, init)
 
     aff, beta = affinity_at(best)
-    result = solve(aff, None, solver=solver, tol=tol, max_iter=max_iter)
+    result = adjoint.apply(lambda a: solve(a, None, solver=solver, tol=tol, max_iter=max_iter), aff, threshold)
     return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
                           beta=beta)

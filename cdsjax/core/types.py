@@ -8,6 +8,7 @@ static fields, so they are fixed at trace time.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Optional
 
 import jax.numpy as jnp
@@ -27,13 +28,35 @@ FILL_SHORT_SUPPORT = 1  # the support held fewer than budget notes; the rest ran
 FILL_NO_QUERY_EDGE = 2  # no note has a positive query edge; the rest ranked by cosine
 FILL_REASONS = ("none", "short_support", "no_query_edge")
 
-# How a solve ended (SolverResult.status): the codes of cdsjax.core.protocols.Status, names in STATUSES.
-# ``converged`` is ``status == CONVERGED``.
-CONVERGED = 0  # the stopping rule fired (step or Nash error below tol)
-MAX_STEPS = 1  # a step cap (max_iter, or the active set's Newton cap) was reached first
-NONFINITE = 2  # the point or its residual holds NaN or inf (e.g. NaN input)
-SINGULAR = 3  # a Newton system of the active-set solver was singular and the cap was reached
-STATUSES = ("converged", "max_steps", "nonfinite", "singular")
+class Status(enum.IntEnum):
+    """How a solve ended: ``SolverResult.status`` holds the code, :attr:`label` its name, :attr:`message` a
+    sentence for a user (the one definition; :data:`CONVERGED` ... and :data:`STATUSES` are views of it)."""
+
+    CONVERGED = 0  # the stopping rule fired (step or Nash error below tol)
+    MAX_STEPS = 1  # a step cap (max_iter, or the active set's Newton cap) was reached first
+    NONFINITE = 2  # the point or its residual holds NaN or inf (e.g. NaN input)
+    SINGULAR = 3  # a Newton system of the active-set solver was singular and the cap was reached
+
+    @property
+    def label(self) -> str:
+        """The name written in records and diagnostics (``"converged"``, ``"max_steps"``, ...)."""
+        return self.name.lower()
+
+    @property
+    def message(self) -> str:
+        """One sentence for a user."""
+        return _STATUS_MESSAGES[self]
+
+
+_STATUS_MESSAGES = {
+    Status.CONVERGED: "The stopping rule fired: the step or the Nash error fell below the tolerance.",
+    Status.MAX_STEPS: "A step cap (max_iter, or the active set's Newton cap) was reached before the tolerance.",
+    Status.NONFINITE: "The point or its residual holds NaN or inf (e.g. NaN input).",
+    Status.SINGULAR: "A Newton system of the active-set solver was singular and a step cap was reached.",
+}
+# The codes as plain names (``converged`` is ``status == CONVERGED``) and the labels by code.
+CONVERGED, MAX_STEPS, NONFINITE, SINGULAR = (int(s) for s in Status)
+STATUSES = tuple(s.label for s in Status)
 
 # The solver every CDS strategy uses when SolveOptions.solver is None: replicator dynamics with the paper's
 # limits (paper mode), the long-standing default of cds_select. Selectors in the registry name theirs.
@@ -100,6 +123,14 @@ class CDSParams:
         if not self.tau_temperature > 0:
             raise ValueError(f"tau_temperature must be positive, got {self.tau_temperature!r}")
         return self
+
+    def penalty(self, bound: Array) -> Array:
+        r"""The penalty :math:`\alpha` from the spectral bound :math:`b`: the paper's :math:`\alpha = b`."""
+        return bound
+
+    def strength(self, dtype=None) -> Array:
+        r"""The note-block strength :math:`\beta` as a selection reports it."""
+        return self.beta
 
 
 @struct.dataclass
@@ -215,9 +246,9 @@ class SolveOptions:
     leaves :math:`\beta`, :math:`\tau` a sweep varies) live in :class:`CDSParams`.
 
     Attributes:
-      solver: a registered solver name (:data:`cdsjax.core.SOLVERS`); None uses the
-        function's default (``"replicator"``, paper mode; ``"converged"`` for
-        :func:`~cdsjax.core.cds_support`).
+      solver: a registered solver name (:data:`cdsjax.core.SOLVERS`); None uses
+        :data:`DEFAULT_SOLVER` (``"replicator"``, paper mode) in every strategy and in
+        :func:`~cdsjax.core.cds_equilibrium` (registry selectors name their own).
       threshold: support threshold :math:`\theta`.
       tol, max_iter: solver limits; None uses the solver's defaults (replicator:
         1e-7 and 10,000).
@@ -228,9 +259,9 @@ class SolveOptions:
         ``init``; ``"replicator"`` first runs paper mode and starts from its point.
       fill: True fills slots the support leaves empty (the fill rule of
         :mod:`cdsjax.core.ranking`); False returns only the support.
-      num_steps: :func:`~cdsjax.core.cds_support` only, bisection steps (each one solve).
-      scale_range: :func:`~cdsjax.core.cds_support` only, ``(low, high)`` bracket of
-        :math:`\gamma = \beta n`.
+
+    The support strategy's own settings (bisection steps, the bracket of :math:`\gamma = \beta n`) are
+    arguments of that strategy (``cds(..., "support", num_steps=, scale_range=)``), not fields here.
     """
 
     solver: Optional[str] = struct.field(pytree_node=False, default=None)
@@ -241,27 +272,20 @@ class SolveOptions:
     prior_temperature: float = struct.field(pytree_node=False, default=0.1)
     warm_start: str = struct.field(pytree_node=False, default="uniform")
     fill: bool = struct.field(pytree_node=False, default=True)
-    num_steps: int = struct.field(pytree_node=False, default=DEFAULT_SUPPORT_STEPS)
-    scale_range: tuple = struct.field(pytree_node=False, default=DEFAULT_SCALE_RANGE)
 
     def check(self) -> "SolveOptions":
         """Raises ``ValueError`` naming the field if an option string, a limit or a count is invalid.
 
-        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given,
-        ``1 <= num_steps <= MAX_SUPPORT_STEPS``.
+        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given.
         """
         if self.tol is not None:
             check_positive("tol", self.tol)
         if self.max_iter is not None:
             check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
-        check_int_range("num_steps", self.num_steps, MAX_SUPPORT_STEPS)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.warm_start not in WARM_STARTS:
             raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
-        if not isinstance(self.scale_range, tuple) or any(not isinstance(v, float) for v in self.scale_range):
-            # static fields must hash: a list (from a config) becomes a tuple of floats
-            return self.replace(scale_range=tuple(float(v) for v in self.scale_range))
         return self
 
 

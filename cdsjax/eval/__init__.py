@@ -148,7 +148,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
 
                 t0 = time.perf_counter()
                 run_selector(cached_selector(name, b, opts), batch, buckets=buckets, max_batch=max_batch,
-                             chunk=selector_spec(name).batch_chunk, mesh=mesh, on_chunk=write, dtype=dtype)
+                             chunk=selector_spec(name).batch_chunk, mesh=mesh, on_chunk=write, dtype=dtype,
+                             spec=selector_spec(name))
                 timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:
         bar.close()

@@ -80,7 +80,7 @@ class Problem:
         else each note its own unit; ``kinds``: the index into :data:`NOTE_KINDS` (``"other"`` when
         unknown). Units of several documents are told apart by ``doc_ids`` with ``pages``.
         ``pages_only``: no paragraph groups — a text problem's notes are each their own unit (what the
-        learned game reads: ``fn.pages_only``).
+        learned game reads: ``SelectorSpec.pages_only``).
         """
         n = self.notes.shape[0]
         order = {d: i for i, d in enumerate(dict.fromkeys(self.docs))}

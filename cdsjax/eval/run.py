@@ -2,7 +2,7 @@
 1-D device mesh, and the caches that let a second run in the same process skip compilation.
 
 * :func:`make_mesh` / :func:`jax_local_devices` — the ``"batch"`` mesh.
-* :func:`cached_selector` — :func:`cdsjax.core.make_selector`, memoised.
+* :func:`cached_selector` — :func:`cdsjax.core.make_selector` (parameters resolved at the edge), memoised.
 * :func:`run_selector` — one NumPy :class:`~cdsjax.core.Selection` per problem.
 
 How several processes split the problems: :mod:`cdsjax.eval.distributed`.
@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from cdsjax.eval.problems import Problem
+from cdsjax.selection import STRUCTURE_ARRAYS
 
 
 def jax_local_devices():
@@ -67,9 +68,12 @@ def compiling_on_one_core():
 
 
 def _executable(call, args):
-    """``call`` compiled for ``args`` (shapes, dtypes, placement) once per process, as for one core
-    (:func:`compiling_on_one_core`)."""
-    key = (call, tuple((a.shape, str(a.dtype), a.sharding) for a in args))
+    """``call`` compiled for ``args`` (a list of pytrees; their leaves' shapes, dtypes, placement, and the tree
+    structure) once per process, as for one core (:func:`compiling_on_one_core`)."""
+    import jax
+
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    key = (call, str(tree), tuple((a.shape, str(a.dtype), a.sharding) for a in leaves))
     if key not in _COMPILED:
         with compiling_on_one_core():
             _COMPILED[key] = call.lower(*args).compile()
@@ -81,9 +85,6 @@ def release(fn: Callable[..., Any]) -> int:
     game per cross-validation task), so a long run does not keep one set of loaded executables per such
     function; returns how many cache entries were dropped."""
     dropped = 0
-    for key in [k for k in _STRUCTURED if k[0] is fn]:
-        wrapped = _STRUCTURED.pop(key)
-        dropped += 1 + release(wrapped)
     batched = [k for k in _BATCHED if k[0] is fn]
     calls = {id(_BATCHED[k]) for k in batched}
     for key in batched:
@@ -111,38 +112,20 @@ def _batched(fn, sharded: bool, chunk=None):
     return _BATCHED[key]
 
 
-_SELECTOR_FNS: Dict[str, Any] = {}
-STRUCTURE_ARGS = ("pages", "doc_ids", "kinds")
-_STRUCTURED: Dict[Any, Any] = {}
-
-
-def structure_args(fn: Callable[..., Any]) -> tuple:
-    """The structure keyword arguments (:data:`STRUCTURE_ARGS`) to pass ``fn``: all of them when it reads them
-    (``fn.takes_structure``, set by the registry on ``cds_learned`` and ``cosine_pages``), else none, so the
-    other selectors compile and run exactly as before."""
-    return STRUCTURE_ARGS if getattr(fn, "takes_structure", False) else ()
-
-
-def _positional(fn: Callable[..., Any], names: tuple) -> Callable[..., Any]:
-    """``fn`` with its structure keywords ``names`` taken as trailing positional arguments (what
-    :func:`cdsjax.core.batched` maps over), one wrapper per function so compilation is cached."""
-    key = (fn, names)
-    if key not in _STRUCTURED:
-        def wrapped(notes, query, valid, links, key_, *structure):
-            return fn(notes, query, valid, links, key_, **dict(zip(names, structure)))
-
-        _STRUCTURED[key] = wrapped
-    return _STRUCTURED[key]
+_SELECTOR_FNS: Dict[Any, Any] = {}
 
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
-    """:func:`cdsjax.core.make_selector`, memoised on (name, budget, options), so a
-    second :func:`evaluate` in the same process does not compile again."""
-    from cdsjax.core import make_selector
+    """:func:`cdsjax.core.make_selector` with a learned selector's ``params`` resolved to a value
+    (:func:`cdsjax.selection.selector_options`: a file, or the shipped fit), memoised on (name, budget,
+    options with the parameters' content hash), so a second :func:`evaluate` in the same process does not
+    compile again."""
+    from cdsjax.selection import make_selector, selector_key, selector_options
 
-    key = json.dumps([name, int(budget), dict(options)], sort_keys=True, default=repr)
+    options = selector_options(name, options)
+    key = json.dumps(selector_key(name, budget, options), sort_keys=True, default=repr)
     if key not in _SELECTOR_FNS:
-        _SELECTOR_FNS[key] = make_selector(name, budget=budget, **options)
+        _SELECTOR_FNS[key] = make_selector(name, budget, options)[1]
     return _SELECTOR_FNS[key]
 
 
@@ -157,6 +140,7 @@ def run_selector(
     on_chunk: Optional[Callable[[List[int], List[Any]], None]] = None,
     dtype: Any = np.float32,
     chunk: Optional[Any] = None,
+    spec: Optional[Any] = None,
 ) -> List[Any]:
     """Runs a registry selector over ragged problems, batched and sharded.
 
@@ -169,8 +153,7 @@ def run_selector(
     solves its slice of the batch.
 
     Args:
-      fn: ``fn(notes [n, d], query [d], valid [n], links [n, n], key) -> Selection``
-        (see :func:`cdsjax.core.make_selector`).
+      fn: ``fn(problem: CDSProblem, key) -> Selection`` (see :func:`cdsjax.core.make_selector`).
       problems: the problems, any note counts.
       buckets: allowed padded note counts.
       max_batch: most problems per compiled call (memory bound: CDS holds an
@@ -183,10 +166,10 @@ def run_selector(
         ``jax_enable_x64``, set by the entry point; it lets converged-mode solvers go below
         float32's KKT floor).
       chunk: the selector's ``SelectorSpec.batch_chunk`` (how a one-device batch is cut).
-
-    A selector that reads the structure keywords (``fn.takes_structure``; :data:`STRUCTURE_ARGS`: ``pages``,
-    ``doc_ids``, ``kinds``) gets them from :meth:`Problem.structure`, padded like the notes (padding
-    is 0; the ``valid`` mask says which notes are real).
+      spec: the selector's :class:`~cdsjax.core.SelectorSpec`. When it reads structure
+        (``spec.structure``), each problem carries the arrays of :meth:`Problem.structure` (printed pages
+        only with ``spec.pages_only``), padded like the notes (padding 0; ``valid`` says which notes are
+        real); other selectors get problems without them and compile as they always did.
 
     Returns:
       One Selection with NumPy leaves per problem, in input order.
@@ -211,12 +194,11 @@ def run_selector(
         keys = [core.key_from_query_id(p.query.qid) for p in problems]
     keys = jnp.stack(list(keys))
 
-    names = structure_args(fn)
+    names = STRUCTURE_ARRAYS if spec is not None and spec.structure else ()
     extras = {"links": [np.asarray(p.links, bool) for p in problems]}
     if names:
-        structures = [p.structure(pages_only=getattr(fn, "pages_only", False)) for p in problems]
+        structures = [p.structure(pages_only=spec.pages_only) for p in problems]
         extras.update({a: [s[a] for s in structures] for a in names})
-        fn = _positional(fn, names)
     groups = core.make_buckets(
         [np.asarray(p.notes, dtype) for p in problems],
         [np.asarray(p.query_emb, dtype) for p in problems],
@@ -229,12 +211,13 @@ def run_selector(
             k = len(rows)
             size = core.padded_batch(k, g.size, multiple=ndev)
             padded = np.concatenate([rows, np.full(size - k, rows[0])])
-            args = [g.notes[padded], g.queries[padded], g.valid[padded],
-                    g.extras["links"][padded]]
-            args = [jax.device_put(a, sharding) for a in args]
+            queries = g.queries[padded]
+            problem = core.CDSProblem(notes=g.notes[padded], queries=queries[:, None, :] if queries.ndim == 2 else queries,
+                                      valid=g.valid[padded], links=g.extras["links"][padded],
+                                      **{a: g.extras[a][padded] for a in names})
+            problem = jax.device_put(problem, sharding)
             key_batch = jax.device_put(keys[g.positions[padded]], sharding)
-            tail = [jax.device_put(g.extras[a][padded], sharding) for a in names]
-            sel = jax.device_get(_executable(call, [*args, key_batch, *tail])(*args, key_batch, *tail))
+            sel = jax.device_get(_executable(call, [problem, key_batch])(problem, key_batch))
             positions = [int(g.positions[r]) for r in rows]
             chunk = [jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), sel)
                      for i in range(k)]

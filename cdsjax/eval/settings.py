@@ -83,10 +83,10 @@ def run_identity(config) -> dict:
     from cdsjax.io.datasets import resolve_data_root
 
     out["data_root"] = str(resolve_data_root(config.data_root))
-    if params_file(config):  # records of another fit are not resumed (the file's content, not its path)
-        import hashlib
+    if params_file(config):  # records of another fit are not resumed (the parameters' content, not the path)
+        from cdsjax.learn.params_io import params_hash, resolve_params
 
-        out["params"] = hashlib.sha256(pathlib.Path(params_file(config)).read_bytes()).hexdigest()[:16]
+        out["params"] = params_hash(resolve_params(params_file(config)))
     return out
 
 

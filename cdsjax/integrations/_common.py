@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapters' formatter, shared with ask)
+
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
                "summary", "caption")
@@ -54,40 +56,41 @@ def unit_rows(vectors, what: str) -> np.ndarray:
 
 
 class Chooser:
-    """One cdsjax selector over candidate embeddings: ``chooser(candidates [n, d], query [d], text)``.
+    """One cdsjax selector over candidate embeddings: ``chooser(candidates [n, d], query [d], text, metadata=)``.
 
-    The selector comes from :func:`cdsjax.core.registry.make_selector` (its name, aliases and options as
-    ``cdsjax ask`` takes them) and is jitted once per padded size: one call per query, whatever the number of
-    candidates. Candidates are padded to :func:`cdsjax.core.bucket_size` rows (at least ``budget``), as the
-    pipeline pads an index, so the same candidates in the same order give the same selection as
-    ``cdsjax ask``.
+    The selector and its problem come from the path ``cdsjax ask`` takes (:mod:`cdsjax.selection`): the
+    registry spec (name, aliases, options as ``cdsjax ask`` takes them; a learned selector gets the shipped
+    fit unless ``options`` give ``params``), candidates padded to the same bucket size, and the structure
+    arrays (document, page, kind of each candidate, from its metadata) for a selector that reads them. The
+    selector is jitted once per padded size, so the same candidates in the same order give the same
+    selection as ``cdsjax ask``.
 
     Args:
       selector: a registry name or alias (None: the default of ``cdsjax ask``).
       budget: how many candidates to keep.
-      options: the selector's options (``beta``, ``tau``, ``lam``, ...).
+      options: the selector's options (``beta``, ``tau``, ``lam``, ``params``, ...).
 
     Raises:
       ValueError: an unknown selector or option, or a budget that is not an integer >= 1.
     """
 
     def __init__(self, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
-        from cdsjax.core import registry
         from cdsjax.core.validation import check_budget
+        from cdsjax.selection import make_selector
 
-        self.spec = registry.selector_spec(selector or default_selector())
         self.budget = check_budget(budget)
         self.options = dict(options or {})
-        self.fn = registry.make_selector(self.spec.name, budget=self.budget, **self.options)
+        self.spec, self.fn = make_selector(selector or default_selector(), self.budget, self.options)
         self._jitted = None
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
-        """The selector as users write it (``cds-converged``, ``cosine``, ...)."""
+        """The selector as users write it (``cds-learned``, ``cosine``, ...)."""
         return self.spec.display
 
-    def __call__(self, candidates, query, text: str = "", links=None) -> Tuple[List[Tuple[int, float]], dict]:
+    def __call__(self, candidates, query, text: str = "", links=None,
+                 metadata: Optional[Sequence[dict]] = None) -> Tuple[List[Tuple[int, float]], dict]:
         """Selects among ``candidates``.
 
         Args:
@@ -95,15 +98,17 @@ class Chooser:
           query: ``[d]`` query embedding.
           text: the query text (seeds the ``random`` selector, as ``cdsjax ask`` does).
           links: optional ``[n, n]`` bool note links (``ppr``, ``subgraph``).
+          metadata: optional per-candidate dicts with ``document`` (or ``doc_id``), ``page`` and ``kind``: the
+            structure a selector such as ``cds-learned`` reads (as :func:`note_metadata` writes them).
 
         Returns:
           ``[(position in candidates, score), ...]`` best first (``min(budget, n)`` of them; ``[]`` for no
           candidates) and the solver diagnostics (``{}`` for baselines).
         """
         import jax
-        import jax.numpy as jnp
 
         from cdsjax import core
+        from cdsjax.selection import Candidates, note_structure
 
         if len(candidates) == 0:
             return [], {}
@@ -112,67 +117,20 @@ class Chooser:
         if q.shape[0] != notes.shape[1]:
             raise ValueError(f"the query embedding has {q.shape[0]} dimensions, the candidates {notes.shape[1]}: "
                              "embed both with the same model")
-        n = notes.shape[0]
-        size = core.bucket_size(max(n, self.budget))
-        padded = np.zeros((size, notes.shape[1]), np.float32)
-        padded[:n] = notes
-        valid = np.arange(size) < n
-        adjacency = None
-        if links is not None:
-            adjacency = np.zeros((size, size), bool)
-            adjacency[:n, :n] = np.asarray(links, bool)
-        elif self.spec.needs_links and self.spec.solver is None:
+        if links is None and self.spec.needs_links and self.spec.solver is None:
             raise ValueError(f"selector {self.spec.display!r} needs note links, which candidates from another "
                              "retriever do not have; use a cdsjax CDSRetriever, or another selector")
+        structure = None
+        if self.spec.structure:
+            structure = note_structure(list(metadata) if metadata is not None else [{}] * len(notes))
+        padded = Candidates.pad(notes, links=links, structure=structure, min_size=self.budget)
         with self._lock:
             if self._jitted is None:
                 self._jitted = jax.jit(self.fn)
-        sel = self._jitted(jnp.asarray(padded), jnp.asarray(q), jnp.asarray(valid),
-                           None if adjacency is None else jnp.asarray(adjacency),
-                           core.key_from_query_id(text))
-        sel = jax.device_get(sel)
+        sel = jax.device_get(self._jitted(padded.problem(q, self.spec), core.key_from_query_id(text)))
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
-        return chosen, core.diagnostics(sel, selector=self.spec.name, valid=valid)
-
-
-def note_text(note: dict) -> str:
-    """The text a note stands for: its text, or for a figure, table or chart its caption when it has one."""
-    kind = note.get("kind", "text")
-    if kind != "text" and note.get("caption"):
-        return str(note["caption"])
-    return str(note.get("text") or note.get("summary") or "")
-
-
-def note_metadata(note: dict, *, score: Optional[float] = None, rank: Optional[int] = None,
-                  selector: Optional[str] = None, diagnostics: Optional[dict] = None) -> Dict[str, Any]:
-    """The metadata of one returned note (the fields of ``cdsjax ask --json`` evidence).
-
-    Keys: note_id, document, page (0-based), bbox ([x0, y0, x1, y1] PDF points, top-left origin, or None),
-    kind, image_path and crop (the PNG crop of a visual note, or None), summary, caption, and when known score,
-    rank (1-based), selector and diagnostics (the solver's, ``{}`` for baselines).
-    """
-    bbox = note.get("bbox")
-    out = dict(
-        note_id=str(note.get("note_id")),
-        document=note.get("doc_id"),
-        page=int(note.get("page", 0)),
-        bbox=[float(v) for v in bbox] if bbox is not None else None,
-        kind=note.get("kind", "text"),
-        image_path=note.get("image_path"),
-        crop=note.get("image_path"),
-        summary=note.get("summary") or "",
-        caption=note.get("caption") or "",
-    )
-    if score is not None:
-        out["score"] = float(score)
-    if rank is not None:
-        out["rank"] = int(rank)
-    if selector is not None:
-        out["selector"] = selector
-    if diagnostics is not None:
-        out["diagnostics"] = dict(diagnostics)
-    return out
+        return chosen, core.diagnostics(sel, selector=self.spec.name, valid=padded.valid)
 
 
 class IndexSource:

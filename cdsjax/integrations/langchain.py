@@ -3,7 +3,7 @@
     from langchain_classic.retrievers import ContextualCompressionRetriever
     from cdsjax.integrations.langchain import CDSCompressor, CDSEmbeddings, CDSRetriever
 
-    retriever = CDSRetriever(index="runs/my-index", budget=5)            # converged CDS, as `cdsjax ask`
+    retriever = CDSRetriever(index="runs/my-index", budget=5)            # learned CDS (the default), as `cdsjax ask`
     docs = retriever.invoke("What is this document about?")
     docs[0].metadata["note_id"], docs[0].metadata["page"], docs[0].metadata["diagnostics"]["converged"]
 
@@ -26,14 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from cdsjax.integrations._common import (
-    Chooser,
-    Encoder,
-    IndexSource,
-    embedder_info,
-    missing_extra,
-    note_text,
-)
+from cdsjax.integrations._common import Chooser, Encoder, IndexSource, embedder_info, missing_extra, note_text
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
@@ -93,7 +86,7 @@ class CDSRetriever(BaseRetriever):
     Args:
       index: an index directory or a PDF (indexed into the cache), a list of them, or a loaded
         :class:`cdsjax.pipeline.Pipeline`.
-      selector: a cdsjax selector name (default: ``cds-converged``, as ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds-learned``, the default of ``cdsjax ask``).
       budget: documents returned per query.
       options: the selector's options (``beta``, ``tau``, ``lam``, ...).
       include_embeddings: put each note's embedding in ``metadata["embedding"]`` (a later
@@ -142,7 +135,7 @@ class CDSCompressor(BaseDocumentCompressor):
 
     Args:
       embeddings: LangChain :class:`Embeddings` for the query, and for documents that carry no embedding.
-      selector: a cdsjax selector name (default: ``cds-converged``, as ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds-learned``, the default of ``cdsjax ask``).
       budget: documents kept per query (a larger budget than documents keeps them all, ranked).
       options: the selector's options.
 
@@ -183,7 +176,7 @@ class CDSCompressor(BaseDocumentCompressor):
 
     def _choose(self, documents: Sequence[Document], vectors: np.ndarray, query_vector: np.ndarray,
                 query: str) -> List[Document]:
-        chosen, diagnostics = self._chooser(vectors, query_vector, query)
+        chosen, diagnostics = self._chooser(vectors, query_vector, query, metadata=[d.metadata for d in documents])
         out = []
         for rank, (i, score) in enumerate(chosen, 1):
             doc = documents[i]

@@ -3,7 +3,7 @@
     from llama_index.core.query_engine import RetrieverQueryEngine
     from cdsjax.integrations.llama_index import CDSEmbedding, CDSPostprocessor, CDSRetriever
 
-    retriever = CDSRetriever(index="runs/my-index", budget=5)      # converged CDS, as `cdsjax ask`
+    retriever = CDSRetriever(index="runs/my-index", budget=5)      # learned CDS (the default), as `cdsjax ask`
     nodes = retriever.retrieve("What is this document about?")
     nodes[0].node.metadata["note_id"], nodes[0].score
 
@@ -27,15 +27,10 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from cdsjax.integrations._common import (
-    HIDDEN_KEYS,
-    Chooser,
-    Encoder,
-    IndexSource,
-    embedder_info,
-    missing_extra,
-    note_text,
-)
+from cdsjax.integrations import _common as common
+from cdsjax.integrations._common import HIDDEN_KEYS, Chooser, IndexSource, missing_extra, note_text
+
+__all__ = ["CDSEmbedding", "CDSPostprocessor", "CDSRetriever"]
 
 try:
     from llama_index.core.base.base_retriever import BaseRetriever
@@ -46,25 +41,19 @@ try:
 except ImportError as _err:  # pragma: no cover - exercised without the extra
     raise missing_extra("llamaindex", "llama-index-core", _err) from None
 
-__all__ = ["CDSEmbedding", "CDSPostprocessor", "CDSRetriever"]
-
 
 class CDSEmbedding(BaseEmbedding):
-    """cdsjax's embedder as a LlamaIndex :class:`BaseEmbedding` (offline: all-MiniLM-L6-v2 from its wheel).
-
-    Args:
-      index: optional index directory: encode exactly as its notes were embedded.
-      model: optional model name instead of the default (ignored with ``index``).
-
-    Questions go through the same encoder as ``cdsjax ask``, texts through sentence-transformers.
-    """
+    """A LlamaIndex :class:`BaseEmbedding` that encodes as cdsjax does: questions as ``cdsjax ask`` encodes them,
+    texts through sentence-transformers (offline: all-MiniLM-L6-v2 from its wheel). ``index`` (a directory) makes
+    it encode exactly as that index's notes were embedded; ``model`` names another model (ignored with
+    ``index``)."""
 
     _encoder: Any = PrivateAttr(default=None)
 
     def __init__(self, index: Optional[str] = None, model: Optional[str] = None, **kwargs: Any):
-        info = embedder_info(index, model)
+        info = common.embedder_info(index, model)
         super().__init__(model_name=str(info.get("model")), **kwargs)
-        self._encoder = Encoder(info)
+        self._encoder = common.Encoder(info)
 
     @classmethod
     def class_name(cls) -> str:
@@ -95,15 +84,9 @@ def note_node(note: dict, meta: dict, embedding: Optional[np.ndarray], score: Op
 
 
 class CDSRetriever(BaseRetriever):
-    """A LlamaIndex retriever over a cdsjax index: the evidence ``cdsjax ask`` would select.
-
-    Args:
-      index: an index directory or a PDF (indexed into the cache), a list of them, or a loaded
-        :class:`cdsjax.pipeline.Pipeline`.
-      selector: a cdsjax selector name (default: ``cds-converged``, as ``cdsjax ask``).
-      budget: nodes returned per query.
-      options: the selector's options (``beta``, ``tau``, ``lam``, ...).
-    """
+    """A LlamaIndex retriever over a cdsjax index (a directory or a PDF, several, or a loaded
+    :class:`cdsjax.pipeline.Pipeline`): the ``budget`` nodes ``cdsjax ask`` would select with ``selector`` (None:
+    the default of ``cdsjax ask``, ``cds-learned``) and its ``options`` (``beta``, ``tau``, ``lam``, ...)."""
 
     def __init__(self, index, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None,
                  **kwargs: Any):
@@ -132,7 +115,7 @@ class CDSPostprocessor(BaseNodePostprocessor):
     Args:
       embed_model: a LlamaIndex embedding model for nodes without ``node.embedding`` and for a query that
         comes without an embedding (the query bundle's own embedding is used when it has one).
-      selector: a cdsjax selector name (default: ``cds-converged``, as ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds-learned``, the default of ``cdsjax ask``).
       budget: nodes kept per query (a larger budget than nodes keeps them all, ranked).
       options: the selector's options.
     """
@@ -175,7 +158,8 @@ class CDSPostprocessor(BaseNodePostprocessor):
         if not nodes:
             return []
         vectors, query = self._vectors(nodes, query_bundle)
-        chosen, diagnostics = self._chooser(vectors, query, query_bundle.query_str)
+        chosen, diagnostics = self._chooser(vectors, query, query_bundle.query_str,
+                                             metadata=[n.node.metadata for n in nodes])
         out = []
         for rank, (i, score) in enumerate(chosen, 1):
             node = nodes[i].node.model_copy()

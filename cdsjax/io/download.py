@@ -137,11 +137,16 @@ def _derive(x: Derived, root: pathlib.Path, bar, timeout: float) -> None:
             bar.update(d.size or 0)
     try:
         data = x.build({d.dest: (root / d.dest).read_bytes() for d in x.inputs})
-    except (ValueError, KeyError, TypeError, OSError) as err:  # not the upstream file expected
+        why = _mismatch(len(data), lambda: {"sha256": hashlib.sha256(data).hexdigest()}, x)
+        if why is not None:
+            raise FetchError(f"laid out from {x.inputs[0].url}, it is not the recorded file ({why}); not written")
+    except (FetchError, ValueError, KeyError, TypeError, OSError) as err:  # not the upstream file expected
+        for d in x.inputs:  # an input nothing recorded vouches for is fetched again by the next run
+            if not (d.sha256 or d.git_blob):
+                (root / d.dest).unlink(missing_ok=True)
+        if isinstance(err, FetchError):
+            raise
         raise FetchError(f"cannot lay it out from {', '.join(d.url for d in x.inputs)}: {err}") from None
-    why = _mismatch(len(data), lambda: {"sha256": hashlib.sha256(data).hexdigest()}, x)
-    if why is not None:
-        raise FetchError(f"laid out from {x.inputs[0].url}, it is not the recorded file ({why}); not written")
     _write_atomic(root / x.dest, data)
     for d in x.inputs:  # the full upstream file is not kept: only the development subset is laid out
         (root / d.dest).unlink(missing_ok=True)

@@ -26,19 +26,17 @@ read them.
 from __future__ import annotations
 
 import dataclasses
-import contextlib
 import functools
-import io
 import re
 import shutil
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
+from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region, layout_pages,  # noqa: F401  (re-exported)
+                              limit_layout_threads, ocr_regions)
 
 PARSER_VERSION = "pymupdf-1"
-OCR_DPI = 300
-OCR_LANGUAGE = "eng"
 
 SKIPPED_CLASSES = {"page-header", "page-footer"}
 LABEL_RE = re.compile(
@@ -84,42 +82,6 @@ def ocr_available() -> bool:
 def ocr_enabled(cfg) -> bool:
     """``config.ingest.use_ocr``: "auto" (default: OCR when Tesseract is installed) or "off"."""
     return str(cfg.get("use_ocr", "auto")).strip().lower() not in ("off", "false", "0", "no", "none")
-
-
-SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option: idle threads spin ("1") or sleep
-
-
-def limit_layout_threads(threads: int) -> None:
-    """Makes the onnxruntime sessions this process creates from now on (PyMuPDF's layout and table
-    models) run on ``threads`` intra-op threads that sleep rather than spin when idle.
-
-    onnxruntime's default is a spinning thread per core, each pinned by onnxruntime itself to a core, so
-    the process affinity an ingestion worker is given does not hold them: two workers on two cores then
-    spin on each other's core and each parses 1.6x slower (RESULTS.md, "Scale: workers and processes").
-    PyMuPDF builds its sessions without a way to pass options, so ``onnxruntime.InferenceSession`` is
-    replaced in this process by a subclass that fills in options a caller left at their defaults.
-    """
-    import onnxruntime as ort
-
-    threads = max(1, int(threads))
-    base = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)
-
-    class LimitedSession(base):
-        cdsjax_base = base
-
-        def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
-            options = sess_options if sess_options is not None else ort.SessionOptions()
-            if options.intra_op_num_threads == 0:  # 0: onnxruntime's default, a thread per core
-                options.intra_op_num_threads = threads
-            if options.inter_op_num_threads == 0:
-                options.inter_op_num_threads = 1
-            try:
-                options.get_session_config_entry(SPINNING)
-            except RuntimeError:  # not set by the caller
-                options.add_session_config_entry(SPINNING, "0")
-            super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
-
-    ort.InferenceSession = LimitedSession
 
 
 # --------------------------------------------------------------------------- checks
@@ -182,17 +144,6 @@ def _one_line(err: BaseException) -> str:
 # --------------------------------------------------------------------------- parsing
 
 
-@dataclasses.dataclass
-class _Region:
-    """One layout region of a page, in the page's reading order."""
-
-    cls: str
-    bbox: List[float]
-    text: str
-    order: int
-    table_md: str = ""
-
-
 def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "") -> ParsedDocument:
     """Parses one PDF into elements.
 
@@ -216,7 +167,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
     ocr_failed = 0
     use_ocr = ocr_enabled(cfg) and ocr_available()
     try:
-        pages = _layout_pages(doc, path, use_ocr=False)
+        pages = layout_pages(doc, path)
         elements: List[Element] = []
         words: List[str] = []  # body words of the whole document, in reading order
         visual_pos: List[Tuple[Element, int]] = []
@@ -230,7 +181,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                 no_text_pages.append(pno)
                 if use_ocr:
                     try:
-                        regions = regions + _ocr_regions(page, start=len(regions))
+                        regions = regions + ocr_regions(page, start=len(regions))
                     except Exception:  # Tesseract failed on this page: it stays a page image
                         ocr_failed += 1
             page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg, has_text=has_text)
@@ -265,63 +216,6 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         raise IngestError(path, f"parsing failed ({type(err).__name__}: {_one_line(err)})") from None
     finally:
         doc.close()
-
-
-def _layout_pages(doc, path: Path, *, use_ocr: bool) -> List[List[_Region]]:
-    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order."""
-    import pymupdf4llm  # noqa: F401  (activates pymupdf.layout)
-    from pymupdf4llm.helpers import document_layout
-
-    # pymupdf4llm prints progress and OCR notices to stdout; keep our output clean.
-    with contextlib.redirect_stdout(io.StringIO()):
-        parsed = document_layout.parse_document(
-            doc, use_ocr=use_ocr, force_text=True, embed_images=False, write_images=False
-        )
-    pages: List[List[_Region]] = []
-    for page_layout in parsed.pages:
-        regions = []
-        for order, box in enumerate(page_layout.boxes):
-            bbox = [float(box.x0), float(box.y0), float(box.x1), float(box.y1)]
-            text = ""
-            table_md = ""
-            if box.textlines:
-                spans = [s for line in box.textlines for s in line["spans"]]
-                text = document_layout.get_plain_text(spans).strip()
-            if box.boxclass == "table" and box.table:
-                table_md = (box.table.get("markdown") or "").strip()
-            regions.append(_Region(box.boxclass, bbox, text, order, table_md))
-        pages.append(regions)
-    return pages
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silences file descriptor 2: Tesseract (C++) prints lines such as "Line cannot be recognized!!"."""
-    import os
-    import sys
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _ocr_regions(page, *, start: int) -> List[_Region]:
-    """The text blocks Tesseract reads on a page (PyMuPDF ``get_textpage_ocr``), as body regions."""
-    with _quiet_stderr():
-        textpage = page.get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
-    regions = []
-    for block in page.get_text("blocks", textpage=textpage, sort=True):
-        x0, y0, x1, y1, text, _, kind = block[:7]
-        text = " ".join(str(text).split())
-        if kind == 0 and len(text) >= 3:
-            regions.append(_Region("text", [float(x0), float(y0), float(x1), float(y1)], text, start + len(regions)))
-    return regions
 
 
 def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_text: bool):

@@ -28,46 +28,17 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
+from cdsjax.io.storefiles import (  # noqa: F401  (re-exported: store.X is how callers name them)
+    StoreError, _owner_pid, _pid_alive, check_crops, crop_hashes, jsonl_line_digests, load_npy_checked, read_jsonl,
+    read_jsonl_checked, rows_digest, save_npy, sha256_bytes, sha256_file, sha256_json, write_jsonl)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-
-
-class StoreError(Exception):
-    """The index directory cannot be read or written (one-line message naming the path)."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_json(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def write_jsonl(path: Path, rows: Iterable[dict]) -> str:
-    """Writes rows as JSON lines; returns the file's sha256."""
-    h = hashlib.sha256()
-    with open(path, "wb") as f:
-        for row in rows:
-            line = (json.dumps(row, ensure_ascii=False) + "\n").encode()
-            h.update(line)
-            f.write(line)
-    return h.hexdigest()
-
-
-def read_jsonl(path: Path) -> List[dict]:
-    with open(path, "rb") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _checkpointer():
@@ -147,27 +118,6 @@ def _siblings(out_dir: Path, tag: str) -> List[Path]:
         return []
     prefix = f".{out_dir.name}.{tag}-"
     return [p for p in parent.iterdir() if p.name.startswith(prefix)]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed writer nobody has reaped yet (a zombie) is gone too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _owner_pid(path: Path) -> int:
-    try:
-        return int(path.name.rsplit("-", 2)[-2])
-    except (ValueError, IndexError):
-        return -1
 
 
 def recover(out_dir: Path) -> None:
@@ -335,62 +285,6 @@ def _lock_holder(fd: int) -> str:
 # --------------------------------------------------------------------------- checked reads
 
 
-def rows_digest(rows: Iterable[dict]) -> str:
-    """sha256 of rows as :func:`write_jsonl` writes them (so slices of a file can be checked)."""
-    h = hashlib.sha256()
-    for row in rows:
-        h.update((json.dumps(row, ensure_ascii=False) + "\n").encode())
-    return h.hexdigest()
-
-
-def read_jsonl_checked(path: Path, expected_sha: Optional[str] = None) -> List[dict]:
-    """Reads a JSONL file, raising :class:`StoreError` naming the file on a hash mismatch or bad line."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise StoreError(f"{path}: cannot read ({err.strerror or err})") from None
-    if expected_sha is not None and hashlib.sha256(data).hexdigest() != expected_sha:
-        raise StoreError(f"{path}: damaged (content does not match its recorded sha256)")
-    rows = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise StoreError(f"{path}: damaged (line {number} is not valid JSON: {err.msg})") from None
-        if not isinstance(row, dict):
-            raise StoreError(f"{path}: damaged (line {number} is not a JSON object)")
-        rows.append(row)
-    return rows
-
-
-def jsonl_line_digests(path: Path) -> List[str]:
-    """sha256 of each line of a JSONL file (newline included), to check per-document slices."""
-    with open(path, "rb") as f:
-        return [hashlib.sha256(line).hexdigest() for line in f]
-
-
-def save_npy(path: Path, array: np.ndarray) -> str:
-    """Writes one array with ``np.save``; returns the file's sha256."""
-    with open(path, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-    return sha256_file(path)
-
-
-def load_npy_checked(path: Path, expected_sha: str) -> np.ndarray:
-    path = Path(path)
-    try:
-        if sha256_file(path) != expected_sha:
-            raise StoreError(f"{path}: damaged (content does not match its recorded sha256)")
-        return np.load(path, allow_pickle=False)
-    except OSError as err:
-        raise StoreError(f"{path}: cannot read ({err.strerror or err})") from None
-    except ValueError as err:
-        raise StoreError(f"{path}: damaged ({' '.join(str(err).split())[:160]})") from None
-
-
 def load_arrays_checked(directory: Path, files: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
     """:func:`load_arrays`, with any failure (missing or truncated files) as a :class:`StoreError`.
 
@@ -412,157 +306,6 @@ def load_arrays_checked(directory: Path, files: Optional[dict] = None) -> Tuple[
         raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None
 
 
-# --------------------------------------------------------------------------- per-document cache
-
-
-class DocCache:
-    """Content-addressed cache of finished documents, shared by every index and by ``ask PDF``.
-
-    One directory per entry, ``<root>/<key[:2]>/<key>/``, where the key hashes the PDF's bytes and every
-    setting that changes the result (parser, enrichment, embedder; see ``cdsjax.io.index.stage_keys``)::
-
-        entry.json      what the entry holds, with the sha256 of every other file (written last)
-        elements.jsonl  notes.jsonl  embeddings.npy  edges.npy  crops/<sha16>/*.png
-
-    (crops sit where an index keeps them, so note ``image_path``s resolve against the entry directory too).
-
-    An entry is written to a hidden staging directory and renamed into place, so a killed writer leaves
-    either a whole entry or none. Reads check every hash; a damaged entry reads as a :class:`StoreError`
-    naming the file, and the caller rebuilds it.
-    """
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-
-    def path(self, key: str) -> Path:
-        return self.root / key[:2] / key
-
-    def exists(self, key: str) -> bool:
-        return (self.path(key) / "entry.json").exists() or self.path(key).exists()
-
-    def read(self, key: str) -> Optional[dict]:
-        """The entry for ``key`` (dict with meta, elements, notes, embeddings, edges, crops), or None if absent.
-
-        Raises:
-          StoreError: the entry exists but is damaged (the message names the file).
-        """
-        d = self.path(key)
-        if not d.exists():
-            return None
-        meta_path = d / "entry.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except OSError as err:
-            raise StoreError(f"{meta_path}: cannot read ({err.strerror or err})") from None
-        except ValueError as err:
-            raise StoreError(f"{meta_path}: damaged (not valid JSON: {err})") from None
-        if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("hashes"), dict):
-            raise StoreError(f"{meta_path}: damaged (not a cache entry for key {key[:16]})")
-        h = meta["hashes"]
-        out = dict(meta=meta)
-        out["elements"] = read_jsonl_checked(d / "elements.jsonl", h.get("elements"))
-        out["notes"] = read_jsonl_checked(d / "notes.jsonl", h.get("notes"))
-        out["embeddings"] = load_npy_checked(d / "embeddings.npy", h.get("embeddings"))
-        out["edges"] = load_npy_checked(d / "edges.npy", h.get("edges")).reshape(-1, 2)
-        bad = check_crops(d / "crops", h.get("crops") or {})
-        if bad:
-            raise StoreError(bad)
-        if len(out["notes"]) != out["embeddings"].shape[0] or len(out["notes"]) != len(out["elements"]):
-            raise StoreError(f"{d}: damaged ({len(out['notes'])} notes, {len(out['elements'])} elements, "
-                             f"{out['embeddings'].shape[0]} embeddings)")
-        out["root"] = d
-        return out
-
-    def staging(self) -> Path:
-        private_dir(self.root)
-        path = self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        path.mkdir(mode=0o700)
-        (path / "crops").mkdir(mode=0o700)
-        return path
-
-    def write(self, key: str, staging: Path, *, meta: dict, elements: List[dict], notes: List[dict],
-              embeddings: np.ndarray, edges: np.ndarray, replace: bool = False) -> Path:
-        """Completes the staged entry (crops already in ``staging/crops``) and renames it into place.
-
-        An intact entry already in place (another process finished the same document first) is kept and
-        ours dropped, so a reader of that entry never sees it vanish; ``replace=True`` (an improved entry:
-        retried enrichment, OCR) or a damaged one is swapped out.
-        """
-        staging = Path(staging)
-        hashes = dict(
-            elements=write_jsonl(staging / "elements.jsonl", elements),
-            notes=write_jsonl(staging / "notes.jsonl", notes),
-            embeddings=save_npy(staging / "embeddings.npy", np.asarray(embeddings, np.float32)),
-            edges=save_npy(staging / "edges.npy", np.asarray(edges, np.int32).reshape(-1, 2)),
-            crops=crop_hashes(staging / "crops"),
-        )
-        meta = dict(meta, key=key, hashes=hashes)
-        with open(staging / "entry.json", "w") as f:
-            json.dump(meta, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        make_private(staging)
-        final = self.path(key)
-        private_dir(final.parent)
-        if final.exists() and not replace:
-            try:
-                self.read(key)
-            except StoreError:
-                pass
-            else:
-                shutil.rmtree(staging, ignore_errors=True)
-                return final
-        if final.exists():  # a damaged or outdated entry: move it aside first
-            trash = self.root / f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            try:
-                os.replace(final, trash)
-            except OSError:
-                trash = None
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.replace(staging, final)
-        except OSError:  # another process committed the same entry meanwhile: theirs is as good as ours
-            shutil.rmtree(staging, ignore_errors=True)
-        return final
-
-    def discard(self, key: str) -> None:
-        shutil.rmtree(self.path(key), ignore_errors=True)
-
-    def clean_staging(self) -> None:
-        """Removes staging directories of writers that are gone (a killed run's half-written entry)."""
-        if not self.root.is_dir():
-            return
-        for p in self.root.iterdir():
-            if p.name.startswith((".tmp-", ".old-")):
-                pid = _owner_pid(p)
-                if pid == os.getpid() or not _pid_alive(pid):
-                    shutil.rmtree(p, ignore_errors=True)
-
-
-def crop_hashes(crops_dir: Path) -> dict:
-    """``{relative path: sha256}`` of every file under ``crops_dir``."""
-    crops_dir = Path(crops_dir)
-    if not crops_dir.is_dir():
-        return {}
-    return {str(p.relative_to(crops_dir)): sha256_file(p) for p in sorted(crops_dir.rglob("*")) if p.is_file()}
-
-
-def check_crops(crops_dir: Path, expected: dict) -> Optional[str]:
-    """None if every crop is present with its hash, else a line naming the first bad file."""
-    for name, sha in expected.items():
-        crop = Path(crops_dir) / name
-        if not crop.is_file():
-            return f"{crop}: missing (image crop)"
-        if sha256_file(crop) != sha:
-            return f"{crop}: damaged (content does not match its recorded sha256)"
-    return None
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def embedder_digest(info: dict) -> str:
     """sha256 of a manifest's embedder fields (recorded under ``hashes.embedder``)."""
     return sha256_json(info)
@@ -575,3 +318,7 @@ def check_embedder_digest(root: Path, manifest: dict) -> None:
     recorded = (manifest.get("hashes") or {}).get("embedder")
     if recorded is not None and embedder_digest(manifest.get("embedder")) != recorded:
         raise StoreError(f"{Path(root) / MANIFEST}: damaged (its embedder fields do not match their recorded sha256)")
+
+
+# the per-document cache lives in its own module; imported here so ``store.DocCache`` keeps working
+from cdsjax.io.doccache import DocCache  # noqa: E402,F401  (after the helpers it imports from here)

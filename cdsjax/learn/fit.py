@@ -1,7 +1,7 @@
 r"""Fitting the learned game: Adam on a smooth recall@B through the implicit derivatives of the equilibrium.
 
 **Objective.** For each training question, the converged equilibrium :math:`x^*(\theta)` of the learned
-game (:func:`cdsjax.core.learned.learned_scores`) is extended off its support by the KKT slack, which is
+game (:func:`cdsjax.core.cds_equilibrium` with :class:`~cdsjax.core.learned.LearnedParams`) is extended off its support by the KKT slack, which is
 exactly the order in which a :class:`~cdsjax.core.Selection` reads its ``budget`` picks (support by weight,
 then the fill rule). The surrogate is :func:`cdsjax.core.soft_recall` of those scores: a soft top-B cut
 midway between the B-th and (B+1)-th score, soft coverage of each gold unit (page or paragraph), mean over
@@ -144,16 +144,18 @@ class _Objective:
         import jax
         import jax.numpy as jnp
 
-        from cdsjax.core.implicit import hard_recall, soft_recall
-        from cdsjax.core.learned import learned_scores
+        from cdsjax.core import CDSProblem, SolveOptions, cds_equilibrium
+        from cdsjax.core.surrogates import equilibrium_scores, hard_recall, soft_recall
 
         temp = float(cfg.temperature)
+        options = SolveOptions(solver=cfg.solver, tol=cfg.tol, max_iter=cfg.max_iter).check()
 
         def one(theta, a, budget):
-            scores, result, _ = learned_scores(
-                a["notes"], a["query"], a["valid"], theta, links=a["links"], pages=a["pages"], doc_ids=a["doc_ids"],
-                kinds=a["kinds"], solver=cfg.solver, tol=cfg.tol, max_iter=cfg.max_iter,
-                slack_weight=cfg.slack_weight)
+            problem = CDSProblem.create(a["notes"], a["query"], a["valid"], links=a["links"], pages=a["pages"],
+                                        doc_ids=a["doc_ids"], kinds=a["kinds"])
+            # the one differentiable solve (implicit adjoint), the learned game as its params
+            result, affinity = cds_equilibrium(problem, theta, options)
+            scores = equilibrium_scores(affinity, result.x, cfg.slack_weight)
             # -inf threshold: the selection's fill rule reads past the support by the same slack ranking
             soft = soft_recall(scores, a["units"], budget=budget, temperature=temp, threshold=-jnp.inf,
                                unit_valid=a["unit_valid"])

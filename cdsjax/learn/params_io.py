@@ -1,19 +1,29 @@
 """The learned game's parameter file: one JSON object with the parameters and their provenance.
 
-The reader lives in :mod:`cdsjax.core.learned` (the ``cds-learned`` selector reads the file when it is built);
-this module adds the writer.
+The one place a parameter file is read or written (the core receives :class:`LearnedParams` values).
+:func:`default_params` reads the fit shipped with the package once per process; :func:`resolve_params` turns
+what a user gives (a path, a value, nothing) into a value; :func:`params_hash` names a value by its content
+(compiled-selector keys hold it, never a path).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import math
 import pathlib
 from typing import Tuple, Union
 
-from cdsjax.core.learned import DEFAULT_PARAMS, PARAMS_FORMAT as FORMAT, PARAMS_VERSION as VERSION, LearnedParams, \
-    read_params
+from cdsjax.core.learned import LearnedParams
 
-__all__ = ["DEFAULT_PARAMS", "FORMAT", "VERSION", "load_params", "save_params"]
+__all__ = ["DEFAULT_PARAMS", "FORMAT", "VERSION", "default_params", "load_params", "params_hash", "resolve_params",
+           "save_params"]
+
+FORMAT = "cdsjax-learned-params"
+VERSION = 1
+# The fit the package ships: the default of the cds-learned selector.
+DEFAULT_PARAMS = pathlib.Path(__file__).resolve().parent / "default_params.json"
 
 
 def save_params(path: Union[str, pathlib.Path], theta: LearnedParams, provenance: dict) -> pathlib.Path:
@@ -35,9 +45,58 @@ def _plain(v):
 
 
 def load_params(path: Union[str, pathlib.Path, None] = None) -> Tuple[LearnedParams, dict]:
-    """``(theta, provenance)`` from a parameter file (the shipped default when ``path`` is None).
+    """``(theta, provenance)`` of a parameter file (:data:`DEFAULT_PARAMS`, the shipped fit, when ``path`` is None).
 
     Raises:
       ValueError: one line naming the file, when it is missing, not JSON, or not a parameter file.
     """
-    return read_params(path)
+    path = DEFAULT_PARAMS if path is None else pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"learned parameter file {str(path)!r} does not exist")
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"learned parameter file {str(path)!r} is not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT or not isinstance(body.get("theta"), dict):
+        raise ValueError(f"{str(path)!r} is not a learned parameter file "
+                         f"(expected a JSON object with format {FORMAT!r} and a 'theta' object)")
+    if body.get("version") != VERSION:
+        raise ValueError(f"learned parameter file {str(path)!r} has version {body.get('version')!r}; "
+                         f"this cdsjax reads version {VERSION}")
+    try:
+        theta = LearnedParams.from_dict(body["theta"])
+    except ValueError as e:
+        raise ValueError(f"learned parameter file {str(path)!r}: {e}") from None
+    provenance = body.get("provenance") if isinstance(body.get("provenance"), dict) else {}
+    return theta, provenance
+
+
+@functools.lru_cache(maxsize=1)
+def default_params() -> LearnedParams:
+    """The shipped fit (:data:`DEFAULT_PARAMS`), read once per process."""
+    return load_params(DEFAULT_PARAMS)[0]
+
+
+def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None) -> LearnedParams:
+    """The :class:`LearnedParams` value of what a user gives: itself, a parameter file's (read now), or the shipped
+    fit for None or ``""``.
+
+    Raises:
+      ValueError: a file that cannot be read (one line), or a value of another type.
+    """
+    if isinstance(params, LearnedParams):
+        return params
+    if params is None or params == "":
+        return default_params()
+    if isinstance(params, (str, pathlib.Path)):
+        return load_params(params)[0]
+    raise ValueError(f"params must be a parameter file path or LearnedParams, got {type(params).__name__}")
+
+
+def params_hash(theta: LearnedParams) -> str:
+    """A short content hash of a parameter value (equal parameters, equal hash; no path involved)."""
+    values = {k: float(v) for k, v in theta.to_dict().items()}
+    if not all(math.isfinite(v) for v in values.values()):
+        raise ValueError("learned parameters must be finite")
+    body = json.dumps(values, sort_keys=True).encode()
+    return "learned:" + hashlib.sha256(body).hexdigest()[:16]

@@ -58,6 +58,7 @@ def build_index(
     cache_dir=None,
     workers: Optional[int] = 1,
     embed_in: str = "parent",
+    ray: Optional[str] = None,
 ) -> IndexSummary:
     """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
 
@@ -88,6 +89,9 @@ def build_index(
         is committed to the cache as soon as it is done; the index is the same for any number of workers.
       embed_in: with several workers, where the notes are embedded: ``"parent"`` (this process, as each
         document comes back) or ``"worker"`` (see :func:`~cdsjax.io.index.workers.build_documents`).
+      ray: build the documents on Ray instead (:mod:`cdsjax.io.index.on_ray`): a cluster's address
+        (``"auto"``, ``"ray://head:10001"``), or ``""`` for a local Ray on the cores this process may use.
+        The index is the same as without Ray; ``workers`` and ``embed_in`` are not used.
 
     Returns:
       an :class:`IndexSummary`.
@@ -104,7 +108,7 @@ def build_index(
     with store.writer_lock(out_dir, wait=wait, on_wait=log or quiet):
         ctx = BuildContext(config=config, cache=doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir)),
                            log=log or quiet, strict=strict, progress=progress, workers=resolve_workers(workers),
-                           embed_in=embed_in, summary=IndexSummary(out_dir=str(out_dir)))
+                           embed_in=embed_in, ray=ray, summary=IndexSummary(out_dir=str(out_dir)))
         return _build_locked(paths, out_dir, ctx, replace=replace, remove=list(remove))
 
 

@@ -74,6 +74,8 @@ class BuildContext:
       progress: show progress bars on stderr.
       workers: documents built at once, each in its own process (>= 1).
       embed_in: with several workers, where notes are embedded: ``"parent"`` or ``"worker"``.
+      ray: None builds here (or in ``workers`` processes); a string builds on Ray
+        (:mod:`cdsjax.io.index.on_ray`): a cluster's address, or "" for a local Ray.
       embedder: the :class:`~cdsjax.io.embed.Embedder` of this run.
       keys: this run's stage keys (:func:`~cdsjax.io.index.keys.stage_keys`).
       versions: library versions recorded in the manifest.
@@ -88,6 +90,7 @@ class BuildContext:
     progress: bool = False
     workers: int = 1
     embed_in: str = "parent"
+    ray: Optional[str] = None
     embedder: Optional["Embedder"] = None
     keys: dict = dataclasses.field(default_factory=dict)
     versions: dict = dataclasses.field(default_factory=dict)

@@ -48,18 +48,71 @@ def build_documents(docs: Sequence[Doc], ctx: BuildContext) -> Iterator[Tuple[Do
     document; the other documents still finish (a dead worker's pool is replaced once).
     """
     docs = list(docs)
+    if ctx.ray is not None:
+        from cdsjax.io.index.on_ray import build_documents_ray
+
+        yield from build_documents_ray(docs, ctx, ctx.ray)
+        return
     if ctx.embed_in not in EMBED_IN:
         raise ValueError(f"embed_in must be one of {EMBED_IN}, got {ctx.embed_in!r}")
     if ctx.workers <= 1 or len(docs) <= 1:
-        for doc in docs:
-            try:
-                build_doc(doc, ctx)
-            except IngestError as err:
-                yield doc, err
-                continue
-            yield doc, None
+        yield from _build_here(docs, ctx)
         return
     yield from _build_in_pool(docs, ctx)
+
+
+def _build_here(docs: List[Doc], ctx: BuildContext):
+    """:func:`build_documents` in this process, embedding one document while the next one is parsed.
+
+    The embedding model loads on a second thread while the first document is parsed; each prepared document
+    is embedded and committed on that thread while this one parses the next (torch and onnxruntime release
+    the GIL while they compute, so the embedding fills the core the parser's Python work leaves idle).
+    Documents are committed and yielded in order; the index is the same as one document after another.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not docs:
+        return
+    embedder = ctx.embedder
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-embed") as pool:
+        if embedder is not None and len(docs) > 0:
+            pool.submit(_preload, embedder)
+        pending = None  # (doc, future of its embedding and commit)
+        try:
+            for doc in docs:
+                try:
+                    staging, redo = prepare_doc(doc, ctx)
+                except IngestError as err:
+                    if pending is not None:
+                        yield _finished(*pending)
+                        pending = None
+                    yield doc, err
+                    continue
+                if pending is not None:
+                    yield _finished(*pending)
+                pending = (doc, pool.submit(finish_doc, doc, ctx, staging, redo))
+            if pending is not None:
+                yield _finished(*pending)
+                pending = None
+        finally:
+            if pending is not None:  # stopped early (strict mode, an interrupt): let the commit end first
+                pending[1].exception()
+
+
+def _preload(embedder) -> None:
+    try:
+        embedder.model  # noqa: B018
+    except Exception:  # raised again, as each document's one-line error, where the model is used
+        pass
+
+
+def _finished(doc: Doc, future):
+    """``(doc, None)`` once its embedding and commit are done, ``(doc, IngestError)`` if they failed that way."""
+    try:
+        future.result()
+    except IngestError as err:
+        return doc, err
+    return doc, None
 
 
 def _build_in_pool(docs: List[Doc], ctx: BuildContext):

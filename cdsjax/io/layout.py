@@ -1,0 +1,379 @@
+"""PyMuPDF's layout analysis (pymupdf4llm) run for :mod:`cdsjax.io.parse`: page regions in reading order.
+
+pymupdf4llm analyses a document page by page. On each page PyMuPDF's layout model renders the page, runs an
+image-feature network (a small convolutional net, onnxruntime) on it, and a graph network over the page's
+boxes; the profile (RESULTS.md, "Ingestion: profile and floors") shows the image network as the largest single
+cost. Two things here make it cheaper without changing what it computes:
+
+- **pages in batches** (:class:`PageBatcher`): before the model sees page ``n``, the images of pages
+  ``n .. n + batch - 1`` are prepared the way the model prepares them and run through the image network in one
+  call; each page's own call then finds its output ready. An output is used only for an input that is equal
+  byte for byte to the one it was computed from (a page whose rendering changed meanwhile, e.g. a rotated page,
+  runs on its own as before).
+- **threads that sleep** (:func:`limit_layout_threads`): onnxruntime's sessions get a fixed number of
+  intra-op threads that do not spin when idle, so the Python half of each page and the embedding of the
+  previous document are not starved by spinning threads.
+
+The models are loaded once per process (PyMuPDF keeps them) and reused by every document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option: idle threads spin ("1") or sleep
+PAGE_BATCH = 8  # pages per call of the image network (each page's output is ~60 MB of float32)
+OCR_DPI = 300
+OCR_LANGUAGE = "eng"
+
+
+@dataclasses.dataclass
+class _Region:
+    """One layout region of a page, in the page's reading order."""
+
+    cls: str
+    bbox: List[float]
+    text: str
+    order: int
+    table_md: str = ""
+
+
+def limit_layout_threads(threads: int) -> None:
+    """Makes the onnxruntime sessions this process creates from now on (PyMuPDF's layout and table
+    models) run on ``threads`` intra-op threads that sleep rather than spin when idle.
+
+    onnxruntime's default is a spinning thread per core, each pinned by onnxruntime itself to a core, so
+    the process affinity an ingestion worker is given does not hold them: two workers on two cores then
+    spin on each other's core and each parses 1.6x slower (RESULTS.md, "Scale: workers and processes").
+    PyMuPDF builds its sessions without a way to pass options, so ``onnxruntime.InferenceSession`` is
+    replaced in this process by a subclass that fills in options a caller left at their defaults.
+    """
+    import onnxruntime as ort
+
+    threads = max(1, int(threads))
+    _STATE["threads"] = threads
+    base = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)
+
+    class LimitedSession(base):
+        cdsjax_base = base
+
+        def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
+            options = sess_options if sess_options is not None else ort.SessionOptions()
+            if options.intra_op_num_threads == 0:  # 0: onnxruntime's default, a thread per core
+                options.intra_op_num_threads = threads
+            if options.inter_op_num_threads == 0:
+                options.inter_op_num_threads = 1
+            try:
+                options.get_session_config_entry(SPINNING)
+            except RuntimeError:  # not set by the caller
+                options.add_session_config_entry(SPINNING, "0")
+            super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
+
+    ort.InferenceSession = LimitedSession
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_SETUP = threading.Lock()
+_STATE: dict = {}
+SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
+
+
+def prepare_models(threads: Optional[int] = None) -> None:
+    """Once per process, before PyMuPDF's models load: sleeping onnxruntime threads (``threads``, default the
+    cores this process may use; a worker process sets its own share first) and page batching."""
+    with _SETUP:
+        if _STATE.get("ready"):
+            return
+        import onnxruntime as ort
+
+        if not hasattr(ort.InferenceSession, "cdsjax_base"):  # a worker process already chose its share
+            limit_layout_threads(threads or usable_cores())
+        import pymupdf  # noqa: F401
+        import pymupdf4llm  # noqa: F401  (activates pymupdf.layout: loads the models)
+        from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
+        from pymupdf4llm.helpers import document_layout
+
+        _install_batching(imf_module.ImageFeatureExtractorV1, document_layout)
+        _STATE["ready"] = True
+
+
+class PageBatcher:
+    """Runs the image network of PyMuPDF's layout model on several pages of a document in one call.
+
+    Stands in for the image network's onnxruntime session: :meth:`run` answers a call whose input was
+    computed ahead (same bytes), otherwise passes the call on to the session.
+    """
+
+    def __init__(self, session, batch: int = PAGE_BATCH):
+        self.session = session
+        self.batch = max(1, int(batch))
+        self.ready: Dict[bytes, list] = {}
+        self.stats = dict(batched=0, single=0, calls=0)
+        inputs = session.get_inputs()
+        self.input_name = inputs[0].name
+        self.size = (inputs[0].shape[3], inputs[0].shape[2])  # (width, height) of the network's input
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.done: set = set()  # (document, page) already tried ahead
+
+    def __getattr__(self, name):  # everything else is the session's
+        return getattr(self.session, name)
+
+    def run(self, output_names, feeds, run_options=None):
+        if len(feeds) == 1:
+            (x,) = feeds.values()
+            hit = self.ready.pop(_digest(x), None)
+            if hit is not None and list(output_names) == self.output_names:
+                self.stats["batched"] += 1
+                return hit
+        self.stats["single"] += 1
+        return self.session.run(output_names, feeds, run_options)
+
+    def prefetch(self, page) -> None:
+        """Before ``page`` is analysed: runs it and the next pages of its document in one call, unless done."""
+        doc, start = page.parent, page.number
+        key = (id(doc), start)
+        if key in self.done or len(self.size) != 2 or not all(isinstance(v, int) for v in self.size):
+            return
+        pages = range(start, min(doc.page_count, start + self.batch))
+        self.ready.clear()  # what is left of an earlier batch was not asked for
+        inputs = [_network_input(doc[p], self.size) for p in pages]
+        self.done.update((id(doc), p) for p in pages)
+        if len(inputs) < 2:
+            return  # one page: the model's own call does it
+        outputs = self.session.run(self.output_names, {self.input_name: np.concatenate(inputs)})
+        self.stats["calls"] += 1
+        for i, x in enumerate(inputs):
+            self.ready[_digest(x)] = [o[i:i + 1] for o in outputs]
+
+    def forget(self) -> None:
+        """Drops what was computed ahead (between documents)."""
+        self.ready.clear()
+        self.done.clear()
+
+
+def _digest(x: np.ndarray) -> bytes:
+    x = np.ascontiguousarray(x)
+    return hashlib.blake2b(x.tobytes(), digest_size=16, person=str(x.shape).encode()[:16]).digest()
+
+
+def _network_input(page, size) -> np.ndarray:
+    """A page as the image network takes it: PyMuPDF's 72-dpi rendering, resized to the network's input,
+    grey, scaled to [0, 1]; shape ``(1, 1, H, W)`` float32 (what the layout model itself computes per page)."""
+    from pymupdf.layout.common_util import resize_image, to_gray
+
+    pix = page.get_pixmap()
+    img = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, pix.n)
+    grey = to_gray(resize_image(img, size)).astype(np.float32)
+    lo, hi = grey.min(), grey.max()
+    grey = (grey - lo) / (hi - lo) if hi > lo else np.zeros_like(grey, dtype=np.float32)
+    return grey[None, None]
+
+
+def _install_batching(extractor_cls, document_layout) -> None:
+    """Wraps the image-feature extractor's predict (its session becomes a :class:`PageBatcher`) and
+    pymupdf4llm's per-page layout call (which names the page about to be analysed)."""
+    if getattr(extractor_cls.predict, "cdsjax_wrapped", False):
+        return
+    original_predict = extractor_cls.predict
+    original_layout = document_layout.get_layout_locked
+    current = threading.local()
+
+    def predict(self, page_img, aug_fetmap=None):
+        if not isinstance(self._session, PageBatcher):
+            self._session = PageBatcher(self._session)
+            _STATE["batcher"] = self._session
+        page = getattr(current, "page", None)
+        if aug_fetmap is None and page is not None and _STATE.get("batch", False):
+            self._session.prefetch(page)
+        return original_predict(self, page_img, aug_fetmap=aug_fetmap)
+
+    def get_layout_locked(page, **kwargs):
+        current.page = page
+        try:
+            return original_layout(page, **kwargs)
+        finally:
+            current.page = None
+
+    predict.cdsjax_wrapped = True
+    extractor_cls.predict = predict
+    document_layout.get_layout_locked = get_layout_locked
+
+
+def set_page_batching(enabled: bool) -> None:
+    """Turns page batching on or off (default) in this process: on this 2-core CPU a batch of pages through
+    the image network took as long as the same pages one by one (RESULTS.md, "Ingestion: profile and
+    floors"), so it is off unless asked for."""
+    _STATE["batch"] = bool(enabled)
+
+
+def batch_stats() -> dict:
+    """How many pages found their image-network output ready (``batched``), ran alone (``single``), and how
+    many batched calls ran (``calls``), in this process so far."""
+    b = _STATE.get("batcher")
+    return dict(b.stats) if b is not None else dict(batched=0, single=0, calls=0)
+
+
+def layout_pages(doc, path: Path) -> List[List[_Region]]:
+    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
+
+    With two or more cores to itself (one process indexing, not one of several workers) a document of
+    ``SPLIT_MIN_PAGES`` pages or more is analysed by this process (the first half of its pages) and a helper
+    process (the second half) at once. pymupdf4llm analyses each page on its own (the one thing it carries
+    across pages, the font sizes of headings, sets a markdown header level this parser does not read), so
+    the regions are the same as from one process.
+    """
+    prepare_models()
+    n = doc.page_count
+    if n < SPLIT_MIN_PAGES or _STATE.get("threads", 1) < 2 or not _STATE.get("split", True):
+        return _analyse(doc, None)
+    half = (n + 1) // 2
+    helper = _helper()
+    tail = helper.submit(_helper_pages, str(path), half, n)
+    try:
+        head = _analyse(doc, range(half))
+    except BaseException:
+        tail.cancel()
+        raise
+    try:
+        rest = tail.result()
+    except Exception:  # the helper died or failed: this process does the second half itself
+        _drop_helper()
+        rest = None
+    if rest is None:
+        return head + _analyse(doc, range(half, n))
+    for p in range(half, n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
+        doc[p].remove_rotation()
+    return head + rest
+
+
+def set_page_split(enabled: bool) -> None:
+    """Turns the two-process analysis of long documents on (default) or off in this process."""
+    _STATE["split"] = bool(enabled)
+
+
+def _helper():
+    """A second process with the layout models loaded (started once, kept for the next documents)."""
+    pool = _STATE.get("helper")
+    if pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_helper_init,
+                                   initargs=(max(1, _STATE.get("threads", 2) // 2), os.getpid()))
+        _STATE["helper"] = pool
+    return pool
+
+
+def _drop_helper(wait: bool = False) -> None:
+    pool = _STATE.pop("helper", None)
+    if pool is not None:
+        pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def stop_helper() -> None:
+    """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
+    another."""
+    _drop_helper(wait=True)
+
+
+def _helper_init(threads: int, parent: int) -> None:
+    try:  # Linux: the helper dies with its parent
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+    limit_layout_threads(threads)
+    _STATE["split"] = False
+    prepare_models(threads)
+
+
+def _helper_pages(path: str, start: int, stop: int) -> List[List[_Region]]:
+    """In the helper: the regions of pages ``start .. stop - 1`` of the PDF at ``path``."""
+    import pymupdf
+
+    doc = pymupdf.open(path)
+    try:
+        return _analyse(doc, range(start, stop))
+    finally:
+        doc.close()
+
+
+def _analyse(doc, pages) -> List[List[_Region]]:
+    """pymupdf4llm's analysis of ``pages`` (None: all) of ``doc``, as regions per page."""
+    from pymupdf4llm.helpers import document_layout
+
+    batcher = _STATE.get("batcher")
+    try:
+        # pymupdf4llm prints progress and OCR notices to stdout; keep our output clean.
+        with contextlib.redirect_stdout(io.StringIO()):
+            parsed = document_layout.parse_document(
+                doc, pages=None if pages is None else list(pages), use_ocr=False, force_text=True,
+                embed_images=False, write_images=False
+            )
+    finally:
+        batcher = _STATE.get("batcher", batcher)
+        if batcher is not None:
+            batcher.forget()
+    pages_out: List[List[_Region]] = []
+    for page_layout in parsed.pages:
+        regions = []
+        for order, box in enumerate(page_layout.boxes):
+            bbox = [float(box.x0), float(box.y0), float(box.x1), float(box.y1)]
+            text = ""
+            table_md = ""
+            if box.textlines:
+                spans = [s for line in box.textlines for s in line["spans"]]
+                text = document_layout.get_plain_text(spans).strip()
+            if box.boxclass == "table" and box.table:
+                table_md = (box.table.get("markdown") or "").strip()
+            regions.append(_Region(box.boxclass, bbox, text, order, table_md))
+        pages_out.append(regions)
+    return pages_out
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silences file descriptor 2: Tesseract (C++) prints lines such as "Line cannot be recognized!!"."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def ocr_regions(page, *, start: int) -> List[_Region]:
+    """The text blocks Tesseract reads on a page (PyMuPDF ``get_textpage_ocr``), as body regions."""
+    with _quiet_stderr():
+        textpage = page.get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
+    regions = []
+    for block in page.get_text("blocks", textpage=textpage, sort=True):
+        x0, y0, x1, y1, text, _, kind = block[:7]
+        text = " ".join(str(text).split())
+        if kind == 0 and len(text) >= 3:
+            regions.append(_Region("text", [float(x0), float(y0), float(x1), float(y1)], text, start + len(regions)))
+    return regions

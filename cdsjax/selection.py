@@ -1,0 +1,163 @@
+"""From candidates and a selector name to a selection: the one path every caller above the core takes.
+
+The pipeline (``cdsjax ask``, the server), the LangChain and LlamaIndex adapters and the evaluation run a
+registry selector the same way:
+
+* :func:`structure_codes` turns each note's document, page and kind into the ``[n]`` int32 structure
+  arrays of a :class:`~cdsjax.core.CDSProblem` (the one coding: documents by first appearance, unknown pages
+  and kinds -1, kinds as :func:`cdsjax.core.learned.kind_codes` names them);
+* :class:`Candidates` pads embeddings, links and structure once to a bucket size
+  (:func:`cdsjax.core.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
+  :class:`~cdsjax.core.SelectorSpec` asks for (structure only for a selector that reads it), so the same
+  candidates in the same order give the same problem, hence the same evidence, everywhere;
+* :func:`selector_options` gives a learned selector its parameter *value* (a file read by
+  :mod:`cdsjax.learn`, the shipped fit by default) and :func:`selector_key` names a compiled selector by
+  that value's content hash, never by a path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+
+from cdsjax.core import registry
+from cdsjax.core.batching import bucket_size
+from cdsjax.core.learned import LearnedParams, kind_codes
+from cdsjax.core.types import CDSProblem
+
+STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds")
+
+
+def structure_codes(doc_ids: Sequence[Any], pages: Optional[Sequence[Any]] = None,
+                    kinds: Optional[Sequence[Any]] = None) -> Dict[str, np.ndarray]:
+    """``pages``, ``doc_ids`` and ``kinds`` ``[n]`` int32 of n notes.
+
+    Args:
+      doc_ids: each note's document (any hashable; coded by first appearance).
+      pages: each note's 0-based page (None entries, or None for all: -1, unknown).
+      kinds: each note's kind name (``text``, ``figure``, ...; None or unknown: -1) or its code.
+    """
+    n = len(doc_ids)
+    order = {d: i for i, d in enumerate(dict.fromkeys(str(d) for d in doc_ids))}
+    out = {"doc_ids": np.asarray([order[str(d)] for d in doc_ids], np.int32).reshape(n)}
+    out["pages"] = np.asarray([-1 if p is None else int(p) for p in (pages if pages is not None else [None] * n)],
+                              np.int32).reshape(n)
+    kinds = list(kinds) if kinds is not None else [None] * n
+    if kinds and all(isinstance(k, (int, np.integer)) for k in kinds):
+        out["kinds"] = np.asarray(kinds, np.int32).reshape(n)
+    else:
+        out["kinds"] = np.asarray(kind_codes(kinds), np.int32).reshape(n)
+    return out
+
+
+def note_structure(notes: Sequence[dict]) -> Dict[str, np.ndarray]:
+    """:func:`structure_codes` of note dicts: an index's notes (``doc_id``) or the metadata the integrations
+    return (``document``), with their ``page`` and ``kind``."""
+    docs = [n.get("doc_id", n.get("document")) for n in notes]
+    return structure_codes(docs, [n.get("page") for n in notes], [n.get("kind") for n in notes])
+
+
+@dataclasses.dataclass
+class Candidates:
+    """Candidate notes padded once to a bucket size, ready to become one :class:`CDSProblem` per question.
+
+    Attributes:
+      notes: ``[size, d]`` float32 embeddings (zero rows as padding).
+      valid: ``[size]`` bool, True on the real notes.
+      links: ``[size, size]`` bool note links (None when the candidates have none).
+      structure: ``pages`` / ``doc_ids`` / ``kinds`` ``[size]`` int32 (padding -1), or None.
+      count: the number of real notes.
+    """
+
+    notes: np.ndarray
+    valid: np.ndarray
+    links: Optional[np.ndarray]
+    structure: Optional[Dict[str, np.ndarray]]
+    count: int
+    _device: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def pad(cls, embeddings, *, links=None, structure: Optional[Dict[str, np.ndarray]] = None,
+            min_size: int = 1) -> "Candidates":
+        """Pads ``embeddings`` ``[n, d]`` (and ``links`` ``[n, n]``, ``structure`` arrays ``[n]``) to
+        ``bucket_size(max(n, min_size))`` rows; give ``min_size=budget`` so a budget above ``n`` still fits."""
+        emb = np.asarray(embeddings, np.float32)
+        n = emb.shape[0]
+        size = bucket_size(max(n, int(min_size)))
+        notes = np.zeros((size, emb.shape[1]), np.float32)
+        notes[:n] = emb
+        padded_links = None
+        if links is not None:
+            padded_links = np.zeros((size, size), bool)
+            padded_links[:n, :n] = np.asarray(links, bool)
+        padded = None
+        if structure is not None:
+            padded = {}
+            for k in STRUCTURE_ARRAYS:
+                a = np.full(size, -1, np.int32)
+                a[:n] = np.asarray(structure[k], np.int32)
+                padded[k] = a
+        return cls(notes=notes, valid=np.arange(size) < n, links=padded_links, structure=padded, count=n)
+
+    @property
+    def size(self) -> int:
+        """The padded number of rows."""
+        return self.notes.shape[0]
+
+    def _on_device(self, name: str):
+        import jax.numpy as jnp
+
+        if name not in self._device:
+            value = getattr(self, name) if name in ("notes", "valid", "links") else self.structure[name]
+            self._device[name] = None if value is None else jnp.asarray(value)
+        return self._device[name]
+
+    def problem(self, query, spec: registry.SelectorSpec) -> CDSProblem:
+        """The problem of one question (``query`` ``[d]`` or ``[m, d]``) for the selector ``spec``: links when the
+        candidates have them, the structure arrays only when ``spec.structure`` (``ValueError`` when it needs
+        them and they are missing)."""
+        import jax.numpy as jnp
+
+        structure = {}
+        if spec.structure:
+            if self.structure is None:
+                raise ValueError(f"selector {spec.display!r} reads the notes' documents, pages and kinds, which "
+                                 "these candidates do not carry")
+            structure = {k: self._on_device(k) for k in STRUCTURE_ARRAYS}
+        queries = jnp.asarray(query)
+        return CDSProblem(notes=self._on_device("notes"), queries=queries if queries.ndim == 2 else queries[None, :],
+                          valid=self._on_device("valid"), links=self._on_device("links"), **structure)
+
+
+def selector_options(name: str, options: Optional[dict] = None, params=None) -> dict:
+    """``options`` of the selector ``name`` with a learned selector's ``params`` as a value.
+
+    ``params`` (a file path, a :class:`LearnedParams` or None: the shipped fit) applies unless ``options`` names
+    its own; files are read by :func:`cdsjax.learn.resolve_params` (one line on a bad file).
+    """
+    options = dict(options or {})
+    if registry.selector_spec(name).learned:
+        from cdsjax.learn.params_io import resolve_params
+
+        options["params"] = resolve_params(options.get("params", params))
+    return options
+
+
+def selector_key(name: str, budget: int, options: Optional[dict] = None) -> tuple:
+    """A hashable name of a compiled selector: registry name, budget and options, a parameter value by its
+    content hash (:func:`cdsjax.learn.params_hash`)."""
+    from cdsjax.learn.params_io import params_hash
+
+    items = []
+    for k, v in sorted(dict(options or {}).items()):
+        items.append((k, params_hash(v) if isinstance(v, LearnedParams) else v))
+    return registry.selector_spec(name).name, int(budget), tuple(items)
+
+
+def make_selector(name: str, budget: int, options: Optional[dict] = None, params=None):
+    """``(spec, fn)``: the registry spec of ``name`` and its selector (:func:`cdsjax.core.make_selector`) with
+    ``options`` completed by :func:`selector_options`."""
+    spec = registry.selector_spec(name)
+    return spec, registry.make_selector(spec.name, budget=budget, **selector_options(spec.name, options, params))
