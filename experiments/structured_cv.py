@@ -57,14 +57,14 @@ def settings():
     """``[(family, label, kind, params)]``: every ranking to compute."""
     from cdsjax.learn.fit import DEFAULT_STARTS
 
-    out = [("cosine", "cosine", "cosine", None)]
-    out += [("mmr", f"mmr lam={v:g}", "mmr", v) for v in (0.3, 0.5, 0.7, 0.9)]
-    out += [("dpp", f"dpp theta={v:g}", "dpp", v) for v in (1.0, 3.0, 10.0)]
-    out += [("cds-learned", "learned " + ",".join(f"{k}={v:g}" for k, v in s.items()), "learned", dict(s))
+    out = [("cosine ranking", "cosine top-B", "rank_cosine", None)]
+    out += [("mmr ranking", f"mmr lam={v:g}", "rank_mmr", v) for v in (0.3, 0.5, 0.7, 0.9)]
+    out += [("dpp ranking", f"dpp theta={v:g}", "rank_dpp", v) for v in (1.0, 3.0, 10.0)]
+    out += [("learned game", "learned " + ",".join(f"{k}={v:g}" for k, v in s.items()), "rank_learned", dict(s))
             for s in DEFAULT_STARTS]
-    out += [("cds-pages", f"pages beta={b:g} f={f:g}", "pages", {"beta": b, "alpha_factor": f})
+    out += [("page game", f"pages beta={b:g} f={f:g}", "rank_pages", {"beta": b, "alpha_factor": f})
             for f in (1.0, 0.5) for b in (0.03, 0.1, 0.3, 1.0)]
-    out += [("cds-sparse", "sparse " + ",".join(f"{k}={v:g}" for k, v in s.items()) + f" f={f:g}", "sparse",
+    out += [("sparse learned game", "sparse " + ",".join(f"{k}={v:g}" for k, v in s.items()) + f" f={f:g}", "rank_sparse",
              (dict(s), f)) for f in (0.5, 0.0) for s in ({"beta": 0.03, "w_page": -1.0}, {"beta": 0.3, "w_page": -1.0},
                                                          {"beta": 0.3})]
     return out
@@ -77,7 +77,8 @@ def _rank_fn(kind: str):
 
     from cdsjax.core import structure as S
     from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr
-    from cdsjax.core.learned import LearnedParams, cds_learned
+    from cdsjax.core.cds import cds
+    from cdsjax.core.types import CDSProblem
 
     def f(*args):
         out = g(*args)
@@ -85,23 +86,24 @@ def _rank_fn(kind: str):
 
     def g(notes, query, valid, links, pages_game, units, doc_ids, kinds, param):
         n = notes.shape[0]
-        if kind == "cosine":
+        if kind == "rank_cosine":
             return S.ranking_of(lambda b: lambda z, q, v: select_cosine(z, q, v, budget=b), notes, query, valid)[0]
-        if kind == "mmr":
+        if kind == "rank_mmr":
             return S.ranking_of(lambda b: lambda z, q, v: select_mmr(z, q, v, budget=b, lam=param), notes, query,
                                 valid, min(n, GREEDY_DEPTH))[0]
-        if kind == "dpp":
+        if kind == "rank_dpp":
             return S.ranking_of(lambda b: lambda z, q, v: select_dpp(z, q, v, budget=b, theta=param), notes, query,
                                 valid, min(n, GREEDY_DEPTH))[0]
-        if kind == "learned":
+        if kind == "rank_learned":
             def build(b):
-                return lambda z, q, v: cds_learned(z, q, v, links, pages=pages_game, doc_ids=doc_ids, kinds=kinds,
-                                                   theta=param, budget=b)
+                problem = CDSProblem.create(notes, query, valid, links=links, pages=pages_game, doc_ids=doc_ids,
+                                            kinds=kinds)
+                return lambda z, q, v: cds(problem, "single", param, budget=b)
             return S.ranking_of(build, notes, query, valid)[0]
-        if kind == "pages":
+        if kind == "rank_pages":
             rank, _, kept = S.page_game_ranking(notes, query, valid, units, param, doc_ids=doc_ids)
             return rank, kept
-        if kind == "sparse":
+        if kind == "rank_sparse":
             theta, factor = param
             rank, _, kept = S.sparse_learned_ranking(notes, query, valid, theta, factor, links=links,
                                                      pages=pages_game, doc_ids=doc_ids, kinds=kinds)
@@ -115,11 +117,11 @@ def _param(kind, p):
     from cdsjax.core.learned import LearnedParams
     from cdsjax.core.structure import PageGameParams
 
-    if kind == "learned":
+    if kind == "rank_learned":
         return LearnedParams.from_dict(p)
-    if kind == "pages":
+    if kind == "rank_pages":
         return PageGameParams(**p)
-    if kind == "sparse":
+    if kind == "rank_sparse":
         return (LearnedParams.from_dict(p[0]), float(p[1]))
     return p
 
@@ -131,7 +133,7 @@ def rankings(problems, kind, param, buckets=(64, 128, 256, 512, 1024, 2048), chu
     import jax
     import jax.numpy as jnp
 
-    traced = kind in ("learned", "pages", "sparse")
+    traced = kind in ("rank_learned", "rank_pages", "rank_sparse")
     f = _rank_fn(kind)
     if traced:
         call = _CALLS.setdefault(kind, jax.jit(jax.vmap(f, in_axes=(0,) * 8 + (None,))))
@@ -249,12 +251,12 @@ def main(argv):
     fams = {}
     for family, label, kind, _ in settings():
         fams.setdefault(family, []).append(label)
-    fams["cds (CV structure)"] = fams["cds-learned"] + fams["cds-pages"] + fams["cds-sparse"]
+    fams["any game (CV structure)"] = fams["learned game"] + fams["page game"] + fams["sparse learned game"]
     regimes = {"none": (0,), "read": (1, 2), "cv": READOUTS}
     rows, chosen = {}, {}
     for fam, labels in fams.items():
         for reg, ks in regimes.items():
-            if fam == "cosine" and reg == "read":
+            if fam == "cosine ranking" and reg == "read":
                 ks = (1,)  # cosine-pages
             for b in budgets:
                 rec, ans = np.full(len(problems), np.nan), np.full(len(problems), np.nan)
@@ -272,7 +274,7 @@ def main(argv):
     summary = {"benchmark": name, "questions": len(problems), "covered": covered, "documents": len(data.notes),
                "chosen": chosen, "query_kept": diag, "rows": []}
     R = _RESAMPLES.value
-    ref = {"cosine-pages": ("cosine", "read"), "cosine": ("cosine", "none")}
+    ref = {"page rule": ("cosine ranking", "read"), "cosine top-B": ("cosine ranking", "none")}
     for (fam, reg, b), vals in rows.items():
         entry = {"family": fam, "readout": reg, "budget": b}
         for metric, v in vals.items():
@@ -297,17 +299,17 @@ def tables(summary) -> str:
         for r in summary["rows"]:
             if r["budget"] != b:
                 continue
-            if r["family"] == "cosine" and r["readout"] == "cv":
+            if r["family"] == "cosine ranking" and r["readout"] == "cv":
                 continue
             cells = []
             for m in ("recall", "has_answer"):
                 mean, lo, hi, n = r[m]
-                d = r[f"{m} - cosine-pages"]
+                d = r[f"{m} - page rule"]
                 cells += [f"{mean:.3f} [{lo:.3f}, {hi:.3f}]", f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]",
                           f"{d['better']}/{d['tie']}/{d['worse']}"]
-            d = r["recall - cosine"]
+            d = r["recall - cosine top-B"]
             cells.append(f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]")
-            name = "cosine-pages" if (r["family"], r["readout"]) == ("cosine", "read") else r["family"]
+            name = "cosine ranking, 1 per page (the page rule)" if (r["family"], r["readout"]) == ("cosine ranking", "read") else r["family"]
             lines.append(f"| {name} | {r['readout']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

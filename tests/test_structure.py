@@ -74,9 +74,12 @@ def test_at_most_k_per_page_per_round_in_ranking_order(k):
 
 
 def _learned_builder(budget):
-    fn = core.make_selector("cds_learned", budget=budget)
-    return lambda notes, query, valid, pages, doc_ids: fn(notes, query, valid, None, None, pages=pages,
-                                                         doc_ids=doc_ids)
+    from cdsjax.core.types import CDSProblem
+    from cdsjax.learn.params_io import default_params
+
+    fn = core.make_selector("cds_learned", budget=budget, params=default_params())
+    return lambda notes, query, valid, pages, doc_ids: fn(CDSProblem.create(notes, query, valid, pages=pages,
+                                                                            doc_ids=doc_ids))
 
 
 def _mmr_builder(budget):

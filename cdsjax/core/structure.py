@@ -34,7 +34,8 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.affinity import spectral_penalty
-from cdsjax.core.implicit import attach_implicit, equilibrium_scores
+from cdsjax.core.implicit import attach_implicit
+from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
 from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solvers import solve
