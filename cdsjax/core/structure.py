@@ -39,7 +39,8 @@ from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
 from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solvers import solve
-from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, Selection, SolveOptions, solve_options
+from cdsjax.core.types import (FILL_NONE, FILL_SHORT_SUPPORT, SUPPORT_THRESHOLD, Affinity, Selection, SolveOptions,
+                               solve_options)
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid
 
 # MMR / k-DPP rank this many times the budget by their own greedy order (the rest by cosine): a page read-out of
@@ -151,8 +152,13 @@ def select_structured(build: Callable[[int], Callable[..., Selection]], notes: A
     rank, sel = ranking_of(build, notes, query, valid, depth, **kwargs)
     idx, ok = structured_readout(rank, valid, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
     cos = _cosine(jnp.asarray(notes), query, jnp.asarray(valid, bool))
-    return sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0), num_filled=None,
-                       fill_reason=None)
+    sel = sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
+    if sel.support_size is None:
+        return sel
+    # an equilibrium's ranking lists its support first: picks ranked past it came from the fill rule
+    filled = jnp.sum(ok & (rank[idx] >= sel.support_size)).astype(jnp.int32)
+    return sel.replace(num_filled=filled,
+                       fill_reason=jnp.where(filled > 0, FILL_SHORT_SUPPORT, FILL_NONE).astype(jnp.int32))
 
 
 @struct.dataclass
