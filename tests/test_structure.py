@@ -138,7 +138,8 @@ def test_page_game_with_one_note_per_page_is_the_note_game():
     own = np.arange(16, dtype=np.int32)
     for beta in (0.1, 1.0):
         got = S.select_page_game(p["notes"], p["query"], p["valid"], own, S.PageGameParams(beta=beta), budget=16)
-        want = core.make_selector("cds_converged", budget=16, beta=beta)(p["notes"], p["query"], p["valid"])
+        want = core.make_selector("cds_converged", budget=16, beta=beta)(
+            core.CDSProblem.create(p["notes"], p["query"], p["valid"]))
         np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(want.indices))
 
 
