@@ -235,6 +235,7 @@ class Pipeline:
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
         self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
+        self._bounds: dict = {}  # (selector, options, query rows) -> the corpus's spectral bound (or None)
         # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
         self.embedders = tuple(embedders)
         self.trust_remote_code = bool(trust_remote_code)
@@ -251,8 +252,9 @@ class Pipeline:
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
         :mod:`cdsjax.io.embed`), nor one in ``embedders`` or ``config.embedder.model``, is refused
         (:class:`PipelineError`) before anything is loaded from it; model code runs only with
-        ``trust_remote_code``, never because an index says so. ``params`` is the parameter file of the
-        ``cds-learned`` selector (default: the shipped one).
+        ``trust_remote_code``, never because an index says so. ``params`` is the ``cds-learned`` selector's
+        parameters: a file (read once, by :func:`cdsjax.learn.resolve_params`), a ``LearnedParams`` value, or None
+        (the shipped fit).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
@@ -317,7 +319,11 @@ class Pipeline:
                 _, fn = make_selector(key[0], budget, options, self.params)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
-            return jax.jit(fn)
+            jitted = jax.jit(fn)
+            bound = registry.corpus_bound_fn(fn)
+            # the spectral bound of the selector's game, computed once per corpus (select keeps it per pipeline)
+            jitted.corpus_bound = None if bound is None else jax.jit(bound)
+            return jitted
 
         if isinstance(self.compiled, SelectorCache):
             return self.compiled.get_or_make(key, make)
@@ -337,12 +343,26 @@ class Pipeline:
                options: Optional[dict] = None) -> core.Selection:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
-        problem = self.candidates.problem(query, registry.selector_spec(selector))
+        problem = self.with_bound(fn, self.candidates.problem(query, registry.selector_spec(selector)),
+                                  self.selector_key(selector, budget, options))
         sel = jax.device_get(fn(problem, core.key_from_query_id(qid)))
         self._ran.add(self.selector_key(selector, budget, options))
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
             self._ran &= set(self.compiled)
         return sel
+
+    def with_bound(self, fn, problem: core.CDSProblem, key: tuple) -> core.CDSProblem:
+        """``problem`` carrying the spectral bound of ``fn``'s game on this corpus, computed on the first
+        question and kept (per selector and number of query rows): the corpus's one eigendecomposition
+        replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit for bit)."""
+        make = getattr(fn, "corpus_bound", None)
+        if make is None:
+            return problem
+        slot = (key[0], key[2], problem.queries.shape[0])  # the bound does not depend on the budget
+        if slot not in self._bounds:
+            self._bounds[slot] = make(problem)
+        bound = self._bounds[slot]
+        return problem if bound is None else problem.replace(bound=bound)
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from cdsjax.core.certified import certified_bound
 from cdsjax.core.types import Affinity, CDSParams, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
@@ -88,12 +89,26 @@ def spectral_penalty(matrix: Array, mask: Array, eps: float) -> Array:
     return jnp.where(jnp.any(mask), lam, 0.0) + eps
 
 
+def block_bound(matrix: Array, mask: Array, params, bound: Optional[Array] = None) -> Array:
+    r"""The spectral bound :math:`b \ge \lambda_{\max}(\text{matrix}[\text{mask}, \text{mask}]) + \varepsilon`
+    of a game's penalty: ``bound`` when given (a corpus's, precomputed) and ``alpha_from`` is ``"free"``, else
+    one eigendecomposition (:func:`spectral_penalty`) or, with ``alpha_bound="certified"``, the certified
+    Lanczos bound (:func:`cdsjax.core.spectral.certified_bound`)."""
+    dtype = matrix.dtype
+    if bound is not None and params.alpha_from == "free":
+        return jnp.asarray(bound).astype(dtype)
+    if getattr(params, "alpha_bound", "exact") == "certified":
+        return certified_bound(matrix, mask, params.eps).astype(dtype)
+    return spectral_penalty(matrix, mask, params.eps).astype(dtype)
+
+
 def build_affinity(
     notes: Array,
     queries: Array,
     valid: Array,
     params: CDSParams = CDSParams(),
     pinned: Optional[Array] = None,
+    bound: Optional[Array] = None,
 ) -> Affinity:
     r"""Builds the query-augmented affinity graph of one problem.
 
@@ -110,6 +125,7 @@ def build_affinity(
       valid: ``[n]`` bool, True on real notes (a valid prefix).
       params: :class:`CDSParams`.
       pinned: optional ``[n]`` bool, notes that join the constraint set.
+      bound: optional ``[]`` spectral bound precomputed for the corpus (:func:`block_bound`).
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices.
@@ -121,7 +137,7 @@ def build_affinity(
     notes = notes.astype(dtype)
     queries = queries.astype(dtype)
     rel = query_relevance(notes, queries, valid, params).astype(dtype)
-    return assemble_affinity(rel, note_coupling(notes, valid, params), valid, params, pinned=pinned)
+    return assemble_affinity(rel, note_coupling(notes, valid, params), valid, params, pinned=pinned, bound=bound)
 
 
 def check_pinned(pinned: Optional[Array], valid: Array) -> Array:
@@ -135,7 +151,8 @@ def check_pinned(pinned: Optional[Array], valid: Array) -> Array:
     return pinned.astype(bool) & valid
 
 
-def assemble_affinity(rel: Array, w: Array, valid: Array, params, *, pinned: Optional[Array] = None) -> Affinity:
+def assemble_affinity(rel: Array, w: Array, valid: Array, params, *, pinned: Optional[Array] = None,
+                      bound: Optional[Array] = None) -> Affinity:
     r"""The :class:`Affinity` of query edges ``rel`` and note block ``w``, with its constraint set and penalty.
 
     Args:
@@ -145,6 +162,7 @@ def assemble_affinity(rel: Array, w: Array, valid: Array, params, *, pinned: Opt
       params: the game (:class:`~cdsjax.core.protocols.Game`): ``alpha_from`` and ``eps`` give the
         spectral bound :math:`b`, ``params.penalty(b)`` the penalty :math:`\alpha`.
       pinned: optional ``[n]`` bool, notes that join the constraint set.
+      bound: optional ``[]`` spectral bound precomputed for the corpus (:func:`block_bound`).
     """
     m, n = rel.shape
     dtype = w.dtype
@@ -155,7 +173,7 @@ def assemble_affinity(rel: Array, w: Array, valid: Array, params, *, pinned: Opt
     all_valid = jnp.concatenate([jnp.ones((m,), bool), valid])
     constraint = jnp.concatenate([jnp.ones((m,), bool), pinned])
     mask = all_valid & ~constraint if params.alpha_from == "free" else all_valid
-    alpha = params.penalty(spectral_penalty(matrix, mask, params.eps).astype(dtype))
+    alpha = params.penalty(block_bound(matrix, mask, params, bound))
     return Affinity(matrix=matrix, constraint=constraint, valid=all_valid, alpha=alpha, num_queries=m)
 
 
@@ -167,7 +185,8 @@ def problem_affinity(problem: CDSProblem, params) -> Affinity:
     with ``params.affinity(problem)``, which reads the problem's structure arrays and pinned notes.
     """
     if isinstance(params, CDSParams):
-        return build_affinity(problem.notes, problem.queries, problem.valid, params, pinned=problem.pinned)
+        return build_affinity(problem.notes, problem.queries, problem.valid, params, pinned=problem.pinned,
+                              bound=problem.bound)
     if not callable(getattr(params, "affinity", None)):
         raise TypeError(f"params must be CDSParams or a game with an affinity(problem) method, got "
                         f"{type(params).__name__}")

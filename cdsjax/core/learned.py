@@ -157,7 +157,7 @@ class LearnedParams:
         """The learned game's affinity of ``problem`` (:func:`learned_affinity` with its structure and pins)."""
         return learned_affinity(problem.notes, problem.queries, problem.valid, self, links=problem.links,
                                 doc_ids=problem.doc_ids, pages=problem.pages, kinds=problem.kinds,
-                                pinned=problem.pinned)
+                                pinned=problem.pinned, bound=problem.bound)
 
 
 def _clamped(theta: LearnedParams) -> LearnedParams:
@@ -247,6 +247,7 @@ def learned_affinity(
     pages: Optional[Array] = None,
     kinds: Optional[Array] = None,
     pinned: Optional[Array] = None,
+    bound: Optional[Array] = None,
 ) -> Affinity:
     r"""The query-augmented affinity of the learned game (module docstring).
 
@@ -257,6 +258,8 @@ def learned_affinity(
       theta: :class:`LearnedParams` (read inside its bounds).
       links, doc_ids, pages, kinds: optional structure arrays (module docstring).
       pinned: optional ``[n]`` bool, notes that join the constraint set.
+      bound: optional ``[]`` spectral bound precomputed for the corpus
+        (:func:`cdsjax.core.spectral.learned_corpus_bound`), used instead of the per-question one.
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at
@@ -279,7 +282,7 @@ def learned_affinity(
     scale = 1.0 - theta.rel_repulsion + theta.rel_repulsion * (rho[:, None] * rho[None, :])
     pair = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
     w = jnp.where(pair, (paper_block + structure) * scale, 0.0).astype(dtype)
-    return assemble_affinity(rel, w, valid, theta, pinned=pinned)
+    return assemble_affinity(rel, w, valid, theta, pinned=pinned, bound=bound)
 
 
 def kind_codes(kinds: Sequence[Optional[str]]) -> list:

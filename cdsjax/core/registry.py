@@ -33,10 +33,12 @@ from cdsjax.core.cds import cds
 from cdsjax.core.learned import LearnedParams
 from cdsjax.core.readouts import cds_learned_sparse, cds_pages, per_page
 from cdsjax.core.solvers import SOLVERS, solver_label
+from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.support import support_settings
 from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
+from jax import Array
 
 SelectorFn = Callable[..., Selection]
 
@@ -152,7 +154,19 @@ def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **setting
     def fn(problem: CDSProblem, key=None):
         return cds(problem, strategy, params, options, budget=budget, **settings)
 
+    def bound(problem: CDSProblem):
+        return problem_bound(problem, params, strategy)
+
+    fn.corpus_bound = bound
     return fn
+
+
+def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
+    """``bound(problem)``: the spectral bound selector ``fn`` would compute for every question on
+    ``problem``'s corpus (:func:`cdsjax.core.spectral.problem_bound` of its game and strategy; None where it
+    depends on the question), to compute once per corpus and give each question as ``CDSProblem.bound``.
+    None for a selector without a penalty (the baselines)."""
+    return getattr(fn, "corpus_bound", None)
 
 
 def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:

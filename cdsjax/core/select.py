@@ -8,7 +8,7 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.affinity import problem_affinity, spectral_penalty
+from cdsjax.core.affinity import block_bound, problem_affinity
 from cdsjax.core.implicit import Adjoint, cds_equilibrium, check_adjoint
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.protocols import Game
@@ -116,5 +116,5 @@ def _restrict(base: Affinity, active: Array, params: Game) -> Affinity:
         mask = active & ~constraint
     else:
         mask = active
-    alpha = params.penalty(spectral_penalty(matrix, mask, params.eps).astype(matrix.dtype))
+    alpha = params.penalty(block_bound(matrix, mask, params))
     return Affinity(matrix=matrix, constraint=constraint, valid=active, alpha=alpha, num_queries=base.num_queries)

@@ -19,6 +19,9 @@ from cdsjax.core.validation import as_query_matrix, check_int_range, check_notes
 
 COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
+# How a penalty that depends on the question is computed (cdsjax.core.spectral): one eigvalsh of the block,
+# or the certified Lanczos bound (an upper bound of lambda_max in O(k n^2)).
+ALPHA_BOUNDS = ("exact", "certified")
 TAU_MODES = ("hard", "soft")
 
 # Why a CDS selection holds notes outside the equilibrium's support (Selection.fill_reason);
@@ -100,6 +103,10 @@ class CDSParams:
         strongest one if none clears it; ``"soft"`` multiplies each edge by
         :math:`\sigma((s_i-\tau)/T_\tau)`.
       tau_temperature: :math:`T_\tau` of the soft mode.
+      alpha_bound: how a penalty computed per question is found: ``"exact"`` (one ``eigvalsh`` of the
+        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.spectral.certified_bound`: an upper bound
+        of :math:`\lambda_{\max}` in O(k n²); the guarantee holds, the penalty may be a little larger).
+        A precomputed corpus bound (``CDSProblem.bound``) is used whichever is set.
     """
 
     beta: float | Array = 1.0
@@ -109,6 +116,7 @@ class CDSParams:
     alpha_from: str = struct.field(pytree_node=False, default="free")
     tau_mode: str = struct.field(pytree_node=False, default="hard")
     tau_temperature: float = struct.field(pytree_node=False, default=0.05)
+    alpha_bound: str = struct.field(pytree_node=False, default="exact")
 
     def check(self) -> "CDSParams":
         """Raises ``ValueError`` naming the field if an option string is unknown."""
@@ -116,6 +124,8 @@ class CDSParams:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
         if self.alpha_from not in ALPHA_FROM:
             raise ValueError(f"alpha_from must be one of {ALPHA_FROM}, got {self.alpha_from!r}")
+        if self.alpha_bound not in ALPHA_BOUNDS:
+            raise ValueError(f"alpha_bound must be one of {ALPHA_BOUNDS}, got {self.alpha_bound!r}")
         if self.tau_mode not in TAU_MODES:
             raise ValueError(f"tau_mode must be one of {TAU_MODES}, got {self.tau_mode!r}")
         if not self.eps > 0:
@@ -329,6 +339,12 @@ class CDSProblem:
       kinds: optional ``[n]`` int32 kind of each note (an index into :data:`NOTE_KINDS`, see
         :func:`kind_code`).
       pinned: optional ``[n]`` bool, notes added to the constraint set.
+      bound: optional ``[]`` float, the game's spectral bound :math:`\lambda_{\max}(W|_F) + \varepsilon`
+        computed once for the corpus (:func:`cdsjax.core.spectral.problem_bound`); with
+        ``alpha_from="free"`` it replaces the per-question eigendecomposition. It must be the bound of
+        the game that solves the problem (the registry's :func:`~cdsjax.core.registry.corpus_bound_fn`
+        gives the right one per selector); an upper bound of the block's :math:`\lambda_{\max}` (e.g. one
+        computed without the pinned notes) keeps the guarantee.
     """
 
     notes: Array
@@ -339,10 +355,11 @@ class CDSProblem:
     pages: Optional[Array] = None
     kinds: Optional[Array] = None
     pinned: Optional[Array] = None
+    bound: Optional[Array] = None
 
     @classmethod
     def create(cls, notes, query, valid=None, *, links=None, doc_ids=None, pages=None, kinds=None,
-               pinned=None) -> "CDSProblem":
+               pinned=None, bound=None) -> "CDSProblem":
         """A problem with ``query`` ``[d]`` promoted to ``[1, d]`` and every shape checked.
 
         ``valid`` None marks every note real. Raises ``ValueError`` naming the argument whose shape is
@@ -363,7 +380,11 @@ class CDSProblem:
             if value.shape != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {value.shape}")
             extras[name] = value.astype(dtype)
-        return cls(notes=notes, queries=queries, valid=valid, **extras)
+        if bound is not None:
+            bound = jnp.asarray(bound)
+            if bound.shape != ():
+                raise ValueError(f"bound must be a scalar, got shape {bound.shape}")
+        return cls(notes=notes, queries=queries, valid=valid, bound=bound, **extras)
 
     @property
     def num_notes(self) -> int:

@@ -85,6 +85,7 @@ def release(fn: Callable[..., Any]) -> int:
     game per cross-validation task), so a long run does not keep one set of loaded executables per such
     function; returns how many cache entries were dropped."""
     dropped = 0
+    dropped += int(_BOUNDS.pop(fn, None) is not None)
     batched = [k for k in _BATCHED if k[0] is fn]
     calls = {id(_BATCHED[k]) for k in batched}
     for key in batched:
@@ -113,6 +114,39 @@ def _batched(fn, sharded: bool, chunk=None):
 
 
 _SELECTOR_FNS: Dict[Any, Any] = {}
+
+
+_BOUNDS: Dict[Any, Any] = {}
+
+
+def _bound_call(fn):
+    """The jitted corpus-bound function of a registry selector (:func:`cdsjax.core.registry.corpus_bound_fn`),
+    kept per selector; None for a selector without one."""
+    import jax
+
+    from cdsjax.core import registry
+
+    if fn not in _BOUNDS:
+        make = registry.corpus_bound_fn(fn)
+        _BOUNDS[fn] = None if make is None else jax.jit(make)
+    return _BOUNDS[fn]
+
+
+def _with_bounds(bound, batch, cache: Dict[str, Any]):
+    """``batch`` (a CDSProblem with a leading axis) with each row's corpus bound, computed once per distinct
+    corpus (:func:`cdsjax.eval.bounds.group_bounds`); unchanged where the selector's game has none for it."""
+    import jax
+
+    from cdsjax.eval.bounds import group_bounds
+
+    one = lambda i: jax.tree_util.tree_map(lambda a: a[i], batch)  # noqa: E731
+    if jax.eval_shape(bound, one(0)) is None:  # e.g. alpha_from="full": found per question
+        return batch
+    leaves = [a for a in (batch.notes, batch.valid, batch.links, batch.pages, batch.doc_ids, batch.kinds,
+                          batch.pinned) if a is not None]
+    rows = [[np.asarray(a[i]) for a in leaves] + [np.asarray(batch.queries.shape[1:])]
+            for i in range(batch.notes.shape[0])]
+    return batch.replace(bound=group_bounds(bound, rows, one, cache))
 
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
@@ -204,6 +238,8 @@ def run_selector(
         [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras=extras, pad_batch=False)
     call = _batched(fn, sharded=ndev > 1, chunk=chunk)
+    bound = _bound_call(fn)
+    bounds: Dict[str, Any] = {}  # corpus content hash -> its spectral bound (questions on one document share it)
     out: List[Any] = [None] * len(problems)
     for g in groups:
         for start in range(0, len(g.positions), max_batch):
@@ -215,6 +251,8 @@ def run_selector(
             problem = core.CDSProblem(notes=g.notes[padded], queries=queries[:, None, :] if queries.ndim == 2 else queries,
                                       valid=g.valid[padded], links=g.extras["links"][padded],
                                       **{a: g.extras[a][padded] for a in names})
+            if bound is not None:
+                problem = _with_bounds(bound, problem, bounds)
             problem = jax.device_put(problem, sharding)
             key_batch = jax.device_put(keys[g.positions[padded]], sharding)
             sel = jax.device_get(_executable(call, [problem, key_batch])(problem, key_batch))
