@@ -252,8 +252,9 @@ class Pipeline:
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
         :mod:`cdsjax.io.embed`), nor one in ``embedders`` or ``config.embedder.model``, is refused
         (:class:`PipelineError`) before anything is loaded from it; model code runs only with
-        ``trust_remote_code``, never because an index says so. ``params`` is the parameter file of the
-        ``cds-learned`` selector (default: the shipped one).
+        ``trust_remote_code``, never because an index says so. ``params`` is the ``cds-learned`` selector's
+        parameters: a file (read once, by :func:`cdsjax.learn.resolve_params`), a ``LearnedParams`` value, or None
+        (the shipped fit).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index

@@ -122,7 +122,7 @@ def test_padding_jit_and_vmap_change_nothing(strategy):
         junk = np.random.default_rng(9).normal(size=(pad, D))
         padded = np.concatenate([notes, junk])
         valid = np.arange(N + pad) < N
-        kw = dict(budget=BUDGET, solver="active_set", num_steps=5)
+        kw = dict(budget=BUDGET, solver="active_set", **({"num_steps": 5} if strategy == "support" else {}))
         plain = [core.cds(core.CDSProblem.create(notes, q), strategy, **kw) for q in queries]
         run = jax.jit(lambda p: core.cds(p, strategy, **kw))
         problems = [core.CDSProblem.create(padded, q, valid) for q in queries]
@@ -156,7 +156,7 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
     notes /= np.linalg.norm(notes, axis=1, keepdims=True)
     query = -notes.mean(0) / np.linalg.norm(notes.mean(0))
     problem = core.CDSProblem.create(notes, query[None] if strategy == "shared" else query)
-    kw = dict(budget=BUDGET, solver="active_set", num_steps=4)
+    kw = dict(budget=BUDGET, solver="active_set", **({"num_steps": 4} if strategy == "support" else {}))
     filled = core.cds(problem, strategy, **kw)
     bare = core.cds(problem, strategy, fill=False, **kw)
     assert int(np.sum(filled.selected_valid)) == BUDGET and int(np.sum(filled.num_filled)) == BUDGET
@@ -175,7 +175,7 @@ def test_every_strategy_uses_the_one_default_solver(strategy, monkeypatch):
         result, _ = core.cds_equilibrium(core.CDSProblem.create(notes, queries[0]))
     else:
         problem = core.CDSProblem.create(notes, queries if strategy == "shared" else queries[0])
-        result = core.cds(problem, strategy, budget=BUDGET, num_steps=3).result
+        result = core.cds(problem, strategy, budget=BUDGET, **({"num_steps": 3} if strategy == "support" else {})).result
     assert np.all(np.asarray(result.num_iters) == 5)
     assert np.all(np.asarray(result.status) == core.MAX_STEPS)
 
@@ -238,6 +238,9 @@ def test_every_selector_takes_a_problem_and_its_spec_says_what_it_reads():
         same_selection(a, jax.jit(fn)(problem, key), 0.0)
         if not spec.structure:  # a selector that does not declare structure ignores it
             same_selection(a, fn(bare, key), 0.0)
+        elif name in ("mmr_pages", "dpp_pages", "cds_pages", "cds_learned_pages"):  # the page read-outs need pages
+            with pytest.raises(ValueError, match="needs pages"):
+                fn(bare, key)
         elif name != "cosine_pages":  # one that declares it reads it (cosine-pages needs it)
             assert not np.array_equal(np.asarray(a.result.x), np.asarray(fn(bare, key).result.x)), name
     with pytest.raises(ValueError, match="needs params=LearnedParams"):

@@ -23,7 +23,10 @@ SIZES = (6, 4)
 DTYPES = {"float32": (np.float32, False), "float64": (np.float64, True)}
 # every option at its default; cds_support's bisection is kept short to stay fast
 # the learned selector's parameters are a value the caller supplies: the shipped fit (read by cdsjax.learn)
-OPTIONS = {"cds_support": {"num_steps": 4}, "cds_learned": {"params": default_params()}}
+OPTIONS = {"cds_support": {"num_steps": 4}, "cds_learned": {"params": default_params()},
+           "cds_learned_pages": {"params": default_params()}, "cds_learned_sparse": {"params": default_params()}}
+# the selectors that need the notes' pages (the page rule, the per-page read-outs, the page game)
+NEEDS_PAGES = ("cosine_pages", "mmr_pages", "dpp_pages", "cds_pages", "cds_learned_pages")
 
 
 def problem(seed, n, dtype):
@@ -62,7 +65,7 @@ def test_selector_conformance(name, use_jit, dtype_name):
     rtol = 1e-4 if dtype is np.float32 else 1e-9
     with jax.enable_x64(x64):
         fn = on_arrays(core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {})))
-        if core.selector_spec(name).name == "cosine_pages":  # its pages: three per problem, padding on page 0
+        if core.selector_spec(name).name in NEEDS_PAGES:  # its pages: three per problem, padding on pages too
             plain = fn
             fn = lambda z, q, v, l, k: plain(z, q, v, l, k, pages=jnp.arange(z.shape[0]) % 3)  # noqa: E731
         run = jax.jit(fn) if use_jit else fn

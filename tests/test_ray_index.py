@@ -30,7 +30,10 @@ def test_ray_index_equals_local_with_a_worker_killed(tmp_path, monkeypatch, caps
     marker = tmp_path / "killed-once"
     monkeypatch.setenv(FAULT_ENV, str(marker))  # the first document task kills its own worker process
     monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache-ray"))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # the shared test machine can run near its memory limit, where Ray's own memory monitor would kill (and
+    # retry, again and again) tasks that the kernel lets run: off here, the test is about a killed worker
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _system_config={"memory_monitor_refresh_ms": 0})
     try:
         rc = main(["index", *paths, "--out", str(tmp_path / "on-ray"), "--no-progress", "--ray"])
         ray_out = capsys.readouterr()

@@ -22,15 +22,17 @@ from cdsjax.commands import CLIError
 
 def demo_selectors() -> list:
     """``(label, selector name)`` rows of the table, from the selector registry: the default, paper mode, the
-    learned game (its shipped parameters), the paper's game at its equilibrium (converged, beta = 1), and the
-    baselines that read neither links nor a random key (each with its default options; ``cosine-pages`` among
-    them, the structural rule learned CDS must beat). Each selector once.
+    learned game (its shipped parameters), the paper's game at its equilibrium (converged, beta = 1), the games
+    that read the document's structure (the learned game read per page, the game over pages, the sparse regime),
+    and the baselines that read neither links nor a random key (each with its default options; ``cosine-pages``
+    and the per-page read-outs of MMR and k-DPP among them). Each selector once.
 
     A function, not a constant: the registry imports JAX, and every ``cdsjax`` command imports this module.
     """
     from cdsjax.core.registry import DEFAULT_SELECTOR, LEARNED_SELECTOR, SPECS
 
-    converged = (n for n, s in SPECS.items() if s.solver == "converged" and s.needs_links and n != LEARNED_SELECTOR)
+    converged = (n for n, s in SPECS.items()
+                 if s.solver == "converged" and (s.needs_links or s.structure) and n != LEARNED_SELECTOR)
     names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
                            *converged,
                            *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)])

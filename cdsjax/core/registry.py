@@ -31,6 +31,7 @@ from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_p
                                    select_ppr, select_random)
 from cdsjax.core.cds import cds
 from cdsjax.core.learned import LearnedParams
+from cdsjax.core.readouts import cds_learned_sparse, cds_pages, per_page
 from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
@@ -212,6 +213,11 @@ def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver:
 
 _cds_learned.options = LEARNED_OPTIONS
 
+# Read page by page (cdsjax.core.readouts): a ranking read at most notes_per_page notes of a page per round
+_mmr_pages = per_page("mmr_pages", _mmr, greedy=True)
+_dpp_pages = per_page("dpp_pages", _dpp, greedy=True)
+_cds_learned_pages = per_page("cds_learned_pages", _cds_learned)
+
 
 @dataclasses.dataclass(frozen=True)
 class SelectorSpec:
@@ -307,6 +313,20 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           learned=True, aliases=("cds-learned",),
           display="cds-learned",
           help="CDS with a fitted game (cdsjax tune): structure features, relevance shaping; --params FILE"),
+    # Games and read-outs that see the document's structure (cdsjax.core.structure; RESULTS "What beats the page
+    # rule"). A "-pages" read-out takes at most notes_per_page notes of a page per round, in the ranking's order.
+    _spec("mmr_pages", _mmr_pages, structure=True, aliases=("mmr-pages",), display="mmr-pages",
+          help="MMR's ranking read at most notes_per_page notes per page per round (lam, notes_per_page)"),
+    _spec("dpp_pages", _dpp_pages, structure=True, aliases=("dpp-pages",), display="dpp-pages",
+          help="k-DPP's ranking read at most notes_per_page notes per page per round (theta, notes_per_page)"),
+    _spec("cds_learned_pages", _cds_learned_pages, solver="converged", needs_links=True, structure=True,
+          pages_only=True, learned=True, aliases=("cds-learned-pages",), display="cds-learned-pages",
+          help="the learned game's equilibrium ranking read at most notes_per_page notes per printed page per round"),
+    _spec("cds_pages", cds_pages, solver="converged", structure=True, aliases=("cds-pages",), display="cds-pages",
+          help="a game over pages (page vectors, best-note relevance), the ranked pages' best notes as evidence"),
+    _spec("cds_learned_sparse", cds_learned_sparse, solver="converged", needs_links=True, structure=True,
+          pages_only=True, learned=True, aliases=("cds-learned-sparse",), display="cds-learned-sparse",
+          help="the learned game with alpha below the spectral bound (a cluster around the query), every note ranked"),
 )}
 
 # The selector used when none is named: ask, serve, the pipeline and the planning agent.

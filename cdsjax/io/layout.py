@@ -242,19 +242,17 @@ def layout_pages(doc, path: Path) -> List[List[_Region]]:
     if n < SPLIT_MIN_PAGES or _STATE.get("threads", 1) < 2 or not _STATE.get("split", True):
         return _analyse(doc, None)
     half = (n + 1) // 2
-    helper = _helper()
-    tail = helper.submit(_helper_pages, str(path), half, n)
     try:
-        head = _analyse(doc, range(half))
-    except BaseException:
-        tail.cancel()
-        raise
-    try:
-        rest = tail.result()
-    except Exception:  # the helper died or failed: this process does the second half itself
+        helper = _helper()
+        helper.send(str(path), half, n)
+    except Exception:  # no helper here (e.g. inside a daemonic process): one process does it all
         _drop_helper()
-        rest = None
-    if rest is None:
+        _STATE["split"] = False
+        return _analyse(doc, None)
+    head = _analyse(doc, range(half))  # meanwhile the helper analyses the second half
+    rest = helper.receive()
+    if rest is None:  # the helper died or failed: this process does the second half itself
+        _drop_helper()
         return head + _analyse(doc, range(half, n))
     for p in range(half, n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
         doc[p].remove_rotation()
@@ -266,32 +264,68 @@ def set_page_split(enabled: bool) -> None:
     _STATE["split"] = bool(enabled)
 
 
-def _helper():
-    """A second process with the layout models loaded (started once, kept for the next documents)."""
-    pool = _STATE.get("helper")
-    if pool is None:
+class _Helper:
+    """A daemonic process with the layout models loaded, analysing the pages it is sent (kept for later
+    documents). Daemonic, so whatever way this process ends it does not wait for the helper (a helper of a
+    worker process, joined at exit, would otherwise wait for a request that never comes)."""
+
+    def __init__(self, threads: int):
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_helper_init,
-                                   initargs=(max(1, _STATE.get("threads", 2) // 2), os.getpid()))
-        _STATE["helper"] = pool
-    return pool
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_helper_main, args=(child, threads, os.getpid()), daemon=True,
+                                name="cdsjax-layout-helper")
+        self.proc.start()
+        child.close()
+        self.busy = False
+
+    def send(self, path: str, start: int, stop: int) -> None:
+        if self.busy:  # an earlier request was never received (an exception in between): start afresh
+            raise RuntimeError("helper busy")
+        self.conn.send((path, start, stop))
+        self.busy = True
+
+    def receive(self) -> Optional[List[List[_Region]]]:
+        """The regions of the pages sent, or None when the helper failed or died."""
+        try:
+            ok, value = self.conn.recv()
+        except (EOFError, OSError):
+            return None
+        self.busy = False
+        return value if ok else None
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        finally:
+            if self.proc.is_alive():
+                self.proc.terminate()
+            self.proc.join(timeout=10)
 
 
-def _drop_helper(wait: bool = False) -> None:
-    pool = _STATE.pop("helper", None)
-    if pool is not None:
-        pool.shutdown(wait=wait, cancel_futures=True)
+def _helper() -> _Helper:
+    helper = _STATE.get("helper")
+    if helper is None or not helper.proc.is_alive() or helper.busy:
+        _drop_helper()
+        helper = _STATE["helper"] = _Helper(max(1, _STATE.get("threads", 2) // 2))
+    return helper
+
+
+def _drop_helper() -> None:
+    helper = _STATE.pop("helper", None)
+    if helper is not None:
+        helper.close()
 
 
 def stop_helper() -> None:
     """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
     another."""
-    _drop_helper(wait=True)
+    _drop_helper()
 
 
-def _helper_init(threads: int, parent: int) -> None:
+def _helper_main(conn, threads: int, parent: int) -> None:
+    """The helper's loop: ``(path, start, stop)`` in, ``(True, regions)`` or ``(False, reason)`` out."""
     try:  # Linux: the helper dies with its parent
         import ctypes
         import signal
@@ -300,21 +334,26 @@ def _helper_init(threads: int, parent: int) -> None:
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:
-        os._exit(1)
+        return
     limit_layout_threads(threads)
     _STATE["split"] = False
     prepare_models(threads)
-
-
-def _helper_pages(path: str, start: int, stop: int) -> List[List[_Region]]:
-    """In the helper: the regions of pages ``start .. stop - 1`` of the PDF at ``path``."""
     import pymupdf
 
-    doc = pymupdf.open(path)
-    try:
-        return _analyse(doc, range(start, stop))
-    finally:
-        doc.close()
+    while True:
+        try:
+            path, start, stop = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            doc = pymupdf.open(path)
+            try:
+                out = (True, _analyse(doc, range(start, stop)))
+            finally:
+                doc.close()
+        except Exception as err:  # the parent does these pages itself
+            out = (False, f"{type(err).__name__}: {err}")
+        conn.send(out)
 
 
 def _analyse(doc, pages) -> List[List[_Region]]:

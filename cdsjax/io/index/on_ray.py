@@ -74,7 +74,8 @@ def _connect(ray, address: str) -> bool:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=usable_cores(), **kwargs)
+            # a task whose worker Ray's memory monitor killed is retried RETRIES times, not forever
+            ray.init(num_cpus=usable_cores(), _system_config={"task_oom_retries": RETRIES}, **kwargs)
     except Exception as err:  # ConnectionError, RuntimeError, ...: one line, not Ray's traceback
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise RayUnavailable(f"cannot start or reach {where} ({type(err).__name__}: "
@@ -88,7 +89,7 @@ def _run(ray, docs: List[Doc], ctx: BuildContext):
     fresh = copy.copy(ctx.embedder)
     fresh._model = None  # each actor loads the model itself, once
     actors = [ray.remote(num_cpus=0, max_restarts=RETRIES, max_task_retries=RETRIES)(EmbedActor).remote(fresh)
-              for _ in range(max(1, cpus // 8))]
+              for _ in range(max(1, cpus // 4))]  # embedding is about a quarter of the work
     window = 2 * cpus  # documents in flight: enough to keep every core busy, not the whole corpus in memory
     todo = sorted(docs, key=_size, reverse=True)  # longest first: no long document starts last
     config = ray.put(ctx.config)
@@ -142,7 +143,7 @@ def _died(err: Exception) -> str:
 
 
 def _doc_fields(doc: Doc) -> dict:
-    return dict(sha=doc.sha, doc_id=doc.doc_id, keys=doc.keys, name=Path(doc.path).name)
+    return dict(sha=doc.sha, doc_id=doc.doc_id, keys=doc.keys, name=Path(doc.path).name, path=str(doc.path))
 
 
 def _size(doc: Doc) -> int:
@@ -206,7 +207,8 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
         out = {name: getattr(doc, name) for name in ROWS}
         out["notes"] = [n if isinstance(n, dict) else n.to_dict() for n in doc.notes]
         out["elements"] = [e if isinstance(e, dict) else e.to_dict() for e in doc.elements]
-        out.update(crops=crops, lines=[line.replace(str(path), fields["name"]) for line in lines],
+        out["warnings"] = [w.replace(str(path), fields["path"]) for w in doc.warnings]  # the driver's path
+        out.update(crops=crops, lines=[line.replace(str(path), fields["path"]) for line in lines],
                    seconds=dict(ctx.seconds), texts=[embedding_text(n) for n in doc.notes])
         return out
     finally:
