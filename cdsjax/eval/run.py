@@ -85,7 +85,12 @@ def release(fn: Callable[..., Any]) -> int:
     game per cross-validation task), so a long run does not keep one set of loaded executables per such
     function; returns how many cache entries were dropped."""
     dropped = 0
-    dropped += int(_BOUNDS.pop(fn, None) is not None)
+    bound = _BOUNDS.pop(fn, None)
+    dropped += int(bound is not None)
+    _CORPUS_BOUNDS.pop(fn, None)
+    for key in [k for k in _COMPILED if bound is not None and k[0] is bound]:
+        del _COMPILED[key]
+        dropped += 1
     batched = [k for k in _BATCHED if k[0] is fn]
     calls = {id(_BATCHED[k]) for k in batched}
     for key in batched:
@@ -117,6 +122,8 @@ _SELECTOR_FNS: Dict[Any, Any] = {}
 
 
 _BOUNDS: Dict[Any, Any] = {}
+_CORPUS_BOUNDS: Dict[Any, Dict[str, Any]] = {}  # selector -> {corpus content hash: bound}, kept across runs
+_HAS_BOUND: Dict[Any, bool] = {}  # (bound function, problem structure and shapes) -> whether it gives one
 
 
 def _bound_call(fn):
@@ -140,13 +147,21 @@ def _with_bounds(bound, batch, cache: Dict[str, Any]):
     from cdsjax.eval.bounds import group_bounds
 
     one = lambda i: jax.tree_util.tree_map(lambda a: a[i], batch)  # noqa: E731
-    if jax.eval_shape(bound, one(0)) is None:  # e.g. alpha_from="full": found per question
+    leaves, tree = jax.tree_util.tree_flatten(batch)
+    shape_key = (bound, str(tree), tuple((np.shape(a), str(np.asarray(a).dtype)) for a in leaves))
+    if shape_key not in _HAS_BOUND:  # e.g. alpha_from="full": found per question (traced once per shape)
+        _HAS_BOUND[shape_key] = jax.eval_shape(bound, one(0)) is not None
+    if not _HAS_BOUND[shape_key]:
         return batch
     leaves = [a for a in (batch.notes, batch.valid, batch.links, batch.pages, batch.doc_ids, batch.kinds,
                           batch.pinned) if a is not None]
     rows = [[np.asarray(a[i]) for a in leaves] + [np.asarray(batch.queries.shape[1:])]
             for i in range(batch.notes.shape[0])]
-    return batch.replace(bound=group_bounds(bound, rows, one, cache))
+    def compute(problem):  # compiled as the selectors are, for one core, so its reductions are theirs
+        problem = jax.device_put(problem)
+        return _executable(bound, [problem])(problem) if hasattr(bound, "lower") else bound(problem)
+
+    return batch.replace(bound=group_bounds(compute, rows, one, cache))
 
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
@@ -239,7 +254,7 @@ def run_selector(
         buckets=buckets, extras=extras, pad_batch=False)
     call = _batched(fn, sharded=ndev > 1, chunk=chunk)
     bound = _bound_call(fn)
-    bounds: Dict[str, Any] = {}  # corpus content hash -> its spectral bound (questions on one document share it)
+    bounds = _CORPUS_BOUNDS.setdefault(fn, {})  # corpus content hash -> its bound (questions on one document share it)
     out: List[Any] = [None] * len(problems)
     for g in groups:
         for start in range(0, len(g.positions), max_batch):
