@@ -79,6 +79,7 @@ def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
         assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes(), strategy
         assert np.asarray(a.scores).tobytes() == np.asarray(b.scores).tobytes(), strategy
     assert problem_bound(problem, core.CDSParams(alpha_from="full")) is None
+    assert problem_bound(problem, SHIPPED.replace(rel_repulsion=1.0)) is None  # its penalty stays per question
     assert problem_bound(problem, core.CDSParams(), "shared") is None
     assert corpus_bound_fn(core.make_selector("cosine", budget=3)) is None
     fn = core.make_selector("cds_converged", budget=3)

@@ -124,11 +124,12 @@ def problem_bound(problem, params, strategy: str = "single") -> Optional[Array]:
     for every question on it; None when the penalty must be found per question.
 
     ``"single"`` and ``"peel"`` (its first round) use the game's bound, ``"support"`` the bound at
-    :math:`\beta = 1` (which it rescales); ``"shared"`` computes its own, and ``alpha_from="full"`` reads each
-    question's relevance row (None for both). Exact (equal bit for bit to the per-question bound) for the
-    paper's game and a learned game without relevance-weighted repulsion when no notes are pinned; with
-    pinned notes or that repulsion, an upper bound (interlacing, :func:`learned_corpus_bound`), so the
-    guarantee holds. The query rows only give their count.
+    :math:`\beta = 1` (which it rescales); ``"shared"`` computes its own, ``alpha_from="full"`` reads each
+    question's relevance row, and so does a learned game with relevance-weighted repulsion (None for all
+    three: their penalty stays per question; :func:`learned_corpus_bound` is a valid but loose bound for the
+    last, measured to change most picks). Exact (equal bit for bit to the per-question bound) for the paper's
+    game and a learned game without that repulsion when no notes are pinned; with pinned notes an upper bound
+    (interlacing), so the guarantee holds. The query rows only give their count.
     """
     from cdsjax.core.learned import LearnedParams
 
@@ -138,7 +139,7 @@ def problem_bound(problem, params, strategy: str = "single") -> Optional[Array]:
     if isinstance(params, CDSParams):
         game = params.replace(beta=1.0) if strategy == "support" else params
         return corpus_bound(problem.notes, problem.valid, game, num_queries=m)
-    if isinstance(params, LearnedParams) and strategy in ("single", "peel"):
+    if isinstance(params, LearnedParams) and strategy in ("single", "peel") and learned_is_corpus_level(params):
         return learned_corpus_bound(problem.notes, problem.valid, params, links=problem.links, pages=problem.pages,
                                     doc_ids=problem.doc_ids, kinds=problem.kinds, num_queries=m)
     return None
