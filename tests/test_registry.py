@@ -27,7 +27,8 @@ def same_selection(a, b):
 
 def test_registry_names():
     assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
-                                   "cds_inimdyn", "cds_support", "cds_learned", "cosine_pages"}
+                                   "cds_inimdyn", "cds_support", "cds_learned", "cosine_pages", "mmr_pages",
+                                   "dpp_pages", "cds_learned_pages", "cds_pages", "cds_learned_sparse"}
 
 
 # (registry name, options, the same selection called on the core directly). Each option is one
