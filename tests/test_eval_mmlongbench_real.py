@@ -57,7 +57,12 @@ def _expected_metrics(problem, positions, gold_pages):
     z = np.asarray(problem.notes, np.float64)[positions]
     z /= np.linalg.norm(z, axis=1, keepdims=True)
     pairs = [z[i] @ z[j] for i, j in itertools.combinations(range(len(positions)), 2)]
-    return {"num_selected": float(len(positions)), "page_recall": page_recall,
+    # has_answer: the metric itself is tested on hand-made cases in test_answers.py; here, that the record scores
+    # the selected notes' own text against the question's gold answer (None where the answer is not covered)
+    from cdsjax.eval.answers import has_answer
+    targets = problem.answer_targets()
+    answer = None if targets is None else has_answer([problem.texts[i] for i in positions], targets)
+    return {"num_selected": float(len(positions)), "page_recall": page_recall, "has_answer": answer,
             "box_recall": hits / len(boxes) if boxes else None,
             "all_pages_found": None if page_recall is None else float(page_recall == 1.0),
             "distinct_pages": float(len(pages)), "redundancy": float(np.mean(pairs)) if pairs else None}
