@@ -287,6 +287,21 @@ def select_ppr(
     return Selection(indices=idx, selected_valid=ok, scores=scores)
 
 
+
+def same_unit(pages: Array, valid: Array, doc_ids: Optional[Array] = None) -> Array:
+    """``[n, n]`` bool: valid notes ``i`` and ``j`` lie in one unit (page, or ``(document, page)`` with ``doc_ids``)."""
+    n = valid.shape[0]
+    pages = jnp.asarray(pages)
+    if pages.shape != (n,):
+        raise ValueError(f"pages must have shape ({n},), got {pages.shape}")
+    same = pages[:, None] == pages[None, :]
+    if doc_ids is not None:
+        doc_ids = jnp.asarray(doc_ids)
+        if doc_ids.shape != (n,):
+            raise ValueError(f"doc_ids must have shape ({n},), got {doc_ids.shape}")
+        same = same & (doc_ids[:, None] == doc_ids[None, :])
+    return same & valid[:, None] & valid[None, :]
+
 def select_cosine_pages(
     notes: Array,
     query: Array,
@@ -326,16 +341,8 @@ def select_cosine_pages(
     budget = check_budget(budget)
     rel = relevance(notes, query, valid)
     valid = jnp.asarray(valid, bool)
-    pages = jnp.asarray(pages)
     n = rel.shape[0]
-    if pages.shape != (n,):
-        raise ValueError(f"pages must have shape [{n}], got {pages.shape}")
-    same = pages[:, None] == pages[None, :]
-    if doc_ids is not None:
-        doc_ids = jnp.asarray(doc_ids)
-        if doc_ids.shape != (n,):
-            raise ValueError(f"doc_ids must have shape [{n}], got {doc_ids.shape}")
-        same = same & (doc_ids[:, None] == doc_ids[None, :])
+    same = same_unit(pages, valid, doc_ids)
     pos = jnp.arange(n)
     # ahead[i, j]: note j comes before note i in cosine order (ties to the lower index)
     ahead = (rel[None, :] > rel[:, None]) | ((rel[None, :] == rel[:, None]) & (pos[None, :] < pos[:, None]))

@@ -34,6 +34,7 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.affinity import spectral_penalty
+from cdsjax.core.baselines import same_unit
 from cdsjax.core.implicit import attach_implicit
 from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
@@ -49,25 +50,11 @@ from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_va
 GREEDY_DEPTH_FACTOR = 8
 
 
-def _same_unit(pages: Array, valid: Array, doc_ids: Optional[Array]) -> Array:
-    n = valid.shape[0]
-    pages = jnp.asarray(pages)
-    if pages.shape != (n,):
-        raise ValueError(f"pages must have shape ({n},), got {pages.shape}")
-    same = pages[:, None] == pages[None, :]
-    if doc_ids is not None:
-        doc_ids = jnp.asarray(doc_ids)
-        if doc_ids.shape != (n,):
-            raise ValueError(f"doc_ids must have shape ({n},), got {doc_ids.shape}")
-        same = same & (doc_ids[:, None] == doc_ids[None, :])
-    return same & valid[:, None] & valid[None, :]
-
-
 def page_units(pages: Array, valid: Array, doc_ids: Optional[Array] = None) -> tuple[Array, Array, Array]:
     """``(same [n, n] bool, rep [n] bool, owner [n] int32)``: which valid notes share a unit, which note represents
     its unit (the first valid one), and each note's representative (0 at padding)."""
     valid = jnp.asarray(valid, bool)
-    same = _same_unit(pages, valid, doc_ids)
+    same = same_unit(pages, valid, doc_ids)
     pos = jnp.arange(valid.shape[0])
     earlier = same & (pos[None, :] < pos[:, None])
     rep = valid & ~jnp.any(earlier, axis=1)
@@ -97,7 +84,7 @@ def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, 
     valid = jnp.asarray(valid, bool)
     n = valid.shape[0]
     rank = jnp.asarray(rank)
-    same = _same_unit(pages, valid, doc_ids)
+    same = same_unit(pages, valid, doc_ids)
     tier = jnp.sum(same & (rank[None, :] < rank[:, None]), axis=1)
     group = tier // int(k)
     eligible = valid if fill else valid & (group == 0)
