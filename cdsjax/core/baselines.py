@@ -288,6 +288,19 @@ def select_ppr(
 
 
 
+
+def cut_to_budget(order: Array, eligible: Array, budget: int) -> tuple[Array, Array]:
+    """The first ``budget`` positions of ``order`` (padded with 0 past ``n``) as ``(indices int32, ok)``, where ``ok``
+    says the position holds an eligible note; indices of positions that do not are 0."""
+    n = order.shape[0]
+    if budget > n:
+        order = jnp.concatenate([order, jnp.zeros((budget - n,), order.dtype)])
+        ok = jnp.concatenate([eligible[order[:n]], jnp.zeros((budget - n,), bool)])
+    else:
+        order = order[:budget]
+        ok = eligible[order]
+    return jnp.where(ok, order, 0).astype(jnp.int32), ok
+
 def same_unit(pages: Array, valid: Array, doc_ids: Optional[Array] = None) -> Array:
     """``[n, n]`` bool: valid notes ``i`` and ``j`` lie in one unit (page, or ``(document, page)`` with ``doc_ids``)."""
     n = valid.shape[0]
@@ -350,11 +363,5 @@ def select_cosine_pages(
     eligible = valid if fill else valid & (tier == 0)
     tier = jnp.where(eligible, tier, n + 1)
     order = jnp.lexsort((pos, -rel, tier))  # last key is the primary one
-    if budget > n:
-        order = jnp.concatenate([order, jnp.zeros((budget - n,), order.dtype)])
-        ok = jnp.concatenate([eligible[order[:n]], jnp.zeros((budget - n,), bool)])
-    else:
-        order = order[:budget]
-        ok = eligible[order]
-    idx = jnp.where(ok, order, 0).astype(jnp.int32)
+    idx, ok = cut_to_budget(order, eligible, budget)
     return Selection(indices=idx, selected_valid=ok, scores=jnp.where(ok, rel[idx], 0.0))

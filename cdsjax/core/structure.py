@@ -34,7 +34,7 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.affinity import spectral_penalty
-from cdsjax.core.baselines import same_unit
+from cdsjax.core.baselines import cut_to_budget, same_unit
 from cdsjax.core.implicit import attach_implicit
 from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
@@ -90,13 +90,7 @@ def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, 
     eligible = valid if fill else valid & (group == 0)
     group = jnp.where(eligible, group, n + 1)
     order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
-    if budget > n:
-        order = jnp.concatenate([order, jnp.zeros((budget - n,), order.dtype)])
-        ok = jnp.concatenate([eligible[order[:n]], jnp.zeros((budget - n,), bool)])
-    else:
-        order = order[:budget]
-        ok = eligible[order]
-    return jnp.where(ok, order, 0).astype(jnp.int32), ok
+    return cut_to_budget(order, eligible, budget)
 
 
 def rank_positions(indices: Array, selected_valid: Array, valid: Array, tie: Array) -> Array:
