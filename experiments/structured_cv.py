@@ -77,12 +77,12 @@ def settings(grid: str = "full"):
     if grid not in ("full", "lean", "pool", "bound"):
         raise ValueError(f"grid must be full, lean, pool or bound, got {grid!r}")
     full = grid in ("full", "bound")
-    starts = DEFAULT_STARTS if full else [s for s in DEFAULT_STARTS if s in SPARSE_THETAS[:2 if grid == "pool" else 3]]
+    starts = DEFAULT_STARTS if full else [s for s in DEFAULT_STARTS if s in SPARSE_THETAS[:1 if grid == "pool" else 3]]
     lams = (0.3, 0.5, 0.7, 0.9) if grid != "pool" else (0.7, 0.9)
     dpps = (1.0, 3.0, 10.0) if grid != "pool" else (3.0, 10.0)
     betas = (0.03, 0.1, 0.3, 1.0) if full else (0.03, 0.3) if grid == "lean" else (0.03,)
     factors = (1.0, 0.5) if grid != "pool" else (1.0,)
-    thetas = SPARSE_THETAS if full else SPARSE_THETAS[:2]
+    thetas = SPARSE_THETAS if full else SPARSE_THETAS[:1 if grid == "pool" else 2]
     sparse_f = (0.5, 0.0) if grid != "pool" else (0.5,)
     out = [("cosine ranking", "cosine top-B", "rank_cosine", None)]
     out += [("mmr ranking", f"mmr lam={v:g}", "rank_mmr", v) for v in lams]
