@@ -126,6 +126,7 @@ def _last_sentences(text: str, max_chars: int) -> str:
 
 
 _YAKE: Dict[Tuple[str, int], object] = {}
+KEYWORDS_SPLIT_MIN = 24  # notes from which the layout helper (if one runs) computes half of the keywords
 
 
 def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
@@ -149,13 +150,25 @@ def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
     """Lite notes: summary, keywords and tags from each element's own text (no model)."""
     cfg = config.enrich
     notes = notes_from_elements(elements)
+    sources = []
     for note, el in zip(notes, elements):
         note.summary = lite_summary(el, int(cfg.summary_chars))
-        source = note.summary if el.kind != "text" else el.text
-        note.keywords = extract_keywords(source, top=int(cfg.num_keywords), language=cfg.keyword_language)
+        sources.append(note.summary if el.kind != "text" else el.text)
         note.tags = [el.kind] + ([el.role] if el.role not in (el.kind, "body") else []) + (
             [el.label] if el.label else []
         )
+    top, language = int(cfg.num_keywords), cfg.keyword_language
+
+    def keywords(text: str) -> List[str]:
+        return extract_keywords(text, top=top, language=language)
+
+    found = None
+    if len(sources) >= KEYWORDS_SPLIT_MIN:  # YAKE is most of this function's time: half on the layout helper
+        from cdsjax.io.layout import keywords_in_helper
+
+        found = keywords_in_helper(sources, top, language, keywords)
+    for note, words in zip(notes, found if found is not None else map(keywords, sources)):
+        note.keywords = words
     return notes
 
 
