@@ -38,9 +38,12 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     monkeypatch.setitem(layout._STATE, "threads", 2)  # as on a machine with two free cores
     layout.set_page_split(True)
     try:
+        layout.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
+        started = layout._STATE.get("helper")
+        assert isinstance(started, layout._Helper)
         split = _parse(pdf, tmp_path / "split")
         helper = layout._STATE.get("helper")
-        assert isinstance(helper, layout._Helper), "the document was not split"
+        assert helper is started, "the document was not split by the helper started ahead"
         # the helper also computes half of a document's keywords: the same as computed here
         texts = [json.loads(e)["text"] for e in split[0]] * 3 + ["", "12 34"]
 

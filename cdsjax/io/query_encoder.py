@@ -11,8 +11,9 @@ bucket lengths, so a process compiles one or two shapes, and JAX's persistent co
 
 Notes are encoded the same way, many at a time (:meth:`QueryEncoder.encode_documents`: texts sorted by
 length, batches of a fixed size padded to a few lengths): :class:`cdsjax.io.embed.Embedder` uses it for
-indexing when the model allows, so indexing a PDF does not import torch either, and on this CPU it takes
-about two thirds of sentence-transformers' CPU time (RESULTS.md, "Ingestion: profile, floors and what changed").
+indexing when the model allows, so indexing a PDF does not import torch either; on this CPU the encoding took
+about 0.6 of sentence-transformers' CPU time and the load a fifth (RESULTS.md, "Ingestion: profile, floors and
+what changed").
 
 Anything else (other architectures, pooling modes, remote code, weights not on local disk) returns
 None from :meth:`QueryEncoder.from_info`; the caller then uses :class:`cdsjax.io.embed.Embedder`.
