@@ -87,7 +87,7 @@ def _run(ray, docs: List[Doc], ctx: BuildContext):
     parse = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_parse_task)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     fresh = copy.copy(ctx.embedder)
-    fresh._model = None  # each actor loads the model itself, once
+    fresh._model = fresh._jax = None  # each actor loads the model itself, once
     actors = [ray.remote(num_cpus=0, max_restarts=RETRIES, max_task_retries=RETRIES)(EmbedActor).remote(fresh)
               for _ in range(max(1, cpus // 4))]  # embedding is about a quarter of the work
     window = 2 * cpus  # documents in flight: enough to keep every core busy, not the whole corpus in memory
@@ -231,6 +231,9 @@ class EmbedActor:
     """A Ray actor that loads the embedding model once and embeds the notes of each parsed document."""
 
     def __init__(self, embedder):
+        from cdsjax.io.memory import keep_freed_memory
+
+        keep_freed_memory()  # this process only embeds: its large buffers are reused, not faulted in again
         self.embedder = embedder  # the driver's embedder (same model, prefixes, batch size), model not loaded
 
     def embed(self, parsed: dict):

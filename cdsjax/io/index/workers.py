@@ -13,7 +13,7 @@ from cdsjax.io import store
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.context import BuildContext, Doc
 from cdsjax.io.index.stages import build_doc, finish_doc, prepare_doc
-from cdsjax.io.memory import keep_freed_memory, stop_keeping_freed_memory, worker_environment
+from cdsjax.io.memory import freed_memory_kept, keep_freed_memory, stop_keeping_freed_memory, worker_environment
 
 EMBED_IN = ("parent", "worker")
 
@@ -90,7 +90,9 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
                     continue
                 if pending is not None:
                     yield _finished(*pending)
-                pending = (doc, pool.submit(finish_doc, doc, ctx, staging, redo))
+                # the last document is embedded while this process no longer parses: freed blocks are kept
+                finish = _finish_last if doc is docs[-1] else finish_doc
+                pending = (doc, pool.submit(finish, doc, ctx, staging, redo))
             if pending is not None:
                 yield _finished(*pending)
                 pending = None
@@ -99,9 +101,16 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
                 pending[1].exception()
 
 
+def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
+    """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`): nothing
+    parses in this process meanwhile."""
+    with freed_memory_kept():
+        finish_doc(doc, ctx, staging, redo)
+
+
 def _preload(embedder) -> None:
     try:
-        embedder.model  # noqa: B018
+        embedder.load()
     except Exception:  # raised again, as each document's one-line error, where the model is used
         pass
 
@@ -127,7 +136,7 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
     fresh = None
     if in_worker:
         fresh = copy.copy(embedder)
-        fresh._model = None  # each worker loads the model itself
+        fresh._model = fresh._jax = None  # each worker loads the model itself
     docs = sorted(docs, key=_doc_size, reverse=True)  # longest first: no long document starts last
     loader = None
     if not in_worker:  # load the model here while the workers parse their first documents
@@ -136,7 +145,7 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
 
         def preload() -> None:
             try:
-                embedder.model  # noqa: B018
+                embedder.load()
             except Exception:  # raised again, as each document's one-line error, where the model is used
                 pass
 
