@@ -45,7 +45,7 @@ from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 # The gathered Newton systems' sizes: the smallest that holds the support is solved.
-BLOCK_CAPACITIES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def _learned():
