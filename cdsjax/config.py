@@ -62,6 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.embedder.document_prefix = ml_collections.config_dict.placeholder(str)
     config.embedder.batch_size = 32
     config.embedder.device = "cpu"
+    # "auto": the JAX forward of cdsjax.io.query_encoder where the model allows (the default MiniLM on the CPU;
+    # no torch import), else sentence-transformers; "jax" or "sentence-transformers" to insist on one.
+    config.embedder.backend = "auto"
     config.embedder.normalize = True
     config.embedder.trust_remote_code = ml_collections.config_dict.placeholder(bool)  # None: per model
     config.embedder.show_progress = True

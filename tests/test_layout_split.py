@@ -1,6 +1,6 @@
 """The ways cdsjax.io.layout runs PyMuPDF's layout model give the elements and crops of the plain run: a
-document split over a helper process (a rotated page among the helper's), and pages batched through the
-image network."""
+document split over a helper process (a rotated page among the helper's; the helper's half of the keywords),
+and pages batched through the image network."""
 
 import hashlib
 import json
@@ -9,6 +9,7 @@ import pymupdf
 
 from cdsjax.config import get_config
 from cdsjax.io import layout
+from cdsjax.io.notes import extract_keywords
 from cdsjax.io.parse import parse_pdf
 from tests import ingest_pdfs as gen
 
@@ -37,8 +38,20 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     monkeypatch.setitem(layout._STATE, "threads", 2)  # as on a machine with two free cores
     layout.set_page_split(True)
     try:
+        layout.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
+        started = layout._STATE.get("helper")
+        assert isinstance(started, layout._Helper)
         split = _parse(pdf, tmp_path / "split")
-        assert isinstance(layout._STATE.get("helper"), layout._Helper), "the document was not split"
+        helper = layout._STATE.get("helper")
+        assert helper is started, "the document was not split by the helper started ahead"
+        # the helper also computes half of a document's keywords: the same as computed here
+        texts = [json.loads(e)["text"] for e in split[0]] * 3 + ["", "12 34"]
+
+        def here(t):
+            return extract_keywords(t, top=5)
+
+        assert layout.keywords_in_helper(texts, 5, "en", here) == [here(t) for t in texts]
+        assert layout._STATE.get("helper") is helper and not helper.busy  # it answered (no fallback)
     finally:
         layout.stop_helper()
         layout.set_page_split(True)

@@ -73,3 +73,63 @@ def test_ask_on_an_index_does_not_import_torch(tiny_index, tmp_path):
     assert result == dict(rc=0, heavy=[], n=result["n"]) and result["n"] >= 1
     # the persistent compilation cache was filled in the cdsjax cache directory
     assert any((tmp_path / "cache" / "jax-compilation").iterdir())
+
+
+DOCUMENTS = TEXTS + [f"Note {i}: revenue in region {i} grew by {3 * i}% over fiscal year 20{10 + i}." * (1 + i % 7)
+                     for i in range(30)]  # more than one batch, many lengths (buckets)
+
+
+def test_documents_match_sentence_transformers():
+    """The JAX backend of Embedder (the default for MiniLM on the CPU) equals sentence-transformers on notes:
+    batches, length buckets, filler rows and the order of the texts change nothing."""
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.index import default_config
+
+    cfg = default_config()
+    cfg.embedder.show_progress = False
+    cfg.embedder.document_prefix = "search_document: "
+    fast = Embedder(cfg)
+    assert fast.jax_encoder() is not None
+    cfg.embedder.backend = "sentence-transformers"
+    reference = Embedder(cfg)
+    assert reference.jax_encoder() is None
+    want = reference.encode_documents(DOCUMENTS)
+    got = fast.encode_documents(DOCUMENTS)
+    assert got.shape == want.shape == (len(DOCUMENTS), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(fast.encode_documents(DOCUMENTS[::-1]), got[::-1], atol=1e-6)
+    assert fast.encode_documents([]).shape == (0, 384) and fast.dim == 384
+    np.testing.assert_allclose(fast.encode_queries(TEXTS[:1]), reference.encode_queries(TEXTS[:1]), atol=2e-5)
+
+
+def test_jax_backend_refuses_what_it_cannot_encode():
+    from cdsjax.io.embed import Embedder, EmbedderError
+    from cdsjax.io.index import default_config
+
+    cfg = default_config()
+    cfg.embedder.backend = "jax"
+    cfg.embedder.device = "cuda"
+    with pytest.raises(EmbedderError, match="backend 'jax'"):
+        Embedder(cfg).jax_encoder()
+    cfg.embedder.backend = "torch"
+    with pytest.raises(EmbedderError, match="backend must be one of"):
+        Embedder(cfg)
+
+
+def test_ask_on_a_new_pdf_does_not_import_torch(data_root, tmp_path):
+    """Indexing a PDF and asking it, in one fresh process, never imports torch (notes embedded in JAX)."""
+    pdf = data_root / "pdfs" / "multicolumn.pdf"
+    code = (
+        "import sys, io, contextlib, json\n"
+        "from cdsjax import cli\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    rc = cli.main(['ask', {str(pdf)!r}, 'What is the document about?', '--json'])\n"
+        "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules)\n"
+        "print(json.dumps(dict(rc=rc, heavy=heavy, n=len(json.loads(buf.getvalue())['evidence']))))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == dict(rc=0, heavy=[], n=result["n"]) and result["n"] >= 1

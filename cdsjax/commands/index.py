@@ -111,6 +111,9 @@ def run(args) -> int:
         if args.verify:
             summary = verify_index(args.verify, config=config, log=log, wait=not args.no_wait)
         else:
+            from cdsjax.io.compilation_cache import enable_compilation_cache
+
+            enable_compilation_cache()  # the note encoder's executables (JAX) load from disk on the next run
             summary = build_index(args.paths, out, config=config, strict=args.strict, progress=progress, log=log,
                                   replace=args.replace, remove=args.remove or (), wait=not args.no_wait,
                                   workers=args.workers, ray=args.ray)

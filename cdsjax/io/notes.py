@@ -22,6 +22,7 @@ import re
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from cdsjax.io.elements import Element, Record, gap
+from cdsjax.io.keywords import extract_keywords
 
 NOTES_VERSION = "notes-1"
 
@@ -125,37 +126,32 @@ def _last_sentences(text: str, max_chars: int) -> str:
     return out[-max_chars:].lstrip()
 
 
-_YAKE: Dict[Tuple[str, int], object] = {}
-
-
-def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
-    """Keywords of ``text`` by YAKE (unsupervised, single-document), best first."""
-    text = " ".join(text.split())
-    if len(text) < 3 or top <= 0:
-        return []
-    key = (language, top)
-    if key not in _YAKE:
-        import yake
-
-        _YAKE[key] = yake.KeywordExtractor(lan=language, n=3, top=top, dedupLim=0.7)
-    try:
-        pairs = _YAKE[key].extract_keywords(text[:6000])
-    except Exception:  # YAKE fails on some degenerate inputs (only digits/punctuation)
-        return []
-    return [kw for kw, _ in pairs]
+KEYWORDS_SPLIT_MIN = 24  # notes from which the layout helper (if one runs) computes half of the keywords
 
 
 def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
     """Lite notes: summary, keywords and tags from each element's own text (no model)."""
     cfg = config.enrich
     notes = notes_from_elements(elements)
+    sources = []
     for note, el in zip(notes, elements):
         note.summary = lite_summary(el, int(cfg.summary_chars))
-        source = note.summary if el.kind != "text" else el.text
-        note.keywords = extract_keywords(source, top=int(cfg.num_keywords), language=cfg.keyword_language)
+        sources.append(note.summary if el.kind != "text" else el.text)
         note.tags = [el.kind] + ([el.role] if el.role not in (el.kind, "body") else []) + (
             [el.label] if el.label else []
         )
+    top, language = int(cfg.num_keywords), cfg.keyword_language
+
+    def keywords(text: str) -> List[str]:
+        return extract_keywords(text, top=top, language=language)
+
+    found = None
+    if len(sources) >= KEYWORDS_SPLIT_MIN:  # YAKE is most of this function's time: half on the layout helper
+        from cdsjax.io.layout import keywords_in_helper
+
+        found = keywords_in_helper(sources, top, language, keywords)
+    for note, words in zip(notes, found if found is not None else map(keywords, sources)):
+        note.keywords = words
     return notes
 
 

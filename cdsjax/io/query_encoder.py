@@ -1,4 +1,4 @@
-"""Question encoding without torch: a jitted JAX forward of BERT-type sentence-transformers models.
+"""Encoding without torch: a jitted JAX forward of BERT-type sentence-transformers models.
 
 Asking a question needs one short text embedded with the model that embedded the notes. Loading that
 model through sentence-transformers imports torch and transformers, about 5 s of a 12 s ``cdsjax ask``
@@ -8,6 +8,12 @@ own ``model.safetensors`` and ``tokenizer.json`` (the ``tokenizers`` and ``safet
 which import in milliseconds) and runs the same forward pass in JAX. Token sequences are padded to a few
 bucket lengths, so a process compiles one or two shapes, and JAX's persistent compilation cache (see
 :func:`cdsjax.pipeline.enable_compilation_cache`) makes later processes skip even that.
+
+Notes are encoded the same way, many at a time (:meth:`QueryEncoder.encode_documents`: texts sorted by
+length, batches of a fixed size padded to a few lengths): :class:`cdsjax.io.embed.Embedder` uses it for
+indexing when the model allows, so indexing a PDF does not import torch either; on this CPU the encoding took
+about 0.6 of sentence-transformers' CPU time and the load a fifth (RESULTS.md, "Ingestion: profile, floors and
+what changed").
 
 Anything else (other architectures, pooling modes, remote code, weights not on local disk) returns
 None from :meth:`QueryEncoder.from_info`; the caller then uses :class:`cdsjax.io.embed.Embedder`.
@@ -25,6 +31,8 @@ import numpy as np
 
 # Token lengths a question is padded to (the model's max_seq_length caps the last bucket).
 TOKEN_BUCKETS = (32, 64, 128, 256, 512)
+# Token lengths a batch of notes is padded to (one compiled shape each, per batch size).
+DOCUMENT_BUCKETS = (32, 64, 128, 192, 256, 384, 512)
 
 _ENCODERS: dict = {}
 _LOCK = threading.Lock()
@@ -37,7 +45,7 @@ def _read_json(path: Path):
 
 def supported_model_dir(info: dict) -> Optional[Path]:
     """The local model directory of an index's embedder when this module can encode with it, else None."""
-    from cdsjax.io.embed import resolve_model
+    from cdsjax.io.model_files import resolve_model
 
     if info.get("trust_remote_code"):
         return None
@@ -134,7 +142,15 @@ def _make_forward(num_heads: int, eps: float, normalize: bool):
             pooled = pooled / jnp.maximum(jnp.linalg.norm(pooled), 1e-12)
         return pooled
 
-    return jax.jit(forward)
+    return forward
+
+
+def _jit_forwards(num_heads: int, eps: float, normalize: bool):
+    """``(one, batch)``: the forward of one sequence ``[L]`` and of a batch ``[B, L]``, jitted."""
+    import jax
+
+    forward = _make_forward(num_heads, eps, normalize)
+    return jax.jit(forward), jax.jit(jax.vmap(forward, in_axes=(None, 0, 0)))
 
 
 class QueryEncoder:
@@ -153,6 +169,7 @@ class QueryEncoder:
         modules = _read_json(root / "modules.json")
         self.model_name = str(info.get("model"))
         self.query_prefix = info.get("query_prefix") or ""
+        self.document_prefix = info.get("document_prefix") or ""
         # the model's own Normalize module, then the index's normalisation (as the Embedder does)
         self.normalize = len(modules) == 3 or bool(info.get("normalize", True))
         self.max_length = int(min(sbert.get("max_seq_length") or 512, config.get("max_position_embeddings", 512)))
@@ -162,8 +179,8 @@ class QueryEncoder:
         weights = _strip_prefix(load_file(str(root / "model.safetensors")))
         self.params = _bert_params(weights, int(config["num_hidden_layers"]))
         self.pad_id = int(config.get("pad_token_id", 0) or 0)
-        self._forward = _make_forward(int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12)),
-                                      self.normalize)
+        self._forward, self._forward_batch = _jit_forwards(
+            int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12)), self.normalize)
 
     @classmethod
     def from_info(cls, info: dict) -> Optional["QueryEncoder"]:
@@ -171,7 +188,8 @@ class QueryEncoder:
         root = supported_model_dir(info)
         if root is None:
             return None
-        key = (str(root), info.get("query_prefix") or "", bool(info.get("normalize", True)))
+        key = (str(root), info.get("query_prefix") or "", info.get("document_prefix") or "",
+               bool(info.get("normalize", True)))
         with _LOCK:
             if key not in _ENCODERS:
                 try:
@@ -180,8 +198,12 @@ class QueryEncoder:
                     return None
             return _ENCODERS[key]
 
-    def bucket(self, length: int) -> int:
-        for b in TOKEN_BUCKETS:
+    @property
+    def dim(self) -> int:
+        return int(self.params["word"].shape[1])
+
+    def bucket(self, length: int, buckets=TOKEN_BUCKETS) -> int:
+        for b in buckets:
             if length <= b:
                 return min(b, self.max_length)
         return self.max_length
@@ -199,3 +221,35 @@ class QueryEncoder:
             mask = np.arange(size) < n
             out.append(np.asarray(jax.device_get(self._forward(self.params, ids, mask)), np.float32))
         return np.stack(out) if out else np.zeros((0, self.params["word"].shape[1]), np.float32)
+
+    def encode_documents(self, texts: Sequence[str], *, batch_size: int = 32, prefix: bool = True,
+                         show_progress: bool = False) -> np.ndarray:
+        """``[len(texts), d]`` float32 note embeddings (document prefix applied unless ``prefix=False``),
+        ``batch_size`` at a time.
+
+        Texts are sorted by token count, longest first, and each batch is padded to the smallest of
+        ``DOCUMENT_BUCKETS`` that holds its longest text (a short last batch is filled with one-token
+        rows), so a process compiles one shape per bucket; the output is in the order of ``texts``.
+        Padding does not change a text's embedding (masked out of attention and pooling).
+        """
+        import jax
+
+        out = np.zeros((len(texts), self.dim), np.float32)
+        if not len(texts):
+            return out
+        head = self.document_prefix if prefix else ""
+        encodings = self.tokenizer.encode_batch([head + t for t in texts])
+        lengths = np.array([len(e.ids) for e in encodings])
+        order = np.argsort(-lengths, kind="stable")
+        size = max(1, int(batch_size))
+        for start in range(0, len(order), size):
+            rows = order[start:start + size]
+            width = self.bucket(int(lengths[rows[0]]), DOCUMENT_BUCKETS)
+            ids = np.full((size, width), self.pad_id, np.int32)
+            mask = np.zeros((size, width), bool)
+            mask[len(rows):, 0] = True  # filler rows: one token, discarded
+            for r, i in enumerate(rows):
+                ids[r, :lengths[i]] = encodings[i].ids
+                mask[r, :lengths[i]] = True
+            out[rows] = np.asarray(jax.device_get(self._forward_batch(self.params, ids, mask)))[:len(rows)]
+        return out

@@ -87,7 +87,7 @@ def _run(ray, docs: List[Doc], ctx: BuildContext):
     parse = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_parse_task)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     fresh = copy.copy(ctx.embedder)
-    fresh._model = None  # each actor loads the model itself, once
+    fresh._model = fresh._jax = None  # each actor loads the model itself, once
     actors = [ray.remote(num_cpus=0, max_restarts=RETRIES, max_task_retries=RETRIES)(EmbedActor).remote(fresh)
               for _ in range(max(1, cpus // 4))]  # embedding is about a quarter of the work
     window = 2 * cpus  # documents in flight: enough to keep every core busy, not the whole corpus in memory

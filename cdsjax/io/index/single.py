@@ -104,6 +104,10 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     check_pdf_file(pdf)
     sha = store.sha256_file(pdf)
     out = _single_index_dir(pdf, sha, cache_dir, config)
+    if not (out / store.MANIFEST).is_file() and str(config.ingest.parser) == "pymupdf":
+        from cdsjax.io.layout import prestart_helper
+
+        prestart_helper(pdf)  # a new PDF: the layout helper loads while this process gets ready
     build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
                 cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
     return load_index(out)

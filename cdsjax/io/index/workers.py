@@ -101,7 +101,7 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
 
 def _preload(embedder) -> None:
     try:
-        embedder.model  # noqa: B018
+        embedder.load()
     except Exception:  # raised again, as each document's one-line error, where the model is used
         pass
 
@@ -127,7 +127,7 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
     fresh = None
     if in_worker:
         fresh = copy.copy(embedder)
-        fresh._model = None  # each worker loads the model itself
+        fresh._model = fresh._jax = None  # each worker loads the model itself
     docs = sorted(docs, key=_doc_size, reverse=True)  # longest first: no long document starts last
     loader = None
     if not in_worker:  # load the model here while the workers parse their first documents
@@ -136,7 +136,7 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
 
         def preload() -> None:
             try:
-                embedder.model  # noqa: B018
+                embedder.load()
             except Exception:  # raised again, as each document's one-line error, where the model is used
                 pass
 

@@ -1,0 +1,25 @@
+"""YAKE keywords of a text: the lite notes' keywords (:mod:`cdsjax.io.notes`), also computed by the layout
+helper process (:func:`cdsjax.io.layout.keywords_in_helper`)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+_YAKE: Dict[Tuple[str, int], object] = {}
+
+
+def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
+    """Keywords of ``text`` by YAKE (unsupervised, single-document), best first."""
+    text = " ".join(text.split())
+    if len(text) < 3 or top <= 0:
+        return []
+    key = (language, top)
+    if key not in _YAKE:
+        import yake
+
+        _YAKE[key] = yake.KeywordExtractor(lan=language, n=3, top=top, dedupLim=0.7)
+    try:
+        pairs = _YAKE[key].extract_keywords(text[:6000])
+    except Exception:  # YAKE fails on some degenerate inputs (only digits/punctuation)
+        return []
+    return [kw for kw, _ in pairs]
