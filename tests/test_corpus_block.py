@@ -108,3 +108,22 @@ def test_pipeline_keeps_the_block_with_the_bound():
         dense = fn(problem)
         np.testing.assert_array_equal(np.asarray(first.indices), np.asarray(dense.indices))
     assert pipe.select(qs[1], selector="cosine", budget=5).indices.shape == (5,)
+
+
+def test_the_integrations_chooser_keeps_them_per_candidate_set():
+    from cdsjax.integrations._common import Chooser
+
+    z, qs, _, _ = corpus(60, 60, seed=4)
+    chooser = Chooser("cds-converged", budget=5)
+    first, _ = chooser(z, qs[0])
+    key, _, bound, block = chooser._corpus
+    assert bound is not None and block is not None
+    chooser(z, qs[1])
+    assert chooser._corpus[0] == key  # same candidates: kept
+    chooser(z[::-1].copy(), qs[0])
+    assert chooser._corpus[0] != key  # other candidates: computed again
+    # the picks are those of the dense solve with the bound
+    problem = chooser._with_corpus(*(lambda c: (c, c.problem(qs[0], chooser.spec)))(
+        __import__("cdsjax.selection", fromlist=["Candidates"]).Candidates.pad(z, min_size=5)))
+    dense = jax.jit(chooser.fn)(problem.replace(note_block=None))
+    assert [i for i, _ in first] == np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
