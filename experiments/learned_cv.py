@@ -20,10 +20,14 @@ larger pools are drawn inside the test documents (test problems) or inside the t
   mean recall@B over their questions;
 * learned CDS: ``cdsjax.learn.fit`` on the training documents, early-stopped on the validation share.
 
+Every selector is scored by recall@B (gold pages or paragraphs) and by has-answer@B (the selected notes' text
+holds a normalised gold answer, :mod:`cdsjax.eval.answers`; NaN on questions it does not cover), the tuned
+baselines chosen by recall@B as before.
+
 Outputs in ``config.output_dir``: ``records.jsonl`` (one line per task, selector, budget and
-question; a rerun skips what is there), ``tuning.json`` (the chosen values per task), ``folds.json``
-(the document split), ``summary.json`` / ``summary.csv`` (means with bootstrap intervals, paired
-differences of learned CDS against each selector with win/tie/loss), ``learned_cv.png``.
+question, with ``recall`` and ``has_answer``; a rerun skips what is there), ``tuning.json`` (the chosen values per
+task), ``folds.json`` (the document split), ``summary.json`` / ``summary.csv`` (means with bootstrap intervals per
+metric, paired differences of learned CDS against each selector with win/tie/loss), ``learned_cv.png``.
 """
 
 from __future__ import annotations
@@ -228,15 +232,26 @@ def make_tasks(datas: Dict[str, BenchmarkData], config) -> Tuple[List[Task], dic
 # ----------------------------------------------------------------------------- running
 
 
+METRICS = ("recall", "has_answer")
+
+
+def has_answer_of(problem, selection) -> float:
+    """has-answer of a selection (:func:`cdsjax.eval.scoring.answer_hit`): NaN where the question is not covered."""
+    from cdsjax.eval.scoring import answer_hit
+
+    idx = [int(i) for i in np.asarray(selection.indices)[np.asarray(selection.selected_valid, bool)]]
+    return answer_hit(problem, idx)
+
+
 class Runner:
-    """Runs selectors over problems, remembering each (selector, budget, question, pool) recall, so a
-    problem shared by several tasks (single documents, the transfer targets) is solved once."""
+    """Runs selectors over problems, remembering each (selector, budget, question, pool) recall and has-answer, so
+    a problem shared by several tasks (single documents, the transfer targets) is solved once."""
 
     def __init__(self, datas: Dict[str, BenchmarkData], max_batch: int):
         self.datas = datas
         self.max_batch = max_batch
         self.kind_of = {}
-        self.memo: Dict[tuple, float] = {}
+        self.memo: Dict[tuple, Tuple[float, float]] = {}
         for b, d in datas.items():
             for q in d.queries:
                 self.kind_of[q.qid] = (b, d.kind)
@@ -245,8 +260,10 @@ class Runner:
     def key(label: str, budget: int, problem) -> tuple:
         return (label, int(budget), problem.query.qid, tuple(dict.fromkeys(problem.docs)))
 
-    def recalls(self, label: str, selector, budget: int, problems: Sequence[Any], *, memo: bool = True) -> np.ndarray:
-        """``[len(problems)]`` recall@budget of ``selector``: ``(spec, fn)``, a registry spec and its function."""
+    def recalls(self, label: str, selector, budget: int, problems: Sequence[Any], *, memo: bool = True,
+                metric: str = "recall") -> np.ndarray:
+        """``[len(problems)]`` recall@budget (or ``metric="has_answer"``) of ``selector``: ``(spec, fn)``, a registry
+        spec and its function."""
         from cdsjax.eval.run import run_selector
 
         spec, fn = selector
@@ -258,8 +275,14 @@ class Runner:
             kind = self.datas[b].kind
             sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch, spec=spec)
             for p, s in zip(ps, sels):
-                self.memo[self.key(label, budget, p)] = recall(p, s, kind)
-        return np.asarray([self.memo[self.key(label, budget, p)] for p in problems], np.float64)
+                self.memo[self.key(label, budget, p)] = (recall(p, s, kind), has_answer_of(p, s))
+        j = METRICS.index(metric)
+        return np.asarray([self.memo[self.key(label, budget, p)][j] for p in problems], np.float64)
+
+    def scores(self, label: str, selector, budget: int, problems: Sequence[Any], *, memo: bool = True) -> tuple:
+        """``(recall, has_answer)``, each ``[len(problems)]``, of one run of ``selector``."""
+        rec = self.recalls(label, selector, budget, problems, memo=memo)  # (always stored: read back below)
+        return rec, self.recalls(label, selector, budget, problems, metric="has_answer")
 
 
 def prefetch(tasks: Sequence[Task], runner: Runner, config, log=print) -> None:
@@ -389,18 +412,19 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
     choice = tuning.setdefault(f"{task.label}/pool{task.pool_size}", {})
 
     def emit(selector: str, budget: int, values, chosen=None):
-        for (b, p), v in zip(test, values):
+        for (b, p), v, a in zip(test, *values):
             out.write(json.dumps({"task": task.name, "label": task.label, "fold": task.fold,
                                   "pool_size": task.pool_size, "benchmark": b, "selector": selector,
                                   "budget": budget, "qid": p.query.qid,
                                   "recall": None if not np.isfinite(v) else float(v),
+                                  "has_answer": None if not np.isfinite(a) else float(a),
                                   **({"chosen": chosen} if chosen else {})}) + "\n")
         out.flush()
 
     problems = [p for _, p in test]
     for budget in budgets:
         for label, name, opts in fixed_selectors(config):
-            emit(label, budget, runner.recalls(label, _registry_fn(name, budget, opts), budget, problems))
+            emit(label, budget, runner.scores(label, _registry_fn(name, budget, opts), budget, problems))
         for display, grid in tuned_candidates(config).items():
             tune_budget = budget if config.tune_budget_each else int(config.fit_budget)
             scores = [float(np.nanmean(runner.recalls(lab, _registry_fn(n, tune_budget, o), tune_budget, tune_on)))
@@ -408,7 +432,7 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             best = int(np.argmax(scores))  # ties: the first value of the grid
             lab, name, opts = grid[best]
             choice[f"{display}@{budget}"] = {"chosen": opts, "train_recall": dict(zip([g[0] for g in grid], scores))}
-            emit(display, budget, runner.recalls(lab, _registry_fn(name, budget, opts), budget, problems), chosen=opts)
+            emit(display, budget, runner.scores(lab, _registry_fn(name, budget, opts), budget, problems), chosen=opts)
     if config.learned:
         try:
             theta, info = earlier_fit(task, config, tuning, log=log) or fit_learned(
@@ -423,8 +447,8 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
 
             for budget in budgets:  # the registry's selector for this task's theta (not memoised: used once)
                 fn = make_selector(LEARNED_SELECTOR, budget=budget, params=theta)
-                values = runner.recalls(f"learned:{task.label}:{task.pool_size}", (selector_spec(LEARNED_SELECTOR), fn),
-                                        budget, problems, memo=False)
+                values = runner.scores(f"learned:{task.label}:{task.pool_size}", (selector_spec(LEARNED_SELECTOR), fn),
+                                       budget, problems, memo=False)
                 release(fn)  # this task's game is not solved again: free its executables
                 emit(LEARNED, budget, values)
     choice["complete"] = True
@@ -441,33 +465,40 @@ def _theta_json(theta) -> Any:
 
 
 def summarize(records: List[dict], config) -> dict:
-    """Means with bootstrap intervals per (task, pool size, benchmark, selector, budget); paired
-    differences of learned CDS against every other selector; per-fold means."""
+    """Means with bootstrap intervals per (task, pool size, benchmark, selector, budget, metric); paired
+    differences of learned CDS against every other selector; per-fold means. Metrics: ``recall`` and
+    ``has_answer`` (records written before has-answer was scored have none: their has-answer rows are absent)."""
     from cdsjax.eval.metrics import mean_ci, paired_difference
 
     R = int(config.num_resamples)
     groups: Dict[tuple, Dict[str, float]] = {}
     folds: Dict[tuple, list] = {}
     for r in records:
-        key = (r["task"], r["pool_size"], r["benchmark"], r["budget"], r["selector"])
-        groups.setdefault(key, {})[f'{r["label"]}|{r["qid"]}'] = np.nan if r["recall"] is None else r["recall"]
-        folds.setdefault(key + (r["fold"],), []).append(np.nan if r["recall"] is None else r["recall"])
+        for metric in METRICS:
+            if metric not in r:
+                continue
+            v = np.nan if r[metric] is None else r[metric]
+            key = (r["task"], r["pool_size"], r["benchmark"], r["budget"], r["selector"], metric)
+            groups.setdefault(key, {})[f'{r["label"]}|{r["qid"]}'] = v
+            folds.setdefault(key + (r["fold"],), []).append(v)
     rows, pairs = [], []
     for key, vals in groups.items():
-        task, size, bench, budget, sel = key
+        task, size, bench, budget, sel, metric = key
         mean, lo, hi, n = mean_ci(list(vals.values()), num_resamples=R)
+        if not n:
+            continue
         rows.append({"task": task, "pool_size": size, "benchmark": bench, "budget": budget, "selector": sel,
-                     "mean": mean, "ci_low": lo, "ci_high": hi, "n": n})
-        learned = groups.get((task, size, bench, budget, LEARNED))
+                     "metric": metric, "mean": mean, "ci_low": lo, "ci_high": hi, "n": n})
+        learned = groups.get((task, size, bench, budget, LEARNED, metric))
         if learned is None or sel == LEARNED:
             continue
         ids = sorted(set(learned) & set(vals))
         d = paired_difference([learned[i] for i in ids], [vals[i] for i in ids], num_resamples=R)
-        pairs.append({"task": task, "pool_size": size, "benchmark": bench, "budget": budget,
+        pairs.append({"task": task, "pool_size": size, "benchmark": bench, "budget": budget, "metric": metric,
                       "against": sel, **d})
     per_fold = [{"task": k[0], "pool_size": k[1], "benchmark": k[2], "budget": k[3], "selector": k[4],
-                 "fold": k[5], "mean": float(np.nanmean(v)) if np.isfinite(v).any() else None, "n": len(v)}
-                for k, v in folds.items()]
+                 "metric": k[5], "fold": k[6], "mean": float(np.nanmean(v)) if np.isfinite(v).any() else None,
+                 "n": len(v)} for k, v in folds.items()]
     return {"rows": rows, "paired": pairs, "per_fold": per_fold}
 
 
@@ -489,21 +520,34 @@ def write_outputs(out_dir: pathlib.Path, summary: dict, copy: Optional[str], log
 
 
 def tables(summary: dict) -> str:
-    """Markdown: recall@B per selector (mean [95% CI]) and learned CDS minus each (win/tie/loss)."""
+    """Markdown: recall@B and has-answer@B per selector (mean [95% CI], questions covered) and learned CDS minus
+    each (win/tie/loss)."""
     lines = []
-    paired = {(p["task"], p["pool_size"], p["benchmark"], p["budget"], p["against"]): p for p in summary["paired"]}
-    keys = sorted({(r["task"], r["pool_size"], r["benchmark"], r["budget"]) for r in summary["rows"]})
+    metric_of = lambda r: r.get("metric", "recall")  # noqa: E731 (summaries written before has-answer)
+    paired = {(p["task"], p["pool_size"], p["benchmark"], p["budget"], metric_of(p), p["against"]): p
+              for p in summary["paired"]}
+    rows = {(r["task"], r["pool_size"], r["benchmark"], r["budget"], metric_of(r), r["selector"]): r
+            for r in summary["rows"]}
+    keys = sorted({k[:4] for k in rows})
+
+    def cells(key):
+        r, p = rows.get(key), paired.get(key)
+        if r is None:
+            return ["", "", "", ""]
+        return [f'{r["mean"]:.3f} [{r["ci_low"]:.3f}, {r["ci_high"]:.3f}]', str(r["n"]),
+                "" if p is None else f'{p["mean"]:+.3f} [{p["ci_low"]:+.3f}, {p["ci_high"]:+.3f}]',
+                "" if p is None else f'{p["better"]} / {p["tie"]} / {p["worse"]}']
+
     for task, size, bench, budget in keys:
-        lines += [f"\n#### {task}: {bench}, pool size {size}, recall@{budget}\n",
-                  "| selector | recall | n | cds-learned minus it [95% CI] | win / tie / loss |", "|---|---|---|---|---|"]
-        for r in summary["rows"]:
-            if (r["task"], r["pool_size"], r["benchmark"], r["budget"]) != (task, size, bench, budget):
-                continue
-            p = paired.get((task, size, bench, budget, r["selector"]))
-            diff = "" if p is None else f'{p["mean"]:+.3f} [{p["ci_low"]:+.3f}, {p["ci_high"]:+.3f}]'
-            wtl = "" if p is None else f'{p["better"]} / {p["tie"]} / {p["worse"]}'
-            lines.append(f'| {r["selector"]} | {r["mean"]:.3f} [{r["ci_low"]:.3f}, {r["ci_high"]:.3f}] | {r["n"]} '
-                         f'| {diff} | {wtl} |')
+        lines += [f"\n#### {task}: {bench}, pool size {size}, recall@{budget} and has-answer@{budget}\n",
+                  f"| selector | recall@{budget} | n | cds-learned minus it [95% CI] | win / tie / loss "
+                  f"| has-answer@{budget} | n | cds-learned minus it [95% CI] | win / tie / loss |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        selectors = list(dict.fromkeys(k[5] for k in rows if k[:4] == (task, size, bench, budget)))
+        for sel in selectors:
+            row = cells((task, size, bench, budget, "recall", sel)) + cells((task, size, bench, budget,
+                                                                              "has_answer", sel))
+            lines.append(f"| {sel} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -514,7 +558,8 @@ def figure(summary: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cv = [r for r in summary["per_fold"] if r["task"] == "cv" and r["mean"] is not None]
+    cv = [r for r in summary["per_fold"] if r["task"] == "cv" and r["mean"] is not None
+          and r.get("metric", "recall") == "recall"]
     if not cv:
         return
     budget = max(r["budget"] for r in cv)

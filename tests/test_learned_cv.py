@@ -62,19 +62,60 @@ def test_tasks_never_show_a_test_document_to_fitting_or_tuning(cv):
 def test_summary_pairs_learned_with_each_selector(cv):
     recs = []
     for i in range(20):
-        for sel, v in (("cosine", 0.5), ("cds-learned", 0.5 + 0.25 * (i % 2)), ("mmr (tuned)", 1.0)):
+        for sel, v, a in (("cosine", 0.5, 0.0), ("cds-learned", 0.5 + 0.25 * (i % 2), float(i % 4 == 0)),
+                          ("mmr (tuned)", 1.0, 1.0)):
             recs.append(dict(task="cv", label="x/fold0", fold=i % 2, pool_size=1, benchmark="x", selector=sel,
-                             budget=10, qid=f"q{i}", recall=v))
+                             budget=10, qid=f"q{i}", recall=v, has_answer=None if i >= 16 else a))
     summary = cv.summarize(recs, ml_collections.ConfigDict({"num_resamples": 200}))
-    pairs = {p["against"]: p for p in summary["paired"]}
+    pairs = {p["against"]: p for p in summary["paired"] if p["metric"] == "recall"}
     assert pairs["cosine"]["better"] == 10 and pairs["cosine"]["tie"] == 10 and pairs["cosine"]["worse"] == 0
     assert pairs["cosine"]["mean"] == pytest.approx(0.125)
     assert pairs["mmr (tuned)"]["worse"] == 20 and pairs["mmr (tuned)"]["ci_high"] < 0
     assert "cds-learned" not in pairs
-    folds = {(r["selector"], r["fold"]): r["mean"] for r in summary["per_fold"]}
+    folds = {(r["selector"], r["fold"]): r["mean"] for r in summary["per_fold"] if r["metric"] == "recall"}
     assert folds[("cds-learned", 1)] == pytest.approx(0.75) and folds[("cds-learned", 0)] == pytest.approx(0.5)
+    # has-answer: only the 16 covered questions count (None is not covered); q0, q4, q8, q12 hold the answer
+    answers = {p["against"]: p for p in summary["paired"] if p["metric"] == "has_answer"}
+    rows = {(r["selector"], r["metric"]): r for r in summary["rows"]}
+    assert rows[("cds-learned", "has_answer")]["n"] == 16 and rows[("cds-learned", "recall")]["n"] == 20
+    assert rows[("cds-learned", "has_answer")]["mean"] == pytest.approx(0.25)
+    assert answers["cosine"]["better"] == 4 and answers["cosine"]["tie"] == 12
+    assert answers["mmr (tuned)"]["worse"] == 12 and answers["mmr (tuned)"]["mean"] == pytest.approx(-0.75)
     table = cv.tables(summary)
-    assert "+0.125" in table and "10 / 10 / 0" in table
+    assert "+0.125" in table and "10 / 10 / 0" in table and "has-answer@10" in table and "4 / 12 / 0" in table
+    # records of a run before has-answer was scored still summarise (recall only)
+    old = cv.summarize([{k: v for k, v in r.items() if k != "has_answer"} for r in recs],
+                       ml_collections.ConfigDict({"num_resamples": 50}))
+    assert {r["metric"] for r in old["rows"]} == {"recall"} and "+0.125" in cv.tables(old)
+
+
+def test_runner_scores_recall_and_has_answer(cv):
+    import types
+
+    data = _data(cv, "a", 3)
+    problems = cv._problems(data, list(data.notes), 1, 0)
+    runner = cv.Runner({"a": data}, 8)
+    sel = (None, None)
+    calls = []
+
+    def fake_run(fn, ps, **kw):
+        calls.append(len(ps))
+        return [types.SimpleNamespace(indices=np.asarray([0, 1]), selected_valid=np.asarray([True, False]))
+                for _ in ps]
+
+    import cdsjax.eval.run as run_module
+
+    real = run_module.run_selector
+    run_module.run_selector = fake_run
+    try:
+        rec, ans = runner.scores("x", sel, 2, problems)
+        again = runner.recalls("x", sel, 2, problems, metric="has_answer")
+    finally:
+        run_module.run_selector = real
+    assert calls == [len(problems)]  # solved once, both metrics remembered
+    # note 0 is on page 0: the q0 questions (gold page 0) are found, the q1 ones are not
+    assert rec.tolist() == [1.0 - (p.query.qid.endswith("q1")) for p in problems]
+    assert np.isnan(ans).all() and np.isnan(again).all()  # no gold answers: not covered
 
 
 def test_low_map_count_is_one_warning_line(tmp_path):

@@ -163,6 +163,38 @@ def test_keep_freed_memory_reuses_large_blocks():
     assert released_kept >= 48 and released_left < 16  # MB back to the kernel
 
 
+_KEPT_BLOCK = r"""
+import ctypes, resource
+from cdsjax.io.memory import freed_memory_kept
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+def cycle():
+    block = libc.malloc(64 << 20)
+    ctypes.memset(block, 1, 64 << 20)
+    libc.free(block)
+def faults():
+    cycle()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        cycle()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+with freed_memory_kept():
+    inside = faults()
+print(inside, faults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+def test_freed_memory_kept_only_inside_the_block():
+    """``freed_memory_kept`` (the last document's embedding, nothing parsing): large blocks are reused inside
+    the block, and faulted in anew after it, as before (the allocator is left as a parsing process needs it)."""
+    out = subprocess.run([sys.executable, "-c", _KEPT_BLOCK], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, CDSJAX_KEEP_FREED_MEMORY="1")).stdout.split()
+    inside, after = int(out[0]), int(out[1])
+    assert inside * 20 < after and after > 3 * (64 << 20) // (2 << 20)
+
+
 def _huge_pages_possible() -> bool:
     try:
         return "[never]" not in open("/sys/kernel/mm/transparent_hugepage/enabled").read()

@@ -179,6 +179,28 @@ def test_sparse_regime_shrinks_the_support_or_falls_back_to_the_bound():
     assert float(S.sparse_affinity(aff, 0.25).alpha) == pytest.approx(0.25 * float(aff.alpha), rel=1e-6)
 
 
+def test_peeling_keeps_the_query_in_a_sparse_support():
+    # the case where the bound's fallback was read: beta = 1 at alpha = 0, the query leaves the first support
+    p = problem(8, n=30, pages_per=1)
+    own = np.arange(30, dtype=np.int32)
+    params = S.PageGameParams(beta=1.0, alpha_factor=0.0)
+    aff, rep, _, _ = S.page_affinity(p["notes"], p["query"], p["valid"], own, params)
+    opts = core.SolveOptions(solver="converged").check()
+    first = S.solve(aff, S.anchored_start(aff), solver="converged")
+    assert not bool(S.query_in_support(first))
+    result, kept, rounds = S.solve_peeling_to_query(aff, opts)
+    x = np.asarray(result.x)
+    assert bool(kept) and int(rounds) > 1 and x[0] > 1e-6
+    # the peeled supports are out of the final one, and the final point is an equilibrium of what was left
+    assert not (x[1:][np.asarray(first.x)[1:] > 1e-6] > 1e-6).any()
+    rank, ranked, kept2 = S.page_game_ranking(p["notes"], p["query"], p["valid"], own, params, keep="peel")
+    assert bool(kept2) and bool(S.query_in_support(ranked.result))
+    assert sorted(np.asarray(rank).tolist()) == list(range(30))
+    with pytest.raises(ValueError, match="keep"):
+        S.page_game_ranking(p["notes"], p["query"], p["valid"], own, params, keep="pinned")
+    # jit / vmap / padding of the peeling selector: tests/test_conformance.py (cds_learned_sparse peels)
+
+
 @pytest.mark.x64
 def test_page_game_implicit_gradient_matches_finite_differences():
     p = problem(9, n=14, pages_per=2, docs=2, dtype=np.float64)

@@ -11,8 +11,8 @@ from cdsjax.core.learned import LearnedParams
 import jax.numpy as jnp
 
 from cdsjax.core.baselines import relevance
-from cdsjax.core.structure import (GREEDY_DEPTH_FACTOR, PageGameParams, select_page_game, select_structured,
-                                   sparse_learned_ranking, structured_readout)
+from cdsjax.core.structure import (GREEDY_DEPTH_FACTOR, KEEP_QUERY, PageGameParams, select_page_game,
+                                   select_structured, sparse_learned_ranking, structured_readout)
 from cdsjax.core.types import CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import check_int_range
 
@@ -85,16 +85,17 @@ def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_d
 
 cds_pages.options = PAGE_GAME_OPTIONS
 
-SPARSE_OPTIONS = ("params", "alpha_factor", "notes_per_page", "tol", "max_iter")
+SPARSE_OPTIONS = ("params", "alpha_factor", "notes_per_page", "keep", "tol", "max_iter")
 
 
 def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, alpha_factor: float = 0.5,
-                       notes_per_page: int = 0, tol: Optional[float] = None, max_iter: Optional[int] = None
-                       ) -> Callable:
+                       notes_per_page: int = 0, keep: str = "peel", tol: Optional[float] = None,
+                       max_iter: Optional[int] = None) -> Callable:
     """The learned game in its sparse regime (:func:`~cdsjax.core.structure.sparse_learned_ranking`): the penalty
-    at ``alpha_factor`` (< 1) of the spectral bound, solved from around the query (the bound's game where the query
-    still leaves the support), every note ranked; ``notes_per_page`` 0 reads the top-B, k >= 1 reads at most k
-    notes per page per round."""
+    at ``alpha_factor`` (< 1) of the spectral bound, solved from around the query; where the query leaves the
+    support, ``keep="peel"`` peels that support off and solves again until one holds the query, ``keep="bound"``
+    reads the bound's game; every note ranked; ``notes_per_page`` 0 reads the top-B, k >= 1 reads at most k notes
+    per page per round."""
     if not isinstance(params, LearnedParams):
         raise ValueError("selector 'cds_learned_sparse' needs params=LearnedParams(...) (cdsjax.learn supplies the "
                          f"shipped fit), got {type(params).__name__}")
@@ -102,12 +103,15 @@ def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, a
         raise ValueError(f"alpha_factor must be in [0, 1) (the sparse regime), got {alpha_factor!r}")
     if notes_per_page != 0:
         check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
+    if keep not in KEEP_QUERY:
+        raise ValueError(f"keep must be one of {KEEP_QUERY}, got {keep!r}")
     options = SolveOptions(solver="converged", tol=tol, max_iter=max_iter).check()
 
     def fn(problem: CDSProblem, key=None) -> Selection:
         rank, sel, _ = sparse_learned_ranking(problem.notes, problem.queries, problem.valid, params,
                                               float(alpha_factor), links=problem.links, pages=problem.pages,
-                                              doc_ids=problem.doc_ids, kinds=problem.kinds, options=options)
+                                              doc_ids=problem.doc_ids, kinds=problem.kinds, options=options,
+                                              keep=keep)
         if notes_per_page:
             units, docs, k = _needs_pages(problem, "cds_learned_sparse"), problem.doc_ids, notes_per_page
         else:  # top-B of the ranking: every note its own unit

@@ -16,8 +16,9 @@ Three ways a selection can see pages (all pure JAX, ``jit`` / ``vmap``-able, pad
 * **The sparse regime** (``alpha_factor < 1``): the penalty :math:`\alpha = b + (f - 1)|b|` below the spectral
   bound :math:`b`, where the payoff is no longer concave on the free vertices and an equilibrium is a small
   cohesive set (a dominant set proper) instead of a ranking of everything. The query may then leave the support;
-  :func:`select_page_game` and :func:`select_sparse` report it (``Selection.result.status`` is untouched, the
-  query's weight is in ``result.x``) and the caller's read-out still ranks every note (support, then slack).
+  :func:`solve_peeling_to_query` keeps it there by peeling off the supports that miss it (the peeling
+  extraction's rounds, stopped at the first that covers the query), or the game at the bound is read
+  (:func:`keep_query`); either way the read-out ranks every note (support, then slack).
 
 Units: ``pages`` ``[n]`` int (a page, or any grouping a caller chooses), with ``doc_ids`` ``[n]`` int telling
 units of several documents apart. A unit is represented by its first valid note (:func:`page_units`), so the page
@@ -227,6 +228,62 @@ def solve_keeping_query(affinity: Affinity, bound: Optional[Affinity], options: 
     return (jax.tree_util.tree_map(pick, result, at_bound), jax.tree_util.tree_map(pick, affinity, bound), kept)
 
 
+MAX_PEEL_ROUNDS = 16
+
+
+def restrict_to(affinity: Affinity, active: Array) -> Affinity:
+    """``affinity`` on the ``active`` ``[m+n]`` vertices only (the others padding), its penalty unchanged."""
+    pair = active[:, None] & active[None, :]
+    return affinity.replace(matrix=jnp.where(pair, affinity.matrix, 0.0), valid=affinity.valid & active,
+                            constraint=affinity.constraint & active)
+
+
+def solve_peeling_to_query(affinity: Affinity, options: SolveOptions, max_rounds: int = MAX_PEEL_ROUNDS) -> tuple:
+    """``(result, kept, rounds)``: a sparse-regime equilibrium whose support holds the query, by peeling.
+
+    Solves from around the query (:func:`anchored_start`); while the support misses every query vertex, its
+    notes -- a cohesive set that does not need the query -- are peeled off (made padding) and the game is solved
+    again on what is left, with the same penalty, at most ``max_rounds`` solves. With no note left the query alone
+    is the support, so a cap is the only way ``kept`` ends False. ``result.x`` is the last round's point over all
+    vertices (0 on peeled notes), ``num_iters`` summed over rounds."""
+    solver = options.solver or "converged"
+    m = affinity.num_queries
+    notes = jnp.arange(affinity.valid.shape[0]) >= m
+
+    def round_(active):
+        aff = restrict_to(affinity, active)
+        res = solve(aff, anchored_start(aff), solver=solver, tol=options.tol, max_iter=options.max_iter)
+        return res, query_in_support(res, m)
+
+    def body(state):
+        active, res, kept, rounds, iters = state
+        peeled = active & notes & (res.x > SUPPORT_THRESHOLD)
+        active = active & ~peeled
+        res, kept = round_(active)
+        return active, res, kept, rounds + 1, iters + res.num_iters
+
+    first, kept = round_(affinity.valid)
+    state = (affinity.valid, first, kept, jnp.asarray(1, jnp.int32), first.num_iters)
+    state = lax.while_loop(lambda s: ~s[2] & (s[3] < max_rounds), body, state)
+    _, res, kept, rounds, iters = state
+    return res.replace(num_iters=iters), kept, rounds
+
+
+KEEP_QUERY = ("peel", "bound")
+
+
+def keep_query(affinity: Affinity, bound: Affinity, options: SolveOptions, factor, keep: str) -> tuple:
+    """``(result, affinity_read, kept)`` of a sparse-regime game: ``keep="peel"`` peels supports that miss the query
+    (:func:`solve_peeling_to_query`; the game read is the sparse one), ``"bound"`` reads the game at the spectral
+    bound where the query leaves the support (:func:`solve_keeping_query`)."""
+    if keep not in KEEP_QUERY:
+        raise ValueError(f"keep must be one of {KEEP_QUERY}, got {keep!r}")
+    if keep == "bound":
+        return solve_keeping_query(affinity, bound, options, jnp.asarray(factor) < 1)
+    result, kept, _ = solve_peeling_to_query(affinity, options)
+    return result, affinity, kept
+
+
 def _is_dense(factor) -> bool:
     """A static penalty factor at or above 1 (no sparse regime: no anchoring, no fallback solve)."""
     return isinstance(factor, (int, float)) and float(factor) >= 1.0
@@ -234,12 +291,13 @@ def _is_dense(factor) -> bool:
 
 def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
                       params: PageGameParams = PageGameParams(), *, doc_ids: Optional[Array] = None,
-                      options: Optional[SolveOptions] = None) -> tuple[Array, Selection]:
+                      options: Optional[SolveOptions] = None, keep: str = "bound") -> tuple[Array, Selection]:
     """``(rank [n], pages_read, kept)``: the notes' order under the page game — pages by its equilibrium (support by
     weight, then the fill rule), a page's notes by cosine — and the page selection it came from (its ``result`` is
     the page game's equilibrium: queries, then pages at their representative note's position; ``support_size``
-    counts pages). In the sparse regime (``alpha_factor < 1``) the solve starts around the query and falls back to
-    the game at the spectral bound where the query leaves the support (:func:`solve_keeping_query`; ``kept``)."""
+    counts pages). In the sparse regime (``alpha_factor < 1``) the solve starts around the query and, where the query
+    leaves the support, falls back to the game at the spectral bound (``keep="bound"``) or peels the supports that
+    miss it (``keep="peel"``) (:func:`keep_query`; ``kept``)."""
     options = solve_options(options)
     notes = jnp.asarray(notes)
     valid = check_notes_valid(notes, valid)
@@ -251,7 +309,7 @@ def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
         kept = jnp.asarray(True)
     else:
         bound = page_affinity(notes, query, valid, pages, params.replace(alpha_factor=1.0), doc_ids=doc_ids)[0]
-        result, affinity, kept = solve_keeping_query(affinity, bound, options, jnp.asarray(params.alpha_factor) < 1)
+        result, affinity, kept = keep_query(affinity, bound, options, params.alpha_factor, keep)
     ranked = read_selection(result, affinity, options.replace(fill=True), budget=n,
                             cosine=page_cos.astype(result.x.dtype), beta=jnp.asarray(params.beta, result.x.dtype))
     page_rank = rank_positions(ranked.indices, ranked.selected_valid, rep, page_cos)
@@ -304,12 +362,14 @@ def query_in_support(result, num_queries: int = 1, threshold: float = SUPPORT_TH
 def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, factor: float | Array, *,
                            links: Optional[Array] = None, pages: Optional[Array] = None,
                            doc_ids: Optional[Array] = None, kinds: Optional[Array] = None,
-                           options: Optional[SolveOptions] = None) -> tuple[Array, Selection]:
-    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.learned.learned_affinity`, its penalty at the
-    spectral bound) moved to the sparse regime :math:`\alpha = b + (f - 1)|b|` by :func:`sparse_affinity`, solved
+                           options: Optional[SolveOptions] = None, keep: str = "peel") -> tuple[Array, Selection]:
+    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.learned.learned_affinity`, its penalty
+    at the spectral bound) moved to the sparse regime :math:`\alpha = b + (f - 1)|b|` by :func:`sparse_affinity`, solved
     by the converged solver from around the query, every note ranked by the one read-out (support by weight, then the
-    fill rule); where the query leaves the support, the game at the bound is read instead (``kept`` False:
-    :func:`solve_keeping_query`)."""
+    fill rule). ``keep="peel"`` (default): where the query leaves the support, that support is peeled off and the
+    game solved again on the rest until a support holds the query (:func:`solve_peeling_to_query`; the cluster
+    around the query, a dominant set proper); ``keep="bound"``: the game at the bound is read instead
+    (:func:`solve_keeping_query`). ``kept``: the query is in the support that is read."""
     from cdsjax.core.learned import learned_affinity
 
     options = solve_options(options)
@@ -319,7 +379,7 @@ def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, fact
     bound = learned_affinity(notes, query, valid, theta.replace(alpha_factor=1.0), links=links, pages=pages,
                              doc_ids=doc_ids, kinds=kinds)
     affinity = sparse_affinity(bound, factor)
-    result, affinity, kept = solve_keeping_query(affinity, bound, options, jnp.asarray(factor) < 1)
+    result, affinity, kept = keep_query(affinity, bound, options, factor, keep)
     cos = _cosine(notes, query, valid)
     sel = read_selection(result, affinity, options.replace(fill=True), budget=n, cosine=cos.astype(result.x.dtype))
     return rank_positions(sel.indices, sel.selected_valid, valid, cos), sel, kept

@@ -231,6 +231,9 @@ class EmbedActor:
     """A Ray actor that loads the embedding model once and embeds the notes of each parsed document."""
 
     def __init__(self, embedder):
+        from cdsjax.io.memory import keep_freed_memory
+
+        keep_freed_memory()  # this process only embeds: its large buffers are reused, not faulted in again
         self.embedder = embedder  # the driver's embedder (same model, prefixes, batch size), model not loaded
 
     def embed(self, parsed: dict):

@@ -13,7 +13,7 @@ from cdsjax.io import store
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.context import BuildContext, Doc
 from cdsjax.io.index.stages import build_doc, finish_doc, prepare_doc
-from cdsjax.io.memory import keep_freed_memory, stop_keeping_freed_memory, worker_environment
+from cdsjax.io.memory import freed_memory_kept, keep_freed_memory, stop_keeping_freed_memory, worker_environment
 
 EMBED_IN = ("parent", "worker")
 
@@ -90,13 +90,22 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
                     continue
                 if pending is not None:
                     yield _finished(*pending)
-                pending = (doc, pool.submit(finish_doc, doc, ctx, staging, redo))
+                # the last document is embedded while this process no longer parses: freed blocks are kept
+                finish = _finish_last if doc is docs[-1] else finish_doc
+                pending = (doc, pool.submit(finish, doc, ctx, staging, redo))
             if pending is not None:
                 yield _finished(*pending)
                 pending = None
         finally:
             if pending is not None:  # stopped early (strict mode, an interrupt): let the commit end first
                 pending[1].exception()
+
+
+def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
+    """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`): nothing
+    parses in this process meanwhile."""
+    with freed_memory_kept():
+        finish_doc(doc, ctx, staging, redo)
 
 
 def _preload(embedder) -> None:
