@@ -320,9 +320,11 @@ class Pipeline:
             except ValueError as err:
                 raise PipelineError(str(err)) from None
             jitted = jax.jit(fn)
-            bound = registry.corpus_bound_fn(fn)
-            # the spectral bound of the selector's game, computed once per corpus (select keeps it per pipeline)
+            bound, block = registry.corpus_bound_fn(fn), registry.corpus_block_fn(fn)
+            # the spectral bound and note block of the selector's game, computed once per corpus (select keeps
+            # them per pipeline)
             jitted.corpus_bound = None if bound is None else jax.jit(bound)
+            jitted.corpus_block = None if block is None else jax.jit(block)
             return jitted
 
         if isinstance(self.compiled, SelectorCache):
@@ -352,17 +354,22 @@ class Pipeline:
         return sel
 
     def with_bound(self, fn, problem: core.CDSProblem, key: tuple) -> core.CDSProblem:
-        """``problem`` carrying the spectral bound of ``fn``'s game on this corpus, computed on the first
-        question and kept (per selector and number of query rows): the corpus's one eigendecomposition
-        replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit for bit)."""
+        """``problem`` carrying the spectral bound and the note block of ``fn``'s game on this corpus, computed
+        on the first question and kept (per selector and number of query rows): the corpus's one
+        eigendecomposition replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit
+        for bit), and with the note block built once a question costs its relevance row and its solve
+        (:func:`cdsjax.core.corpus.solve_on_block`)."""
         make = getattr(fn, "corpus_bound", None)
         if make is None:
             return problem
-        slot = (key[0], key[2], problem.queries.shape[0])  # the bound does not depend on the budget
+        slot = (key[0], key[2], problem.queries.shape[0])  # neither depends on the budget
         if slot not in self._bounds:
-            self._bounds[slot] = make(problem)
-        bound = self._bounds[slot]
-        return problem if bound is None else problem.replace(bound=bound)
+            bound = make(problem)
+            build = getattr(fn, "corpus_block", None)
+            block = None if bound is None or build is None else build(problem)
+            self._bounds[slot] = (bound, block)
+        bound, block = self._bounds[slot]
+        return problem if bound is None else problem.replace(bound=bound, note_block=block)
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""

@@ -230,7 +230,7 @@ def serve_index(roots: dict, index: str, questions, selectors, cache: Path) -> d
         for label, root in roots.items():
             port = free_port()
             env = dict(os.environ, PYTHONPATH=str(root), CDSJAX_CACHE=str(cache / label))
-            proc = subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "serve", index, "--port", str(port)],
+            proc = subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "serve", *index.split(","), "--port", str(port)],
                                     cwd=str(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             servers[label] = (proc, f"http://127.0.0.1:{port}")
         for label, (proc, url) in servers.items():
@@ -284,7 +284,10 @@ def main(argv=None) -> int:
     p.add_argument("--questions", type=int, default=30, help="warm questions per corpus")
     p.add_argument("--large-questions", type=int, default=3, help="warm questions per corpus above 2,000 notes")
     p.add_argument("--old-max", type=int, default=4100, help="largest corpus the old code is timed on")
-    p.add_argument("--index", default=None, help="an index directory to serve (old and new) over HTTP")
+    p.add_argument("--index", default=None, help="index directories to serve (old and new) over HTTP, comma-separated")
+    p.add_argument("--converged-max", type=int, default=5000,
+                   help="largest corpus converged CDS is timed on (its equilibrium holds every note: one dense "
+                        "Newton system of the whole corpus per question)")
     p.add_argument("--http-questions", type=int, default=30)
     p.add_argument("--eval-questions", type=int, default=200)
     p.add_argument("--timeout", type=float, default=3000, help="seconds per worker process")
@@ -311,7 +314,8 @@ def main(argv=None) -> int:
                 if label == "old" and size > args.old_max:
                     continue
                 questions = args.questions if size <= 2000 else args.large_questions
-                spec = {"data": data, "size": size, "selectors": selectors(), "questions": questions}
+                names = [s for s in selectors() if size <= args.converged_max or s != selectors()[1]]
+                spec = {"data": data, "size": size, "selectors": names, "questions": questions}
                 report["sizes"][size][label] = r = run_worker(root, "corpus", spec, args.timeout)
                 brief = {k: (v["cold_ms"], v["warm"]) for k, v in r.get("selectors", {}).items()}
                 print(f"size {size} {label}: load {r.get('load')} {brief or r}", flush=True)
@@ -355,7 +359,8 @@ def tables(report: dict) -> str:
                              f"{v['warm']['p50']:.1f} | {v['warm']['p95']:.1f} | {r['load']} |")
         if len(by_code) == 2 and all("selectors" in r for r in by_code.values()):
             same = {s: sum(a == b for a, b in zip(by_code["old"]["selectors"][s]["picks"],
-                                                 by_code["new"]["selectors"][s]["picks"])) for s in selectors()}
+                                                 by_code["new"]["selectors"][s]["picks"]))
+                    for s in by_code["new"]["selectors"]}
             lines.append(f"| | | same picks old/new | {same} | | | |")
     if report.get("http"):
         h = report["http"]

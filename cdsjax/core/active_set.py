@@ -109,28 +109,45 @@ def dense_rows(payoff) -> Array:
     return jax.vmap(payoff.row)(jnp.arange(payoff.size))
 
 
-def newton_step(payoff, x: Array, mx: Array, valid: Array,
-                capacity: Optional[int] = None) -> tuple[Array, Array, Array]:
+def capacities(gather, size: int) -> tuple:
+    """The gathered systems' sizes below ``size``, ascending (``gather`` an int, a tuple of ints or None)."""
+    if gather is None:
+        return ()
+    caps = (gather,) if isinstance(gather, int) else tuple(gather)
+    for c in caps:
+        check_count("gather", c, 1)
+    return tuple(sorted({c for c in caps if c < size}))
+
+
+def newton_step(payoff, x: Array, mx: Array, valid: Array, capacity=None) -> tuple[Array, Array, Array]:
     """One Newton step on the support of ``x`` with ratio test and exact line search.
 
     ``payoff`` is a :class:`~cdsjax.core.protocols.Payoff` of one problem (or its ``[N, N]`` matrix).
-    ``capacity`` K (below N) solves the face's system on the gathered support
-    (:func:`gathered_direction`, O(K³ + KN)) when the support fits, the dense one otherwise.
+    ``capacity`` K (below N; or several sizes, the smallest that holds the support is used) solves the face's
+    system on the gathered support (:func:`gathered_direction`, O(K³ + KN)) when the support fits, the dense
+    one otherwise.
 
     Returns:
       ``(x, gain, singular)``: the new point (``x`` itself when the step fails or
       gains nothing), the objective gain (0 then) and whether the face's system was
       singular (its direction non-finite).
     """
-    dtype = x.dtype
     payoff = DensePayoff.of(payoff)
     support = valid & (x > 0)
-    if capacity is None or capacity >= x.shape[0]:
-        d = newton_direction(dense_rows(payoff), x, mx, support)
-    else:
-        d = lax.cond(jnp.sum(support) <= capacity,
-                     lambda: gathered_direction(payoff, x, mx, support, capacity),
-                     lambda: newton_direction(dense_rows(payoff), x, mx, support))
+    caps = capacities(capacity, x.shape[0])
+    if not caps:
+        return line_step(payoff, x, mx, valid, newton_direction(dense_rows(payoff), x, mx, support))
+    count = jnp.sum(support).astype(jnp.int32)
+    which = jnp.searchsorted(jnp.asarray(caps, jnp.int32), count, side="left")
+    branches = [lambda c=c: gathered_direction(payoff, x, mx, support, c) for c in caps]
+    branches.append(lambda: newton_direction(dense_rows(payoff), x, mx, support))
+    return line_step(payoff, x, mx, valid, lax.switch(which, branches))
+
+
+def line_step(payoff, x: Array, mx: Array, valid: Array, d: Array) -> tuple[Array, Array, Array]:
+    """The step of :func:`newton_step` along direction ``d``: ratio test, exact line search, renormalised."""
+    dtype = x.dtype
+    support = valid & (x > 0)
     ok = jnp.all(jnp.isfinite(d))
     d = jnp.where(ok & support, d, 0.0)
     shrinking = d < 0
@@ -170,7 +187,12 @@ class ActiveSet:
       inner_steps: vertex steps between Newton steps; None uses ``N``.
       max_newton: maximum number of Newton steps; None uses ``N``.
       gather: K, solve the face's Newton system on the support gathered into K slots when it fits
-        (O(K³ + KN) instead of O(N³)); None solves the dense ``[N+1, N+1]`` system.
+        (O(K³ + KN) instead of O(N³)); a tuple of sizes uses the smallest that fits; None solves the dense
+        ``[N+1, N+1]`` system.
+      vertex_first: True starts with the vertex steps alone, the first Newton step after them: from the
+        uniform start every vertex is in the support, and the whole face's O(N³) system gains little
+        there (the vertex steps shrink the support first, O(N) each). False (the default) starts with
+        a Newton step.
     """
 
     tol: Optional[float] = struct.field(pytree_node=False, default=None)
@@ -178,7 +200,8 @@ class ActiveSet:
     inner_steps: Optional[int] = struct.field(pytree_node=False, default=None)
     max_newton: Optional[int] = struct.field(pytree_node=False, default=None)
     unroll: int = struct.field(pytree_node=False, default=1)
-    gather: Optional[int] = struct.field(pytree_node=False, default=None)
+    gather: Optional[int | tuple] = struct.field(pytree_node=False, default=None)
+    vertex_first: bool = struct.field(pytree_node=False, default=False)
 
     def tolerance(self, dtype) -> float:
         return default_tol(dtype) if self.tol is None else self.tol
@@ -203,7 +226,11 @@ class ActiveSet:
         inner_steps, _ = consts
         mx, newton, was_singular = state.aux
         valid = payoff.valid
-        x, _, singular = newton_step(payoff, state.x, mx, valid, self.gather)
+        if self.vertex_first:
+            x, _, singular = lax.cond(newton > 0, lambda: newton_step(payoff, state.x, mx, valid, self.gather),
+                                      lambda: (state.x, jnp.zeros((), state.x.dtype), jnp.asarray(False)))
+        else:
+            x, _, singular = newton_step(payoff, state.x, mx, valid, self.gather)
         mx = payoff.matvec(x)
         err = nash_error(x, mx, valid)
         x, it = vertex_steps(payoff, x, mx, err, state.num_iters + 1, tol=self.tolerance(payoff.dtype),

@@ -266,23 +266,49 @@ def learned_affinity(
       :meth:`LearnedParams.paper` equal bit for bit to ``build_affinity(notes, queries, valid, CDSParams(),
       pinned)``.
     """
+    notes, queries, valid, theta = _inputs(notes, queries, valid, theta)
+    rel, rho = _shaped_relevance(notes, queries, valid, theta)
+    w = _note_block(notes, valid, theta, rho, links=links, pages=pages, doc_ids=doc_ids, kinds=kinds)
+    return assemble_affinity(rel, w, valid, theta, pinned=pinned, bound=bound)
+
+
+def _inputs(notes: Array, queries: Array, valid: Array, theta: LearnedParams):
+    """The checked inputs in one dtype, ``theta`` inside its bounds."""
     queries = as_query_matrix(queries, notes)
     valid = check_notes_valid(notes, valid)
     dtype = jnp.result_type(notes.dtype, queries.dtype)
-    notes = notes.astype(dtype)
-    queries = queries.astype(dtype)
-    theta = _clamped(theta.astype(dtype))
-    n = notes.shape[0]
+    return notes.astype(dtype), queries.astype(dtype), valid, _clamped(theta.astype(dtype))
 
-    rel, rho = _shaped_relevance(notes, queries, valid, theta)
+
+def _note_block(notes: Array, valid: Array, theta: LearnedParams, rho: Array, *, links=None, pages=None,
+                doc_ids=None, kinds=None) -> Array:
+    """The note--note block ``[n, n]`` (module docstring) of clamped ``theta``, relative relevance ``rho``."""
+    n = notes.shape[0]
+    dtype = notes.dtype
     paper_block = note_coupling(notes, valid, BASE.replace(beta=theta.beta))
     feats = structure_features(n, links=links, pages=pages, doc_ids=doc_ids, kinds=kinds, dtype=dtype)
     weights = jnp.stack([theta.w_page, theta.w_doc, theta.w_link, theta.w_same_kind, theta.w_text_visual])
     structure = jnp.tensordot(weights, feats, axes=1)
     scale = 1.0 - theta.rel_repulsion + theta.rel_repulsion * (rho[:, None] * rho[None, :])
     pair = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
-    w = jnp.where(pair, (paper_block + structure) * scale, 0.0).astype(dtype)
-    return assemble_affinity(rel, w, valid, theta, pinned=pinned, bound=bound)
+    return jnp.where(pair, (paper_block + structure) * scale, 0.0).astype(dtype)
+
+
+def learned_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams) -> Array:
+    """``[m, n]`` the learned game's query edges alone (those of :func:`learned_affinity`), O(m n d)."""
+    notes, queries, valid, theta = _inputs(notes, queries, valid, theta)
+    return _shaped_relevance(notes, queries, valid, theta)[0]
+
+
+def learned_note_block(notes: Array, valid: Array, theta: LearnedParams, *, links=None, pages=None, doc_ids=None,
+                       kinds=None) -> Array:
+    """``[n, n]`` the learned game's note block when it does not read the question (``rel_repulsion`` 0;
+    with a repulsion, the block of a question that finds no note relevant), as :func:`learned_affinity`
+    builds it: computed once for a corpus (:func:`cdsjax.core.corpus.problem_block`)."""
+    notes = jnp.asarray(notes)
+    notes, _, valid, theta = _inputs(notes, jnp.zeros((1, notes.shape[1]), notes.dtype), valid, theta)
+    rho = jnp.zeros(notes.shape[:1], notes.dtype)
+    return _note_block(notes, valid, theta, rho, links=links, pages=pages, doc_ids=doc_ids, kinds=kinds)
 
 
 def kind_codes(kinds: Sequence[Optional[str]]) -> list:

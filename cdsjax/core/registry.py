@@ -30,6 +30,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
                                    select_ppr, select_random)
 from cdsjax.core.cds import cds
+from cdsjax.core.corpus import problem_block
 from cdsjax.core.learned import LearnedParams
 from cdsjax.core.readouts import cds_learned_sparse, cds_pages, per_page
 from cdsjax.core.solvers import SOLVERS, solver_label
@@ -157,7 +158,11 @@ def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **setting
     def bound(problem: CDSProblem):
         return problem_bound(problem, params, strategy)
 
+    def block(problem: CDSProblem):
+        return problem_block(problem, params, options, strategy)
+
     fn.corpus_bound = bound
+    fn.corpus_block = block
     return fn
 
 
@@ -167,6 +172,13 @@ def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[
     depends on the question), to compute once per corpus and give each question as ``CDSProblem.bound``.
     None for a selector without a penalty (the baselines)."""
     return getattr(fn, "corpus_bound", None)
+
+
+def corpus_block_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
+    """``block(problem)``: the note block selector ``fn`` would build for every question on ``problem``'s
+    corpus (:func:`cdsjax.core.corpus.problem_block`; None where its solve does not use one), to build once per
+    corpus and give each question as ``CDSProblem.note_block`` next to its ``bound``. None for a baseline."""
+    return getattr(fn, "corpus_block", None)
 
 
 def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.affinity import block_bound, problem_affinity
+from cdsjax.core.corpus import solve_on_block, uses_block
 from cdsjax.core.implicit import Adjoint, cds_equilibrium, check_adjoint
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.protocols import Game
@@ -26,7 +27,11 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
     ``x0``, else ``options.init``; a converged solver first runs paper mode with
     ``warm_start="replicator"``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
     equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked, with ``solver`` resolved.
+    A problem carrying the corpus's ``note_block`` and ``bound`` is solved on them instead, without a dense
+    affinity (:func:`cdsjax.core.corpus.solve_on_block`; no derivative then).
     """
+    if uses_block(problem, options, x0):
+        return solve_on_block(problem, params, options, budget=budget)
     result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
     dtype = result.x.dtype
     return read_selection(result, affinity, options, budget=budget,

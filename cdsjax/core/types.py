@@ -345,6 +345,10 @@ class CDSProblem:
         the game that solves the problem (the registry's :func:`~cdsjax.core.registry.corpus_bound_fn`
         gives the right one per selector); an upper bound of the block's :math:`\lambda_{\max}` (e.g. one
         computed without the pinned notes) keeps the guarantee.
+      note_block: optional ``[n, n]`` float, the game's note--note block computed once for the corpus
+        (:func:`cdsjax.core.corpus.problem_block`); with ``bound``, one question's ``"single"`` solve by a
+        converged solver then runs on it without building the dense affinity
+        (:func:`cdsjax.core.corpus.solve_on_block`).
     """
 
     notes: Array
@@ -356,6 +360,7 @@ class CDSProblem:
     kinds: Optional[Array] = None
     pinned: Optional[Array] = None
     bound: Optional[Array] = None
+    note_block: Optional[Array] = None
 
     @classmethod
     def create(cls, notes, query, valid=None, *, links=None, doc_ids=None, pages=None, kinds=None,

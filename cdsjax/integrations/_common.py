@@ -82,6 +82,7 @@ class Chooser:
         self.options = dict(options or {})
         self.spec, self.fn = make_selector(selector or default_selector(), self.budget, self.options)
         self._jitted = None
+        self._corpus = None  # (content key, the jitted bound and block functions, bound, note block)
         self._lock = threading.Lock()
 
     @property
@@ -127,10 +128,38 @@ class Chooser:
         with self._lock:
             if self._jitted is None:
                 self._jitted = jax.jit(self.fn)
-        sel = jax.device_get(self._jitted(padded.problem(q, self.spec), core.key_from_query_id(text)))
+        problem = self._with_corpus(padded, padded.problem(q, self.spec))
+        sel = jax.device_get(self._jitted(problem, core.key_from_query_id(text)))
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
         return chosen, core.diagnostics(sel, selector=self.spec.name, valid=padded.valid)
+
+    def _with_corpus(self, padded, problem):
+        """``problem`` with the spectral bound and note block of the selector's game on these candidates, as
+        :meth:`cdsjax.pipeline.Pipeline.with_bound` keeps them: computed once and reused while the same
+        candidates (by content) come back, e.g. a retriever over a fixed index; same picks as without."""
+        import hashlib
+
+        import jax
+
+        from cdsjax.core import registry
+
+        make_bound, make_block = registry.corpus_bound_fn(self.fn), registry.corpus_block_fn(self.fn)
+        if make_bound is None:
+            return problem
+        digest = hashlib.sha256()
+        for part in (padded.notes, padded.valid, padded.links, *(padded.structure or {}).values()):
+            if part is not None:
+                digest.update(np.ascontiguousarray(part).tobytes())
+        key = (digest.hexdigest(), problem.queries.shape[0])
+        with self._lock:
+            if self._corpus is None or self._corpus[0] != key:
+                fns = self._corpus[1] if self._corpus else (jax.jit(make_bound), make_block and jax.jit(make_block))
+                bound = fns[0](problem)
+                block = None if bound is None or fns[1] is None else fns[1](problem)
+                self._corpus = (key, fns, bound, block)
+            _, _, bound, block = self._corpus
+        return problem if bound is None else problem.replace(bound=bound, note_block=block)
 
 
 class IndexSource:

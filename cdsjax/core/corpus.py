@@ -1,0 +1,132 @@
+r"""One corpus, many questions one at a time: the note block built once, each question O(n d) plus its solve.
+
+A served corpus answers one question after another with the same notes. For the paper's game and the
+learned game without relevance-weighted repulsion the payoff of a single-vertex question is
+
+.. math:: M = \begin{pmatrix} 0 & r^\top \\ r & W - \alpha I \end{pmatrix},
+
+where only the relevance row :math:`r` reads the question: the note block :math:`W` and the penalty
+:math:`\alpha` are the corpus's (:mod:`cdsjax.core.spectral` gives the bound once). Building :math:`W` costs
+O(n² d) per question (0.4 GFLOP at n = 1024, 38 at 10,000), and solving on the dense ``[n+1, n+1]``
+affinity adds copies of it; :func:`problem_block` builds :math:`W` once (the same functions as the dense
+affinity), and a problem carrying it (``CDSProblem.note_block`` with ``bound``) is solved by
+:func:`solve_on_block` on a :class:`~cdsjax.core.payoff.SharedPayoff` (products and rows of :math:`W`, no
+per-question matrix).
+
+The converged solver then runs as the active set does, without its one O(N³) step: from the uniform start
+every vertex is in the support, so the first Newton step would solve the whole face's dense system
+(measured to gain nothing on the CDS payoff; a 1.2-TFLOP solve at 10,000 notes). :func:`block_solver`
+starts with the InImDyn vertex steps (``vertex_first``), O(n) each, which shrink the support towards the
+equilibrium's (a few hundred notes for the default game); Newton then solves that face gathered into the
+smallest of :data:`BLOCK_CAPACITIES` that holds it (O(K³ + K n),
+:func:`cdsjax.core.active_set.gathered_direction`), the dense system only past the largest, and the loop
+stops only on the Nash error over all ``n`` vertices (one product), as every converged solve does. The equilibrium is the
+same to the solver's tolerance; the weights differ in their last bits (the products are summed in
+another order), and the picks were measured equal on real blocks (RESULTS "Latency as the corpus grows").
+No derivative flows through this path (the serving path does not differentiate; give no ``note_block``
+to differentiate a selection).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax.numpy as jnp
+from jax import Array
+
+from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.affinity import note_coupling, query_relevance
+from cdsjax.core.inimdyn import InImDyn
+from cdsjax.core.payoff import SharedPayoff
+from cdsjax.core.ranking import query_cosine, read_out
+from cdsjax.core.solver import iterate
+from cdsjax.core.solvers import configured_solver
+from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
+from cdsjax.core.validation import as_query_matrix, check_notes_valid
+
+# The gathered Newton systems' sizes: the smallest that holds the support is solved.
+BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _learned():
+    from cdsjax.core.learned import LearnedParams, learned_note_block, learned_relevance
+
+    return LearnedParams, learned_note_block, learned_relevance
+
+
+def block_solver(options: SolveOptions):
+    """The solver :func:`solve_on_block` runs for ``options`` (checked, solver resolved), or None where the
+    block path does not apply: the active set starting with its vertex steps, its Newton systems gathered
+    (:data:`BLOCK_CAPACITIES`; its own ``gather`` kept if set), or InImDyn as configured; paper mode (replicator dynamics) is not run here."""
+    solver = configured_solver(options.solver, options.tol, options.max_iter)
+    if isinstance(solver, ActiveSet):
+        return solver.replace(gather=solver.gather or BLOCK_CAPACITIES, vertex_first=True)
+    if isinstance(solver, InImDyn):
+        return solver
+    return None
+
+
+def game_relevance(problem: CDSProblem, params) -> Array:
+    """``[m, n]`` the game's query edges of ``problem`` (those its dense affinity holds), O(m n d)."""
+    LearnedParams, _, learned_relevance = _learned()
+    if isinstance(params, LearnedParams):
+        return learned_relevance(problem.notes, problem.queries, problem.valid, params)
+    queries = as_query_matrix(problem.queries, problem.notes)
+    dtype = jnp.result_type(problem.notes.dtype, queries.dtype)
+    notes = problem.notes.astype(dtype)
+    return query_relevance(notes, queries.astype(dtype), problem.valid, params).astype(dtype)
+
+
+def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: str = "single") -> Optional[Array]:
+    r"""The note block :math:`W` ``[n, n]`` the game ``params`` uses on ``problem``'s corpus, built once for every
+    question (as the dense affinity builds it); None where :func:`solve_on_block` would not run: another
+    strategy than ``"single"``, several query rows, pinned notes, ``alpha_from="full"``, paper mode, or a note
+    block that reads the question (a learned game with relevance-weighted repulsion, any other game)."""
+    from cdsjax.core.spectral import learned_is_corpus_level
+
+    if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
+            or params.alpha_from != "free" or block_solver(options.check()) is None):
+        return None
+    LearnedParams, learned_note_block, _ = _learned()
+    if isinstance(params, CDSParams):
+        notes = jnp.asarray(problem.notes)
+        valid = check_notes_valid(notes, problem.valid)
+        return note_coupling(notes.astype(jnp.result_type(notes.dtype, problem.queries.dtype)), valid, params)
+    if isinstance(params, LearnedParams) and learned_is_corpus_level(params):
+        return learned_note_block(problem.notes, problem.valid, params, links=problem.links, pages=problem.pages,
+                                  doc_ids=problem.doc_ids, kinds=problem.kinds)
+    return None
+
+
+def uses_block(problem: CDSProblem, options: SolveOptions, x0: Optional[Array] = None) -> bool:
+    """Whether the ``"single"`` strategy solves ``problem`` on its ``note_block`` (static: decided at trace
+    time): a block and a bound are given, one query row, no pinned notes, the uniform start, a converged solver."""
+    return (problem.note_block is not None and problem.bound is not None and x0 is None
+            and problem.queries.shape[-2] == 1 and problem.pinned is None and options.init == "uniform"
+            and options.warm_start == "uniform" and block_solver(options) is not None)
+
+
+def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget: int) -> Selection:
+    r"""One question's ``"single"`` selection on the corpus's note block (module docstring).
+
+    ``problem`` carries ``note_block`` (:func:`problem_block`) and ``bound``
+    (:func:`cdsjax.core.spectral.problem_bound`) of the game ``params``; the read-out (threshold, fill rule by
+    the KKT slack, then cosine) is that of the dense path. No derivative flows through it.
+    """
+    rel = game_relevance(problem, params)
+    dtype = rel.dtype
+    w = jnp.asarray(problem.note_block, dtype)
+    n = problem.notes.shape[0]
+    if w.shape != (n, n):
+        raise ValueError(f"note_block must have shape ({n}, {n}), got {w.shape}")
+    alpha = params.penalty(jnp.asarray(problem.bound).astype(dtype))
+    payoff = SharedPayoff(coupling=w, rel=rel[0], note_valid=problem.valid, alpha=alpha,
+                          corpus_shift=jnp.zeros((), dtype))
+    result = iterate(block_solver(options), payoff, None)
+    slack = None
+    if options.fill:
+        mx = payoff.matvec(result.x)
+        slack = (mx - payoff.value(result.x, mx))[1:]
+    return read_out(result, problem.valid, budget=budget, threshold=options.threshold, slack=slack,
+                    cosine=query_cosine(problem.notes, problem.queries).astype(dtype),
+                    isolated=~jnp.any((rel[0] > 0) & problem.valid), beta=params.strength(dtype))

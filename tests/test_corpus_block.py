@@ -1,0 +1,129 @@
+"""One corpus, many questions (cdsjax.core.corpus): the note block built once is the dense affinity's, and a
+question solved on it (vertex steps first, gathered Newton) picks the notes the dense solve picks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cdsjax import core
+from cdsjax.core import registry
+from cdsjax.core.active_set import ActiveSet, capacities
+from cdsjax.core.corpus import problem_block, uses_block
+from cdsjax.core.learned import LearnedParams, learned_affinity
+from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.solver import iterate
+from cdsjax.core.types import SolveOptions
+
+SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
+CONVERGED = SolveOptions(solver="converged")
+
+
+def corpus(n, size, seed=0, d=48, clusters=6):
+    """Clustered unit vectors padded to ``size``, questions near three notes, pages of five notes."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(clusters, d))
+    z = centers[rng.integers(0, clusters, size)] + 1.2 * rng.normal(size=(size, d))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    z[n:] = 0.0
+    qs = np.stack([z[i:i + 3].sum(0) + rng.normal(size=d) for i in range(0, 3 * 6, 3)])
+    qs /= np.linalg.norm(qs, axis=1, keepdims=True)
+    pages = np.where(np.arange(size) < n, np.arange(size) // 5, -1).astype(np.int32)
+    return z.astype(np.float32), qs.astype(np.float32), np.arange(size) < n, pages
+
+
+def test_the_block_is_the_dense_affinitys_note_block():
+    z, qs, valid, pages = corpus(70, 128, seed=1)
+    problem = core.CDSProblem.create(z, qs[0], valid, pages=pages)
+    for params in (SHIPPED, core.CDSParams(), core.CDSParams(beta=0.3)):
+        block = jax.jit(lambda p, g=params: problem_block(p, g, CONVERGED))(problem)
+        dense = jax.jit(lambda p, g=params: core.problem_affinity(p, g).matrix[1:, 1:])(problem)
+        # the same functions; XLA may fuse the two programs differently (last bits)
+        np.testing.assert_allclose(np.asarray(block), np.asarray(dense), rtol=1e-6, atol=1e-7)
+    # where the solve would not use it: none is built
+    assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), CONVERGED) is None
+    assert problem_block(problem, SHIPPED, CONVERGED, strategy="peel") is None
+    assert problem_block(problem, core.CDSParams(), SolveOptions(solver="replicator")) is None
+    assert problem_block(problem, core.CDSParams(alpha_from="full"), CONVERGED) is None
+    assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, CONVERGED) is None
+    assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, CONVERGED) is None
+    assert not uses_block(problem, CONVERGED)  # no block, no bound: the dense path
+
+
+@pytest.mark.parametrize("name,n,size", [("cds_learned", 90, 128), ("cds_converged", 45, 64),
+                                         ("cds_learned", 200, 256)])
+def test_a_question_on_the_block_picks_what_the_dense_solve_picks(name, n, size):
+    z, qs, valid, pages = corpus(n, size, seed=n)
+    options = {"params": SHIPPED} if name == "cds_learned" else {}
+    fn = registry.make_selector(name, budget=10, **options)
+    base = core.CDSProblem.create(z, qs[0], valid, links=np.zeros((size, size), bool), pages=pages,
+                                  doc_ids=np.zeros(size, np.int32), kinds=np.zeros(size, np.int32))
+    bound = jax.jit(registry.corpus_bound_fn(fn))(base)
+    block = jax.jit(registry.corpus_block_fn(fn))(base)
+    assert block is not None and block.shape == (size, size)
+    run = jax.jit(fn)
+    for q in qs:
+        problem = base.replace(queries=jnp.asarray(q[None]), bound=bound)
+        dense, fast = run(problem), run(problem.replace(note_block=block))
+        assert bool(fast.result.converged) and float(fast.result.kkt_residual) < 1e-5
+        np.testing.assert_array_equal(np.asarray(fast.indices), np.asarray(dense.indices))
+        np.testing.assert_array_equal(np.asarray(fast.selected_valid), np.asarray(dense.selected_valid))
+        np.testing.assert_allclose(np.asarray(fast.scores), np.asarray(dense.scores), atol=2e-5)
+        assert int(fast.support_size) == int(dense.support_size)
+        assert float(fast.result.alpha) == float(dense.result.alpha)
+
+
+def test_vertex_first_reaches_the_equilibrium_of_the_newton_start():
+    """ActiveSet(vertex_first=True) skips the whole face's Newton step from the uniform start; with gathered
+    sizes it solves each face in the smallest that holds the support, and reaches the same point."""
+    z, qs, valid, pages = corpus(200, 256, seed=7)
+    payoff = DensePayoff.from_affinity(learned_affinity(z, qs[1], valid, SHIPPED, pages=pages))
+    run = jax.jit(lambda p, s: iterate(s, p, None), static_argnums=1)
+    plain = run(payoff, ActiveSet())
+    for solver in (ActiveSet(vertex_first=True), ActiveSet(vertex_first=True, gather=(16, 64, 128)),
+                   ActiveSet(vertex_first=True, gather=(2, 4))):  # the last: every face past it, dense
+        res = run(payoff, solver)
+        assert bool(res.converged)
+        np.testing.assert_allclose(np.asarray(res.x), np.asarray(plain.x), atol=1e-5)
+    assert capacities((512, 64, 64, 4096), 1025) == (64, 512)
+    assert capacities(None, 10) == () and capacities(8, 8) == ()
+    with pytest.raises(ValueError, match="gather"):
+        capacities((0,), 10)
+
+
+def test_pipeline_keeps_the_block_with_the_bound():
+    from cdsjax.pipeline import Corpus, Pipeline
+
+    z, qs, valid, pages = corpus(150, 150, seed=3)
+    notes = [{"note_id": f"n{i}", "doc_id": "d", "page": int(pages[i]), "kind": "text", "text": "", "bbox": None}
+             for i in range(150)]
+    pipe = Pipeline(Corpus(embeddings=z, links=np.zeros((150, 150), bool), notes=notes,
+                           embedder={"model": "all-MiniLM-L6-v2"}, roots=[]), embedder=object())
+    for selector in ("cds-learned", "cds-converged"):
+        first = pipe.select(qs[0], selector=selector, budget=5)
+        (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == registry.selector_spec(selector).name]
+        assert bound is not None and block is not None and block.shape == (pipe.size, pipe.size)
+        fn = pipe.selector_fn(selector, 5)
+        problem = pipe.candidates.problem(qs[0], registry.selector_spec(selector)).replace(bound=bound)
+        dense = fn(problem)
+        np.testing.assert_array_equal(np.asarray(first.indices), np.asarray(dense.indices))
+    assert pipe.select(qs[1], selector="cosine", budget=5).indices.shape == (5,)
+
+
+def test_the_integrations_chooser_keeps_them_per_candidate_set():
+    from cdsjax.integrations._common import Chooser
+
+    z, qs, _, _ = corpus(60, 60, seed=4)
+    chooser = Chooser("cds-converged", budget=5)
+    first, _ = chooser(z, qs[0])
+    key, _, bound, block = chooser._corpus
+    assert bound is not None and block is not None
+    chooser(z, qs[1])
+    assert chooser._corpus[0] == key  # same candidates: kept
+    chooser(z[::-1].copy(), qs[0])
+    assert chooser._corpus[0] != key  # other candidates: computed again
+    # the picks are those of the dense solve with the bound
+    problem = chooser._with_corpus(*(lambda c: (c, c.problem(qs[0], chooser.spec)))(
+        __import__("cdsjax.selection", fromlist=["Candidates"]).Candidates.pad(z, min_size=5)))
+    dense = jax.jit(chooser.fn)(problem.replace(note_block=None))
+    assert [i for i, _ in first] == np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
