@@ -264,23 +264,30 @@ def choose(values, labels, ks, budget, train_sets):
     return max(((lab, k) for lab in labels for k in ks), key=score)
 
 
+def cells(fams, budgets):
+    """(family, labels, regime, read-outs k, budget) of every table row; cosine's "read" regime is k = 1 only
+    (``cosine-pages``)."""
+    for fam, labels in fams.items():
+        for reg, ks in REGIMES.items():
+            ks = (1,) if fam == "cosine ranking" and reg == "read" else ks
+            for b in budgets:
+                yield fam, labels, reg, ks, b
+
+
 def cv_rows(values, qfold, fams, budgets, folds=5):
     """``rows[(family, regime, B)] = {metric: [q]}`` and the choices: each test fold scored with the knob and
     read-out chosen on the other folds."""
     rows, chosen = {}, {}
-    for fam, labels in fams.items():
-        for reg, ks in REGIMES.items():
-            ks = (1,) if fam == "cosine ranking" and reg == "read" else ks  # cosine-pages
-            for b in budgets:
-                vals = {m: np.full(len(qfold), np.nan) for m in ("recall", "has_answer")}
-                picks = []
-                for f in range(folds):
-                    best = choose(values, labels, ks, b, [(values, qfold != f)])
-                    picks.append(best)
-                    for m in vals:
-                        vals[m][qfold == f] = values[(best[0], best[1], b, m)][qfold == f]
-                rows[(fam, reg, b)] = vals
-                chosen[f"{fam}|{reg}|{b}"] = [f"{lab} k={k}" for lab, k in picks]
+    for fam, labels, reg, ks, b in cells(fams, budgets):
+        vals = {m: np.full(len(qfold), np.nan) for m in ("recall", "has_answer")}
+        picks = []
+        for f in range(folds):
+            best = choose(values, labels, ks, b, [(values, qfold != f)])
+            picks.append(best)
+            for m in vals:
+                vals[m][qfold == f] = values[(best[0], best[1], b, m)][qfold == f]
+        rows[(fam, reg, b)] = vals
+        chosen[f"{fam}|{reg}|{b}"] = [f"{lab} k={k}" for lab, k in picks]
     return rows, chosen
 
 
@@ -399,12 +406,9 @@ def merge(dirs, output_dir: str, resamples: int) -> None:
     R = resamples
     for (src, sv, sm), (dst, dv, dm) in ((runs[0], runs[1]), (runs[1], runs[0])):
         rows = {}
-        for fam, labs in fams.items():
-            for reg, ks in REGIMES.items():
-                ks = (1,) if fam == "cosine ranking" and reg == "read" else ks
-                for b in budgets:
-                    best = choose(sv, labs, ks, b, [(sv, np.ones(len(sm["qfold"]), bool))])
-                    rows[(fam, reg, b)] = {m: dv[(best[0], best[1], b, m)] for m in ("recall", "has_answer")}
+        for fam, labs, reg, ks, b in cells(fams, budgets):
+            best = choose(sv, labs, ks, b, [(sv, np.ones(len(sm["qfold"]), bool))])
+            rows[(fam, reg, b)] = {m: dv[(best[0], best[1], b, m)] for m in ("recall", "has_answer")}
         head = {**{k: dst[k] for k in ("benchmark", "pool_size", "questions", "covered", "documents")},
                 "task": f"transfer {src['benchmark']} -> {dst['benchmark']}"}
         sub = out / f"transfer-{src['benchmark']}-to-{dst['benchmark']}"
@@ -412,16 +416,13 @@ def merge(dirs, output_dir: str, resamples: int) -> None:
         write(sub, summarize(rows, head, R))
     for (info, v, m), (_, ov, om) in ((runs[0], runs[1]), (runs[1], runs[0])):
         rows = {}
-        for fam, labs in fams.items():
-            for reg, ks in REGIMES.items():
-                ks = (1,) if fam == "cosine ranking" and reg == "read" else ks
-                for b in budgets:
-                    vals = {x: np.full(len(m["qfold"]), np.nan) for x in ("recall", "has_answer")}
-                    for f in range(5):
-                        best = choose(v, labs, ks, b, [(v, m["qfold"] != f), (ov, om["qfold"] != f)])
-                        for x in vals:
-                            vals[x][m["qfold"] == f] = v[(best[0], best[1], b, x)][m["qfold"] == f]
-                    rows[(fam, reg, b)] = vals
+        for fam, labs, reg, ks, b in cells(fams, budgets):
+            vals = {x: np.full(len(m["qfold"]), np.nan) for x in ("recall", "has_answer")}
+            for f in range(5):
+                best = choose(v, labs, ks, b, [(v, m["qfold"] != f), (ov, om["qfold"] != f)])
+                for x in vals:
+                    vals[x][m["qfold"] == f] = v[(best[0], best[1], b, x)][m["qfold"] == f]
+            rows[(fam, reg, b)] = vals
         head = {**{k: info[k] for k in ("benchmark", "pool_size", "questions", "covered", "documents")},
                 "task": "fit on both"}
         sub = out / f"both-{info['benchmark']}"
