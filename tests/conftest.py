@@ -129,6 +129,18 @@ def demo_run(tmp_path_factory):
     return root, json.loads(out.getvalue())
 
 
+def clustered_notes(rng, n: int, size: int, d: int = 48, clusters: int = 6):
+    """Unit vectors drawn around a few topic centres (a corpus of a few topics), rows ``n:`` zero (padding);
+    float64, drawn from ``rng`` so a caller continues the same stream for its questions."""
+    import numpy as np
+
+    centers = rng.normal(size=(clusters, d))
+    z = centers[rng.integers(0, clusters, size)] + 1.2 * rng.normal(size=(size, d))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    z[n:] = 0.0
+    return z
+
+
 def find_tool(name: str) -> Optional[str]:
     """The executable of a documented tool: ``$CDSJAX_<NAME>`` when set (a path; one that does not exist
     hides the tool, e.g. ``CDSJAX_CHROMIUM=/nonexistent``), else the first of its names on ``PATH``."""

@@ -14,6 +14,7 @@ from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.solver import iterate
 from cdsjax.core.types import SolveOptions
+from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
 CONVERGED = SolveOptions(solver="converged")
@@ -22,10 +23,7 @@ CONVERGED = SolveOptions(solver="converged")
 def corpus(n, size, seed=0, d=48, clusters=6):
     """Clustered unit vectors padded to ``size``, questions near three notes, pages of five notes."""
     rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(clusters, d))
-    z = centers[rng.integers(0, clusters, size)] + 1.2 * rng.normal(size=(size, d))
-    z /= np.linalg.norm(z, axis=1, keepdims=True)
-    z[n:] = 0.0
+    z = clustered_notes(rng, n, size, d, clusters)
     qs = np.stack([z[i:i + 3].sum(0) + rng.normal(size=d) for i in range(0, 3 * 6, 3)])
     qs /= np.linalg.norm(qs, axis=1, keepdims=True)
     pages = np.where(np.arange(size) < n, np.arange(size) // 5, -1).astype(np.int32)

@@ -9,6 +9,7 @@ import pytest
 from cdsjax import core
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.spectral import certified_bound, corpus_bound, gershgorin, learned_corpus_bound, learned_is_corpus_level
+from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
 
@@ -16,10 +17,7 @@ SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
 def corpus(n, size, seed=0, d=48, clusters=6):
     """Clustered unit vectors (a corpus of a few topics), padded to ``size``, and the page of each note."""
     rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(clusters, d))
-    z = centers[rng.integers(0, clusters, size)] + 1.2 * rng.normal(size=(size, d))
-    z /= np.linalg.norm(z, axis=1, keepdims=True)
-    z[n:] = 0.0
+    z = clustered_notes(rng, n, size, d, clusters)
     q = z[: 3].sum(0) + rng.normal(size=d)
     return (z.astype(np.float32), (q / np.linalg.norm(q)).astype(np.float32), np.arange(size) < n,
             (np.arange(size) // 5).astype(np.int32))
