@@ -257,21 +257,17 @@ class Pipeline:
         parameters: a file (read once, by :func:`cdsjax.learn.resolve_params`), a ``LearnedParams`` value, or None
         (the shipped fit).
 
-        ``warm`` (``dict(question=..., selector=..., budget=..., options=...)``, the question about to be asked):
-        when ``paths`` is one PDF that has to be indexed, the selector is compiled for the index's padded size
-        while the notes are embedded (:meth:`warm_for_notes`), so that the question does not wait for it.
+        ``warm`` (``dict(question=, selector=, budget=, options=)``, the question about to be asked): when ``paths``
+        is one PDF to be indexed, its selector compiles while the notes are embedded (:meth:`warm_for_notes`).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
         from cdsjax.io.store import StoreError
 
-        indexes = []
-        compiled = SelectorCache(max_compiled)
-        on_prepared = None
-        if warm is not None and len(paths) == 1:
-            def on_prepared(doc):
-                cls.warm_for_notes(doc.notes, config=config, compiled=compiled, params=params,
-                                   embedders=embedders, trust_remote_code=trust_remote_code, **warm)
+        indexes, compiled = [], SelectorCache(max_compiled)
+        on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
+            doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
+            trust_remote_code=trust_remote_code, **warm))
         for p in paths:
             path = Path(p)
             try:
@@ -291,36 +287,26 @@ class Pipeline:
 
     @classmethod
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: str = DEFAULT_SELECTOR,
-                       budget: int = 10, options: Optional[dict] = None, config=None,
-                       compiled: Optional[dict] = None, params=None, embedders: Sequence[str] = (),
-                       trust_remote_code: bool = False) -> None:
-        """Compiles what asking ``question`` of an index of ``notes`` (their pages and kinds; not yet embedded)
-        will run: the question's encoder bucket, the selector at the index's padded size, its corpus bound and
-        note block. A pipeline over stand-in embeddings (random unit vectors) of the same shape asks the
-        question once; its jitted selectors go to ``compiled``, which the pipeline of the real index then
-        shares (and JAX's persistent compilation cache keeps them for later processes). Nothing of the real
-        index depends on it."""
+                       budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
+                       embedders: Sequence[str] = (), trust_remote_code: bool = False) -> None:
+        """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the question's
+        encoder bucket, the selector at the padded size, its corpus bound and note block, by asking it once of
+        stand-in embeddings (random unit vectors) of that shape; the jitted selectors go to ``compiled``, which
+        the real index's pipeline then shares. Nothing of the index depends on it."""
         from cdsjax.io.embed import Embedder
         from cdsjax.io.index import default_config
-
-        rows = [n if isinstance(n, dict) else dict(doc_id=n.doc_id, page=n.page, kind=n.kind) for n in notes]
-        if not rows:
-            return
         from cdsjax.io.query_encoder import QueryEncoder
 
+        rows = [n if isinstance(n, dict) else dict(doc_id=n.doc_id, page=n.page, kind=n.kind) for n in notes]
         info = Embedder(default_config() if config is None else config).info()
-        encoder = QueryEncoder.from_info(info)
-        if encoder is None:
-            return  # sentence-transformers: its dimension is known only once torch has loaded it; not here
-        dim = encoder.dim
-        rng = np.random.default_rng(0)
-        emb = rng.standard_normal((len(rows), dim)).astype(np.float32)
+        encoder = QueryEncoder.from_info(info)  # None: sentence-transformers (its dimension needs torch loaded)
+        if not rows or encoder is None:
+            return
+        emb = np.random.default_rng(0).standard_normal((len(rows), encoder.dim)).astype(np.float32)
         emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-        corpus = Corpus(embeddings=emb, links=np.zeros((len(rows), len(rows)), bool), notes=rows, embedder=info,
-                        roots=[])
-        pipe = cls(corpus, compiled=compiled, params=params, embedders=embedders,
-                   trust_remote_code=trust_remote_code)
-        pipe.retrieve(question, selector=selector, budget=budget, options=options)
+        corpus = Corpus(embeddings=emb, links=np.zeros((len(rows),) * 2, bool), notes=rows, embedder=info, roots=[])
+        cls(corpus, compiled=compiled, params=params, embedders=embedders, trust_remote_code=trust_remote_code
+            ).retrieve(question, selector=selector, budget=budget, options=options)
 
     @property
     def embedder(self):

@@ -240,12 +240,14 @@ class Embedder:
         :meth:`encode_documents` to share the notes with it (:func:`cdsjax.io.layout.offer_embedding`)."""
         if self.jax_encoder() is None:
             return
-        from cdsjax.io.compilation_cache import compilation_cache_dir
-        from cdsjax.io.layout import offer_embedding
+        import jax
+
+        from cdsjax.io.layout_split import offer_embedding
 
         offer_embedding(dict(model=self.model_name, query_prefix=self.query_prefix,
                              document_prefix=self.document_prefix, normalize=self.normalize,
-                             trust_remote_code=self.trust_remote_code), compilation_cache_dir())
+                             trust_remote_code=self.trust_remote_code),
+                        jax.config.jax_compilation_cache_dir or None)  # this process's persistent cache
 
     def _encode(self, texts: List[str], show_progress: bool, split: bool = False) -> np.ndarray:
         if len(texts) == 0:
@@ -258,7 +260,7 @@ class Embedder:
                 return np.asarray(fast.encode_documents(list(part), batch_size=batch, prefix=False), np.float32)
 
             if split:
-                from cdsjax.io.layout import embed_in_helper
+                from cdsjax.io.layout_split import embed_in_helper
 
                 shared = embed_in_helper(list(texts), batch, encode)
                 if shared is not None:

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
-from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region, layout_pages,  # noqa: F401  (re-exported)
+from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region,  # noqa: F401  (re-exported)
                               limit_layout_threads, ocr_regions)
+from cdsjax.io.layout_split import layout_pages
 
 PARSER_VERSION = "pymupdf-1"
 

@@ -107,7 +107,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     sha = store.sha256_file(pdf)
     out = _single_index_dir(pdf, sha, cache_dir, config)
     if not (out / store.MANIFEST).is_file() and str(config.ingest.parser) == "pymupdf":
-        from cdsjax.io.layout import prestart_helper
+        from cdsjax.io.layout_split import prestart_helper
 
         prestart_helper(pdf)  # a new PDF: the layout helper loads while this process gets ready
     build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
@@ -132,7 +132,7 @@ def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
         except OSError:
             continue
         if not (out / store.MANIFEST).is_file():
-            from cdsjax.io.layout import prestart_helper
+            from cdsjax.io.layout_split import prestart_helper
 
             prestart_helper(pdf, count_pages=False)
             return
