@@ -32,16 +32,17 @@ from __future__ import annotations
 from typing import Optional
 
 import jax.numpy as jnp
-from jax import Array
+from jax import Array, lax
 
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.affinity import note_coupling, query_relevance
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.payoff import SharedPayoff
+from cdsjax.core.pdas import PrimalDualActiveSet
 from cdsjax.core.ranking import query_cosine, read_out
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
+from cdsjax.core.types import CONVERGED, CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 # The gathered Newton systems' sizes: the smallest that holds the support is solved.
@@ -98,6 +99,16 @@ def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: 
     return None
 
 
+def block_solve(solver, payoff: SharedPayoff):
+    """The equilibrium of one question on the block: with the active set configured, the primal-dual active set
+    (:mod:`cdsjax.core.pdas`) from the most relevant quarter of the notes, and where that does not converge the
+    active set itself from the uniform start; any other solver (InImDyn) as configured."""
+    if not isinstance(solver, ActiveSet):
+        return iterate(solver, payoff, None)
+    fast = iterate(PrimalDualActiveSet(tol=solver.tol), payoff, None)
+    return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: iterate(solver, payoff, None))
+
+
 def uses_block(problem: CDSProblem, options: SolveOptions, x0: Optional[Array] = None) -> bool:
     """Whether the ``"single"`` strategy solves ``problem`` on its ``note_block`` (static: decided at trace
     time): a block and a bound are given, one query row, no pinned notes, the uniform start, a converged solver."""
@@ -122,7 +133,7 @@ def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget
     alpha = params.penalty(jnp.asarray(problem.bound).astype(dtype))
     payoff = SharedPayoff(coupling=w, rel=rel[0], note_valid=problem.valid, alpha=alpha,
                           corpus_shift=jnp.zeros((), dtype))
-    result = iterate(block_solver(options), payoff, None)
+    result = block_solve(block_solver(options), payoff)
     slack = None
     if options.fill:
         mx = payoff.matvec(result.x)
