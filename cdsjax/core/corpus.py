@@ -99,13 +99,15 @@ def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: 
     return None
 
 
-def block_solve(solver, payoff: SharedPayoff):
+def block_solve(solver, payoff: SharedPayoff, fast: Optional[PrimalDualActiveSet] = None):
     """The equilibrium of one question on the block: with the active set configured, the primal-dual active set
-    (:mod:`cdsjax.core.pdas`) from the most relevant quarter of the notes, and where that does not converge the
-    active set itself from the uniform start; any other solver (InImDyn) as configured."""
+    ``fast`` (:mod:`cdsjax.core.pdas`; None: its defaults, from the most relevant quarter of the notes), and where
+    that does not converge the active set itself from the uniform start; any other solver (InImDyn) as
+    configured."""
     if not isinstance(solver, ActiveSet):
         return iterate(solver, payoff, None)
-    fast = iterate(PrimalDualActiveSet(tol=solver.tol), payoff, None)
+    fast = PrimalDualActiveSet(tol=solver.tol) if fast is None else fast
+    fast = iterate(fast.replace(tol=solver.tol if fast.tol is None else fast.tol), payoff, None)
     return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: iterate(solver, payoff, None))
 
 

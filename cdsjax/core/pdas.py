@@ -69,6 +69,15 @@ def relevance_guess(payoff, fraction: float) -> Array:
     return start.astype(payoff.dtype) / jnp.sum(start)
 
 
+def top_half(payoff, support: Array) -> Array:
+    """``[N]`` bool: the query vertex and the half of ``support``'s notes with the largest query edges."""
+    notes = support & (jnp.arange(payoff.size) > 0)
+    rel = jnp.where(notes, payoff.row(jnp.asarray(0)), -jnp.inf)
+    k = jnp.maximum((jnp.sum(notes) + 1) // 2, 1)
+    cut = jnp.sort(rel)[::-1][k - 1]
+    return (notes & (rel >= cut)) | (jnp.arange(payoff.size) == 0)
+
+
 def _gather(payoff, support: Array, capacity: int):
     """The support's indices in ``capacity`` slots and the ``[K, K]`` payoff block on them (zero off real slots)."""
     size = support.shape[0]
@@ -185,14 +194,26 @@ class PrimalDualActiveSet:
         which = jnp.searchsorted(jnp.asarray(caps, jnp.int32), count, side="left")
         branches = [lambda c=c: face_point(payoff, state.x, support, c, self.lu_max) for c in caps]
         branches.append(lambda: (jnp.full_like(state.x, jnp.nan), jnp.asarray(False)))
-        x, ok = lax.switch(which, branches)
+        face, ok = lax.switch(which, branches)
+        # the face's point clipped to the simplex (itself where it lies there): its Nash error, and the
+        # vertices outside the support whose payoff beats its value join
+        kept = jnp.where(valid, jnp.maximum(face, 0.0), 0.0)
+        mass = jnp.sum(kept)
+        x = kept / jnp.where(mass > 0, mass, 1.0)
         mx = payoff.matvec(x)
         value = x @ mx
-        inside = jnp.all(jnp.where(valid, x >= 0.0, True))
+        inside = jnp.all(jnp.where(valid, face >= 0.0, True))
         err = jnp.where(inside, nash_error(x, mx, valid, value), jnp.inf).astype(x.dtype)
-        err = jnp.where(ok & jnp.all(jnp.isfinite(mx)), err, jnp.nan)
-        gains = valid & ~support & (mx > value)
+        err = jnp.where(ok & (mass > 0) & jnp.all(jnp.isfinite(mx)), err, jnp.nan)
         query = jnp.arange(payoff.size) == 0
-        new_support = valid & ((support & (x > 0)) | gains | query)
-        x = jnp.where(ok, x, state.x)
+        # drop first: an infeasible face loses its negative vertices; a feasible one gains every vertex whose
+        # payoff beats its value
+        gains = valid & ~support & (mx > value) & inside
+        new_support = valid & ((support & (face > 0)) | gains | query)
+        # a face whose point gives the query no weight holds notes the query cannot carry (less relevant than
+        # the equilibrium's threshold): keep the more relevant half of its notes and solve again
+        dropped = face[0] <= 0
+        new_support = jnp.where(dropped, top_half(payoff, support), new_support)
+        err = jnp.where(dropped & ~jnp.isnan(err), jnp.inf, err)
+        x = jnp.where(ok & (mass > 0) & ~dropped, x, state.x)
         return state.replace(x=x, err=err, num_iters=state.num_iters + 1, aux=new_support)
