@@ -60,7 +60,7 @@ def test_conjugate_gradients_solve_the_face_the_lu_solves():
     support = shared.valid & (ref.x > 0)  # the equilibrium's face, from the uniform point on it
     x = jnp.where(support, 1.0, 0.0) / jnp.sum(support)
     lu, ok_lu = jax.jit(face_point, static_argnums=(3, 4))(shared, x, support, 64, 64)
-    by_cg, ok_cg = jax.jit(face_point, static_argnums=(3, 4))(shared, x, support, 64, 0)
+    by_cg, ok_cg = jax.jit(face_point, static_argnums=(3, 4))(shared, x, support, 256, 0)  # past LU_ALWAYS
     assert bool(ok_lu) and bool(ok_cg)
     np.testing.assert_allclose(np.asarray(by_cg), np.asarray(lu), atol=1e-5)
     np.testing.assert_allclose(np.asarray(by_cg), np.asarray(ref.x), atol=2e-5)
@@ -69,7 +69,7 @@ def test_conjugate_gradients_solve_the_face_the_lu_solves():
     on = np.asarray(support)
     assert np.ptp(mx[on]) < 1e-4 and abs(float(jnp.sum(by_cg)) - 1.0) < 1e-6
     # the whole solve with CG faces only
-    res = run(PrimalDualActiveSet(lu_max=0), shared)
+    res = run(PrimalDualActiveSet(capacities=(256,), lu_max=0), shared)
     assert int(res.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(res.x), np.asarray(ref.x), atol=2e-5)
 

@@ -19,8 +19,9 @@ Each face is solved in correction form from the current point (so a repeated sol
 refines it, as the active set's Newton step does), gathered into the smallest of ``capacities`` that
 holds it:
 
-* up to ``lu_max`` slots by LU of the bordered ``[K+1, K+1]`` system (any payoff);
-* above, by conjugate gradients, which needs the CDS structure: the query vertex first with a zero
+* up to :data:`LU_ALWAYS` slots by LU of the bordered ``[K+1, K+1]`` system (any payoff);
+* above, by conjugate gradients, and where they do not converge in :data:`CG_MAX_ITER` products by the LU
+  up to ``lu_max`` slots (past it the run fails). CG needs the CDS structure: the query vertex first with a zero
   diagonal, and the note block :math:`W - \alpha I` negative definite (:math:`\alpha` at or above the
   spectral bound). With :math:`A_S = \alpha I - W_{SS}` the query eliminates,
   :math:`d_y = d_0 A_S^{-1} r_S - \mu A_S^{-1}\mathbf 1 + A_S^{-1} g_y`, and two scalar equations give
@@ -48,10 +49,12 @@ from jax.scipy.sparse.linalg import cg
 from cdsjax.core.inimdyn import default_tol
 from cdsjax.core.solver import LoopState, check_count, nash_error, start_state, stop_rule
 
-# Faces gathered into these many slots, the smallest that holds the support; LU up to LU_MAX slots, CG above.
+# Faces gathered into these many slots, the smallest that holds the support: LU up to LU_ALWAYS slots; above, CG,
+# and LU where CG does not converge up to LU_MAX slots.
 CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+LU_ALWAYS = 128
 LU_MAX = 1024
-CG_MAX_ITER = 200
+CG_MAX_ITER = 30
 CG_TOL = 1e-6
 CG_ACCEPT = 1e-4  # a CG solve whose relative residual stays above this fails the run
 
@@ -136,7 +139,12 @@ def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU
     mass = jnp.sum(xs)
     xs = jnp.where(mass > 0, xs / jnp.where(mass > 0, mass, 1.0), real.astype(dtype) / jnp.sum(real))
     g = block @ xs
-    d, ok = (_lu_direction if capacity <= lu_max else _cg_direction)(block, real, g)
+    if capacity <= LU_ALWAYS:
+        d, ok = _lu_direction(block, real, g)
+    else:
+        d, ok = _cg_direction(block, real, g)
+        if capacity <= lu_max:  # CG did not converge (an ill-conditioned face, another game): LU
+            d, ok = lax.cond(ok, lambda: (d, ok), lambda: _lu_direction(block, real, g))
     x_face = jnp.zeros((size,), dtype).at[safe].add(jnp.where(real, xs + d, 0.0))
     return x_face, ok
 
@@ -157,7 +165,8 @@ class PrimalDualActiveSet:
       fraction: share of the notes in the start's support (those with the largest query edges), used
         when no start is given.
       capacities: the gathered faces' sizes.
-      lu_max: the largest capacity solved by LU; larger faces by CG (CDS structure).
+      lu_max: the largest capacity where LU takes over from CG when CG does not converge (0: CG only above
+        :data:`LU_ALWAYS`).
     """
 
     tol: Optional[float] = struct.field(pytree_node=False, default=None)
