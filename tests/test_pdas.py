@@ -108,6 +108,13 @@ def test_on_a_payoff_without_the_cds_structure_it_never_claims_a_false_equilibri
             assert float(res.kkt_residual) < 1e-5 and float(jnp.min(res.x)) >= 0.0
 
 
+def test_faces_are_gathered_below_the_problems_size_then_whole():
+    _, shared = game(150, 192, seed=0)  # 193 vertices
+    assert PrimalDualActiveSet().prepare(shared) == (64, 128, 193)
+    assert PrimalDualActiveSet(capacities=(8, 64)).prepare(shared) == (8, 64)
+    assert PrimalDualActiveSet(capacities=(64, 4096, 64)).prepare(shared) == (64, 193)
+
+
 def test_bad_settings_are_refused():
     _, shared = game(30, 32, seed=0)
     with pytest.raises(ValueError, match="fraction"):

@@ -51,7 +51,7 @@ from cdsjax.core.solver import LoopState, check_count, nash_error, start_state, 
 
 # Faces gathered into these many slots, the smallest that holds the support: LU up to LU_ALWAYS slots; above, CG,
 # and LU where CG does not converge up to LU_MAX slots.
-CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+CAPACITIES = (64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192)
 LU_ALWAYS = 128
 LU_MAX = 1024
 CG_MAX_ITER = 30
@@ -87,7 +87,7 @@ def _gather(payoff, support: Array, capacity: int):
     idx = jnp.nonzero(support, size=capacity, fill_value=size)[0]
     real = idx < size
     safe = jnp.where(real, idx, 0)
-    block = jax.vmap(payoff.row)(safe)[:, safe]
+    block = payoff.submatrix(safe)
     return idx, real, safe, jnp.where(real[:, None] & real[None, :], block, 0.0)
 
 
@@ -186,7 +186,10 @@ class PrimalDualActiveSet:
             check_count("capacities", c, 1)
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction!r}")
-        return tuple(sorted(set(self.capacities)))
+        # the sizes below the problem's, then the problem's own (a face of every vertex) where the largest
+        # capacity would have reached it
+        below = sorted({c for c in self.capacities if c < payoff.size})
+        return tuple(below + [payoff.size]) if max(self.capacities) >= payoff.size else tuple(below)
 
     def init(self, payoff, x0: Optional[Array]) -> LoopState:
         x = relevance_guess(payoff, self.fraction) if x0 is None else jnp.asarray(x0, payoff.dtype)
