@@ -1,5 +1,5 @@
 """One corpus, many questions (cdsjax.core.corpus): the note block built once is the dense affinity's, and a
-question solved on it (vertex steps first, gathered Newton) picks the notes the dense solve picks."""
+question solved on it (the primal-dual active set, the active set as its fallback) picks the notes the dense solve picks."""
 
 import jax
 import jax.numpy as jnp
