@@ -246,7 +246,8 @@ class Pipeline:
     @classmethod
     def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
                    embedders: Sequence[str] = (), trust_remote_code: bool = False,
-                   max_compiled: int = DEFAULT_MAX_COMPILED, params: Optional[str] = None) -> "Pipeline":
+                   max_compiled: int = DEFAULT_MAX_COMPILED, params: Optional[str] = None,
+                   warm: Optional[dict] = None) -> "Pipeline":
         """Loads index directories and indexes PDFs (into the cache) named by ``paths``.
 
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
@@ -255,19 +256,25 @@ class Pipeline:
         ``trust_remote_code``, never because an index says so. ``params`` is the ``cds-learned`` selector's
         parameters: a file (read once, by :func:`cdsjax.learn.resolve_params`), a ``LearnedParams`` value, or None
         (the shipped fit).
+
+        ``warm`` (``dict(question=, selector=, budget=, options=)``, the question about to be asked): when ``paths``
+        is one PDF to be indexed, its selector compiles while the notes are embedded (:meth:`warm_for_notes`).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
         from cdsjax.io.store import StoreError
 
-        indexes = []
+        indexes, compiled = [], SelectorCache(max_compiled)
+        on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
+            doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
+            trust_remote_code=trust_remote_code, **warm))
         for p in paths:
             path = Path(p)
             try:
                 if path.is_dir():
                     indexes.append(load_index(path))
                 elif path.exists():
-                    indexes.append(index_pdf(path, config=config, progress=progress))
+                    indexes.append(index_pdf(path, config=config, progress=progress, on_prepared=on_prepared))
                 else:
                     raise PipelineError(f"{path}: no such file or directory")
             except (IngestError, StoreError) as err:
@@ -276,7 +283,30 @@ class Pipeline:
         if config is not None and "embedder" in config and config.embedder.get("model"):
             accepted += (str(config.embedder.model),)
         return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
-                   max_compiled=max_compiled, params=params)
+                   compiled=compiled, params=params)
+
+    @classmethod
+    def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: str = DEFAULT_SELECTOR,
+                       budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
+                       embedders: Sequence[str] = (), trust_remote_code: bool = False) -> None:
+        """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the question's
+        encoder bucket, the selector at the padded size, its corpus bound and note block, by asking it once of
+        stand-in embeddings (random unit vectors) of that shape; the jitted selectors go to ``compiled``, which
+        the real index's pipeline then shares. Nothing of the index depends on it."""
+        from cdsjax.io.embed import Embedder
+        from cdsjax.io.index import default_config
+        from cdsjax.io.query_encoder import QueryEncoder
+
+        rows = [n if isinstance(n, dict) else dict(doc_id=n.doc_id, page=n.page, kind=n.kind) for n in notes]
+        info = Embedder(default_config() if config is None else config).info()
+        encoder = QueryEncoder.from_info(info)  # None: sentence-transformers (its dimension needs torch loaded)
+        if not rows or encoder is None:
+            return
+        emb = np.random.default_rng(0).standard_normal((len(rows), encoder.dim)).astype(np.float32)
+        emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+        corpus = Corpus(embeddings=emb, links=np.zeros((len(rows),) * 2, bool), notes=rows, embedder=info, roots=[])
+        cls(corpus, compiled=compiled, params=params, embedders=embedders, trust_remote_code=trust_remote_code
+            ).retrieve(question, selector=selector, budget=budget, options=options)
 
     @property
     def embedder(self):

@@ -110,14 +110,14 @@ def child(args) -> int:
 
         set_page_batching(True)
     if args.one_process:
-        from cdsjax.io.layout import set_page_split
+        from cdsjax.io.layout_split import set_page_split
 
         set_page_split(False)
     t0 = time.perf_counter()
     s = build_index(args.pdfs, args.out, config=config, workers=args.workers, cache_dir=args.cache)
     wall = time.perf_counter() - t0
     try:  # the new code's helper process: stopped, so its CPU time counts below
-        from cdsjax.io.layout import stop_helper
+        from cdsjax.io.layout_split import stop_helper
 
         stop_helper()
     except ImportError:

@@ -1,14 +1,15 @@
 """The ways cdsjax.io.layout runs PyMuPDF's layout model give the elements and crops of the plain run: a
-document split over a helper process (a rotated page among the helper's; the helper's half of the keywords),
-and pages batched through the image network."""
+document split over a helper process (a rotated page among the helper's; the helper's half of the keywords and
+of the note embeddings), and pages batched through the image network; how the two processes claim pages."""
 
 import hashlib
 import json
 
+import numpy as np
 import pymupdf
 
 from cdsjax.config import get_config
-from cdsjax.io import layout
+from cdsjax.io import layout, layout_split
 from cdsjax.io.notes import extract_keywords
 from cdsjax.io.parse import parse_pdf
 from tests import ingest_pdfs as gen
@@ -29,41 +30,95 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     doc.save(tmp_path / "four.pdf")
     pdf = tmp_path / "four.pdf"
 
-    layout.set_page_split(False)
+    layout_split.set_page_split(False)
     plain = _parse(pdf, tmp_path / "plain")
     assert plain[0] and plain[1]  # elements and crops to compare
 
     layout.prepare_models()
-    monkeypatch.setattr(layout, "SPLIT_MIN_PAGES", 2)
+    monkeypatch.setattr(layout_split, "SPLIT_MIN_PAGES", 2)
     monkeypatch.setitem(layout._STATE, "threads", 2)  # as on a machine with two free cores
-    layout.set_page_split(True)
+    # the pages are claimed as each process gets to them; this process leaves the last two to the helper, so
+    # that the helper's path runs whatever the timing
+    monkeypatch.setitem(layout._STATE, "reserve", 2)
+    layout_split.set_page_split(True)
     try:
-        layout.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
+        layout_split.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
         started = layout._STATE.get("helper")
-        assert isinstance(started, layout._Helper)
+        assert isinstance(started, layout_split._Helper)
         split = _parse(pdf, tmp_path / "split")
         helper = layout._STATE.get("helper")
         assert helper is started, "the document was not split by the helper started ahead"
+        assert helper.claims.array[1] <= 2  # the helper analysed pages 2 and 3 at least
         # the helper also computes half of a document's keywords: the same as computed here
         texts = [json.loads(e)["text"] for e in split[0]] * 3 + ["", "12 34"]
 
         def here(t):
             return extract_keywords(t, top=5)
 
-        assert layout.keywords_in_helper(texts, 5, "en", here) == [here(t) for t in texts]
+        assert layout_split.keywords_in_helper(texts, 5, "en", here) == [here(t) for t in texts]
         assert layout._STATE.get("helper") is helper and not helper.busy  # it answered (no fallback)
     finally:
-        layout.stop_helper()
-        layout.set_page_split(True)
+        layout_split.stop_helper()
+        layout_split.set_page_split(True)
     assert split == plain
 
-    layout.set_page_split(False)
+    layout_split.set_page_split(False)
     layout.set_page_batching(True)
     try:
         batched = _parse(pdf, tmp_path / "batched")
         stats = layout.batch_stats()
     finally:
         layout.set_page_batching(False)
-        layout.set_page_split(True)
+        layout_split.set_page_split(True)
     assert stats["calls"] >= 1 and stats["batched"] >= 2  # pages found their outputs computed in a batch
     assert batched == plain
+
+
+def test_pages_are_claimed_from_both_ends_once():
+    """This process claims pages from the front, the helper from the back, each page once; when this process
+    runs out it closes the claims, so a helper still loading takes none and is not waited for."""
+    import multiprocessing
+
+    claims = layout_split._Claims(multiprocessing.get_context("spawn"))
+    claims.reset(7)
+    assert claims.take_front(2) == range(0, 2) and claims.take_back(2) == range(5, 7)
+    assert claims.take_front(2, limit=3) == range(2, 3)  # never past the pages left to the helper
+    assert claims.take_front(2, limit=3) is None and claims.helper_took(7)  # pages 3-4 wait for the helper
+    assert claims.take_back(2) == range(3, 5) and claims.take_front(2) is None and claims.take_back(2) is None
+    claims.reset(4)
+    while claims.take_front(2) is not None:
+        pass
+    assert claims.take_back(2) is None and not claims.helper_took(4)
+
+
+def test_helper_embeds_half_of_the_notes(monkeypatch):
+    """The helper encodes the longest notes with the same JAX encoder while this process encodes the rest: the
+    vectors of one process within float tolerance, in the order of the texts."""
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.index import default_config
+
+    config = default_config()
+    config.embedder.show_progress = False
+    embedder = Embedder(config)
+    texts = [f"Note {i}: revenue in region {i} grew by {3 * i}% in fiscal 20{10 + i}. " * (1 + i % 5)
+             for i in range(40)]
+    alone = embedder.encode_documents(texts)
+    monkeypatch.setitem(layout._STATE, "threads", 2)
+    layout_split.set_page_split(True)
+    try:
+        layout_split._helper()
+        embedder.offer_to_helper()
+        calls = []
+
+        def here(part):
+            calls.append(len(part))
+            return embedder.encode_documents(part)
+
+        shared = layout_split.embed_in_helper(texts, 16, here)
+        assert shared is not None and calls and calls[0] < len(texts)  # the helper encoded the rest
+        helper = layout._STATE.get("helper")
+        assert helper is not None and helper.proc.is_alive() and not helper.busy  # it answered (no fallback)
+    finally:
+        layout_split.stop_helper()
+        layout._STATE.pop("embedding", None)
+    np.testing.assert_allclose(shared, alone, atol=1e-5, rtol=0)

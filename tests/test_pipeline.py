@@ -255,3 +255,25 @@ def test_corpus_merge_rejects_mixed_embedders(demo_index):
     merged = Corpus.merge([a, load_index(demo_index)])
     n = len(a.notes)
     assert merged.links.shape == (2 * n, 2 * n) and not merged.links[:n, n:].any()
+
+
+def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
+    """`ask NEW.pdf` compiles its selector while the notes are embedded (Pipeline.warm_for_notes, on stand-in
+    vectors of the same shape): the pipeline of the real index then shares that jitted selector and picks what
+    a pipeline without the warm-up picks."""
+    from cdsjax.io.index import load_index
+    from cdsjax.pipeline import SelectorCache
+
+    corpus = Corpus.merge([load_index(demo_index)])
+    q = "How much did battery storage cut diesel use?"
+    compiled = SelectorCache()
+    Pipeline.warm_for_notes(corpus.notes, question=q, budget=4, compiled=compiled)
+    assert len(compiled) == 1
+    (key,) = list(compiled)
+    warmed = Pipeline(corpus, compiled=compiled)
+    assert warmed.selector_key(DEFAULT_SELECTOR, 4) == key
+    assert warmed.selector_fn(DEFAULT_SELECTOR, 4) is compiled[key]
+    got = warmed.ask(q, budget=4)
+    plain = Pipeline(corpus).ask(q, budget=4)
+    assert [e["note_id"] for e in got.evidence] == [e["note_id"] for e in plain.evidence]
+    assert [e["score"] for e in got.evidence] == [e["score"] for e in plain.evidence]

@@ -186,6 +186,10 @@ def run(args) -> int:
 
 def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
+    from cdsjax.io.index.single import prestart_layout
+
+    # a PDF to index: its layout helper starts now, its imports and model load overlapping this process's
+    prestart_layout(paths)
     from cdsjax.io.embed import EmbedderError
     from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, enable_compilation_cache
 
@@ -205,9 +209,12 @@ def ask_local(args, paths, question, options):
     try:
         # a dead reader is found before loading and encoding; the evidence is still selected and printed
         unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
+        # a PDF indexed now: the selector compiles for its notes while they are embedded
+        warm = dict(question=question, selector=args.selector, budget=args.budget, options=options) \
+            if args.agent == "direct" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   params=params)
+                                   params=params, warm=warm)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)

@@ -225,18 +225,47 @@ class Embedder:
         """``[len(texts), d]`` float32 question embeddings (query prefix applied)."""
         return self._encode([self.query_prefix + t for t in texts], show_progress)
 
-    def encode_documents(self, texts: Sequence[str], *, show_progress: Optional[bool] = None) -> np.ndarray:
-        """``[len(texts), d]`` float32 note embeddings (document prefix applied)."""
-        show = self.show_progress if show_progress is None else show_progress
-        return self._encode([self.document_prefix + t for t in texts], show)
+    def encode_documents(self, texts: Sequence[str], *, show_progress: Optional[bool] = None,
+                         share_helper: bool = False) -> np.ndarray:
+        """``[len(texts), d]`` float32 note embeddings (document prefix applied).
 
-    def _encode(self, texts: List[str], show_progress: bool) -> np.ndarray:
+        ``share_helper``: with the JAX encoder and an idle layout helper in this process (nothing parses any
+        more), half of the notes are encoded by the helper meanwhile (:func:`cdsjax.io.layout.embed_in_helper`;
+        the same vectors within float tolerance)."""
+        show = self.show_progress if show_progress is None else show_progress
+        return self._encode([self.document_prefix + t for t in texts], show, split=share_helper)
+
+    def offer_to_helper(self) -> None:
+        """Lets the layout helper (if one runs) load this embedder's JAX encoder once its pages are done, for
+        :meth:`encode_documents` to share the notes with it (:func:`cdsjax.io.layout.offer_embedding`)."""
+        if self.jax_encoder() is None:
+            return
+        import jax
+
+        from cdsjax.io.layout_split import offer_embedding
+
+        offer_embedding(dict(model=self.model_name, query_prefix=self.query_prefix,
+                             document_prefix=self.document_prefix, normalize=self.normalize,
+                             trust_remote_code=self.trust_remote_code),
+                        jax.config.jax_compilation_cache_dir or None)  # this process's persistent cache
+
+    def _encode(self, texts: List[str], show_progress: bool, split: bool = False) -> np.ndarray:
         if len(texts) == 0:
             return np.zeros((0, self.dim), np.float32)
         fast = self.jax_encoder()
         if fast is not None:  # prefixes are already applied: encode as they are
-            out = fast.encode_documents(list(texts), batch_size=min(self.batch_size, JAX_BATCH), prefix=False)
-            return np.asarray(out, dtype=np.float32)  # normalised (the index's setting) by the encoder
+            batch = min(self.batch_size, JAX_BATCH)
+
+            def encode(part):
+                return np.asarray(fast.encode_documents(list(part), batch_size=batch, prefix=False), np.float32)
+
+            if split:
+                from cdsjax.io.layout_split import embed_in_helper
+
+                shared = embed_in_helper(list(texts), batch, encode)
+                if shared is not None:
+                    return shared
+            return encode(texts)  # normalised (the index's setting) by the encoder
         out = self.model.encode(
             list(texts),
             batch_size=self.batch_size,

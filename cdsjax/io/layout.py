@@ -14,7 +14,8 @@ largest single cost. Two things here make it cheaper without changing what it co
   intra-op threads that do not spin when idle, so the Python half of each page and the embedding of the
   previous document are not starved by spinning threads.
 
-The models are loaded once per process (PyMuPDF keeps them) and reused by every document.
+The models are loaded once per process (PyMuPDF keeps them) and reused by every document. A long document is
+analysed by this process and a helper process at once: :mod:`cdsjax.io.layout_split`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import hashlib
 import io
 import os
 import threading
-from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -90,7 +90,6 @@ def usable_cores() -> int:
 
 _SETUP = threading.Lock()
 _STATE: dict = {}
-SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 
 
 def prepare_models(threads: Optional[int] = None) -> None:
@@ -226,186 +225,6 @@ def batch_stats() -> dict:
     many batched calls ran (``calls``), in this process so far."""
     b = _STATE.get("batcher")
     return dict(b.stats) if b is not None else dict(batched=0, single=0, calls=0)
-
-
-def layout_pages(doc, path: Path) -> List[List[_Region]]:
-    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
-
-    With two or more cores to itself (one process indexing, not one of several workers) a document of
-    ``SPLIT_MIN_PAGES`` pages or more is analysed by this process (the first half of its pages) and a helper
-    process (the second half) at once. pymupdf4llm analyses each page on its own (the one thing it carries
-    across pages, the font sizes of headings, sets a markdown header level this parser does not read), so
-    the regions are the same as from one process.
-    """
-    prepare_models()
-    n = doc.page_count
-    if n < SPLIT_MIN_PAGES or _STATE.get("threads", 1) < 2 or not _STATE.get("split", True):
-        return _analyse(doc, None)
-    half = (n + 1) // 2
-    try:
-        helper = _helper()
-        helper.send(str(path), half, n)
-    except Exception:  # no helper here (e.g. inside a daemonic process): one process does it all
-        _drop_helper()
-        _STATE["split"] = False
-        return _analyse(doc, None)
-    head = _analyse(doc, range(half))  # meanwhile the helper analyses the second half
-    rest = helper.receive()
-    if rest is None:  # the helper died or failed: this process does the second half itself
-        _drop_helper()
-        return head + _analyse(doc, range(half, n))
-    for p in range(half, n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
-        doc[p].remove_rotation()
-    return head + rest
-
-
-def set_page_split(enabled: bool) -> None:
-    """Turns the two-process analysis of long documents on (default) or off in this process."""
-    _STATE["split"] = bool(enabled)
-
-
-class _Helper:
-    """A daemonic process with the layout models loaded, analysing the pages it is sent (kept for later
-    documents). Daemonic, so whatever way this process ends it does not wait for the helper (a helper of a
-    worker process, joined at exit, would otherwise wait for a request that never comes)."""
-
-    def __init__(self, threads: int):
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_helper_main, args=(child, threads, os.getpid()), daemon=True,
-                                name="cdsjax-layout-helper")
-        self.proc.start()
-        child.close()
-        self.busy = False
-
-    def send(self, path: str, start: int, stop: int) -> None:
-        self.request(("layout", path, start, stop))
-
-    def request(self, message: tuple) -> None:
-        if self.busy:  # an earlier request was never received (an exception in between): start afresh
-            raise RuntimeError("helper busy")
-        self.conn.send(message)
-        self.busy = True
-
-    def receive(self):
-        """The answer to the request sent (the regions of the pages sent), or None when the helper failed or
-        died."""
-        try:
-            ok, value = self.conn.recv()
-        except (EOFError, OSError):
-            return None
-        self.busy = False
-        return value if ok else None
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        finally:
-            if self.proc.is_alive():
-                self.proc.terminate()
-            self.proc.join(timeout=10)
-
-
-def _helper() -> _Helper:
-    helper = _STATE.get("helper")
-    if helper is None or not helper.proc.is_alive() or helper.busy:
-        _drop_helper()
-        helper = _STATE["helper"] = _Helper(max(1, _STATE.get("threads", 2) // 2))
-    return helper
-
-
-def _drop_helper() -> None:
-    helper = _STATE.pop("helper", None)
-    if helper is not None:
-        helper.close()
-
-
-def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
-    """YAKE keywords of ``texts`` (``compute(text)`` for one), the second half computed by the helper of
-    :func:`layout_pages` while this process computes the first: the same keywords, in about half the time.
-    None (nothing computed) when no helper is running here (documents too short to split, worker processes,
-    one core); the caller then computes them all itself."""
-    helper = _STATE.get("helper")
-    if helper is None or helper.busy or not helper.proc.is_alive() or len(texts) < 2:
-        return None
-    half = (len(texts) + 1) // 2
-    try:
-        helper.request(("keywords", list(texts[half:]), int(top), language))
-    except Exception:
-        _drop_helper()
-        return None
-    head = [compute(t) for t in texts[:half]]
-    rest = helper.receive()
-    if rest is None or len(rest) != len(texts) - half:  # the helper failed or died: this process does the rest
-        _drop_helper()
-        rest = [compute(t) for t in texts[half:]]
-    return head + rest
-
-
-def prestart_helper(path) -> None:
-    """Starts the helper of :func:`layout_pages` now if ``path`` is a document it will split (``cdsjax ask``
-    on a new PDF calls this first), so that the helper's imports and model load overlap this process's
-    instead of delaying the second half of the pages. Does nothing for short or unreadable documents."""
-    if not _STATE.get("split", True) or min(usable_cores(), _STATE.get("threads", 2)) < 2 \
-            or _STATE.get("helper") is not None:
-        return
-    try:
-        import pymupdf
-
-        with pymupdf.open(path) as doc:
-            pages = doc.page_count
-        if pages >= SPLIT_MIN_PAGES:
-            _helper()
-    except Exception:  # the document is checked and reported where it is parsed
-        _drop_helper()
-
-
-def stop_helper() -> None:
-    """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
-    another."""
-    _drop_helper()
-
-
-def _helper_main(conn, threads: int, parent: int) -> None:
-    """The helper's loop: ``("layout", path, start, stop)`` in, ``(True, regions)`` or ``(False, reason)``
-    out; ``("keywords", texts, top, language)`` in, ``(True, keywords of each text)`` out."""
-    try:  # Linux: the helper dies with its parent
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        return
-    limit_layout_threads(threads)
-    _STATE["split"] = False
-    prepare_models(threads)
-    import pymupdf
-
-    while True:
-        try:
-            kind, *args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            if kind == "keywords":
-                from cdsjax.io.keywords import extract_keywords
-
-                texts, top, language = args
-                out = (True, [extract_keywords(t, top=top, language=language) for t in texts])
-            else:
-                path, start, stop = args
-                doc = pymupdf.open(path)
-                try:
-                    out = (True, _analyse(doc, range(start, stop)))
-                finally:
-                    doc.close()
-        except Exception as err:  # the parent does this work itself
-            out = (False, f"{type(err).__name__}: {err}")
-        conn.send(out)
 
 
 def _analyse(doc, pages) -> List[List[_Region]]:

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
-from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region, layout_pages,  # noqa: F401  (re-exported)
+from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region,  # noqa: F401  (re-exported)
                               limit_layout_threads, ocr_regions)
+from cdsjax.io.layout_split import layout_pages
 
 PARSER_VERSION = "pymupdf-1"
 
@@ -167,35 +168,46 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
     ocr_failed = 0
     use_ocr = ocr_enabled(cfg) and ocr_available()
     try:
-        pages = layout_pages(doc, path)
         elements: List[Element] = []
         words: List[str] = []  # body words of the whole document, in reading order
         visual_pos: List[Tuple[Element, int]] = []
         crop_dir = Path(crop_dir)
         crop_dir.mkdir(parents=True, exist_ok=True)
-        for pno, regions in enumerate(pages):
-            page = doc[pno]
-            page_rect = [float(v) for v in page.rect]
-            has_text = bool(page.get_text("text").strip())
-            if not has_text:
-                no_text_pages.append(pno)
-                if use_ocr:
-                    try:
-                        regions = regions + ocr_regions(page, start=len(regions))
-                    except Exception:  # Tesseract failed on this page: it stays a page image
-                        ocr_failed += 1
-            page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg, has_text=has_text)
-            # reading-order walk: body words advance the context cursor, visuals record where they sit
-            for item in stream:
-                if isinstance(item, Element):
-                    visual_pos.append((item, len(words)))
-                else:
-                    words.extend(item)
-            for el in page_elements:
-                el.reading_order = len(elements)
-                elements.append(el)
-                if el.kind != "text":
-                    el.image_path = _write_crop(page, el, crop_dir, crop_prefix, cfg)
+        walked = 0  # pages turned into elements so far (in page order)
+
+        def walk(start: int, page_regions: List[List[_Region]]) -> None:
+            """Turns pages ``start, start + 1, ...`` into elements and crops, in page order."""
+            nonlocal walked, ocr_failed
+            for pno, regions in enumerate(page_regions, start):
+                assert pno == walked
+                page = doc[pno]
+                page_rect = [float(v) for v in page.rect]
+                has_text = bool(page.get_text("text").strip())
+                if not has_text:
+                    no_text_pages.append(pno)
+                    if use_ocr:
+                        try:
+                            regions = regions + ocr_regions(page, start=len(regions))
+                        except Exception:  # Tesseract failed on this page: it stays a page image
+                            ocr_failed += 1
+                page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg,
+                                                                has_text=has_text)
+                # reading-order walk: body words advance the context cursor, visuals record where they sit
+                for item in stream:
+                    if isinstance(item, Element):
+                        visual_pos.append((item, len(words)))
+                    else:
+                        words.extend(item)
+                for el in page_elements:
+                    el.reading_order = len(elements)
+                    elements.append(el)
+                    if el.kind != "text":
+                        el.image_path = _write_crop(page, el, crop_dir, crop_prefix, cfg)
+                walked += 1
+
+        # the pages this process analysed are walked while the layout helper (if any) still works
+        pages = layout_pages(doc, path, on_pages=walk)
+        walk(walked, pages[walked:])
         _attach_context(visual_pos, words, int(cfg.context_words))
         _resolve_parents(elements)
         ocr = "not needed"

@@ -59,6 +59,7 @@ def build_index(
     workers: Optional[int] = 1,
     embed_in: str = "parent",
     ray: Optional[str] = None,
+    on_prepared: Optional[Callable] = None,
 ) -> IndexSummary:
     """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
 
@@ -92,6 +93,9 @@ def build_index(
       ray: build the documents on Ray instead (:mod:`cdsjax.io.index.on_ray`): a cluster's address
         (``"auto"``, ``"ray://head:10001"``), or ``""`` for a local Ray on the cores this process may use.
         The index is the same as without Ray; ``workers`` and ``embed_in`` are not used.
+      on_prepared: called with each document (a :class:`~cdsjax.io.index.context.Doc`) parsed and enriched in
+        this process, while its notes are embedded on another thread (see
+        :class:`~cdsjax.io.index.context.BuildContext`).
 
     Returns:
       an :class:`IndexSummary`.
@@ -108,7 +112,8 @@ def build_index(
     with store.writer_lock(out_dir, wait=wait, on_wait=log or quiet):
         ctx = BuildContext(config=config, cache=doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir)),
                            log=log or quiet, strict=strict, progress=progress, workers=resolve_workers(workers),
-                           embed_in=embed_in, ray=ray, summary=IndexSummary(out_dir=str(out_dir)))
+                           embed_in=embed_in, ray=ray, summary=IndexSummary(out_dir=str(out_dir)),
+                           on_prepared=on_prepared)
         return _build_locked(paths, out_dir, ctx, replace=replace, remove=list(remove))
 
 

@@ -81,6 +81,9 @@ class BuildContext:
       versions: library versions recorded in the manifest.
       summary: what the run did so far.
       seconds: time per stage (hash, parse, notes, embed, write).
+      on_prepared: called with each document once it is parsed and enriched, on the thread that parses, while
+        its notes are embedded on another (``cdsjax ask NEW.pdf`` compiles its selector there meanwhile);
+        documents built in worker processes or on Ray do not call it.
     """
 
     config: Any
@@ -96,6 +99,7 @@ class BuildContext:
     versions: dict = dataclasses.field(default_factory=dict)
     summary: IndexSummary = dataclasses.field(default_factory=lambda: IndexSummary(out_dir=""))
     seconds: DefaultDict[str, float] = dataclasses.field(default_factory=lambda: collections.defaultdict(float))
+    on_prepared: Optional[Callable[["Doc"], None]] = None
 
 
 @dataclasses.dataclass

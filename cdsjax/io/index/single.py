@@ -78,7 +78,8 @@ def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: 
 
 
 def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
-              log: Optional[Callable[[str], None]] = None) -> CorpusIndex:
+              log: Optional[Callable[[str], None]] = None,
+              on_prepared: Optional[Callable] = None) -> CorpusIndex:
     """Indexes one PDF into the cache (once per content and settings) and loads it.
 
     Used by ``cdsjax ask PDF``. The index directory is ``<cache>/<stem>-<sha256[:16]>``; the documents go
@@ -86,7 +87,8 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     ``cache_dir`` is given (an evaluation keeps everything under its own cache).
 
     Repairs, damaged cache entries and pages without text layer are reported through ``log`` (default: one
-    line each on stderr).
+    line each on stderr). ``on_prepared(doc)`` is called once the PDF is parsed and enriched, while its notes
+    are embedded (:func:`~cdsjax.io.index.build_index`).
 
     Raises:
       IngestError: the PDF cannot be indexed.
@@ -105,9 +107,32 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     sha = store.sha256_file(pdf)
     out = _single_index_dir(pdf, sha, cache_dir, config)
     if not (out / store.MANIFEST).is_file() and str(config.ingest.parser) == "pymupdf":
-        from cdsjax.io.layout import prestart_helper
+        from cdsjax.io.layout_split import prestart_helper
 
         prestart_helper(pdf)  # a new PDF: the layout helper loads while this process gets ready
     build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
-                cache_dir=None if cache_dir is None else Path(cache_dir) / "docs")
+                cache_dir=None if cache_dir is None else Path(cache_dir) / "docs", on_prepared=on_prepared)
     return load_index(out)
+
+
+def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
+    """Starts the layout helper (:func:`cdsjax.io.layout.prestart_helper`) for the first of ``pdfs`` that
+    :func:`index_pdf` will parse, before anything else is imported here: ``cdsjax ask NEW.pdf`` calls this
+    first, so that the helper's imports and model load overlap this process's (JAX, the pipeline, PyMuPDF).
+    The helper counts the pages itself and ends at once when the document is too short to split."""
+    config = default_config() if config is None else config
+    if str(config.ingest.parser) != "pymupdf":
+        return
+    for pdf in pdfs:
+        pdf = Path(pdf)
+        try:
+            if pdf.is_dir() or not pdf.is_file():
+                continue
+            out = _single_index_dir(pdf, store.sha256_file(pdf), cache_dir, config)
+        except OSError:
+            continue
+        if not (out / store.MANIFEST).is_file():
+            from cdsjax.io.layout_split import prestart_helper
+
+            prestart_helper(pdf, count_pages=False)
+            return

@@ -93,6 +93,11 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
                 # the last document is embedded while this process no longer parses: freed blocks are kept
                 finish = _finish_last if doc is docs[-1] else finish_doc
                 pending = (doc, pool.submit(finish, doc, ctx, staging, redo))
+                if ctx.on_prepared is not None:
+                    try:
+                        ctx.on_prepared(doc)
+                    except Exception:  # the caller's own work (e.g. a compilation ahead): never the build's
+                        pass
             if pending is not None:
                 yield _finished(*pending)
                 pending = None
@@ -102,15 +107,16 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
 
 
 def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
-    """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`): nothing
-    parses in this process meanwhile."""
+    """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`) and the layout
+    helper (if one runs) encoding half of the notes: nothing parses in this process meanwhile."""
     with freed_memory_kept():
-        finish_doc(doc, ctx, staging, redo)
+        finish_doc(doc, ctx, staging, redo, share_helper=True)
 
 
 def _preload(embedder) -> None:
     try:
         embedder.load()
+        embedder.offer_to_helper()  # a split document's layout helper shares the embedding
     except Exception:  # raised again, as each document's one-line error, where the model is used
         pass
 

@@ -1,0 +1,458 @@
+"""A long document's layout analysis split over this process and a helper process, and the helper's other work.
+
+:func:`layout_pages` runs :mod:`cdsjax.io.layout`'s analysis of a document; with two cores to itself a
+document of ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a helper process at once, each
+claiming pages (:class:`_Claims`: this process from the front, the helper from the back) until they meet. The
+helper, a daemonic process with the layout models loaded, is kept for later documents; meanwhile it also
+computes half of a document's YAKE keywords (:func:`keywords_in_helper`) and, once nothing parses here any
+more, half of its note embeddings (:func:`embed_in_helper`, with the JAX encoder offered by
+:func:`offer_embedding`). ``cdsjax ask NEW.pdf`` starts it before anything else (:func:`prestart_helper`), so
+its imports and model load overlap this process's. Every result is the one this process would compute (the
+embeddings within float tolerance: other batches).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from cdsjax.io.layout import _STATE, _Region, _analyse, limit_layout_threads, prepare_models, usable_cores
+
+SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
+CHUNK_PAGES = 2  # pages this process or the helper claims at a time
+HELPER_EMBED_SHARE = 0.5  # of a document's note text (the longest notes) the helper embeds
+
+
+def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_Region]]], None]] = None
+                 ) -> List[List[_Region]]:
+    """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
+
+    With two or more cores to itself (one process indexing, not one of several workers) a document of
+    ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a helper process at once: this process
+    takes the pages from the front, ``CHUNK_PAGES`` at a time, the helper from the back, until they meet, so
+    neither waits for the other (the helper starts later: its imports and model load). pymupdf4llm analyses
+    each page on its own (the one thing it carries across pages, the font sizes of headings, sets a markdown
+    header level this parser does not read), so the regions are the same as from one process.
+
+    ``on_pages(start, regions)``, if given, is called with each run of pages this process has analysed, in
+    page order from page 0 (``regions`` of pages ``start, start + 1, ...``), while the helper still works;
+    the pages it has not been called with are in the returned list only.
+    """
+    prepare_models()
+    n = doc.page_count
+    if n < SPLIT_MIN_PAGES or _STATE.get("threads", 1) < 2 or not _STATE.get("split", True):
+        return _analyse(doc, None)
+    try:
+        helper = _acquire_helper(start=True)
+        if helper is None:  # another thread of this process has the helper busy: one process does it all
+            return _analyse(doc, None)
+    except Exception:  # no helper here (e.g. inside a daemonic process): one process does it all
+        _drop_helper()
+        _STATE["split"] = False
+        return _analyse(doc, None)
+    try:
+        try:
+            helper.send_layout(str(path), n, int(_STATE.get("reserve", 0)))
+        except Exception:
+            _drop_helper()
+            return _analyse(doc, None)
+        head: List[List[_Region]] = []
+        while True:  # meanwhile the helper analyses pages from the back
+            pages = helper.claims.take_front(CHUNK_PAGES, n - helper.reserve)
+            if pages is None:
+                break
+            regions = _analyse(doc, pages)
+            if on_pages is not None:
+                on_pages(len(head), regions)
+            head.extend(regions)
+        rest = helper.receive_layout()
+    finally:
+        helper.lock.release()
+    if rest is None:  # the helper died or failed: this process does its pages itself
+        _drop_helper()
+        return head + _analyse(doc, range(len(head), n))
+    for p in range(len(head), n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
+        doc[p].remove_rotation()
+    return head + [rest[p] for p in range(len(head), n)]
+
+
+def set_page_split(enabled: bool) -> None:
+    """Turns the two-process analysis of long documents on (default) or off in this process."""
+    _STATE["split"] = bool(enabled)
+
+
+class _Claims:
+    """Which pages of the document being split are still free: ``[front, back)``, claimed from the front by
+    this process and from the back by the helper (an array in shared memory, under its lock); ``closed`` is set
+    by this process when it has no pages left, so that a helper still loading takes none."""
+
+    def __init__(self, ctx):
+        self.array = ctx.Array("i", 3)  # front, back, closed
+
+    def reset(self, n: int) -> None:
+        with self.array.get_lock():
+            self.array[0], self.array[1], self.array[2] = 0, n, 0
+
+    def take_front(self, chunk: int, limit: Optional[int] = None):
+        """The next ``chunk`` pages from the front, none at or past ``limit`` (None: none left to this process;
+        when no page is left at all the claims are closed)."""
+        with self.array.get_lock():
+            front, back = self.array[0], self.array[1]
+            stop = min(front + chunk, back, back if limit is None else limit)
+            if stop <= front:
+                if front >= back:
+                    self.array[2] = 1
+                return None
+            self.array[0] = stop
+            return range(front, stop)
+
+    def take_back(self, chunk: int):
+        """The next ``chunk`` pages from the back (None: none left, or this process closed the claims)."""
+        with self.array.get_lock():
+            front, back, closed = self.array[0], self.array[1], self.array[2]
+            start = max(back - chunk, front)
+            if closed or start >= back:
+                return None
+            self.array[1] = start
+            return range(start, back)
+
+    def helper_took(self, n: int) -> bool:
+        """Whether the helper claimed pages (or pages are left for it to claim)."""
+        with self.array.get_lock():
+            return self.array[1] < n or self.array[0] < self.array[1]
+
+
+class _Helper:
+    """A daemonic process with the layout models loaded, analysing the pages it claims (kept for later
+    documents). Daemonic, so whatever way this process ends it does not wait for the helper (a helper of a
+    worker process, joined at exit, would otherwise wait for a request that never comes).
+
+    Started with glibc's ``hugetlb`` tunable (:func:`cdsjax.io.memory.worker_environment`), as the parsing
+    workers are: its large blocks come as 2 MB pages, far fewer page faults.
+    """
+
+    def __init__(self, threads: int, path: Optional[str] = None):
+        import multiprocessing
+
+        from cdsjax.io.memory import worker_environment
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.claims = _Claims(ctx)
+        self.proc = ctx.Process(target=_helper_main, args=(child, threads, os.getpid(), self.claims, path),
+                                daemon=True, name="cdsjax-layout-helper")
+        extra = worker_environment()
+        saved = {k: os.environ.get(k) for k in extra}
+        os.environ.update(extra)  # the child is started with this process's environment
+        try:
+            self.proc.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        child.close()
+        self.busy = False
+        self.stale = 0  # replies to requests this process stopped waiting for
+        self.lock = threading.Lock()  # held by the thread with a request out (layout, keywords, embedding)
+
+    def send_layout(self, path: str, n: int, reserve: int = 0) -> None:
+        """Opens the claims on the ``n`` pages of ``path`` (the last ``reserve`` left to the helper) and has
+        the helper claim pages from the back."""
+        self.drain()
+        self.claims.reset(n)
+        self.reserve = max(0, min(int(reserve), n))
+        self.pages = n
+        self.request(("layout", path, n, CHUNK_PAGES, _STATE.get("embedding")))
+
+    def receive_layout(self):
+        """``{page: regions}`` of the pages the helper analysed (perhaps none), or None when it failed or died.
+        When the helper took no page it is not waited for (its empty reply is read later)."""
+        if not self.claims.helper_took(self.pages):
+            self.busy = False
+            self.stale += 1
+            return {}
+        return self.receive()
+
+    def drain(self) -> bool:
+        """Reads the replies left unread without waiting; False when one has not come yet (the helper is
+        still busy with it)."""
+        while self.stale:
+            try:
+                if not self.conn.poll():
+                    return False
+                self.conn.recv()
+            except (EOFError, OSError):
+                return False
+            self.stale -= 1
+        return True
+
+    def request(self, message: tuple) -> None:
+        if self.busy or not self.drain():  # an earlier request was never received (an exception in between)
+            raise RuntimeError("helper busy")
+        self.conn.send(message)
+        self.busy = True
+
+    def receive(self):
+        """The answer to the request sent, or None when the helper failed or died."""
+        try:
+            ok, value = self.conn.recv()
+        except (EOFError, OSError):
+            return None
+        self.busy = False
+        return value if ok else None
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        finally:
+            if self.proc.is_alive():
+                self.proc.terminate()
+            self.proc.join(timeout=10)
+
+
+_HELPER_LOCK = threading.Lock()  # held while the helper is looked up, started or dropped
+
+
+def _helper(path: Optional[str] = None) -> _Helper:
+    """The helper, started now unless one is running (``path``: see :func:`_helper_main`)."""
+    with _HELPER_LOCK:
+        helper = _STATE.get("helper")
+        if helper is None or not helper.proc.is_alive():
+            _drop_helper()
+            helper = _STATE["helper"] = _Helper(max(1, _STATE.get("threads", 2) // 2), path)
+        return helper
+
+
+def _acquire_helper(start: bool = False) -> Optional[_Helper]:
+    """The helper, locked for one request by this thread (``helper.lock``; the caller releases it), or None
+    when another thread has it or (unless ``start``) none is running idle here. With ``start`` a helper that
+    died or was left busy is replaced."""
+    with _HELPER_LOCK:
+        helper = _STATE.get("helper")
+        if helper is not None:
+            if not helper.lock.acquire(blocking=False):
+                return None
+            if helper.proc.is_alive() and not helper.busy and helper.drain():
+                return helper
+            helper.lock.release()
+            if not start:
+                return None
+            _drop_helper()
+        if not start:
+            return None
+        helper = _STATE["helper"] = _Helper(max(1, _STATE.get("threads", 2) // 2))
+        helper.lock.acquire()
+        return helper
+
+
+def _drop_helper() -> None:
+    helper = _STATE.pop("helper", None)
+    if helper is not None:
+        helper.close()
+
+
+def offer_embedding(info: dict, cache_dir: Optional[str]) -> None:
+    """Lets the layout helper load the JAX note encoder of ``info`` (the index's embedder) once it has no pages
+    left, with JAX's persistent compilation cache in ``cache_dir`` (None: none), so that
+    :func:`embed_in_helper` finds it ready."""
+    _STATE["embedding"] = (dict(info), None if cache_dir is None else str(cache_dir))
+
+
+def embed_in_helper(texts: List[str], batch_size: int, compute) -> Optional[np.ndarray]:
+    """Note embeddings of ``texts`` (``compute(texts)`` encodes here), half of them computed by the helper of
+    :func:`layout_pages` with the same JAX encoder while this process computes the other half: the same vectors
+    within float tolerance (the batches differ). None (nothing computed) when no helper is running here or no
+    encoder was offered (:func:`offer_embedding`); the caller then encodes them all itself."""
+    offer = _STATE.get("embedding")
+    if offer is None or len(texts) < 2 * batch_size:
+        return None
+    helper = _acquire_helper()
+    if helper is None:
+        return None
+    # longest first; the helper takes the longest texts up to HELPER_EMBED_SHARE of all characters (in whole
+    # batches), so each side pads its batches as one sorted run would, and a length bucket not yet compiled is
+    # compiled by one side only. (When `ask` compiles its selector meanwhile, this process runs that on a
+    # thread of its own: the cores stay busy after the helper is done.)
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    total, cut, acc = sum(len(t) for t in texts), 0, 0
+    while cut < len(order) - batch_size and acc + len(texts[order[cut]]) <= HELPER_EMBED_SHARE * total:
+        acc += len(texts[order[cut]])
+        cut += 1
+    cut = max(batch_size, min(len(order) - 1, batch_size * round(cut / batch_size)))  # whole batches there
+    theirs, mine = order[:cut], order[cut:]
+    try:
+        try:
+            helper.request(("embed", [texts[i] for i in theirs], int(batch_size), offer))
+        except Exception:
+            _drop_helper()
+            return None
+        head = np.asarray(compute([texts[i] for i in mine]), np.float32)
+        rest = helper.receive()
+    finally:
+        helper.lock.release()
+    if rest is None or len(rest) != len(theirs):  # the helper failed or died: this process does the rest
+        _drop_helper()
+        rest = compute([texts[i] for i in theirs])
+    rest = np.asarray(rest, np.float32)
+    out = np.zeros((len(texts), head.shape[1]), np.float32)
+    out[mine], out[theirs] = head, rest
+    return out
+
+
+def _helper_encoder(offer):
+    """The helper's JAX note encoder for an :func:`offer_embedding` offer (loaded once)."""
+    info, cache_dir = offer
+    if cache_dir:  # the parent's persistent compilation cache, as cdsjax.io.compilation_cache set it up there
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from cdsjax.io.query_encoder import QueryEncoder
+
+    encoder = QueryEncoder.from_info(info)
+    if encoder is None:
+        raise RuntimeError("the embedder cannot be run by the JAX encoder")
+    return encoder
+
+
+def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
+    """YAKE keywords of ``texts`` (``compute(text)`` for one), the second half computed by the helper of
+    :func:`layout_pages` while this process computes the first: the same keywords, in about half the time.
+    None (nothing computed) when no helper is running here (documents too short to split, worker processes,
+    one core); the caller then computes them all itself."""
+    if len(texts) < 2:
+        return None
+    helper = _acquire_helper()  # (None also while the helper is busy with a request no one waits for)
+    if helper is None:
+        return None
+    half = (len(texts) + 1) // 2
+    try:
+        try:
+            helper.request(("keywords", list(texts[half:]), int(top), language))
+        except Exception:
+            _drop_helper()
+            return None
+        head = [compute(t) for t in texts[:half]]
+        rest = helper.receive()
+    finally:
+        helper.lock.release()
+    if rest is None or len(rest) != len(texts) - half:  # the helper failed or died: this process does the rest
+        _drop_helper()
+        rest = [compute(t) for t in texts[half:]]
+    return head + rest
+
+
+def prestart_helper(path, *, count_pages: bool = True) -> None:
+    """Starts the helper of :func:`layout_pages` now if ``path`` is a document it will split (``cdsjax ask``
+    on a new PDF calls this first), so that the helper's imports and model load overlap this process's
+    instead of delaying the pages it takes. Does nothing for short or unreadable documents.
+
+    ``count_pages=False`` starts the helper without opening the document here (without importing PyMuPDF
+    first); the helper counts the pages itself and ends at once if the document is too short to split.
+    """
+    if not _STATE.get("split", True) or min(usable_cores(), _STATE.get("threads", 2)) < 2 \
+            or _STATE.get("helper") is not None:
+        return
+    try:
+        if count_pages:
+            import pymupdf
+
+            with pymupdf.open(path) as doc:
+                if doc.page_count < SPLIT_MIN_PAGES:
+                    return
+        _helper(None if count_pages else str(path))
+    except Exception:  # the document is checked and reported where it is parsed
+        _drop_helper()
+
+
+def stop_helper() -> None:
+    """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
+    another."""
+    _drop_helper()
+
+
+def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optional[str] = None) -> None:
+    """The helper's loop: ``("layout", path, n, chunk)`` in: it claims ``chunk`` pages at a time from the back
+    (:class:`_Claims`) and analyses them, ``(True, {page: regions})`` out; ``("keywords", texts, top,
+    language)`` in, ``(True, keywords of each text)`` out; ``(False, reason)`` when it failed. With ``path``
+    it first counts that document's pages and ends if there are too few to split."""
+    try:  # Linux: the helper dies with its parent
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        return
+    limit_layout_threads(threads)
+    _STATE["split"] = False
+    if path is not None:
+        import pymupdf
+
+        try:
+            with pymupdf.open(path) as doc:
+                if doc.page_count < SPLIT_MIN_PAGES:
+                    return
+        except Exception:
+            return
+    prepare_models(threads)
+    import pymupdf
+
+    preload = None  # a thread loading the JAX note encoder (offered with a layout request)
+    while True:
+        try:
+            kind, *args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if kind == "embed":
+                texts, batch_size, offer = args
+                if preload is not None:
+                    preload.join()
+                encoder = _helper_encoder(offer)
+                out = (True, np.asarray(encoder.encode_documents(texts, batch_size=batch_size, prefix=False),
+                                        np.float32))
+            elif kind == "keywords":
+                from cdsjax.io.keywords import extract_keywords
+
+                texts, top, language = args
+                out = (True, [extract_keywords(t, top=top, language=language) for t in texts])
+            else:
+                path, n, chunk, offer = args
+                if offer is not None and preload is None:
+                    # the note encoder loads on a thread while the pages are analysed (the pages are claimed as
+                    # each process gets to them, so the parent takes more of them meanwhile): it is ready when
+                    # the parent shares the embedding
+                    def load(offer=offer):
+                        try:
+                            _helper_encoder(offer)
+                        except Exception:  # reported by the embed request that needs it
+                            pass
+
+                    preload = threading.Thread(target=load, daemon=True)
+                    preload.start()
+                done: Dict[int, List[_Region]] = {}
+                doc = None
+                try:
+                    while True:
+                        pages = claims.take_back(chunk)
+                        if pages is None:
+                            break
+                        if doc is None:
+                            doc = pymupdf.open(path)
+                        done.update(zip(pages, _analyse(doc, pages)))
+                finally:
+                    if doc is not None:
+                        doc.close()
+                out = (True, done)
+        except Exception as err:  # the parent does this work itself
+            out = (False, f"{type(err).__name__}: {err}")
+        conn.send(out)
