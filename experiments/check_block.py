@@ -1,4 +1,4 @@
-"""How often the serving path (the corpus's note block, vertex steps first, gathered Newton) picks other notes
+"""How often the serving path (the corpus's note block, the primal-dual active set, the active set as its fallback) picks other notes
 than the dense solve of each question, on real embeddings.
 
 The dense solve with the corpus's bound picks bit for bit what the code at 7227bc3 picks (RESULTS "Latency as

@@ -1,5 +1,5 @@
 """One corpus, many questions (cdsjax.core.corpus): the note block built once is the dense affinity's, and a
-question solved on it (vertex steps first, gathered Newton) picks the notes the dense solve picks."""
+question solved on it (the primal-dual active set, the active set as its fallback) picks the notes the dense solve picks."""
 
 import jax
 import jax.numpy as jnp
@@ -125,3 +125,20 @@ def test_the_integrations_chooser_keeps_them_per_candidate_set():
         __import__("cdsjax.selection", fromlist=["Candidates"]).Candidates.pad(z, min_size=5)))
     dense = jax.jit(chooser.fn)(problem.replace(note_block=None))
     assert [i for i, _ in first] == np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
+
+
+def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiates():
+    z, qs, valid, pages = corpus(40, 64, seed=9)
+    fn = registry.make_selector("cds_learned", budget=5, params=SHIPPED)
+    base = core.CDSProblem.create(z, qs[0], valid, pages=pages)
+    bound = registry.corpus_bound_fn(fn)(base)
+    block = registry.corpus_block_fn(fn)(base)
+
+    def weight(q, note_block):
+        problem = base.replace(queries=q[None], bound=bound, note_block=note_block)
+        return jnp.sum(fn(problem).scores)
+
+    with pytest.raises(ValueError, match="not differentiable"):
+        jax.grad(weight)(jnp.asarray(qs[0]), block)
+    grad = jax.grad(weight)(jnp.asarray(qs[0]), None)
+    assert np.all(np.isfinite(np.asarray(grad)))

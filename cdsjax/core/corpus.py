@@ -13,35 +13,40 @@ affinity), and a problem carrying it (``CDSProblem.note_block`` with ``bound``) 
 :func:`solve_on_block` on a :class:`~cdsjax.core.payoff.SharedPayoff` (products and rows of :math:`W`, no
 per-question matrix).
 
-The converged solver then runs as the active set does, without its one O(N³) step: from the uniform start
-every vertex is in the support, so the first Newton step would solve the whole face's dense system
-(measured to gain nothing on the CDS payoff; a 1.2-TFLOP solve at 10,000 notes). :func:`block_solver`
-starts with the InImDyn vertex steps (``vertex_first``), O(n) each, which shrink the support towards the
-equilibrium's (a few hundred notes for the default game); Newton then solves that face gathered into the
-smallest of :data:`BLOCK_CAPACITIES` that holds it (O(K³ + K n),
-:func:`cdsjax.core.active_set.gathered_direction`), the dense system only past the largest, and the loop
-stops only on the Nash error over all ``n`` vertices (one product), as every converged solve does. The equilibrium is the
-same to the solver's tolerance; the weights differ in their last bits (the products are summed in
-another order), and the picks were measured equal on real blocks (RESULTS "Latency as the corpus grows").
-No derivative flows through this path (the serving path does not differentiate; give no ``note_block``
-to differentiate a selection).
+The equilibrium is then found by the primal-dual active set (:mod:`cdsjax.core.pdas`): from the query
+and the most relevant quarter of the notes it solves the face of a guessed support, drops the vertices whose
+weight came out negative, adds those whose payoff beats the face's value, and solves again: 2-5 face solves,
+each gathered into the smallest of its capacities that holds the support (LU up to 128 slots, conjugate
+gradients on the well-conditioned face above, O(K² + K n) per product), where the vertex steps of InImDyn and
+the active set needed about ``n`` sequential steps to shrink the uniform start's support. It stops, as every
+converged solve does, on the Nash error over all ``n`` vertices. Where it does not converge (a payoff it
+cycles on, a support past 8,192 notes), :func:`block_solver`'s active set runs from the uniform start, as
+before: it starts with the InImDyn vertex steps (``vertex_first``, O(n) each) and solves each Newton system
+gathered into the smallest of :data:`BLOCK_CAPACITIES` that holds the support
+(:func:`cdsjax.core.active_set.gathered_direction`). The equilibrium is the same to the solver's tolerance;
+the weights differ in their last bits, and the picks were measured equal on real blocks except the order of
+notes whose weights tie (RESULTS "Latency as the corpus grows").
+No derivative flows through this path: differentiating it raises (give no ``note_block`` to differentiate a
+selection).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
-from jax import Array
+from jax import Array, lax
 
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.affinity import note_coupling, query_relevance
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.payoff import SharedPayoff
+from cdsjax.core.pdas import PrimalDualActiveSet
 from cdsjax.core.ranking import query_cosine, read_out
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
+from cdsjax.core.types import CONVERGED, CDSParams, CDSProblem, Selection, SolveOptions
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 # The gathered Newton systems' sizes: the smallest that holds the support is solved.
@@ -98,6 +103,18 @@ def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: 
     return None
 
 
+def block_solve(solver, payoff: SharedPayoff, fast: Optional[PrimalDualActiveSet] = None):
+    """The equilibrium of one question on the block: with the active set configured, the primal-dual active set
+    ``fast`` (:mod:`cdsjax.core.pdas`; None: its defaults, from the most relevant quarter of the notes), and where
+    that does not converge the active set itself from the uniform start; any other solver (InImDyn) as
+    configured."""
+    if not isinstance(solver, ActiveSet):
+        return iterate(solver, payoff, None)
+    fast = PrimalDualActiveSet(tol=solver.tol) if fast is None else fast
+    fast = iterate(fast.replace(tol=solver.tol if fast.tol is None else fast.tol), payoff, None)
+    return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: iterate(solver, payoff, None))
+
+
 def uses_block(problem: CDSProblem, options: SolveOptions, x0: Optional[Array] = None) -> bool:
     """Whether the ``"single"`` strategy solves ``problem`` on its ``note_block`` (static: decided at trace
     time): a block and a bound are given, one query row, no pinned notes, the uniform start, a converged solver."""
@@ -106,23 +123,36 @@ def uses_block(problem: CDSProblem, options: SolveOptions, x0: Optional[Array] =
             and options.warm_start == "uniform" and block_solver(options) is not None)
 
 
+@jax.custom_jvp
+def not_differentiable(x: Array) -> Array:
+    """``x`` itself; differentiating through it raises (the serving path's solve has no derivative rule)."""
+    return x
+
+
+@not_differentiable.defjvp
+def _no_derivative(primals, tangents):
+    raise ValueError("a problem carrying note_block is solved on the serving path, which is not differentiable: "
+                     "give the problem without note_block (the dense path) to differentiate the selection")
+
+
 def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget: int) -> Selection:
     r"""One question's ``"single"`` selection on the corpus's note block (module docstring).
 
     ``problem`` carries ``note_block`` (:func:`problem_block`) and ``bound``
     (:func:`cdsjax.core.spectral.problem_bound`) of the game ``params``; the read-out (threshold, fill rule by
-    the KKT slack, then cosine) is that of the dense path. No derivative flows through it.
+    the KKT slack, then cosine) is that of the dense path. It is not differentiable: differentiating it (in the
+    notes, the question, the block or the game) raises :class:`ValueError`; the dense path (no ``note_block``) is.
     """
-    rel = game_relevance(problem, params)
+    rel = not_differentiable(game_relevance(problem, params))
     dtype = rel.dtype
-    w = jnp.asarray(problem.note_block, dtype)
+    w = not_differentiable(jnp.asarray(problem.note_block, dtype))
     n = problem.notes.shape[0]
     if w.shape != (n, n):
         raise ValueError(f"note_block must have shape ({n}, {n}), got {w.shape}")
-    alpha = params.penalty(jnp.asarray(problem.bound).astype(dtype))
+    alpha = not_differentiable(params.penalty(jnp.asarray(problem.bound).astype(dtype)))
     payoff = SharedPayoff(coupling=w, rel=rel[0], note_valid=problem.valid, alpha=alpha,
                           corpus_shift=jnp.zeros((), dtype))
-    result = iterate(block_solver(options), payoff, None)
+    result = block_solve(block_solver(options), payoff)
     slack = None
     if options.fill:
         mx = payoff.matvec(result.x)

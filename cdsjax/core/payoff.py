@@ -98,6 +98,10 @@ class DensePayoff:
         """``[N]`` row ``i`` of :math:`M`."""
         return self.matrix[i]
 
+    def submatrix(self, idx: Array) -> Array:
+        """``[K, K]`` :math:`M` on the vertices ``idx`` (``[K]`` int)."""
+        return self.matrix[idx[:, None], idx[None, :]]
+
     def diag(self) -> Array:
         """``[N]`` the diagonal of :math:`M`."""
         return jnp.diagonal(self.matrix)
@@ -170,6 +174,18 @@ class SharedPayoff:
         note_row = jnp.concatenate([rel_j, note_block], axis=-1)
         query_row = jnp.concatenate([jnp.zeros(self.rel.shape[:-1] + (1,), self.dtype), self.rel], axis=-1)
         return jnp.where((i == 0)[..., None], query_row, note_row)
+
+    def submatrix(self, idx: Array) -> Array:
+        """``[K, K]`` :math:`M` on the vertices ``idx`` (``[K]`` int; one question, ``rel`` ``[n]``), read from
+        the block directly (no ``[K, n+1]`` rows)."""
+        note = idx > 0
+        j = jnp.maximum(idx - 1, 0)
+        own = (idx[:, None] == idx[None, :]) & (note & self.note_valid[j])[:, None]
+        notes = self.coupling[j[:, None], j[None, :]] - jnp.where(own, self.alpha, 0.0).astype(self.dtype)
+        rel = self.rel[j]
+        out = jnp.where(note[:, None] & note[None, :], notes, 0.0)
+        out = jnp.where(~note[:, None] & note[None, :], rel[None, :], out)
+        return jnp.where(note[:, None] & ~note[None, :], rel[:, None], out)
 
     def diag(self) -> Array:
         """``[b, n+1]`` the diagonal of each :math:`M_k` (0 at the query, :math:`-\alpha` at free notes)."""

@@ -54,6 +54,9 @@ class Payoff(Protocol):
     def row(self, i: Array) -> Array:
         """``[*batch, N]`` row ``i`` of :math:`M` (``i`` ``[*batch]`` int)."""
 
+    def submatrix(self, idx: Array) -> Array:
+        """``[K, K]`` :math:`M` on the vertices ``idx`` (``[K]`` int) of one problem (no batch axes)."""
+
     def diag(self) -> Array:
         """``[*batch, N]`` the diagonal of :math:`M`."""
 

@@ -1,0 +1,126 @@
+"""The primal-dual active set (cdsjax.core.pdas): on CDS payoffs it reaches the equilibrium the active set
+reaches, in a few face solves, by LU or by CG; where it does not converge it says so, and the block path
+falls back to the active set."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.corpus import block_solve
+from cdsjax.core.affinity import build_affinity
+from cdsjax.core.learned import LearnedParams, learned_affinity
+from cdsjax.core.payoff import DensePayoff, SharedPayoff
+from cdsjax.core.pdas import PrimalDualActiveSet, face_point, relevance_guess
+from cdsjax.core.solver import iterate
+from cdsjax.core.types import CONVERGED, CDSParams
+from tests.conftest import clustered_notes
+
+SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
+run = jax.jit(lambda solver, payoff: iterate(solver, payoff, None), static_argnums=0)
+
+
+def game(n, size, seed, params=SHIPPED, d=32):
+    """A clustered corpus's learned (or paper) game for one question, dense and as a shared block."""
+    rng = np.random.default_rng(seed)
+    z = clustered_notes(rng, n, size, d, 5).astype(np.float32)
+    q = z[:3].sum(0) + rng.normal(size=d)
+    q = (q / np.linalg.norm(q)).astype(np.float32)
+    valid = np.arange(size) < n
+    pages = np.where(valid, np.arange(size) // 4, -1).astype(np.int32)
+    if isinstance(params, LearnedParams):
+        dense = learned_affinity(z, q, valid, params, pages=pages)
+    else:
+        dense = build_affinity(z, q, valid, params)
+    payoff = DensePayoff.from_affinity(dense)
+    # the note block W: the payoff's, its penalty added back on the notes' diagonal
+    block = payoff.matrix[1:, 1:] + jnp.diag(jnp.where(jnp.asarray(valid), payoff.alpha, 0.0))
+    shared = SharedPayoff(coupling=block, rel=payoff.row(0)[1:], note_valid=jnp.asarray(valid),
+                          alpha=payoff.alpha, corpus_shift=jnp.zeros((), jnp.float32))
+    return payoff, shared
+
+
+@pytest.mark.parametrize("params,n,size", [(SHIPPED, 150, 192), (SHIPPED, 60, 64), (CDSParams(), 40, 48)])
+def test_it_reaches_the_active_sets_equilibrium_in_a_few_face_solves(params, n, size):
+    for seed in range(3):
+        payoff, shared = game(n, size, seed, params)
+        ref = run(ActiveSet(), payoff)
+        for p in (payoff, shared) if seed == 0 else (shared,):  # any payoff; the block's on every seed
+            res = run(PrimalDualActiveSet(), p)
+            assert int(res.status) == CONVERGED and float(res.kkt_residual) < 1e-5
+            assert int(res.num_iters) <= 8
+            np.testing.assert_allclose(np.asarray(res.x), np.asarray(ref.x), atol=2e-5)
+            assert float(jnp.sum(res.x)) == pytest.approx(1.0, abs=1e-6) and float(jnp.min(res.x)) >= 0.0
+
+
+def test_conjugate_gradients_solve_the_face_the_lu_solves():
+    payoff, shared = game(150, 192, seed=5)
+    ref = run(ActiveSet(), payoff)
+    support = shared.valid & (ref.x > 0)  # the equilibrium's face, from the uniform point on it
+    x = jnp.where(support, 1.0, 0.0) / jnp.sum(support)
+    lu, ok_lu = jax.jit(face_point, static_argnums=(3, 4))(shared, x, support, 64, 64)
+    by_cg, ok_cg = jax.jit(face_point, static_argnums=(3, 4))(shared, x, support, 256, 0)  # past LU_ALWAYS
+    assert bool(ok_lu) and bool(ok_cg)
+    np.testing.assert_allclose(np.asarray(by_cg), np.asarray(lu), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(by_cg), np.asarray(ref.x), atol=2e-5)
+    # the face's stationarity: equal payoffs on the support, one unit of mass
+    mx = np.asarray(shared.matvec(by_cg))
+    on = np.asarray(support)
+    assert np.ptp(mx[on]) < 1e-4 and abs(float(jnp.sum(by_cg)) - 1.0) < 1e-6
+    # the whole solve with CG faces only
+    res = run(PrimalDualActiveSet(capacities=(256,), lu_max=0), shared)
+    assert int(res.status) == CONVERGED
+    np.testing.assert_allclose(np.asarray(res.x), np.asarray(ref.x), atol=2e-5)
+
+
+def test_the_start_is_the_query_and_the_most_relevant_quarter():
+    _, shared = game(100, 128, seed=2)
+    x = np.asarray(relevance_guess(shared, 0.25))
+    rel = np.asarray(shared.rel)[:100]
+    on = np.flatnonzero(x[1:] > 0)
+    assert x[0] > 0 and len(on) == 25 and np.all(x[129 - 28:] == 0)
+    assert set(on) == set(np.argsort(-rel)[:25])
+    assert np.isclose(x.sum(), 1.0)
+
+
+def test_a_run_that_cannot_finish_says_so_and_the_block_path_falls_back():
+    payoff, shared = game(150, 192, seed=1)
+    # every face needs more than 8 slots: the run stops at once, not converged
+    res = run(PrimalDualActiveSet(capacities=(8,)), shared)
+    assert int(res.status) != CONVERGED and not bool(res.converged)
+    one = run(PrimalDualActiveSet(max_iter=1, fraction=0.05), shared)  # one face solve from a poor guess
+    assert int(one.status) != CONVERGED
+    ref = run(ActiveSet(), payoff)
+    fast = PrimalDualActiveSet(capacities=(8,))
+    out = jax.jit(lambda p: block_solve(ActiveSet(vertex_first=True, gather=(64, 256)), p, fast))(shared)
+    assert int(out.status) == CONVERGED
+    np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
+
+
+def test_on_a_payoff_without_the_cds_structure_it_never_claims_a_false_equilibrium():
+    rng = np.random.default_rng(0)
+    for seed in range(6):
+        a = rng.normal(size=(40, 40)).astype(np.float32)
+        payoff = DensePayoff.of(jnp.asarray((a + a.T) / 2))
+        res = run(PrimalDualActiveSet(), payoff)
+        if int(res.status) == CONVERGED:
+            assert float(res.kkt_residual) < 1e-5 and float(jnp.min(res.x)) >= 0.0
+
+
+def test_faces_are_gathered_below_the_problems_size_then_whole():
+    _, shared = game(150, 192, seed=0)  # 193 vertices
+    assert PrimalDualActiveSet().prepare(shared) == (128, 193)
+    assert PrimalDualActiveSet(capacities=(8, 64)).prepare(shared) == (8, 64)
+    assert PrimalDualActiveSet(capacities=(64, 4096, 64)).prepare(shared) == (64, 193)
+
+
+def test_bad_settings_are_refused():
+    _, shared = game(30, 32, seed=0)
+    with pytest.raises(ValueError, match="fraction"):
+        run(PrimalDualActiveSet(fraction=0.0), shared)
+    with pytest.raises(ValueError, match="capacities"):
+        run(PrimalDualActiveSet(capacities=(0,)), shared)
+    batched = shared.replace(rel=jnp.stack([shared.rel, shared.rel]))
+    with pytest.raises(ValueError, match="one problem"):
+        PrimalDualActiveSet().prepare(batched)
