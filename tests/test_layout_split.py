@@ -35,6 +35,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     assert plain[0] and plain[1]  # elements and crops to compare
 
     layout.prepare_models()
+    layout_split.stop_helper()  # a helper an earlier test of this process left running
     monkeypatch.setattr(layout_split, "SPLIT_MIN_PAGES", 2)
     monkeypatch.setitem(layout._STATE, "threads", 2)  # as on a machine with two free cores
     # the pages are claimed as each process gets to them; this process leaves the last two to the helper, so
@@ -105,6 +106,7 @@ def test_helper_embeds_half_of_the_notes(monkeypatch):
     alone = embedder.encode_documents(texts)
     monkeypatch.setitem(layout._STATE, "threads", 2)
     layout_split.set_page_split(True)
+    layout_split.stop_helper()
     try:
         layout_split._helper()
         embedder.offer_to_helper()

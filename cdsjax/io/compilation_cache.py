@@ -57,11 +57,6 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
     return directory
 
 
-def compilation_cache_dir() -> Optional[Path]:
-    """The directory :func:`enable_compilation_cache` set in this process (None when it was not called)."""
-    return _JAX_CACHE.get("directory")
-
-
 def prune_compilation_cache(directory=None, max_bytes: Optional[int] = None) -> int:
     """Deletes the oldest files (by modification time) of a compilation cache directory until the rest fit
     in ``max_bytes``; returns the bytes freed. Defaults: what :func:`enable_compilation_cache` set (no-op

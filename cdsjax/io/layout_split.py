@@ -4,9 +4,9 @@
 document of ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a helper process at once, each
 claiming pages (:class:`_Claims`: this process from the front, the helper from the back) until they meet. The
 helper, a daemonic process with the layout models loaded, is kept for later documents; meanwhile it also
-computes half of a document's YAKE keywords (:func:`keywords_in_helper`) and, once nothing parses here any
-more, half of its note embeddings (:func:`embed_in_helper`, with the JAX encoder offered by
-:func:`offer_embedding`). ``cdsjax ask NEW.pdf`` starts it before anything else (:func:`prestart_helper`), so
+computes half of a document's YAKE keywords (:func:`keywords_in_helper`) and can compute half of the last
+document's note embeddings (:func:`embed_in_helper`, with the JAX encoder offered by :func:`offer_embedding`;
+off unless :data:`SHARE_EMBEDDING`). ``cdsjax ask NEW.pdf`` starts it before anything else (:func:`prestart_helper`), so
 its imports and model load overlap this process's. Every result is the one this process would compute (the
 embeddings within float tolerance: other batches).
 """
@@ -25,6 +25,10 @@ from cdsjax.io.layout import _STATE, _Region, _analyse, limit_layout_threads, pr
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 CHUNK_PAGES = 2  # pages this process or the helper claims at a time
 HELPER_EMBED_SHARE = 0.5  # of a document's note text (the longest notes) the helper embeds
+# whether the last document's notes are shared with the helper (embed_in_helper): off, because on the 2-core
+# machine the helper's JAX import and encoder load cost more CPU than its half of the encoding saved (RESULTS.md,
+# "Ingestion: profile, floors and what changed")
+SHARE_EMBEDDING = False
 
 
 def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_Region]]], None]] = None
@@ -241,8 +245,8 @@ def _acquire_helper(start: bool = False) -> Optional[_Helper]:
             if helper.proc.is_alive() and not helper.busy and helper.drain():
                 return helper
             helper.lock.release()
-            if not start:
-                return None
+            if not start or (helper.proc.is_alive() and not helper.busy):
+                return None  # (a reply this process stopped waiting for is still to come: busy, not replaced)
             _drop_helper()
         if not start:
             return None

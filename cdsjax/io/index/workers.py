@@ -107,16 +107,22 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
 
 
 def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
-    """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`) and the layout
-    helper (if one runs) encoding half of the notes: nothing parses in this process meanwhile."""
+    """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`): nothing parses in
+    this process meanwhile (and, with :data:`cdsjax.io.layout_split.SHARE_EMBEDDING`, the layout helper encodes
+    half of the notes)."""
+    from cdsjax.io.layout_split import SHARE_EMBEDDING
+
     with freed_memory_kept():
-        finish_doc(doc, ctx, staging, redo, share_helper=True)
+        finish_doc(doc, ctx, staging, redo, share_helper=SHARE_EMBEDDING)
 
 
 def _preload(embedder) -> None:
     try:
         embedder.load()
-        embedder.offer_to_helper()  # a split document's layout helper shares the embedding
+        from cdsjax.io.layout_split import SHARE_EMBEDDING
+
+        if SHARE_EMBEDDING:
+            embedder.offer_to_helper()  # a split document's layout helper shares the embedding
     except Exception:  # raised again, as each document's one-line error, where the model is used
         pass
 
