@@ -142,24 +142,15 @@ class _Helper:
     def __init__(self, threads: int, path: Optional[str] = None):
         import multiprocessing
 
-        from cdsjax.io.memory import worker_environment
+        from cdsjax.io.memory import started_with, worker_environment
 
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.claims = _Claims(ctx)
         self.proc = ctx.Process(target=_helper_main, args=(child, threads, os.getpid(), self.claims, path),
                                 daemon=True, name="cdsjax-layout-helper")
-        extra = worker_environment()
-        saved = {k: os.environ.get(k) for k in extra}
-        os.environ.update(extra)  # the child is started with this process's environment
-        try:
+        with started_with(worker_environment()):  # the child is started with this process's environment
             self.proc.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         child.close()
         self.busy = False
         self.stale = 0  # replies to requests this process stopped waiting for

@@ -51,6 +51,22 @@ def worker_environment() -> Dict[str, str]:
     return {"GLIBC_TUNABLES": ":".join(t for t in (current, HUGETLB) if t)}
 
 
+@contextlib.contextmanager
+def started_with(values: Dict[str, str]):
+    """``os.environ`` with ``values`` set while processes are started (each reads it as it starts); restored
+    after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def keep_freed_memory() -> bool:
     """Makes glibc's ``malloc`` in this process keep large freed blocks for reuse; True if it now does.
 

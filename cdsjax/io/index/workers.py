@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from cdsjax.io import store
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.context import BuildContext, Doc
 from cdsjax.io.index.stages import build_doc, finish_doc, prepare_doc
-from cdsjax.io.memory import freed_memory_kept, keep_freed_memory, stop_keeping_freed_memory, worker_environment
+from cdsjax.io.memory import (freed_memory_kept, keep_freed_memory, started_with, stop_keeping_freed_memory,
+                              worker_environment)
 
 EMBED_IN = ("parent", "worker")
 
@@ -176,7 +176,7 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
                                        initargs=(ctx.config, fresh, str(ctx.cache.root), threads, os.getpid(),
                                                  slots, pin))
             try:
-                with _environment(worker_environment()):  # read by each worker's C library as it starts
+                with started_with(worker_environment()):  # read by each worker's C library as it starts
                     futures = {pool.submit(_worker_build, doc, in_worker): doc for doc in todo}  # starts the workers
                 todo = []
                 pending = set(futures)
@@ -213,21 +213,6 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
                 pool.shutdown(wait=True, cancel_futures=True)
     finally:
         stop_keeping_freed_memory()  # this process may parse next (one document, or --workers 1)
-
-
-@contextlib.contextmanager
-def _environment(values: Dict[str, str]):
-    """``os.environ`` with ``values`` set, for processes started meanwhile; restored after."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 _WORKER: dict = {}
