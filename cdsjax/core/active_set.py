@@ -75,29 +75,41 @@ def newton_direction(payoff: Array, x: Array, mx: Array, support: Array) -> Arra
     return jnp.linalg.solve(system, rhs)[:size]
 
 
-def gathered_direction(payoff, x: Array, mx: Array, support: Array, capacity: int) -> Array:
-    r"""The direction of :func:`newton_direction` from a ``[K+1, K+1]`` system on the support alone.
-
-    The support's indices are gathered into ``capacity`` slots (K), their rows read from the payoff
-    (:meth:`Payoff.row`, O(K N)) and the bordered system solved at O(K³) instead of O(N³). Slots past
-    the support read :math:`d_i = 0`. The caller makes sure the support fits (``sum(support) <= K``).
-    """
-    size = x.shape[0]
-    dtype = x.dtype
+def gathered_face(payoff, support: Array, capacity: int) -> tuple[Array, Array, Array]:
+    """``(real, safe, block)``: the support's indices in ``capacity`` slots (``safe``, 0 past the support, where
+    ``real`` is False) and the ``[K, K]`` payoff on them (:meth:`Payoff.submatrix`, zero off real slots)."""
+    size = support.shape[0]
     idx = jnp.nonzero(support, size=capacity, fill_value=size)[0]
     real = idx < size
     safe = jnp.where(real, idx, 0)
-    rows = jax.vmap(payoff.row)(safe)[:, safe]
-    pair = real[:, None] & real[None, :]
-    block = jnp.where(pair, rows, 0.0) + jnp.diag(jnp.where(real, 0.0, 1.0).astype(dtype))
+    block = payoff.submatrix(safe)
+    return real, safe, jnp.where(real[:, None] & real[None, :], block, 0.0)
+
+
+def bordered_direction(block: Array, real: Array, g: Array) -> Array:
+    r"""``[K]`` the correction :math:`d` on the slots: :math:`M_{SS} d - \mu \mathbf 1 = -g`, :math:`\mathbf 1^\top d
+    = 0` as one bordered ``[K+1, K+1]`` LU solve; slots past the support (``real`` False) read :math:`d_i = 0`."""
+    k = block.shape[0]
+    dtype = block.dtype
     ones = real.astype(dtype)
-    system = jnp.zeros((capacity + 1, capacity + 1), dtype)
-    system = system.at[:capacity, :capacity].set(block)
-    system = system.at[:capacity, capacity].set(-ones)
-    system = system.at[capacity, :capacity].set(ones)
-    rhs = jnp.concatenate([jnp.where(real, -mx[safe], 0.0), jnp.zeros((1,), dtype)])
-    step = jnp.linalg.solve(system, rhs)[:capacity]
-    return jnp.zeros((size,), dtype).at[safe].add(jnp.where(real, step, 0.0))
+    system = jnp.zeros((k + 1, k + 1), dtype)
+    system = system.at[:k, :k].set(block + jnp.diag(1.0 - ones))
+    system = system.at[:k, k].set(-ones)
+    system = system.at[k, :k].set(ones)
+    rhs = jnp.concatenate([jnp.where(real, -g, 0.0), jnp.zeros((1,), dtype)])
+    return jnp.linalg.solve(system, rhs)[:k]
+
+
+def gathered_direction(payoff, x: Array, mx: Array, support: Array, capacity: int) -> Array:
+    r"""The direction of :func:`newton_direction` from a ``[K+1, K+1]`` system on the support alone.
+
+    The support's indices are gathered into ``capacity`` slots (K), the payoff on them read
+    (:func:`gathered_face`) and the bordered system solved at O(K³) instead of O(N³). Slots past
+    the support read :math:`d_i = 0`. The caller makes sure the support fits (``sum(support) <= K``).
+    """
+    real, safe, block = gathered_face(payoff, support, capacity)
+    step = bordered_direction(block, real, mx[safe])
+    return jnp.zeros(x.shape, x.dtype).at[safe].add(jnp.where(real, step, 0.0))
 
 
 def dense_rows(payoff) -> Array:

@@ -110,8 +110,8 @@ def block_solve(solver, payoff: SharedPayoff, fast: Optional[PrimalDualActiveSet
     configured."""
     if not isinstance(solver, ActiveSet):
         return iterate(solver, payoff, None)
-    fast = PrimalDualActiveSet(tol=solver.tol) if fast is None else fast
-    fast = iterate(fast.replace(tol=solver.tol if fast.tol is None else fast.tol), payoff, None)
+    fast = PrimalDualActiveSet() if fast is None else fast
+    fast = iterate(fast if fast.tol is not None else fast.replace(tol=solver.tol), payoff, None)
     return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: iterate(solver, payoff, None))
 
 

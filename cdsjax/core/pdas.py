@@ -40,12 +40,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 from jax.scipy.sparse.linalg import cg
 
+from cdsjax.core.active_set import bordered_direction, gathered_face
 from cdsjax.core.inimdyn import default_tol
 from cdsjax.core.solver import LoopState, check_count, nash_error, start_state, stop_rule
 
@@ -60,49 +60,30 @@ CG_TOL = 1e-6
 CG_ACCEPT = 1e-4  # a CG solve whose relative residual stays above this fails the run
 
 
+def most_relevant(payoff, notes: Array, k: Array) -> Array:
+    """``[N]`` bool: the query vertex and the ``k`` notes of ``notes`` (``[N]`` bool) with the largest query edges
+    (row 0 of the payoff), ties at the cut all kept."""
+    rel = jnp.where(notes, payoff.row(jnp.asarray(0)), -jnp.inf)
+    cut = jnp.sort(rel)[::-1][jnp.clip(k, 1, payoff.size) - 1]
+    return (notes & (rel >= cut)) | (jnp.arange(payoff.size) == 0)
+
+
 def relevance_guess(payoff, fraction: float) -> Array:
     r"""``[N]`` the start: uniform on the query vertex and the ``fraction`` of valid notes with the largest
-    query edge (row 0 of the payoff), ties at the cut all kept."""
-    valid = payoff.valid
-    notes = valid & (jnp.arange(payoff.size) > 0)
-    rel = jnp.where(notes, payoff.row(jnp.asarray(0)), -jnp.inf)
-    k = jnp.maximum(jnp.ceil(fraction * jnp.sum(notes)).astype(jnp.int32), 1)
-    cut = jnp.sort(rel)[::-1][jnp.minimum(k, payoff.size) - 1]
-    start = (notes & (rel >= cut)) | (jnp.arange(payoff.size) == 0)
-    start = start & valid
+    query edge, ties at the cut all kept."""
+    notes = payoff.valid & (jnp.arange(payoff.size) > 0)
+    start = most_relevant(payoff, notes, jnp.ceil(fraction * jnp.sum(notes)).astype(jnp.int32)) & payoff.valid
     return start.astype(payoff.dtype) / jnp.sum(start)
 
 
 def top_half(payoff, support: Array) -> Array:
     """``[N]`` bool: the query vertex and the half of ``support``'s notes with the largest query edges."""
     notes = support & (jnp.arange(payoff.size) > 0)
-    rel = jnp.where(notes, payoff.row(jnp.asarray(0)), -jnp.inf)
-    k = jnp.maximum((jnp.sum(notes) + 1) // 2, 1)
-    cut = jnp.sort(rel)[::-1][k - 1]
-    return (notes & (rel >= cut)) | (jnp.arange(payoff.size) == 0)
-
-
-def _gather(payoff, support: Array, capacity: int):
-    """The support's indices in ``capacity`` slots and the ``[K, K]`` payoff block on them (zero off real slots)."""
-    size = support.shape[0]
-    idx = jnp.nonzero(support, size=capacity, fill_value=size)[0]
-    real = idx < size
-    safe = jnp.where(real, idx, 0)
-    block = payoff.submatrix(safe)
-    return idx, real, safe, jnp.where(real[:, None] & real[None, :], block, 0.0)
+    return most_relevant(payoff, notes, (jnp.sum(notes) + 1) // 2)
 
 
 def _lu_direction(block: Array, real: Array, g: Array) -> tuple[Array, Array]:
-    """Correction ``d`` on the slots: ``M_SS d - mu 1 = -g``, ``1'd = 0`` (bordered LU); ok flag."""
-    k = block.shape[0]
-    dtype = block.dtype
-    ones = real.astype(dtype)
-    system = jnp.zeros((k + 1, k + 1), dtype)
-    system = system.at[:k, :k].set(block + jnp.diag(1.0 - ones))
-    system = system.at[:k, k].set(-ones)
-    system = system.at[k, :k].set(ones)
-    rhs = jnp.concatenate([jnp.where(real, -g, 0.0), jnp.zeros((1,), dtype)])
-    d = jnp.linalg.solve(system, rhs)[:k]
+    d = bordered_direction(block, real, g)
     return d, jnp.all(jnp.isfinite(d))
 
 
@@ -135,7 +116,7 @@ def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU
     """
     size = x.shape[0]
     dtype = x.dtype
-    _, real, safe, block = _gather(payoff, support, capacity)
+    real, safe, block = gathered_face(payoff, support, capacity)
     xs = jnp.where(real, x[safe], 0.0)
     mass = jnp.sum(xs)
     xs = jnp.where(mass > 0, xs / jnp.where(mass > 0, mass, 1.0), real.astype(dtype) / jnp.sum(real))
@@ -226,7 +207,7 @@ class PrimalDualActiveSet:
         # a face whose point gives the query no weight holds notes the query cannot carry (less relevant than
         # the equilibrium's threshold): keep the more relevant half of its notes and solve again
         dropped = face[0] <= 0
-        new_support = jnp.where(dropped, top_half(payoff, support), new_support)
+        new_support = lax.cond(dropped, lambda: top_half(payoff, support), lambda: new_support)
         err = jnp.where(dropped & ~jnp.isnan(err), jnp.inf, err)
         x = jnp.where(ok & (mass > 0) & ~dropped, x, state.x)
         return state.replace(x=x, err=err, num_iters=state.num_iters + 1, aux=new_support)
