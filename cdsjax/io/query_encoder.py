@@ -35,7 +35,7 @@ TOKEN_BUCKETS = (32, 64, 128, 256, 512)
 DOCUMENT_BUCKETS = (32, 64, 128, 192, 256, 384, 512)
 
 # XLA's CPU backend hands elementwise fusions to YNNPACK by default (jaxlib 0.10); on this encoder's layer norms,
-# softmax and GELU that took about half of the encoding's time, so the encoder is compiled without (1.8x less wall
+# softmax and GELU that took about half of the encoding's time, so the encoder is compiled without (half the wall
 # time and 1.5x less CPU for the 139 notes of a 50-page 10-K; vectors within 2e-7; RESULTS.md, "Ingestion:
 # profile, floors and what changed"). An XLA that does not know the option compiles without it.
 ENCODER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
