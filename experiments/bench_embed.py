@@ -1,13 +1,13 @@
 """Embedding the notes of an index: sentence-transformers (torch) against the JAX forward, one run, fresh processes.
 
-    python experiments/bench_embed.py --index DIR [--rounds 2]
+    python experiments/bench_embed.py --index DIR [--rounds 2] [--backends sentence-transformers,jax,jax-xla-defaults]
 
 Each backend runs in a fresh process (as a new ``cdsjax index`` or ``cdsjax ask PDF`` does), old and new
 alternating: the import and model load (torch + sentence-transformers, or JAX + the safetensors weights), then
 the encoding of every note of ``DIR`` (its ``embedding_text``) twice: the first call includes JAX's compilation
 of the shapes it meets (read from the persistent compilation cache when ``--jax-cache DIR`` holds them), the
-second is the steady state. Wall and CPU seconds (all threads) of each step, and the largest difference between
-the two backends' vectors.
+second is the steady state. Wall and CPU seconds (all threads) of each step, the largest difference between
+any two runs' vectors, and the steady state of each other backend against the shipped JAX encoder.
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ def child(index: Path, backend: str, out: Path, jax_cache: str) -> None:
     texts = [embedding_text(json.loads(line)) for line in open(index / "notes.jsonl", encoding="utf-8")]
     config = default_config()
     config.embedder.show_progress = False
-    config.embedder.backend = backend
+    config.embedder.backend = "jax" if backend.startswith("jax") else backend
+    if backend == "jax-xla-defaults":  # the encoder compiled with XLA's default CPU fusions (YNNPACK included)
+        from cdsjax.io import query_encoder
+
+        query_encoder.ENCODER_COMPILER_OPTIONS = {}
     embedder = Embedder(config)
     embedder.load()
     steps = dict(load=(time.perf_counter() - t0, time.process_time() - c0))
@@ -57,6 +61,9 @@ def main() -> int:
     ap.add_argument("--index", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--jax-cache", default="", help="a JAX compilation cache directory (default: none)")
+    ap.add_argument("--backends", default="sentence-transformers,jax,jax-xla-defaults",
+                    help="comma-separated: sentence-transformers, jax (the shipped encoder), jax-xla-defaults (the "
+                         "same forward compiled with XLA's default CPU options)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -69,7 +76,7 @@ def main() -> int:
     load = os.getloadavg()
     rows = []
     for rnd in range(args.rounds):
-        for backend in ("sentence-transformers", "jax"):
+        for backend in args.backends.split(","):
             out = work / f"{backend}{rnd}.npy"
             proc = subprocess.run([sys.executable, __file__, "--index", str(args.index), "--child", backend,
                                    "--out", str(out), "--jax-cache", args.jax_cache], capture_output=True,
@@ -88,6 +95,14 @@ def main() -> int:
         cells = " | ".join(f"{s[k][0]:.2f} ({s[k][1]:.2f})" for k in ("load", "encode (first call)", "encode (again)"))
         print(f"| {backend} | {r['torch']} | {cells} |")
     print(f"\nlargest |difference| between any two runs' vectors: {diff:.2e}")
+    again = {}
+    for backend, r, _ in rows:
+        again.setdefault(backend, []).append(r["steps"]["encode (again)"])
+    median = {b: [float(np.median([v[i] for v in vs])) for i in (0, 1)] for b, vs in again.items()}
+    for b in median:
+        if b != "jax" and "jax" in median:
+            print(f"encode (again), {b} / jax: wall {median[b][0] / median['jax'][0]:.2f}x, "
+                  f"CPU {median[b][1] / median['jax'][1]:.2f}x (medians over {args.rounds} rounds)")
     return 0
 
 

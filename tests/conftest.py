@@ -48,6 +48,23 @@ TOOLS = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_persistent_cache_in_process():
+    """Commands run inside a test process (the demo fixture, ``cli.main(["ask", ...])``) leave JAX's persistent
+    compilation cache off. Turned on in a long-lived test worker that had already compiled hundreds of
+    programs without it, XLA crashed twice in full runs while serializing a new executable for it (a
+    segfault in ``compilation_cache.put_executable_and_time``, both times inside ``cdsjax demo`` late in a
+    worker); the command in a fresh process, as users run it, never did. The tests of the cache itself run
+    the command in a subprocess, which turns it on as usual."""
+    from cdsjax import pipeline
+    from cdsjax.io import compilation_cache
+
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (compilation_cache, pipeline):
+            mp.setattr(module, "enable_compilation_cache", lambda directory=None: None)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _x64(request):
     """Runs ``x64`` tests inside ``jax.enable_x64(True)``; every test ends with x64 as it began."""
@@ -123,7 +140,7 @@ def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # JAX's compilation cache goes here, not to ~/.cache
+        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # the demo writes its index here, not to ~/.cache
         code = cli.main(["demo", "--dir", str(root), "--json"])
     assert code == 0
     return root, json.loads(out.getvalue())

@@ -1,6 +1,7 @@
 """The torch-free encoder equals sentence-transformers on questions and notes, and asking (a new PDF too) does
 not import torch."""
 
+import copy
 import json
 import os
 import subprocess
@@ -73,6 +74,30 @@ def test_documents_match_sentence_transformers():
     np.testing.assert_allclose(fast.encode_documents(DOCUMENTS[::-1]), got[::-1], atol=1e-6)
     assert fast.encode_documents([]).shape == (0, 384) and fast.dim == 384
     np.testing.assert_allclose(fast.encode_queries(TEXTS[:1]), reference.encode_queries(TEXTS[:1]), atol=2e-5)
+
+
+def test_compiler_options_change_nothing_and_fall_back(monkeypatch):
+    """The encoder's XLA options (:data:`ENCODER_COMPILER_OPTIONS`) leave the vectors as a plain ``jax.jit``
+    computes them (within float rounding), and an XLA that rejects an option gets the plain compile, once and
+    for every later encoder."""
+    import jax
+
+    from cdsjax.io import query_encoder
+
+    fast = QueryEncoder.from_info(MINILM)
+    tuned = fast.encode_queries(TEXTS)
+    monkeypatch.setattr(query_encoder._Jitted, "_plain_only", True)
+    plain = copy.copy(fast)  # from_info shares one encoder per model: change a copy's forwards only
+    plain._forward, plain._forward_batch = query_encoder._jit_forwards(12, 1e-12, True)
+    np.testing.assert_allclose(plain.encode_queries(TEXTS), tuned, atol=1e-6, rtol=0)
+
+    monkeypatch.setattr(query_encoder._Jitted, "_plain_only", False)
+    monkeypatch.setattr(query_encoder, "ENCODER_COMPILER_OPTIONS", {"xla_no_such_option_here": ""})
+    rejected = query_encoder._Jitted(lambda x: x * 2.0)
+    assert float(rejected(jax.numpy.float32(1.5))) == 3.0
+    assert query_encoder._Jitted._plain_only  # remembered: later encoders compile plainly at once
+    with pytest.raises(TypeError):  # any other error is the caller's
+        query_encoder._Jitted(lambda x: x * 2.0)("not an array")
 
 
 def test_jax_backend_refuses_what_it_cannot_encode():

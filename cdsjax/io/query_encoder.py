@@ -34,6 +34,12 @@ TOKEN_BUCKETS = (32, 64, 128, 256, 512)
 # Token lengths a batch of notes is padded to (one compiled shape each, per batch size).
 DOCUMENT_BUCKETS = (32, 64, 128, 192, 256, 384, 512)
 
+# XLA's CPU backend hands elementwise fusions to YNNPACK by default (jaxlib 0.10); on this encoder's layer norms,
+# softmax and GELU that took about half of the encoding's time, so the encoder is compiled without (half the wall
+# time and 1.5x less CPU for the 139 notes of a 50-page 10-K; vectors within 2e-7; RESULTS.md, "Ingestion:
+# profile, floors and what changed"). An XLA that does not know the option compiles without it.
+ENCODER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
 _ENCODERS: dict = {}
 _LOCK = threading.Lock()
 
@@ -145,12 +151,35 @@ def _make_forward(num_heads: int, eps: float, normalize: bool):
     return forward
 
 
+class _Jitted:
+    """``jax.jit(fn)`` compiled with :data:`ENCODER_COMPILER_OPTIONS`, or without them where this XLA rejects
+    them ("No such compile option"; then for every later call too)."""
+
+    _plain_only = False  # shared: set once an XLA has rejected the options
+
+    def __init__(self, fn):
+        import jax
+
+        self._tuned = jax.jit(fn, compiler_options=dict(ENCODER_COMPILER_OPTIONS))
+        self._plain = jax.jit(fn)
+
+    def __call__(self, *args):
+        if not _Jitted._plain_only:
+            try:
+                return self._tuned(*args)
+            except Exception as err:  # jax's JaxRuntimeError (INVALID_ARGUMENT) from an XLA without the option
+                if "compile option" not in str(err):
+                    raise
+                _Jitted._plain_only = True
+        return self._plain(*args)
+
+
 def _jit_forwards(num_heads: int, eps: float, normalize: bool):
     """``(one, batch)``: the forward of one sequence ``[L]`` and of a batch ``[B, L]``, jitted."""
     import jax
 
     forward = _make_forward(num_heads, eps, normalize)
-    return jax.jit(forward), jax.jit(jax.vmap(forward, in_axes=(None, 0, 0)))
+    return _Jitted(forward), _Jitted(jax.vmap(forward, in_axes=(None, 0, 0)))
 
 
 class QueryEncoder:
