@@ -205,13 +205,29 @@ class SelectorCache(collections.OrderedDict):
             return value
 
 
+_SHARED_COMPILED: Dict[int, SelectorCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_selector_cache(maxsize: int = DEFAULT_MAX_COMPILED) -> SelectorCache:
+    """The process's :class:`SelectorCache` of ``maxsize`` entries, which pipelines built without ``compiled``
+    share: a new pipeline (another index, the same index reloaded, the next ``ask`` of a process) reuses the
+    selectors jitted before it, and asks without tracing or compiling again where its corpus pads to a size
+    already met. Its cap bounds the process's compiled selectors as it bounded each pipeline's."""
+    with _SHARED_LOCK:
+        cache = _SHARED_COMPILED.get(int(maxsize))
+        if cache is None:
+            cache = _SHARED_COMPILED[int(maxsize)] = SelectorCache(maxsize)
+        return cache
+
+
 class Pipeline:
     """Retrieval (and optionally reading) over one merged corpus.
 
     The corpus is padded once to a bucket size, so every question of a session
     reuses one compiled selector per (selector, budget, options). ``compiled`` is where those jitted
-    selectors are kept: by default a :class:`SelectorCache` of ``max_compiled`` entries; pipelines over
-    corpora padded to the same size may share one (the planning evaluation builds one pipeline per question).
+    selectors are kept: by default the process's shared :class:`SelectorCache` of ``max_compiled`` entries
+    (:func:`shared_selector_cache`), or a mapping of the caller's.
     """
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
@@ -233,7 +249,7 @@ class Pipeline:
         except ValueError as err:  # a missing or malformed file is one line now, not at the first question
             raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
-        self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
+        self.compiled = shared_selector_cache(max_compiled) if compiled is None else compiled
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
         self._bounds: dict = {}  # (selector, options, query rows) -> the corpus's spectral bound (or None)
         # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
@@ -264,7 +280,7 @@ class Pipeline:
         from cdsjax.io.index import index_pdf, load_index
         from cdsjax.io.store import StoreError
 
-        indexes, compiled = [], SelectorCache(max_compiled)
+        indexes, compiled = [], shared_selector_cache(max_compiled)
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
             doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
             trust_remote_code=trust_remote_code, **warm))
