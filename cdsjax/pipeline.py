@@ -18,9 +18,7 @@ evidence is the result (the embedded default).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -35,6 +33,7 @@ from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.selection import Candidates, make_selector, note_structure, selector_key, selector_options
+from cdsjax.selector_cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache  # noqa: F401 (public here)
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = registry.SPECS[registry.DEFAULT_SELECTOR].display
@@ -172,53 +171,6 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     default_solver = registry.SPECS[registry.DEFAULT_SELECTOR].solver
     other = next(s.display for s in registry.SPECS.values() if s.mode == "converged" and s.solver != default_solver)
     return head + f" — try --selector {other} or {reference}"
-
-
-DEFAULT_MAX_COMPILED = 16
-
-
-class SelectorCache(collections.OrderedDict):
-    """The jitted selectors of a pipeline, least recently used dropped beyond ``maxsize``.
-
-    Each entry holds its compiled executables (about 10 MB for a CDS selector on a few hundred notes), and
-    every new budget or option value compiles a new one: without a cap a server's clients could grow its
-    memory at will. Thread-safe (a server's timed-out selection may still be running on another thread).
-    """
-
-    def __init__(self, maxsize: int = DEFAULT_MAX_COMPILED):
-        super().__init__()
-        if maxsize < 1:
-            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
-        self.maxsize = int(maxsize)
-        self.lock = threading.RLock()
-
-    def get_or_make(self, key, make):
-        """The entry for ``key``, made with ``make()`` (and the oldest entries dropped) when absent."""
-        with self.lock:
-            if key in self:
-                self.move_to_end(key)
-                return self[key]
-            value = make()
-            self[key] = value
-            while len(self) > self.maxsize:
-                self.popitem(last=False)
-            return value
-
-
-_SHARED_COMPILED: Dict[int, SelectorCache] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_selector_cache(maxsize: int = DEFAULT_MAX_COMPILED) -> SelectorCache:
-    """The process's :class:`SelectorCache` of ``maxsize`` entries, which pipelines built without ``compiled``
-    share: a new pipeline (another index, the same index reloaded, the next ``ask`` of a process) reuses the
-    selectors jitted before it, and asks without tracing or compiling again where its corpus pads to a size
-    already met. Its cap bounds the process's compiled selectors as it bounded each pipeline's."""
-    with _SHARED_LOCK:
-        cache = _SHARED_COMPILED.get(int(maxsize))
-        if cache is None:
-            cache = _SHARED_COMPILED[int(maxsize)] = SelectorCache(maxsize)
-        return cache
 
 
 class Pipeline:
