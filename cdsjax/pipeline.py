@@ -18,9 +18,7 @@ evidence is the result (the embedded default).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -35,6 +33,7 @@ from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.selection import Candidates, make_selector, note_structure, selector_key, selector_options
+from cdsjax.selector_cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache  # noqa: F401 (public here)
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
 DEFAULT_SELECTOR = registry.SPECS[registry.DEFAULT_SELECTOR].display
@@ -174,44 +173,13 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     return head + f" — try --selector {other} or {reference}"
 
 
-DEFAULT_MAX_COMPILED = 16
-
-
-class SelectorCache(collections.OrderedDict):
-    """The jitted selectors of a pipeline, least recently used dropped beyond ``maxsize``.
-
-    Each entry holds its compiled executables (about 10 MB for a CDS selector on a few hundred notes), and
-    every new budget or option value compiles a new one: without a cap a server's clients could grow its
-    memory at will. Thread-safe (a server's timed-out selection may still be running on another thread).
-    """
-
-    def __init__(self, maxsize: int = DEFAULT_MAX_COMPILED):
-        super().__init__()
-        if maxsize < 1:
-            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
-        self.maxsize = int(maxsize)
-        self.lock = threading.RLock()
-
-    def get_or_make(self, key, make):
-        """The entry for ``key``, made with ``make()`` (and the oldest entries dropped) when absent."""
-        with self.lock:
-            if key in self:
-                self.move_to_end(key)
-                return self[key]
-            value = make()
-            self[key] = value
-            while len(self) > self.maxsize:
-                self.popitem(last=False)
-            return value
-
-
 class Pipeline:
     """Retrieval (and optionally reading) over one merged corpus.
 
     The corpus is padded once to a bucket size, so every question of a session
     reuses one compiled selector per (selector, budget, options). ``compiled`` is where those jitted
-    selectors are kept: by default a :class:`SelectorCache` of ``max_compiled`` entries; pipelines over
-    corpora padded to the same size may share one (the planning evaluation builds one pipeline per question).
+    selectors are kept: by default the process's shared :class:`SelectorCache` of ``max_compiled`` entries
+    (:func:`shared_selector_cache`), or a mapping of the caller's.
     """
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
@@ -233,7 +201,7 @@ class Pipeline:
         except ValueError as err:  # a missing or malformed file is one line now, not at the first question
             raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
-        self.compiled = SelectorCache(max_compiled) if compiled is None else compiled
+        self.compiled = shared_selector_cache(max_compiled) if compiled is None else compiled
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
         self._bounds: dict = {}  # (selector, options, query rows) -> the corpus's spectral bound (or None)
         # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
@@ -264,7 +232,7 @@ class Pipeline:
         from cdsjax.io.index import index_pdf, load_index
         from cdsjax.io.store import StoreError
 
-        indexes, compiled = [], SelectorCache(max_compiled)
+        indexes, compiled = [], shared_selector_cache(max_compiled)
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
             doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
             trust_remote_code=trust_remote_code, **warm))

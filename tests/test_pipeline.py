@@ -277,3 +277,22 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
     plain = Pipeline(corpus).ask(q, budget=4)
     assert [e["note_id"] for e in got.evidence] == [e["note_id"] for e in plain.evidence]
     assert [e["score"] for e in got.evidence] == [e["score"] for e in plain.evidence]
+
+
+def test_pipelines_of_a_process_share_their_jitted_selectors(demo_index):
+    """Pipelines built without ``compiled`` share the process's SelectorCache (one per cap): a second pipeline
+    (the same index reloaded, or the next in-process ask) reuses the jitted selector and picks the same; a cache
+    of the caller's stays the caller's."""
+    from cdsjax.io.index import load_index
+    from cdsjax.pipeline import SelectorCache, shared_selector_cache
+
+    q = "How much did battery storage cut diesel use?"
+    first, second = (Pipeline(Corpus.merge([load_index(demo_index)])) for _ in range(2))
+    assert first.compiled is second.compiled is shared_selector_cache()
+    assert first.selector_fn(DEFAULT_SELECTOR, 4) is second.selector_fn(DEFAULT_SELECTOR, 4)
+    a, b = first.ask(q, budget=4), second.ask(q, budget=4)
+    assert [e["note_id"] for e in a.evidence] == [e["note_id"] for e in b.evidence]
+    capped = Pipeline(Corpus.merge([load_index(demo_index)]), max_compiled=2)
+    assert capped.compiled is shared_selector_cache(2) and capped.compiled.maxsize == 2
+    own = SelectorCache()
+    assert Pipeline(Corpus.merge([load_index(demo_index)]), compiled=own).compiled is own
