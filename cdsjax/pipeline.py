@@ -200,7 +200,7 @@ class Pipeline:
             self.params = resolve_params(params)
         except ValueError as err:  # a missing or malformed file is one line now, not at the first question
             raise PipelineError(str(err)) from None
-        # jitted selectors by (selector, budget, options, ...); pipelines that pad to the same size may share it
+        # jitted selectors by (selector, budget, options, ...): by default shared by the process's pipelines
         self.compiled = shared_selector_cache(max_compiled) if compiled is None else compiled
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
         self._bounds: dict = {}  # (selector, options, query rows) -> the corpus's spectral bound (or None)

@@ -11,7 +11,8 @@ DEFAULT_MAX_COMPILED = 16
 
 
 class SelectorCache(collections.OrderedDict):
-    """The jitted selectors of a pipeline, least recently used dropped beyond ``maxsize``.
+    """Jitted selectors (of one pipeline, or of the process: :func:`shared_selector_cache`), least recently used
+    dropped beyond ``maxsize``.
 
     Each entry holds its compiled executables (about 10 MB for a CDS selector on a few hundred notes), and
     every new budget or option value compiles a new one: without a cap a server's clients could grow its
