@@ -132,18 +132,29 @@ def pytest_unconfigure(config):
         reporter.write_line(f"{what} for lack of the benchmark data ({NO_DATA}): {GET_DATA}")
 
 
+def run_command(root, *argv, timeout=600):
+    """``python -m cdsjax.cli ARGV`` in its own process with ``CDSJAX_CACHE=root/cache``: (exit code, stdout,
+    stderr). Commands that compile many selectors (``cdsjax demo`` compiles every row of its table) run here
+    rather than in the test worker: XLA aborted twice while compiling the demo's selectors in-process late in
+    a long-lived xdist worker that had already compiled hundreds of programs (``backend_compile_and_load`` and
+    ``put_executable_and_time``), never in a fresh process, which is how users run them."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CDSJAX_CACHE=str(root / "cache"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "cdsjax.cli", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory):
-    """`cdsjax demo --json` run once for the session (it writes and indexes the report): (dir, output)."""
-    from cdsjax import cli
-
+    """`cdsjax demo --json` run once for the session in its own process (it writes and indexes the report):
+    (dir, output)."""
     root = tmp_path_factory.mktemp("demo")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CDSJAX_CACHE", str(root / "cache"))  # the demo writes its index here, not to ~/.cache
-        code = cli.main(["demo", "--dir", str(root), "--json"])
-    assert code == 0
-    return root, json.loads(out.getvalue())
+    code, out, err = run_command(root, "demo", "--dir", str(root), "--json")
+    assert code == 0, err[-2000:]
+    return root, json.loads(out)
 
 
 def clustered_notes(rng, n: int, size: int, d: int = 48, clusters: int = 6):

@@ -2,8 +2,10 @@
 
 import numpy as np
 
-from cdsjax import cli, demo
+from cdsjax import demo
 from cdsjax.commands.demo import demo_selectors, verdict
+
+from tests.conftest import run_command
 
 
 def test_report_pages_hold_the_facts_they_are_mapped_to(tmp_path):
@@ -45,7 +47,7 @@ def test_verdict_reports_what_was_measured():
     assert fewer.startswith("CDS covers fewer") and "1 vs 2" in fewer
 
 
-def test_demo_table_matches_the_selections(demo_run, capsys, monkeypatch):
+def test_demo_table_matches_the_selections(demo_run, monkeypatch):
     root, result = demo_run
     monkeypatch.setenv("CDSJAX_CACHE", str(root / "cache"))
     assert result["question"] == demo.QUESTION and result["facts"] == list(demo.FACTS)
@@ -68,8 +70,8 @@ def test_demo_table_matches_the_selections(demo_run, capsys, monkeypatch):
     assert cosine["pages"] == [int(pipe.corpus.notes[i]["page"]) for i in order]
 
     # the printed table: every selector, the verdict, and a reused index on the second run
-    code = cli.main(["demo", "--dir", str(root)])
-    out = " ".join(capsys.readouterr().out.split())
+    code, out, _ = run_command(root, "demo", "--dir", str(root))
+    out = " ".join(out.split())
     assert code == 0 and "reused" in out
     assert all(label in out for label, _ in demo_selectors())
     assert " ".join(result["verdict"].split()) in out
