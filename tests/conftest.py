@@ -49,16 +49,19 @@ TOOLS = {
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_persistent_cache_in_process():
-    """Commands run inside a test process (the demo fixture, ``cli.main(["ask", ...])``) leave JAX's persistent
-    compilation cache off. Turned on in a long-lived test worker that had already compiled hundreds of
-    programs without it, XLA crashed twice in full runs while serializing a new executable for it (a
-    segfault in ``compilation_cache.put_executable_and_time``, both times inside ``cdsjax demo`` late in a
-    worker); the command in a fresh process, as users run it, never did. The tests of the cache itself run
-    the command in a subprocess, which turns it on as usual."""
+def _persistent_cache_for_the_session(tmp_path_factory):
+    """JAX's persistent compilation cache on from a worker's first test, in one directory the session's
+    workers share, so a program compiled once (many tests build the same selector afresh) is read back
+    instead of compiled again; commands run inside a test process (``cli.main(["ask", ...])``) then leave
+    JAX's setting alone. JAX keeps the first cache directory a process sets: turned on late, by a command in
+    a worker that had compiled hundreds of programs without it, XLA crashed while writing to it (twice, both
+    inside ``cdsjax demo``, which now runs in its own process: :func:`run_command`). The tests of the cache
+    itself run commands in subprocesses, which turn it on as users get it."""
     from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
+    directory = tmp_path_factory.getbasetemp().parent / "jax-compilation-cache"  # shared by xdist workers
+    compilation_cache.enable_compilation_cache(directory)
     with pytest.MonkeyPatch.context() as mp:
         for module in (compilation_cache, pipeline):
             mp.setattr(module, "enable_compilation_cache", lambda directory=None: None)
