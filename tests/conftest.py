@@ -68,6 +68,30 @@ def _persistent_cache_for_the_session(tmp_path_factory):
         yield
 
 
+MAPS_RELEASE_AT = 20_000  # a test worker's memory mappings at which the executables it keeps are dropped
+
+
+def _memory_maps() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _keep_memory_maps_in_bounds():
+    """After a test, drops the executables the worker keeps (:func:`cdsjax.eval.run.release_all`) once its
+    memory mappings pass :data:`MAPS_RELEASE_AT`. A worker that has loaded thousands of executables reaches
+    Linux's ``vm.max_map_count`` (65,530 by default), and XLA then aborts while compiling or serializing the
+    next one: the intermittent crashes of full runs (stops 41 and 42), always late in a worker."""
+    yield
+    if _memory_maps() > MAPS_RELEASE_AT:
+        from cdsjax.eval.run import release_all
+
+        release_all()
+
+
 @pytest.fixture(autouse=True)
 def _x64(request):
     """Runs ``x64`` tests inside ``jax.enable_x64(True)``; every test ends with x64 as it began."""

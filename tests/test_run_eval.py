@@ -425,3 +425,22 @@ def test_release_drops_a_selectors_executables():
     assert held() < before and not [k for k in R._BATCHED if k[0] is fn]
     again = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec)  # compiles again, same picks
     assert [list(np.asarray(s.indices)) for s in again] == [list(np.asarray(s.indices)) for s in first]
+
+
+def test_release_all_frees_the_mappings_of_loaded_executables():
+    from tests.conftest import _memory_maps
+    from cdsjax.eval import run as R
+
+    problems = _synthetic_problems([5, 9], seed=4)
+    R.release_all()
+    base = _memory_maps()
+    fns = [core.make_selector("cosine", budget=b) for b in range(1, 9)]
+    for fn in fns:
+        run_selector(fn, problems, buckets=(16,), max_batch=2)
+    loaded = _memory_maps()
+    assert loaded > base and R._COMPILED and R._BATCHED
+    assert R.release_all() >= len(fns)
+    assert not R._COMPILED and not R._BATCHED
+    assert _memory_maps() < loaded  # the executables' code and buffers are unmapped, not only forgotten
+    again = run_selector(fns[2], problems, buckets=(16,), max_batch=2)  # compiles again on its next use
+    assert [len(np.asarray(s.indices)) for s in again] == [3, 3]

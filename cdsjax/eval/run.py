@@ -102,6 +102,26 @@ def release(fn: Callable[..., Any]) -> int:
     return dropped
 
 
+def release_all() -> int:
+    """Drops every executable this module keeps (the batched calls, their compiled executables, the bounds)
+    and JAX's own caches of jitted functions; returns how many of this module's entries were dropped.
+
+    Each loaded executable holds a few memory mappings: a process that evaluates thousands of selector
+    shapes (a long cross-validation run, a notebook, a test worker) otherwise reaches Linux's
+    ``vm.max_map_count`` (65,530 by default), and XLA then crashes while compiling the next one. What was
+    dropped compiles again (or loads from the persistent cache) on its next use."""
+    import gc
+
+    import jax
+
+    dropped = len(_COMPILED) + len(_BATCHED) + len(_BOUNDS)
+    for cache in (_COMPILED, _BATCHED, _BOUNDS, _HAS_BOUND):
+        cache.clear()
+    jax.clear_caches()
+    gc.collect()
+    return dropped
+
+
 def _batched(fn, sharded: bool, chunk=None):
     """The jitted batch call, kept per function (:func:`_executable` compiles it once per input shape).
 
