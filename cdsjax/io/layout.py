@@ -56,6 +56,14 @@ def limit_layout_threads(threads: int) -> None:
     spin on each other's core and each parses 1.6x slower (RESULTS.md, "Scale: workers and processes").
     PyMuPDF builds its sessions without a way to pass options, so ``onnxruntime.InferenceSession`` is
     replaced in this process by a subclass that fills in options a caller left at their defaults.
+
+    PyMuPDF also turns onnxruntime's memory arena off for every session, so that a long-lived process's memory
+    does not grow with the largest page it has seen. A model whose inputs have one fixed shape (apart from
+    the batch), as the layout model's image network (one 300x300 page image, about 60 MB of outputs per
+    page), needs the same buffers on every call, so the arena cannot grow there: it gets the arena back and
+    keeps its buffers instead of mapping and faulting in fresh ones per page (the same outputs, bit for bit;
+    about a quarter less CPU for the layout model, RESULTS.md "Ingestion: profile, floors and what
+    changed"). Models with inputs of varying size keep PyMuPDF's setting.
     """
     import onnxruntime as ort
 
@@ -77,8 +85,21 @@ def limit_layout_threads(threads: int) -> None:
             except RuntimeError:  # not set by the caller
                 options.add_session_config_entry(SPINNING, "0")
             super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
+            if not options.enable_cpu_mem_arena and fixed_input_shapes(self):
+                options.enable_cpu_mem_arena = True  # built again, keeping its buffers between calls
+                super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
 
     ort.InferenceSession = LimitedSession
+
+
+def fixed_input_shapes(session) -> bool:
+    """True when every input of an onnxruntime session has a fixed size in every dimension but the first
+    (the batch)."""
+    try:
+        inputs = session.get_inputs()
+    except Exception:
+        return False
+    return bool(inputs) and all(all(isinstance(d, int) and d > 0 for d in list(i.shape)[1:]) for i in inputs)
 
 
 def usable_cores() -> int:
