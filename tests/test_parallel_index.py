@@ -96,6 +96,39 @@ def test_layout_sessions_take_the_thread_limit(tmp_path):
     assert out.stdout.split() == ["1", "1", "0", "3", "1", "InferenceSession"]
 
 
+def test_fixed_shape_models_get_the_memory_arena_back(tmp_path):
+    """PyMuPDF turns onnxruntime's memory arena off for every session; the layout models whose inputs have one
+    fixed shape (the image network, the table grid model) get it back, those with inputs of varying size (the
+    graph network) keep it off, and the outputs are the same bit for bit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import pathlib, numpy as np, onnxruntime as ort, pymupdf.layout
+        from cdsjax.io.layout import fixed_input_shapes, limit_layout_threads
+        limit_layout_threads(1)
+        models = pathlib.Path(pymupdf.layout.__file__).parent / "resources" / "onnx"
+        def session(name):
+            opts = ort.SessionOptions()
+            opts.enable_cpu_mem_arena = False  # as PyMuPDF builds them
+            s = ort.InferenceSession(str(models / name), opts, providers=["CPUExecutionProvider"])
+            return s, s.get_session_options().enable_cpu_mem_arena
+        image, image_arena = session("feature_imf1.onnx")
+        graph, graph_arena = session("layout_rf2.4.1+imf1.onnx")
+        x = np.random.default_rng(0).random((1, 1, 300, 300), dtype=np.float32)
+        off = ort.SessionOptions(); off.enable_cpu_mem_arena = False
+        plain = ort.InferenceSession.cdsjax_base(str(models / "feature_imf1.onnx"), off,
+                                                 providers=["CPUExecutionProvider"])
+        feed = {image.get_inputs()[0].name: x}
+        same = all(np.array_equal(a, b) for a, b in zip(image.run(None, feed), plain.run(None, feed)))
+        print(fixed_input_shapes(image), image_arena, fixed_input_shapes(graph), graph_arena, same)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "False", "False", "True"]
+
+
 @pytest.mark.slow  # ~15 s (each worker loads the model); the default, the parent, is tested above
 def test_embedding_in_workers_equals_embedding_in_parent(tmp_path):
     """Both places to embed (``embed_in``) give the same index; the parent is the default."""
