@@ -60,7 +60,8 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
-    directory = tmp_path_factory.getbasetemp().parent / "jax-compilation-cache"  # shared by xdist workers
+    base = tmp_path_factory.getbasetemp()  # under xdist, each worker's own folder in the session's
+    directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
     compilation_cache.enable_compilation_cache(directory)
     with pytest.MonkeyPatch.context() as mp:
         for module in (compilation_cache, pipeline):
