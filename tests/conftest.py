@@ -10,8 +10,6 @@ Without the data such a test skips with the reason, and the run ends with one li
 to get the data; under ``CI=true`` (CI always has the data) it fails instead, in one line.
 """
 
-import contextlib
-import io
 import json
 import os
 import pathlib
@@ -51,12 +49,11 @@ TOOLS = {
 @pytest.fixture(scope="session", autouse=True)
 def _persistent_cache_for_the_session(tmp_path_factory):
     """JAX's persistent compilation cache on from a worker's first test, in one directory the session's
-    workers share, so a program compiled once (many tests build the same selector afresh) is read back
-    instead of compiled again; commands run inside a test process (``cli.main(["ask", ...])``) then leave
-    JAX's setting alone. JAX keeps the first cache directory a process sets: turned on late, by a command in
-    a worker that had compiled hundreds of programs without it, XLA crashed while writing to it (twice, both
-    inside ``cdsjax demo``, which now runs in its own process: :func:`run_command`). The tests of the cache
-    itself run commands in subprocesses, which turn it on as users get it."""
+    workers share (never reused by a later run), so a program compiled once (many tests build the same
+    selector afresh) is read back instead of compiled again. Commands run inside a test process
+    (``cli.main(["ask", ...])``) then leave JAX's setting alone: JAX keeps the first cache directory a
+    process sets. The tests of the cache itself run commands in subprocesses, which turn it on as users get
+    it."""
     from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
@@ -162,10 +159,9 @@ def pytest_unconfigure(config):
 
 def run_command(root, *argv, timeout=600):
     """``python -m cdsjax.cli ARGV`` in its own process with ``CDSJAX_CACHE=root/cache``: (exit code, stdout,
-    stderr). Commands that compile many selectors (``cdsjax demo`` compiles every row of its table) run here
-    rather than in the test worker: XLA aborted twice while compiling the demo's selectors in-process late in
-    a long-lived xdist worker that had already compiled hundreds of programs (``backend_compile_and_load`` and
-    ``put_executable_and_time``), never in a fresh process, which is how users run them."""
+    stderr), as users run the command. ``cdsjax demo`` runs here: it compiles every selector of its table,
+    which in a long-lived test worker only adds to the executables the worker keeps (see
+    :func:`_keep_memory_maps_in_bounds`)."""
     import subprocess
     import sys
 
