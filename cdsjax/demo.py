@@ -148,7 +148,9 @@ def _chart_png() -> bytes:
 
 def write_report(path: Path) -> Path:
     """Writes the demo report PDF (A4, 10 pages, laid out as :data:`PAGES` says) to ``path``."""
-    import pymupdf
+    from cdsjax.io.layout import import_pymupdf
+
+    pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +207,9 @@ def write_report(path: Path) -> Path:
 
 
 def _estimate_lines(text: str, box_width: float, fontsize: float) -> int:
-    import pymupdf
+    from cdsjax.io.layout import import_pymupdf
+
+    pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
     words = text.split()
     lines, current = 1, 0.0

@@ -129,6 +129,36 @@ def test_fixed_shape_models_get_the_memory_arena_back(tmp_path):
     assert out.stdout.split() == ["True", "True", "False", "False", "True"]
 
 
+_LAYOUT_SESSIONS = """
+import sys
+if sys.argv[1] == "caller":
+    import pymupdf  # the caller's own import: PyMuPDF loads its layout models on onnxruntime's defaults
+from cdsjax.io.layout import import_pymupdf, prepare_models
+if sys.argv[1] == "cdsjax":
+    import_pymupdf(1)  # as `cdsjax ask NEW.pdf` does first, to count the pages
+prepare_models(1)
+import pymupdf
+model = pymupdf._get_layout.__closure__[0].cell_contents._model  # PyMuPDF's layout model, as it runs
+image = model.feature_extractor._session
+for s in (model.session, getattr(image, "session", image)):  # the image network's (a PageBatcher once run)
+    o = s.get_session_options()
+    print(o.intra_op_num_threads, o.get_session_config_entry("session.intra_op.allow_spinning"),
+          o.enable_cpu_mem_arena, end=" ")
+"""
+
+
+@pytest.mark.parametrize("first", ["cdsjax", "caller"])
+def test_layout_models_run_on_limited_sessions_whoever_imports_pymupdf_first(first):
+    """Importing PyMuPDF loads its layout models. Whether cdsjax imports it first (through ``import_pymupdf``)
+    or the caller did before cdsjax could limit the sessions (then ``prepare_models`` loads them again), the
+    graph network and the image network PyMuPDF runs have the limited threads, sleep when idle, and the image
+    network has its memory arena; on onnxruntime's defaults they would have a spinning thread per core."""
+    out = subprocess.run([sys.executable, "-c", _LAYOUT_SESSIONS, first], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "0", "False", "1", "0", "True"]
+
+
 @pytest.mark.slow  # ~15 s (each worker loads the model); the default, the parent, is tested above
 def test_embedding_in_workers_equals_embedding_in_parent(tmp_path):
     """Both places to embed (``embed_in``) give the same index; the parent is the default."""

@@ -113,9 +113,36 @@ _SETUP = threading.Lock()
 _STATE: dict = {}
 
 
+def import_pymupdf(threads: Optional[int] = None):
+    """``import pymupdf``, with this process's onnxruntime sessions limited first (:func:`limit_layout_threads`,
+    ``threads`` default the cores this process may use, unless the process chose its share already).
+
+    Importing PyMuPDF loads its layout models (``pymupdf.layout`` activates itself on import), so a process whose
+    first ``import pymupdf`` came before the limit would run every page on onnxruntime's defaults: a spinning
+    thread per core and no memory arena, about twice the layout model's CPU time with another process parsing
+    beside it (RESULTS.md, "Ingestion: profile, floors and what changed"). Every import of PyMuPDF in cdsjax goes
+    through here; :func:`prepare_models` loads the models again if someone else imported it first.
+    """
+    import sys
+
+    if "pymupdf" not in sys.modules:
+        import onnxruntime as ort
+
+        if not hasattr(ort.InferenceSession, "cdsjax_base"):  # a worker process already chose its share
+            limit_layout_threads(threads or usable_cores())
+        import pymupdf
+
+        _STATE["models_limited"] = True  # the import loaded the models with the limited sessions
+    import pymupdf
+
+    return pymupdf
+
+
 def prepare_models(threads: Optional[int] = None) -> None:
-    """Once per process, before PyMuPDF's models load: sleeping onnxruntime threads (``threads``, default the
-    cores this process may use; a worker process sets its own share first) and page batching."""
+    """Once per process, before PyMuPDF's models are used: sleeping onnxruntime threads (``threads``, default the
+    cores this process may use; a worker process sets its own share first) and page batching. Where PyMuPDF was
+    imported before cdsjax could limit its sessions (by the caller's own code), its layout models are loaded
+    again with the limited sessions."""
     with _SETUP:
         if _STATE.get("ready"):
             return
@@ -123,11 +150,16 @@ def prepare_models(threads: Optional[int] = None) -> None:
 
         if not hasattr(ort.InferenceSession, "cdsjax_base"):  # a worker process already chose its share
             limit_layout_threads(threads or usable_cores())
-        import pymupdf  # noqa: F401
-        import pymupdf4llm  # noqa: F401  (activates pymupdf.layout: loads the models)
+        pymupdf = import_pymupdf(threads)
+        import pymupdf4llm  # noqa: F401
+        import pymupdf.layout
         from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
         from pymupdf4llm.helpers import document_layout
 
+        if not _STATE.get("models_limited"):  # loaded on onnxruntime's defaults: load them again, limited
+            pymupdf._get_layout = None
+            pymupdf.layout.activate()
+            _STATE["models_limited"] = True
         _install_batching(imf_module.ImageFeatureExtractorV1, document_layout)
         _STATE["ready"] = True
 

@@ -20,7 +20,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from cdsjax.io.layout import _STATE, _Region, _analyse, limit_layout_threads, prepare_models, usable_cores
+from cdsjax.io.layout import (_STATE, _Region, _analyse, import_pymupdf, limit_layout_threads, prepare_models,
+                              usable_cores)
 
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 CHUNK_PAGES = 2  # pages this process or the helper claims at a time
@@ -357,7 +358,7 @@ def prestart_helper(path, *, count_pages: bool = True) -> None:
         return
     try:
         if count_pages:
-            import pymupdf
+            pymupdf = import_pymupdf()  # loads the layout models: their sessions limited first
 
             with pymupdf.open(path) as doc:
                 if doc.page_count < SPLIT_MIN_PAGES:
@@ -390,7 +391,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     limit_layout_threads(threads)
     _STATE["split"] = False
     if path is not None:
-        import pymupdf
+        pymupdf = import_pymupdf(threads)
 
         try:
             with pymupdf.open(path) as doc:
@@ -399,7 +400,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
         except Exception:
             return
     prepare_models(threads)
-    import pymupdf
+    pymupdf = import_pymupdf(threads)
 
     preload = None  # a thread loading the JAX note encoder (offered with a layout request)
     while True:

@@ -227,7 +227,9 @@ def _html_text(body: str) -> str:
 
 def _crop(el: Element, base: Path, page, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
     """MinerU's own image (converted to PNG) if present, else a crop rendered from the PDF."""
-    import pymupdf
+    from cdsjax.io.layout import import_pymupdf
+
+    pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
     src = el.image_path
     if src:

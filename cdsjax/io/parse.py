@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
 from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region,  # noqa: F401  (re-exported)
-                              limit_layout_threads, ocr_regions)
+                              import_pymupdf, limit_layout_threads, ocr_regions)
 from cdsjax.io.layout_split import layout_pages
 
 PARSER_VERSION = "pymupdf-1"
@@ -72,7 +72,7 @@ def ocr_available() -> bool:
     """True when Tesseract and its language data can be used by PyMuPDF."""
     if shutil.which("tesseract") is None:
         return False
-    import pymupdf
+    pymupdf = import_pymupdf()
 
     try:
         return bool(pymupdf.get_tessdata())
@@ -112,7 +112,7 @@ def check_pdf_file(path: Path) -> None:
 
 def open_pdf(path: Path):
     """Opens a PDF with PyMuPDF; raises :class:`IngestError` for corrupt, encrypted or empty files."""
-    import pymupdf
+    pymupdf = import_pymupdf()
 
     check_pdf_file(path)
     shown = pymupdf.TOOLS.mupdf_display_errors()
@@ -158,7 +158,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
     Raises:
       IngestError: the file is not a usable PDF, or parsing failed.
     """
-    import pymupdf  # noqa: F401  (imported for its side effect of loading MuPDF before pymupdf4llm)
+    import_pymupdf()  # MuPDF loaded before pymupdf4llm, the layout models with limited sessions
 
     path = Path(path)
     cfg = config.ingest
@@ -420,7 +420,7 @@ def _area(b) -> float:
 
 
 def _write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
-    import pymupdf
+    pymupdf = import_pymupdf()
 
     pad = float(cfg.crop_padding)
     rect = pymupdf.Rect(el.bbox[0] - pad, el.bbox[1] - pad, el.bbox[2] + pad, el.bbox[3] + pad) & page.rect

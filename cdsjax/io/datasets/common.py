@@ -183,7 +183,9 @@ def parse_list(value: Any, *, field: str, where: str) -> list:
 
 
 def page_count(pdf: pathlib.Path) -> int:
-    import pymupdf  # heavy; only the PDF loaders need it
+    from cdsjax.io.layout import import_pymupdf
+
+    pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
     try:
         with pymupdf.open(pdf) as doc:

@@ -295,7 +295,9 @@ def _doc_size(doc: Doc) -> tuple:
     except OSError:
         return (0, 0)
     try:
-        import pymupdf
+        from cdsjax.io.layout import import_pymupdf
+
+        pymupdf = import_pymupdf()
 
         with pymupdf.open(doc.path) as pdf:
             return (pdf.page_count, size)
