@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # learned CDS: cdsjax.learn.fit on each training side, early-stopped on val_fraction of its documents
     config.learned = True
+    # the fitted game's selector: cds_learned (its top-B), or cds_learned_pages (its equilibrium read one note per
+    # page), which is fitted through that read-out with learn.readout="pages"
+    config.learned_selector = "cds_learned"
     config.val_fraction = 0.2
     config.balance = True  # a fit on both benchmarks weighs each the same (as cdsjax tune's shipped fit)
     # pool size of the problems the game is fitted on (None: the task's own); 1 fits every task's game on the
@@ -52,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     # passed to cdsjax.learn.fit (FitConfig); None keeps its default
     config.learn = ml_collections.ConfigDict({k: ml_collections.config_dict.placeholder(t) for k, t in (
         ("steps", int), ("num_starts_fitted", int), ("patience", int), ("learning_rate", float), ("l2", float),
-        ("dtype", str), ("max_batch", int))})
+        ("dtype", str), ("max_batch", int), ("readout", str))})
 
     config.num_resamples = 10_000
     config.max_batch = 32

@@ -63,6 +63,17 @@ _MERGE = flags.DEFINE_list("merge", None, "Summarise the completed tasks of thes
 LEARNED = SPECS[LEARNED_SELECTOR].display
 
 
+def learned_selector(config) -> str:
+    """The registry name of the fitted game's selector: ``config.learned_selector`` (``cds_learned``, or
+    ``cds_learned_pages``: its equilibrium read one note per page, fitted with ``config.learn.readout="pages"``)."""
+    return str(config.get("learned_selector", "") or LEARNED_SELECTOR)
+
+
+def learned_label(config) -> str:
+    """The fitted game's label in records, tuning and tables (its selector's display name)."""
+    return SPECS[learned_selector(config)].display
+
+
 def fixed_selectors(config) -> List[Tuple[str, str, dict]]:
     """``[(label, registry name, options)]`` of the selectors run with their default options."""
     return [(SPECS[n].display, n, {}) for n in (s.strip() for s in config.fixed_selectors.split(",")) if n]
@@ -328,8 +339,9 @@ def _registry_fn(name: str, budget: int, options: dict):
 def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
     """``display name -> [(label, registry name, options)]`` of the tuned baselines' grids."""
     mmr, dpp = config.mmr_selector, config.dpp_selector
-    return {f"{mmr} (tuned)": [(f"{mmr}@lam={v:g}", mmr, {"lam": float(v)}) for v in config.mmr_lams],
-            f"{dpp} (tuned)": [(f"{dpp}@theta={v:g}", dpp, {"theta": float(v)}) for v in config.dpp_thetas]}
+    shown = lambda name: SPECS[name].display if name in SPECS else name  # noqa: E731
+    return {f"{shown(mmr)} (tuned)": [(f"{mmr}@lam={v:g}", mmr, {"lam": float(v)}) for v in config.mmr_lams],
+            f"{shown(dpp)} (tuned)": [(f"{dpp}@theta={v:g}", dpp, {"theta": float(v)}) for v in config.dpp_thetas]}
 
 
 def fit_example(problem):
@@ -393,7 +405,7 @@ def earlier_fit(task: Task, config, tuning: dict, log=print):
     if path and pathlib.Path(path).is_file():
         sources.append((path, json.loads(pathlib.Path(path).read_text())))
     for where, table in sources:
-        entry = (table.get(key) or {}).get(LEARNED) if isinstance(table, dict) else None
+        entry = (table.get(key) or {}).get(learned_label(config)) if isinstance(table, dict) else None
         if entry and entry.get("theta") and (table.get(key) or {}).get("complete"):
             from cdsjax.core.learned import LearnedParams
 
@@ -441,16 +453,17 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             log(f"  learned CDS not available ({err}); no learned rows for {task.label}")
             theta = None
         if theta is not None:
-            choice[LEARNED] = {**info, "theta": _theta_json(theta)}
+            choice[learned_label(config)] = {**info, "theta": _theta_json(theta)}
             from cdsjax.core import make_selector, selector_spec
             from cdsjax.eval.run import release
 
             for budget in budgets:  # the registry's selector for this task's theta (not memoised: used once)
-                fn = make_selector(LEARNED_SELECTOR, budget=budget, params=theta)
-                values = runner.scores(f"learned:{task.label}:{task.pool_size}", (selector_spec(LEARNED_SELECTOR), fn),
+                name = learned_selector(config)
+                fn = make_selector(name, budget=budget, params=theta)
+                values = runner.scores(f"learned:{task.label}:{task.pool_size}", (selector_spec(name), fn),
                                        budget, problems, memo=False)
                 release(fn)  # this task's game is not solved again: free its executables
-                emit(LEARNED, budget, values)
+                emit(learned_label(config), budget, values)
     choice["complete"] = True
 
 
@@ -489,8 +502,8 @@ def summarize(records: List[dict], config) -> dict:
             continue
         rows.append({"task": task, "pool_size": size, "benchmark": bench, "budget": budget, "selector": sel,
                      "metric": metric, "mean": mean, "ci_low": lo, "ci_high": hi, "n": n})
-        learned = groups.get((task, size, bench, budget, LEARNED, metric))
-        if learned is None or sel == LEARNED:
+        learned = groups.get((task, size, bench, budget, learned_label(config), metric))
+        if learned is None or sel == learned_label(config):
             continue
         ids = sorted(set(learned) & set(vals))
         d = paired_difference([learned[i] for i in ids], [vals[i] for i in ids], num_resamples=R)
@@ -499,7 +512,7 @@ def summarize(records: List[dict], config) -> dict:
     per_fold = [{"task": k[0], "pool_size": k[1], "benchmark": k[2], "budget": k[3], "selector": k[4],
                  "metric": k[5], "fold": k[6], "mean": float(np.nanmean(v)) if np.isfinite(v).any() else None,
                  "n": len(v)} for k, v in folds.items()]
-    return {"rows": rows, "paired": pairs, "per_fold": per_fold}
+    return {"rows": rows, "paired": pairs, "per_fold": per_fold, "learned": learned_label(config)}
 
 
 def write_outputs(out_dir: pathlib.Path, summary: dict, copy: Optional[str], log=print) -> None:
@@ -529,6 +542,7 @@ def tables(summary: dict) -> str:
     rows = {(r["task"], r["pool_size"], r["benchmark"], r["budget"], metric_of(r), r["selector"]): r
             for r in summary["rows"]}
     keys = sorted({k[:4] for k in rows})
+    learned = summary.get("learned", LEARNED)
 
     def cells(key):
         r, p = rows.get(key), paired.get(key)
@@ -540,8 +554,8 @@ def tables(summary: dict) -> str:
 
     for task, size, bench, budget in keys:
         lines += [f"\n#### {task}: {bench}, pool size {size}, recall@{budget} and has-answer@{budget}\n",
-                  f"| selector | recall@{budget} | n | cds-learned minus it [95% CI] | win / tie / loss "
-                  f"| has-answer@{budget} | n | cds-learned minus it [95% CI] | win / tie / loss |",
+                  f"| selector | recall@{budget} | n | {learned} minus it [95% CI] | win / tie / loss "
+                  f"| has-answer@{budget} | n | {learned} minus it [95% CI] | win / tie / loss |",
                   "|---|---|---|---|---|---|---|---|---|"]
         selectors = list(dict.fromkeys(k[5] for k in rows if k[:4] == (task, size, bench, budget)))
         for sel in selectors:

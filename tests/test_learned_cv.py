@@ -161,3 +161,40 @@ def test_a_pool_task_reuses_the_fit_of_its_fit_pool_size(cv, tmp_path):
     # an unfinished entry is not reused
     assert cv.earlier_fit(task, _config(pool_sizes=(3,), fit_pool_size=1, fits_from=""),
                           {f"{task.label}/pool1": {**entry, "complete": False}}, log=lambda s: None) is None
+
+
+def test_the_game_fitted_through_the_page_readout_is_scored_as_its_own_selector(cv, monkeypatch):
+    """``learned_selector="cds_learned_pages"`` with ``learn.readout="pages"``: the fit scores the read-out's
+    pages, and the fitted game is tested and recorded as ``cds-learned-pages`` (the differences too)."""
+    import io
+    import json
+
+    import cdsjax.learn as learn
+    from configs.learned_cv import get_config
+
+    seen = []
+    real_fit = learn.fit
+
+    def spy(train, val, options, log=print):
+        seen.append(dict(options))
+        return real_fit(train, val, options, log=log)
+
+    monkeypatch.setattr(learn, "fit", spy)
+    config = get_config()
+    config.update(dict(folds=3, pool_sizes=(1,), transfer=False, both=False, budgets=(2,), fit_budget=2,
+                       fixed_selectors="cosine_pages", mmr_lams=(0.5,), dpp_thetas=(1.0,), mmr_selector="mmr_pages",
+                       dpp_selector="dpp_pages", learned_selector="cds_learned_pages", num_resamples=50))
+    config.learn.update(dict(steps=1, num_starts_fitted=1, readout="pages", dtype="float32"))
+    datas = {"a": _data(cv, "a", 9)}
+    task = cv.make_tasks(datas, config)[0][0]
+    out, tuning = io.StringIO(), {}
+    cv.run_task(task, cv.Runner(datas, 8), config, out, tuning, log=lambda s: None)
+    assert seen and seen[0]["readout"] == "pages"
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert {r["selector"] for r in records} == {"cosine-pages", "mmr-pages (tuned)", "dpp-pages (tuned)",
+                                                "cds-learned-pages"}
+    assert "theta" in tuning[f"{task.label}/pool1"]["cds-learned-pages"]
+    summary = cv.summarize(records, config)
+    assert summary["learned"] == "cds-learned-pages"
+    assert {p["against"] for p in summary["paired"]} == {"cosine-pages", "mmr-pages (tuned)", "dpp-pages (tuned)"}
+    assert "cds-learned-pages minus it" in cv.tables(summary)

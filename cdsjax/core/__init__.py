@@ -29,7 +29,8 @@ from cdsjax.core.implicit import (
     initial_point,
 )
 from cdsjax.core.learned import LearnedParams
-from cdsjax.core.surrogates import equilibrium_scores, gold_mass, hard_recall, retrieval_surrogates, soft_recall
+from cdsjax.core.surrogates import (equilibrium_scores, gold_mass, hard_recall, page_readout_scores,
+                                    retrieval_surrogates, soft_recall)
 from cdsjax.core.batching import (
     DEFAULT_BUCKETS,
     auto_chunk,
@@ -174,6 +175,7 @@ __all__ = [
     "gold_mass",
     "hard_recall",
     "implicit_tangent",
+    "page_readout_scores",
     "retrieval_surrogates",
     "soft_recall",
     "batch_apply",

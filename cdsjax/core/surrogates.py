@@ -118,6 +118,37 @@ def soft_recall(
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
+def page_readout_scores(scores: Array, pages: Array, doc_ids: Optional[Array] = None) -> Array:
+    r"""Scores for the one-note-per-page read-out: a page scores its best note's score, kept at the page's first
+    note; the page's other notes get ``-inf``.
+
+    Reading a ranking one note per page (:func:`cdsjax.core.structure.structured_readout`, ``k = 1``) picks, in
+    its first round, the best note of each of the B pages whose best notes rank highest; so the top-B of these
+    scores are those pages, and :func:`soft_recall` / :func:`hard_recall` of them (gold units as pages: rows
+    that mark a gold page's notes) are the surrogate and the page recall@B of that read-out (when the problem
+    has at least B pages; with fewer, every page is read in both). The maximum passes the gradient to each
+    page's best note. A note without a page (``pages < 0``) is its own unit and keeps its score.
+
+    Args:
+      scores: ``[n]`` float note scores, e.g. :func:`equilibrium_scores`; ``-inf`` at padding.
+      pages: ``[n]`` int page of each note (``-1`` unknown).
+      doc_ids: optional ``[n]`` int document of each note (units are then ``(document, page)``).
+
+    Returns:
+      ``[n]`` float.
+    """
+    from cdsjax.core.baselines import same_unit
+
+    n = scores.shape[0]
+    pages = jnp.asarray(pages)
+    known = jnp.isfinite(scores) & (pages >= 0)
+    same = same_unit(pages, known, doc_ids)
+    best = jnp.max(jnp.where(same, scores[None, :], -jnp.inf), axis=1)
+    index = jnp.arange(n)
+    first = known & ~jnp.any(same & (index[None, :] < index[:, None]), axis=1)
+    return jnp.where(known, jnp.where(first, best, -jnp.inf), scores)
+
+
 def _unit_valid(gold_units: Array, unit_valid: Optional[Array], n: int) -> Array:
     if gold_units.ndim != 2 or gold_units.shape[1] != n:
         raise ValueError(f"gold_units must have shape [g, {n}], got {gold_units.shape}")

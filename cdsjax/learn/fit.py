@@ -10,6 +10,11 @@ gold units inside the budget — so spreading weight over several notes of one g
 and it is scale-free (relative temperature), so it does not reward flattening or sharpening :math:`x^*`
 for its own sake. Loss: :math:`-\text{mean soft recall} + \ell_2 \lVert\theta - \theta_0\rVert^2`.
 
+**Read-out.** With ``readout="pages"`` the surrogate scores the game for the selector ``cds_learned_pages``
+instead, whose selection reads the equilibrium's ranking one note per page: each page is scored by its best
+note (:func:`cdsjax.core.page_readout_scores`) and the soft top-B is over pages, so the fit moves the page
+order that read-out produces, the structural choice made through the equilibrium.
+
 **Search.** The surrogate is not concave in :math:`\beta`, so the fit first evaluates the training
 surrogate at every point of a coarse grid (``config.starts``, each a partial :class:`LearnedParams` on top
 of :math:`\theta_0`), then runs projected Adam (optax) from the ``num_starts_fitted`` best, full batch
@@ -48,9 +53,15 @@ DEFAULT_STARTS = ({"beta": 0.1}, {"beta": 0.3}, {"beta": 1.0}, {"beta": 3.0},
                   {"beta": 0.03, "w_page": -1.0}, {"beta": 0.3, "w_page": -1.0}, {"beta": 0.1, "w_page": -3.0})
 
 
+# what the surrogate counts: the selection's top-B ("top", selector cds_learned), or the pages of its one-note-per-page
+# read-out ("pages", selector cds_learned_pages): each page scored by its best note (core.page_readout_scores)
+READOUTS = ("top", "pages")
+
+
 @dataclasses.dataclass
 class FitConfig:
-    """How :func:`fit` runs (see the module docstring)."""
+    """How :func:`fit` runs (see the module docstring); ``readout`` is the selection the surrogate scores
+    (:data:`READOUTS`)."""
 
     budget: int = 5
     steps: int = 30
@@ -72,6 +83,7 @@ class FitConfig:
     stop_after: Optional[int] = None
     progress: bool = True
     seed: int = 0
+    readout: str = "top"
 
     @classmethod
     def from_mapping(cls, values: Any) -> "FitConfig":
@@ -92,6 +104,8 @@ class FitConfig:
         cfg = cls(**values)
         if cfg.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {cfg.dtype!r}")
+        if cfg.readout not in READOUTS:
+            raise ValueError(f"readout must be one of {list(READOUTS)}, got {cfg.readout!r}")
         for s in cfg.starts:
             LearnedParams.from_dict(s)
         return cfg
@@ -145,7 +159,7 @@ class _Objective:
         import jax.numpy as jnp
 
         from cdsjax.core import CDSProblem, SolveOptions, cds_equilibrium
-        from cdsjax.core.surrogates import equilibrium_scores, hard_recall, soft_recall
+        from cdsjax.core.surrogates import equilibrium_scores, hard_recall, page_readout_scores, soft_recall
 
         temp = float(cfg.temperature)
         options = SolveOptions(solver=cfg.solver, tol=cfg.tol, max_iter=cfg.max_iter).check()
@@ -156,6 +170,8 @@ class _Objective:
             # the one differentiable solve (implicit adjoint), the learned game as its params
             result, affinity = cds_equilibrium(problem, theta, options)
             scores = equilibrium_scores(affinity, result.x, cfg.slack_weight)
+            if cfg.readout == "pages":  # the read-out's pages, each by its best note
+                scores = page_readout_scores(scores, a["pages"], a["doc_ids"])
             # -inf threshold: the selection's fill rule reads past the support by the same slack ranking
             soft = soft_recall(scores, a["units"], budget=budget, temperature=temp, threshold=-jnp.inf,
                                unit_valid=a["unit_valid"])
@@ -199,7 +215,8 @@ def objective_for(cfg: FitConfig) -> _Objective:
     """The jitted objective of a fit's settings, one per process: fits with the same settings (the folds of a
     cross-validation) reuse its compiled executables instead of compiling and loading their own each time,
     which also bounds the process's code memory (many loaded executables exhaust LLVM's mappings)."""
-    key = (cfg.solver, cfg.tol, cfg.max_iter, float(cfg.temperature), float(cfg.slack_weight), int(cfg.budget))
+    key = (cfg.solver, cfg.tol, cfg.max_iter, float(cfg.temperature), float(cfg.slack_weight), int(cfg.budget),
+           cfg.readout)
     if key not in _OBJECTIVES:
         _OBJECTIVES[key] = _Objective(cfg)
     return _OBJECTIVES[key]
@@ -331,6 +348,8 @@ def _identity(cfg: FitConfig, train: Sequence[Example], val: Sequence[Example]) 
     import hashlib
 
     settings = {k: v for k, v in cfg.to_dict().items() if k not in ("checkpoint_dir", "stop_after", "progress")}
+    if settings.get("readout") == "top":  # the default: checkpoints written before the option still resume
+        del settings["readout"]
     tag = lambda e: e.qid if e.weight == 1.0 else f"{e.qid}*{e.weight:.9g}"
     body = json.dumps({"settings": settings, "train": [tag(e) for e in train], "val": [tag(e) for e in val]},
                       sort_keys=True, default=str)

@@ -28,5 +28,5 @@ def get_config() -> ml_collections.ConfigDict:
         budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,
         starts=[dict(s) for s in DEFAULT_STARTS],
         num_starts_fitted=2, eval_every=1, patience=5, dtype="float32", tol=1e-6,
-        buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0))
+        buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0, readout="top"))
     return config

@@ -24,6 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.fit = ml_collections.ConfigDict(dict(
         budget=5, steps=3, learning_rate=0.05, l2=1e-3, temperature=0.2, starts=[{"beta": 0.3}, {"beta": 1.0}],
         num_starts_fitted=1, patience=3, dtype="float32", tol=1e-6, buckets=[32, 64, 128, 256, 512], max_batch=32,
-        checkpoint_dir="", seed=0))
+        checkpoint_dir="", seed=0,
+        readout="top"))  # "pages": fit the game for cds-learned-pages (its equilibrium read one note per page)
     config.embedder.show_progress = False
     return config
