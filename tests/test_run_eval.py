@@ -428,8 +428,8 @@ def test_release_drops_a_selectors_executables():
 
 
 def test_release_all_frees_the_mappings_of_loaded_executables():
-    from tests.conftest import _memory_maps
     from cdsjax.eval import run as R
+    from cdsjax.eval.run import memory_maps as _memory_maps
 
     problems = _synthetic_problems([5, 9], seed=4)
     R.release_all()
@@ -444,3 +444,23 @@ def test_release_all_frees_the_mappings_of_loaded_executables():
     assert _memory_maps() < loaded  # the executables' code and buffers are unmapped, not only forgotten
     again = run_selector(fns[2], problems, buckets=(16,), max_batch=2)  # compiles again on its next use
     assert [len(np.asarray(s.indices)) for s in again] == [3, 3]
+
+
+def test_compiling_near_the_memory_map_limit_drops_the_kept_executables_first(monkeypatch):
+    """Past MAP_SHARE of vm.max_map_count (checked every MAP_CHECK_EVERY new executables) the evaluation drops
+    what it keeps before compiling another, so a long-lived process does not reach the limit, where XLA
+    crashes; below it, nothing is dropped."""
+    from cdsjax.eval import run as R
+
+    problems = _synthetic_problems([5, 9], seed=5)
+    R.release_all()
+    monkeypatch.setattr(R, "MAP_CHECK_EVERY", 1)
+    monkeypatch.setattr(R, "memory_map_limit", lambda: 10 ** 9)  # far from the limit: everything is kept
+    for b in (1, 2, 3):
+        run_selector(core.make_selector("cosine", budget=b), problems, buckets=(16,), max_batch=2)
+    kept = len(R._COMPILED)
+    assert kept >= 3
+    monkeypatch.setattr(R, "memory_map_limit", lambda: int(R.memory_maps() / R.MAP_SHARE) - 10)  # just past it
+    out = run_selector(core.make_selector("cosine", budget=4), problems, buckets=(16,), max_batch=2)
+    assert len(R._COMPILED) == 1  # the others were dropped before this one compiled
+    assert [len(np.asarray(s.indices)) for s in out] == [4, 4]

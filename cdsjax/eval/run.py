@@ -67,14 +67,50 @@ def compiling_on_one_core():
         os.sched_setaffinity(0, before)
 
 
+MAP_SHARE = 0.6  # of vm.max_map_count: past it, the executables kept here are dropped before another compiles
+MAP_CHECK_EVERY = 32  # new executables between two counts of the process's memory mappings
+_NEW_EXECUTABLES = [0]
+
+
+def memory_maps() -> int:
+    """How many memory mappings this process holds (0 where ``/proc`` does not say)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def memory_map_limit() -> int:
+    """Linux's ``vm.max_map_count`` (0 where unknown)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def near_memory_map_limit(share: float = MAP_SHARE) -> bool:
+    """True when this process holds more than ``share`` of the memory mappings Linux allows it."""
+    limit = memory_map_limit()
+    return limit > 0 and memory_maps() > share * limit
+
+
 def _executable(call, args):
     """``call`` compiled for ``args`` (a list of pytrees; their leaves' shapes, dtypes, placement, and the tree
-    structure) once per process, as for one core (:func:`compiling_on_one_core`)."""
+    structure) once per process, as for one core (:func:`compiling_on_one_core`).
+
+    Every :data:`MAP_CHECK_EVERY` new executables it counts the process's memory mappings, and past
+    :data:`MAP_SHARE` of ``vm.max_map_count`` drops what this module and JAX keep (:func:`release_all`) before
+    compiling: each loaded executable holds a few mappings, and at the limit XLA crashes in the next compile."""
     import jax
 
     leaves, tree = jax.tree_util.tree_flatten(args)
     key = (call, str(tree), tuple((a.shape, str(a.dtype), a.sharding) for a in leaves))
     if key not in _COMPILED:
+        _NEW_EXECUTABLES[0] += 1
+        if _NEW_EXECUTABLES[0] % MAP_CHECK_EVERY == 0 and near_memory_map_limit():
+            release_all()
         with compiling_on_one_core():
             _COMPILED[key] = call.lower(*args).compile()
     return _COMPILED[key]
