@@ -530,6 +530,10 @@ def write_outputs(out_dir: pathlib.Path, summary: dict, copy: Optional[str], log
         path.write_text(json.dumps(summary, indent=1))
     figure(summary, out_dir / "learned_cv.png")
     log(tables(summary))
+    budgets = sorted({r["budget"] for r in summary["rows"]})
+    sizes = sorted({r["pool_size"] for r in summary["rows"]})
+    compact = [compact_table(summary, m, b, z) for m in METRICS for z in sizes for b in budgets[-1:]]
+    (out_dir / "compact.md").write_text("\n\n".join(compact) + "\n")
 
 
 def tables(summary: dict) -> str:
@@ -562,6 +566,38 @@ def tables(summary: dict) -> str:
             row = cells((task, size, bench, budget, "recall", sel)) + cells((task, size, bench, budget,
                                                                               "has_answer", sel))
             lines.append(f"| {sel} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def compact_table(summary: dict, metric: str, budget: int, pool_size: int) -> str:
+    """One markdown table of ``metric``@``budget`` at one pool size: a row per selector, a column per (task,
+    benchmark), each cell the mean and the fitted game minus it [95% CI] (empty where not measured)."""
+    learned = summary.get("learned", LEARNED)
+    metric_of = lambda r: r.get("metric", "recall")  # noqa: E731
+    rows = {(r["task"], r["benchmark"], r["selector"]): r for r in summary["rows"]
+            if metric_of(r) == metric and r["budget"] == budget and r["pool_size"] == pool_size}
+    paired = {(p["task"], p["benchmark"], p["against"]): p for p in summary["paired"]
+              if metric_of(p) == metric and p["budget"] == budget and p["pool_size"] == pool_size}
+    order = {"cv": 0, "both": 1, "transfer": 2}
+    columns = sorted({k[:2] for k in rows}, key=lambda c: (order.get(c[0], 9), c[0], c[1]))
+    selectors = list(dict.fromkeys(k[2] for k in rows))
+    selectors = [s for s in selectors if s != learned] + [learned]
+    n = {c: max((r["n"] for k, r in rows.items() if k[:2] == c), default=0) for c in columns}
+    head = [f"{t}: {b} ({n[(t, b)]} q)" for t, b in columns]
+    name = metric.replace("_", "-")
+    lines = [f"| {name}@{budget}, pool {pool_size} | " + " | ".join(head) + " |",
+             "|---|" + "---|" * len(columns)]
+    for sel in selectors:
+        cells = []
+        for t, b in columns:
+            r, p = rows.get((t, b, sel)), paired.get((t, b, sel))
+            if r is None:
+                cells.append("")
+            elif p is None:
+                cells.append(f'**{r["mean"]:.3f}**' if sel == learned else f'{r["mean"]:.3f}')
+            else:
+                cells.append(f'{r["mean"]:.3f} ({p["mean"]:+.3f} [{p["ci_low"]:+.3f}, {p["ci_high"]:+.3f}])')
+        lines.append(f"| {sel} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

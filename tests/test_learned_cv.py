@@ -198,3 +198,6 @@ def test_the_game_fitted_through_the_page_readout_is_scored_as_its_own_selector(
     assert summary["learned"] == "cds-learned-pages"
     assert {p["against"] for p in summary["paired"]} == {"cosine-pages", "mmr-pages (tuned)", "dpp-pages (tuned)"}
     assert "cds-learned-pages minus it" in cv.tables(summary)
+    table = cv.compact_table(summary, "recall", 2, 1).splitlines()
+    assert table[0].startswith("| recall@2, pool 1 | cv: a (") and table[-1].startswith("| cds-learned-pages | **")
+    assert len(table) == 2 + 4 and all(row.count("|") == table[0].count("|") for row in table)
