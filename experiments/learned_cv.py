@@ -74,9 +74,15 @@ def learned_label(config) -> str:
     return SPECS[learned_selector(config)].display
 
 
+SHIPPED = " (shipped fit)"
+
+
 def fixed_selectors(config) -> List[Tuple[str, str, dict]]:
-    """``[(label, registry name, options)]`` of the selectors run with their default options."""
-    return [(SPECS[n].display, n, {}) for n in (s.strip() for s in config.fixed_selectors.split(",")) if n]
+    """``[(label, registry name, options)]`` of the selectors run with their default options. A learned game run
+    this way plays the shipped fit (fitted on every dev question, these test questions included) and is labelled
+    so, apart from the game this run fits."""
+    names = [n for n in (s.strip() for s in config.fixed_selectors.split(",")) if n]
+    return [(SPECS[n].display + (SHIPPED if SPECS[n].learned else ""), n, {}) for n in names]
 
 
 @dataclasses.dataclass
