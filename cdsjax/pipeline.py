@@ -195,9 +195,10 @@ class Pipeline:
         self.candidates = Candidates.pad(corpus.embeddings, links=corpus.links, structure=note_structure(corpus.notes))
         self.size = self.candidates.size
         self.notes, self.valid, self.links = self.candidates.notes, self.candidates.valid, self.candidates.links
-        # the learned game's parameters, a value read once (None: the shipped fit, read once per process)
+        # the learned game's parameters, a value read once (None: each learned selector plays the shipped fit of its
+        # read-out, read once per process)
         try:
-            self.params = resolve_params(params)
+            self.params = None if params is None or params == "" else resolve_params(params)
         except ValueError as err:  # a missing or malformed file is one line now, not at the first question
             raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...): by default shared by the process's pipelines
@@ -221,9 +222,9 @@ class Pipeline:
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
         :mod:`cdsjax.io.embed`), nor one in ``embedders`` or ``config.embedder.model``, is refused
         (:class:`PipelineError`) before anything is loaded from it; model code runs only with
-        ``trust_remote_code``, never because an index says so. ``params`` is the ``cds-learned`` selector's
-        parameters: a file (read once, by :func:`cdsjax.learn.resolve_params`), a ``LearnedParams`` value, or None
-        (the shipped fit).
+        ``trust_remote_code``, never because an index says so. ``params`` is the learned
+        selectors' parameters: a file (read once, by :func:`cdsjax.learn.resolve_params`), a ``LearnedParams`` value,
+        or None (each learned selector plays the shipped fit of its read-out).
 
         ``warm`` (``dict(question=, selector=, budget=, options=)``, the question about to be asked): when ``paths``
         is one PDF to be indexed, its selector compiles while the notes are embedded (:meth:`warm_for_notes`).

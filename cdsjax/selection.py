@@ -134,14 +134,16 @@ class Candidates:
 def selector_options(name: str, options: Optional[dict] = None, params=None) -> dict:
     """``options`` of the selector ``name`` with a learned selector's ``params`` as a value.
 
-    ``params`` (a file path, a :class:`LearnedParams` or None: the shipped fit) applies unless ``options`` names
-    its own; files are read by :func:`cdsjax.learn.resolve_params` (one line on a bad file).
+    ``params`` (a file path, a :class:`LearnedParams` or None: the shipped fit of the selector's read-out,
+    ``SelectorSpec.readout``) applies unless ``options`` names its own; files are read by
+    :func:`cdsjax.learn.resolve_params` (one line on a bad file).
     """
     options = dict(options or {})
-    if registry.selector_spec(name).learned:
+    spec = registry.selector_spec(name)
+    if spec.learned:
         from cdsjax.learn.params_io import resolve_params
 
-        options["params"] = resolve_params(options.get("params", params))
+        options["params"] = resolve_params(options.get("params", params), readout=spec.readout)
     return options
 
 

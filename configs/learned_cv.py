@@ -43,7 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
     # learned CDS: cdsjax.learn.fit on each training side, early-stopped on val_fraction of its documents
     config.learned = True
     # the fitted game's selector: cds_learned (its top-B), or cds_learned_pages (its equilibrium read one note per
-    # page), which is fitted through that read-out with learn.readout="pages"
+    # page), each fitted through its own read-out (SelectorSpec.readout; learn.readout overrides it). A learned
+    # selector among fixed_selectors plays its shipped fit and is labelled "(shipped fit)"
     config.learned_selector = "cds_learned"
     config.val_fraction = 0.2
     config.balance = True  # a fit on both benchmarks weighs each the same (as cdsjax tune's shipped fit)

@@ -65,7 +65,8 @@ LEARNED = SPECS[LEARNED_SELECTOR].display
 
 def learned_selector(config) -> str:
     """The registry name of the fitted game's selector: ``config.learned_selector`` (``cds_learned``, or
-    ``cds_learned_pages``: its equilibrium read one note per page, fitted with ``config.learn.readout="pages"``)."""
+    ``cds_learned_pages``: its equilibrium read one note per page, fitted through that read-out: its
+    ``SelectorSpec.readout``, unless ``config.learn.readout`` names another)."""
     return str(config.get("learned_selector", "") or LEARNED_SELECTOR)
 
 
@@ -376,7 +377,8 @@ def fit_learned(task: Task, config, log=print, benchmark_of=None):
     from cdsjax.learn import fit
     from cdsjax.learn.data import balance
 
-    options = {"budget": int(config.fit_budget), "progress": False,
+    # fitted through the read-out the selector is scored by (SelectorSpec.readout) unless config.learn says otherwise
+    options = {"budget": int(config.fit_budget), "progress": False, "readout": SPECS[learned_selector(config)].readout,
                **{k: v for k, v in config.learn.to_dict().items() if v is not None}}
     fit_train = task.train if task.fit_train is None else task.fit_train
     fit_val = task.val if task.fit_val is None else task.fit_val

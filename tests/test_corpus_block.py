@@ -49,10 +49,10 @@ def test_the_block_is_the_dense_affinitys_note_block():
 
 
 @pytest.mark.parametrize("name,n,size", [("cds_learned", 90, 128), ("cds_converged", 45, 64),
-                                         ("cds_learned", 200, 256)])
+                                         ("cds_learned", 200, 256), ("cds_learned_pages", 90, 128)])
 def test_a_question_on_the_block_picks_what_the_dense_solve_picks(name, n, size):
     z, qs, valid, pages = corpus(n, size, seed=n)
-    options = {"params": SHIPPED} if name == "cds_learned" else {}
+    options = {"params": SHIPPED} if registry.SPECS[name].learned else {}
     fn = registry.make_selector(name, budget=10, **options)
     base = core.CDSProblem.create(z, qs[0], valid, links=np.zeros((size, size), bool), pages=pages,
                                   doc_ids=np.zeros(size, np.int32), kinds=np.zeros(size, np.int32))
@@ -97,7 +97,7 @@ def test_pipeline_keeps_the_block_with_the_bound():
              for i in range(150)]
     pipe = Pipeline(Corpus(embeddings=z, links=np.zeros((150, 150), bool), notes=notes,
                            embedder={"model": "all-MiniLM-L6-v2"}, roots=[]), embedder=object())
-    for selector in ("cds-learned", "cds-converged"):
+    for selector in ("cds-learned", "cds-learned-pages", "cds-converged"):
         first = pipe.select(qs[0], selector=selector, budget=5)
         (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == registry.selector_spec(selector).name]
         assert bound is not None and block is not None and block.shape == (pipe.size, pipe.size)

@@ -153,6 +153,32 @@ def test_page_readout_scores_give_the_page_recall_of_the_one_note_per_page_reado
         assert got == pytest.approx(want), (trial, got, want)
 
 
+def test_page_readout_surrogate_is_finite_on_documents_of_at_most_b_pages():
+    """A document with no more pages than the budget: the read-out reads every page, so the surrogate is the hard
+    recall (each gold page with a note covered) and neither it nor its gradient is NaN (the fit's first run on
+    the dev PDFs gave a NaN surrogate at every grid point: the soft cut was -inf and its scale infinite)."""
+    import jax
+    import jax.numpy as jnp
+
+    from cdsjax.core import hard_recall, page_readout_scores, soft_recall
+
+    scores = jnp.asarray([0.3, 0.1, 0.5, 0.2, 0.05, 0.4, -jnp.inf, -jnp.inf])
+    pages = np.array([0, 0, 1, 1, 2, 2, -1, -1])
+    units = np.array([pages == 1, pages == 4])  # page 4 holds no note: a gold page no selection can cover
+    valid = np.ones(2, bool)
+
+    def surrogate(s):
+        return soft_recall(page_readout_scores(s, pages), units, budget=5, threshold=-jnp.inf, unit_valid=valid)
+
+    value, grad = jax.value_and_grad(surrogate)(scores)
+    hard = hard_recall(page_readout_scores(scores, pages), units, budget=5, threshold=-jnp.inf, unit_valid=valid)
+    assert float(value) == pytest.approx(float(hard)) == 0.5
+    assert np.all(np.isfinite(np.asarray(grad)[:6]))
+    # with a cut (more pages than B) the surrogate stays strictly between the misses and the hits
+    assert 0.0 < float(soft_recall(page_readout_scores(scores, pages), units, budget=2, threshold=-jnp.inf,
+                                   unit_valid=valid)) < 0.5
+
+
 @pytest.mark.x64
 def test_page_readout_surrogate_gradient_matches_finite_differences():
     """The fit's surrogate for the page read-out is differentiable through the equilibrium: its gradient in

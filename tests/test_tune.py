@@ -12,7 +12,7 @@ from cdsjax import core
 from cdsjax.cli import main
 from cdsjax.core.learned import LearnedParams
 from cdsjax.learn import default_params, load_params, resolve_params, save_params
-from cdsjax.selection import make_selector, selector_key
+from cdsjax.selection import make_selector, selector_key, selector_options
 
 
 def cds_learned(z, q, valid, theta, budget, **structure):
@@ -87,6 +87,28 @@ def test_registry_cds_learned_at_theta0_is_converged_cds_and_files_are_read_at_t
         make_selector("cds_learned", 5, {"params": str(tmp_path / "missing.json")})
 
 
+def test_each_learned_selector_plays_the_shipped_fit_of_its_readout():
+    """One shipped fit per read-out (SelectorSpec.readout): each file says in its provenance which read-out it was
+    fitted through, and a learned selector given no parameters (the edge, the pipeline) plays its own."""
+    from cdsjax.learn import DEFAULT_PARAMS_FILES
+    from cdsjax.learn.params_io import default_params_file
+    from cdsjax.pipeline import Pipeline
+
+    corpus, q = _corpus()
+    pipe = Pipeline(corpus, embedders=("x",))
+    learned = [s for s in core.registry.SPECS.values() if s.learned]
+    assert {s.readout for s in learned} == set(DEFAULT_PARAMS_FILES) == {"top", "pages"}
+    for spec in learned:
+        theta, provenance = load_params(default_params_file(spec.readout))
+        assert provenance["fit"].get("readout", "top") == spec.readout
+        assert make_selector(spec.name, 5)[0] is spec
+        assert selector_options(spec.name)["params"] == theta
+        assert pipe.selector_key(spec.display, 5) == selector_key(spec.name, 5, {"params": theta})
+    assert default_params("pages") != default_params("top")
+    with pytest.raises(ValueError, match="no shipped fit"):
+        default_params_file("sideways")
+
+
 def _corpus(n=20):
     from cdsjax.pipeline import Corpus
 
@@ -125,7 +147,7 @@ def test_ask_params_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and "not a learned parameter file" in err
     rc = main(["ask", str(tmp_path), "what?", "--selector", "cosine", "--params", str(tmp_path / "p.json")])
-    assert rc == 2 and "--params applies to --selector cds-learned" in capsys.readouterr().err
+    assert rc == 2 and "--params applies to the learned selectors (cds-learned, cds-learned-pages" in capsys.readouterr().err
 
 
 def test_serve_takes_no_params_file_over_http():

@@ -68,8 +68,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
     p.add_argument("--lam", type=float, default=None, help="MMR trade-off (default 0.5)")
     p.add_argument("--params", default=None, metavar="FILE",
-                   help="parameters of the learned CDS selector (a `cdsjax tune` file; default: the shipped "
-                   "one)")
+                   help="parameters of a learned selector (a `cdsjax tune` file; default: the shipped fit of "
+                   "its read-out)")
     p.add_argument("--max-iter", type=int, default=None,
                    help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
     p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
@@ -128,18 +128,19 @@ def check_options(selector: str, options: dict) -> None:
 
 
 def check_params(selector: str, params):
-    """The ``--params`` file's parameters (None without it); one line when it is given to another selector
-    than cds-learned, or names a bad file."""
+    """The ``--params`` file's parameters (None without it); one line when it is given to a selector that plays
+    no learned game, or names a bad file."""
     if params is None:
         return None
-    from cdsjax.core.registry import LEARNED_SELECTOR, SPECS, selector_spec
+    from cdsjax.core.registry import SPECS, selector_spec
 
     try:
-        name = selector_spec(selector).name
+        spec = selector_spec(selector)
     except ValueError as err:
         raise CLIError(str(err)) from None
-    if name != LEARNED_SELECTOR:
-        raise CLIError(f"--params applies to --selector {SPECS[LEARNED_SELECTOR].display}, not {selector}")
+    if not spec.learned:
+        learned = ", ".join(s.display for s in SPECS.values() if s.learned)
+        raise CLIError(f"--params applies to the learned selectors ({learned}), not {selector}")
     from cdsjax.learn.params_io import resolve_params
 
     try:

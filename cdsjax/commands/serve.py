@@ -104,7 +104,8 @@ def add_arguments(p) -> None:
     add_selector_argument(p, "selector when a request names none")
     p.add_argument("--budget", type=int, default=10, help="budget when a request gives none (default: 10)")
     p.add_argument("--params", default=None, metavar="FILE",
-                   help="parameters of the learned CDS selector (cdsjax tune; default: the shipped file)")
+                   help="parameters of the learned selectors (cdsjax tune; default: the shipped fit of each "
+                   "selector's read-out)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")

@@ -35,7 +35,7 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) 
 
     def build(budget: int, *, notes_per_page: int = 1, **options) -> Callable:
         check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
-        base(budget, **options)  # checks the base's options once, at build time
+        probe = base(budget, **options)  # checks the base's options once, at build time
         depth = GREEDY_DEPTH_FACTOR * budget if greedy else None
 
         def fn(problem: CDSProblem, key=None) -> Selection:
@@ -48,6 +48,11 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) 
             return select_structured(ranked, problem.notes, problem.queries, problem.valid, pages, budget=budget,
                                      k=notes_per_page, doc_ids=problem.doc_ids, depth=depth)
 
+        # the base game's corpus-level bound and note block (budget-free): a warm corpus reads its questions
+        # without an eigendecomposition each, as the base selector does (the ranking reads problem.note_block)
+        for attr in ("corpus_bound", "corpus_block"):
+            if getattr(probe, attr, None) is not None:
+                setattr(fn, attr, getattr(probe, attr))
         return fn
 
     declared = getattr(base, "options", None)

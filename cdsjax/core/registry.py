@@ -249,6 +249,9 @@ class SelectorSpec:
         not given as pages (the learned game's same-page weight is fitted on printed pages).
       learned: its ``params`` option is a :class:`~cdsjax.core.learned.LearnedParams` value; callers above the
         core supply it (``cdsjax.learn`` resolves a file or the shipped fit).
+      readout: for a learned selector, the read-out its parameters are fitted through (``"top"``: its top-B;
+        ``"pages"``: its equilibrium read one note per page, ``cdsjax.core.page_readout_scores``); ``cdsjax.learn``
+        ships one fit per read-out and ``cdsjax tune`` fits through it.
       aliases: other spellings users may write (``cds-paper``).
       display: the name shown to users (CLI, server, ``ask --json``).
       help: one line saying what it selects (CLI help, listings).
@@ -263,6 +266,7 @@ class SelectorSpec:
     structure: bool = False
     pages_only: bool = False
     learned: bool = False
+    readout: str = "top"
     aliases: Tuple[str, ...] = ()
     display: str = ""
     help: str = ""
@@ -332,7 +336,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("dpp_pages", _dpp_pages, structure=True, aliases=("dpp-pages",), display="dpp-pages",
           help="k-DPP's ranking read at most notes_per_page notes per page per round (theta, notes_per_page)"),
     _spec("cds_learned_pages", _cds_learned_pages, solver="converged", needs_links=True, structure=True,
-          pages_only=True, learned=True, aliases=("cds-learned-pages",), display="cds-learned-pages",
+          pages_only=True, learned=True, readout="pages", aliases=("cds-learned-pages",), display="cds-learned-pages",
           help="the learned game's equilibrium ranking read at most notes_per_page notes per printed page per round"),
     _spec("cds_pages", cds_pages, solver="converged", structure=True, aliases=("cds-pages",), display="cds-pages",
           help="a game over pages (page vectors, best-note relevance), the ranked pages' best notes as evidence"),

@@ -50,6 +50,10 @@ def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) 
     return jnp.where(affinity.valid[m:], s[m:], -jnp.inf)
 
 
+# soft membership logit of a note that is certainly selected (log_sigmoid(-_ALL_IN) underflows to a miss of 0)
+_ALL_IN = 1e4
+
+
 def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array, Array]:
     """The soft top-B cut and its scale.
 
@@ -65,8 +69,11 @@ def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array
         kth, nxt = top[budget - 1], top[budget]
         safe_nxt = jnp.where(jnp.isfinite(nxt), nxt, 0.0)
         t = jnp.maximum(jnp.where(jnp.isfinite(nxt), 0.5 * (kth + safe_nxt), -jnp.inf), threshold)
+    # t is -inf when fewer than budget + 1 scores are finite and the threshold is -inf (e.g. a read-out by pages on
+    # a document of at most B pages): every finite score is in the top-B; the scale is then unused (soft_recall)
     near = jnp.isfinite(top)
-    spread = jnp.sum(jnp.where(near, jnp.abs(jnp.where(near, top, 0.0) - t), 0.0)) / jnp.maximum(jnp.sum(near), 1)
+    t_safe = jnp.where(jnp.isfinite(t), t, 0.0)
+    spread = jnp.sum(jnp.where(near, jnp.abs(jnp.where(near, top, 0.0) - t_safe), 0.0)) / jnp.maximum(jnp.sum(near), 1)
     return t, jnp.maximum(spread, jnp.finfo(scores.dtype).tiny ** 0.5)
 
 
@@ -109,7 +116,10 @@ def soft_recall(
     t, spread = _soft_threshold(scores, budget, threshold)
     unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
     finite = jnp.isfinite(scores)
-    z = (jnp.where(finite, scores, 0.0) - t) / (temperature * spread)
+    # with t = -inf (fewer finite scores than B + 1, no threshold) every finite note is selected: a constant
+    # membership of 1 (z large), finite values on both branches so neither the value nor the gradient is NaN
+    cut = jnp.isfinite(t)
+    z = jnp.where(cut, (jnp.where(finite, scores, 0.0) - jnp.where(cut, t, 0.0)) / (temperature * spread), _ALL_IN)
     log_miss = jnp.where(finite, jax.nn.log_sigmoid(-z), 0.0)
     unit_log_miss = jnp.sum(jnp.where(gold_units, log_miss[None, :], 0.0), axis=1)
     covered = -jnp.expm1(unit_log_miss)

@@ -19,7 +19,7 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     labels that are not selected are ignored (so a config can keep them all).
     """
     from cdsjax.core import selector_names, selector_spec
-    from cdsjax.core.registry import LEARNED_SELECTOR
+    from cdsjax.core.registry import SPECS
 
     labels = config.selectors
     if isinstance(labels, str):
@@ -41,7 +41,7 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
         except ValueError:
             raise ValueError(f"config.selectors: unknown selector {name!r} (label {label!r}); "
                              f"known: {list(selector_names())}") from None
-        if name == LEARNED_SELECTOR and params_file(config) and "params" not in opts:
+        if SPECS[name].learned and params_file(config) and "params" not in opts:
             opts["params"] = params_file(config)
         specs.append((label, name, opts))
     return specs

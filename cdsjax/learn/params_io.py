@@ -1,8 +1,9 @@
 """The learned game's parameter file: one JSON object with the parameters and their provenance.
 
 The one place a parameter file is read or written (the core receives :class:`LearnedParams` values).
-:func:`default_params` reads the fit shipped with the package once per process; :func:`resolve_params` turns
-what a user gives (a path, a value, nothing) into a value; :func:`params_hash` names a value by its content
+:func:`default_params` reads a fit shipped with the package once per process — one per read-out the learned
+selectors are fitted through (``SelectorSpec.readout``: ``cds-learned`` its top-B, ``cds-learned-pages`` one note
+per page) —; :func:`resolve_params` turns what a user gives (a path, a value, nothing) into a value; :func:`params_hash` names a value by its content
 (compiled-selector keys hold it, never a path).
 """
 
@@ -17,13 +18,15 @@ from typing import Tuple, Union
 
 from cdsjax.core.learned import LearnedParams
 
-__all__ = ["DEFAULT_PARAMS", "FORMAT", "VERSION", "default_params", "load_params", "params_hash", "resolve_params",
-           "save_params"]
+__all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "FORMAT", "VERSION", "default_params", "default_params_file",
+           "load_params", "params_hash", "resolve_params", "save_params"]
 
 FORMAT = "cdsjax-learned-params"
 VERSION = 1
-# The fit the package ships: the default of the cds-learned selector.
+# The fits the package ships, by the read-out they were fitted through (configs/tune/dev.py; SelectorSpec.readout):
+# "top" is the default of cds-learned, "pages" of cds-learned-pages.
 DEFAULT_PARAMS = pathlib.Path(__file__).resolve().parent / "default_params.json"
+DEFAULT_PARAMS_FILES = {"top": DEFAULT_PARAMS, "pages": DEFAULT_PARAMS.with_name("default_params_pages.json")}
 
 
 def save_params(path: Union[str, pathlib.Path], theta: LearnedParams, provenance: dict) -> pathlib.Path:
@@ -71,15 +74,22 @@ def load_params(path: Union[str, pathlib.Path, None] = None) -> Tuple[LearnedPar
     return theta, provenance
 
 
-@functools.lru_cache(maxsize=1)
-def default_params() -> LearnedParams:
-    """The shipped fit (:data:`DEFAULT_PARAMS`), read once per process."""
-    return load_params(DEFAULT_PARAMS)[0]
+def default_params_file(readout: str = "top") -> pathlib.Path:
+    """The shipped fit of the read-out ``readout`` (a key of :data:`DEFAULT_PARAMS_FILES`)."""
+    if readout not in DEFAULT_PARAMS_FILES:
+        raise ValueError(f"no shipped fit for read-out {readout!r}; shipped: {sorted(DEFAULT_PARAMS_FILES)}")
+    return DEFAULT_PARAMS_FILES[readout]
 
 
-def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None) -> LearnedParams:
-    """The :class:`LearnedParams` value of what a user gives: itself, a parameter file's (read now), or the shipped
-    fit for None or ``""``.
+@functools.lru_cache(maxsize=None)
+def default_params(readout: str = "top") -> LearnedParams:
+    """The shipped fit of the read-out ``readout`` (``"top"``: :data:`DEFAULT_PARAMS`), read once per process."""
+    return load_params(default_params_file(readout))[0]
+
+
+def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None, readout: str = "top") -> LearnedParams:
+    """The :class:`LearnedParams` value of what a user gives: itself, a parameter file's (read now), or for None or
+    ``""`` the shipped fit of ``readout`` (the selector's ``SelectorSpec.readout``).
 
     Raises:
       ValueError: a file that cannot be read (one line), or a value of another type.
@@ -87,7 +97,7 @@ def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None)
     if isinstance(params, LearnedParams):
         return params
     if params is None or params == "":
-        return default_params()
+        return default_params(readout)
     if isinstance(params, (str, pathlib.Path)):
         return load_params(params)[0]
     raise ValueError(f"params must be a parameter file path or LearnedParams, got {type(params).__name__}")

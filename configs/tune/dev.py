@@ -1,7 +1,12 @@
-r"""The shipped fit of the learned CDS game: all dev questions of MMLongBench-Doc and QASPER.
+r"""The shipped fits of the learned CDS game (one per read-out): all dev questions of MMLongBench-Doc and QASPER.
 
     cdsjax tune --config configs/tune/dev.py --config.cache_dirs.mmlongbench=DIR --config.cache_dirs.qasper=DIR \
         --config.output=cdsjax/learn/default_params.json
+    cdsjax tune --config configs/tune/dev.py --config.cache_dirs.mmlongbench=DIR --config.cache_dirs.qasper=DIR \
+        --config.fit.readout=pages --config.output=cdsjax/learn/default_params_pages.json
+
+The first is the fit of ``cds-learned`` (scored by its top-B), the second of ``cds-learned-pages`` (its
+equilibrium read one note per printed page: the surrogate's soft top-B over pages, each by its best note).
 
 Validation: a fifth of each benchmark's documents (split by document, seed 0), and recall@10 on both, as in
 the cross-validation (experiments/learned_cv.py). The grid of starts is
