@@ -56,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
     # passed to cdsjax.learn.fit (FitConfig); None keeps its default
     config.learn = ml_collections.ConfigDict({k: ml_collections.config_dict.placeholder(t) for k, t in (
         ("steps", int), ("num_starts_fitted", int), ("patience", int), ("learning_rate", float), ("l2", float),
-        ("dtype", str), ("max_batch", int), ("readout", str))})
+        ("dtype", str), ("max_batch", int), ("readout", str), ("frozen", str))})  # frozen: comma-separated names
 
     config.num_resamples = 10_000
     config.max_batch = 32

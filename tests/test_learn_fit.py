@@ -217,3 +217,23 @@ def test_fit_through_the_page_readout_runs_and_rejects_unknown_readouts():
     assert result.grid[0]["train_surrogate"] != top.grid[0]["train_surrogate"]  # another objective
     with pytest.raises(ValueError, match="readout must be one of"):
         FitConfig.from_mapping({"readout": "page"})
+
+
+def test_frozen_parameters_stay_at_the_paper_value():
+    """``frozen``: the parameter never moves (zero gradient for Adam) and the grid skips starts that set it, so a
+    fit can keep the note block question-free (rel_repulsion 0: a served corpus shares one block)."""
+    train = [synthetic(s) for s in range(6)]
+    val = [synthetic(s) for s in range(6, 9)]
+    starts = [{"beta": 0.3}, {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0}]
+    free = fit(train, val, {**CFG, "starts": starts, "num_starts_fitted": 2}, log=lambda s: None)
+    held = fit(train, val, {**CFG, "starts": starts, "num_starts_fitted": 2, "frozen": ["rel_repulsion"]},
+               log=lambda s: None)
+    assert [g["start"] for g in held.grid] == [0, 2] and len(free.grid) == 3
+    assert all(h["theta"]["rel_repulsion"] == 0.0 for h in held.history) and len(held.history) > 1
+    assert any(h["theta"]["rel_repulsion"] != 0.0 for h in free.history)  # not vacuous: free, it moves
+    assert float(held.theta.rel_repulsion) == 0.0
+    with pytest.raises(ValueError, match="unknown parameter"):
+        FitConfig.from_mapping({"frozen": ["rel_repulsoin"]})
+    with pytest.raises(ValueError, match="every grid start"):
+        FitConfig.from_mapping({"frozen": ["beta"], "starts": [{"beta": 0.3}]})
+

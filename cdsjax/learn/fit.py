@@ -84,6 +84,9 @@ class FitConfig:
     progress: bool = True
     seed: int = 0
     readout: str = "top"
+    # parameters held at the paper game's value (their gradient zeroed; grid starts that set one are skipped),
+    # e.g. ("rel_repulsion",): a note block that does not read the question, so a served corpus shares one block
+    frozen: Sequence[str] = ()
 
     @classmethod
     def from_mapping(cls, values: Any) -> "FitConfig":
@@ -101,6 +104,10 @@ class FitConfig:
             values["starts"] = tuple(dict(s) for s in values["starts"])
         if "buckets" in values:
             values["buckets"] = tuple(int(b) for b in values["buckets"])
+        if "frozen" in values:  # a sequence of names, or one comma-separated string (a command-line flag)
+            given = values["frozen"]
+            values["frozen"] = tuple(n.strip() for n in (given.split(",") if isinstance(given, str) else given)
+                                     if str(n).strip())
         cfg = cls(**values)
         if cfg.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {cfg.dtype!r}")
@@ -108,12 +115,22 @@ class FitConfig:
             raise ValueError(f"readout must be one of {list(READOUTS)}, got {cfg.readout!r}")
         for s in cfg.starts:
             LearnedParams.from_dict(s)
+        unknown = sorted(set(cfg.frozen) - set(LearnedParams.names()))
+        if unknown:
+            raise ValueError(f"frozen names unknown parameter(s) {unknown}; parameters: {list(LearnedParams.names())}")
+        if not cfg.free_starts():
+            raise ValueError(f"every grid start sets a frozen parameter {list(cfg.frozen)}")
         return cfg
+
+    def free_starts(self) -> List[tuple]:
+        """``[(index, start)]`` of the grid starts that leave every frozen parameter at its paper value."""
+        return [(i, s) for i, s in enumerate(self.starts) if not set(s) & set(self.frozen)]
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["starts"] = [dict(s) for s in self.starts]
         out["buckets"] = list(self.buckets)
+        out["frozen"] = list(self.frozen)
         return out
 
 
@@ -283,7 +300,7 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
 
     if state["grid"] is None:
         grid = []
-        for i, start in enumerate(cfg.starts):
+        for i, start in cfg.free_starts():
             theta = LearnedParams.paper().replace(**start).project().astype(dtype)
             stats, _ = objective.measure(theta, train_b, with_grad=False)
             grid.append({"start": i, "theta": theta.to_dict(), "train_surrogate": stats["surrogate"],
@@ -293,7 +310,7 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
         state["reference"] = {name: objective.measure(theta0, b, with_grad=False)[0]
                               for name, b in (("train", train_b), ("val", val_b)) if b}
         order = sorted(range(len(grid)), key=lambda i: -grid[i]["train_surrogate"])
-        state["order"] = order[:max(1, int(cfg.num_starts_fitted))]
+        state["order"] = [grid[i]["start"] for i in order[:max(1, int(cfg.num_starts_fitted))]]
 
     bar = _bar(cfg, len(state["order"]) * cfg.steps, state)
     ran = 0
@@ -301,7 +318,8 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
     while state["run"] < len(state["order"]):
         start = state["order"][state["run"]]
         if state["theta"] is None:
-            theta = LearnedParams.from_dict(state["grid"][start]["theta"]).astype(dtype)
+            (point,) = [g for g in state["grid"] if g["start"] == start]
+            theta = LearnedParams.from_dict(point["theta"]).astype(dtype)
             state.update(theta=theta, opt=optimizer.init(theta), step=0, run_best=-math.inf, bad=0)
         while state["step"] < cfg.steps and state["bad"] < cfg.patience:
             if cfg.stop_after is not None and ran >= cfg.stop_after:
@@ -316,6 +334,8 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
                 _score_val(objective, theta, val_b, entry, state)
             state["history"].append(entry)
             loss_grad = jax_tree_sub(_penalty_grad(theta, theta0, cfg.l2), grad)
+            if cfg.frozen:  # zero gradients: Adam's update of a frozen parameter stays exactly 0
+                loss_grad = loss_grad.replace(**{n: 0.0 * getattr(loss_grad, n) for n in cfg.frozen})
             updates, opt = optimizer.update(loss_grad, state["opt"], theta)
             state["theta"] = optax.apply_updates(theta, updates).project().astype(dtype)
             state["opt"] = opt
@@ -348,8 +368,10 @@ def _identity(cfg: FitConfig, train: Sequence[Example], val: Sequence[Example]) 
     import hashlib
 
     settings = {k: v for k, v in cfg.to_dict().items() if k not in ("checkpoint_dir", "stop_after", "progress")}
-    if settings.get("readout") == "top":  # the default: checkpoints written before the option still resume
+    if settings.get("readout") == "top":  # the defaults: checkpoints written before the options still resume
         del settings["readout"]
+    if not settings.get("frozen"):
+        settings.pop("frozen", None)
     tag = lambda e: e.qid if e.weight == 1.0 else f"{e.qid}*{e.weight:.9g}"
     body = json.dumps({"settings": settings, "train": [tag(e) for e in train], "val": [tag(e) for e in val]},
                       sort_keys=True, default=str)

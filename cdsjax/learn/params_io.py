@@ -81,10 +81,14 @@ def default_params_file(readout: str = "top") -> pathlib.Path:
     return DEFAULT_PARAMS_FILES[readout]
 
 
-@functools.lru_cache(maxsize=None)
 def default_params(readout: str = "top") -> LearnedParams:
     """The shipped fit of the read-out ``readout`` (``"top"``: :data:`DEFAULT_PARAMS`), read once per process."""
-    return load_params(default_params_file(readout))[0]
+    return _shipped(default_params_file(readout))
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(path: pathlib.Path) -> LearnedParams:
+    return load_params(path)[0]
 
 
 def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None, readout: str = "top") -> LearnedParams:

@@ -3,10 +3,13 @@ r"""The shipped fits of the learned CDS game (one per read-out): all dev questio
     cdsjax tune --config configs/tune/dev.py --config.cache_dirs.mmlongbench=DIR --config.cache_dirs.qasper=DIR \
         --config.output=cdsjax/learn/default_params.json
     cdsjax tune --config configs/tune/dev.py --config.cache_dirs.mmlongbench=DIR --config.cache_dirs.qasper=DIR \
-        --config.fit.readout=pages --config.output=cdsjax/learn/default_params_pages.json
+        --config.fit.readout=pages --config.fit.frozen=rel_repulsion \
+        --config.output=cdsjax/learn/default_params_pages.json
 
 The first is the fit of ``cds-learned`` (scored by its top-B), the second of ``cds-learned-pages`` (its
-equilibrium read one note per printed page: the surrogate's soft top-B over pages, each by its best note).
+equilibrium read one note per printed page: the surrogate's soft top-B over pages, each by its best note), with
+the relevance-weighted repulsion held at 0 so the note block does not read the question: a served corpus shares
+one block across questions (the first fit ended there by itself).
 
 Validation: a fifth of each benchmark's documents (split by document, seed 0), and recall@10 on both, as in
 the cross-validation (experiments/learned_cv.py). The grid of starts is
@@ -33,5 +36,6 @@ def get_config() -> ml_collections.ConfigDict:
         budget=10, steps=25, learning_rate=0.03, l2=1e-3, temperature=0.2,
         starts=[dict(s) for s in DEFAULT_STARTS],
         num_starts_fitted=2, eval_every=1, patience=5, dtype="float32", tol=1e-6,
-        buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0, readout="top"))
+        buckets=[32, 64, 128, 256, 512, 1024, 2048], max_batch=16, checkpoint_dir="", seed=0, readout="top",
+        frozen=""))
     return config
