@@ -2,11 +2,12 @@
 
     from cdsjax.pipeline import Pipeline
     pipe = Pipeline.from_paths(["report.pdf"])            # indexes into the cache if needed
-    answer = pipe.ask("What drove the 2023 increase?", budget=10)   # learned CDS (the default)
+    answer = pipe.ask("What drove the 2023 increase?", budget=10)   # learned CDS read per page (the default)
     answer.evidence[0]["page"], answer.diagnostics["converged"], answer.warnings
 
-The default selector is the registry's ``DEFAULT_SELECTOR``, learned CDS (``"cds-learned"``: the fitted
-game's equilibrium, found by the active-set solver, reading the notes' pages); ``"cds-converged"`` is the
+The default selector is the registry's ``DEFAULT_SELECTOR``, learned CDS read per page (``"cds-learned-pages"``:
+the fitted game's equilibrium, found by the active-set solver, its ranking read one note per printed page per
+round; ``"cds-learned"`` reads its top-B); ``"cds-converged"`` is the
 paper's game at equilibrium and ``"cds-paper"`` (registry name ``"cds"``) the paper's replicator dynamics
 with its step cap, which often stops far from equilibrium on real indexes. Candidates become a problem
 through :mod:`cdsjax.selection`, the path the integrations and the evaluation take too.

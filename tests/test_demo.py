@@ -4,6 +4,7 @@ import numpy as np
 
 from cdsjax import demo
 from cdsjax.commands.demo import demo_selectors, verdict
+from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
 
 from tests.conftest import run_command
 
@@ -35,8 +36,6 @@ def test_coverage_counts_facts_and_restatements():
 def test_verdict_reports_what_was_measured():
     def row(sel, covered, restated):
         return dict(selector=sel, covered=covered, restatements=restated)
-
-    from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
 
     default = SPECS[DEFAULT_SELECTOR].display
     more = verdict([row(default, ["finding", "method"], 0), row("cosine", ["finding"], 3)])
@@ -73,5 +72,7 @@ def test_demo_table_matches_the_selections(demo_run, monkeypatch):
     code, out, _ = run_command(root, "demo", "--dir", str(root))
     out = " ".join(out.split())
     assert code == 0 and "reused" in out
-    assert all(label in out for label, _ in demo_selectors())
+    default = SPECS[DEFAULT_SELECTOR].display
+    assert all(name in out for _, name in demo_selectors()) and f"{default} *" in out
+    assert f"* {default}: the default selector" in out
     assert " ".join(result["verdict"].split()) in out

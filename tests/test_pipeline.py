@@ -60,11 +60,11 @@ def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
     from cdsjax.pipeline import DEFAULT_SELECTOR, canonical_selector
 
-    assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned"  # ahead of cosine and converged CDS (RESULTS)
+    assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"  # RESULTS, "What beats the page rule"
     pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
     q = "How much did battery storage cut diesel use?"
     default = pipe.ask(q, budget=4)
-    assert default.selector == "cds-learned" and default.diagnostics["mode"] == "converged"
+    assert default.selector == "cds-learned-pages" and default.diagnostics["mode"] == "converged"
     paper = pipe.ask(q, selector="cds-paper", budget=4)
     same = pipe.ask(q, selector="cds", budget=4)  # "cds" keeps meaning paper mode
     assert paper.selector == same.selector == "cds-paper"
@@ -168,9 +168,10 @@ def test_ask_through_local_openai_server_sends_text_and_images(demo_index, capsy
         return "Diesel use fell by 38 percent [1], see the chart [2]."
 
     with OpenAIServer(responder, models=("qwen-test",)) as srv:
+        # a selector whose evidence holds a figure here (the default's, read one note per page, holds none)
         code, out, err = run_cli(capsys, "ask", str(demo_index), "How much did battery storage cut diesel use?",
-                                 "--json", "--budget", "6", "--reader-url", srv.base_url,
-                                 "--reader-model", "qwen-test")
+                                 "--json", "--budget", "6", "--selector", "cds-learned", "--reader-url",
+                                 srv.base_url, "--reader-model", "qwen-test")
         assert code == 0, err
         assert len(srv.requests) == 1
         req = srv.requests[0]

@@ -108,7 +108,7 @@ def test_installed_cli_indexes_and_answers(installed):
         requests = list(srv.requests)
     result = json.loads(proc.stdout)
     assert result["answer"] == ANSWER and result["error"] is None
-    assert result["selector"] == "cds-learned" and result["diagnostics"]["converged"] is True  # the default
+    assert result["selector"] == "cds-learned-pages" and result["diagnostics"]["converged"] is True  # the default
     assert len(result["evidence"]) == 4
     assert {e["document"] for e in result["evidence"]} == {"study.pdf"}
     assert any("Constrained dominant sets" in e["text"] for e in result["evidence"])

@@ -133,11 +133,16 @@ def run(args) -> int:
     table.add_column("facts", justify="right", no_wrap=True)
     table.add_column("restated", justify="right", no_wrap=True)
     table.add_column("pages chosen", overflow="fold")
-    for r in rows:
+    from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+
+    default = SPECS[DEFAULT_SELECTOR].display
+    for r in rows:  # the default marked "*" (a narrow terminal keeps every name whole)
         marks = ["[green]yes[/green]" if f in r["covered"] else "[red]-[/red]" for f in demo.FACTS]
         chosen = ", ".join(f"{p + 1} {demo.PAGES.get(p, (None, '?'))[1]}" for p in r["pages"])
-        table.add_row(r["label"], *marks, f"{len(r['covered'])}/{len(demo.FACTS)}", str(r["restatements"]), chosen)
+        name = r["selector"] + (" *" if r["selector"] == default else "")
+        table.add_row(name, *marks, f"{len(r['covered'])}/{len(demo.FACTS)}", str(r["restatements"]), chosen)
     console.print(table)
+    console.print(f"[dim]* {default}: the default selector (ask, serve, Pipeline, the integrations)[/dim]")
     console.print(f"[bold]{line}[/bold]")
     for r in rows:
         for warning in r["warnings"]:

@@ -3,7 +3,7 @@
     from langchain_classic.retrievers import ContextualCompressionRetriever
     from cdsjax.integrations.langchain import CDSCompressor, CDSEmbeddings, CDSRetriever
 
-    retriever = CDSRetriever(index="runs/my-index", budget=5)            # learned CDS (the default), as `cdsjax ask`
+    retriever = CDSRetriever(index="runs/my-index", budget=5)            # learned CDS read per page (the default), as `cdsjax ask`
     docs = retriever.invoke("What is this document about?")
     docs[0].metadata["note_id"], docs[0].metadata["page"], docs[0].metadata["diagnostics"]["converged"]
 
@@ -86,7 +86,7 @@ class CDSRetriever(BaseRetriever):
     Args:
       index: an index directory or a PDF (indexed into the cache), a list of them, or a loaded
         :class:`cdsjax.pipeline.Pipeline`.
-      selector: a cdsjax selector name (default: ``cds-learned``, the default of ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds-learned-pages``, the default of ``cdsjax ask``).
       budget: documents returned per query.
       options: the selector's options (``beta``, ``tau``, ``lam``, ...).
       include_embeddings: put each note's embedding in ``metadata["embedding"]`` (a later
@@ -135,7 +135,7 @@ class CDSCompressor(BaseDocumentCompressor):
 
     Args:
       embeddings: LangChain :class:`Embeddings` for the query, and for documents that carry no embedding.
-      selector: a cdsjax selector name (default: ``cds-learned``, the default of ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds-learned-pages``, the default of ``cdsjax ask``).
       budget: documents kept per query (a larger budget than documents keeps them all, ranked).
       options: the selector's options.
 
