@@ -46,10 +46,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench_latency"
 
 
-def selectors() -> tuple:
-    """The default selector, converged CDS (the paper's game, beta an option) and cosine, from the registry."""
-    from cdsjax.core.registry import DEFAULT_SELECTOR, REFERENCE_SELECTOR, SPECS
+def selectors(given: str = "") -> tuple:
+    """The selectors timed: ``given`` (comma-separated registry names), else the default selector, converged CDS
+    (the paper's game, beta an option) and cosine, from the registry."""
+    from cdsjax.core.registry import DEFAULT_SELECTOR, REFERENCE_SELECTOR, SPECS, selector_spec
 
+    if given:
+        return tuple(selector_spec(n.strip()).name for n in given.split(",") if n.strip())
     converged = next(s.name for s in SPECS.values() if s.mode == "converged" and "beta" in s.options)
     return DEFAULT_SELECTOR, converged, REFERENCE_SELECTOR
 
@@ -292,6 +295,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-questions", type=int, default=200)
     p.add_argument("--timeout", type=float, default=3000, help="seconds per worker process")
     p.add_argument("--skip", default="", help="comma list of parts to skip: corpora, http, eval")
+    p.add_argument("--selectors", default="", help="comma list of selectors to time on the corpora and over HTTP "
+                   "(default: the default selector, converged CDS, cosine)")
     p.add_argument("--out", default=str(CACHE / "latency.json"))
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -314,7 +319,9 @@ def main(argv=None) -> int:
                 if label == "old" and size > args.old_max:
                     continue
                 questions = args.questions if size <= 2000 else args.large_questions
-                names = [s for s in selectors() if size <= args.converged_max or s != selectors()[1]]
+                timed = selectors(args.selectors)
+                converged = {n for n in timed if n == selectors()[1]}
+                names = [s for s in timed if size <= args.converged_max or s not in converged]
                 spec = {"data": data, "size": size, "selectors": names, "questions": questions}
                 report["sizes"][size][label] = r = run_worker(root, "corpus", spec, args.timeout)
                 brief = {k: (v["cold_ms"], v["warm"]) for k, v in r.get("selectors", {}).items()}
@@ -323,7 +330,7 @@ def main(argv=None) -> int:
     if args.index and "http" not in skip:
         with tempfile.TemporaryDirectory() as cache:
             report["http"] = serve_index(roots, args.index, mmlongbench_questions(args.http_questions + 1),
-                                         selectors(), Path(cache))
+                                         selectors(args.selectors), Path(cache))
         print(f"http: {json.dumps(report['http'])}", flush=True)
         save(args.out, report)
     if "eval" not in skip:
