@@ -147,7 +147,8 @@ def test_ask_params_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and "not a learned parameter file" in err
     rc = main(["ask", str(tmp_path), "what?", "--selector", "cosine", "--params", str(tmp_path / "p.json")])
-    assert rc == 2 and "--params applies to the learned selectors (cds-learned, cds-learned-pages" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "--params applies to the learned selectors (cds-learned, cds-learned-pages" in err
 
 
 def test_serve_takes_no_params_file_over_http():

@@ -54,8 +54,8 @@ def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) 
 _ALL_IN = 1e4
 
 
-def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array, Array]:
-    """The soft top-B cut and its scale.
+def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array, Array, Array]:
+    """The soft top-B cut, its scale, and whether there is a cut at all.
 
     The cut ``t`` is the midpoint between the ``budget``-th and the next score (at
     least ``threshold``); the scale is the mean distance to ``t`` of the top
@@ -69,12 +69,14 @@ def _soft_threshold(scores: Array, budget: int, threshold: float) -> tuple[Array
         kth, nxt = top[budget - 1], top[budget]
         safe_nxt = jnp.where(jnp.isfinite(nxt), nxt, 0.0)
         t = jnp.maximum(jnp.where(jnp.isfinite(nxt), 0.5 * (kth + safe_nxt), -jnp.inf), threshold)
-    # t is -inf when fewer than budget + 1 scores are finite and the threshold is -inf (e.g. a read-out by pages on
-    # a document of at most B pages): every finite score is in the top-B; the scale is then unused (soft_recall)
+    # no cut when fewer than budget + 1 scores are finite and the threshold is -inf (e.g. a read-out by pages on a
+    # document of at most B pages): every finite score is in the top-B. The cut is then returned as 0 (finite, so
+    # neither value nor gradient meets -inf) and soft_recall ignores it and the scale.
+    cut = jnp.isfinite(t)
+    t = jnp.where(cut, t, 0.0)
     near = jnp.isfinite(top)
-    t_safe = jnp.where(jnp.isfinite(t), t, 0.0)
-    spread = jnp.sum(jnp.where(near, jnp.abs(jnp.where(near, top, 0.0) - t_safe), 0.0)) / jnp.maximum(jnp.sum(near), 1)
-    return t, jnp.maximum(spread, jnp.finfo(scores.dtype).tiny ** 0.5)
+    spread = jnp.sum(jnp.where(near, jnp.abs(jnp.where(near, top, 0.0) - t), 0.0)) / jnp.maximum(jnp.sum(near), 1)
+    return t, jnp.maximum(spread, jnp.finfo(scores.dtype).tiny ** 0.5), cut
 
 
 def soft_recall(
@@ -113,13 +115,11 @@ def soft_recall(
       ``[]`` float in [0, 1]; NaN when there is no gold unit (as hard recall).
     """
     budget = check_budget(budget)
-    t, spread = _soft_threshold(scores, budget, threshold)
+    t, spread, cut = _soft_threshold(scores, budget, threshold)
     unit_valid = _unit_valid(gold_units, unit_valid, scores.shape[0])
     finite = jnp.isfinite(scores)
-    # with t = -inf (fewer finite scores than B + 1, no threshold) every finite note is selected: a constant
-    # membership of 1 (z large), finite values on both branches so neither the value nor the gradient is NaN
-    cut = jnp.isfinite(t)
-    z = jnp.where(cut, (jnp.where(finite, scores, 0.0) - jnp.where(cut, t, 0.0)) / (temperature * spread), _ALL_IN)
+    # without a cut every finite note is selected: a constant membership of 1 (z large)
+    z = jnp.where(cut, (jnp.where(finite, scores, 0.0) - t) / (temperature * spread), _ALL_IN)
     log_miss = jnp.where(finite, jax.nn.log_sigmoid(-z), 0.0)
     unit_log_miss = jnp.sum(jnp.where(gold_units, log_miss[None, :], 0.0), axis=1)
     covered = -jnp.expm1(unit_log_miss)

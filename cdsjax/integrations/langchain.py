@@ -3,7 +3,7 @@
     from langchain_classic.retrievers import ContextualCompressionRetriever
     from cdsjax.integrations.langchain import CDSCompressor, CDSEmbeddings, CDSRetriever
 
-    retriever = CDSRetriever(index="runs/my-index", budget=5)            # learned CDS read per page (the default), as `cdsjax ask`
+    retriever = CDSRetriever(index="runs/my-index", budget=5)            # the default selector, as `cdsjax ask`
     docs = retriever.invoke("What is this document about?")
     docs[0].metadata["note_id"], docs[0].metadata["page"], docs[0].metadata["diagnostics"]["converged"]
 

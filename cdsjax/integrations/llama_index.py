@@ -3,7 +3,7 @@
     from llama_index.core.query_engine import RetrieverQueryEngine
     from cdsjax.integrations.llama_index import CDSEmbedding, CDSPostprocessor, CDSRetriever
 
-    retriever = CDSRetriever(index="runs/my-index", budget=5)      # learned CDS read per page (the default), as `cdsjax ask`
+    retriever = CDSRetriever(index="runs/my-index", budget=5)      # the default selector, as `cdsjax ask`
     nodes = retriever.retrieve("What is this document about?")
     nodes[0].node.metadata["note_id"], nodes[0].score
 

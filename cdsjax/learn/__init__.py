@@ -4,8 +4,8 @@
   (:mod:`cdsjax.learn.fit`).
 * :func:`save_params` / :func:`load_params` — the parameter file with its provenance (the only code that
   reads or writes one); the package ships one per read-out (:data:`DEFAULT_PARAMS_FILES`, read once per
-  process by :func:`default_params`): the defaults of ``cds-learned`` and ``cds-learned-pages``; :func:`resolve_params` turns a path,
-  a value or nothing into a value, :func:`params_hash` names it by content.
+  process by :func:`default_params`): the defaults of ``cds-learned`` and ``cds-learned-pages``;
+  :func:`resolve_params` turns a path, a value or nothing into a value, :func:`params_hash` names it by content.
 * :mod:`cdsjax.learn.data` — gold units, structure codes, padded batches, the split by document.
 """
 
@@ -14,5 +14,6 @@ from cdsjax.learn.fit import FitConfig, FitResult, fit
 from cdsjax.learn.params_io import (DEFAULT_PARAMS, DEFAULT_PARAMS_FILES, default_params, load_params, params_hash,
                                     resolve_params, save_params)
 
-__all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "Example", "FitConfig", "FitResult", "default_params", "examples_of", "fit", "gold_units",
-           "load_params", "make_batches", "params_hash", "resolve_params", "save_params", "split_by_document"]
+__all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "Example", "FitConfig", "FitResult", "default_params",
+           "examples_of", "fit", "gold_units", "load_params", "make_batches", "params_hash", "resolve_params",
+           "save_params", "split_by_document"]

@@ -1,10 +1,10 @@
 """The learned game's parameter file: one JSON object with the parameters and their provenance.
 
 The one place a parameter file is read or written (the core receives :class:`LearnedParams` values).
-:func:`default_params` reads a fit shipped with the package once per process — one per read-out the learned
+:func:`default_params` reads a fit shipped with the package once per process, one per read-out the learned
 selectors are fitted through (``SelectorSpec.readout``: ``cds-learned`` its top-B, ``cds-learned-pages`` one note
-per page) —; :func:`resolve_params` turns what a user gives (a path, a value, nothing) into a value; :func:`params_hash` names a value by its content
-(compiled-selector keys hold it, never a path).
+per page); :func:`resolve_params` turns what a user gives (a path, a value, nothing) into a value;
+:func:`params_hash` names a value by its content (compiled-selector keys hold it, never a path).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def _shipped(path: pathlib.Path) -> LearnedParams:
     return load_params(path)[0]
 
 
-def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None, readout: str = "top") -> LearnedParams:
+def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None,
+                   readout: str = "top") -> LearnedParams:
     """The :class:`LearnedParams` value of what a user gives: itself, a parameter file's (read now), or for None or
     ``""`` the shipped fit of ``readout`` (the selector's ``SelectorSpec.readout``).
 
