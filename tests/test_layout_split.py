@@ -1,6 +1,7 @@
 """The ways cdsjax.io.layout runs PyMuPDF's layout model give the elements and crops of the plain run: a
-document split over a helper process (a rotated page among the helper's; the helper's half of the keywords and
-of the note embeddings), and pages batched through the image network; how the two processes claim pages."""
+document split over a helper process (a rotated page and a scanned page, read with OCR, among the helper's; the
+helper's half of the keywords and of the note embeddings), and pages batched through the image network; how the
+two processes claim pages."""
 
 import hashlib
 import json
@@ -10,8 +11,9 @@ import pymupdf
 
 from cdsjax.config import get_config
 from cdsjax.io import layout, layout_split
+from cdsjax.io import parse as parse_module
 from cdsjax.io.notes import extract_keywords
-from cdsjax.io.parse import parse_pdf
+from cdsjax.io.parse import ocr_available, parse_pdf
 from tests import ingest_pdfs as gen
 
 
@@ -27,12 +29,24 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     for _ in range(2):
         doc.insert_pdf(pymupdf.open(part))
     doc[3].set_rotation(90)  # a rotated page in the helper's half
-    doc.save(tmp_path / "four.pdf")
-    pdf = tmp_path / "four.pdf"
+    # a scanned page, last (the helper's): page 0 as an image, no text layer
+    scan = doc.new_page(width=doc[0].rect.width, height=doc[0].rect.height)
+    scan.insert_image(scan.rect, pixmap=doc[0].get_pixmap(dpi=150))
+    doc.save(tmp_path / "five.pdf")
+    pdf = tmp_path / "five.pdf"
 
+    probed = []  # pages whose text layer this process read (the helper reads its own)
+    read = parse_module.read_text_layer
+    monkeypatch.setattr(parse_module, "read_text_layer",
+                        lambda page, **k: probed.append(page.number) or read(page, **k))
     layout_split.set_page_split(False)
     plain = _parse(pdf, tmp_path / "plain")
     assert plain[0] and plain[1]  # elements and crops to compare
+    assert probed == [0, 1, 2, 3, 4]
+    on_scan = [json.loads(e) for e in plain[0] if json.loads(e)["page"] == 4]
+    if ocr_available():  # OCR read the scanned page's text
+        assert any(e["kind"] == "text" and "evidence" in e["text"].lower() for e in on_scan), on_scan
+    probed.clear()
 
     layout.prepare_models()
     layout_split.stop_helper()  # a helper an earlier test of this process left running
@@ -49,7 +63,8 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
         split = _parse(pdf, tmp_path / "split")
         helper = layout._STATE.get("helper")
         assert helper is started, "the document was not split by the helper started ahead"
-        assert helper.claims.array[1] <= 2  # the helper analysed pages 2 and 3 at least
+        assert helper.claims.array[1] <= 3  # the helper analysed pages 3 and 4 at least
+        assert 3 not in probed and 4 not in probed  # and read their text layer, the scanned page's OCR too
         # the helper also computes half of a document's keywords: the same as computed here
         texts = [json.loads(e)["text"] for e in split[0]] * 3 + ["", "12 34"]
 

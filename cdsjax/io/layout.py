@@ -329,6 +329,30 @@ def _quiet_stderr():
         os.close(saved)
 
 
+@dataclasses.dataclass
+class TextLayer:
+    """What a page's text layer holds for the parser: whether it has one, and, when it has none and OCR is on,
+    the regions Tesseract read (``ocr_failed`` when Tesseract failed on the page)."""
+
+    has_text: bool
+    ocr: List[_Region] = dataclasses.field(default_factory=list)
+    ocr_failed: bool = False
+
+
+def read_text_layer(page, *, start: int, use_ocr: bool) -> TextLayer:
+    """Probes ``page``'s text layer and, when it has none and ``use_ocr``, reads it with OCR (:func:`ocr_regions`,
+    regions numbered from ``start``). Runs where the page was analysed: this process, or the layout helper for
+    the pages it claimed (:mod:`cdsjax.io.layout_split`), so a scanned document's OCR is shared by both."""
+    if page.get_text("text").strip():
+        return TextLayer(True)
+    if not use_ocr:
+        return TextLayer(False)
+    try:
+        return TextLayer(False, ocr_regions(page, start=start))
+    except Exception:  # Tesseract failed on this page: it stays a page image
+        return TextLayer(False, ocr_failed=True)
+
+
 def ocr_regions(page, *, start: int) -> List[_Region]:
     """The text blocks Tesseract reads on a page (PyMuPDF ``get_textpage_ocr``), as body regions."""
     with _quiet_stderr():

@@ -20,8 +20,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from cdsjax.io.layout import (_STATE, _Region, _analyse, import_pymupdf, limit_layout_threads, prepare_models,
-                              usable_cores)
+from cdsjax.io.layout import (_STATE, TextLayer, _Region, _analyse, import_pymupdf, limit_layout_threads,
+                              prepare_models, read_text_layer, usable_cores)
 
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 CHUNK_PAGES = 2  # pages this process or the helper claims at a time
@@ -32,8 +32,8 @@ HELPER_EMBED_SHARE = 0.5  # of a document's note text (the longest notes) the he
 SHARE_EMBEDDING = False
 
 
-def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_Region]]], None]] = None
-                 ) -> List[List[_Region]]:
+def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_Region]]], None]] = None, *,
+                 use_ocr: bool = False, text_layers: Optional[Dict[int, TextLayer]] = None) -> List[List[_Region]]:
     """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
 
     With two or more cores to itself (one process indexing, not one of several workers) a document of
@@ -46,6 +46,11 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_R
     ``on_pages(start, regions)``, if given, is called with each run of pages this process has analysed, in
     page order from page 0 (``regions`` of pages ``start, start + 1, ...``), while the helper still works;
     the pages it has not been called with are in the returned list only.
+
+    The helper also probes the text layer of each page it analysed and reads it with OCR when it has none and
+    ``use_ocr`` (:func:`cdsjax.io.layout.read_text_layer`): those pages' results go into ``text_layers``
+    (``{page: TextLayer}``), so that a scanned document's OCR, the costliest step on its pages, is shared by
+    both processes. The caller probes the other pages itself.
     """
     prepare_models()
     n = doc.page_count
@@ -61,7 +66,7 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_R
         return _analyse(doc, None)
     try:
         try:
-            helper.send_layout(str(path), n, int(_STATE.get("reserve", 0)))
+            helper.send_layout(str(path), n, int(_STATE.get("reserve", 0)), use_ocr=use_ocr)
         except Exception:
             _drop_helper()
             return _analyse(doc, None)
@@ -82,7 +87,9 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_R
         return head + _analyse(doc, range(len(head), n))
     for p in range(len(head), n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
         doc[p].remove_rotation()
-    return head + [rest[p] for p in range(len(head), n)]
+    if text_layers is not None:
+        text_layers.update((p, rest[p][1]) for p in range(len(head), n))
+    return head + [rest[p][0] for p in range(len(head), n)]
 
 
 def set_page_split(enabled: bool) -> None:
@@ -157,17 +164,18 @@ class _Helper:
         self.stale = 0  # replies to requests this process stopped waiting for
         self.lock = threading.Lock()  # held by the thread with a request out (layout, keywords, embedding)
 
-    def send_layout(self, path: str, n: int, reserve: int = 0) -> None:
+    def send_layout(self, path: str, n: int, reserve: int = 0, use_ocr: bool = False) -> None:
         """Opens the claims on the ``n`` pages of ``path`` (the last ``reserve`` left to the helper) and has
-        the helper claim pages from the back."""
+        the helper claim pages from the back (and read those without a text layer with OCR if ``use_ocr``)."""
         self.drain()
         self.claims.reset(n)
         self.reserve = max(0, min(int(reserve), n))
         self.pages = n
-        self.request(("layout", path, n, CHUNK_PAGES, _STATE.get("embedding")))
+        self.request(("layout", path, n, CHUNK_PAGES, _STATE.get("embedding"), bool(use_ocr)))
 
     def receive_layout(self):
-        """``{page: regions}`` of the pages the helper analysed (perhaps none), or None when it failed or died.
+        """``{page: (regions, TextLayer)}`` of the pages the helper analysed (perhaps none), or None when it
+        failed or died.
         When the helper took no page it is not waited for (its empty reply is read later)."""
         if not self.claims.helper_took(self.pages):
             self.busy = False
@@ -375,10 +383,11 @@ def stop_helper() -> None:
 
 
 def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optional[str] = None) -> None:
-    """The helper's loop: ``("layout", path, n, chunk)`` in: it claims ``chunk`` pages at a time from the back
-    (:class:`_Claims`) and analyses them, ``(True, {page: regions})`` out; ``("keywords", texts, top,
-    language)`` in, ``(True, keywords of each text)`` out; ``(False, reason)`` when it failed. With ``path``
-    it first counts that document's pages and ends if there are too few to split."""
+    """The helper's loop: ``("layout", path, n, chunk, offer, use_ocr)`` in: it claims ``chunk`` pages at a
+    time from the back (:class:`_Claims`), analyses them and reads their text layer
+    (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
+    ``("keywords", texts, top, language)`` in, ``(True, keywords of each text)`` out; ``(False, reason)`` when
+    it failed. With ``path`` it first counts that document's pages and ends if there are too few to split."""
     try:  # Linux: the helper dies with its parent
         import ctypes
         import signal
@@ -422,7 +431,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                 texts, top, language = args
                 out = (True, [extract_keywords(t, top=top, language=language) for t in texts])
             else:
-                path, n, chunk, offer = args
+                path, n, chunk, offer, use_ocr = args
                 if offer is not None and preload is None:
                     # the note encoder loads on a thread while the pages are analysed (the pages are claimed as
                     # each process gets to them, so the parent takes more of them meanwhile): it is ready when
@@ -435,7 +444,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
 
                     preload = threading.Thread(target=load, daemon=True)
                     preload.start()
-                done: Dict[int, List[_Region]] = {}
+                done: Dict[int, tuple] = {}
                 doc = None
                 try:
                     while True:
@@ -444,7 +453,8 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                             break
                         if doc is None:
                             doc = pymupdf.open(path)
-                        done.update(zip(pages, _analyse(doc, pages)))
+                        for p, regions in zip(pages, _analyse(doc, pages)):
+                            done[p] = (regions, read_text_layer(doc[p], start=len(regions), use_ocr=use_ocr))
                 finally:
                     if doc is not None:
                         doc.close()

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
-from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, _Region,  # noqa: F401  (re-exported)
-                              import_pymupdf, limit_layout_threads, ocr_regions)
+from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, TextLayer, _Region,  # noqa: F401  (re-exported)
+                              import_pymupdf, limit_layout_threads, ocr_regions, read_text_layer)
 from cdsjax.io.layout_split import layout_pages
 
 PARSER_VERSION = "pymupdf-1"
@@ -182,14 +182,13 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                 assert pno == walked
                 page = doc[pno]
                 page_rect = [float(v) for v in page.rect]
-                has_text = bool(page.get_text("text").strip())
+                # the helper probed (and read with OCR) the pages it analysed; this process does the rest
+                layer = layers.pop(pno, None) or read_text_layer(page, start=len(regions), use_ocr=use_ocr)
+                has_text = layer.has_text
                 if not has_text:
                     no_text_pages.append(pno)
-                    if use_ocr:
-                        try:
-                            regions = regions + ocr_regions(page, start=len(regions))
-                        except Exception:  # Tesseract failed on this page: it stays a page image
-                            ocr_failed += 1
+                    regions = regions + layer.ocr
+                    ocr_failed += layer.ocr_failed
                 page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg,
                                                                 has_text=has_text)
                 # reading-order walk: body words advance the context cursor, visuals record where they sit
@@ -206,7 +205,8 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                 walked += 1
 
         # the pages this process analysed are walked while the layout helper (if any) still works
-        pages = layout_pages(doc, path, on_pages=walk)
+        layers: Dict[int, TextLayer] = {}
+        pages = layout_pages(doc, path, on_pages=walk, use_ocr=use_ocr, text_layers=layers)
         walk(walked, pages[walked:])
         _attach_context(visual_pos, words, int(cfg.context_words))
         _resolve_parents(elements)
