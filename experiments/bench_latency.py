@@ -319,9 +319,8 @@ def main(argv=None) -> int:
                 if label == "old" and size > args.old_max:
                     continue
                 questions = args.questions if size <= 2000 else args.large_questions
-                timed = selectors(args.selectors)
-                converged = {n for n in timed if n == selectors()[1]}
-                names = [s for s in timed if size <= args.converged_max or s not in converged]
+                converged = selectors()[1]  # the default list's converged CDS: skipped past converged_max
+                names = [s for s in selectors(args.selectors) if size <= args.converged_max or s != converged]
                 spec = {"data": data, "size": size, "selectors": names, "questions": questions}
                 report["sizes"][size][label] = r = run_worker(root, "corpus", spec, args.timeout)
                 brief = {k: (v["cold_ms"], v["warm"]) for k, v in r.get("selectors", {}).items()}

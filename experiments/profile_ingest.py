@@ -133,11 +133,12 @@ def child(args) -> int:
 
 
 def _floors(args) -> int:
-    from cdsjax.io.layout import OCR_DPI, OCR_LANGUAGE, _quiet_stderr, prepare_models
+    from cdsjax.io.layout import ocr_regions, prepare_models
 
     prepare_models()
     import pymupdf
 
+    from cdsjax.io import store
     from cdsjax.io.parse import ocr_available
 
     acc = collections.defaultdict(float)
@@ -155,20 +156,17 @@ def _floors(args) -> int:
             pages += 1
         acc["get_layout"] += time.perf_counter() - t0
         acc["get_layout CPU"] += time.process_time() - c0  # every thread of this process
-        # OCR of the pages without a text layer, as the parser reads them (Tesseract through MuPDF, same dpi)
+        # OCR of the pages without a text layer, by the parser's own function
         blank = [i for i, t in enumerate(texts) if not t.strip()]
         if use_ocr and blank:
             t0, c0 = time.perf_counter(), time.process_time()
             for i in blank:
-                with _quiet_stderr():
-                    doc[i].get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
+                ocr_regions(doc[i], start=0)
             acc["ocr"] += time.perf_counter() - t0
             acc["ocr CPU"] += time.process_time() - c0
             ocr_pages += len(blank)
         doc.close()
     out = dict(pages=pages, ocr_pages=ocr_pages, ocr=use_ocr)
-    from cdsjax.io import store
-
     if args.out is not None and (args.out / store.MANIFEST).is_file():
         # the note embedding: the new index's notes encoded again by its encoder, load and compile excluded
         from cdsjax.io.embed import Embedder
@@ -177,14 +175,13 @@ def _floors(args) -> int:
 
         config = default_config()
         embedder = Embedder(config)
-        texts = [embedding_text(n) for n in load_index(args.out).notes]
-        embedder.encode_documents(texts[:64], show_progress=False)  # load and compile the length buckets
-        embedder.encode_documents(texts, show_progress=False)  # every bucket these notes need compiled
+        note_texts = [embedding_text(n) for n in load_index(args.out).notes]
+        embedder.encode_documents(note_texts, show_progress=False)  # loads and compiles every bucket they need
         t0, c0 = time.perf_counter(), time.process_time()
-        embedder.encode_documents(texts, show_progress=False)
+        embedder.encode_documents(note_texts, show_progress=False)
         acc["embed"] += time.perf_counter() - t0
         acc["embed CPU"] += time.process_time() - c0
-        out["notes"] = len(texts)
+        out["notes"] = len(note_texts)
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)

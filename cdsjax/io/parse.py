@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
 from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, TextLayer, _Region,  # noqa: F401  (re-exported)
-                              import_pymupdf, limit_layout_threads, ocr_regions, read_text_layer)
+                              import_pymupdf, limit_layout_threads, read_text_layer)
 from cdsjax.io.layout_split import layout_pages
 
 PARSER_VERSION = "pymupdf-1"
