@@ -5,6 +5,7 @@ two processes claim pages."""
 
 import hashlib
 import json
+import time
 
 import numpy as np
 import pymupdf
@@ -57,14 +58,26 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     monkeypatch.setitem(layout._STATE, "reserve", 2)
     layout_split.set_page_split(True)
     try:
+        # a helper started by the split itself: it claims pages once this process's request comes
+        split_on_request = _parse(pdf, tmp_path / "on_request")
+        assert isinstance(layout._STATE.get("helper"), layout_split._Helper)
+        assert 3 not in probed and 4 not in probed  # the helper read its pages' text layer, the scan's OCR too
+        layout_split.stop_helper()
+        probed.clear()
+
         layout_split.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
         started = layout._STATE.get("helper")
         assert isinstance(started, layout_split._Helper)
+        # it analyses pages from the back before this process asks: wait until it has (as `ask` importing JAX)
+        deadline = time.monotonic() + 120
+        while started.claims.array[3] != 5 or started.claims.array[1] > 3:
+            assert started.proc.is_alive() and time.monotonic() < deadline, "no pages claimed ahead"
+            time.sleep(0.05)
         split = _parse(pdf, tmp_path / "split")
         helper = layout._STATE.get("helper")
         assert helper is started, "the document was not split by the helper started ahead"
-        assert helper.claims.array[1] <= 3  # the helper analysed pages 3 and 4 at least
-        assert 3 not in probed and 4 not in probed  # and read their text layer, the scanned page's OCR too
+        assert helper.claims.array[1] <= 3 and helper.claims.array[3] == -1  # the request took them over
+        assert 3 not in probed and 4 not in probed  # the scanned page's OCR was read at the request
         # the helper also computes half of a document's keywords: the same as computed here
         texts = [json.loads(e)["text"] for e in split[0]] * 3 + ["", "12 34"]
 
@@ -76,7 +89,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     finally:
         layout_split.stop_helper()
         layout_split.set_page_split(True)
-    assert split == plain
+    assert split == plain and split_on_request == plain
 
     layout_split.set_page_split(False)
     layout.set_page_batching(True)

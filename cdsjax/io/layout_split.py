@@ -103,11 +103,30 @@ class _Claims:
     by this process when it has no pages left, so that a helper still loading takes none."""
 
     def __init__(self, ctx):
-        self.array = ctx.Array("i", 3)  # front, back, closed
+        # front, back, closed, and who opened them: 0 nobody yet, -1 this process, n the helper ahead of the request
+        self.array = ctx.Array("i", 4)
 
     def reset(self, n: int) -> None:
         with self.array.get_lock():
-            self.array[0], self.array[1], self.array[2] = 0, n, 0
+            self.array[0], self.array[1], self.array[2], self.array[3] = 0, n, 0, -1
+
+    def open(self, n: int, keep_early: bool) -> None:
+        """Opens the claims on a document of ``n`` pages for this process's request, keeping those the helper
+        opened on it ahead of the request (``keep_early``: the document it was started for) and the pages it
+        took since."""
+        with self.array.get_lock():
+            if not (keep_early and self.array[3] == n):
+                self.array[0], self.array[1], self.array[2] = 0, n, 0
+            self.array[3] = -1
+
+    def open_early(self, n: int) -> bool:
+        """The helper opens the claims on the ``n`` pages of the document it was started for, before this
+        process's request; False when this process opened them already."""
+        with self.array.get_lock():
+            if self.array[3] != 0:
+                return False
+            self.array[0], self.array[1], self.array[2], self.array[3] = 0, n, 0, n
+            return True
 
     def take_front(self, chunk: int, limit: Optional[int] = None):
         """The next ``chunk`` pages from the front, none at or past ``limit`` (None: none left to this process;
@@ -122,12 +141,13 @@ class _Claims:
             self.array[0] = stop
             return range(front, stop)
 
-    def take_back(self, chunk: int):
-        """The next ``chunk`` pages from the back (None: none left, or this process closed the claims)."""
+    def take_back(self, chunk: int, early: bool = False):
+        """The next ``chunk`` pages from the back (None: none left, or this process closed the claims; with
+        ``early``, also once this process opened them for its request)."""
         with self.array.get_lock():
             front, back, closed = self.array[0], self.array[1], self.array[2]
             start = max(back - chunk, front)
-            if closed or start >= back:
+            if closed or start >= back or (early and self.array[3] < 0):
                 return None
             self.array[1] = start
             return range(start, back)
@@ -155,8 +175,9 @@ class _Helper:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.claims = _Claims(ctx)
-        self.proc = ctx.Process(target=_helper_main, args=(child, threads, os.getpid(), self.claims, path),
-                                daemon=True, name="cdsjax-layout-helper")
+        self.proc = ctx.Process(target=_helper_main, daemon=True, name="cdsjax-layout-helper",
+                                args=(child, threads, os.getpid(), self.claims, path, SPLIT_MIN_PAGES))
+        self.early = None if path is None else os.path.realpath(path)  # the document it claims pages of ahead
         with started_with(worker_environment()):  # the child is started with this process's environment
             self.proc.start()
         child.close()
@@ -168,7 +189,8 @@ class _Helper:
         """Opens the claims on the ``n`` pages of ``path`` (the last ``reserve`` left to the helper) and has
         the helper claim pages from the back (and read those without a text layer with OCR if ``use_ocr``)."""
         self.drain()
-        self.claims.reset(n)
+        early, self.early = self.early, None
+        self.claims.open(n, keep_early=early is not None and early == os.path.realpath(path))
         self.reserve = max(0, min(int(reserve), n))
         self.pages = n
         self.request(("layout", path, n, CHUNK_PAGES, _STATE.get("embedding"), bool(use_ocr)))
@@ -356,7 +378,8 @@ def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Op
 def prestart_helper(path, *, count_pages: bool = True) -> None:
     """Starts the helper of :func:`layout_pages` now if ``path`` is a document it will split (``cdsjax ask``
     on a new PDF calls this first), so that the helper's imports and model load overlap this process's
-    instead of delaying the pages it takes. Does nothing for short or unreadable documents.
+    instead of delaying the pages it takes; once loaded it starts on the document's pages from the back without
+    waiting for this process (:func:`_claim_early`). Does nothing for short or unreadable documents.
 
     ``count_pages=False`` starts the helper without opening the document here (without importing PyMuPDF
     first); the helper counts the pages itself and ends at once if the document is too short to split.
@@ -371,7 +394,7 @@ def prestart_helper(path, *, count_pages: bool = True) -> None:
             with pymupdf.open(path) as doc:
                 if doc.page_count < SPLIT_MIN_PAGES:
                     return
-        _helper(None if count_pages else str(path))
+        _helper(str(path))
     except Exception:  # the document is checked and reported where it is parsed
         _drop_helper()
 
@@ -382,12 +405,32 @@ def stop_helper() -> None:
     _drop_helper()
 
 
-def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optional[str] = None) -> None:
+def _claim_early(doc, claims: _Claims) -> Dict[int, tuple]:
+    """The helper, started for ``doc`` before the parent asks for its layout (``cdsjax ask NEW.pdf``), opens the
+    claims on it and analyses pages from the back while the parent is still importing: ``{page: (regions,
+    TextLayer)}``, the text layers read without OCR (the request says whether to OCR). It stops when the parent
+    sends its request (the request's loop goes on claiming) or no page is left; nothing when the parent opened
+    the claims first."""
+    done: Dict[int, tuple] = {}
+    if not claims.open_early(doc.page_count):
+        return done
+    while True:
+        pages = claims.take_back(CHUNK_PAGES, early=True)  # until the request comes: it goes on from there
+        if pages is None:
+            return done
+        for p, regions in zip(pages, _analyse(doc, pages)):
+            done[p] = (regions, read_text_layer(doc[p], start=len(regions), use_ocr=False))
+
+
+def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optional[str] = None,
+                 min_pages: int = SPLIT_MIN_PAGES) -> None:
     """The helper's loop: ``("layout", path, n, chunk, offer, use_ocr)`` in: it claims ``chunk`` pages at a
     time from the back (:class:`_Claims`), analyses them and reads their text layer
     (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
     ``("keywords", texts, top, language)`` in, ``(True, keywords of each text)`` out; ``(False, reason)`` when
-    it failed. With ``path`` it first counts that document's pages and ends if there are too few to split."""
+    it failed. With ``path`` it first counts that document's pages and ends if there are fewer than
+    ``min_pages`` (the parent's threshold to split), then analyses pages of it from the back before the request
+    comes (:func:`_claim_early`)."""
     try:  # Linux: the helper dies with its parent
         import ctypes
         import signal
@@ -399,17 +442,25 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
         return
     limit_layout_threads(threads)
     _STATE["split"] = False
+    path_started = path
+    early_doc = None  # the document it was started for, open while it claims pages of it ahead of the request
     if path is not None:
         pymupdf = import_pymupdf(threads)
 
         try:
-            with pymupdf.open(path) as doc:
-                if doc.page_count < SPLIT_MIN_PAGES:
-                    return
+            early_doc = pymupdf.open(path)
+            if early_doc.page_count < min_pages:
+                return
         except Exception:
             return
     prepare_models(threads)
     pymupdf = import_pymupdf(threads)
+    early: Dict[int, tuple] = {}  # {page: (regions, text layer read without OCR)} claimed ahead of the request
+    if early_doc is not None:
+        try:
+            early = _claim_early(early_doc, claims)
+        except Exception:  # whatever it claimed and did not finish, the parent's request finds unanswered
+            early = None
 
     preload = None  # a thread loading the JAX note encoder (offered with a layout request)
     while True:
@@ -446,7 +497,20 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                     preload.start()
                 done: Dict[int, tuple] = {}
                 doc = None
+                if early_doc is not None:  # the first request: is it for the document claimed ahead?
+                    started, claimed, early_doc, early = early_doc, early, None, None
+                    if os.path.realpath(path) == os.path.realpath(path_started) and started.page_count == n:
+                        doc = started
+                    else:  # another document: the parent opened the claims afresh
+                        started.close()
                 try:
+                    if doc is not None:
+                        if claimed is None:  # (its claims were kept: the parent analyses those pages itself)
+                            raise RuntimeError("analysing pages ahead of the request failed")
+                        for p, (regions, layer) in claimed.items():
+                            if not layer.has_text and use_ocr:
+                                layer = read_text_layer(doc[p], start=len(regions), use_ocr=True)
+                            done[p] = (regions, layer)
                     while True:
                         pages = claims.take_back(chunk)
                         if pages is None:
