@@ -34,13 +34,29 @@ def test_entry_finishes_threads_handlers_and_output_first(monkeypatch, capsys):
     monkeypatch.setattr(cli, "main", command)
     monkeypatch.setattr(cli.os, "_exit", fake_exit)
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: events.append("atexit"))  # not this process's own
+    monkeypatch.setattr(atexit, "unregister", lambda f: events.append(("unregister", f.__module__, f.__name__)))
     monkeypatch.setattr(threading, "_shutdown", lambda: [t.join() for t in threading.enumerate()
                                                          if t is not threading.main_thread() and not t.daemon
                                                          and t.name.startswith("Thread-")])
     with pytest.raises(Exited):
         cli.entry()
-    assert events == ["thread", "atexit", ("exit", 3)]
+    # JAX's exit handler (freeing XLA's backends one object at a time) is dropped before the others run
+    assert events == ["thread", ("unregister", "jax._src.api", "clean_up"), "atexit", ("exit", 3)]
     assert capsys.readouterr().out == "answer"
+
+
+def test_jax_keeps_its_exit_handler_while_jax_distributed_runs(monkeypatch):
+    """Its handler also tells the coordinator this process left: kept when jax.distributed was initialised."""
+    import jax._src.distributed as distributed
+
+    dropped = []
+    monkeypatch.setattr(atexit, "unregister", dropped.append)
+    monkeypatch.setattr(distributed.global_state, "client", object())
+    cli._skip_jax_teardown(atexit)
+    assert dropped == []
+    monkeypatch.setattr(distributed.global_state, "client", None)
+    cli._skip_jax_teardown(atexit)
+    assert [f.__name__ for f in dropped] == ["clean_up"]
 
 
 def test_the_executable_keeps_its_exit_code_and_messages():
