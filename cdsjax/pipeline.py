@@ -29,7 +29,8 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
-from cdsjax.io.compilation_cache import enable_compilation_cache, prune_compilation_cache  # noqa: F401 (entry points)
+from cdsjax.io.compilation_cache import (  # noqa: F401 (the two functions: entry points)
+    ExportedJit, enable_compilation_cache, prune_compilation_cache)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
@@ -319,12 +320,14 @@ class Pipeline:
                 _, fn = make_selector(key[0], budget, options, self.params)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
-            jitted = jax.jit(fn)
+            # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
+            # fresh process neither traces nor lowers a selector it met before
+            jitted = ExportedJit(fn, repr(key))
             bound, block = registry.corpus_bound_fn(fn), registry.corpus_block_fn(fn)
             # the spectral bound and note block of the selector's game, computed once per corpus (select keeps
             # them per pipeline)
-            jitted.corpus_bound = None if bound is None else jax.jit(bound)
-            jitted.corpus_block = None if block is None else jax.jit(block)
+            jitted.corpus_bound = None if bound is None else ExportedJit(bound, repr(key) + ":bound")
+            jitted.corpus_block = None if block is None else ExportedJit(block, repr(key) + ":block")
             return jitted
 
         if isinstance(self.compiled, SelectorCache):

@@ -1,14 +1,21 @@
-"""JAX's persistent compilation cache for the entry points: where it lives, and its size kept under a cap.
+"""JAX's persistent compilation cache for the entry points: where it lives, and its size kept under a cap; and
+the traced selectors kept beside it.
 
 :func:`enable_compilation_cache` is called by the commands (``ask``, ``serve``, ``demo``, ``eval``), never by the
 library; :func:`prune_compilation_cache` keeps the directory under its cap (``cdsjax serve`` calls it after each
-compilation).
+compilation). :class:`ExportedJit` is ``jax.jit`` whose traced and lowered program (:mod:`jax.export`) is kept in
+that directory, so that a fresh process neither traces nor lowers a selector it has met before.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import os
+import sys
+import threading
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import jax
 
@@ -88,3 +95,128 @@ def prune_compilation_cache(directory=None, max_bytes: Optional[int] = None) -> 
         total -= size
         freed += size
     return freed
+
+
+EXPORT_SUFFIX = ".cdsjax-exported"
+_FINGERPRINT: Dict[str, str] = {}
+_REGISTERED: set = set()
+_REGISTER_LOCK = threading.Lock()
+# the settings that change what a function traces to (beside the shapes and dtypes of its arguments)
+_TRACE_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion",
+                   "jax_numpy_rank_promotion", "jax_default_prng_impl", "jax_threefry_partitionable")
+
+
+class ExportedJit:
+    """``jax.jit(fun)``, whose traced and lowered program is kept in the compilation cache directory.
+
+    A fresh ``cdsjax ask`` traces and lowers each selector it runs before JAX's persistent cache can find the
+    compiled executable (its key is the lowered program): 1-2 CPU s for a CDS selector with its corpus bound
+    and note block, on every run. Here the first call for a signature (the arguments' tree, shapes and dtypes)
+    exports the function (:func:`jax.export.export`) and writes the serialized program to
+    ``<cache>/<key>.cdsjax-exported``; a later process reads it and calls it (``jax.jit(exported.call)``,
+    whose executable the persistent cache holds), without tracing ``fun``. The key is a hash of ``name`` (what
+    identifies ``fun``: the caller's selector key), the signature, the JAX version and settings that change a
+    trace, and the source of the cdsjax package, so an edited selector is traced afresh.
+
+    Without :func:`enable_compilation_cache` (library use) it is plain ``jax.jit``. A function that cannot be
+    exported, a cache file that cannot be read (it is written again) or written, and a tree holding a type
+    whose static fields are not plain literals run as plain ``jax.jit``: the answer is the same either way.
+    """
+
+    def __init__(self, fun: Callable, name: str):
+        self.jitted = jax.jit(fun)
+        self.name = str(name)
+        self._calls: Dict[tuple, Callable] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        directory = _JAX_CACHE.get("directory")
+        if directory is None or kwargs:
+            return self.jitted(*args, **kwargs)
+        leaves, tree = jax.tree.flatten(args)
+        try:
+            signature = (str(tree), tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
+                                          for x in leaves))
+        except AttributeError:  # a Python scalar among the leaves: jit's own rules
+            return self.jitted(*args)
+        call = self._calls.get(signature)
+        if call is None:
+            with self._lock:
+                call = self._calls.get(signature)
+                if call is None:
+                    call = self._calls[signature] = self._exported(Path(directory), signature, args)
+        return call(*args)
+
+    def _exported(self, directory: Path, signature: tuple, args) -> Callable:
+        key = hashlib.sha256(repr((_fingerprint(), self.name, signature)).encode()).hexdigest()[:48]
+        path = directory / f"{key}{EXPORT_SUFFIX}"
+        _register_flax_types()
+        try:
+            exported = jax.export.deserialize(bytearray(path.read_bytes()))
+            os.utime(path)  # recently used: the pruning goes by age
+            return jax.jit(exported.call)
+        except FileNotFoundError:
+            pass
+        except Exception:  # damaged, or from a version whose tree types are gone: exported again
+            pass
+        try:
+            exported = jax.export.export(self.jitted)(*args)
+            data = exported.serialize()
+        except Exception:  # not exportable (or a static field that is not a plain literal): jit as before
+            return self.jitted
+        try:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)  # whole or not at all
+            prune_compilation_cache()
+        except OSError:
+            pass
+        return jax.jit(exported.call)
+
+
+def _fingerprint() -> str:
+    """A hash of the cdsjax package's source, the JAX versions and the settings that change a trace."""
+    if "value" not in _FINGERPRINT:
+        digest = hashlib.sha256()
+        package = Path(__file__).resolve().parents[1]
+        for source in sorted(package.rglob("*.py")):
+            digest.update(str(source.relative_to(package)).encode())
+            digest.update(source.read_bytes())
+        import jaxlib
+
+        digest.update(repr((jax.__version__, jaxlib.__version__)).encode())
+        _FINGERPRINT["value"] = digest.hexdigest()
+    settings = [(name, str(getattr(jax.config, name, None))) for name in _TRACE_SETTINGS]
+    return hashlib.sha256(repr((_FINGERPRINT["value"], settings)).encode()).hexdigest()
+
+
+def _register_flax_types() -> None:
+    """Registers the flax dataclasses of the loaded cdsjax modules with :mod:`jax.export`'s tree serialization,
+    their static fields written as Python literals (a field that is not one makes serialization fail, and the
+    function runs as plain jit)."""
+    with _REGISTER_LOCK:
+        for module_name, module in list(sys.modules.items()):
+            if module is None or not (module_name == "cdsjax" or module_name.startswith("cdsjax.")):
+                continue
+            for value in list(vars(module).values()):
+                if (isinstance(value, type) and getattr(value, "_flax_dataclass", False)
+                        and value.__module__ == module_name and value not in _REGISTERED):
+                    jax.export.register_pytree_node_serialization(
+                        value, serialized_name=f"{value.__module__}:{value.__qualname__}",
+                        serialize_auxdata=_literal_bytes, deserialize_auxdata=_from_literal_bytes)
+                    _REGISTERED.add(value)
+
+
+def _literal_bytes(aux) -> bytes:
+    text = repr(aux)
+    try:
+        same = ast.literal_eval(text) == aux
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        same = False
+    if not same:
+        raise ValueError(f"static fields {text[:200]} are not plain literals")
+    return text.encode()
+
+
+def _from_literal_bytes(data: bytes):
+    return ast.literal_eval(bytes(data).decode())
