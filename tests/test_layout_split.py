@@ -78,14 +78,21 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
         assert helper is started, "the document was not split by the helper started ahead"
         assert helper.claims.array[1] <= 3 and helper.claims.array[3] == -1  # the request took them over
         assert 3 not in probed and 4 not in probed  # the scanned page's OCR was read at the request
-        # the helper also computes half of a document's keywords: the same as computed here
+        # the helper also computes a document's keywords with this process: the same as computed here
         texts = [json.loads(e)["text"] for e in split[0]] * 3 + ["", "12 34"]
+        done_here = []
 
         def here(t):
+            done_here.append(t)
             return extract_keywords(t, top=5)
 
-        assert layout_split.keywords_in_helper(texts, 5, "en", here) == [here(t) for t in texts]
+        def slow(t):  # this process is slow: the helper claims most texts from the back
+            time.sleep(0.2)
+            return here(t)
+
+        assert layout_split.keywords_in_helper(texts, 5, "en", slow) == [extract_keywords(t, top=5) for t in texts]
         assert layout._STATE.get("helper") is helper and not helper.busy  # it answered (no fallback)
+        assert 1 <= len(done_here) < len(texts) // 2, len(done_here)  # the helper took the larger share
     finally:
         layout_split.stop_helper()
         layout_split.set_page_split(True)

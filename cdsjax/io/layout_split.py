@@ -4,11 +4,12 @@
 document of ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a helper process at once, each
 claiming pages (:class:`_Claims`: this process from the front, the helper from the back) until they meet. The
 helper, a daemonic process with the layout models loaded, is kept for later documents; meanwhile it also
-computes half of a document's YAKE keywords (:func:`keywords_in_helper`) and can compute half of the last
-document's note embeddings (:func:`embed_in_helper`, with the JAX encoder offered by :func:`offer_embedding`;
-off unless :data:`SHARE_EMBEDDING`). ``cdsjax ask NEW.pdf`` starts it before anything else (:func:`prestart_helper`), so
-its imports and model load overlap this process's. Every result is the one this process would compute (the
-embeddings within float tolerance: other batches).
+computes a document's YAKE keywords with this process, claiming texts the same way (:func:`keywords_in_helper`),
+and can compute half of the last document's note embeddings (:func:`embed_in_helper`, with the JAX encoder
+offered by :func:`offer_embedding`; off unless :data:`SHARE_EMBEDDING`). ``cdsjax ask NEW.pdf`` starts it before
+anything else (:func:`prestart_helper`), so its imports and model load overlap this process's, and it starts on
+the document's pages without waiting for this process's request (:func:`_claim_early`). Every result is the one
+this process would compute (the embeddings within float tolerance: other batches).
 """
 
 from __future__ import annotations
@@ -349,30 +350,40 @@ def _helper_encoder(offer):
 
 
 def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
-    """YAKE keywords of ``texts`` (``compute(text)`` for one), the second half computed by the helper of
-    :func:`layout_pages` while this process computes the first: the same keywords, in about half the time.
-    None (nothing computed) when no helper is running here (documents too short to split, worker processes,
-    one core); the caller then computes them all itself."""
+    """YAKE keywords of ``texts`` (``compute(text)`` for one), computed by this process and the helper of
+    :func:`layout_pages` at once: each claims texts (:class:`_Claims`), this process from the front and the
+    helper from the back, until they meet, so neither waits for the other however long the texts or whoever
+    starts later. The same keywords as computed here alone. None (nothing computed) when no helper is running
+    here (documents too short to split, worker processes, one core); the caller then computes them all itself."""
     if len(texts) < 2:
         return None
     helper = _acquire_helper()  # (None also while the helper is busy with a request no one waits for)
     if helper is None:
         return None
-    half = (len(texts) + 1) // 2
+    out: List[Optional[List[str]]] = [None] * len(texts)
     try:
         try:
-            helper.request(("keywords", list(texts[half:]), int(top), language))
+            helper.claims.reset(len(texts))
+            helper.request(("keywords", list(texts), int(top), language))
         except Exception:
             _drop_helper()
             return None
-        head = [compute(t) for t in texts[:half]]
+        while True:
+            claimed = helper.claims.take_front(1)
+            if claimed is None:
+                break
+            for i in claimed:
+                out[i] = compute(texts[i])
         rest = helper.receive()
     finally:
         helper.lock.release()
-    if rest is None or len(rest) != len(texts) - half:  # the helper failed or died: this process does the rest
+    if isinstance(rest, dict):
+        for i, keywords in rest.items():
+            if 0 <= int(i) < len(texts) and out[int(i)] is None:
+                out[int(i)] = keywords
+    else:  # the helper failed or died
         _drop_helper()
-        rest = [compute(t) for t in texts[half:]]
-    return head + rest
+    return [compute(t) if k is None else k for t, k in zip(texts, out)]  # what the helper did not return
 
 
 def prestart_helper(path, *, count_pages: bool = True) -> None:
@@ -427,7 +438,8 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     """The helper's loop: ``("layout", path, n, chunk, offer, use_ocr)`` in: it claims ``chunk`` pages at a
     time from the back (:class:`_Claims`), analyses them and reads their text layer
     (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
-    ``("keywords", texts, top, language)`` in, ``(True, keywords of each text)`` out; ``(False, reason)`` when
+    ``("keywords", texts, top, language)`` in: it claims texts one at a time from the back, ``(True, {index:
+    keywords})`` out; ``(False, reason)`` when
     it failed. With ``path`` it first counts that document's pages and ends if there are fewer than
     ``min_pages`` (the parent's threshold to split), then analyses pages of it from the back before the request
     comes (:func:`_claim_early`)."""
@@ -480,7 +492,14 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                 from cdsjax.io.keywords import extract_keywords
 
                 texts, top, language = args
-                out = (True, [extract_keywords(t, top=top, language=language) for t in texts])
+                found = {}
+                while True:  # from the back, until the parent's claims from the front meet these
+                    claimed = claims.take_back(1)
+                    if claimed is None:
+                        break
+                    for i in claimed:
+                        found[i] = extract_keywords(texts[i], top=top, language=language)
+                out = (True, found)
             else:
                 path, n, chunk, offer, use_ocr = args
                 if offer is not None and preload is None:

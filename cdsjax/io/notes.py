@@ -126,7 +126,7 @@ def _last_sentences(text: str, max_chars: int) -> str:
     return out[-max_chars:].lstrip()
 
 
-KEYWORDS_SPLIT_MIN = 24  # notes from which the layout helper (if one runs) computes half of the keywords
+KEYWORDS_SPLIT_MIN = 24  # notes from which the layout helper (if one runs) computes keywords too
 
 
 def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
@@ -146,7 +146,7 @@ def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
         return extract_keywords(text, top=top, language=language)
 
     found = None
-    if len(sources) >= KEYWORDS_SPLIT_MIN:  # YAKE is most of this function's time: half on the layout helper
+    if len(sources) >= KEYWORDS_SPLIT_MIN:  # YAKE is most of this function's time: shared with the layout helper
         from cdsjax.io.layout_split import keywords_in_helper
 
         found = keywords_in_helper(sources, top, language, keywords)
