@@ -74,3 +74,16 @@ def test_static_fields_must_be_literals_to_be_written():
         == (1e-7, None, "x", (2, 3))
     with pytest.raises(ValueError):
         compilation_cache._literal_bytes((object(),))
+
+
+def test_a_process_tracing_under_x64_and_without_gets_each_program(tmp_path, monkeypatch):
+    """The same int32 argument traces to a float32 program without x64 and a float64 one with it, as jit keys
+    them: each call gets its own."""
+    monkeypatch.setitem(compilation_cache._JAX_CACHE, "directory", tmp_path)
+    scaled = compilation_cache.ExportedJit(lambda x: x * 1.5, "test:scaled")
+    x = np.arange(3, dtype=np.int32)
+    assert scaled(x).dtype == np.float32
+    with jax.enable_x64(True):
+        assert scaled(x).dtype == np.float64
+    assert scaled(x).dtype == np.float32
+    assert len(list(tmp_path.glob("*" + compilation_cache.EXPORT_SUFFIX))) == 2

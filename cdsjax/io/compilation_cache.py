@@ -134,9 +134,9 @@ class ExportedJit:
         if directory is None or kwargs:
             return self.jitted(*args, **kwargs)
         leaves, tree = jax.tree.flatten(args)
-        try:
+        try:  # (the settings too: a process may trace under x64 and without, as jit keys them)
             signature = (str(tree), tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
-                                          for x in leaves))
+                                          for x in leaves), _trace_settings())
         except AttributeError:  # a Python scalar among the leaves: jit's own rules
             return self.jitted(*args)
         call = self._calls.get(signature)
@@ -164,13 +164,16 @@ class ExportedJit:
             data = exported.serialize()
         except Exception:  # not exportable (or a static field that is not a plain literal): jit as before
             return self.jitted
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)  # whole or not at all
             prune_compilation_cache()
-        except OSError:
-            pass
+        except OSError:  # (not written: the next process exports it again)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
         return jax.jit(exported.call)
 
 
@@ -186,8 +189,11 @@ def _fingerprint() -> str:
 
         digest.update(repr((jax.__version__, jaxlib.__version__)).encode())
         _FINGERPRINT["value"] = digest.hexdigest()
-    settings = [(name, str(getattr(jax.config, name, None))) for name in _TRACE_SETTINGS]
-    return hashlib.sha256(repr((_FINGERPRINT["value"], settings)).encode()).hexdigest()
+    return hashlib.sha256(repr((_FINGERPRINT["value"], _trace_settings())).encode()).hexdigest()
+
+
+def _trace_settings() -> tuple:
+    return tuple((name, str(getattr(jax.config, name, None))) for name in _TRACE_SETTINGS)
 
 
 def _register_flax_types() -> None:

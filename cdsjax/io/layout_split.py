@@ -439,8 +439,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     time from the back (:class:`_Claims`), analyses them and reads their text layer
     (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
     ``("keywords", texts, top, language)`` in: it claims texts one at a time from the back, ``(True, {index:
-    keywords})`` out; ``(False, reason)`` when
-    it failed. With ``path`` it first counts that document's pages and ends if there are fewer than
+    keywords})`` out; ``(False, reason)`` when it failed. With ``path`` it first counts that document's pages and ends if there are fewer than
     ``min_pages`` (the parent's threshold to split), then analyses pages of it from the back before the request
     comes (:func:`_claim_early`)."""
     try:  # Linux: the helper dies with its parent
