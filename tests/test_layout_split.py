@@ -11,7 +11,7 @@ import numpy as np
 import pymupdf
 
 from cdsjax.config import get_config
-from cdsjax.io import layout, layout_split
+from cdsjax.io import helper_tasks, layout, layout_split
 from cdsjax.io import parse as parse_module
 from cdsjax.io.notes import extract_keywords
 from cdsjax.io.parse import ocr_available, parse_pdf
@@ -90,7 +90,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
             time.sleep(0.2)
             return here(t)
 
-        assert layout_split.keywords_in_helper(texts, 5, "en", slow) == [extract_keywords(t, top=5) for t in texts]
+        assert helper_tasks.keywords_in_helper(texts, 5, "en", slow) == [extract_keywords(t, top=5) for t in texts]
         assert layout._STATE.get("helper") is helper and not helper.busy  # it answered (no fallback)
         assert 1 <= len(done_here) < len(texts) // 2, len(done_here)  # the helper took the larger share
     finally:
@@ -151,7 +151,7 @@ def test_helper_embeds_half_of_the_notes(monkeypatch):
             calls.append(len(part))
             return embedder.encode_documents(part)
 
-        shared = layout_split.embed_in_helper(texts, 16, here)
+        shared = helper_tasks.embed_in_helper(texts, 16, here)
         assert shared is not None and calls and calls[0] < len(texts)  # the helper encoded the rest
         helper = layout._STATE.get("helper")
         assert helper is not None and helper.proc.is_alive() and not helper.busy  # it answered (no fallback)

@@ -230,19 +230,19 @@ class Embedder:
         """``[len(texts), d]`` float32 note embeddings (document prefix applied).
 
         ``share_helper``: with the JAX encoder and an idle layout helper in this process (nothing parses any
-        more), half of the notes are encoded by the helper meanwhile (:func:`cdsjax.io.layout.embed_in_helper`;
+        more), half of the notes are encoded by the helper meanwhile (:func:`cdsjax.io.helper_tasks.embed_in_helper`;
         the same vectors within float tolerance)."""
         show = self.show_progress if show_progress is None else show_progress
         return self._encode([self.document_prefix + t for t in texts], show, split=share_helper)
 
     def offer_to_helper(self) -> None:
         """Lets the layout helper (if one runs) load this embedder's JAX encoder once its pages are done, for
-        :meth:`encode_documents` to share the notes with it (:func:`cdsjax.io.layout.offer_embedding`)."""
+        :meth:`encode_documents` to share the notes with it (:func:`cdsjax.io.helper_tasks.offer_embedding`)."""
         if self.jax_encoder() is None:
             return
         import jax
 
-        from cdsjax.io.layout_split import offer_embedding
+        from cdsjax.io.helper_tasks import offer_embedding
 
         offer_embedding(dict(model=self.model_name, query_prefix=self.query_prefix,
                              document_prefix=self.document_prefix, normalize=self.normalize,
@@ -260,7 +260,7 @@ class Embedder:
                 return np.asarray(fast.encode_documents(list(part), batch_size=batch, prefix=False), np.float32)
 
             if split:
-                from cdsjax.io.layout_split import embed_in_helper
+                from cdsjax.io.helper_tasks import embed_in_helper
 
                 shared = embed_in_helper(list(texts), batch, encode)
                 if shared is not None:

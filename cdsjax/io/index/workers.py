@@ -108,9 +108,9 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
 
 def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
     """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`): nothing parses in
-    this process meanwhile (and, with :data:`cdsjax.io.layout_split.SHARE_EMBEDDING`, the layout helper encodes
+    this process meanwhile (and, with :data:`cdsjax.io.helper_tasks.SHARE_EMBEDDING`, the layout helper encodes
     half of the notes)."""
-    from cdsjax.io.layout_split import SHARE_EMBEDDING
+    from cdsjax.io.helper_tasks import SHARE_EMBEDDING
 
     with freed_memory_kept():
         finish_doc(doc, ctx, staging, redo, share_helper=SHARE_EMBEDDING)
@@ -119,7 +119,7 @@ def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
 def _preload(embedder) -> None:
     try:
         embedder.load()
-        from cdsjax.io.layout_split import SHARE_EMBEDDING
+        from cdsjax.io.helper_tasks import SHARE_EMBEDDING
 
         if SHARE_EMBEDDING:
             embedder.offer_to_helper()  # a split document's layout helper shares the embedding
