@@ -117,7 +117,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 141
 
 
-def _skip_jax_teardown(atexit) -> None:
+def _skip_jax_teardown() -> None:
     """Drops JAX's own exit handler, which frees XLA's backends and caches object by object (0.2 s after an
     ``ask``), unless ``jax.distributed`` is running here: its handler also tells the coordinator this process
     left. What runs on XLA has finished by now (the command waited for its results and writes)."""
@@ -129,6 +129,8 @@ def _skip_jax_teardown(atexit) -> None:
     state = getattr(distributed, "global_state", None)
     if any(getattr(state, part, None) is not None for part in ("client", "service")):
         return
+    import atexit
+
     atexit.unregister(clean_up)
 
 
@@ -149,7 +151,7 @@ def entry() -> None:
     shutdown = getattr(threading, "_shutdown", None)  # what the interpreter runs first at exit
     if shutdown is not None:
         shutdown()
-    _skip_jax_teardown(atexit)
+    _skip_jax_teardown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

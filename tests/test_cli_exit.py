@@ -52,10 +52,10 @@ def test_jax_keeps_its_exit_handler_while_jax_distributed_runs(monkeypatch):
     dropped = []
     monkeypatch.setattr(atexit, "unregister", dropped.append)
     monkeypatch.setattr(distributed.global_state, "client", object())
-    cli._skip_jax_teardown(atexit)
+    cli._skip_jax_teardown()
     assert dropped == []
     monkeypatch.setattr(distributed.global_state, "client", None)
-    cli._skip_jax_teardown(atexit)
+    cli._skip_jax_teardown()
     assert [f.__name__ for f in dropped] == ["clean_up"]
 
 

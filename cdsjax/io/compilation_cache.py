@@ -155,9 +155,7 @@ class ExportedJit:
             exported = jax.export.deserialize(bytearray(path.read_bytes()))
             os.utime(path)  # recently used: the pruning goes by age
             return jax.jit(exported.call)
-        except FileNotFoundError:
-            pass
-        except Exception:  # damaged, or from a version whose tree types are gone: exported again
+        except Exception:  # not written yet, damaged, or from a version whose tree types are gone: exported now
             pass
         try:
             exported = jax.export.export(self.jitted)(*args)

@@ -28,9 +28,9 @@ def offer_embedding(info: dict, cache_dir: Optional[str]) -> None:
 
 def embed_in_helper(texts: List[str], batch_size: int, compute) -> Optional[np.ndarray]:
     """Note embeddings of ``texts`` (``compute(texts)`` encodes here), half of them computed by the helper of
-    :func:`~cdsjax.io.layout_split.layout_pages` with the same JAX encoder while this process computes the other half: the same vectors
-    within float tolerance (the batches differ). None (nothing computed) when no helper is running here or no
-    encoder was offered (:func:`offer_embedding`); the caller then encodes them all itself."""
+    :func:`~cdsjax.io.layout_split.layout_pages` with the same JAX encoder while this process computes the other
+    half: the same vectors within float tolerance (the batches differ). None (nothing computed) when no helper
+    is running here or no encoder was offered (:func:`offer_embedding`); the caller then encodes them all itself."""
     offer = _STATE.get("embedding")
     if offer is None or len(texts) < 2 * batch_size:
         return None
@@ -69,8 +69,9 @@ def embed_in_helper(texts: List[str], batch_size: int, compute) -> Optional[np.n
 
 def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
     """YAKE keywords of ``texts`` (``compute(text)`` for one), computed by this process and the helper of
-    :func:`~cdsjax.io.layout_split.layout_pages` at once: each claims texts (:class:`_Claims`), this process from the front and the
-    helper from the back, until they meet, so neither waits for the other however long the texts or whoever
+    :func:`~cdsjax.io.layout_split.layout_pages` at once: each claims texts
+    (:class:`~cdsjax.io.layout_split._Claims`), this process from the front and the helper from the back, until
+    they meet, so neither waits for the other however long the texts or whoever
     starts later. The same keywords as computed here alone. None (nothing computed) when no helper is running
     here (documents too short to split, worker processes, one core); the caller then computes them all itself."""
     if len(texts) < 2:
@@ -95,10 +96,9 @@ def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Op
         rest = helper.receive()
     finally:
         helper.lock.release()
-    if isinstance(rest, dict):
+    if isinstance(rest, dict):  # the texts the helper claimed (none of this process's: the claims are disjoint)
         for i, keywords in rest.items():
-            if 0 <= int(i) < len(texts) and out[int(i)] is None:
-                out[int(i)] = keywords
+            out[i] = keywords
     else:  # the helper failed or died
         _drop_helper()
     return [compute(t) if k is None else k for t, k in zip(texts, out)]  # what the helper did not return

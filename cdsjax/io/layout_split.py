@@ -5,9 +5,10 @@ document of ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a 
 claiming pages (:class:`_Claims`: this process from the front, the helper from the back) until they meet. The
 helper, a daemonic process with the layout models loaded, is kept for later documents; meanwhile it also
 computes a document's YAKE keywords with this process, claiming texts the same way, and can compute half of the
-last document's note embeddings (:mod:`cdsjax.io.helper_tasks`, where the requests are made). ``cdsjax ask NEW.pdf`` starts it before
-anything else (:func:`prestart_helper`), so its imports and model load overlap this process's, and it starts on
-the document's pages without waiting for this process's request (:func:`_claim_early`). Every result is the one
+last document's note embeddings (:mod:`cdsjax.io.helper_tasks`, where the requests are made). ``cdsjax ask
+NEW.pdf`` starts it before anything else (:func:`prestart_helper`), so its imports and model load overlap this
+process's, and it starts on the document's pages without waiting for this process's request
+(:func:`_claim_early`). Every result is the one
 this process would compute (the embeddings within float tolerance: other batches).
 """
 
@@ -348,9 +349,9 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     time from the back (:class:`_Claims`), analyses them and reads their text layer
     (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
     ``("keywords", texts, top, language)`` in: it claims texts one at a time from the back, ``(True, {index:
-    keywords})`` out; ``(False, reason)`` when it failed. With ``path`` it first counts that document's pages and ends if there are fewer than
-    ``min_pages`` (the parent's threshold to split), then analyses pages of it from the back before the request
-    comes (:func:`_claim_early`)."""
+    keywords})`` out; ``(False, reason)`` when it failed. With ``path`` it first counts that document's pages
+    and ends if there are fewer than ``min_pages`` (the parent's threshold to split), then analyses pages of it
+    from the back before the request comes (:func:`_claim_early`)."""
     try:  # Linux: the helper dies with its parent
         import ctypes
         import signal
