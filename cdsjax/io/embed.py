@@ -10,10 +10,12 @@ Every index records :meth:`Embedder.info` so questions are encoded with the
 same model, prefixes and normalisation as the notes.
 
 Where the model allows (a BERT encoder with mean pooling on local disk, e.g. the
-default MiniLM) and the device is the CPU, :class:`Embedder` encodes with the
-JAX forward of :mod:`cdsjax.io.query_encoder` (``embedder.backend = "auto"``,
-the default; ``"sentence-transformers"`` forces torch): the same vectors within
-float tolerance (``tests/test_query_encoder.py``), without importing torch.
+default MiniLM) and the device is the CPU, :class:`Embedder` encodes without torch
+(``embedder.backend = "auto"``, the default; ``"sentence-transformers"`` forces torch):
+notes on onnxruntime (:mod:`cdsjax.io.onnx_encoder`) where it is installed, else with
+the JAX forward of :mod:`cdsjax.io.query_encoder`, questions with the JAX forward
+(``"jax"`` or ``"onnx"`` insist on one for the notes): the same vectors within float
+tolerance (``tests/test_query_encoder.py``, ``tests/test_onnx_encoder.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ PRESETS = {
     ),
 }
 
-BACKENDS = ("auto", "jax", "sentence-transformers")
+BACKENDS = ("auto", "onnx", "jax", "sentence-transformers")
 JAX_BATCH = 16  # notes per call of the JAX encoder (16 took less CPU than 32 per note on the 2-core CPU)
 _MODELS: Dict[Tuple[str, str, bool], object] = {}
 _LOCK = threading.Lock()
@@ -161,8 +163,9 @@ class Embedder:
         )
 
     def jax_encoder(self):
-        """The JAX encoder this embedder uses (:class:`cdsjax.io.query_encoder.QueryEncoder`), or None when it
-        uses sentence-transformers (backend, device or model not supported)."""
+        """The torch-free encoder this embedder uses (:class:`cdsjax.io.query_encoder.QueryEncoder`: JAX, and
+        onnxruntime for notes unless the backend is ``"jax"``), or None when it uses sentence-transformers
+        (backend, device or model not supported)."""
         if self._jax is None:
             encoder = None
             if self.backend != "sentence-transformers" and self.device == "cpu":
@@ -172,16 +175,22 @@ class Embedder:
                             document_prefix=self.document_prefix, normalize=self.normalize,
                             trust_remote_code=self.trust_remote_code)
                 encoder = QueryEncoder.from_info(info)
-            if encoder is None and self.backend == "jax":
-                raise EmbedderError(f"embedder.backend 'jax' cannot encode with {self.model_name!r} on "
+            if encoder is None and self.backend in ("jax", "onnx"):
+                raise EmbedderError(f"embedder.backend {self.backend!r} cannot encode with {self.model_name!r} on "
                                     f"{self.device!r} (a local BERT model with mean pooling on the CPU only)")
+            if encoder is not None and self.backend == "onnx" and encoder.onnx_forward() is None:
+                raise EmbedderError("embedder.backend 'onnx' needs onnxruntime and onnx (pip install onnx "
+                                    "onnxruntime)")
             self._jax = encoder if encoder is not None else False
         return self._jax or None
 
     def load(self) -> None:
-        """Loads the model now (the JAX encoder's weights, or sentence-transformers)."""
-        if self.jax_encoder() is None:
+        """Loads the model now (the JAX encoder's weights and the onnxruntime session, or sentence-transformers)."""
+        encoder = self.jax_encoder()
+        if encoder is None:
             self.model  # noqa: B018
+        elif self.backend != "jax":
+            encoder.onnx_forward()
 
     @property
     def model(self):
@@ -256,8 +265,11 @@ class Embedder:
         if fast is not None:  # prefixes are already applied: encode as they are
             batch = min(self.batch_size, JAX_BATCH)
 
+            backend = self.backend  # auto, onnx or jax (not sentence-transformers: fast is None then)
+
             def encode(part):
-                return np.asarray(fast.encode_documents(list(part), batch_size=batch, prefix=False), np.float32)
+                return np.asarray(fast.encode_documents(list(part), batch_size=batch, prefix=False, backend=backend),
+                                  np.float32)
 
             if split:
                 from cdsjax.io.helper_tasks import embed_in_helper

@@ -208,8 +208,11 @@ class QueryEncoder:
         weights = _strip_prefix(load_file(str(root / "model.safetensors")))
         self.params = _bert_params(weights, int(config["num_hidden_layers"]))
         self.pad_id = int(config.get("pad_token_id", 0) or 0)
-        self._forward, self._forward_batch = _jit_forwards(
-            int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12)), self.normalize)
+        self._root = root
+        self._heads, self._eps = int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12))
+        self._forward, self._forward_batch = _jit_forwards(self._heads, self._eps, self.normalize)
+        self._onnx = None  # the onnxruntime forward once built (onnx_forward); False: not available
+        self._onnx_lock = threading.Lock()
 
     @classmethod
     def from_info(cls, info: dict) -> Optional["QueryEncoder"]:
@@ -251,18 +254,36 @@ class QueryEncoder:
             out.append(np.asarray(jax.device_get(self._forward(self.params, ids, mask)), np.float32))
         return np.stack(out) if out else np.zeros((0, self.params["word"].shape[1]), np.float32)
 
+    def onnx_forward(self):
+        """The same forward on onnxruntime (:class:`cdsjax.io.onnx_encoder.OnnxForward`), built on first use;
+        None where onnxruntime or onnx is not installed or the session cannot be built."""
+        with self._onnx_lock:
+            if self._onnx is None:
+                from cdsjax.io.onnx_encoder import OnnxForward, onnx_available
+
+                self._onnx = False
+                if onnx_available():
+                    from safetensors.numpy import load_file
+
+                    try:
+                        weights = _strip_prefix(load_file(str(self._root / "model.safetensors")))
+                        self._onnx = OnnxForward(weights, self._heads, self._eps, self.normalize)
+                    except Exception:  # noqa: BLE001 - an onnxruntime without an operator, odd weights: JAX encodes
+                        self._onnx = False
+            return self._onnx or None
+
     def encode_documents(self, texts: Sequence[str], *, batch_size: int = 32, prefix: bool = True,
-                         show_progress: bool = False) -> np.ndarray:
-        """``[len(texts), d]`` float32 note embeddings (document prefix applied unless ``prefix=False``),
-        ``batch_size`` at a time.
+                         show_progress: bool = False, backend: str = "auto") -> np.ndarray:
+        """``[len(texts), d]`` float32 note embeddings (document prefix applied unless ``prefix=False``).
 
-        Texts are sorted by token count, longest first, and each batch is padded to the smallest of
-        ``DOCUMENT_BUCKETS`` that holds its longest text (a short last batch is filled with one-token
-        rows), so a process compiles one shape per bucket; the output is in the order of ``texts``.
-        Padding does not change a text's embedding (masked out of attention and pooling).
+        Texts are sorted by token count, longest first. ``backend="onnx"`` (or ``"auto"`` where
+        :meth:`onnx_forward` is available) encodes on onnxruntime, each call as many texts as fit in
+        :data:`cdsjax.io.onnx_encoder.TOKEN_BUDGET` tokens padded to the call's longest text. ``"jax"`` (and
+        ``"auto"`` otherwise) encodes ``batch_size`` texts per call, padded to the smallest of
+        ``DOCUMENT_BUCKETS`` that holds the longest (a short last batch is filled with one-token rows), so a
+        process compiles one shape per bucket. The output is in the order of ``texts``; padding does not change
+        a text's embedding (masked out of attention and pooling).
         """
-        import jax
-
         out = np.zeros((len(texts), self.dim), np.float32)
         if not len(texts):
             return out
@@ -270,6 +291,26 @@ class QueryEncoder:
         encodings = self.tokenizer.encode_batch([head + t for t in texts])
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(-lengths, kind="stable")
+        onnx = self.onnx_forward() if backend in ("auto", "onnx") else None
+        if backend == "onnx" and onnx is None:
+            raise RuntimeError("the onnxruntime encoder is not available (pip install onnx onnxruntime)")
+        if onnx is not None:
+            from cdsjax.io.onnx_encoder import TOKEN_BUDGET
+
+            start = 0
+            while start < len(order):
+                width = int(lengths[order[start]])
+                rows = order[start:start + max(1, TOKEN_BUDGET // max(width, 1))]
+                ids = np.full((len(rows), width), self.pad_id, np.int64)
+                mask = np.zeros((len(rows), width), bool)
+                for r, i in enumerate(rows):
+                    ids[r, :lengths[i]] = encodings[i].ids
+                    mask[r, :lengths[i]] = True
+                out[rows] = onnx(ids, mask)
+                start += len(rows)
+            return out
+        import jax
+
         size = max(1, int(batch_size))
         for start in range(0, len(order), size):
             rows = order[start:start + size]
