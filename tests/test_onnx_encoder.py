@@ -28,7 +28,7 @@ def encoder():
     assert fast is not None
     fresh = copy.copy(fast)  # from_info shares one encoder per model: a copy with its own onnxruntime session
     fresh._onnx = None
-    fresh._onnx_lock = threading.Lock()
+    fresh._lock = threading.Lock()
     return fresh
 
 
@@ -107,7 +107,7 @@ def test_backends_are_chosen_as_configured(monkeypatch):
     monkeypatch.setattr(onnx_encoder, "onnx_available", lambda: False)
     encoder = QueryEncoder.from_info(MINILM)
     plain = copy.copy(encoder)
-    plain._onnx, plain._onnx_lock = None, threading.Lock()
+    plain._onnx, plain._lock = None, threading.Lock()
     assert plain.onnx_forward() is None
     np.testing.assert_allclose(plain.encode_documents(DOCUMENTS[:3]), encoder.encode_documents(DOCUMENTS[:3],
                                                                                                 backend="jax"))

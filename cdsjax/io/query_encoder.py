@@ -205,14 +205,14 @@ class QueryEncoder:
         self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=self.max_length)
-        weights = _strip_prefix(load_file(str(root / "model.safetensors")))
-        self.params = _bert_params(weights, int(config["num_hidden_layers"]))
+        self._weights = _strip_prefix(load_file(str(root / "model.safetensors")))  # numpy arrays
+        self._layers = int(config["num_hidden_layers"])
+        self._params = None  # the weights as JAX arrays, on first JAX use (``params``)
         self.pad_id = int(config.get("pad_token_id", 0) or 0)
-        self._root = root
         self._heads, self._eps = int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12))
         self._forward, self._forward_batch = _jit_forwards(self._heads, self._eps, self.normalize)
         self._onnx = None  # the onnxruntime forward once built (onnx_forward); False: not available
-        self._onnx_lock = threading.Lock()
+        self._lock = threading.Lock()
 
     @classmethod
     def from_info(cls, info: dict) -> Optional["QueryEncoder"]:
@@ -231,8 +231,16 @@ class QueryEncoder:
             return _ENCODERS[key]
 
     @property
+    def params(self):
+        """The weights as JAX arrays, made on first use (encoding notes on onnxruntime never needs them)."""
+        with self._lock:
+            if self._params is None:
+                self._params = _bert_params(self._weights, self._layers)
+            return self._params
+
+    @property
     def dim(self) -> int:
-        return int(self.params["word"].shape[1])
+        return int(self._weights["embeddings.word_embeddings.weight"].shape[1])
 
     def bucket(self, length: int, buckets=TOKEN_BUCKETS) -> int:
         for b in buckets:
@@ -252,22 +260,19 @@ class QueryEncoder:
             ids[:n] = enc.ids
             mask = np.arange(size) < n
             out.append(np.asarray(jax.device_get(self._forward(self.params, ids, mask)), np.float32))
-        return np.stack(out) if out else np.zeros((0, self.params["word"].shape[1]), np.float32)
+        return np.stack(out) if out else np.zeros((0, self.dim), np.float32)
 
     def onnx_forward(self):
         """The same forward on onnxruntime (:class:`cdsjax.io.onnx_encoder.OnnxForward`), built on first use;
         None where onnxruntime or onnx is not installed or the session cannot be built."""
-        with self._onnx_lock:
+        with self._lock:
             if self._onnx is None:
                 from cdsjax.io.onnx_encoder import OnnxForward, onnx_available
 
                 self._onnx = False
                 if onnx_available():
-                    from safetensors.numpy import load_file
-
                     try:
-                        weights = _strip_prefix(load_file(str(self._root / "model.safetensors")))
-                        self._onnx = OnnxForward(weights, self._heads, self._eps, self.normalize)
+                        self._onnx = OnnxForward(self._weights, self._heads, self._eps, self.normalize)
                     except Exception:  # noqa: BLE001 - an onnxruntime without an operator, odd weights: JAX encodes
                         self._onnx = False
             return self._onnx or None
