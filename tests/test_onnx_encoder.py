@@ -117,3 +117,25 @@ def test_backends_are_chosen_as_configured(monkeypatch):
     cfg.embedder.backend = "onnx"
     with pytest.raises(EmbedderError, match="needs onnxruntime and onnx"):
         Embedder(cfg).jax_encoder()
+
+
+def test_session_threads_follow_the_process_share(monkeypatch):
+    """A process whose onnxruntime sessions cdsjax limited (a parsing worker's share) leaves the encoder's thread
+    count to that limit; otherwise the encoder takes one thread per usable core; its threads never spin."""
+    import onnxruntime as ort
+
+    seen = []
+
+    class Recording(ort.InferenceSession):
+        def __init__(self, graph, options=None, providers=None, **kwargs):
+            seen.append((options.intra_op_num_threads, options.get_session_config_entry(
+                "session.intra_op.allow_spinning")))
+            super().__init__(graph, options, providers, **kwargs)
+
+    encoder = QueryEncoder.from_info(MINILM)
+    monkeypatch.setattr(ort, "InferenceSession", Recording)
+    onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True)
+    Recording.cdsjax_base = ort.InferenceSession
+    onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True)
+    onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True, threads=3)
+    assert seen == [(onnx_encoder.usable_cores(), "0"), (0, "0"), (3, "0")]

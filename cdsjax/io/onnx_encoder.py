@@ -1,9 +1,10 @@
 """The note encoder on onnxruntime: the BERT forward of :mod:`cdsjax.io.query_encoder` as an ONNX graph.
 
-Indexing embeds every note, and on a CPU the encoder's matrix products are most of that work. XLA's CPU
-backend reached about 45 GFLOP/s per core on the default MiniLM where onnxruntime's kernels (MLAS) reached
-about 80 (AVX2; RESULTS.md, "Ingestion"), and onnxruntime runs any batch shape without compiling it, so each
-batch is padded only to its own longest text instead of to one of a few compiled lengths. onnxruntime is
+Indexing embeds every note, and on a CPU the encoder's matrix products are most of that work. On an AVX2
+machine the JAX forward took 14.4-16.4 CPU s for the 139 notes of a 50-page 10-K and this graph on
+onnxruntime 8.2-8.4 (RESULTS.md, "Eighth session of issue 36"): onnxruntime's matrix kernels are faster than
+XLA's there, and it runs any batch shape without compiling it, so each batch is padded only to its own
+longest text instead of to one of a few compiled lengths (and a first run compiles nothing). onnxruntime is
 already loaded for PyMuPDF's layout models, so the process pays nothing more to import it.
 
 The graph is written here from the model's config (:func:`bert_graph`, with the ``onnx`` package) and holds no
@@ -30,8 +31,8 @@ GRAPH_VERSION = 1  # part of the cached graph's key: bump when bert_graph change
 OPSET = 20  # Gelu is an ONNX operator from opset 20
 GRAPH_SUFFIX = ".cdsjax-onnx"
 # Padded tokens per call: texts are sorted by length and batched until the batch, padded to its first
-# (longest) text, would exceed this (at least one text per call). 1,024 took the least CPU per note on the
-# 2-core machines (a 50-page 10-K's 139 notes, 256 tokens at most each).
+# (longest) text, would exceed this (at least one text per call). On the 139 notes of a 50-page 10-K (256
+# tokens at most each, 2 cores) 512 and 1,024 took 8.2-8.4 CPU s, 256 took 8.8, 2,048 9.1 and 4,096 11.0.
 TOKEN_BUDGET = 1024
 
 
@@ -197,8 +198,9 @@ class OnnxForward:
     """The sentence embedding of token batches on onnxruntime's CPU provider.
 
     ``OnnxForward(weights, num_heads, eps, normalize)`` with the model's safetensors arrays (names without
-    ``bert.``); calling it with ``ids`` / ``mask`` ``[B, L]`` returns ``[B, d]`` float32. The session uses
-    one thread per usable core, sleeping when idle (it may share the cores with the layout models).
+    ``bert.``); calling it with ``ids`` / ``mask`` ``[B, L]`` returns ``[B, d]`` float32. The session's threads
+    sleep when idle (it may share the cores with the layout models): ``threads`` of them, by default the share
+    :func:`cdsjax.io.layout.limit_layout_threads` gave this process's sessions, else one per usable core.
     """
 
     def __init__(self, weights: dict, num_heads: int, eps: float, normalize: bool, *,
@@ -211,9 +213,13 @@ class OnnxForward:
         names = list(arrays)
         values = [ort.OrtValue.ortvalue_from_numpy(arrays[n]) for n in names]
 
+        if threads is None:  # a process whose sessions cdsjax limited (a parsing worker) keeps its share
+            limited = hasattr(ort.InferenceSession, "cdsjax_base")
+            threads = 0 if limited else usable_cores()  # 0: filled in by cdsjax.io.layout.limit_layout_threads
+
         def session(graph):
             options = ort.SessionOptions()
-            options.intra_op_num_threads = int(threads or usable_cores())
+            options.intra_op_num_threads = int(threads)
             options.inter_op_num_threads = 1
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             options.log_severity_level = 3
