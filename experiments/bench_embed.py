@@ -1,13 +1,15 @@
-"""Embedding the notes of an index: sentence-transformers (torch) against the JAX forward, one run, fresh processes.
+"""Embedding the notes of an index: sentence-transformers (torch), the JAX forward and onnxruntime, one run, fresh
+processes.
 
-    python experiments/bench_embed.py --index DIR [--rounds 2] [--backends sentence-transformers,jax,jax-xla-defaults]
+    python experiments/bench_embed.py --index DIR [--rounds 2] [--backends onnx,jax,sentence-transformers]
 
 Each backend runs in a fresh process (as a new ``cdsjax index`` or ``cdsjax ask PDF`` does), old and new
-alternating: the import and model load (torch + sentence-transformers, or JAX + the safetensors weights), then
+alternating: the import and model load (torch + sentence-transformers, JAX + the safetensors weights, or those
+weights handed to an onnxruntime session of :mod:`cdsjax.io.onnx_encoder`), then
 the encoding of every note of ``DIR`` (its ``embedding_text``) twice: the first call includes JAX's compilation
 of the shapes it meets (read from the persistent compilation cache when ``--jax-cache DIR`` holds them), the
 second is the steady state. Wall and CPU seconds (all threads) of each step, the largest difference between
-any two runs' vectors, and the steady state of each other backend against the shipped JAX encoder.
+any two runs' vectors, and the steady state of each other backend against the JAX forward.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ def main() -> int:
     ap.add_argument("--index", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--jax-cache", default="", help="a JAX compilation cache directory (default: none)")
-    ap.add_argument("--backends", default="sentence-transformers,jax,jax-xla-defaults",
-                    help="comma-separated: sentence-transformers, jax (the shipped encoder), jax-xla-defaults (the "
-                         "same forward compiled with XLA's default CPU options)")
+    ap.add_argument("--backends", default="onnx,jax,sentence-transformers",
+                    help="comma-separated: onnx (the shipped note encoder where onnxruntime is installed), jax (the "
+                         "JAX forward), jax-xla-defaults (the same compiled with XLA's default CPU options), "
+                         "sentence-transformers")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
