@@ -111,11 +111,13 @@ def test_backends_are_chosen_as_configured(monkeypatch):
     assert plain.onnx_forward() is None
     np.testing.assert_allclose(plain.encode_documents(DOCUMENTS[:3]), encoder.encode_documents(DOCUMENTS[:3],
                                                                                                 backend="jax"))
-    with pytest.raises(RuntimeError, match="onnxruntime encoder is not available"):
+    with pytest.raises(RuntimeError, match="onnxruntime encoder is not available: onnxruntime or onnx is not"):
         plain.encode_documents(DOCUMENTS[:3], backend="onnx")
+    with pytest.raises(ValueError, match="backend must be"):
+        plain.encode_documents(DOCUMENTS[:3], backend="torch")
     monkeypatch.setattr(QueryEncoder, "from_info", classmethod(lambda cls, info: plain))
     cfg.embedder.backend = "onnx"
-    with pytest.raises(EmbedderError, match="needs onnxruntime and onnx"):
+    with pytest.raises(EmbedderError, match="backend 'onnx' cannot encode: onnxruntime or onnx is not installed"):
         Embedder(cfg).jax_encoder()
 
 
@@ -139,3 +141,19 @@ def test_session_threads_follow_the_process_share(monkeypatch):
     onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True)
     onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True, threads=3)
     assert seen == [(onnx_encoder.usable_cores(), "0"), (0, "0"), (3, "0")]
+
+
+def test_a_failing_session_falls_back_to_jax_and_says_why(monkeypatch):
+    """An onnxruntime that cannot build the session (e.g. one without opset 20's Gelu): "auto" encodes in JAX,
+    "onnx" raises with onnxruntime's reason in one line."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Could not find an implementation for Gelu(20) node")
+
+    monkeypatch.setattr(onnx_encoder, "OnnxForward", broken)
+    encoder = copy.copy(QueryEncoder.from_info(MINILM))
+    encoder._onnx, encoder._lock = None, threading.Lock()
+    np.testing.assert_allclose(encoder.encode_documents(DOCUMENTS[:3]),
+                               encoder.encode_documents(DOCUMENTS[:3], backend="jax"))
+    with pytest.raises(RuntimeError, match=r"session failed \(RuntimeError: Could not find an implementation"):
+        encoder.encode_documents(DOCUMENTS[:3], backend="onnx")

@@ -179,8 +179,7 @@ class Embedder:
                 raise EmbedderError(f"embedder.backend {self.backend!r} cannot encode with {self.model_name!r} on "
                                     f"{self.device!r} (a local BERT model with mean pooling on the CPU only)")
             if encoder is not None and self.backend == "onnx" and encoder.onnx_forward() is None:
-                raise EmbedderError("embedder.backend 'onnx' needs onnxruntime and onnx (pip install onnx "
-                                    "onnxruntime)")
+                raise EmbedderError(f"embedder.backend 'onnx' cannot encode: {encoder.onnx_error}")
             self._jax = encoder if encoder is not None else False
         return self._jax or None
 

@@ -212,6 +212,7 @@ class QueryEncoder:
         self._heads, self._eps = int(config["num_attention_heads"]), float(config.get("layer_norm_eps", 1e-12))
         self._forward, self._forward_batch = _jit_forwards(self._heads, self._eps, self.normalize)
         self._onnx = None  # the onnxruntime forward once built (onnx_forward); False: not available
+        self.onnx_error = ""  # why it is not, in one line
         self._lock = threading.Lock()
 
     @classmethod
@@ -270,11 +271,13 @@ class QueryEncoder:
                 from cdsjax.io.onnx_encoder import OnnxForward, onnx_available
 
                 self._onnx = False
+                self.onnx_error = "onnxruntime or onnx is not installed (pip install onnx onnxruntime)"
                 if onnx_available():
                     try:
-                        self._onnx = OnnxForward(self._weights, self._heads, self._eps, self.normalize)
-                    except Exception:  # noqa: BLE001 - an onnxruntime without an operator, odd weights: JAX encodes
-                        self._onnx = False
+                        self._onnx, self.onnx_error = OnnxForward(self._weights, self._heads, self._eps,
+                                                                  self.normalize), ""
+                    except Exception as err:  # noqa: BLE001 - e.g. an onnxruntime without an operator: JAX encodes
+                        self.onnx_error = f"the onnxruntime session failed ({type(err).__name__}: {str(err)[:200]})"
             return self._onnx or None
 
     def encode_documents(self, texts: Sequence[str], *, batch_size: int = 32, prefix: bool = True,
@@ -289,6 +292,8 @@ class QueryEncoder:
         process compiles one shape per bucket. The output is in the order of ``texts``; padding does not change
         a text's embedding (masked out of attention and pooling).
         """
+        if backend not in ("auto", "onnx", "jax"):
+            raise ValueError(f"backend must be 'auto', 'onnx' or 'jax', got {backend!r}")
         out = np.zeros((len(texts), self.dim), np.float32)
         if not len(texts):
             return out
@@ -298,7 +303,7 @@ class QueryEncoder:
         order = np.argsort(-lengths, kind="stable")
         onnx = self.onnx_forward() if backend in ("auto", "onnx") else None
         if backend == "onnx" and onnx is None:
-            raise RuntimeError("the onnxruntime encoder is not available (pip install onnx onnxruntime)")
+            raise RuntimeError(f"the onnxruntime encoder is not available: {self.onnx_error}")
         if onnx is not None:
             from cdsjax.io.onnx_encoder import TOKEN_BUDGET
 
