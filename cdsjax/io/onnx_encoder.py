@@ -3,9 +3,10 @@
 Indexing embeds every note, and on a CPU the encoder's matrix products are most of that work. On an AVX2
 machine this graph on onnxruntime took 0.5-0.75 of the JAX forward's CPU for the 139 notes of a 50-page
 10-K over several runs (8.2-14.0 CPU s against 14.4-18.7; RESULTS.md, "Eighth session of issue 36"):
-onnxruntime's matrix kernels are faster than XLA's there, and it runs any batch shape without compiling it, so each batch is padded only to its own
-longest text instead of to one of a few compiled lengths (and a first run compiles nothing). onnxruntime is
-already loaded for PyMuPDF's layout models, so the process pays nothing more to import it.
+onnxruntime's matrix kernels are faster than XLA's there, and it runs any batch shape without compiling it,
+so each batch is padded only to its own longest text instead of to one of a few compiled lengths (and a
+first run compiles nothing). onnxruntime is already loaded for PyMuPDF's layout models, so the process pays
+nothing more to import it.
 
 The graph is written here from the model's config (:func:`bert_graph`, with the ``onnx`` package) and holds no
 weights: they are handed to the session from the model's own ``model.safetensors``
