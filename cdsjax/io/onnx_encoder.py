@@ -28,6 +28,8 @@ from typing import Optional
 
 import numpy as np
 
+from cdsjax.io.layout import usable_cores  # the cores this process may use
+
 GRAPH_VERSION = 1  # part of the cached graph's key: bump when bert_graph changes
 OPSET = 20  # Gelu is an ONNX operator from opset 20
 GRAPH_SUFFIX = ".cdsjax-onnx"
@@ -186,13 +188,6 @@ def _cached_graph(shapes: dict, num_heads: int, eps: float, normalize: bool, *, 
         except OSError:
             tmp.unlink(missing_ok=True)
     return data
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 class OnnxForward:
