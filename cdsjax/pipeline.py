@@ -239,17 +239,31 @@ class Pipeline:
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
             doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
             trust_remote_code=trust_remote_code, **warm))
-        for p in paths:
-            path = Path(p)
-            try:
-                if path.is_dir():
-                    indexes.append(load_index(path))
-                elif path.exists():
-                    indexes.append(index_pdf(path, config=config, progress=progress, on_prepared=on_prepared))
-                else:
-                    raise PipelineError(f"{path}: no such file or directory")
-            except (IngestError, StoreError) as err:
-                raise PipelineError(str(err)) from None
+        # the question's encoder loads and compiles while the PDF is parsed, off the selector's compilation
+        early = None
+        if on_prepared is not None and Path(paths[0]).is_file():
+            import threading
+
+            from cdsjax.warmup import warm_question
+
+            early = threading.Thread(target=warm_question, args=(warm["question"], config), daemon=True,
+                                     name="cdsjax-warm-question")
+            early.start()
+        try:
+            for p in paths:
+                path = Path(p)
+                try:
+                    if path.is_dir():
+                        indexes.append(load_index(path))
+                    elif path.exists():
+                        indexes.append(index_pdf(path, config=config, progress=progress, on_prepared=on_prepared))
+                    else:
+                        raise PipelineError(f"{path}: no such file or directory")
+                except (IngestError, StoreError) as err:
+                    raise PipelineError(str(err)) from None
+        finally:
+            if early is not None:
+                early.join()
         accepted = tuple(embedders)
         if config is not None and "embedder" in config and config.embedder.get("model"):
             accepted += (str(config.embedder.model),)
@@ -261,12 +275,14 @@ class Pipeline:
                        budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
                        embedders: Sequence[str] = (), trust_remote_code: bool = False) -> None:
         """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the question's
-        encoder bucket, the selector at the padded size, its corpus bound and note block, by asking it once of
-        stand-in embeddings (random unit vectors) of that shape; the jitted selectors go to ``compiled``, which
-        the real index's pipeline then shares. Nothing of the index depends on it."""
+        encoder bucket, the selector at the padded size, its corpus bound and note block, on stand-in embeddings
+        (random unit vectors) of that shape (:func:`cdsjax.warmup.precompile`; without a compilation cache by
+        asking once); the jitted selectors go to ``compiled``, which the real index's pipeline then shares.
+        Nothing of the index depends on it."""
         from cdsjax.io.embed import Embedder
         from cdsjax.io.index import default_config
         from cdsjax.io.query_encoder import QueryEncoder
+        from cdsjax.warmup import precompile
 
         rows = [n if isinstance(n, dict) else dict(doc_id=n.doc_id, page=n.page, kind=n.kind) for n in notes]
         info = Embedder(default_config() if config is None else config).info()
@@ -276,8 +292,11 @@ class Pipeline:
         emb = np.random.default_rng(0).standard_normal((len(rows), encoder.dim)).astype(np.float32)
         emb /= np.linalg.norm(emb, axis=1, keepdims=True)
         corpus = Corpus(embeddings=emb, links=np.zeros((len(rows),) * 2, bool), notes=rows, embedder=info, roots=[])
-        cls(corpus, compiled=compiled, params=params, embedders=embedders, trust_remote_code=trust_remote_code
-            ).retrieve(question, selector=selector, budget=budget, options=options)
+        pipe = cls(corpus, compiled=compiled, params=params, embedders=embedders, trust_remote_code=trust_remote_code)
+        if precompile(pipe, emb[0], selector=selector, budget=budget, qid=question, options=options):
+            pipe.encode([question])
+        else:  # no compilation cache (library use): compiled by asking once
+            pipe.retrieve(question, selector=selector, budget=budget, options=options)
 
     @property
     def embedder(self):

@@ -87,3 +87,38 @@ def test_a_process_tracing_under_x64_and_without_gets_each_program(tmp_path, mon
         assert scaled(x).dtype == np.float64
     assert scaled(x).dtype == np.float32
     assert len(list(tmp_path.glob("*" + compilation_cache.EXPORT_SUFFIX))) == 2
+
+
+def test_precompile_keeps_an_executable_that_later_calls_run_without_compiling(tmp_path, monkeypatch):
+    """``cdsjax.warmup.precompile`` (what ``ask NEW.pdf`` runs while the notes are embedded): the selector compiles
+    against the shapes of its corpus bound and note block while a second thread computes them; the question then
+    runs that executable, compiling nothing, and picks what plain jit picks. Without a cache directory nothing is
+    compiled ahead."""
+    from cdsjax.warmup import precompile
+
+    monkeypatch.setitem(compilation_cache._JAX_CACHE, "directory", None)
+    plain_pipe, qs = _pipeline(n=48, seed=8)
+    want = _picks(plain_pipe.select(qs[1], selector="cds-learned-pages", budget=5, qid="q"))
+    assert not precompile(plain_pipe, qs[0], selector="cds-learned-pages", budget=5)
+
+    monkeypatch.setitem(compilation_cache._JAX_CACHE, "directory", tmp_path)
+    pipe, _ = _pipeline(n=48, seed=8)
+    assert precompile(pipe, qs[0], selector="cds-learned-pages", budget=5)
+    fn = pipe.selector_fn("cds-learned-pages", 5)
+    assert any(isinstance(c, jax.stages.Compiled) for c in fn._calls.values())
+    assert len(pipe._bounds) == 1  # the bound and block were computed meanwhile and are kept
+
+    compiles = []
+
+    def listen(name, secs, **kw):
+        if name.endswith("backend_compile_duration"):
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        got = _picks(pipe.select(qs[1], selector="cds-learned-pages", budget=5, qid="q"))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+    for x, y in zip(want, got):
+        np.testing.assert_array_equal(x, y)

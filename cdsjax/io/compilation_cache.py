@@ -131,21 +131,37 @@ class ExportedJit:
 
     def __call__(self, *args, **kwargs):
         directory = _JAX_CACHE.get("directory")
-        if directory is None or kwargs:
+        signature = None if directory is None or kwargs else _signature(args)
+        if signature is None:  # no cache, or a Python scalar among the leaves: jit's own rules
             return self.jitted(*args, **kwargs)
-        leaves, tree = jax.tree.flatten(args)
-        try:  # (the settings too: a process may trace under x64 and without, as jit keys them)
-            signature = (str(tree), tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
-                                          for x in leaves), _trace_settings())
-        except AttributeError:  # a Python scalar among the leaves: jit's own rules
-            return self.jitted(*args)
+        return self._call(Path(directory), signature, args)(*args)
+
+    def _call(self, directory: Path, signature: tuple, args) -> Callable:
         call = self._calls.get(signature)
         if call is None:
             with self._lock:
                 call = self._calls.get(signature)
                 if call is None:
-                    call = self._calls[signature] = self._exported(Path(directory), signature, args)
-        return call(*args)
+                    call = self._calls[signature] = self._exported(directory, signature, args)
+        return call
+
+    def precompile(self, *args) -> bool:
+        """Compiles the program for ``args`` without running it and keeps the executable for the calls with
+        their signature. Leaves may be ``jax.ShapeDtypeStruct`` (only shapes and dtypes are read), so a selector
+        compiles while the arrays it will take (a corpus bound, a note block) are still being computed. Returns
+        False where nothing was kept: without :func:`enable_compilation_cache` (plain ``jax.jit``, which compiles
+        on its first call) or for arguments whose signature cannot be read."""
+        directory = _JAX_CACHE.get("directory")
+        signature = None if directory is None else _signature(args)
+        if signature is None:
+            return False
+        call = self._call(Path(directory), signature, args)
+        if isinstance(call, jax.stages.Compiled):
+            return True
+        compiled = call.lower(*args).compile()  # (read from JAX's persistent cache when it holds it)
+        with self._lock:
+            self._calls[signature] = compiled
+        return True
 
     def _exported(self, directory: Path, signature: tuple, args) -> Callable:
         key = hashlib.sha256(repr((_fingerprint(), self.name, signature)).encode()).hexdigest()[:48]
@@ -173,6 +189,18 @@ class ExportedJit:
             except OSError:
                 pass
         return jax.jit(exported.call)
+
+
+def _signature(args) -> Optional[tuple]:
+    """What keys a program of ``args`` beside the function: the tree, each leaf's shape, dtype and weak type,
+    and the trace settings (a process may trace under x64 and without, as jit keys them); None when a leaf is
+    a Python scalar (jit's own rules then)."""
+    leaves, tree = jax.tree.flatten(args)
+    try:
+        return (str(tree), tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
+                                 for x in leaves), _trace_settings())
+    except AttributeError:
+        return None
 
 
 def _fingerprint() -> str:

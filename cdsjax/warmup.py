@@ -1,0 +1,60 @@
+"""Compiling ahead what a question will run, while something else runs.
+
+``cdsjax ask NEW.pdf "question"`` parses the PDF, embeds its notes and then selects. The first ask at a new
+padded size compiles the selector (seconds on two cores); :meth:`cdsjax.pipeline.Pipeline.warm_for_notes`
+compiles it while the notes are embedded, and these two pieces keep that compilation short:
+
+- :func:`warm_question` loads the question encoder and compiles the question's length bucket while the PDF is
+  still being parsed;
+- :func:`precompile` compiles the selector against the shapes of its corpus bound and note block while a second
+  thread computes (and compiles) those two, instead of one after the other.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import jax
+import numpy as np
+
+from cdsjax import core
+from cdsjax.core import registry
+from cdsjax.core.registry import DEFAULT_SELECTOR
+
+
+def warm_question(question: str, config=None) -> None:
+    """Loads the question encoder of ``config``'s embedder (the default index config when None) and compiles its
+    length bucket for ``question``; nothing when that encoder needs torch (sentence-transformers)."""
+    from cdsjax.io.embed import Embedder
+    from cdsjax.io.index import default_config
+    from cdsjax.io.query_encoder import QueryEncoder
+
+    encoder = QueryEncoder.from_info(Embedder(default_config() if config is None else config).info())
+    if encoder is not None and isinstance(question, str) and question.strip():
+        encoder.encode_queries([question])
+
+
+def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+               options: Optional[dict] = None) -> bool:
+    """Compiles ``selector`` of the :class:`~cdsjax.pipeline.Pipeline` ``pipe`` for an encoded question ``query``
+    without asking it. The corpus bound and note block are computed (and compiled) on a second thread and kept by
+    ``pipe``, while the selector compiles against their shapes (:meth:`ExportedJit.precompile
+    <cdsjax.io.compilation_cache.ExportedJit.precompile>`); its executable serves the later calls. Returns False
+    where nothing was compiled ahead (no compilation cache: the selector then compiles on its first call)."""
+    fn = pipe.selector_fn(selector, budget, options)
+    if not hasattr(fn, "precompile"):
+        return False
+    problem = pipe.candidates.problem(query, registry.selector_spec(selector))
+    key = core.key_from_query_id(qid or "warm-up question")
+    make, build = getattr(fn, "corpus_bound", None), getattr(fn, "corpus_block", None)
+    if make is None:
+        return fn.precompile(problem, key)
+    bound = jax.eval_shape(make.jitted, problem)
+    block = None if bound is None or build is None else jax.eval_shape(build.jitted, problem)
+    shapes = problem if bound is None else problem.replace(bound=bound, note_block=block)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-warm") as pool:
+        side = pool.submit(pipe.with_bound, fn, problem, pipe.selector_key(selector, budget, options))
+        done = fn.precompile(shapes, key)
+        side.result()
+    return done
