@@ -246,8 +246,13 @@ class Pipeline:
 
             from cdsjax.warmup import warm_question
 
-            early = threading.Thread(target=warm_question, args=(warm["question"], config), daemon=True,
-                                     name="cdsjax-warm-question")
+            def ahead():
+                try:
+                    warm_question(warm["question"], config)
+                except Exception:  # a head start only: the ask itself reports what is wrong
+                    pass
+
+            early = threading.Thread(target=ahead, daemon=True, name="cdsjax-warm-question")
             early.start()
         try:
             for p in paths:

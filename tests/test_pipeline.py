@@ -280,6 +280,28 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
     assert [e["score"] for e in got.evidence] == [e["score"] for e in plain.evidence]
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failed_head_start_on_the_question_is_silent_and_the_pdf_still_indexes(tmp_path, cache, monkeypatch,
+                                                                                  capfd):
+    """`ask NEW.pdf` compiles the question's encoder on a thread while the PDF is parsed (cdsjax.warmup): when that
+    head start fails, the ask goes on without a traceback on stderr, and the thread has ended when the index is
+    returned."""
+    import threading
+
+    from cdsjax import warmup
+    from tests.ingest_pdfs import make_text_pdf
+
+    def fail(question, config=None):
+        raise RuntimeError("no encoder here")
+
+    monkeypatch.setattr(warmup, "warm_question", fail)
+    pdf = make_text_pdf(tmp_path / "one.pdf")
+    pipe = Pipeline.from_paths([str(pdf)], warm=dict(question="What does the paragraph say?", budget=3))
+    assert len(pipe.corpus.notes) >= 1
+    assert "Exception in thread" not in capfd.readouterr().err
+    assert not any(t.name == "cdsjax-warm-question" for t in threading.enumerate())
+
+
 def test_pipelines_of_a_process_share_their_jitted_selectors(demo_index):
     """Pipelines built without ``compiled`` share the process's SelectorCache (one per cap): a second pipeline
     (the same index reloaded, or the next in-process ask) reuses the jitted selector and picks the same; a cache
