@@ -34,7 +34,8 @@ from cdsjax.io.compilation_cache import (  # noqa: F401 (the two functions: entr
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
-from cdsjax.selection import Candidates, make_selector, note_structure, selector_key, selector_options
+from cdsjax.selection import (Candidates, corpus_arrays, make_selector, note_structure, selector_key,
+                              selector_options)
 from cdsjax.selector_cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache  # noqa: F401 (public here)
 
 # Selector names, their other spellings and the names shown to users: core.registry.SPECS.
@@ -242,18 +243,9 @@ class Pipeline:
         # the question's encoder loads and compiles while the PDF is parsed, off the selector's compilation
         early = None
         if on_prepared is not None and Path(paths[0]).is_file():
-            import threading
+            from cdsjax.warmup import warm_question_ahead
 
-            from cdsjax.warmup import warm_question
-
-            def ahead():
-                try:
-                    warm_question(warm["question"], config)
-                except Exception:  # a head start only: the ask itself reports what is wrong
-                    pass
-
-            early = threading.Thread(target=ahead, daemon=True, name="cdsjax-warm-question")
-            early.start()
+            early = warm_question_ahead(warm["question"], config)
         try:
             for p in paths:
                 path = Path(p)
@@ -391,10 +383,7 @@ class Pipeline:
             return problem
         slot = (key[0], key[2], problem.queries.shape[0])  # neither depends on the budget
         if slot not in self._bounds:
-            bound = make(problem)
-            build = getattr(fn, "corpus_block", None)
-            block = None if bound is None or build is None else build(problem)
-            self._bounds[slot] = (bound, block)
+            self._bounds[slot] = corpus_arrays(make, getattr(fn, "corpus_block", None), problem)
         bound, block = self._bounds[slot]
         return problem if bound is None else problem.replace(bound=bound, note_block=block)
 

@@ -163,3 +163,11 @@ def make_selector(name: str, budget: int, options: Optional[dict] = None, params
     ``options`` completed by :func:`selector_options`."""
     spec = registry.selector_spec(name)
     return spec, registry.make_selector(spec.name, budget=budget, **selector_options(spec.name, options, params))
+
+
+def corpus_arrays(bound_fn, block_fn, problem: CDSProblem) -> tuple:
+    """``(bound, block)``: a selector's corpus bound and note block on ``problem``'s corpus (``bound_fn`` and
+    ``block_fn``: its ``corpus_bound`` and ``corpus_block``); the block is None where there is no bound or no
+    ``block_fn``."""
+    bound = bound_fn(problem)
+    return bound, (None if bound is None or block_fn is None else block_fn(problem))

@@ -4,14 +4,15 @@
 padded size compiles the selector (seconds on two cores); :meth:`cdsjax.pipeline.Pipeline.warm_for_notes`
 compiles it while the notes are embedded, and these two pieces keep that compilation short:
 
-- :func:`warm_question` loads the question encoder and compiles the question's length bucket while the PDF is
-  still being parsed;
+- :func:`warm_question` (:func:`warm_question_ahead` on a thread) loads the question encoder and compiles the
+  question's length bucket while the PDF is still being parsed;
 - :func:`precompile` compiles the selector against the shapes of its corpus bound and note block while a second
   thread computes (and compiles) those two, instead of one after the other.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -21,6 +22,7 @@ import numpy as np
 from cdsjax import core
 from cdsjax.core import registry
 from cdsjax.core.registry import DEFAULT_SELECTOR
+from cdsjax.selection import corpus_arrays
 
 
 def warm_question(question: str, config=None) -> None:
@@ -33,6 +35,21 @@ def warm_question(question: str, config=None) -> None:
     encoder = QueryEncoder.from_info(Embedder(default_config() if config is None else config).info())
     if encoder is not None and isinstance(question, str) and question.strip():
         encoder.encode_queries([question])
+
+
+def warm_question_ahead(question: str, config=None) -> threading.Thread:
+    """:func:`warm_question` on a daemon thread, started and returned (join it before asking). A failure there is
+    dropped: it is only a head start, and the ask itself reports what is wrong."""
+
+    def ahead():
+        try:
+            warm_question(question, config)
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=ahead, daemon=True, name="cdsjax-warm-question")
+    thread.start()
+    return thread
 
 
 def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
@@ -50,8 +67,7 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     make, build = getattr(fn, "corpus_bound", None), getattr(fn, "corpus_block", None)
     if make is None:
         return fn.precompile(problem, key)
-    bound = jax.eval_shape(make.jitted, problem)
-    block = None if bound is None or build is None else jax.eval_shape(build.jitted, problem)
+    bound, block = jax.eval_shape(lambda p: corpus_arrays(make.jitted, build and build.jitted, p), problem)
     shapes = problem if bound is None else problem.replace(bound=bound, note_block=block)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-warm") as pool:
         side = pool.submit(pipe.with_bound, fn, problem, pipe.selector_key(selector, budget, options))

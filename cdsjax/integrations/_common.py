@@ -143,6 +143,7 @@ class Chooser:
         import jax
 
         from cdsjax.core import registry
+        from cdsjax.selection import corpus_arrays
 
         make_bound, make_block = registry.corpus_bound_fn(self.fn), registry.corpus_block_fn(self.fn)
         if make_bound is None:
@@ -155,9 +156,7 @@ class Chooser:
         with self._lock:
             if self._corpus is None or self._corpus[0] != key:
                 fns = self._corpus[1] if self._corpus else (jax.jit(make_bound), make_block and jax.jit(make_block))
-                bound = fns[0](problem)
-                block = None if bound is None or fns[1] is None else fns[1](problem)
-                self._corpus = (key, fns, bound, block)
+                self._corpus = (key, fns, *corpus_arrays(*fns, problem))
             _, _, bound, block = self._corpus
         return problem if bound is None else problem.replace(bound=bound, note_block=block)
 
