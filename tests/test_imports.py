@@ -365,3 +365,33 @@ def test_no_private_names_across_packages():
     bad = [f"{path.relative_to(ROOT)}:{line}: {name}"
            for module, path in modules.items() for line, name in private_uses(path, module, modules)]
     assert not bad, "private names used from another package:\n" + "\n".join(bad)
+
+
+# The layers of cdsjax, lowest first: a module may import only from its own layer's package or a lower layer
+# (commands -> agents / integrations -> pipeline -> eval / warmup -> selection -> learn -> io -> core).
+LAYERS = {
+    "core": 0, "config": 0, "cdsjax": 0, "evidence": 0,
+    "io": 1,
+    "learn": 2, "demo": 2, "selector_cache": 2,
+    "selection": 3,
+    "eval": 4, "warmup": 4,
+    "pipeline": 5,
+    "agents": 6, "integrations": 6,
+    "commands": 7,
+    "cli": 8,
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_import_points_down_the_layers(cdsjax_graph):
+    """No arrow runs back up (LAYOUT.md): in particular learn never imports eval (``cdsjax tune`` hands the
+    evaluation's loader to the fit)."""
+    unranked = sorted({_part(m) for m in cdsjax_graph} - set(LAYERS))
+    assert not unranked, f"top-level parts of cdsjax without a layer in LAYERS: {unranked}"
+    up = [f"{a} -> {b} (lines {lines})" for a, targets in cdsjax_graph.items() for b, lines in targets.items()
+          if _part(a) != _part(b) and LAYERS[_part(a)] <= LAYERS[_part(b)]]
+    assert not up, "imports that do not point down the layers:\n  - " + "\n  - ".join(sorted(up))

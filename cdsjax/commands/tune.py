@@ -31,11 +31,12 @@ def run(args) -> int:
         config.output = args.output
     if config.fit.get("dtype", "float64") == "float64":
         enable_float64()
+    from cdsjax.eval import load_problems
     from cdsjax.learn.tune import tune
 
     try:
         locate_data(config, prog="cdsjax tune")
-        tune(config, progress=not args.no_progress and sys.stderr.isatty(),
+        tune(config, load_problems, progress=not args.no_progress and sys.stderr.isatty(),
              log=lambda s: print(s, file=sys.stderr))
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise CLIError(str(err).strip("'\""), 1) from None

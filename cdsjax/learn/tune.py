@@ -61,11 +61,12 @@ def cache_dir_for(config, name: str) -> pathlib.Path:
     return pathlib.Path(given) if given else pathlib.Path(config.output).parent / "cache" / name
 
 
-def load_examples(config, name: str, embedder, *, progress: bool = False,
+def load_examples(config, name: str, embedder, load_problems: Callable, *, progress: bool = False,
                   log: Callable[[str], None] = print) -> List[Example]:
-    """The examples (questions with gold) of one benchmark of the config, each with its budget."""
-    from cdsjax.eval import load_problems
+    """The examples (questions with gold) of one benchmark of the config, each with its budget.
 
+    ``load_problems`` is the evaluation's loader (:func:`cdsjax.eval.load_problems`), handed in by the caller so
+    that the fit does not depend on the evaluation package (the command layer wires the two together)."""
     values = config.to_dict()
     loader = _sub(config, name, "loaders")
     values.update(benchmark=name, max_queries=_sub(config, name, "max_queries"),
@@ -161,8 +162,12 @@ def cross_validation(config):
     return "not part of this fit: see RESULTS.md, section 'Learned CDS' (cross-validated, transfer and pool tables)"
 
 
-def tune(config, *, progress: bool = False, log: Callable[[str], None] = print) -> Tuple[pathlib.Path, FitResult]:
-    """Runs the tuning a config describes and writes ``config.output``; returns its path and the fit."""
+def tune(config, load_problems: Callable, *, progress: bool = False,
+         log: Callable[[str], None] = print) -> Tuple[pathlib.Path, FitResult]:
+    """Runs the tuning a config describes and writes ``config.output``; returns its path and the fit.
+
+    ``load_problems(config, embedder, cache_dir=, progress=, log=)`` loads one benchmark's problems
+    (:func:`cdsjax.eval.load_problems` in ``cdsjax tune``)."""
     import time
 
     from cdsjax.io.embed import Embedder
@@ -170,7 +175,7 @@ def tune(config, *, progress: bool = False, log: Callable[[str], None] = print) 
     start = time.perf_counter()
     names = benchmark_names(config)
     embedder = Embedder(config)
-    per_bench = {n: load_examples(config, n, embedder, progress=progress, log=log) for n in names}
+    per_bench = {n: load_examples(config, n, embedder, load_problems, progress=progress, log=log) for n in names}
     loaded = time.perf_counter() - start
     train, val, docs = split_examples(config, per_bench)
     log(f"tune: {len(train)} training and {len(val)} validation questions "
