@@ -380,9 +380,9 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
             for png in (Path(d.crop_root) / d.crop_rel).iterdir():
                 store.link_or_copy(png, staging / d.crop_rel / png.name)
         manifest_docs.append(dict(
-            doc_id=d.doc_id, path=str(d.path), resolved=d.resolved, sha256=d.sha, num_pages=d.num_pages, num_elements=len(d_elements),
-            num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel, ocr=d.ocr,
-            enrichment=d.enrichment,
+            doc_id=d.doc_id, path=str(d.path), resolved=d.resolved, sha256=d.sha, num_pages=d.num_pages,
+            num_elements=len(d_elements), num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel,
+            ocr=d.ocr, enrichment=d.enrichment,
             hashes=dict(notes=store.rows_digest(d_notes), elements=store.rows_digest(d_elements),
                         embeddings=array_digest(d_emb), edges=array_digest(d_edges),
                         crops=store.crop_hashes(staging / d.crop_rel)),
