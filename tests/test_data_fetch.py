@@ -1,7 +1,8 @@
-"""`cdsjax data fetch` against a local HTTP server (127.0.0.1) serving small fixture sources: the laid-out tree
-is read by the benchmark loaders run_eval uses; a truncated download resumes (HTTP Range), a wrong checksum is
-one line and the file is fetched again on the next run; nothing half-written is left in place. The real
-sources' recorded figures are checked against the shared data (when it is there)."""
+"""`cdsjax data fetch` (pooch) against a local HTTP server (127.0.0.1) serving small fixture sources: the
+laid-out tree is read by the benchmark loaders run_eval uses; a file already there and checked is not requested
+again; a broken-off download or a wrong checksum is one line, leaves nothing at the destination, and the file is
+fetched again on the next run; an archive is unpacked by pooch. The real sources' recorded figures are checked
+against the shared data (when it is there)."""
 
 import hashlib
 import io
@@ -14,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from cdsjax.cli import main
-from cdsjax.io import download
+from cdsjax.commands import data as fetch
 from cdsjax.io.datasets import load_benchmark, recorded, sources
 from cdsjax.io.datasets.sources import Derived, Download, Source
 from tests import ingest_pdfs as gen
@@ -77,6 +78,10 @@ class Server:
 
 def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
+
+
+def upstream_sha(upstream, path) -> str:
+    return _sha(upstream[path])
 
 
 def _qasper_paper(title):
@@ -150,8 +155,9 @@ def fixture(tmp_path_factory):
                 "mmlongbench/mmdocir_annotations.jsonl", (dl("/mmdocir/ann.jsonl", ".downloads/mmdocir/ann.jsonl"),),
                 sources._jsonl_subset("doc_name", docs)),)),
             "qasper": Source("qasper", "t", "l", "h", derived=(derived(
-                "qasper/qasper-test-v0.3.json", (dl("/qasper/test.tgz", ".downloads/qasper/test.tgz"),),
-                sources._json_by_id(("p2", "p1"), member="qasper-test-v0.3.json")),)),
+                "qasper/qasper-test-v0.3.json",
+                (dl("/qasper/test.tgz", ".downloads/qasper/test.tgz", member="qasper-test-v0.3.json"),),
+                sources._json_by_id(("p2", "p1"))),)),
             "hotpotqa": Source("hotpotqa", "t", "l", "h", derived=(derived(
                 "hotpotqa/hotpotqa_100.json",
                 (dl("/hotpot/hotpotqa.json", ".downloads/hotpot/hotpotqa.json", git_blob=blob.hexdigest()),),
@@ -161,7 +167,7 @@ def fixture(tmp_path_factory):
 
 
 def _fetch(root, srcs, lines=None):
-    return download.fetch_sources(root, srcs, progress=False, log=(lines if lines is not None else []).append)
+    return fetch.fetch_sources(root, srcs, progress=False, log=(lines if lines is not None else []).append)
 
 
 def test_fetch_lays_out_a_tree_the_loaders_read_and_a_rerun_fetches_nothing(fixture, tmp_path):
@@ -174,7 +180,8 @@ def test_fetch_lays_out_a_tree_the_loaders_read_and_a_rerun_fetches_nothing(fixt
         for rel, body in laid.items():
             assert (root / rel).read_bytes() == body
         assert (root / "mmlongbench/documents/b.pdf").read_bytes() == upstream["/mmlb/b.pdf"]
-        assert not (root / ".downloads").exists() and not list(root.rglob("*.part")), "no leftovers"
+        assert not (root / ".downloads").exists(), "no leftovers (downloads, unpacked archives)"
+        assert sorted(p.name for p in (root / "mmlongbench/documents").iterdir()) == ["a.pdf", "b.pdf"]
         # the benchmark loaders evaluate (run_eval) calls read it
         mmlb = load_benchmark("mmlongbench", root)
         assert [q.doc_ids[0] for q in mmlb.queries] == ["a.pdf", "b.pdf"] and mmlb.queries[0].gold_boxes
@@ -187,24 +194,45 @@ def test_fetch_lays_out_a_tree_the_loaders_read_and_a_rerun_fetches_nothing(fixt
         assert all("already there and checked" in line for line in lines)
 
 
-def test_truncated_download_is_one_line_and_resumes(fixture, tmp_path):
+def _leftovers(folder: pathlib.Path, *expected: str):
+    """Names in ``folder`` beyond ``expected`` (a temporary file of pooch's, say)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in expected) if folder.is_dir() else []
+
+
+def test_broken_off_download_is_one_line_leaves_nothing_and_is_fetched_next_run(fixture, tmp_path):
     upstream, laid, make = fixture
     root = tmp_path / "data"
     with Server() as srv:
         srv.files.update(upstream)
         srv.truncate["/mmlb/a.pdf"] = 1000
         srcs = [make(srv.url)["mmlongbench"]]
-        lines = []
-        failures = _fetch(root, srcs, lines)
-        assert len(failures) == 1 and "mmlongbench/documents/a.pdf" in failures[0]
-        assert "stopped after 1000 of" in failures[0] and "\n" not in failures[0]
-        assert not (root / "mmlongbench/documents/a.pdf").exists(), "nothing half-written in place"
-        assert (root / "mmlongbench/documents/a.pdf.part").stat().st_size == 1000
+        failures = _fetch(root, srcs)
+        assert len(failures) == 1 and "mmlongbench/documents/a.pdf" in failures[0] and "\n" not in failures[0]
+        assert "cannot download" in failures[0] and "the next run fetches it again" in failures[0]
+        docs = root / "mmlongbench/documents"
+        assert not (docs / "a.pdf").exists(), "nothing half-written in place"
+        assert _leftovers(docs, "b.pdf") == [], "no temporary file left"
         assert (root / "mmlongbench/samples.json").is_file(), "the other files went on"
-        assert _fetch(root, srcs) == []
-        assert ("/mmlb/a.pdf", "bytes=1000-") in srv.requests, "resumed with a Range request"
-        assert (root / "mmlongbench/documents/a.pdf").read_bytes() == upstream["/mmlb/a.pdf"]
-        assert not list(root.rglob("*.part"))
+        before = len(srv.requests)
+        lines = []
+        assert _fetch(root, srcs, lines) == []
+        assert srv.requests[before:] == [("/mmlb/a.pdf", None)], "only the missing file, fetched whole"
+        assert lines == ["mmlongbench: 3 files ready (1 fetched)"]
+        assert (docs / "a.pdf").read_bytes() == upstream["/mmlb/a.pdf"]
+
+
+def test_a_file_already_there_with_its_hash_is_not_downloaded_and_a_wrong_one_is(fixture, tmp_path):
+    upstream, laid, make = fixture
+    root = tmp_path / "data"
+    docs = root / "mmlongbench/documents"
+    docs.mkdir(parents=True)
+    (docs / "a.pdf").write_bytes(upstream["/mmlb/a.pdf"])  # e.g. from an earlier run or copied by hand
+    (docs / "b.pdf").write_bytes(b"%PDF-1.4 not the recorded file")
+    with Server() as srv:
+        srv.files.update(upstream)
+        assert _fetch(root, [make(srv.url)["mmlongbench"]]) == []
+        assert "/mmlb/a.pdf" not in [path for path, _ in srv.requests] and ("/mmlb/b.pdf", None) in srv.requests
+        assert (docs / "b.pdf").read_bytes() == upstream["/mmlb/b.pdf"]
 
 
 def test_wrong_checksum_is_one_line_and_fetched_again(fixture, tmp_path):
@@ -216,9 +244,12 @@ def test_wrong_checksum_is_one_line_and_fetched_again(fixture, tmp_path):
         srcs = [make(srv.url)[n] for n in ("mmlongbench", "hotpotqa")]
         failures = _fetch(root, srcs)
         assert len(failures) == 2 and all("\n" not in f for f in failures)
-        assert "sha256" in failures[0] and "fetches it again" in failures[0]
-        assert "git blob" in failures[1]
-        assert not (root / "mmlongbench/documents/b.pdf").exists() and not list(root.rglob("*.part"))
+        assert "mmlongbench/documents/b.pdf: not the recorded file: SHA256 hash" in failures[0]
+        assert upstream_sha(upstream, "/mmlb/b.pdf") in failures[0] and "fetches it again" in failures[0]
+        assert "hotpotqa_100.json: not the recorded file (git blob" in failures[1]
+        assert "fetches it again" in failures[1]
+        assert not (root / "mmlongbench/documents/b.pdf").exists()
+        assert _leftovers(root / "mmlongbench/documents", "a.pdf") == [], "no temporary file left"
         assert not (root / "hotpotqa").exists()
         srv.corrupt.clear()
         assert _fetch(root, srcs) == []
@@ -240,6 +271,7 @@ def test_upstream_that_does_not_give_the_recorded_file_is_not_written(fixture, t
         srcs = make(srv.url)
         failures = _fetch(root, [srcs["mmdocir"], srcs["qasper"]])
         assert len(failures) == 2 and "not the recorded file" in failures[0] and "cannot lay it out" in failures[1]
+        assert "not an archive" in failures[1] and all("\n" not in f for f in failures)
         assert not (root / "mmlongbench").exists() and not (root / "qasper").exists()
         srv.files.update(upstream)  # the host serves the right files again: the next run fetches them again
         assert _fetch(root, [srcs["mmdocir"], srcs["qasper"]]) == []
@@ -264,7 +296,7 @@ def test_cli_fetch_only_and_errors(fixture, tmp_path, monkeypatch, capsys):
         err = capsys.readouterr().err.splitlines()
         assert any("HTTP 404" in line for line in err) and "1 files failed" in err[-1]
     monkeypatch.setenv("CDSJAX_DATA", str(tmp_path / "elsewhere"))
-    assert download.default_root() == tmp_path / "elsewhere"
+    assert fetch.default_root() == tmp_path / "elsewhere"
     (tmp_path / "file").write_text("")
     assert main(["data", "fetch", "--to", str(tmp_path / "file")]) == 2 and "not a directory" in capsys.readouterr().err
     assert main(["data"]) == 2 and "cdsjax data fetch" in capsys.readouterr().err
@@ -299,14 +331,9 @@ def test_the_real_layout_reproduces_the_shared_data(data_root, tmp_path):
     shared = {rel: (data_root / rel).read_bytes() for rel in recorded.LAID_OUT}
     for rel, body in shared.items():
         assert recorded.LAID_OUT[rel] == (len(body), _sha(body)), rel
-    tgz = io.BytesIO()
-    with tarfile.open(fileobj=tgz, mode="w:gz") as tar:
-        info = tarfile.TarInfo("qasper-test-v0.3.json")
-        info.size = len(shared["qasper/qasper-test-v0.3.json"])
-        tar.addfile(info, io.BytesIO(shared["qasper/qasper-test-v0.3.json"]))
     as_upstream = {"mmlongbench/samples.json": shared["mmlongbench/samples.json"],
                    "mmlongbench/mmdocir_annotations.jsonl": shared["mmlongbench/mmdocir_annotations.jsonl"],
-                   "qasper/qasper-test-v0.3.json": tgz.getvalue(),
+                   "qasper/qasper-test-v0.3.json": shared["qasper/qasper-test-v0.3.json"],  # the archive's member
                    "hotpotqa/hotpotqa_100.json": shared["hotpotqa/hotpotqa_100.json"]}
     for s in sources.SOURCES.values():
         for x in s.derived:

@@ -124,19 +124,29 @@ def main_server(built, tmp_path_factory):
     """The main server on a copy of the index (tests tamper with its crops), a short deadline, queue 3.
 
     Its manifest also lists ``PDF_CASES`` documents (copies of the source PDF that tests swap, extend, delete
-    and restore) and ``huge.pdf``, a 3 GiB sparse file that starts like a PDF (its recorded hash is that of
-    the source PDF: only a server that hashes it would find out)."""
+    and restore), ``legacy.pdf`` (an entry with no ``resolved`` path, as indexes written before it was
+    recorded), ``link.pdf`` (indexed by ``cdsjax index`` through the symlink ``link.pdf -> real.pdf``; its
+    entry is the one that run wrote) and ``huge.pdf``, a 3 GiB sparse file that starts like a PDF (its
+    recorded hash is that of the source PDF: only a server that hashes it would find out)."""
     pdfs = tmp_path_factory.mktemp("pdfs")
     source = json.loads((built / "manifest.json").read_text())["documents"][0]
-    for name in PDF_CASES:
+    for name in (*PDF_CASES, "legacy", "real"):
         shutil.copyfile(source["path"], pdfs / f"{name}.pdf")
     with open(pdfs / "huge.pdf", "wb") as f:
         f.write(b"%PDF-1.4\n")
         f.truncate(HUGE_PDF)
+    (pdfs / "link.pdf").symlink_to(pdfs / "real.pdf")
+    linked = tmp_path_factory.mktemp("linked") / "index"  # same bytes as `built`: its document cache answers
+    assert cli.main(["index", str(pdfs / "link.pdf"), "--out", str(linked)]) == 0
+    (through_link,) = json.loads((linked / "manifest.json").read_text())["documents"]
 
     def add_documents(m):
         for name in (*PDF_CASES, "huge"):
-            m["documents"].append(dict(source, doc_id=f"{name}.pdf", path=str(pdfs / f"{name}.pdf")))
+            path = str(pdfs / f"{name}.pdf")
+            m["documents"].append(dict(source, doc_id=f"{name}.pdf", path=path, resolved=path))
+        legacy = dict(source, doc_id="legacy.pdf", path=str(pdfs / "legacy.pdf"))
+        legacy.pop("resolved")
+        m["documents"].extend([legacy, dict(through_link, doc_id="link.pdf")])
 
     index = craft(built, tmp_path_factory.mktemp("served") / "index", manifest=add_documents)
     env = server_env(tmp_path_factory)
@@ -562,7 +572,7 @@ def test_pdf_route_serves_only_the_recorded_pdf(built, tmp_path, tmp_path_factor
     digest = hashlib.sha256(secret.read_bytes()).hexdigest()
 
     def point_at_secret(m):
-        m["documents"][0]["path"] = str(secret)
+        m["documents"][0]["path"] = m["documents"][0]["resolved"] = str(secret)
         m["documents"][0]["sha256"] = digest
         m["documents"].append(dict(m["documents"][0], doc_id="nohash.pdf", sha256=None))
 
@@ -694,6 +704,42 @@ def test_pdf_swapped_for_a_link_is_not_served(main_server):
     path.unlink()
     path.symlink_to(copy)  # a link is refused even to the very same bytes: only the recorded file is served
     assert get_pdf(url, "swap.pdf")[0] == 404
+
+
+def test_pdf_indexed_through_a_link_is_served_from_the_file_it_resolved_to(main_server):
+    """Issue 53 item 5: the index records the real file behind ``link.pdf`` (and its hash); /pdf opens that
+    file without following links, so the document is served, and refused once that file is changed or
+    swapped for a link (even to the very same bytes)."""
+    url, pdfs = main_server.url, main_server.pdfs
+    entry = next(d for d in json.loads((main_server.index / "manifest.json").read_text())["documents"]
+                 if d["doc_id"] == "link.pdf")
+    real = pdfs / "real.pdf"
+    assert entry["path"] == str(pdfs / "link.pdf") and entry["resolved"] == os.path.realpath(real)
+    good = real.read_bytes()
+    assert get_pdf(url, "link.pdf") == (200, good)
+    real.write_bytes(good[:-10] + b"0123456789")  # the resolved file's content changed
+    assert get_pdf(url, "link.pdf")[0] == 404
+    real.write_bytes(good)
+    assert get_pdf(url, "link.pdf") == (200, good)
+    other = pdfs / "other.pdf"
+    other.write_bytes(good)
+    real.unlink()
+    real.symlink_to(other)  # the resolved file swapped for a link to another file with the same bytes
+    status, body = get_pdf(url, "link.pdf")
+    assert status == 404 and b"%PDF" not in body and str(pdfs) not in one_line_error(body)
+
+
+def test_pdf_of_an_index_without_resolved_paths_is_served_while_not_a_link(main_server):
+    """An entry written before the resolved path was recorded: its ``path`` is opened without following a
+    link, as before (served while a regular file with the recorded hash, refused once it is a link)."""
+    url, path = main_server.url, main_server.pdfs / "legacy.pdf"
+    good = path.read_bytes()
+    assert get_pdf(url, "legacy.pdf") == (200, good)
+    copy = main_server.pdfs / "legacy-copy.pdf"
+    copy.write_bytes(good)
+    path.unlink()
+    path.symlink_to(copy)
+    assert get_pdf(url, "legacy.pdf")[0] == 404
 
 
 def test_pdf_with_bytes_appended_is_not_served(main_server):

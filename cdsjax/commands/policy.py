@@ -275,9 +275,12 @@ def read_crop(path: str, roots, expected_sha: Optional[str]) -> Optional[bytes]:
 class PdfFiles:
     """The source PDFs of the loaded indexes, by document id (the request never names a path).
 
-    Every :meth:`read` opens the recorded path afresh without following a link and serves the bytes it read
-    only if they start like a PDF and have the recorded sha256; nothing is cached across requests, so a file
-    gone, changed, replaced by a link or restored is answered as it is now.
+    Every :meth:`read` opens the document's recorded file afresh without following a link and serves the bytes
+    it read only if they start like a PDF and have the recorded sha256; nothing is cached across requests, so a
+    file gone, changed, replaced by a link or restored is answered as it is now. The recorded file is the
+    entry's ``resolved`` path (the real file, every symlink resolved when it was indexed and hashed), so a
+    document indexed through a link is served; an entry without one (an index written before it was recorded)
+    is served from its ``path`` only while that is not a link.
     """
 
     def __init__(self, roots: Sequence[str], max_bytes: int = DEFAULT_MAX_PDF_MB << 20):
@@ -300,4 +303,5 @@ class PdfFiles:
         entry = self._entries.get(doc_id)
         if entry is None:
             return None
-        return read_checked(str(entry["path"]), entry.get("sha256"), self.max_bytes, prefix=b"%PDF-")
+        path = entry.get("resolved") or entry["path"]
+        return read_checked(str(path), entry.get("sha256"), self.max_bytes, prefix=b"%PDF-")

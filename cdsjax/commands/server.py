@@ -204,8 +204,9 @@ async def list_documents(request: Request):
 
 
 async def pdf(request: Request, document: str):
-    """The source PDF of a loaded document, by id, checked (no link, same sha256) on every request; the bytes
-    sent are the bytes checked."""
+    """The source PDF of a loaded document, by id, checked on every request (:class:`policy.PdfFiles`: the
+    file recorded at indexing with its symlinks resolved, opened without following a link, same sha256); the
+    bytes sent are the bytes checked."""
     state = state_of(request)
     if document not in state.pdfs:
         return state.error(404, f"no PDF for document {policy.echo(document)}: it is not in the loaded indexes")

@@ -14,9 +14,7 @@ URLs are pinned to a commit where the host allows it, so the bytes cannot change
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
@@ -35,13 +33,16 @@ __all__ = ["Download", "Derived", "Source", "SOURCES", "source_names"]
 @dataclass(frozen=True)
 class Download:
     """One file to download: from ``url`` to ``dest`` (a path under the data root; for a derived file's input,
-    under the root's ``.downloads/``), checked against ``size`` and ``sha256`` or ``git_blob`` when recorded."""
+    under the root's ``.downloads/``), checked against ``size`` and ``sha256`` or ``git_blob`` when recorded.
+    ``member``: the download is an archive (.tgz, .tar.gz or .zip) and a derived file is built from this file
+    in it (found by its name in any folder of the archive)."""
 
     url: str
     dest: str
     size: Optional[int] = None
     sha256: Optional[str] = None
     git_blob: Optional[str] = None  # sha1 of b"blob <size>\\0" + content, as in a git tree
+    member: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -94,20 +95,11 @@ def _jsonl_subset(key: str, keep) -> Callable[[Dict[str, bytes]], bytes]:
     return build
 
 
-def _json_by_id(ids, key: Optional[str] = None, member: Optional[str] = None, **dump):
+def _json_by_id(ids, key: Optional[str] = None, **dump):
     """Entries of a JSON object (``key`` None: keyed by id) or list (``key``: each entry's id field) in the
-    order of ``ids``; ``member``: the file's name inside a .tgz download."""
+    order of ``ids``."""
     def build(inputs: Dict[str, bytes]) -> bytes:
         (raw,) = inputs.values()
-        if member is not None:
-            try:
-                with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
-                    found = [m for m in tar.getmembers() if m.isfile() and m.name.rsplit("/", 1)[-1] == member]
-                    if not found:
-                        raise ValueError(f"{member} is not in the archive")
-                    raw = tar.extractfile(found[0]).read()
-            except tarfile.TarError as err:
-                raise ValueError(f"not a .tgz archive ({err})") from None
         data = json.loads(raw)
         table = data if key is None else {e[key]: e for e in data}
         missing = [i for i in ids if i not in table]
@@ -145,7 +137,8 @@ _MMDOCIR = Download(f"https://raw.githubusercontent.com/MMDocRAG/MMDocIR/{MMDOCI
 # QASPER (Dasigi et al. 2021, AllenAI): homepage allenai.org/data/qasper, CC BY 4.0 (dataset card
 # huggingface.co/datasets/allenai/qasper). Test set v0.3 with its evaluator, as the homepage links it.
 QASPER_URL = "https://qasper-dataset.s3.us-west-2.amazonaws.com/qasper-test-and-evaluator-v0.3.tgz"
-_QASPER = Download(QASPER_URL, ".downloads/qasper/qasper-test-and-evaluator-v0.3.tgz")
+_QASPER = Download(QASPER_URL, ".downloads/qasper/qasper-test-and-evaluator-v0.3.tgz",
+                   member="qasper-test-v0.3.json")
 
 # HotpotQA (Yang et al. 2018; hotpotqa.github.io: CC BY-SA 4.0) as sampled by HippoRAG 2 (github.com/
 # OSU-NLP-Group/HippoRAG, MIT licence; reproduce/dataset/hotpotqa.json, 1000 questions in HotpotQA's format).
@@ -168,7 +161,7 @@ SOURCES: Dict[str, Source] = {s.name: s for s in (
            "Apache 2.0 (annotations); the documents' own CC BY-NC 4.0", "https://github.com/MMDocRAG/MMDocIR",
            derived=(_derived(MMLONGBENCH_MMDOCIR, (_MMDOCIR,), _jsonl_subset("doc_name", R.MMLONGBENCH_PDFS)),)),
     Source("qasper", "QASPER test set v0.3", "CC BY 4.0", "https://allenai.org/data/qasper",
-           derived=(_derived(QASPER_FILE, (_QASPER,), _json_by_id(R.QASPER_PAPERS, member="qasper-test-v0.3.json")),)),
+           derived=(_derived(QASPER_FILE, (_QASPER,), _json_by_id(R.QASPER_PAPERS)),)),
     Source("hotpotqa", "HotpotQA questions as sampled by HippoRAG", "CC BY-SA 4.0 (HotpotQA); MIT (HippoRAG)",
            "https://github.com/OSU-NLP-Group/HippoRAG",
            derived=(_derived(HOTPOTQA_FILE, (_HOTPOT,),

@@ -9,6 +9,7 @@ committed atomically.
 from __future__ import annotations
 
 import collections
+import os
 import shutil
 import time
 from pathlib import Path
@@ -178,7 +179,8 @@ def _read_inputs(paths, ctx: BuildContext) -> List[Doc]:
             if not path.exists():
                 raise IngestError(path, "no such file or directory")
             check_pdf_file(path)
-            inputs.append(Doc(path=path, sha=store.sha256_file(path), is_input=True))
+            resolved = os.path.realpath(path)  # what /pdf opens later, without following any link
+            inputs.append(Doc(path=path, sha=store.sha256_file(Path(resolved)), resolved=resolved, is_input=True))
         except IngestError as err:
             _fail(ctx, err)
     return inputs
@@ -206,7 +208,7 @@ def _document_set(inputs: List[Doc], prev_docs: List[dict], removed: List[dict],
             if entry["doc_id"] in removed_ids:
                 continue
             d = Doc(path=Path(entry["path"]), sha=entry["sha256"], doc_id=entry["doc_id"],
-                    keys=entry.get("keys") or {}, status="kept")
+                    resolved=entry.get("resolved") or "", keys=entry.get("keys") or {}, status="kept")
             docs.append(d)
             by_path[str(d.path)] = d
             by_sha.setdefault(d.sha, d)
@@ -225,7 +227,7 @@ def _document_set(inputs: List[Doc], prev_docs: List[dict], removed: List[dict],
             same.is_input = True
             same.keys = ctx.keys
             same.status = "unchanged" if same.sha == d.sha else "updated"
-            same.path, same.sha = d.path.absolute(), d.sha
+            same.path, same.sha, same.resolved = d.path.absolute(), d.sha, d.resolved
             continue
         d.path = d.path.absolute()
         d.status = "added"
@@ -378,9 +380,9 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
             for png in (Path(d.crop_root) / d.crop_rel).iterdir():
                 store.link_or_copy(png, staging / d.crop_rel / png.name)
         manifest_docs.append(dict(
-            doc_id=d.doc_id, path=str(d.path), sha256=d.sha, num_pages=d.num_pages, num_elements=len(d_elements),
-            num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel, ocr=d.ocr,
-            enrichment=d.enrichment,
+            doc_id=d.doc_id, path=str(d.path), resolved=d.resolved, sha256=d.sha, num_pages=d.num_pages,
+            num_elements=len(d_elements), num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel,
+            ocr=d.ocr, enrichment=d.enrichment,
             hashes=dict(notes=store.rows_digest(d_notes), elements=store.rows_digest(d_elements),
                         embeddings=array_digest(d_emb), edges=array_digest(d_edges),
                         crops=store.crop_hashes(staging / d.crop_rel)),

@@ -109,6 +109,7 @@ class Doc:
     path: Path
     sha: str
     doc_id: str = ""
+    resolved: str = ""  # the file ``path`` named when it was hashed (every symlink resolved); "" when unknown
     keys: dict = dataclasses.field(default_factory=dict)
     is_input: bool = False  # named on this run's command line
     status: str = ""  # "added" | "updated" | "kept" | "unchanged"
