@@ -1,8 +1,8 @@
 """How often the serving path (the corpus's note block, the primal-dual active set, the active set as its fallback) picks other notes
 than the dense solve of each question, on real embeddings.
 
-The dense solve with the corpus's bound picks bit for bit what the code at 7227bc3 picks (RESULTS "Latency as
-the corpus grows"), so a question whose picks differ here is one the serving path changed. Corpora: QASPER
+The dense solve with the corpus's bound picks bit for bit what the code at 7227bc3 picks (RESULTS "Serving
+latency"), so a question whose picks differ here is one the serving path changed. Corpora: QASPER
 paragraphs (``experiments/bench_latency.py``'s synthetic corpora of ``--sizes`` notes, every question on their
 papers) and, with ``--index DIR,...``, an MMLongBench-Doc index with its benchmark questions. For each
 question: the picks (indices in order) of both paths, the largest weight difference, and, where the picks

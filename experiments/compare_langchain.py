@@ -8,8 +8,7 @@ LangChain vector-store retriever would); each method then keeps ``B`` of those s
   default), then the first ``B`` survivors (as a ``DocumentCompressorPipeline`` would);
 * ``mmr`` — ``langchain_core.vectorstores.utils.maximal_marginal_relevance`` with ``lambda_mult=0.5`` (the
   LangChain default) and ``k=B``;
-* ``cds`` — :class:`cdsjax.integrations.langchain.CDSCompressor` with the default selector (the registry's ``DEFAULT_SELECTOR``, learned CDS; RESULTS.md's table was measured when
-  it was converged CDS).
+* ``cds`` — :class:`cdsjax.integrations.langchain.CDSCompressor` with the default selector (the registry's ``DEFAULT_SELECTOR``, learned CDS).
 
 Every method sees the notes' stored embeddings (no re-embedding). Scored: the demo report's facts covered and
 restatements (:mod:`cdsjax.demo`), MMLongBench-Doc page recall, QASPER paragraph recall. The adapter's

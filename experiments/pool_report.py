@@ -1,4 +1,4 @@
-r"""Tables and the pool-size figure of RESULTS.md "The paper's protocol", from the
+r"""Tables and the pool-size figure of RESULTS.md "Pools of documents and the open corpus", from the
 records of pool / open-corpus runs (``experiments/pool_sweep.py``, ``run_eval.py``).
 
 Usage (from the repository root)::

@@ -16,7 +16,7 @@ read-out), or at most k = 1 or 2 notes per page per round (``cdsjax.core.structu
 paragraph group, as for ``cosine-pages``. A *family* is a ranking with its knob grid:
 
 * ``cosine`` (no knob), ``mmr`` (lambda), ``dpp`` (theta), the learned game (the fit's grid starts: the grid
-  does the fit's work, RESULTS "The shipped fit"), the page game (beta; alpha factor 1 or the sparse 0.5), the
+  does the fit's work, RESULTS "Learned CDS: the model and the fit"), the page game (beta; alpha factor 1 or the sparse 0.5), the
   sparse learned game (alpha factor 0.5 or 0 of the spectral bound, grid starts) with the query kept in the
   support by peeling (``keep="peel"``) or by reading the bound's game where it leaves (``keep="bound"``);
 * ``any game (CV structure)``: every game setting with every read-out, one choice.

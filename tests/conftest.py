@@ -36,7 +36,7 @@ IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 HAVE_DATA = DATA.is_dir()
 NO_DATA = f"benchmark data not found at {DATA}"
 GET_DATA = ("`cdsjax data fetch` downloads it to ../shared/data beside the repository (or `--to DIR` and "
-            "CDSJAX_DATA=DIR; README: Getting the benchmark data)")
+            "CDSJAX_DATA=DIR; README: Data)")
 _data_misses = {"skipped": 0, "failed": 0}
 
 # The system tools the documented features use: the executable's names and the Debian package `make` installs.

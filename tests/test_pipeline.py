@@ -60,7 +60,7 @@ def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
     from cdsjax.pipeline import DEFAULT_SELECTOR, canonical_selector
 
-    assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"  # RESULTS, "What beats the page rule"
+    assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"
     pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
     q = "How much did battery storage cut diesel use?"
     default = pipe.ask(q, budget=4)

@@ -25,7 +25,7 @@ before: it starts with the InImDyn vertex steps (``vertex_first``, O(n) each) an
 gathered into the smallest of :data:`BLOCK_CAPACITIES` that holds the support
 (:func:`cdsjax.core.active_set.gathered_direction`). The equilibrium is the same to the solver's tolerance;
 the weights differ in their last bits, and the picks were measured equal on real blocks except the order of
-notes whose weights tie (RESULTS "Latency as the corpus grows").
+notes whose weights tie.
 No derivative flows through this path: differentiating it raises (give no ``note_block`` to differentiate a
 selection).
 """

@@ -13,7 +13,7 @@ The primal-dual active-set rule (as for bound-constrained quadratic programs) th
 whole sets: vertices of :math:`S` whose weight came out negative leave it, vertices outside whose payoff
 beats :math:`\lambda` join it, and the face is solved again. On the CDS payoff of a served corpus this
 finds the equilibrium's support in 2-5 face solves from a guess of the most relevant quarter of the
-notes (RESULTS "Latency as the corpus grows"), where the vertex steps took about ``n``.
+notes, where the vertex steps took about ``n``.
 
 Each face is solved in correction form from the current point (so a repeated solve on the same support
 refines it, as the active set's Newton step does), gathered into the smallest of ``capacities`` that

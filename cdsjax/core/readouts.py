@@ -72,7 +72,7 @@ def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_d
               notes_per_page: int = 1, tol: Optional[float] = None, max_iter: Optional[int] = None) -> Callable:
     """The page game (:func:`~cdsjax.core.structure.select_page_game`): pages are the vertices, the ranked pages'
     best ``notes_per_page`` notes per round the evidence; ``alpha_factor < 1`` is its sparse regime. Defaults: the
-    setting cross-validation chose on MMLongBench-Doc (RESULTS.md, "What beats the page rule")."""
+    setting cross-validation chose on MMLongBench-Doc."""
     if not float(beta) >= 0.0:
         raise ValueError(f"beta must be >= 0, got {beta!r}")
     if not float(alpha_factor) > 0.0:

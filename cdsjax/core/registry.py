@@ -329,8 +329,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           learned=True, aliases=("cds-learned",),
           display="cds-learned",
           help="CDS with a fitted game (cdsjax tune): structure features, relevance shaping; --params FILE"),
-    # Games and read-outs that see the document's structure (cdsjax.core.structure; RESULTS "What beats the page
-    # rule"). A "-pages" read-out takes at most notes_per_page notes of a page per round, in the ranking's order.
+    # Games and read-outs that see the document's structure (cdsjax.core.structure). A "-pages" read-out takes at most notes_per_page notes of a page per round, in the ranking's order.
     _spec("mmr_pages", _mmr_pages, structure=True, aliases=("mmr-pages",), display="mmr-pages",
           help="MMR's ranking read at most notes_per_page notes per page per round (lam, notes_per_page)"),
     _spec("dpp_pages", _dpp_pages, structure=True, aliases=("dpp-pages",), display="dpp-pages",
@@ -346,11 +345,8 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           help="the learned game with alpha below the spectral bound (a cluster around the query), every note ranked"),
 )}
 
-# The selector used when none is named: ask, serve, the pipeline, the integrations and the planning agent. The
-# learned game read one note per printed page (its own shipped fit; text without printed pages: its top-B). In
-# cross-validation by document it is not significantly below cosine on QASPER, and on MMLongBench-Doc it is -0.020
-# (n.s.) against cosine-pages, -0.011 with the interval touching 0 when fitted on both benchmarks, where
-# cds_learned was -0.038 (significant) (RESULTS.md, "What beats the page rule").
+# The selector used when none is named: ask, serve, the pipeline, the integrations and the planning agent: the
+# learned game read one note per printed page (its own shipped fit; text without printed pages: its top-B).
 DEFAULT_SELECTOR = "cds_learned_pages"
 # The plain baseline that comparisons are reported against (demo, figures, pool and support reports).
 REFERENCE_SELECTOR = "cosine"

@@ -14,8 +14,7 @@ remedies, each where it was measured to pay without holding memory:
   grew to 7-8 GB resident over the 41 dev PDFs (heap fragmentation), so a process never parses while it
   keeps them.
 
-``CDSJAX_KEEP_FREED_MEMORY=0`` turns both off. Nothing computed depends on the allocator. RESULTS.md, "Scale:
-workers and processes", has the measurements.
+``CDSJAX_KEEP_FREED_MEMORY=0`` turns both off. Nothing computed depends on the allocator.
 """
 
 from __future__ import annotations
@@ -120,9 +119,8 @@ def stop_keeping_freed_memory() -> None:
 @contextlib.contextmanager
 def freed_memory_kept():
     """:func:`keep_freed_memory` for the duration of the block, undone after it (unless it was already in
-    effect). For a stretch in which this process embeds and nothing parses: the JAX encoder's large buffers are
-    then reused instead of faulted in again for every batch (139 notes: 1.45 M page faults and 2.5 s of system
-    time down to 0.32 M and 0.5 s; RESULTS.md, "Ingestion: profile, floors and what changed")."""
+    effect). For a stretch in which this process embeds and nothing parses: the encoder's large buffers are
+    then reused instead of faulted in again for every batch."""
     started = not _done and keep_freed_memory()
     try:
         yield

@@ -159,7 +159,7 @@ def cross_validation(config):
                     "paired": keep(body.get("paired"))}
         if body is not None:
             return body
-    return "not part of this fit: see RESULTS.md, section 'Learned CDS' (cross-validated, transfer and pool tables)"
+    return "not part of this fit: see RESULTS.md, section 'Learned CDS, cross-validated' (cross-validated, transfer and pool tables)"
 
 
 def tune(config, load_problems: Callable, *, progress: bool = False,

@@ -37,8 +37,7 @@ def build_documents(docs: Sequence[Doc], ctx: BuildContext) -> Iterator[Tuple[Do
     processes (started with ``spawn``: nothing initialised here, such as torch or JAX, is forked), longest
     first. ``ctx.embed_in="parent"`` (default): a worker parses and enriches, and this process embeds each
     document the moment it comes back and commits it, so the workers never import torch or load the model;
-    ``"worker"``: each worker loads the embedding model and embeds and commits its own documents. RESULTS.md,
-    "Scale: workers and processes", has the measurement behind the default. Workers start with
+    ``"worker"``: each worker loads the embedding model and embeds and commits its own documents. Workers start with
     :func:`cdsjax.io.memory.worker_environment` (2 MB pages for their large blocks), and this process, which
     then only embeds and writes, keeps its freed blocks until each document is committed
     (:mod:`cdsjax.io.memory`).
