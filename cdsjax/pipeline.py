@@ -29,8 +29,7 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
-from cdsjax.io.compilation_cache import (  # noqa: F401 (the two functions: entry points)
-    ExportedJit, enable_compilation_cache, prune_compilation_cache)
+from cdsjax.io.compilation_cache import ExportedJit, enable_compilation_cache  # noqa: F401 (the function: entry points)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params

@@ -1,9 +1,8 @@
-"""JAX's persistent compilation cache for the entry points: where it lives, and its size kept under a cap; and
+"""JAX's persistent compilation cache for the entry points: where it lives and JAX's own cap on its size; and
 the traced selectors kept beside it.
 
 :func:`enable_compilation_cache` is called by the commands (``ask``, ``serve``, ``demo``, ``eval``), never by the
-library; :func:`prune_compilation_cache` keeps the directory under its cap (``cdsjax serve`` calls it after each
-compilation). :class:`ExportedJit` is ``jax.jit`` whose traced and lowered program (:mod:`jax.export`) is kept in
+library. :class:`ExportedJit` is ``jax.jit`` whose traced and lowered program (:mod:`jax.export`) is kept in
 that directory, so that a fresh process neither traces nor lowers a selector it has met before.
 """
 
@@ -20,23 +19,19 @@ from typing import Any, Callable, Dict, Optional
 import jax
 
 DEFAULT_JAX_CACHE_MAX_MB = 1024
-_JAX_CACHE: Dict[str, Any] = {}  # the directory and byte cap enable_compilation_cache set, for pruning
+_JAX_CACHE: Dict[str, Any] = {}  # the directory enable_compilation_cache set
 
 
 def enable_compilation_cache(directory=None) -> Optional[Path]:
     """Turns on JAX's persistent compilation cache (in the cdsjax cache directory by default).
 
     A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
-    compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
-    The directory is private (0700) and kept under ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024;
-    -1: no cap) by :func:`prune_compilation_cache`, run here and by ``cdsjax serve`` after each compilation,
-    so a server whose clients ask for ever new budgets and options cannot fill the disk. (JAX's own
-    ``jax_compilation_cache_max_size`` is not used: its eviction fails on entries written without it, as by
-    earlier cdsjax versions, and warns on every later write.) Returns the directory, or None when disabled or
-    not writable.
+    compiling them. Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone. The directory is private (0700);
+    its size is capped by JAX itself (``jax_compilation_cache_max_size``, least recently used entries evicted
+    when a new one is written) at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1: no cap; 0: JAX
+    writes nothing), so a server whose clients ask for ever new budgets and options cannot fill the disk.
+    Returns the directory, or None when disabled or not writable.
     """
-    import os
-
     setting = os.environ.get("CDSJAX_JAX_CACHE")
     if setting == "0":
         return None
@@ -52,49 +47,38 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
         from cdsjax.io.private import private_dir
 
         private_dir(directory)
-        max_mb = float(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB") or DEFAULT_JAX_CACHE_MAX_MB)
+        max_bytes = cache_max_bytes(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB"))
+        if max_bytes >= 0:
+            _date_undated_entries(directory)
     except (OSError, ValueError):
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_compilation_cache_max_size", max_bytes)
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _JAX_CACHE.update(directory=directory, max_bytes=int(max_mb * 2**20) if max_mb >= 0 else None)
-    prune_compilation_cache()
+    _JAX_CACHE.update(directory=directory)
     return directory
 
 
-def prune_compilation_cache(directory=None, max_bytes: Optional[int] = None) -> int:
-    """Deletes the oldest files (by modification time) of a compilation cache directory until the rest fit
-    in ``max_bytes``; returns the bytes freed. Defaults: what :func:`enable_compilation_cache` set (no-op
-    when it was not called or set no cap). A file another process is reading may go: JAX then compiles."""
-    import os
+def cache_max_bytes(max_mb: Optional[str]) -> int:
+    """``CDSJAX_JAX_CACHE_MAX_MB`` (megabytes, a number; empty or None: the default) as the byte count given
+    to ``jax_compilation_cache_max_size``; any negative value is -1 (no cap). ValueError when not a number."""
+    mb = float(max_mb) if max_mb not in (None, "") else DEFAULT_JAX_CACHE_MAX_MB
+    if mb != mb:  # NaN
+        raise ValueError(f"CDSJAX_JAX_CACHE_MAX_MB={max_mb!r} is not a size")
+    return -1 if mb < 0 else int(mb * 2**20)
 
-    directory = directory if directory is not None else _JAX_CACHE.get("directory")
-    max_bytes = max_bytes if max_bytes is not None else _JAX_CACHE.get("max_bytes")
-    if directory is None or max_bytes is None:
-        return 0
-    files = []
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    files.append((st.st_mtime, st.st_size, entry.path))
-    except OSError:
-        return 0
-    total = sum(size for _, size, _ in files)
-    freed = 0
-    for _, size, path in sorted(files):
-        if total <= max_bytes:
-            break
-        try:
-            os.unlink(path)
-        except OSError:
-            continue
-        total -= size
-        freed += size
-    return freed
+
+def _date_undated_entries(directory: Path) -> None:
+    """Gives each executable that JAX wrote without a size cap (``<key>-cache`` with no ``<key>-atime`` beside
+    it) the access time JAX's capped cache keeps (its modification time, in nanoseconds, 8 bytes little
+    endian): JAX's eviction reads that file for every entry and, where one is missing, fails every later
+    write."""
+    for entry in directory.glob("*-cache"):
+        atime = entry.with_name(entry.name[: -len("-cache")] + "-atime")
+        if not atime.exists():
+            atime.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))
 
 
 EXPORT_SUFFIX = ".cdsjax-exported"
@@ -169,7 +153,6 @@ class ExportedJit:
         _register_flax_types()
         try:
             exported = jax.export.deserialize(bytearray(path.read_bytes()))
-            os.utime(path)  # recently used: the pruning goes by age
             return jax.jit(exported.call)
         except Exception:  # not written yet, damaged, or from a version whose tree types are gone: exported now
             pass
@@ -182,7 +165,6 @@ class ExportedJit:
         try:
             tmp.write_bytes(data)
             os.replace(tmp, path)  # whole or not at all
-            prune_compilation_cache()
         except OSError:  # (not written: the next process exports it again)
             try:
                 tmp.unlink()
