@@ -37,7 +37,7 @@ SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp
 from cdsjax.io.compilation_cache import enable_compilation_cache
-directory = enable_compilation_cache(sys.argv[1])
+directory = enable_compilation_cache(sys.argv[1]).directory
 for k in range(6):  # six programs (new ones for each argv[2]), each its own cache entry
     jax.jit(lambda x, k=k: jnp.sin(x) * k + jnp.cos(x * k))(jnp.ones(5 + k + int(sys.argv[2]))).block_until_ready()
 print(json.dumps(dict(directory=str(directory), max_size=jax.config.jax_compilation_cache_max_size)))
