@@ -29,8 +29,8 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core import registry
-from cdsjax.io.compilation_cache import (  # noqa: F401 (the two functions: entry points)
-    ExportedJit, enable_compilation_cache, prune_compilation_cache)
+from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cache: the commands' entry point)
+    CompileCache, ExportedJit, enable_compilation_cache)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
@@ -182,12 +182,14 @@ class Pipeline:
     The corpus is padded once to a bucket size, so every question of a session
     reuses one compiled selector per (selector, budget, options). ``compiled`` is where those jitted
     selectors are kept: by default the process's shared :class:`SelectorCache` of ``max_compiled`` entries
-    (:func:`shared_selector_cache`), or a mapping of the caller's.
+    (:func:`shared_selector_cache`), or a mapping of the caller's. ``compile_cache`` (what the command's
+    :func:`enable_compilation_cache` returned; None: plain ``jax.jit``) keeps the selectors' traced programs for
+    later processes (:class:`ExportedJit`); a selector already in ``compiled`` keeps the cache it was made with.
     """
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
                  max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
-                 trust_remote_code: bool = False, params=None):
+                 trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         core.validate_embeddings(corpus.embeddings)
@@ -206,6 +208,7 @@ class Pipeline:
             raise PipelineError(str(err)) from None
         # jitted selectors by (selector, budget, options, ...): by default shared by the process's pipelines
         self.compiled = shared_selector_cache(max_compiled) if compiled is None else compiled
+        self.compile_cache = compile_cache
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
         self._bounds: dict = {}  # (selector, options, query rows) -> the corpus's spectral bound (or None)
         # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
@@ -219,7 +222,7 @@ class Pipeline:
     def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
                    embedders: Sequence[str] = (), trust_remote_code: bool = False,
                    max_compiled: int = DEFAULT_MAX_COMPILED, params: Optional[str] = None,
-                   warm: Optional[dict] = None) -> "Pipeline":
+                   warm: Optional[dict] = None, compile_cache: Optional[CompileCache] = None) -> "Pipeline":
         """Loads index directories and indexes PDFs (into the cache) named by ``paths``.
 
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
@@ -239,7 +242,7 @@ class Pipeline:
         indexes, compiled = [], shared_selector_cache(max_compiled)
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
             doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
-            trust_remote_code=trust_remote_code, **warm))
+            trust_remote_code=trust_remote_code, compile_cache=compile_cache, **warm))
         # the question's encoder loads and compiles while the PDF is parsed, off the selector's compilation
         early = None
         if on_prepared is not None and Path(paths[0]).is_file():
@@ -265,12 +268,13 @@ class Pipeline:
         if config is not None and "embedder" in config and config.embedder.get("model"):
             accepted += (str(config.embedder.model),)
         return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
-                   compiled=compiled, params=params)
+                   compiled=compiled, params=params, compile_cache=compile_cache)
 
     @classmethod
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: str = DEFAULT_SELECTOR,
                        budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
-                       embedders: Sequence[str] = (), trust_remote_code: bool = False) -> None:
+                       embedders: Sequence[str] = (), trust_remote_code: bool = False,
+                       compile_cache: Optional[CompileCache] = None) -> None:
         """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the question's
         encoder bucket, the selector at the padded size, its corpus bound and note block, on stand-in embeddings
         (random unit vectors) of that shape (:func:`cdsjax.warmup.precompile`; without a compilation cache by
@@ -289,7 +293,8 @@ class Pipeline:
         emb = np.random.default_rng(0).standard_normal((len(rows), encoder.dim)).astype(np.float32)
         emb /= np.linalg.norm(emb, axis=1, keepdims=True)
         corpus = Corpus(embeddings=emb, links=np.zeros((len(rows),) * 2, bool), notes=rows, embedder=info, roots=[])
-        pipe = cls(corpus, compiled=compiled, params=params, embedders=embedders, trust_remote_code=trust_remote_code)
+        pipe = cls(corpus, compiled=compiled, params=params, embedders=embedders, trust_remote_code=trust_remote_code,
+                   compile_cache=compile_cache)
         if precompile(pipe, emb[0], selector=selector, budget=budget, qid=question, options=options):
             pipe.encode([question])
         else:  # no compilation cache (library use): compiled by asking once
@@ -338,12 +343,13 @@ class Pipeline:
                 raise PipelineError(str(err)) from None
             # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
             # fresh process neither traces nor lowers a selector it met before
-            jitted = ExportedJit(fn, repr(key))
+            cache = self.compile_cache
+            jitted = ExportedJit(fn, repr(key), cache)
             bound, block = registry.corpus_bound_fn(fn), registry.corpus_block_fn(fn)
             # the spectral bound and note block of the selector's game, computed once per corpus (select keeps
             # them per pipeline)
-            jitted.corpus_bound = None if bound is None else ExportedJit(bound, repr(key) + ":bound")
-            jitted.corpus_block = None if block is None else ExportedJit(block, repr(key) + ":block")
+            jitted.corpus_bound = None if bound is None else ExportedJit(bound, repr(key) + ":bound", cache)
+            jitted.corpus_block = None if block is None else ExportedJit(block, repr(key) + ":block", cache)
             return jitted
 
         if isinstance(self.compiled, SelectorCache):

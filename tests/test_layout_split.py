@@ -1,17 +1,16 @@
 """The ways cdsjax.io.layout runs PyMuPDF's layout model give the elements and crops of the plain run: a
 document split over a helper process (a rotated page and a scanned page, read with OCR, among the helper's; the
-helper's half of the keywords and of the note embeddings), and pages batched through the image network; how the
+helper's half of the keywords), and pages batched through the image network; how the
 two processes claim pages."""
 
 import hashlib
 import json
 import time
 
-import numpy as np
 import pymupdf
 
 from cdsjax.config import get_config
-from cdsjax.io import helper_tasks, layout, layout_split
+from cdsjax.io import layout, layout_split
 from cdsjax.io import parse as parse_module
 from cdsjax.io.notes import extract_keywords
 from cdsjax.io.parse import ocr_available, parse_pdf
@@ -55,18 +54,18 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     monkeypatch.setitem(layout._STATE, "threads", 2)  # as on a machine with two free cores
     # the pages are claimed as each process gets to them; this process leaves the last two to the helper, so
     # that the helper's path runs whatever the timing
-    monkeypatch.setitem(layout._STATE, "reserve", 2)
+    monkeypatch.setitem(layout_split._SPLIT, "reserve", 2)
     layout_split.set_page_split(True)
     try:
         # a helper started by the split itself: it claims pages once this process's request comes
         split_on_request = _parse(pdf, tmp_path / "on_request")
-        assert isinstance(layout._STATE.get("helper"), layout_split._Helper)
+        assert isinstance(layout_split._SPLIT.get("helper"), layout_split._Helper)
         assert 3 not in probed and 4 not in probed  # the helper read its pages' text layer, the scan's OCR too
         layout_split.stop_helper()
         probed.clear()
 
         layout_split.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
-        started = layout._STATE.get("helper")
+        started = layout_split._SPLIT.get("helper")
         assert isinstance(started, layout_split._Helper)
         # it analyses pages from the back before this process asks: wait until it has (as `ask` importing JAX)
         deadline = time.monotonic() + 120
@@ -74,7 +73,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
             assert started.proc.is_alive() and time.monotonic() < deadline, "no pages claimed ahead"
             time.sleep(0.05)
         split = _parse(pdf, tmp_path / "split")
-        helper = layout._STATE.get("helper")
+        helper = layout_split._SPLIT.get("helper")
         assert helper is started, "the document was not split by the helper started ahead"
         assert helper.claims.array[1] <= 3 and helper.claims.array[3] == -1  # the request took them over
         assert 3 not in probed and 4 not in probed  # the scanned page's OCR was read at the request
@@ -90,8 +89,8 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
             time.sleep(0.2)
             return here(t)
 
-        assert helper_tasks.keywords_in_helper(texts, 5, "en", slow) == [extract_keywords(t, top=5) for t in texts]
-        assert layout._STATE.get("helper") is helper and not helper.busy  # it answered (no fallback)
+        assert layout_split.keywords_in_helper(texts, 5, "en", slow) == [extract_keywords(t, top=5) for t in texts]
+        assert layout_split._SPLIT.get("helper") is helper and not helper.busy  # it answered (no fallback)
         assert 1 <= len(done_here) < len(texts) // 2, len(done_here)  # the helper took the larger share
     finally:
         layout_split.stop_helper()
@@ -125,37 +124,3 @@ def test_pages_are_claimed_from_both_ends_once():
     while claims.take_front(2) is not None:
         pass
     assert claims.take_back(2) is None and not claims.helper_took(4)
-
-
-def test_helper_embeds_half_of_the_notes(monkeypatch):
-    """The helper encodes the longest notes with the same JAX encoder while this process encodes the rest: the
-    vectors of one process within float tolerance, in the order of the texts."""
-    from cdsjax.io.embed import Embedder
-    from cdsjax.io.index import default_config
-
-    config = default_config()
-    config.embedder.show_progress = False
-    embedder = Embedder(config)
-    texts = [f"Note {i}: revenue in region {i} grew by {3 * i}% in fiscal 20{10 + i}. " * (1 + i % 5)
-             for i in range(40)]
-    alone = embedder.encode_documents(texts)
-    monkeypatch.setitem(layout._STATE, "threads", 2)
-    layout_split.set_page_split(True)
-    layout_split.stop_helper()
-    try:
-        layout_split._helper()
-        embedder.offer_to_helper()
-        calls = []
-
-        def here(part):
-            calls.append(len(part))
-            return embedder.encode_documents(part)
-
-        shared = helper_tasks.embed_in_helper(texts, 16, here)
-        assert shared is not None and calls and calls[0] < len(texts)  # the helper encoded the rest
-        helper = layout._STATE.get("helper")
-        assert helper is not None and helper.proc.is_alive() and not helper.busy  # it answered (no fallback)
-    finally:
-        layout_split.stop_helper()
-        layout._STATE.pop("embedding", None)
-    np.testing.assert_allclose(shared, alone, atol=1e-5, rtol=0)

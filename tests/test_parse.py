@@ -249,15 +249,15 @@ def test_mineru_missing_gives_clear_error(tmp_path, synthetic):
 
 def test_chart_title_above_and_source_note_below():
     """Report-style charts: a title and subtitle stacked above, Note/Source lines below (no "Figure N")."""
-    from cdsjax.io.parse import _page_elements, _Region
+    from cdsjax.io.parse import Region, _page_elements
 
     regions = [
-        _Region("text", [67, 95, 294, 400], "Body text of the report. " * 20, 0),
-        _Region("section-header", [315, 108, 525, 134], "Most subgroups more optimistic", 1),
-        _Region("list-item", [315, 142, 513, 162], "% who expect their finances to improve", 2),
-        _Region("picture", [317, 173, 543, 400], "61 81 81 86 76 84 77 Ages 18-29", 3),
-        _Region("caption", [315, 417, 545, 440], "Note: Change calculated before rounding.", 4),
-        _Region("caption", [315, 445, 545, 460], "Source: National Survey, 2015.", 5),
+        Region("text", [67, 95, 294, 400], "Body text of the report. " * 20, 0),
+        Region("section-header", [315, 108, 525, 134], "Most subgroups more optimistic", 1),
+        Region("list-item", [315, 142, 513, 162], "% who expect their finances to improve", 2),
+        Region("picture", [317, 173, 543, 400], "61 81 81 86 76 84 77 Ages 18-29", 3),
+        Region("caption", [315, 417, 545, 440], "Note: Change calculated before rounding.", 4),
+        Region("caption", [315, 445, 545, 460], "Source: National Survey, 2015.", 5),
     ]
     els, stream, no_text = _page_elements("d", 0, regions, [0, 0, 612, 792], default_config().ingest, has_text=True)
     chart = next(e for e in els if e.kind != "text")

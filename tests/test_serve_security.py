@@ -621,18 +621,6 @@ def test_lock_file_is_private_while_held(tmp_path):
     assert not lock.exists()
 
 
-def test_compilation_cache_is_pruned_to_its_cap(tmp_path):
-    from cdsjax.pipeline import prune_compilation_cache
-
-    for i in range(5):  # entries of 1 KB, oldest first
-        f = tmp_path / f"entry-{i}"
-        f.write_bytes(b"x" * 1024)
-        os.utime(f, (1000 + i, 1000 + i))
-    assert prune_compilation_cache(tmp_path, 2500) == 3 * 1024
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry-3", "entry-4"]
-    assert prune_compilation_cache(tmp_path, 2500) == 0
-
-
 # ------------------------------------------------------------------ 8. second pass (issue 35), one case per finding
 
 

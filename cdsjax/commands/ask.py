@@ -199,7 +199,7 @@ def ask_local(args, paths, question, options):
         args.selector = DEFAULT_SELECTOR
     check_options(args.selector, options)
     params = check_params(args.selector, getattr(args, "params", None))
-    enable_compilation_cache()
+    compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args)
     # the reader module imports openai (~0.7 s): only when a reader is configured
@@ -216,7 +216,7 @@ def ask_local(args, paths, question, options):
             if args.agent == "direct" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   params=params, warm=warm)
+                                   params=params, warm=warm, compile_cache=compile_cache)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)

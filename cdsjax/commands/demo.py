@@ -91,7 +91,7 @@ def run(args) -> int:
 
     if args.budget < 1:
         raise CLIError(f"--budget must be >= 1, got {args.budget}")
-    enable_compilation_cache()
+    compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
     config = default_config()
     root = Path(args.dir) if args.dir else cache_root(config) / "demo"
@@ -105,7 +105,7 @@ def run(args) -> int:
                           log=lambda line: print(f"cdsjax demo: {line}", file=sys.stderr))
     corpus = load_index(root / "index")
     t_index = time.perf_counter() - t0
-    pipe = Pipeline(Corpus.merge([corpus]))
+    pipe = Pipeline(Corpus.merge([corpus]), compile_cache=compile_cache)
     rows = compare(pipe, demo.QUESTION, args.budget, args.beta)
     total = time.perf_counter() - t0
     line = verdict(rows)

@@ -188,13 +188,13 @@ def run(args) -> int:
     except OSError as err:
         sock.close()
         raise CLIError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err})", 1) from None
-    enable_compilation_cache()
+    compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args)
     try:
         pipe = Pipeline.from_paths(args.indexes, reader=reader, progress=sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   max_compiled=args.max_compiled, params=params)
+                                   max_compiled=args.max_compiled, params=params, compile_cache=compile_cache)
         warm_s = pipe.warm([args.selector], budget=args.budget)
     except (PipelineError, EmbedderError) as err:
         sock.close()

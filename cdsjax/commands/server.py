@@ -257,7 +257,7 @@ def public(state: ServerState, result, body: Question) -> dict:
 
 
 async def answer(state: ServerState, body: Question, read: bool):
-    from cdsjax.pipeline import PipelineError, canonical_selector, prune_compilation_cache
+    from cdsjax.pipeline import PipelineError, canonical_selector
 
     pipe = state.pipe
     if not body.question.strip():
@@ -277,8 +277,6 @@ async def answer(state: ServerState, body: Question, read: bool):
         waited = time.perf_counter() - t0
         result = pipe.retrieve(body.question, selector=selector, budget=budget, options=options or None)
         result.timings["queue"] = waited
-        if lane is state.compiling:  # a new executable may have gone to the compilation cache: keep it capped
-            prune_compilation_cache()
         return result
 
     try:

@@ -1,10 +1,10 @@
-"""JAX's persistent compilation cache for the entry points: where it lives, and its size kept under a cap; and
+"""JAX's persistent compilation cache for the entry points: where it lives and JAX's own cap on its size; and
 the traced selectors kept beside it.
 
 :func:`enable_compilation_cache` is called by the commands (``ask``, ``serve``, ``demo``, ``eval``), never by the
-library; :func:`prune_compilation_cache` keeps the directory under its cap (``cdsjax serve`` calls it after each
-compilation). :class:`ExportedJit` is ``jax.jit`` whose traced and lowered program (:mod:`jax.export`) is kept in
-that directory, so that a fresh process neither traces nor lowers a selector it has met before.
+library; it returns the :class:`CompileCache` the command hands to what it builds. :class:`ExportedJit` is
+``jax.jit`` whose traced and lowered program (:mod:`jax.export`) is kept in that cache's directory, so that a
+fresh process neither traces nor lowers a selector it has met before.
 """
 
 from __future__ import annotations
@@ -12,31 +12,26 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import jax
 
 DEFAULT_JAX_CACHE_MAX_MB = 1024
-_JAX_CACHE: Dict[str, Any] = {}  # the directory and byte cap enable_compilation_cache set, for pruning
 
 
-def enable_compilation_cache(directory=None) -> Optional[Path]:
+def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
     """Turns on JAX's persistent compilation cache (in the cdsjax cache directory by default).
 
     A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
-    compiling them (seconds on a loaded CPU). Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone.
-    The directory is private (0700) and kept under ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024;
-    -1: no cap) by :func:`prune_compilation_cache`, run here and by ``cdsjax serve`` after each compilation,
-    so a server whose clients ask for ever new budgets and options cannot fill the disk. (JAX's own
-    ``jax_compilation_cache_max_size`` is not used: its eviction fails on entries written without it, as by
-    earlier cdsjax versions, and warns on every later write.) Returns the directory, or None when disabled or
-    not writable.
+    compiling them. Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone. The directory is private (0700);
+    its size is capped by JAX itself (``jax_compilation_cache_max_size``, least recently used entries evicted
+    when a new one is written) at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1: no cap; 0: JAX
+    writes nothing), so a server whose clients ask for ever new budgets and options cannot fill the disk.
+    Returns the :class:`CompileCache` of that directory (for the command to hand to the pipelines it builds),
+    or None when disabled or not writable.
     """
-    import os
-
     setting = os.environ.get("CDSJAX_JAX_CACHE")
     if setting == "0":
         return None
@@ -52,110 +47,195 @@ def enable_compilation_cache(directory=None) -> Optional[Path]:
         from cdsjax.io.private import private_dir
 
         private_dir(directory)
-        max_mb = float(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB") or DEFAULT_JAX_CACHE_MAX_MB)
+        max_bytes = cache_max_bytes(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB"))
+        if max_bytes >= 0:
+            _date_undated_entries(directory)
     except (OSError, ValueError):
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_compilation_cache_max_size", max_bytes)
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _JAX_CACHE.update(directory=directory, max_bytes=int(max_mb * 2**20) if max_mb >= 0 else None)
-    prune_compilation_cache()
-    return directory
+    return CompileCache(directory)
 
 
-def prune_compilation_cache(directory=None, max_bytes: Optional[int] = None) -> int:
-    """Deletes the oldest files (by modification time) of a compilation cache directory until the rest fit
-    in ``max_bytes``; returns the bytes freed. Defaults: what :func:`enable_compilation_cache` set (no-op
-    when it was not called or set no cap). A file another process is reading may go: JAX then compiles."""
-    import os
+def cache_max_bytes(max_mb: Optional[str]) -> int:
+    """``CDSJAX_JAX_CACHE_MAX_MB`` (megabytes, a number; empty or None: the default) as the byte count given
+    to ``jax_compilation_cache_max_size``; any negative value is -1 (no cap). ValueError when not a number."""
+    mb = float(max_mb) if max_mb not in (None, "") else DEFAULT_JAX_CACHE_MAX_MB
+    if mb != mb:  # NaN
+        raise ValueError(f"CDSJAX_JAX_CACHE_MAX_MB={max_mb!r} is not a size")
+    return -1 if mb < 0 else int(mb * 2**20)
 
-    directory = directory if directory is not None else _JAX_CACHE.get("directory")
-    max_bytes = max_bytes if max_bytes is not None else _JAX_CACHE.get("max_bytes")
-    if directory is None or max_bytes is None:
-        return 0
-    files = []
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    files.append((st.st_mtime, st.st_size, entry.path))
-    except OSError:
-        return 0
-    total = sum(size for _, size, _ in files)
-    freed = 0
-    for _, size, path in sorted(files):
-        if total <= max_bytes:
-            break
-        try:
-            os.unlink(path)
-        except OSError:
-            continue
-        total -= size
-        freed += size
-    return freed
+
+def _date_undated_entries(directory: Path) -> None:
+    """Gives each executable that JAX wrote without a size cap (``<key>-cache`` with no ``<key>-atime`` beside
+    it) the access time JAX's capped cache keeps (its modification time, in nanoseconds, 8 bytes little
+    endian): JAX's eviction reads that file for every entry and, where one is missing, fails every later
+    write."""
+    for entry in directory.glob("*-cache"):
+        atime = entry.with_name(entry.name[: -len("-cache")] + "-atime")
+        if not atime.exists():
+            atime.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))
 
 
 EXPORT_SUFFIX = ".cdsjax-exported"
-_FINGERPRINT: Dict[str, str] = {}
-_REGISTERED: set = set()
-_REGISTER_LOCK = threading.Lock()
+_CHECKSUM_BYTES = 32  # an exported file: the sha256 of the serialized program, then the program
 # the settings that change what a function traces to (beside the shapes and dtypes of its arguments)
 _TRACE_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion",
                    "jax_numpy_rank_promotion", "jax_default_prng_impl", "jax_threefry_partitionable")
+# the types registered with jax.export's process-wide tree serialization, by this module (JAX refuses a second
+# registration of a type)
+_REGISTERED: set = set()
+_REGISTER_LOCK = threading.Lock()
+
+
+def core_tree_types() -> tuple:
+    """The pytree types of cdsjax's core that a selector, its corpus bound or its note block takes or returns
+    (problems, payoffs, parameters, results): what :class:`CompileCache` registers by default."""
+    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.payoff import DensePayoff, SharedPayoff
+    from cdsjax.core.structure import PageGameParams
+    from cdsjax.core.types import Affinity, CDSParams, CDSProblem, Selection, SolveOptions, SolverResult
+
+    return (CDSProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams, SolveOptions,
+            SolverResult, Selection)
+
+
+class CompileCache:
+    """Where :class:`ExportedJit` keeps traced programs: a directory (JAX's persistent cache directory, as
+    :func:`enable_compilation_cache` returns it) and the pytree types their arguments and results may hold.
+
+    A command creates one and hands it to what it builds (``Pipeline(compile_cache=...)``); library code that
+    is handed none runs plain ``jax.jit``. ``types`` (default :func:`core_tree_types`) are registered with
+    :func:`jax.export.register_pytree_node_serialization` when the first program is written or read, their
+    static fields written as Python literals; a tree holding any other type is not exported (plain jit).
+
+    A program's file is keyed by the caller's name for the function, the arguments' signature, the trace
+    settings and :meth:`stamp`: the cdsjax version, the JAX and jaxlib versions, and each cdsjax source file's
+    path, size and modification time (stat only, no file read; computed once per object on first use, so a
+    process that exports nothing pays nothing). An edited source file therefore gets fresh programs; a file
+    touched without a change only costs one export.
+    """
+
+    def __init__(self, directory, types: Optional[Sequence[type]] = None):
+        self.directory = Path(directory)
+        self.types = None if types is None else tuple(types)
+        self._stamp: Optional[str] = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CompileCache({str(self.directory)!r})"
+
+    def stamp(self) -> str:
+        """The hash of the installed code that a traced program depends on (see the class)."""
+        with self._lock:
+            if self._stamp is None:
+                import importlib.metadata
+
+                import jaxlib
+
+                try:
+                    version = importlib.metadata.version("cdsjax")
+                except importlib.metadata.PackageNotFoundError:
+                    version = None
+                digest = hashlib.sha256(repr((version, jax.__version__, jaxlib.__version__)).encode())
+                package = Path(__file__).resolve().parents[1]
+                for source in sorted(package.rglob("*.py")):
+                    st = source.stat()
+                    digest.update(repr((str(source.relative_to(package)), st.st_size, st.st_mtime_ns)).encode())
+                self._stamp = digest.hexdigest()
+            return self._stamp
+
+    def path(self, name: str, signature: tuple) -> Path:
+        """The file of the program of ``name`` for arguments of ``signature`` (:func:`_signature`)."""
+        key = hashlib.sha256(repr((self.stamp(), name, signature)).encode()).hexdigest()[:48]
+        return self.directory / f"{key}{EXPORT_SUFFIX}"
+
+    def register_types(self) -> None:
+        """Registers :attr:`types` (default :func:`core_tree_types`) with :mod:`jax.export` once per process."""
+        types = core_tree_types() if self.types is None else self.types
+        with _REGISTER_LOCK:
+            for value in types:
+                if value not in _REGISTERED:
+                    jax.export.register_pytree_node_serialization(
+                        value, serialized_name=f"{value.__module__}:{value.__qualname__}",
+                        serialize_auxdata=_literal_bytes, deserialize_auxdata=_from_literal_bytes)
+                    _REGISTERED.add(value)
+
+    def read(self, path: Path):
+        """The exported program in ``path``; OSError when absent or unreadable, ValueError when damaged (its
+        checksum does not match) or holding a tree type that is not registered."""
+        data = path.read_bytes()
+        program = data[_CHECKSUM_BYTES:]
+        if len(data) <= _CHECKSUM_BYTES or hashlib.sha256(program).digest() != data[:_CHECKSUM_BYTES]:
+            raise ValueError(f"{path}: damaged")
+        self.register_types()
+        return jax.export.deserialize(bytearray(program))
+
+    def write(self, path: Path, program: bytes) -> None:
+        """Writes a serialized program to ``path`` with its checksum, whole or not at all; OSError when not."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_bytes(hashlib.sha256(program).digest() + program)
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise
 
 
 class ExportedJit:
-    """``jax.jit(fun)``, whose traced and lowered program is kept in the compilation cache directory.
+    """``jax.jit(fun)``, whose traced and lowered program is kept by a :class:`CompileCache`.
 
     A fresh ``cdsjax ask`` traces and lowers each selector it runs before JAX's persistent cache can find the
-    compiled executable (its key is the lowered program): 1-2 CPU s for a CDS selector with its corpus bound
-    and note block, on every run. Here the first call for a signature (the arguments' tree, shapes and dtypes)
-    exports the function (:func:`jax.export.export`) and writes the serialized program to
-    ``<cache>/<key>.cdsjax-exported``; a later process reads it and calls it (``jax.jit(exported.call)``,
-    whose executable the persistent cache holds), without tracing ``fun``. The key is a hash of ``name`` (what
-    identifies ``fun``: the caller's selector key), the signature, the JAX version and settings that change a
-    trace, and the source of the cdsjax package, so an edited selector is traced afresh.
+    compiled executable (its key is the lowered program). Here the first call for a signature (the arguments'
+    tree, shapes and dtypes) exports the function (:func:`jax.export.export`) and writes the serialized program
+    to the cache's directory (:meth:`CompileCache.path`, keyed by ``name``, what identifies ``fun``: the
+    caller's selector key); a later process reads it and calls it (``jax.jit(exported.call)``, whose executable
+    the persistent cache holds), without tracing ``fun``.
 
-    Without :func:`enable_compilation_cache` (library use) it is plain ``jax.jit``. A function that cannot be
-    exported, a cache file that cannot be read (it is written again) or written, and a tree holding a type
-    whose static fields are not plain literals run as plain ``jax.jit``: the answer is the same either way.
+    With ``cache=None`` it is plain ``jax.jit``. A cache file that is missing or damaged is exported and written
+    again; one that cannot be written is not (the next process exports again). A function whose program cannot
+    be serialized (a tree type the cache does not register, a static field that is not a plain literal, a host
+    callback) runs as plain ``jax.jit``: the answer is the same either way.
     """
 
-    def __init__(self, fun: Callable, name: str):
+    def __init__(self, fun: Callable, name: str, cache: Optional[CompileCache] = None):
         self.jitted = jax.jit(fun)
         self.name = str(name)
+        self.cache = cache
         self._calls: Dict[tuple, Callable] = {}
         self._lock = threading.Lock()
 
     def __call__(self, *args, **kwargs):
-        directory = _JAX_CACHE.get("directory")
-        signature = None if directory is None or kwargs else _signature(args)
+        signature = None if self.cache is None or kwargs else _signature(args)
         if signature is None:  # no cache, or a Python scalar among the leaves: jit's own rules
             return self.jitted(*args, **kwargs)
-        return self._call(Path(directory), signature, args)(*args)
+        return self._call(signature, args)(*args)
 
-    def _call(self, directory: Path, signature: tuple, args) -> Callable:
+    def _call(self, signature: tuple, args) -> Callable:
         call = self._calls.get(signature)
         if call is None:
             with self._lock:
                 call = self._calls.get(signature)
                 if call is None:
-                    call = self._calls[signature] = self._exported(directory, signature, args)
+                    call = self._calls[signature] = self._exported(signature, args)
         return call
 
     def precompile(self, *args) -> bool:
         """Compiles the program for ``args`` without running it and keeps the executable for the calls with
         their signature. Leaves may be ``jax.ShapeDtypeStruct`` (only shapes and dtypes are read), so a selector
         compiles while the arrays it will take (a corpus bound, a note block) are still being computed. Returns
-        False where nothing was kept: without :func:`enable_compilation_cache` (plain ``jax.jit``, which compiles
-        on its first call) or for arguments whose signature cannot be read."""
-        directory = _JAX_CACHE.get("directory")
-        signature = None if directory is None else _signature(args)
+        False where nothing was kept: without a cache (plain ``jax.jit``, which compiles on its first call) or
+        for arguments whose signature cannot be read."""
+        signature = None if self.cache is None else _signature(args)
         if signature is None:
             return False
-        call = self._call(Path(directory), signature, args)
+        call = self._call(signature, args)
         if isinstance(call, jax.stages.Compiled):
             return True
         compiled = call.lower(*args).compile()  # (read from JAX's persistent cache when it holds it)
@@ -163,31 +243,22 @@ class ExportedJit:
             self._calls[signature] = compiled
         return True
 
-    def _exported(self, directory: Path, signature: tuple, args) -> Callable:
-        key = hashlib.sha256(repr((_fingerprint(), self.name, signature)).encode()).hexdigest()[:48]
-        path = directory / f"{key}{EXPORT_SUFFIX}"
-        _register_flax_types()
+    def _exported(self, signature: tuple, args) -> Callable:
+        path = self.cache.path(self.name, signature)
         try:
-            exported = jax.export.deserialize(bytearray(path.read_bytes()))
-            os.utime(path)  # recently used: the pruning goes by age
-            return jax.jit(exported.call)
-        except Exception:  # not written yet, damaged, or from a version whose tree types are gone: exported now
+            return jax.jit(self.cache.read(path).call)
+        except (OSError, ValueError):  # not written yet, damaged, or holding a type no longer registered
             pass
+        self.cache.register_types()
         try:
             exported = jax.export.export(self.jitted)(*args)
             data = exported.serialize()
-        except Exception:  # not exportable (or a static field that is not a plain literal): jit as before
-            return self.jitted
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        except (ValueError, NotImplementedError):  # an unregistered tree type, a non-literal static field, a
+            return self.jitted  # callback, a custom call without a stable ABI: jit as before (and its errors)
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)  # whole or not at all
-            prune_compilation_cache()
+            self.cache.write(path, bytes(data))
         except OSError:  # (not written: the next process exports it again)
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            pass
         return jax.jit(exported.call)
 
 
@@ -203,40 +274,8 @@ def _signature(args) -> Optional[tuple]:
         return None
 
 
-def _fingerprint() -> str:
-    """A hash of the cdsjax package's source, the JAX versions and the settings that change a trace."""
-    if "value" not in _FINGERPRINT:
-        digest = hashlib.sha256()
-        package = Path(__file__).resolve().parents[1]
-        for source in sorted(package.rglob("*.py")):
-            digest.update(str(source.relative_to(package)).encode())
-            digest.update(source.read_bytes())
-        import jaxlib
-
-        digest.update(repr((jax.__version__, jaxlib.__version__)).encode())
-        _FINGERPRINT["value"] = digest.hexdigest()
-    return hashlib.sha256(repr((_FINGERPRINT["value"], _trace_settings())).encode()).hexdigest()
-
-
 def _trace_settings() -> tuple:
     return tuple((name, str(getattr(jax.config, name, None))) for name in _TRACE_SETTINGS)
-
-
-def _register_flax_types() -> None:
-    """Registers the flax dataclasses of the loaded cdsjax modules with :mod:`jax.export`'s tree serialization,
-    their static fields written as Python literals (a field that is not one makes serialization fail, and the
-    function runs as plain jit)."""
-    with _REGISTER_LOCK:
-        for module_name, module in list(sys.modules.items()):
-            if module is None or not (module_name == "cdsjax" or module_name.startswith("cdsjax.")):
-                continue
-            for value in list(vars(module).values()):
-                if (isinstance(value, type) and getattr(value, "_flax_dataclass", False)
-                        and value.__module__ == module_name and value not in _REGISTERED):
-                    jax.export.register_pytree_node_serialization(
-                        value, serialized_name=f"{value.__module__}:{value.__qualname__}",
-                        serialize_auxdata=_literal_bytes, deserialize_auxdata=_from_literal_bytes)
-                    _REGISTERED.add(value)
 
 
 def _literal_bytes(aux) -> bytes:

@@ -37,7 +37,7 @@ OCR_LANGUAGE = "eng"
 
 
 @dataclasses.dataclass
-class _Region:
+class Region:
     """One layout region of a page, in the page's reading order."""
 
     cls: str
@@ -100,6 +100,11 @@ def fixed_input_shapes(session) -> bool:
     except Exception:
         return False
     return bool(inputs) and all(all(isinstance(d, int) and d > 0 for d in list(i.shape)[1:]) for i in inputs)
+
+
+def layout_threads(default: int = 1) -> int:
+    """The intra-op threads :func:`limit_layout_threads` gave this process's sessions (``default`` before)."""
+    return int(_STATE.get("threads", default))
 
 
 def usable_cores() -> int:
@@ -280,7 +285,7 @@ def batch_stats() -> dict:
     return dict(b.stats) if b is not None else dict(batched=0, single=0, calls=0)
 
 
-def _analyse(doc, pages) -> List[List[_Region]]:
+def analyse_pages(doc, pages) -> List[List[Region]]:
     """pymupdf4llm's analysis of ``pages`` (None: all) of ``doc``, as regions per page."""
     from pymupdf4llm.helpers import document_layout
 
@@ -296,7 +301,7 @@ def _analyse(doc, pages) -> List[List[_Region]]:
         batcher = _STATE.get("batcher", batcher)
         if batcher is not None:
             batcher.forget()
-    pages_out: List[List[_Region]] = []
+    pages_out: List[List[Region]] = []
     for page_layout in parsed.pages:
         regions = []
         for order, box in enumerate(page_layout.boxes):
@@ -308,7 +313,7 @@ def _analyse(doc, pages) -> List[List[_Region]]:
                 text = document_layout.get_plain_text(spans).strip()
             if box.boxclass == "table" and box.table:
                 table_md = (box.table.get("markdown") or "").strip()
-            regions.append(_Region(box.boxclass, bbox, text, order, table_md))
+            regions.append(Region(box.boxclass, bbox, text, order, table_md))
         pages_out.append(regions)
     return pages_out
 
@@ -335,7 +340,7 @@ class TextLayer:
     the regions Tesseract read (``ocr_failed`` when Tesseract failed on the page)."""
 
     has_text: bool
-    ocr: List[_Region] = dataclasses.field(default_factory=list)
+    ocr: List[Region] = dataclasses.field(default_factory=list)
     ocr_failed: bool = False
 
 
@@ -353,7 +358,7 @@ def read_text_layer(page, *, start: int, use_ocr: bool) -> TextLayer:
         return TextLayer(False, ocr_failed=True)
 
 
-def ocr_regions(page, *, start: int) -> List[_Region]:
+def ocr_regions(page, *, start: int) -> List[Region]:
     """The text blocks Tesseract reads on a page (PyMuPDF ``get_textpage_ocr``), as body regions."""
     with _quiet_stderr():
         textpage = page.get_textpage_ocr(dpi=OCR_DPI, full=True, language=OCR_LANGUAGE)
@@ -362,5 +367,5 @@ def ocr_regions(page, *, start: int) -> List[_Region]:
         x0, y0, x1, y1, text, _, kind = block[:7]
         text = " ".join(str(text).split())
         if kind == 0 and len(text) >= 3:
-            regions.append(_Region("text", [float(x0), float(y0), float(x1), float(y1)], text, start + len(regions)))
+            regions.append(Region("text", [float(x0), float(y0), float(x1), float(y1)], text, start + len(regions)))
     return regions

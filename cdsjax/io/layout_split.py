@@ -4,12 +4,10 @@
 document of ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a helper process at once, each
 claiming pages (:class:`_Claims`: this process from the front, the helper from the back) until they meet. The
 helper, a daemonic process with the layout models loaded, is kept for later documents; meanwhile it also
-computes a document's YAKE keywords with this process, claiming texts the same way, and can compute half of the
-last document's note embeddings (:mod:`cdsjax.io.helper_tasks`, where the requests are made). ``cdsjax ask
-NEW.pdf`` starts it before anything else (:func:`prestart_helper`), so its imports and model load overlap this
-process's, and it starts on the document's pages without waiting for this process's request
-(:func:`_claim_early`). Every result is the one
-this process would compute (the embeddings within float tolerance: other batches).
+computes a document's YAKE keywords with this process, claiming texts the same way
+(:func:`keywords_in_helper`). ``cdsjax ask NEW.pdf`` starts it before anything else (:func:`prestart_helper`),
+so its imports and model load overlap this process's, and it starts on the document's pages without waiting
+for this process's request (:func:`_claim_early`). Every result is the one this process would compute.
 """
 
 from __future__ import annotations
@@ -19,17 +17,18 @@ import threading
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
-
-from cdsjax.io.layout import (_STATE, TextLayer, _Region, _analyse, import_pymupdf, limit_layout_threads,
-                              prepare_models, read_text_layer, usable_cores)
+from cdsjax.io.layout import (Region, TextLayer, analyse_pages, import_pymupdf, layout_threads,
+                              limit_layout_threads, prepare_models, read_text_layer, usable_cores)
 
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 CHUNK_PAGES = 2  # pages this process or the helper claims at a time
+# this process's split: "helper" (the running _Helper), "split" (False: never split here), "reserve" (pages at
+# the back left to the helper)
+_SPLIT: dict = {}
 
 
-def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_Region]]], None]] = None, *,
-                 use_ocr: bool = False, text_layers: Optional[Dict[int, TextLayer]] = None) -> List[List[_Region]]:
+def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[Region]]], None]] = None, *,
+                 use_ocr: bool = False, text_layers: Optional[Dict[int, TextLayer]] = None) -> List[List[Region]]:
     """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
 
     With two or more cores to itself (one process indexing, not one of several workers) a document of
@@ -50,28 +49,28 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_R
     """
     prepare_models()
     n = doc.page_count
-    if n < SPLIT_MIN_PAGES or _STATE.get("threads", 1) < 2 or not _STATE.get("split", True):
-        return _analyse(doc, None)
+    if n < SPLIT_MIN_PAGES or layout_threads() < 2 or not _SPLIT.get("split", True):
+        return analyse_pages(doc, None)
     try:
         helper = _acquire_helper(start=True)
         if helper is None:  # another thread of this process has the helper busy: one process does it all
-            return _analyse(doc, None)
+            return analyse_pages(doc, None)
     except Exception:  # no helper here (e.g. inside a daemonic process): one process does it all
         _drop_helper()
-        _STATE["split"] = False
-        return _analyse(doc, None)
+        _SPLIT["split"] = False
+        return analyse_pages(doc, None)
     try:
         try:
-            helper.send_layout(str(path), n, int(_STATE.get("reserve", 0)), use_ocr=use_ocr)
+            helper.send_layout(str(path), n, int(_SPLIT.get("reserve", 0)), use_ocr=use_ocr)
         except Exception:
             _drop_helper()
-            return _analyse(doc, None)
-        head: List[List[_Region]] = []
+            return analyse_pages(doc, None)
+        head: List[List[Region]] = []
         while True:  # meanwhile the helper analyses pages from the back
             pages = helper.claims.take_front(CHUNK_PAGES, n - helper.reserve)
             if pages is None:
                 break
-            regions = _analyse(doc, pages)
+            regions = analyse_pages(doc, pages)
             if on_pages is not None:
                 on_pages(len(head), regions)
             head.extend(regions)
@@ -80,7 +79,7 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_R
         helper.lock.release()
     if rest is None:  # the helper died or failed: this process does its pages itself
         _drop_helper()
-        return head + _analyse(doc, range(len(head), n))
+        return head + analyse_pages(doc, range(len(head), n))
     for p in range(len(head), n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
         doc[p].remove_rotation()
     if text_layers is not None:
@@ -90,7 +89,7 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[_R
 
 def set_page_split(enabled: bool) -> None:
     """Turns the two-process analysis of long documents on (default) or off in this process."""
-    _STATE["split"] = bool(enabled)
+    _SPLIT["split"] = bool(enabled)
 
 
 class _Claims:
@@ -179,7 +178,7 @@ class _Helper:
         child.close()
         self.busy = False
         self.stale = 0  # replies to requests this process stopped waiting for
-        self.lock = threading.Lock()  # held by the thread with a request out (layout, keywords, embedding)
+        self.lock = threading.Lock()  # held by the thread with a request out (layout, keywords)
 
     def send_layout(self, path: str, n: int, reserve: int = 0, use_ocr: bool = False) -> None:
         """Opens the claims on the ``n`` pages of ``path`` (the last ``reserve`` left to the helper) and has
@@ -189,7 +188,7 @@ class _Helper:
         self.claims.open(n, keep_early=early is not None and early == os.path.realpath(path))
         self.reserve = max(0, min(int(reserve), n))
         self.pages = n
-        self.request(("layout", path, n, CHUNK_PAGES, _STATE.get("embedding"), bool(use_ocr)))
+        self.request(("layout", path, n, CHUNK_PAGES, bool(use_ocr)))
 
     def receive_layout(self):
         """``{page: (regions, TextLayer)}`` of the pages the helper analysed (perhaps none), or None when it
@@ -244,10 +243,10 @@ _HELPER_LOCK = threading.Lock()  # held while the helper is looked up, started o
 def _helper(path: Optional[str] = None) -> _Helper:
     """The helper, started now unless one is running (``path``: see :func:`_helper_main`)."""
     with _HELPER_LOCK:
-        helper = _STATE.get("helper")
+        helper = _SPLIT.get("helper")
         if helper is None or not helper.proc.is_alive():
             _drop_helper()
-            helper = _STATE["helper"] = _Helper(max(1, _STATE.get("threads", 2) // 2), path)
+            helper = _SPLIT["helper"] = _Helper(max(1, layout_threads(2) // 2), path)
         return helper
 
 
@@ -256,7 +255,7 @@ def _acquire_helper(start: bool = False) -> Optional[_Helper]:
     when another thread has it or (unless ``start``) none is running idle here. With ``start`` a helper that
     died or was left busy is replaced."""
     with _HELPER_LOCK:
-        helper = _STATE.get("helper")
+        helper = _SPLIT.get("helper")
         if helper is not None:
             if not helper.lock.acquire(blocking=False):
                 return None
@@ -268,32 +267,51 @@ def _acquire_helper(start: bool = False) -> Optional[_Helper]:
             _drop_helper()
         if not start:
             return None
-        helper = _STATE["helper"] = _Helper(max(1, _STATE.get("threads", 2) // 2))
+        helper = _SPLIT["helper"] = _Helper(max(1, layout_threads(2) // 2))
         helper.lock.acquire()
         return helper
 
 
 def _drop_helper() -> None:
-    helper = _STATE.pop("helper", None)
+    helper = _SPLIT.pop("helper", None)
     if helper is not None:
         helper.close()
 
 
-def _helper_encoder(offer):
-    """The helper's JAX note encoder for an :func:`~cdsjax.io.helper_tasks.offer_embedding` offer (loaded once)."""
-    info, cache_dir = offer
-    if cache_dir:  # the parent's persistent compilation cache, as cdsjax.io.compilation_cache set it up there
-        import jax
-
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from cdsjax.io.query_encoder import QueryEncoder
-
-    encoder = QueryEncoder.from_info(info)
-    if encoder is None:
-        raise RuntimeError("the embedder cannot be run by the JAX encoder")
-    return encoder
+def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
+    """YAKE keywords of ``texts`` (``compute(text)`` for one), computed by this process and the helper of
+    :func:`layout_pages` at once: each claims texts (:class:`_Claims`), this process from the front and the helper from the back, until
+    they meet, so neither waits for the other however long the texts or whoever
+    starts later. The same keywords as computed here alone. None (nothing computed) when no helper is running
+    here (documents too short to split, worker processes, one core); the caller then computes them all itself."""
+    if len(texts) < 2:
+        return None
+    helper = _acquire_helper()  # (None also while the helper is busy with a request no one waits for)
+    if helper is None:
+        return None
+    out: List[Optional[List[str]]] = [None] * len(texts)
+    try:
+        try:
+            helper.claims.reset(len(texts))
+            helper.request(("keywords", list(texts), int(top), language))
+        except Exception:
+            _drop_helper()
+            return None
+        while True:
+            claimed = helper.claims.take_front(1)
+            if claimed is None:
+                break
+            for i in claimed:
+                out[i] = compute(texts[i])
+        rest = helper.receive()
+    finally:
+        helper.lock.release()
+    if isinstance(rest, dict):  # the texts the helper claimed (none of this process's: the claims are disjoint)
+        for i, keywords in rest.items():
+            out[i] = keywords
+    else:  # the helper failed or died
+        _drop_helper()
+    return [compute(t) if k is None else k for t, k in zip(texts, out)]  # what the helper did not return
 
 
 def prestart_helper(path, *, count_pages: bool = True) -> None:
@@ -305,8 +323,8 @@ def prestart_helper(path, *, count_pages: bool = True) -> None:
     ``count_pages=False`` starts the helper without opening the document here (without importing PyMuPDF
     first); the helper counts the pages itself and ends at once if the document is too short to split.
     """
-    if not _STATE.get("split", True) or min(usable_cores(), _STATE.get("threads", 2)) < 2 \
-            or _STATE.get("helper") is not None:
+    if not _SPLIT.get("split", True) or min(usable_cores(), layout_threads(2)) < 2 \
+            or _SPLIT.get("helper") is not None:
         return
     try:
         if count_pages:
@@ -339,13 +357,13 @@ def _claim_early(doc, claims: _Claims) -> Dict[int, tuple]:
         pages = claims.take_back(CHUNK_PAGES, early=True)  # until the request comes: it goes on from there
         if pages is None:
             return done
-        for p, regions in zip(pages, _analyse(doc, pages)):
+        for p, regions in zip(pages, analyse_pages(doc, pages)):
             done[p] = (regions, read_text_layer(doc[p], start=len(regions), use_ocr=False))
 
 
 def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optional[str] = None,
                  min_pages: int = SPLIT_MIN_PAGES) -> None:
-    """The helper's loop: ``("layout", path, n, chunk, offer, use_ocr)`` in: it claims ``chunk`` pages at a
+    """The helper's loop: ``("layout", path, n, chunk, use_ocr)`` in: it claims ``chunk`` pages at a
     time from the back (:class:`_Claims`), analyses them and reads their text layer
     (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
     ``("keywords", texts, top, language)`` in: it claims texts one at a time from the back, ``(True, {index:
@@ -362,7 +380,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     if os.getppid() != parent:
         return
     limit_layout_threads(threads)
-    _STATE["split"] = False
+    _SPLIT["split"] = False
     path_started = path
     early_doc = None  # the document it was started for, open while it claims pages of it ahead of the request
     if path is not None:
@@ -383,21 +401,13 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
         except Exception:  # whatever it claimed and did not finish, the parent's request finds unanswered
             early = None
 
-    preload = None  # a thread loading the JAX note encoder (offered with a layout request)
     while True:
         try:
             kind, *args = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            if kind == "embed":
-                texts, batch_size, offer = args
-                if preload is not None:
-                    preload.join()
-                encoder = _helper_encoder(offer)
-                out = (True, np.asarray(encoder.encode_documents(texts, batch_size=batch_size, prefix=False),
-                                        np.float32))
-            elif kind == "keywords":
+            if kind == "keywords":
                 from cdsjax.io.keywords import extract_keywords
 
                 texts, top, language = args
@@ -410,19 +420,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                         found[i] = extract_keywords(texts[i], top=top, language=language)
                 out = (True, found)
             else:
-                path, n, chunk, offer, use_ocr = args
-                if offer is not None and preload is None:
-                    # the note encoder loads on a thread while the pages are analysed (the pages are claimed as
-                    # each process gets to them, so the parent takes more of them meanwhile): it is ready when
-                    # the parent shares the embedding
-                    def load(offer=offer):
-                        try:
-                            _helper_encoder(offer)
-                        except Exception:  # reported by the embed request that needs it
-                            pass
-
-                    preload = threading.Thread(target=load, daemon=True)
-                    preload.start()
+                path, n, chunk, use_ocr = args
                 done: Dict[int, tuple] = {}
                 doc = None
                 if early_doc is not None:  # the first request: is it for the document claimed ahead?
@@ -445,7 +443,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                             break
                         if doc is None:
                             doc = pymupdf.open(path)
-                        for p, regions in zip(pages, _analyse(doc, pages)):
+                        for p, regions in zip(pages, analyse_pages(doc, pages)):
                             done[p] = (regions, read_text_layer(doc[p], start=len(regions), use_ocr=use_ocr))
                 finally:
                     if doc is not None:

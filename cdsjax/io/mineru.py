@@ -33,7 +33,7 @@ from cdsjax.io.parse import (
     _looks_like_chart,
     _normal_label,
     _one_line,
-    _Region,
+    Region,
     _resolve_parents,
     _write_crop,
     open_pdf,
@@ -129,7 +129,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
         visual_pos = []
         for pno, items in enumerate(per_page):
             w, h = sizes[pno]
-            body: List[_Region] = []
+            body: List[Region] = []
             visuals = []
             captions = []
             stream = []
@@ -139,7 +139,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                 if kind in TEXT_TYPES:
                     text = _block_text(b)
                     if text:
-                        r = _Region("text", bbox, text, order)
+                        r = Region("text", bbox, text, order)
                         body.append(r)
                         stream.append((order, text.split()))
                 elif kind in VISUAL_TYPES:

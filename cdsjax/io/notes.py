@@ -147,7 +147,7 @@ def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
 
     found = None
     if len(sources) >= KEYWORDS_SPLIT_MIN:  # YAKE is most of this function's time: shared with the layout helper
-        from cdsjax.io.helper_tasks import keywords_in_helper
+        from cdsjax.io.layout_split import keywords_in_helper
 
         found = keywords_in_helper(sources, top, language, keywords)
     for note, words in zip(notes, found if found is not None else map(keywords, sources)):

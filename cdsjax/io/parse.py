@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
-from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, TextLayer, _Region,  # noqa: F401  (re-exported)
+from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, TextLayer, Region,  # noqa: F401  (re-exported)
                               import_pymupdf, limit_layout_threads, read_text_layer)
 from cdsjax.io.layout_split import layout_pages
 
@@ -175,7 +175,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         crop_dir.mkdir(parents=True, exist_ok=True)
         walked = 0  # pages turned into elements so far (in page order)
 
-        def walk(start: int, page_regions: List[List[_Region]]) -> None:
+        def walk(start: int, page_regions: List[List[Region]]) -> None:
             """Turns pages ``start, start + 1, ...`` into elements and crops, in page order."""
             nonlocal walked, ocr_failed
             for pno, regions in enumerate(page_regions, start):
@@ -230,13 +230,13 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         doc.close()
 
 
-def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_text: bool):
+def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_text: bool):
     """Turns one page's regions into elements (not yet numbered)."""
     min_area = float(cfg.min_visual_area)
     visuals: List[Tuple[int, Element]] = []
-    captions: List[Tuple[int, _Region]] = []
-    body: List[_Region] = []
-    footnotes: List[_Region] = []
+    captions: List[Tuple[int, Region]] = []
+    body: List[Region] = []
+    footnotes: List[Region] = []
     for r in regions:
         if r.cls in SKIPPED_CLASSES:
             continue
@@ -309,7 +309,7 @@ def _page_elements(doc_id, pno, regions: List[_Region], page_rect, cfg, *, has_t
     return [e for _, _, e in items], [x for _, _, x in stream], no_text
 
 
-def _chunk_page(doc_id, pno, body: List[_Region], cfg) -> List[Tuple[int, int, Element]]:
+def _chunk_page(doc_id, pno, body: List[Region], cfg) -> List[Tuple[int, int, Element]]:
     """Splits a page's body text into chunks; each chunk keeps the boxes it came from."""
     if not body:
         return []
@@ -367,7 +367,7 @@ def _nearest_visual(cap_bbox, visuals: List[Element], *, prefer_table: bool) -> 
     return best
 
 
-def _title_above(bbox, body: List[_Region]) -> Optional[str]:
+def _title_above(bbox, body: List[Region]) -> Optional[str]:
     """A chart title (and subtitle) stacked right above ``bbox``: up to two short lines, top first."""
     lines: List[str] = []
     edge = bbox
@@ -386,7 +386,7 @@ def _title_above(bbox, body: List[_Region]) -> Optional[str]:
     return " ".join(lines) or None
 
 
-def _tabular_neighbour(cap_bbox, body: List[_Region]) -> Optional[_Region]:
+def _tabular_neighbour(cap_bbox, body: List[Region]) -> Optional[Region]:
     best, best_gap = None, 40.0
     for r in body:
         if r.cls not in ("text", "list-item") or horizontal_overlap(cap_bbox, r.bbox) < 0.3:

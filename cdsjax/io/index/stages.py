@@ -73,17 +73,14 @@ def prepare_doc(doc: Doc, ctx: BuildContext, *, reuse_parse: bool = False):
     return staging, redo
 
 
-def finish_doc(doc: Doc, ctx: BuildContext, staging: Path, redo: bool, *, share_helper: bool = False) -> None:
-    """Embeds a prepared document and commits it (with the crops in ``staging``) to the cache.
-    ``share_helper``: nothing parses in this process any more, so the layout helper (if one runs) may encode
-    half of the notes (:meth:`~cdsjax.io.embed.Embedder.encode_documents`)."""
+def finish_doc(doc: Doc, ctx: BuildContext, staging: Path, redo: bool) -> None:
+    """Embeds a prepared document and commits it (with the crops in ``staging``) to the cache."""
     from cdsjax.io.notes import embedding_text
 
     cache, embedder = ctx.cache, ctx.embedder
     try:
         t0 = time.perf_counter()
-        doc.embeddings = embedder.encode_documents([embedding_text(n) for n in doc.notes], show_progress=False,
-                                                   share_helper=share_helper)
+        doc.embeddings = embedder.encode_documents([embedding_text(n) for n in doc.notes], show_progress=False)
         ctx.seconds["embed"] += time.perf_counter() - t0
         notes = [n if isinstance(n, dict) else n.to_dict() for n in doc.notes]
         elements = [e if isinstance(e, dict) else e.to_dict() for e in doc.elements]

@@ -107,21 +107,14 @@ def _build_here(docs: List[Doc], ctx: BuildContext):
 
 def _finish_last(doc: Doc, ctx: BuildContext, staging, redo: bool) -> None:
     """:func:`finish_doc` with freed memory kept (:func:`cdsjax.io.memory.freed_memory_kept`): nothing parses in
-    this process meanwhile (and, with :data:`cdsjax.io.helper_tasks.SHARE_EMBEDDING`, the layout helper encodes
-    half of the notes)."""
-    from cdsjax.io.helper_tasks import SHARE_EMBEDDING
-
+    this process meanwhile."""
     with freed_memory_kept():
-        finish_doc(doc, ctx, staging, redo, share_helper=SHARE_EMBEDDING)
+        finish_doc(doc, ctx, staging, redo)
 
 
 def _preload(embedder) -> None:
     try:
         embedder.load()
-        from cdsjax.io.helper_tasks import SHARE_EMBEDDING
-
-        if SHARE_EMBEDDING:
-            embedder.offer_to_helper()  # a split document's layout helper shares the embedding
     except Exception:  # raised again, as each document's one-line error, where the model is used
         pass
 
