@@ -278,12 +278,12 @@ class Pipeline:
         Nothing of the index depends on it."""
         from cdsjax.io.embed import Embedder
         from cdsjax.io.index import default_config
-        from cdsjax.io.query_encoder import QueryEncoder
+        from cdsjax.io.onnx_encoder import SentenceEncoder
         from cdsjax.warmup import precompile
 
         rows = [n if isinstance(n, dict) else dict(doc_id=n.doc_id, page=n.page, kind=n.kind) for n in notes]
         info = Embedder(default_config() if config is None else config).info()
-        encoder = QueryEncoder.from_info(info)  # None: sentence-transformers (its dimension needs torch loaded)
+        encoder = SentenceEncoder.from_info(info)  # None: sentence-transformers (its dimension needs torch loaded)
         if not rows or encoder is None:
             return
         emb = np.random.default_rng(0).standard_normal((len(rows), encoder.dim)).astype(np.float32)
@@ -297,12 +297,12 @@ class Pipeline:
 
     @property
     def embedder(self):
-        """The question encoder: the JAX BERT forward when the index's model allows it (no torch import),
-        else the sentence-transformers :class:`~cdsjax.io.embed.Embedder`."""
+        """The question encoder: the model's ONNX export on onnxruntime when the index's model allows it (no torch
+        import), else the sentence-transformers :class:`~cdsjax.io.embed.Embedder`."""
         if self._embedder is None:
-            from cdsjax.io.query_encoder import QueryEncoder
+            from cdsjax.io.onnx_encoder import SentenceEncoder
 
-            self._embedder = QueryEncoder.from_info(self.embedder_info)
+            self._embedder = SentenceEncoder.from_info(self.embedder_info)
             if self._embedder is None:
                 from cdsjax.io.embed import Embedder
 

@@ -14,21 +14,20 @@ from cdsjax.io.layout_split import _acquire_helper, _drop_helper
 
 HELPER_EMBED_SHARE = 0.5  # of a document's note text (the longest notes) the helper embeds
 # whether the last document's notes are shared with the helper (embed_in_helper): off, because on the 2-core
-# machine the helper's JAX import and encoder load cost more CPU than its half of the encoding saved (RESULTS.md,
+# machine the helper's encoder load cost more CPU than its half of the encoding saved (RESULTS.md,
 # "Ingestion: profile, floors and what changed")
 SHARE_EMBEDDING = False
 
 
-def offer_embedding(info: dict, cache_dir: Optional[str]) -> None:
-    """Lets the layout helper load the JAX note encoder of ``info`` (the index's embedder) once it has no pages
-    left, with JAX's persistent compilation cache in ``cache_dir`` (None: none), so that
-    :func:`embed_in_helper` finds it ready."""
-    _STATE["embedding"] = (dict(info), None if cache_dir is None else str(cache_dir))
+def offer_embedding(info: dict) -> None:
+    """Lets the layout helper load the onnxruntime note encoder of ``info`` (the index's embedder) once it has no
+    pages left, so that :func:`embed_in_helper` finds it ready."""
+    _STATE["embedding"] = dict(info)
 
 
 def embed_in_helper(texts: List[str], batch_size: int, compute) -> Optional[np.ndarray]:
     """Note embeddings of ``texts`` (``compute(texts)`` encodes here), half of them computed by the helper of
-    :func:`~cdsjax.io.layout_split.layout_pages` with the same JAX encoder while this process computes the other
+    :func:`~cdsjax.io.layout_split.layout_pages` with the same encoder while this process computes the other
     half: the same vectors within float tolerance (the batches differ). None (nothing computed) when no helper
     is running here or no encoder was offered (:func:`offer_embedding`); the caller then encodes them all itself."""
     offer = _STATE.get("embedding")

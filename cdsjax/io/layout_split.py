@@ -280,19 +280,12 @@ def _drop_helper() -> None:
 
 
 def _helper_encoder(offer):
-    """The helper's JAX note encoder for an :func:`~cdsjax.io.helper_tasks.offer_embedding` offer (loaded once)."""
-    info, cache_dir = offer
-    if cache_dir:  # the parent's persistent compilation cache, as cdsjax.io.compilation_cache set it up there
-        import jax
+    """The helper's note encoder for an :func:`~cdsjax.io.helper_tasks.offer_embedding` offer (loaded once)."""
+    from cdsjax.io.onnx_encoder import SentenceEncoder
 
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from cdsjax.io.query_encoder import QueryEncoder
-
-    encoder = QueryEncoder.from_info(info)
+    encoder = SentenceEncoder.from_info(offer)
     if encoder is None:
-        raise RuntimeError("the embedder cannot be run by the JAX encoder")
+        raise RuntimeError("the embedder cannot be run by the onnxruntime encoder")
     return encoder
 
 
@@ -383,7 +376,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
         except Exception:  # whatever it claimed and did not finish, the parent's request finds unanswered
             early = None
 
-    preload = None  # a thread loading the JAX note encoder (offered with a layout request)
+    preload = None  # a thread loading the note encoder (offered with a layout request)
     while True:
         try:
             kind, *args = conn.recv()
@@ -395,7 +388,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                 if preload is not None:
                     preload.join()
                 encoder = _helper_encoder(offer)
-                out = (True, np.asarray(encoder.encode_documents(texts, batch_size=batch_size, prefix=False),
+                out = (True, np.asarray(encoder.encode_documents(texts, prefix=False),
                                         np.float32))
             elif kind == "keywords":
                 from cdsjax.io.keywords import extract_keywords
