@@ -128,7 +128,7 @@ def test_pages_are_claimed_from_both_ends_once():
 
 
 def test_helper_embeds_half_of_the_notes(monkeypatch):
-    """The helper encodes the longest notes with the same JAX encoder while this process encodes the rest: the
+    """The helper encodes the longest notes with the same encoder while this process encodes the rest: the
     vectors of one process within float tolerance, in the order of the texts."""
     from cdsjax.io.embed import Embedder
     from cdsjax.io.index import default_config
