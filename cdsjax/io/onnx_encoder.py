@@ -107,7 +107,9 @@ def export_model(root: Path, path: Path) -> Path:
 
     import torch
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the weight-loading bar is noise on a command line
     model = AutoModel.from_pretrained(str(root), attn_implementation="eager")
     model.eval()
 
