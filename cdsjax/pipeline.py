@@ -240,7 +240,7 @@ class Pipeline:
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
             doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
             trust_remote_code=trust_remote_code, **warm))
-        # the question's encoder loads and compiles while the PDF is parsed, off the selector's compilation
+        # the question's encoder loads while the PDF is parsed, off the selector's compilation
         early = None
         if on_prepared is not None and Path(paths[0]).is_file():
             from cdsjax.warmup import warm_question_ahead
@@ -271,8 +271,8 @@ class Pipeline:
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: str = DEFAULT_SELECTOR,
                        budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
                        embedders: Sequence[str] = (), trust_remote_code: bool = False) -> None:
-        """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the question's
-        encoder bucket, the selector at the padded size, its corpus bound and note block, on stand-in embeddings
+        """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the selector at
+        the padded size, its corpus bound and note block, on stand-in embeddings
         (random unit vectors) of that shape (:func:`cdsjax.warmup.precompile`; without a compilation cache by
         asking once); the jitted selectors go to ``compiled``, which the real index's pipeline then shares.
         Nothing of the index depends on it."""
