@@ -206,10 +206,12 @@ class SentenceEncoder:
         self.tokenizer.enable_truncation(max_length=self.max_length)
         self.pad_id = int(config.get("pad_token_id", 0) or 0)
         self.dim = int(config["hidden_size"])
+        from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
+
         self.path = find_export(root)
         try:
             self.session = session(self.path, threads)
-        except Exception:  # noqa: BLE001 - a damaged export (onnxruntime's own errors): export it again
+        except (InvalidProtobuf, InvalidGraph, Fail, NoSuchFile):  # a damaged (or removed) export: export again
             self.path = export_model(root, self.path)
             self.session = session(self.path, threads)
 
