@@ -51,8 +51,8 @@ def main() -> int:
     for i in range(args.pairs):
         for name, root in (("old", str(Path(args.old_root).resolve())), ("new", str(ROOT))):
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(cache / name)], env=dict(os.environ, PYTHONPATH=root),
-                                  cwd=root, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run([sys.executable, "-c", CHILD, str(cache / name)], cwd=root, capture_output=True,
+                                  env=dict(os.environ, PYTHONPATH=root), text=True, timeout=600)
             wall = time.perf_counter() - t0
             if proc.returncode != 0:
                 raise SystemExit(f"bench_question: {name} failed: {proc.stderr[-1000:]}")

@@ -37,8 +37,8 @@ def embed_in_helper(texts: List[str], batch_size: int, compute) -> Optional[np.n
     if helper is None:
         return None
     # longest first; the helper takes the longest texts up to HELPER_EMBED_SHARE of all characters (in whole
-    # batches), so each side pads its batches as one sorted run would. (When `ask` compiles its selector meanwhile, this process runs that on a
-    # thread of its own: the cores stay busy after the helper is done.)
+    # batches), so each side pads its batches as one sorted run would. (When `ask` compiles its selector
+    # meanwhile, this process runs that on a thread of its own: the cores stay busy after the helper is done.)
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     total, cut, acc = sum(len(t) for t in texts), 0, 0
     while cut < len(order) - batch_size and acc + len(texts[order[cut]]) <= HELPER_EMBED_SHARE * total:
