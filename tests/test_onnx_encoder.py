@@ -138,6 +138,17 @@ def test_export_is_found_by_the_weights_hash(encoder, tmp_path, monkeypatch):
     np.testing.assert_allclose(fresh.encode_queries(TEXTS), encoder.encode_queries(TEXTS), atol=1e-7)
 
 
+def test_export_model_writes_the_transformer(encoder, tmp_path):
+    """torch's export of the model's transformer, made afresh, runs to the same vectors as the export in use; it
+    is written whole under its name with no temporary file left beside it."""
+    root = supported_model_dir(MINILM)
+    path = onnx_encoder.export_model(root, tmp_path / "exports" / "model.onnx")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx"]
+    fresh = SentenceEncoder.__new__(SentenceEncoder)
+    fresh.__dict__.update(encoder.__dict__, path=path, session=onnx_encoder.session(path))
+    np.testing.assert_allclose(fresh.encode_documents(DOCUMENTS), encoder.encode_documents(DOCUMENTS), atol=1e-6)
+
+
 def test_session_threads_follow_the_process_share(encoder, monkeypatch):
     """A process whose onnxruntime sessions cdsjax limited (a parsing worker's share) leaves the encoder's thread
     count to that limit; otherwise the encoder takes one thread per usable core; its threads never spin."""
