@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# torch first, pinned, so nothing later resolves a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[io,dev,langchain,llamaindex,ray]"
+	# the shipped MiniLM's ONNX export into the cdsjax cache, so that no encode imports torch for it
+	$(PY) -m cdsjax.io.onnx_encoder
 	touch $(STAMP)
 
 demo: $(STAMP) tools

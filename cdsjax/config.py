@@ -62,8 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.embedder.document_prefix = ml_collections.config_dict.placeholder(str)
     config.embedder.batch_size = 32
     config.embedder.device = "cpu"
-    # "auto": the JAX forward of cdsjax.io.query_encoder where the model allows (the default MiniLM on the CPU;
-    # no torch import), else sentence-transformers; "jax" or "sentence-transformers" to insist on one.
+    # "auto": the model's ONNX export on onnxruntime (cdsjax.io.onnx_encoder) where the model allows (the default
+    # MiniLM on the CPU; no torch import), else sentence-transformers; "onnx" or "sentence-transformers" to insist.
     config.embedder.backend = "auto"
     config.embedder.normalize = True
     config.embedder.trust_remote_code = ml_collections.config_dict.placeholder(bool)  # None: per model

@@ -243,7 +243,7 @@ class Pipeline:
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
             doc.notes, config=config, compiled=compiled, params=params, embedders=embedders,
             trust_remote_code=trust_remote_code, compile_cache=compile_cache, **warm))
-        # the question's encoder loads and compiles while the PDF is parsed, off the selector's compilation
+        # the question's encoder loads while the PDF is parsed, off the selector's compilation
         early = None
         if on_prepared is not None and Path(paths[0]).is_file():
             from cdsjax.warmup import warm_question_ahead
@@ -275,19 +275,19 @@ class Pipeline:
                        budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
                        embedders: Sequence[str] = (), trust_remote_code: bool = False,
                        compile_cache: Optional[CompileCache] = None) -> None:
-        """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the question's
-        encoder bucket, the selector at the padded size, its corpus bound and note block, on stand-in embeddings
+        """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the selector at
+        the padded size, its corpus bound and note block, on stand-in embeddings
         (random unit vectors) of that shape (:func:`cdsjax.warmup.precompile`; without a compilation cache by
         asking once); the jitted selectors go to ``compiled``, which the real index's pipeline then shares.
         Nothing of the index depends on it."""
         from cdsjax.io.embed import Embedder
         from cdsjax.io.index import default_config
-        from cdsjax.io.query_encoder import QueryEncoder
+        from cdsjax.io.onnx_encoder import SentenceEncoder
         from cdsjax.warmup import precompile
 
         rows = [n if isinstance(n, dict) else dict(doc_id=n.doc_id, page=n.page, kind=n.kind) for n in notes]
         info = Embedder(default_config() if config is None else config).info()
-        encoder = QueryEncoder.from_info(info)  # None: sentence-transformers (its dimension needs torch loaded)
+        encoder = SentenceEncoder.from_info(info)  # None: sentence-transformers (its dimension needs torch loaded)
         if not rows or encoder is None:
             return
         emb = np.random.default_rng(0).standard_normal((len(rows), encoder.dim)).astype(np.float32)
@@ -302,12 +302,12 @@ class Pipeline:
 
     @property
     def embedder(self):
-        """The question encoder: the JAX BERT forward when the index's model allows it (no torch import),
-        else the sentence-transformers :class:`~cdsjax.io.embed.Embedder`."""
+        """The question encoder: the model's ONNX export on onnxruntime when the index's model allows it (no torch
+        import), else the sentence-transformers :class:`~cdsjax.io.embed.Embedder`."""
         if self._embedder is None:
-            from cdsjax.io.query_encoder import QueryEncoder
+            from cdsjax.io.onnx_encoder import SentenceEncoder
 
-            self._embedder = QueryEncoder.from_info(self.embedder_info)
+            self._embedder = SentenceEncoder.from_info(self.embedder_info)
             if self._embedder is None:
                 from cdsjax.io.embed import Embedder
 

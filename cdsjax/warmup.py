@@ -4,8 +4,8 @@
 padded size compiles the selector (seconds on two cores); :meth:`cdsjax.pipeline.Pipeline.warm_for_notes`
 compiles it while the notes are embedded, and these two pieces keep that compilation short:
 
-- :func:`warm_question` (:func:`warm_question_ahead` on a thread) loads the question encoder and compiles the
-  question's length bucket while the PDF is still being parsed;
+- :func:`warm_question` (:func:`warm_question_ahead` on a thread) loads the question encoder (its onnxruntime
+  session) and encodes the question once while the PDF is still being parsed;
 - :func:`precompile` compiles the selector against the shapes of its corpus bound and note block while a second
   thread computes (and compiles) those two, instead of one after the other.
 """
@@ -26,13 +26,13 @@ from cdsjax.selection import corpus_arrays
 
 
 def warm_question(question: str, config=None) -> None:
-    """Loads the question encoder of ``config``'s embedder (the default index config when None) and compiles its
-    length bucket for ``question``; nothing when that encoder needs torch (sentence-transformers)."""
+    """Loads the question encoder of ``config``'s embedder (the default index config when None) and encodes
+    ``question`` once (the session's first run); nothing when that encoder needs torch (sentence-transformers)."""
     from cdsjax.io.embed import Embedder
     from cdsjax.io.index import default_config
-    from cdsjax.io.query_encoder import QueryEncoder
+    from cdsjax.io.onnx_encoder import SentenceEncoder
 
-    encoder = QueryEncoder.from_info(Embedder(default_config() if config is None else config).info())
+    encoder = SentenceEncoder.from_info(Embedder(default_config() if config is None else config).info())
     if encoder is not None and isinstance(question, str) and question.strip():
         encoder.encode_queries([question])
 

@@ -200,7 +200,7 @@ def main() -> int:
                   f"{med(rs, 'select'):.2f} | {new_pages / med(rs, 'wall'):.2f} |")
         if args.new_runs > 1:  # each run on its own: a later run finds what the first compiled in the cache
             print("\nEach run (old and new alternate; run 2 onwards find the executables run 1 compiled, e.g. the "
-                  "selector at this index's padded size and the note encoder's length buckets):\n")
+                  "selector at this index's padded size):\n")
             print("| code | run | wall | load (index the PDF) | encode | select |")
             print("|---|---:|---:|---:|---:|---:|")
             for code, rs in new_rows.items():

@@ -1,15 +1,13 @@
-"""Embedding the notes of an index: sentence-transformers (torch), the JAX forward and onnxruntime, one run, fresh
+"""Embedding the notes of an index: sentence-transformers (torch) and the onnxruntime encoder, one run, fresh
 processes.
 
-    python experiments/bench_embed.py --index DIR [--rounds 2] [--backends onnx,jax,sentence-transformers]
+    python experiments/bench_embed.py --index DIR [--rounds 2] [--backends onnx,sentence-transformers]
 
-Each backend runs in a fresh process (as a new ``cdsjax index`` or ``cdsjax ask PDF`` does), old and new
-alternating: the import and model load (torch + sentence-transformers, JAX + the safetensors weights, or those
-weights handed to an onnxruntime session of :mod:`cdsjax.io.onnx_encoder`), then
-the encoding of every note of ``DIR`` (its ``embedding_text``) twice: the first call includes JAX's compilation
-of the shapes it meets (read from the persistent compilation cache when ``--jax-cache DIR`` holds them), the
-second is the steady state. Wall and CPU seconds (all threads) of each step, the largest difference between
-any two runs' vectors, and the steady state of each other backend against the JAX forward.
+Each backend runs in a fresh process (as a new ``cdsjax index`` or ``cdsjax ask PDF`` does), alternating: the
+import and model load (torch + sentence-transformers, or the model's ONNX export in an onnxruntime session of
+:mod:`cdsjax.io.onnx_encoder`), then the encoding of every note of ``DIR`` (its ``embedding_text``) twice (the
+second is the steady state). Wall and CPU seconds (all threads) of each step, the largest difference between any
+two runs' vectors, and the steady state of the onnxruntime encoder against sentence-transformers.
 """
 
 from __future__ import annotations
@@ -40,11 +38,7 @@ def child(index: Path, backend: str, out: Path, jax_cache: str) -> None:
     texts = [embedding_text(json.loads(line)) for line in open(index / "notes.jsonl", encoding="utf-8")]
     config = default_config()
     config.embedder.show_progress = False
-    config.embedder.backend = "jax" if backend.startswith("jax") else backend
-    if backend == "jax-xla-defaults":  # the encoder compiled with XLA's default CPU fusions (YNNPACK included)
-        from cdsjax.io import query_encoder
-
-        query_encoder.ENCODER_COMPILER_OPTIONS = {}
+    config.embedder.backend = backend
     embedder = Embedder(config)
     embedder.load()
     steps = dict(load=(time.perf_counter() - t0, time.process_time() - c0))
@@ -63,10 +57,8 @@ def main() -> int:
     ap.add_argument("--index", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--jax-cache", default="", help="a JAX compilation cache directory (default: none)")
-    ap.add_argument("--backends", default="onnx,jax,sentence-transformers",
-                    help="comma-separated: onnx (the shipped note encoder where onnxruntime is installed), jax (the "
-                         "JAX forward), jax-xla-defaults (the same compiled with XLA's default CPU options), "
-                         "sentence-transformers")
+    ap.add_argument("--backends", default="onnx,sentence-transformers",
+                    help="comma-separated: onnx (the model's ONNX export on onnxruntime), sentence-transformers")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -102,10 +94,11 @@ def main() -> int:
     for backend, r, _ in rows:
         again.setdefault(backend, []).append(r["steps"]["encode (again)"])
     median = {b: [float(np.median([v[i] for v in vs])) for i in (0, 1)] for b, vs in again.items()}
+    base = "sentence-transformers"
     for b in median:
-        if b != "jax" and "jax" in median:
-            print(f"encode (again), {b} / jax: wall {median[b][0] / median['jax'][0]:.2f}x, "
-                  f"CPU {median[b][1] / median['jax'][1]:.2f}x (medians over {args.rounds} rounds)")
+        if b != base and base in median:
+            print(f"encode (again), {b} / {base}: wall {median[b][0] / median[base][0]:.2f}x, "
+                  f"CPU {median[b][1] / median[base][1]:.2f}x (medians over {args.rounds} rounds)")
     return 0
 
 

@@ -1,127 +1,155 @@
-"""The note encoder on onnxruntime equals the JAX forward and sentence-transformers; its graph is cached beside
-the compilation cache, a damaged cached graph is rebuilt, and the backends are chosen as configured."""
+"""The onnxruntime encoder (the model's own ONNX export, tokenizers, numpy pooling) equals sentence-transformers
+within 1e-5 on questions and notes; its export is found by the weights' hash and replaced when damaged; the
+backends are chosen as configured; asking a new PDF imports no torch."""
 
-import copy
-import threading
+import json
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from cdsjax.io import onnx_encoder
-from cdsjax.io.query_encoder import QueryEncoder
+from cdsjax.io.model_files import resolve_model
+from cdsjax.io.onnx_encoder import SentenceEncoder, supported_model_dir
 
 pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINILM = dict(model="all-MiniLM-L6-v2", query_prefix="", document_prefix="", normalize=True)
-DOCUMENTS = [
+TEXTS = [
     "How much did battery storage reduce diesel use?",
     "a",
+    "",
     "Ünïcode café naïve — 12.5% of $3,000 (FY2021)?",
-    "word " * 400,  # longer than max_seq_length: truncated
-] + [f"Note {i}: revenue in region {i} grew by {3 * i}% over fiscal year 20{10 + i}." * (1 + i % 5) for i in range(25)]
+    "word " * 400,  # longer than max_seq_length: truncated the same way
+]
+# several onnxruntime calls of several padded lengths (TOKEN_BUDGET), one of a single long text
+DOCUMENTS = TEXTS + [f"Note {i}: revenue in region {i} grew by {3 * i}% over fiscal year 20{10 + i}." * (1 + i % 5)
+                     for i in range(30)]
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
+def reference():
+    """sentence-transformers' own model of the shipped MiniLM (its modules.json: Transformer, Pooling, Normalize)."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(resolve_model("all-MiniLM-L6-v2")[0], device="cpu")
+
+
+@pytest.fixture(scope="module")
 def encoder():
-    fast = QueryEncoder.from_info(MINILM)
-    assert fast is not None
-    fresh = copy.copy(fast)  # from_info shares one encoder per model: a copy with its own onnxruntime session
-    fresh._onnx = None
-    fresh._lock = threading.Lock()
-    return fresh
+    fast = SentenceEncoder.from_info(MINILM)
+    assert fast is not None, onnx_encoder.last_error
+    return fast
 
 
-def test_onnx_equals_jax_on_padded_batches(encoder, monkeypatch):
-    """Batches of several lengths (with padding) and of one text, in any order, give the JAX forward's vectors."""
-    want = encoder.encode_documents(DOCUMENTS, backend="jax")
-    got = encoder.encode_documents(DOCUMENTS, backend="onnx")
-    assert got.shape == want.shape == (len(DOCUMENTS), 384) and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
-    monkeypatch.setattr(onnx_encoder, "TOKEN_BUDGET", 1)  # one text per call: no padding at all
-    np.testing.assert_allclose(encoder.encode_documents(DOCUMENTS[::-1], backend="onnx"), got[::-1], atol=2e-6)
-    ids = np.array([[101, 2054, 2003, 102, 0, 0]]), np.array([[True] * 4 + [False] * 2])
-    padded = encoder.onnx_forward()(*ids)
-    alone = encoder.onnx_forward()(ids[0][:, :4], ids[1][:, :4])
-    np.testing.assert_allclose(padded, alone, atol=1e-6)  # padding is masked out of attention and pooling
-    assert encoder.encode_documents([], backend="onnx").shape == (0, 384)
+def test_questions_match_sentence_transformers(encoder, reference):
+    want = reference.encode(TEXTS, convert_to_numpy=True)
+    got = encoder.encode_queries(TEXTS)
+    assert got.shape == want.shape == (len(TEXTS), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
 
 
-def test_onnx_equals_sentence_transformers():
+def test_notes_match_sentence_transformers(encoder, reference):
+    """Padded batches of several lengths, in any order, give sentence-transformers' vectors; the prefix is
+    applied (as the Embedder applies it)."""
+    prefixed = SentenceEncoder.from_info(dict(MINILM, document_prefix="search_document: "))
+    want = reference.encode(["search_document: " + t for t in DOCUMENTS], convert_to_numpy=True)
+    got = prefixed.encode_documents(DOCUMENTS)
+    assert got.shape == (len(DOCUMENTS), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(prefixed.encode_documents(DOCUMENTS[::-1]), got[::-1], atol=1e-6)
+    np.testing.assert_allclose(encoder.encode_documents(["search_document: " + t for t in DOCUMENTS]), got,
+                               atol=1e-6)
+    assert encoder.encode_documents([]).shape == (0, 384) and encoder.encode_queries([]).shape == (0, 384)
+
+
+def test_embedder_uses_it_and_matches_sentence_transformers():
     from cdsjax.io.embed import Embedder
     from cdsjax.io.index import default_config
 
     cfg = default_config()
     cfg.embedder.show_progress = False
-    cfg.embedder.document_prefix = "search_document: "
-    cfg.embedder.backend = "onnx"
     fast = Embedder(cfg)
+    assert isinstance(fast.onnx_encoder(), SentenceEncoder) and fast.dim == 384
     cfg.embedder.backend = "sentence-transformers"
-    reference = Embedder(cfg)
-    np.testing.assert_allclose(fast.encode_documents(DOCUMENTS), reference.encode_documents(DOCUMENTS), atol=2e-5)
+    slow = Embedder(cfg)
+    assert slow.onnx_encoder() is None
+    np.testing.assert_allclose(fast.encode_documents(DOCUMENTS), slow.encode_documents(DOCUMENTS), atol=1e-5)
+    np.testing.assert_allclose(fast.encode_queries(TEXTS), slow.encode_queries(TEXTS), atol=1e-5)
 
 
-def test_graph_is_cached_beside_the_compilation_cache(encoder, tmp_path, monkeypatch):
-    """With a compilation cache directory set, the graph is written there once; a later session reads it without
-    building (``onnx`` not needed), and a damaged file is built and written again."""
-    monkeypatch.setattr(onnx_encoder, "graph_cache_dir", lambda: str(tmp_path))
-    want = encoder.encode_documents(DOCUMENTS[:6], backend="onnx")
-    files = list(tmp_path.glob("*" + onnx_encoder.GRAPH_SUFFIX))
-    assert len(files) == 1 and files[0].stat().st_size < 100_000  # the weights are not in it
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("built although cached")
-
-    monkeypatch.setattr(onnx_encoder, "bert_graph", no_build)
-    encoder._onnx = None
-    np.testing.assert_allclose(encoder.encode_documents(DOCUMENTS[:6], backend="onnx"), want, atol=1e-7)
-
-    monkeypatch.undo()
-    monkeypatch.setattr(onnx_encoder, "graph_cache_dir", lambda: str(tmp_path))
-    files[0].write_bytes(b"not an onnx model")
-    encoder._onnx = None
-    np.testing.assert_allclose(encoder.encode_documents(DOCUMENTS[:6], backend="onnx"), want, atol=1e-7)
-    assert files[0].read_bytes() != b"not an onnx model"  # replaced by a good graph
+def _model_copy(tmp_path, **replace):
+    """A copy of the shipped model's directory (files linked), with ``replace``: relative path -> new text."""
+    source = resolve_model("all-MiniLM-L6-v2")[0]
+    target = tmp_path / "model"
+    shutil.copytree(source, target, copy_function=os.symlink)
+    for name, text in replace.items():
+        (target / name).unlink()
+        (target / name).write_text(text)
+    return target
 
 
-def test_backends_are_chosen_as_configured(monkeypatch):
-    from cdsjax.io.embed import Embedder, EmbedderError
-    from cdsjax.io.index import default_config
-
-    cfg = default_config()
-    cfg.embedder.show_progress = False
-    calls = []
-    real = QueryEncoder.encode_documents
-
-    def spy(self, texts, **kwargs):
-        calls.append(kwargs.get("backend"))
-        return real(self, texts, **kwargs)
-
-    monkeypatch.setattr(QueryEncoder, "encode_documents", spy)
-    for backend in ("auto", "onnx", "jax"):
-        cfg.embedder.backend = backend
-        Embedder(cfg).encode_documents(DOCUMENTS[:2])
-    assert calls == ["auto", "onnx", "jax"]
-
-    # without onnx / onnxruntime: "auto" encodes in JAX, "onnx" says what is missing
-    monkeypatch.setattr(onnx_encoder, "onnx_available", lambda: False)
-    encoder = QueryEncoder.from_info(MINILM)
-    plain = copy.copy(encoder)
-    plain._onnx, plain._lock = None, threading.Lock()
-    assert plain.onnx_forward() is None
-    np.testing.assert_allclose(plain.encode_documents(DOCUMENTS[:3]), encoder.encode_documents(DOCUMENTS[:3],
-                                                                                                backend="jax"))
-    with pytest.raises(RuntimeError, match="onnxruntime encoder is not available: onnxruntime or onnx is not"):
-        plain.encode_documents(DOCUMENTS[:3], backend="onnx")
-    with pytest.raises(ValueError, match="backend must be"):
-        plain.encode_documents(DOCUMENTS[:3], backend="torch")
-    monkeypatch.setattr(QueryEncoder, "from_info", classmethod(lambda cls, info: plain))
-    cfg.embedder.backend = "onnx"
-    with pytest.raises(EmbedderError, match="backend 'onnx' cannot encode: onnxruntime or onnx is not installed"):
-        Embedder(cfg).jax_encoder()
+def test_only_supported_models(tmp_path):
+    assert supported_model_dir(MINILM) is not None
+    assert supported_model_dir(dict(MINILM, model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True)) is None
+    assert supported_model_dir(dict(MINILM, model=str(tmp_path / "nonexistent"))) is None
+    assert SentenceEncoder.from_info(dict(MINILM, model=str(tmp_path / "nonexistent"))) is None
+    assert "not a local sentence-transformers model" in onnx_encoder.last_error
+    cls = json.dumps(dict(word_embedding_dimension=384, pooling_mode_cls_token=True, pooling_mode_mean_tokens=False))
+    assert supported_model_dir(dict(model=str(_model_copy(tmp_path, **{"1_Pooling/config.json": cls})))) is None
 
 
-def test_session_threads_follow_the_process_share(monkeypatch):
+def test_export_is_found_by_the_weights_hash(encoder, tmp_path, monkeypatch):
+    """``$CDSJAX_CACHE``'s export is looked for first, then the default cache's; a model whose weights differ has
+    another name (no export found for it); a damaged export is written again."""
+    root = supported_model_dir(MINILM)
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    dirs = onnx_encoder.export_dirs()
+    assert dirs[0] == tmp_path / "cache" / "onnx" and len(dirs) == 2
+    name = onnx_encoder.export_name(onnx_encoder.weights_sha256(root))
+    assert encoder.path.name == name
+    dirs[0].mkdir(parents=True)
+    shutil.copyfile(encoder.path, dirs[0] / name)
+    assert onnx_encoder.find_export(root, export=False) == dirs[0] / name
+
+    other = _model_copy(tmp_path)
+    (other / "model.safetensors").unlink()
+    shutil.copyfile(root / "model.safetensors", other / "model.safetensors")
+    with open(other / "model.safetensors", "ab") as f:
+        f.write(b" ")  # other bytes: another hash
+    assert onnx_encoder.find_export(other, export=False) is None
+
+    exported = []
+
+    def export(model_root, path):  # stands in for torch's export (seconds): the good file again
+        exported.append((model_root, path))
+        shutil.copyfile(encoder.path, path)
+        return path
+
+    monkeypatch.setattr(onnx_encoder, "export_model", export)
+    (dirs[0] / name).write_bytes(b"not an onnx model")
+    fresh = SentenceEncoder(root, MINILM)
+    assert exported == [(root, dirs[0] / name)]
+    np.testing.assert_allclose(fresh.encode_queries(TEXTS), encoder.encode_queries(TEXTS), atol=1e-7)
+
+
+def test_export_model_writes_the_transformer(encoder, tmp_path):
+    """torch's export of the model's transformer, made afresh, runs to the same vectors as the export in use; it
+    is written whole under its name with no temporary file left beside it."""
+    root = supported_model_dir(MINILM)
+    path = onnx_encoder.export_model(root, tmp_path / "exports" / "model.onnx")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx"]
+    fresh = SentenceEncoder.__new__(SentenceEncoder)
+    fresh.__dict__.update(encoder.__dict__, path=path, session=onnx_encoder.session(path))
+    np.testing.assert_allclose(fresh.encode_documents(DOCUMENTS), encoder.encode_documents(DOCUMENTS), atol=1e-6)
+
+
+def test_session_threads_follow_the_process_share(encoder, monkeypatch):
     """A process whose onnxruntime sessions cdsjax limited (a parsing worker's share) leaves the encoder's thread
     count to that limit; otherwise the encoder takes one thread per usable core; its threads never spin."""
     import onnxruntime as ort
@@ -130,31 +158,61 @@ def test_session_threads_follow_the_process_share(monkeypatch):
     plain = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)  # as no limit had been set
 
     class Recording(plain):
-        def __init__(self, graph, options=None, providers=None, **kwargs):
+        def __init__(self, path, options=None, providers=None, **kwargs):
             seen.append((options.intra_op_num_threads, options.get_session_config_entry(
                 "session.intra_op.allow_spinning")))
-            super().__init__(graph, options, providers, **kwargs)
+            super().__init__(path, options, providers, **kwargs)
 
-    encoder = QueryEncoder.from_info(MINILM)
     monkeypatch.setattr(ort, "InferenceSession", Recording)
-    onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True)
+    onnx_encoder.session(encoder.path)
     Recording.cdsjax_base = plain  # what limit_layout_threads leaves on the class it installs
-    onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True)
-    onnx_encoder.OnnxForward(encoder._weights, encoder._heads, encoder._eps, True, threads=3)
+    onnx_encoder.session(encoder.path)
+    onnx_encoder.session(encoder.path, threads=3)
     assert seen == [(onnx_encoder.usable_cores(), "0"), (0, "0"), (3, "0")]
 
 
-def test_a_failing_session_falls_back_to_jax_and_says_why(monkeypatch):
-    """An onnxruntime that cannot build the session (e.g. one without opset 20's Gelu): "auto" encodes in JAX,
-    "onnx" raises with onnxruntime's reason in one line."""
+def test_backends_are_chosen_as_configured(monkeypatch):
+    from cdsjax.io.embed import Embedder, EmbedderError
+    from cdsjax.io.index import default_config
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("Could not find an implementation for Gelu(20) node")
+    cfg = default_config()
+    cfg.embedder.backend = "jax"  # the JAX forward is gone
+    with pytest.raises(EmbedderError, match="backend must be one of"):
+        Embedder(cfg)
+    cfg.embedder.backend = "onnx"
+    cfg.embedder.device = "cuda"
+    with pytest.raises(EmbedderError, match="backend 'onnx' cannot encode on 'cuda'"):
+        Embedder(cfg).onnx_encoder()
+    cfg.embedder.device = "cpu"
 
-    monkeypatch.setattr(onnx_encoder, "OnnxForward", broken)
-    encoder = copy.copy(QueryEncoder.from_info(MINILM))
-    encoder._onnx, encoder._lock = None, threading.Lock()
-    np.testing.assert_allclose(encoder.encode_documents(DOCUMENTS[:3]),
-                               encoder.encode_documents(DOCUMENTS[:3], backend="jax"))
-    with pytest.raises(RuntimeError, match=r"session failed \(RuntimeError: Could not find an implementation"):
-        encoder.encode_documents(DOCUMENTS[:3], backend="onnx")
+    def failing(cls, info):
+        onnx_encoder.last_error = "the ONNX export failed (ModuleNotFoundError: No module named 'torch')"
+
+    monkeypatch.setattr(SentenceEncoder, "from_info", classmethod(failing))
+    with pytest.raises(EmbedderError, match="backend 'onnx' cannot encode with 'all-MiniLM-L6-v2': the ONNX export"):
+        Embedder(cfg).onnx_encoder()
+    cfg.embedder.backend = "auto"
+    assert Embedder(cfg).onnx_encoder() is None  # sentence-transformers encodes
+
+
+def test_ask_on_a_new_pdf_does_not_import_torch(encoder, data_root, tmp_path):
+    """Indexing a PDF and asking it, in one fresh process whose cdsjax cache holds the export, never imports
+    torch (notes and question on onnxruntime), and fills the persistent compilation cache there."""
+    (tmp_path / "cache" / "onnx").mkdir(parents=True)
+    shutil.copyfile(encoder.path, tmp_path / "cache" / "onnx" / encoder.path.name)
+    pdf = data_root / "pdfs" / "multicolumn.pdf"
+    code = (
+        "import sys, io, contextlib, json\n"
+        "from cdsjax import cli\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    rc = cli.main(['ask', {str(pdf)!r}, 'What is the document about?', '--json'])\n"
+        "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules)\n"
+        "print(json.dumps(dict(rc=rc, heavy=heavy, n=len(json.loads(buf.getvalue())['evidence']))))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path / "cache"), HOME=str(tmp_path / "home"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == dict(rc=0, heavy=[], n=result["n"]) and result["n"] >= 1
+    assert any((tmp_path / "cache" / "jax-compilation").iterdir())

@@ -283,7 +283,7 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_failed_head_start_on_the_question_is_silent_and_the_pdf_still_indexes(tmp_path, cache, monkeypatch,
                                                                                   capfd):
-    """`ask NEW.pdf` compiles the question's encoder on a thread while the PDF is parsed (cdsjax.warmup): when that
+    """`ask NEW.pdf` loads the question's encoder on a thread while the PDF is parsed (cdsjax.warmup): when that
     head start fails, the ask goes on without a traceback on stderr, and the thread has ended when the index is
     returned."""
     import threading

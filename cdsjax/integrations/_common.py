@@ -232,7 +232,7 @@ def embedder_info(index=None, model: Optional[str] = None) -> dict:
 
 
 class Encoder:
-    """cdsjax's embedder for both frameworks: questions through the torch-free JAX encoder when the model
+    """cdsjax's embedder for both frameworks: questions through the torch-free onnxruntime encoder when the model
     allows (as ``cdsjax ask`` encodes them), documents through sentence-transformers."""
 
     def __init__(self, info: dict):
@@ -242,9 +242,9 @@ class Encoder:
 
     def queries(self, texts: Sequence[str]) -> np.ndarray:
         if self._query is None:
-            from cdsjax.io.query_encoder import QueryEncoder
+            from cdsjax.io.onnx_encoder import SentenceEncoder
 
-            self._query = QueryEncoder.from_info(self.info) or self.documents_encoder()
+            self._query = SentenceEncoder.from_info(self.info) or self.documents_encoder()
         return np.asarray(self._query.encode_queries(list(texts)), np.float32)
 
     def documents_encoder(self):

@@ -48,7 +48,7 @@ class CDSEmbeddings(Embeddings):
       index: optional index directory: encode exactly as its notes were embedded (model, prefixes).
       model: optional model name instead of the default (ignored with ``index``).
 
-    Questions go through the same encoder as ``cdsjax ask`` (a JAX BERT forward for MiniLM), documents through
+    Questions go through the same encoder as ``cdsjax ask`` (the model's ONNX export on onnxruntime for MiniLM), documents through
     sentence-transformers; vectors are L2-normalised float lists.
     """
 

