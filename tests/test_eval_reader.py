@@ -242,3 +242,155 @@ def test_a_control_without_a_reader_is_refused():
         reading.enabled(c)
     c.selectors = "cosine"
     assert reading.enabled(c) is False
+
+
+# ---- end to end ----------------------------------------------------------------------------------------------
+
+import csv  # noqa: E402
+import os  # noqa: E402
+import pathlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from cdsjax.eval.answer_scoring import EXTRACT_PROMPT  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _summary(out_dir):
+    with open(out_dir / "summary.csv") as f:
+        return {(r["selector"], r["metric"]): r for r in csv.DictReader(f)}
+
+
+def _answers(out_dir):
+    return [json.loads(line) for line in (out_dir / "answers.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("reader_eval_cache")
+
+
+def test_run_eval_qasper_with_a_reader_then_from_cache(data_root, tmp_path, cache_dir):
+    out = tmp_path / "qasper"
+
+    def run(url):
+        cmd = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "qasper.py"),
+               "--progress=false", f"--config.data_root={data_root}", f"--config.output_dir={out}",
+               f"--config.cache_dir={cache_dir}", "--config.max_queries=3", "--config.selectors=cosine,none,cds",
+               "--config.budgets=(3,)", "--config.num_resamples=200", f"--config.reader.url={url}",
+               "--config.reader.model=test-model", "--config.reader.max_retries=0"]
+        return subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                              text=True, timeout=300)
+
+    with OpenAIServer(_responder()) as srv:
+        proc = run(srv.base_url)
+        sent = list(srv.requests)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = _answers(out)
+    assert len(answers) == 3 * 3 and not any("error" in a for a in answers)
+    assert {a["selector"] for a in answers} == {"cosine", "none", "cds"}
+    assert all("accuracy" in a["metrics"] and "answer_f1" in a["metrics"] for a in answers)
+    assert any(a["metrics"]["answer_f1"] is not None for a in answers)
+    for a in answers:
+        assert a["metrics"]["accuracy"] in (0.0, 1.0)
+        if a["selector"] == "none":
+            assert a["evidence"] == [] and a["reply"] == "Not answerable"
+        else:
+            assert len(a["evidence"]) == 3
+    rows = _summary(out)
+    for sel in ("cosine", "none", "cds"):
+        assert ("%s" % sel, "accuracy@3") in rows
+    assert ("cosine", "paragraph_recall@3") in rows and ("cds", "accuracy_vs_none@3") in rows
+    n_reader = sum(1 for r in sent if r["messages"][0]["content"] == SYSTEM_PROMPT)
+    assert n_reader <= 9  # at most one request per (question, selector); equal evidence shares one
+    # The server is gone: the rerun completes from the reply cache, with the same answers.
+    proc = run("http://127.0.0.1:9/v1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = _answers(out)
+    assert all(a["cached"] for a in again) and not any("error" in a for a in again)
+    assert [a["metrics"] for a in again] == [a["metrics"] for a in answers]
+    assert _summary(out)[("none", "accuracy@3")]["mean"] == rows[("none", "accuracy@3")]["mean"]
+
+
+def _tiny_mmlongbench(root):
+    """Two pages: a revenue paragraph, and a chart (an embedded image) with its caption."""
+    import pymupdf
+
+    (root / "mmlongbench" / "documents").mkdir(parents=True)
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_textbox(pymupdf.Rect(72, 100, 540, 300), "Revenue. In 2019 the cooperative earned 4.2 million euros "
+                        "from apple sales, up from 3.1 million in 2018. " * 3, fontsize=11)
+    page = doc.new_page()
+    page.insert_textbox(pymupdf.Rect(72, 60, 540, 120), "Harvest. The chart below shows the apple harvest per "
+                        "month in tonnes. " * 2, fontsize=11)
+    img = np.zeros((200, 300, 3), np.uint8)
+    img[:, :, 0] = np.linspace(0, 255, 300)[None, :].astype(np.uint8)
+    img[50:150, 100:140] = 255
+    page.insert_image(pymupdf.Rect(150, 150, 450, 350), pixmap=pymupdf.Pixmap(pymupdf.csRGB, 300, 200, img.tobytes(), False))
+    page.insert_textbox(pymupdf.Rect(72, 360, 540, 400), "Figure 1: Apple harvest per month, in tonnes.", fontsize=10)
+    doc.save(root / "mmlongbench" / "documents" / "orchard.pdf")
+    samples = [
+        {"doc_id": "orchard.pdf", "doc_type": "Report", "question": "How much did apple sales earn in 2019?",
+         "answer": "4.2 million euros", "evidence_pages": "[1]", "evidence_sources": "['Pure-text']",
+         "answer_format": "Str"},
+        {"doc_id": "orchard.pdf", "doc_type": "Report", "question": "What does the chart in Figure 1 show?",
+         "answer": "apple harvest per month", "evidence_pages": "[2]", "evidence_sources": "['Chart']",
+         "answer_format": "Str"},
+        {"doc_id": "orchard.pdf", "doc_type": "Report", "question": "Who is the cooperative's CEO?",
+         "answer": "Not answerable", "evidence_pages": "[]", "evidence_sources": "[]", "answer_format": "None"},
+    ]
+    (root / "mmlongbench" / "samples.json").write_text(json.dumps(samples))
+    (root / "mmlongbench" / "mmdocir_annotations.jsonl").write_text("")
+
+
+def _mmlb_responder(req):
+    system = req["messages"][0]["content"]
+    if system == EXTRACT_PROMPT:
+        reply = message_text(req).split("Reply: ", 1)[1]
+        return "Extracted answer: " + S.strip_citations(reply).strip()
+    if message_images(req):
+        return "apple harvest per month [1]"
+    return "4.2 million euros [1]" if "4.2 million" in message_text(req) else "Not answerable"
+
+
+def test_mmlongbench_sends_images_of_visual_notes_and_scores_by_format(tmp_path, cache_dir):
+    import importlib
+
+    from cdsjax.eval import evaluate
+
+    data = tmp_path / "data"
+    _tiny_mmlongbench(data)
+    out = tmp_path / "mmlb"
+    config = importlib.import_module("configs.mmlongbench").get_config()
+    config.update(dict(data_root=str(data), output_dir=str(out), cache_dir=str(cache_dir / "mmlb"),
+                       selectors="cosine,none,full", budgets=(2,), num_resamples=200))
+    config.reader.update(dict(model="test-model", max_retries=0, seeds=(0, 1)))
+    with OpenAIServer(_mmlb_responder) as srv:
+        config.reader.url = srv.base_url
+        evaluate(config, progress=False, log=lambda s: None)
+        sent = list(srv.requests)
+    answers = _answers(out)
+    assert len(answers) == 3 * 3 * 2 and not any("error" in a for a in answers)
+    full = [a for a in answers if a["selector"] == "full"]
+    assert all(a["images"] == 1 and "orchard.pdf#2" in a["evidence"] for a in full)  # the chart's crop
+    with_image = [r for r in sent if r["messages"][0]["content"] == SYSTEM_PROMPT and message_images(r)]
+    assert with_image and all(u.startswith("data:image/png;base64,") for r in with_image for u in message_images(r))
+    # the image part comes right after the text that introduces it, with the figure's caption
+    parts = with_image[0]["messages"][1]["content"]
+    at = next(i for i, p in enumerate(parts) if p["type"] == "image_url")
+    assert "Caption: Figure 1: Apple harvest per month" in parts[at - 1]["text"]
+    by = {(a["selector"], a["qid"], a["seed"]): a for a in answers}
+    assert by[("full", "mmlongbench-0001", 0)]["extracted"] == "apple harvest per month"
+    assert by[("full", "mmlongbench-0001", 0)]["metrics"]["accuracy"] == 1.0
+    assert by[("none", "mmlongbench-0000", 0)]["metrics"]["accuracy"] == 0.0  # declined an answerable question
+    assert by[("none", "mmlongbench-0002", 0)]["metrics"]["accuracy"] == 1.0  # declined the unanswerable one
+    rows = _summary(out)
+    assert float(rows[("none", "accuracy@2")]["mean"]) == pytest.approx(1 / 3)
+    assert ("full", "generalized_f1@2") in rows and ("full", "accuracy_vs_none@2") in rows
+    assert rows[("full", "accuracy_seed_std@2")]["n"] == "2"
+    assert ("cosine", "page_recall@2") in rows
+    # seed 1 is a request of its own (the scripted server answers alike); the extraction of an equal reply is shared
+    n_reader = sum(1 for r in sent if r["messages"][0]["content"] == SYSTEM_PROMPT)
+    assert n_reader == len(answers) - sum(1 for a in answers if a["cached"])
