@@ -340,6 +340,7 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
     mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``, ``accuracy_seed_std@B``;
     n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
+    from cdsjax.core.registry import REFERENCE_SELECTOR
 
     rows = []
     merged = merged_answer_records(answers)
@@ -348,7 +349,7 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
     rng = np.random.default_rng(0)
     for bench, sel, b in groups:
         qids = [k[3] for k in acc if k[:3] == (bench, sel, b)]
-        for ref in ("cosine", "none"):
+        for ref in (REFERENCE_SELECTOR, "none"):
             if ref == sel or (bench, ref, b) not in groups:
                 continue
             d = M.paired_difference([acc[(bench, sel, b, q)] for q in qids],
