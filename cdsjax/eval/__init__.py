@@ -171,7 +171,9 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
         records = reading.with_answer_metrics(records, answers)
         names = tuple(reading.ANSWER_METRICS) + names
         answer_rows = reading.answer_rows(answers, num_resamples=int(config.get("num_resamples", 10_000)))
-    rows = summary_rows(records, names, num_resamples=int(config.get("num_resamples", 10_000))) + answer_rows
+    rows = summary_rows(records, names, num_resamples=int(config.get("num_resamples", 10_000)))
+    if answer_rows:
+        rows = reading.answer_first(rows + answer_rows)
     write_summary_csv(rows, out_dir / SUMMARY_CSV)
     table = markdown_table(rows)
     (out_dir / SUMMARY_MD).write_text(table)

@@ -333,6 +333,15 @@ def with_answer_metrics(records: Sequence[dict], answers: Sequence[dict]) -> Lis
     return out + list(merged.values())
 
 
+def answer_first(rows: Sequence[dict]) -> List[dict]:
+    """``summary.csv`` rows with, within each budget, the answer metrics (accuracy, F1, their differences and
+    spreads, reader errors) before the retrieval metrics; the order is otherwise kept."""
+    answer = ("accuracy", "answer_f1", "generalized_f1", "reader_error")
+    budgets = list(dict.fromkeys(r["metric"].rpartition("@")[2] for r in rows))
+    return sorted(rows, key=lambda r: (budgets.index(r["metric"].rpartition("@")[2]),
+                                       0 if r["metric"].startswith(answer) else 1))
+
+
 def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List[dict]:
     """Extra ``summary.csv`` rows: paired accuracy differences to ``cosine`` and to ``none``
     (``accuracy_vs_cosine@B``; mean difference over the questions both answered, with a 95% bootstrap
