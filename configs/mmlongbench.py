@@ -14,6 +14,7 @@ the ingestion settings of ``configs/default.py``, which this config extends.
 
 import ml_collections
 
+from cdsjax.eval import reading
 from cdsjax.io.index import default_config
 from configs import common
 
@@ -44,4 +45,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.num_resamples = 10_000  # bootstrap resamples for the 95% intervals
     config.dtype = "float32"  # "float64" lets converged-mode solvers go below float32's KKT floor
     config.embedder.show_progress = False
+    # the reader stage (cdsjax.eval.reading): url "" = retrieval metrics only; "none" / "full" in selectors
+    # are its controls (question alone / whole document)
+    config.reader = reading.reader_settings()
+    config.judge = reading.judge_settings()
     return config

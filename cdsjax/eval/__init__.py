@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 import cdsjax.eval.distributed as D
+import cdsjax.eval.reading as reading
 from cdsjax.eval.pools import pool_spec, pooled_problems
 from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
 from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, record_key, selection_record,
@@ -94,6 +95,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     lead = process is None or process.index == 0
     if lead:
         start_run(out_dir, run_identity(config))
+        reading.enabled(config)  # a control without a reader, or a reader without a model: one line, now
 
     cache_dir = cache_dir_of(config)
     embedder = Embedder(config)
@@ -162,8 +164,16 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
 
     records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
                                merge=process is not None)
-    rows = summary_rows(records, metric_names(kind, pooled),
-                        num_resamples=int(config.get("num_resamples", 10_000)))
+    names, answer_rows = metric_names(kind, pooled), []
+    if reading.enabled(config):  # the reader stage: answers of every selection and control, scored
+        answers = reading.read_answers(config, bench, kind, problems, records, out_dir, embedder=embedder,
+                                       cache_dir=cache_dir, progress=progress, log=log)
+        records = reading.with_answer_metrics(records, answers)
+        names = tuple(reading.ANSWER_METRICS) + names
+        answer_rows = reading.answer_rows(answers, num_resamples=int(config.get("num_resamples", 10_000)))
+    rows = summary_rows(records, names, num_resamples=int(config.get("num_resamples", 10_000)))
+    if answer_rows:
+        rows = reading.answer_first(rows + answer_rows)
     write_summary_csv(rows, out_dir / SUMMARY_CSV)
     table = markdown_table(rows)
     (out_dir / SUMMARY_MD).write_text(table)

@@ -34,6 +34,8 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
         all_opts = all_opts.to_dict()
     specs = []
     for label in labels:
+        if label in ("none", "full"):  # reader controls (cdsjax.eval.reading), not registry selectors
+            continue
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         try:

@@ -241,12 +241,13 @@ class ChatClient:
             raise ReaderError(self._not_found_message(model, names), kind="model_not_found", url=self.url)
         return model
 
-    def chat(self, messages: list, *, max_tokens: Optional[int] = None) -> ChatReply:
+    def chat(self, messages: list, *, max_tokens: Optional[int] = None, seed: Optional[int] = None) -> ChatReply:
         """One chat completion, retrying transient failures (see the module docstring).
 
         Args:
           messages: OpenAI chat messages.
           max_tokens: new-token limit for this call (default ``config.max_tokens``).
+          seed: the sampling seed sent to the server (vLLM and OpenAI accept one); None sends none.
 
         Raises:
           ReaderError: no usable reply within ``config.timeout`` and ``config.max_retries`` retries.
@@ -272,7 +273,8 @@ class ChatClient:
                         raise openai.APITimeoutError(request=None)  # the deadline passed between attempts
                     response = self.client.with_options(timeout=left).chat.completions.create(
                         model=model, messages=messages, temperature=cfg.temperature,
-                        max_tokens=int(max_tokens or cfg.max_tokens))
+                        max_tokens=int(max_tokens or cfg.max_tokens),
+                        **({} if seed is None else {"seed": int(seed)}))
                     choices = getattr(response, "choices", None) or []
                     if not choices or choices[0].message is None:
                         raise _MalformedReply("a reply without choices")

@@ -1,0 +1,393 @@
+"""The reader stage of the batch evaluation: the selected evidence of every (question, selector, budget, seed)
+goes to a vision-language reader, and its answer is scored against the gold answer.
+
+* Requests are built as ``cdsjax ask`` builds them (:func:`cdsjax.io.reader.build_messages`: text notes as
+  text, figures/tables/charts with an image crop as ``image_url`` parts with their caption and summary) and
+  sent through :class:`cdsjax.io.llm.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
+  at a time from a thread pool, with a progress bar.
+* Every reply goes through a :class:`~cdsjax.eval.reply_cache.ReplyCache` under ``<output_dir>/replies``, keyed by
+  the model, the prompt version, the full request (question, evidence text, images), the evidence's note ids and
+  the generation settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector that
+  picks the same evidence sends nothing.
+* Scoring (:mod:`cdsjax.eval.answer_scoring`): MMLongBench-Doc by answer extraction (a second cached call) and
+  its format rules; other benchmarks by the LLM judge (:mod:`cdsjax.io.judge`, ``config.judge.*``, cached),
+  plus token F1 on QASPER's extractive answers.
+* Controls, run as selectors of the same harness: ``none`` (the question alone) and ``full`` (every note of the
+  question's documents, where its estimated length fits ``config.reader.max_context``).
+
+A failed request is recorded on its answer record as ``error`` (kind and message); its metrics are None (left
+out of every mean) and ``reader_error`` is 1, summarised on its own.
+Answer records are written to ``<output_dir>/answers.jsonl`` (one per question, selector, budget and seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import ml_collections
+import numpy as np
+
+from cdsjax.eval import answer_scoring as S
+from cdsjax.eval.reply_cache import ReplyCache, content_hash, reply_key
+
+CONTROLS = ("none", "full")
+ANSWERS_FILE = "answers.jsonl"
+READER_PROMPT_VERSION = "reader-1"
+JUDGE_PROMPT_VERSION = "judge-1"
+ANSWER_METRICS = ("accuracy", "answer_f1", "reader_error")
+
+
+def reader_settings() -> ml_collections.ConfigDict:
+    """The ``config.reader`` block of an evaluation config (url "" = no reader stage)."""
+    return ml_collections.ConfigDict({
+        "url": "",  # the OpenAI-compatible server, e.g. http://localhost:8000/v1; the key: $CDSJAX_READER_API_KEY
+        "model": "",
+        "concurrency": 8,
+        "max_tokens": 1024,
+        "temperature": 0.0,
+        "timeout": 300.0,
+        "max_retries": 3,
+        "max_text_chars": 1500,
+        "seeds": (0,),
+        "max_context": 32768,  # tokens; the "full" control runs where the whole document fits
+    })
+
+
+def judge_settings() -> ml_collections.ConfigDict:
+    """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY)."""
+    return ml_collections.ConfigDict({"url": "", "model": "", "max_tokens": 256, "timeout": 120.0,
+                                      "max_retries": 3})
+
+
+def control_labels(config) -> List[str]:
+    """The control selectors (``none``, ``full``) among ``config.selectors``."""
+    labels = config.selectors
+    if isinstance(labels, str):
+        labels = [s.strip() for s in labels.split(",") if s.strip()]
+    return [s for s in labels if s in CONTROLS]
+
+
+def enabled(config) -> bool:
+    """Whether the config asks for the reader stage (``config.reader.url`` set).
+
+    Raises:
+      ValueError: a control selector is asked for without a reader, or no model is named.
+    """
+    reader = config.get("reader", None)
+    url = str(reader.get("url", "") or "") if reader is not None else ""
+    if not url:
+        if control_labels(config):
+            raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
+        return False
+    if not str(reader.get("model", "") or os.environ.get("CDSJAX_READER_MODEL", "")):
+        raise ValueError("config.reader.model is empty: name the served model (it is part of every reply's "
+                         "cache key)")
+    return True
+
+
+def _clients(config):
+    from cdsjax.io.judge import Judge
+    from cdsjax.io.llm import ChatClient, ReaderConfig
+
+    r = config.reader
+    rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),
+                      max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
+                      temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
+                      concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)))
+    reader = ChatClient(rc)
+    j = config.get("judge", None) or judge_settings()
+    jc = dataclasses.replace(rc, base_url=str(j.get("url", "") or r.url), model=str(j.get("model", "") or r.model),
+                             max_tokens=int(j.get("max_tokens", 256)), timeout=float(j.get("timeout", 120.0)),
+                             max_retries=int(j.get("max_retries", 3)), temperature=0.0)
+    judge = Judge(jc) if j.get("url", "") else Judge(dataclasses.replace(jc, api_key=reader.config.api_key))
+    return reader, judge
+
+
+def _item_from_index_note(note: dict, note_id: str, rank: int):
+    from cdsjax.io.reader import KINDS, EvidenceItem
+
+    kind = note.get("kind", "text")
+    if kind not in KINDS:
+        kind = "figure" if note.get("image_path") else "text"
+    bbox = note.get("bbox")
+    return EvidenceItem(note_id=note_id, doc_id=str(note.get("doc_id") or note_id.split("#")[0]),
+                        page=int(note.get("page", 0)), kind=kind, text=note.get("text") or "",
+                        summary=note.get("summary") or "", caption=note.get("caption") or "",
+                        bbox=tuple(float(v) for v in bbox) if bbox is not None else None,
+                        image_path=note.get("image_path"), rank=rank)
+
+
+class EvidenceSource:
+    """The reader's view of each note of the problems (:class:`~cdsjax.io.reader.EvidenceItem` by note id): a
+    text benchmark's paragraphs, or a PDF's index notes with their image crops."""
+
+    def __init__(self, problems, *, kind: str, indexes: Optional[Dict[str, Any]] = None):
+        self.kind = kind
+        self.notes: Dict[str, dict] = {}
+        if indexes is not None:
+            for doc_id, idx in indexes.items():
+                for note in idx.notes:
+                    self.notes[f"{doc_id}#{note['reading_order']}"] = dict(note, doc_id=doc_id)
+        else:
+            for p in problems:
+                for nid, doc, text in zip(p.note_ids, p.docs, p.texts or [""] * len(p.note_ids)):
+                    self.notes.setdefault(nid, {"doc_id": doc, "page": 0, "kind": "text", "text": text})
+
+    def items(self, note_ids: Sequence[str]) -> list:
+        return [_item_from_index_note(self.notes[n], n, r) for r, n in enumerate(note_ids, 1)]
+
+
+def _estimated_tokens(items, max_text_chars: int) -> int:
+    from cdsjax.io.reader import CHARS_PER_TOKEN, PROMPT_RESERVE_TOKENS, TOKENS_PER_IMAGE
+
+    chars = sum(min(len(i.text or i.summary or ""), max_text_chars) + len(i.caption) for i in items)
+    images = sum(1 for i in items if i.is_visual and i.image_path)
+    return int(chars / CHARS_PER_TOKEN + TOKENS_PER_IMAGE * images + PROMPT_RESERVE_TOKENS)
+
+
+def _chat(client, cache: ReplyCache, key: str, messages: list, *, max_tokens: int, seed: Optional[int]):
+    """The cached reply of one request (dict with ``text``), or raises ReaderError."""
+    hit = cache.get(key)
+    if hit is not None:
+        return hit, True
+    extra = {} if seed is None else {"seed": int(seed)}
+    reply = client.chat(messages, max_tokens=max_tokens, **extra)
+    value = {"text": reply.content, "model": reply.model, "finish_reason": reply.finish_reason,
+             "usage": reply.usage}
+    cache.put(key, value)
+    return value, False
+
+
+def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
+    from cdsjax.io.judge import JUDGE_PROMPT, parse_verdict
+    from cdsjax.io.llm import ReaderError
+
+    key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
+                    prompt_hash=content_hash(JUDGE_PROMPT), question=question, gold=gold, predicted=predicted)
+    hit = cache.get(key)
+    if hit is None:
+        verdict = judge.judge(question, gold, predicted)
+        hit = {"correct": bool(verdict.correct), "score": float(verdict.score), "raw": verdict.raw}
+        cache.put(key, hit)
+    try:
+        parse_verdict(hit["raw"]) if hit.get("raw") else None
+    except ValueError as err:  # a cached reply the current parser cannot read
+        raise ReaderError(f"judge reply unreadable: {err}", kind="bad_response") from None
+    return float(hit["correct"])
+
+
+def _gold_answers(query) -> List[str]:
+    from cdsjax.io.reader import ABSTAIN
+
+    meta = query.meta or {}
+    answers = list(meta.get("answers") or ([query.answer] if query.answer is not None else []))
+    out = [ABSTAIN if a.strip().lower() in ("unanswerable", "not answerable") else a for a in answers if a]
+    return list(dict.fromkeys(out))
+
+
+def read_answers(config, bench, kind: str, problems, records: Sequence[dict], out_dir: pathlib.Path, *,
+                 embedder=None, cache_dir: Optional[pathlib.Path] = None, progress: bool = True,
+                 log: Callable[[str], None] = print) -> List[dict]:
+    """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
+    docstring); writes ``answers.jsonl`` and returns its records."""
+    from cdsjax.io.llm import FATAL_KINDS, ReaderError  # noqa: F401
+    from cdsjax.io.reader import SYSTEM_PROMPT, build_messages
+    from cdsjax.eval.settings import budgets_of
+
+    r = config.reader
+    seeds = [int(s) for s in (r.seeds if not isinstance(r.seeds, (int, str)) else str(r.seeds).split(","))]
+    max_tokens, max_chars = int(r.max_tokens), int(r.max_text_chars)
+    by_qid = {p.query.qid: p for p in problems}
+    indexes = None
+    if kind != "text":
+        from cdsjax.eval.problems import pdf_indexes
+
+        docs = list(dict.fromkeys(d for p in problems for d in p.docs))
+        indexes = pdf_indexes(bench, docs, config, embedder, cache_dir=cache_dir)
+    source = EvidenceSource(problems, kind=kind, indexes=indexes)
+
+    tasks = []
+    for rec in records:
+        if rec["qid"] in by_qid:
+            tasks.append((rec["selector"], int(rec["budget"]), rec["qid"], list(rec["selected"])))
+    controls = control_labels(config)
+    skipped_full = 0
+    for label in controls:
+        for b in budgets_of(config):
+            for p in problems:
+                if label == "none":
+                    tasks.append((label, b, p.query.qid, []))
+                    continue
+                ids = list(p.note_ids)
+                if _estimated_tokens(source.items(ids), max_chars) + max_tokens > int(r.max_context):
+                    skipped_full += 1
+                    continue
+                tasks.append((label, b, p.query.qid, ids))
+    if "full" in controls:
+        n_full = len(problems) * len(budgets_of(config))
+        log(f"full-document control: {n_full - skipped_full} of {n_full} (question, budget) pairs fit "
+            f"config.reader.max_context={int(r.max_context)} tokens")
+    reader, judge = _clients(config)
+    model = str(r.model) or reader.model
+    prompt_hash = content_hash(SYSTEM_PROMPT)
+    mmlb = bench.name.startswith("mmlongbench")
+    cache = ReplyCache(out_dir / "replies")
+
+    def one(task, seed):
+        label, b, qid, ids = task
+        p = by_qid[qid]
+        q = p.query
+        rec = {"benchmark": bench.name, "selector": label, "budget": b, "qid": qid, "seed": seed, "evidence": ids,
+               "metrics": {"accuracy": None, "answer_f1": None, "reader_error": 0.0}}
+        try:
+            items = source.items(ids)
+            missing: list = []
+            messages = build_messages(q.question, items, max_text_chars=max_chars, missing_images=missing)
+            key = reply_key(kind="reader", model=model, prompt=READER_PROMPT_VERSION, prompt_hash=prompt_hash,
+                            question=q.question, notes=ids, request=content_hash(messages),
+                            max_tokens=max_tokens, temperature=float(r.temperature), seed=seed)
+            reply, cached = _chat(reader, cache, key, messages, max_tokens=max_tokens, seed=seed)
+            from cdsjax.io.replies import strip_thinking
+
+            text = strip_thinking(reply["text"])
+            rec.update(reply=text, cached=cached, images=sum(1 for i in items if i.is_visual and i.image_path))
+            if missing:
+                rec["warnings"] = missing
+            if mmlb:
+                xm = S.extraction_messages(q.question, text)
+                xkey = reply_key(kind="extract", model=model, prompt=S.EXTRACT_PROMPT_VERSION,
+                                 prompt_hash=content_hash(S.EXTRACT_PROMPT), request=content_hash(xm),
+                                 max_tokens=128)
+                extracted = S.parse_extracted(_chat(reader, cache, xkey, xm, max_tokens=128, seed=None)[0]["text"])
+                fmt = (q.meta or {}).get("answer_format")
+                rec["extracted"] = extracted
+                rec["metrics"]["accuracy"] = S.score_mmlongbench(extracted, str(q.answer or ""), fmt)
+                rec["answerable"] = bool((q.meta or {}).get("answerable", True)) and str(fmt) != "None"
+                rec["declined"] = S.declines(extracted)
+            else:
+                golds = _gold_answers(q)
+                if golds:
+                    rec["metrics"]["accuracy"] = max(_judge_call(judge, cache, q.question, g, text) for g in golds)
+                if "extractive_spans" in (q.meta or {}):
+                    rec["metrics"]["answer_f1"] = S.qasper_answer_f1(text, q.meta["extractive_spans"])
+        except ReaderError as err:
+            rec["error"] = {"kind": err.kind, "message": str(err)}
+            rec["metrics"] = {"accuracy": None, "answer_f1": None, "reader_error": 1.0}
+        except (OSError, ValueError) as err:  # an evidence image that cannot be read, a bad entry
+            rec["error"] = {"kind": "evidence", "message": str(err)}
+            rec["metrics"] = {"accuracy": None, "answer_f1": None, "reader_error": 1.0}
+        return rec
+
+    jobs = [(t, s) for t in tasks for s in seeds]
+    out: List[Optional[dict]] = [None] * len(jobs)
+    from tqdm.auto import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, int(r.concurrency)), thread_name_prefix="cdsjax-eval-reader") as pool, \
+            tqdm(total=len(jobs), desc=f"read {bench.name}", unit="answer", disable=not progress) as bar:
+        futures = {pool.submit(one, t, s): i for i, (t, s) in enumerate(jobs)}
+        for fut in as_completed(futures):
+            out[futures[fut]] = fut.result()
+            bar.update()
+    cache.close()
+    reader.close()
+    judge.close()
+    tmp = out_dir / (ANSWERS_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in out:
+            f.write(json.dumps(rec, default=str) + "\n")
+    tmp.replace(out_dir / ANSWERS_FILE)
+    errors = sum(1 for rec in out if "error" in rec)
+    cached = sum(1 for rec in out if rec.get("cached"))
+    log(f"reader: {len(out)} answers ({cached} from the reply cache), {errors} failed (reader_error)")
+    return out
+
+
+def merged_answer_records(answers: Sequence[dict]) -> List[dict]:
+    """One pseudo-record per (benchmark, selector, budget, question) whose ``metrics`` are the answer metrics
+    averaged over seeds (failed seeds left out; ``reader_error`` the share that failed)."""
+    groups: Dict[tuple, list] = {}
+    for a in answers:
+        groups.setdefault((a["benchmark"], a["selector"], a["budget"], a["qid"]), []).append(a)
+    out = []
+    for (bench, sel, b, qid), recs in groups.items():
+        metrics = {}
+        for m in ANSWER_METRICS:
+            vals = [x["metrics"][m] for x in recs if x["metrics"].get(m) is not None]
+            metrics[m] = float(np.mean(vals)) if vals else None
+        out.append({"benchmark": bench, "selector": sel, "budget": b, "qid": qid, "metrics": metrics})
+    return out
+
+
+def with_answer_metrics(records: Sequence[dict], answers: Sequence[dict]) -> List[dict]:
+    """``records`` with each one's answer metrics added to its ``metrics``, and a record per control question."""
+    merged = {(m["benchmark"], m["selector"], m["budget"], m["qid"]): m for m in merged_answer_records(answers)}
+    out = []
+    for r in records:
+        m = merged.pop((r["benchmark"], r["selector"], int(r["budget"]), r["qid"]), None)
+        out.append(dict(r, metrics={**r["metrics"], **(m["metrics"] if m else {})}))
+    return out + list(merged.values())
+
+
+def answer_first(rows: Sequence[dict]) -> List[dict]:
+    """``summary.csv`` rows with, within each budget, the answer metrics (accuracy, F1, their differences and
+    spreads, reader errors) before the retrieval metrics; the order is otherwise kept."""
+    answer = ("accuracy", "answer_f1", "generalized_f1", "reader_error")
+    budgets = list(dict.fromkeys(r["metric"].rpartition("@")[2] for r in rows))
+    return sorted(rows, key=lambda r: (budgets.index(r["metric"].rpartition("@")[2]),
+                                       0 if r["metric"].startswith(answer) else 1))
+
+
+def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List[dict]:
+    """Extra ``summary.csv`` rows: paired accuracy differences to ``cosine`` and to ``none``
+    (``accuracy_vs_cosine@B``; mean difference over the questions both answered, with a 95% bootstrap
+    interval), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap over questions), and the
+    mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``, ``accuracy_seed_std@B``;
+    n = seeds, no interval)."""
+    import cdsjax.eval.metrics as M
+    from cdsjax.core.registry import REFERENCE_SELECTOR
+
+    rows = []
+    merged = merged_answer_records(answers)
+    acc = {(m["benchmark"], m["selector"], m["budget"], m["qid"]): m["metrics"]["accuracy"] for m in merged}
+    groups = list(dict.fromkeys((m["benchmark"], m["selector"], m["budget"]) for m in merged))
+    rng = np.random.default_rng(0)
+    for bench, sel, b in groups:
+        qids = [k[3] for k in acc if k[:3] == (bench, sel, b)]
+        for ref in (REFERENCE_SELECTOR, "none"):
+            if ref == sel or (bench, ref, b) not in groups:
+                continue
+            d = M.paired_difference([acc[(bench, sel, b, q)] for q in qids],
+                                    [acc.get((bench, ref, b, q)) for q in qids], num_resamples=num_resamples)
+            rows.append({"benchmark": bench, "selector": sel, "metric": f"accuracy_vs_{ref}@{b}", "mean": d["mean"],
+                         "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]})
+        sub = [a for a in answers if (a["benchmark"], a["selector"], a["budget"]) == (bench, sel, b)
+               and a["metrics"]["accuracy"] is not None]
+        if sub and "answerable" in sub[0]:
+            scores = np.asarray([a["metrics"]["accuracy"] for a in sub])
+            ans = np.asarray([a["answerable"] for a in sub])
+            dec = np.asarray([a["declined"] for a in sub])
+            f1 = S.generalized_f1(scores, ans, dec)
+            boot = []
+            for _ in range(min(num_resamples, 2000)):
+                i = rng.integers(0, len(sub), len(sub))
+                boot.append(S.generalized_f1(scores[i], ans[i], dec[i]))
+            boot = np.asarray([v for v in boot if np.isfinite(v)])
+            lo, hi = (np.percentile(boot, [2.5, 97.5]) if boot.size else (float("nan"), float("nan")))
+            rows.append({"benchmark": bench, "selector": sel, "metric": f"generalized_f1@{b}", "mean": f1,
+                         "ci_low": float(lo), "ci_high": float(hi), "n": len(sub)})
+        per_seed: Dict[int, list] = {}
+        for a in sub:
+            per_seed.setdefault(a["seed"], []).append(a["metrics"]["accuracy"])
+        means = [float(np.mean(v)) for v in per_seed.values()]
+        if means:
+            nan = float("nan")
+            std = float(np.std(means, ddof=1)) if len(means) > 1 else 0.0
+            for name, value in (("accuracy_seed_mean", float(np.mean(means))), ("accuracy_seed_std", std)):
+                rows.append({"benchmark": bench, "selector": sel, "metric": f"{name}@{b}", "mean": value,
+                             "ci_low": nan, "ci_high": nan, "n": len(means)})
+    return rows
