@@ -313,3 +313,45 @@ def test_pool_size_one_selects_as_the_plain_run(tiny, tmp_path):
     out = pool_report.main(["--benchmark", "mmlongbench", "--sweep", str(sweep),
                             "--figure", str(tmp_path / "pool.png")])
     assert out is None and (tmp_path / "pool.png").stat().st_size > 1000
+
+
+def test_pool_config_with_a_reader_then_from_the_reply_cache(tiny, tmp_path):
+    """A pool config runs the reader stage like a plain one: every (question, selector) answered and scored,
+    accuracy per selector including ``none`` in the summary, and a rerun without the server from the cache."""
+    import csv
+
+    from cdsjax.eval.answer_scoring import EXTRACT_PROMPT
+    from cdsjax.io.reader import SYSTEM_PROMPT
+    from cdsjax.io.scripted_server import OpenAIServer, message_text
+
+    def respond(req):
+        text = message_text(req)
+        if req["messages"][0]["content"] == EXTRACT_PROMPT:
+            return "Extracted answer: " + text.split("Reply: ", 1)[1].split(" [")[0]
+        return "Not answerable" if "Evidence: none" in text else "x [1]"
+
+    cache, out = tmp_path / "cache", tmp_path / "pool_reader"
+
+    def run(url):
+        config = pool_config(tiny, out, cache, "random")
+        config.selectors = "cosine,none"
+        config.reader.update(dict(url=url, model="test-model", max_retries=0))
+        evaluate(config, progress=False, log=lambda s: None)
+        answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+        with open(out / "summary.csv") as f:
+            rows = {(r["selector"], r["metric"]): r for r in csv.DictReader(f)}
+        return answers, rows
+
+    with OpenAIServer(respond) as srv:
+        answers, rows = run(srv.base_url)
+        sent = [r for r in srv.requests if r["messages"][0]["content"] == SYSTEM_PROMPT]
+    assert len(answers) == 4 * 2 and not any("error" in a for a in answers)
+    assert 0 < len(sent) <= 8
+    by = {(a["selector"], a["qid"]): a for a in answers}
+    assert all(by[("cosine", q)]["metrics"]["accuracy"] == 1.0 for _, q in by if _ == "cosine")
+    assert all(by[("none", q)]["metrics"]["accuracy"] == 0.0 for _, q in by if _ == "none")
+    assert float(rows[("cosine", "accuracy@3")]["mean"]) == 1.0 and ("none", "accuracy@3") in rows
+    assert ("cosine", "gold_doc_share@3") in rows
+    again, rows_again = run("http://127.0.0.1:9/v1")
+    assert all(a["cached"] for a in again) and [a["metrics"] for a in again] == [a["metrics"] for a in answers]
+    assert rows_again[("none", "accuracy@3")]["mean"] == rows[("none", "accuracy@3")]["mean"]
