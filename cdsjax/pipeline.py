@@ -333,7 +333,7 @@ class Pipeline:
             return False
 
     def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
-        """A jitted per-question selector ``fn(problem, key)`` (cached by :meth:`selector_key`)."""
+        """The jitted per-question :class:`~cdsjax.core.Selector` ``fn(problem, key)`` (cached by :meth:`selector_key`)."""
         key = self.selector_key(selector, budget, options)
 
         def make():
@@ -344,13 +344,10 @@ class Pipeline:
             # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
             # fresh process neither traces nor lowers a selector it met before
             cache = self.compile_cache
-            jitted = ExportedJit(fn, repr(key), cache)
-            bound, block = registry.corpus_bound_fn(fn), registry.corpus_block_fn(fn)
-            # the spectral bound and note block of the selector's game, computed once per corpus (select keeps
+            # the spectral bound and note block of the selector's game are computed once per corpus (select keeps
             # them per pipeline)
-            jitted.corpus_bound = None if bound is None else ExportedJit(bound, repr(key) + ":bound", cache)
-            jitted.corpus_block = None if block is None else ExportedJit(block, repr(key) + ":block", cache)
-            return jitted
+            suffix = {"select": "", "bound": ":bound", "block": ":block"}
+            return core.as_selector(fn).wrapped(lambda f, role: ExportedJit(f, repr(key) + suffix[role], cache))
 
         if isinstance(self.compiled, SelectorCache):
             return self.compiled.get_or_make(key, make)
@@ -384,12 +381,12 @@ class Pipeline:
         eigendecomposition replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
         (:func:`cdsjax.core.corpus.solve_on_block`)."""
-        make = getattr(fn, "corpus_bound", None)
+        make = fn.corpus_bound
         if make is None:
             return problem
         slot = (key[0], key[2], problem.queries.shape[0])  # neither depends on the budget
         if slot not in self._bounds:
-            self._bounds[slot] = corpus_arrays(make, getattr(fn, "corpus_block", None), problem)
+            self._bounds[slot] = corpus_arrays(make, fn.corpus_block, problem)
         bound, block = self._bounds[slot]
         return problem if bound is None else problem.replace(bound=bound, note_block=block)
 

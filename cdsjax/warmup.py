@@ -60,17 +60,17 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     <cdsjax.io.compilation_cache.ExportedJit.precompile>`); its executable serves the later calls. Returns False
     where nothing was compiled ahead (no compilation cache: the selector then compiles on its first call)."""
     fn = pipe.selector_fn(selector, budget, options)
-    if not hasattr(fn, "precompile"):
+    if not hasattr(fn.select, "precompile"):
         return False
     problem = pipe.candidates.problem(query, registry.selector_spec(selector))
     key = core.key_from_query_id(qid or "warm-up question")
-    make, build = getattr(fn, "corpus_bound", None), getattr(fn, "corpus_block", None)
+    make, build = fn.corpus_bound, fn.corpus_block
     if make is None:
-        return fn.precompile(problem, key)
+        return fn.select.precompile(problem, key)
     bound, block = jax.eval_shape(lambda p: corpus_arrays(make.jitted, build and build.jitted, p), problem)
     shapes = problem if bound is None else problem.replace(bound=bound, note_block=block)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-warm") as pool:
         side = pool.submit(pipe.with_bound, fn, problem, pipe.selector_key(selector, budget, options))
-        done = fn.precompile(shapes, key)
+        done = fn.select.precompile(shapes, key)
         side.result()
     return done

@@ -43,7 +43,7 @@ def test_a_fresh_pipeline_reads_the_exported_selector_and_picks_the_same(selecto
     second, _ = _pipeline(cache=compilation_cache.CompileCache(tmp_path))  # (a fresh process's object)
     again = [_picks(second.select(q, selector=selector, budget=5)) for q in qs[:3]]
     fn = second.selector_fn(selector, 5)
-    assert fn.jitted._cache_size() == 0 and fn.corpus_bound.jitted._cache_size() == 0  # neither ran plain jit
+    assert fn.select.jitted._cache_size() == 0 and fn.corpus_bound.jitted._cache_size() == 0  # neither ran plain jit
     for a, b, c in zip(plain, exported, again):
         for x, y, z in zip(a, b, c):
             np.testing.assert_array_equal(x, y)
@@ -148,7 +148,7 @@ def test_precompile_keeps_an_executable_that_later_calls_run_without_compiling(t
     pipe, _ = _pipeline(n=48, seed=8, cache=compilation_cache.CompileCache(tmp_path))
     assert precompile(pipe, qs[0], selector="cds-learned-pages", budget=5)
     fn = pipe.selector_fn("cds-learned-pages", 5)
-    assert any(isinstance(c, jax.stages.Compiled) for c in fn._calls.values())
+    assert any(isinstance(c, jax.stages.Compiled) for c in fn.select._calls.values())
     assert len(pipe._bounds) == 1  # the bound and block were computed meanwhile and are kept
 
     compiles = []

@@ -97,7 +97,9 @@ from cdsjax.core.types import (
     Affinity,
     CDSParams,
     Selection,
+    Selector,
     SolverResult,
+    as_selector,
 )
 from cdsjax.core.validation import validate_embeddings
 
@@ -167,6 +169,8 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "SOLVERS",
     "Selection",
+    "Selector",
+    "as_selector",
     "SolverResult",
     "attach_implicit",
     "cds_equilibrium",

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from cdsjax.core.baselines import relevance
 from cdsjax.core.structure import (GREEDY_DEPTH_FACTOR, KEEP_QUERY, PageGameParams, select_page_game,
                                    select_structured, sparse_learned_ranking, structured_readout)
-from cdsjax.core.types import CDSProblem, Selection, SolveOptions
+from cdsjax.core.types import CDSProblem, Selection, Selector, SolveOptions
 from cdsjax.core.validation import check_int_range
 
 # notes_per_page: the k of the read-out (at most k notes of a page per round)
@@ -50,9 +50,8 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) 
 
         # the base game's corpus-level bound and note block (budget-free): a warm corpus reads its questions
         # without an eigendecomposition each, as the base selector does (the ranking reads problem.note_block)
-        for attr in ("corpus_bound", "corpus_block"):
-            if getattr(probe, attr, None) is not None:
-                setattr(fn, attr, getattr(probe, attr))
+        if isinstance(probe, Selector):
+            return Selector(fn, corpus_bound=probe.corpus_bound, corpus_block=probe.corpus_block)
         return fn
 
     declared = getattr(base, "options", None)

@@ -37,7 +37,7 @@ from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.support import support_settings
-from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions
+from cdsjax.core.types import CDSParams, CDSProblem, Selection, Selector, SolveOptions
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 from jax import Array
 
@@ -161,9 +161,7 @@ def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **setting
     def block(problem: CDSProblem):
         return problem_block(problem, params, options, strategy)
 
-    fn.corpus_bound = bound
-    fn.corpus_block = block
-    return fn
+    return Selector(fn, corpus_bound=bound, corpus_block=block)
 
 
 def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
@@ -171,14 +169,14 @@ def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[
     ``problem``'s corpus (:func:`cdsjax.core.spectral.problem_bound` of its game and strategy; None where it
     depends on the question), to compute once per corpus and give each question as ``CDSProblem.bound``.
     None for a selector without a penalty (the baselines)."""
-    return getattr(fn, "corpus_bound", None)
+    return fn.corpus_bound if isinstance(fn, Selector) else None
 
 
 def corpus_block_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``block(problem)``: the note block selector ``fn`` would build for every question on ``problem``'s
     corpus (:func:`cdsjax.core.corpus.problem_block`; None where its solve does not use one), to build once per
     corpus and give each question as ``CDSProblem.note_block`` next to its ``bound``. None for a baseline."""
-    return getattr(fn, "corpus_block", None)
+    return fn.corpus_block if isinstance(fn, Selector) else None
 
 
 def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
@@ -422,5 +420,5 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
         raise ValueError(f"unknown option(s) {unknown} for selector {name!r}; allowed: {list(allowed)}")
     budget = check_budget(budget)
     fn = SELECTORS[name](budget, **options)
-    fn.__name__ = f"select_{name}"
+    (fn.select if isinstance(fn, Selector) else fn).__name__ = f"select_{name}"  # names its compiled program
     return fn

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 from flax import struct
@@ -244,6 +244,38 @@ INITS = ("uniform", "softmax", "diffusion")
 WARM_STARTS = ("uniform", "replicator")
 DEFAULT_SUPPORT_STEPS = 20
 DEFAULT_SCALE_RANGE = (1e-4, 1e4)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Selector:
+    """A selector with the arrays its game computes once per corpus.
+
+    Calling it selects: ``selector(problem, key)`` is ``select(problem, key)``, a :class:`Selection`.
+    ``corpus_bound(problem)`` is the spectral bound every question on ``problem``'s corpus shares (None where the
+    penalty depends on the question), ``corpus_block(problem)`` the note block its solve reads (None where it reads
+    none); a caller computes them once per corpus and gives each question ``CDSProblem.bound`` and
+    ``CDSProblem.note_block``. Selectors without a penalty (the baselines) are plain functions. Equality is
+    identity, so a selector keys a cache.
+    """
+
+    select: Callable
+    corpus_bound: Optional[Callable] = None
+    corpus_block: Optional[Callable] = None
+
+    def __call__(self, problem, key=None):
+        return self.select(problem, key)
+
+    def wrapped(self, wrap: Callable[[Callable, str], Callable]) -> "Selector":
+        """The same selector with each of its functions replaced by ``wrap(function, role)`` (role ``"select"``,
+        ``"bound"`` or ``"block"``), e.g. jitted."""
+        return Selector(wrap(self.select, "select"),
+                        corpus_bound=None if self.corpus_bound is None else wrap(self.corpus_bound, "bound"),
+                        corpus_block=None if self.corpus_block is None else wrap(self.corpus_block, "block"))
+
+
+def as_selector(fn: Callable) -> Selector:
+    """``fn`` as a :class:`Selector` (a plain selector function computes nothing per corpus)."""
+    return fn if isinstance(fn, Selector) else Selector(fn)
 
 
 @struct.dataclass
