@@ -54,13 +54,6 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) 
             return Selector(fn, corpus_bound=probe.corpus_bound, corpus_block=probe.corpus_block)
         return fn
 
-    declared = getattr(base, "options", None)
-    if declared is None:
-        import inspect
-
-        declared = tuple(p for p, s in inspect.signature(base).parameters.items()
-                         if s.kind is inspect.Parameter.KEYWORD_ONLY)
-    build.options = (*declared, *PAGE_OPTIONS)
     return build
 
 
@@ -87,7 +80,6 @@ def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_d
     return fn
 
 
-cds_pages.options = PAGE_GAME_OPTIONS
 
 SPARSE_OPTIONS = ("params", "alpha_factor", "notes_per_page", "keep", "tol", "max_iter")
 
@@ -127,4 +119,3 @@ def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, a
     return fn
 
 
-cds_learned_sparse.options = SPARSE_OPTIONS

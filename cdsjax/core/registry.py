@@ -32,7 +32,8 @@ from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_p
 from cdsjax.core.cds import cds
 from cdsjax.core.corpus import problem_block
 from cdsjax.core.learned import LearnedParams
-from cdsjax.core.readouts import cds_learned_sparse, cds_pages, per_page
+from cdsjax.core.readouts import (PAGE_GAME_OPTIONS, PAGE_OPTIONS, SPARSE_OPTIONS, cds_learned_sparse, cds_pages,
+                                  per_page)
 from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
@@ -187,7 +188,6 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
 
         return _cds_fn("peel" if peel else "single", budget, params, options)
 
-    build.options = CDS_OPTIONS
     return build
 
 
@@ -201,7 +201,6 @@ def _cds_support(budget: int, **fields) -> SelectorFn:
     return _cds_fn("support", budget, params, options, num_steps=num_steps, scale_range=scale_range)
 
 
-_cds_support.options = SUPPORT_OPTIONS
 
 LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
 
@@ -221,7 +220,6 @@ def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver:
     return _cds_fn("single", budget, params, options)
 
 
-_cds_learned.options = LEARNED_OPTIONS
 
 # Read page by page (cdsjax.core.readouts): a ranking read at most notes_per_page notes of a page per round
 _mmr_pages = per_page("mmr_pages", _mmr, greedy=True)
@@ -268,6 +266,7 @@ class SelectorSpec:
     aliases: Tuple[str, ...] = ()
     display: str = ""
     help: str = ""
+    option_names: Tuple[str, ...] = ()
 
     @property
     def mode(self) -> Optional[str]:
@@ -284,15 +283,18 @@ class SelectorSpec:
     @property
     def options(self) -> tuple:
         """The option names the builder accepts."""
-        declared = getattr(self.build, "options", None)
-        if declared is not None:
-            return tuple(declared)
-        signature = inspect.signature(self.build)
-        return tuple(p for p, spec in signature.parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY)
+        return self.option_names
 
 
-def _spec(name, build, *, solver=None, aliases=(), display=None, help="", **reads):
-    return SelectorSpec(name=name, build=build, solver=solver, batch_chunk="auto" if solver == "replicator" else None,
+def keyword_options(build: Callable) -> tuple:
+    """The keyword-only parameter names of ``build``: the options of a builder that spells each one out."""
+    return tuple(p for p, spec in inspect.signature(build).parameters.items()
+                 if spec.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _spec(name, build, *, solver=None, aliases=(), display=None, help="", options=None, **reads):
+    options = keyword_options(build) if options is None else tuple(options)
+    return SelectorSpec(name=name, build=build, option_names=options, solver=solver, batch_chunk="auto" if solver == "replicator" else None,
                         aliases=tuple(aliases), display=display or name, help=help, **reads)
 
 
@@ -309,37 +311,47 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere)
     _spec("cds", _cds_builder("cds", "replicator"), solver="replicator", needs_links=True,
           aliases=("cds-paper",), display="cds-paper",
+          options=CDS_OPTIONS,
           help="CDS, paper mode: replicator dynamics with the paper's step cap (may stop short of equilibrium)"),
     # Converged mode: the active-set Newton solver (bench_solvers.py: 700-900x faster than
     # replicator dynamics to KKT <= 1e-8 at n = 1024); InImDyn is kept as its own entry.
     _spec("cds_converged", _cds_builder("cds_converged", "converged"), solver="converged", needs_links=True,
           aliases=("cds-converged",), display="cds-converged",
+          options=CDS_OPTIONS,
           help="CDS, converged: the equilibrium itself, found by the active-set solver"),
     _spec("cds_inimdyn", _cds_builder("cds_inimdyn", "inimdyn"), solver="inimdyn", needs_links=True,
           aliases=("cds-inimdyn",), display="cds-inimdyn",
+          options=CDS_OPTIONS,
           help="CDS, converged by infection-immunization dynamics"),
     # beta chosen per question so the equilibrium's support holds about `budget` notes
     _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support",
+          options=SUPPORT_OPTIONS,
           help="CDS with beta chosen per question so the support holds about B notes"),
     # the learned game (cdsjax.learn): its parameters a value the caller supplies (cdsjax.learn: a file, the
     # shipped fit by default); it reads the notes' structure, pages only where there are printed pages
     _spec("cds_learned", _cds_learned, solver="converged", needs_links=True, structure=True, pages_only=True,
           learned=True, aliases=("cds-learned",),
           display="cds-learned",
+          options=LEARNED_OPTIONS,
           help="CDS with a fitted game (cdsjax tune): structure features, relevance shaping; --params FILE"),
     # Games and read-outs that see the document's structure (cdsjax.core.structure). A "-pages" read-out takes at most notes_per_page notes of a page per round, in the ranking's order.
     _spec("mmr_pages", _mmr_pages, structure=True, aliases=("mmr-pages",), display="mmr-pages",
+          options=(*keyword_options(_mmr), *PAGE_OPTIONS),
           help="MMR's ranking read at most notes_per_page notes per page per round (lam, notes_per_page)"),
     _spec("dpp_pages", _dpp_pages, structure=True, aliases=("dpp-pages",), display="dpp-pages",
+          options=(*keyword_options(_dpp), *PAGE_OPTIONS),
           help="k-DPP's ranking read at most notes_per_page notes per page per round (theta, notes_per_page)"),
     _spec("cds_learned_pages", _cds_learned_pages, solver="converged", needs_links=True, structure=True,
           pages_only=True, learned=True, readout="pages", aliases=("cds-learned-pages",),
           display="cds-learned-pages",
+          options=(*LEARNED_OPTIONS, *PAGE_OPTIONS),
           help="the learned game's equilibrium ranking read at most notes_per_page notes per printed page per round"),
     _spec("cds_pages", cds_pages, solver="converged", structure=True, aliases=("cds-pages",), display="cds-pages",
+          options=PAGE_GAME_OPTIONS,
           help="a game over pages (page vectors, best-note relevance), the ranked pages' best notes as evidence"),
     _spec("cds_learned_sparse", cds_learned_sparse, solver="converged", needs_links=True, structure=True,
           pages_only=True, learned=True, aliases=("cds-learned-sparse",), display="cds-learned-sparse",
+          options=SPARSE_OPTIONS,
           help="the learned game with alpha below the spectral bound (a cluster around the query), every note ranked"),
 )}
 
