@@ -40,7 +40,7 @@ DATA_DIR = $(or $(CDSJAX_DATA),$(or $(CDSJAX_SHARED),../shared)/data)
 test: $(STAMP) tools
 	@if [ -d "$(DATA_DIR)" ]; then floor=$(COV_FLOOR_WITH_DATA); \
 	else floor=$(COV_FLOOR_WITHOUT_DATA); echo "make test: no benchmark data at $(DATA_DIR): its tests skip; coverage floor $$floor%"; fi; \
-	timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rfEs --durations=12 $(XDIST) $(COVERAGE) --cov-fail-under=$$floor; rc=$$?; \
+	timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -q -rfEs --durations=15 $(XDIST) $(COVERAGE) --cov-fail-under=$$floor; rc=$$?; \
 	if [ $$rc = 124 ]; then echo "make test: stopped after $(SUITE_LIMIT) s (SUITE_LIMIT): a test hangs"; fi; exit $$rc
 
 test-all: $(STAMP) tools
