@@ -7,8 +7,8 @@ Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
 One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
 """
 
-from cdsjax.core.affinity import (assemble_affinity, build_affinity, note_coupling, problem_affinity, query_relevance,
-                                  spectral_penalty)
+from cdsjax.core.affinity import (CDSParams, assemble_affinity, build_affinity, note_coupling, problem_affinity,
+                                  query_relevance, scale_note_block, spectral_penalty)
 from cdsjax.core.baselines import (
     key_from_query_id,
     relevance,
@@ -71,7 +71,7 @@ from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
 from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.support import scale_note_block, support_settings
+from cdsjax.core.support import support_settings
 from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
@@ -95,7 +95,6 @@ from cdsjax.core.types import (
     FILL_REASONS,
     FILL_SHORT_SUPPORT,
     Affinity,
-    CDSParams,
     Selection,
     Selector,
     SolverResult,

@@ -9,14 +9,15 @@ parametric game's own edges for any other :class:`~cdsjax.core.protocols.Game` (
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax import Array
 
 from cdsjax.core.certified import certified_bound
-from cdsjax.core.types import Affinity, CDSParams, CDSProblem
+from cdsjax.core.types import ALPHA_BOUNDS, ALPHA_FROM, COUPLINGS, TAU_MODES, Affinity, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 
@@ -97,7 +98,7 @@ def block_bound(matrix: Array, mask: Array, params, bound: Optional[Array] = Non
     dtype = matrix.dtype
     if bound is not None and params.alpha_from == "free":
         return jnp.asarray(bound).astype(dtype)
-    if getattr(params, "alpha_bound", "exact") == "certified":
+    if params.alpha_bound == "certified":
         return certified_bound(matrix, mask, params.eps).astype(dtype)
     return spectral_penalty(matrix, mask, params.eps).astype(dtype)
 
@@ -106,7 +107,7 @@ def build_affinity(
     notes: Array,
     queries: Array,
     valid: Array,
-    params: CDSParams = CDSParams(),
+    params: Optional["CDSParams"] = None,
     pinned: Optional[Array] = None,
     bound: Optional[Array] = None,
 ) -> Affinity:
@@ -123,14 +124,14 @@ def build_affinity(
       notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding.
       queries: ``[d]`` or ``[m, d]`` float, L2-normalised query embedding(s).
       valid: ``[n]`` bool, True on real notes (a valid prefix).
-      params: :class:`CDSParams`.
+      params: :class:`CDSParams` (None: its defaults, the paper's game).
       pinned: optional ``[n]`` bool, notes that join the constraint set.
       bound: optional ``[]`` spectral bound precomputed for the corpus (:func:`block_bound`).
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices.
     """
-    params.check()
+    params = (CDSParams() if params is None else params).check()
     queries = as_query_matrix(queries, notes)
     valid = check_notes_valid(notes, valid)
     dtype = jnp.result_type(notes.dtype, queries.dtype)
@@ -178,16 +179,156 @@ def assemble_affinity(rel: Array, w: Array, valid: Array, params, *, pinned: Opt
 
 
 def problem_affinity(problem: CDSProblem, params) -> Affinity:
-    """The affinity of ``problem`` under the game ``params``: the one builder every strategy calls.
-
-    :class:`CDSParams` builds the paper's game (:func:`build_affinity`, pinned notes kept); any other game
-    (:class:`~cdsjax.core.protocols.Game`, e.g. :class:`~cdsjax.core.learned.LearnedParams`) builds its own
-    with ``params.affinity(problem)``, which reads the problem's structure arrays and pinned notes.
-    """
-    if isinstance(params, CDSParams):
-        return build_affinity(problem.notes, problem.queries, problem.valid, params, pinned=problem.pinned,
-                              bound=problem.bound)
+    """The affinity of ``problem`` under the game ``params`` (:class:`~cdsjax.core.protocols.Game`): the one
+    builder every strategy calls, ``params.affinity(problem)`` (:class:`CDSParams`: :func:`build_affinity`; the
+    learned game reads the problem's structure arrays too)."""
     if not callable(getattr(params, "affinity", None)):
-        raise TypeError(f"params must be CDSParams or a game with an affinity(problem) method, got "
-                        f"{type(params).__name__}")
+        raise TypeError(f"params must be a game (CDSParams, LearnedParams, or one with an affinity(problem) "
+                        f"method), got {type(params).__name__}")
     return params.affinity(problem)
+
+
+@struct.dataclass
+class CDSParams:
+    r"""Hyperparameters of the query-augmented affinity.
+
+    Attributes:
+      beta: diversification strength :math:`\beta` multiplying the note--note block.
+        A leaf, so derivatives with respect to it are available.
+      tau: query-edge sparsification threshold :math:`\tau` on cosine relevance.
+        A leaf (differentiable in ``tau_mode="soft"``).
+      eps: margin :math:`\varepsilon` added to the spectral bound (paper: 1e-3).
+      coupling: note--note block: ``"dissimilarity"`` :math:`\beta(1-z_i^\top z_j)`
+        (default), ``"similarity"`` :math:`\beta\max(z_i^\top z_j, 0)`, or ``"none"``.
+      alpha_from: ``"free"`` uses :math:`\lambda_{\max}` of the block on the free
+        notes (the constrained-dominant-set bound); ``"full"`` uses
+        :math:`\lambda_{\max}(A)` (the literal reading of the paper's Algorithm 1).
+      tau_mode: ``"hard"`` zeroes query edges below ``tau`` but keeps the single
+        strongest one if none clears it; ``"soft"`` multiplies each edge by
+        :math:`\sigma((s_i-\tau)/T_\tau)`.
+      tau_temperature: :math:`T_\tau` of the soft mode.
+      alpha_bound: how a penalty computed per question is found: ``"exact"`` (one ``eigvalsh`` of the
+        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.spectral.certified_bound`: an upper bound
+        of :math:`\lambda_{\max}` in O(k n²); the guarantee holds, the penalty may be a little larger).
+        A precomputed corpus bound (``CDSProblem.bound``) is used whichever is set.
+    """
+
+    beta: float | Array = 1.0
+    tau: float | Array = 0.0
+    eps: float = struct.field(pytree_node=False, default=1e-3)
+    coupling: str = struct.field(pytree_node=False, default="dissimilarity")
+    alpha_from: str = struct.field(pytree_node=False, default="free")
+    tau_mode: str = struct.field(pytree_node=False, default="hard")
+    tau_temperature: float = struct.field(pytree_node=False, default=0.05)
+    alpha_bound: str = struct.field(pytree_node=False, default="exact")
+
+    def check(self) -> "CDSParams":
+        """Raises ``ValueError`` naming the field if an option string is unknown."""
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        if self.alpha_from not in ALPHA_FROM:
+            raise ValueError(f"alpha_from must be one of {ALPHA_FROM}, got {self.alpha_from!r}")
+        if self.alpha_bound not in ALPHA_BOUNDS:
+            raise ValueError(f"alpha_bound must be one of {ALPHA_BOUNDS}, got {self.alpha_bound!r}")
+        if self.tau_mode not in TAU_MODES:
+            raise ValueError(f"tau_mode must be one of {TAU_MODES}, got {self.tau_mode!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps!r}")
+        if not self.tau_temperature > 0:
+            raise ValueError(f"tau_temperature must be positive, got {self.tau_temperature!r}")
+        return self
+
+    def penalty(self, bound: Array) -> Array:
+        r"""The penalty :math:`\alpha` from the spectral bound :math:`b`: the paper's :math:`\alpha = b`."""
+        return bound
+
+    def strength(self, dtype=None) -> Array:
+        r"""The note-block strength :math:`\beta` as a selection reports it."""
+        return self.beta
+
+    # The Game protocol (cdsjax.core.protocols.Game): what the paper's game computes on a problem.
+    # Its note block never reads the question, so the "shared" strategy builds it once for a batch.
+    shares_note_block: ClassVar[bool] = True
+
+    def affinity(self, problem: CDSProblem) -> Affinity:
+        """The query-augmented affinity of ``problem`` (:func:`build_affinity`, pinned notes and bound kept)."""
+        return build_affinity(problem.notes, problem.queries, problem.valid, self, pinned=problem.pinned,
+                              bound=problem.bound)
+
+    def relevance(self, problem: CDSProblem) -> Array:
+        """``[m, n]`` the query edges of ``problem`` (those its affinity holds), O(m n d)."""
+        queries = as_query_matrix(problem.queries, problem.notes)
+        dtype = jnp.result_type(problem.notes.dtype, queries.dtype)
+        return query_relevance(problem.notes.astype(dtype), queries.astype(dtype), problem.valid, self).astype(dtype)
+
+    def corpus_block(self, problem: CDSProblem) -> Array:
+        """``[n, n]`` the note block :math:`W` of ``problem``'s corpus, the same for every question on it."""
+        notes = jnp.asarray(problem.notes)
+        valid = check_notes_valid(notes, problem.valid)
+        return note_coupling(notes.astype(jnp.result_type(notes.dtype, problem.queries.dtype)), valid, self)
+
+    def corpus_bound(self, problem: CDSProblem, strategy: str = "single") -> Array:
+        """The spectral bound of ``problem``'s corpus under ``strategy`` (``"support"``: at :math:`\beta = 1`,
+        which it rescales), equal bit for bit to the per-question one (:func:`corpus_bound`)."""
+        game = self.replace(beta=1.0) if strategy == "support" else self
+        return corpus_bound(problem.notes, problem.valid, game, num_queries=problem.queries.shape[-2])
+
+    def at_strength(self, problem: CDSProblem, base: Affinity, beta: Array) -> Affinity:
+        r"""The affinity of ``problem`` at note-block strength ``beta``, given ``base`` built at :math:`eta = 1`:
+        rescaled (:func:`scale_note_block`) where the penalty is the free block's, rebuilt otherwise."""
+        if self.alpha_from == "free":
+            return scale_note_block(base, beta, self.eps)
+        return self.replace(beta=beta).affinity(problem)
+
+
+def padded_note_penalty(block: Array, valid: Array, num_queries: int, eps: float) -> Array:
+    r""":func:`spectral_penalty` of an ``[n, n]`` note block laid out as in a problem with ``num_queries``
+    query rows: the same ``[m+n, m+n]`` matrix (query rows zero, as the mask leaves them) and the same
+    mask, so the result equals the per-question penalty bit for bit."""
+    n = block.shape[0]
+    m = int(num_queries)
+    dtype = block.dtype
+    top = jnp.zeros((m, m + n), dtype)
+    bottom = jnp.concatenate([jnp.zeros((n, m), dtype), block], axis=1)
+    matrix = jnp.concatenate([top, bottom], axis=0)
+    mask = jnp.concatenate([jnp.zeros((m,), bool), valid])
+    return spectral_penalty(matrix, mask, eps).astype(dtype)
+
+
+def corpus_bound(notes: Array, valid: Array, params: CDSParams = CDSParams(), *, num_queries: int = 1) -> Array:
+    r"""The paper game's penalty :math:`\lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once per corpus.
+
+    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.build_affinity` on any question with
+    ``num_queries`` query rows and no pinned notes, when ``params.alpha_from`` is ``"free"``.
+
+    Args:
+      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding (the padded corpus).
+      valid: ``[n]`` bool, True on real notes.
+      params: :class:`CDSParams` (``coupling``, ``beta``, ``eps``).
+      num_queries: query rows of the questions it will serve (1 for a single question vector).
+
+    Raises:
+      ValueError: ``alpha_from="full"`` (that penalty depends on the question).
+    """
+    params.check()
+    if params.alpha_from != "free":
+        raise ValueError(f"a corpus bound needs alpha_from='free' (got {params.alpha_from!r}): "
+                         "with 'full' the penalty depends on each question's relevance row")
+    notes = jnp.asarray(notes)
+    valid = check_notes_valid(notes, valid)
+    return padded_note_penalty(note_coupling(notes, valid, params), valid, num_queries, params.eps)
+
+
+def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
+    r"""The affinity at note-block strength ``beta`` from the one built at :math:`\beta = 1`.
+
+    Only valid for ``alpha_from="free"``: the free block is the note block
+    restricted to free notes, so :math:`\alpha(\beta) = \beta(\alpha(1)-\varepsilon)+\varepsilon`.
+    """
+    m = base.num_queries
+    size = base.matrix.shape[0]
+    query_edge = (jnp.arange(size) < m)[:, None] | (jnp.arange(size) < m)[None, :]
+    beta = jnp.asarray(beta, base.matrix.dtype)
+    matrix = jnp.where(query_edge, base.matrix, beta * base.matrix)
+    alpha = beta * (base.alpha - eps) + eps
+    return base.replace(matrix=matrix, alpha=alpha.astype(base.matrix.dtype))

@@ -33,13 +33,14 @@ from typing import Callable, Dict, Optional
 import jax.numpy as jnp
 from jax import Array
 
+from cdsjax.core.affinity import CDSParams
 from cdsjax.core.implicit import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game
 from cdsjax.core.select import solve_peel, solve_single
 from cdsjax.core.shared import CorpusAffinity, solve_shared
 from cdsjax.core.solvers import solver_name
 from cdsjax.core.support import solve_support
-from cdsjax.core.types import CDSParams, CDSProblem, Selection, SolveOptions, solve_options
+from cdsjax.core.types import CDSProblem, Selection, SolveOptions, solve_options
 from cdsjax.core.validation import check_budget, check_option
 
 # strategy name -> fn(problem, params, options (checked, solver resolved), *, budget, adjoint, **extra) -> Selection

@@ -39,24 +39,16 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.affinity import note_coupling, query_relevance
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.payoff import SharedPayoff
 from cdsjax.core.pdas import PrimalDualActiveSet
 from cdsjax.core.ranking import query_cosine, read_out
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import CONVERGED, CDSParams, CDSProblem, Selection, SolveOptions
-from cdsjax.core.validation import as_query_matrix, check_notes_valid
+from cdsjax.core.types import CONVERGED, CDSProblem, Selection, SolveOptions
 
 # The gathered Newton systems' sizes: the smallest that holds the support is solved.
 BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
-
-
-def _learned():
-    from cdsjax.core.learned import LearnedParams, learned_note_block, learned_relevance
-
-    return LearnedParams, learned_note_block, learned_relevance
 
 
 def block_solver(options: SolveOptions):
@@ -71,36 +63,15 @@ def block_solver(options: SolveOptions):
     return None
 
 
-def game_relevance(problem: CDSProblem, params) -> Array:
-    """``[m, n]`` the game's query edges of ``problem`` (those its dense affinity holds), O(m n d)."""
-    LearnedParams, _, learned_relevance = _learned()
-    if isinstance(params, LearnedParams):
-        return learned_relevance(problem.notes, problem.queries, problem.valid, params)
-    queries = as_query_matrix(problem.queries, problem.notes)
-    dtype = jnp.result_type(problem.notes.dtype, queries.dtype)
-    notes = problem.notes.astype(dtype)
-    return query_relevance(notes, queries.astype(dtype), problem.valid, params).astype(dtype)
-
-
 def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: str = "single") -> Optional[Array]:
     r"""The note block :math:`W` ``[n, n]`` the game ``params`` uses on ``problem``'s corpus, built once for every
     question (as the dense affinity builds it); None where :func:`solve_on_block` would not run: another
     strategy than ``"single"``, several query rows, pinned notes, ``alpha_from="full"``, paper mode, or a note
     block that reads the question (a learned game with relevance-weighted repulsion, any other game)."""
-    from cdsjax.core.spectral import learned_is_corpus_level
-
     if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
             or params.alpha_from != "free" or block_solver(options.check()) is None):
         return None
-    LearnedParams, learned_note_block, _ = _learned()
-    if isinstance(params, CDSParams):
-        notes = jnp.asarray(problem.notes)
-        valid = check_notes_valid(notes, problem.valid)
-        return note_coupling(notes.astype(jnp.result_type(notes.dtype, problem.queries.dtype)), valid, params)
-    if isinstance(params, LearnedParams) and learned_is_corpus_level(params):
-        return learned_note_block(problem.notes, problem.valid, params, links=problem.links, pages=problem.pages,
-                                  doc_ids=problem.doc_ids, kinds=problem.kinds)
-    return None
+    return params.corpus_block(problem)
 
 
 def block_solve(solver, payoff: SharedPayoff, fast: Optional[PrimalDualActiveSet] = None):
@@ -143,7 +114,7 @@ def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget
     the KKT slack, then cosine) is that of the dense path. It is not differentiable: differentiating it (in the
     notes, the question, the block or the game) raises :class:`ValueError`; the dense path (no ``note_block``) is.
     """
-    rel = not_differentiable(game_relevance(problem, params))
+    rel = not_differentiable(params.relevance(problem))
     dtype = rel.dtype
     w = not_differentiable(jnp.asarray(problem.note_block, dtype))
     n = problem.notes.shape[0]

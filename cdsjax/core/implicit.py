@@ -55,12 +55,12 @@ import jax.scipy.linalg as jsl
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import problem_affinity
+from cdsjax.core.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
 from cdsjax.core.protocols import Game
 from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.solvers import solve, solver_name
-from cdsjax.core.types import (INITS, SUPPORT_THRESHOLD, Affinity, CDSParams, CDSProblem, SolveOptions, SolverResult,
+from cdsjax.core.types import (INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolveOptions, SolverResult,
                                solve_options)
 from cdsjax.core.validation import check_option
 

@@ -49,16 +49,17 @@ it. Parameter files are read and written by :mod:`cdsjax.learn` (the core opens 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import ClassVar, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import assemble_affinity, note_coupling, query_relevance
-from cdsjax.core.types import NOTE_KINDS, Affinity, CDSParams, CDSProblem
+from cdsjax.core.affinity import CDSParams, assemble_affinity, note_coupling, query_relevance
+from cdsjax.core.types import NOTE_KINDS, Affinity, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 # Element kinds are coded by their position in NOTE_KINDS (the coding of CDSProblem.kinds).
@@ -108,7 +109,7 @@ class LearnedParams:
     @classmethod
     def names(cls) -> tuple:
         """The field names, in order."""
-        return tuple(f for f in cls.__dataclass_fields__)
+        return tuple(f.name for f in dataclasses.fields(cls))
 
     def to_dict(self) -> dict:
         """``name -> float`` (for JSON)."""
@@ -139,6 +140,10 @@ class LearnedParams:
     eps = property(lambda self: BASE.eps, doc="Margin of the spectral bound (the paper's).")
     alpha_from = property(lambda self: BASE.alpha_from, doc="The block of the spectral bound (the paper's).")
     coupling = property(lambda self: BASE.coupling, doc="The note block it extends: dissimilarity.")
+    alpha_bound = property(lambda self: BASE.alpha_bound, doc="A per-question penalty is exact (eigvalsh).")
+    # its note block has structure terms and may read the question: the "shared" strategy solves each question
+    # on its own payoff
+    shares_note_block: ClassVar[bool] = False
 
     def check(self) -> "LearnedParams":
         """Itself (every leaf is a number; bounds are applied where the parameters are read)."""
@@ -158,6 +163,31 @@ class LearnedParams:
         return learned_affinity(problem.notes, problem.queries, problem.valid, self, links=problem.links,
                                 doc_ids=problem.doc_ids, pages=problem.pages, kinds=problem.kinds,
                                 pinned=problem.pinned, bound=problem.bound)
+
+    def relevance(self, problem: CDSProblem) -> Array:
+        """``[m, n]`` the query edges of ``problem`` (those its affinity holds), O(m n d)."""
+        return learned_relevance(problem.notes, problem.queries, problem.valid, self)
+
+    def corpus_block(self, problem: CDSProblem) -> Optional[Array]:
+        """``[n, n]`` the note block of ``problem``'s corpus where it does not read the question
+        (:func:`learned_is_corpus_level`), else None."""
+        if not learned_is_corpus_level(self):
+            return None
+        return learned_note_block(problem.notes, problem.valid, self, links=problem.links, pages=problem.pages,
+                                  doc_ids=problem.doc_ids, kinds=problem.kinds)
+
+    def corpus_bound(self, problem: CDSProblem, strategy: str = "single") -> Optional[Array]:
+        """The exact spectral bound of ``problem``'s corpus (:func:`learned_corpus_bound`) for ``"single"`` and
+        ``"peel"`` where the note block does not read the question; None otherwise (found per question)."""
+        if strategy not in ("single", "peel") or not learned_is_corpus_level(self):
+            return None
+        return learned_corpus_bound(problem.notes, problem.valid, self, links=problem.links, pages=problem.pages,
+                                    doc_ids=problem.doc_ids, kinds=problem.kinds,
+                                    num_queries=problem.queries.shape[-2])
+
+    def at_strength(self, problem: CDSProblem, base: Affinity, beta: Array) -> Affinity:
+        """The affinity of ``problem`` at note-block strength ``beta`` (rebuilt; ``base`` is not reused)."""
+        return self.replace(beta=beta).affinity(problem)
 
 
 def _clamped(theta: LearnedParams) -> LearnedParams:
@@ -319,3 +349,34 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
         k = aliases.get(k, k) if k is not None else None
         out.append(NOTE_KINDS.index(k) if k in NOTE_KINDS else -1)
     return out
+
+
+def learned_is_corpus_level(theta) -> bool:
+    """True when the learned game's note block does not read the question: a relevance-weighted repulsion
+    of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
+    try:
+        return float(theta.rel_repulsion) <= 0.0
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return False
+
+
+def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
+                         num_queries: int = 1) -> Array:
+    r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon` once per
+    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.learned.learned_affinity` applies).
+
+    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are masked
+    out of the bound). With ``rel_repulsion`` 0 the note block :math:`C` does not read the question and this is
+    the per-question bound bit for bit. Otherwise the block is
+    :math:`W(q) = (1-\lambda)C + \lambda D_\rho C D_\rho` with :math:`0 \le \rho_i \le 1`, and for a unit
+    :math:`x`, :math:`x^\top W x \le (1-\lambda)\lambda_{\max}(C) + \lambda \max(\lambda_{\max}(C), 0)\|D_\rho x\|^2
+    \le \max(\lambda_{\max}(C), 0)`: the bound of :math:`C`, raised to at least :math:`\varepsilon`, is then an
+    upper bound for every question (certified, not exact: the picks can change).
+    """
+    exact = learned_is_corpus_level(theta)
+    probe = theta.replace(alpha_factor=1.0) if exact else theta.replace(alpha_factor=1.0, rel_repulsion=0.0)
+    notes = jnp.asarray(notes)
+    queries = jnp.zeros((int(num_queries), notes.shape[1]), notes.dtype)
+    bound = learned_affinity(notes, queries, valid, probe, links=links, pages=pages, doc_ids=doc_ids,
+                             kinds=kinds).alpha
+    return bound if exact else jnp.maximum(bound, jnp.asarray(theta.eps, bound.dtype))

@@ -98,16 +98,21 @@ class Game(Protocol):
 
     :class:`~cdsjax.core.CDSParams` is the paper's game and :class:`~cdsjax.core.learned.LearnedParams` the
     learned one; a new game is one more pytree with these members (its differentiable values as leaves) and
-    runs under every strategy, solver and adjoint. Its affinity comes from
-    :func:`cdsjax.core.affinity.problem_affinity`: :func:`~cdsjax.core.build_affinity` for ``CDSParams``,
-    the game's own ``affinity(problem)`` otherwise (assembled with
-    :func:`~cdsjax.core.affinity.assemble_affinity`, so pinned notes and the penalty rule are shared).
+    runs under every strategy, solver and adjoint. Whatever differs between games is a member: its affinity
+    (assembled with :func:`~cdsjax.core.affinity.assemble_affinity`, so pinned notes and the penalty rule are
+    shared), its query edges, what it computes once per corpus (the note block, the spectral bound; None where
+    they read the question), and its affinity at another note-block strength. No code outside a game asks
+    which game it is.
     """
 
     beta: Any
     eps: float
     alpha_from: str
+    alpha_bound: str
     coupling: str
+    # whether the note block never reads the question, so the "shared" strategy builds it once for a batch
+    # (the paper's :class:`~cdsjax.core.shared.CorpusAffinity`)
+    shares_note_block: bool
 
     def check(self) -> "Game":
         """The game with its static options checked (``ValueError`` naming a bad one)."""
@@ -117,3 +122,20 @@ class Game(Protocol):
 
     def strength(self, dtype=None) -> Array:
         r"""The note-block strength :math:`\beta` the affinity uses, as ``Selection.beta`` reports it."""
+
+    def affinity(self, problem: Any) -> Any:
+        """The :class:`~cdsjax.core.Affinity` of a :class:`~cdsjax.core.CDSProblem`."""
+
+    def relevance(self, problem: Any) -> Array:
+        """``[m, n]`` the problem's query edges, those its affinity holds."""
+
+    def corpus_block(self, problem: Any) -> Optional[Array]:
+        """``[n, n]`` the note block of the problem's corpus, built once for every question; None where it
+        reads the question."""
+
+    def corpus_bound(self, problem: Any, strategy: str = "single") -> Optional[Array]:
+        """The spectral bound of the problem's corpus under ``strategy``, equal to the per-question one; None
+        where it must be found per question."""
+
+    def at_strength(self, problem: Any, base: Any, beta: Array) -> Any:
+        r"""The affinity at note-block strength ``beta`` given ``base``, the one at :math:`\beta = 1`."""

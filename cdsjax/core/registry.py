@@ -27,6 +27,7 @@ import inspect
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 
+from cdsjax.core.affinity import CDSParams
 from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
                                    select_ppr, select_random)
 from cdsjax.core.cds import cds
@@ -38,7 +39,7 @@ from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.support import support_settings
-from cdsjax.core.types import CDSParams, CDSProblem, Selection, Selector, SolveOptions
+from cdsjax.core.types import CDSProblem, Selection, Selector, SolveOptions
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 from jax import Array
 

@@ -34,14 +34,14 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import note_coupling, query_relevance, spectral_penalty
+from cdsjax.core.affinity import CDSParams, note_coupling, query_relevance, spectral_penalty
 from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.ranking import read_out
 from cdsjax.core.select import solve_single
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import Affinity, CDSParams, CDSProblem, Selection, SolveOptions, SolverResult
+from cdsjax.core.types import Affinity, CDSProblem, Selection, SolveOptions, SolverResult
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 
@@ -187,7 +187,7 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
     """
     if problem.pinned is not None:
         raise ValueError("the shared strategy does not support pinned notes (each question has one vertex)")
-    if not isinstance(params, CDSParams):
+    if not params.shares_note_block:
         if corpus is not None:
             raise ValueError("corpus (a CorpusAffinity) is the paper's game's shared block; this game has none")
         return jax.vmap(lambda q: solve_single(problem.replace(queries=q[None, :]), params, options, budget=budget,

@@ -41,82 +41,11 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.affinity import note_coupling, spectral_penalty
+from cdsjax.core.affinity import corpus_bound, padded_note_penalty, spectral_penalty  # noqa: F401 (re-exported)
 from cdsjax.core.certified import LANCZOS_STEPS, certified_bound, gershgorin  # noqa: F401 (re-exported)
-from cdsjax.core.types import CDSParams
+from cdsjax.core.learned import learned_corpus_bound, learned_is_corpus_level  # noqa: F401 (re-exported)
 from cdsjax.core.validation import check_notes_valid
 
-
-
-def padded_note_penalty(block: Array, valid: Array, num_queries: int, eps: float) -> Array:
-    r""":func:`spectral_penalty` of an ``[n, n]`` note block laid out as in a problem with ``num_queries``
-    query rows: the same ``[m+n, m+n]`` matrix (query rows zero, as the mask leaves them) and the same
-    mask, so the result equals the per-question penalty bit for bit."""
-    n = block.shape[0]
-    m = int(num_queries)
-    dtype = block.dtype
-    top = jnp.zeros((m, m + n), dtype)
-    bottom = jnp.concatenate([jnp.zeros((n, m), dtype), block], axis=1)
-    matrix = jnp.concatenate([top, bottom], axis=0)
-    mask = jnp.concatenate([jnp.zeros((m,), bool), valid])
-    return spectral_penalty(matrix, mask, eps).astype(dtype)
-
-
-def corpus_bound(notes: Array, valid: Array, params: CDSParams = CDSParams(), *, num_queries: int = 1) -> Array:
-    r"""The paper game's penalty :math:`\lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once per corpus.
-
-    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.build_affinity` on any question with
-    ``num_queries`` query rows and no pinned notes, when ``params.alpha_from`` is ``"free"``.
-
-    Args:
-      notes: ``[n, d]`` float, L2-normalised note embeddings, trailing padding (the padded corpus).
-      valid: ``[n]`` bool, True on real notes.
-      params: :class:`CDSParams` (``coupling``, ``beta``, ``eps``).
-      num_queries: query rows of the questions it will serve (1 for a single question vector).
-
-    Raises:
-      ValueError: ``alpha_from="full"`` (that penalty depends on the question).
-    """
-    params.check()
-    if params.alpha_from != "free":
-        raise ValueError(f"a corpus bound needs alpha_from='free' (got {params.alpha_from!r}): "
-                         "with 'full' the penalty depends on each question's relevance row")
-    notes = jnp.asarray(notes)
-    valid = check_notes_valid(notes, valid)
-    return padded_note_penalty(note_coupling(notes, valid, params), valid, num_queries, params.eps)
-
-
-def learned_is_corpus_level(theta) -> bool:
-    """True when the learned game's note block does not read the question: a relevance-weighted repulsion
-    of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
-    try:
-        return float(theta.rel_repulsion) <= 0.0
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return False
-
-
-def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
-                         num_queries: int = 1) -> Array:
-    r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon` once per
-    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.learned.learned_affinity` applies).
-
-    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are masked
-    out of the bound). With ``rel_repulsion`` 0 the note block :math:`C` does not read the question and this is
-    the per-question bound bit for bit. Otherwise the block is
-    :math:`W(q) = (1-\lambda)C + \lambda D_\rho C D_\rho` with :math:`0 \le \rho_i \le 1`, and for a unit
-    :math:`x`, :math:`x^\top W x \le (1-\lambda)\lambda_{\max}(C) + \lambda \max(\lambda_{\max}(C), 0)\|D_\rho x\|^2
-    \le \max(\lambda_{\max}(C), 0)`: the bound of :math:`C`, raised to at least :math:`\varepsilon`, is then an
-    upper bound for every question (certified, not exact: the picks can change).
-    """
-    from cdsjax.core.learned import learned_affinity
-
-    exact = learned_is_corpus_level(theta)
-    probe = theta.replace(alpha_factor=1.0) if exact else theta.replace(alpha_factor=1.0, rel_repulsion=0.0)
-    notes = jnp.asarray(notes)
-    queries = jnp.zeros((int(num_queries), notes.shape[1]), notes.dtype)
-    bound = learned_affinity(notes, queries, valid, probe, links=links, pages=pages, doc_ids=doc_ids,
-                             kinds=kinds).alpha
-    return bound if exact else jnp.maximum(bound, jnp.asarray(theta.eps, bound.dtype))
 
 
 def problem_bound(problem, params, strategy: str = "single") -> Optional[Array]:
@@ -131,15 +60,6 @@ def problem_bound(problem, params, strategy: str = "single") -> Optional[Array]:
     game and a learned game without that repulsion when no notes are pinned; with pinned notes an upper bound
     (interlacing), so the guarantee holds. The query rows only give their count.
     """
-    from cdsjax.core.learned import LearnedParams
-
     if strategy == "shared" or params.alpha_from != "free":
         return None
-    m = problem.queries.shape[-2]
-    if isinstance(params, CDSParams):
-        game = params.replace(beta=1.0) if strategy == "support" else params
-        return corpus_bound(problem.notes, problem.valid, game, num_queries=m)
-    if isinstance(params, LearnedParams) and strategy in ("single", "peel") and learned_is_corpus_level(params):
-        return learned_corpus_bound(problem.notes, problem.valid, params, links=problem.links, pages=problem.pages,
-                                    doc_ids=problem.doc_ids, kinds=problem.kinds, num_queries=m)
-    return None
+    return params.corpus_bound(problem, strategy)

@@ -70,30 +70,15 @@ from jax import Array, lax
 
 from typing import Optional
 
-from cdsjax.core.affinity import problem_affinity
+from cdsjax.core.affinity import problem_affinity, scale_note_block  # noqa: F401 (re-exported)
 from cdsjax.core.implicit import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers import solve
-from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSParams, CDSProblem,  # noqa: F401
+from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSProblem,  # noqa: F401
                                Selection, SolveOptions)
 from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
 from cdsjax.core.validation import check_int_range
-
-
-def scale_note_block(base: Affinity, beta: Array, eps: float) -> Affinity:
-    r"""The affinity at note-block strength ``beta`` from the one built at :math:`\beta = 1`.
-
-    Only valid for ``alpha_from="free"``: the free block is the note block
-    restricted to free notes, so :math:`\alpha(\beta) = \beta(\alpha(1)-\varepsilon)+\varepsilon`.
-    """
-    m = base.num_queries
-    size = base.matrix.shape[0]
-    query_edge = (jnp.arange(size) < m)[:, None] | (jnp.arange(size) < m)[None, :]
-    beta = jnp.asarray(beta, base.matrix.dtype)
-    matrix = jnp.where(query_edge, base.matrix, beta * base.matrix)
-    alpha = beta * (base.alpha - eps) + eps
-    return base.replace(matrix=matrix, alpha=alpha.astype(base.matrix.dtype))
 
 
 def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple:
@@ -140,16 +125,13 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
 
     base_params = params.replace(beta=1.0)
     base = problem_affinity(problem, base_params)
-    rescale = isinstance(params, CDSParams) and params.alpha_from == "free"
     dtype = base.matrix.dtype
     m = base.num_queries
     n_valid = jnp.maximum(jnp.sum(base.valid[m:]), 1).astype(dtype)
 
     def affinity_at(log_gamma):
         beta = jnp.exp(log_gamma) / n_valid
-        if rescale:
-            return scale_note_block(base, beta, params.eps), beta
-        return problem_affinity(problem, params.replace(beta=beta)), beta
+        return params.at_strength(problem, base, beta), beta
 
     def support_at(log_gamma):
         aff, _ = affinity_at(log_gamma)

@@ -85,65 +85,6 @@ def kind_code(kind: str) -> int:
 
 
 @struct.dataclass
-class CDSParams:
-    r"""Hyperparameters of the query-augmented affinity.
-
-    Attributes:
-      beta: diversification strength :math:`\beta` multiplying the note--note block.
-        A leaf, so derivatives with respect to it are available.
-      tau: query-edge sparsification threshold :math:`\tau` on cosine relevance.
-        A leaf (differentiable in ``tau_mode="soft"``).
-      eps: margin :math:`\varepsilon` added to the spectral bound (paper: 1e-3).
-      coupling: note--note block: ``"dissimilarity"`` :math:`\beta(1-z_i^\top z_j)`
-        (default), ``"similarity"`` :math:`\beta\max(z_i^\top z_j, 0)`, or ``"none"``.
-      alpha_from: ``"free"`` uses :math:`\lambda_{\max}` of the block on the free
-        notes (the constrained-dominant-set bound); ``"full"`` uses
-        :math:`\lambda_{\max}(A)` (the literal reading of the paper's Algorithm 1).
-      tau_mode: ``"hard"`` zeroes query edges below ``tau`` but keeps the single
-        strongest one if none clears it; ``"soft"`` multiplies each edge by
-        :math:`\sigma((s_i-\tau)/T_\tau)`.
-      tau_temperature: :math:`T_\tau` of the soft mode.
-      alpha_bound: how a penalty computed per question is found: ``"exact"`` (one ``eigvalsh`` of the
-        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.spectral.certified_bound`: an upper bound
-        of :math:`\lambda_{\max}` in O(k n²); the guarantee holds, the penalty may be a little larger).
-        A precomputed corpus bound (``CDSProblem.bound``) is used whichever is set.
-    """
-
-    beta: float | Array = 1.0
-    tau: float | Array = 0.0
-    eps: float = struct.field(pytree_node=False, default=1e-3)
-    coupling: str = struct.field(pytree_node=False, default="dissimilarity")
-    alpha_from: str = struct.field(pytree_node=False, default="free")
-    tau_mode: str = struct.field(pytree_node=False, default="hard")
-    tau_temperature: float = struct.field(pytree_node=False, default=0.05)
-    alpha_bound: str = struct.field(pytree_node=False, default="exact")
-
-    def check(self) -> "CDSParams":
-        """Raises ``ValueError`` naming the field if an option string is unknown."""
-        if self.coupling not in COUPLINGS:
-            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
-        if self.alpha_from not in ALPHA_FROM:
-            raise ValueError(f"alpha_from must be one of {ALPHA_FROM}, got {self.alpha_from!r}")
-        if self.alpha_bound not in ALPHA_BOUNDS:
-            raise ValueError(f"alpha_bound must be one of {ALPHA_BOUNDS}, got {self.alpha_bound!r}")
-        if self.tau_mode not in TAU_MODES:
-            raise ValueError(f"tau_mode must be one of {TAU_MODES}, got {self.tau_mode!r}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be positive, got {self.eps!r}")
-        if not self.tau_temperature > 0:
-            raise ValueError(f"tau_temperature must be positive, got {self.tau_temperature!r}")
-        return self
-
-    def penalty(self, bound: Array) -> Array:
-        r"""The penalty :math:`\alpha` from the spectral bound :math:`b`: the paper's :math:`\alpha = b`."""
-        return bound
-
-    def strength(self, dtype=None) -> Array:
-        r"""The note-block strength :math:`\beta` as a selection reports it."""
-        return self.beta
-
-
-@struct.dataclass
 class Affinity:
     r"""The query-augmented affinity graph of one problem.
 
