@@ -53,7 +53,9 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     selector afresh) is read back instead of compiled again. Commands run inside a test process
     (``cli.main(["ask", ...])``) then leave JAX's setting alone: JAX keeps the first cache directory a
     process sets. The tests of the cache itself run commands in subprocesses, which turn it on as users get
-    it."""
+    it. The commands a test runs in subprocesses (``cdsjax index``, ``eval``, ``serve``, ...) read and write the
+    same directory (``CDSJAX_JAX_CACHE``), so a program one of them compiled is not compiled again by the next;
+    the tests of where a command puts its cache remove that variable from their command's environment."""
     from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
@@ -61,6 +63,7 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
     compilation_cache.enable_compilation_cache(directory)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDSJAX_JAX_CACHE", str(directory))
         for module in (compilation_cache, pipeline):
             mp.setattr(module, "enable_compilation_cache", lambda directory=None: None)
         yield

@@ -110,6 +110,7 @@ def test_entry_points_turn_x64_on_for_a_float64_config(data_root, tmp_path, entr
     else:
         argv = [str(ROOT / "experiments" / "run_eval.py"), "--config", CONFIG, "--noprogress", *fields]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_ENABLE_X64="0")
+    env.pop("CDSJAX_JAX_CACHE", None)  # the run's own cache directory, as users get it
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out_dir / "run.json").read_text())["identity"]["dtype"] == "float64"

@@ -71,6 +71,7 @@ def test_a_question_on_the_block_picks_what_the_dense_solve_picks(name, n, size)
         assert float(fast.result.alpha) == float(dense.result.alpha)
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_vertex_first_reaches_the_equilibrium_of_the_newton_start():
     """ActiveSet(vertex_first=True) skips the whole face's Newton step from the uniform start; with gathered
     sizes it solves each face in the smallest that holds the support, and reaches the same point."""

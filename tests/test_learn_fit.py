@@ -121,6 +121,7 @@ def test_balance_gives_each_benchmark_the_same_weight_in_the_fit_means():
     assert plain["surrogate"] == pytest.approx(np.mean(per), rel=1e-5)
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_page_readout_scores_give_the_page_recall_of_the_one_note_per_page_readout():
     """The top-B of ``page_readout_scores`` are the pages the one-note-per-page read-out picks: their hard recall
     equals the page recall of ``structured_readout`` (k = 1) on the same ranking, padding included."""
@@ -153,6 +154,7 @@ def test_page_readout_scores_give_the_page_recall_of_the_one_note_per_page_reado
         assert got == pytest.approx(want), (trial, got, want)
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_page_readout_surrogate_is_finite_on_documents_of_at_most_b_pages():
     """A document with no more pages than the budget: the read-out reads every page, so the surrogate is the hard
     recall (each gold page with a note covered) and neither it nor its gradient is NaN (the fit's first run on

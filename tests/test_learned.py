@@ -124,6 +124,7 @@ def _select(p, theta, budget=4):
     return cds_learned(p, theta, budget=budget)
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_padding_jit_and_vmap_invariance():
     small, padded = problem(seed=5), problem(seed=5, pad=6)
     a = _select(small, GENERIC)
@@ -164,7 +165,7 @@ def test_implicit_and_loop_adjoints_agree_through_cds():
         np.testing.assert_allclose(float(getattr(implicit, name)), float(getattr(loop, name)), rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("strategy", ["peel", "support", "shared"])
+@pytest.mark.parametrize("strategy", ["peel", "support", pytest.param("shared", marks=pytest.mark.slow)])
 def test_every_strategy_runs_the_learned_game(strategy):
     """The paper point of the learned game is the paper's game under every strategy of core.cds."""
     p = problem(pad=3)

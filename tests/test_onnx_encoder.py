@@ -211,6 +211,7 @@ def test_ask_on_a_new_pdf_does_not_import_torch(encoder, data_root, tmp_path):
         "print(json.dumps(dict(rc=rc, heavy=heavy, n=len(json.loads(buf.getvalue())['evidence']))))\n"
     )
     env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path / "cache"), HOME=str(tmp_path / "home"))
+    env.pop("CDSJAX_JAX_CACHE", None)  # the cache in the cdsjax cache directory, as users get it
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,12 +9,12 @@ import pytest
 
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.corpus import block_solve
-from cdsjax.core.affinity import build_affinity
+from cdsjax.core.affinity import CDSParams, build_affinity
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.pdas import PrimalDualActiveSet, face_point, relevance_guess
 from cdsjax.core.solver import iterate
-from cdsjax.core.types import CONVERGED, CDSParams
+from cdsjax.core.types import CONVERGED
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
@@ -41,7 +41,8 @@ def game(n, size, seed, params=SHIPPED, d=32):
     return payoff, shared
 
 
-@pytest.mark.parametrize("params,n,size", [(SHIPPED, 150, 192), (SHIPPED, 60, 64), (CDSParams(), 40, 48)])
+@pytest.mark.parametrize("params,n,size", [pytest.param(SHIPPED, 150, 192, marks=pytest.mark.slow), (SHIPPED, 60, 64),
+                                           (CDSParams(), 40, 48)])
 def test_it_reaches_the_active_sets_equilibrium_in_a_few_face_solves(params, n, size):
     for seed in range(3):
         payoff, shared = game(n, size, seed, params)

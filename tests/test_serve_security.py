@@ -51,6 +51,8 @@ def server_env(tmp_path_factory, **extra):
     env = dict(os.environ, PYTHONPATH=ROOT, CDSJAX_CACHE=str(tmp_path_factory.mktemp("cache") / "fresh"), **extra)
     for name in ("CDSJAX_READER_URL", "CDSJAX_TOKEN"):
         env.pop(name, None)
+    if "CDSJAX_JAX_CACHE" not in extra:  # the compilation cache in the server's cache directory (checked private)
+        env.pop("CDSJAX_JAX_CACHE", None)
     return env
 
 

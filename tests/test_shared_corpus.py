@@ -96,6 +96,7 @@ def test_shared_paper_mode_equals_per_question_path(p):
     assert 0 < stopped_early
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_rows_freeze_independently_and_respect_limits():
     z, notes, valid, q = corpus(20)
     shared = core.corpus_affinity(notes, valid)

@@ -23,7 +23,8 @@ def corpus(n, size, seed=0, d=48, clusters=6):
             (np.arange(size) // 5).astype(np.int32))
 
 
-@pytest.mark.parametrize("n,size", [(20, 32), (45, 64), (100, 128)])
+@pytest.mark.parametrize("n,size", [(20, 32), pytest.param(45, 64, marks=pytest.mark.slow),
+                                    pytest.param(100, 128, marks=pytest.mark.slow)])
 def test_corpus_bound_is_the_per_question_penalty_bit_for_bit(n, size):
     z, q, valid, _ = corpus(n, size, seed=n)
     for params in (core.CDSParams(), core.CDSParams(beta=0.3), core.CDSParams(coupling="similarity", beta=0.5)):
@@ -157,6 +158,7 @@ def blocks(seed):
     return out
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 @pytest.mark.parametrize("seed", [0, 1])
 def test_certified_bound_is_never_below_the_float64_eigenvalue(seed):
     rng = np.random.default_rng(seed)

@@ -131,6 +131,7 @@ def test_padding_jit_and_vmap_invariance(name):
         np.testing.assert_array_equal(np.asarray(batch.indices[i]), np.asarray(e.indices))
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_page_game_with_one_note_per_page_is_the_note_game():
     """Every note its own page: page vectors are the notes, page relevance their cosine, so the page game is the
     paper's converged game at the same beta and reads the same ranking."""
@@ -157,6 +158,7 @@ def test_page_vectors_and_relevance():
     assert not np.asarray(aff.valid)[1:][~rep].any()
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_sparse_regime_shrinks_the_support_or_falls_back_to_the_bound():
     p = problem(8, n=30, pages_per=1)
     own = np.arange(30, dtype=np.int32)

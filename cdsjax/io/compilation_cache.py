@@ -25,7 +25,8 @@ def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
     """Turns on JAX's persistent compilation cache (in the cdsjax cache directory by default).
 
     A fresh ``cdsjax ask`` then loads the question encoder and selector executables from disk instead of
-    compiling them. Set ``CDSJAX_JAX_CACHE=0`` to leave JAX's setting alone. The directory is private (0700);
+    compiling them. ``CDSJAX_JAX_CACHE=DIR`` names the directory for every command (``directory`` included);
+    ``CDSJAX_JAX_CACHE=0`` leaves JAX's setting alone. The directory is private (0700);
     its size is capped by JAX itself (``jax_compilation_cache_max_size``, least recently used entries evicted
     when a new one is written) at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1: no cap; 0: JAX
     writes nothing), so a server whose clients ask for ever new budgets and options cannot fill the disk.
@@ -35,13 +36,12 @@ def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
     setting = os.environ.get("CDSJAX_JAX_CACHE")
     if setting == "0":
         return None
-    if directory is None:
-        if setting:
-            directory = setting
-        else:
-            from cdsjax.io.index import cache_root
+    if setting:
+        directory = setting
+    elif directory is None:
+        from cdsjax.io.index import cache_root
 
-            directory = cache_root() / "jax-compilation"
+        directory = cache_root() / "jax-compilation"
     directory = Path(directory)
     try:
         from cdsjax.io.private import private_dir
@@ -97,7 +97,8 @@ def core_tree_types() -> tuple:
     from cdsjax.core.learned import LearnedParams
     from cdsjax.core.payoff import DensePayoff, SharedPayoff
     from cdsjax.core.structure import PageGameParams
-    from cdsjax.core.types import Affinity, CDSParams, CDSProblem, Selection, SolveOptions, SolverResult
+    from cdsjax.core.affinity import CDSParams
+    from cdsjax.core.types import Affinity, CDSProblem, Selection, SolveOptions, SolverResult
 
     return (CDSProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams, SolveOptions,
             SolverResult, Selection)
