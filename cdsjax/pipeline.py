@@ -34,7 +34,7 @@ from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cach
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
-from cdsjax.selection import (Candidates, corpus_arrays, make_selector, note_structure, selector_key,
+from cdsjax.selection import (Candidates, CorpusArrays, make_selector, note_structure, selector_key,
                               selector_options)
 from cdsjax.selector_cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache  # noqa: F401 (public here)
 
@@ -210,7 +210,8 @@ class Pipeline:
         self.compiled = shared_selector_cache(max_compiled) if compiled is None else compiled
         self.compile_cache = compile_cache
         self._ran: set = set()  # keys whose selector has run (compiled) at least once
-        self._bounds: dict = {}  # (selector, options, query rows) -> the corpus's spectral bound (or None)
+        # the spectral bound and note block of each selector's game on this corpus, by (selector, options)
+        self.corpus_arrays = CorpusArrays()
         # the embedders the user accepts beyond the known ones, and whether model code may run (never the index's)
         self.embedders = tuple(embedders)
         self.trust_remote_code = bool(trust_remote_code)
@@ -381,14 +382,7 @@ class Pipeline:
         eigendecomposition replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
         (:func:`cdsjax.core.corpus.solve_on_block`)."""
-        make = fn.corpus_bound
-        if make is None:
-            return problem
-        slot = (key[0], key[2], problem.queries.shape[0])  # neither depends on the budget
-        if slot not in self._bounds:
-            self._bounds[slot] = corpus_arrays(make, fn.corpus_block, problem)
-        bound, block = self._bounds[slot]
-        return problem if bound is None else problem.replace(bound=bound, note_block=block)
+        return self.corpus_arrays.attach(fn, problem, key=(key[0], key[2]))  # neither depends on the budget
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""

@@ -12,20 +12,25 @@ registry selector the same way:
   candidates in the same order give the same problem, hence the same evidence, everywhere;
 * :func:`selector_options` gives a learned selector its parameter *value* (a file read by
   :mod:`cdsjax.learn`, the shipped fit by default) and :func:`selector_key` names a compiled selector by
-  that value's content hash, never by a path.
+  that value's content hash, never by a path;
+* :class:`CorpusArrays` keeps what a selector's game computes once per corpus (the spectral bound, the note
+  block) and gives every question its share, for the pipeline, the integrations and the evaluation alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Sequence
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
 from cdsjax.core import registry
 from cdsjax.core.batching import bucket_size
 from cdsjax.core.learned import LearnedParams, kind_codes
-from cdsjax.core.types import CDSProblem
+from cdsjax.core.types import CDSProblem, as_selector
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds")
 
@@ -171,3 +176,129 @@ def corpus_arrays(bound_fn, block_fn, problem: CDSProblem) -> tuple:
     ``block_fn``."""
     bound = bound_fn(problem)
     return bound, (None if bound is None or block_fn is None else block_fn(problem))
+
+
+def corpus_key(problem: CDSProblem) -> str:
+    """A content hash of one problem's corpus arrays (notes, valid, links, structure, pinned; not the query)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (problem.notes, problem.valid, problem.links, problem.pages, problem.doc_ids, problem.kinds,
+              problem.pinned):
+        if a is None:
+            h.update(b"-")
+            continue
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(str((a.shape, a.dtype.str)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+# Note blocks kept by a CorpusArrays (bytes), and bounds (scalars: how many corpora).
+DEFAULT_CORPUS_BYTES = 2 << 30
+MAX_CORPUS_BOUNDS = 1 << 16
+
+
+class CorpusArrays:
+    """What a selector's game computes once per corpus, its spectral bound and note block, kept for the
+    questions that follow: the one cache the pipeline (``cdsjax ask``, the server), the integrations and the
+    evaluation give their problems ``bound`` and ``note_block`` from, so a question is solved by the same
+    solver on the same payoff whoever asks it (:func:`cdsjax.core.corpus.solve_on_block`).
+
+    An entry is keyed by ``key`` (the caller's name for the game and corpus, e.g. a pipeline's selector and
+    options on its one corpus; default: the selector itself and :func:`corpus_key` of the problem) and the
+    number of query rows. ``wrap(function, role)`` (None: the functions as they are) compiles a selector's
+    ``corpus_bound`` / ``corpus_block`` once per selector (role ``"bound"`` / ``"block"``). Bounds are kept;
+    note blocks (``[n, n]``) up to ``max_bytes``, the least recently used dropped first (and built again,
+    without a new eigendecomposition, when their corpus comes back); bounds of up to :data:`MAX_CORPUS_BOUNDS`
+    corpora. The caller owns it; thread-safe.
+    """
+
+    def __init__(self, *, wrap: Optional[Callable[[Callable, str], Callable]] = None,
+                 max_bytes: int = DEFAULT_CORPUS_BYTES):
+        self.wrap = wrap
+        self.max_bytes = int(max_bytes)
+        self._functions: Dict[Any, tuple] = {}  # selector -> (bound, block) functions, wrapped
+        self._bounds: "OrderedDict[Any, Any]" = OrderedDict()
+        self._blocks: "OrderedDict[Any, Any]" = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.RLock()
+
+    def functions(self, selector) -> tuple:
+        """``(bound, block)``: ``selector``'s ``corpus_bound`` and ``corpus_block``, wrapped once (None for a
+        selector without them)."""
+        with self._lock:
+            if selector not in self._functions:
+                sel = as_selector(selector)
+                wrap = self.wrap or (lambda f, role: f)
+                self._functions[selector] = tuple(None if f is None else wrap(f, role) for f, role in
+                                                  ((sel.corpus_bound, "bound"), (sel.corpus_block, "block")))
+            return self._functions[selector]
+
+    def arrays(self, selector, problem: CDSProblem, key: Any = None) -> tuple:
+        """``(bound, block)`` of ``selector``'s game on ``problem``'s corpus, computed on first use and kept
+        (``(None, None)`` for a selector without a corpus bound, or a game whose penalty reads the question)."""
+        bound_fn, block_fn = self.functions(selector)
+        if bound_fn is None:
+            return None, None
+        key = ((selector, corpus_key(problem)) if key is None else key, problem.queries.shape[-2])
+        with self._lock:
+            if key not in self._bounds:
+                self._bounds[key] = bound_fn(problem)
+                if len(self._bounds) > MAX_CORPUS_BOUNDS:
+                    self._bounds.popitem(last=False)
+            self._bounds.move_to_end(key)
+            bound = self._bounds[key]
+            if bound is None or block_fn is None:
+                return bound, None
+            if key not in self._blocks:
+                block = block_fn(problem)
+                self._blocks[key] = block
+                self._bytes += 0 if block is None else int(np.prod(block.shape)) * block.dtype.itemsize
+                while self._bytes > self.max_bytes and len(self._blocks) > 1:
+                    _, old = self._blocks.popitem(last=False)
+                    self._bytes -= 0 if old is None else int(np.prod(old.shape)) * old.dtype.itemsize
+            self._blocks.move_to_end(key)
+            return bound, self._blocks[key]
+
+    def attach(self, selector, problem: CDSProblem, key: Any = None) -> CDSProblem:
+        """``problem`` carrying ``selector``'s bound and note block on its corpus (:meth:`arrays`); unchanged
+        where there is no bound."""
+        bound, block = self.arrays(selector, problem, key)
+        return problem if bound is None else problem.replace(bound=bound, note_block=block)
+
+    def attach_rows(self, selector, batch: CDSProblem) -> CDSProblem:
+        """``batch`` (a problem with a leading axis, one question per row) with each row's bound and note block
+        (:meth:`attach`; rows on one corpus share them, found by content); unchanged where there is none."""
+        import jax
+
+        if self.functions(selector)[0] is None:
+            return batch
+        rows = [jax.tree_util.tree_map(lambda a, i=i: a[i], batch) for i in range(batch.notes.shape[0])]
+        found = [self.arrays(selector, row) for row in rows]
+        if all(bound is None for bound, _ in found):
+            return batch
+        bounds = np.stack([np.asarray(bound) for bound, _ in found])
+        blocks = None if any(block is None for _, block in found) else np.stack([np.asarray(b) for _, b in found])
+        return batch.replace(bound=bounds, note_block=blocks)
+
+    @staticmethod
+    def _names(key, selector) -> bool:
+        """Whether ``key`` is a default key of ``selector``'s."""
+        return isinstance(key[0], tuple) and len(key[0]) == 2 and key[0][0] is selector
+
+    def drop(self, selector) -> list:
+        """Forgets ``selector``'s arrays and functions; returns the wrapped functions dropped."""
+        with self._lock:
+            for key in [k for k in self._bounds if self._names(k, selector)]:
+                del self._bounds[key]
+            for key in [k for k in self._blocks if self._names(k, selector)]:
+                old = self._blocks.pop(key)
+                self._bytes -= 0 if old is None else int(np.prod(old.shape)) * old.dtype.itemsize
+            return [f for f in self._functions.pop(selector, ()) if f is not None]
+
+    def clear(self) -> None:
+        """Forgets everything."""
+        with self._lock:
+            self._functions.clear()
+            self._bounds.clear()
+            self._blocks.clear()
+            self._bytes = 0

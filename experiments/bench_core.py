@@ -166,7 +166,7 @@ def bench_shape(b, n, *, budget, numpy_queries, rng, selectors=None, loop_querie
             row["useful_gflops"] = iters.sum() * flops_step / dt / 1e9
             row["executed_gflops"] = iters.max() * b * flops_step / dt / 1e9
             row["mean_iters"] = float(iters.mean())
-            row["converged"] = float(np.asarray(out.result.converged).mean())
+            row["converged"] = float((np.asarray(out.result.status) == core.CONVERGED).mean())
         rows.append(row)
     return rows, np_qps, float(np.mean(np_iters)), matvec_floor(n)
 

@@ -229,10 +229,10 @@ def part1(args, real):
             for aff in problems:
                 p = paper(aff)
                 e = exact[args.reference](aff)
-                stats["paper_stop"] += bool(p.converged)
+                stats["paper_stop"] += int(p.status) == core.CONVERGED
                 stats["paper_kkt_ok"] += float(p.kkt_residual) <= TARGET
                 stats["kkt"].append(float(p.kkt_residual))
-                stats["conv_ok"] += bool(e.converged)
+                stats["conv_ok"] += int(e.status) == core.CONVERGED
                 stats["overlap"].append(len(top10(p.x) & top10(e.x)))
             overlap_rows.append(
                 dict(source=source, n=n, queries=len(problems),
@@ -254,7 +254,7 @@ def part1(args, real):
                     row[f"{name}_steps"] = int(res.num_iters)
                     row[f"{name}_s"] = secs_c
                     row[f"{name}_kkt"] = float(res.kkt_residual)
-                    row[f"{name}_ok"] = bool(res.converged) and float(res.kkt_residual) <= TARGET
+                    row[f"{name}_ok"] = int(res.status) == core.CONVERGED and float(res.kkt_residual) <= TARGET
                 rows.append(row)
                 print(f"  [{source} n={n} q{k}] " + ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}"
                                                              for a, b in row.items() if a not in ("source", "n", "query")),

@@ -275,7 +275,7 @@ def curves(batches, count, config, opts: Options, positions: Sequence[int], trai
             "d_mass_d_beta": float(np.mean(jac[has_mass, 1, 0])),
             "d_mass_d_tau": float(np.mean(jac[has_mass, 1, 1])),
             "train_soft_recall": float(np.mean(m["soft_recall"][np.asarray(train)])),
-            "support_vertices": float(np.mean(m["support_size"][sel])),
+            "support_notes": float(np.mean(m["support_size"][sel])),
             "converged": float(np.mean(m["converged"][sel])),
             "implicit_ok": float(np.mean(m["implicit_ok"][sel])),
         })
@@ -503,7 +503,7 @@ def study_benchmark(config, name: str, embedder, log=print) -> dict:
     timings["curves_s"] = time.perf_counter() - t0
     write_csv(curve_rows, out_dir / "curves.csv")
     log(_table(curve_rows, ["axis", "beta", "tau", "soft_recall", "recall", "gold_mass", "d_soft_d_beta",
-                            "d_soft_d_tau", "d_mass_d_beta", "d_mass_d_tau", "support_vertices", "converged",
+                            "d_soft_d_tau", "d_mass_d_beta", "d_mass_d_tau", "support_notes", "converged",
                             "implicit_ok", "train_soft_recall"]))
     t0 = time.perf_counter()
     check = derivative_check(batches, count, config, opts, range(count))

@@ -1,7 +1,7 @@
 """``cdsjax ask DIR_OR_PDF... "question"``: select evidence (and answer, with a reader).
 
 The default selector is the registry's ``DEFAULT_SELECTOR``: learned CDS read per page (``cds-learned-pages``,
-the constrained dominant set of the fitted game, converged by the active-set solver, its ranking read one note
+the constrained dominant set of the fitted game, found by the serving solver ``pdas`` on the corpus block, its ranking read one note
 per printed page per round).
 ``--selector cds-converged`` is the paper's game at its equilibrium; ``--selector cds-paper`` (also spelled
 ``cds``) is the paper's
@@ -18,7 +18,7 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
                    "note_id": str, "image_path": str | null (absolute locally; relative to its index
                    with --server), "summary": str, "caption": str}, ...],
-     "diagnostics": {"solver": "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
+     "diagnostics": {"solver": "pdas" | "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
                      "singular": how the solve ended), "kkt_residual", "objective",
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",

@@ -21,6 +21,7 @@ from cdsjax.core.baselines import (
 )
 from cdsjax.core.implicit import (
     ImplicitAdjoint,
+    NoAdjoint,
     LoopAdjoint,
     attach_implicit,
     cds_equilibrium,
@@ -47,7 +48,6 @@ from cdsjax.core.replicator import (
     replicator_shift,
     softmax_prior,
     solve_replicator,
-    support_size,
     uniform_x0,
 )
 from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
@@ -62,11 +62,12 @@ from cdsjax.core.cds import (
 )
 from cdsjax.core.diagnostics import diagnostics
 from cdsjax.core.protocols import Game, Payoff, Solver, Status
-from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, within_limits
+from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, support_count, within_limits
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.pdas import PDAS, PrimalDualActiveSet
 from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
@@ -119,6 +120,7 @@ __all__ = [
     "kind_code",
     "Game",
     "ImplicitAdjoint",
+    "NoAdjoint",
     "LearnedParams",
     "LoopAdjoint",
     "assemble_affinity",
@@ -128,6 +130,8 @@ __all__ = [
     "solver_name",
     "stop_rule",
     "ActiveSet",
+    "PDAS",
+    "PrimalDualActiveSet",
     "CONVERGED",
     "DensePayoff",
     "InImDyn",
@@ -219,7 +223,7 @@ __all__ = [
     "solve_replicator_shared",
     "cds_select_shared",
     "spectral_penalty",
-    "support_size",
+    "support_count",
     "top_b",
     "uniform_x0",
     "validate_embeddings",

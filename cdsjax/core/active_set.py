@@ -41,7 +41,7 @@ from jax import Array, lax
 
 from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, exact_point, vertex_steps
 from cdsjax.core.payoff import DensePayoff, prepare_x0
-from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state, stop_rule
+from cdsjax.core.solver import LoopSolver, LoopState, check_count, iterate, nash_error, start_state, stop_rule
 from cdsjax.core.types import Affinity, SolverResult
 
 
@@ -183,7 +183,7 @@ def line_step(payoff, x: Array, mx: Array, valid: Array, d: Array) -> tuple[Arra
 
 
 @struct.dataclass
-class ActiveSet:
+class ActiveSet(LoopSolver):
     r"""Active-set Newton on the support, a solver for :func:`cdsjax.core.solver.iterate`.
 
     One step of the loop is a Newton step on the current support followed by up to

@@ -16,7 +16,8 @@ The game is data: ``params`` is the paper's :class:`CDSParams` or the learned ga
 :class:`~cdsjax.core.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
 affinity builder (:func:`cdsjax.core.affinity.problem_affinity`) under every strategy. How to
 differentiate is an argument too (``adjoint``, as in optimistix): the dense strategies solve through
-:func:`cdsjax.core.implicit.cds_equilibrium`, the one differentiable solve.
+:func:`cdsjax.core.implicit.cds_equilibrium`, the one differentiable solve; a question carrying its corpus
+block (:func:`cdsjax.core.corpus.solve_on_block`) has no derivative, and says so.
 
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
 ``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy uses
@@ -85,7 +86,8 @@ def cds(
       corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
         default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
-        that derivative (``"shared"`` with the paper's game differentiates through its loop).
+        that derivative (``"shared"`` with the paper's game differentiates through its loop). A problem
+        carrying ``note_block`` has no derivative: an adjoint given with it raises ``ValueError``.
       num_steps, scale_range: ``"support"`` only, its bisection steps and the bracket of
         :math:`\gamma = \beta n` (:func:`~cdsjax.core.support.support_settings`; None: the defaults).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
@@ -107,7 +109,9 @@ def cds(
     options = solve_options(options, **overrides)
     options = options.replace(solver=solver_name(options.solver))
     params = params.check()
-    extra = {"adjoint": check_adjoint(adjoint)}
+    # None reaches the strategy as None: the dense solves take ImplicitAdjoint for it, the corpus block (which
+    # has no derivative) takes it as no derivative asked
+    extra = {"adjoint": None if adjoint is None else check_adjoint(adjoint)}
     if x0 is not None:
         if strategy != "single":
             raise ValueError(f"x0 is only used by the 'single' strategy, not {strategy!r}")

@@ -13,121 +13,99 @@ affinity), and a problem carrying it (``CDSProblem.note_block`` with ``bound``) 
 :func:`solve_on_block` on a :class:`~cdsjax.core.payoff.SharedPayoff` (products and rows of :math:`W`, no
 per-question matrix).
 
-The equilibrium is then found by the primal-dual active set (:mod:`cdsjax.core.pdas`): from the query
-and the most relevant quarter of the notes it solves the face of a guessed support, drops the vertices whose
-weight came out negative, adds those whose payoff beats the face's value, and solves again: 2-5 face solves,
-each gathered into the smallest of its capacities that holds the support (LU up to 128 slots, conjugate
-gradients on the well-conditioned face above, O(K² + K n) per product), where the vertex steps of InImDyn and
-the active set needed about ``n`` sequential steps to shrink the uniform start's support. It stops, as every
-converged solve does, on the Nash error over all ``n`` vertices. Where it does not converge (a payoff it
-cycles on, a support past 8,192 notes), :func:`block_solver`'s active set runs from the uniform start, as
-before: it starts with the InImDyn vertex steps (``vertex_first``, O(n) each) and solves each Newton system
-gathered into the smallest of :data:`BLOCK_CAPACITIES` that holds the support
-(:func:`cdsjax.core.active_set.gathered_direction`). The equilibrium is the same to the solver's tolerance;
-the weights differ in their last bits, and the picks were measured equal on real blocks except the order of
-notes whose weights tie.
-No derivative flows through this path: differentiating it raises (give no ``note_block`` to differentiate a
-selection).
+The equilibrium is found by the solver the selector names (``SolveOptions.solver``) on that payoff: the
+serving solver ``"pdas"`` (:class:`~cdsjax.core.pdas.PDAS`) runs the primal-dual active set from the query
+and the most relevant quarter of the notes (2-5 face solves, each gathered into the smallest capacity that
+holds the support) and, where it does not converge (a payoff it cycles on, a support past 8,192 notes), the
+active set from the uniform start with its vertex steps first and its Newton systems gathered; InImDyn runs
+as configured. Paper mode (replicator dynamics) keeps the dense payoff it is defined on: no block is built
+for it. It stops, as every converged solve does, on the Nash error over all ``n`` vertices.
+
+The block is stored, not built from the game's differentiable values, so this solve has no derivative: it
+runs under :class:`~cdsjax.core.implicit.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
+derivative), and asking for one (an ``adjoint``) raises at the call; give the problem without ``note_block``
+(the dense path) to differentiate a selection.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
-from jax import Array, lax
+from jax import Array
 
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.inimdyn import InImDyn
+from cdsjax.core.implicit import NoAdjoint
 from cdsjax.core.payoff import SharedPayoff
-from cdsjax.core.pdas import PrimalDualActiveSet
 from cdsjax.core.ranking import query_cosine, read_out
-from cdsjax.core.solver import iterate
-from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import CONVERGED, CDSProblem, Selection, SolveOptions
+from cdsjax.core.solvers import configured_solver, solver_name
+from cdsjax.core.types import CDSProblem, Selection, SolveOptions
 
-# The gathered Newton systems' sizes: the smallest that holds the support is solved.
-BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
-
-
-def block_solver(options: SolveOptions):
-    """The solver :func:`solve_on_block` runs for ``options`` (checked, solver resolved), or None where the
-    block path does not apply: the active set starting with its vertex steps, its Newton systems gathered
-    (:data:`BLOCK_CAPACITIES`; its own ``gather`` kept if set), or InImDyn as configured; paper mode (replicator dynamics) is not run here."""
-    solver = configured_solver(options.solver, options.tol, options.max_iter)
-    if isinstance(solver, ActiveSet):
-        return solver.replace(gather=solver.gather or BLOCK_CAPACITIES, vertex_first=True)
-    if isinstance(solver, InImDyn):
-        return solver
-    return None
+# Paper mode: replicator dynamics on the paper's dense payoff (no corpus block is built for it).
+PAPER_SOLVER = "replicator"
+BLOCK_ADJOINT = NoAdjoint("a problem carrying note_block is solved on its corpus block, which has no derivative: "
+                          "give the problem without note_block (the dense path) to differentiate the selection")
 
 
 def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: str = "single") -> Optional[Array]:
     r"""The note block :math:`W` ``[n, n]`` the game ``params`` uses on ``problem``'s corpus, built once for every
-    question (as the dense affinity builds it); None where :func:`solve_on_block` would not run: another
-    strategy than ``"single"``, several query rows, pinned notes, ``alpha_from="full"``, paper mode, or a note
-    block that reads the question (a learned game with relevance-weighted repulsion, any other game)."""
+    question (as the dense affinity builds it); None where :func:`solve_on_block` does not apply: another
+    strategy than ``"single"``, several query rows, pinned notes, ``alpha_from="full"``, a start other than
+    uniform (``init``, ``warm_start``), paper mode, or a note block that reads the question (a learned game
+    with relevance-weighted repulsion, any other game)."""
+    options = options.check()
     if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
-            or params.alpha_from != "free" or block_solver(options.check()) is None):
+            or params.alpha_from != "free" or options.init != "uniform" or options.warm_start != "uniform"
+            or solver_name(options.solver) == PAPER_SOLVER):
         return None
     return params.corpus_block(problem)
 
 
-def block_solve(solver, payoff: SharedPayoff, fast: Optional[PrimalDualActiveSet] = None):
-    """The equilibrium of one question on the block: with the active set configured, the primal-dual active set
-    ``fast`` (:mod:`cdsjax.core.pdas`; None: its defaults, from the most relevant quarter of the notes), and where
-    that does not converge the active set itself from the uniform start; any other solver (InImDyn) as
-    configured."""
-    if not isinstance(solver, ActiveSet):
-        return iterate(solver, payoff, None)
-    fast = PrimalDualActiveSet() if fast is None else fast
-    fast = iterate(fast if fast.tol is not None else fast.replace(tol=solver.tol), payoff, None)
-    return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: iterate(solver, payoff, None))
-
-
-def uses_block(problem: CDSProblem, options: SolveOptions, x0: Optional[Array] = None) -> bool:
-    """Whether the ``"single"`` strategy solves ``problem`` on its ``note_block`` (static: decided at trace
-    time): a block and a bound are given, one query row, no pinned notes, the uniform start, a converged solver."""
-    return (problem.note_block is not None and problem.bound is not None and x0 is None
-            and problem.queries.shape[-2] == 1 and problem.pinned is None and options.init == "uniform"
-            and options.warm_start == "uniform" and block_solver(options) is not None)
-
-
-@jax.custom_jvp
-def not_differentiable(x: Array) -> Array:
-    """``x`` itself; differentiating through it raises (the serving path's solve has no derivative rule)."""
-    return x
-
-
-@not_differentiable.defjvp
-def _no_derivative(primals, tangents):
-    raise ValueError("a problem carrying note_block is solved on the serving path, which is not differentiable: "
-                     "give the problem without note_block (the dense path) to differentiate the selection")
+def check_block_problem(problem: CDSProblem, options: SolveOptions, x0: Optional[Array], adjoint) -> None:
+    """Raises ``ValueError`` naming what keeps ``problem``, which carries ``note_block``, off its corpus block:
+    no ``bound``, several query rows, pinned notes, a start (``x0``, ``init``, ``warm_start``), paper mode, or
+    an ``adjoint`` (a derivative asked of a solve that has none)."""
+    reasons = [why for bad, why in (
+        (problem.bound is None, "it carries no bound"),
+        (problem.queries.shape[-2] != 1, "it has several query rows"),
+        (problem.pinned is not None, "it pins notes"),
+        (x0 is not None or options.init != "uniform" or options.warm_start != "uniform", "a start is given"),
+        (solver_name(options.solver) == PAPER_SOLVER, "paper mode runs on the dense payoff"),
+        (adjoint is not None, "a derivative (adjoint) is asked of it, and the corpus block has none"),
+    ) if bad]
+    if reasons:
+        raise ValueError(f"a problem carrying note_block is solved on its corpus block, but {'; '.join(reasons)}: "
+                         "give the problem without note_block (the dense path)")
 
 
 def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget: int) -> Selection:
     r"""One question's ``"single"`` selection on the corpus's note block (module docstring).
 
     ``problem`` carries ``note_block`` (:func:`problem_block`) and ``bound``
-    (:func:`cdsjax.core.spectral.problem_bound`) of the game ``params``; the read-out (threshold, fill rule by
-    the KKT slack, then cosine) is that of the dense path. It is not differentiable: differentiating it (in the
-    notes, the question, the block or the game) raises :class:`ValueError`; the dense path (no ``note_block``) is.
+    (:func:`cdsjax.core.spectral.problem_bound`) of the game ``params`` (:func:`check_block_problem` says
+    where it may not); the read-out (threshold, fill rule by the KKT slack, then cosine) is that of the dense
+    path. It runs under :data:`BLOCK_ADJOINT`: differentiating it (in the notes, the question, the block or
+    the game) raises :class:`ValueError`; the dense path (no ``note_block``) is differentiable.
     """
-    rel = not_differentiable(params.relevance(problem))
-    dtype = rel.dtype
-    w = not_differentiable(jnp.asarray(problem.note_block, dtype))
+    solver = configured_solver(options.solver, options.tol, options.max_iter)
     n = problem.notes.shape[0]
-    if w.shape != (n, n):
-        raise ValueError(f"note_block must have shape ({n}, {n}), got {w.shape}")
-    alpha = not_differentiable(params.penalty(jnp.asarray(problem.bound).astype(dtype)))
-    payoff = SharedPayoff(coupling=w, rel=rel[0], note_valid=problem.valid, alpha=alpha,
-                          corpus_shift=jnp.zeros((), dtype))
-    result = block_solve(block_solver(options), payoff)
+    if problem.note_block.shape[-2:] != (n, n):
+        raise ValueError(f"note_block must have shape ({n}, {n}), got {problem.note_block.shape}")
+
+    def run(inputs):
+        rel, w, alpha = inputs
+        payoff = SharedPayoff(coupling=w, rel=rel[0], note_valid=problem.valid, alpha=alpha,
+                              corpus_shift=jnp.zeros((), rel.dtype))
+        return solver.solve(payoff, None), payoff
+
+    rel = params.relevance(problem)
+    dtype = rel.dtype
+    inputs = (rel, jnp.asarray(problem.note_block, dtype), params.penalty(jnp.asarray(problem.bound).astype(dtype)))
+    result, payoff = BLOCK_ADJOINT.apply(run, inputs)
+    rel = payoff.rel
     slack = None
     if options.fill:
         mx = payoff.matvec(result.x)
         slack = (mx - payoff.value(result.x, mx))[1:]
     return read_out(result, problem.valid, budget=budget, threshold=options.threshold, slack=slack,
                     cosine=query_cosine(problem.notes, problem.queries).astype(dtype),
-                    isolated=~jnp.any((rel[0] > 0) & problem.valid), beta=params.strength(dtype))
+                    isolated=~jnp.any((rel > 0) & problem.valid), beta=params.strength(dtype))

@@ -11,10 +11,11 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from cdsjax.core.types import FILL_REASONS, STATUSES
+from cdsjax.core.types import CONVERGED, FILL_REASONS, STATUSES
 
-# Fields of the SolverResult copied as they are (``support_size`` is the selection's notes-only count).
-RESULT_FIELDS = ("num_iters", "converged", "kkt_residual", "objective", "step")
+# Fields of the SolverResult copied as they are, after ``num_iters`` and ``converged`` (``status == CONVERGED``);
+# ``support_size`` is the selection's (notes only).
+RESULT_FIELDS = ("kkt_residual", "objective", "step")
 
 
 def _plain(value) -> Any:
@@ -48,6 +49,8 @@ def diagnostics(selection: Any, *, selector: Optional[str] = None, num_notes: Op
 
         spec = selector_spec(selector)
         out["solver"], out["mode"] = spec.solver_label, spec.mode
+    out["num_iters"] = _plain(res.num_iters)
+    out["converged"] = bool(np.asarray(res.status) == CONVERGED)
     out.update({name: _plain(getattr(res, name)) for name in RESULT_FIELDS})
     if getattr(selection, "support_size", None) is not None:
         out["support_size"] = _plain(selection.support_size)
@@ -61,6 +64,5 @@ def diagnostics(selection: Any, *, selector: Optional[str] = None, num_notes: Op
         out["query_weight"] = float(x[: x.shape[0] - len(valid)].sum())
     if getattr(selection, "beta", None) is not None:
         out["beta"] = float(np.asarray(selection.beta))
-    if getattr(res, "status", None) is not None:
-        out["status"] = STATUSES[int(np.asarray(res.status))]
+    out["status"] = STATUSES[int(np.asarray(res.status))]
     return out

@@ -193,6 +193,30 @@ class LoopAdjoint:
         return run(affinity)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def refuse_derivative(inputs, reason: str):
+    """``inputs`` (a pytree) unchanged; a derivative taken through them raises ``ValueError(reason)`` while JAX
+    traces it (before anything runs)."""
+    return inputs
+
+
+@refuse_derivative.defjvp
+def _refuse_derivative_jvp(reason, primals, tangents):
+    raise ValueError(reason)
+
+
+@struct.dataclass
+class NoAdjoint:
+    """A solve that has no derivative, saying why: ``apply`` runs it on its inputs; differentiating them raises
+    ``ValueError(reason)`` (a question's corpus block, :func:`cdsjax.core.corpus.solve_on_block`)."""
+
+    reason: str = struct.field(pytree_node=False, default="this solve has no derivative")
+
+    def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
+        """``run(inputs)``, with a derivative through ``inputs`` refused."""
+        return run(refuse_derivative(inputs, self.reason))
+
+
 Adjoint = Union[ImplicitAdjoint, LoopAdjoint]
 # the adjoints by the names cds_weights takes (``differentiate="loop"``)
 ADJOINTS = {"implicit": ImplicitAdjoint(), "loop": LoopAdjoint()}
@@ -249,7 +273,7 @@ def cds_equilibrium(
     Returns:
       ``(result, affinity)``: the :class:`SolverResult` with differentiable ``x`` (``[m+n]``, queries first;
       the diagnostics are those of the solve, without derivatives) and the differentiable
-      :class:`Affinity`. The derivative is only right where ``result.converged`` holds.
+      :class:`Affinity`. The derivative is only right where ``result.status == CONVERGED`` holds.
     """
     adjoint = check_adjoint(adjoint)
     options = solve_options(options, **overrides)

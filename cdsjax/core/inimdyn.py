@@ -48,7 +48,7 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.payoff import DensePayoff, prepare_x0
-from cdsjax.core.solver import LoopState, check_count, iterate, nash_error, start_state, stop_rule, within_limits
+from cdsjax.core.solver import LoopSolver, LoopState, check_count, iterate, nash_error, start_state, stop_rule, within_limits
 from cdsjax.core.types import Affinity, SolverResult
 
 TOL_FLOAT64 = 1e-10
@@ -147,7 +147,7 @@ def exact_point(payoff: DensePayoff, x: Array) -> tuple[Array, Array, Array]:
 
 
 @struct.dataclass
-class InImDyn:
+class InImDyn(LoopSolver):
     r"""Infection--immunization dynamics, a solver for :func:`cdsjax.core.solver.iterate`.
 
     One step of the loop is up to ``refresh`` O(N) vertex steps followed by an exact

@@ -69,7 +69,9 @@ class Solver(Protocol):
     r"""An iterative solver of :math:`\max_{x\in\Delta} x^\top M x` for :func:`cdsjax.core.solver.iterate`.
 
     ``consts = prepare(payoff)`` holds what a step needs but never changes; the loop runs ``step`` while
-    ``terminate`` says not done, masking each batch row once it is done.
+    ``terminate`` says not done, masking each batch row once it is done. Callers run a solver by ``solve``
+    (a solver that is more than one loop, :class:`~cdsjax.core.pdas.PDAS`, runs its loops there), on a
+    question's dense payoff by ``dense.solve``.
     """
 
     tol: Optional[float]
@@ -90,6 +92,14 @@ class Solver(Protocol):
 
     def terminate(self, consts: Any, state: Any) -> Tuple[Array, Array]:
         """``(done [*batch] bool, status [*batch] int32)``: whether to stop, and the :class:`Status` if so."""
+
+    def solve(self, payoff: Payoff, x0: Optional[Array]) -> Any:
+        """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (a loop solver:
+        :func:`cdsjax.core.solver.iterate`, as :class:`~cdsjax.core.solver.LoopSolver` gives it)."""
+
+    @property
+    def dense(self) -> "Solver":
+        """The solver a question's dense payoff runs in this one's place (a loop solver: itself)."""
 
 
 @runtime_checkable

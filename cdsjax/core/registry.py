@@ -206,7 +206,7 @@ def _cds_support(budget: int, **fields) -> SelectorFn:
 LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
 
 
-def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver: str = "converged",
+def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver: str = "pdas",
                  **fields) -> SelectorFn:
     """The learned game (:mod:`cdsjax.core.learned`) through :func:`cdsjax.core.cds`: ``params`` is the
     :class:`~cdsjax.core.learned.LearnedParams` value (``cdsjax.learn.default_params()`` is the shipped fit;
@@ -314,12 +314,12 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           aliases=("cds-paper",), display="cds-paper",
           options=CDS_OPTIONS,
           help="CDS, paper mode: replicator dynamics with the paper's step cap (may stop short of equilibrium)"),
-    # Converged mode: the active-set Newton solver (bench_solvers.py: 700-900x faster than
-    # replicator dynamics to KKT <= 1e-8 at n = 1024); InImDyn is kept as its own entry.
-    _spec("cds_converged", _cds_builder("cds_converged", "converged"), solver="converged", needs_links=True,
+    # Converged mode: the serving solver "pdas" (the primal-dual active set on the corpus block, the active-set
+    # Newton solver on a dense payoff); InImDyn is kept as its own entry.
+    _spec("cds_converged", _cds_builder("cds_converged", "pdas"), solver="pdas", needs_links=True,
           aliases=("cds-converged",), display="cds-converged",
           options=CDS_OPTIONS,
-          help="CDS, converged: the equilibrium itself, found by the active-set solver"),
+          help="CDS, converged: the equilibrium itself, found by the serving solver (primal-dual active set)"),
     _spec("cds_inimdyn", _cds_builder("cds_inimdyn", "inimdyn"), solver="inimdyn", needs_links=True,
           aliases=("cds-inimdyn",), display="cds-inimdyn",
           options=CDS_OPTIONS,
@@ -330,7 +330,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           help="CDS with beta chosen per question so the support holds about B notes"),
     # the learned game (cdsjax.learn): its parameters a value the caller supplies (cdsjax.learn: a file, the
     # shipped fit by default); it reads the notes' structure, pages only where there are printed pages
-    _spec("cds_learned", _cds_learned, solver="converged", needs_links=True, structure=True, pages_only=True,
+    _spec("cds_learned", _cds_learned, solver="pdas", needs_links=True, structure=True, pages_only=True,
           learned=True, aliases=("cds-learned",),
           display="cds-learned",
           options=LEARNED_OPTIONS,
@@ -342,7 +342,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("dpp_pages", _dpp_pages, structure=True, aliases=("dpp-pages",), display="dpp-pages",
           options=(*keyword_options(_dpp), *PAGE_OPTIONS),
           help="k-DPP's ranking read at most notes_per_page notes per page per round (theta, notes_per_page)"),
-    _spec("cds_learned_pages", _cds_learned_pages, solver="converged", needs_links=True, structure=True,
+    _spec("cds_learned_pages", _cds_learned_pages, solver="pdas", needs_links=True, structure=True,
           pages_only=True, learned=True, readout="pages", aliases=("cds-learned-pages",),
           display="cds-learned-pages",
           options=(*LEARNED_OPTIONS, *PAGE_OPTIONS),

@@ -10,7 +10,7 @@ from flax import struct
 from jax import Array
 
 from cdsjax.core.payoff import SHIFT_EPS, DensePayoff, prepare_x0, replicator_shift  # noqa: F401
-from cdsjax.core.solver import LoopState, iterate, nash_error, start_state, stop_rule, support_size  # noqa: F401
+from cdsjax.core.solver import LoopSolver, LoopState, iterate, nash_error, start_state, stop_rule  # noqa: F401
 from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, SolverResult  # noqa: F401
 
 
@@ -59,7 +59,7 @@ def kkt_residual(payoff: Array, x: Array, valid: Array) -> Array:
 
 
 @struct.dataclass
-class Replicator:
+class Replicator(LoopSolver):
     r"""Discrete replicator dynamics (paper mode), a solver for :func:`cdsjax.core.solver.iterate`.
 
     .. math:: x \leftarrow x \odot (Mx + c) / (x^\top M x + c)

@@ -9,12 +9,11 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.affinity import block_bound, problem_affinity
-from cdsjax.core.corpus import solve_on_block, uses_block
+from cdsjax.core.corpus import check_block_problem, solve_on_block
 from cdsjax.core.implicit import Adjoint, cds_equilibrium, check_adjoint
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
-from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import configured_solver
 from cdsjax.core.types import CONVERGED, Affinity, CDSProblem, Selection, SolveOptions
 
@@ -27,10 +26,12 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
     ``x0``, else ``options.init``; a converged solver first runs paper mode with
     ``warm_start="replicator"``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
     equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked, with ``solver`` resolved.
-    A problem carrying the corpus's ``note_block`` and ``bound`` is solved on them instead, without a dense
-    affinity (:func:`cdsjax.core.corpus.solve_on_block`; no derivative then).
+    A problem carrying the corpus's ``note_block`` (and ``bound``) is solved on them instead, by the same named
+    solver, without a dense affinity (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and an
+    ``adjoint`` given with it raises ``ValueError``); the dense affinity runs the solver's ``dense`` form.
     """
-    if uses_block(problem, options, x0):
+    if problem.note_block is not None:
+        check_block_problem(problem, options, x0, adjoint)
         return solve_on_block(problem, params, options, budget=budget)
     result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
     dtype = result.x.dtype
@@ -48,15 +49,15 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
     constraint vertex is covered (at most one round per constraint vertex). Notes
     are ranked by round, then by their weight within the round; ``scores`` hold
     those weights. ``result`` is the first round's solver result, with
-    ``num_iters`` summed over rounds and ``converged`` (and ``status``) true only if
-    every round converged. ``support_size`` counts the notes of every round's
+    ``num_iters`` summed over rounds and ``status`` the first unconverged round's
+    (:data:`~cdsjax.core.types.CONVERGED` only if every round converged). ``support_size`` counts the notes of every round's
     support; when they are fewer than ``budget``, the fill rule
     (:mod:`cdsjax.core.ranking`) completes the picks using the first round's slack.
     Every round starts uniformly (``options.init`` and ``warm_start`` are not used); each round's
-    equilibrium is differentiated by ``adjoint``.
+    equilibrium is found on its dense payoff by the solver's ``dense`` form and differentiated by ``adjoint``.
     """
     notes, query = problem.notes, problem.queries
-    solver = configured_solver(options.solver, options.tol, options.max_iter)
+    solver = configured_solver(options.solver, options.tol, options.max_iter).dense
     threshold = options.threshold
     adjoint = check_adjoint(adjoint)
     base = problem_affinity(problem, params)
@@ -67,7 +68,7 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
 
     def extract(state):
         active, uncovered, rank_key, total_iters, status, r = state
-        res = adjoint.apply(lambda aff: iterate(solver, DensePayoff.from_affinity(aff), None),
+        res = adjoint.apply(lambda aff: solver.solve(DensePayoff.from_affinity(aff), None),
                             _restrict(base, active, params), threshold)
         support = active & (res.x > threshold)
         new_notes = support & ~base.constraint
@@ -97,7 +98,7 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
     )
     _, _, rank_key, total_iters, status, _ = state
     note_key = rank_key[m:]
-    result = first.replace(num_iters=total_iters, converged=status == CONVERGED, status=status)
+    result = first.replace(num_iters=total_iters, status=status)
     # every round's support has key >= 1 > threshold; the fill uses the first round's point and slack
     sel = read_out(result, base.valid[m:], budget=budget, threshold=threshold,
                    slack=kkt_slack(_restrict(base, base.valid, params), first.x) if options.fill else None,

@@ -199,7 +199,7 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
     if options.solver == "replicator":
         result = iterate(solver.replace(unroll=4), shared_payoff(corpus, rel), None)
     else:
-        result = lax.map(lambda r: iterate(solver, shared_payoff(corpus, r), None), rel)
+        result = lax.map(lambda r: solver.solve(shared_payoff(corpus, r), None), rel)
     dtype = corpus.coupling.dtype
     cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
 

@@ -91,9 +91,10 @@ def nash_error(x: Array, mx: Array, valid: Array, value: Optional[Array] = None)
     return jnp.max(jnp.where(valid, jnp.abs(jnp.minimum(x, -r)), 0.0), axis=-1)
 
 
-def support_size(x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
-    """``[...]`` int32 number of valid vertices with ``x_i > threshold``."""
-    return jnp.sum(valid & (x > threshold), axis=-1).astype(jnp.int32)
+def support_count(x: Array, mask: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
+    """``[...]`` int32 number of vertices in ``mask`` with ``x_i > threshold`` (``mask`` the free vertices:
+    the notes of the support, the count a selection reports as ``support_size``)."""
+    return jnp.sum(mask & (x > threshold), axis=-1).astype(jnp.int32)
 
 
 def stop_rule(state: LoopState, tol: float, max_iter: int, *, capped: Optional[Array] = None,
@@ -115,23 +116,35 @@ def stop_rule(state: LoopState, tol: float, max_iter: int, *, capped: Optional[A
     return done, jnp.where(err < tol, CONVERGED, code).astype(jnp.int32)
 
 
-def finish(payoff, x: Array, num_iters, err, tol: float, status: Array) -> SolverResult:
+def finish(payoff, x: Array, num_iters, err, status: Array) -> SolverResult:
     """Packs a point of ``payoff`` and its diagnostics into a :class:`SolverResult`."""
     batch = x.shape[:-1]
     mx = payoff.matvec(x)
     value = payoff.value(x, mx)
-    converged = err < tol
     return SolverResult(
         x=x,
         num_iters=jnp.asarray(num_iters, jnp.int32),
-        converged=jnp.asarray(converged, bool),
         step=jnp.asarray(err, x.dtype),
         objective=jnp.reshape(value, batch),
         kkt_residual=nash_error(x, mx, payoff.valid, value),
-        support_size=support_size(x, payoff.valid),
         alpha=jnp.broadcast_to(payoff.alpha, batch).astype(x.dtype),
         status=jnp.asarray(status, jnp.int32),
     )
+
+
+class LoopSolver:
+    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, and a question's
+    dense payoff runs the solver itself (``dense``). A solver that is not one loop (the serving solver,
+    :class:`cdsjax.core.pdas.PDAS`) provides both itself."""
+
+    def solve(self, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
+        """:func:`iterate` of this solver on ``payoff`` from ``x0`` (None: the solver's own start)."""
+        return iterate(self, payoff, x0)
+
+    @property
+    def dense(self) -> "LoopSolver":
+        """The solver a dense payoff runs in this one's place: itself."""
+        return self
 
 
 def _keep(active: Array, new, old):
@@ -154,7 +167,6 @@ def iterate(solver: Solver, payoff: Payoff, x0: Optional[Array] = None) -> Solve
     Returns:
       :class:`~cdsjax.core.SolverResult` (leaves with the payoff's batch axes).
     """
-    tol = solver.tolerance(payoff.dtype)
     check_count("max_iter", solver.max_iter)
     unroll = check_count("unroll", solver.unroll, 1)
     consts = solver.prepare(payoff)
@@ -168,4 +180,4 @@ def iterate(solver: Solver, payoff: Payoff, x0: Optional[Array] = None) -> Solve
 
     state = solver.init(payoff, x0)
     state, _, status = lax.while_loop(lambda c: jnp.any(~c[1]), body, (state, *solver.terminate(consts, state)))
-    return finish(payoff, state.x, state.num_iters, state.err, tol, status)
+    return finish(payoff, state.x, state.num_iters, state.err, status)

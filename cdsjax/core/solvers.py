@@ -2,7 +2,8 @@ r"""The registered solvers of :math:`\max_{x\in\Delta} x^\top M x`, by name.
 
 Every CDS strategy (:func:`cdsjax.core.cds`) and the differentiable equilibrium name their solver
 through :data:`SOLVERS`; :func:`solver_name` applies the one default (:data:`DEFAULT_SOLVER`) and
-checks the name, :func:`configured_solver` applies ``tol`` / ``max_iter``.
+checks the name, :func:`configured_solver` applies ``tol`` / ``max_iter``. A registry selector names its
+solver in its spec; the one served by default is ``"pdas"`` (:class:`~cdsjax.core.pdas.PDAS`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from jax import Array
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.pdas import PDAS
 from cdsjax.core.protocols import Solver
 from cdsjax.core.replicator import Replicator
-from cdsjax.core.solver import iterate
 from cdsjax.core.types import DEFAULT_SOLVER, SOLVER_ALIASES, Affinity, SolverResult
 from cdsjax.core.validation import check_option
 
@@ -27,6 +28,9 @@ SOLVERS: Dict[str, Solver] = {
     # The converged mode's solver: on the CDS payoff it reached KKT <= 1e-8 in one Newton step where
     # InImDyn took 1e4-2e5 vertex steps (experiments/bench_solvers.py).
     "active_set": ActiveSet(),
+    # The serving solver of one question on its corpus block: the primal-dual active set, the active set (its
+    # vertex steps first, Newton systems gathered) where it does not converge; on a dense payoff the active set.
+    "pdas": PDAS(),
 }
 # the aliases (``solver="converged"``) as entries of their own, so each can be re-registered
 SOLVERS.update({alias: SOLVERS[target] for alias, target in SOLVER_ALIASES.items()})
@@ -65,5 +69,6 @@ def solve(
     tol: Optional[float] = None,
     max_iter: Optional[int] = None,
 ) -> SolverResult:
-    """Runs a registered solver on ``affinity``'s payoff with its default ``tol`` / ``max_iter``."""
-    return iterate(configured_solver(solver, tol, max_iter), DensePayoff.from_affinity(affinity), x0)
+    """Runs a registered solver on ``affinity``'s dense payoff (the solver's ``dense`` form) with its default
+    ``tol`` / ``max_iter``."""
+    return configured_solver(solver, tol, max_iter).dense.solve(DensePayoff.from_affinity(affinity), x0)

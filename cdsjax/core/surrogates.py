@@ -17,7 +17,8 @@ from jax import Array, lax
 
 from cdsjax.core.implicit import cds_equilibrium, implicit_system_ok
 from cdsjax.core.protocols import Game
-from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, CDSProblem, SolveOptions, solve_options
+from cdsjax.core.solver import support_count
+from cdsjax.core.types import CONVERGED, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolveOptions, solve_options
 from cdsjax.core.validation import check_budget
 
 
@@ -253,9 +254,9 @@ def retrieval_surrogates(
         "gold_mass": gold_mass(result.x[m:], gold_notes, problem.valid),
         "recall": hard_recall(lax.stop_gradient(scores), gold_units, budget=budget, threshold=threshold,
                               unit_valid=unit_valid),
-        "converged": result.converged,
+        "converged": result.status == CONVERGED,
         "kkt_residual": result.kkt_residual,
-        "support_size": result.support_size,
+        "support_size": support_count(result.x, affinity.free, threshold),
         "implicit_ok": implicit_system_ok(
             lax.stop_gradient(affinity.payoff()), x_fixed, affinity.valid, threshold),
     }

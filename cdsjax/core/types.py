@@ -123,25 +123,25 @@ class SolverResult:
     Attributes:
       x: ``[m+n]`` float, the point on the simplex (zero at padding).
       num_iters: ``[]`` int32, steps taken.
-      converged: ``[]`` bool, whether the stopping rule fired before ``max_iter``.
       step: ``[]`` float, the last step size (``\|x_{t+1}-x_t\|_1`` for replicator
         dynamics; the Nash error for InImDyn).
       objective: ``[]`` float, :math:`x^\top M x`.
       kkt_residual: ``[]`` float, :math:`\max_i |\min(x_i, -r_i)|` with
         :math:`r = Mx - (x^\top M x)\mathbf 1` over valid vertices.
-      support_size: ``[]`` int32, valid vertices with :math:`x_i > 10^{-6}`.
       alpha: ``[]`` float, the penalty used.
-      status: ``[]`` int32, how the solve ended: :data:`CONVERGED`, :data:`MAX_STEPS`,
-        :data:`NONFINITE` or :data:`SINGULAR` (names in :data:`STATUSES`).
+      status: ``[]`` int32, how the solve ended: :data:`CONVERGED` (the stopping rule fired: converged is
+        ``status == CONVERGED``), :data:`MAX_STEPS`, :data:`NONFINITE` or :data:`SINGULAR` (names in
+        :data:`STATUSES`).
+
+    How many notes the point holds is a property of a selection (:attr:`Selection.support_size`), not of a
+    solve.
     """
 
     x: Array
     num_iters: Array
-    converged: Array
     step: Array
     objective: Array
     kkt_residual: Array
-    support_size: Array
     alpha: Array
     status: Array
 

@@ -21,6 +21,8 @@ from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapter
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
                "summary", "caption")
 NORM_ATOL = 1e-3
+# note blocks a selector keeps for the candidate sets it saw last (bytes)
+CANDIDATE_BYTES = 256 << 20
 
 
 def missing_extra(extra: str, package: str, err: ImportError) -> ImportError:
@@ -75,14 +77,17 @@ class Chooser:
     """
 
     def __init__(self, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
+        import jax
+
         from cdsjax.core.validation import check_budget
-        from cdsjax.selection import make_selector
+        from cdsjax.selection import CorpusArrays, make_selector
 
         self.budget = check_budget(budget)
         self.options = dict(options or {})
         self.spec, self.fn = make_selector(selector or default_selector(), self.budget, self.options)
         self._jitted = None
-        self._corpus = None  # (content key, the jitted bound and block functions, bound, note block)
+        # the bound and note block of the selector's game per candidate set, its functions jitted once
+        self.corpus_arrays = CorpusArrays(wrap=lambda f, role: jax.jit(f), max_bytes=CANDIDATE_BYTES)
         self._lock = threading.Lock()
 
     @property
@@ -135,30 +140,11 @@ class Chooser:
         return chosen, core.diagnostics(sel, selector=self.spec.name, valid=padded.valid)
 
     def _with_corpus(self, padded, problem):
-        """``problem`` with the spectral bound and note block of the selector's game on these candidates, as
-        :meth:`cdsjax.pipeline.Pipeline.with_bound` keeps them: computed once and reused while the same
-        candidates (by content) come back, e.g. a retriever over a fixed index; same picks as without."""
-        import hashlib
-
-        import jax
-
-        from cdsjax.core import registry
-        from cdsjax.selection import corpus_arrays
-
-        make_bound, make_block = registry.corpus_bound_fn(self.fn), registry.corpus_block_fn(self.fn)
-        if make_bound is None:
-            return problem
-        digest = hashlib.sha256()
-        for part in (padded.notes, padded.valid, padded.links, *(padded.structure or {}).values()):
-            if part is not None:
-                digest.update(np.ascontiguousarray(part).tobytes())
-        key = (digest.hexdigest(), problem.queries.shape[0])
-        with self._lock:
-            if self._corpus is None or self._corpus[0] != key:
-                fns = self._corpus[1] if self._corpus else (jax.jit(make_bound), make_block and jax.jit(make_block))
-                self._corpus = (key, fns, *corpus_arrays(*fns, problem))
-            _, _, bound, block = self._corpus
-        return problem if bound is None else problem.replace(bound=bound, note_block=block)
+        """``problem`` with the spectral bound and note block of the selector's game on these candidates, from
+        this selector's :class:`~cdsjax.selection.CorpusArrays` (as the pipeline and the evaluation give them):
+        computed once per distinct candidate set (by content) and reused while it comes back, e.g. a retriever
+        over a fixed index; same picks as without."""
+        return self.corpus_arrays.attach(self.fn, problem)
 
 
 class IndexSource:

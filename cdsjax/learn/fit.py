@@ -175,7 +175,7 @@ class _Objective:
         import jax
         import jax.numpy as jnp
 
-        from cdsjax.core import CDSProblem, SolveOptions, cds_equilibrium
+        from cdsjax.core import CONVERGED, CDSProblem, SolveOptions, cds_equilibrium, support_count
         from cdsjax.core.surrogates import equilibrium_scores, hard_recall, page_readout_scores, soft_recall
 
         temp = float(cfg.temperature)
@@ -194,7 +194,8 @@ class _Objective:
                                unit_valid=a["unit_valid"])
             hard = hard_recall(jax.lax.stop_gradient(scores), a["units"], budget=budget, threshold=-jnp.inf,
                                unit_valid=a["unit_valid"])
-            return soft, hard, result.converged.astype(soft.dtype), result.support_size.astype(soft.dtype) - 1.0
+            return (soft, hard, (result.status == CONVERGED).astype(soft.dtype),
+                    support_count(result.x, affinity.free).astype(soft.dtype))
 
         def batch_sum(theta, arrays, weight, budget):
             soft, hard, conv, supp = jax.vmap(lambda a: one(theta, a, budget))(arrays)
