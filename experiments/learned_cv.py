@@ -270,6 +270,9 @@ class Runner:
         self.max_batch = max_batch
         self.kind_of = {}
         self.memo: Dict[tuple, Tuple[float, float]] = {}
+        from cdsjax.eval.run import corpus_arrays_cache
+
+        self.corpus = corpus_arrays_cache()  # each corpus's bound and note block, per selector
         for b, d in datas.items():
             for q in d.queries:
                 self.kind_of[q.qid] = (b, d.kind)
@@ -291,7 +294,8 @@ class Runner:
             by_bench.setdefault(self.kind_of[p.query.qid][0], []).append(p)
         for b, ps in by_bench.items():
             kind = self.datas[b].kind
-            sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch, spec=spec)
+            sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch, spec=spec,
+                                corpus=self.corpus)
             for p, s in zip(ps, sels):
                 self.memo[self.key(label, budget, p)] = (recall(p, s, kind), has_answer_of(p, s))
         j = METRICS.index(metric)
@@ -470,7 +474,7 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
                 fn = make_selector(name, budget=budget, params=theta)
                 values = runner.scores(f"learned:{task.label}:{task.pool_size}", (selector_spec(name), fn),
                                        budget, problems, memo=False)
-                release(fn)  # this task's game is not solved again: free its executables
+                release(fn, runner.corpus)  # this task's game is not solved again: free its executables
                 emit(learned_label(config), budget, values)
     choice["complete"] = True
 

@@ -9,7 +9,7 @@ import pytest
 from cdsjax import core
 from cdsjax.core import registry
 from cdsjax.core.active_set import ActiveSet, capacities
-from cdsjax.core.corpus import problem_block, uses_block
+from cdsjax.core.corpus import check_block_problem, problem_block
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.solver import iterate
@@ -17,7 +17,7 @@ from cdsjax.core.types import SolveOptions
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
-CONVERGED = SolveOptions(solver="converged")
+SERVING = SolveOptions(solver="pdas")
 
 
 def corpus(n, size, seed=0, d=48, clusters=6):
@@ -34,18 +34,23 @@ def test_the_block_is_the_dense_affinitys_note_block():
     z, qs, valid, pages = corpus(70, 128, seed=1)
     problem = core.CDSProblem.create(z, qs[0], valid, pages=pages)
     for params in (SHIPPED, core.CDSParams(), core.CDSParams(beta=0.3)):
-        block = jax.jit(lambda p, g=params: problem_block(p, g, CONVERGED))(problem)
+        block = jax.jit(lambda p, g=params: problem_block(p, g, SERVING))(problem)
         dense = jax.jit(lambda p, g=params: core.problem_affinity(p, g).matrix[1:, 1:])(problem)
         # the same functions; XLA may fuse the two programs differently (last bits)
         np.testing.assert_allclose(np.asarray(block), np.asarray(dense), rtol=1e-6, atol=1e-7)
     # where the solve would not use it: none is built
-    assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), CONVERGED) is None
-    assert problem_block(problem, SHIPPED, CONVERGED, strategy="peel") is None
+    assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), SERVING) is None
+    assert problem_block(problem, SHIPPED, SERVING, strategy="peel") is None
     assert problem_block(problem, core.CDSParams(), SolveOptions(solver="replicator")) is None
-    assert problem_block(problem, core.CDSParams(alpha_from="full"), CONVERGED) is None
-    assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, CONVERGED) is None
-    assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, CONVERGED) is None
-    assert not uses_block(problem, CONVERGED)  # no block, no bound: the dense path
+    assert problem_block(problem, core.CDSParams(alpha_from="full"), SERVING) is None
+    assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, SERVING) is None
+    assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, SERVING) is None
+    # a problem carrying a block is solved on it, or says why it cannot be
+    check_block_problem(problem.replace(bound=jnp.ones(())), SERVING, None, None)
+    with pytest.raises(ValueError, match="no bound"):
+        check_block_problem(problem, SERVING, None, None)
+    with pytest.raises(ValueError, match="a start is given"):
+        check_block_problem(problem.replace(bound=jnp.ones(())), SERVING.replace(init="softmax"), None, None)
 
 
 @pytest.mark.parametrize("name,n,size", [("cds_learned", 90, 128), ("cds_converged", 45, 64),
@@ -63,7 +68,7 @@ def test_a_question_on_the_block_picks_what_the_dense_solve_picks(name, n, size)
     for q in qs:
         problem = base.replace(queries=jnp.asarray(q[None]), bound=bound)
         dense, fast = run(problem), run(problem.replace(note_block=block))
-        assert bool(fast.result.converged) and float(fast.result.kkt_residual) < 1e-5
+        assert int(fast.result.status) == core.CONVERGED and float(fast.result.kkt_residual) < 1e-5
         np.testing.assert_array_equal(np.asarray(fast.indices), np.asarray(dense.indices))
         np.testing.assert_array_equal(np.asarray(fast.selected_valid), np.asarray(dense.selected_valid))
         np.testing.assert_allclose(np.asarray(fast.scores), np.asarray(dense.scores), atol=2e-5)
@@ -82,7 +87,7 @@ def test_vertex_first_reaches_the_equilibrium_of_the_newton_start():
     for solver in (ActiveSet(vertex_first=True), ActiveSet(vertex_first=True, gather=(16, 64, 128)),
                    ActiveSet(vertex_first=True, gather=(2, 4))):  # the last: every face past it, dense
         res = run(payoff, solver)
-        assert bool(res.converged)
+        assert int(res.status) == core.CONVERGED
         np.testing.assert_allclose(np.asarray(res.x), np.asarray(plain.x), atol=1e-5)
     assert capacities((512, 64, 64, 4096), 1025) == (64, 512)
     assert capacities(None, 10) == () and capacities(8, 8) == ()
@@ -100,30 +105,42 @@ def test_pipeline_keeps_the_block_with_the_bound():
                            embedder={"model": "all-MiniLM-L6-v2"}, roots=[]), embedder=object())
     for selector in ("cds-learned", "cds-learned-pages", "cds-converged"):
         first = pipe.select(qs[0], selector=selector, budget=5)
-        (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == registry.selector_spec(selector).name]
-        assert bound is not None and block is not None and block.shape == (pipe.size, pipe.size)
         fn = pipe.selector_fn(selector, 5)
-        problem = pipe.candidates.problem(qs[0], registry.selector_spec(selector)).replace(bound=bound)
-        dense = fn(problem)
+        problem = pipe.with_bound(fn, pipe.candidates.problem(qs[0], registry.selector_spec(selector)),
+                                  pipe.selector_key(selector, 5))
+        assert problem.bound is not None and problem.note_block.shape == (pipe.size, pipe.size)
+        dense = fn(problem.replace(note_block=None))
         np.testing.assert_array_equal(np.asarray(first.indices), np.asarray(dense.indices))
     assert pipe.select(qs[1], selector="cosine", budget=5).indices.shape == (5,)
 
 
 def test_the_integrations_chooser_keeps_them_per_candidate_set():
     from cdsjax.integrations._common import Chooser
+    from cdsjax.selection import Candidates, CorpusArrays
 
     z, qs, _, _ = corpus(60, 60, seed=4)
     chooser = Chooser("cds-converged", budget=5)
+    computed = []
+
+    def counting(f, role):
+        jitted = jax.jit(f)
+
+        def call(problem):
+            computed.append(role)
+            return jitted(problem)
+
+        return call
+
+    chooser.corpus_arrays = CorpusArrays(wrap=counting)
     first, _ = chooser(z, qs[0])
-    key, _, bound, block = chooser._corpus
-    assert bound is not None and block is not None
+    assert computed == ["bound", "block"]
     chooser(z, qs[1])
-    assert chooser._corpus[0] == key  # same candidates: kept
+    assert computed == ["bound", "block"]  # same candidates: kept
     chooser(z[::-1].copy(), qs[0])
-    assert chooser._corpus[0] != key  # other candidates: computed again
-    # the picks are those of the dense solve with the bound
-    problem = chooser._with_corpus(*(lambda c: (c, c.problem(qs[0], chooser.spec)))(
-        __import__("cdsjax.selection", fromlist=["Candidates"]).Candidates.pad(z, min_size=5)))
+    assert computed == ["bound", "block"] * 2  # other candidates: computed again
+    # the picks are those of the same solver on the block, and of the dense solve with the bound
+    problem = chooser._with_corpus(*(lambda c: (c, c.problem(qs[0], chooser.spec)))(Candidates.pad(z, min_size=5)))
+    assert problem.note_block is not None
     dense = jax.jit(chooser.fn)(problem.replace(note_block=None))
     assert [i for i, _ in first] == np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
 
@@ -139,7 +156,16 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
         problem = base.replace(queries=q[None], bound=bound, note_block=note_block)
         return jnp.sum(fn(problem).scores)
 
-    with pytest.raises(ValueError, match="not differentiable"):
+    # a derivative taken through the block path: refused while JAX traces it, jitted or not
+    with pytest.raises(ValueError, match="has no derivative"):
         jax.grad(weight)(jnp.asarray(qs[0]), block)
+    with pytest.raises(ValueError, match="has no derivative"):
+        jax.jit(jax.grad(weight))(jnp.asarray(qs[0]), block)
+    # asking for one (an adjoint) with a block: refused at the call, before any tracing of a derivative
+    problem = base.replace(bound=bound, note_block=block)
+    for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
+        with pytest.raises(ValueError, match="adjoint"):
+            core.cds(problem, "single", SHIPPED, solver="pdas", budget=5, adjoint=adjoint)
+    # without the block the same solver's dense form is differentiable
     grad = jax.grad(weight)(jnp.asarray(qs[0]), None)
-    assert np.all(np.isfinite(np.asarray(grad)))
+    assert np.all(np.isfinite(np.asarray(grad))) and np.any(np.asarray(grad) != 0)

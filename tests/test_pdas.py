@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.corpus import block_solve
 from cdsjax.core.affinity import CDSParams, build_affinity
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.pdas import PrimalDualActiveSet, face_point, relevance_guess
+from cdsjax.core.pdas import BLOCK_CAPACITIES, PDAS, PrimalDualActiveSet, face_point, relevance_guess
 from cdsjax.core.solver import iterate
 from cdsjax.core.types import CONVERGED
 from tests.conftest import clustered_notes
@@ -89,12 +88,12 @@ def test_a_run_that_cannot_finish_says_so_and_the_block_path_falls_back():
     payoff, shared = game(150, 192, seed=1)
     # every face needs more than 8 slots: the run stops at once, not converged
     res = run(PrimalDualActiveSet(capacities=(8,)), shared)
-    assert int(res.status) != CONVERGED and not bool(res.converged)
+    assert int(res.status) != CONVERGED
     one = run(PrimalDualActiveSet(max_iter=1, fraction=0.05), shared)  # one face solve from a poor guess
     assert int(one.status) != CONVERGED
     ref = run(ActiveSet(), payoff)
-    fast = PrimalDualActiveSet(capacities=(8,))
-    out = jax.jit(lambda p: block_solve(ActiveSet(vertex_first=True, gather=(64, 256)), p, fast))(shared)
+    serving = PDAS(rule=PrimalDualActiveSet(capacities=(8,)), fallback=ActiveSet(vertex_first=True, gather=(64, 256)))
+    out = jax.jit(lambda p: serving.solve(p))(shared)
     assert int(out.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
 
@@ -125,3 +124,27 @@ def test_bad_settings_are_refused():
     batched = shared.replace(rel=jnp.stack([shared.rel, shared.rel]))
     with pytest.raises(ValueError, match="one problem"):
         PrimalDualActiveSet().prepare(batched)
+
+
+def test_the_serving_solver_is_an_entry_of_the_solver_table():
+    """SOLVERS["pdas"] is the PDAS the block path ran before it had a name: the rule, the active set (vertex steps
+    first, Newton systems gathered) as its fallback, the plain active set on a dense payoff; the registry's
+    selectors that serve on the corpus block name it, and the limits reach every part."""
+    from cdsjax.core import registry
+    from cdsjax.core.solvers import SOLVERS, configured_solver
+
+    serving = SOLVERS["pdas"]
+    assert isinstance(serving, PDAS) and serving.rule == PrimalDualActiveSet()
+    assert serving.fallback == ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True)
+    assert serving.dense == SOLVERS["converged"] == ActiveSet()
+    for name in ("cds_converged", "cds_learned", "cds_learned_pages"):
+        assert registry.SPECS[name].solver == "pdas" and registry.SPECS[name].solver_label == "pdas"
+    limited = configured_solver("pdas", 1e-4, 500)
+    assert limited.dense == ActiveSet(tol=1e-4, max_iter=500)
+    assert limited.tolerance(jnp.float32) == 1e-4
+    # on its payoff it reaches the equilibrium the dense active set reaches
+    payoff, shared = game(150, 192, seed=2)
+    out = jax.jit(lambda p: serving.solve(p))(shared)
+    ref = run(ActiveSet(), payoff)
+    assert int(out.status) == CONVERGED
+    np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)

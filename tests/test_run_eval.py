@@ -464,3 +464,40 @@ def test_compiling_near_the_memory_map_limit_drops_the_kept_executables_first(mo
     out = run_selector(core.make_selector("cosine", budget=4), problems, buckets=(16,), max_batch=2)
     assert len(R._COMPILED) == 1  # the others were dropped before this one compiled
     assert [len(np.asarray(s.indices)) for s in out] == [4, 4]
+
+
+def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
+    """The evaluation gives each question its corpus's bound and note block from a CorpusArrays (once per corpus),
+    so a selector that serves on the block is evaluated with the solver it serves with: the picks of one
+    question equal the pipeline's (the pipeline's problem with its block, solved one question at a time)."""
+    from cdsjax.eval import run as R
+    from cdsjax.selection import Candidates, CorpusArrays, make_selector
+
+    problems = _synthetic_problems([20, 20, 27], d=16, seed=3)
+    spec, fn = make_selector("cds_learned_pages", 4)
+    assert spec.solver == "pdas"
+    roles = []
+
+    def counting(f, role):
+        inner = R.OneCoreJit.of(f, role)
+
+        def call(problem):
+            out = inner(problem)
+            roles.append((role, out is not None))
+            return out
+
+        return call
+
+    corpus = CorpusArrays(wrap=counting)
+    out = run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, corpus=corpus)
+    # three corpora (each problem its own notes): each bound and each block computed once
+    assert roles.count(("bound", True)) == 3 and roles.count(("block", True)) == 3
+    for k in (0, 2):
+        p = problems[k]
+        cand = Candidates.pad(p.notes, links=p.links, structure=p.structure(pages_only=spec.pages_only))
+        problem = CorpusArrays().attach(fn, cand.problem(p.query_emb, spec))
+        assert problem.note_block is not None
+        ref = jax.jit(fn)(problem, core.key_from_query_id(p.query.qid))
+        v = np.asarray(ref.selected_valid)
+        np.testing.assert_array_equal(out[k].selected_valid, v)
+        np.testing.assert_array_equal(out[k].indices[v], np.asarray(ref.indices)[v])

@@ -99,11 +99,13 @@ def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties()
 
 
 def test_run_selector_computes_one_bound_per_corpus():
-    """The evaluation's batches: questions on one document share its bound (one computation), and the
-    selections are those of the per-question penalty, bit for bit."""
+    """The evaluation's batches: questions on one document share its bound (one computation, from the run's
+    CorpusArrays), and the selections are those of the per-question penalty, bit for bit (paper mode: the bound
+    alone, no note block)."""
     from cdsjax.eval import run as R
     from cdsjax.eval.problems import Problem
     from cdsjax.io.datasets import Query
+    from cdsjax.selection import CorpusArrays
 
     docs = [corpus(n, n, seed=n) for n in (20, 27)]
     rng = np.random.default_rng(0)
@@ -114,20 +116,24 @@ def test_run_selector_computes_one_bound_per_corpus():
         problems.append(Problem(Query(qid=f"q{k}", question="", answer="", doc_ids=(f"d{k % 2}",)), z,
                                 (q / np.linalg.norm(q)).astype(np.float32), np.zeros((len(z), len(z)), bool),
                                 [f"n{i}" for i in range(len(z))], [f"d{k % 2}"] * len(z), pages=list(pages)))
-    spec = core.selector_spec("cds_converged")
-    fn = core.make_selector("cds_converged", budget=4)
-    real = R._bound_call(fn)
+    spec = core.selector_spec("cds")
+    fn = core.make_selector("cds", budget=4, max_iter=300)
     concrete = []
 
-    def counting(problem):
-        concrete.append(not isinstance(problem.notes, jax.core.Tracer))
-        return real(problem)
+    def counting(f, role):
+        inner = R.OneCoreJit.of(f, role)
 
-    R._BOUNDS[fn] = counting
-    with_bound = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec)
-    assert sum(concrete) == 2  # two documents, six questions in two chunks
-    R._BOUNDS[fn] = None  # the per-question penalty, as before
-    plain = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec)
+        def call(problem):
+            concrete.append((role, not isinstance(problem.notes, jax.core.Tracer)))
+            return inner(problem)
+
+        return call
+
+    with_bound = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, chunk=spec.batch_chunk,
+                                corpus=CorpusArrays(wrap=counting))
+    assert concrete.count(("bound", True)) == 2  # two documents, six questions in two chunks
+    plain = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, chunk=spec.batch_chunk,
+                           corpus=CorpusArrays(wrap=lambda f, role: lambda problem: None))  # the per-question penalty
     for a, b in zip(with_bound, plain):
         assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes()
         assert np.asarray(a.scores).tobytes() == np.asarray(b.scores).tobytes()

@@ -2,7 +2,10 @@
 1-D device mesh, and the caches that let a second run in the same process skip compilation.
 
 * :func:`make_mesh` / :func:`jax_local_devices` — the ``"batch"`` mesh.
-* :func:`cached_selector` — :func:`cdsjax.core.make_selector` (parameters resolved at the edge), memoised.
+* :func:`cached_selector` — :func:`cdsjax.core.make_selector` (parameters resolved at the edge), kept in the
+  caller's cache.
+* :func:`corpus_arrays_cache` — the caller's :class:`~cdsjax.selection.CorpusArrays` (each corpus's bound and
+  note block once).
 * :func:`run_selector` — one NumPy :class:`~cdsjax.core.Selection` per problem.
 
 How several processes split the problems: :mod:`cdsjax.eval.distributed`.
@@ -11,6 +14,7 @@ How several processes split the problems: :mod:`cdsjax.eval.distributed`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -18,7 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from cdsjax.eval.problems import Problem
-from cdsjax.selection import STRUCTURE_ARRAYS
+from cdsjax.selection import STRUCTURE_ARRAYS, CorpusArrays
 
 
 def jax_local_devices():
@@ -116,17 +120,17 @@ def _executable(call, args):
     return _COMPILED[key]
 
 
-def release(fn: Callable[..., Any]) -> int:
+def release(fn: Callable[..., Any], corpus: Optional[CorpusArrays] = None) -> int:
     """Drops every executable and wrapper kept for ``fn`` (a selector built for one use, e.g. one fitted
-    game per cross-validation task), so a long run does not keep one set of loaded executables per such
-    function; returns how many cache entries were dropped."""
+    game per cross-validation task), and its arrays in ``corpus`` (the :class:`CorpusArrays` the runs used),
+    so a long run does not keep one set of loaded executables per such function; returns how many cache
+    entries were dropped."""
     dropped = 0
-    bound = _BOUNDS.pop(fn, None)
-    dropped += int(bound is not None)
-    _CORPUS_BOUNDS.pop(fn, None)
-    for key in [k for k in _COMPILED if bound is not None and k[0] is bound]:
-        del _COMPILED[key]
+    for wrapped in ([] if corpus is None else corpus.drop(fn)):
         dropped += 1
+        for key in [k for k in _COMPILED if k[0] is wrapped.jitted]:
+            del _COMPILED[key]
+            dropped += 1
     batched = [k for k in _BATCHED if k[0] is fn]
     calls = {id(_BATCHED[k]) for k in batched}
     for key in batched:
@@ -139,8 +143,8 @@ def release(fn: Callable[..., Any]) -> int:
 
 
 def release_all() -> int:
-    """Drops every executable this module keeps (the batched calls, their compiled executables, the bounds)
-    and JAX's own caches of jitted functions; returns how many of this module's entries were dropped.
+    """Drops every executable this module keeps (the batched calls and their compiled executables) and JAX's
+    own caches of jitted functions; returns how many of this module's entries were dropped.
 
     Each loaded executable holds a few memory mappings: a process that evaluates thousands of selector
     shapes (a long cross-validation run, a notebook, a test worker) otherwise reaches Linux's
@@ -150,8 +154,8 @@ def release_all() -> int:
 
     import jax
 
-    dropped = len(_COMPILED) + len(_BATCHED) + len(_BOUNDS)
-    for cache in (_COMPILED, _BATCHED, _BOUNDS, _HAS_BOUND):
+    dropped = len(_COMPILED) + len(_BATCHED)
+    for cache in (_COMPILED, _BATCHED):
         cache.clear()
     jax.clear_caches()
     gc.collect()
@@ -174,64 +178,50 @@ def _batched(fn, sharded: bool, chunk=None):
     return _BATCHED[key]
 
 
-_SELECTOR_FNS: Dict[Any, Any] = {}
+@dataclasses.dataclass(frozen=True, eq=False)
+class OneCoreJit:
+    """``function`` jitted and compiled once per input shape as for one core (:func:`_executable`), so what it
+    computes per corpus (a bound, a note block) reduces in the order the selectors' executables do; a problem
+    for which it returns None (a game without a corpus bound) gives None without compiling."""
 
+    function: Callable
+    jitted: Any
 
-_BOUNDS: Dict[Any, Any] = {}
-_CORPUS_BOUNDS: Dict[Any, Dict[str, Any]] = {}  # selector -> {corpus content hash: bound}, kept across runs
-_HAS_BOUND: Dict[Any, bool] = {}  # (bound function, problem structure and shapes) -> whether it gives one
+    @classmethod
+    def of(cls, function: Callable, role: str = "") -> "OneCoreJit":
+        """The wrapper of ``function`` (``role`` unused: the signature of :class:`CorpusArrays`'s ``wrap``)."""
+        import jax
 
+        return cls(function, jax.jit(function))
 
-def _bound_call(fn):
-    """The jitted corpus-bound function of a registry selector (:func:`cdsjax.core.registry.corpus_bound_fn`),
-    kept per selector; None for a selector without one."""
-    import jax
+    def __call__(self, problem):
+        import jax
 
-    from cdsjax.core import registry
-
-    if fn not in _BOUNDS:
-        make = registry.corpus_bound_fn(fn)
-        _BOUNDS[fn] = None if make is None else jax.jit(make)
-    return _BOUNDS[fn]
-
-
-def _with_bounds(bound, batch, cache: Dict[str, Any]):
-    """``batch`` (a CDSProblem with a leading axis) with each row's corpus bound, computed once per distinct
-    corpus (:func:`cdsjax.eval.bounds.group_bounds`); unchanged where the selector's game has none for it."""
-    import jax
-
-    from cdsjax.eval.bounds import group_bounds
-
-    one = lambda i: jax.tree_util.tree_map(lambda a: a[i], batch)  # noqa: E731
-    leaves, tree = jax.tree_util.tree_flatten(batch)
-    shape_key = (bound, str(tree), tuple((np.shape(a), str(np.asarray(a).dtype)) for a in leaves))
-    if shape_key not in _HAS_BOUND:  # e.g. alpha_from="full": found per question (traced once per shape)
-        _HAS_BOUND[shape_key] = jax.eval_shape(bound, one(0)) is not None
-    if not _HAS_BOUND[shape_key]:
-        return batch
-    leaves = [a for a in (batch.notes, batch.valid, batch.links, batch.pages, batch.doc_ids, batch.kinds,
-                          batch.pinned) if a is not None]
-    rows = [[np.asarray(a[i]) for a in leaves] + [np.asarray(batch.queries.shape[1:])]
-            for i in range(batch.notes.shape[0])]
-    def compute(problem):  # compiled as the selectors are, for one core, so its reductions are theirs
+        if jax.eval_shape(self.function, problem) is None:
+            return None
         problem = jax.device_put(problem)
-        return _executable(bound, [problem])(problem) if hasattr(bound, "lower") else bound(problem)
-
-    return batch.replace(bound=group_bounds(compute, rows, one, cache))
+        return _executable(self.jitted, [problem])(problem)
 
 
-def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
+def corpus_arrays_cache(**kwargs) -> CorpusArrays:
+    """A :class:`CorpusArrays` for :func:`run_selector`: bounds and note blocks compiled as for one core."""
+    return CorpusArrays(wrap=OneCoreJit.of, **kwargs)
+
+
+def cached_selector(name: str, budget: int, options: Mapping[str, Any], cache: Optional[Dict[str, Any]] = None):
     """:func:`cdsjax.core.make_selector` with a learned selector's ``params`` resolved to a value
-    (:func:`cdsjax.selection.selector_options`: a file, or the shipped fit), memoised on (name, budget,
-    options with the parameters' content hash), so a second :func:`evaluate` in the same process does not
-    compile again."""
+    (:func:`cdsjax.selection.selector_options`: a file, or the shipped fit), kept in the caller's ``cache``
+    (None: not kept) on (name, budget, options with the parameters' content hash), so a second run with the
+    same cache does not compile again."""
     from cdsjax.selection import make_selector, selector_key, selector_options
 
     options = selector_options(name, options)
     key = json.dumps(selector_key(name, budget, options), sort_keys=True, default=repr)
-    if key not in _SELECTOR_FNS:
-        _SELECTOR_FNS[key] = make_selector(name, budget, options)[1]
-    return _SELECTOR_FNS[key]
+    if cache is None:
+        return make_selector(name, budget, options)[1]
+    if key not in cache:
+        cache[key] = make_selector(name, budget, options)[1]
+    return cache[key]
 
 
 def run_selector(
@@ -246,6 +236,7 @@ def run_selector(
     dtype: Any = np.float32,
     chunk: Optional[Any] = None,
     spec: Optional[Any] = None,
+    corpus: Optional[CorpusArrays] = None,
 ) -> List[Any]:
     """Runs a registry selector over ragged problems, batched and sharded.
 
@@ -275,6 +266,10 @@ def run_selector(
         (``spec.structure``), each problem carries the arrays of :meth:`Problem.structure` (printed pages
         only with ``spec.pages_only``), padded like the notes (padding 0; ``valid`` says which notes are
         real); other selectors get problems without them and compile as they always did.
+      corpus: the :class:`~cdsjax.selection.CorpusArrays` each problem's spectral bound and note block come from
+        (:func:`corpus_arrays_cache`; None: one for this call): computed once per distinct corpus, so a
+        selector solves each question on its corpus block with the solver it names, as the pipeline and the
+        integrations do.
 
     Returns:
       One Selection with NumPy leaves per problem, in input order.
@@ -309,8 +304,7 @@ def run_selector(
         [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras=extras, pad_batch=False)
     call = _batched(fn, sharded=ndev > 1, chunk=chunk)
-    bound = _bound_call(fn)
-    bounds = _CORPUS_BOUNDS.setdefault(fn, {})  # corpus content hash -> its bound (questions on one document share it)
+    corpus = corpus_arrays_cache() if corpus is None else corpus
     out: List[Any] = [None] * len(problems)
     for g in groups:
         for start in range(0, len(g.positions), max_batch):
@@ -322,8 +316,7 @@ def run_selector(
             problem = core.CDSProblem(notes=g.notes[padded], queries=queries[:, None, :] if queries.ndim == 2 else queries,
                                       valid=g.valid[padded], links=g.extras["links"][padded],
                                       **{a: g.extras[a][padded] for a in names})
-            if bound is not None:
-                problem = _with_bounds(bound, problem, bounds)
+            problem = corpus.attach_rows(fn, problem)
             problem = jax.device_put(problem, sharding)
             key_batch = jax.device_put(keys[g.positions[padded]], sharding)
             sel = jax.device_get(_executable(call, [problem, key_batch])(problem, key_batch))
