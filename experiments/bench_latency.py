@@ -72,8 +72,9 @@ def stats(ms) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- data
-def qasper_embeddings(progress: bool = True) -> Path:
-    """QASPER paragraphs and questions embedded once (the evaluation's embedding cache), as one ``.npz``."""
+def qasper_embeddings(progress: bool = True, data_root=None) -> Path:
+    """QASPER paragraphs and questions embedded once (the evaluation's embedding cache), as one ``.npz``
+    (``data_root``: the benchmarks' directory; None: ``shared/data`` beside the repository)."""
     out = CACHE / "qasper.npz"
     if out.is_file():
         return out
@@ -82,7 +83,8 @@ def qasper_embeddings(progress: bool = True) -> Path:
     from cdsjax.io.embed import Embedder
     from cdsjax.io.index import default_config
 
-    bench = load_benchmark("qasper", str(ROOT.parent / "shared" / "data"), max_queries=QASPER_QUESTIONS)
+    data_root = ROOT.parent / "shared" / "data" if data_root is None else data_root
+    bench = load_benchmark("qasper", str(data_root), max_queries=QASPER_QUESTIONS)
     problems = text_problems(bench, Embedder(default_config()), cache_dir=CACHE / "emb", progress=progress)
     papers, notes, questions, paper_of = {}, [], [], []
     for p in problems:

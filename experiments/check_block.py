@@ -1,8 +1,10 @@
-"""How often the serving path (the corpus's note block, the primal-dual active set, the active set as its fallback) picks other notes
-than the dense solve of each question, on real embeddings.
+"""How often the serving path (the corpus's note block, solved by the selector's solver, ``pdas``: the primal-dual
+active set, the active set as its fallback) picks other notes than the dense solve of each question, on real
+embeddings.
 
-The dense solve with the corpus's bound picks bit for bit what the code at 7227bc3 picks (RESULTS "Serving
-latency"), so a question whose picks differ here is one the serving path changed. Corpora: QASPER
+The dense solve with the corpus's bound is what the evaluation ran before it gave each question its note block
+(the selector's solver on a dense payoff: the active set), so a question whose picks differ here is one whose
+evaluation record changed when the evaluation began to run the serving solver. Corpora: QASPER
 paragraphs (``experiments/bench_latency.py``'s synthetic corpora of ``--sizes`` notes, every question on their
 papers) and, with ``--index DIR,...``, an MMLongBench-Doc index with its benchmark questions. For each
 question: the picks (indices in order) of both paths, the largest weight difference, and, where the picks
@@ -39,12 +41,12 @@ def compare(pipe, questions, names) -> dict:
         spec = registry.selector_spec(name)
         pipe.select(questions[0], selector=name, budget=10)  # compiles, computes the bound and block
         fn = pipe.selector_fn(name, 10)
-        (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == spec.name]
         same, diffs, max_dw = 0, [], 0.0
         for i, q in enumerate(questions):
-            problem = pipe.candidates.problem(q, spec).replace(bound=bound)
-            dense = jax.device_get(fn(problem))
-            fast = jax.device_get(fn(problem.replace(note_block=block)))
+            served = pipe.with_bound(fn, pipe.candidates.problem(q, spec), pipe.selector_key(name, 10))
+            assert served.note_block is not None, f"{name} does not run on the corpus block"
+            dense = jax.device_get(fn(served.replace(note_block=None)))
+            fast = jax.device_get(fn(served))
             a = np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
             b = np.asarray(fast.indices)[np.asarray(fast.selected_valid)].tolist()
             max_dw = max(max_dw, float(np.max(np.abs(np.asarray(dense.result.x) - np.asarray(fast.result.x)))))
@@ -68,13 +70,16 @@ def main(argv=None) -> int:
     p.add_argument("--index", default=None, help="comma-separated index directories (one corpus)")
     p.add_argument("--questions", type=int, default=200, help="at most this many questions per corpus")
     p.add_argument("--out", default=str(CACHE / "check_block.json"))
+    p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     args = p.parse_args(argv)
 
     from cdsjax.pipeline import Corpus, Pipeline
 
-    names = [selectors()[0], selectors()[1]]
+    from cdsjax.core.registry import LEARNED_SELECTOR
+
+    names = [selectors()[0], selectors()[1], LEARNED_SELECTOR]
     report = {"load_start": os.getloadavg()[0], "corpora": {}}
-    data = np.load(qasper_embeddings())
+    data = np.load(qasper_embeddings(data_root=args.data_root))
     for size in [int(s) for s in args.sizes.split(",") if s]:
         emb, docs, pages, questions = synthetic_corpus(data, size)
         n = len(emb)
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
         report["corpora"][f"qasper-{n}"] = compare(pipe, questions[:args.questions], names)
     if args.index:
         pipe = Pipeline.from_paths(args.index.split(","))
-        samples = json.loads((ROOT.parent / "shared" / "data" / "mmlongbench" / "samples.json").read_text())
+        samples = json.loads((Path(args.data_root) / "mmlongbench" / "samples.json").read_text())
         docs = {Path(d).name.rsplit("-", 1)[0] for d in args.index.split(",")}
         qs = [s["question"] for s in samples if Path(s.get("doc_id", "")).stem in docs][:args.questions]
         print(f"mmlongbench index {len(pipe.corpus)} notes, {len(qs)} questions", flush=True)

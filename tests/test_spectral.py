@@ -205,8 +205,8 @@ def test_gathered_newton_matches_the_dense_system():
     run = jax.jit(lambda p, k: iterate(ActiveSet(gather=k), p, None), static_argnums=1)
     dense = run(payoff, None)
     support = int(np.sum(np.asarray(dense.x) > 0))
-    assert 1 < support < 64 and bool(dense.converged)
+    assert 1 < support < 64 and int(dense.status) == core.CONVERGED
     for k in (64, 2):  # fits; does not fit (the dense system)
         res = run(payoff, k)
-        assert bool(res.converged)
+        assert int(res.status) == core.CONVERGED
         np.testing.assert_allclose(np.asarray(res.x), np.asarray(dense.x), atol=1e-5)

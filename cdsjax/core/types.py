@@ -319,9 +319,9 @@ class CDSProblem:
         gives the right one per selector); an upper bound of the block's :math:`\lambda_{\max}` (e.g. one
         computed without the pinned notes) keeps the guarantee.
       note_block: optional ``[n, n]`` float, the game's note--note block computed once for the corpus
-        (:func:`cdsjax.core.corpus.problem_block`); with ``bound``, one question's ``"single"`` solve by a
-        converged solver then runs on it without building the dense affinity
-        (:func:`cdsjax.core.corpus.solve_on_block`).
+        (:func:`cdsjax.core.corpus.problem_block`); with ``bound``, one question's ``"single"`` solve then runs
+        the named solver on it without building the dense affinity (:func:`cdsjax.core.corpus.solve_on_block`;
+        it has no derivative, and a problem the block cannot serve raises ``ValueError``).
     """
 
     notes: Array
