@@ -292,7 +292,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                 rec["extracted"] = extracted
                 rec["metrics"]["accuracy"] = S.score_mmlongbench(extracted, str(q.answer or ""), fmt)
                 rec["answerable"] = bool((q.meta or {}).get("answerable", True)) and str(fmt) != "None"
-                rec["declined"] = S.declines(extracted)
+                rec["declined"] = S.declines_mmlongbench(extracted)
             else:
                 golds = _gold_answers(q)
                 if golds:
