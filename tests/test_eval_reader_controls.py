@@ -248,3 +248,49 @@ def test_qasper_pool_with_a_reader(data_root, tmp_path):
     for sel in ("cosine", "none", "full"):
         assert (sel, "accuracy@3") in rows
     assert ("cosine", "gold_doc_hit@3") in rows and ("full", "accuracy_vs_none@3") in rows
+
+
+@pytest.mark.slow  # parses two PDFs: about 30 s
+def test_visdom_config_with_a_reader(tmp_path):
+    """configs/visdom.py on a two-document subset: judged accuracy per selector, ``full`` sending both of the
+    question's documents (VisDoM gives each question its set), images of visual notes sent."""
+    import csv
+    import importlib
+    import shutil
+
+    from cdsjax.eval import evaluate
+    from cdsjax.io.scripted_server import message_images
+    from tests.conftest import DATA
+    from tests.test_eval_reader import _answers, _summary, _tiny_mmlongbench
+
+    _tiny_mmlongbench(tmp_path / "src")
+    sub = tmp_path / "data" / "visdom" / "tiny"
+    (sub / "docs").mkdir(parents=True)
+    shutil.copy(tmp_path / "src" / "mmlongbench" / "documents" / "orchard.pdf", sub / "docs" / "orchard.pdf")
+    shutil.copy(DATA / "pdfs" / "multicolumn.pdf", sub / "docs" / "multi.pdf")
+    rows = [{"q_id": "q1", "question": "How much did apple sales earn in 2019?", "answer": "4.2 million euros",
+             "documents": "['orchard.pdf', 'multi.pdf']", "doc_path": "docs/orchard.pdf"},
+            {"q_id": "q2", "question": "Who is the cooperative's CEO?", "answer": "Anna Berg",
+             "documents": "['orchard.pdf', 'multi.pdf']", "doc_path": "orchard.pdf"}]
+    with open(sub / "tiny.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    config = importlib.import_module("configs.visdom").get_config("tiny")
+    config.update(dict(data_root=str(tmp_path / "data"), output_dir=str(tmp_path / "out"),
+                       cache_dir=str(tmp_path / "cache"), selectors="cosine,none,full", budgets=(2,),
+                       num_resamples=200))
+    config.reader.update(dict(model="test-model", max_retries=0, max_context=100_000))
+    with OpenAIServer(_responder()) as srv:
+        config.reader.url = srv.base_url
+        evaluate(config, progress=False, log=lambda s: None)
+        sent = list(srv.requests)
+    answers = {(a["selector"], a["qid"]): a for a in _answers(tmp_path / "out")}
+    assert len(answers) == 6 and not any("error" in a for a in answers.values())
+    assert answers[("cosine", "q1")]["metrics"]["accuracy"] == 1.0  # the judge: "4.2 million euros" is in it
+    assert answers[("none", "q1")]["metrics"]["accuracy"] == 0.0
+    assert {e.split("#")[0] for e in answers[("full", "q2")]["evidence"]} == {"orchard", "multi"}
+    assert answers[("full", "q2")]["images"] >= 1 and any(message_images(r) for r in sent)
+    summary = _summary(tmp_path / "out")
+    assert summary[("cosine", "accuracy@2")]["n"] == "2" and ("none", "accuracy@2") in summary
+    assert ("cosine", "page_recall@2") in summary and ("full", "accuracy_vs_none@2") in summary
