@@ -17,7 +17,7 @@ import pytest
 
 from cdsjax.eval import reading
 from cdsjax.eval.problems import Problem
-from cdsjax.eval.report import summary_rows
+from cdsjax.eval.report import markdown_table, summary_rows
 from cdsjax.eval.reply_cache import ReplyCache
 from cdsjax.io import datasets as D
 from cdsjax.io.reader import EvidenceItem
@@ -125,6 +125,8 @@ def test_seed_spread_and_paired_differences_on_hand_made_answers():
         assert r["ci_low"] <= r["mean"] <= r["ci_high"] and r["ci_low"] < r["ci_high"]
     assert ("cosine", "accuracy_vs_cosine@3") not in rows and ("none", "accuracy_vs_none@3") not in rows
     assert rows[("none", "accuracy_vs_cosine@3")]["mean"] == pytest.approx(0.25)
+    table = markdown_table(list(rows.values()))  # the spread over seeds has no interval: the number alone
+    assert "| 0.375 | 0.177 |" in table and "nan" not in table, table
 
 
 # ---- key, timeout, progress ----------------------------------------------------------------------------------
