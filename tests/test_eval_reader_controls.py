@@ -20,7 +20,8 @@ from cdsjax.eval.problems import Problem
 from cdsjax.eval.report import markdown_table, summary_rows
 from cdsjax.eval.reply_cache import ReplyCache
 from cdsjax.io import datasets as D
-from cdsjax.io.reader import EvidenceItem
+from cdsjax.io.judge import JUDGE_PROMPT
+from cdsjax.io.reader import SYSTEM_PROMPT, EvidenceItem
 from cdsjax.io.scripted_server import OpenAIServer
 from tests.conftest import ROOT
 from tests.test_eval_reader import _config, _problems, _responder
@@ -127,6 +128,45 @@ def test_seed_spread_and_paired_differences_on_hand_made_answers():
     assert rows[("none", "accuracy_vs_cosine@3")]["mean"] == pytest.approx(0.25)
     table = markdown_table(list(rows.values()))  # the spread over seeds has no interval: the number alone
     assert "| 0.375 | 0.177 |" in table and "nan" not in table, table
+
+
+def test_selectors_that_agree_share_one_request_even_at_once(tmp_path):
+    problems = _ok_problems(4)
+    records = [{"benchmark": "synthetic", "selector": sel, "budget": 2, "qid": p.query.qid,
+                "selected": p.note_ids[:2], "metrics": {}} for sel in ("cosine", "cds", "mmr") for p in problems]
+    with OpenAIServer(_responder(), delay=0.2) as srv:  # all twelve are in flight together
+        config = _config(srv.base_url, tmp_path, concurrency=12)
+        config.selectors = "cosine,cds,mmr"
+        answers = reading.read_answers(config, BENCH, "text", problems, records, tmp_path, progress=False,
+                                       log=lambda s: None)
+        reader = [r for r in srv.requests if r["messages"][0]["content"] == SYSTEM_PROMPT]
+        judge = [r for r in srv.requests if r["messages"][0]["content"] == JUDGE_PROMPT]
+    assert len(answers) == 12 and not any("error" in a for a in answers)
+    assert len(reader) == 4 and len(judge) == 4  # one per question, not one per selector
+    assert sum(not a["cached"] for a in answers) == 4
+
+
+def test_get_or_fetch_after_a_failed_fetch_fetches_again(tmp_path):
+    cache, calls, started = ReplyCache(tmp_path), [], threading.Event()
+
+    def failing():
+        calls.append("fail")
+        started.set()
+        time.sleep(0.2)
+        raise RuntimeError("server down")
+
+    def second():
+        started.wait(5)
+        out["second"] = cache.get_or_fetch("k", lambda: calls.append("ok") or {"text": "x"})
+
+    out = {}
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    with pytest.raises(RuntimeError, match="server down"):
+        cache.get_or_fetch("k", failing)
+    waiter.join(5)
+    assert calls == ["fail", "ok"] and out["second"] == ({"text": "x"}, False)
+    assert cache.get_or_fetch("k", failing) == ({"text": "x"}, True)
 
 
 # ---- key, timeout, progress ----------------------------------------------------------------------------------

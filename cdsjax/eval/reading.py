@@ -173,15 +173,14 @@ def full_document_ids(problem) -> List[str]:
 
 def _chat(client, cache: ReplyCache, key: str, messages: list, *, max_tokens: int, seed: Optional[int]):
     """The cached reply of one request (dict with ``text``), or raises ReaderError."""
-    hit = cache.get(key)
-    if hit is not None:
-        return hit, True
     extra = {} if seed is None else {"seed": int(seed)}
-    reply = client.chat(messages, max_tokens=max_tokens, **extra)
-    value = {"text": reply.content, "model": reply.model, "finish_reason": reply.finish_reason,
-             "usage": reply.usage}
-    cache.put(key, value)
-    return value, False
+
+    def fetch():
+        reply = client.chat(messages, max_tokens=max_tokens, **extra)
+        return {"text": reply.content, "model": reply.model, "finish_reason": reply.finish_reason,
+                "usage": reply.usage}
+
+    return cache.get_or_fetch(key, fetch)
 
 
 def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
@@ -190,11 +189,12 @@ def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: s
 
     key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
                     prompt_hash=content_hash(JUDGE_PROMPT), question=question, gold=gold, predicted=predicted)
-    hit = cache.get(key)
-    if hit is None:
+
+    def fetch():
         verdict = judge.judge(question, gold, predicted)
-        hit = {"correct": bool(verdict.correct), "score": float(verdict.score), "raw": verdict.raw}
-        cache.put(key, hit)
+        return {"correct": bool(verdict.correct), "score": float(verdict.score), "raw": verdict.raw}
+
+    hit, _ = cache.get_or_fetch(key, fetch)
     try:
         parse_verdict(hit["raw"]) if hit.get("raw") else None
     except ValueError as err:  # a cached reply the current parser cannot read
