@@ -325,7 +325,7 @@ def test_run_eval_qasper_with_a_reader_then_from_cache(data_root, tmp_path, cach
         assert ("%s" % sel, "accuracy@3") in rows
     assert ("cosine", "paragraph_recall@3") in rows and ("cds", "accuracy_vs_none@3") in rows
     n_reader = sum(1 for r in sent if r["messages"][0]["content"] == SYSTEM_PROMPT)
-    assert n_reader <= 9  # at most one request per (question, selector); equal evidence shares one
+    assert n_reader == len({(a["qid"], tuple(a["evidence"])) for a in answers})  # equal evidence shares one
     # The server is gone: the rerun completes from the reply cache, with the same answers.
     proc = run("http://127.0.0.1:9/v1")
     assert proc.returncode == 0, proc.stderr[-3000:]
