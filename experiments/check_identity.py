@@ -104,8 +104,10 @@ class Side:
                              f"log {logs / what.replace('/', '_')}.log ends:\n  " + "\n  ".join(tail))
         return proc
 
-    def python(self, code: str, *args: str, what: str) -> str:
-        return self.run(["-c", code, *args], what=what).stdout
+    def python(self, code: str, *args: str, what: str, check: bool = True) -> Optional[str]:
+        """Runs ``python -c CODE ARGS`` in the tree; its stdout, or None when it failed and not ``check``."""
+        proc = self.run(["-c", code, *args], what=what, check=check)
+        return proc.stdout if proc.returncode == 0 else None
 
 
 def commit_of(tree: pathlib.Path) -> str:
@@ -276,8 +278,12 @@ def compare_index_dirs(old_side: Side, new_side: Side, a: pathlib.Path, b: pathl
     scratch.mkdir(parents=True, exist_ok=True)
     arrays = []
     for side, d in ((old_side, a), (new_side, b)):
-        e, l = scratch / f"{tag}-{side.name}-emb.npy", scratch / f"{tag}-{side.name}-links.npy"
-        side.python(_INDEX_ARRAYS, str(d), str(e), str(l), what=f"load-index-{tag}")
+        e = (scratch / f"{tag}-{side.name}-emb.npy").resolve()
+        l = (scratch / f"{tag}-{side.name}-links.npy").resolve()
+        if side.python(_INDEX_ARRAYS, str(d.resolve()), str(e), str(l), what=f"load-index-{tag}",
+                       check=False) is None:
+            out["differ"].append(f"{side.name} tree cannot load {d} (log {side.work / 'logs'})")
+            return out
         arrays.append((np.load(e), np.load(l)))
     (ea, la), (eb, lb) = arrays
     if ea.shape == eb.shape:
@@ -293,8 +299,10 @@ def cache_files(cache: pathlib.Path) -> Dict[str, str]:
 
 
 def index_dirs(cache: pathlib.Path) -> Dict[str, pathlib.Path]:
-    """Index directories (those with notes.jsonl) under an evaluation cache, by their path inside it."""
-    return {str(p.parent.relative_to(cache)): p.parent for p in sorted(cache.rglob("notes.jsonl"))}
+    """Index directories (those with a manifest.json and notes.jsonl) under an evaluation cache, by their path
+    inside it; the document-cache entries they were assembled from are left out."""
+    return {str(p.parent.relative_to(cache)): p.parent for p in sorted(cache.rglob("manifest.json"))
+            if (p.parent / "notes.jsonl").is_file()}
 
 
 # ----------------------------------------------------------------------------------------------- ask
@@ -319,6 +327,10 @@ def ask_one(side: Side, index: pathlib.Path, selector: str, budget: int, questio
 
 
 # ----------------------------------------------------------------------------------------------- table
+
+
+def links_word(equal: Optional[bool]) -> str:
+    return "-" if equal is None else "equal" if equal else "differ"
 
 
 def fmt(x: Optional[float]) -> str:
@@ -481,7 +493,7 @@ def main(argv=None) -> int:
                                        work / "scratch")
                 index_table.append([f"{bench} cache {rel}", f"{c['equal']} of {c['files']}",
                                     ", ".join(c["differ"][:5]) or "-", fmt(c["emb"]),
-                                    "equal" if c["links"] else "differ"])
+                                    links_word(c["links"])])
                 emb_table.append([bench, f"index {rel} notes", fmt(c["emb"])])
             for rel in sorted(o_idx.keys() ^ w_idx.keys()):
                 index_table.append([f"{bench} cache {rel}", "in one cache only", "-", "-", "-"])
@@ -510,7 +522,7 @@ def main(argv=None) -> int:
             indexes[side.name] = d
         c = compare_index_dirs(old, new, indexes["old"], indexes["new"], "pdf", work / "scratch")
         index_table.append([f"`cdsjax index {pdf.name}`", f"{c['equal']} of {c['files']}",
-                            ", ".join(c["differ"][:5]) or "-", fmt(c["emb"]), "equal" if c["links"] else "differ"])
+                            ", ".join(c["differ"][:5]) or "-", fmt(c["emb"]), links_word(c["links"])])
         emb_table.append(["index", f"{pdf.name} notes", fmt(c["emb"])])
         vecs = []
         for side in (old, new):
