@@ -188,6 +188,11 @@ def read_jsonl(path: pathlib.Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def max_abs_diff(a: List[Optional[float]], b: List[Optional[float]]) -> float:
+    """max |a_i - b_i| over two equally long lists of numbers (None entries skipped)."""
+    return max((abs(x - y) for x, y in zip(a, b) if x is not None and y is not None), default=0.0)
+
+
 def record_key(r: dict) -> Tuple:
     return (r.get("benchmark"), r.get("selector"), r.get("budget"), r.get("qid"))
 
@@ -213,7 +218,7 @@ def compare_records(old: List[dict], new: List[dict], selectors: List[str]) -> L
                 row["identical"] += 1
             elif a.get("selected") == b.get("selected"):
                 row["same_picks"] += 1
-                row["max"] = max(row["max"], d["max"])
+                row["max"] = max(row["max"], max_abs_diff(a.get("scores") or [], b.get("scores") or []))
                 row["fields"] |= d["differ"]
             else:
                 row["picks_differ"] += 1
@@ -345,6 +350,10 @@ def print_table(title: str, header: List[str], rows: Iterable[List[Any]]) -> Non
         print("| " + " | ".join(str(c) for c in r) + " |")
 
 
+RECORD_HEADER = ["benchmark", "selector", "records", "identical", "same picks, fields differ",
+                 "scores max abs diff (same picks)", "picks differ", "verdict", "notes"]
+
+
 def record_rows(bench: str, rows: List[dict]) -> List[List[Any]]:
     out = []
     for r in rows:
@@ -363,7 +372,7 @@ def record_rows(bench: str, rows: List[dict]) -> List[List[Any]]:
         if r["missing"]:
             notes.append(f"{r['missing']} on one side only")
         out.append([bench, r["selector"], r["records"], r["identical"], r["same_picks"],
-                    fmt(r["max"]) if r["same_picks"] or r["picks_differ"] else "0", r["picks_differ"], verdict,
+                    fmt(r["max"]) if r["same_picks"] else "-", r["picks_differ"], verdict,
                     "; ".join(notes)])
     return out
 
@@ -540,7 +549,7 @@ def main(argv=None) -> int:
             ids_b = [e.get("note_id") for e in b.get("evidence") or []]
             sa = [e.get("score") for e in a.get("evidence") or []]
             sb = [e.get("score") for e in b.get("evidence") or []]
-            smax = max((abs(x - y) for x, y in zip(sa, sb) if x is not None and y is not None), default=0.0)
+            smax = max_abs_diff(sa, sb) if ids_a == ids_b else None
             verdict = ("identical" if not d["differ"] else "same evidence, other fields differ"
                        if ids_a == ids_b else "evidence differs")
             notes = []
@@ -552,7 +561,7 @@ def main(argv=None) -> int:
                 notes.append("old only: " + ", ".join(sorted(d["only_old"])))
             if ids_a != ids_b:
                 notes.append(f"old {ids_a} new {ids_b}")
-            ask_table.append([sel, verdict, "yes" if ids_a == ids_b else "no", fmt(smax), fmt(d["max"]),
+            ask_table.append([sel, verdict, "yes" if ids_a == ids_b else "no", fmt(smax),
                               "; ".join(notes) or "-"])
 
     print(f"\n## Behaviour check: old {old_tree.name} at {old_commit[:12]} vs new {new_tree.name} at "
@@ -562,8 +571,7 @@ def main(argv=None) -> int:
         print(f"registered in one tree only: old {dropped['old'] or '-'}, new {dropped['new'] or '-'}")
     if record_table:
         print_table("Evaluation records, both trees on the old tree's embedding cache (every field but timings)",
-                    ["benchmark", "selector", "records", "identical", "same picks, fields differ", "max abs diff",
-                     "picks differ", "verdict", "notes"], record_table)
+                    RECORD_HEADER, record_table)
     if reads:
         print_table("Did the new tree read the old tree's embedding cache?", ["benchmark", "files seeded",
                     "read them without writing its own"], reads)
@@ -575,8 +583,7 @@ def main(argv=None) -> int:
                     ["where", "what", "max abs diff"], emb_table)
     if own_table:
         print_table("Evaluation records, the new tree on its own embeddings (its encoder)",
-                    ["benchmark", "selector", "records", "identical", "same picks, fields differ", "max abs diff",
-                     "picks differ", "verdict", "notes"], own_table)
+                    RECORD_HEADER, own_table)
     if index_table:
         print_table("Index files (notes.jsonl, elements.jsonl, crops byte for byte; embeddings; links)",
                     ["index", "files byte-identical", "files that differ", "embeddings max abs diff", "links"],
@@ -585,11 +592,17 @@ def main(argv=None) -> int:
         print_table(f"`cdsjax ask --json --budget {args.budget} --no-read` on {pdf.name}, both trees on the old "
                     f"tree's index (question vectors differ by {fmt(question_diff)}; every field but timings, "
                     "crop paths relative)",
-                    ["selector", "verdict", "same evidence ids and order", "scores max abs diff",
-                     "any number max abs diff", "notes"], ask_table)
+                    ["selector", "verdict", "same evidence ids and order", "scores max abs diff", "notes"],
+                    ask_table)
+    steps = []
+    for side in (old, new, own):
+        groups: Dict[str, List[float]] = {}
+        for k, v in side.seconds.items():
+            step = next((p for p in ("ask", "load-index") if k.startswith(p + "-")), k)
+            groups.setdefault(step, []).append(v)
+        steps += [[side.name, k if len(v) == 1 else f"{k} (x{len(v)})", f"{sum(v):.0f}"] for k, v in groups.items()]
     print_table("Seconds", ["side", "step", "seconds"],
-                [[s.name, k, f"{v:.0f}"] for s in (old, new, own) for k, v in s.seconds.items()]
-                + [["all", "total", f"{time.perf_counter() - t_start:.0f}"]])
+                steps + [["all", "total", f"{time.perf_counter() - t_start:.0f}"]])
     return 0
 
 
