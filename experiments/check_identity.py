@@ -15,15 +15,16 @@ output, index, document and compilation caches under ``--work`` (``old/``, ``new
   copy of the old run's embedding cache (note and question vectors, and the benchmark's PDF indexes), so both
   select from the same vectors ("same embeddings"). ``records.jsonl`` is compared record by record, every field
   but timings; per selector a record is identical, or has the same picks (``selected``, in order) with other
-  fields differing (max |diff| of the numbers, and which fields), or different picks. ``summary.csv`` rows are
+  fields differing (which fields, and the max |diff| of the scores, the selection weights), or different picks
+  (counted; how many of those pick the same set in another order). ``summary.csv`` rows are
   compared by (benchmark, selector, metric). Fields present on one side only are listed, not counted as
   differences (a field added on purpose shows up there).
 - **encoders**: the new tree also runs with caches of its own (``own/``, selectors ``--own-selectors``): every
   embedding file both caches hold (same texts, same embedder settings) gives the max |diff| between the two
   encoders, and the records of that run are compared with the old ones as above ("own embeddings").
-- **index files**: ``cdsjax index --pdf`` with each tree; ``notes.jsonl``, ``elements.jsonl`` and every crop
-  must be byte-identical, the embeddings are compared by max |diff|, the links exactly; the same for every
-  PDF index of the benchmark runs (the old cache's indexes vs the own run's).
+- **index files**: ``cdsjax index PDF --out DIR`` (``--pdf``) with each tree; ``notes.jsonl``,
+  ``elements.jsonl`` and every crop must be byte-identical, the embeddings are compared by max |diff|, the links
+  exactly; the same for every PDF index of the benchmark runs (the old cache's indexes vs the own run's).
 - **ask**: ``cdsjax ask INDEX QUESTION --json --budget B --no-read --selector S`` for every selector, both trees
   asking the old tree's index (the same note vectors; the question is encoded by each tree's own encoder, whose
   max |diff| is printed). Every field but ``timings`` is compared, crop paths relative to the index; evidence
@@ -38,7 +39,6 @@ from __future__ import annotations
 import argparse
 import csv
 import filecmp
-import hashlib
 import json
 import math
 import os
