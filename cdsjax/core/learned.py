@@ -50,6 +50,8 @@ it. Parameter files are read and written by :mod:`cdsjax.learn` (the core opens 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from typing import ClassVar, Optional, Sequence
 
@@ -114,6 +116,15 @@ class LearnedParams:
     def to_dict(self) -> dict:
         """``name -> float`` (for JSON)."""
         return {k: float(getattr(self, k)) for k in self.names()}
+
+    def content_key(self) -> str:
+        """A short hash of the values (equal parameters, equal key; no path involved): how a compiled selector's
+        key names these parameters. Non-finite values raise ``ValueError``."""
+        values = self.to_dict()
+        if not all(math.isfinite(v) for v in values.values()):
+            raise ValueError("learned parameters must be finite")
+        body = json.dumps(values, sort_keys=True).encode()
+        return "learned:" + hashlib.sha256(body).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, values: dict) -> "LearnedParams":

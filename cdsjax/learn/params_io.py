@@ -10,9 +10,7 @@ per page); :func:`resolve_params` turns what a user gives (a path, a value, noth
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import math
 import pathlib
 from typing import Tuple, Union
 
@@ -109,9 +107,6 @@ def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None,
 
 
 def params_hash(theta: LearnedParams) -> str:
-    """A short content hash of a parameter value (equal parameters, equal hash; no path involved)."""
-    values = {k: float(v) for k, v in theta.to_dict().items()}
-    if not all(math.isfinite(v) for v in values.values()):
-        raise ValueError("learned parameters must be finite")
-    body = json.dumps(values, sort_keys=True).encode()
-    return "learned:" + hashlib.sha256(body).hexdigest()[:16]
+    """A short content hash of a parameter value (equal parameters, equal hash; no path involved):
+    :meth:`LearnedParams.content_key`."""
+    return theta.content_key()
