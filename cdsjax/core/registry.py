@@ -44,7 +44,7 @@ from jax import Array
 
 SelectorFn = Callable[..., Selection]
 
-# Hard limit of the PPR selector's power iterations (it converges in tens at damping 0.85).
+# Hard limit of the PPR selector's power iterations (the largest max_iter it accepts).
 PPR_MAX_ITER_CAP = 100_000
 
 
