@@ -153,14 +153,14 @@ def resolve_options(name: str, options: Optional[dict] = None, params=None) -> d
 
 def _key_part(value):
     """An option value as part of a key: a value that names its own content (a learned game's parameters:
-    ``content_key()``, a hash) by that name, any other value as it is."""
+    ``content_key()``, their values) by that name, any other value as it is."""
     content_key = getattr(value, "content_key", None)
     return content_key() if callable(content_key) else value
 
 
 def selector_key(name: str, budget: int, options: Optional[dict] = None) -> tuple:
     """A hashable name of a compiled selector: registry name, budget and options, a parameter value by its
-    content hash (``LearnedParams.content_key``)."""
+    content (``LearnedParams.content_key``)."""
     items = [(k, _key_part(v)) for k, v in sorted(dict(options or {}).items())]
     return catalog.selector_spec(name).name, int(budget), tuple(items)
 

@@ -50,8 +50,6 @@ it. Parameter files are read and written by :mod:`cdsjax.learn` (the core opens 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from typing import ClassVar, Optional, Sequence
 
@@ -117,14 +115,14 @@ class LearnedParams:
         """``name -> float`` (for JSON)."""
         return {k: float(getattr(self, k)) for k in self.names()}
 
-    def content_key(self) -> str:
-        """A short hash of the values (equal parameters, equal key; no path involved): how a compiled selector's
-        key names these parameters. Non-finite values raise ``ValueError``."""
+    def content_key(self) -> tuple:
+        """These parameters by their values, ``("learned", ((name, value), ...))`` sorted by name (equal parameters,
+        equal key; no path involved): how a compiled selector's key names them. Non-finite values raise
+        ``ValueError``."""
         values = self.to_dict()
         if not all(math.isfinite(v) for v in values.values()):
             raise ValueError("learned parameters must be finite")
-        body = json.dumps(values, sort_keys=True).encode()
-        return "learned:" + hashlib.sha256(body).hexdigest()[:16]
+        return "learned", tuple(sorted(values.items()))
 
     @classmethod
     def from_dict(cls, values: dict) -> "LearnedParams":
