@@ -10,8 +10,8 @@ the fitted game's equilibrium, found by the active-set solver, its ranking read 
 round; ``"cds_learned"`` reads its top-B); ``"cds_converged"`` is the paper's game at equilibrium and ``"cds"``
 the paper's replicator dynamics with its step cap, which often stops far from equilibrium on real indexes. A
 selector may be named by its registry name or the display form users write (``cds-paper``); an answer shows
-the display form. Candidates become a problem
-through :mod:`cdsjax.selection`, the path the integrations and the evaluation take too.
+the display form. Candidates become a problem through :mod:`cdsjax.selection`, the path the integrations and the
+evaluation take too.
 
 With a reader (``reader=ReaderConfig(base_url=..., model=...)``) the answer text
 comes from the VLM; without one, ``answer.answer`` is None and the selected
@@ -28,8 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from cdsjax import core
-from cdsjax import catalog
+from cdsjax import catalog, core
 from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cache: the commands' entry point)
     CompileCache, ExportedJit, enable_compilation_cache)
@@ -317,7 +316,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ retrieval
     def selector_key(self, selector: str, budget: int, options: Optional[dict] = None) -> tuple:
-        """The key of a selector in :attr:`compiled` (a parameter value by its content hash, never a path)."""
+        """The key of a selector in :attr:`compiled` (a parameter value by its content, never a path)."""
         try:
             return selector_key(selector, budget, resolve_options(canonical_selector(selector), options,
                                                                   self.params))

@@ -127,8 +127,8 @@ class Candidates:
         structure = {}
         if spec.structure:
             if self.structure is None:
-                raise ValueError(f"selector {catalog.display(spec.name)!r} reads the notes' documents, pages and kinds, which "
-                                 "these candidates do not carry")
+                raise ValueError(f"selector {catalog.display(spec.name)!r} reads the notes' documents, pages and "
+                                 "kinds, which these candidates do not carry")
             structure = {k: self._on_device(k) for k in STRUCTURE_ARRAYS}
         queries = jnp.asarray(query)
         return CDSProblem(notes=self._on_device("notes"), queries=queries if queries.ndim == 2 else queries[None, :],

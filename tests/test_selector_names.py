@@ -2,8 +2,8 @@
 line and the default in the catalog above it (cdsjax/catalog.py).
 
 Elsewhere code reads them from :data:`cdsjax.core.registry.SPECS` and the catalog's ``DEFAULT_SELECTOR``,
-``REFERENCE_SELECTOR``, ``PAPER_SELECTOR`` and :func:`~cdsjax.catalog.display`. Docs, docstrings, comments and tests may name selectors, and
-so may ``configs/`` (a config choosing what to evaluate is configuration, like a command line). The check
+``REFERENCE_SELECTOR``, ``PAPER_SELECTOR`` and :func:`~cdsjax.catalog.display`. Docs, docstrings, comments and
+tests may name selectors, and so may ``configs/`` (a config choosing what to evaluate is configuration, like a command line). The check
 is static: no string literal other than a docstring or an ``__all__`` entry, in ``cdsjax/`` or
 ``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
 ``random`` is left out: it is also the distractor kind of candidate pools (``io.datasets.DISTRACTORS``).
@@ -86,8 +86,10 @@ def test_the_check_finds_names_lists_and_flags_but_not_prose_or_docstrings(tmp_p
 def test_selector_names_live_only_in_the_registry_and_the_catalog():
     bad = [f"{path.relative_to(ROOT)}:{hit}" for top in ("cdsjax", "experiments")
            for path in sorted((ROOT / top).rglob("*.py"))
-           if path not in HOMES and str(path.relative_to(ROOT)) not in OTHER_LIBRARIES for hit in selector_literals(path)]
-    assert not bad, "selector names spelled outside cdsjax/core/registry.py and cdsjax/catalog.py:\n" + "\n".join(bad)
+           if path not in HOMES and str(path.relative_to(ROOT)) not in OTHER_LIBRARIES
+           for hit in selector_literals(path)]
+    assert not bad, ("selector names spelled outside cdsjax/core/registry.py and cdsjax/catalog.py:\n"
+                     + "\n".join(bad))
 
 
 def test_the_core_registry_holds_no_product_choices():

@@ -22,7 +22,8 @@ def enable_float64() -> None:
 
 
 def add_selector_argument(parser, lead: str) -> None:
-    """``--selector NAME`` (default None: the catalog's default (cdsjax.catalog.DEFAULT_SELECTOR), resolved where the selector is built).
+    """``--selector NAME`` (default None: :data:`cdsjax.catalog.DEFAULT_SELECTOR`, resolved where the selector is
+    built).
 
     Its help is ``lead`` followed by every selector with its one-line help (:func:`cdsjax.catalog.selectors_help`),
     read only when help is shown: the registry imports JAX, which ``cdsjax --help`` and ``cdsjax ask --server``
