@@ -3,9 +3,9 @@ line and the default in the catalog above it (cdsjax/catalog.py).
 
 Elsewhere code reads them from :data:`cdsjax.core.registry.SPECS` and the catalog's ``DEFAULT_SELECTOR``,
 ``REFERENCE_SELECTOR``, ``PAPER_SELECTOR`` and :func:`~cdsjax.catalog.display`. Docs, docstrings, comments and
-tests may name selectors, and so may ``configs/`` (a config choosing what to evaluate is configuration, like a command line). The check
-is static: no string literal other than a docstring or an ``__all__`` entry, in ``cdsjax/`` or
-``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
+tests may name selectors, and so may ``configs/`` (a config choosing what to evaluate is configuration, like a
+command line). The check is static: no string literal other than a docstring or an ``__all__`` entry, in
+``cdsjax/`` or ``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
 ``random`` is left out: it is also the distractor kind of candidate pools (``io.datasets.DISTRACTORS``).
 Files listed in :data:`OTHER_LIBRARIES` label another library's methods with the same words; they are not
 registry names.
