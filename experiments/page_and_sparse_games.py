@@ -1,8 +1,7 @@
 """Two structure-aware games kept as experiment selectors: the page game and the learned game's sparse regime.
 
-They are not in the registry (:mod:`cdsjax.core.registry`): read per page, neither selects better than the
-registry's per-page read-outs on MMLongBench-Doc (RESULTS.md, "Games and read-outs that see pages"). Their
-cores stay in :mod:`cdsjax.core.structure` (:func:`~cdsjax.core.structure.select_page_game`,
+They are experiments, not in the registry (:mod:`cdsjax.core.registry`); RESULTS.md ("Games and read-outs that
+see pages") compares them with the registry's per-page read-outs. Their cores stay in :mod:`cdsjax.core.structure` (:func:`~cdsjax.core.structure.select_page_game`,
 :func:`~cdsjax.core.structure.sparse_learned_ranking`), which ``experiments/structured_cv.py`` calls directly.
 Here they are selectors with the registry's calling convention, ``fn(problem: CDSProblem, key=None) ->
 Selection``, under a :class:`~cdsjax.core.SelectorSpec` each (:data:`SPECS`), for an experiment script that runs
@@ -43,8 +42,7 @@ def needs_pages(problem: CDSProblem, name: str):
 def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_doc: float = 0.0,
               notes_per_page: int = 1, tol: Optional[float] = None, max_iter: Optional[int] = None) -> Callable:
     """The page game (:func:`~cdsjax.core.structure.select_page_game`): pages are the vertices, the ranked pages'
-    best ``notes_per_page`` notes per round the evidence; ``alpha_factor < 1`` is its sparse regime. Defaults: the
-    setting ``experiments/structured_cv.py`` chose on MMLongBench-Doc."""
+    best ``notes_per_page`` notes per round the evidence; ``alpha_factor < 1`` is its sparse regime."""
     if not float(beta) >= 0.0:
         raise ValueError(f"beta must be >= 0, got {beta!r}")
     if not float(alpha_factor) > 0.0:
