@@ -1,8 +1,9 @@
 """Two structure-aware games kept as experiment selectors: the page game and the learned game's sparse regime.
 
 They are experiments, not in the registry (:mod:`cdsjax.core.registry`); RESULTS.md ("Games and read-outs that
-see pages") compares them with the registry's per-page read-outs. Their cores stay in :mod:`cdsjax.core.structure` (:func:`~cdsjax.core.structure.select_page_game`,
-:func:`~cdsjax.core.structure.sparse_learned_ranking`), which ``experiments/structured_cv.py`` calls directly.
+see pages") compares them with the registry's per-page read-outs. Their cores stay in :mod:`cdsjax.core.structure`
+(:func:`~cdsjax.core.structure.select_page_game`, :func:`~cdsjax.core.structure.sparse_learned_ranking`), which
+``experiments/structured_cv.py`` calls directly.
 Here they are selectors with the registry's calling convention, ``fn(problem: CDSProblem, key=None) ->
 Selection``, under a :class:`~cdsjax.core.SelectorSpec` each (:data:`SPECS`), for an experiment script that runs
 them as selectors::
