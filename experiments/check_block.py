@@ -32,11 +32,11 @@ def compare(pipe, questions, names) -> dict:
     """Per selector: questions, same picks, and the differing questions' details."""
     import jax
 
-    from cdsjax.core import registry
+    from cdsjax.catalog import selector_spec
 
     out = {}
     for name in names:
-        spec = registry.selector_spec(name)
+        spec = selector_spec(name)
         pipe.select(questions[0], selector=name, budget=10)  # compiles, computes the bound and block
         fn = pipe.selector_fn(name, 10)
         (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == spec.name]

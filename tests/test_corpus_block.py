@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cdsjax import core
+from cdsjax import catalog, core
 from cdsjax.core import registry
 from cdsjax.core.active_set import ActiveSet, capacities
 from cdsjax.core.corpus import problem_block, uses_block
@@ -100,10 +100,10 @@ def test_pipeline_keeps_the_block_with_the_bound():
                            embedder={"model": "all-MiniLM-L6-v2"}, roots=[]), embedder=object())
     for selector in ("cds-learned", "cds-learned-pages", "cds-converged"):
         first = pipe.select(qs[0], selector=selector, budget=5)
-        (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == registry.selector_spec(selector).name]
+        (bound, block), = [v for k, v in pipe._bounds.items() if k[0] == catalog.selector_spec(selector).name]
         assert bound is not None and block is not None and block.shape == (pipe.size, pipe.size)
         fn = pipe.selector_fn(selector, 5)
-        problem = pipe.candidates.problem(qs[0], registry.selector_spec(selector)).replace(bound=bound)
+        problem = pipe.candidates.problem(qs[0], catalog.selector_spec(selector)).replace(bound=bound)
         dense = fn(problem)
         np.testing.assert_array_equal(np.asarray(first.indices), np.asarray(dense.indices))
     assert pipe.select(qs[1], selector="cosine", budget=5).indices.shape == (5,)

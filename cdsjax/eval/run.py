@@ -222,15 +222,15 @@ def _with_bounds(bound, batch, cache: Dict[str, Any]):
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any]):
     """:func:`cdsjax.core.make_selector` with a learned selector's ``params`` resolved to a value
-    (:func:`cdsjax.selection.selector_options`: a file, or the shipped fit), memoised on (name, budget,
+    (:func:`cdsjax.selection.resolve_options`: a file, or the shipped fit), memoised on (name, budget,
     options with the parameters' content hash), so a second :func:`evaluate` in the same process does not
     compile again."""
-    from cdsjax.selection import make_selector, selector_key, selector_options
+    from cdsjax.selection import resolve_options, resolve_selector, selector_key
 
-    options = selector_options(name, options)
+    options = resolve_options(name, options)
     key = json.dumps(selector_key(name, budget, options), sort_keys=True, default=repr)
     if key not in _SELECTOR_FNS:
-        _SELECTOR_FNS[key] = make_selector(name, budget, options)[1]
+        _SELECTOR_FNS[key] = resolve_selector(name, budget, options)[1]
     return _SELECTOR_FNS[key]
 
 
