@@ -97,3 +97,31 @@ def import_config_package(config_file) -> None:
     root = str(here.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
+
+
+API_KEY_VARIABLES = ("CDSJAX_READER_API_KEY", "CDSJAX_JUDGE_API_KEY")
+
+
+def unknown_field_message(err: BaseException, argv, prefix: str = "--config.") -> str:
+    """One line for an override that names no config field (the AttributeError / KeyError ml_collections raises):
+    the whole override path as given (``--config.reader.modl: no such config field (did you mean "model"?)``), and
+    for an API key, where keys come from instead (never the config, so never a run's records)."""
+    import re
+
+    text = str(err.args[0] if err.args else err)
+    match = re.match(r"\W*(\w+)", text)
+    key = match.group(1) if match else text.strip("'\"")
+    path = key
+    for arg in argv:
+        if arg.startswith(prefix):
+            candidate = arg[len(prefix):].split("=", 1)[0]
+            if key in candidate.split("."):
+                path = candidate
+                break
+    line = f"{prefix}{path}: no such config field"
+    hint = re.search(r'Did you mean "(\w+)"', text)
+    if hint:
+        line += f' (did you mean "{hint.group(1)}"?)'
+    if re.search(r"api_?key|^key$", key.lower()):
+        line += f"; API keys come from the environment only ({', '.join(API_KEY_VARIABLES)})"
+    return line

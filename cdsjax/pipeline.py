@@ -5,12 +5,13 @@
     answer = pipe.ask("What drove the 2023 increase?", budget=10)   # learned CDS read per page (the default)
     answer.evidence[0]["page"], answer.diagnostics["converged"], answer.warnings
 
-The default selector is the registry's ``DEFAULT_SELECTOR``, learned CDS read per page (``"cds-learned-pages"``:
+The default selector is :data:`cdsjax.catalog.DEFAULT_SELECTOR`, learned CDS read per page (``"cds_learned_pages"``:
 the fitted game's equilibrium, found by the active-set solver, its ranking read one note per printed page per
-round; ``"cds-learned"`` reads its top-B); ``"cds-converged"`` is the
-paper's game at equilibrium and ``"cds-paper"`` (registry name ``"cds"``) the paper's replicator dynamics
-with its step cap, which often stops far from equilibrium on real indexes. Candidates become a problem
-through :mod:`cdsjax.selection`, the path the integrations and the evaluation take too.
+round; ``"cds_learned"`` reads its top-B); ``"cds_converged"`` is the paper's game at equilibrium and ``"cds"``
+the paper's replicator dynamics with its step cap, which often stops far from equilibrium on real indexes. A
+selector may be named by its registry name or the display form users write (``cds-paper``); an answer shows
+the display form. Candidates become a problem through :mod:`cdsjax.selection`, the path the integrations and the
+evaluation take too.
 
 With a reader (``reader=ReaderConfig(base_url=..., model=...)``) the answer text
 comes from the VLM; without one, ``answer.answer`` is None and the selected
@@ -27,20 +28,16 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from cdsjax import core
-from cdsjax.core import registry
+from cdsjax import catalog, core
+from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cache: the commands' entry point)
     CompileCache, ExportedJit, enable_compilation_cache)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
 from cdsjax.io.embed import EmbedderError, check_embedder, embedder_key
 from cdsjax.learn.params_io import resolve_params
-from cdsjax.selection import (Candidates, CorpusArrays, make_selector, note_structure, selector_key,
-                              selector_options)
+from cdsjax.selection import (Candidates, CorpusArrays, note_structure, resolve_options, resolve_selector,
+                              selector_key)
 from cdsjax.selector_cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache  # noqa: F401 (public here)
-
-# Selector names, their other spellings and the names shown to users: core.registry.SPECS.
-DEFAULT_SELECTOR = registry.SPECS[registry.DEFAULT_SELECTOR].display
-
 
 
 class PipelineError(Exception):
@@ -148,16 +145,16 @@ def checked_embedder(info: dict, *, allowed: Sequence[str] = (), trust_remote_co
 
 
 def canonical_selector(name: str) -> str:
-    """The registry name of a selector name or alias (``cds-converged`` -> ``cds_converged``)."""
+    """The registry name of a selector's registry name or display form (``cds-converged`` -> ``cds_converged``)."""
     try:
-        return registry.selector_spec(name).name
+        return catalog.selector_spec(name).name
     except ValueError as err:
         raise PipelineError(str(err)) from None
 
 
 def display_name(name: str) -> str:
     """The name users write for a selector (``cds`` -> ``cds-paper``, ``cds_converged`` -> ``cds-converged``)."""
-    return registry.SPECS[canonical_selector(name)].display
+    return catalog.display(canonical_selector(name))
 
 
 def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
@@ -168,11 +165,13 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
              "singular": "stopped on a singular Newton system"}.get(diagnostics.get("status"), "stopped unconverged")
     head = (f"CDS {diagnostics['mode']} mode {ended} after {diagnostics['num_iters']} steps "
             f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
-    reference = registry.SPECS[registry.REFERENCE_SELECTOR].display
+    reference = catalog.display(catalog.REFERENCE_SELECTOR)
     if diagnostics["mode"] == "paper":
-        return head + f" — use --selector {DEFAULT_SELECTOR} (the default) for the equilibrium, or {reference}"
-    default_solver = registry.SPECS[registry.DEFAULT_SELECTOR].solver
-    other = next(s.display for s in registry.SPECS.values() if s.mode == "converged" and s.solver != default_solver)
+        return (head + f" — use --selector {catalog.display(DEFAULT_SELECTOR)} (the default) for the equilibrium, "
+                f"or {reference}")
+    default_solver = core.SPECS[DEFAULT_SELECTOR].solver
+    other = next(catalog.display(s.name) for s in core.SPECS.values()
+                 if s.mode == "converged" and s.solver != default_solver)
     return head + f" — try --selector {other} or {reference}"
 
 
@@ -318,10 +317,10 @@ class Pipeline:
 
     # ------------------------------------------------------------------ retrieval
     def selector_key(self, selector: str, budget: int, options: Optional[dict] = None) -> tuple:
-        """The key of a selector in :attr:`compiled` (a parameter value by its content hash, never a path)."""
+        """The key of a selector in :attr:`compiled` (a parameter value by its content, never a path)."""
         try:
-            return selector_key(selector, budget, selector_options(canonical_selector(selector), options,
-                                                                   self.params))
+            return selector_key(selector, budget, resolve_options(canonical_selector(selector), options,
+                                                                  self.params))
         except ValueError as err:
             raise PipelineError(str(err)) from None
 
@@ -339,7 +338,7 @@ class Pipeline:
 
         def make():
             try:
-                _, fn = make_selector(key[0], budget, options, self.params)
+                _, fn = resolve_selector(key[0], budget, options, self.params)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
             # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
@@ -368,7 +367,7 @@ class Pipeline:
                options: Optional[dict] = None) -> core.Selection:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
-        problem = self.with_bound(fn, self.candidates.problem(query, registry.selector_spec(selector)),
+        problem = self.with_bound(fn, self.candidates.problem(query, catalog.selector_spec(selector)),
                                   self.selector_key(selector, budget, options))
         sel = jax.device_get(fn(problem, core.key_from_query_id(qid)))
         self._ran.add(self.selector_key(selector, budget, options))
@@ -478,4 +477,8 @@ class Pipeline:
     def diagnostics(self, sel: core.Selection, selector: str) -> Dict[str, Any]:
         """Solver diagnostics of a CDS selection as plain Python values ({} for baselines):
         :func:`cdsjax.core.diagnostics` with the selector's solver and mode and this corpus's mask."""
-        return core.diagnostics(sel, selector=canonical_selector(selector), valid=self.valid)
+        try:
+            spec = catalog.selector_spec(selector)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
+        return core.diagnostics(sel, spec=spec, valid=self.valid)

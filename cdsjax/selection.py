@@ -10,11 +10,14 @@ registry selector the same way:
   (:func:`cdsjax.core.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
   :class:`~cdsjax.core.SelectorSpec` asks for (structure only for a selector that reads it), so the same
   candidates in the same order give the same problem, hence the same evidence, everywhere;
-* :func:`selector_options` gives a learned selector its parameter *value* (a file read by
-  :mod:`cdsjax.learn`, the shipped fit by default) and :func:`selector_key` names a compiled selector by
-  that value's content hash, never by a path;
+* :func:`resolve_options` gives a learned selector its parameter *value* (a file read by
+  :mod:`cdsjax.learn`, the shipped fit by default), :func:`resolve_selector` builds the selector with it
+  (:func:`cdsjax.core.make_selector`), and :func:`selector_key` names a compiled selector by that value's
+  content hash, never by a path;
 * :class:`CorpusArrays` keeps what a selector's game computes once per corpus (the spectral bound, the note
   block) and gives every question its share, for the pipeline, the integrations and the evaluation alike.
+
+Selector names are registry names or the display forms users write (:func:`cdsjax.catalog.selector_spec`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from cdsjax import catalog
 from cdsjax.core import registry
 from cdsjax.core.batching import bucket_size
-from cdsjax.core.learned import LearnedParams, kind_codes
+from cdsjax.core.learned import kind_codes
 from cdsjax.core.types import CDSProblem, as_selector
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds")
@@ -128,23 +132,23 @@ class Candidates:
         structure = {}
         if spec.structure:
             if self.structure is None:
-                raise ValueError(f"selector {spec.display!r} reads the notes' documents, pages and kinds, which "
-                                 "these candidates do not carry")
+                raise ValueError(f"selector {catalog.display(spec.name)!r} reads the notes' documents, pages and "
+                                 "kinds, which these candidates do not carry")
             structure = {k: self._on_device(k) for k in STRUCTURE_ARRAYS}
         queries = jnp.asarray(query)
         return CDSProblem(notes=self._on_device("notes"), queries=queries if queries.ndim == 2 else queries[None, :],
                           valid=self._on_device("valid"), links=self._on_device("links"), **structure)
 
 
-def selector_options(name: str, options: Optional[dict] = None, params=None) -> dict:
-    """``options`` of the selector ``name`` with a learned selector's ``params`` as a value.
+def resolve_options(name: str, options: Optional[dict] = None, params=None) -> dict:
+    """``options`` of the selector ``name`` with a learned selector's ``params`` resolved to a value.
 
-    ``params`` (a file path, a :class:`LearnedParams` or None: the shipped fit of the selector's read-out,
-    ``SelectorSpec.readout``) applies unless ``options`` names its own; files are read by
+    ``params`` (a file path, a :class:`~cdsjax.core.learned.LearnedParams` or None: the shipped fit of the
+    selector's read-out, ``SelectorSpec.readout``) applies unless ``options`` names its own; files are read by
     :func:`cdsjax.learn.resolve_params` (one line on a bad file).
     """
     options = dict(options or {})
-    spec = registry.selector_spec(name)
+    spec = catalog.selector_spec(name)
     if spec.learned:
         from cdsjax.learn.params_io import resolve_params
 
@@ -152,22 +156,25 @@ def selector_options(name: str, options: Optional[dict] = None, params=None) -> 
     return options
 
 
+def _key_part(value):
+    """An option value as part of a key: a value that names its own content (a learned game's parameters:
+    ``content_key()``, their values) by that name, any other value as it is."""
+    content_key = getattr(value, "content_key", None)
+    return content_key() if callable(content_key) else value
+
+
 def selector_key(name: str, budget: int, options: Optional[dict] = None) -> tuple:
     """A hashable name of a compiled selector: registry name, budget and options, a parameter value by its
-    content hash (:func:`cdsjax.learn.params_hash`)."""
-    from cdsjax.learn.params_io import params_hash
-
-    items = []
-    for k, v in sorted(dict(options or {}).items()):
-        items.append((k, params_hash(v) if isinstance(v, LearnedParams) else v))
-    return registry.selector_spec(name).name, int(budget), tuple(items)
+    content (``LearnedParams.content_key``)."""
+    items = [(k, _key_part(v)) for k, v in sorted(dict(options or {}).items())]
+    return catalog.selector_spec(name).name, int(budget), tuple(items)
 
 
-def make_selector(name: str, budget: int, options: Optional[dict] = None, params=None):
+def resolve_selector(name: str, budget: int, options: Optional[dict] = None, params=None):
     """``(spec, fn)``: the registry spec of ``name`` and its selector (:func:`cdsjax.core.make_selector`) with
-    ``options`` completed by :func:`selector_options`."""
-    spec = registry.selector_spec(name)
-    return spec, registry.make_selector(spec.name, budget=budget, **selector_options(spec.name, options, params))
+    ``options`` completed by :func:`resolve_options`."""
+    spec = catalog.selector_spec(name)
+    return spec, registry.make_selector(spec.name, budget=budget, **resolve_options(spec.name, options, params))
 
 
 def corpus_arrays(bound_fn, block_fn, problem: CDSProblem) -> tuple:

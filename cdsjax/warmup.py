@@ -19,9 +19,8 @@ from typing import Optional
 import jax
 import numpy as np
 
-from cdsjax import core
-from cdsjax.core import registry
-from cdsjax.core.registry import DEFAULT_SELECTOR
+from cdsjax import catalog, core
+from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.selection import corpus_arrays
 
 
@@ -62,7 +61,7 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     fn = pipe.selector_fn(selector, budget, options)
     if not hasattr(fn.select, "precompile"):
         return False
-    problem = pipe.candidates.problem(query, registry.selector_spec(selector))
+    problem = pipe.candidates.problem(query, catalog.selector_spec(selector))
     key = core.key_from_query_id(qid or "warm-up question")
     make, build = fn.corpus_bound, fn.corpus_block
     if make is None:

@@ -115,9 +115,9 @@ def main() -> int:
                                 text=True).stdout.strip() or "?"
 
     sys.path.insert(0, str(ROOT))
-    from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, SPECS
+    from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, display
 
-    default, paper = SPECS[DEFAULT_SELECTOR].display, SPECS[PAPER_SELECTOR].display
+    default, paper = display(DEFAULT_SELECTOR), display(PAPER_SELECTOR)
     paper_row = f"new, --selector {paper}"
     tmp = Path(tempfile.mkdtemp(prefix="bench_ask_"))
     shared_cache = tmp / "cache"

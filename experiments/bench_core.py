@@ -99,12 +99,13 @@ def selector_fns(budget):
         "cds (paper mode)": lambda z, q, v, links, key: core.cds_select(z, q, v, budget=budget),
     }
     try:
+        from cdsjax.catalog import DEFAULT_SELECTOR
         from cdsjax.core import registry
         from cdsjax.learn import default_params
     except ImportError:
         return fns
     # every baseline, and the default selector (paper mode is timed above)
-    for name in [n for n, s in registry.SPECS.items() if s.solver is None] + [registry.DEFAULT_SELECTOR]:
+    for name in [n for n, s in registry.SPECS.items() if s.solver is None] + [DEFAULT_SELECTOR]:
         try:
             fn = registry.make_selector(name, budget=budget, **(
                 {"params": default_params()} if registry.SPECS[name].learned else {}))

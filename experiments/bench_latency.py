@@ -49,7 +49,8 @@ CACHE = ROOT / "runs" / "bench_latency"
 def selectors(given: str = "") -> tuple:
     """The selectors timed: ``given`` (comma-separated registry names), else the default selector, converged CDS
     (the paper's game, beta an option) and cosine, from the registry."""
-    from cdsjax.core.registry import DEFAULT_SELECTOR, REFERENCE_SELECTOR, SPECS, selector_spec
+    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, selector_spec
+    from cdsjax.core.registry import SPECS
 
     if given:
         return tuple(selector_spec(n.strip()).name for n in given.split(",") if n.strip())

@@ -34,11 +34,11 @@ def compare(pipe, questions, names) -> dict:
     """Per selector: questions, same picks, and the differing questions' details."""
     import jax
 
-    from cdsjax.core import registry
+    from cdsjax.catalog import selector_spec
 
     out = {}
     for name in names:
-        spec = registry.selector_spec(name)
+        spec = selector_spec(name)
         pipe.select(questions[0], selector=name, budget=10)  # compiles, computes the bound and block
         fn = pipe.selector_fn(name, 10)
         same, diffs, max_dw = 0, [], 0.0

@@ -52,13 +52,18 @@ def exit_on_user_error(prog: str):
 
 def parse_flags_or_exit(argv):
     """``app.run(main, flags_parser=parse_flags_or_exit)``: a config file that is missing or does not
-    load (the config flag executes it while flags are parsed) is one line on stderr and exit status 2,
-    not a traceback."""
+    load (the config flag executes it while flags are parsed), or an override naming no field, is one line on
+    stderr and exit status 2, not a traceback."""
     prog = argv[0].rsplit("/", 1)[-1] if argv else "experiment"
     try:
         return flags.FLAGS(argv)
     except flags.Error as err:
         message = str(err)
+    except (AttributeError, KeyError) as err:  # an override naming no field of the config
+        from cdsjax.config import unknown_field_message
+
+        print(f"{prog}: error: {unknown_field_message(err, argv)}", file=sys.stderr)
+        sys.exit(2)
     except Exception as err:  # the config module itself failed: OSError, SyntaxError, NameError, ...
         message = f"{type(err).__name__}: {err}"
     lines = [line.strip() for line in message.splitlines() if line.strip()]

@@ -51,7 +51,8 @@ if str(ROOT) not in sys.path:
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from cdsjax.core.registry import LEARNED_SELECTOR, SPECS  # noqa: E402
+from cdsjax.catalog import LEARNED_SELECTOR, display  # noqa: E402
+from cdsjax.core.registry import SPECS  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/learned_cv.py", lock_config=True)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
@@ -60,7 +61,7 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool("summarize_only", False, "Only summarise the
 _MERGE = flags.DEFINE_list("merge", None, "Summarise the completed tasks of these output directories (e.g. one "
                            "run per benchmark) into config.output_dir, without loading any data.")
 
-LEARNED = SPECS[LEARNED_SELECTOR].display
+LEARNED = display(LEARNED_SELECTOR)
 
 
 def learned_selector(config) -> str:
@@ -72,7 +73,7 @@ def learned_selector(config) -> str:
 
 def learned_label(config) -> str:
     """The fitted game's label in records, tuning and tables (its selector's display name)."""
-    return SPECS[learned_selector(config)].display
+    return display(learned_selector(config))
 
 
 SHIPPED = " (shipped fit)"
@@ -83,7 +84,7 @@ def fixed_selectors(config) -> List[Tuple[str, str, dict]]:
     this way plays the shipped fit (fitted on every dev question, these test questions included) and is labelled
     so, apart from the game this run fits."""
     names = [n for n in (s.strip() for s in config.fixed_selectors.split(",")) if n]
-    return [(SPECS[n].display + (SHIPPED if SPECS[n].learned else ""), n, {}) for n in names]
+    return [(display(n) + (SHIPPED if SPECS[n].learned else ""), n, {}) for n in names]
 
 
 @dataclasses.dataclass
@@ -350,7 +351,7 @@ def _registry_fn(name: str, budget: int, options: dict):
 def tuned_candidates(config) -> Dict[str, List[Tuple[str, str, dict]]]:
     """``display name -> [(label, registry name, options)]`` of the tuned baselines' grids."""
     mmr, dpp = config.mmr_selector, config.dpp_selector
-    shown = lambda name: SPECS[name].display if name in SPECS else name  # noqa: E731
+    shown = lambda name: display(name) if name in SPECS else name  # noqa: E731
     return {f"{shown(mmr)} (tuned)": [(f"{mmr}@lam={v:g}", mmr, {"lam": float(v)}) for v in config.mmr_lams],
             f"{shown(dpp)} (tuned)": [(f"{dpp}@theta={v:g}", dpp, {"theta": float(v)}) for v in config.dpp_thetas]}
 

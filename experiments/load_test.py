@@ -77,12 +77,13 @@ def selector_names() -> dict:
     converged CDS selector that takes no beta)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, SPECS
+    from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, display
+    from cdsjax.core.registry import SPECS
 
     support = next(s for s in SPECS.values() if s.mode == "converged" and "beta" not in s.options)
     beta = next(s for s in SPECS.values() if s.mode == "converged" and "beta" in s.options)
-    return dict(paper=SPECS[PAPER_SELECTOR].display, default=SPECS[DEFAULT_SELECTOR].display,
-                support=support.display, beta=beta.display)
+    return dict(paper=display(PAPER_SELECTOR), default=display(DEFAULT_SELECTOR),
+                support=display(support.name), beta=display(beta.name))
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cdsjax.core.registry import PAPER_SELECTOR, REFERENCE_SELECTOR  # noqa: E402
+from cdsjax.catalog import PAPER_SELECTOR, REFERENCE_SELECTOR, selector_spec  # noqa: E402
 from cdsjax.eval import figures as F  # noqa: E402
 
 SWEPT = ("lam", "prior", "coupling", "tau", "beta")
@@ -46,7 +46,6 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
 
     from cdsjax.eval.problems import load_configured_benchmark, text_problems
     from cdsjax.eval.run import cached_selector, run_selector
-    from cdsjax import core
     from cdsjax.io.embed import Embedder
 
     bench = load_configured_benchmark(config)
@@ -66,7 +65,7 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         fn = cached_selector(name, int(config.budget), opts)
-        sels = run_selector(fn, problems, chunk=core.selector_spec(name).batch_chunk, spec=core.selector_spec(name),
+        sels = run_selector(fn, problems, chunk=selector_spec(name).batch_chunk, spec=selector_spec(name),
                               buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
                               max_batch=int(config.get("max_batch", 64)))
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]

@@ -29,7 +29,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cdsjax.core.registry import REFERENCE_SELECTOR, SPECS  # noqa: E402
+from cdsjax.catalog import REFERENCE_SELECTOR  # noqa: E402
+from cdsjax.core.registry import SPECS  # noqa: E402
 from cdsjax.eval import metrics as M  # noqa: E402
 from cdsjax.eval.records import RECORDS_FILE, read_records  # noqa: E402
 from cdsjax.eval.report import TIMINGS_FILE  # noqa: E402

@@ -43,7 +43,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cdsjax.core.registry import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR, SPECS  # noqa: E402
+from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR  # noqa: E402
+from cdsjax.core.registry import SPECS  # noqa: E402
 
 BUDGETS = {"hotpotqa": 2, "qasper": 5, "mmlongbench": 10}
 RECALL = {"hotpotqa": "paragraph_recall", "qasper": "paragraph_recall", "mmlongbench": "page_recall"}

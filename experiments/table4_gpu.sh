@@ -8,8 +8,11 @@
 #   TP=1 bash experiments/table4_gpu.sh Qwen/Qwen2.5-VL-7B-Instruct
 #   TP=1 MAX_MODEL_LEN=65536 bash experiments/table4_gpu.sh zai-org/GLM-4.1V-9B-Thinking
 #   SEEDS="(0, 1, 2)" OUT=runs/eval/table4-qwen32b bash experiments/table4_gpu.sh Qwen/Qwen3-VL-32B-Instruct
+#   bash experiments/table4_gpu.sh Qwen/Qwen2.5-VL-7B-Instruct --config.max_queries=20   # a short trial run
 #
-# Environment: TP (tensor parallel, 4), MAX_MODEL_LEN (32768), PORT (8000), SEEDS ("(0,)"), SELECTORS,
+# Arguments after the model go to run_eval.py as they are (config overrides, e.g. --config.data_root=DIR).
+# Environment: TP (tensor parallel, 4), MAX_MODEL_LEN (32768), MAX_IMAGES (20: images per request, the
+# server's --limit-mm-per-prompt and the full-document control's limit), PORT (8000), SEEDS ("(0,)"), SELECTORS,
 # CONCURRENCY (16), OUT (runs/eval/table4-<model>), WAIT_S (1800: how long to wait for the server). The
 # server's log goes to $OUT/vllm.log; the server is stopped when the evaluation ends. Rerunning resumes: the
 # selections from records.jsonl, the replies from $OUT/replies/replies.jsonl.
@@ -22,7 +25,8 @@
 #     the 32B reader, plus 10-30 minutes of model loading and PDF indexing on a cold cache.
 set -euo pipefail
 
-MODEL="${1:?usage: table4_gpu.sh MODEL (e.g. Qwen/Qwen3-VL-32B-Instruct)}"
+MODEL="${1:?usage: table4_gpu.sh MODEL [--config.FIELD=VALUE ...] (e.g. Qwen/Qwen3-VL-32B-Instruct)}"
+shift
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(dirname "$HERE")"
 PORT="${PORT:-8000}"
@@ -30,12 +34,14 @@ SEEDS="${SEEDS:-(0,)}"
 SELECTORS="${SELECTORS:-cosine,cds_learned_pages,cds,none,full}"
 CONCURRENCY="${CONCURRENCY:-16}"
 MAX_MODEL_LEN="${MAX_MODEL_LEN:-32768}"
+MAX_IMAGES="${MAX_IMAGES:-20}"
 WAIT_S="${WAIT_S:-1800}"
 OUT="${OUT:-runs/eval/table4-$(basename "$MODEL")}"
 URL="http://127.0.0.1:${PORT}/v1"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # the log and the evaluation write to one place, wherever this is run from
 
-PORT="$PORT" MAX_MODEL_LEN="$MAX_MODEL_LEN" MODEL="$MODEL" bash "$HERE/serve_reader.sh" >"$OUT/vllm.log" 2>&1 &
+PORT="$PORT" MAX_MODEL_LEN="$MAX_MODEL_LEN" MAX_IMAGES="$MAX_IMAGES" MODEL="$MODEL" bash "$HERE/serve_reader.sh" >"$OUT/vllm.log" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
 
@@ -64,5 +70,7 @@ python experiments/run_eval.py --config configs/mmlongbench.py \
   --config.reader.model="$MODEL" \
   --config.reader.concurrency="$CONCURRENCY" \
   --config.reader.max_context="$MAX_MODEL_LEN" \
-  --config.reader.seeds="$SEEDS"
+  --config.reader.max_images="$MAX_IMAGES" \
+  --config.reader.seeds="$SEEDS" \
+  "$@"
 echo "table4_gpu.sh: tables in $OUT/summary.md, answers in $OUT/answers.jsonl" >&2

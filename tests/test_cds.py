@@ -238,7 +238,7 @@ def test_every_selector_takes_a_problem_and_its_spec_says_what_it_reads():
         same_selection(a, jax.jit(fn)(problem, key), 0.0)
         if not spec.structure:  # a selector that does not declare structure ignores it
             same_selection(a, fn(bare, key), 0.0)
-        elif name in ("mmr_pages", "dpp_pages", "cds_pages", "cds_learned_pages"):  # the page read-outs need pages
+        elif name in ("mmr_pages", "dpp_pages", "cds_learned_pages"):  # the page read-outs need pages
             with pytest.raises(ValueError, match="needs pages"):
                 fn(bare, key)
         elif name != "cosine_pages":  # one that declares it reads it (cosine-pages needs it)

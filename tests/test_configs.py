@@ -54,3 +54,14 @@ def test_a_config_package_outside_the_repository_imports_its_siblings(tmp_path):
     elsewhere.mkdir()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["base", "7"], out.stderr
+
+
+def test_visdom_config_names_its_subset():
+    from configs import visdom
+
+    config = visdom.get_config("subset=slidevqa")
+    assert (config.benchmark, config.loader.subset, config.output_dir) == ("visdom", "slidevqa",
+                                                                         "runs/eval/visdom_slidevqa")
+    assert visdom.get_config().loader.subset == "feta_tab" and "url" in config.reader and "url" in config.judge
+    with pytest.raises(ValueError, match="unknown field 'pages'"):
+        visdom.get_config("pages=3")

@@ -1,6 +1,7 @@
 """Conformance of every registered selector, and the solvers' status codes.
 
-For each selector in ``core.SPECS`` (baselines and every CDS solver), with and without
+For each selector in ``core.SPECS`` (baselines and every CDS solver) and the two experiment games
+(``experiments/page_and_sparse_games.py``), with and without
 ``jit``, in float32 and float64: jit equals eager, trailing padding changes nothing, and
 ``vmap`` over a padded batch equals per-question calls on the unpadded problems. The default run
 has the jit variants (which also compare with eager) in float32 for every selector and in float64 for all but
@@ -18,6 +19,7 @@ from cdsjax import core
 from cdsjax.learn import default_params
 from tests.conftest import on_arrays
 from cdsjax.core.payoff import DensePayoff
+from experiments.page_and_sparse_games import SPECS as GAMES
 
 BUDGET = 3
 PADDED = 8
@@ -27,6 +29,8 @@ DTYPES = {"float32": (np.float32, False), "float64": (np.float64, True)}
 # the learned selector's parameters are a value the caller supplies: the shipped fit (read by cdsjax.learn)
 OPTIONS = {"cds_support": {"num_steps": 4}, "cds_learned": {"params": default_params()},
            "cds_learned_pages": {"params": default_params()}, "cds_learned_sparse": {"params": default_params()}}
+# every selector: the registry's and the experiment games
+ALL_SPECS = {**core.SPECS, **GAMES}
 # the selectors that need the notes' pages (the page rule, the per-page read-outs, the page game)
 NEEDS_PAGES = ("cosine_pages", "mmr_pages", "dpp_pages", "cds_pages", "cds_learned_pages")
 
@@ -65,8 +69,8 @@ F64_SLOW = ("cds_converged", "cds_inimdyn", "cds_support", "cds_pages", "cds_lea
 
 
 def _conformance_cases():
-    assert set(F64_SLOW) <= set(core.SPECS), set(F64_SLOW) - set(core.SPECS)  # a renamed selector is not skipped unseen
-    for name in sorted(core.SPECS):
+    assert set(F64_SLOW) <= set(ALL_SPECS), set(F64_SLOW) - set(ALL_SPECS)  # a renamed selector is not skipped unseen
+    for name in sorted(ALL_SPECS):
         for dtype_name in sorted(DTYPES):
             slow_dtype = dtype_name == "float64" and name in F64_SLOW
             for use_jit in (True, False):
@@ -81,8 +85,8 @@ def test_selector_conformance(name, use_jit, dtype_name):
     dtype, x64 = DTYPES[dtype_name]
     rtol = 1e-4 if dtype is np.float32 else 1e-9
     with jax.enable_x64(x64):
-        fn = on_arrays(core.make_selector(name, budget=BUDGET, **OPTIONS.get(name, {})))
-        if core.selector_spec(name).name in NEEDS_PAGES:  # its pages: three per problem, padding on pages too
+        fn = on_arrays(ALL_SPECS[name].make(BUDGET, **OPTIONS.get(name, {})))
+        if name in NEEDS_PAGES:  # its pages: three per problem, padding on pages too
             plain = fn
             fn = lambda z, q, v, l, k: plain(z, q, v, l, k, pages=jnp.arange(z.shape[0]) % 3)  # noqa: E731
         run = jax.jit(fn) if use_jit else fn

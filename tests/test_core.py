@@ -147,21 +147,25 @@ def test_padded_batch_is_a_power_of_two_unless_padding_costs_more_than_a_compile
 
 
 def test_selector_specs_name_chunk_solver_and_spellings():
+    from cdsjax import catalog
     from cdsjax.core import registry
 
     assert registry.selector_spec("cds").batch_chunk == "auto"  # replicator dynamics: cache-sized chunks
     for name in ("cds_converged", "cds_inimdyn", "cds_support", "cosine", "mmr", "ppr"):
         assert registry.selector_spec(name).batch_chunk is None
-    assert registry.selector_spec("cds-paper") is registry.SPECS["cds"]
-    assert registry.selector_spec("cds-converged").solver_label == "pdas"
-    assert registry.selector_spec("cds-support").solver_label == "active_set"
-    assert registry.selector_spec("cds-converged").mode == "converged"
+    assert catalog.selector_spec("cds-paper") is registry.SPECS["cds"]
+    assert catalog.selector_spec("cds-converged").solver_label == "pdas"
+    assert catalog.selector_spec("cds-support").solver_label == "active_set"
+    assert catalog.selector_spec("cds-converged").mode == "converged"
     assert registry.selector_spec("cds").mode == "paper" and registry.selector_spec("mmr").mode is None
-    assert registry.SPECS["cds_converged"].display == "cds-converged"
-    assert set(registry.SELECTORS) == set(registry.SPECS)
+    assert catalog.display("cds_converged") == catalog.display("cds-converged") == "cds-converged"
+    assert catalog.display("cds") == "cds-paper" and catalog.display("cosine") == "cosine"
+    assert set(registry.SELECTORS) == set(registry.SPECS) == set(catalog.SHOWN)
     assert "lam" in registry.selector_spec("mmr").options and "beta" in registry.selector_spec("cds").options
     with pytest.raises(ValueError, match="unknown selector 'cds_fast'; choose one of: .*cds-paper"):
-        registry.selector_spec("cds_fast")
+        catalog.selector_spec("cds_fast")
+    with pytest.raises(ValueError, match="unknown selector 'cds-paper'"):  # the core reads registry names only
+        registry.selector_spec("cds-paper")
 
 
 @pytest.mark.parametrize("chunk", [0, -2, "fast", 1.5, True])

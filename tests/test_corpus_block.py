@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cdsjax import core
+from cdsjax import catalog, core
 from cdsjax.core import registry
 from cdsjax.core.active_set import ActiveSet, capacities
 from cdsjax.core.corpus import check_block_problem, problem_block
@@ -106,7 +106,7 @@ def test_pipeline_keeps_the_block_with_the_bound():
     for selector in ("cds-learned", "cds-learned-pages", "cds-converged"):
         first = pipe.select(qs[0], selector=selector, budget=5)
         fn = pipe.selector_fn(selector, 5)
-        problem = pipe.with_bound(fn, pipe.candidates.problem(qs[0], registry.selector_spec(selector)),
+        problem = pipe.with_bound(fn, pipe.candidates.problem(qs[0], catalog.selector_spec(selector)),
                                   pipe.selector_key(selector, 5))
         assert problem.bound is not None and problem.note_block.shape == (pipe.size, pipe.size)
         dense = fn(problem.replace(note_block=None))

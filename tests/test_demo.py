@@ -4,7 +4,7 @@ import numpy as np
 
 from cdsjax import demo
 from cdsjax.commands.demo import demo_selectors, verdict
-from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+from cdsjax.catalog import DEFAULT_SELECTOR, display
 
 from tests.conftest import run_command
 
@@ -37,7 +37,7 @@ def test_verdict_reports_what_was_measured():
     def row(sel, covered, restated):
         return dict(selector=sel, covered=covered, restatements=restated)
 
-    default = SPECS[DEFAULT_SELECTOR].display
+    default = display(DEFAULT_SELECTOR)
     more = verdict([row(default, ["finding", "method"], 0), row("cosine", ["finding"], 3)])
     same = verdict([row(default, ["finding"], 3), row("cosine", ["finding"], 3)])
     fewer = verdict([row(default, ["caveat"], 0), row("cosine", ["finding", "cost"], 1)])
@@ -72,7 +72,7 @@ def test_demo_table_matches_the_selections(demo_run, monkeypatch):
     code, out, _ = run_command(root, "demo", "--dir", str(root))
     out = " ".join(out.split())
     assert code == 0 and "reused" in out
-    default = SPECS[DEFAULT_SELECTOR].display
+    default = display(DEFAULT_SELECTOR)
     assert all(name in out for _, name in demo_selectors()) and f"{default} *" in out
     assert f"* {default}: the default selector" in out
     assert " ".join(result["verdict"].split()) in out

@@ -64,3 +64,24 @@ def test_run_eval_bad_config_is_one_line(tmp_path, text, word):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
     assert word in lines[0]
+
+
+API_KEY_LINE = ("--config.reader.api_key: no such config field; API keys come from the environment only "
+                "(CDSJAX_READER_API_KEY, CDSJAX_JUDGE_API_KEY)")
+
+
+@pytest.mark.parametrize("override, says", [
+    ("--config.reader.api_key=sk-x", API_KEY_LINE),
+    ("--config.reader.modl=x", '--config.reader.modl: no such config field (did you mean "model"?)'),
+])
+def test_an_unknown_field_is_one_line_naming_it(capsys, override, says):
+    from cdsjax import cli
+
+    assert cli.main(["eval", "--config", str(ROOT / "configs" / "qasper.py"), override]) == 2
+    assert capsys.readouterr().err.strip() == f"cdsjax eval: error: {says}"
+
+
+def test_run_eval_refuses_an_api_key_in_the_config(tmp_path):
+    proc = run([str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "qasper.py"),
+                "--config.reader.api_key=sk-x"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"run_eval.py: error: {API_KEY_LINE}", proc.stderr

@@ -372,7 +372,7 @@ def test_no_private_names_across_packages():
 LAYERS = {
     "core": 0, "config": 0, "cdsjax": 0, "evidence": 0,
     "io": 1,
-    "learn": 2, "demo": 2, "selector_cache": 2,
+    "learn": 2, "demo": 2, "selector_cache": 2, "catalog": 2,
     "selection": 3,
     "eval": 4, "warmup": 4,
     "pipeline": 5,

@@ -13,9 +13,10 @@ import json
 import numpy as np
 import pytest
 
-from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.core.registry import SPECS
 
-DEFAULT = SPECS[DEFAULT_SELECTOR].display  # what the retrievers use when no selector is named
+DEFAULT = display(DEFAULT_SELECTOR)  # what the retrievers use when no selector is named
 
 from cdsjax import cli
 from tests.conftest import require_modules
@@ -232,7 +233,7 @@ def _same_candidates_same_evidence(index_dir, selector, documents, nodes):
     embeddings = lc.CDSEmbeddings(index=str(index_dir))
     compressor = lc.CDSCompressor(embeddings=embeddings, selector=selector, budget=BUDGET)
     post = li.CDSPostprocessor(embed_model=li.CDSEmbedding(index=str(index_dir)), selector=selector, budget=BUDGET)
-    from cdsjax.core import selector_spec
+    from cdsjax.catalog import selector_spec
 
     spec = selector_spec(selector)
     if spec.needs_links and spec.solver is None:  # ppr, subgraph: candidates from another retriever have no links
@@ -259,4 +260,4 @@ def test_every_cds_adapter_gives_asks_evidence_for_the_default(index_dir):
 def test_every_registered_selector_gives_the_same_evidence_everywhere(index_dir):
     documents, nodes = _index_documents(index_dir)
     for name, spec in SPECS.items():
-        _same_candidates_same_evidence(index_dir, spec.display, documents, nodes)
+        _same_candidates_same_evidence(index_dir, display(name), documents, nodes)

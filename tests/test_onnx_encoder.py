@@ -41,8 +41,8 @@ def reference():
 
 @pytest.fixture(scope="module")
 def encoder():
-    fast = SentenceEncoder.from_info(MINILM)
-    assert fast is not None, onnx_encoder.last_error
+    fast, why = SentenceEncoder.try_from_info(MINILM)
+    assert fast is not None, why
     return fast
 
 
@@ -99,7 +99,8 @@ def test_only_supported_models(tmp_path):
     assert supported_model_dir(dict(MINILM, model="nomic-ai/nomic-embed-text-v1.5", trust_remote_code=True)) is None
     assert supported_model_dir(dict(MINILM, model=str(tmp_path / "nonexistent"))) is None
     assert SentenceEncoder.from_info(dict(MINILM, model=str(tmp_path / "nonexistent"))) is None
-    assert "not a local sentence-transformers model" in onnx_encoder.last_error
+    missing, why = SentenceEncoder.try_from_info(dict(MINILM, model=str(tmp_path / "nonexistent")))
+    assert missing is None and "not a local sentence-transformers model" in why
     cls = json.dumps(dict(word_embedding_dimension=384, pooling_mode_cls_token=True, pooling_mode_mean_tokens=False))
     assert supported_model_dir(dict(model=str(_model_copy(tmp_path, **{"1_Pooling/config.json": cls})))) is None
 
@@ -186,9 +187,9 @@ def test_backends_are_chosen_as_configured(monkeypatch):
     cfg.embedder.device = "cpu"
 
     def failing(cls, info):
-        onnx_encoder.last_error = "the ONNX export failed (ModuleNotFoundError: No module named 'torch')"
+        return None, "the ONNX export failed (ModuleNotFoundError: No module named 'torch')"
 
-    monkeypatch.setattr(SentenceEncoder, "from_info", classmethod(failing))
+    monkeypatch.setattr(SentenceEncoder, "try_from_info", classmethod(failing))
     with pytest.raises(EmbedderError, match="backend 'onnx' cannot encode with 'all-MiniLM-L6-v2': the ONNX export"):
         Embedder(cfg).onnx_encoder()
     cfg.embedder.backend = "auto"

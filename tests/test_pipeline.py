@@ -9,7 +9,7 @@ import pytest
 from cdsjax import cli
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
 from cdsjax.io.scripted_server import OpenAIServer, message_images, message_text
-from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+from cdsjax.catalog import DEFAULT_SELECTOR, display
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
     assert code == 0, err
     result = json.loads(out)
     assert result["answer"] is None and result["reader"] is None
-    assert result["selector"] == SPECS[DEFAULT_SELECTOR].display and result["budget"] == 4
+    assert result["selector"] == display(DEFAULT_SELECTOR) and result["budget"] == 4
     ev = result["evidence"]
     assert 1 <= len(ev) <= 4
     assert [e["rank"] for e in ev] == list(range(1, len(ev) + 1))
@@ -58,7 +58,7 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
 
 def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import DEFAULT_SELECTOR, canonical_selector
+    from cdsjax.pipeline import canonical_selector
 
     assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"
     pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
@@ -113,7 +113,7 @@ def test_unconverged_solve_warns_in_one_line(demo_index, capsys, cache):
     assert len(lines) == 1 and len(result["warnings"]) == 1
     residual = f"{result['diagnostics']['kkt_residual']:.1e}"
     assert "warning" in lines[0] and f"KKT residual {residual}" in lines[0]
-    assert f"--selector {SPECS[DEFAULT_SELECTOR].display}" in lines[0]
+    assert f"--selector {display(DEFAULT_SELECTOR)}" in lines[0]
     # the table view prints the same line
     code, out, err = run_cli(capsys, "ask", str(demo_index), q, "--selector", "cds-paper", "--max-iter", "3")
     assert code == 0 and len(err.strip().splitlines()) == 1 and "did NOT converge (max_steps)" in out

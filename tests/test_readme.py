@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+from cdsjax.catalog import DEFAULT_SELECTOR, display
 from tests.conftest import ROOT
 from cdsjax.io.scripted_server import OpenAIServer
 
@@ -103,7 +103,7 @@ def test_readme_commands_and_snippets_run(workdir):
     for name in ("answer.json", "served.json"):
         result = json.loads((work / name).read_text())
         assert result["evidence"] and result["evidence"][0]["document"] == "multicolumn.pdf"
-        assert result["selector"] == SPECS[DEFAULT_SELECTOR].display and result["diagnostics"]["mode"] == "converged"
+        assert result["selector"] == display(DEFAULT_SELECTOR) and result["diagnostics"]["mode"] == "converged"
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ def same_selection(a, b):
 def test_registry_names():
     assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
                                    "cds_inimdyn", "cds_support", "cds_learned", "cosine_pages", "mmr_pages",
-                                   "dpp_pages", "cds_learned_pages", "cds_pages", "cds_learned_sparse"}
+                                   "dpp_pages", "cds_learned_pages"}
 
 
 # (registry name, options, the same selection called on the core directly). Each option is one
@@ -138,4 +138,19 @@ def test_unknown_names_options_and_missing_inputs_raise():
         on_arrays(core.make_selector("ppr", budget=3))(notes, query, np.ones(20, bool))
     with pytest.raises(ValueError, match="key"):
         on_arrays(core.make_selector("random", budget=3))(notes, query, np.ones(20, bool))
-    assert "lam" in registry.selector_options("mmr")
+    assert "lam" in registry.selector_spec("mmr").options
+
+
+def test_a_selector_names_its_compiled_program():
+    """``make_selector`` names the selection function ``select_<name>`` (what JAX calls the program it compiles),
+    without setting an attribute on the builder's function."""
+    notes, query, links = problem(6)
+    for name in ("cosine", "cds_converged"):
+        fn = core.make_selector(name, budget=3)
+        select = fn.select if isinstance(fn, core.Selector) else fn
+        assert select.__name__ == f"select_{name}"
+        assert select.function.__name__ != f"select_{name}"  # the closure keeps its own name
+        lowered = jax.jit(on_arrays(fn)).lower(notes, query, np.ones(20, bool), links, None)
+        assert lowered is not None
+        assert f"jit_select_{name}" in jax.jit(select).lower(core.CDSProblem.create(notes, query, links=links)
+                                                             ).as_text()

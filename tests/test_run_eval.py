@@ -471,10 +471,10 @@ def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
     so a selector that serves on the block is evaluated with the solver it serves with: the picks of one
     question equal the pipeline's (the pipeline's problem with its block, solved one question at a time)."""
     from cdsjax.eval import run as R
-    from cdsjax.selection import Candidates, CorpusArrays, make_selector
+    from cdsjax.selection import Candidates, CorpusArrays, resolve_selector
 
     problems = _synthetic_problems([20, 20, 27], d=16, seed=3)
-    spec, fn = make_selector("cds_learned_pages", 4)
+    spec, fn = resolve_selector("cds_learned_pages", 4)
     assert spec.solver == "pdas"
     roles = []
 

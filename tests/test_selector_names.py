@@ -1,10 +1,11 @@
-"""A selector's name, default and help live in the selector registry only (cdsjax/core/registry.py).
+"""A selector's registry name lives in the selector registry (cdsjax/core/registry.py); its display form, help
+line and the default in the catalog above it (cdsjax/catalog.py).
 
-Elsewhere code reads them from :data:`cdsjax.core.registry.SPECS` and the registry's ``DEFAULT_SELECTOR``,
-``REFERENCE_SELECTOR`` and ``PAPER_SELECTOR``. Docs, docstrings, comments and tests may name selectors, and
-so may ``configs/`` (a config choosing what to evaluate is configuration, like a command line). The check
-is static: no string literal other than a docstring or an ``__all__`` entry, in ``cdsjax/`` or
-``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
+Elsewhere code reads them from :data:`cdsjax.core.registry.SPECS` and the catalog's ``DEFAULT_SELECTOR``,
+``REFERENCE_SELECTOR``, ``PAPER_SELECTOR`` and :func:`~cdsjax.catalog.display`. Docs, docstrings, comments and
+tests may name selectors, and so may ``configs/`` (a config choosing what to evaluate is configuration, like a
+command line). The check is static: no string literal other than a docstring or an ``__all__`` entry, in
+``cdsjax/`` or ``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
 ``random`` is left out: it is also the distractor kind of candidate pools (``io.datasets.DISTRACTORS``).
 Files listed in :data:`OTHER_LIBRARIES` label another library's methods with the same words; they are not
 registry names.
@@ -14,11 +15,11 @@ import ast
 import re
 from pathlib import Path
 
-from cdsjax.core.registry import SPECS, selector_names
+from cdsjax.catalog import selector_names
 
 ROOT = Path(__file__).resolve().parents[1]
-REGISTRY = ROOT / "cdsjax" / "core" / "registry.py"
-NAMES = (set(selector_names(aliases=True)) | {s.display for s in SPECS.values()}) - {"random"}
+HOMES = (ROOT / "cdsjax" / "core" / "registry.py", ROOT / "cdsjax" / "catalog.py")
+NAMES = set(selector_names()) - {"random"}  # registry names and display forms
 FLAG = re.compile(r"--selector[ =]([A-Za-z_-]+)")
 OTHER_LIBRARIES = {
     "experiments/compare_langchain.py": "rows of LangChain's similarity order and MMR beside the CDS adapter",
@@ -82,8 +83,24 @@ def test_the_check_finds_names_lists_and_flags_but_not_prose_or_docstrings(tmp_p
     assert selector_literals(src) == ["3: 'cds-converged'", "4: 'cosine,mmr'", "5: 'use --selector cds-paper now'"]
 
 
-def test_selector_names_live_only_in_the_registry():
+def test_selector_names_live_only_in_the_registry_and_the_catalog():
     bad = [f"{path.relative_to(ROOT)}:{hit}" for top in ("cdsjax", "experiments")
            for path in sorted((ROOT / top).rglob("*.py"))
-           if path != REGISTRY and str(path.relative_to(ROOT)) not in OTHER_LIBRARIES for hit in selector_literals(path)]
-    assert not bad, "selector names spelled outside cdsjax/core/registry.py:\n" + "\n".join(bad)
+           if path not in HOMES and str(path.relative_to(ROOT)) not in OTHER_LIBRARIES
+           for hit in selector_literals(path)]
+    assert not bad, ("selector names spelled outside cdsjax/core/registry.py and cdsjax/catalog.py:\n"
+                     + "\n".join(bad))
+
+
+def test_the_core_registry_holds_no_product_choices():
+    """The default, the display forms and the help lines are the catalog's: the core registry's specs say what a
+    selector is, and the core names no default."""
+    import dataclasses
+
+    from cdsjax.core import registry
+
+    fields = {f.name for f in dataclasses.fields(registry.SelectorSpec)}
+    assert not fields & {"display", "help", "aliases"}, fields
+    assert not [n for n in dir(registry) if n.endswith("_SELECTOR") or n == "selectors_help"]
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "cdsjax" / "core").glob("*.py")))
+    assert "DEFAULT_SELECTOR" not in text

@@ -20,7 +20,7 @@ import pytest
 
 from cdsjax import cli
 from cdsjax.io.scripted_server import OpenAIServer, message_text
-from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+from cdsjax.catalog import DEFAULT_SELECTOR, display
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE = 3
@@ -98,7 +98,7 @@ def test_health_and_documents(server):
     status, health, _ = request(url + "/health")
     assert status == 200 and health["status"] == "ok"
     assert health["documents"] == 1 and health["notes"] >= 1
-    assert health["default_selector"] == SPECS[DEFAULT_SELECTOR].display
+    assert health["default_selector"] == display(DEFAULT_SELECTOR)
     assert health["queue"] == {"in_flight": 0, "limit": QUEUE} and health["reader"] == "reader-test"
     status, docs, _ = request(url + "/documents")
     assert status == 200 and [d["document"] for d in docs["documents"]] == ["multicolumn.pdf"]
@@ -110,7 +110,7 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
     q = "What is the sample document about?"
     status, sel, _ = request(url + "/select", {"question": q, "budget": 3})
     assert status == 200 and sel["answer"] is None and sel["reader"] is None
-    assert sel["selector"] == SPECS[DEFAULT_SELECTOR].display and sel["diagnostics"]["mode"] == "converged"
+    assert sel["selector"] == display(DEFAULT_SELECTOR) and sel["diagnostics"]["mode"] == "converged"
     # the same object as a local `cdsjax ask --json` (timings aside)
     code = cli.main(["ask", str(index_dir), q, "--budget", "3", "--json"])
     local = json.loads(capsys.readouterr().out)

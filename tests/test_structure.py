@@ -200,7 +200,8 @@ def test_peeling_keeps_the_query_in_a_sparse_support():
     assert sorted(np.asarray(rank).tolist()) == list(range(30))
     with pytest.raises(ValueError, match="keep"):
         S.page_game_ranking(p["notes"], p["query"], p["valid"], own, params, keep="pinned")
-    # jit / vmap / padding of the peeling selector: tests/test_conformance.py (cds_learned_sparse peels)
+    # jit / vmap / padding of the peeling selector: tests/test_conformance.py (cds_learned_sparse, an experiment
+    # game in experiments/page_and_sparse_games.py, peels)
 
 
 @pytest.mark.x64

@@ -12,7 +12,8 @@ from cdsjax import core
 from cdsjax.cli import main
 from cdsjax.core.learned import LearnedParams
 from cdsjax.learn import default_params, load_params, resolve_params, save_params
-from cdsjax.selection import make_selector, selector_key, selector_options
+from cdsjax.catalog import display, selector_spec
+from cdsjax.selection import resolve_options, resolve_selector, selector_key
 
 
 def cds_learned(z, q, valid, theta, budget, **structure):
@@ -65,16 +66,15 @@ def test_registry_cds_learned_at_theta0_is_converged_cds_and_files_are_read_at_t
     converged = core.make_selector("cds_converged", budget=5)
     a, b = jax.jit(learned)(prob), jax.jit(converged)(prob)
     np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
-    assert core.selector_spec("cds-learned").name == "cds_learned" and core.selector_spec("cds-learned").display == \
-        "cds-learned"
-    spec, shipped = make_selector("cds_learned", 5)  # the edge supplies the packaged fit
+    assert selector_spec("cds-learned").name == "cds_learned" and display("cds_learned") == "cds-learned"
+    spec, shipped = resolve_selector("cds_learned", 5)  # the edge supplies the packaged fit
     assert spec.learned and spec.structure and spec.pages_only
     assert np.asarray(shipped(prob).selected_valid).all()
     assert default_params() is default_params() is resolve_params(None)  # read once per process
     theta = LearnedParams(beta=0.2, w_page=-0.3)
     path = save_params(tmp_path / "p.json", theta, {"data": "test"})
     pages = np.arange(len(z)) // 2
-    _, fn = make_selector("cds_learned", 5, {"params": str(path)})
+    _, fn = resolve_selector("cds_learned", 5, {"params": str(path)})
     got = fn(core.CDSProblem.create(z, q, valid, pages=pages))
     want = cds_learned(z, q, valid, theta, 5, pages=pages)
     np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(want.indices))
@@ -84,7 +84,7 @@ def test_registry_cds_learned_at_theta0_is_converged_cds_and_files_are_read_at_t
         selector_key("cds_learned", 5, {"params": resolve_params(str(copy))})
     assert str(path) not in repr(selector_key("cds_learned", 5, {"params": resolve_params(str(path))}))
     with pytest.raises(ValueError, match="does not exist"):
-        make_selector("cds_learned", 5, {"params": str(tmp_path / "missing.json")})
+        resolve_selector("cds_learned", 5, {"params": str(tmp_path / "missing.json")})
 
 
 def test_each_learned_selector_plays_the_shipped_fit_of_its_readout():
@@ -101,9 +101,9 @@ def test_each_learned_selector_plays_the_shipped_fit_of_its_readout():
     for spec in learned:
         theta, provenance = load_params(default_params_file(spec.readout))
         assert provenance["fit"].get("readout", "top") == spec.readout
-        assert make_selector(spec.name, 5)[0] is spec
-        assert selector_options(spec.name)["params"] == theta
-        assert pipe.selector_key(spec.display, 5) == selector_key(spec.name, 5, {"params": theta})
+        assert resolve_selector(spec.name, 5)[0] is spec
+        assert resolve_options(spec.name)["params"] == theta
+        assert pipe.selector_key(display(spec.name), 5) == selector_key(spec.name, 5, {"params": theta})
     assert default_params("pages") != default_params("top")
     with pytest.raises(ValueError, match="no shipped fit"):
         default_params_file("sideways")

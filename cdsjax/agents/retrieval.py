@@ -27,8 +27,8 @@ class SelectorRetriever:
 
     Args:
       pipeline: a :class:`cdsjax.pipeline.Pipeline` (padded corpus, embedder, compiled selectors).
-      selector: a registry selector name or alias; None for the default of ``cdsjax ask``
-        (:data:`cdsjax.core.registry.DEFAULT_SELECTOR`).
+      selector: a registry selector name or display form; None for the default of ``cdsjax ask``
+        (:data:`cdsjax.catalog.DEFAULT_SELECTOR`).
       budget: notes per query.
       options: selector options (``beta``, ``tau``, ``lam``, ...).
       joint_budget: notes of a combined selection; None means ``budget * m``.
@@ -39,7 +39,8 @@ class SelectorRetriever:
 
     def __init__(self, pipeline, *, selector: Optional[str] = None, budget: int = 5,
                  options: Optional[dict] = None, joint_budget: Optional[int] = None):
-        from cdsjax.pipeline import DEFAULT_SELECTOR, canonical_selector
+        from cdsjax.catalog import DEFAULT_SELECTOR
+        from cdsjax.pipeline import canonical_selector
 
         if budget < 1 or (joint_budget is not None and joint_budget < 1):
             raise ValueError(f"budget and joint_budget must be >= 1, got {budget} and {joint_budget}")
@@ -68,10 +69,11 @@ class SelectorRetriever:
             return out
         options = dict(self.options)
         if combined == "peel":
-            from cdsjax.core.registry import SPECS, selector_spec
+            from cdsjax.catalog import display
+            from cdsjax.core.registry import SPECS
 
-            if "peel" not in selector_spec(self.selector).options:
-                able = ", ".join(s.display for s in SPECS.values() if "peel" in s.options)
+            if "peel" not in SPECS[self.selector].options:
+                able = ", ".join(display(s.name) for s in SPECS.values() if "peel" in s.options)
                 raise ValueError(f"combined='peel' needs a CDS selector that peels ({able}), got {self.selector!r}")
             options["peel"] = True
         budget = self.joint_budget or self.budget * len(queries)

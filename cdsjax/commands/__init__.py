@@ -22,11 +22,12 @@ def enable_float64() -> None:
 
 
 def add_selector_argument(parser, lead: str) -> None:
-    """``--selector NAME`` (default None: the registry's default, resolved where the selector is built).
+    """``--selector NAME`` (default None: :data:`cdsjax.catalog.DEFAULT_SELECTOR`, resolved where the selector is
+    built).
 
-    Its help is ``lead`` followed by every selector of :data:`cdsjax.core.registry.SPECS` with its one-line
-    help, read only when help is shown: the registry imports JAX, which ``cdsjax --help`` and
-    ``cdsjax ask --server`` must not load.
+    Its help is ``lead`` followed by every selector with its one-line help (:func:`cdsjax.catalog.selectors_help`),
+    read only when help is shown: the registry imports JAX, which ``cdsjax --help`` and ``cdsjax ask --server``
+    must not load.
     """
     import argparse
 
@@ -36,7 +37,7 @@ def add_selector_argument(parser, lead: str) -> None:
 
         @property
         def help(self) -> str:
-            from cdsjax.core.registry import selectors_help
+            from cdsjax.catalog import selectors_help
 
             return f"{self._lead} ({selectors_help()})"
 

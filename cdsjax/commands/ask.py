@@ -1,6 +1,6 @@
 """``cdsjax ask DIR_OR_PDF... "question"``: select evidence (and answer, with a reader).
 
-The default selector is the registry's ``DEFAULT_SELECTOR``: learned CDS read per page (``cds-learned-pages``,
+The default selector is :data:`cdsjax.catalog.DEFAULT_SELECTOR`: learned CDS read per page (``cds-learned-pages``,
 the constrained dominant set of the fitted game, found by the serving solver ``pdas`` on the corpus block, its ranking read one note
 per printed page per round).
 ``--selector cds-converged`` is the paper's game at its equilibrium; ``--selector cds-paper`` (also spelled
@@ -56,7 +56,7 @@ from typing import Optional
 
 from cdsjax.commands import CLIError, add_selector_argument
 
-# Selector names and the default are read where the selector is built (cdsjax.core.registry, here or in the
+# Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
 OPTION_FLAGS = (("--beta", "beta"), ("--tau", "tau"), ("--max-iter", "max_iter"), ("--lam", "lam"))
 
@@ -117,7 +117,7 @@ def selector_options(args) -> dict:
 
 def check_options(selector: str, options: dict) -> None:
     """One line for an unknown selector, or a flag the selector has no option for."""
-    from cdsjax.core.registry import selector_spec
+    from cdsjax.catalog import selector_spec
 
     try:
         spec = selector_spec(selector)
@@ -133,14 +133,15 @@ def check_params(selector: str, params):
     no learned game, or names a bad file."""
     if params is None:
         return None
-    from cdsjax.core.registry import SPECS, selector_spec
+    from cdsjax.catalog import display, selector_spec
+    from cdsjax.core.registry import SPECS
 
     try:
         spec = selector_spec(selector)
     except ValueError as err:
         raise CLIError(str(err)) from None
     if not spec.learned:
-        learned = ", ".join(s.display for s in SPECS.values() if s.learned)
+        learned = ", ".join(display(s.name) for s in SPECS.values() if s.learned)
         raise CLIError(f"--params applies to the learned selectors ({learned}), not {selector}")
     from cdsjax.learn.params_io import resolve_params
 
@@ -193,10 +194,11 @@ def ask_local(args, paths, question, options):
     # a PDF to index: its layout helper starts now, its imports and model load overlapping this process's
     prestart_layout(paths)
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, enable_compilation_cache
+    from cdsjax.catalog import DEFAULT_SELECTOR, display
+    from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
 
     if args.selector is None:
-        args.selector = DEFAULT_SELECTOR
+        args.selector = display(DEFAULT_SELECTOR)
     check_options(args.selector, options)
     params = check_params(args.selector, getattr(args, "params", None))
     compile_cache = enable_compilation_cache()

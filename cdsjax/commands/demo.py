@@ -23,20 +23,21 @@ from cdsjax.commands import CLIError
 def demo_selectors() -> list:
     """``(label, selector name)`` rows of the table, from the selector registry: the default, paper mode, the
     learned game (its shipped parameters), the paper's game at its equilibrium (converged, beta = 1), the games
-    that read the document's structure (the learned game read per page, the game over pages, the sparse regime),
+    that read the document's structure (the learned game read per page),
     and the baselines that read neither links nor a random key (each with its default options; ``cosine-pages``
     and the per-page read-outs of MMR and k-DPP among them). Each selector once.
 
     A function, not a constant: the registry imports JAX, and every ``cdsjax`` command imports this module.
     """
-    from cdsjax.core.registry import DEFAULT_SELECTOR, LEARNED_SELECTOR, SPECS
+    from cdsjax.catalog import DEFAULT_SELECTOR, LEARNED_SELECTOR, display
+    from cdsjax.core.registry import SPECS
 
     converged = (n for n, s in SPECS.items()
                  if s.solver in ("converged", "pdas") and (s.needs_links or s.structure) and n != LEARNED_SELECTOR)
     names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
                            *converged,
                            *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)])
-    return [(SPECS[n].display + (" (default)" if n == DEFAULT_SELECTOR else ""), SPECS[n].display) for n in names]
+    return [(display(n) + (" (default)" if n == DEFAULT_SELECTOR else ""), display(n)) for n in names]
 
 
 def add_arguments(p) -> None:
@@ -49,7 +50,7 @@ def add_arguments(p) -> None:
 def compare(pipe, question: str, budget: int, beta=None) -> list:
     """One row per selector: label, selector, evidence pages, covered facts, restatement slots, diagnostics."""
     from cdsjax import demo
-    from cdsjax.core.registry import selector_spec
+    from cdsjax.catalog import selector_spec
 
     rows = []
     for label, name in demo_selectors():
@@ -67,10 +68,10 @@ def compare(pipe, question: str, budget: int, beta=None) -> list:
 def verdict(rows: list) -> str:
     """One sentence comparing default CDS with the reference baseline (cosine) on facts covered and
     restatement slots, as measured."""
-    from cdsjax.core.registry import DEFAULT_SELECTOR, REFERENCE_SELECTOR, SPECS
+    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, display
 
-    cds = next(r for r in rows if r["selector"] == SPECS[DEFAULT_SELECTOR].display)
-    cos = next(r for r in rows if r["selector"] == SPECS[REFERENCE_SELECTOR].display)
+    cds = next(r for r in rows if r["selector"] == display(DEFAULT_SELECTOR))
+    cos = next(r for r in rows if r["selector"] == display(REFERENCE_SELECTOR))
     a, b, ref = len(cds["covered"]), len(cos["covered"]), cos["selector"]
     if a > b:
         return (f"CDS covers more distinct facts than {ref} here: {a} vs {b} of 4, with {cds['restatements']} vs "
@@ -133,9 +134,9 @@ def run(args) -> int:
     table.add_column("facts", justify="right", no_wrap=True)
     table.add_column("restated", justify="right", no_wrap=True)
     table.add_column("pages chosen", overflow="fold")
-    from cdsjax.core.registry import DEFAULT_SELECTOR, SPECS
+    from cdsjax.catalog import DEFAULT_SELECTOR, display
 
-    default = SPECS[DEFAULT_SELECTOR].display
+    default = display(DEFAULT_SELECTOR)
     for r in rows:  # the default marked "*" (a narrow terminal keeps every name whole)
         marks = ["[green]yes[/green]" if f in r["covered"] else "[red]-[/red]" for f in demo.FACTS]
         chosen = ", ".join(f"{p + 1} {demo.PAGES.get(p, (None, '?'))[1]}" for p in r["pages"])

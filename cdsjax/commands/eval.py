@@ -82,7 +82,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
     from absl import flags
     from ml_collections import config_flags
 
-    from cdsjax.config import import_config_package
+    from cdsjax.config import import_config_package, unknown_field_message
 
     file = Path(spec.split(":", 1)[0])
     if not file.is_file():
@@ -97,7 +97,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
         config = holder.value
         config.keys()  # a file that failed to load raises here, on first use
     except (AttributeError, KeyError) as err:  # config_flags names the field it could not find
-        raise CLIError(f"--{CONFIG_FLAG}.{str(err).strip(chr(39) + chr(34))}: no such config field", 2) from None
+        raise CLIError(unknown_field_message(err, argv, f"--{CONFIG_FLAG}."), 2) from None
     except flags.Error as err:  # a bad override value, or get_config(ARG) failed while flags were parsed
         line = _last_line(err)
         raise CLIError(line if f"--{CONFIG_FLAG}." in line else f"{file}: cannot load config ({line})", 2) from None

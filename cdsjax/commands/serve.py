@@ -154,9 +154,10 @@ def run(args) -> int:
 
     from cdsjax.commands.ask import make_reader
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.pipeline import DEFAULT_SELECTOR, Pipeline, PipelineError, canonical_selector, enable_compilation_cache
+    from cdsjax.catalog import DEFAULT_SELECTOR, display
+    from cdsjax.pipeline import Pipeline, PipelineError, canonical_selector, enable_compilation_cache
 
-    args.selector = args.selector or DEFAULT_SELECTOR
+    args.selector = args.selector or display(DEFAULT_SELECTOR)
     check_flags(args)
     allowed_hosts, token = host_limits(args)
     if token is not None and not is_text(token):

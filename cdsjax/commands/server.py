@@ -93,22 +93,22 @@ class ServerState:
           pipe: the pipeline (its ``reader`` answers /ask when set).
           limits: what the guard enforces (default: loopback names only, no token, 64 KiB bodies, 30 s).
           default_selector, default_budget: used when a request leaves them out (selector: None for the
-            registry's default).
+            catalog's default).
           read_workers: reader calls in flight at once.
           max_pdf_bytes: largest source PDF ``/pdf`` serves.
         """
+        from cdsjax.catalog import DEFAULT_SELECTOR, display
         from cdsjax.core.registry import SPECS
-        from cdsjax.pipeline import DEFAULT_SELECTOR
 
         limits = limits or Limits()
         if limits.queue < 1 or limits.uploads < 1:
             raise ValueError(f"queue and uploads must be >= 1, got {limits.queue} and {limits.uploads}")
-        default_selector = default_selector or DEFAULT_SELECTOR
+        default_selector = default_selector or display(DEFAULT_SELECTOR)
         notes = pipe.corpus.notes
         # a note id is looked up, never used as a path; the path and its hash were checked when the index loaded
         crops = {str(n.get("note_id")): (n["image_path"], n.get("image_sha256")) for n in notes if n.get("image_path")}
         page_html = web.render(default_selector=default_selector, default_budget=default_budget,
-                               selector_displays=[s.display for s in SPECS.values()])
+                               selector_displays=[display(name) for name in SPECS])
         # selections whose selector is compiled run on one lane; those that compile one (seconds, and a new
         # option value always does) on another, so a client asking for new compilations cannot hold up the rest
         return cls(pipe=pipe, limits=limits, default_selector=default_selector, default_budget=default_budget,

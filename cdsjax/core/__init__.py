@@ -50,7 +50,7 @@ from cdsjax.core.replicator import (
     solve_replicator,
     uniform_x0,
 )
-from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_options, selector_spec
+from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_spec
 from cdsjax.core.solvers import SOLVERS, configured_solver, register_solver, solve, solver_name
 from cdsjax.core.cds import (
     STRATEGIES,
@@ -165,7 +165,6 @@ __all__ = [
     "select_random",
     "select_subgraph_readout",
     "selector_names",
-    "selector_options",
     "selector_spec",
     "Affinity",
     "CDSParams",

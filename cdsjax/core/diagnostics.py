@@ -23,7 +23,7 @@ def _plain(value) -> Any:
     return bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
 
 
-def diagnostics(selection: Any, *, selector: Optional[str] = None, num_notes: Optional[int] = None,
+def diagnostics(selection: Any, *, spec: Any = None, num_notes: Optional[int] = None,
                 valid: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """Solver diagnostics of a CDS selection as plain numbers ({} for baselines).
 
@@ -35,7 +35,7 @@ def diagnostics(selection: Any, *, selector: Optional[str] = None, num_notes: Op
 
     Args:
       selection: a :class:`~cdsjax.core.Selection` (concrete arrays).
-      selector: a registry name or alias; adds ``solver`` and ``mode`` (first) from its spec.
+      spec: the selector's :class:`~cdsjax.core.SelectorSpec`; adds ``solver`` and ``mode`` (first) from it.
       num_notes: the problem's real note count; adds ``whole_support`` (the support is every note).
       valid: ``[n]`` bool, the padded note mask; adds ``alpha`` and ``query_weight`` (the weight on the
         query vertices, the ``m`` entries of ``x`` before the ``n`` notes).
@@ -44,10 +44,7 @@ def diagnostics(selection: Any, *, selector: Optional[str] = None, num_notes: Op
     if res is None:
         return {}
     out: Dict[str, Any] = {}
-    if selector is not None:
-        from cdsjax.core.registry import selector_spec
-
-        spec = selector_spec(selector)
+    if spec is not None:
         out["solver"], out["mode"] = spec.solver_label, spec.mode
     out["num_iters"] = _plain(res.num_iters)
     out["converged"] = bool(np.asarray(res.status) == CONVERGED)

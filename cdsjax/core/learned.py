@@ -115,6 +115,15 @@ class LearnedParams:
         """``name -> float`` (for JSON)."""
         return {k: float(getattr(self, k)) for k in self.names()}
 
+    def content_key(self) -> tuple:
+        """These parameters by their values, ``("learned", ((name, value), ...))`` sorted by name (equal parameters,
+        equal key; no path involved): how a compiled selector's key names them. Non-finite values raise
+        ``ValueError``."""
+        values = self.to_dict()
+        if not all(math.isfinite(v) for v in values.values()):
+            raise ValueError("learned parameters must be finite")
+        return "learned", tuple(sorted(values.items()))
+
     @classmethod
     def from_dict(cls, values: dict) -> "LearnedParams":
         """Inverse of :meth:`to_dict`; unknown or non-numeric entries raise ``ValueError``."""

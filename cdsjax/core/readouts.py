@@ -1,19 +1,14 @@
-"""Builders of the selectors that read the document's structure (:mod:`cdsjax.core.structure`): a ranking read at
-most ``k`` notes per page per round, the page game, and the learned game's sparse regime. Their names and specs
-live in :mod:`cdsjax.core.registry`; each builder returns ``fn(problem: CDSProblem, key=None) -> Selection``.
+"""The per-page read-out of a selector (:mod:`cdsjax.core.structure`): its ranking read at most ``k`` notes per page
+per round. The registry (:mod:`cdsjax.core.registry`) builds its ``*_pages`` selectors with :func:`per_page`; each
+builder returns ``fn(problem: CDSProblem, key=None) -> Selection``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
-from cdsjax.core.learned import LearnedParams
-import jax.numpy as jnp
-
-from cdsjax.core.baselines import relevance
-from cdsjax.core.structure import (GREEDY_DEPTH_FACTOR, KEEP_QUERY, PageGameParams, select_page_game,
-                                   select_structured, sparse_learned_ranking, structured_readout)
-from cdsjax.core.types import CDSProblem, Selection, Selector, SolveOptions
+from cdsjax.core.structure import GREEDY_DEPTH_FACTOR, select_structured
+from cdsjax.core.types import CDSProblem, Selection, Selector
 from cdsjax.core.validation import check_int_range
 
 # notes_per_page: the k of the read-out (at most k notes of a page per round)
@@ -55,67 +50,3 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) 
         return fn
 
     return build
-
-
-PAGE_GAME_OPTIONS = ("beta", "alpha_factor", "w_doc", "notes_per_page", "tol", "max_iter")
-
-
-def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_doc: float = 0.0,
-              notes_per_page: int = 1, tol: Optional[float] = None, max_iter: Optional[int] = None) -> Callable:
-    """The page game (:func:`~cdsjax.core.structure.select_page_game`): pages are the vertices, the ranked pages'
-    best ``notes_per_page`` notes per round the evidence; ``alpha_factor < 1`` is its sparse regime. Defaults: the
-    setting cross-validation chose on MMLongBench-Doc."""
-    if not float(beta) >= 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta!r}")
-    if not float(alpha_factor) > 0.0:
-        raise ValueError(f"alpha_factor must be > 0, got {alpha_factor!r}")
-    check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
-    params = PageGameParams(beta=float(beta), alpha_factor=float(alpha_factor), w_doc=float(w_doc))
-    options = SolveOptions(solver="converged", tol=tol, max_iter=max_iter).check()
-
-    def fn(problem: CDSProblem, key=None) -> Selection:
-        return select_page_game(problem.notes, problem.queries, problem.valid, _needs_pages(problem, "cds_pages"),
-                                params, budget=budget, k=notes_per_page, doc_ids=problem.doc_ids, options=options)
-
-    return fn
-
-
-
-SPARSE_OPTIONS = ("params", "alpha_factor", "notes_per_page", "keep", "tol", "max_iter")
-
-
-def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, alpha_factor: float = 0.5,
-                       notes_per_page: int = 0, keep: str = "peel", tol: Optional[float] = None,
-                       max_iter: Optional[int] = None) -> Callable:
-    """The learned game in its sparse regime (:func:`~cdsjax.core.structure.sparse_learned_ranking`): the penalty
-    at ``alpha_factor`` (< 1) of the spectral bound, solved from around the query; where the query leaves the
-    support, ``keep="peel"`` peels that support off and solves again until one holds the query, ``keep="bound"``
-    reads the bound's game; every note ranked; ``notes_per_page`` 0 reads the top-B, k >= 1 reads at most k notes
-    per page per round."""
-    if not isinstance(params, LearnedParams):
-        raise ValueError("selector 'cds_learned_sparse' needs params=LearnedParams(...) (cdsjax.learn supplies the "
-                         f"shipped fit), got {type(params).__name__}")
-    if not 0.0 <= float(alpha_factor) < 1.0:
-        raise ValueError(f"alpha_factor must be in [0, 1) (the sparse regime), got {alpha_factor!r}")
-    if notes_per_page != 0:
-        check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
-    if keep not in KEEP_QUERY:
-        raise ValueError(f"keep must be one of {KEEP_QUERY}, got {keep!r}")
-    options = SolveOptions(solver="converged", tol=tol, max_iter=max_iter).check()
-
-    def fn(problem: CDSProblem, key=None) -> Selection:
-        rank, sel, _ = sparse_learned_ranking(problem.notes, problem.queries, problem.valid, params,
-                                              float(alpha_factor), links=problem.links, pages=problem.pages,
-                                              doc_ids=problem.doc_ids, kinds=problem.kinds, options=options,
-                                              keep=keep)
-        if notes_per_page:
-            units, docs, k = _needs_pages(problem, "cds_learned_sparse"), problem.doc_ids, notes_per_page
-        else:  # top-B of the ranking: every note its own unit
-            units, docs, k = jnp.arange(problem.valid.shape[0]), None, 1
-        idx, ok = structured_readout(rank, problem.valid, units, budget=budget, k=k, doc_ids=docs)
-        cos = relevance(problem.notes, problem.queries, problem.valid)
-        return sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
-
-    return fn
-
-

@@ -12,12 +12,12 @@ structure arrays ``pages`` / ``doc_ids`` / ``kinds`` when its spec says :attr:`S
 ``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.cds` with a strategy and a
 game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.learned.LearnedParams`).
 
-Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its builder, the core solver it runs, the batch
-chunk that suits it, the inputs it reads (links, key, structure, pages only), whether it takes learned
-parameters, the spellings users may write and the name shown to them. Callers build problems from the spec
-alone (:func:`selector_spec`), so a name is mapped, and a selector described, in one place. The registry
-receives parameter values, never file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the
-shipped fit to a learned selector).
+Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the core solver it
+runs, the batch chunk that suits it, the inputs it reads (links, key, structure, pages only), whether it takes
+learned parameters, and its options. Callers build problems from the spec alone (:func:`selector_spec`), so a
+name is mapped, and a selector described, in one place. What the product makes of the selectors (the default,
+the names shown to users, help lines) is :mod:`cdsjax.catalog`'s. The registry receives parameter values, never
+file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the shipped fit to a learned selector).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_p
 from cdsjax.core.cds import cds
 from cdsjax.core.corpus import problem_block
 from cdsjax.core.learned import LearnedParams
-from cdsjax.core.readouts import (PAGE_GAME_OPTIONS, PAGE_OPTIONS, SPARSE_OPTIONS, cds_learned_sparse, cds_pages,
-                                  per_page)
+from cdsjax.core.readouts import PAGE_OPTIONS, per_page
 from cdsjax.core.solvers import SOLVERS, solver_label
 from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
@@ -45,7 +44,7 @@ from jax import Array
 
 SelectorFn = Callable[..., Selection]
 
-# Hard limit of the PPR selector's power iterations (it converges in tens at damping 0.85).
+# Hard limit of the PPR selector's power iterations (the largest max_iter it accepts).
 PPR_MAX_ITER_CAP = 100_000
 
 
@@ -249,9 +248,7 @@ class SelectorSpec:
       readout: for a learned selector, the read-out its parameters are fitted through (``"top"``: its top-B;
         ``"pages"``: its equilibrium read one note per page, ``cdsjax.core.page_readout_scores``); ``cdsjax.learn``
         ships one fit per read-out and ``cdsjax tune`` fits through it.
-      aliases: other spellings users may write (``cds-paper``).
-      display: the name shown to users (CLI, server, ``ask --json``).
-      help: one line saying what it selects (CLI help, listings).
+      option_names: the options its builder accepts (:attr:`options`).
     """
 
     name: str
@@ -264,9 +261,6 @@ class SelectorSpec:
     pages_only: bool = False
     learned: bool = False
     readout: str = "top"
-    aliases: Tuple[str, ...] = ()
-    display: str = ""
-    help: str = ""
     option_names: Tuple[str, ...] = ()
 
     @property
@@ -286,6 +280,35 @@ class SelectorSpec:
         """The option names the builder accepts."""
         return self.option_names
 
+    def make(self, budget: int, **options) -> SelectorFn:
+        """This selector at ``budget`` with ``options`` (see :func:`make_selector`), its selection function named
+        ``select_<name>`` for the programs JAX compiles from it."""
+        unknown = sorted(set(options) - set(self.option_names))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for selector {self.name!r}; "
+                             f"allowed: {list(self.option_names)}")
+        fn = self.build(check_budget(budget), **options)
+        name = f"select_{self.name}"
+        if isinstance(fn, Selector):
+            return dataclasses.replace(fn, select=NamedFunction(fn.select, name))
+        return NamedFunction(fn, name)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NamedFunction:
+    """``function`` under ``name``, the name JAX gives the programs it compiles from it (``jit_<name>``; JAX reads a
+    callable's ``__name__``). Equality is identity, as for a function, so it keys JAX's caches."""
+
+    function: Callable
+    name: str
+
+    @property
+    def __name__(self) -> str:  # noqa: A003 - the attribute JAX names a traced function by
+        return self.name
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
 
 def keyword_options(build: Callable) -> tuple:
     """The keyword-only parameter names of ``build``: the options of a builder that spells each one out."""
@@ -293,128 +316,81 @@ def keyword_options(build: Callable) -> tuple:
                  if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def _spec(name, build, *, solver=None, aliases=(), display=None, help="", options=None, **reads):
+def _spec(name, build, *, solver=None, options=None, **reads):
     options = keyword_options(build) if options is None else tuple(options)
     return SelectorSpec(name=name, build=build, option_names=options, solver=solver, batch_chunk="auto" if solver == "replicator" else None,
-                        aliases=tuple(aliases), display=display or name, help=help, **reads)
+                        **reads)
 
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
-    _spec("cosine", _cosine, help="the B notes most similar to the question"),
-    # cosine top-B taking the best note of each (document, page) first: the structural rule learned CDS must beat
-    _spec("cosine_pages", _cosine_pages, structure=True, aliases=("cosine-pages",), display="cosine-pages",
-          help="cosine, taking the best note of each page first (paragraph group on text corpora)"),
-    _spec("random", _random, needs_key=True, help="B notes drawn at random (seeded by the question id)"),
-    _spec("mmr", _mmr, help="maximal marginal relevance: relevance minus redundancy, greedily (lam)"),
-    _spec("dpp", _dpp, help="k-DPP greedy MAP: relevant and mutually dissimilar notes (theta, quality)"),
-    _spec("ppr", _ppr, needs_links=True, help="personalised PageRank over the note links, seeded by similarity"),
-    _spec("subgraph", _subgraph, needs_links=True, help="G2-Reader's subgraph readout over the note links"),
+    _spec("cosine", _cosine),
+    # cosine top-B taking the best note of each (document, page) first
+    _spec("cosine_pages", _cosine_pages, structure=True),
+    _spec("random", _random, needs_key=True),
+    _spec("mmr", _mmr),
+    _spec("dpp", _dpp),
+    _spec("ppr", _ppr, needs_links=True),
+    _spec("subgraph", _subgraph, needs_links=True),
     # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere)
     _spec("cds", _cds_builder("cds", "replicator"), solver="replicator", needs_links=True,
-          aliases=("cds-paper",), display="cds-paper",
-          options=CDS_OPTIONS,
-          help="CDS, paper mode: replicator dynamics with the paper's step cap (may stop short of equilibrium)"),
-    # Converged mode: the serving solver "pdas" (the primal-dual active set on the corpus block, the active-set
-    # Newton solver on a dense payoff); InImDyn is kept as its own entry.
+          options=CDS_OPTIONS),
+    # converged mode: the serving solver "pdas" (the primal-dual active set on the corpus block, the active-set
+    # Newton solver on a dense payoff); InImDyn is its own entry
     _spec("cds_converged", _cds_builder("cds_converged", "pdas"), solver="pdas", needs_links=True,
-          aliases=("cds-converged",), display="cds-converged",
-          options=CDS_OPTIONS,
-          help="CDS, converged: the equilibrium itself, found by the serving solver (primal-dual active set)"),
+          options=CDS_OPTIONS),
     _spec("cds_inimdyn", _cds_builder("cds_inimdyn", "inimdyn"), solver="inimdyn", needs_links=True,
-          aliases=("cds-inimdyn",), display="cds-inimdyn",
-          options=CDS_OPTIONS,
-          help="CDS, converged by infection-immunization dynamics"),
+          options=CDS_OPTIONS),
     # beta chosen per question so the equilibrium's support holds about `budget` notes
-    _spec("cds_support", _cds_support, solver="converged", aliases=("cds-support",), display="cds-support",
-          options=SUPPORT_OPTIONS,
-          help="CDS with beta chosen per question so the support holds about B notes"),
+    _spec("cds_support", _cds_support, solver="converged",
+          options=SUPPORT_OPTIONS),
     # the learned game (cdsjax.learn): its parameters a value the caller supplies (cdsjax.learn: a file, the
     # shipped fit by default); it reads the notes' structure, pages only where there are printed pages
     _spec("cds_learned", _cds_learned, solver="pdas", needs_links=True, structure=True, pages_only=True,
-          learned=True, aliases=("cds-learned",),
-          display="cds-learned",
-          options=LEARNED_OPTIONS,
-          help="CDS with a fitted game (cdsjax tune): structure features, relevance shaping; --params FILE"),
-    # Games and read-outs that see the document's structure (cdsjax.core.structure). A "-pages" read-out takes at most notes_per_page notes of a page per round, in the ranking's order.
-    _spec("mmr_pages", _mmr_pages, structure=True, aliases=("mmr-pages",), display="mmr-pages",
-          options=(*keyword_options(_mmr), *PAGE_OPTIONS),
-          help="MMR's ranking read at most notes_per_page notes per page per round (lam, notes_per_page)"),
-    _spec("dpp_pages", _dpp_pages, structure=True, aliases=("dpp-pages",), display="dpp-pages",
-          options=(*keyword_options(_dpp), *PAGE_OPTIONS),
-          help="k-DPP's ranking read at most notes_per_page notes per page per round (theta, notes_per_page)"),
+          learned=True,
+          options=LEARNED_OPTIONS),
+    # read-outs that see the document's pages (cdsjax.core.structure): a ranking read at most notes_per_page
+    # notes of a page per round, in the ranking's order
+    _spec("mmr_pages", _mmr_pages, structure=True,
+          options=(*keyword_options(_mmr), *PAGE_OPTIONS)),
+    _spec("dpp_pages", _dpp_pages, structure=True,
+          options=(*keyword_options(_dpp), *PAGE_OPTIONS)),
     _spec("cds_learned_pages", _cds_learned_pages, solver="pdas", needs_links=True, structure=True,
-          pages_only=True, learned=True, readout="pages", aliases=("cds-learned-pages",),
-          display="cds-learned-pages",
-          options=(*LEARNED_OPTIONS, *PAGE_OPTIONS),
-          help="the learned game's equilibrium ranking read at most notes_per_page notes per printed page per round"),
-    _spec("cds_pages", cds_pages, solver="converged", structure=True, aliases=("cds-pages",), display="cds-pages",
-          options=PAGE_GAME_OPTIONS,
-          help="a game over pages (page vectors, best-note relevance), the ranked pages' best notes as evidence"),
-    _spec("cds_learned_sparse", cds_learned_sparse, solver="converged", needs_links=True, structure=True,
-          pages_only=True, learned=True, aliases=("cds-learned-sparse",), display="cds-learned-sparse",
-          options=SPARSE_OPTIONS,
-          help="the learned game with alpha below the spectral bound (a cluster around the query), every note ranked"),
+          pages_only=True, learned=True, readout="pages",
+          options=(*LEARNED_OPTIONS, *PAGE_OPTIONS)),
 )}
-
-# The selector used when none is named: ask, serve, the pipeline, the integrations and the planning agent: the
-# learned game read one note per printed page (its own shipped fit; text without printed pages: its top-B).
-DEFAULT_SELECTOR = "cds_learned_pages"
-# The plain baseline that comparisons are reported against (demo, figures, pool and support reports).
-REFERENCE_SELECTOR = "cosine"
-# The paper's method as published (replicator dynamics, its step cap): what reproductions compare.
-PAPER_SELECTOR = "cds"
-# the learned game (its parameters from a `cdsjax tune` file: --params / Pipeline(params=...))
-LEARNED_SELECTOR = "cds_learned"
 
 # name -> builder(budget, **options) -> selector function (a view of SPECS).
 SELECTORS: Dict[str, Callable[..., SelectorFn]] = {name: spec.build for name, spec in SPECS.items()}
-_BY_SPELLING: Dict[str, str] = {**{a: s.name for s in SPECS.values() for a in s.aliases}, **{n: n for n in SPECS}}
 
 
-def selector_names(*, aliases: bool = True) -> Tuple[str, ...]:
-    """Every registry name, and with ``aliases`` every other accepted spelling, sorted."""
-    return tuple(sorted(_BY_SPELLING if aliases else SPECS))
-
-
-def selectors_help() -> str:
-    """Every selector for a help text, the default first: ``display (also name, aliases): help; ...``."""
-    parts = []
-    for name in (DEFAULT_SELECTOR, *(n for n in SPECS if n != DEFAULT_SELECTOR)):
-        spec = SPECS[name]
-        others = [a for a in (spec.name, *spec.aliases) if a != spec.display]
-        also = f" (also {', '.join(others)})" if others else ""
-        parts.append(f"{spec.display}{also}{' [default]' if name == DEFAULT_SELECTOR else ''}: {spec.help}")
-    return "; ".join(parts)
+def selector_names() -> Tuple[str, ...]:
+    """Every registry name, sorted."""
+    return tuple(sorted(SPECS))
 
 
 def selector_spec(name: str) -> SelectorSpec:
-    """The spec of a registry name or alias (``cds-converged`` -> the spec of ``cds_converged``).
+    """The spec of a registry name (:mod:`cdsjax.catalog` also reads the names shown to users).
 
     Raises:
       ValueError: an unknown name, listing the known ones.
     """
-    if name not in _BY_SPELLING:
+    if name not in SPECS:
         raise ValueError(f"unknown selector {name!r}; choose one of: {', '.join(selector_names())}")
-    return SPECS[_BY_SPELLING[name]]
-
-
-def selector_options(name: str) -> tuple:
-    """The option names ``make_selector(name, ...)`` accepts."""
-    check_option("selector", name, tuple(SELECTORS))
-    return SPECS[name].options
+    return SPECS[name]
 
 
 def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     """A selector function with the uniform signature.
 
     Args:
-      name: a registry name (:data:`SPECS`; :func:`selector_names` lists them with their aliases): the
-        baselines ``"cosine"``, ``"cosine_pages"``, ``"random"``, ``"mmr"``, ``"dpp"``, ``"ppr"``,
-        ``"subgraph"``; CDS ``"cds"`` (paper mode: replicator dynamics), ``"cds_converged"`` (the active-set
-        solver), ``"cds_inimdyn"``, ``"cds_support"`` (beta chosen per question so the support holds about
-        ``budget`` notes) and ``"cds_learned"`` (the learned game, :data:`DEFAULT_SELECTOR`).
+      name: a registry name (:data:`SPECS`; :func:`selector_names` lists them): the baselines ``"cosine"``,
+        ``"cosine_pages"``, ``"random"``, ``"mmr"``, ``"dpp"``, ``"ppr"``, ``"subgraph"``; CDS ``"cds"``
+        (paper mode: replicator dynamics), ``"cds_converged"`` (the active-set solver), ``"cds_inimdyn"``,
+        ``"cds_support"`` (beta chosen per question so the support holds about ``budget`` notes),
+        ``"cds_learned"`` (the learned game) and the per-page read-outs ``"mmr_pages"``, ``"dpp_pages"``,
+        ``"cds_learned_pages"``.
       budget: number of notes to select.
-      **options: the selector's own options (see :func:`selector_options`),
+      **options: the selector's own options (``selector_spec(name).options``),
         e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
         ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS, ``params`` (a
         :class:`~cdsjax.core.learned.LearnedParams`) for the learned game.
@@ -427,11 +403,5 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.
     """
-    allowed = selector_options(name)
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for selector {name!r}; allowed: {list(allowed)}")
-    budget = check_budget(budget)
-    fn = SELECTORS[name](budget, **options)
-    (fn.select if isinstance(fn, Selector) else fn).__name__ = f"select_{name}"  # names its compiled program
-    return fn
+    check_option("selector", name, tuple(SELECTORS))
+    return SPECS[name].make(budget, **options)

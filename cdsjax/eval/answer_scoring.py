@@ -2,20 +2,28 @@
 
 * **MMLongBench-Doc** (:func:`score_mmlongbench`): the reader's free-text reply is first reduced to a short
   answer by a second model call (:data:`EXTRACT_PROMPT`, read back by :func:`parse_extracted`), which is then
-  compared by the gold answer's format:
+  scored by the gold answer's format with the rules of the benchmark's published evaluation
+  (``eval/eval_score.py`` of its repository), so that accuracies compare with the figures reported on it:
 
-  - ``Int``: the first number of the extracted answer equals the gold integer (thousands separators,
-    currency signs, ``%`` and trailing units ignored);
-  - ``Float``: the first number is within :data:`FLOAT_REL_TOL` (relative) of the gold value; a gold
-    fraction written as a percentage, or the reverse (``0.25`` against ``25%``), also matches;
-  - ``Str``: normalised exact match, else the normalised Levenshtein similarity is at least
-    :data:`STR_SIMILARITY` (an answer that differs by a typo or a plural still counts);
-  - ``List``: both sides read as lists, equal length, and after sorting every item matches its partner by
-    the number rule (when both are numbers) or the string rule;
-  - ``None`` (unanswerable): correct only when the extracted answer declines (:func:`declines`).
+  - both sides are cleaned first (:func:`clean_answer`: lower case, a parenthesised part, surrounding quotes,
+    a leading ``$`` and a trailing ``%`` removed);
+  - ``Int``: the gold integer equals the prediction read as a number and truncated (``"12.5"`` is 12); a
+    prediction that is not a plain number (``"1,500"``, ``"12 people"``) scores 0;
+  - ``Float``: the cleaned prediction read as a number is within 1% (relative) of the gold value, of a
+    hundredth of it or of a hundred times it (a percentage against its fraction), or equal to one of them
+    after rounding to the shorter of the two precisions (at least 2 decimals); a prediction that is not a plain
+    number scores 0;
+  - ``Str`` and ``None`` (unanswerable; gold ``Not answerable``): exact equality where the gold answer is of a
+    kind that must match exactly (:func:`exact_kind`: a URL, a file name, a page, a phone number, a time, a
+    date, an e-mail address), else ANLS (:func:`anls`: one minus the normalised edit distance, 0 at or below
+    0.5), so a near miss earns partial credit;
+  - ``List``: both sides read as lists (a one-item list where they are not); different lengths score 0; the
+    cleaned items are sorted, and numeric (or exact-kind) lists must be equal, other lists score the smallest
+    ANLS of their item pairs.
 
-  :func:`generalized_f1` is the benchmark's F1 over a set of questions: recall is the accuracy over the
-  answerable questions, precision the accuracy over the questions the reader did not decline.
+  :func:`generalized_f1` is the benchmark's F1 over a set of questions: recall is the summed score of the
+  answerable questions over their number, precision the same sum over the number of questions whose
+  extracted answer is not ``Not answerable`` (:func:`declines_mmlongbench`); 0 where either is undefined.
 
 * **QASPER** (:func:`token_f1`, :func:`qasper_answer_f1`): SQuAD-style token F1 of the reply against each
   annotator's answer, the best annotator kept; defined where some annotator gave an extractive answer.
@@ -28,12 +36,10 @@ import ast
 import math
 import re
 from collections import Counter
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence
 
 from cdsjax.eval.answers import normalize_text
 
-FLOAT_REL_TOL = 0.01
-STR_SIMILARITY = 0.8
 DECLINE_PATTERNS = re.compile(
     r"^\s*(not answerable|unanswerable|cannot be answered|can ?not answer|fail(?:ed)? to answer|"
     r"no answer|none of the evidence|the evidence does not)", re.IGNORECASE)
@@ -42,14 +48,15 @@ EXTRACT_PROMPT = """\
 You turn a long answer into a short one. You get a question and a reply someone wrote to it. Write the \
 reply's final answer in its shortest complete form, with no explanation and no citation marks:
 
-- a number without thousands separators (keep a percent sign or a unit the question asks for);
+- a number as digits only: no thousands separators, no currency sign, no unit or scale word (a percent sign \
+may stay);
 - a list as a Python list of strings, e.g. ['red', 'blue'];
 - a name or a phrase as it is;
 - if the reply says the question cannot be answered, write exactly: Not answerable
 
 Reply with one line of the form
 Extracted answer: <the short answer>"""
-EXTRACT_PROMPT_VERSION = "extract-1"
+EXTRACT_PROMPT_VERSION = "extract-2"
 
 
 def declines(text: Optional[str]) -> bool:
@@ -73,36 +80,38 @@ def parse_extracted(text: str) -> str:
     return body.splitlines()[0].strip() if body else ""
 
 
-_NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+−]?\.\d+")
+ANLS_THRESHOLD = 0.5
+NOT_ANSWERABLE = "Not answerable"
 
 
-def first_number(text: str) -> Optional[Tuple[float, bool]]:
-    """``(value, is_percent)`` of the first number in ``text`` (a ``%`` or "percent" right after it sets the
-    flag), or None."""
-    m = _NUMBER.search(str(text))
-    if m is None:
-        return None
-    value = float(m.group(0).replace(",", "").replace("−", "-"))
-    rest = str(text)[m.end():].lstrip().lower()
-    return value, rest.startswith("%") or rest.startswith("percent")
+def declines_mmlongbench(extracted: Optional[str]) -> bool:
+    """Whether an extracted MMLongBench-Doc answer is the benchmark's decline, ``Not answerable`` (what its F1
+    counts as not answered)."""
+    return str(extracted or "").strip() == NOT_ANSWERABLE
 
 
-def _close(a: float, b: float, rel: float) -> bool:
-    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
+def clean_answer(text: Any) -> str:
+    """An answer as the benchmark compares it: lower case, stripped, without a parenthesised part, without one
+    quote at either end, without leading ``$`` and trailing ``%`` signs."""
+    s = str(text).lower().strip()
+    s = re.sub(r"\s*\([^)]*\)", "", s).strip()
+    s = re.sub(r"^['\"]|['\"]$", "", s).strip()
+    return s.lstrip("$").strip().rstrip("%").strip()
 
 
-def numbers_match(pred: str, gold: str, *, integer: bool = False, rel: float = FLOAT_REL_TOL) -> bool:
-    """Whether the first numbers of ``pred`` and ``gold`` agree: exactly (after rounding the prediction) for
-    ``integer``, else within ``rel``, a percentage also matching its fraction."""
-    p, g = first_number(pred), first_number(gold)
-    if p is None or g is None:
-        return False
-    if integer:
-        return round(p[0]) == round(g[0]) and abs(p[0] - round(p[0])) < 1e-6
-    candidates = {p[0]}
-    if p[1] != g[1]:
-        candidates |= {p[0] / 100.0, p[0] * 100.0}
-    return any(_close(c, g[0], rel) for c in candidates)
+_EXACT_PATTERNS = (re.compile(r"\b\d+(-\d+|\s\d+)?\b"),  # a phone number (or any plain number)
+                   re.compile(r"\b\d{4}[-\s]\d{2}[-\s]\d{2}\b"),  # YYYY-MM-DD
+                   re.compile(r"\b\d{4}[-\s]\d{2}\b"),  # YYYY-MM
+                   re.compile(r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}"))  # an e-mail address
+
+
+def exact_kind(cleaned: str) -> bool:
+    """Whether a cleaned gold answer is of a kind that only an exact match gets right: a URL, a ``.py`` /
+    ``ipynb`` file, a page reference, a phone number, a time (a.m./p.m.), a date (YYYY-MM-DD or YYYY-MM) or an
+    e-mail address."""
+    s = cleaned
+    return ("https://" in s or s.endswith(".py") or s.endswith("ipynb") or s.startswith("page")
+            or "a.m." in s or "p.m." in s or any(p.fullmatch(s) for p in _EXACT_PATTERNS))
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -118,74 +127,92 @@ def levenshtein(a: str, b: str) -> int:
     return prev[-1]
 
 
-def string_similarity(a: str, b: str) -> float:
-    """1 - edit distance / longer length, on the normalised strings (1.0 for two empty strings)."""
-    x, y = normalize_text(a), normalize_text(b)
-    if not x and not y:
-        return 1.0
-    return 1.0 - levenshtein(x, y) / max(len(x), len(y))
+def anls(gold: str, pred: str, threshold: float = ANLS_THRESHOLD) -> float:
+    """One minus the edit distance over the longer length (1.0 for two empty strings), 0.0 at or below
+    ``threshold``."""
+    length = max(len(gold), len(pred))
+    value = 1.0 - (levenshtein(gold, pred) / length if length else 0.0)
+    return value if value > threshold else 0.0
 
 
-def strings_match(pred: str, gold: str, *, threshold: float = STR_SIMILARITY) -> bool:
-    """Normalised equality, or a similarity of at least ``threshold`` (:func:`string_similarity`)."""
-    return string_similarity(pred, gold) >= threshold
+def _number(text: Any) -> Optional[float]:
+    """``text`` read as a finite number (Python's float syntax), or None."""
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
-def as_list(text: str) -> List[str]:
-    """A list answer's items: a Python/JSON list literal, else the text split at commas, semicolons and " and "."""
-    s = str(text).strip()
-    if s.startswith("[") and s.endswith("]"):
+def _decimals(value: float) -> int:
+    text = str(value)
+    return len(text.split(".")[-1]) if "." in text else 3
+
+
+def floats_match(gold: float, pred: float) -> bool:
+    """The benchmark's float rule: ``pred`` within 1% (relative) of ``gold``, ``gold / 100`` or ``gold * 100``,
+    or equal to one of them rounded to the shorter precision of the two (at least 2 decimals)."""
+    for target in (gold / 100, gold, gold * 100):
+        if math.isclose(target, pred, rel_tol=0.01):
+            return True
+        digits = max(min(_decimals(pred), _decimals(target)), 2)
+        if round(pred, digits) == round(target, digits):
+            return True
+    return False
+
+
+def as_list(value: Any) -> list:
+    """A list answer's items: a Python list literal read as a list; anything else a one-item list."""
+    if isinstance(value, str) and value.strip().startswith("["):
         try:
-            value = ast.literal_eval(s)
-            if isinstance(value, (list, tuple)):
-                return [str(v).strip() for v in value if str(v).strip()]
+            parsed = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
-            s = s[1:-1]
-    parts = re.split(r"\s*(?:;|,(?!\d{3})|\band\b)\s*", s)
-    return [p.strip(" '\"") for p in parts if p.strip(" '\"")]
-
-
-def _item_match(pred: str, gold: str) -> bool:
-    if first_number(gold) is not None and re.fullmatch(r"[^a-zA-Z]*", gold.replace("%", "")):
-        return numbers_match(pred, gold)
-    return strings_match(pred, gold)
-
-
-def lists_match(pred: str, gold: str) -> bool:
-    """Same number of items and, both sorted by their normalised text, each item matches its partner."""
-    p = sorted(as_list(pred), key=normalize_text)
-    g = sorted(as_list(gold), key=normalize_text)
-    return len(p) == len(g) and len(g) > 0 and all(_item_match(a, b) for a, b in zip(p, g))
+            parsed = None
+        if isinstance(parsed, (list, tuple)):
+            return list(parsed)
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def score_mmlongbench(extracted: str, gold: str, answer_format: Optional[str]) -> float:
-    """1.0 when the extracted answer matches the gold answer by the rule of its format (module docstring), else
-    0.0. ``answer_format`` ``None``/``"None"`` (or a gold ``Not answerable``) is the unanswerable case."""
+    """The score in [0, 1] of an extracted answer against the gold answer by the rule of its format (module
+    docstring); ``answer_format`` ``None``/``"None"`` is the unanswerable case, scored as a string.
+
+    Raises:
+      ValueError: an answer format the benchmark does not have.
+    """
     fmt = str(answer_format or "None")
-    if fmt == "None" or declines(gold):
-        return float(declines(extracted))
-    if declines(extracted):
-        return 0.0
     if fmt == "Int":
-        return float(numbers_match(extracted, gold, integer=True))
+        g, p = _number(gold), _number(extracted)
+        return float(g is not None and p is not None and g == int(g) and int(g) == int(p))
     if fmt == "Float":
-        return float(numbers_match(extracted, gold))
+        g, p = _number(clean_answer(gold)), _number(clean_answer(extracted))
+        return float(g is not None and p is not None and floats_match(g, p))
+    if fmt in ("Str", "None"):
+        g, p = clean_answer(gold), clean_answer(extracted)
+        return float(g == p) if exact_kind(g) else anls(g, p)
     if fmt == "List":
-        return float(lists_match(extracted, gold))
-    if fmt == "Str":
-        return float(strings_match(extracted, gold))
+        g, p = as_list(gold), as_list(extracted)
+        if len(g) != len(p):
+            return 0.0
+        g, p = sorted(clean_answer(x) for x in g), sorted(clean_answer(x) for x in p)
+        if not g:
+            return 1.0
+        if _number(g[0]) is not None or exact_kind(g[0]):
+            return float("-".join(g) == "-".join(p))
+        return min(anls(a, b) for a, b in zip(g, p))
     raise ValueError(f"unknown MMLongBench-Doc answer format {answer_format!r}")
 
 
 def generalized_f1(scores: Sequence[float], answerable: Sequence[bool], declined: Sequence[bool]) -> float:
-    """MMLongBench-Doc's F1 over questions: recall = mean score over answerable questions, precision = mean
-    score over questions the reader answered (did not decline); NaN when either set is empty, 0 when both
-    are 0."""
-    rec = [s for s, a in zip(scores, answerable) if a]
-    pre = [s for s, d in zip(scores, declined) if not d]
-    if not rec or not pre:
-        return float("nan")
-    r, p = sum(rec) / len(rec), sum(pre) / len(pre)
+    """MMLongBench-Doc's F1 over questions: with ``S`` the summed score of the answerable questions, recall is
+    ``S`` over their number and precision ``S`` over the number of questions not declined
+    (:func:`declines_mmlongbench`); 0.0 where either is undefined or both are 0, as the benchmark reports it."""
+    right = sum(float(s) for s, a in zip(scores, answerable) if a)
+    n_answerable = sum(1 for a in answerable if a)
+    n_answered = sum(1 for d in declined if not d)
+    if not n_answerable or not n_answered:
+        return 0.0
+    r, p = right / n_answerable, right / n_answered
     return 0.0 if r + p == 0 else 2 * p * r / (p + r)
 
 

@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.core.registry import REFERENCE_SELECTOR, SPECS
+from cdsjax.catalog import REFERENCE_SELECTOR
+from cdsjax.core.registry import SPECS
 
 # The headline metric of each benchmark.
 PRIMARY_METRIC = {"hotpotqa": "paragraph_recall", "qasper": "paragraph_recall", "mmlongbench": "page_recall"}

@@ -13,7 +13,8 @@ goes to a vision-language reader, and its answer is scored against the gold answ
   its format rules; other benchmarks by the LLM judge (:mod:`cdsjax.io.judge`, ``config.judge.*``, cached),
   plus token F1 on QASPER's extractive answers.
 * Controls, run as selectors of the same harness: ``none`` (the question alone) and ``full`` (every note of the
-  question's documents, where its estimated length fits ``config.reader.max_context``).
+  question's own documents, :func:`full_document_ids`, where its estimated length fits
+  ``config.reader.max_context`` and its images ``config.reader.max_images``).
 
 A failed request is recorded on its answer record as ``error`` (kind and message); its metrics are None (left
 out of every mean) and ``reader_error`` is 1, summarised on its own.
@@ -55,6 +56,7 @@ def reader_settings() -> ml_collections.ConfigDict:
         "max_text_chars": 1500,
         "seeds": (0,),
         "max_context": 32768,  # tokens; the "full" control runs where the whole document fits
+        "max_images": 0,  # images one request may carry (vLLM's --limit-mm-per-prompt); 0: no limit
     })
 
 
@@ -150,17 +152,35 @@ def _estimated_tokens(items, max_text_chars: int) -> int:
     return int(chars / CHARS_PER_TOKEN + TOKENS_PER_IMAGE * images + PROMPT_RESERVE_TOKENS)
 
 
+def fits_reader(items, *, max_context: int, max_images: int, max_tokens: int, max_text_chars: int) -> bool:
+    """Whether a request with evidence ``items`` fits the reader: its estimated prompt (3 characters a token,
+    a fixed cost per image and for the prompt) plus ``max_tokens`` within ``max_context`` tokens, and at most
+    ``max_images`` images (0: any number)."""
+    images = sum(1 for i in items if i.is_visual and i.image_path)
+    if max_images and images > max_images:
+        return False
+    return _estimated_tokens(items, max_text_chars) + max_tokens <= max_context
+
+
+def full_document_ids(problem) -> List[str]:
+    """The notes the ``full`` control sends: every note of the question's own documents in the problem's order
+    (a pool's distractor documents left out), or every note of the problem where it names no own documents."""
+    own = set(problem.gold_docs or ())
+    if not own:
+        return list(problem.note_ids)
+    return [n for n, d in zip(problem.note_ids, problem.docs) if d in own]
+
+
 def _chat(client, cache: ReplyCache, key: str, messages: list, *, max_tokens: int, seed: Optional[int]):
     """The cached reply of one request (dict with ``text``), or raises ReaderError."""
-    hit = cache.get(key)
-    if hit is not None:
-        return hit, True
     extra = {} if seed is None else {"seed": int(seed)}
-    reply = client.chat(messages, max_tokens=max_tokens, **extra)
-    value = {"text": reply.content, "model": reply.model, "finish_reason": reply.finish_reason,
-             "usage": reply.usage}
-    cache.put(key, value)
-    return value, False
+
+    def fetch():
+        reply = client.chat(messages, max_tokens=max_tokens, **extra)
+        return {"text": reply.content, "model": reply.model, "finish_reason": reply.finish_reason,
+                "usage": reply.usage}
+
+    return cache.get_or_fetch(key, fetch)
 
 
 def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
@@ -169,11 +189,12 @@ def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: s
 
     key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
                     prompt_hash=content_hash(JUDGE_PROMPT), question=question, gold=gold, predicted=predicted)
-    hit = cache.get(key)
-    if hit is None:
+
+    def fetch():
         verdict = judge.judge(question, gold, predicted)
-        hit = {"correct": bool(verdict.correct), "score": float(verdict.score), "raw": verdict.raw}
-        cache.put(key, hit)
+        return {"correct": bool(verdict.correct), "score": float(verdict.score), "raw": verdict.raw}
+
+    hit, _ = cache.get_or_fetch(key, fetch)
     try:
         parse_verdict(hit["raw"]) if hit.get("raw") else None
     except ValueError as err:  # a cached reply the current parser cannot read
@@ -202,6 +223,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     r = config.reader
     seeds = [int(s) for s in (r.seeds if not isinstance(r.seeds, (int, str)) else str(r.seeds).split(","))]
     max_tokens, max_chars = int(r.max_tokens), int(r.max_text_chars)
+    max_images = int(r.get("max_images", 0) or 0)
     by_qid = {p.query.qid: p for p in problems}
     indexes = None
     if kind != "text":
@@ -223,15 +245,17 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                 if label == "none":
                     tasks.append((label, b, p.query.qid, []))
                     continue
-                ids = list(p.note_ids)
-                if _estimated_tokens(source.items(ids), max_chars) + max_tokens > int(r.max_context):
+                ids = full_document_ids(p)
+                if not fits_reader(source.items(ids), max_context=int(r.max_context), max_images=max_images,
+                                   max_tokens=max_tokens, max_text_chars=max_chars):
                     skipped_full += 1
                     continue
                 tasks.append((label, b, p.query.qid, ids))
     if "full" in controls:
         n_full = len(problems) * len(budgets_of(config))
         log(f"full-document control: {n_full - skipped_full} of {n_full} (question, budget) pairs fit "
-            f"config.reader.max_context={int(r.max_context)} tokens")
+            f"config.reader.max_context={int(r.max_context)} tokens"
+            + (f" and config.reader.max_images={max_images}" if max_images else ""))
     reader, judge = _clients(config)
     model = str(r.model) or reader.model
     prompt_hash = content_hash(SYSTEM_PROMPT)
@@ -268,7 +292,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                 rec["extracted"] = extracted
                 rec["metrics"]["accuracy"] = S.score_mmlongbench(extracted, str(q.answer or ""), fmt)
                 rec["answerable"] = bool((q.meta or {}).get("answerable", True)) and str(fmt) != "None"
-                rec["declined"] = S.declines(extracted)
+                rec["declined"] = S.declines_mmlongbench(extracted)
             else:
                 golds = _gold_answers(q)
                 if golds:
@@ -349,7 +373,7 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
     mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``, ``accuracy_seed_std@B``;
     n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
-    from cdsjax.core.registry import REFERENCE_SELECTOR
+    from cdsjax.catalog import REFERENCE_SELECTOR
 
     rows = []
     merged = merged_answer_records(answers)

@@ -9,6 +9,7 @@ resumed run or another selector that sends the same request finds the reply here
     key = reply_key(kind="reader", model="m", prompt="v1", question="...", evidence=[...], settings={...})
     cache.get(key)          # None, or the stored dict
     cache.put(key, {...})
+    value, cached = cache.get_or_fetch(key, lambda: {...})   # one request per key, even from many threads
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import hashlib
 import json
 import pathlib
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 CACHE_FILE = "replies.jsonl"
 
@@ -52,6 +53,7 @@ class ReplyCache:
         self.path = self.directory / CACHE_FILE
         self._lock = threading.Lock()
         self._data: Dict[str, dict] = {}
+        self._pending: Dict[str, threading.Event] = {}  # keys whose reply is being fetched now
         if self.path.is_file():
             raw = self.path.read_bytes()
             if raw and not raw.endswith(b"\n"):  # a write cut short: drop the torn line before appending
@@ -82,6 +84,30 @@ class ReplyCache:
             self._data[key] = value
             self._file.write(line)
             self._file.flush()
+
+    def get_or_fetch(self, key: str, fetch: Callable[[], dict]) -> Tuple[dict, bool]:
+        """``(value, True)`` for a stored key, else ``(fetch(), False)`` with the value stored. One fetch per key
+        at a time: a caller that finds the key being fetched by another thread waits for it and takes the stored
+        value (or, when that fetch failed, fetches itself). ``fetch``'s exceptions propagate."""
+        while True:
+            with self._lock:
+                if key in self._data:
+                    return self._data[key], True
+                event = self._pending.get(key)
+                owner = event is None
+                if owner:
+                    event = self._pending[key] = threading.Event()
+            if not owner:
+                event.wait()
+                continue
+            try:
+                value = fetch()
+                self.put(key, value)
+                return value, False
+            finally:
+                with self._lock:
+                    self._pending.pop(key, None)
+                event.set()
 
     def close(self) -> None:
         with self._lock:

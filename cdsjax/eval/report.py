@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import pathlib
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
@@ -81,10 +82,13 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _fmt_cell(r: Mapping[str, Any]) -> str:
+    """``mean [ci_low, ci_high]``, or the mean alone for a row without an interval (NaN bounds: the spread over
+    seeds)."""
     m, lo, hi = r["mean"], r["ci_low"], r["ci_high"]
-    if abs(m) >= 100 or (abs(m) < 1e-3 and m != 0):
-        return f"{m:.3g} [{lo:.3g}, {hi:.3g}]"
-    return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+    fmt = ".3g" if abs(m) >= 100 or (abs(m) < 1e-3 and m != 0) else ".3f"
+    if math.isnan(lo) and math.isnan(hi):
+        return f"{m:{fmt}}"
+    return f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
 
 def write_timings(out_dir: pathlib.Path, seconds: Mapping[str, float], counts: Mapping[str, int]) -> None:

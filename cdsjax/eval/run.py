@@ -210,17 +210,17 @@ def corpus_arrays_cache(**kwargs) -> CorpusArrays:
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any], cache: Optional[Dict[str, Any]] = None):
     """:func:`cdsjax.core.make_selector` with a learned selector's ``params`` resolved to a value
-    (:func:`cdsjax.selection.selector_options`: a file, or the shipped fit), kept in the caller's ``cache``
+    (:func:`cdsjax.selection.resolve_options`: a file, or the shipped fit), kept in the caller's ``cache``
     (None: not kept) on (name, budget, options with the parameters' content hash), so a second run with the
     same cache does not compile again."""
-    from cdsjax.selection import make_selector, selector_key, selector_options
+    from cdsjax.selection import resolve_options, resolve_selector, selector_key
 
-    options = selector_options(name, options)
+    options = resolve_options(name, options)
     key = json.dumps(selector_key(name, budget, options), sort_keys=True, default=repr)
     if cache is None:
-        return make_selector(name, budget, options)[1]
+        return resolve_selector(name, budget, options)[1]
     if key not in cache:
-        cache[key] = make_selector(name, budget, options)[1]
+        cache[key] = resolve_selector(name, budget, options)[1]
     return cache[key]
 
 

@@ -18,8 +18,7 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     one selector can appear under several labels with different options. Options of
     labels that are not selected are ignored (so a config can keep them all).
     """
-    from cdsjax.core import selector_names, selector_spec
-    from cdsjax.core.registry import SPECS
+    from cdsjax.catalog import selector_names, selector_spec
 
     labels = config.selectors
     if isinstance(labels, str):
@@ -39,11 +38,12 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         try:
-            name = selector_spec(name).name  # an alias (cds-paper) names its registry entry
+            spec = selector_spec(name)  # a display form (cds-paper) names its registry entry
         except ValueError:
             raise ValueError(f"config.selectors: unknown selector {name!r} (label {label!r}); "
                              f"known: {list(selector_names())}") from None
-        if SPECS[name].learned and params_file(config) and "params" not in opts:
+        name = spec.name
+        if spec.learned and params_file(config) and "params" not in opts:
             opts["params"] = params_file(config)
         specs.append((label, name, opts))
     return specs

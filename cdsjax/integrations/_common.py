@@ -33,7 +33,7 @@ def missing_extra(extra: str, package: str, err: ImportError) -> ImportError:
 
 def default_selector() -> str:
     """The selector ``cdsjax ask`` and ``cdsjax serve`` use when none is given."""
-    from cdsjax.core.registry import DEFAULT_SELECTOR
+    from cdsjax.catalog import DEFAULT_SELECTOR
 
     return DEFAULT_SELECTOR
 
@@ -61,14 +61,14 @@ class Chooser:
     """One cdsjax selector over candidate embeddings: ``chooser(candidates [n, d], query [d], text, metadata=)``.
 
     The selector and its problem come from the path ``cdsjax ask`` takes (:mod:`cdsjax.selection`): the
-    registry spec (name, aliases, options as ``cdsjax ask`` takes them; a learned selector gets the shipped
+    registry spec (registry name or display form, options as ``cdsjax ask`` takes them; a learned selector gets the shipped
     fit unless ``options`` give ``params``), candidates padded to the same bucket size, and the structure
     arrays (document, page, kind of each candidate, from its metadata) for a selector that reads them. The
     selector is jitted once per padded size, so the same candidates in the same order give the same
     selection as ``cdsjax ask``.
 
     Args:
-      selector: a registry name or alias (None: the default of ``cdsjax ask``).
+      selector: a registry name or display form (None: the default of ``cdsjax ask``).
       budget: how many candidates to keep.
       options: the selector's options (``beta``, ``tau``, ``lam``, ``params``, ...).
 
@@ -80,11 +80,11 @@ class Chooser:
         import jax
 
         from cdsjax.core.validation import check_budget
-        from cdsjax.selection import CorpusArrays, make_selector
+        from cdsjax.selection import CorpusArrays, resolve_selector
 
         self.budget = check_budget(budget)
         self.options = dict(options or {})
-        self.spec, self.fn = make_selector(selector or default_selector(), self.budget, self.options)
+        self.spec, self.fn = resolve_selector(selector or default_selector(), self.budget, self.options)
         self._jitted = None
         # the bound and note block of the selector's game per candidate set, its functions jitted once
         self.corpus_arrays = CorpusArrays(wrap=lambda f, role: jax.jit(f), max_bytes=CANDIDATE_BYTES)
@@ -92,8 +92,10 @@ class Chooser:
 
     @property
     def name(self) -> str:
-        """The selector as users write it (``cds-learned``, ``cosine``, ...)."""
-        return self.spec.display
+        """The selector's display form, as users write it (``cds-learned``, ``cosine``, ...)."""
+        from cdsjax.catalog import display
+
+        return display(self.spec.name)
 
     def __call__(self, candidates, query, text: str = "", links=None,
                  metadata: Optional[Sequence[dict]] = None) -> Tuple[List[Tuple[int, float]], dict]:
@@ -105,7 +107,7 @@ class Chooser:
           text: the query text (seeds the ``random`` selector, as ``cdsjax ask`` does).
           links: optional ``[n, n]`` bool note links (``ppr``, ``subgraph``).
           metadata: optional per-candidate dicts with ``document`` (or ``doc_id``), ``page`` and ``kind``: the
-            structure a selector such as ``cds-learned`` reads (as :func:`note_metadata` writes them).
+            structure a selector such as ``cds_learned`` reads (as :func:`note_metadata` writes them).
 
         Returns:
           ``[(position in candidates, score), ...]`` best first (``min(budget, n)`` of them; ``[]`` for no
@@ -124,7 +126,7 @@ class Chooser:
             raise ValueError(f"the query embedding has {q.shape[0]} dimensions, the candidates {notes.shape[1]}: "
                              "embed both with the same model")
         if links is None and self.spec.needs_links and self.spec.solver is None:
-            raise ValueError(f"selector {self.spec.display!r} needs note links, which candidates from another "
+            raise ValueError(f"selector {self.name!r} needs note links, which candidates from another "
                              "retriever do not have; use a cdsjax CDSRetriever, or another selector")
         structure = None
         if self.spec.structure:
@@ -137,7 +139,7 @@ class Chooser:
         sel = jax.device_get(self._jitted(problem, core.key_from_query_id(text)))
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
-        return chosen, core.diagnostics(sel, selector=self.spec.name, valid=padded.valid)
+        return chosen, core.diagnostics(sel, spec=self.spec, valid=padded.valid)
 
     def _with_corpus(self, padded, problem):
         """``problem`` with the spectral bound and note block of the selector's game on these candidates, from
@@ -159,11 +161,11 @@ class IndexSource:
     """
 
     def __init__(self, index, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
-        from cdsjax.core import registry
+        from cdsjax.catalog import selector_spec
         from cdsjax.core.validation import check_budget
         from cdsjax.pipeline import Pipeline, PipelineError
 
-        self.selector = registry.selector_spec(selector or default_selector()).name
+        self.selector = selector_spec(selector or default_selector()).name
         self.budget = check_budget(budget)
         self.options = dict(options or {})
         if isinstance(index, Pipeline):

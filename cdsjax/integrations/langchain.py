@@ -86,7 +86,7 @@ class CDSRetriever(BaseRetriever):
     Args:
       index: an index directory or a PDF (indexed into the cache), a list of them, or a loaded
         :class:`cdsjax.pipeline.Pipeline`.
-      selector: a cdsjax selector name (default: ``cds-learned-pages``, the default of ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds_learned_pages``, the default of ``cdsjax ask``).
       budget: documents returned per query.
       options: the selector's options (``beta``, ``tau``, ``lam``, ...).
       include_embeddings: put each note's embedding in ``metadata["embedding"]`` (a later
@@ -135,7 +135,7 @@ class CDSCompressor(BaseDocumentCompressor):
 
     Args:
       embeddings: LangChain :class:`Embeddings` for the query, and for documents that carry no embedding.
-      selector: a cdsjax selector name (default: ``cds-learned-pages``, the default of ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds_learned_pages``, the default of ``cdsjax ask``).
       budget: documents kept per query (a larger budget than documents keeps them all, ranked).
       options: the selector's options.
 

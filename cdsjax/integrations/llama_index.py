@@ -86,7 +86,7 @@ def note_node(note: dict, meta: dict, embedding: Optional[np.ndarray], score: Op
 class CDSRetriever(BaseRetriever):
     """A LlamaIndex retriever over a cdsjax index (a directory or a PDF, several, or a loaded
     :class:`cdsjax.pipeline.Pipeline`): the ``budget`` nodes ``cdsjax ask`` would select with ``selector`` (None:
-    the default of ``cdsjax ask``, ``cds-learned-pages``) and its ``options`` (``beta``, ``tau``, ``lam``, ...)."""
+    the default of ``cdsjax ask``, ``cds_learned_pages``) and its ``options`` (``beta``, ``tau``, ``lam``, ...)."""
 
     def __init__(self, index, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None,
                  **kwargs: Any):
@@ -115,7 +115,7 @@ class CDSPostprocessor(BaseNodePostprocessor):
     Args:
       embed_model: a LlamaIndex embedding model for nodes without ``node.embedding`` and for a query that
         comes without an embedding (the query bundle's own embedding is used when it has one).
-      selector: a cdsjax selector name (default: ``cds-learned-pages``, the default of ``cdsjax ask``).
+      selector: a cdsjax selector name (default: ``cds_learned_pages``, the default of ``cdsjax ask``).
       budget: nodes kept per query (a larger budget than nodes keeps them all, ranked).
       options: the selector's options.
     """

@@ -171,10 +171,9 @@ class Embedder:
                 info = dict(model=self.model_name, query_prefix=self.query_prefix,
                             document_prefix=self.document_prefix, normalize=self.normalize,
                             trust_remote_code=self.trust_remote_code)
-                encoder = onnx_encoder.SentenceEncoder.from_info(info)
+                encoder, why = onnx_encoder.SentenceEncoder.try_from_info(info)
                 if encoder is None and self.backend == "onnx":
-                    raise EmbedderError(f"embedder.backend 'onnx' cannot encode with {self.model_name!r}: "
-                                        f"{onnx_encoder.last_error}")
+                    raise EmbedderError(f"embedder.backend 'onnx' cannot encode with {self.model_name!r}: {why}")
             elif self.backend == "onnx":
                 raise EmbedderError(f"embedder.backend 'onnx' cannot encode on {self.device!r} (the CPU only)")
             self._fast = encoder if encoder is not None else False

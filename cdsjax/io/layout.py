@@ -155,15 +155,15 @@ def prepare_models(threads: Optional[int] = None) -> None:
 
         if not hasattr(ort.InferenceSession, "cdsjax_base"):  # a worker process already chose its share
             limit_layout_threads(threads or usable_cores())
-        pymupdf = import_pymupdf(threads)
-        import pymupdf4llm  # noqa: F401
-        import pymupdf.layout
+        import_pymupdf(threads)
+        import pymupdf4llm
         from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
         from pymupdf4llm.helpers import document_layout
 
         if not _STATE.get("models_limited"):  # loaded on onnxruntime's defaults: load them again, limited
-            pymupdf._get_layout = None
-            pymupdf.layout.activate()
+            # pymupdf4llm's switch: off drops the layout analyser PyMuPDF holds, on loads its models anew
+            pymupdf4llm.use_layout(False)
+            pymupdf4llm.use_layout(True)
             _STATE["models_limited"] = True
         _install_batching(imf_module.ImageFeatureExtractorV1, document_layout)
         _STATE["ready"] = True

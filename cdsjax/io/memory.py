@@ -31,7 +31,6 @@ MMAP_MB = 1024  # blocks up to this size come from the heap
 TRIM_MB = 1024  # free memory kept at the top of the heap before it is returned to the kernel
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
-_done = False
 
 
 def enabled() -> bool:
@@ -66,64 +65,77 @@ def started_with(values: Dict[str, str]):
                 os.environ[k] = v
 
 
-def keep_freed_memory() -> bool:
-    """Makes glibc's ``malloc`` in this process keep large freed blocks for reuse; True if it now does.
+class Allocator:
+    """This process's C allocator, and whether it keeps large freed blocks (:meth:`keep`).
 
-    For a process that does not parse PDFs (see the module docstring).
-
-    A no-op returning False where the C library is not glibc (macOS, musl), or with
-    ``CDSJAX_KEEP_FREED_MEMORY=0``. Only the allocator's thresholds change: nothing computed depends on it.
-    Call :func:`release_freed_memory` between documents. Safe to call more than once.
+    glibc's thresholds belong to the process and cannot be read back, so one object, :data:`ALLOCATOR`, records
+    what cdsjax set; the module's functions are its methods.
     """
-    global _done
-    if _done:
-        return True
-    if not enabled():
-        return False
-    try:
+
+    def __init__(self):
+        self.keeping = False
+
+    def keep(self) -> bool:
+        """Makes glibc's ``malloc`` in this process keep large freed blocks for reuse; True if it now does.
+
+        For a process that does not parse PDFs (see the module docstring).
+
+        A no-op returning False where the C library is not glibc (macOS, musl), or with
+        ``CDSJAX_KEEP_FREED_MEMORY=0``. Only the allocator's thresholds change: nothing computed depends on it.
+        Call :meth:`release` between documents. Safe to call more than once.
+        """
+        if self.keeping:
+            return True
+        if not enabled():
+            return False
+        try:
+            libc = ctypes.CDLL(None)
+            mallopt = libc.mallopt
+        except (OSError, AttributeError):
+            return False
+        mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        # the trim threshold first: setting the mmap threshold alone would leave trimming at its dynamic value
+        self.keeping = (bool(mallopt(_M_TRIM_THRESHOLD, TRIM_MB << 20))
+                        and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_MB << 20)))
+        return self.keeping
+
+    def release(self) -> None:
+        """Returns the free memory of every arena to the kernel (glibc ``malloc_trim``), where :meth:`keep` is in
+        effect; otherwise does nothing."""
+        if not self.keeping:
+            return
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+    def stop(self) -> None:
+        """Undoes :meth:`keep` (where it is in effect) before this process parses again: hands the free memory
+        back, and sets the thresholds glibc's own dynamic ones reach once 32 MB blocks have been freed (mmap
+        32 MB, trim 64 MB; glibc cannot turn its dynamic adjustment back on)."""
+        if not self.keeping:
+            return
+        self.release()
         libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # the trim threshold first: setting the mmap threshold alone would leave trimming at its dynamic value
-    _done = bool(mallopt(_M_TRIM_THRESHOLD, TRIM_MB << 20)) and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_MB << 20))
-    return _done
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        self.keeping = False
+
+    @contextlib.contextmanager
+    def kept(self):
+        """:meth:`keep` for the duration of the block, undone after it (unless it was already in effect). For a
+        stretch in which this process embeds and nothing parses: the encoder's large buffers are then reused
+        instead of faulted in again for every batch."""
+        started = not self.keeping and self.keep()
+        try:
+            yield
+        finally:
+            if started:
+                self.stop()
 
 
-def release_freed_memory() -> None:
-    """Returns the free memory of every arena to the kernel (glibc ``malloc_trim``), where
-    :func:`keep_freed_memory` is in effect; otherwise does nothing."""
-    if not _done:
-        return
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def stop_keeping_freed_memory() -> None:
-    """Undoes :func:`keep_freed_memory` (where it is in effect) before this process parses again: hands the
-    free memory back, and sets the thresholds glibc's own dynamic ones reach once 32 MB blocks have been freed
-    (mmap 32 MB, trim 64 MB; glibc cannot turn its dynamic adjustment back on)."""
-    global _done
-    if not _done:
-        return
-    release_freed_memory()
-    libc = ctypes.CDLL(None)
-    libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
-    libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    _done = False
-
-
-@contextlib.contextmanager
-def freed_memory_kept():
-    """:func:`keep_freed_memory` for the duration of the block, undone after it (unless it was already in
-    effect). For a stretch in which this process embeds and nothing parses: the encoder's large buffers are
-    then reused instead of faulted in again for every batch."""
-    started = not _done and keep_freed_memory()
-    try:
-        yield
-    finally:
-        if started:
-            stop_keeping_freed_memory()
+ALLOCATOR = Allocator()  # the process's allocator: one per process, as the C library's is
+keep_freed_memory = ALLOCATOR.keep
+release_freed_memory = ALLOCATOR.release
+stop_keeping_freed_memory = ALLOCATOR.stop
+freed_memory_kept = ALLOCATOR.kept

@@ -17,7 +17,8 @@ libraries that import in a fraction of a second:
 
 ``tests/test_onnx_encoder.py`` checks the vectors against sentence-transformers for notes and questions.
 Anything else (remote code, other pooling, weights not on local disk, an export that fails) gives None from
-:meth:`SentenceEncoder.from_info`; the caller then uses sentence-transformers.
+:meth:`SentenceEncoder.from_info` (:meth:`SentenceEncoder.try_from_info` also says why); the caller then uses
+sentence-transformers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,7 +43,6 @@ TOKEN_BUDGET = 1024
 
 _ENCODERS: dict = {}
 _LOCK = threading.Lock()
-last_error = ""  # why the latest SentenceEncoder.from_info gave None, in one line
 
 
 def _read_json(path: Path):
@@ -218,12 +218,15 @@ class SentenceEncoder:
     @classmethod
     def from_info(cls, info: dict) -> Optional["SentenceEncoder"]:
         """The encoder for an index's embedder info (cached per model directory), or None when the model is
-        not supported or its export cannot be made or loaded (:data:`last_error` says why)."""
-        global last_error
+        not supported or its export cannot be made or loaded (:meth:`try_from_info` says why)."""
+        return cls.try_from_info(info)[0]
+
+    @classmethod
+    def try_from_info(cls, info: dict) -> Tuple[Optional["SentenceEncoder"], str]:
+        """``(encoder, "")`` as :meth:`from_info` gives it, or ``(None, why)``: why there is none, in one line."""
         root = supported_model_dir(info)
         if root is None:
-            last_error = "not a local sentence-transformers model with mean pooling (and no remote code)"
-            return None
+            return None, "not a local sentence-transformers model with mean pooling (and no remote code)"
         key = (str(root), info.get("query_prefix") or "", info.get("document_prefix") or "",
                bool(info.get("normalize", True)))
         with _LOCK:
@@ -231,9 +234,8 @@ class SentenceEncoder:
                 try:
                     _ENCODERS[key] = cls(root, info)
                 except Exception as err:  # noqa: BLE001 - no torch to export, unreadable files: sentence-transformers
-                    last_error = f"the ONNX export failed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
-                    return None
-            return _ENCODERS[key]
+                    return None, f"the ONNX export failed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+            return _ENCODERS[key], ""
 
     def _run(self, encodings, rows: Sequence[int], width: int) -> np.ndarray:
         ids = np.full((len(rows), width), self.pad_id, np.int64)

@@ -3,7 +3,7 @@
 Nothing in the package uses it to answer real questions; it stands in for a model server where none may be
 reached (the test suite, ``experiments/eval_planning.py`` without a reader URL). Standard library only.
 
-It listens on 127.0.0.1 (an ephemeral port), records every request body, and
+It listens on 127.0.0.1 (an ephemeral port, or ``port``), records every request body and its headers, and
 answers each chat completion with whatever ``responder(request_json)`` returns:
 a string (the assistant message content), a dict (a full JSON body), an
 ``(status, body)`` tuple to simulate server errors, or bytes (sent as the body as
@@ -35,6 +35,7 @@ class OpenAIServer:
       responder: ``responder(request body) -> reply`` (see the module docstring for the reply forms).
       models: the model ids ``GET /v1/models`` lists.
       delay: seconds to sleep before each answer.
+      port: the port to listen on; 0 picks a free one.
     """
 
     def __init__(
@@ -44,12 +45,14 @@ class OpenAIServer:
         models: tuple = ("test-model",),
         delay: float = 0.0,
         model_fields: Optional[Dict[str, dict]] = None,
+        port: int = 0,
     ):
         self.responder = responder
         self.models = list(models)
         self.model_fields = dict(model_fields or {})
         self.delay = delay
         self.requests: List[dict] = []
+        self.headers: List[Dict[str, str]] = []  # each request's HTTP headers (lower-case names), as ``requests``
         self.lock = threading.Lock()
         server = self
 
@@ -82,6 +85,7 @@ class OpenAIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server.lock:
                     server.requests.append(body)
+                    server.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if server.delay:
                     time.sleep(server.delay)
                 if not self.path.rstrip("/").endswith("/chat/completions"):
@@ -106,7 +110,7 @@ class OpenAIServer:
                 else:
                     self._send(200, completion(str(out), model))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", int(port)), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -2,9 +2,9 @@
 
 The one place a parameter file is read or written (the core receives :class:`LearnedParams` values).
 :func:`default_params` reads a fit shipped with the package once per process, one per read-out the learned
-selectors are fitted through (``SelectorSpec.readout``: ``cds-learned`` its top-B, ``cds-learned-pages`` one note
+selectors are fitted through (``SelectorSpec.readout``: ``cds_learned`` its top-B, ``cds_learned_pages`` one note
 per page); :func:`resolve_params` turns what a user gives (a path, a value, nothing) into a value;
-:func:`params_hash` names a value by its content (compiled-selector keys hold it, never a path).
+:func:`params_hash` names a value by a hash of its content (an evaluation run's identity holds it, never a path).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import pathlib
 from typing import Tuple, Union
 
@@ -109,9 +108,8 @@ def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None,
 
 
 def params_hash(theta: LearnedParams) -> str:
-    """A short content hash of a parameter value (equal parameters, equal hash; no path involved)."""
-    values = {k: float(v) for k, v in theta.to_dict().items()}
-    if not all(math.isfinite(v) for v in values.values()):
-        raise ValueError("learned parameters must be finite")
-    body = json.dumps(values, sort_keys=True).encode()
-    return "learned:" + hashlib.sha256(body).hexdigest()[:16]
+    """A short content hash of a parameter value (equal parameters, equal hash; no path involved): a hash of
+    :meth:`LearnedParams.content_key`'s values."""
+    kind, values = theta.content_key()
+    body = json.dumps(dict(values), sort_keys=True).encode()
+    return f"{kind}:" + hashlib.sha256(body).hexdigest()[:16]
