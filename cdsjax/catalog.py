@@ -35,7 +35,8 @@ SHOWN: Mapping[str, Tuple[str, str]] = {
     "subgraph": ("subgraph", "G2-Reader's subgraph readout over the note links"),
     "cds": ("cds-paper", "CDS, paper mode: replicator dynamics with the paper's step cap (may stop short of "
                          "equilibrium)"),
-    "cds_converged": ("cds-converged", "CDS, converged: the equilibrium itself, found by the active-set solver"),
+    "cds_converged": ("cds-converged", "CDS, converged: the equilibrium itself, found by the serving solver "
+                                       "(primal-dual active set)"),
     "cds_inimdyn": ("cds-inimdyn", "CDS, converged by infection-immunization dynamics"),
     "cds_support": ("cds-support", "CDS with beta chosen per question so the support holds about B notes"),
     "cds_learned": ("cds-learned", "CDS with a fitted game (cdsjax tune): structure features, relevance shaping; "
