@@ -1,8 +1,8 @@
 """``cdsjax ask DIR_OR_PDF... "question"``: select evidence (and answer, with a reader).
 
 The default selector is :data:`cdsjax.catalog.DEFAULT_SELECTOR`: learned CDS read per page (``cds-learned-pages``,
-the constrained dominant set of the fitted game, found by the serving solver ``pdas`` on the corpus block, its ranking read one note
-per printed page per round).
+the constrained dominant set of the fitted game, found by the serving solver ``pdas`` on the corpus block, its
+ranking read one note per printed page per round).
 ``--selector cds-converged`` is the paper's game at its equilibrium; ``--selector cds-paper`` (also spelled
 ``cds``) is the paper's
 replicator dynamics with its 10,000-step cap: it reproduces the paper, but on real indexes it often stops
