@@ -128,26 +128,53 @@ def cds(
     return STRATEGIES[strategy](problem, params, options, budget=budget, **extra)
 
 
-def _array_wrapper(strategy: str, name: str, summary: str) -> Callable[..., Selection]:
-    """The old array-taking entry point of a strategy: :func:`cds` on ``CDSProblem.create(...)``."""
+def _on_arrays(strategy: str, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
+    """:func:`cds` on ``CDSProblem.create(notes, query, valid, links=, pinned=)``: the array-taking entry points."""
+    if strategy == "shared" and jnp.ndim(query) != 2:
+        raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
+    problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
+    return cds(problem, strategy, params, options, budget=budget, **kwargs)
 
-    def wrapper(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+
+def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+               options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+               links: Optional[Array] = None, **kwargs) -> Selection:
+    """Selects evidence as a constrained dominant set (one extraction).
+
+    ``cds_select(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
+    'single', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("single", notes, query, valid, pinned, links, params, options, budget, kwargs)
+
+
+def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+             options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+             links: Optional[Array] = None, **kwargs) -> Selection:
+    """Peeling extraction for several constraint vertices.
+
+    ``cds_peel(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
+    'peel', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("peel", notes, query, valid, pinned, links, params, options, budget, kwargs)
+
+
+def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
                 options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
                 links: Optional[Array] = None, **kwargs) -> Selection:
-        if strategy == "shared" and jnp.ndim(query) != 2:
-            raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
-        problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
-        return cds(problem, strategy, params, options, budget=budget, **kwargs)
+    """Constrained dominant set whose support holds about ``budget`` notes.
 
-    wrapper.__name__ = wrapper.__qualname__ = name
-    wrapper.__doc__ = (f"{summary}\n\n    ``{name}(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, "
-                       f"query, valid, links=, pinned=), {strategy!r}, params, options, **kw)``; see :func:`cds`.\n")
-    return wrapper
+    ``cds_support(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
+    'support', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("support", notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
-cds_select = _array_wrapper("single", "cds_select", "Selects evidence as a constrained dominant set (one extraction).")
-cds_peel = _array_wrapper("peel", "cds_peel", "Peeling extraction for several constraint vertices.")
-cds_support = _array_wrapper("support", "cds_support",
-                             "Constrained dominant set whose support holds about ``budget`` notes.")
-cds_select_shared = _array_wrapper("shared", "cds_select_shared",
-                                   "Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.")
+def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+                      options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+                      links: Optional[Array] = None, **kwargs) -> Selection:
+    """Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.
+
+    ``cds_select_shared(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=,
+    pinned=), 'shared', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("shared", notes, query, valid, pinned, links, params, options, budget, kwargs)
