@@ -229,6 +229,10 @@ class CorpusArrays:
         self._bytes = 0
         self._lock = threading.RLock()
 
+    def __len__(self) -> int:
+        """How many (game, corpus) entries hold a bound."""
+        return len(self._bounds)
+
     def functions(self, selector) -> tuple:
         """``(bound, block)``: ``selector``'s ``corpus_bound`` and ``corpus_block``, wrapped once (None for a
         selector without them)."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from cdsjax import catalog, core
 from cdsjax.catalog import DEFAULT_SELECTOR
+from cdsjax.io.compilation_cache import ExportedJit
 from cdsjax.selection import corpus_arrays
 
 
@@ -59,7 +60,7 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     <cdsjax.io.compilation_cache.ExportedJit.precompile>`); its executable serves the later calls. Returns False
     where nothing was compiled ahead (no compilation cache: the selector then compiles on its first call)."""
     fn = pipe.selector_fn(selector, budget, options)
-    if not hasattr(fn.select, "precompile"):
+    if not isinstance(fn.select, ExportedJit):
         return False
     problem = pipe.candidates.problem(query, catalog.selector_spec(selector))
     key = core.key_from_query_id(qid or "warm-up question")

@@ -149,7 +149,7 @@ def test_precompile_keeps_an_executable_that_later_calls_run_without_compiling(t
     assert precompile(pipe, qs[0], selector="cds-learned-pages", budget=5)
     fn = pipe.selector_fn("cds-learned-pages", 5)
     assert any(isinstance(c, jax.stages.Compiled) for c in fn.select._calls.values())
-    assert len(pipe._bounds) == 1  # the bound and block were computed meanwhile and are kept
+    assert len(pipe.corpus_arrays) == 1  # the bound and block were computed meanwhile and are kept
 
     compiles = []
 
