@@ -264,12 +264,19 @@ def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = None, **kw
           that touch one column per step (InImDyn) or stop within a few hundred
           steps run faster as one ``vmap``.
 
+        * ``"each"``: one query after another (``lax.map`` without ``vmap``), so a query's own control flow
+          runs as written: under ``vmap`` a ``lax.cond`` becomes a select that runs both branches (the serving
+          solver's fallback after every converged primal-dual solve), and a ``while_loop`` runs until the
+          slowest query stops.
+
         Results are identical whichever is used.
       **kwargs: static keyword arguments bound to ``fn``.
     """
     f = functools.partial(fn, **kwargs)
     if chunk is None:
         return jax.jit(jax.vmap(f))
+    if chunk == "each":
+        return jax.jit(lambda *args: jax.lax.map(lambda a: f(*a), args))
     if chunk == "auto":
         def run_auto(*args):
             lead = jax.tree_util.tree_leaves(args[0])[0]
@@ -281,5 +288,5 @@ def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = None, **kw
 
         return jax.jit(run_auto)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, None or 'auto', got {chunk!r}")
+        raise ValueError(f"chunk must be a positive integer, None, 'auto' or 'each', got {chunk!r}")
     return jax.jit(lambda *args: jax.lax.map(lambda a: f(*a), args, batch_size=chunk))

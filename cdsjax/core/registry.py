@@ -236,7 +236,8 @@ class SelectorSpec:
       build: ``build(budget, **options) -> fn`` with the uniform signature.
       solver: the CDS solver it runs (a key of :data:`cdsjax.core.solvers.SOLVERS`), None for a baseline.
       batch_chunk: the ``chunk`` to give :func:`cdsjax.core.batched` on one device (``"auto"``: replicator
-        dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU).
+        dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU; ``"each"``: the serving
+        solver, one question at a time as it serves; :data:`BATCH_CHUNKS`).
       needs_links: it reads ``problem.links`` (always, or with some options).
       needs_key: it reads the PRNG ``key``.
       structure: it reads the structure arrays ``problem.pages`` / ``doc_ids`` / ``kinds`` (callers build
@@ -316,9 +317,15 @@ def keyword_options(build: Callable) -> tuple:
                  if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
+# How a batch of questions runs (cdsjax.core.batched's chunk) by solver: replicator dynamics in cache-sized
+# chunks on a CPU; the serving solver one question after another, as it serves (its fallback under lax.cond
+# runs only where the primal-dual solve does not converge); the others as one vmap.
+BATCH_CHUNKS = {"replicator": "auto", "pdas": "each"}
+
+
 def _spec(name, build, *, solver=None, options=None, **reads):
     options = keyword_options(build) if options is None else tuple(options)
-    return SelectorSpec(name=name, build=build, option_names=options, solver=solver, batch_chunk="auto" if solver == "replicator" else None,
+    return SelectorSpec(name=name, build=build, option_names=options, solver=solver, batch_chunk=BATCH_CHUNKS.get(solver),
                         **reads)
 
 
