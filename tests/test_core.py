@@ -115,7 +115,7 @@ def test_chunked_batch_equals_vmap(problem):
     q = np.stack([query, notes[0]])
     v = np.ones((2, len(notes)), bool)
     a = core.batched(core.cds_select, chunk=None, budget=4, max_iter=300)(z, q, v)
-    for chunk in (1, "auto"):
+    for chunk in (1, "auto", "each"):
         b = core.batched(core.cds_select, chunk=chunk, budget=4, max_iter=300)(z, q, v)
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_allclose(a.result.x, b.result.x, atol=1e-13)
@@ -151,7 +151,9 @@ def test_selector_specs_name_chunk_solver_and_spellings():
     from cdsjax.core import registry
 
     assert registry.selector_spec("cds").batch_chunk == "auto"  # replicator dynamics: cache-sized chunks
-    for name in ("cds_converged", "cds_inimdyn", "cds_support", "cosine", "mmr", "ppr"):
+    for name in ("cds_converged", "cds_learned", "cds_learned_pages"):  # the serving solver: one question at a time
+        assert registry.selector_spec(name).batch_chunk == "each"
+    for name in ("cds_inimdyn", "cds_support", "cosine", "mmr", "ppr"):
         assert registry.selector_spec(name).batch_chunk is None
     assert catalog.selector_spec("cds-paper") is registry.SPECS["cds"]
     assert catalog.selector_spec("cds-converged").solver_label == "pdas"
