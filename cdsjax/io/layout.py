@@ -131,11 +131,6 @@ def limit_layout_threads(threads: int) -> SessionLimits:
     return PROCESS.limits
 
 
-def session_limits() -> Optional[SessionLimits]:
-    """The limits :func:`limit_layout_threads` chose for this process (None before)."""
-    return PROCESS.limits
-
-
 def fixed_input_shapes(session) -> bool:
     """True when every input of an onnxruntime session has a fixed size in every dimension but the first
     (the batch)."""
@@ -152,6 +147,7 @@ def layout_threads(default: int = 1) -> int:
 
 
 def usable_cores() -> int:
+    """The cores this process may run on (its affinity; the CPU count where there is none)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
