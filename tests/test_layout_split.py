@@ -51,7 +51,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     layout.prepare_models()
     layout_split.stop_helper()  # a helper an earlier test of this process left running
     monkeypatch.setattr(layout_split, "SPLIT_MIN_PAGES", 2)
-    monkeypatch.setitem(layout._STATE, "threads", 2)  # as on a machine with two free cores
+    monkeypatch.setattr(layout.PROCESS, "limits", layout.SessionLimits(2))  # as on a machine with two free cores
     # the pages are claimed as each process gets to them; this process leaves the last two to the helper, so
     # that the helper's path runs whatever the timing
     monkeypatch.setitem(layout_split._SPLIT, "reserve", 2)

@@ -151,12 +151,14 @@ def test_export_model_writes_the_transformer(encoder, tmp_path):
 
 
 def test_session_threads_follow_the_process_share(encoder, monkeypatch):
-    """A process whose onnxruntime sessions cdsjax limited (a parsing worker's share) leaves the encoder's thread
-    count to that limit; otherwise the encoder takes one thread per usable core; its threads never spin."""
+    """A process whose layout sessions cdsjax limited (a parsing worker's share) gives the encoder that share of
+    threads; otherwise the encoder takes one thread per usable core; its threads never spin."""
     import onnxruntime as ort
 
+    from cdsjax.io import layout
+
     seen = []
-    plain = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)  # as no limit had been set
+    plain = ort.InferenceSession
 
     class Recording(plain):
         def __init__(self, path, options=None, providers=None, **kwargs):
@@ -165,11 +167,12 @@ def test_session_threads_follow_the_process_share(encoder, monkeypatch):
             super().__init__(path, options, providers, **kwargs)
 
     monkeypatch.setattr(ort, "InferenceSession", Recording)
+    monkeypatch.setattr(layout.PROCESS, "limits", None)  # as no share had been chosen
     onnx_encoder.session(encoder.path)
-    Recording.cdsjax_base = plain  # what limit_layout_threads leaves on the class it installs
+    monkeypatch.setattr(layout.PROCESS, "limits", layout.SessionLimits(2))  # what limit_layout_threads(2) sets
     onnx_encoder.session(encoder.path)
     onnx_encoder.session(encoder.path, threads=3)
-    assert seen == [(onnx_encoder.usable_cores(), "0"), (0, "0"), (3, "0")]
+    assert seen == [(onnx_encoder.usable_cores(), "0"), (2, "0"), (3, "0")]
 
 
 def test_backends_are_chosen_as_configured(monkeypatch):

@@ -67,8 +67,9 @@ def test_worker_failure_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_layout_sessions_take_the_thread_limit(tmp_path):
-    """In an ingestion worker, onnxruntime sessions built the way PyMuPDF builds them (options left at their
-    defaults) get the worker's share of threads and do not spin; options a caller set stay as set."""
+    """Inside ``SessionLimits.installed()``, onnxruntime sessions built the way PyMuPDF builds them (options left
+    at their defaults) get the worker's share of threads and do not spin; options a caller set stay as set; on
+    leaving, ``onnxruntime.InferenceSession`` is the original class again, also after an error inside."""
     import subprocess
     import sys
     import textwrap
@@ -77,23 +78,31 @@ def test_layout_sessions_take_the_thread_limit(tmp_path):
         import pathlib, onnxruntime as ort, pymupdf.layout
         from cdsjax.io.parse import limit_layout_threads
         model = next((pathlib.Path(pymupdf.layout.__file__).parent / "resources" / "onnx").glob("*.onnx"))
-        limit_layout_threads(1)
-        limit_layout_threads(1)  # twice: still one subclass deep
-        plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 3
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        chosen = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        original = ort.InferenceSession
+        limits = limit_layout_threads(1)
+        with limits.installed():
+            plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 3
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+            chosen = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+            inside = ort.InferenceSession.__mro__[1] is original
+        try:
+            with limits.installed():
+                raise KeyError
+        except KeyError:
+            pass
+        after = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).get_session_options()
         o = plain.get_session_options()
         print(o.intra_op_num_threads, o.inter_op_num_threads,
               o.get_session_config_entry("session.intra_op.allow_spinning"),
               chosen.get_session_options().intra_op_num_threads,
               chosen.get_session_options().get_session_config_entry("session.intra_op.allow_spinning"),
-              ort.InferenceSession.__mro__[1].__name__)
+              inside, ort.InferenceSession is original, after.intra_op_num_threads)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "1", "0", "3", "1", "InferenceSession"]
+    assert out.stdout.split() == ["1", "1", "0", "3", "1", "True", "True", "0"]
 
 
 def test_fixed_shape_models_get_the_memory_arena_back(tmp_path):
@@ -106,20 +115,19 @@ def test_fixed_shape_models_get_the_memory_arena_back(tmp_path):
 
     script = textwrap.dedent("""
         import pathlib, numpy as np, onnxruntime as ort, pymupdf.layout
-        from cdsjax.io.layout import fixed_input_shapes, limit_layout_threads
-        limit_layout_threads(1)
+        from cdsjax.io.layout import SessionLimits, fixed_input_shapes
         models = pathlib.Path(pymupdf.layout.__file__).parent / "resources" / "onnx"
         def session(name):
             opts = ort.SessionOptions()
             opts.enable_cpu_mem_arena = False  # as PyMuPDF builds them
-            s = ort.InferenceSession(str(models / name), opts, providers=["CPUExecutionProvider"])
+            with SessionLimits(1).installed():
+                s = ort.InferenceSession(str(models / name), opts, providers=["CPUExecutionProvider"])
             return s, s.get_session_options().enable_cpu_mem_arena
         image, image_arena = session("feature_imf1.onnx")
         graph, graph_arena = session("layout_rf2.4.1+imf1.onnx")
         x = np.random.default_rng(0).random((1, 1, 300, 300), dtype=np.float32)
         off = ort.SessionOptions(); off.enable_cpu_mem_arena = False
-        plain = ort.InferenceSession.cdsjax_base(str(models / "feature_imf1.onnx"), off,
-                                                 providers=["CPUExecutionProvider"])
+        plain = ort.InferenceSession(str(models / "feature_imf1.onnx"), off, providers=["CPUExecutionProvider"])
         feed = {image.get_inputs()[0].name: x}
         same = all(np.array_equal(a, b) for a, b in zip(image.run(None, feed), plain.run(None, feed)))
         print(fixed_input_shapes(image), image_arena, fixed_input_shapes(graph), graph_arena, same)
@@ -144,6 +152,9 @@ for s in (model.session, getattr(image, "session", image)):  # the image network
     o = s.get_session_options()
     print(o.intra_op_num_threads, o.get_session_config_entry("session.intra_op.allow_spinning"),
           o.enable_cpu_mem_arena, end=" ")
+import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_inference_collection import InferenceSession
+print(ort.InferenceSession is InferenceSession)  # onnxruntime's own class again once the models are loaded
 """
 
 
@@ -152,11 +163,12 @@ def test_layout_models_run_on_limited_sessions_whoever_imports_pymupdf_first(fir
     """Importing PyMuPDF loads its layout models. Whether cdsjax imports it first (through ``import_pymupdf``)
     or the caller did before cdsjax could limit the sessions (then ``prepare_models`` loads them again), the
     graph network and the image network PyMuPDF runs have the limited threads, sleep when idle, and the image
-    network has its memory arena; on onnxruntime's defaults they would have a spinning thread per core."""
+    network has its memory arena; on onnxruntime's defaults they would have a spinning thread per core.
+    Afterwards ``onnxruntime.InferenceSession`` is onnxruntime's own class again."""
     out = subprocess.run([sys.executable, "-c", _LAYOUT_SESSIONS, first], capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "0", "False", "1", "0", "True"]
+    assert out.stdout.split() == ["1", "0", "False", "1", "0", "True", "True"]
 
 
 @pytest.mark.slow  # ~15 s (each worker loads the model); the default, the parent, is tested above

@@ -10,7 +10,7 @@ largest single cost. Two things here make it cheaper without changing what it co
   call; each page's own call then finds its output ready. An output is used only for an input that is equal
   byte for byte to the one it was computed from (a page whose rendering changed meanwhile, e.g. a rotated page,
   runs on its own as before).
-- **threads that sleep** (:func:`limit_layout_threads`): onnxruntime's sessions get a fixed number of
+- **threads that sleep** (:class:`SessionLimits`): the models' onnxruntime sessions get a fixed number of
   intra-op threads that do not spin when idle, so the Python half of each page and the embedding of the
   previous document are not starved by spinning threads.
 
@@ -47,49 +47,88 @@ class Region:
     table_md: str = ""
 
 
-def limit_layout_threads(threads: int) -> None:
-    """Makes the onnxruntime sessions this process creates from now on (PyMuPDF's layout and table
-    models) run on ``threads`` intra-op threads that sleep rather than spin when idle.
+@dataclasses.dataclass(frozen=True)
+class SessionLimits:
+    """The onnxruntime options cdsjax gives the sessions of PyMuPDF's layout and table models: ``threads``
+    intra-op threads that sleep rather than spin when idle, one inter-op thread, and the memory arena back for
+    models whose inputs have one fixed shape.
 
     onnxruntime's default is a spinning thread per core, each pinned by onnxruntime itself to a core, so
     the process affinity an ingestion worker is given does not hold them: two workers on two cores then
-    spin on each other's core and each parses 1.6x slower (RESULTS.md, "Scale: workers and processes").
-    PyMuPDF builds its sessions without a way to pass options, so ``onnxruntime.InferenceSession`` is
-    replaced in this process by a subclass that fills in options a caller left at their defaults.
+    spin on each other's core and each parses slower.
 
     PyMuPDF also turns onnxruntime's memory arena off for every session, so that a long-lived process's memory
     does not grow with the largest page it has seen. A model whose inputs have one fixed shape (apart from
     the batch), as the layout model's image network (one 300x300 page image, about 60 MB of outputs per
     page), needs the same buffers on every call, so the arena cannot grow there: it gets the arena back and
-    keeps its buffers instead of mapping and faulting in fresh ones per page (the same outputs, bit for bit;
-    about a quarter less CPU for the layout model, RESULTS.md "Ingestion: profile, floors and what
-    changed"). Models with inputs of varying size keep PyMuPDF's setting.
+    keeps its buffers instead of mapping and faulting in fresh ones per page (the same outputs, bit for bit).
+    Models with inputs of varying size keep PyMuPDF's setting.
     """
-    import onnxruntime as ort
 
-    threads = max(1, int(threads))
-    _STATE["threads"] = threads
-    base = getattr(ort.InferenceSession, "cdsjax_base", ort.InferenceSession)
+    threads: int
 
-    class LimitedSession(base):
-        cdsjax_base = base
+    def fill(self, options):
+        """Fills in the options a caller left at onnxruntime's defaults (threads, inter-op threads, spinning);
+        ``options`` is changed in place and returned."""
+        if options.intra_op_num_threads == 0:  # 0: onnxruntime's default, a thread per core
+            options.intra_op_num_threads = self.threads
+        if options.inter_op_num_threads == 0:
+            options.inter_op_num_threads = 1
+        try:
+            options.get_session_config_entry(SPINNING)
+        except RuntimeError:  # not set by the caller
+            options.add_session_config_entry(SPINNING, "0")
+        return options
 
-        def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
-            options = sess_options if sess_options is not None else ort.SessionOptions()
-            if options.intra_op_num_threads == 0:  # 0: onnxruntime's default, a thread per core
-                options.intra_op_num_threads = threads
-            if options.inter_op_num_threads == 0:
-                options.inter_op_num_threads = 1
+    @contextlib.contextmanager
+    def installed(self):
+        """While inside, ``onnxruntime.InferenceSession`` is a subclass that builds its sessions with these
+        limits (:meth:`fill`, and the arena back for fixed-shape models); the original class is put back on
+        leaving. PyMuPDF builds its sessions when it loads its models, with no way to pass options, so the
+        models are loaded inside this."""
+        import onnxruntime as ort
+
+        with _SETUP:
+            base = ort.InferenceSession
+            limits = self
+
+            class LimitedSession(base):
+                def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
+                             **kwargs):
+                    options = limits.fill(sess_options if sess_options is not None else ort.SessionOptions())
+                    super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
+                    if not options.enable_cpu_mem_arena and fixed_input_shapes(self):
+                        options.enable_cpu_mem_arena = True  # built again, keeping its buffers between calls
+                        super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
+
+            ort.InferenceSession = LimitedSession
             try:
-                options.get_session_config_entry(SPINNING)
-            except RuntimeError:  # not set by the caller
-                options.add_session_config_entry(SPINNING, "0")
-            super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
-            if not options.enable_cpu_mem_arena and fixed_input_shapes(self):
-                options.enable_cpu_mem_arena = True  # built again, keeping its buffers between calls
-                super().__init__(path_or_bytes, options, providers, provider_options, **kwargs)
+                yield
+            finally:
+                ort.InferenceSession = base
 
-    ort.InferenceSession = LimitedSession
+
+@dataclasses.dataclass
+class LayoutProcess:
+    """What this process holds of PyMuPDF's layout analysis (PyMuPDF loads its models once per process):
+    the session limits chosen for it (None until chosen), whether the loaded models run on them, whether the
+    models are prepared (:func:`prepare_models`), whether page batching is on, and the image network's
+    :class:`PageBatcher` once the model has run."""
+
+    limits: Optional[SessionLimits] = None
+    models_limited: bool = False
+    ready: bool = False
+    batch: bool = False
+    batcher: Optional["PageBatcher"] = None
+
+
+def limit_layout_threads(threads: int) -> SessionLimits:
+    """Chooses this process's share for the onnxruntime sessions of PyMuPDF's layout and table models loaded
+    from now on (through :func:`import_pymupdf` / :func:`prepare_models`) and for the encoder's session
+    (:func:`cdsjax.io.onnx_encoder.session`): ``threads`` intra-op threads that sleep when idle
+    (:class:`SessionLimits`). Returns the limits."""
+    PROCESS.limits = SessionLimits(max(1, int(threads)))
+    return PROCESS.limits
 
 
 def fixed_input_shapes(session) -> bool:
@@ -103,41 +142,46 @@ def fixed_input_shapes(session) -> bool:
 
 
 def layout_threads(default: int = 1) -> int:
-    """The intra-op threads :func:`limit_layout_threads` gave this process's sessions (``default`` before)."""
-    return int(_STATE.get("threads", default))
+    """The intra-op threads :func:`limit_layout_threads` chose for this process's sessions (``default`` before)."""
+    return PROCESS.limits.threads if PROCESS.limits is not None else int(default)
 
 
 def usable_cores() -> int:
+    """The cores this process may run on (its affinity; the CPU count where there is none)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
 
 
-_SETUP = threading.Lock()
-_STATE: dict = {}
+_SETUP = threading.RLock()  # one loader of PyMuPDF's models at a time
+PROCESS = LayoutProcess()  # this process's layout analysis (PyMuPDF holds its models per process)
+
+
+def _chosen_limits(threads: Optional[int]) -> SessionLimits:
+    """This process's limits: the share a worker process chose, else ``threads`` (default the usable cores)."""
+    return PROCESS.limits or limit_layout_threads(threads or usable_cores())
 
 
 def import_pymupdf(threads: Optional[int] = None):
-    """``import pymupdf``, with this process's onnxruntime sessions limited first (:func:`limit_layout_threads`,
-    ``threads`` default the cores this process may use, unless the process chose its share already).
+    """``import pymupdf``; when this is the process's first import, PyMuPDF's layout models (which
+    ``pymupdf.layout`` loads on import) are loaded with this process's :class:`SessionLimits` installed
+    (:meth:`SessionLimits.installed`; ``threads`` default the cores this process may use, unless the process
+    chose its share already).
 
-    Importing PyMuPDF loads its layout models (``pymupdf.layout`` activates itself on import), so a process whose
-    first ``import pymupdf`` came before the limit would run every page on onnxruntime's defaults: a spinning
-    thread per core and no memory arena, about twice the layout model's CPU time with another process parsing
-    beside it (RESULTS.md, "Ingestion: profile, floors and what changed"). Every import of PyMuPDF in cdsjax goes
-    through here; :func:`prepare_models` loads the models again if someone else imported it first.
+    A process whose first ``import pymupdf`` came without the limits would run every page on onnxruntime's
+    defaults: a spinning thread per core and no memory arena. Every import of PyMuPDF in cdsjax goes through
+    here; :func:`prepare_models` loads the models again if someone else imported it first.
     """
     import sys
 
     if "pymupdf" not in sys.modules:
-        import onnxruntime as ort
+        with _SETUP:
+            if "pymupdf" not in sys.modules:
+                with _chosen_limits(threads).installed():
+                    import pymupdf
 
-        if not hasattr(ort.InferenceSession, "cdsjax_base"):  # a worker process already chose its share
-            limit_layout_threads(threads or usable_cores())
-        import pymupdf
-
-        _STATE["models_limited"] = True  # the import loaded the models with the limited sessions
+                PROCESS.models_limited = True  # the import loaded the models with the limited sessions
     import pymupdf
 
     return pymupdf
@@ -147,26 +191,24 @@ def prepare_models(threads: Optional[int] = None) -> None:
     """Once per process, before PyMuPDF's models are used: sleeping onnxruntime threads (``threads``, default the
     cores this process may use; a worker process sets its own share first) and page batching. Where PyMuPDF was
     imported before cdsjax could limit its sessions (by the caller's own code), its layout models are loaded
-    again with the limited sessions."""
+    again with the limits installed."""
     with _SETUP:
-        if _STATE.get("ready"):
+        if PROCESS.ready:
             return
-        import onnxruntime as ort
-
-        if not hasattr(ort.InferenceSession, "cdsjax_base"):  # a worker process already chose its share
-            limit_layout_threads(threads or usable_cores())
+        limits = _chosen_limits(threads)
         import_pymupdf(threads)
-        import pymupdf4llm
-        from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
-        from pymupdf4llm.helpers import document_layout
+        with limits.installed():
+            import pymupdf4llm
+            from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
+            from pymupdf4llm.helpers import document_layout
 
-        if not _STATE.get("models_limited"):  # loaded on onnxruntime's defaults: load them again, limited
-            # pymupdf4llm's switch: off drops the layout analyser PyMuPDF holds, on loads its models anew
-            pymupdf4llm.use_layout(False)
-            pymupdf4llm.use_layout(True)
-            _STATE["models_limited"] = True
+            if not PROCESS.models_limited:  # loaded on onnxruntime's defaults: load them again, limited
+                # pymupdf4llm's switch: off drops the layout analyser PyMuPDF holds, on loads its models anew
+                pymupdf4llm.use_layout(False)
+                pymupdf4llm.use_layout(True)
+                PROCESS.models_limited = True
         _install_batching(imf_module.ImageFeatureExtractorV1, document_layout)
-        _STATE["ready"] = True
+        PROCESS.ready = True
 
 
 class PageBatcher:
@@ -243,9 +285,8 @@ def _network_input(page, size) -> np.ndarray:
 
 def _install_batching(extractor_cls, document_layout) -> None:
     """Wraps the image-feature extractor's predict (its session becomes a :class:`PageBatcher`) and
-    pymupdf4llm's per-page layout call (which names the page about to be analysed)."""
-    if getattr(extractor_cls.predict, "cdsjax_wrapped", False):
-        return
+    pymupdf4llm's per-page layout call (which names the page about to be analysed); called once per process,
+    by :func:`prepare_models`."""
     original_predict = extractor_cls.predict
     original_layout = document_layout.get_layout_locked
     current = threading.local()
@@ -253,9 +294,9 @@ def _install_batching(extractor_cls, document_layout) -> None:
     def predict(self, page_img, aug_fetmap=None):
         if not isinstance(self._session, PageBatcher):
             self._session = PageBatcher(self._session)
-            _STATE["batcher"] = self._session
+            PROCESS.batcher = self._session
         page = getattr(current, "page", None)
-        if aug_fetmap is None and page is not None and _STATE.get("batch", False):
+        if aug_fetmap is None and page is not None and PROCESS.batch:
             self._session.prefetch(page)
         return original_predict(self, page_img, aug_fetmap=aug_fetmap)
 
@@ -266,7 +307,6 @@ def _install_batching(extractor_cls, document_layout) -> None:
         finally:
             current.page = None
 
-    predict.cdsjax_wrapped = True
     extractor_cls.predict = predict
     document_layout.get_layout_locked = get_layout_locked
 
@@ -275,13 +315,13 @@ def set_page_batching(enabled: bool) -> None:
     """Turns page batching on or off (default) in this process: on this 2-core CPU a batch of pages through
     the image network took as long as the same pages one by one (RESULTS.md, "Ingestion: profile,
     floors and what changed"), so it is off unless asked for."""
-    _STATE["batch"] = bool(enabled)
+    PROCESS.batch = bool(enabled)
 
 
 def batch_stats() -> dict:
     """How many pages found their image-network output ready (``batched``), ran alone (``single``), and how
     many batched calls ran (``calls``), in this process so far."""
-    b = _STATE.get("batcher")
+    b = PROCESS.batcher
     return dict(b.stats) if b is not None else dict(batched=0, single=0, calls=0)
 
 
@@ -289,7 +329,7 @@ def analyse_pages(doc, pages) -> List[List[Region]]:
     """pymupdf4llm's analysis of ``pages`` (None: all) of ``doc``, as regions per page."""
     from pymupdf4llm.helpers import document_layout
 
-    batcher = _STATE.get("batcher")
+    batcher = PROCESS.batcher
     try:
         # pymupdf4llm prints progress and OCR notices to stdout; keep our output clean.
         with contextlib.redirect_stdout(io.StringIO()):
@@ -298,7 +338,7 @@ def analyse_pages(doc, pages) -> List[List[Region]]:
                 embed_images=False, write_images=False
             )
     finally:
-        batcher = _STATE.get("batcher", batcher)
+        batcher = PROCESS.batcher or batcher
         if batcher is not None:
             batcher.forget()
     pages_out: List[List[Region]] = []

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.io.layout import usable_cores  # the cores this process may use
+from cdsjax.io.layout import layout_threads, usable_cores  # the share chosen for this process, its cores
 
 EXPORT_VERSION = 1  # part of an exported file's name: bump when export_model changes what it writes
 OPSET = 17
@@ -168,13 +168,13 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarr
 def session(path: Path, threads: Optional[int] = None):
     """An onnxruntime CPU session of ``path`` whose threads sleep when idle (it may share the cores with the
     layout models): ``threads`` of them, by default the share :func:`cdsjax.io.layout.limit_layout_threads`
-    gave this process's sessions, else one per usable core."""
+    chose for this process, else one per usable core."""
     import onnxruntime as ort
 
     if threads is None:  # a process whose sessions cdsjax limited (a parsing worker) keeps its share
-        threads = 0 if hasattr(ort.InferenceSession, "cdsjax_base") else usable_cores()
+        threads = layout_threads(usable_cores())
     options = ort.SessionOptions()
-    options.intra_op_num_threads = int(threads)  # 0: filled in by cdsjax.io.layout.limit_layout_threads
+    options.intra_op_num_threads = int(threads)
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
