@@ -154,6 +154,7 @@ SELECTORS = {
 # ---------------------------------------------------------------- cosine / MMR
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("seed", range(4))
 def test_cosine_is_top_b_relevance(seed):
@@ -165,6 +166,7 @@ def test_cosine_is_top_b_relevance(seed):
     np.testing.assert_allclose(sel.scores, rel[expected], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,lam", [(0, 0.3), (1, 0.5), (2, 0.7), (3, 0.9), (4, 0.0), (5, 1.0)])
 def test_mmr_matches_reference_pick_for_pick(seed, lam):
     notes, query, _ = instance(seed, n=40, d=8, m=2 if seed == 1 else None)
@@ -201,6 +203,7 @@ def test_dpp_matches_chen_reference_pick_for_pick(seed, quality, theta):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,d", [(0, 7), (1, 7), (2, 3), (3, 4)])
 def test_dpp_matches_brute_force_logdet_greedy(seed, d):
     notes, query, _ = instance(seed, n=7, d=d)
@@ -271,6 +274,7 @@ def test_select_ppr_ranks_by_pagerank_and_ignores_self_loops():
     assert picks(sel_looped) == picks(sel)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_ppr_on_empty_link_graph_ranks_like_cosine():
     notes, query, _ = instance(3, n=20)
@@ -308,6 +312,7 @@ def test_random_key_is_md5_of_query_id_and_draws_are_reproducible():
     assert len(set(picks(a))) == 10 and max(picks(a)) < 33
 
 
+@pytest.mark.slow
 def test_random_is_uniform_over_valid_notes():
     keys = jax.vmap(lambda i: jax.random.fold_in(core.key_from_query_id("uniformity"), i))(jnp.arange(4000))
     valid = np.arange(12) < 8
@@ -322,6 +327,7 @@ def test_random_is_uniform_over_valid_notes():
 # ---------------------------------------------------------------- shared properties
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("name", list(SELECTORS))
 def test_padding_vmap_and_jit_invariance(name):
@@ -346,6 +352,7 @@ def test_padding_vmap_and_jit_invariance(name):
     assert not np.asarray(singles[2].selected_valid)[4:].any()
 
 
+@pytest.mark.slow
 def test_all_relevances_nonpositive():
     rng = np.random.default_rng(4)
     query = unit_rows(rng.normal(size=6))
@@ -408,6 +415,7 @@ def test_diffusion_prior_is_pagerank_of_the_softmax_seed():
         core.cds_select(notes_p, query, valid, init="diffusion", **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.x64  # exactness is the point: jit may fuse float32 ops differently from eager (FMA), float64 keeps 1e-12
 def test_jit_equals_eager():
     notes, query, links = instance(21, n=40, d=8)

@@ -77,6 +77,7 @@ def test_every_solver_runs_on_every_payoff(solver):
             assert int(on_shared.status) == int(dense.status)
 
 
+@pytest.mark.slow
 def test_status_enumeration_keeps_the_recorded_codes():
     assert [s.label for s in core.Status] == list(core.STATUSES)
     assert [int(s) for s in core.Status] == [core.CONVERGED, core.MAX_STEPS, core.NONFINITE, core.SINGULAR]
@@ -88,6 +89,7 @@ def test_status_enumeration_keeps_the_recorded_codes():
 
 
 # --------------------------------------------------------------------------- strategies agree
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ("replicator",) + CONVERGED_SOLVERS)
 def test_strategies_agree_where_they_should(solver):
     """One question: single == peel (one constraint vertex) == shared (the shared payoff), per solver;
@@ -114,6 +116,7 @@ def test_strategies_agree_where_they_should(solver):
                 assert float(support.beta) == float(support_ref.beta)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ("single", "peel", "support"))
 def test_padding_jit_and_vmap_change_nothing(strategy):
     with jax.enable_x64(True):
@@ -132,6 +135,7 @@ def test_padding_jit_and_vmap_change_nothing(strategy):
             same_selection(jax.tree.map(lambda a: a[k], batch), plain[k], 1e-9)
 
 
+@pytest.mark.slow
 def test_shared_strategy_ignores_padding():
     with jax.enable_x64(True):
         notes, queries = corpus(5)
@@ -148,6 +152,7 @@ def test_shared_strategy_ignores_padding():
 STRATEGIES = ("single", "peel", "support", "shared")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_fill_false_is_honoured_in_every_strategy(strategy):
     """Every cosine is negative: the query is isolated and the support empty. With fill the picks come
@@ -164,6 +169,7 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
     assert not np.any(np.asarray(bare.selected_valid)) and int(np.sum(bare.num_filled)) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES + ("equilibrium",))
 def test_every_strategy_uses_the_one_default_solver(strategy, monkeypatch):
     """With ``solver`` unset every strategy (and the differentiable equilibrium) runs DEFAULT_SOLVER's
@@ -221,6 +227,7 @@ def test_entry_point_rejects_what_a_strategy_does_not_take():
 
 
 # --------------------------------------------------------------------------- the selector contract
+@pytest.mark.slow
 @pytest.mark.x64  # equal selections (scores at rtol 1e-7): float64, where two traces cannot differ by float32 ulps
 def test_every_selector_takes_a_problem_and_its_spec_says_what_it_reads():
     notes, queries = corpus(8)

@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 CONFIG = str(ROOT / "configs" / "hotpotqa.py")
 
 
+@pytest.mark.slow
 def test_eval_cli_tiny_run(data_root, tmp_path, capsys):
     out_dir = tmp_path / "ev"
     code = cli.main(["eval", "--config", CONFIG, "--max-queries", "3", "--output-dir", str(out_dir),
@@ -30,6 +31,7 @@ def test_eval_cli_tiny_run(data_root, tmp_path, capsys):
     assert (out_dir / "records.jsonl").read_text().count("\n") == 6
 
 
+@pytest.mark.slow
 def test_eval_cli_picks_an_ablation_sweep(data_root, tmp_path, capsys):
     # FILE:ARG reaches get_config(ARG): the tau sweep's labels, not the default "all" sweep's
     out_dir = tmp_path / "tau"

@@ -59,6 +59,7 @@ def test_jax_keeps_its_exit_handler_while_jax_distributed_runs(monkeypatch):
     assert [f.__name__ for f in dropped] == ["clean_up"]
 
 
+@pytest.mark.slow
 def test_the_executable_keeps_its_exit_code_and_messages():
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "cdsjax.cli", "ask", os.path.join(ROOT, "no-such-file.pdf"), "q?"],

@@ -57,6 +57,7 @@ def entries(directory):
     return {p.name: p.stat().st_size for p in directory.glob("*-cache")}
 
 
+@pytest.mark.slow
 def test_the_cap_is_jax_own_and_jax_evicts(tmp_path):
     directory = tmp_path / "jax"
     directory.mkdir()

@@ -80,6 +80,7 @@ def _conformance_cases():
                                    id=f"{name}-{'jit' if use_jit else 'eager'}-{dtype_name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, use_jit, dtype_name", list(_conformance_cases()))
 def test_selector_conformance(name, use_jit, dtype_name):
     dtype, x64 = DTYPES[dtype_name]
@@ -131,6 +132,7 @@ SOLVERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype_name", sorted(DTYPES))
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
 def test_status_converged_step_cap_and_nonfinite(solver, dtype_name):
@@ -150,6 +152,7 @@ def test_status_converged_step_cap_and_nonfinite(solver, dtype_name):
         assert int(broken.status) == core.NONFINITE
 
 
+@pytest.mark.slow
 def test_status_nonfinite_from_nan_embeddings_through_selectors():
     notes, query, links = problem(1, 8, np.float32)
     notes[3, 0] = np.nan
@@ -159,6 +162,7 @@ def test_status_nonfinite_from_nan_embeddings_through_selectors():
         assert core.STATUSES[int(sel.result.status)] == "nonfinite"
 
 
+@pytest.mark.slow
 def test_status_singular_newton_system():
     # On the support {0, 1, 2} the bordered system [[M, -1], [1, 0]] has rank 3 < 4: the Newton
     # direction from the uniform start is NaN; that point is not a KKT point, so the step cap ends it.
@@ -171,6 +175,7 @@ def test_status_singular_newton_system():
     np.testing.assert_allclose(np.asarray(done.x), [0.5, 0.5, 0.0], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_peel_status_is_the_first_unconverged_round():
     notes, _, _ = problem(2, 10, np.float64)
     queries = notes[:2] + 0.1
@@ -181,6 +186,7 @@ def test_peel_status_is_the_first_unconverged_round():
     assert int(done.result.status) == core.CONVERGED
 
 
+@pytest.mark.slow
 def test_beta_and_tau_are_leaves_a_sweep_does_not_recompile():
     notes, query, links = problem(3, 8, np.float32)
     traces = []

@@ -63,6 +63,7 @@ def problem():
 
 
 # --------------------------------------------------------------------------- replicator
+@pytest.mark.slow
 @pytest.mark.x64
 def test_replicator_matches_numpy_step_for_step_to_cap():
     rng = np.random.default_rng(1)
@@ -80,6 +81,7 @@ def test_replicator_matches_numpy_step_for_step_to_cap():
     np.testing.assert_allclose(res.x, x_ref, atol=1e-9, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_replicator_matches_numpy_when_converging():
     m = np.array([[0.0, 0.9, 0.2, 0.1], [0.9, -1.0, 0.5, 0.3], [0.2, 0.5, -1.0, 0.8], [0.1, 0.3, 0.8, -1.0]])
@@ -97,6 +99,7 @@ def test_replicator_matches_numpy_when_converging():
     np.testing.assert_allclose(res.x, x_ref, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.x64  # the same iterates at 1e-15: float64 (an unrolled loop may fuse float32 ops differently)
 def test_unroll_does_not_change_iterates(problem):
     notes, query = problem
@@ -108,6 +111,7 @@ def test_unroll_does_not_change_iterates(problem):
         np.testing.assert_allclose(got.x, ref.x, atol=1e-15)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_chunked_batch_equals_vmap(problem):
     notes, query = problem
@@ -194,6 +198,7 @@ def test_kkt_residual_zero_on_hand_solved_three_vertex_case():
     assert float(res.kkt_residual) < 1e-9
 
 
+@pytest.mark.slow
 def test_query_vertex_in_support(problem):
     notes, query = problem
     sel = core.cds_select(notes, query, np.ones(len(notes), bool), budget=5)
@@ -201,6 +206,7 @@ def test_query_vertex_in_support(problem):
     assert int(sel.support_size) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_diagnostics_are_consistent(problem):
     notes, query = problem
@@ -234,6 +240,7 @@ def test_alpha_bounds_lambda_max_of_free_block(problem):
     np.testing.assert_allclose(full.alpha, np.linalg.eigvalsh(np.asarray(full.matrix))[-1] + 1e-3, rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_spectral_penalty_correct_for_negative_spectrum_under_padding():
     rng = np.random.default_rng(2)
@@ -278,6 +285,7 @@ def test_hard_tau_keeps_strongest_edge_and_soft_tau_gates(problem):
     np.testing.assert_allclose(np.asarray(soft.matrix)[0, 1:], expect, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_keep_strongest_ignores_padding():
     notes = unit_rows(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.05]]))
     query = unit_rows(np.array([0.6, 0.8]))
@@ -288,6 +296,7 @@ def test_keep_strongest_ignores_padding():
 
 
 # --------------------------------------------------------------------------- padding / vmap / jit
+@pytest.mark.slow
 @pytest.mark.x64
 def test_padding_invariance(problem):
     notes, query = problem
@@ -304,6 +313,7 @@ def test_padding_invariance(problem):
     np.testing.assert_allclose(sel.result.kkt_residual, sel_p.result.kkt_residual, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_vmap_batch_equals_per_query_calls():
     rng = np.random.default_rng(4)
@@ -320,6 +330,7 @@ def test_vmap_batch_equals_per_query_calls():
         assert int(got.result.num_iters) == int(ref.result.num_iters)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_jit_equals_eager(problem):
     notes, query = problem
@@ -360,6 +371,7 @@ def test_top_b_ties_go_to_lowest_index():
     np.testing.assert_array_equal(ok, [True, True, True, False])
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_near_duplicates_repel_each_other():
     # One finding stated once vs three times; two distinct, still relevant notes.
@@ -404,6 +416,7 @@ def test_softmax_prior(problem):
     assert bool(jnp.isfinite(sel.result.objective))
 
 
+@pytest.mark.slow
 def test_peeling_covers_every_query():
     rng = np.random.default_rng(7)
     d = 24
@@ -420,6 +433,7 @@ def test_peeling_covers_every_query():
     np.testing.assert_array_equal(jitted.indices, sel.indices)
 
 
+@pytest.mark.slow
 def test_pinned_notes_are_constraint_vertices(problem):
     notes, query = problem
     n = len(notes)

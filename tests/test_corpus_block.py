@@ -30,6 +30,7 @@ def corpus(n, size, seed=0, d=48, clusters=6):
     return z.astype(np.float32), qs.astype(np.float32), np.arange(size) < n, pages
 
 
+@pytest.mark.slow
 def test_the_block_is_the_dense_affinitys_note_block():
     z, qs, valid, pages = corpus(70, 128, seed=1)
     problem = core.CDSProblem.create(z, qs[0], valid, pages=pages)
@@ -53,6 +54,7 @@ def test_the_block_is_the_dense_affinitys_note_block():
         check_block_problem(problem.replace(bound=jnp.ones(())), SERVING.replace(init="softmax"), None, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,n,size", [("cds_learned", 90, 128), ("cds_converged", 45, 64),
                                          ("cds_learned", 200, 256), ("cds_learned_pages", 90, 128)])
 def test_a_question_on_the_block_picks_what_the_dense_solve_picks(name, n, size):
@@ -95,6 +97,7 @@ def test_vertex_first_reaches_the_equilibrium_of_the_newton_start():
         capacities((0,), 10)
 
 
+@pytest.mark.slow
 def test_pipeline_keeps_the_block_with_the_bound():
     from cdsjax.pipeline import Corpus, Pipeline
 
@@ -114,6 +117,7 @@ def test_pipeline_keeps_the_block_with_the_bound():
     assert pipe.select(qs[1], selector="cosine", budget=5).indices.shape == (5,)
 
 
+@pytest.mark.slow
 def test_the_integrations_chooser_keeps_them_per_candidate_set():
     from cdsjax.integrations._common import Chooser
     from cdsjax.selection import Candidates, CorpusArrays
@@ -145,6 +149,7 @@ def test_the_integrations_chooser_keeps_them_per_candidate_set():
     assert [i for i, _ in first] == np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
 
 
+@pytest.mark.slow
 def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiates():
     z, qs, valid, pages = corpus(40, 64, seed=9)
     fn = registry.make_selector("cds_learned", budget=5, params=SHIPPED)

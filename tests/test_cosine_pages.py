@@ -33,6 +33,7 @@ def _reference(z, q, pages, budget, docs=None, fill=True):
     return picks[:budget]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("fill", [True, False])
 def test_matches_greedy_reference(seed, fill):
@@ -44,6 +45,7 @@ def test_matches_greedy_reference(seed, fill):
         assert len(got) == min(10, len(set(pages.tolist())))
 
 
+@pytest.mark.slow
 def test_first_picks_are_distinct_pages_and_differ_from_cosine():
     z, q, pages = _problem(7, n=30, num_pages=5)
     valid = np.ones(30, bool)
@@ -53,6 +55,7 @@ def test_first_picks_are_distinct_pages_and_differ_from_cosine():
     assert int(sel.indices[0]) == int(cos.indices[0])  # the best note overall comes first
 
 
+@pytest.mark.slow
 def test_doc_ids_make_units_document_pages():
     z, q, pages = _problem(3, n=20, num_pages=2)
     docs = np.arange(20) % 4
@@ -62,6 +65,7 @@ def test_doc_ids_make_units_document_pages():
     assert len({(int(docs[i]), int(pages[i])) for i in got}) == 8
 
 
+@pytest.mark.slow
 def test_padding_jit_and_vmap_invariance():
     z, q, pages = _problem(11, n=17)
     base = core.select_cosine_pages(z, q, np.ones(17, bool), pages, budget=6)
@@ -78,6 +82,7 @@ def test_padding_jit_and_vmap_invariance():
     np.testing.assert_array_equal(np.asarray(batch.indices[1]), np.asarray(alone.indices))
 
 
+@pytest.mark.slow
 def test_budget_above_note_count_is_masked():
     z, q, pages = _problem(5, n=4, num_pages=2)
     sel = core.select_cosine_pages(z, q, np.ones(4, bool), pages, budget=7)

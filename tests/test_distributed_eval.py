@@ -51,6 +51,7 @@ def single(data_root, tmp_path_factory):
     return base, out
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(single):
     base, one = single
     two = base / "two"
@@ -114,6 +115,7 @@ def test_killed_process_resumes_with_jax_environment_variables(single):
     assert not list(out.glob("records.*-of-*.jsonl"))
 
 
+@pytest.mark.slow
 def test_a_partial_cluster_setting_is_one_line(data_root, tmp_path):
     """A process given some of the three settings (here only JAX_COORDINATOR_ADDRESS) stops before it
     loads anything, naming all three."""
@@ -174,6 +176,7 @@ def test_split_hands_out_whole_chunks():
     assert split_problems(sizes[:3], 4, buckets=buckets, max_batch=max_batch).count([]) >= 1  # more processes than chunks
 
 
+@pytest.mark.slow
 def test_compiling_on_one_core_is_this_thread_only_and_restored():
     """run_selector compiles with the compiling thread on one core (so every process, pinned or not, gets the
     same XLA partitioning and so the same float rounding), and gives the thread its cores back afterwards."""

@@ -46,6 +46,7 @@ def test_encode_shapes_norms_and_semantics(embedder):
     assert embedder.encode_documents([]).shape == (0, 384)
 
 
+@pytest.mark.slow
 def test_prefixes_are_applied(embedder):
     cfg = default_config()
     cfg.embedder.query_prefix = "search_query: "

@@ -81,6 +81,7 @@ def test_an_unknown_field_is_one_line_naming_it(capsys, override, says):
     assert capsys.readouterr().err.strip() == f"cdsjax eval: error: {says}"
 
 
+@pytest.mark.slow
 def test_run_eval_refuses_an_api_key_in_the_config(tmp_path):
     proc = run([str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / "qasper.py"),
                 "--config.reader.api_key=sk-x"], cwd=tmp_path)

@@ -160,6 +160,7 @@ def _responder(calls=None, fail_on=None):
     return respond
 
 
+@pytest.mark.slow
 def test_reader_stage_failures_cache_and_controls(tmp_path):
     problems = _problems()
     bench = types.SimpleNamespace(name="synthetic")
@@ -228,6 +229,7 @@ def test_changed_evidence_or_prompt_asks_again(tmp_path, monkeypatch):
         assert len(calls) == n + 8  # seed 1 is new
 
 
+@pytest.mark.slow
 def test_concurrency_is_bounded(tmp_path):
     problems = _problems(12)
     for p in problems:  # nothing fails here
@@ -293,6 +295,7 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("reader_eval_cache")
 
 
+@pytest.mark.slow
 def test_run_eval_qasper_with_a_reader_then_from_cache(data_root, tmp_path, cache_dir):
     out = tmp_path / "qasper"
 

@@ -86,6 +86,7 @@ def test_fits_reader_counts_tokens_and_images(tmp_path):
 
 # ---- summaries: failures apart, seeds, paired differences ----------------------------------------------------
 
+@pytest.mark.slow
 def test_summary_leaves_failures_out_of_accuracy_and_reports_them(tmp_path):
     problems = _problems()  # questions 1, 3, 5 fail on the server
     records = [{"benchmark": "synthetic", "selector": "cosine", "budget": 2, "qid": p.query.qid,
@@ -226,6 +227,7 @@ reading.read_answers(config, types.SimpleNamespace(name="synthetic"), "text", _o
 """
 
 
+@pytest.mark.slow
 def test_a_killed_run_keeps_every_finished_reply(tmp_path):
     release = threading.Event()
     inner = _responder()

@@ -26,6 +26,7 @@ def _picks(sel):
     return np.asarray(sel.indices), np.asarray(sel.scores), np.asarray(sel.selected_valid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("selector", ["cds-learned-pages", "cds-converged"])
 def test_a_fresh_pipeline_reads_the_exported_selector_and_picks_the_same(selector, tmp_path, monkeypatch):
     plain_pipe, qs = _pipeline()
@@ -50,6 +51,7 @@ def test_a_fresh_pipeline_reads_the_exported_selector_and_picks_the_same(selecto
             np.testing.assert_array_equal(x, z)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [lambda data: b"not a program", lambda data: data[:-7],
                                     lambda data: data[:40] + bytes([data[40] ^ 1]) + data[41:]])
 def test_a_damaged_file_is_exported_again(damage, tmp_path):
@@ -122,6 +124,7 @@ def test_static_fields_must_be_literals_to_be_written():
         compilation_cache._literal_bytes((object(),))
 
 
+@pytest.mark.slow
 def test_a_process_tracing_under_x64_and_without_gets_each_program(tmp_path, monkeypatch):
     """The same int32 argument traces to a float32 program without x64 and a float64 one with it, as jit keys
     them: each call gets its own."""

@@ -96,6 +96,7 @@ def jac_fn(notes, query, valid, differentiate="implicit", **kw):
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.slow
 @pytest.mark.parametrize("theta", [(0.3, 0.1), (1.0, 0.25)])
 def test_implicit_jacfwd_grad_loop_and_finite_differences_agree(theta):
     notes, query = clustered_problem()
@@ -132,6 +133,7 @@ def test_implicit_derivative_does_not_depend_on_the_solver():
     np.testing.assert_allclose(np.asarray(by_inimdyn), np.asarray(by_replicator), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_alpha_derivative_is_the_top_eigenvector_formula():
     notes, query = clustered_problem(seed=3)
     valid = jnp.ones(len(notes), bool)
@@ -165,6 +167,7 @@ def test_alpha_derivative_is_the_top_eigenvector_formula():
     assert abs(d_full[1]) > 1e-4
 
 
+@pytest.mark.slow
 def test_derivative_with_full_alpha_matches_finite_differences():
     notes, query = clustered_problem(seed=1)
     valid = np.ones(len(notes), bool)
@@ -176,6 +179,7 @@ def test_derivative_with_full_alpha_matches_finite_differences():
     np.testing.assert_allclose(fwd, fd, rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_support_change_gives_finite_one_sided_derivatives():
     """Across a beta where a note joins the support, x* is continuous with a kink.
 
@@ -228,6 +232,7 @@ def test_support_change_gives_finite_one_sided_derivatives():
     assert np.all(np.isfinite(tangent)) and np.any(tangent[value < 0] != 0.0)
 
 
+@pytest.mark.slow
 def test_singular_kkt_system_gives_zero_tangent_not_nan():
     size = 4
     aff = core.Affinity(matrix=jnp.zeros((size, size)), constraint=jnp.array([True, False, False, False]),
@@ -243,6 +248,7 @@ def test_singular_kkt_system_gives_zero_tangent_not_nan():
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(lambda s: fn(s).sum()))(0.0)), 0.0)
 
 
+@pytest.mark.slow
 def test_vmap_over_padded_queries_matches_unpadded_calls():
     problems = [clustered_problem(seed=s, n=n) for s, n in ((0, 12), (3, 7))]
     width = 12
@@ -262,6 +268,7 @@ def test_vmap_over_padded_queries_matches_unpadded_calls():
         np.testing.assert_array_equal(batch[b, len(z) + 1 :], 0.0)
 
 
+@pytest.mark.slow
 def test_hard_tau_has_zero_tau_derivative():
     notes, query = clustered_problem()
     valid = jnp.ones(len(notes), bool)
@@ -285,6 +292,7 @@ def np_soft_recall(scores, units, budget, temperature, threshold=1e-6):
     return np.mean(covered)
 
 
+@pytest.mark.slow
 def test_soft_recall_matches_reference_and_tends_to_hard_recall():
     rng = np.random.default_rng(4)
     scores = np.concatenate([rng.uniform(-0.2, 0.3, size=14), [-np.inf, -np.inf]])

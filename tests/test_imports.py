@@ -336,6 +336,7 @@ def cdsjax_graph() -> Graph:
     return import_graph(ROOT / PACKAGE)
 
 
+@pytest.mark.slow
 def test_cdsjax_has_no_import_cycle(cdsjax_graph):
     assert "cdsjax.core.select" in cdsjax_graph and "cdsjax.io.index" in cdsjax_graph
     modules = find_modules(ROOT / PACKAGE, PACKAGE)
@@ -359,6 +360,7 @@ def test_core_imports_only_jax_numpy_flax_and_itself():
     assert not bad, "cdsjax.core imports beyond jax/numpy/flax/stdlib:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_no_private_names_across_packages():
     """No module reaches for a ``_private`` name of a module in another package (LAYOUT.md's check)."""
     modules = find_modules(ROOT / PACKAGE, PACKAGE)

@@ -107,6 +107,7 @@ def test_directory_input(inputs, tmp_path, capsys):
     assert load_index(tmp_path / "index").doc_ids == ["a.pdf"]
 
 
+@pytest.mark.slow
 def test_vlm_enrichment_through_the_cli(inputs, tmp_path, capsys):
     import json
 

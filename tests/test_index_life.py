@@ -110,6 +110,7 @@ def test_a_changed_pdf_is_updated_in_place(tmp_path, capsys):
     assert "oranges" in text and "apples" not in text
 
 
+@pytest.mark.slow
 def test_two_concurrent_writers_keep_both_documents(two_docs, cache_dir, tmp_path):
     # Both documents are in the document cache (two_docs indexed them), so each process only imports, reads
     # its cached document and writes (a few seconds): the two writes meet at the index lock.

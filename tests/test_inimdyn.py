@@ -105,6 +105,7 @@ def check_certified(aff, res, tol=1e-10):
     assert np.all(x >= 0)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_cds_instances_reach_kkt_and_beat_paper_mode(solver):
@@ -119,6 +120,7 @@ def test_cds_instances_reach_kkt_and_beat_paper_mode(solver):
         assert float(res.x[0]) > 1e-6  # the constraint vertex is in the support
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_any_sign_payoff(solver):
@@ -147,6 +149,7 @@ def test_warm_start_from_paper_mode_never_loses_objective(solver):
         assert float(res.objective) >= float(paper.objective) - 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_agrees_with_replicator_run_to_convergence():
     long_paper = jax.jit(functools.partial(core.solve_replicator, tol=1e-15, max_iter=400_000))
@@ -160,6 +163,7 @@ def test_agrees_with_replicator_run_to_convergence():
             np.testing.assert_allclose(float(res.objective), float(long_run.objective), atol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_vertex_step_is_the_exact_line_search():
     rng = np.random.default_rng(13)
@@ -185,6 +189,7 @@ def test_vertex_step_is_the_exact_line_search():
         np.testing.assert_allclose(float(f_new), x_new @ m @ x_new, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_padding_and_vmap_invariance(solver):
@@ -206,6 +211,7 @@ def test_padding_and_vmap_invariance(solver):
         assert int((x > 1e-6).sum()) == int((np.asarray(single.x) > 1e-6).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_cds_select_dispatch_and_warm_start(solver):
@@ -223,6 +229,7 @@ def test_cds_select_dispatch_and_warm_start(solver):
         core.cds_select(notes, query, valid, solver=solver, warm_start="paper")
 
 
+@pytest.mark.slow
 def test_float32_reaches_its_default_tolerance():
     z, q = clustered(120, seed=18)
     aff = core.build_affinity(jnp.asarray(z, jnp.float32), jnp.asarray(q, jnp.float32), jnp.ones(120, bool))
@@ -233,6 +240,7 @@ def test_float32_reaches_its_default_tolerance():
         assert int(res.status) == core.CONVERGED and float(res.kkt_residual) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", sorted(CONVERGED))
 def test_max_iter_cap_and_bad_arguments(solver):
     aff = cds_affinity(14, 19)

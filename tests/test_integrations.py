@@ -76,6 +76,7 @@ def ids(items):
     return [d.metadata["note_id"] for d in items]
 
 
+@pytest.mark.slow
 def test_langchain_retriever_matches_ask(index_dir, reference):
     ref = reference[DEFAULT]
     docs = lc.CDSRetriever(index=str(index_dir), budget=BUDGET).invoke(QUESTION)
@@ -247,6 +248,7 @@ def _same_candidates_same_evidence(index_dir, selector, documents, nodes):
     assert [n.node.metadata["note_id"] for n in processed] == want, selector
 
 
+@pytest.mark.slow
 def test_every_cds_adapter_gives_asks_evidence_for_the_default(index_dir):
     """The done-when of issue 33: fed all of an index's notes, CDSCompressor and CDSPostprocessor return what
     `cdsjax ask` (and CDSRetriever) return for the default selector, which reads the notes' pages; cosine-pages

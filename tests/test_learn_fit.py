@@ -210,6 +210,7 @@ def test_page_readout_surrogate_gradient_matches_finite_differences():
     assert np.isfinite(float(value)) and moved  # not vacuous: the surrogate moves with some parameter
 
 
+@pytest.mark.slow
 def test_fit_through_the_page_readout_runs_and_rejects_unknown_readouts():
     train = [synthetic(s) for s in range(6)]
     val = [synthetic(s) for s in range(6, 9)]

@@ -50,6 +50,7 @@ GENERIC = LearnedParams(beta=0.7, alpha_factor=1.3, tau=0.1, gate=0.4, log_gate_
                         w_text_visual=0.08)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["converged", "replicator"])
 def test_paper_point_is_bit_identical(solver):
     p = problem(pad=3)
@@ -73,6 +74,7 @@ def test_paper_point_is_bit_identical(solver):
     assert np.asarray(aff_a.alpha) == np.asarray(aff_b.alpha)
 
 
+@pytest.mark.slow
 def test_generic_point_changes_the_game_and_keeps_the_bound():
     p = problem()
     paper = learned_affinity(p["notes"], p["query"], p["valid"], LearnedParams.paper())
@@ -93,6 +95,7 @@ def _loss_fn(p, v, adjoint=None):
     return jax.jit(loss)  # one compilation for the 25 solves of the check
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_implicit_gradient_of_every_parameter_matches_finite_differences():
     p = problem(seed=3, n=12, dtype=np.float64)
@@ -111,6 +114,7 @@ def test_implicit_gradient_of_every_parameter_matches_finite_differences():
     assert max(abs(float(getattr(grad, k))) for k in LearnedParams.names()) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_gradient_at_the_paper_point_is_finite_and_moves_beta():
     p = problem(seed=3, n=12, dtype=np.float64)
@@ -141,6 +145,7 @@ def test_padding_jit_and_vmap_invariance():
         np.testing.assert_array_equal(np.asarray(vm.indices[i]), np.asarray(_select(q, GENERIC).indices))
 
 
+@pytest.mark.slow
 def test_params_dict_round_trip_and_projection():
     theta = GENERIC.replace(beta=-1.0, gate=2.0, alpha_factor=0.5)
     projected = theta.project()
@@ -154,6 +159,7 @@ def test_params_dict_round_trip_and_projection():
     assert len(dataclasses.fields(LearnedParams)) <= 12
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_implicit_and_loop_adjoints_agree_through_cds():
     p = problem(seed=3, n=12, dtype=np.float64)
@@ -182,6 +188,7 @@ def test_every_strategy_runs_the_learned_game(strategy):
     assert np.asarray(other.selected_valid).any()
 
 
+@pytest.mark.slow
 def test_pinned_notes_join_the_learned_constraint_set():
     p = problem(pad=2)
     pinned = np.zeros(len(p["valid"]), bool)

@@ -107,6 +107,7 @@ def test_mean_ci_edge_cases():
         M.mean_ci([1.0, 2.0], confidence=1.5)
 
 
+@pytest.mark.slow
 def test_mean_ci_matches_normal_theory_and_scipy():
     rng = np.random.default_rng(0)
     x = rng.binomial(1, 0.6, size=400).astype(float)

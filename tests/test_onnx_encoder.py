@@ -46,6 +46,7 @@ def encoder():
     return fast
 
 
+@pytest.mark.slow
 def test_questions_match_sentence_transformers(encoder, reference):
     want = reference.encode(TEXTS, convert_to_numpy=True)
     got = encoder.encode_queries(TEXTS)
@@ -54,6 +55,7 @@ def test_questions_match_sentence_transformers(encoder, reference):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_notes_match_sentence_transformers(encoder, reference):
     """Padded batches of several lengths, in any order, give sentence-transformers' vectors; the prefix is
     applied (as the Embedder applies it)."""
@@ -199,6 +201,7 @@ def test_backends_are_chosen_as_configured(monkeypatch):
     assert Embedder(cfg).onnx_encoder() is None  # sentence-transformers encodes
 
 
+@pytest.mark.slow
 def test_ask_on_a_new_pdf_does_not_import_torch(encoder, data_root, tmp_path):
     """Indexing a PDF and asking it, in one fresh process whose cdsjax cache holds the export, never imports
     torch (notes and question on onnxruntime), and fills the persistent compilation cache there."""

@@ -13,6 +13,7 @@ from cdsjax.io.index import load_index
 from tests import ingest_pdfs as gen
 
 
+@pytest.mark.slow
 def test_two_workers_equal_one(tmp_path, monkeypatch, capsys):
     pdfs = [gen.make_synthetic_pdf(tmp_path / "a.pdf"), gen.make_text_pdf(tmp_path / "b.pdf", pages=3),
             gen.make_image_only_pdf(tmp_path / "scan.pdf")]
@@ -66,6 +67,7 @@ def test_worker_failure_is_one_line(tmp_path, monkeypatch, capsys):
     assert load_index(out).doc_ids == ["a.pdf", "b.pdf"]
 
 
+@pytest.mark.slow
 def test_layout_sessions_take_the_thread_limit(tmp_path):
     """Inside ``SessionLimits.installed()``, onnxruntime sessions built the way PyMuPDF builds them (options left
     at their defaults) get the worker's share of threads and do not spin; options a caller set stay as set; on
@@ -105,6 +107,7 @@ def test_layout_sessions_take_the_thread_limit(tmp_path):
     assert out.stdout.split() == ["1", "1", "0", "3", "1", "True", "True", "0"]
 
 
+@pytest.mark.slow
 def test_fixed_shape_models_get_the_memory_arena_back(tmp_path):
     """PyMuPDF turns onnxruntime's memory arena off for every session; the layout models whose inputs have one
     fixed shape (the image network, the table grid model) get it back, those with inputs of varying size (the
@@ -158,6 +161,7 @@ print(ort.InferenceSession is InferenceSession)  # onnxruntime's own class again
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", ["cdsjax", "caller"])
 def test_layout_models_run_on_limited_sessions_whoever_imports_pymupdf_first(first):
     """Importing PyMuPDF loads its layout models. Whether cdsjax imports it first (through ``import_pymupdf``)

@@ -114,6 +114,7 @@ def test_real_pdf_with_figure(data_root, tmp_path):
     assert (tmp_path / fig.image_path).stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_page_without_text_layer_becomes_page_image(tmp_path):
     pdf = gen.make_image_only_pdf(tmp_path / "scan.pdf")
     cfg = default_config()

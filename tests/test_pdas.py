@@ -54,6 +54,7 @@ def test_it_reaches_the_active_sets_equilibrium_in_a_few_face_solves(params, n, 
             assert float(jnp.sum(res.x)) == pytest.approx(1.0, abs=1e-6) and float(jnp.min(res.x)) >= 0.0
 
 
+@pytest.mark.slow
 def test_conjugate_gradients_solve_the_face_the_lu_solves():
     payoff, shared = game(150, 192, seed=5)
     ref = run(ActiveSet(), payoff)
@@ -74,6 +75,7 @@ def test_conjugate_gradients_solve_the_face_the_lu_solves():
     np.testing.assert_allclose(np.asarray(res.x), np.asarray(ref.x), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_the_start_is_the_query_and_the_most_relevant_quarter():
     _, shared = game(100, 128, seed=2)
     x = np.asarray(relevance_guess(shared, 0.25))
@@ -84,6 +86,7 @@ def test_the_start_is_the_query_and_the_most_relevant_quarter():
     assert np.isclose(x.sum(), 1.0)
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_finish_says_so_and_the_block_path_falls_back():
     payoff, shared = game(150, 192, seed=1)
     # every face needs more than 8 slots: the run stops at once, not converged

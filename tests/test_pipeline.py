@@ -31,6 +31,7 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_ask_json_schema_without_reader(demo_index, capsys, cache):
     code, out, err = run_cli(capsys, "ask", str(demo_index), "How much did battery storage cut diesel use?",
                              "--json", "--budget", "4")
@@ -56,6 +57,7 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
     assert "38 percent" in " ".join(e["text"] for e in ev)
 
 
+@pytest.mark.slow
 def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
     from cdsjax.pipeline import canonical_selector
@@ -72,6 +74,7 @@ def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     assert [e["note_id"] for e in paper.evidence] == [e["note_id"] for e in same.evidence]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("selector", ["cds-converged", "cds-paper"])
 def test_support_size_counts_notes_not_the_query(demo_index, selector):
     from cdsjax.io.index import load_index
@@ -88,6 +91,7 @@ def test_support_size_counts_notes_not_the_query(demo_index, selector):
     assert d["support_size"] == int(sel.support_size)  # one support_size: the selection's notes
 
 
+@pytest.mark.slow
 def test_support_targeted_cds_reports_its_beta_and_fill(demo_index, capsys, cache):
     code, out, err = run_cli(capsys, "ask", str(demo_index), "What problems did the pilot run into?",
                              "--selector", "cds-support", "--budget", "3", "--json")
@@ -101,6 +105,7 @@ def test_support_targeted_cds_reports_its_beta_and_fill(demo_index, capsys, cach
     assert 0 < d["beta"] < 1  # chosen per question: well below the default beta = 1 at this n
 
 
+@pytest.mark.slow
 def test_unconverged_solve_warns_in_one_line(demo_index, capsys, cache):
     q = "How much did battery storage cut diesel use?"
     code, out, err = run_cli(capsys, "ask", str(demo_index), q, "--json", "--selector", "cds-paper",
@@ -145,6 +150,7 @@ def test_ask_help_shows_the_json_schema(capsys):
         assert field in out, field
 
 
+@pytest.mark.slow
 def test_ask_baseline_has_no_solver_diagnostics(demo_index, capsys, cache):
     code, out, _ = run_cli(capsys, "ask", str(demo_index), "What problems did the pilot have?", "--json",
                            "--selector", "cosine", "--budget", "3")
@@ -163,6 +169,7 @@ def test_pipeline_cosine_matches_numpy_ranking(demo_index):
     np.testing.assert_array_equal(np.asarray(sel.indices), expect)
 
 
+@pytest.mark.slow
 def test_ask_through_local_openai_server_sends_text_and_images(demo_index, capsys, cache):
     def responder(req):
         return "Diesel use fell by 38 percent [1], see the chart [2]."

@@ -136,6 +136,7 @@ def node(out, round_index, node_id):
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_plan_execute_check_refine_answer():
     script = Script(
         decompose="```json\n" + plan_json(Q1, ("q3", Q3[1], ("q1",))) + "\n```",
@@ -179,6 +180,7 @@ def test_plan_execute_check_refine_answer():
     assert {"document", "page", "bbox", "kind", "text", "score", "rank"} <= set(out["evidence"][0])
 
 
+@pytest.mark.slow
 def test_malformed_plan_is_asked_again_then_replaced():
     script = Script(decompose=["I would first look up the mirrors.", plan_json(Q1, Q2, Q3)], check=SUFFICIENT,
                     reason="Heron.")
@@ -275,6 +277,7 @@ def test_server_failures():
 # --------------------------------------------------------------------------- retrieval modes
 
 
+@pytest.mark.slow
 def test_separate_retrieval_uses_any_selector():
     retrieve = retriever("subgraph", budget=3)
     script = Script(decompose=plan_json(Q1, Q2, Q3), check=SUFFICIENT, reason="Heron.")

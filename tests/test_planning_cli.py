@@ -55,6 +55,7 @@ def worker(text: str) -> str:
     return "Not answerable"
 
 
+@pytest.mark.slow
 def test_ask_agent_planning_on_a_real_index(index, capsys, monkeypatch):
     replies = {"decompose": plan_json(Q1, Q2, Q3), "check": SUFFICIENT, "reason": "Heron [1]."}
     seen = []

@@ -244,6 +244,7 @@ def _run_in_subprocess(tmp_path, data, out, cache, distractors, devices, hash_se
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("distractors", ["random", "similar"])
 def test_pools_identical_across_runs_processes_and_a_sharded_run(tiny, tmp_path, distractors):
     cache = tmp_path.parent / "pool_cache"  # shared by the parametrised runs: PDFs indexed once
@@ -315,6 +316,7 @@ def test_pool_size_one_selects_as_the_plain_run(tiny, tmp_path):
     assert out is None and (tmp_path / "pool.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_pool_config_with_a_reader_then_from_the_reply_cache(tiny, tmp_path):
     """A pool config runs the reader stage like a plain one: every (question, selector) answered and scored,
     accuracy per selector including ``none`` in the summary, and a rerun without the server from the cache."""

@@ -49,6 +49,7 @@ def test_bad_replies_end_in_one_line_naming_the_server(body, reason):
     assert "3 attempts" in msg
 
 
+@pytest.mark.slow
 def test_timeout_is_a_total_deadline():
     with OpenAIServer(lambda req: (503, {"error": {"message": "busy"}}), delay=0.3) as srv:
         reader = Reader(base_url=srv.base_url, **dict(FAST, timeout=1.0, max_retries=10, backoff=0.2))
@@ -80,6 +81,7 @@ def fig_index(tmp_path_factory, data_root):
     return out
 
 
+@pytest.mark.slow
 def test_ask_json_on_reader_failure_prints_evidence_and_error(fig_index, capsys):
     body = b'{"choices": [{"message": {"content": "cut'
     with OpenAIServer(lambda req: body) as srv:

@@ -84,6 +84,7 @@ def test_make_targets_exist():
                     assert re.search(rf"^{re.escape(target)}:", makefile, re.M), target
 
 
+@pytest.mark.slow
 def test_readme_commands_and_snippets_run(workdir):
     work, env = workdir
     with OpenAIServer(lambda req: "It is a sample document laid out in columns [1].", models=("m",)) as srv:

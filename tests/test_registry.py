@@ -60,6 +60,7 @@ FORWARDING = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,options,call", FORWARDING)
 def test_options_reach_the_core_function(name, options, call):
     notes, query, links = problem(3, m=2)
@@ -95,6 +96,7 @@ def test_uniform_signature_jits_and_vmaps(name):
     assert not np.asarray(out.selected_valid)[2, 3:].any()  # 3 notes for a budget of 4
 
 
+@pytest.mark.slow
 def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
     monkeypatch.delitem(core.SOLVERS, "pdas", raising=False)
     with pytest.raises(ValueError, match="cds_converged.*pdas"):

@@ -123,6 +123,7 @@ def _vlm_config(url, **enrich):
     return ml_collections.ConfigDict(dict(enrich=cfg))
 
 
+@pytest.mark.slow
 def test_vlm_uses_the_shared_retry_policy():
     """The VLM retries like the reader: a failed request, then the answer (one policy for all callers)."""
     state = {"n": 0}

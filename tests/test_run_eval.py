@@ -48,6 +48,7 @@ def _synthetic_problems(sizes, d=8, seed=0):
 SELECTORS = [("cosine", {}), ("ppr", {}), ("random", {}), ("cds", {"max_iter": 300})]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,options", SELECTORS)
 def test_run_selector_equals_per_query_calls(name, options):
     problems = _synthetic_problems([5, 20, 3], seed=1)
@@ -67,6 +68,7 @@ def test_run_selector_equals_per_query_calls(name, options):
         assert (sel.indices[v] < len(p.notes)).all()
 
 
+@pytest.mark.slow
 def test_run_selector_pads_large_chunks_tightly():
     """Twelve problems of ~600 notes pad to a batch of 12 (a slot of 1024 notes costs a quarter of a
     compilation), not 16, and give the same selections as per-query calls."""
@@ -113,6 +115,7 @@ SHARD_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sharded_over_four_host_devices_equals_unsharded(tmp_path):
     script = tmp_path / "shard.py"
     script.write_text(SHARD_SCRIPT)
@@ -269,6 +272,7 @@ def _records_clean(out_dir):
     return read_records(out_dir / RECORDS_FILE)
 
 
+@pytest.mark.slow
 def test_end_to_end_qasper(data_root, tmp_path, cache_dir):
     out = tmp_path / "qasper"
     config = _config("qasper", out, cache_dir, data_root=str(data_root), max_queries=4,
@@ -400,6 +404,7 @@ def test_drop_torn_tail(tmp_path):
     assert p.read_text() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_run_selector_float64():
     problems = _synthetic_problems([5, 9], seed=3)
@@ -427,6 +432,7 @@ def test_release_drops_a_selectors_executables():
     assert [list(np.asarray(s.indices)) for s in again] == [list(np.asarray(s.indices)) for s in first]
 
 
+@pytest.mark.slow
 def test_release_all_frees_the_mappings_of_loaded_executables():
     from cdsjax.eval import run as R
     from cdsjax.eval.run import memory_maps as _memory_maps
@@ -466,6 +472,7 @@ def test_compiling_near_the_memory_map_limit_drops_the_kept_executables_first(mo
     assert [len(np.asarray(s.indices)) for s in out] == [4, 4]
 
 
+@pytest.mark.slow
 def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
     """The evaluation gives each question its corpus's bound and note block from a CorpusArrays (once per corpus),
     so a selector that serves on the block is evaluated with the solver it serves with: the picks of one

@@ -93,6 +93,7 @@ def server(index_dir, reader, tmp_path_factory):
             proc.kill()
 
 
+@pytest.mark.slow
 def test_health_and_documents(server):
     url, _ = server
     status, health, _ = request(url + "/health")
@@ -105,6 +106,7 @@ def test_health_and_documents(server):
     assert docs["documents"][0]["notes"] == health["notes"] and docs["documents"][0]["pages"] >= 1
 
 
+@pytest.mark.slow
 def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
     url, _ = server
     q = "What is the sample document about?"
@@ -126,6 +128,7 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
     assert ans["selector"] == "cds-paper" and ans["diagnostics"]["mode"] == "paper" and len(ans["evidence"]) == 2
 
 
+@pytest.mark.slow
 def test_concurrent_clients_get_their_own_answers(server):
     url, _ = server
     questions = [f"{topic} in the sample document" for topic in
@@ -165,6 +168,7 @@ def test_bad_requests_get_4xx_with_a_message(server, path, body, raw, status, wo
     assert got == status and isinstance(reply["error"], str) and word in reply["error"]
 
 
+@pytest.mark.slow
 def test_full_queue_answers_503_and_recovers(server, reader):
     url, _ = server
     reader.release.clear()
@@ -255,6 +259,7 @@ def test_crop_endpoint_serves_only_index_crops(server, index_dir):
         assert status == 404 and "no crop" in body["error"]
 
 
+@pytest.mark.slow
 def test_web_page_in_headless_chromium(server, tmp_path):
     """The page asks on load (?q=...) two selectors side by side: notes both chose share a row, notes only one
     chose are marked, near-duplicates within each list are marked with the threshold shown, each note links to

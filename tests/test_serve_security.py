@@ -182,6 +182,7 @@ def code_index(built, tmp_path):
     return craft(built, tmp_path / "crafted", manifest=point_at_model), model, marker
 
 
+@pytest.mark.slow
 def test_index_naming_code_is_refused_in_one_line(built, tmp_path, capsys, monkeypatch):
     crafted, model, marker = code_index(built, tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -219,6 +220,7 @@ def test_embedder_fields_are_covered_by_the_manifest_hashes(built, tmp_path, cap
 # ------------------------------------------------------------------ 2. bounded work per request
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, word", [
     ({"selector": "cds-paper", "options": {"tol": -1, "max_iter": 2147483647}}, "tol"),
     ({"selector": "cds-paper", "options": {"max_iter": 2147483647}}, "max_iter"),
@@ -242,6 +244,7 @@ def test_non_finite_option_gets_400(main_server):
     assert status == 400 and "finite" in reply["error"]
 
 
+@pytest.mark.slow
 def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):
     url = main_server.url
     wait_idle(url)
@@ -266,6 +269,7 @@ def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):
     assert health(url)["compute"]["abandoned"] == 0
 
 
+@pytest.mark.slow
 def test_a_disconnecting_client_frees_its_slot(main_server):
     url = main_server.url
     wait_idle(url)
@@ -316,6 +320,7 @@ def test_sigterm_stops_the_server_with_work_in_flight(built, tmp_path_factory):
 # ------------------------------------------------------------------ 3. bounded memory
 
 
+@pytest.mark.slow
 def test_compiled_selectors_are_capped(main_server):
     url = main_server.url
     for budget in (1, 2, 3, 5, 7):
@@ -365,6 +370,7 @@ def test_large_body_gets_413_before_it_is_read(main_server):
     sock.close()
 
 
+@pytest.mark.slow
 def test_trickled_uploads_get_408_and_never_keep_questions_out(main_server):
     """Issue 35, 2: uploads that send a byte now and then neither hold the question slots (--queue 3) nor
     their own for longer than --body-timeout (5 s by default): each gets 408 and the server forgets it."""
@@ -390,6 +396,7 @@ def test_trickled_uploads_get_408_and_never_keep_questions_out(main_server):
     assert after["refused"]["slow_upload"] >= 3
 
 
+@pytest.mark.slow
 def test_a_new_upload_takes_the_slot_of_the_oldest_slow_one(main_server):
     """However many slow uploads hold the upload slots (64 by default), a question still gets in."""
     url = main_server.url
@@ -847,6 +854,7 @@ def test_host_header_is_parsed_whole(main_server):
 NON_ASCII_TOKEN = "pässwörd-☃-tökén"
 
 
+@pytest.mark.slow
 def test_non_ascii_token_is_compared_as_bytes(built, tmp_path_factory):
     token = NON_ASCII_TOKEN.encode()
     env = dict(server_env(tmp_path_factory), CDSJAX_TOKEN=NON_ASCII_TOKEN)  # the environment: not seen in `ps`

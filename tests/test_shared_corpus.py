@@ -50,6 +50,7 @@ def per_question(z, q, params, **kw):
     return [sel(z, q[k], jnp.ones(z.shape[0], bool)) for k in range(q.shape[0])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", range(len(PARAMS)))
 def test_corpus_constants_match_per_question_affinity(p):
     params = PARAMS[p]
@@ -72,6 +73,7 @@ def test_corpus_constants_match_per_question_affinity(p):
                                    np.asarray(aff.matrix), atol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", range(len(PARAMS)))
 def test_shared_paper_mode_equals_per_question_path(p):
     params = PARAMS[p]
@@ -115,6 +117,7 @@ def test_rows_freeze_independently_and_respect_limits():
     assert np.all(np.asarray(start.num_iters) == 0) and not np.any(np.asarray(start.status) == core.CONVERGED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["inimdyn", "active_set"])
 def test_converged_solvers_on_shared_corpus(solver):
     z, notes, valid, q = corpus(30)

@@ -46,6 +46,7 @@ def test_corpus_bound_refuses_a_question_dependent_penalty():
     assert learned_is_corpus_level(SHIPPED) and not learned_is_corpus_level(SHIPPED.replace(rel_repulsion=0.5))
 
 
+@pytest.mark.slow
 def test_learned_corpus_bound_is_the_per_question_bound_bit_for_bit():
     z, q, valid, pages = corpus(70, 128, seed=3)
     for theta in (SHIPPED, SHIPPED.replace(alpha_factor=1.5), LearnedParams.paper()):
@@ -62,6 +63,7 @@ def test_learned_corpus_bound_is_the_per_question_bound_bit_for_bit():
         assert bound >= lam + 1e-3 - 1e-6
 
 
+@pytest.mark.slow
 def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
     """cds() on a problem with the corpus bound (problem_bound) == the same problem computing it per
     question, for the paper game's strategies and the learned game; the registry's selectors supply it."""
@@ -98,6 +100,7 @@ def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties()
         core.CDSParams(alpha_bound="approx").check()
 
 
+@pytest.mark.slow
 def test_run_selector_computes_one_bound_per_corpus():
     """The evaluation's batches: questions on one document share its bound (one computation, from the run's
     CorpusArrays), and the selections are those of the per-question penalty, bit for bit (paper mode: the bound
@@ -181,6 +184,7 @@ def test_certified_bound_is_never_below_the_float64_eigenvalue(seed):
     assert float(certified_bound(jnp.eye(4), jnp.zeros(4, bool), 1e-3)) == pytest.approx(1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_certified_bound_in_float64_holds_any_test_vector():
     a = blocks(2)["learned200"]
@@ -191,6 +195,7 @@ def test_certified_bound_in_float64_holds_any_test_vector():
         assert bound >= lam
 
 
+@pytest.mark.slow
 def test_gathered_newton_matches_the_dense_system():
     """ActiveSet(gather=K) solves the face's Newton system on the gathered support (O(K³ + KN)); with a
     support that fits it reaches the same equilibrium as the dense system, and one that does not fit

@@ -37,6 +37,7 @@ def cosine_builder(budget):
     return lambda notes, query, valid: select_cosine(notes, query, valid, budget=budget)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,docs", [(0, 1), (1, 3), (2, 2)])
 def test_cosine_with_one_note_per_page_is_cosine_pages(seed, docs):
     p = problem(seed, n=24, docs=docs)
@@ -49,6 +50,7 @@ def test_cosine_with_one_note_per_page_is_cosine_pages(seed, docs):
         np.testing.assert_array_equal(got.selected_valid, want.selected_valid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_at_most_k_per_page_per_round_in_ranking_order(k):
     p = problem(3, n=30, pages_per=4)
@@ -111,6 +113,7 @@ def _selectors():
             "sparse_page_game": sparse_page_game}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(_selectors()))
 def test_padding_jit_and_vmap_invariance(name):
     fn = _selectors()[name]
@@ -144,6 +147,7 @@ def test_page_game_with_one_note_per_page_is_the_note_game():
         np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(want.indices))
 
 
+@pytest.mark.slow
 def test_page_vectors_and_relevance():
     p = problem(7, n=12, pages_per=3)
     aff, rep, owner, page_cos = S.page_affinity(p["notes"], p["query"], p["valid"], p["pages"], S.PageGameParams())
@@ -227,6 +231,7 @@ def test_page_game_implicit_gradient_matches_finite_differences():
     assert max(abs(float(getattr(grad, k))) for k in ("beta", "alpha_factor", "w_doc")) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_experiment_readout_is_the_core_readout(k):
     """experiments/structured_cv.py reads rankings in NumPy; it must pick what the core read-out picks."""

@@ -47,6 +47,7 @@ def picks(sel):
     return [int(i) for i in np.asarray(sel.indices)[ok]]
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("budget", [1, 5, 12])
@@ -58,6 +59,7 @@ def test_matches_reference(seed, budget):
     np.testing.assert_allclose(np.asarray(sel.scores)[: len(want)], want_scores, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_neighbours_join_right_after_their_seed():
     # Chain 0 - 3 - 4; note 0 is most relevant, so its neighbour 3 follows it even
     # though 1 and 2 are more relevant than 3; 4 is 3's neighbour, not 0's.
@@ -72,6 +74,7 @@ def test_neighbours_join_right_after_their_seed():
     assert picks(sel) == [0, 3, 1, 2, 4]
 
 
+@pytest.mark.slow
 def test_without_links_it_is_cosine_top_b():
     notes, query, _ = instance(7)
     valid = np.ones(len(notes), bool)
@@ -80,6 +83,7 @@ def test_without_links_it_is_cosine_top_b():
     assert picks(sel) == picks(cos)
 
 
+@pytest.mark.slow
 def test_fully_linked_graph_fills_from_the_first_seed():
     notes, query, _ = instance(8, n=10)
     links = np.ones((10, 10), bool)
@@ -88,6 +92,7 @@ def test_fully_linked_graph_fills_from_the_first_seed():
     assert picks(sel) == sorted(range(10), key=lambda i: -rel[i])
 
 
+@pytest.mark.slow
 def test_padding_is_never_selected_or_expanded():
     notes, query, links = instance(9, n=20, link_p=0.3)
     n_valid = 13
@@ -102,6 +107,7 @@ def test_padding_is_never_selected_or_expanded():
     assert np.all(np.asarray(sel.indices)[n_valid:] == 0) and np.all(np.asarray(sel.scores)[n_valid:] == 0)
 
 
+@pytest.mark.slow
 def test_vmap_over_padded_batch_equals_single_calls():
     problems = [instance(s, n=n, m=2 if s % 2 else None, link_p=0.15) for s, n in zip(range(10, 14), (9, 16, 12, 5))]
     n_max, budget = 16, 6
@@ -124,6 +130,7 @@ def test_vmap_over_padded_batch_equals_single_calls():
                                    atol=8 * np.finfo(np.float32).eps)
 
 
+@pytest.mark.slow
 def test_jit_equals_eager_and_float32():
     notes, query, links = instance(3, n=12, link_p=0.2)
     valid = np.ones(len(notes), bool)
@@ -134,6 +141,7 @@ def test_jit_equals_eager_and_float32():
     assert picks(f32) == picks(eager) and f32.scores.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_registry_entry():
     notes, query, links = instance(4, link_p=0.2)
     valid = np.ones(len(notes), bool)

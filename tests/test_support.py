@@ -51,6 +51,7 @@ MODES = {
 
 
 # --------------------------------------------------------------------------- no positive query edge
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_nonpositive_cosines_get_budget_notes_in_every_mode(mode):
     rng = np.random.default_rng(0)
@@ -71,6 +72,7 @@ def test_nonpositive_cosines_get_budget_notes_in_every_mode(mode):
     assert core.FILL_REASONS[int(sel.fill_reason)] == "no_query_edge"
 
 
+@pytest.mark.slow
 def test_without_fill_the_isolated_query_selects_nothing():
     notes, query = away_from_query(np.random.default_rng(1), 10)
     sel = core.cds_select(notes, query, np.ones(10, bool), budget=4, solver="converged", fill=False)
@@ -83,6 +85,7 @@ def np_slack(payoff, x):
     return mx - x @ mx
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 @pytest.mark.parametrize("solver,kwargs", [("converged", {}), ("replicator", dict(tol=1e-13, max_iter=200_000))])
 def test_short_support_is_filled_by_kkt_slack(solver, kwargs):
@@ -114,6 +117,7 @@ def test_short_support_is_filled_by_kkt_slack(solver, kwargs):
     assert picks(bare) == got[:k] and int(bare.num_filled) == 0
 
 
+@pytest.mark.slow
 def test_fill_rule_is_the_same_in_paper_and_converged_mode():
     rng = np.random.default_rng(3)
     notes = clustered(rng, 24)
@@ -126,6 +130,7 @@ def test_fill_rule_is_the_same_in_paper_and_converged_mode():
     assert picks(paper) == picks(conv)
 
 
+@pytest.mark.slow
 def test_peel_fills_after_every_round():
     rng = np.random.default_rng(4)
     d = 16
@@ -141,6 +146,7 @@ def test_peel_fills_after_every_round():
     assert np.all(np.asarray(sel.scores)[:k] > 1e-6)
 
 
+@pytest.mark.slow
 def test_fewer_valid_notes_than_budget_never_returns_padding():
     rng = np.random.default_rng(5)
     notes, query = away_from_query(rng, 8)
@@ -157,6 +163,7 @@ def support_fn(budget):
     return jax.jit(functools.partial(core.cds_support, budget=budget, num_steps=16))
 
 
+@pytest.mark.slow
 def test_cds_support_hits_the_budget_on_synthetic_problems():
     rng = np.random.default_rng(6)
     inside = 0
@@ -177,6 +184,7 @@ def test_cds_support_hits_the_budget_on_synthetic_problems():
     assert inside == trials
 
 
+@pytest.mark.slow
 def test_cds_support_grows_its_support_with_beta_times_n():
     """The bisection's premise: at fixed beta * n the support size is stable, and it grows with beta."""
     rng = np.random.default_rng(7)
@@ -228,6 +236,7 @@ def test_cds_support_rejects_bad_options():
         core.cds_support(z, q, np.ones(6, bool), num_steps=0)
 
 
+@pytest.mark.slow
 @pytest.mark.x64
 def test_scale_note_block_equals_a_rebuild():
     rng = np.random.default_rng(10)
@@ -242,6 +251,7 @@ def test_scale_note_block_equals_a_rebuild():
 
 
 # --------------------------------------------------------------------------- records
+@pytest.mark.slow
 def test_records_carry_notes_only_support_size():
     rng = np.random.default_rng(11)
     notes = clustered(rng, 20)

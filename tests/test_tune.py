@@ -58,6 +58,7 @@ def problem(n=20, d=8, seed=0):
     return z.astype(np.float32), (q / np.linalg.norm(q)).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_registry_cds_learned_at_theta0_is_converged_cds_and_files_are_read_at_the_edge(tmp_path):
     z, q = problem()
     valid = np.ones(len(z), bool)
@@ -118,6 +119,7 @@ def _corpus(n=20):
     return Corpus(embeddings=z, links=np.zeros((n, n), bool), notes=notes, embedder={"model": "x"}, roots=["r"]), q
 
 
+@pytest.mark.slow
 def test_pipeline_passes_params_and_structure(tmp_path):
     from cdsjax.pipeline import Pipeline, PipelineError
 
@@ -168,6 +170,7 @@ def _eval_config(data_root, out, cache, **fields):
     return config
 
 
+@pytest.mark.slow
 def test_run_eval_params_field_and_flag(data_root, tmp_path):
     """run_eval takes the parameter file as the config field ``params`` (and ``--params``): its records are those
     of the selector built from that file, another file does not resume into the same run, and a missing file

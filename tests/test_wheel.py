@@ -87,6 +87,7 @@ def installed(tmp_path_factory):
     return python, script, work, env
 
 
+@pytest.mark.slow
 def test_installed_package_has_its_default_config(installed):
     python, _, work, env = installed
     out = _run([python, "-c", "from cdsjax.io.index import default_config; c = default_config(); "
@@ -94,6 +95,7 @@ def test_installed_package_has_its_default_config(installed):
     assert out == ["pymupdf", "all-MiniLM-L6-v2"]
 
 
+@pytest.mark.slow
 def test_installed_cli_indexes_and_answers(installed):
     _, cdsjax, work, env = installed
     gen.make_synthetic_pdf(work / "study.pdf")
