@@ -313,7 +313,6 @@ def test_padding_invariance(problem):
     np.testing.assert_allclose(sel.result.kkt_residual, sel_p.result.kkt_residual, atol=1e-12)
 
 
-@pytest.mark.slow
 @pytest.mark.x64
 def test_vmap_batch_equals_per_query_calls():
     rng = np.random.default_rng(4)
