@@ -55,14 +55,20 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     process sets. The tests of the cache itself run commands in subprocesses, which turn it on as users get
     it. The commands a test runs in subprocesses (``cdsjax index``, ``eval``, ``serve``, ...) read and write the
     same directory (``CDSJAX_JAX_CACHE``), so a program one of them compiled is not compiled again by the next;
-    the tests of where a command puts its cache remove that variable from their command's environment."""
+    the tests of where a command puts its cache remove that variable from their command's environment.
+
+    The directory has no size cap (``CDSJAX_JAX_CACHE_MAX_MB=-1``, for the subprocesses too): with a cap, JAX
+    lists the whole directory and reads every entry's access time at each write, and the suite's hundreds of
+    entries made each compilation late in a worker several times slower. The tests of the cap set it
+    themselves."""
     from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
     base = tmp_path_factory.getbasetemp()  # under xdist, each worker's own folder in the session's
     directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
-    compilation_cache.enable_compilation_cache(directory)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDSJAX_JAX_CACHE_MAX_MB", "-1")
+        compilation_cache.enable_compilation_cache(directory)
         mp.setenv("CDSJAX_JAX_CACHE", str(directory))
         for module in (compilation_cache, pipeline):
             mp.setattr(module, "enable_compilation_cache", lambda directory=None: None)
