@@ -244,7 +244,6 @@ def test_non_finite_option_gets_400(main_server):
     assert status == 400 and "finite" in reply["error"]
 
 
-@pytest.mark.slow
 def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):
     url = main_server.url
     wait_idle(url)
@@ -269,7 +268,6 @@ def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):
     assert health(url)["compute"]["abandoned"] == 0
 
 
-@pytest.mark.slow
 def test_a_disconnecting_client_frees_its_slot(main_server):
     url = main_server.url
     wait_idle(url)
@@ -370,7 +368,6 @@ def test_large_body_gets_413_before_it_is_read(main_server):
     sock.close()
 
 
-@pytest.mark.slow
 def test_trickled_uploads_get_408_and_never_keep_questions_out(main_server):
     """Issue 35, 2: uploads that send a byte now and then neither hold the question slots (--queue 3) nor
     their own for longer than --body-timeout (5 s by default): each gets 408 and the server forgets it."""
@@ -396,7 +393,6 @@ def test_trickled_uploads_get_408_and_never_keep_questions_out(main_server):
     assert after["refused"]["slow_upload"] >= 3
 
 
-@pytest.mark.slow
 def test_a_new_upload_takes_the_slot_of_the_oldest_slow_one(main_server):
     """However many slow uploads hold the upload slots (64 by default), a question still gets in."""
     url = main_server.url

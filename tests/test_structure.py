@@ -162,7 +162,6 @@ def test_page_vectors_and_relevance():
     assert not np.asarray(aff.valid)[1:][~rep].any()
 
 
-@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_sparse_regime_shrinks_the_support_or_falls_back_to_the_bound():
     p = problem(8, n=30, pages_per=1)
     own = np.arange(30, dtype=np.int32)
