@@ -61,6 +61,7 @@ def test_shared_payoff_has_the_dense_rows_diagonal_and_products():
         assert isinstance(batched, core.Payoff) and isinstance(dense, core.Payoff)
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 @pytest.mark.parametrize("solver", ("replicator", "inimdyn", "active_set"))
 def test_every_solver_runs_on_every_payoff(solver):
     with jax.enable_x64(True):

@@ -70,6 +70,7 @@ def _expected_metrics(problem, positions, gold_pages):
             "distinct_pages": float(len(pages)), "redundancy": float(np.mean(pairs)) if pairs else None}
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_harness_on_a_real_mmlongbench_document(one_doc_root, tmp_path):
     from cdsjax.commands.eval import load_config
     from cdsjax.core import make_selector

@@ -181,6 +181,7 @@ def test_page_readout_surrogate_is_finite_on_documents_of_at_most_b_pages():
                                    unit_valid=valid)) < 0.5
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 @pytest.mark.x64
 def test_page_readout_surrogate_gradient_matches_finite_differences():
     """The fit's surrogate for the page read-out is differentiable through the equilibrium: its gradient in

@@ -171,7 +171,8 @@ def test_implicit_and_loop_adjoints_agree_through_cds():
         np.testing.assert_allclose(float(getattr(implicit, name)), float(getattr(loop, name)), rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("strategy", ["peel", "support", pytest.param("shared", marks=pytest.mark.slow)])
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
+@pytest.mark.parametrize("strategy", ["peel", "support", "shared"])
 def test_every_strategy_runs_the_learned_game(strategy):
     """The paper point of the learned game is the paper's game under every strategy of core.cds."""
     p = problem(pad=3)

@@ -40,8 +40,8 @@ def game(n, size, seed, params=SHIPPED, d=32):
     return payoff, shared
 
 
-@pytest.mark.parametrize("params,n,size", [pytest.param(SHIPPED, 150, 192, marks=pytest.mark.slow), (SHIPPED, 60, 64),
-                                           (CDSParams(), 40, 48)])
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
+@pytest.mark.parametrize("params,n,size", [(SHIPPED, 150, 192), (SHIPPED, 60, 64), (CDSParams(), 40, 48)])
 def test_it_reaches_the_active_sets_equilibrium_in_a_few_face_solves(params, n, size):
     for seed in range(3):
         payoff, shared = game(n, size, seed, params)

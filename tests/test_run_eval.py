@@ -416,6 +416,7 @@ def test_run_selector_float64():
         np.testing.assert_allclose(sel.scores, ref, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_release_drops_a_selectors_executables():
     from cdsjax.core.learned import LearnedParams
     from cdsjax.eval import run as R

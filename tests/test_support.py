@@ -276,8 +276,9 @@ def test_records_carry_notes_only_support_size():
 
 
 # --------------------------------------------------------------------------- dev data
+@pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 @pytest.mark.parametrize("benchmark,budget,max_queries", [
-    ("hotpotqa", 2, 12), pytest.param("qasper", 5, 10, marks=pytest.mark.slow)])
+    ("hotpotqa", 2, 12), ("qasper", 5, 10)])
 def test_cds_support_size_on_dev_questions(data_root, tmp_path, benchmark, budget, max_queries):
     """On real questions with at least 2B notes, the support lies in [B/2, 2B] for >= 90%."""
     from cdsjax.io.datasets import load_benchmark
