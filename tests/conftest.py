@@ -58,9 +58,8 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     the tests of where a command puts its cache remove that variable from their command's environment.
 
     The directory has no size cap (``CDSJAX_JAX_CACHE_MAX_MB=-1``, for the subprocesses too): with a cap, JAX
-    lists the whole directory and reads every entry's access time at each write, and the suite's hundreds of
-    entries made each compilation late in a worker several times slower. The tests of the cap set it
-    themselves."""
+    lists the whole directory and reads every entry's access time at each write, so each compilation would
+    slow down as the suite's hundreds of entries accumulate. The tests of the cap set it themselves."""
     from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
