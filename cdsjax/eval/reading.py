@@ -23,6 +23,8 @@ Answer records are written to ``<output_dir>/answers.jsonl`` (one per question, 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -57,6 +59,12 @@ def reader_settings() -> ml_collections.ConfigDict:
         "seeds": (0,),
         "max_context": 32768,  # tokens; the "full" control runs where the whole document fits
         "max_images": 0,  # images one request may carry (vLLM's --limit-mm-per-prompt); 0: no limit
+        # the local reader (cdsjax.io.local_reader), started for the run when url is "": a preset ("default"),
+        # a .gguf path or hf:OWNER/REPO/FILE.gguf; "" = none. Its slots are the requests in flight.
+        "local": "",
+        "local_threads": 0,  # 0: every core
+        "local_ctx": 8192,  # context tokens per slot
+        "local_slots": 2,
     })
 
 
@@ -82,6 +90,8 @@ def enabled(config) -> bool:
     """
     reader = config.get("reader", None)
     url = str(reader.get("url", "") or "") if reader is not None else ""
+    if not url and reader is not None and str(reader.get("local", "") or ""):
+        return True  # the local server names its own model
     if not url:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
@@ -90,6 +100,33 @@ def enabled(config) -> bool:
         raise ValueError("config.reader.model is empty: name the served model (it is part of every reply's "
                          "cache key)")
     return True
+
+
+@contextlib.contextmanager
+def local_reader(config, log: Callable[[str], None] = print):
+    """Yields ``config`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local`` names a
+    model — a copy whose reader URL and model are those of a local llama.cpp server started for the run
+    (:class:`cdsjax.io.local_reader.LocalReader`, stopped on leaving), with at most its slots in flight.
+    The judge, unless ``config.judge.url`` names another server, is the same local model."""
+    r = config.reader
+    name = str(r.get("local", "") or "")
+    if str(r.get("url", "") or "") or not name:
+        yield config
+        return
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig
+
+    settings = LocalReaderConfig(model=name, threads=int(r.get("local_threads", 0)),
+                                 ctx_per_slot=int(r.get("local_ctx", 8192)), slots=int(r.get("local_slots", 2)))
+    with LocalReader(settings) as local:
+        d = local.describe()
+        log(f"local reader: {d['model']} on {d['runtime']}, {d['threads']} threads, {d['slots']} slots of "
+            f"{d['ctx_per_slot']} tokens, started in {local.startup_s:.1f}s (log: {local.log_path})")
+        config = copy.deepcopy(config)
+        with config.unlocked():
+            config.reader.url = local.base_url
+            config.reader.model = local.model_name
+            config.reader.concurrency = min(int(r.concurrency), settings.slots)
+        yield config
 
 
 def _clients(config):
