@@ -5,8 +5,8 @@ registry selector the same way:
 
 * :func:`structure_codes` turns each note's document, page and kind into the ``[n]`` int32 structure
   arrays of a :class:`~cdsjax.core.CDSProblem` (the one coding: documents by first appearance, unknown pages
-  and kinds -1, kinds as :func:`cdsjax.core.learned.kind_codes` names them), and :func:`described_notes` finds
-  the visual each caption note describes (``describes``, -1 for none);
+  and kinds -1, kinds as :func:`cdsjax.core.learned.kind_codes` names them), and :func:`described_notes` the
+  position of the visual each caption note describes (``describes``, -1 for none);
 * :class:`Candidates` pads embeddings, links and structure once to a bucket size
   (:func:`cdsjax.core.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
   :class:`~cdsjax.core.SelectorSpec` asks for (structure only for a selector that reads it), so the same
@@ -39,40 +39,17 @@ from cdsjax.core.types import CDSProblem, as_selector
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds", "describes")
 
-# what a note describing a visual is (index notes' ``role``), and the visual's field that holds its text
-DESCRIBING_ROLES = {"caption": "caption", "footnote": "footnote"}
-VISUAL_KINDS = ("figure", "table", "chart")
-
-
 def described_notes(notes: Sequence[dict]) -> np.ndarray:
-    """``[n]`` int32: for each note, the position of the figure, table or chart it describes, -1 for none.
+    """``[n]`` int32: for each note, the position among ``notes`` of the note it describes, -1 for none.
 
-    A note with ``role`` ``"caption"`` (or ``"footnote"``: a Note/Source line) describes the visual note of its
-    document and page whose ``caption`` (``footnote``) holds its text -- ingestion copies a caption's text into the
-    visual it is tied to (:mod:`cdsjax.io.parse`) -- the nearest in reading order if several do. Notes without a
-    role or text (e.g. metadata of another retriever's candidates) describe nothing.
+    A note describes the one whose ``note_id`` its ``describes`` field names: a caption (or a Note/Source line)
+    its figure, table or chart, as :func:`cdsjax.io.index.load_index` records it on an index's notes
+    (:func:`cdsjax.io.notes.described_notes`) and :func:`cdsjax.evidence.note_metadata` passes on. A note without
+    it, or naming a note that is not among ``notes``, describes nothing.
     """
-    n = len(notes)
-    out = np.full(n, -1, np.int32)
-    visuals: Dict[tuple, list] = {}
-    for j, note in enumerate(notes):
-        if note.get("kind") in VISUAL_KINDS:
-            visuals.setdefault((str(note.get("doc_id", note.get("document"))), note.get("page")), []).append(j)
-    if not visuals:
-        return out
-    for i, note in enumerate(notes):
-        field = DESCRIBING_ROLES.get(note.get("role"))
-        text = " ".join(str(note.get("text") or "").split())
-        if field is None or not text:
-            continue
-        key = (str(note.get("doc_id", note.get("document"))), note.get("page"))
-        hits = [j for j in visuals.get(key, ()) if j != i and text in " ".join(str(notes[j].get(field) or "").split())]
-        if hits:
-            order = note.get("reading_order")
-            near = (lambda j: (abs(int(notes[j].get("reading_order", j)) - int(order)), j)) if isinstance(order, int) \
-                else (lambda j: (abs(j - i), j))
-            out[i] = min(hits, key=near)
-    return out
+    position = {str(n.get("note_id")): i for i, n in enumerate(notes) if n.get("note_id") is not None}
+    return np.asarray([position.get(str(n["describes"]), -1) if n.get("describes") else -1 for n in notes],
+                      np.int32).reshape(len(notes))
 
 
 def structure_codes(doc_ids: Sequence[Any], pages: Optional[Sequence[Any]] = None,
@@ -104,8 +81,7 @@ def structure_codes(doc_ids: Sequence[Any], pages: Optional[Sequence[Any]] = Non
 
 def note_structure(notes: Sequence[dict]) -> Dict[str, np.ndarray]:
     """:func:`structure_codes` of note dicts: an index's notes (``doc_id``) or the metadata the integrations
-    return (``document``), with their ``page`` and ``kind``, and the visual each caption describes
-    (:func:`described_notes`)."""
+    return (``document``), with their ``page``, ``kind`` and ``describes`` (:func:`described_notes`)."""
     docs = [n.get("doc_id", n.get("document")) for n in notes]
     return structure_codes(docs, [n.get("page") for n in notes], [n.get("kind") for n in notes],
                            described_notes(notes))

@@ -1,7 +1,8 @@
 """A visual and its caption read together (issue 62, item 8): the default's page read-out reads a caption note as
 the figure, table or chart it describes (cdsjax.core.structure.fold_described), so it never returns a table's
-caption and leaves the table behind; the notes' ``describes`` array comes from the index notes
-(cdsjax.selection.described_notes) and from the evaluation's problems."""
+caption and leaves the table behind; a loaded index's caption notes name their visual (cdsjax.io.notes.
+described_notes, ``describes``), which the pipeline, the integrations' metadata and the evaluation's problems
+turn into the problem's ``describes`` array (cdsjax.selection.described_notes)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import numpy as np
 
 from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.core import structure as S
+from cdsjax.io import notes as io_notes
 from cdsjax.selection import described_notes
 
 
@@ -49,7 +51,7 @@ def _note(i, doc, page, kind, role, text, caption="", footnote=""):
             "bbox": [0, 0, 1, 1], "image_path": None}
 
 
-def test_described_notes_ties_a_caption_to_the_visual_holding_its_text():
+def test_a_caption_note_names_the_visual_holding_its_text():
     notes = [
         _note(0, "a", 0, "table", "table", "x | y", caption="Table 1: Revenue. (continued)"),
         _note(1, "a", 0, "text", "caption", "Table 1:  Revenue."),  # whitespace differs
@@ -62,13 +64,20 @@ def test_described_notes_ties_a_caption_to_the_visual_holding_its_text():
         _note(8, "a", 2, "chart", "chart", "", caption="Figure 9: Sales"),
         _note(9, "a", 2, "text", "caption", "Figure 9: Sales"),  # two hold it: the nearer in reading order
     ]
-    assert described_notes(notes).tolist() == [-1, 0, -1, 2, -1, -1, -1, -1, -1, 8]
-    # metadata of another retriever's candidates (no role, no text): nothing to tie
-    assert described_notes([{"document": "a", "page": 0, "kind": "table"}, {"document": "a", "page": 0}]).tolist() \
-        == [-1, -1]
+    assert io_notes.described_notes(notes) == [-1, 0, -1, 2, -1, -1, -1, -1, -1, 8]
+    # the problem's array: positions of the named notes among the candidates; one that is not there, none
+    named = [dict(n, describes=notes[j]["note_id"]) if j >= 0 else n
+             for n, j in zip(notes, io_notes.described_notes(notes))]
+    assert described_notes(named).tolist() == [-1, 0, -1, 2, -1, -1, -1, -1, -1, 8]
+    assert described_notes(named[1:4]).tolist() == [-1, -1, 1]  # the table of note 1 is not among them
+    from cdsjax.evidence import note_metadata
+
+    meta = [note_metadata(n) for n in named]
+    assert meta[1]["describes"] == "a#0" and "describes" not in meta[0]
+    assert described_notes(meta).tolist() == described_notes(named).tolist()
 
 
-def _two_documents(roles: bool):
+def _two_documents(named: bool):
     """Document a: a table and its caption on page 0 (the caption the closest to the question), an unrelated
     paragraph on page 1; document b: one note on each of three pages, less close than the table."""
     rows = [("a", 0, "table", "table", "north 12 south 30", "Table 1: Revenue by region", 0.80),
@@ -79,10 +88,14 @@ def _two_documents(roles: bool):
             ("b", 2, "text", "body", "A third note of b.", "", 0.50)]
     notes, vectors = [], []
     for i, (doc, page, kind, role, text, caption, cosine) in enumerate(rows):
-        notes.append(_note(i, doc, page, kind, role if roles else "body", text, caption=caption))
+        notes.append(_note(i, doc, page, kind, role, text, caption=caption))
         v = np.zeros(16, np.float32)
         v[0], v[i + 1] = cosine, np.sqrt(1 - cosine ** 2)  # cosine to the question e_0, orthogonal otherwise
         vectors.append(v)
+    if named:  # as load_index records it
+        for note, j in zip(notes, io_notes.described_notes(notes)):
+            if j >= 0:
+                note["describes"] = notes[j]["note_id"]
     return notes, np.stack(vectors)
 
 
@@ -91,13 +104,13 @@ def test_the_default_reads_a_table_with_its_caption_on_two_documents():
 
     question = np.eye(16, dtype=np.float32)[0]
     picked = {}
-    for roles in (False, True):  # without roles no note describes another: the read-out as it was
-        notes, z = _two_documents(roles)
+    for named in (False, True):  # no note naming what it describes: the read-out as it was
+        notes, z = _two_documents(named)
         pipe = Pipeline(Corpus(embeddings=z, links=np.zeros((len(notes), len(notes)), bool), notes=notes,
                                embedder={"model": "all-MiniLM-L6-v2"}, roots=[]), embedder=object())
         for selector in (DEFAULT_SELECTOR, "cosine"):
             sel = pipe.select(question, selector=selector, budget=3)
-            picked[roles, selector] = [notes[int(i)]["note_id"] for i, ok in
+            picked[named, selector] = [notes[int(i)]["note_id"] for i, ok in
                                        zip(np.asarray(sel.indices), np.asarray(sel.selected_valid)) if ok]
     before, after = picked[False, DEFAULT_SELECTOR], picked[True, DEFAULT_SELECTOR]
     assert "a#1" in before and "a#0" not in before  # the caption, its table skipped for document b
@@ -110,7 +123,7 @@ def test_an_evaluation_problem_gives_its_selectors_the_captions_of_its_own_notes
     from cdsjax.eval.problems import Problem, described_ids
     from cdsjax.io.datasets import Query
 
-    notes, z = _two_documents(roles=True)
+    notes, z = _two_documents(named=True)
     assert described_ids("a", notes[:3]) == ["", "a#0", ""]
     ids = [n["note_id"] for n in notes]
     p = Problem(Query("q", "?", None, ("a", "b")), z, z[0], np.zeros((6, 6), bool), ids, [n["doc_id"] for n in notes],

@@ -344,8 +344,8 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
 
 
 def described_ids(doc_id: str, notes: Sequence[Dict[str, Any]]) -> List[str]:
-    """The note id (``doc#reading_order``) of the visual each of one document's index notes describes (a caption's;
-    :func:`cdsjax.selection.described_notes`), ``""`` for none."""
+    """The note id (``doc#reading_order``, as :func:`pdf_problems` names notes) of the visual each of one document's
+    index notes describes (a caption's ``describes``, :func:`cdsjax.selection.described_notes`), ``""`` for none."""
     from cdsjax.selection import described_notes
 
     return [f"{doc_id}#{notes[j]['reading_order']}" if j >= 0 else "" for j in described_notes(notes)]
