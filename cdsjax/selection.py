@@ -39,6 +39,7 @@ from cdsjax.core.types import CDSProblem, as_selector
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds", "describes")
 
+
 def described_notes(notes: Sequence[dict]) -> np.ndarray:
     """``[n]`` int32: for each note, the position among ``notes`` of the note it describes, -1 for none.
 
