@@ -25,6 +25,7 @@ VISUALS = ("figure", "table", "chart")
 
 
 def main(argv=None):
+    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
     from cdsjax.eval.problems import pdf_problems
     from cdsjax.eval.run import run_selector
     from cdsjax.eval.scoring import score_problem
@@ -54,7 +55,7 @@ def main(argv=None):
     print(f"{len(problems)} questions on {len(docs)} documents ({time.time() - t0:.0f} s to index and embed)")
     before = [dataclasses.replace(p, describes=None) for p in problems]
     for budget in (int(b) for b in args.budgets.split(",")):
-        for name in ("cosine", "cds_learned_pages"):
+        for name in (REFERENCE_SELECTOR, DEFAULT_SELECTOR):
             spec, fn = resolve_selector(name, budget)
             picks, scores = {}, {}
             for label, ps in (("before", before), ("after", problems)):
