@@ -5,8 +5,8 @@ LlamaIndex adapters return are built here, from the same fields, so one note rea
   path, summary and caption of an index note;
 * :func:`evidence_item` — one ``evidence`` entry of an :class:`~cdsjax.pipeline.Answer` (rank, score, the
   fields, the shown text cut to :data:`SNIPPET_CHARS`);
-* :func:`note_metadata` — the metadata of a returned document or node (the fields, ``note_id``, ``crop`` and,
-  when known, score, rank, selector and diagnostics);
+* :func:`note_metadata` — the metadata of a returned document or node (the fields, ``note_id``, ``crop``, a
+  caption's ``describes`` and, when known, score, rank, selector and diagnostics);
 * :func:`note_text` — the text a note stands for (its caption for a figure, table or chart that has one).
 """
 
@@ -52,13 +52,16 @@ def note_metadata(note: dict, *, score: Optional[float] = None, rank: Optional[i
     """The metadata of one returned note (the fields of ``cdsjax ask --json`` evidence).
 
     Keys: note_id, the :func:`note_fields` (document, page, bbox, kind, image_path, summary, caption), crop (the
-    PNG crop of a visual note, or None), and when known score, rank (1-based), selector and diagnostics (the
-    solver's, ``{}`` for baselines).
+    PNG crop of a visual note, or None), describes on a caption note (the note_id of the figure, table or chart it
+    describes: the default selector reads them together, given both), and when known score, rank (1-based),
+    selector and diagnostics (the solver's, ``{}`` for baselines).
     """
     f = note_fields(note)
     out = dict(note_id=str(note.get("note_id")), document=f["document"], page=f["page"], bbox=f["bbox"],
                kind=f["kind"], image_path=f["image_path"], crop=f["image_path"], summary=f["summary"],
                caption=f["caption"])
+    if note.get("describes"):
+        out["describes"] = str(note["describes"])
     if score is not None:
         out["score"] = float(score)
     if rank is not None:

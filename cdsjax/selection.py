@@ -5,7 +5,8 @@ registry selector the same way:
 
 * :func:`structure_codes` turns each note's document, page and kind into the ``[n]`` int32 structure
   arrays of a :class:`~cdsjax.core.CDSProblem` (the one coding: documents by first appearance, unknown pages
-  and kinds -1, kinds as :func:`cdsjax.core.learned.kind_codes` names them);
+  and kinds -1, kinds as :func:`cdsjax.core.learned.kind_codes` names them), and :func:`described_notes` the
+  position of the visual each caption note describes (``describes``, -1 for none);
 * :class:`Candidates` pads embeddings, links and structure once to a bucket size
   (:func:`cdsjax.core.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
   :class:`~cdsjax.core.SelectorSpec` asks for (structure only for a selector that reads it), so the same
@@ -36,17 +37,32 @@ from cdsjax.core.batching import bucket_size
 from cdsjax.core.learned import kind_codes
 from cdsjax.core.types import CDSProblem, as_selector
 
-STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds")
+STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds", "describes")
+
+
+def described_notes(notes: Sequence[dict]) -> np.ndarray:
+    """``[n]`` int32: for each note, the position among ``notes`` of the note it describes, -1 for none.
+
+    A note describes the one whose ``note_id`` its ``describes`` field names: a caption (or a Note/Source line)
+    its figure, table or chart, as :func:`cdsjax.io.index.load_index` records it on an index's notes
+    (:func:`cdsjax.io.notes.described_notes`) and :func:`cdsjax.evidence.note_metadata` passes on. A note without
+    it, or naming a note that is not among ``notes``, describes nothing.
+    """
+    position = {str(n.get("note_id")): i for i, n in enumerate(notes) if n.get("note_id") is not None}
+    return np.asarray([position.get(str(n["describes"]), -1) if n.get("describes") else -1 for n in notes],
+                      np.int32).reshape(len(notes))
 
 
 def structure_codes(doc_ids: Sequence[Any], pages: Optional[Sequence[Any]] = None,
-                    kinds: Optional[Sequence[Any]] = None) -> Dict[str, np.ndarray]:
-    """``pages``, ``doc_ids`` and ``kinds`` ``[n]`` int32 of n notes.
+                    kinds: Optional[Sequence[Any]] = None,
+                    describes: Optional[Sequence[int]] = None) -> Dict[str, np.ndarray]:
+    """``pages``, ``doc_ids``, ``kinds`` and ``describes`` ``[n]`` int32 of n notes.
 
     Args:
       doc_ids: each note's document (any hashable; coded by first appearance).
       pages: each note's 0-based page (None entries, or None for all: -1, unknown).
       kinds: each note's kind name (``text``, ``figure``, ...; None or unknown: -1) or its code.
+      describes: the position of the note each note describes (:func:`described_notes`; None: -1 for all).
     """
     n = len(doc_ids)
     order = {d: i for i, d in enumerate(dict.fromkeys(str(d) for d in doc_ids))}
@@ -58,14 +74,18 @@ def structure_codes(doc_ids: Sequence[Any], pages: Optional[Sequence[Any]] = Non
         out["kinds"] = np.asarray(kinds, np.int32).reshape(n)
     else:
         out["kinds"] = np.asarray(kind_codes(kinds), np.int32).reshape(n)
+    out["describes"] = np.asarray([-1] * n if describes is None else describes, np.int32).reshape(n)
+    if out["describes"].size and (out["describes"].min() < -1 or out["describes"].max() >= n):
+        raise ValueError(f"describes must hold note positions in [0, {n}) or -1")
     return out
 
 
 def note_structure(notes: Sequence[dict]) -> Dict[str, np.ndarray]:
     """:func:`structure_codes` of note dicts: an index's notes (``doc_id``) or the metadata the integrations
-    return (``document``), with their ``page`` and ``kind``."""
+    return (``document``), with their ``page``, ``kind`` and ``describes`` (:func:`described_notes`)."""
     docs = [n.get("doc_id", n.get("document")) for n in notes]
-    return structure_codes(docs, [n.get("page") for n in notes], [n.get("kind") for n in notes])
+    return structure_codes(docs, [n.get("page") for n in notes], [n.get("kind") for n in notes],
+                           described_notes(notes))
 
 
 @dataclasses.dataclass
@@ -76,7 +96,7 @@ class Candidates:
       notes: ``[size, d]`` float32 embeddings (zero rows as padding).
       valid: ``[size]`` bool, True on the real notes.
       links: ``[size, size]`` bool note links (None when the candidates have none).
-      structure: ``pages`` / ``doc_ids`` / ``kinds`` ``[size]`` int32 (padding -1), or None.
+      structure: ``pages`` / ``doc_ids`` / ``kinds`` / ``describes`` ``[size]`` int32 (padding -1), or None.
       count: the number of real notes.
     """
 

@@ -22,11 +22,14 @@ def _needs_pages(problem: CDSProblem, name: str):
     return problem.pages
 
 
-def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) -> Callable[..., Callable]:
+def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False,
+             captions: bool = False) -> Callable[..., Callable]:
     """The builder of ``base`` read page by page: ``base``'s ranking of the notes (every note; a greedy baseline
     to :data:`~cdsjax.core.structure.GREEDY_DEPTH_FACTOR` times the budget, then cosine), at most
     ``notes_per_page`` notes of a page per round (:func:`~cdsjax.core.structure.select_structured`). The units are
-    the problem's ``pages`` with its ``doc_ids``."""
+    the problem's ``pages`` with its ``doc_ids``. ``captions``: a caption is read with the visual it describes
+    (the problem's ``describes``, :func:`~cdsjax.core.structure.fold_described`; a problem without it has no
+    captions to fold)."""
 
     def build(budget: int, *, notes_per_page: int = 1, **options) -> Callable:
         check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
@@ -41,7 +44,8 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False) 
                 return lambda notes, query, valid: inner(problem, key)
 
             return select_structured(ranked, problem.notes, problem.queries, problem.valid, pages, budget=budget,
-                                     k=notes_per_page, doc_ids=problem.doc_ids, depth=depth)
+                                     k=notes_per_page, doc_ids=problem.doc_ids, depth=depth,
+                                     describes=problem.describes if captions else None)
 
         # the base game's corpus-level bound and note block (budget-free): a warm corpus reads its questions
         # without an eigendecomposition each, as the base selector does (the ranking reads problem.note_block)

@@ -224,7 +224,8 @@ def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver:
 # Read page by page (cdsjax.core.readouts): a ranking read at most notes_per_page notes of a page per round
 _mmr_pages = per_page("mmr_pages", _mmr, greedy=True)
 _dpp_pages = per_page("dpp_pages", _dpp, greedy=True)
-_cds_learned_pages = per_page("cds_learned_pages", _cds_learned)
+# the default's read-out keeps a visual and its caption together: a caption is read as the visual it describes
+_cds_learned_pages = per_page("cds_learned_pages", _cds_learned, captions=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,8 +241,9 @@ class SelectorSpec:
         solver, one question at a time as it serves; :data:`BATCH_CHUNKS`).
       needs_links: it reads ``problem.links`` (always, or with some options).
       needs_key: it reads the PRNG ``key``.
-      structure: it reads the structure arrays ``problem.pages`` / ``doc_ids`` / ``kinds`` (callers build
-        the problem with them; other selectors get a problem without them and compile as they always did).
+      structure: it reads the structure arrays ``problem.pages`` / ``doc_ids`` / ``kinds`` / ``describes``
+        (callers build the problem with them; other selectors get a problem without them and compile as they
+        always did).
       pages_only: with ``structure``, ``pages`` must be printed pages: a text corpus's paragraph groups are
         not given as pages (the learned game's same-page weight is fitted on printed pages).
       learned: its ``params`` option is a :class:`~cdsjax.core.learned.LearnedParams` value; callers above the

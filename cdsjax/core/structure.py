@@ -20,6 +20,11 @@ Three ways a selection can see pages (all pure JAX, ``jit`` / ``vmap``-able, pad
   extraction's rounds, stopped at the first that covers the query), or the game at the bound is read
   (:func:`keep_query`); either way the read-out ranks every note (support, then slack).
 
+A note that describes another -- the caption (or Note/Source line) of a figure, table or chart -- can be read as
+part of what it describes (:func:`fold_described`, ``describes`` ``[n]`` int: the index of the note a note describes,
+-1 for none): the visual takes the best rank of itself and its caption notes and stands for them, one slot, so a
+read-out never picks a caption and leaves its table behind. The visual's own note carries its caption's text.
+
 Units: ``pages`` ``[n]`` int (a page, or any grouping a caller chooses), with ``doc_ids`` ``[n]`` int telling
 units of several documents apart. A unit is represented by its first valid note (:func:`page_units`), so the page
 game has the same static size as the note game and padding notes are never a unit.
@@ -94,6 +99,33 @@ def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, 
     return cut_to_budget(order, eligible, budget)
 
 
+def fold_described(rank: Array, valid: Array, describes: Array) -> tuple[Array, Array]:
+    """``(rank [n] int32, readable [n] bool)``: a ranking with every note that describes another read as part of it.
+
+    Note ``i`` describes note ``j`` when ``describes[i] == j`` (a caption or footnote of a figure, table or chart;
+    -1: none). Where ``i`` and ``j`` are valid, ``j != i`` and ``j`` describes nothing itself, ``i`` is *folded*
+    into ``j``: ``j`` takes the best (lowest) rank of itself and the notes folded into it, and the folded notes
+    leave the read-out (``readable`` False), so the pair fills one slot, the visual's. Other notes keep their rank
+    and valid notes stay readable; entries of padding (``valid`` False) and out-of-range indices are ignored.
+    Ranks stay distinct on readable notes when they were distinct on valid ones (each readable note takes the
+    minimum of its own, disjoint, set). Pure, ``jit`` / ``vmap``-able.
+    """
+    valid = jnp.asarray(valid, bool)
+    n = valid.shape[0]
+    rank = jnp.asarray(rank).astype(jnp.int32)
+    describes = jnp.asarray(describes).astype(jnp.int32)
+    if describes.shape != (n,) or rank.shape != (n,):
+        raise ValueError(f"rank and describes must have shape ({n},), got {rank.shape} and {describes.shape}")
+    pos = jnp.arange(n, dtype=jnp.int32)
+    points = valid & (describes >= 0) & (describes < n) & (describes != pos)
+    target = jnp.where(points, describes, pos)
+    folded = points & valid[target] & ~points[target]
+    owner = jnp.where(folded, target, pos)
+    big = jnp.iinfo(jnp.int32).max
+    best = jnp.full((n,), big, jnp.int32).at[owner].min(jnp.where(valid, rank, big))
+    return jnp.where(valid & ~folded, best, rank), valid & ~folded
+
+
 def rank_positions(indices: Array, selected_valid: Array, valid: Array, tie: Array) -> Array:
     """``[n]`` int32 positions of a ranking given by a selection's picks: picked notes by their slot, the others
     after them by ``tie`` (larger first, e.g. the cosine), then by index; padding last."""
@@ -126,13 +158,19 @@ def ranking_of(build: Callable[[int], Callable[..., Selection]], notes: Array, q
 
 def select_structured(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
                       pages: Array, *, budget: int, k: int = 1, doc_ids: Optional[Array] = None,
-                      depth: Optional[int] = None, fill: bool = True, **kwargs) -> Selection:
+                      depth: Optional[int] = None, fill: bool = True, describes: Optional[Array] = None,
+                      **kwargs) -> Selection:
     """The structured read-out of a selector (module docstring): its ranking (:func:`ranking_of`), read at most
-    ``k`` notes per page per round. Scores are the notes' cosine; ``result``, ``support_size`` and ``beta`` are the
-    ranking selection's (a CDS equilibrium's diagnostics survive the read-out)."""
+    ``k`` notes per page per round. With ``describes`` (``[n]`` int, :func:`fold_described`), a caption is read as
+    part of the visual it describes: the visual at the better of the two ranks, in one slot. Scores are the notes'
+    cosine; ``result``, ``support_size`` and ``beta`` are the ranking selection's (a CDS equilibrium's diagnostics
+    survive the read-out)."""
     budget = check_budget(budget)
     rank, sel = ranking_of(build, notes, query, valid, depth, **kwargs)
-    idx, ok = structured_readout(rank, valid, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
+    readable = jnp.asarray(valid, bool)
+    if describes is not None:
+        rank, readable = fold_described(rank, readable, describes)
+    idx, ok = structured_readout(rank, readable, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
     cos = _cosine(jnp.asarray(notes), query, jnp.asarray(valid, bool))
     sel = sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
     if sel.support_size is None:

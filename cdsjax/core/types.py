@@ -318,6 +318,9 @@ class CDSProblem:
         the game that solves the problem (the registry's :func:`~cdsjax.core.registry.corpus_bound_fn`
         gives the right one per selector); an upper bound of the block's :math:`\lambda_{\max}` (e.g. one
         computed without the pinned notes) keeps the guarantee.
+      describes: optional ``[n]`` int32, the note each note describes: a caption's (or a Note/Source line's)
+        figure, table or chart, -1 for none (the default's read-out reads a caption with its visual,
+        :func:`cdsjax.core.structure.fold_described`); None: no note describes another.
       note_block: optional ``[n, n]`` float, the game's note--note block computed once for the corpus
         (:func:`cdsjax.core.corpus.problem_block`); with ``bound``, one question's ``"single"`` solve then runs
         the named solver on it without building the dense affinity (:func:`cdsjax.core.corpus.solve_on_block`;
@@ -334,10 +337,11 @@ class CDSProblem:
     pinned: Optional[Array] = None
     bound: Optional[Array] = None
     note_block: Optional[Array] = None
+    describes: Optional[Array] = None
 
     @classmethod
     def create(cls, notes, query, valid=None, *, links=None, doc_ids=None, pages=None, kinds=None,
-               pinned=None, bound=None) -> "CDSProblem":
+               pinned=None, bound=None, describes=None) -> "CDSProblem":
         """A problem with ``query`` ``[d]`` promoted to ``[1, d]`` and every shape checked.
 
         ``valid`` None marks every note real. Raises ``ValueError`` naming the argument whose shape is
@@ -350,7 +354,7 @@ class CDSProblem:
         extras = {}
         for name, value, dtype, shape in (("links", links, bool, (n, n)), ("doc_ids", doc_ids, jnp.int32, (n,)),
                                           ("pages", pages, jnp.int32, (n,)), ("kinds", kinds, jnp.int32, (n,)),
-                                          ("pinned", pinned, bool, (n,))):
+                                          ("pinned", pinned, bool, (n,)), ("describes", describes, jnp.int32, (n,))):
             if value is None:
                 extras[name] = None
                 continue

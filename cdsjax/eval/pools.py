@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.eval.problems import (Problem, benchmark_kind, block_links, cached_encode, first_queries,
+from cdsjax.eval.problems import (Problem, benchmark_kind, block_links, cached_encode, described_ids, first_queries,
                                   index_note_kind, load_configured_benchmark, note_text, pdf_indexes,
                                   pdf_problems, text_kinds, text_links, text_sections)
 
@@ -84,6 +84,7 @@ class DocumentNotes:
       kinds: ``[n]`` :data:`~cdsjax.eval.problems.NOTE_KINDS` of each note, or None.
       sections: ``[n]`` paragraph group of each note (text), or None.
       texts: ``[n]`` the text of each note (what the answer metric searches), or None.
+      describes: ``[n]`` the note id of the visual each note describes (``""`` for none), or None.
     """
 
     embeddings: np.ndarray
@@ -94,6 +95,7 @@ class DocumentNotes:
     kinds: Optional[List[str]] = None
     sections: Optional[List[int]] = None
     texts: Optional[List[str]] = None
+    describes: Optional[List[str]] = None
 
 
 def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
@@ -126,7 +128,8 @@ def document_notes(bench, config, embedder, *, cache_dir: pathlib.Path,
             [int(note["page"]) for note in idx.notes],
             [tuple(float(v) for v in note["bbox"]) for note in idx.notes],
             kinds=[index_note_kind(note) for note in idx.notes],
-            texts=[note_text(note) for note in idx.notes])
+            texts=[note_text(note) for note in idx.notes],
+            describes=described_ids(d, idx.notes))
     return out
 
 
@@ -157,7 +160,8 @@ def pool_problem(query, query_emb: np.ndarray, doc_ids: Sequence[str], notes: Ma
         pages=[g for p in parts for g in p.pages] if pdf else None,
         boxes=[b for p in parts for b in p.boxes] if pdf else None,
         pool=tuple(doc_ids), gold_docs=tuple(gold_docs),
-        kinds=_joined(parts, "kinds"), sections=_joined(parts, "sections"), texts=_joined(parts, "texts"))
+        kinds=_joined(parts, "kinds"), sections=_joined(parts, "sections"), texts=_joined(parts, "texts"),
+        describes=_joined(parts, "describes"))
 
 
 def _joined(parts: Sequence[DocumentNotes], field: str) -> Optional[list]:
@@ -240,6 +244,7 @@ def corpus_problems(queries: Sequence[Any], query_emb: np.ndarray, notes: Mappin
             kinds=None if any(n.kinds is None for n in dn) else [n.kinds[j] for n, j in zip(dn, loc)],
             sections=None if any(n.sections is None for n in dn) else [n.sections[j] for n, j in zip(dn, loc)],
             texts=None if any(n.texts is None for n in dn) else [n.texts[j] for n, j in zip(dn, loc)],
+            describes=None if any(n.describes is None for n in dn) else [n.describes[j] for n, j in zip(dn, loc)],
             pool=tuple(dict.fromkeys(doc_list[di] for di in docs_idx)),
             gold_docs=tuple(q.meta.get("gold_docs", q.doc_ids))))
     return problems, seconds

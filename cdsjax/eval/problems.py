@@ -41,6 +41,8 @@ class Problem:
       sections: ``[n]`` paragraph group of each note on text benchmarks (consecutive paragraphs
         of one section; each caption alone), the text analogue of a page, or None.
       texts: ``[n]`` the text of each note (:func:`note_text`; what the answer metric searches), or None.
+      describes: ``[n]`` the note id of the figure, table or chart each note describes (a caption's; ``""`` for
+        none; :func:`cdsjax.selection.described_notes`), or None (no note describes another).
     """
 
     query: Any
@@ -56,6 +58,7 @@ class Problem:
     kinds: Optional[List[str]] = None
     sections: Optional[List[int]] = None
     texts: Optional[List[str]] = None
+    describes: Optional[List[str]] = None
 
     def __post_init__(self):
         n = self.notes.shape[0]
@@ -66,7 +69,7 @@ class Problem:
                              f"does not match notes {self.notes.shape}")
         if self.links.shape != (n, n):
             raise ValueError(f"query {self.query.qid}: links must be [{n}, {n}], got {self.links.shape}")
-        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections", "texts"):
+        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections", "texts", "describes"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
@@ -78,7 +81,9 @@ class Problem:
         ``doc_ids``: the position of each note's document among this problem's documents (first
         appearance order); ``pages``: the page (PDFs), else the paragraph group (:attr:`sections`),
         else each note its own unit; ``kinds``: the index into :data:`NOTE_KINDS` (``"other"`` when
-        unknown). Units of several documents are told apart by ``doc_ids`` with ``pages``.
+        unknown); ``describes``: the position of the note each note describes (:attr:`describes`; -1 for none,
+        and where that note is not among this problem's). Units of several documents are told apart by
+        ``doc_ids`` with ``pages``.
         ``pages_only``: no paragraph groups — a text problem's notes are each their own unit (what the
         learned game reads: ``SelectorSpec.pages_only``).
         """
@@ -94,7 +99,9 @@ class Problem:
         other = NOTE_KINDS.index("other")
         kinds = (np.full(n, other, np.int32) if self.kinds is None else
                  np.asarray([NOTE_KINDS.index(k) if k in NOTE_KINDS else other for k in self.kinds], np.int32))
-        return {"doc_ids": doc_ids, "pages": pages, "kinds": kinds}
+        position = {note_id: i for i, note_id in enumerate(self.note_ids)}
+        describes = np.asarray([position.get(d, -1) if d else -1 for d in (self.describes or [""] * n)], np.int32)
+        return {"doc_ids": doc_ids, "pages": pages, "kinds": kinds, "describes": describes}
 
     def answer_targets(self):
         """The gold answers the answer metric checks on this problem (:mod:`cdsjax.eval.answers`): those of its
@@ -331,5 +338,14 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             pages=[int(note["page"]) for _, note in meta],
             boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta],
             kinds=[index_note_kind(note) for _, note in meta],
-            texts=[note_text(note) for _, note in meta]))
+            texts=[note_text(note) for _, note in meta],
+            describes=[i for d, p in zip(q.doc_ids, parts) for i in described_ids(d, p.notes)]))
     return problems
+
+
+def described_ids(doc_id: str, notes: Sequence[Dict[str, Any]]) -> List[str]:
+    """The note id (``doc#reading_order``, as :func:`pdf_problems` names notes) of the visual each of one document's
+    index notes describes (a caption's ``describes``, :func:`cdsjax.selection.described_notes`), ``""`` for none."""
+    from cdsjax.selection import described_notes
+
+    return [f"{doc_id}#{notes[j]['reading_order']}" if j >= 0 else "" for j in described_notes(notes)]

@@ -19,7 +19,7 @@ from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapter
 
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
-               "summary", "caption")
+               "summary", "caption", "describes")
 NORM_ATOL = 1e-3
 # note blocks a selector keeps for the candidate sets it saw last (bytes)
 CANDIDATE_BYTES = 256 << 20
@@ -106,8 +106,9 @@ class Chooser:
           query: ``[d]`` query embedding.
           text: the query text (seeds the ``random`` selector, as ``cdsjax ask`` does).
           links: optional ``[n, n]`` bool note links (``ppr``, ``subgraph``).
-          metadata: optional per-candidate dicts with ``document`` (or ``doc_id``), ``page`` and ``kind``: the
-            structure a selector such as ``cds_learned`` reads (as :func:`note_metadata` writes them).
+          metadata: optional per-candidate dicts with ``document`` (or ``doc_id``), ``page`` and ``kind`` (and a
+            caption's ``describes`` with the candidates' ``note_id``): the structure a selector such as
+            ``cds_learned`` reads (as :func:`note_metadata` writes them).
 
         Returns:
           ``[(position in candidates, score), ...]`` best first (``min(budget, n)`` of them; ``[]`` for no

@@ -13,6 +13,9 @@ from document structure:
 
 Links never cross documents. The embedded text is
 ``summary + " keywords: " + ", ".join(keywords)`` (see :func:`embedding_text`).
+
+:func:`described_notes` finds, among an index's notes, the figure, table or chart each caption note describes
+(what :func:`cdsjax.io.index.load_index` records as a caption note's ``describes``).
 """
 
 from __future__ import annotations
@@ -212,3 +215,43 @@ def edges_to_array(edges: Iterable[Tuple[int, int]]):
 
     arr = np.array(sorted(edges), dtype=np.int32).reshape(-1, 2)
     return arr
+
+
+# --------------------------------------------------------------------------- what a caption describes
+
+# the role of a note that describes a visual -> the visual's field that holds its text
+DESCRIBING_ROLES = {"caption": "caption", "footnote": "footnote"}
+VISUAL_KINDS = ("figure", "table", "chart")
+
+
+def described_notes(notes: Sequence[dict]) -> List[int]:
+    """For each note dict, the position of the figure, table or chart it describes, -1 for none.
+
+    A note with ``role`` ``"caption"`` (or ``"footnote"``: a Note/Source line) describes the visual note of its
+    document and page whose ``caption`` (``footnote``) holds its text, whitespace aside -- parsing copies a
+    caption's text into the visual it ties it to (:mod:`cdsjax.io.parse`, :mod:`cdsjax.io.mineru`) -- the nearest
+    in reading order if several do. Other notes describe nothing.
+    """
+    out = [-1] * len(notes)
+    visuals: Dict[tuple, List[int]] = {}
+    for j, note in enumerate(notes):
+        if note.get("kind") in VISUAL_KINDS:
+            visuals.setdefault((str(note.get("doc_id")), note.get("page")), []).append(j)
+    if not visuals:
+        return out
+    for i, note in enumerate(notes):
+        field = DESCRIBING_ROLES.get(note.get("role"))
+        text = " ".join(str(note.get("text") or "").split())
+        if field is None or not text:
+            continue
+        hits = [j for j in visuals.get((str(note.get("doc_id")), note.get("page")), ())
+                if text in " ".join(str(notes[j].get(field) or "").split())]
+        if hits:
+            here = _order(note, i)
+            out[i] = min(hits, key=lambda j: (abs(_order(notes[j], j) - here), j))
+    return out
+
+
+def _order(note: dict, position: int) -> int:
+    order = note.get("reading_order")
+    return order if isinstance(order, int) and order >= 0 else position

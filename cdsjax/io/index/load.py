@@ -12,6 +12,7 @@ import numpy as np
 from cdsjax.io import store
 from cdsjax.io.index.build import build_index
 from cdsjax.io.index.context import IndexSummary
+from cdsjax.io.notes import described_notes
 
 
 @dataclasses.dataclass
@@ -24,7 +25,8 @@ class CorpusIndex:
       notes: n dicts: note_id, doc_id, page (0-based), bbox [x0, y0, x1, y1] (points, top-left origin),
         kind ("text" | "figure" | "table" | "chart"), role, text, summary, keywords, tags, caption,
         footnote, image_path (absolute path of the PNG crop inside the index, or None; ``image_sha256`` its
-        recorded hash), reading_order, label.
+        recorded hash), reading_order, label; a caption (or Note/Source line) of a figure, table or chart also
+        ``describes``: that visual's note_id (:func:`cdsjax.io.notes.described_notes`).
       manifest: the index manifest (versions, config, documents, hashes).
       embedder: model name, prefixes and normalisation used for the notes.
       root: the index directory.
@@ -105,6 +107,10 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         if note.get("page") in pages:  # the reader's evidence from this page is OCR text or only an image
             note["no_text_layer"] = True
             note["ocr"] = state
+    # a caption names the visual it describes (the default's read-out reads them together)
+    for note, j in zip(notes, described_notes(notes)):
+        if j >= 0:
+            note["describes"] = notes[j]["note_id"]
     # every crop path resolved inside the index and checked against its recorded hash (refused otherwise)
     resolve_crops(root, notes, manifest.get("documents", []), verify=verify)
     return CorpusIndex(embeddings=embeddings, links=links, notes=notes, manifest=manifest,
