@@ -104,9 +104,12 @@ def main(argv):
         from experiments.eval_planning import run
 
         selectors = config.selectors if isinstance(config.selectors, str) else ",".join(config.selectors)
-        with exit_on_user_error("run_eval"):
-            run(config, variants=selectors, budget=int(config.budget),
-                reader_url=os.environ.get("CDSJAX_READER_URL"), reader_model=os.environ.get("CDSJAX_READER_MODEL"),
+        from cdsjax.eval.reading import local_reader
+
+        with exit_on_user_error("run_eval"), local_reader(config) as config:  # config.reader.local: a local model
+            url = str(config.reader.get("url", "") or "") or os.environ.get("CDSJAX_READER_URL")
+            model = str(config.reader.get("model", "") or "") or os.environ.get("CDSJAX_READER_MODEL")
+            run(config, variants=selectors, budget=int(config.budget), reader_url=url, reader_model=model,
                 judge=bool(os.environ.get("CDSJAX_JUDGE_URL")), progress=_PROGRESS.value)
         return
     process = distributed.initialize(*cluster) if cluster else None

