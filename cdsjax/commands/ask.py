@@ -26,7 +26,7 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "no_query_edge"), "beta"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
                  "roundtrip"? (--server)}  (seconds),
-     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings"} | null,
+     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped"} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
                          also printed to stderr)}
@@ -87,6 +87,9 @@ def add_arguments(p) -> None:
                    "from an index")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
+    p.add_argument("--reader-images", default="auto", choices=("auto", "on", "off"),
+                   help="visual notes as images: auto (default) until the reader refuses one, then as caption, "
+                   "summary and text; on: always; off: never")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds the reader (or --server) may take in all, retries included (default: 300)")
     p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
@@ -158,7 +161,8 @@ def make_reader(args):
     from cdsjax.io.reader import Reader, ReaderConfig
 
     model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
-    return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries))
+    return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
+                               images=getattr(args, "reader_images", "auto")))
 
 
 def run(args) -> int:

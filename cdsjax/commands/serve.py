@@ -108,6 +108,9 @@ def add_arguments(p) -> None:
                    "selector's read-out)")
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL)")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
+    p.add_argument("--reader-images", default="auto", choices=("auto", "on", "off"),
+                   help="visual notes as images: auto (default) until the reader refuses one, then as caption, "
+                   "summary and text; on: always; off: never")
     p.add_argument("--timeout", type=float, default=300.0, help="reader timeout per request, seconds")
     p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
     p.add_argument("--read-workers", type=int, default=4, help="reader calls in flight at once (default: 4)")

@@ -176,7 +176,7 @@ def starts_with(text: str, phrase: str) -> bool:
 _FILLER = frozenset("""
 a an the this that these those it its they them their there here he she his her we our you your i
 is are was were be been being am do does did has have had can could may might will would shall should must
-and or nor but so as than then also both either neither not no yes
+and or but so as than then also both either neither
 of in on at by for from with to into onto about per via within without between among through over under
 which who whom whose what where when why how all any each every some such other another
 answer answers answered evidence evidences document documents source sources item items piece pieces note notes
