@@ -98,9 +98,11 @@ def enabled(config) -> bool:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
         return False
+    from cdsjax.io.llm import IMAGE_MODES
+
     images = str(reader.get("images", "auto"))
-    if images not in ("auto", "on", "off"):
-        raise ValueError(f"config.reader.images must be auto, on or off, got {images!r}")
+    if images not in IMAGE_MODES:
+        raise ValueError(f"config.reader.images must be one of {', '.join(IMAGE_MODES)}, got {images!r}")
     if not str(reader.get("model", "") or os.environ.get("CDSJAX_READER_MODEL", "")):
         raise ValueError("config.reader.model is empty: name the served model (it is part of every reply's "
                          "cache key)")
@@ -419,9 +421,9 @@ def answer_first(rows: Sequence[dict]) -> List[dict]:
 def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List[dict]:
     """Extra ``summary.csv`` rows: paired accuracy and token-F1 differences to ``cosine`` and to ``none``
     (``accuracy_vs_cosine@B``, ``answer_f1_vs_none@B``; mean difference over the questions both have a value
-    for, with a 95% bootstrap interval), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap over questions), and the
-    mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``, ``accuracy_seed_std@B``;
-    n = seeds, no interval)."""
+    for, with a 95% bootstrap interval), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap
+    over questions), and the mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``,
+    ``accuracy_seed_std@B``; n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
     from cdsjax.catalog import REFERENCE_SELECTOR
 

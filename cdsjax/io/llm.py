@@ -28,8 +28,8 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 import openai
@@ -191,10 +191,15 @@ def refusal_kind(status: int, message: str) -> Optional[str]:
     return None
 
 
+def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The ``image_url`` parts of chat ``messages``."""
+    return sum(1 for m in messages if isinstance(m.get("content"), list)
+               for p in m["content"] if p.get("type") == "image_url")
+
+
 def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether chat ``messages`` carry an ``image_url`` part."""
-    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
-               for m in messages)
+    return count_images(messages) > 0
 
 
 class _MalformedReply(Exception):

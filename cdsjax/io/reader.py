@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 # The client and the reply parsing live in llm / replies; the names stay importable from here.
-from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError  # noqa: F401
+from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError, count_images  # noqa: F401
 from cdsjax.io.replies import markers_only, parse_citations, starts_with, strip_thinking  # noqa: F401
 
 TEXT_KINDS = ("text",)
@@ -352,12 +352,11 @@ def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[Ev
                 raise
             n = notes_to_drop(items, err.overflow, max_text_chars)
             items, dropped = items[: len(items) - n], dropped + n
-    images = sum(1 for m in messages if isinstance(m["content"], list)
-                 for p in m["content"] if p.get("type") == "image_url")
+    images = count_images(messages)
     crops = sum(1 for i in items if i.is_visual and i.image_path is not None)
     mode = "images" if images else ("text" if crops else "none")
     warnings = list(missing)
-    if crops and not images and client.config.images == "auto":
+    if crops and not images and client.config.images == "auto" and client.takes_images is False:
         warnings.append(f"the reader at {client.url} takes no images: {crops} visual note"
                         f"{'s' if crops != 1 else ''} sent as caption, summary and text")
     if dropped:
@@ -412,16 +411,18 @@ class Reader(ChatClient):
         Raises:
           ReaderError: the server could not give an answer (after retries where retrying makes sense).
         """
-        sent = send_evidence(self, question, evidence, lambda messages, _: self.chat(messages, max_tokens=max_tokens),
+        sent = send_evidence(self, question, evidence,
+                             lambda messages, _: self.chat(messages, max_tokens=max_tokens),
                              max_text_chars=self.config.max_text_chars)
-        return self._answer(sent.result, len(sent.evidence), sent)
+        return self._answer(sent)
 
-    def _answer(self, reply: ChatReply, n_evidence: int, sent: Optional[Sent] = None) -> ReaderAnswer:
+    def _answer(self, sent: Sent) -> ReaderAnswer:
+        reply: ChatReply = sent.result
         text = strip_thinking(reply.content)
-        extra = {} if sent is None else dict(warnings=sent.warnings, image_mode=sent.image_mode, dropped=sent.dropped)
-        return ReaderAnswer(text=text, cited=parse_citations(text, n_evidence), abstained=is_abstention(text),
+        return ReaderAnswer(text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),
                             usage=reply.usage, latency_s=reply.latency_s, model=reply.model,
-                            finish_reason=reply.finish_reason, **extra)
+                            finish_reason=reply.finish_reason, warnings=sent.warnings, image_mode=sent.image_mode,
+                            dropped=sent.dropped)
 
     def answer_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
         """Answers many questions, ``config.concurrency`` at a time, in input order.
@@ -462,13 +463,11 @@ class Reader(ChatClient):
                                          image_root=image_root)
 
         def send(messages, _):
-            n_images = sum(1 for m in messages if isinstance(m["content"], list)
-                           for p in m["content"] if p.get("type") == "image_url")
-            return self.chat(messages, max_tokens=clamp_output_tokens(_text_chars(messages), n_images,
+            return self.chat(messages, max_tokens=clamp_output_tokens(_text_chars(messages), count_images(messages),
                                                                       self.max_model_len()))
 
         sent = send_evidence(self, question, evidence, send, max_text_chars=None)
-        return self._answer(sent.result, len(sent.evidence), sent)
+        return self._answer(sent)
 
 
 def _text_chars(messages: list) -> int:
