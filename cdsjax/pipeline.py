@@ -455,7 +455,8 @@ class Pipeline:
         if result is not None:
             answer.answer = result.text
             answer.reader = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
-                                 latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings))
+                                 latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings),
+                                 image_mode=result.image_mode, dropped=result.dropped)
             if getattr(self.reader, "local", None) is not None:  # a local server: which runtime, threads, slots
                 answer.reader["local"] = dict(self.reader.local)
             answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text

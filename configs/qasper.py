@@ -43,7 +43,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.dtype = "float32"  # "float64" lets converged-mode solvers go below float32's KKT floor
     config.embedder.show_progress = False
     # the reader stage (cdsjax.eval.reading): url "" = retrieval metrics only; "none" / "full" in selectors
-    # are its controls (question alone / whole document)
+    # are its controls (question alone / whole document); reader.images "auto" sends figures as text to a
+    # text-only server; judge.enabled False keeps token F1 and exact match and runs no judge
     config.reader = reading.reader_settings()
     config.judge = reading.judge_settings()
     return config

@@ -12,7 +12,8 @@ scigraphqa, slidevqa and spiqa)::
 The data is ``<data_root>/visdom/<subset>/<subset>.csv`` with the PDFs in ``<subset>/docs/``
 (:func:`cdsjax.io.datasets.load_visdom`); each PDF is parsed, enriched and embedded once (cached under
 ``cache_dir``) with the ingestion settings of ``configs/default.py``. Answers are judged by an LLM
-(``config.judge``; the reader's server and model when ``config.judge.url`` is empty).
+(``config.judge``; the reader's server and model when ``config.judge.url`` is empty; none with
+``config.judge.enabled=False``, which leaves the rule-based scores: exact match on yes/no/unanswerable answers).
 """
 
 import ml_collections

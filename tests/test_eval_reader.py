@@ -419,3 +419,137 @@ def test_mmlongbench_sends_images_of_visual_notes_and_scores_by_format(tmp_path,
     # seed 1 is a request of its own (the scripted server answers alike); the extraction of an equal reply is shared
     n_reader = sum(1 for r in sent if r["messages"][0]["content"] == SYSTEM_PROMPT)
     assert n_reader == len(answers) - sum(1 for a in answers if a["cached"])
+
+
+# ---- scores that need no judge, judge failures, text-only readers (issue 62) ----------------------------------
+
+from cdsjax.io.scripted_server import completion  # noqa: E402
+
+
+def _qasper_like():
+    """Three QASPER-style questions: an extractive answer, a yes/no answer, one the reader answers with markers."""
+    problems = _problems(3)
+    metas = [dict(answers=["BERT and ELMo"], extractive_spans=[["BERT", "ELMo"]]),
+             dict(answers=["Yes", "Unanswerable"], extractive_spans=[[], []]),
+             dict(answers=["GloVe"], extractive_spans=[["GloVe"]])]
+    questions = ["Which baselines?", "Do they use attention?", "Which embeddings do they use?"]
+    for p, meta, question in zip(problems, metas, questions):
+        p.query = D.Query(qid=p.query.qid, question=question, answer=meta["answers"][0], doc_ids=("c",), meta=meta)
+    return problems
+
+
+def _qasper_responder(judge_reply, judged):
+    replies = {"Which baselines?": "BERT, ELMo [1]", "Do they use attention?": "Yes, they do [2].",
+               "Which embeddings do they use?": "The embeddings they use are [1] and [2]."}
+
+    def respond(req):
+        text = message_text(req)
+        if req["messages"][0]["content"] == JUDGE_PROMPT:
+            judged.append(text)
+            return judge_reply
+        return replies[text.split("Question: ")[1].split("\n")[0]]
+    return respond
+
+
+def _read(config, problems, tmp_path):
+    records = [{"benchmark": "qasper", "selector": "cosine", "budget": 2, "qid": p.query.qid,
+                "selected": p.note_ids[:2], "metrics": {}} for p in problems]
+    bench = types.SimpleNamespace(name="qasper")
+    answers = reading.read_answers(config, bench, "text", problems, records, tmp_path, progress=False,
+                                   log=lambda s: None)
+    return records, {a["qid"]: a for a in answers}
+
+
+def test_a_judge_failure_is_a_judge_error_and_the_rule_scores_stand(tmp_path):
+    cut = completion('{"rationale": "The candidate names both baselines, which the reference')
+    cut["choices"][0]["finish_reason"] = "length"  # the verdict ran into the judge's token limit
+    judged = []
+    problems = _qasper_like()
+    with OpenAIServer(_qasper_responder(cut, judged)) as srv:
+        config = _config(srv.base_url, tmp_path)
+        config.selectors = "cosine"
+        records, by = _read(config, problems, tmp_path)
+    assert judged  # the judge was asked, and failed every time
+    for a in by.values():
+        assert "error" not in a and a["metrics"]["reader_error"] == 0.0
+        assert a["metrics"]["judge_error"] == 1.0 and a["metrics"]["accuracy"] is None
+        assert "cut at its token limit (max_tokens=1024" in a["judge_error"]["message"]
+        assert a["judge_model"] == "test-model" and a["judge_is_reader"] is True
+    assert by["q0"]["metrics"]["answer_f1"] == 1.0 and by["q0"]["metrics"]["exact_match"] is None
+    assert by["q1"]["metrics"]["exact_match"] == 1.0 and by["q1"]["metrics"]["answer_f1"] is None
+    assert [by[q]["metrics"]["markers_only"] for q in ("q0", "q1", "q2")] == [0.0, 0.0, 1.0]
+    # the summary carries the rule scores, the share of markers-only answers and of judge failures
+    from cdsjax.eval.report import summary_rows
+
+    rows = {r["metric"]: r for r in summary_rows(reading.with_answer_metrics(records, list(by.values())),
+                                                 reading.ANSWER_METRICS, num_resamples=50)}
+    assert rows["markers_only@2"]["mean"] == pytest.approx(1 / 3) and rows["judge_error@2"]["mean"] == 1.0
+    assert rows["answer_f1@2"]["n"] == 2 and "accuracy@2" not in rows
+
+
+def test_without_a_judge_the_rule_scores_alone(tmp_path):
+    judged = []
+    problems = _qasper_like()
+    with OpenAIServer(_qasper_responder('{"correct": true}', judged)) as srv:
+        config = _config(srv.base_url, tmp_path)
+        config.selectors = "cosine"
+        config.judge.enabled = False
+        _, by = _read(config, problems, tmp_path)
+    assert judged == []
+    for a in by.values():
+        assert a["metrics"]["accuracy"] is None and a["metrics"]["judge_error"] is None
+        assert "judge_model" not in a and "judge_error" not in a
+    assert by["q0"]["metrics"]["answer_f1"] == 1.0 and by["q1"]["metrics"]["exact_match"] == 1.0
+
+
+def test_exact_match_and_reply_classes():
+    assert S.exact_match("Yes, they do [2].", ["Yes", "BERT"]) == 1.0
+    assert S.exact_match("No [1]", ["Yes"]) == 0.0
+    assert S.exact_match("Not answerable", ["Unanswerable", "BERT"]) == 1.0
+    assert S.exact_match("**Yes**", ["yes"]) == 1.0
+    assert S.exact_match("BERT", ["BERT"]) is None  # no yes/no/unanswerable gold: not covered
+    assert S.exact_match("No, they do not", ["No, they did not"]) is None  # only the word alone is a class
+    assert S.reply_class("Yesterday") is None and S.reply_class("") == "unanswerable"
+
+
+def test_a_text_only_reader_in_the_evaluation_is_refused_once_and_reruns_from_the_cache(tmp_path, monkeypatch):
+    from PIL import Image
+
+    png = tmp_path / "crop.png"
+    Image.new("RGB", (4, 4)).save(png)
+
+    class WithFigures(reading.EvidenceSource):  # every question's second note is a figure with a crop
+        def items(self, note_ids):
+            import dataclasses
+
+            return [dataclasses.replace(i, kind="figure", caption=f"Figure {r}: a chart.", image_path=str(png))
+                    if r == 2 else i for r, i in enumerate(super().items(note_ids), 1)]
+
+    monkeypatch.setattr(reading, "EvidenceSource", WithFigures)
+    problems = _problems(4)
+    for p in problems:
+        p.query = D.Query(qid=p.query.qid, question=p.query.question.replace("fail", ""), answer=p.query.answer,
+                          doc_ids=("c",))
+    refusal = (500, {"error": {"code": 500, "message": "image input is not supported"}})
+    inner = _responder()
+
+    def respond(req):
+        return refusal if message_images(req) else inner(req)
+
+    def run(url):
+        config = _config(url, tmp_path, concurrency=4)
+        config.selectors = "cosine"
+        records = [{"benchmark": "synthetic", "selector": "cosine", "budget": 2, "qid": p.query.qid,
+                    "selected": p.note_ids[:2], "metrics": {}} for p in problems]
+        return reading.read_answers(config, types.SimpleNamespace(name="synthetic"), "text", problems, records,
+                                    tmp_path, progress=False, log=lambda s: None)
+
+    with OpenAIServer(respond) as srv:
+        answers = run(srv.base_url)
+        refused = sum(1 for r in srv.requests if message_images(r))
+    assert refused == 1  # one refusal for the server, not one per request (nor retried)
+    assert not any("error" in a for a in answers)
+    assert all(a["image_mode"] == "text" and a["images"] == 0 for a in answers)
+    assert all(a["metrics"]["accuracy"] == 1.0 for a in answers)
+    again = run("http://127.0.0.1:9/v1")  # the server is gone: the text-only replies come from the cache
+    assert all(a["cached"] and a["image_mode"] == "text" for a in again)

@@ -185,6 +185,7 @@ def test_ask_through_local_openai_server_sends_text_and_images(demo_index, capsy
     result = json.loads(out)
     assert result["answer"].startswith("Diesel use fell by 38 percent")
     assert result["reader"]["model"] == "qwen-test" and result["reader"]["cited"] == [1, 2]
+    assert result["reader"]["image_mode"] == "images" and result["reader"]["dropped"] == 0
     assert req["temperature"] == 0 and req["max_tokens"] == 1024
     text = message_text(req)
     assert "How much did battery storage cut diesel use?" in text

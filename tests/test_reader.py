@@ -221,7 +221,8 @@ def test_context_too_long_is_not_retried(evidence):
     with OpenAIServer(lambda req: (400, body)) as srv:
         with pytest.raises(ReaderError, match="too long for model 'test-model'.*maximum context length") as info:
             Reader(base_url=srv.base_url, **FAST).answer("q", evidence[:1])
-        assert len(srv.requests) == 1
+        # never sent again as it is: once without its one note (the question alone), then given up
+        assert len(srv.requests) == 2 and "Evidence: none" in message_text(srv.requests[1])
     assert info.value.kind == "context_too_long"
 
 

@@ -129,3 +129,16 @@ def test_missing_crop_is_sent_as_text_with_a_warning(fig_index, tmp_path, capsys
     assert rc == 0 and "Traceback" not in e and json.loads(o)["answer"] == "a figure [1]"
     assert "image file not found" in e and "sent as text instead" in e and str(crops[0]) in e
     assert not message_images(requests[-1])
+
+
+def test_ask_with_a_text_only_reader_sends_the_figure_as_text(fig_index, capsys):
+    refusal = (500, {"error": {"code": 500, "message": "image input is not supported"}})
+    with OpenAIServer(lambda req: refusal if message_images(req) else "a figure [1]") as srv:
+        rc = main(["ask", str(fig_index), "what does the figure show?", "--json", "--budget", "2", "--reader-url",
+                   srv.base_url, "--reader-model", "test-model", "--retries", "3"])
+        requests = list(srv.requests)
+    o, e = capsys.readouterr()
+    obj = json.loads(o)
+    assert rc == 0 and obj["answer"] == "a figure [1]" and obj["reader"]["image_mode"] == "text"
+    assert [bool(message_images(r)) for r in requests] == [True, False]  # refused once, not retried as is
+    assert "takes no images" in e

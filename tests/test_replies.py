@@ -15,7 +15,7 @@ from cdsjax.agents.planning import NodeResult
 from cdsjax.agents.plan import PlanNode
 from cdsjax.io.judge import parse_verdict
 from cdsjax.io.llm import ChatClient, ChatReply, ReaderConfig, ReaderError
-from cdsjax.io.replies import find_json, oneline, parse_citations, strip_citations, strip_thinking
+from cdsjax.io.replies import find_json, markers_only, oneline, parse_citations, strip_citations, strip_thinking
 from cdsjax.io.vlm import VLMClient, VLMError
 from cdsjax.io.scripted_server import OpenAIServer, completion
 
@@ -164,3 +164,24 @@ def test_yes_no_fields_and_leading_words_are_read_in_one_place():
     assert find_field("incorrect: 1", "correct") is None  # a field name inside another word is not it
     assert leading_word("**Wrong.** It was 2019.", ("correct", "wrong")) == ("Wrong", ".** It was 2019.")
     assert starts_with("**Not answerable.**", "Not answerable") and not starts_with("It is answerable", "answerable")
+
+
+@pytest.mark.parametrize("text, question, expected", [
+    ("The baselines are [2] and [3].", "", True),  # the markers stand where the names should be
+    ("The baselines they compared with are [2] and [3].", "What baselines did they compare with?", True),
+    ("The answer is in [3].", "", True),
+    ("The results are shown in [2].", "", True),
+    ("The datasets used are: [1], [4].", "", True),
+    ("[2]", "", True),
+    ("<think>BERT [1]</think>The baselines are [1].", "", True),  # the thinking block is not the answer
+    ("The baselines are BERT and ELMo [2][3].", "", False),  # content first, markers after
+    ("They compare with BERT [1] and ELMo [2].", "", False),
+    ("It was 2019 [2].", "", False),
+    ("Yes, they do [2].", "Do they use attention?", False),  # yes is the content of a yes/no answer
+    ("The model is described in [1], and uses attention.", "", False),  # content after the marker
+    ("Table 2 [3]", "", False),
+    ("Not answerable", "", False),  # cites nothing
+    ("42", "", False),
+])
+def test_markers_only(text, question, expected):
+    assert markers_only(text, question) is expected

@@ -67,4 +67,5 @@ def add_reader_arguments(p, *, timeout: float = 300.0, slots: int = 1) -> None:
     p.add_argument("--reader-slots", type=int, default=slots,
                    help=f"local reader: requests decoded at once (default: {slots})")
     p.add_argument("--reader-images", default="auto", choices=("auto", "on", "off"),
-                   help="send figure crops as images: auto asks the server once whether it takes them")
+                   help="visual notes as images: auto (default) until the reader refuses one, then as caption, summary and "
+                   "text; on: always; off: never")

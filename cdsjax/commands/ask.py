@@ -26,7 +26,7 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "no_query_edge"), "beta"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
                  "roundtrip"? (--server)}  (seconds),
-     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings"} | null,
+     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped"} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
                          also printed to stderr)}
@@ -179,8 +179,8 @@ def make_reader(args, stack=None):
         from cdsjax.io.reader import Reader, ReaderConfig
 
         model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
-        return Reader(_reader_config(ReaderConfig(base_url=url, model=model, timeout=args.timeout,
-                                                  max_retries=args.retries), images))
+        return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
+                                   images=images))
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
@@ -199,21 +199,14 @@ def make_reader(args, stack=None):
         raise CLIError(f"local reader: {err}", 1) from None
     from cdsjax.io.reader import Reader
 
-    reader = Reader(_reader_config(local.reader_config(timeout=args.timeout, max_retries=args.retries,
-                                                       max_tokens=LOCAL_MAX_TOKENS), images))
+    reader = Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
+                                        images=images))
     reader.local = local.describe()
     return reader
 
 
 # A local answer's length cap: a small model's answers are short, and a runaway one costs ~40 ms a token here
 LOCAL_MAX_TOKENS = 384
-
-
-def _reader_config(config, images: str):
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(config)}
-    return dataclasses.replace(config, images=images) if "images" in fields else config
 
 
 def run(args) -> int:

@@ -27,7 +27,11 @@
 
 * **QASPER** (:func:`token_f1`, :func:`qasper_answer_f1`): SQuAD-style token F1 of the reply against each
   annotator's answer, the best annotator kept; defined where some annotator gave an extractive answer.
+* **Yes / no / unanswerable** (:func:`exact_match`, QASPER, VisDoM, HotpotQA): where some gold answer is "Yes",
+  "No" or unanswerable, 1 when the reply starts with that word or declines (:func:`reply_class`).
 * **VisDoM and QASPER accuracy**: an LLM judge (:mod:`cdsjax.io.judge`), called by :mod:`cdsjax.eval.reading`.
+
+None of these rule-based scores needs the judge: the evaluation computes them whatever the judge does.
 """
 
 from __future__ import annotations
@@ -248,3 +252,26 @@ def qasper_answer_f1(pred: str, spans_per_annotator: Iterable[Sequence[str]]) ->
 def strip_citations(text: str) -> str:
     """``text`` without evidence citation marks such as ``[2]`` or ``[1][4]``."""
     return re.sub(r"\[\d+(?:\s*,\s*\d+)*\]", " ", str(text))
+
+
+CLASSES = ("yes", "no", "unanswerable")
+
+
+def reply_class(text: Optional[str]) -> Optional[str]:
+    """``"unanswerable"`` when ``text`` declines (:func:`declines`), ``"yes"`` / ``"no"`` when it starts with
+    that word (markup and citation marks aside), else None."""
+    if declines(text):
+        return "unanswerable"
+    words = normalize_text(strip_citations(str(text))).split()
+    return words[0] if words and words[0] in ("yes", "no") else None
+
+
+def exact_match(pred: Optional[str], golds: Iterable[str]) -> Optional[float]:
+    """1.0 when the reply's class (:func:`reply_class`) is that of one of the gold answers that are "Yes", "No"
+    or unanswerable ("Unanswerable", "Not answerable"), else 0.0; None when no gold answer is one of those (a
+    gold "No, they do not" is not: only the word alone is)."""
+    wanted = {"unanswerable" if declines(g) else normalize_text(g) for g in golds if g is not None}
+    wanted &= set(CLASSES)
+    if not wanted:
+        return None
+    return float(reply_class(pred) in wanted)

@@ -9,15 +9,25 @@ goes to a vision-language reader, and its answer is scored against the gold answ
   the model, the prompt version, the full request (question, evidence text, images), the evidence's note ids and
   the generation settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector that
   picks the same evidence sends nothing.
+* Images (``config.reader.images``): ``auto`` sends visual notes as images until the server refuses one, then
+  as caption, summary and text (one refusal per run, see :meth:`cdsjax.io.llm.ChatClient.send_with_images`);
+  ``on`` / ``off`` always / never. A request the server finds too long is sent again without its last notes
+  (:func:`cdsjax.io.reader.send_evidence`). The record's ``image_mode`` and ``dropped`` say what was sent.
 * Scoring (:mod:`cdsjax.eval.answer_scoring`): MMLongBench-Doc by answer extraction (a second cached call) and
-  its format rules; other benchmarks by the LLM judge (:mod:`cdsjax.io.judge`, ``config.judge.*``, cached),
-  plus token F1 on QASPER's extractive answers.
+  its format rules; other benchmarks by the LLM judge (:mod:`cdsjax.io.judge`, ``config.judge.*``, cached;
+  ``config.judge.enabled = False`` runs none), plus the scores that need no judge, computed whatever the judge
+  does: token F1 on QASPER's extractive answers (``answer_f1``) and exact match where a gold answer is yes, no
+  or unanswerable (``exact_match``). ``markers_only`` marks an answer that gives citation markers in place of
+  its content (:func:`cdsjax.io.replies.markers_only`).
 * Controls, run as selectors of the same harness: ``none`` (the question alone) and ``full`` (every note of the
   question's own documents, :func:`full_document_ids`, where its estimated length fits
   ``config.reader.max_context`` and its images ``config.reader.max_images``).
 
 A failed request is recorded on its answer record as ``error`` (kind and message); its metrics are None (left
-out of every mean) and ``reader_error`` is 1, summarised on its own.
+out of every mean) and ``reader_error`` is 1, summarised on its own. A failed judgement (no readable verdict, a
+verdict cut at the token limit, a judge that cannot be reached) is recorded apart, as ``judge_error`` (kind and
+message) with metric ``judge_error`` 1: the reply and its rule-based scores are kept, only ``accuracy`` is None.
+Judged records name the judge (``judge_model``) and say whether it is the reader itself (``judge_is_reader``).
 Answer records are written to ``<output_dir>/answers.jsonl`` (one per question, selector, budget and seed).
 """
 
@@ -40,9 +50,9 @@ from cdsjax.eval.reply_cache import ReplyCache, content_hash, reply_key
 
 CONTROLS = ("none", "full")
 ANSWERS_FILE = "answers.jsonl"
-READER_PROMPT_VERSION = "reader-1"
+READER_PROMPT_VERSION = "reader-2"
 JUDGE_PROMPT_VERSION = "judge-1"
-ANSWER_METRICS = ("accuracy", "answer_f1", "reader_error")
+ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "reader_error", "judge_error")
 
 
 def reader_settings() -> ml_collections.ConfigDict:
@@ -65,13 +75,15 @@ def reader_settings() -> ml_collections.ConfigDict:
         "local_threads": 0,  # 0: every core
         "local_ctx": 8192,  # context tokens per slot
         "local_slots": 2,
+        "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
     })
 
 
 def judge_settings() -> ml_collections.ConfigDict:
-    """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY)."""
-    return ml_collections.ConfigDict({"url": "", "model": "", "max_tokens": 256, "timeout": 120.0,
-                                      "max_retries": 3})
+    """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY;
+    enabled False = no judge: the rule-based scores alone)."""
+    return ml_collections.ConfigDict({"enabled": True, "url": "", "model": "", "max_tokens": 1024,
+                                      "timeout": 120.0, "max_retries": 3})
 
 
 def control_labels(config) -> List[str]:
@@ -96,6 +108,11 @@ def enabled(config) -> bool:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
         return False
+    from cdsjax.io.llm import IMAGE_MODES
+
+    images = str(reader.get("images", "auto"))
+    if images not in IMAGE_MODES:
+        raise ValueError(f"config.reader.images must be one of {', '.join(IMAGE_MODES)}, got {images!r}")
     if not str(reader.get("model", "") or os.environ.get("CDSJAX_READER_MODEL", "")):
         raise ValueError("config.reader.model is empty: name the served model (it is part of every reply's "
                          "cache key)")
@@ -144,11 +161,14 @@ def _clients(config):
     rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),
                       max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
                       temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
-                      concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)))
+                      concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)),
+                      images=str(r.get("images", "auto")))
     reader = ChatClient(rc)
     j = config.get("judge", None) or judge_settings()
+    if not bool(j.get("enabled", True)):
+        return reader, None
     jc = dataclasses.replace(rc, base_url=str(j.get("url", "") or r.url), model=str(j.get("model", "") or r.model),
-                             max_tokens=int(j.get("max_tokens", 256)), timeout=float(j.get("timeout", 120.0)),
+                             max_tokens=int(j.get("max_tokens", 1024)), timeout=float(j.get("timeout", 120.0)),
                              max_retries=int(j.get("max_retries", 3)), temperature=0.0)
     judge = Judge(jc) if j.get("url", "") else Judge(dataclasses.replace(jc, api_key=reader.config.api_key))
     return reader, judge
@@ -260,8 +280,9 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                  log: Callable[[str], None] = print) -> List[dict]:
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
     docstring); writes ``answers.jsonl`` and returns its records."""
-    from cdsjax.io.llm import FATAL_KINDS, ReaderError  # noqa: F401
-    from cdsjax.io.reader import SYSTEM_PROMPT, build_messages
+    from cdsjax.io.llm import ReaderError
+    from cdsjax.io.reader import SYSTEM_PROMPT, send_evidence
+    from cdsjax.io.replies import markers_only, strip_thinking
     from cdsjax.eval.settings import budgets_of
 
     r = config.reader
@@ -305,27 +326,36 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     prompt_hash = content_hash(SYSTEM_PROMPT)
     mmlb = bench.name.startswith("mmlongbench")
     cache = ReplyCache(out_dir / "replies")
+    judge_label = {}
+    if judge is not None and not mmlb:
+        judge_label = {"judge_model": judge.config.model,
+                       "judge_is_reader": judge.url == reader.url and judge.config.model == model}
 
     def one(task, seed):
         label, b, qid, ids = task
         p = by_qid[qid]
         q = p.query
         rec = {"benchmark": bench.name, "selector": label, "budget": b, "qid": qid, "seed": seed, "evidence": ids,
-               "metrics": {"accuracy": None, "answer_f1": None, "reader_error": 0.0}}
-        try:
-            items = source.items(ids)
-            missing: list = []
-            messages = build_messages(q.question, items, max_text_chars=max_chars, missing_images=missing)
-            key = reply_key(kind="reader", model=model, prompt=READER_PROMPT_VERSION, prompt_hash=prompt_hash,
-                            question=q.question, notes=ids, request=content_hash(messages),
-                            max_tokens=max_tokens, temperature=float(r.temperature), seed=seed)
-            reply, cached = _chat(reader, cache, key, messages, max_tokens=max_tokens, seed=seed)
-            from cdsjax.io.replies import strip_thinking
+               "metrics": {"accuracy": None, "answer_f1": None, "exact_match": None, "markers_only": None,
+                           "reader_error": 0.0, "judge_error": None}}
 
+        def key(messages, kept):
+            return reply_key(kind="reader", model=model, prompt=READER_PROMPT_VERSION, prompt_hash=prompt_hash,
+                             question=q.question, notes=[i.note_id for i in kept], request=content_hash(messages),
+                             max_tokens=max_tokens, temperature=float(r.temperature), seed=seed)
+
+        try:
+            sent = send_evidence(reader, q.question, source.items(ids),
+                                 lambda m, kept: _chat(reader, cache, key(m, kept), m, max_tokens=max_tokens,
+                                                       seed=seed),
+                                 max_text_chars=max_chars, known=lambda m, kept: key(m, kept) in cache)
+            reply, cached = sent.result
             text = strip_thinking(reply["text"])
-            rec.update(reply=text, cached=cached, images=sum(1 for i in items if i.is_visual and i.image_path))
-            if missing:
-                rec["warnings"] = missing
+            rec.update(reply=text, cached=cached, images=sent.images, image_mode=sent.image_mode,
+                       dropped=sent.dropped)
+            if sent.warnings:
+                rec["warnings"] = list(sent.warnings)
+            rec["metrics"]["markers_only"] = float(markers_only(text, q.question))
             if mmlb:
                 xm = S.extraction_messages(q.question, text)
                 xkey = reply_key(kind="extract", model=model, prompt=S.EXTRACT_PROMPT_VERSION,
@@ -337,18 +367,24 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                 rec["metrics"]["accuracy"] = S.score_mmlongbench(extracted, str(q.answer or ""), fmt)
                 rec["answerable"] = bool((q.meta or {}).get("answerable", True)) and str(fmt) != "None"
                 rec["declined"] = S.declines_mmlongbench(extracted)
-            else:
-                golds = _gold_answers(q)
-                if golds:
-                    rec["metrics"]["accuracy"] = max(_judge_call(judge, cache, q.question, g, text) for g in golds)
-                if "extractive_spans" in (q.meta or {}):
-                    rec["metrics"]["answer_f1"] = S.qasper_answer_f1(text, q.meta["extractive_spans"])
         except ReaderError as err:
-            rec["error"] = {"kind": err.kind, "message": str(err)}
-            rec["metrics"] = {"accuracy": None, "answer_f1": None, "reader_error": 1.0}
+            return _failed(rec, {"kind": err.kind, "message": str(err)})
         except (OSError, ValueError) as err:  # an evidence image that cannot be read, a bad entry
-            rec["error"] = {"kind": "evidence", "message": str(err)}
-            rec["metrics"] = {"accuracy": None, "answer_f1": None, "reader_error": 1.0}
+            return _failed(rec, {"kind": "evidence", "message": str(err)})
+        if mmlb:
+            return rec
+        golds = _gold_answers(q)
+        if "extractive_spans" in (q.meta or {}):
+            rec["metrics"]["answer_f1"] = S.qasper_answer_f1(text, q.meta["extractive_spans"])
+        rec["metrics"]["exact_match"] = S.exact_match(text, golds)
+        if judge is not None and golds:
+            rec.update(judge_label)
+            try:
+                rec["metrics"]["accuracy"] = max(_judge_call(judge, cache, q.question, g, text) for g in golds)
+                rec["metrics"]["judge_error"] = 0.0
+            except ReaderError as err:  # the answer and its rule-based scores stand; only the verdict is missing
+                rec["judge_error"] = {"kind": err.kind, "message": str(err)}
+                rec["metrics"]["judge_error"] = 1.0
         return rec
 
     jobs = [(t, s) for t in tasks for s in seeds]
@@ -363,7 +399,8 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             bar.update()
     cache.close()
     reader.close()
-    judge.close()
+    if judge is not None:
+        judge.close()
     tmp = out_dir / (ANSWERS_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for rec in out:
@@ -371,8 +408,22 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     tmp.replace(out_dir / ANSWERS_FILE)
     errors = sum(1 for rec in out if "error" in rec)
     cached = sum(1 for rec in out if rec.get("cached"))
-    log(f"reader: {len(out)} answers ({cached} from the reply cache), {errors} failed (reader_error)")
+    judge_errors = sum(1 for rec in out if "judge_error" in rec)
+    as_text = sum(1 for rec in out if rec.get("image_mode") == "text")
+    dropped = sum(1 for rec in out if rec.get("dropped"))
+    log(f"reader: {len(out)} answers ({cached} from the reply cache), {errors} failed (reader_error)"
+        + (f", {judge_errors} not judged (judge_error)" if judge_errors else "")
+        + (f"; {as_text} sent their visual notes as text" if as_text else "")
+        + (f"; {dropped} left notes out of a request too long for the reader" if dropped else ""))
     return out
+
+
+def _failed(rec: dict, error: dict) -> dict:
+    """``rec`` as a failed read: its error, every metric None but ``reader_error`` 1."""
+    rec["error"] = error
+    rec["metrics"] = {m: None for m in ANSWER_METRICS}
+    rec["metrics"]["reader_error"] = 1.0
+    return rec
 
 
 def merged_answer_records(answers: Sequence[dict]) -> List[dict]:
@@ -404,35 +455,40 @@ def with_answer_metrics(records: Sequence[dict], answers: Sequence[dict]) -> Lis
 def answer_first(rows: Sequence[dict]) -> List[dict]:
     """``summary.csv`` rows with, within each budget, the answer metrics (accuracy, F1, their differences and
     spreads, reader errors) before the retrieval metrics; the order is otherwise kept."""
-    answer = ("accuracy", "answer_f1", "generalized_f1", "reader_error")
+    answer = ("accuracy", "answer_f1", "generalized_f1", "exact_match", "markers_only", "reader_error",
+              "judge_error")
     budgets = list(dict.fromkeys(r["metric"].rpartition("@")[2] for r in rows))
     return sorted(rows, key=lambda r: (budgets.index(r["metric"].rpartition("@")[2]),
                                        0 if r["metric"].startswith(answer) else 1))
 
 
 def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List[dict]:
-    """Extra ``summary.csv`` rows: paired accuracy differences to ``cosine`` and to ``none``
-    (``accuracy_vs_cosine@B``; mean difference over the questions both answered, with a 95% bootstrap
-    interval), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap over questions), and the
-    mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``, ``accuracy_seed_std@B``;
-    n = seeds, no interval)."""
+    """Extra ``summary.csv`` rows: paired accuracy and token-F1 differences to ``cosine`` and to ``none``
+    (``accuracy_vs_cosine@B``, ``answer_f1_vs_none@B``; mean difference over the questions both have a value
+    for, with a 95% bootstrap interval), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap
+    over questions), and the mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``,
+    ``accuracy_seed_std@B``; n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
     from cdsjax.catalog import REFERENCE_SELECTOR
 
     rows = []
     merged = merged_answer_records(answers)
-    acc = {(m["benchmark"], m["selector"], m["budget"], m["qid"]): m["metrics"]["accuracy"] for m in merged}
+    values = {(m["benchmark"], m["selector"], m["budget"], m["qid"]): m["metrics"] for m in merged}
     groups = list(dict.fromkeys((m["benchmark"], m["selector"], m["budget"]) for m in merged))
     rng = np.random.default_rng(0)
     for bench, sel, b in groups:
-        qids = [k[3] for k in acc if k[:3] == (bench, sel, b)]
-        for ref in (REFERENCE_SELECTOR, "none"):
-            if ref == sel or (bench, ref, b) not in groups:
-                continue
-            d = M.paired_difference([acc[(bench, sel, b, q)] for q in qids],
-                                    [acc.get((bench, ref, b, q)) for q in qids], num_resamples=num_resamples)
-            rows.append({"benchmark": bench, "selector": sel, "metric": f"accuracy_vs_{ref}@{b}", "mean": d["mean"],
-                         "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]})
+        qids = [k[3] for k in values if k[:3] == (bench, sel, b)]
+        for metric in ("accuracy", "answer_f1"):
+            for ref in (REFERENCE_SELECTOR, "none"):
+                if ref == sel or (bench, ref, b) not in groups:
+                    continue
+                ours = [values[(bench, sel, b, q)].get(metric) for q in qids]
+                theirs = [(values.get((bench, ref, b, q)) or {}).get(metric) for q in qids]
+                if not any(x is not None and y is not None for x, y in zip(ours, theirs)):
+                    continue  # no token F1 on this benchmark, no judge, or no question both answered
+                d = M.paired_difference(ours, theirs, num_resamples=num_resamples)
+                rows.append({"benchmark": bench, "selector": sel, "metric": f"{metric}_vs_{ref}@{b}",
+                             "mean": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]})
         sub = [a for a in answers if (a["benchmark"], a["selector"], a["budget"]) == (bench, sel, b)
                and a["metrics"]["accuracy"] is not None]
         if sub and "answerable" in sub[0]:

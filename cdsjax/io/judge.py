@@ -7,7 +7,8 @@
 Configuration is a :class:`~cdsjax.io.llm.ReaderConfig`; unset fields fall back to ``CDSJAX_JUDGE_URL``,
 ``CDSJAX_JUDGE_MODEL`` and ``CDSJAX_JUDGE_API_KEY`` (then ``OPENAI_API_KEY``). Failures are
 :class:`~cdsjax.io.llm.ReaderError`, with the same retries as the reader; a reply with no readable
-verdict is one of kind ``bad_response``.
+verdict is one of kind ``bad_response`` (its message says when the verdict was cut at the token limit).
+The same server and model as the reader's may judge; the evaluation labels its records so.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class Judge(ChatClient):
         try:
             correct, score, rationale = parse_verdict(reply.content)
         except ValueError as err:
+            if reply.finish_reason == "length":
+                raise ReaderError(f"the judge at {self.url} sent a verdict cut at its token limit (max_tokens="
+                                  f"{self.config.max_tokens}; raise it): {oneline(reply.content, 200)!r}",
+                                  kind="bad_response", url=self.url) from None
             raise ReaderError(f"the judge at {self.url} {err}", kind="bad_response", url=self.url) from None
         return JudgeVerdict(correct=correct, score=score, rationale=rationale, raw=reply.content,
                             model=reply.model, latency_s=reply.latency_s)

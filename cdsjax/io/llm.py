@@ -3,9 +3,17 @@ the planning agent all call models through :class:`ChatClient`.
 
 One retry policy for every caller: transient failures (connection errors, timeouts, HTTP 408/409/429/5xx,
 and replies that are malformed, empty or carry no message) are retried with exponential backoff and
-jitter (tenacity) before they are raised; ``timeout`` bounds the whole call, retries included. Every
-failure is a :class:`ReaderError` with a one-line message and a ``kind`` (see :mod:`cdsjax.io.reader`).
-A call returns a :class:`ChatReply`; :mod:`cdsjax.io.replies` reads its text.
+jitter (tenacity) before they are raised; ``timeout`` bounds the whole call, retries included. Two refusals
+are never retried as they are, whatever their status: a server that takes no images (llama.cpp's text-only
+server answers HTTP 500 "image input is not supported"; kind ``images_unsupported``) and a request longer
+than the context (llama.cpp's HTTP 400 "request (N tokens) exceeds the available context size"; kind
+``context_too_long``). Every failure is a :class:`ReaderError` with a one-line message and a ``kind`` (see
+:mod:`cdsjax.io.reader`). A call returns a :class:`ChatReply`; :mod:`cdsjax.io.replies` reads its text.
+
+Images (``ReaderConfig.images``): ``on`` always sends them, ``off`` never, ``auto`` learns once per client
+whether its server takes them (:meth:`ChatClient.send_with_images`: the first refusal makes that request and
+every later one go as text). :meth:`ChatClient.context_size` asks the server for its context window
+(llama.cpp's ``GET /props``, vLLM's ``max_model_len`` in ``/v1/models``).
 
     client = ChatClient(ReaderConfig(base_url="http://localhost:8000/v1", model="m"))
     reply = client.chat([{"role": "user", "content": "Hi"}])
@@ -15,12 +23,14 @@ A call returns a :class:`ChatReply`; :mod:`cdsjax.io.replies` reads its text.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 import openai
 import tenacity
@@ -34,23 +44,30 @@ class ReaderError(RuntimeError):
 
     Attributes:
       kind: what went wrong: ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``,
-        ``model_not_found``, ``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``.
+        ``model_not_found``, ``context_too_long``, ``images_unsupported``, ``auth``, ``bad_request`` or
+        ``bad_response``.
       url: the server's base URL, when known.
       attempts: how many requests were made before giving up (0 when none was sent).
       status: the HTTP status of the last answer, when the server sent one.
+      overflow: ``(prompt tokens, context tokens)`` of a ``context_too_long`` refusal where the server said
+        them (llama.cpp does), else None.
     """
 
     def __init__(self, message: str, *, kind: str, url: Optional[str] = None, attempts: int = 0,
-                 status: Optional[int] = None):
+                 status: Optional[int] = None, overflow: Optional[Tuple[int, int]] = None):
         super().__init__(message)
         self.kind = kind
         self.url = url
         self.attempts = attempts
         self.status = status
+        self.overflow = overflow
 
 
 # Errors that every later request would hit too: a batch stops at the first one even when it collects errors.
 FATAL_KINDS = ("config", "unreachable", "model_not_found", "auth")
+
+
+IMAGE_MODES = ("auto", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +88,10 @@ class ReaderConfig:
       max_text_chars: longest text passed per note (paper: 1500); longer text is cut.
       concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
       max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
-        length; None asks the server (vLLM reports it in /v1/models), else 32768.
+        length; None asks the server (llama.cpp at /props, vLLM in /v1/models), else 32768.
+      images: ``auto`` (default) sends visual notes as images until the server refuses one, then as text
+        (caption, summary and surrounding text) from that request on; ``on`` always sends images (a refusal
+        is an error); ``off`` never does.
     """
 
     base_url: Optional[str] = None
@@ -86,8 +106,11 @@ class ReaderConfig:
     max_text_chars: int = 1500
     concurrency: int = 8
     max_model_len: Optional[int] = None
+    images: str = "auto"
 
     def __post_init__(self):
+        if self.images not in IMAGE_MODES:
+            raise ValueError(f"ReaderConfig.images must be one of {', '.join(IMAGE_MODES)}, got {self.images!r}")
         checks = {
             "timeout": self.timeout > 0,
             "max_retries": self.max_retries >= 0,
@@ -144,8 +167,39 @@ class ChatReply:
 
 
 _CONTEXT_TOO_LONG = re.compile(
-    r"context length|context_length|context window|maximum model length|max_model_len|"
-    r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit)", re.IGNORECASE)
+    r"context length|context_length|context window|context size|maximum model length|max_model_len|"
+    r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit|available context)", re.IGNORECASE)
+# llama.cpp's overflow, whatever status its version sends it with; the token counts where it gives them.
+_LLAMA_OVERFLOW = re.compile(r"exceeds? the available context size", re.IGNORECASE)
+_OVERFLOW_TOKENS = re.compile(r"\((\d+) tokens\) exceeds? the available context size \((\d+) tokens\)",
+                              re.IGNORECASE)
+# A server (or model) that takes no images: llama.cpp without a vision projector, vLLM with a text model,
+# OpenAI with a text model.
+_IMAGES_REFUSED = re.compile(
+    r"image input is not supported|images? (?:inputs? )?(?:is |are )?not supported|not a multimodal model|"
+    r"does not support (?:image|vision|multimodal)|image_url is only supported|at most 0 image", re.IGNORECASE)
+
+
+def refusal_kind(status: int, message: str) -> Optional[str]:
+    """``images_unsupported`` or ``context_too_long`` when an HTTP error is one of the two refusals that are
+    never retried as they are (module docstring), else None."""
+    if status in (400, 413, 415, 422) or status >= 500:
+        if _IMAGES_REFUSED.search(message):
+            return "images_unsupported"
+        if _LLAMA_OVERFLOW.search(message) or (status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message)):
+            return "context_too_long"
+    return None
+
+
+def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The ``image_url`` parts of chat ``messages``."""
+    return sum(1 for m in messages if isinstance(m.get("content"), list)
+               for p in m["content"] if p.get("type") == "image_url")
+
+
+def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether chat ``messages`` carry an ``image_url`` part."""
+    return count_images(messages) > 0
 
 
 class _MalformedReply(Exception):
@@ -156,8 +210,21 @@ def _is_transient(err: BaseException) -> bool:
     if isinstance(err, (openai.APIConnectionError, _MalformedReply, ValueError)):  # ValueError: invalid JSON body
         return True
     if isinstance(err, openai.APIStatusError):
+        if refusal_kind(err.status_code, _server_message(err)) is not None:
+            return False  # sent again as it is, it would be refused again
         return err.status_code in (408, 409, 429) or err.status_code >= 500
     return False
+
+
+def _overflow(err: openai.APIStatusError, message: str) -> Optional[Tuple[int, int]]:
+    """(prompt tokens, context tokens) of an overflow refusal: llama.cpp's ``n_prompt_tokens`` / ``n_ctx``
+    fields, else the counts in its message."""
+    body = err.body if isinstance(err.body, Mapping) else {}
+    pair = body.get("n_prompt_tokens"), body.get("n_ctx")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        return pair
+    match = _OVERFLOW_TOKENS.search(message)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _tries(attempts: int) -> str:
@@ -197,6 +264,12 @@ class ChatClient:
                                     timeout=self.config.timeout, max_retries=0)
         self._model = self.config.model
         self._model_lock = threading.Lock()
+        # Whether the server takes images: None until a request with images is answered or refused (auto).
+        self._takes_images: Optional[bool] = None
+        self._images_lock = threading.Lock()
+        self._context_size: Optional[int] = None
+        self._context_known = False
+        self._context_lock = threading.Lock()
 
     def close(self) -> None:
         self.client.close()
@@ -290,10 +363,104 @@ class ChatClient:
             raise ReaderError(f"the {self.role} at {self.url} sent a malformed reply (not valid JSON: "
                               f"{oneline(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
                               attempts=attempts) from None
+        if has_images(messages):
+            self._takes_images = True
         latency = time.perf_counter() - start
         usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
         return ChatReply(content=content, finish_reason=choices[0].finish_reason, usage=usage,
                          model=response.model or model, latency_s=latency)
+
+    @property
+    def takes_images(self) -> Optional[bool]:
+        """What this client knows of its server: True once a request with images was answered, False once one
+        was refused (or ``images`` is ``off``), None before either."""
+        return False if self.config.images == "off" else self._takes_images
+
+    def send_with_images(self, build: Callable[[bool], list], send: Callable[[list], Any], *,
+                         known: Optional[Callable[[list], bool]] = None) -> Tuple[Any, list]:
+        """Sends a request that may carry images, as ``config.images`` says; returns ``(send's result, the
+        messages sent)``.
+
+        Args:
+          build: ``build(images)`` -> the chat messages, with image parts when ``images`` is True and with
+            every visual note as text when it is False.
+          send: sends the messages (``self.chat``, or a cached call around it) and returns its result.
+          known: ``known(messages)`` is True when ``send`` can answer those messages without the server (a
+            reply cache): a request whose text-only form is known and whose image form is not goes as text
+            before this client has learned anything.
+
+        ``auto`` sends images until a refusal (``images_unsupported``) and from then on text: the refused
+        request goes again at once as text, and so does every later one. Until the server has answered or
+        refused a request with images, such requests go one at a time, so a server that takes none refuses
+        exactly one. ``on`` sends images (a refusal raises); ``off`` never does.
+
+        Raises:
+          ReaderError: what ``send`` raises (a refusal of images only under ``on``).
+        """
+        mode = self.config.images
+        if mode == "off" or self._takes_images is False:
+            messages = build(False)
+            return send(messages), messages
+        messages = build(True)
+        if mode == "on" or self._takes_images or not has_images(messages):
+            return send(messages), messages
+        if known is not None and not known(messages):
+            text = build(False)
+            if known(text):
+                return send(text), text
+        with self._images_lock:
+            if self._takes_images is None:
+                try:
+                    return send(messages), messages
+                except ReaderError as err:
+                    if err.kind != "images_unsupported":
+                        raise
+                    self._takes_images = False
+            learned = self._takes_images
+        if learned:
+            return send(messages), messages
+        text = build(False)
+        return send(text), text
+
+    def context_size(self) -> Optional[int]:
+        """The server's context window in tokens where it says so, asked once per client: llama.cpp's
+        ``GET /props`` (``default_generation_settings.n_ctx``, the window of one slot, else ``n_ctx``) at the
+        server's root, then vLLM's ``max_model_len`` of the model in ``/v1/models``; None when neither says."""
+        with self._context_lock:
+            if not self._context_known:
+                self._context_size = self._props_n_ctx() or self._models_max_len()
+                self._context_known = True
+            return self._context_size
+
+    def _props_n_ctx(self) -> Optional[int]:
+        root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+        if not root.lower().startswith(("http://", "https://")):
+            return None
+        request = urllib.request.Request(f"{root}/props", headers={"Authorization": f"Bearer {self.config.api_key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=min(5.0, self.config.timeout)) as response:
+                props = json.loads(response.read())
+        except (OSError, ValueError):  # no /props (an HTTP error is an OSError), or not JSON
+            return None
+        if not isinstance(props, Mapping):
+            return None
+        settings = props.get("default_generation_settings")
+        for value in ((settings or {}).get("n_ctx") if isinstance(settings, Mapping) else None, props.get("n_ctx")):
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    def _models_max_len(self) -> Optional[int]:
+        try:
+            model = self.model
+            entries = self.list_models()
+        except ReaderError:
+            return None
+        for entry in entries:
+            value = entry.get("max_model_len")
+            if entry.get("id") == model and isinstance(value, int) and value > 0:
+                return value
+        return None
 
     def probe(self, timeout: float = 5.0) -> Optional["ReaderError"]:
         """A quick reachability check (one ``GET /models``, no retries): None when the server answers and
@@ -344,9 +511,13 @@ class ChatClient:
         status, message = err.status_code, _server_message(err)
         if status == 404:
             return self._model_not_found(message, attempts)
-        if status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message):
+        refusal = refusal_kind(status, message)
+        if refusal == "images_unsupported":
+            return ReaderError(f"the {role} at {url} takes no images (HTTP {status}): {message}; set images to "
+                               f"auto or off to send visual notes as text", kind=refusal, url=url, attempts=attempts)
+        if refusal == "context_too_long":
             return ReaderError(f"the request is too long for model '{self._model}' at {url}: {message}",
-                               kind="context_too_long", url=url, attempts=attempts)
+                               kind=refusal, url=url, attempts=attempts, overflow=_overflow(err, message))
         if status in (401, 403):
             return ReaderError(f"the {role} at {url} refused the API key (HTTP {status}): {message}; "
                                f"set {self.env_prefix}_API_KEY", kind="auth", url=url, attempts=attempts)

@@ -5,6 +5,16 @@ as base64 ``image_url`` parts with their caption and summary), the server (usual
 ``experiments/serve_reader.sh``) answers with greedy decoding, and the answer comes back with the evidence
 numbers it cites.
 
+Two things a small local server (llama.cpp) needs, handled by :func:`send_evidence` for ``cdsjax ask``,
+``serve`` and the batch evaluation alike:
+
+* **No images**: ``ReaderConfig.images`` (``auto`` by default) sends a visual note as its caption, summary and
+  surrounding text to a server that refused an image (learned once per client, see
+  :meth:`ChatClient.send_with_images`); the answer's ``image_mode`` says how the visual notes went.
+* **A short context**: a request the server finds too long (``context_too_long``) is never sent again as it
+  is: the lowest-ranked notes (the last ones) are left out, as many as the server's token counts say, and the
+  shorter request is sent; the answer's ``dropped`` and a warning say how many were left out.
+
     reader = Reader(base_url="http://localhost:8000/v1", model="Qwen/Qwen3-VL-32B-Instruct")
     out = reader.answer("What accuracy does Table 2 report?", evidence)
     out.text, out.cited   # "91.2% [3]", (3,)
@@ -40,8 +50,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 # The client and the reply parsing live in llm / replies; the names stay importable from here.
-from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError  # noqa: F401
-from cdsjax.io.replies import parse_citations, starts_with, strip_thinking  # noqa: F401
+from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError, count_images  # noqa: F401
+from cdsjax.io.replies import markers_only, parse_citations, starts_with, strip_thinking  # noqa: F401
 
 TEXT_KINDS = ("text",)
 VISUAL_KINDS = ("figure", "table", "chart")
@@ -145,6 +155,11 @@ class ReaderAnswer:
       latency_s: wall time of the call, retries included.
       model: the model that answered.
       finish_reason: "stop", or "length" when the answer hit max_tokens.
+      warnings: one-line notes on what was sent (an image file that was missing and went as text, visual
+        notes sent as text to a server that takes no images, notes left out of a request too long).
+      image_mode: how the visual notes went: "images" (as image parts), "text" (as caption, summary and text:
+        ``images`` is ``off`` or the server takes none) or "none" (the evidence had no image to send).
+      dropped: the lowest-ranked notes left out because the request was too long for the server (0 when none).
     """
 
     text: str
@@ -154,7 +169,9 @@ class ReaderAnswer:
     latency_s: float
     model: str
     finish_reason: Optional[str] = None
-    warnings: tuple = ()  # e.g. an evidence image that was missing and sent as text instead
+    warnings: tuple = ()
+    image_mode: str = "none"
+    dropped: int = 0
 
 
 def error_dict(err: "ReaderError") -> dict:
@@ -164,16 +181,20 @@ def error_dict(err: "ReaderError") -> dict:
 
 SYSTEM_PROMPT = """\
 You answer questions about documents. The user gives you numbered pieces of evidence taken from the \
-documents (text passages, and images of figures, tables and charts with their captions), followed by a \
-question.
+documents (text passages, and figures, tables and charts as images or as their captions and text), \
+followed by a question.
 
 - Base the answer on the evidence alone: no outside knowledge, no guessing.
+- Answer with the content itself first: the value, name, list or short phrase the question asks for, \
+written out. Never answer with evidence numbers alone: "The baselines are [2] and [3]." is not an answer; \
+"The baselines are BERT and ELMo [2][3]." is.
+- Then cite the evidence you used by its number in square brackets, right after the statement it \
+supports, for example [2] or [1][4].
 - Keep numbers, units, names and figure or table identifiers (such as "Figure 3" or "Table 2") exactly as \
 the evidence writes them; read values off images carefully.
-- Cite the evidence you use by its number in square brackets, right after the statement it supports, \
-for example [2] or [1][4].
 - If the evidence does not answer the question, reply with exactly: Not answerable
 - Be brief: the answer first, then at most two sentences of justification."""
+QUESTION_LINE = "Answer with the content itself, then cite the evidence you used as [n]."
 
 
 def build_messages(
@@ -182,6 +203,7 @@ def build_messages(
     *,
     max_text_chars: Optional[int] = 1500,
     missing_images: Optional[list] = None,
+    images: bool = True,
 ) -> list:
     """Builds the chat messages for one question (reads image files, sends nothing).
 
@@ -192,6 +214,8 @@ def build_messages(
         summary share this budget.
       missing_images: None raises on an evidence image that does not exist; a list makes such a note go as
         text (caption, summary and its text) and receives one warning line per missing image.
+      images: False sends every visual note as text (caption, summary and its text), for a server that
+        takes no images; no image file is read.
 
     Returns:
       ``[system message, user message]``; the user message's content is a list of ``text`` and
@@ -209,6 +233,8 @@ def build_messages(
              "Evidence: none was found for this question."]
     for i, item in enumerate(items, start=1):
         header = f"[{i}] {item.kind} | document: {item.doc_id} | page {item.page + 1}"
+        if not images and item.image_path is not None:
+            item = dataclasses.replace(item, image_path=None)
         if item.is_visual and item.image_path is not None and missing_images is not None \
                 and not Path(item.image_path).is_file():
             missing_images.append(f"evidence [{i}]: image file not found: {item.image_path}; sent as text instead")
@@ -222,7 +248,7 @@ def build_messages(
                 lines = []
         else:
             lines.append(header + "\n" + _cut(item.text or item.summary, max_text_chars))
-    lines.append(f"Question: {question.strip()}\n\nAnswer from the evidence above, citing it as [n].")
+    lines.append(f"Question: {question.strip()}\n\n{QUESTION_LINE}")
     parts.append({"type": "text", "text": "\n\n".join(lines)})
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
 
@@ -269,6 +295,98 @@ def _data_url(path: str, number: int) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """One request as :func:`send_evidence` sent it.
+
+    Attributes:
+      result: what ``send`` returned.
+      messages: the chat messages sent.
+      evidence: the evidence items sent (the input, less ``dropped`` items at its end).
+      image_mode: "images", "text" or "none" (see :class:`ReaderAnswer`).
+      images: the image parts sent.
+      dropped: items left out because the request was too long.
+      warnings: one-line notes (a missing image file, visual notes sent as text, items left out).
+    """
+
+    result: Any
+    messages: list
+    evidence: list
+    image_mode: str
+    images: int
+    dropped: int
+    warnings: tuple
+
+
+def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+                  send, *, max_text_chars: Optional[int] = 1500, known=None) -> Sent:
+    """Builds and sends the request of ``question`` over ``evidence`` as ``client.config.images`` allows, and
+    sends a shorter one while the server finds it too long (module docstring).
+
+    Args:
+      client: the chat client (its images mode and what it learned of its server).
+      send: ``send(messages, items)`` -> a result (``client.chat``, or a cached call around it); ``items``
+        are the evidence items those messages hold.
+      max_text_chars: longest text per note (None keeps everything).
+      known: ``known(messages, items)`` is True where ``send`` needs no server (a reply cache), see
+        :meth:`ChatClient.send_with_images`.
+
+    Raises:
+      ReaderError: what ``send`` raises, and ``context_too_long`` when even the question alone is too long.
+      ValueError / TypeError / FileNotFoundError: a bad question or evidence entry (:func:`build_messages`).
+    """
+    items = as_evidence(evidence)
+    total, dropped, missing = len(items), 0, []
+    while True:
+        def build(images: bool, kept=items) -> list:
+            missing.clear()
+            return build_messages(question, kept, max_text_chars=max_text_chars, missing_images=missing,
+                                  images=images)
+
+        check = None if known is None else (lambda m, kept=items: known(m, kept))
+        try:
+            result, messages = client.send_with_images(build, lambda m, kept=items: send(m, kept), known=check)
+            break
+        except ReaderError as err:
+            if err.kind != "context_too_long" or not items:
+                raise
+            n = notes_to_drop(items, err.overflow, max_text_chars)
+            items, dropped = items[: len(items) - n], dropped + n
+    images = count_images(messages)
+    crops = sum(1 for i in items if i.is_visual and i.image_path is not None)
+    mode = "images" if images else ("text" if crops else "none")
+    warnings = list(missing)
+    if crops and not images and client.config.images == "auto" and client.takes_images is False:
+        warnings.append(f"the reader at {client.url} takes no images: {crops} visual note"
+                        f"{'s' if crops != 1 else ''} sent as caption, summary and text")
+    if dropped:
+        warnings.append(f"the request was too long for the reader's context: the last {dropped} of {total} "
+                        f"evidence notes were left out")
+    return Sent(result=result, messages=messages, evidence=items, image_mode=mode, images=images, dropped=dropped,
+                warnings=tuple(warnings))
+
+
+def notes_to_drop(items: Sequence[EvidenceItem], overflow: Optional[tuple], max_text_chars: Optional[int]) -> int:
+    """How many notes to leave out at the end of ``items`` after a ``context_too_long`` refusal: one when the
+    server gave no token counts, else the fewest last notes whose estimated tokens (:data:`CHARS_PER_TOKEN`
+    characters a token, :data:`TOKENS_PER_IMAGE` an image) cover the excess ``prompt tokens - context tokens``
+    (at least one; a second refusal drops more)."""
+    if not items:
+        return 0
+    if overflow is None:
+        return 1
+    excess = max(1, int(overflow[0]) - int(overflow[1]) + 1)
+    n, freed = 0, 0.0
+    for item in reversed(items):
+        n += 1
+        text = _visual_text(item, max_text_chars) if item.is_visual else _cut(item.text or item.summary,
+                                                                                max_text_chars)
+        freed += len(text) / CHARS_PER_TOKEN + (TOKENS_PER_IMAGE if item.image_path else 0)
+        if freed >= excess:
+            break
+    return n
+
+
 def is_abstention(text: str) -> bool:
     """True when the answer declines (starts with :data:`ABSTAIN`, whatever the markup around it)."""
     return starts_with(text, ABSTAIN)
@@ -284,7 +402,8 @@ class Reader(ChatClient):
     def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
                max_tokens: Optional[int] = None) -> ReaderAnswer:
         """Answers ``question`` from ``evidence`` (numbered [1].. in the prompt, text cut to
-        ``config.max_text_chars`` per note).
+        ``config.max_text_chars`` per note), visual notes as images or as text (``config.images``), the last
+        notes left out where the server finds the request too long (:func:`send_evidence`).
 
         Args:
           max_tokens: new-token limit for this call (default ``config.max_tokens``).
@@ -292,18 +411,18 @@ class Reader(ChatClient):
         Raises:
           ReaderError: the server could not give an answer (after retries where retrying makes sense).
         """
-        items = as_evidence(evidence)
-        missing: list = []
-        messages = build_messages(question, items, max_text_chars=self.config.max_text_chars,
-                                  missing_images=missing)
-        return self._read(messages, len(items), max_tokens, warnings=tuple(missing))
+        sent = send_evidence(self, question, evidence,
+                             lambda messages, _: self.chat(messages, max_tokens=max_tokens),
+                             max_text_chars=self.config.max_text_chars)
+        return self._answer(sent)
 
-    def _read(self, messages: list, n_evidence: int, max_tokens: Optional[int], warnings: tuple = ()) -> ReaderAnswer:
-        reply = self.chat(messages, max_tokens=max_tokens)
+    def _answer(self, sent: Sent) -> ReaderAnswer:
+        reply: ChatReply = sent.result
         text = strip_thinking(reply.content)
-        return ReaderAnswer(text=text, cited=parse_citations(text, n_evidence), abstained=is_abstention(text),
+        return ReaderAnswer(text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),
                             usage=reply.usage, latency_s=reply.latency_s, model=reply.model,
-                            finish_reason=reply.finish_reason, warnings=warnings)
+                            finish_reason=reply.finish_reason, warnings=sent.warnings, image_mode=sent.image_mode,
+                            dropped=sent.dropped)
 
     def answer_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
         """Answers many questions, ``config.concurrency`` at a time, in input order.
@@ -324,14 +443,11 @@ class Reader(ChatClient):
         return self.map(one, items, desc="reader", progress=progress, errors=errors)
 
     def max_model_len(self) -> int:
-        """The context window: ``config.max_model_len``, else the server's (vLLM reports it), else 32768."""
+        """The context window: ``config.max_model_len``, else the server's (:meth:`ChatClient.context_size`:
+        llama.cpp's ``/props``, vLLM's ``/v1/models``), else 32768."""
         if self.config.max_model_len is not None:
             return self.config.max_model_len
-        model = self.model
-        for entry in self.list_models():
-            if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
-                return entry["max_model_len"]
-        return DEFAULT_MAX_MODEL_LEN
+        return self.context_size() or DEFAULT_MAX_MODEL_LEN
 
     def answer_without_retrieval(self, question: str, elements: Sequence[Any], qid: str, *, seed: int = 42,
                                  k_text: int = 10, k_visual: int = 10,
@@ -345,10 +461,13 @@ class Reader(ChatClient):
         """
         evidence = no_retrieval_evidence(elements, qid, seed=seed, k_text=k_text, k_visual=k_visual,
                                          image_root=image_root)
-        messages = build_messages(question, evidence, max_text_chars=None)
-        n_images = sum(1 for e in evidence if e.is_visual and e.image_path is not None)
-        max_tokens = clamp_output_tokens(_text_chars(messages), n_images, self.max_model_len())
-        return self._read(messages, len(evidence), max_tokens)
+
+        def send(messages, _):
+            return self.chat(messages, max_tokens=clamp_output_tokens(_text_chars(messages), count_images(messages),
+                                                                      self.max_model_len()))
+
+        sent = send_evidence(self, question, evidence, send, max_text_chars=None)
+        return self._answer(sent)
 
 
 def _text_chars(messages: list) -> int:

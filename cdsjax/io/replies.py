@@ -9,6 +9,7 @@ is read the same way everywhere:
     find_json('Sure: ```json\\n{"a": 1,}\\n```')       # {"a": 1}
     read_bool("Yes"), read_bool("correct", yes=("correct",))   # True, True
     find_field("correct: no\\nscore: 0.2", "score")     # "0.2"
+    markers_only("The baselines are [2] and [3].")    # True: markers where the content should be
 
 Nothing here talks to a server (:mod:`cdsjax.io.llm` does) or imports more than the standard library.
 """
@@ -168,3 +169,59 @@ def starts_with(text: str, phrase: str) -> bool:
     """True when the reply, read as lowercase letters and spaces only, starts with ``phrase`` (so
     "**Not answerable.**" starts with "not answerable")."""
     return re.sub(r"[^a-z ]", "", text.lower()).strip().startswith(phrase.lower())
+
+
+# Words that carry no answer: articles, pronouns, auxiliaries, prepositions and the words replies use to point
+# at evidence ("the answer is given in ...").
+_FILLER = frozenset("""
+a an the this that these those it its they them their there here he she his her we our you your i
+is are was were be been being am do does did has have had can could may might will would shall should must
+and or but so as than then also both either neither
+of in on at by for from with to into onto about per via within without between among through over under
+which who whom whose what where when why how all any each every some such other another
+answer answers answered evidence evidences document documents source sources item items piece pieces note notes
+reference references passage passages context information according based shown show shows given listed
+mentioned described stated provided found see seen following above below respectively cited
+""".split())
+# Words after which a citation stands where content should be ("are [2]", "and [3]", "in [1]").
+_LINKING = frozenset("""
+is are was were be been am and or nor as of in on at by from with to than between include includes
+included including namely like e.g. i.e. cf see such
+""".split())
+_WORD = re.compile(r"[^\W_]+(?:[.'][^\W_]+)*\.?|:")
+
+
+def _stem(word: str) -> str:
+    word = word.lower().rstrip(".")
+    for suffix in ("ing", "ed", "es", "s", "d"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def markers_only(text: str, question: str = "") -> bool:
+    """True when an answer gives citation markers in place of its content ("The baselines are [2] and [3].").
+
+    The reply (thinking removed) must cite, and either (1) nothing substantive remains once its markers, filler
+    words (articles, auxiliaries, prepositions, "answer", "evidence", "shown", ...) and the words of
+    ``question`` are removed, or (2) every run of markers follows a linking word ("are", "is", "and", "in",
+    "by", "include", ":", ...) and nothing substantive follows the last run: the markers stand where the
+    content should be. A declining answer ("Not answerable") cites nothing and is not markers only.
+    """
+    body = strip_thinking(text)
+    runs = list(re.finditer(r"(?:\s*" + _CITATION.pattern + r")+", body))
+    if not runs:
+        return False
+    asked = {_stem(w) for w in _WORD.findall(question.lower())}
+
+    def substantive(piece: str) -> list:
+        return [w for w in _WORD.findall(piece.lower())
+                if w != ":" and w.rstrip(".") not in _FILLER and _stem(w) not in asked]
+
+    if not substantive(strip_citations(body)):
+        return True
+    for run in runs:
+        before = _WORD.findall(strip_citations(body[: run.start()]).lower())
+        if not before or before[-1].rstrip(".") not in _LINKING and before[-1] != ":":
+            return False
+    return not substantive(body[runs[-1].end():])

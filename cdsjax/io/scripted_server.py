@@ -9,7 +9,9 @@ a string (the assistant message content), a dict (a full JSON body), an
 ``(status, body)`` tuple to simulate server errors, or bytes (sent as the body as
 they are, to simulate a malformed reply). ``delay`` seconds of sleep
 before answering simulates a slow server. ``model_fields`` maps a model id to fields added to its
-``/v1/models`` entry, as vLLM adds ``max_model_len`` (the served context window).
+``/v1/models`` entry, as vLLM adds ``max_model_len`` (the served context window); ``props`` is the JSON body
+of ``GET /props`` at the server's root, as llama.cpp answers it (``default_generation_settings.n_ctx``), and
+without it that path is a 404.
 
     with OpenAIServer(lambda req: "42") as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x")
@@ -45,11 +47,13 @@ class OpenAIServer:
         models: tuple = ("test-model",),
         delay: float = 0.0,
         model_fields: Optional[Dict[str, dict]] = None,
+        props: Optional[dict] = None,
         port: int = 0,
     ):
         self.responder = responder
         self.models = list(models)
         self.model_fields = dict(model_fields or {})
+        self.props = props
         self.delay = delay
         self.requests: List[dict] = []
         self.headers: List[Dict[str, str]] = []  # each request's HTTP headers (lower-case names), as ``requests``
@@ -77,6 +81,8 @@ class OpenAIServer:
                         {"id": m, "object": "model", "created": 0, "owned_by": "test",
                          **server.model_fields.get(m, {})} for m in server.models
                     ]})
+                elif self.path.rstrip("/") == "/props" and server.props is not None:
+                    self._send(200, server.props)
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
