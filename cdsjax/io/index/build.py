@@ -21,7 +21,7 @@ from cdsjax.io import store
 from cdsjax.io.elements import IngestError
 from cdsjax.io.embed import embedder_key
 from cdsjax.io.index.context import BuildContext, Doc, IndexSummary, ProgressBar, default_config, quiet
-from cdsjax.io.index.keys import array_digest, doc_cache, entry_key, library_versions, stage_keys
+from cdsjax.io.index.keys import array_digest, cache_root, doc_cache, entry_key, library_versions, stage_keys
 from cdsjax.io.index.repair import PreviousIndex
 from cdsjax.io.index.stages import build_doc, needs_redo, ocr_redo, report_doc
 from cdsjax.io.index.workers import build_documents, resolve_workers
@@ -121,7 +121,8 @@ def build_index(
 def _build_locked(paths, out_dir: Path, ctx: BuildContext, *, replace: bool, remove: List[str]) -> IndexSummary:
     """One build run, under the writer lock: the document set, each document obtained, the index published."""
     summary, seconds = ctx.summary, ctx.seconds
-    store.recover(out_dir)
+    journal = cache_root(ctx.config) / "swaps"  # where commit records the index it parks aside
+    store.recover(out_dir, journal=journal)
     store.check_output_dir(out_dir, replace=replace)
     ctx.cache.clean_staging()
     ctx.versions = library_versions()
@@ -159,7 +160,7 @@ def _build_locked(paths, out_dir: Path, ctx: BuildContext, *, replace: bool, rem
         staging = store.staging_dir(out_dir)
         manifest = _write_index(staging, kept, ctx)
         store.write_manifest(staging, manifest)
-        store.commit(staging, out_dir)
+        store.commit(staging, out_dir, journal=journal)
         staging = None
         seconds["write"] += time.perf_counter() - t0
         _fill_summary(summary, kept, written=True, seconds=seconds)
@@ -376,9 +377,8 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
         elements.extend(d_elements)
         emb_blocks.append(d_emb)
         edge_blocks.append(d_edges + start)
-        if d.crop_root is not None and (Path(d.crop_root) / d.crop_rel).is_dir():
-            for png in (Path(d.crop_root) / d.crop_rel).iterdir():
-                store.link_or_copy(png, staging / d.crop_rel / png.name)
+        if d.crop_root is not None:  # copied, never linked, and no link followed (store.copy_inside)
+            store.copy_inside(d.crop_root, d.crop_rel, staging)
         manifest_docs.append(dict(
             doc_id=d.doc_id, path=str(d.path), resolved=d.resolved, sha256=d.sha, num_pages=d.num_pages,
             num_elements=len(d_elements), num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel,
