@@ -182,6 +182,8 @@ def _read_inputs(paths, ctx: BuildContext) -> List[Doc]:
             check_pdf_file(path)
             resolved = os.path.realpath(path)  # what /pdf opens later, without following any link
             inputs.append(Doc(path=path, sha=store.sha256_file(Path(resolved)), resolved=resolved, is_input=True))
+        except OSError as err:  # gone or unreadable since it was found: one line, and the others are indexed
+            _fail(ctx, IngestError(path, f"cannot read file ({err.strerror or err})"))
         except IngestError as err:
             _fail(ctx, err)
     return inputs
@@ -429,5 +431,7 @@ def _assign_doc_ids(docs: List[Doc]) -> None:
     for d in docs:
         if d.doc_id:
             continue
-        d.doc_id = d.path.name if d.path.name not in taken else f"{d.path.name}~{d.sha[:8]}"
+        # a name that is not UTF-8 (its bytes decoded as surrogates) becomes text: U+FFFD for each bad byte
+        name = d.path.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        d.doc_id = name if name not in taken else f"{name}~{d.sha[:8]}"
         taken.add(d.doc_id)

@@ -42,7 +42,7 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     parse_key = store.sha256_json(
         dict(parser=parser, parser_version=PARSER_VERSION, pymupdf=versions.get("pymupdf"),
              pymupdf4llm=versions.get("pymupdf4llm"), splitter=versions.get("langchain-text-splitters"),
-             ingest={k: v for k, v in ingest.items() if k not in ("mineru_command",)})
+             ingest={k: v for k, v in ingest.items() if k not in ("mineru_command", "max_pages")})
     )
     enrich = config.enrich.to_dict()
     enrich.pop("vlm_api_key", None)
