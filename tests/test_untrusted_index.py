@@ -158,7 +158,7 @@ def test_pdf_and_crop_are_named_with_their_index(built):
 
 
 def test_planted_leftover_folder_is_never_adopted(built, pdfs, config, tmp_path):
-    planted = tmp_path / ".index.old-1-deadbeef"  # named like an interrupted write's leftover, dead pid
+    planted = tmp_path / ".index.old-999999999-deadbeef"  # named like a dead writer's leftover
     shutil.copytree(built, planted)
     before = state_of(planted)
     with pytest.raises(store.StoreError, match="not a cdsjax index"):
