@@ -14,7 +14,7 @@ import os
 import sys
 from typing import NamedTuple, Optional, Sequence
 
-from cdsjax.commands import CLIError, enable_float64
+from cdsjax.commands import CLIError, enable_float64, printable
 
 __all__ = ["COMMANDS", "CLIError", "build_parser", "enable_float64", "entry", "main"]
 
@@ -107,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CLIError as err:
-        print(f"cdsjax {args.command}: error: {err}", file=sys.stderr)
+        print(f"cdsjax {args.command}: error: {printable(err)}", file=sys.stderr)
         return err.code
     except KeyboardInterrupt:
         print(f"cdsjax {args.command}: interrupted", file=sys.stderr)

@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.ingest.mineru_command = "mineru"  # executable used when parser == "mineru" and no output dir is given
     config.ingest.mineru_backend = "pipeline"
     config.ingest.mineru_output = ""  # a directory of existing MinerU outputs, one sub-directory per PDF stem
+    config.ingest.max_pages = 2000  # a PDF with more pages is refused in one line (10,000 tiny pages: ~30 min)
 
     # Elements -> notes.
     config.enrich = ml_collections.ConfigDict()

@@ -84,6 +84,7 @@ class Corpus:
                     f"indexes were embedded with different models ({indexes[0].embedder.get('model')} vs "
                     f"{idx.embedder.get('model')}); re-index them with one embedder"
                 )
+        check_ids_apart(indexes)
         n = sum(len(idx.notes) for idx in indexes)
         links = np.zeros((n, n), bool)
         notes: List[dict] = []
@@ -96,6 +97,38 @@ class Corpus:
         embeddings = np.concatenate([np.asarray(idx.embeddings, np.float32) for idx in indexes])
         return cls(embeddings=embeddings, links=links, notes=notes, embedder=dict(indexes[0].embedder),
                    roots=[str(idx.root) for idx in indexes])
+
+
+def check_ids_apart(indexes: Sequence[Any]) -> None:
+    """Raises :class:`PipelineError` (one line naming both indexes) when two loaded indexes share a document id
+    or a note id, or one index repeats a note id.
+
+    Notes, crops and PDFs are looked up by these ids (the reader's evidence, ``/crop?note=``,
+    ``/pdf?document=``): a collision would let one index's text or image stand in for the other's, so it is
+    refused rather than resolved. Two PDFs of the same name kept apart belong in one index, where the second
+    gets the id ``name~<sha8>``."""
+    docs: Dict[str, int] = {}
+    notes: Dict[Any, int] = {}
+    roots = [str(getattr(idx, "root", "?")) for idx in indexes]
+
+    def refuse(first: int, i: int, what: str) -> None:
+        both = f"{roots[first]!r} and {roots[i]!r} together" if first != i else repr(roots[i])
+        raise PipelineError(f"refusing to load {both}: {what}")
+
+    for i, idx in enumerate(indexes):
+        ids = {str(n.get("doc_id")) for n in idx.notes}
+        ids |= {str(d.get("doc_id")) for d in idx.manifest.get("documents", []) if isinstance(d, dict)}
+        for doc in sorted(ids):
+            first = docs.setdefault(doc, i)
+            if first != i:
+                refuse(first, i, f"both hold a document with the id {doc[:80]!r}; index those PDFs into one "
+                                 "index (the second gets a distinct id), or load one of them")
+        for note in idx.notes:
+            note_id = note.get("note_id")
+            if note_id in notes:
+                refuse(notes[note_id], i, f"the note id {str(note_id)[:80]!r} appears twice "
+                                          "(cdsjax gives every note of a corpus its own id)")
+            notes[note_id] = i
 
 
 @dataclasses.dataclass

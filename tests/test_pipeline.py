@@ -261,7 +261,14 @@ def test_corpus_merge_rejects_mixed_embedders(demo_index):
     b.embedder = dict(b.embedder, model="other-model")
     with pytest.raises(PipelineError, match="different models"):
         Corpus.merge([a, b])
-    merged = Corpus.merge([a, load_index(demo_index)])
+    with pytest.raises(PipelineError, match="both hold a document with the id"):
+        Corpus.merge([a, load_index(demo_index)])  # the same document ids twice: refused (issue 63)
+    c = load_index(demo_index)
+    for note in c.notes:
+        note.update(doc_id="copy-" + note["doc_id"], note_id="copy-" + note["note_id"])
+    for doc in c.manifest["documents"]:
+        doc["doc_id"] = "copy-" + doc["doc_id"]
+    merged = Corpus.merge([a, c])
     n = len(a.notes)
     assert merged.links.shape == (2 * n, 2 * n) and not merged.links[:n, n:].any()
 

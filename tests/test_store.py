@@ -167,14 +167,27 @@ def test_first_build_interrupted_leaves_nothing(pdfs, config, monkeypatch, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_crash_between_renames_is_recovered(built, tmp_path):
+def test_crash_between_renames_is_recovered(built, pdfs, config, monkeypatch, tmp_path):
     out, _ = built
-    # the state after "out -> .out.old-PID-x" and before "staging -> out", with a dead PID
-    parked = tmp_path / ".index.old-999999999-deadbeef"
-    shutil.copytree(out, parked)
-    (tmp_path / ".index.tmp-999999999-cafe").mkdir()
-    corpus = load_index(tmp_path / "index")
-    assert len(corpus.notes) > 0
+    work = tmp_path / "index"
+    shutil.copytree(out, work)
+    before = [x["note_id"] for x in load_index(work).notes]
+    real_replace = os.replace
+
+    def crash_on_publish(src, dst):  # dies after "index -> .index.old-PID-x", before "staging -> index"
+        if ".index.tmp-" in str(src) and str(dst) == str(work.absolute()):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store.os, "replace", crash_on_publish)
+    with pytest.raises(KeyboardInterrupt):
+        build_index([pdfs[1]], work, config=config, replace=True)
+    monkeypatch.setattr(store.os, "replace", real_replace)
+    assert not work.exists() and any(p.name.startswith(".index.old-") for p in tmp_path.iterdir())
+    (tmp_path / ".index.tmp-999999999-cafe").mkdir()  # a dead writer's staging directory
+    monkeypatch.setenv("CDSJAX_CACHE", config.index.cache_dir)  # where the commit's journal is
+    corpus = load_index(work)
+    assert [x["note_id"] for x in corpus.notes] == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
 
 

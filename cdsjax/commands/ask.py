@@ -54,7 +54,7 @@ import sys
 import time
 from typing import Optional
 
-from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
+from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -344,14 +344,14 @@ def emit(result: dict, as_json: bool) -> int:
     """Prints the result (JSON on stdout, or the evidence table); warnings and a reader failure go to stderr
     either way. Returns the exit code: 1 when reading failed (the evidence is printed all the same)."""
     for warning in result.get("warnings") or []:
-        print(f"cdsjax ask: warning: {warning}", file=sys.stderr)
+        print(f"cdsjax ask: warning: {printable(warning)}", file=sys.stderr)
     if as_json:
         print(json.dumps(result, indent=2, default=float))
     else:
         show(result)
     error = result.get("error")
     if error:
-        print(f"cdsjax ask: error: reader: {error['message']}", file=sys.stderr)
+        print(f"cdsjax ask: error: reader: {printable(error['message'])}", file=sys.stderr)
         return 1
     return 0
 
@@ -382,10 +382,14 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
 def show(result: dict) -> None:
     """The evidence table, the convergence line, the answer and the timings (``result``: the --json object)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    def shown(text) -> str:  # neither a terminal escape sequence nor rich markup from a name or a PDF's text
+        return escape(printable(text))
+
     console = Console()
-    table = Table(title=f"Evidence for: {result['question']}", show_lines=False, expand=True)
+    table = Table(title=f"Evidence for: {shown(result['question'])}", show_lines=False, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("score", justify="right", no_wrap=True)
     table.add_column("document", overflow="fold", max_width=28)
@@ -394,12 +398,13 @@ def show(result: dict) -> None:
     table.add_column("text", overflow="fold", ratio=3)
     for e in result["evidence"]:
         snippet = " ".join(e["text"].split())[:220]
-        table.add_row(str(e["rank"]), f"{e['score']:.4f}", str(e["document"]), str(e["page"] + 1), e["kind"], snippet)
+        table.add_row(str(e["rank"]), f"{e['score']:.4f}", shown(e["document"]), str(e["page"] + 1), shown(e["kind"]),
+                      shown(snippet))
     console.print(table)
     console.print("[dim]pages are shown 1-based here; --json gives 0-based pages[/dim]")
     console.print(convergence_line(result), highlight=False)
     if result.get("answer") is not None:
-        console.print(f"\n[bold]Answer[/bold] ({result['reader']['model']}): {result['answer']}")
+        console.print(f"\n[bold]Answer[/bold] ({shown(result['reader']['model'])}): {chr(10).join(shown(line) for line in str(result['answer']).split(chr(10)))}")
     elif result.get("error"):
         console.print("\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)")
     else:

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from cdsjax.commands import CLIError
+from cdsjax.commands import CLIError, printable
 
 EXIT_LOCKED = 3
 
@@ -47,6 +47,8 @@ def add_arguments(p) -> None:
                    help="existing MinerU output directory to read instead of running MinerU")
     p.add_argument("--vlm-url", default=None, help="OpenAI-compatible endpoint for --enrich vlm")
     p.add_argument("--vlm-model", default=None, help="model name for --enrich vlm")
+    p.add_argument("--max-pages", type=int, default=None, metavar="N",
+                   help="refuse (one line) a PDF of more than N pages (default: 2000)")
     p.add_argument("--ocr", choices=("auto", "off"), default=None,
                    help="OCR pages without a text layer: auto (when tesseract is installed; default) or off")
     p.add_argument("--embedder", default=None, metavar="MODEL",
@@ -62,7 +64,7 @@ def add_arguments(p) -> None:
 CONFIG_FLAGS = (("enrich", "enrich", "mode"), ("parser", "ingest", "parser"),
                 ("mineru_output", "ingest", "mineru_output"), ("vlm_url", "enrich", "vlm_url"),
                 ("vlm_model", "enrich", "vlm_model"), ("ocr", "ingest", "use_ocr"),
-                ("embedder", "embedder", "model"), ("device", "embedder", "device"))
+                ("embedder", "embedder", "model"), ("device", "embedder", "device"), ("max_pages", "ingest", "max_pages"))
 
 
 def make_config(args):
@@ -90,6 +92,8 @@ def run(args) -> int:
         raise CLIError("--ray builds the documents on Ray: it takes no --workers, --list or --verify")
     if args.workers is not None and args.workers < 1:
         raise CLIError(f"--workers must be >= 1, got {args.workers}")
+    if args.max_pages is not None and args.max_pages < 1:
+        raise CLIError(f"--max-pages must be >= 1, got {args.max_pages}")
     if args.list:
         return show_list(args.list, as_json=args.json)
     if not args.verify:
@@ -105,7 +109,7 @@ def run(args) -> int:
     out = args.verify or args.out
 
     def log(line: str) -> None:
-        print(f"cdsjax index: {line}", file=sys.stderr)
+        print(f"cdsjax index: {printable(line)}", file=sys.stderr)
 
     try:
         if args.verify:
@@ -147,27 +151,27 @@ def show_list(directory, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(docs, indent=1))
         return 0
-    print(f"index {directory}: {len(docs)} document{'s' if len(docs) != 1 else ''}")
+    print(f"index {printable(directory)}: {len(docs)} document{'s' if len(docs) != 1 else ''}")
     for d in docs:
         extra = ""
         if d["enrichment"].get("lite-fallback"):
             extra += f", {d['enrichment']['lite-fallback']} notes not enriched (lite-fallback)"
         if d["ocr"].get("no_text_pages"):
             extra += f", {d['ocr']['no_text_pages']} pages without text (OCR: {d['ocr'].get('state')})"
-        print(f"  {d['doc_id']}  {d['pages']} pages, {d['notes']} notes{extra}  [{d['path']}]")
+        print(f"  {printable(d['doc_id'])}  {d['pages']} pages, {d['notes']} notes{extra}  [{printable(d['path'])}]")
     return 0
 
 
 def format_verify(s) -> str:
     if not s.repaired and not s.failures:
-        return f"index {s.out_dir}: {s.documents} documents, all intact"
-    lines = [f"index {s.out_dir}: {len(s.repaired)} damaged document(s) found"]
+        return f"index {printable(s.out_dir)}: {s.documents} documents, all intact"
+    lines = [f"index {printable(s.out_dir)}: {len(s.repaired)} damaged document(s) found"]
     failed = {os.path.basename(p) for p, _ in s.failures}
     for doc_id, problem in s.repaired:
         state = "NOT repaired" if doc_id in failed or any(doc_id in r for _, r in s.failures) else "repaired"
-        lines.append(f"  {doc_id}: {problem} -> {state}")
+        lines.append(f"  {printable(doc_id)}: {printable(problem)} -> {state}")
     for path, reason in s.failures:
-        lines.append(f"  {path}: {reason}")
+        lines.append(f"  {printable(path)}: {printable(reason)}")
     lines.append(f"  now {s.documents} documents" + (" (index rewritten)" if s.written else ""))
     return "\n".join(lines)
 
@@ -179,7 +183,7 @@ def format_summary(s) -> str:
     changes = ", ".join(f"{len(v)} {name}" for name, v in (("added", s.added), ("updated", s.updated),
                                                          ("kept", s.kept), ("removed", s.removed)) if v)
     lines = [
-        f"index {s.out_dir} ({state})",
+        f"index {printable(s.out_dir)} ({state})",
         f"  documents {s.documents}" + (f" ({changes})" if changes else "")
         + f"; {s.processed} processed, {s.from_cache} from the cache; failed {len(s.failures)}",
         f"  pages {s.pages}",
@@ -188,12 +192,13 @@ def format_summary(s) -> str:
         f"  seconds: {stages}",
     ]
     if s.repaired:
-        lines.append(f"  repaired {len(s.repaired)}: " + "; ".join(f"{d} ({why})" for d, why in s.repaired))
+        lines.append(f"  repaired {len(s.repaired)}: " + "; ".join(f"{printable(d)} ({printable(why)})"
+                                                                  for d, why in s.repaired))
     if s.enrichment_failures:
         total = s.enrichment.get("lite-fallback", 0)
         lines.append(f"  enrichment: {s.enrichment.get('vlm', 0)} notes by the VLM, {total} lite-fallback "
                      f"(VLM failed) — run the same command again to retry them; --strict makes this an error")
-        lines.extend(f"    {line}" for line in s.enrichment_failures)
+        lines.extend(f"    {printable(line)}" for line in s.enrichment_failures)
     if s.warnings:
         lines.append(f"  warnings {len(s.warnings)}")
     return "\n".join(lines)

@@ -124,12 +124,13 @@ function noteCell(row, e, side, shared, dups, label) {
   head.appendChild(el("b", "#" + e.rank)); head.appendChild(document.createTextNode(
     " · " + e.score.toFixed(4) + " · " + e.document + " · " + e.kind + " · "));
   const link = el("a", "page " + (e.page + 1), "pdf");
-  link.href = "/pdf?document=" + encodeURIComponent(e.document) + "#page=" + (e.page + 1);
+  const index = e.index ? "&index=" + encodeURIComponent(e.index) : "";
+  link.href = "/pdf?document=" + encodeURIComponent(e.document) + index + "#page=" + (e.page + 1);
   link.target = "_blank"; head.appendChild(link);
   td.appendChild(head);
   td.appendChild(el("div", e.text.replace(/\s+/g, " ").slice(0, 320), "text"));
   if (e.image_path) { const img = document.createElement("img");
-    img.src = "/crop?note=" + encodeURIComponent(e.note_id); img.alt = e.caption || e.kind; td.appendChild(img); }
+    img.src = "/crop?note=" + encodeURIComponent(e.note_id) + index; img.alt = e.caption || e.kind; td.appendChild(img); }
   return td;
 }
 async function ask(q, a, b, budget, threshold) {

@@ -209,6 +209,11 @@ def token_from_query(query: bytes) -> Optional[bytes]:
 # ------------------------------------------------------------------ paths and files
 
 
+def index_name(root) -> str:
+    """The name an index goes by in answers and in ``/pdf``/``/crop`` requests: its directory's name."""
+    return os.path.basename(str(root).rstrip(os.sep))
+
+
 def public_path(path: Optional[str], roots) -> Optional[str]:
     """``path`` relative to the index root that holds it (``crops/...``), so no server path leaves the server."""
     if not path:
@@ -288,11 +293,13 @@ class PdfFiles:
 
         self.max_bytes = max_bytes
         self._entries: Dict[str, dict] = {}
+        self.index_of: Dict[str, str] = {}  # document id -> the name of the index that holds it
         for root in roots:
             manifest = read_manifest(Path(root)) or {}
             for entry in manifest.get("documents", []):
-                if entry.get("doc_id") is not None and entry.get("path"):
+                if isinstance(entry, dict) and entry.get("doc_id") is not None and entry.get("path"):
                     self._entries.setdefault(str(entry["doc_id"]), entry)
+                    self.index_of.setdefault(str(entry["doc_id"]), index_name(root))
 
     def __contains__(self, doc_id: str) -> bool:
         return doc_id in self._entries

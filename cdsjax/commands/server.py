@@ -105,14 +105,17 @@ class ServerState:
             raise ValueError(f"queue and uploads must be >= 1, got {limits.queue} and {limits.uploads}")
         default_selector = default_selector or display(DEFAULT_SELECTOR)
         notes = pipe.corpus.notes
+        pdfs = policy.PdfFiles(pipe.corpus.roots, max_pdf_bytes)
         # a note id is looked up, never used as a path; the path and its hash were checked when the index loaded
-        crops = {str(n.get("note_id")): (n["image_path"], n.get("image_sha256")) for n in notes if n.get("image_path")}
+        # (ids are unique across the loaded indexes: Corpus.merge refuses a collision)
+        crops = {str(n.get("note_id")): (n["image_path"], n.get("image_sha256"), pdfs.index_of.get(str(n.get("doc_id"))))
+                 for n in notes if n.get("image_path")}
         page_html = web.render(default_selector=default_selector, default_budget=default_budget,
                                selector_displays=[display(name) for name in SPECS])
         # selections whose selector is compiled run on one lane; those that compile one (seconds, and a new
         # option value always does) on another, so a client asking for new compilations cannot hold up the rest
         return cls(pipe=pipe, limits=limits, default_selector=default_selector, default_budget=default_budget,
-                   documents=document_rows(notes), crops=crops, pdfs=policy.PdfFiles(pipe.corpus.roots, max_pdf_bytes),
+                   documents=document_rows(notes, pdfs.index_of), crops=crops, pdfs=pdfs,
                    page_html=page_html, compute=Lane("select", concurrency=1, max_abandoned=2),
                    compiling=Lane("compile", concurrency=1, max_abandoned=2),
                    reading=Lane("read", concurrency=max(1, read_workers), max_abandoned=max(1, read_workers)))
@@ -136,12 +139,12 @@ class ServerState:
             return await asyncio.to_thread(fn, *args)
 
 
-def document_rows(notes) -> List[dict]:
-    """One row per document of the notes: its id, pages, notes and notes by kind."""
+def document_rows(notes, index_of: Optional[Dict[str, str]] = None) -> List[dict]:
+    """One row per document of the notes: its id, the index that holds it, pages, notes and notes by kind."""
     rows: Dict[str, dict] = {}
     for note in notes:
         doc = str(note.get("doc_id"))
-        row = rows.setdefault(doc, dict(document=doc, pages=0, notes=0, kinds={}))
+        row = rows.setdefault(doc, dict(document=doc, index=(index_of or {}).get(doc), pages=0, notes=0, kinds={}))
         row["notes"] += 1
         row["pages"] = max(row["pages"], int(note.get("page", 0)) + 1)
         kind = note.get("kind", "text")
@@ -203,12 +206,12 @@ async def list_documents(request: Request):
     return {"documents": state.documents, "indexes": [os.path.basename(str(r).rstrip(os.sep)) for r in state.roots]}
 
 
-async def pdf(request: Request, document: str):
+async def pdf(request: Request, document: str, index: Optional[str] = None):
     """The source PDF of a loaded document, by id, checked on every request (:class:`policy.PdfFiles`: the
     file recorded at indexing with its symlinks resolved, opened without following a link, same sha256); the
-    bytes sent are the bytes checked."""
+    bytes sent are the bytes checked. ``index`` (optional) names the index that must hold the document."""
     state = state_of(request)
-    if document not in state.pdfs:
+    if document not in state.pdfs or (index is not None and state.pdfs.index_of.get(document) != index):
         return state.error(404, f"no PDF for document {policy.echo(document)}: it is not in the loaded indexes")
     if state.pdfs_held >= PDF_RESPONSES:
         state.traffic.count("busy")
@@ -231,9 +234,12 @@ async def pdf(request: Request, document: str):
     return HeldResponse(data, release, media_type="application/pdf", headers={"X-Content-Type-Options": "nosniff"})
 
 
-async def crop(request: Request, note: str):
+async def crop(request: Request, note: str, index: Optional[str] = None):
+    """The crop of a visual note, by id; ``index`` (optional) names the index that must hold the note."""
     state = state_of(request)
     found = state.crops.get(note)
+    if found is not None and index is not None and found[2] != index:
+        found = None
     data = await state.read_file(policy.read_crop, found[0], state.roots, found[1]) if found is not None else None
     if data is None:
         return state.error(404, f"no crop for note {policy.echo(note)}")
@@ -251,6 +257,7 @@ def public(state: ServerState, result, body: Question) -> dict:
         out["near_duplicates"] = web.near_duplicates(state.pipe, out["evidence"], body.near_duplicates)
     for e in out.get("evidence", []):
         e["image_path"] = policy.public_path(e.get("image_path"), roots)
+        e["index"] = state.pdfs.index_of.get(str(e.get("document")))  # what /pdf and /crop take as index=
     if out.get("error"):
         out["error"] = {k: policy.scrub(v, roots) if isinstance(v, str) else v for k, v in out["error"].items()}
     return policy.finite(out)

@@ -30,26 +30,37 @@ def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
     its size is capped by JAX itself (``jax_compilation_cache_max_size``, least recently used entries evicted
     when a new one is written) at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1: no cap; 0: JAX
     writes nothing), so a server whose clients ask for ever new budgets and options cannot fill the disk.
+    A directory owned by another user or writable by its group or others, or a link inside the cdsjax cache, is
+    refused with one warning line (:func:`cdsjax.io.private.private_cache_dir`) and nothing is cached.
     Returns the :class:`CompileCache` of that directory (for the command to hand to the pipelines it builds),
-    or None when disabled or not writable.
+    or None when disabled, refused or not writable.
     """
     setting = os.environ.get("CDSJAX_JAX_CACHE")
     if setting == "0":
         return None
-    if setting:
-        directory = setting
-    elif directory is None:
-        from cdsjax.io.index import cache_root
+    from cdsjax.io.storefiles import StoreError
 
-        directory = cache_root() / "jax-compilation"
-    directory = Path(directory)
     try:
-        from cdsjax.io.private import private_dir
+        if setting:
+            directory = setting
+        elif directory is None:
+            from cdsjax.io.index import cache_root
 
-        private_dir(directory)
+            directory = cache_root() / "jax-compilation"
+        directory = Path(directory)
+        from cdsjax.io.private import private_cache_dir
+
+        private_cache_dir(directory)  # another user's, or group/world-writable: refused
+        if directory.is_symlink() and not setting:  # a link planted inside the cdsjax cache
+            raise StoreError(f"{directory}: refusing a symbolic link inside the cdsjax cache; remove it")
         max_bytes = cache_max_bytes(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB"))
         if max_bytes >= 0:
             _date_undated_entries(directory)
+    except StoreError as err:
+        import sys
+
+        print(f"cdsjax: warning: {err}; compiling without the persistent cache", file=sys.stderr)
+        return None
     except (OSError, ValueError):
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
@@ -74,10 +85,20 @@ def _date_undated_entries(directory: Path) -> None:
     it) the access time JAX's capped cache keeps (its modification time, in nanoseconds, 8 bytes little
     endian): JAX's eviction reads that file for every entry and, where one is missing, fails every later
     write."""
+    import stat
+
     for entry in directory.glob("*-cache"):
+        info = entry.lstat()
+        if stat.S_ISLNK(info.st_mode):  # JAX writes no link: one planted here is removed, never followed
+            entry.unlink()
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
         atime = entry.with_name(entry.name[: -len("-cache")] + "-atime")
-        if not atime.exists():
-            atime.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))
+        if not os.path.lexists(atime):
+            fd = os.open(atime, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(info.st_mtime_ns.to_bytes(8, "little"))
 
 
 EXPORT_SUFFIX = ".cdsjax-exported"

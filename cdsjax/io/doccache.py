@@ -17,7 +17,7 @@ import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
 from cdsjax.io.storefiles import (StoreError, _owner_pid, _pid_alive, check_crops, crop_hashes, load_npy_checked,
-                                  read_jsonl_checked, save_npy, write_jsonl)
+                                  open_inside, read_inside, read_jsonl_checked, save_npy, write_jsonl)
 
 
 class DocCache:
@@ -33,11 +33,16 @@ class DocCache:
 
     An entry is written to a hidden staging directory and renamed into place, so a killed writer leaves
     either a whole entry or none. Reads check every hash; a damaged entry reads as a :class:`StoreError`
-    naming the file, and the caller rebuilds it.
+    naming the file, and the caller rebuilds it. No link inside the cache is followed, on reads or writes
+    (:func:`~cdsjax.io.storefiles.open_inside`): an entry, a folder or a file that is a link is damage.
     """
 
     def __init__(self, root: Path):
         self.root = Path(root)
+
+    def _real_dir(self, rel: str) -> None:
+        """Raises :class:`StoreError` unless ``root/rel`` is a directory reached without a link."""
+        os.close(open_inside(self.root.parent, f"{self.root.name}/{rel}", directory=True))
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -52,11 +57,12 @@ class DocCache:
           StoreError: the entry exists but is damaged (the message names the file).
         """
         d = self.path(key)
-        if not d.exists():
+        if not os.path.lexists(d):
             return None
         meta_path = d / "entry.json"
         try:
-            meta = json.loads(meta_path.read_text())
+            self._real_dir(f"{key[:2]}/{key}")
+            meta = json.loads(read_inside(d, "entry.json"))
         except OSError as err:
             raise StoreError(f"{meta_path}: cannot read ({err.strerror or err})") from None
         except ValueError as err:
@@ -69,7 +75,7 @@ class DocCache:
         out["notes"] = read_jsonl_checked(d / "notes.jsonl", h.get("notes"))
         out["embeddings"] = load_npy_checked(d / "embeddings.npy", h.get("embeddings"))
         out["edges"] = load_npy_checked(d / "edges.npy", h.get("edges")).reshape(-1, 2)
-        bad = check_crops(d / "crops", h.get("crops") or {})
+        bad = check_crops(d, "crops", h.get("crops") or {})
         if bad:
             raise StoreError(bad)
         if len(out["notes"]) != out["embeddings"].shape[0] or len(out["notes"]) != len(out["elements"]):
@@ -80,6 +86,7 @@ class DocCache:
 
     def staging(self) -> Path:
         private_dir(self.root)
+        self._real_dir(".")
         path = self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         path.mkdir(mode=0o700)
         (path / "crops").mkdir(mode=0o700)
@@ -109,6 +116,7 @@ class DocCache:
         make_private(staging)
         final = self.path(key)
         private_dir(final.parent)
+        self._real_dir(key[:2])  # a planted link there would take the entry elsewhere
         if final.exists() and not replace:
             try:
                 self.read(key)
@@ -117,13 +125,15 @@ class DocCache:
             else:
                 shutil.rmtree(staging, ignore_errors=True)
                 return final
-        if final.exists():  # a damaged or outdated entry: move it aside first
+        if os.path.lexists(final):  # a damaged or outdated entry (or a link planted in its place): aside first
             trash = self.root / f".old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:
                 os.replace(final, trash)
             except OSError:
                 trash = None
-            if trash is not None:
+            if trash is not None and os.path.islink(trash):
+                os.unlink(trash)
+            elif trash is not None:
                 shutil.rmtree(trash, ignore_errors=True)
         try:
             os.replace(staging, final)
@@ -136,7 +146,7 @@ class DocCache:
 
     def clean_staging(self) -> None:
         """Removes staging directories of writers that are gone (a killed run's half-written entry)."""
-        if not self.root.is_dir():
+        if not self.root.is_dir() or self.root.is_symlink():
             return
         for p in self.root.iterdir():
             if p.name.startswith((".tmp-", ".old-")):

@@ -110,15 +110,30 @@ def check_pdf_file(path: Path) -> None:
         raise IngestError(path, "truncated or corrupt PDF (no %%EOF marker at the end)")
 
 
-def open_pdf(path: Path):
-    """Opens a PDF with PyMuPDF; raises :class:`IngestError` for corrupt, encrypted or empty files."""
+def _open_by_name_or_bytes(pymupdf, path: Path):
+    """``pymupdf.open`` of ``path``; a name that is not valid UTF-8 (MuPDF cannot open it by name) is opened
+    from the file's bytes instead."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        with open(path, "rb") as f:
+            return pymupdf.open(stream=f.read(), filetype="pdf")
+    return pymupdf.open(str(path), filetype="pdf")
+
+
+DEFAULT_MAX_PAGES = 2000  # config.ingest.max_pages
+
+
+def open_pdf(path: Path, max_pages: int = DEFAULT_MAX_PAGES):
+    """Opens a PDF with PyMuPDF; raises :class:`IngestError` for corrupt, encrypted or empty files, and for
+    one of more than ``max_pages`` pages (``config.ingest.max_pages``, ``--max-pages``)."""
     pymupdf = import_pymupdf()
 
     check_pdf_file(path)
     shown = pymupdf.TOOLS.mupdf_display_errors()
     pymupdf.TOOLS.mupdf_display_errors(False)  # MuPDF's own stderr lines would break "one line per file"
     try:
-        doc = pymupdf.open(str(path), filetype="pdf")
+        doc = _open_by_name_or_bytes(pymupdf, path)
     except Exception as err:  # MuPDF raises several types for broken files
         raise IngestError(path, f"corrupt PDF ({_one_line(err)})") from None
     finally:
@@ -134,6 +149,9 @@ def open_pdf(path: Path):
     if num_pages == 0:
         doc.close()
         raise IngestError(path, "PDF has zero pages")
+    if max_pages and num_pages > max_pages:
+        doc.close()
+        raise IngestError(path, f"PDF has {num_pages} pages, more than the limit of {max_pages} (--max-pages)")
     return doc
 
 
@@ -162,7 +180,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
 
     path = Path(path)
     cfg = config.ingest
-    doc = open_pdf(path)
+    doc = open_pdf(path, int(cfg.get("max_pages", DEFAULT_MAX_PAGES)))
     warnings: List[str] = []
     no_text_pages: List[int] = []
     ocr_failed = 0

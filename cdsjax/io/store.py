@@ -34,8 +34,9 @@ import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
 from cdsjax.io.storefiles import (  # noqa: F401  (re-exported: store.X is how callers name them)
-    StoreError, _owner_pid, _pid_alive, check_crops, crop_hashes, jsonl_line_digests, load_npy_checked, read_jsonl,
-    read_jsonl_checked, rows_digest, save_npy, sha256_bytes, sha256_file, sha256_json, write_jsonl)
+    StoreError, _owner_pid, _pid_alive, check_crops, copy_inside, crop_hashes, files_inside, jsonl_line_digests,
+    load_npy_checked, open_inside, read_inside, read_jsonl, read_jsonl_checked, rows_digest, save_npy, sha256_bytes,
+    sha256_file, sha256_json, write_jsonl)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -100,11 +101,9 @@ def write_manifest(directory: Path, manifest: dict) -> None:
 
 def read_manifest(directory: Path) -> Optional[dict]:
     """The manifest of an index directory, or None if there is none (or it is unreadable)."""
-    path = Path(directory) / MANIFEST
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):
+        manifest = json.loads(read_inside(directory, MANIFEST))
+    except (OSError, ValueError, StoreError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("format_version") == FORMAT_VERSION else None
 
@@ -120,16 +119,58 @@ def _siblings(out_dir: Path, tag: str) -> List[Path]:
     return [p for p in parent.iterdir() if p.name.startswith(prefix)]
 
 
-def recover(out_dir: Path) -> None:
-    """Cleans up after an interrupted build: restores a swapped-out index, removes stale staging dirs."""
+def _journal_path(journal: Optional[Path], out_dir: Path) -> Path:
+    """Where :func:`commit` records the index it parks aside: a file named by the index's absolute path in
+    ``journal`` (default ``<cdsjax cache>/swaps``, a directory only this user can write)."""
+    if journal is None:
+        from cdsjax.io.index.keys import cache_root
+
+        journal = cache_root() / "swaps"
+    name = hashlib.sha256(os.fsencode(str(Path(out_dir).absolute()))).hexdigest()[:32]
+    return Path(journal) / f"{name}.json"
+
+
+def _read_journal(path: Path) -> dict:
+    try:
+        record = json.loads(read_inside(path.parent, path.name))
+    except (OSError, ValueError, StoreError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _parked_by_us(old: Path, record: dict, out_dir: Path) -> bool:
+    """Whether ``old`` is the very directory a commit of ``out_dir`` parked aside (name, device and inode as
+    the journal recorded them), not a folder someone placed beside the index under such a name."""
+    try:
+        info = os.lstat(old)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and record.get("out") == str(Path(out_dir).absolute())
+            and record.get("old") == old.name and record.get("dev") == info.st_dev and record.get("ino") == info.st_ino)
+
+
+def recover(out_dir: Path, *, journal: Optional[Path] = None) -> None:
+    """Cleans up after an interrupted build: restores a swapped-out index, removes stale staging dirs.
+
+    Only a directory that :func:`commit` parked aside, as its journal entry names it (see
+    :func:`_journal_path`), is put back or removed: a folder placed beside the index under a leftover's name
+    (``.NAME.old-PID-x``) is neither adopted nor touched."""
     out_dir = Path(out_dir)
-    for old in _siblings(out_dir, "old"):
-        if _pid_alive(_owner_pid(old)) and _owner_pid(old) != os.getpid():
-            continue
-        if not out_dir.exists() and (old / MANIFEST).exists():
-            os.replace(old, out_dir)
-        else:
-            shutil.rmtree(old, ignore_errors=True)
+    olds = _siblings(out_dir, "old")
+    if olds:
+        path = _journal_path(journal, out_dir)
+        record = _read_journal(path)
+        for old in olds:
+            if not _parked_by_us(old, record, out_dir):
+                continue
+            if _pid_alive(_owner_pid(old)) and _owner_pid(old) != os.getpid():
+                continue
+            if not out_dir.exists() and read_manifest(old) is not None:
+                os.replace(old, out_dir)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     for tmp in _siblings(out_dir, "tmp"):
         if not _pid_alive(_owner_pid(tmp)) or _owner_pid(tmp) == os.getpid():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -182,25 +223,34 @@ def staging_dir(out_dir: Path) -> Path:
     return path
 
 
-def commit(staging: Path, out_dir: Path) -> None:
-    """Swaps a fully written staging directory in place of ``out_dir`` (made private first: 0700/0600)."""
+def commit(staging: Path, out_dir: Path, *, journal: Optional[Path] = None) -> None:
+    """Swaps a fully written staging directory in place of ``out_dir`` (made private first: 0700/0600).
+
+    The previous index is parked aside as ``.NAME.old-PID-x`` between two renames; its name, device and inode
+    are first written to a journal in the user's private cache (:func:`_journal_path`), so that
+    :func:`recover` puts back only that directory after a crash between the renames."""
     out_dir = Path(out_dir).absolute()
     make_private(staging)
-    old = None
+    old = record = None
     if out_dir.exists():
         old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        info = os.lstat(out_dir)
+        record = _journal_path(journal, out_dir)
+        private_dir(record.parent)
+        os.close(open_inside(record.parent.parent, record.parent.name, directory=True))  # a link there: refused
+        tmp = record.with_name(f".{record.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(out=str(out_dir), old=old.name, dev=info.st_dev, ino=info.st_ino), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, record)
         os.replace(out_dir, old)
     os.replace(staging, out_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+        with contextlib.suppress(OSError):
+            os.unlink(record)
 
 
 # --------------------------------------------------------------------------- writer lock
@@ -295,10 +345,10 @@ def load_arrays_checked(directory: Path, files: Optional[dict] = None) -> Tuple[
     directory = Path(directory)
     if not directory.is_dir():
         raise StoreError(f"{directory}: missing (the index's arrays are gone)")
-    if files:
-        bad = check_crops(directory, files)
-        if bad:
-            raise StoreError(bad.replace("(image crop)", "(array file)"))
+    # orbax opens the files by name: first, no link anywhere in the arrays folder (and, when recorded, hashes)
+    bad = check_crops(directory.parent, directory.name, files or {})
+    if bad:
+        raise StoreError(bad.replace("(image crop)", "(array file)"))
     try:
         return load_arrays(directory)
     except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files

@@ -21,7 +21,7 @@ from cdsjax.io import store
 from cdsjax.io.elements import IngestError
 from cdsjax.io.embed import embedder_key
 from cdsjax.io.index.context import BuildContext, Doc, IndexSummary, ProgressBar, default_config, quiet
-from cdsjax.io.index.keys import array_digest, doc_cache, entry_key, library_versions, stage_keys
+from cdsjax.io.index.keys import array_digest, cache_root, doc_cache, entry_key, library_versions, stage_keys
 from cdsjax.io.index.repair import PreviousIndex
 from cdsjax.io.index.stages import build_doc, needs_redo, ocr_redo, report_doc
 from cdsjax.io.index.workers import build_documents, resolve_workers
@@ -121,7 +121,8 @@ def build_index(
 def _build_locked(paths, out_dir: Path, ctx: BuildContext, *, replace: bool, remove: List[str]) -> IndexSummary:
     """One build run, under the writer lock: the document set, each document obtained, the index published."""
     summary, seconds = ctx.summary, ctx.seconds
-    store.recover(out_dir)
+    journal = cache_root(ctx.config) / "swaps"  # where commit records the index it parks aside
+    store.recover(out_dir, journal=journal)
     store.check_output_dir(out_dir, replace=replace)
     ctx.cache.clean_staging()
     ctx.versions = library_versions()
@@ -159,7 +160,7 @@ def _build_locked(paths, out_dir: Path, ctx: BuildContext, *, replace: bool, rem
         staging = store.staging_dir(out_dir)
         manifest = _write_index(staging, kept, ctx)
         store.write_manifest(staging, manifest)
-        store.commit(staging, out_dir)
+        store.commit(staging, out_dir, journal=journal)
         staging = None
         seconds["write"] += time.perf_counter() - t0
         _fill_summary(summary, kept, written=True, seconds=seconds)
@@ -181,6 +182,8 @@ def _read_inputs(paths, ctx: BuildContext) -> List[Doc]:
             check_pdf_file(path)
             resolved = os.path.realpath(path)  # what /pdf opens later, without following any link
             inputs.append(Doc(path=path, sha=store.sha256_file(Path(resolved)), resolved=resolved, is_input=True))
+        except OSError as err:  # gone or unreadable since it was found: one line, and the others are indexed
+            _fail(ctx, IngestError(path, f"cannot read file ({err.strerror or err})"))
         except IngestError as err:
             _fail(ctx, err)
     return inputs
@@ -376,9 +379,8 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
         elements.extend(d_elements)
         emb_blocks.append(d_emb)
         edge_blocks.append(d_edges + start)
-        if d.crop_root is not None and (Path(d.crop_root) / d.crop_rel).is_dir():
-            for png in (Path(d.crop_root) / d.crop_rel).iterdir():
-                store.link_or_copy(png, staging / d.crop_rel / png.name)
+        if d.crop_root is not None:  # copied, never linked, and no link followed (store.copy_inside)
+            store.copy_inside(d.crop_root, d.crop_rel, staging)
         manifest_docs.append(dict(
             doc_id=d.doc_id, path=str(d.path), resolved=d.resolved, sha256=d.sha, num_pages=d.num_pages,
             num_elements=len(d_elements), num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel,
@@ -429,5 +431,7 @@ def _assign_doc_ids(docs: List[Doc]) -> None:
     for d in docs:
         if d.doc_id:
             continue
-        d.doc_id = d.path.name if d.path.name not in taken else f"{d.path.name}~{d.sha[:8]}"
+        # a name that is not UTF-8 (its bytes decoded as surrogates) becomes text: U+FFFD for each bad byte
+        name = d.path.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        d.doc_id = name if name not in taken else f"{name}~{d.sha[:8]}"
         taken.add(d.doc_id)

@@ -42,7 +42,7 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     parse_key = store.sha256_json(
         dict(parser=parser, parser_version=PARSER_VERSION, pymupdf=versions.get("pymupdf"),
              pymupdf4llm=versions.get("pymupdf4llm"), splitter=versions.get("langchain-text-splitters"),
-             ingest={k: v for k, v in ingest.items() if k not in ("mineru_command",)})
+             ingest={k: v for k, v in ingest.items() if k not in ("mineru_command", "max_pages")})
     )
     enrich = config.enrich.to_dict()
     enrich.pop("vlm_api_key", None)
@@ -68,12 +68,17 @@ def array_digest(a: np.ndarray) -> str:
 
 
 def cache_root(config=None) -> Path:
-    """Where single-PDF indexes live: ``config.index.cache_dir``, else $CDSJAX_CACHE, else ~/.cache/cdsjax."""
+    """The cdsjax cache directory: ``config.index.cache_dir``, else $CDSJAX_CACHE, else ~/.cache/cdsjax.
+
+    Created 0700 when missing; one owned by another user or writable by its group or others is refused
+    (:func:`cdsjax.io.private.private_cache_dir`, a one-line :class:`store.StoreError`)."""
+    from cdsjax.io.private import private_cache_dir
+
     configured = ""
     if config is not None and "index" in config and config.index.get("cache_dir"):
         configured = str(config.index.cache_dir)
     root = configured or os.environ.get("CDSJAX_CACHE") or str(Path.home() / ".cache" / "cdsjax")
-    return Path(root).expanduser()
+    return private_cache_dir(Path(root).expanduser())
 
 
 def doc_cache(config) -> store.DocCache:

@@ -189,9 +189,13 @@ def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verif
         if os.path.lexists(full):
             if os.path.islink(full) or real != full or not os.path.isfile(full):
                 raise store.StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
-            if sha is None:  # an index written before per-document crop hashes: what is there now
-                sha = store.sha256_file(Path(full))
-            elif verify and store.sha256_file(Path(full)) != sha:
-                raise store.StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
+            if sha is None or verify:  # (no recorded hash: an index written before per-document crop hashes)
+                try:
+                    digest = store.sha256_bytes(store.read_inside(root, rel))
+                except OSError as err:
+                    raise store.StoreError(f"{root / rel}: unreadable ({err.strerror or err})") from None
+                if sha is not None and digest != sha:
+                    raise store.StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
+                sha = digest
         note["image_path"] = str(root / rel)
         note["image_sha256"] = sha

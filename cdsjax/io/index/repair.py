@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -11,6 +12,8 @@ import numpy as np
 from cdsjax.io import store
 from cdsjax.io.index.context import Doc
 from cdsjax.io.index.keys import array_digest
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class PreviousIndex:
@@ -43,14 +46,18 @@ class PreviousIndex:
         root = self.root
         self.line_digests = self.notes_rows = self.element_lines = None
         self.problems = {}
-        try:
-            self.note_lines = (root / "notes.jsonl").read_bytes().splitlines(keepends=True)
+        try:  # read through the index's own descriptor: a file replaced by a link is damage, not followed
+            self.note_lines = store.read_inside(root, "notes.jsonl").splitlines(keepends=True)
         except OSError as err:
             self.note_lines, self.problems["notes"] = None, f"{root / 'notes.jsonl'} is unreadable ({err.strerror})"
+        except store.StoreError as err:
+            self.note_lines, self.problems["notes"] = None, str(err)
         try:
-            self.element_lines = (root / "elements.jsonl").read_bytes().splitlines(keepends=True)
+            self.element_lines = store.read_inside(root, "elements.jsonl").splitlines(keepends=True)
         except OSError as err:
             self.problems["elements"] = f"{root / 'elements.jsonl'} is unreadable ({err.strerror})"
+        except store.StoreError as err:
+            self.problems["elements"] = str(err)
         try:
             self.arrays = store.load_arrays_checked(root / "arrays", self.manifest.get("hashes", {}).get("array_files"))
             if store.arrays_digest(*self.arrays) != self.manifest.get("hashes", {}).get("arrays"):
@@ -80,6 +87,14 @@ class PreviousIndex:
         start, count = entry["note_start"], entry["num_notes"]
         h = entry.get("hashes")
         root = self.root
+        # the crop folder is named by the content hash: anything else (a path that climbs out) is a crafted entry
+        sha = entry.get("sha256")
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha) or entry.get("crops") != f"crops/{sha[:16]}/":
+            return f"{root / store.MANIFEST}: this document's sha256 or crop folder is not one cdsjax writes"
+        # a crop folder that is a link (to ~/.ssh, say), or holds one, is damage: rebuilt, never followed
+        bad = store.check_crops(root, entry["crops"], (h or {}).get("crops") or {})
+        if bad:
+            return bad
         for name, lines in (("notes", self.note_lines), ("elements", self.element_lines)):
             if lines is None:
                 return self.problems[name]
@@ -103,9 +118,6 @@ class PreviousIndex:
             if array_digest(np.ascontiguousarray(emb[start : start + count], np.float32)) != h["embeddings"] or \
                     array_digest(np.ascontiguousarray(edges[sel] - start, np.int32)) != h["edges"]:
                 return f"{root / 'arrays'}: this document's embeddings or links do not match their hashes"
-            bad = store.check_crops(root / entry["crops"], h.get("crops", {}))
-            if bad:
-                return bad
         return None
 
     def fill(self, doc: Doc) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -16,8 +17,12 @@ from cdsjax.io.index.workers import build_documents, resolve_workers
 
 
 def _single_index_dir(pdf: Path, sha: str, cache_dir, config) -> Path:
+    """``<cache>/<stem>-<sha16>``; a link planted there is refused (:class:`store.StoreError`), not followed."""
     root = Path(cache_dir) if cache_dir is not None else cache_root(config)
-    return root / f"{pdf.stem[:60]}-{sha[:16]}"
+    out = root / f"{pdf.stem[:60]}-{sha[:16]}"
+    if os.path.islink(out):
+        raise store.StoreError(f"{out}: refusing a symbolic link inside the cdsjax cache; remove it")
+    return out
 
 
 def _current_single_index(out: Path, keys: dict) -> bool:

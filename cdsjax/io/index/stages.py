@@ -150,13 +150,10 @@ def report_doc(doc: Doc, ctx: BuildContext) -> None:
 
 
 def copy_crops(doc: Doc, staging: Path) -> None:
-    """Links (or copies) the document's stored crops into ``staging``, where its notes are redone."""
-    if doc.crop_root is None:
-        return
-    src = Path(doc.crop_root) / doc.crop_rel
-    if src.is_dir():
-        for png in src.iterdir():
-            store.link_or_copy(png, staging / doc.crop_rel / png.name)
+    """Copies the document's stored crops into ``staging``, where its notes are redone (no link followed or
+    made: :func:`store.copy_inside`)."""
+    if doc.crop_root is not None:
+        store.copy_inside(doc.crop_root, doc.crop_rel, staging)
 
 
 def parse_doc(doc: Doc, config, crop_dir: Path, crop_rel: str):
