@@ -119,6 +119,10 @@ class Corpus:
                     f"{idx.embedder.get('model')}); re-index them with one embedder"
                 )
         n = sum(len(idx.notes) for idx in indexes)
+        from cdsjax.io.index.schema import max_notes, too_many_notes
+
+        if n > max_notes():  # a question's work holds [n, n] matrices of the whole corpus
+            raise PipelineError(too_many_notes("the indexes together", n))
         links = np.zeros((n, n), bool)
         notes: List[dict] = []
         start = 0
