@@ -86,11 +86,11 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
             store.check_embedder_digest(root, manifest)
         schema.check_file_size(root / "notes.jsonl", (count + 1) * schema.MAX_NOTE_BYTES, f"{count} notes")
         notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
-        if len(notes) != count:
-            raise store.StoreError(f"{root / 'notes.jsonl'}: damaged ({len(notes)} notes, {count} recorded)")
+        if len(notes) > schema.max_notes():
+            raise store.StoreError(schema.too_many_notes(root, len(notes)))
         schema.check_notes(root / "notes.jsonl", notes, pages)
         embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"),
-                                                      notes=count)
+                                                      notes=len(notes))
         if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
             raise store.StoreError(f"{root / 'arrays'}: damaged (content does not match its recorded sha256)")
     except store.StoreError as err:
