@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cdsjax import catalog, core
@@ -42,6 +43,39 @@ from cdsjax.selector_cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_se
 
 class PipelineError(Exception):
     """A user-facing error of the pipeline (one line)."""
+
+
+# The options that are array leaves of the game's parameters (CDSParams.beta, .tau): a value given for one is an
+# argument of the compiled selector, so a new value reuses its program; every other option shapes the
+# compilation (a static field, a loop limit, a Python-level choice) and is part of the selector's key, so each
+# of its values is one entry of the pipeline's capped SelectorCache (``--max-compiled``).
+TRACED_OPTIONS = ("beta", "tau")
+_TRACED = "<argument>"  # a traced option's place in a selector key
+
+
+def split_options(selector: str, options: Optional[dict]) -> tuple:
+    """``(static, traced)``: ``options`` of the selector ``selector`` (a registry name) that key its
+    compilation, and those passed to it as array arguments (:data:`TRACED_OPTIONS` given as real numbers)."""
+    static, traced = {}, {}
+    accepted = catalog.selector_spec(selector).options
+    for name, value in dict(options or {}).items():
+        if (name in TRACED_OPTIONS and name in accepted and isinstance(value, (int, float))
+                and not isinstance(value, bool)):
+            traced[name] = float(value)
+        else:
+            static[name] = value
+    return static, traced
+
+
+def _bind(entry: core.Selector, leaves: dict) -> core.Selector:
+    """A selector of ``entry``'s compiled functions (which take the traced options as their last argument)
+    with ``leaves`` given."""
+    args = {k: jnp.asarray(v) for k, v in sorted(leaves.items())}  # weak-typed, as the Python number was
+    return core.Selector(lambda problem, key=None: entry.select(problem, key, args),
+                         corpus_bound=None if entry.corpus_bound is None else (
+                             lambda problem: entry.corpus_bound(problem, args)),
+                         corpus_block=None if entry.corpus_block is None else (
+                             lambda problem: entry.corpus_block(problem, args)))
 
 
 @dataclasses.dataclass
@@ -86,6 +120,10 @@ class Corpus:
                 )
         check_ids_apart(indexes)
         n = sum(len(idx.notes) for idx in indexes)
+        from cdsjax.io.index.schema import max_notes, too_many_notes
+
+        if n > max_notes():  # a question's work holds [n, n] matrices of the whole corpus
+            raise PipelineError(too_many_notes("the indexes together", n))
         links = np.zeros((n, n), bool)
         notes: List[dict] = []
         start = 0
@@ -350,10 +388,13 @@ class Pipeline:
 
     # ------------------------------------------------------------------ retrieval
     def selector_key(self, selector: str, budget: int, options: Optional[dict] = None) -> tuple:
-        """The key of a selector in :attr:`compiled` (a parameter value by its content, never a path)."""
+        """The key of a selector in :attr:`compiled` (a parameter value by its content, never a path; a traced
+        option (:data:`TRACED_OPTIONS`) by its name only: its values share one compiled selector)."""
         try:
-            return selector_key(selector, budget, resolve_options(canonical_selector(selector), options,
-                                                                  self.params))
+            name = canonical_selector(selector)
+            static, traced = split_options(name, options)
+            return selector_key(name, budget, resolve_options(name, {**static, **dict.fromkeys(traced, _TRACED)},
+                                                              self.params))
         except ValueError as err:
             raise PipelineError(str(err)) from None
 
@@ -366,27 +407,43 @@ class Pipeline:
             return False
 
     def selector_fn(self, selector: str, budget: int, options: Optional[dict] = None):
-        """The jitted per-question :class:`~cdsjax.core.Selector` ``fn(problem, key)`` (cached by :meth:`selector_key`)."""
-        key = self.selector_key(selector, budget, options)
+        """The jitted per-question :class:`~cdsjax.core.Selector` ``fn(problem, key)`` (cached by :meth:`selector_key`).
 
-        def make():
+        Every program it compiles (the selection, its corpus bound and note block, for each signature) belongs to
+        its entry of :attr:`compiled` and goes with it. A traced option's value is an argument of those programs."""
+        key = self.selector_key(selector, budget, options)
+        static, traced = split_options(key[0], options)
+
+        def build(leaves):
             try:
-                _, fn = resolve_selector(key[0], budget, options, self.params)
+                _, fn = resolve_selector(key[0], budget, {**static, **leaves}, self.params)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
+            return core.as_selector(fn)
+
+        def make():
+            sel = build(traced)  # (a bad static option is one line here, whatever the traced values)
+            if traced:  # the functions take the traced options as an argument, built into the game when traced
+                sel = core.Selector(lambda problem, k, leaves: build(leaves)(problem, k),
+                                    corpus_bound=None if sel.corpus_bound is None else (
+                                        lambda problem, leaves: build(leaves).corpus_bound(problem)),
+                                    corpus_block=None if sel.corpus_block is None else (
+                                        lambda problem, leaves: build(leaves).corpus_block(problem)))
             # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
             # fresh process neither traces nor lowers a selector it met before
             cache = self.compile_cache
             # the spectral bound and note block of the selector's game are computed once per corpus (select keeps
             # them per pipeline)
             suffix = {"select": "", "bound": ":bound", "block": ":block"}
-            return core.as_selector(fn).wrapped(lambda f, role: ExportedJit(f, repr(key) + suffix[role], cache))
+            return sel.wrapped(lambda f, role: ExportedJit(f, repr(key) + suffix[role], cache))
 
         if isinstance(self.compiled, SelectorCache):
-            return self.compiled.get_or_make(key, make)
-        if key not in self.compiled:
-            self.compiled[key] = make()
-        return self.compiled[key]
+            entry = self.compiled.get_or_make(key, make)
+        else:
+            if key not in self.compiled:
+                self.compiled[key] = make()
+            entry = self.compiled[key]
+        return _bind(entry, traced) if traced else entry
 
     def encode(self, questions: Sequence[str]) -> np.ndarray:
         for q in questions:
@@ -401,20 +458,23 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
         problem = self.with_bound(fn, self.candidates.problem(query, catalog.selector_spec(selector)),
-                                  self.selector_key(selector, budget, options))
+                                  self.selector_key(selector, budget, options),
+                                  traced=split_options(canonical_selector(selector), options)[1])
         sel = jax.device_get(fn(problem, core.key_from_query_id(qid)))
         self._ran.add(self.selector_key(selector, budget, options))
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
             self._ran &= set(self.compiled)
         return sel
 
-    def with_bound(self, fn, problem: core.CDSProblem, key: tuple) -> core.CDSProblem:
+    def with_bound(self, fn, problem: core.CDSProblem, key: tuple, *, traced: Optional[dict] = None) -> core.CDSProblem:
         """``problem`` carrying the spectral bound and the note block of ``fn``'s game on this corpus, computed
         on the first question and kept (per selector and number of query rows): the corpus's one
         eigendecomposition replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
-        (:func:`cdsjax.core.corpus.solve_on_block`)."""
-        return self.corpus_arrays.attach(fn, problem, key=(key[0], key[2]))  # neither depends on the budget
+        (:func:`cdsjax.core.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
+        (:func:`split_options`), which the bound and block depend on."""
+        values = tuple(sorted((traced or {}).items()))
+        return self.corpus_arrays.attach(fn, problem, key=(key[0], key[2], values))  # neither depends on the budget
 
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -243,7 +244,9 @@ class CorpusArrays:
                  max_bytes: int = DEFAULT_CORPUS_BYTES):
         self.wrap = wrap
         self.max_bytes = int(max_bytes)
-        self._functions: Dict[Any, tuple] = {}  # selector -> (bound, block) functions, wrapped
+        # selector -> (bound, block) functions, wrapped; held no longer than the selector (a pipeline's capped
+        # SelectorCache drops a selector, and its compiled programs go with it)
+        self._functions: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self._bounds: "OrderedDict[Any, Any]" = OrderedDict()
         self._blocks: "OrderedDict[Any, Any]" = OrderedDict()
         self._bytes = 0

@@ -4,12 +4,14 @@ again; a broken-off download or a wrong checksum is one line, leaves nothing at 
 fetched again on the next run; an archive is unpacked by pooch. The real sources' recorded figures are checked
 against the shared data (when it is there)."""
 
+import dataclasses
 import hashlib
 import io
 import json
 import pathlib
 import tarfile
 import threading
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -152,11 +154,13 @@ def fixture(tmp_path_factory):
                                  (dl("/mmlb/samples.json", ".downloads/mmlb/samples.json", **up("/mmlb/samples.json")),),
                                  sources._json_list_subset("doc_id", docs, indent=1, ensure_ascii=False)),)),
             "mmdocir": Source("mmdocir", "t", "l", "h", derived=(derived(
-                "mmlongbench/mmdocir_annotations.jsonl", (dl("/mmdocir/ann.jsonl", ".downloads/mmdocir/ann.jsonl"),),
+                "mmlongbench/mmdocir_annotations.jsonl",
+                (dl("/mmdocir/ann.jsonl", ".downloads/mmdocir/ann.jsonl", **up("/mmdocir/ann.jsonl")),),
                 sources._jsonl_subset("doc_name", docs)),)),
             "qasper": Source("qasper", "t", "l", "h", derived=(derived(
                 "qasper/qasper-test-v0.3.json",
-                (dl("/qasper/test.tgz", ".downloads/qasper/test.tgz", member="qasper-test-v0.3.json"),),
+                (dl("/qasper/test.tgz", ".downloads/qasper/test.tgz", member="qasper-test-v0.3.json",
+                    **up("/qasper/test.tgz")),),
                 sources._json_by_id(("p2", "p1"))),)),
             "hotpotqa": Source("hotpotqa", "t", "l", "h", derived=(derived(
                 "hotpotqa/hotpotqa_100.json",
@@ -261,21 +265,174 @@ def test_wrong_checksum_is_one_line_and_fetched_again(fixture, tmp_path):
             laid["hotpotqa/hotpotqa_100.json"]
 
 
+def _unrecorded(source):
+    """``source`` with nothing recorded for its downloads (as the real QASPER archive)."""
+    return dataclasses.replace(source, derived=tuple(dataclasses.replace(x, inputs=tuple(
+        dataclasses.replace(d, size=None, sha256=None, git_blob=None) for d in x.inputs)) for x in source.derived))
+
+
 def test_upstream_that_does_not_give_the_recorded_file_is_not_written(fixture, tmp_path):
     upstream, laid, make = fixture
     root = tmp_path / "data"
     with Server() as srv:
         srv.files.update(upstream)
-        srv.files["/mmdocir/ann.jsonl"] = b'{"doc_name": "a.pdf", "questions": []}\n'  # nothing recorded: accepted
+        srv.files["/mmdocir/ann.jsonl"] = b'{"doc_name": "a.pdf", "questions": []}\n'
         srv.files["/qasper/test.tgz"] = b"not an archive"
-        srcs = make(srv.url)
-        failures = _fetch(root, [srcs["mmdocir"], srcs["qasper"]])
+        srcs = [_unrecorded(make(srv.url)[n]) for n in ("mmdocir", "qasper")]
+        # nothing recorded for the downloads: refused before any request, unless the caller allows it
+        failures = _fetch(root, srcs)
+        assert len(failures) == 2 and all("no sha256 is recorded" in f and "--allow-unrecorded" in f for f in failures)
+        assert srv.requests == [] and not root.exists() or not any(root.rglob("*.json*"))
+        failures = fetch.fetch_sources(root, srcs, progress=False, log=[].append, allow_unrecorded=True)
         assert len(failures) == 2 and "not the recorded file" in failures[0] and "cannot lay it out" in failures[1]
         assert "not an archive" in failures[1] and all("\n" not in f for f in failures)
         assert not (root / "mmlongbench").exists() and not (root / "qasper").exists()
         srv.files.update(upstream)  # the host serves the right files again: the next run fetches them again
-        assert _fetch(root, [srcs["mmdocir"], srcs["qasper"]]) == []
+        assert fetch.fetch_sources(root, srcs, progress=False, log=[].append, allow_unrecorded=True) == []
         assert (root / "qasper/qasper-test-v0.3.json").read_bytes() == laid["qasper/qasper-test-v0.3.json"]
+
+
+# ---- hostile archives (issue 63): only the one member the layout needs is read, in memory, and only when it is a
+# regular file at a plain relative path; bombs are refused from their headers.
+
+MEMBER = "qasper-test-v0.3.json"
+
+
+def _tar(path, entries, mode="w:gz"):
+    """A tar archive of ``entries``: (name, bytes) for a file, (name, ("sym"|"lnk", target)) for a link."""
+    with tarfile.open(path, mode) as tar:
+        for name, body in entries:
+            info = tarfile.TarInfo(name)
+            if isinstance(body, tuple):
+                info.type = tarfile.SYMTYPE if body[0] == "sym" else tarfile.LNKTYPE
+                info.linkname = body[1]
+                tar.addfile(info)
+            else:
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    return path
+
+
+def _snapshot(folder):
+    return sorted((str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("entries, why", [
+    ([("/tmp/x/" + MEMBER, b"{}")], "an absolute path"),
+    ([("data/../../" + MEMBER, b"{}")], "'..'"),
+    ([(MEMBER, ("sym", "/etc/passwd"))], "a link"),
+    ([("a.json", b"{}"), ("dir/" + MEMBER, ("lnk", "a.json"))], "a link"),
+    ([("x/" + MEMBER, b"{}"), ("y/" + MEMBER, b"{}")], "more than once"),
+    ([("other.json", b"{}")], "is not in the archive"),
+])
+def test_a_hostile_tar_member_is_refused_in_one_line_and_nothing_is_written(tmp_path, entries, why):
+    box = tmp_path / "box"
+    box.mkdir()
+    archive = _tar(box / "a.tgz", entries)
+    before = _snapshot(tmp_path)
+    with pytest.raises(fetch.ArchiveError) as err:
+        fetch.read_member(archive, MEMBER)
+    assert why in str(err.value) and "\n" not in str(err.value)
+    assert _snapshot(tmp_path) == before, "nothing unpacked anywhere"
+
+
+def test_a_plain_tar_member_is_read_in_any_folder_and_any_compression(tmp_path):
+    for mode, suffix in (("w:gz", "tgz"), ("w:bz2", "tar.bz2"), ("w:xz", "tar.xz"), ("w", "tar")):
+        archive = _tar(tmp_path / f"a.{suffix}", [("README", b"r"), ("qasper/" + MEMBER, b'{"p": 1}')], mode)
+        assert fetch.read_member(archive, MEMBER) == b'{"p": 1}'
+
+
+def _zip(path, entries):
+    """A zip of ``entries``: (name, bytes, unix mode or None)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, body, mode in entries:
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            if mode is not None:
+                info.external_attr = mode << 16
+            zf.writestr(info, body)
+    return path
+
+
+@pytest.mark.parametrize("entries, why", [
+    ([("/abs/" + MEMBER, b"{}", None)], "an absolute path"),
+    (["../" + MEMBER, b"{}", None] and [("../" + MEMBER, b"{}", None)], "'..'"),
+    ([(MEMBER, b"/etc/passwd", 0o120777)], "a link"),
+])
+def test_a_hostile_zip_member_is_refused_in_one_line(tmp_path, entries, why):
+    archive = _zip(tmp_path / "a.zip", entries)
+    with pytest.raises(fetch.ArchiveError) as err:
+        fetch.read_member(archive, MEMBER)
+    assert why in str(err.value) and "\n" not in str(err.value)
+    assert fetch.read_member(_zip(tmp_path / "ok.zip", [("d/" + MEMBER, b"{}", 0o100644)]), MEMBER) == b"{}"
+
+
+class _CountingReads:
+    """Counts the bytes read from a .tgz (the compressed stream) by tarfile while ``read_member`` runs."""
+
+    def __init__(self, monkeypatch):
+        self.read = 0
+        real_open = tarfile.TarFile.gzopen.__func__
+        outer = self
+
+        class Counted(io.FileIO):
+            def read(self, n=-1):
+                data = super().read(n)
+                outer.read += len(data)
+                return data
+
+        def gzopen(cls, name, mode="r", fileobj=None, **kw):
+            return real_open(cls, name, mode, fileobj=Counted(name, "rb"), **kw)
+        monkeypatch.setattr(tarfile.TarFile, "gzopen", classmethod(gzopen))
+        monkeypatch.setitem(tarfile.TarFile.OPEN_METH, "gz", "gzopen")
+
+
+def test_bombs_are_refused_from_their_headers_before_they_are_expanded(tmp_path, monkeypatch):
+    monkeypatch.setattr(fetch, "MAX_MEMBER_BYTES", 4 << 20)
+    monkeypatch.setattr(fetch, "RATIO_FLOOR_BYTES", 1 << 20)
+    zeros = bytes(32 << 20)  # 32 MB of zeros: ~32 kB compressed, a ratio of ~1000
+    # the member itself, or a member before it that the stream must pass through
+    for entries in ([(MEMBER, zeros)], [("padding.bin", zeros), (MEMBER, b"{}")]):
+        archive = _tar(tmp_path / "bomb.tgz", entries)
+        with monkeypatch.context() as m:
+            counted = _CountingReads(m)
+            with pytest.raises(fetch.ArchiveError) as err:
+                fetch.read_member(archive, MEMBER)
+        assert "expands to more than" in str(err.value) and "\n" not in str(err.value)
+        assert 0 < counted.read < archive.stat().st_size // 2, "refused from the header, before decompressing"
+        archive.unlink()
+    bomb = _zip(tmp_path / "bomb.zip", [(MEMBER, zeros, 0o100644)])
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(fetch.ArchiveError, match="expands to more than"):
+        fetch.read_member(bomb, MEMBER)
+    # a small archive that compresses well (headers, padding) is not a bomb
+    small = _tar(tmp_path / "small.tgz", [(MEMBER, bytes(100_000))])
+    assert small.stat().st_size * fetch.MAX_RATIO < 100_000 and fetch.read_member(small, MEMBER) == bytes(100_000)
+
+
+def test_a_fetched_hostile_archive_leaves_nothing_outside_and_a_download_past_its_size_is_cut(fixture, tmp_path,
+                                                                                                monkeypatch):
+    upstream, laid, make = fixture
+    root = tmp_path / "data"
+    evil = _tar(tmp_path / "evil.tgz", [("../../escaped.txt", b"x"), ("/tmp/abs.txt", b"x"),
+                                        ("q/" + MEMBER, ("sym", "/etc/passwd"))]).read_bytes()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with Server() as srv:
+        srv.files.update(upstream)
+        srv.files["/qasper/test.tgz"] = evil
+        srcs = [_unrecorded(make(srv.url)["qasper"])]
+        failures = fetch.fetch_sources(root, srcs, progress=False, log=[].append, allow_unrecorded=True)
+        assert len(failures) == 1 and "refusing the archive" in failures[0] and "a link" in failures[0]
+        assert "\n" not in failures[0]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["data"])
+        assert not (root / "qasper").exists() and not any(root.rglob("*.txt")) and not any(root.rglob("*.json"))
+        # a download with nothing recorded is read no further than the limit; one with a recorded size no
+        # further than that size
+        monkeypatch.setattr(fetch, "MAX_DOWNLOAD_BYTES", 1000)
+        srv.files["/qasper/test.tgz"] = bytes(5000)
+        failures = fetch.fetch_sources(root, srcs, progress=False, log=[].append, allow_unrecorded=True)
+        assert len(failures) == 1 and "sent more than 1000 bytes" in failures[0]
+        assert not any(p.is_file() for p in root.rglob("*")), "nothing kept"
 
 
 def test_cli_fetch_only_and_errors(fixture, tmp_path, monkeypatch, capsys):

@@ -211,6 +211,76 @@ def test_mineru_output_directory(tmp_path, synthetic):
     assert "Retrieval systems" in fig.context
 
 
+def _hostile_mineru(tmp_path, synthetic, **image_block):
+    """A MinerU folder for the synthetic PDF whose image block is changed by ``image_block``; a secret image
+    outside it (what a hostile img_path aims at). Returns (config, folder, secret's bytes)."""
+    _, pdf, _ = synthetic
+    listing = _write_mineru_output(tmp_path / "mineru", pdf)
+    secret = tmp_path / "outside" / "secret.jpg"
+    secret.parent.mkdir()
+    secret.write_bytes((listing.parent / "images" / "fig1.jpg").read_bytes())
+    blocks = json.loads(listing.read_text())
+    image = next(b for b in blocks if b["type"] == "image")
+    for key, value in image_block.items():
+        value = str(secret) if value == "SECRET" else value
+        image.update({key: value})
+    listing.write_text(json.dumps(blocks))
+    cfg = default_config()
+    cfg.ingest.parser = "mineru"
+    cfg.ingest.mineru_output = str(tmp_path / "mineru")
+    return cfg, listing.parent, secret
+
+
+def _crops_and_error(tmp_path, synthetic, cfg):
+    _, pdf, _ = synthetic
+    crops = tmp_path / "crops"
+    with pytest.raises(IngestError) as err:
+        parse_with_mineru(pdf, "synthetic.pdf", config=cfg, crop_dir=crops, crop_prefix="crops/")
+    return crops, str(err.value)
+
+
+@pytest.mark.parametrize("img_path", ["SECRET", "../../../outside/secret.jpg", "images/../../../outside/secret.jpg",
+                                      "C:/x.jpg", 17])
+def test_mineru_img_path_outside_its_folder_is_refused_in_one_line(tmp_path, synthetic, img_path):
+    cfg, folder, secret = _hostile_mineru(tmp_path, synthetic, img_path=img_path)
+    crops, message = _crops_and_error(tmp_path, synthetic, cfg)
+    assert "img_path" in message and "not a path inside its folder" in message and "\n" not in message
+    assert not crops.exists() or not any(crops.iterdir()), "nothing copied into the crops"
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+def test_mineru_image_reached_through_a_link_is_refused(tmp_path, synthetic, link):
+    cfg, folder, secret = _hostile_mineru(tmp_path, synthetic)
+    if link == "file":
+        (folder / "images" / "fig1.jpg").unlink()
+        (folder / "images" / "fig1.jpg").symlink_to(secret)
+    else:
+        (folder / "images" / "fig1.jpg").unlink()
+        (folder / "images").rmdir()
+        (folder / "images").symlink_to(secret.parent)
+        secret.rename(secret.with_name("fig1.jpg"))
+    crops, message = _crops_and_error(tmp_path, synthetic, cfg)
+    assert "symbolic link" in message and "\n" not in message
+    assert not crops.exists() or not any(crops.iterdir())
+    # the content list itself reached through a link is refused too
+    listing = next(folder.glob("*_content_list.json"))
+    moved = tmp_path / "outside" / listing.name
+    listing.rename(moved)
+    listing.symlink_to(moved)
+    _, message = _crops_and_error(tmp_path, synthetic, cfg)
+    assert "content list is reached through a symbolic link" in message
+
+
+@pytest.mark.parametrize("block", [dict(page_idx="zero"), dict(page_idx=[0]), dict(page_idx=0.5),
+                                   dict(page_idx=float("nan")), dict(bbox=["a", 0, 1, 2]), dict(bbox=[0, 0, 1e400, 1]),
+                                   dict(bbox={"x": 1}), dict(bbox=[1, 2, 3])])
+def test_mineru_bad_numbers_are_one_line(tmp_path, synthetic, block):
+    cfg, _, _ = _hostile_mineru(tmp_path, synthetic, **block)
+    _, message = _crops_and_error(tmp_path, synthetic, cfg)
+    key = next(iter(block))
+    assert f"MinerU block 2: {key}" in message and "\n" not in message
+
+
 def test_mineru_is_run_when_installed(tmp_path, synthetic):
     """A stand-in `mineru` executable writing the documented layout is invoked with -p/-o/-b."""
     _, pdf, _ = synthetic

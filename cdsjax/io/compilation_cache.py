@@ -10,9 +10,12 @@ fresh process neither traces nor lowers a selector it has met before.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import heapq
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
@@ -29,7 +32,8 @@ def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
     ``CDSJAX_JAX_CACHE=0`` leaves JAX's setting alone. The directory is private (0700);
     its size is capped by JAX itself (``jax_compilation_cache_max_size``, least recently used entries evicted
     when a new one is written) at ``CDSJAX_JAX_CACHE_MAX_MB`` megabytes (default 1024; -1: no cap; 0: JAX
-    writes nothing), so a server whose clients ask for ever new budgets and options cannot fill the disk.
+    writes nothing), so a server whose clients ask for ever new budgets and options cannot fill the disk. The
+    traced programs :class:`ExportedJit` keeps there are entries of that same cache, under the same cap.
     A directory owned by another user or writable by its group or others, or a link inside the cdsjax cache, is
     refused with one warning line (:func:`cdsjax.io.private.private_cache_dir`) and nothing is cached.
     Returns the :class:`CompileCache` of that directory (for the command to hand to the pipelines it builds),
@@ -54,6 +58,7 @@ def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
         if directory.is_symlink() and not setting:  # a link planted inside the cdsjax cache
             raise StoreError(f"{directory}: refusing a symbolic link inside the cdsjax cache; remove it")
         max_bytes = cache_max_bytes(os.environ.get("CDSJAX_JAX_CACHE_MAX_MB"))
+        _remove_uncounted_exports(directory)
         if max_bytes >= 0:
             _date_undated_entries(directory)
     except StoreError as err:
@@ -68,7 +73,7 @@ def enable_compilation_cache(directory=None) -> Optional["CompileCache"]:
     # the selectors and the encoder compile in 0.1-3 s each: cache them all
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return CompileCache(directory)
+    return CompileCache(directory, max_bytes=max_bytes)
 
 
 def cache_max_bytes(max_mb: Optional[str]) -> int:
@@ -78,6 +83,12 @@ def cache_max_bytes(max_mb: Optional[str]) -> int:
     if mb != mb:  # NaN
         raise ValueError(f"CDSJAX_JAX_CACHE_MAX_MB={max_mb!r} is not a size")
     return -1 if mb < 0 else int(mb * 2**20)
+
+
+def _remove_uncounted_exports(directory: Path) -> None:
+    """Removes traced programs written by earlier versions under a name JAX's size cap did not count."""
+    for old in directory.glob("*" + _OLD_EXPORT_SUFFIX):
+        old.unlink(missing_ok=True)
 
 
 def _date_undated_entries(directory: Path) -> None:
@@ -101,7 +112,12 @@ def _date_undated_entries(directory: Path) -> None:
                 f.write(info.st_mtime_ns.to_bytes(8, "little"))
 
 
-EXPORT_SUFFIX = ".cdsjax-exported"
+# A traced program is an entry of JAX's capped cache (``<key>-cache`` with its access time in ``<key>-atime``,
+# JAX's own layout, jax/_src/lru_cache.py), so JAX's eviction counts and evicts it like its executables, and a
+# program written here evicts the least recently used entries, JAX's included, to stay under the same cap.
+EXPORT_SUFFIX = ".cdsjax-exported-cache"
+_OLD_EXPORT_SUFFIX = ".cdsjax-exported"  # (earlier versions: outside the cap)
+_LOCK_TIMEOUT_S = 10.0
 _CHECKSUM_BYTES = 32  # an exported file: the sha256 of the serialized program, then the program
 # the settings that change what a function traces to (beside the shapes and dtypes of its arguments)
 _TRACE_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion",
@@ -134,6 +150,11 @@ class CompileCache:
     :func:`jax.export.register_pytree_node_serialization` when the first program is written or read, their
     static fields written as Python literals; a tree holding any other type is not exported (plain jit).
 
+    A program's file is an entry of JAX's persistent cache in that directory, under its size cap: ``max_bytes``
+    (None: JAX's ``jax_compilation_cache_max_size`` when the program is written; -1: no cap; 0: nothing is
+    written). Writing one evicts the least recently used entries (JAX's executables and these programs alike)
+    until it fits, under JAX's own lock file; reading one marks it used.
+
     A program's file is keyed by the caller's name for the function, the arguments' signature, the trace
     settings and :meth:`stamp`: the cdsjax version, the JAX and jaxlib versions, and each cdsjax source file's
     path, size and modification time (stat only, no file read; computed once per object on first use, so a
@@ -141,9 +162,10 @@ class CompileCache:
     touched without a change only costs one export.
     """
 
-    def __init__(self, directory, types: Optional[Sequence[type]] = None):
+    def __init__(self, directory, types: Optional[Sequence[type]] = None, max_bytes: Optional[int] = None):
         self.directory = Path(directory)
         self.types = None if types is None else tuple(types)
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
         self._stamp: Optional[str] = None
         self._lock = threading.Lock()
 
@@ -193,21 +215,94 @@ class CompileCache:
         program = data[_CHECKSUM_BYTES:]
         if len(data) <= _CHECKSUM_BYTES or hashlib.sha256(program).digest() != data[:_CHECKSUM_BYTES]:
             raise ValueError(f"{path}: damaged")
+        try:  # used now: the last to be evicted
+            _atime_path(path).write_bytes(time.time_ns().to_bytes(8, "little"))
+        except OSError:
+            pass
         self.register_types()
         return jax.export.deserialize(bytearray(program))
 
+    def limit(self) -> int:
+        """The cap in bytes on the directory's cache entries (-1: none)."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return int(getattr(jax.config, "jax_compilation_cache_max_size", -1))
+
     def write(self, path: Path, program: bytes) -> None:
-        """Writes a serialized program to ``path`` with its checksum, whole or not at all; OSError when not."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            tmp.write_bytes(hashlib.sha256(program).digest() + program)
-            os.replace(tmp, path)
-        except OSError:
+        """Writes a serialized program to ``path`` with its checksum, whole or not at all, evicting the least
+        recently used entries of the directory's cache so that all of them stay under :meth:`limit`; nothing
+        is written when the cap is 0 or smaller than the program. OSError when not written."""
+        data = hashlib.sha256(program).digest() + program
+        limit = self.limit()
+        if limit == 0 or 0 < limit < len(data):
+            return
+        with _directory_lock(self.directory, limit >= 0):
+            if limit > 0:
+                _evict(self.directory, limit - len(data))
+            # the access time first: JAX's eviction reads it for every entry it lists
+            _atime_path(path).write_bytes(time.time_ns().to_bytes(8, "little"))
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
-                tmp.unlink()
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+            except OSError:
+                for leftover in (tmp, _atime_path(path)):
+                    try:
+                        leftover.unlink()
+                    except OSError:
+                        pass
+                raise
+
+
+def _atime_path(path: Path) -> Path:
+    return path.with_name(path.name[: -len("-cache")] + "-atime")
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path, locked: bool):
+    """JAX's lock file of a capped cache directory (``.lockfile``), held while entries are evicted and written;
+    OSError when it cannot be had in time."""
+    if not locked:
+        yield
+        return
+    import filelock
+
+    lock = filelock.FileLock(str(directory / ".lockfile"), timeout=_LOCK_TIMEOUT_S)
+    try:
+        lock.acquire()
+    except filelock.Timeout as err:
+        raise OSError(f"{directory}: its cache lock is held ({err})") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _evict(directory: Path, target: int) -> None:
+    """Removes the least recently used ``*-cache`` entries of ``directory`` (JAX's and the traced programs,
+    each with its access-time file) until they hold at most ``target`` bytes, as JAX's own eviction does."""
+    entries, total = [], 0
+    for entry in directory.glob("*-cache"):
+        try:
+            size = entry.stat().st_size
+        except OSError:
+            continue
+        atime = _atime_path(entry)
+        try:
+            stamp = int.from_bytes(atime.read_bytes(), "little")
+        except OSError:
+            stamp = 0
+        total += size
+        entries.append((stamp, entry.name, size))
+    heapq.heapify(entries)
+    while total > target and entries:
+        _, name, size = heapq.heappop(entries)
+        for victim in (directory / name, _atime_path(directory / name)):
+            try:
+                victim.unlink()
             except OSError:
                 pass
-            raise
+        total -= size
 
 
 class ExportedJit:

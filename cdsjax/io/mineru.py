@@ -11,13 +11,22 @@ width/height. Images carry ``img_path`` (relative to the content list),
 ``chart_footnote``. Boxes are converted back to PDF points with the page sizes
 of the PDF itself. Blocks without a ``bbox`` (older magic-pdf) get the whole page.
 
+The output is read as untrusted data: an ``img_path`` must be a relative path without ``..`` naming a regular
+file inside the content list's folder, reached without following any symbolic link (each folder is opened
+relative to the one above it with ``O_NOFOLLOW``), and at most :data:`MAX_IMAGE_BYTES`; a ``page_idx`` must be
+an integer and a ``bbox`` four finite numbers. Anything else refuses the document in one line naming the block
+(no outside file is ever read or copied into the index's crops).
+
 MinerU needs model downloads, so it is never the default parser.
 """
 
 from __future__ import annotations
 
 import html
+import math
+import os
 import re
+import stat
 import shutil
 import subprocess
 import tempfile
@@ -42,6 +51,7 @@ from cdsjax.io.parse import (
 MINERU_VERSION = "mineru-1"
 TEXT_TYPES = {"text", "list", "equation", "code", "ref_text", "index", "abstract"}
 VISUAL_TYPES = {"image": "figure", "table": "table", "chart": "chart"}
+MAX_IMAGE_BYTES = 64 << 20  # one image MinerU wrote (its crops are a few hundred kB)
 
 
 def find_content_list(output_dir: Path, stem: str) -> Optional[Path]:
@@ -84,6 +94,10 @@ def parse_with_mineru(path, doc_id: str, *, config, crop_dir: Path, crop_prefix:
         content_list = find_content_list(Path(cfg.mineru_output), path.stem)
         if content_list is None:
             raise IngestError(path, f"no {path.stem}_content_list.json under {cfg.mineru_output}")
+        rel = content_list.relative_to(Path(cfg.mineru_output))
+        if _linked(Path(cfg.mineru_output), rel.parts):
+            raise IngestError(content_list, "refusing the MinerU output: its content list is reached through a "
+                                            "symbolic link")
         return read_content_list(content_list, path, doc_id, config=config, crop_dir=crop_dir,
                                  crop_prefix=crop_prefix)
     with tempfile.TemporaryDirectory(prefix="cdsjax-mineru-") as tmp:
@@ -117,9 +131,12 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
         for order, b in enumerate(blocks):
             if not isinstance(b, dict):
                 continue
-            page = int(b.get("page_idx", -1))
+            page = _page_index(b.get("page_idx", -1), content_list, order)
             if not 0 <= page < len(sizes):
                 continue
+            b["bbox"] = _checked_bbox(b.get("bbox"), content_list, order)
+            if b.get("img_path") is not None:
+                b["img_path"] = _checked_image_path(b["img_path"], content_list, order)
             per_page[page].append((order, b))
         crop_dir = Path(crop_dir)
         crop_dir.mkdir(parents=True, exist_ok=True)
@@ -177,12 +194,99 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                 el.reading_order = len(elements)
                 elements.append(el)
                 if el.kind != "text":
-                    el.image_path = _crop(el, base, page, crop_dir, crop_prefix, cfg)
+                    el.image_path = _crop(el, base, page, crop_dir, crop_prefix, cfg, content_list)
         _attach_context(visual_pos, words, int(cfg.context_words))
         _resolve_parents(elements)
         return ParsedDocument(elements=elements, num_pages=len(sizes), warnings=[])
     finally:
         doc.close()
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _page_index(value, content_list: Path, order: int) -> int:
+    """A block's ``page_idx`` as an int; a one-line IngestError when it is not a whole number."""
+    if _is_number(value) and float(value) == int(value) and abs(value) < 2**31:
+        return int(value)
+    raise IngestError(content_list, f"MinerU block {order}: page_idx {_echo(value)} is not a page number")
+
+
+def _checked_bbox(value, content_list: Path, order: int):
+    """A block's ``bbox``: None (the whole page) or four finite numbers; else a one-line IngestError."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and len(value) == 4 and all(_is_number(v) for v in value):
+        return [float(v) for v in value]
+    raise IngestError(content_list, f"MinerU block {order}: bbox {_echo(value)} is not four finite numbers")
+
+
+def _checked_image_path(value, content_list: Path, order: int) -> str:
+    """A block's ``img_path``: a relative path without ``..`` (else a one-line IngestError)."""
+    text = value if isinstance(value, str) else ""
+    parts = text.replace("\\", "/").split("/")
+    if (not text or "\x00" in text or text.startswith(("/", "\\")) or os.path.isabs(text) or ".." in parts
+            or (len(text) > 1 and text[1] == ":")):
+        raise IngestError(content_list, f"refusing the MinerU output: block {order}'s img_path {_echo(value)} is "
+                                        "not a path inside its folder")
+    return "/".join(p for p in parts if p not in ("", "."))
+
+
+def _echo(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _linked(base: Path, parts) -> bool:
+    """Whether any of ``parts`` below ``base`` is a symbolic link."""
+    here = Path(base)
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            return True
+    return False
+
+
+def _read_inside(base: Path, rel: str, content_list: Path) -> Optional[bytes]:
+    """The bytes of the regular file ``rel`` (checked by :func:`_checked_image_path`) under ``base``, every
+    folder opened relative to the one above it without following a link; None when it is missing. A link,
+    a non-file or a file over :data:`MAX_IMAGE_BYTES` refuses the document (one-line IngestError)."""
+    parts = rel.split("/")
+    nofollow = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fds = []
+    try:
+        try:
+            fd = os.open(base, nofollow | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:
+            return None
+        fds.append(fd)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) != last) or not (
+                    stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+                raise IngestError(content_list, f"refusing the MinerU output: image {rel[:80]!r} is {kind}")
+            fd = os.open(part, nofollow | (0 if last else getattr(os, "O_DIRECTORY", 0)), dir_fd=fd)
+            fds.append(fd)
+        st = os.fstat(fd)  # the file opened, not the name (which could have been swapped since)
+        if not stat.S_ISREG(st.st_mode):
+            raise IngestError(content_list, f"refusing the MinerU output: image {rel[:80]!r} is not a regular file")
+        if st.st_size > MAX_IMAGE_BYTES:
+            raise IngestError(content_list, f"refusing the MinerU output: image {rel[:80]!r} is larger than "
+                                            f"{MAX_IMAGE_BYTES >> 20} MB")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_IMAGE_BYTES + 1)[:MAX_IMAGE_BYTES]
+    except OSError as err:  # ELOOP: a link swapped in after the check
+        raise IngestError(content_list, f"refusing the MinerU output: image {rel[:80]!r} cannot be opened as a "
+                                        f"file inside its folder ({_one_line(err)})") from None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _points(bbox, w: float, h: float) -> List[float]:
@@ -225,25 +329,24 @@ def _html_text(body: str) -> str:
     return "\n".join(r for r in rows if r)
 
 
-def _crop(el: Element, base: Path, page, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
+def _crop(el: Element, base: Path, page, crop_dir: Path, prefix: str, cfg, content_list: Path) -> Optional[str]:
     """MinerU's own image (converted to PNG) if present, else a crop rendered from the PDF."""
     from cdsjax.io.layout import import_pymupdf
 
     pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
     src = el.image_path
-    if src:
-        path = (base / src) if not Path(src).is_absolute() else Path(src)
-        if path.is_file():
-            try:
-                pix = pymupdf.Pixmap(str(path))
-                if pix.alpha:
-                    pix = pymupdf.Pixmap(pix, 0)
-                if pix.n > 3:
-                    pix = pymupdf.Pixmap(pymupdf.csRGB, pix)
-                name = f"p{el.page:04d}-e{el.reading_order:05d}.png"
-                pix.save(str(crop_dir / name))
-                return f"{prefix}{name}" if prefix else name
-            except Exception:
-                pass  # unreadable image: fall back to rendering the region
+    data = _read_inside(base, src, content_list) if src else None
+    if data is not None:
+        try:
+            pix = pymupdf.Pixmap(data)
+            if pix.alpha:
+                pix = pymupdf.Pixmap(pix, 0)
+            if pix.n > 3:
+                pix = pymupdf.Pixmap(pymupdf.csRGB, pix)
+            name = f"p{el.page:04d}-e{el.reading_order:05d}.png"
+            pix.save(str(crop_dir / name))
+            return f"{prefix}{name}" if prefix else name
+        except Exception:
+            pass  # unreadable image: fall back to rendering the region
     return _write_crop(page, el, crop_dir, prefix, cfg)

@@ -103,7 +103,7 @@ def read_manifest(directory: Path) -> Optional[dict]:
     """The manifest of an index directory, or None if there is none (or it is unreadable)."""
     try:
         manifest = json.loads(read_inside(directory, MANIFEST))
-    except (OSError, ValueError, StoreError):
+    except (OSError, ValueError, StoreError, RecursionError):  # (deeply nested JSON: RecursionError)
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("format_version") == FORMAT_VERSION else None
 
@@ -335,22 +335,42 @@ def _lock_holder(fd: int) -> str:
 # --------------------------------------------------------------------------- checked reads
 
 
-def load_arrays_checked(directory: Path, files: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
+def array_shapes(directory: Path) -> dict:
+    """``{name: (shape, dtype name)}`` of the arrays of a checkpoint, from its metadata (no array is read)."""
+    with _checkpointer() as ckpt:
+        meta = ckpt.metadata(Path(directory).absolute())
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    return {name: (tuple(int(x) for x in m.shape), str(np.dtype(m.dtype))) for name, m in dict(tree).items()}
+
+
+def load_arrays_checked(directory: Path, files: Optional[dict] = None,
+                        notes: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """:func:`load_arrays`, with any failure (missing or truncated files) as a :class:`StoreError`.
 
     Args:
       files: ``{relative path: sha256}`` of the checkpoint's files (:func:`crop_hashes` of the directory,
         recorded at write time); when given, every file is checked before orbax reads any of them.
+      notes: the note count the manifest records; when given, the files' sizes (before they are hashed) and
+        the arrays' recorded shapes (before anything is allocated) must fit it.
     """
+    from cdsjax.io.index import schema
+
     directory = Path(directory)
     if not directory.is_dir():
         raise StoreError(f"{directory}: missing (the index's arrays are gone)")
+    if notes is not None:  # sizes before anything is hashed or read
+        schema.check_array_files(directory, files, notes)
     # orbax opens the files by name: first, no link anywhere in the arrays folder (and, when recorded, hashes)
     bad = check_crops(directory.parent, directory.name, files or {})
     if bad:
         raise StoreError(bad.replace("(image crop)", "(array file)"))
     try:
+        if notes is not None:
+            schema.check_array_shapes(directory, array_shapes(directory), notes)
         return load_arrays(directory)
+    except StoreError:
+        raise
     except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files
         text = " ".join(str(err).split())[:160] or type(err).__name__
         raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None

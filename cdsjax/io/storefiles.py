@@ -203,6 +203,8 @@ def read_jsonl_checked(path: Path, expected_sha: Optional[str] = None) -> List[d
             row = json.loads(line)
         except ValueError as err:
             raise StoreError(f"{path}: damaged (line {number} is not valid JSON: {err.msg})") from None
+        except RecursionError:
+            raise StoreError(f"{path}: damaged (line {number} is nested too deeply)") from None
         if not isinstance(row, dict):
             raise StoreError(f"{path}: damaged (line {number} is not a JSON object)")
         rows.append(row)

@@ -9,7 +9,8 @@ Where each figure comes from:
   commits (read from a copy of those repositories).
 - ``HOTPOTQA_UPSTREAM_GIT_BLOB``: the git blob id of HippoRAG's reproduce/dataset/hotpotqa.json in the tree of
   the pinned commit (its size and sha256 could not be read here); a download is checked against it.
-- The QASPER archive: nothing recorded (no copy of it was at hand); its laid-out file is checked instead.
+- The QASPER archive: nothing recorded (no copy of it was at hand), so `cdsjax data fetch` refuses it unless
+  ``--allow-unrecorded`` is given; its laid-out file is checked either way.
 - ``LAID_OUT``: size and sha256 of each file the fetch writes from a larger upstream file (a subset of it:
   the development questions of the shared data), computed from ../shared/data; the fetch checks what it
   writes against them.

@@ -135,7 +135,8 @@ _MMDOCIR = Download(f"https://raw.githubusercontent.com/MMDocRAG/MMDocIR/{MMDOCI
                     "MMDocIR_annotations.jsonl", ".downloads/mmdocir/MMDocIR_annotations.jsonl", *R.MMDOCIR_UPSTREAM)
 
 # QASPER (Dasigi et al. 2021, AllenAI): homepage allenai.org/data/qasper, CC BY 4.0 (dataset card
-# huggingface.co/datasets/allenai/qasper). Test set v0.3 with its evaluator, as the homepage links it.
+# huggingface.co/datasets/allenai/qasper). Test set v0.3 with its evaluator, as the homepage links it. Nothing is
+# recorded for the archive (see recorded.py): `data fetch` asks for --allow-unrecorded before downloading it.
 QASPER_URL = "https://qasper-dataset.s3.us-west-2.amazonaws.com/qasper-test-and-evaluator-v0.3.tgz"
 _QASPER = Download(QASPER_URL, ".downloads/qasper/qasper-test-and-evaluator-v0.3.tgz",
                    member="qasper-test-v0.3.json")

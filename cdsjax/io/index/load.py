@@ -10,6 +10,7 @@ from typing import List, Tuple
 import numpy as np
 
 from cdsjax.io import store
+from cdsjax.io.index import schema
 from cdsjax.io.index.build import build_index
 from cdsjax.io.index.context import IndexSummary
 from cdsjax.io.notes import described_notes
@@ -79,11 +80,19 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
     if manifest is None:
         raise store.StoreError(store.not_an_index(root))
     fix = f"; run `cdsjax index --verify {root}` to repair it"
+    # the manifest's fields, counts and the files' sizes checked before anything is read or allocated from them
+    count = schema.check_manifest(root / store.MANIFEST, manifest)
+    pages = {d["doc_id"]: d["num_pages"] for d in manifest["documents"]}
     try:
         if verify:
             store.check_embedder_digest(root, manifest)
+        schema.check_file_size(root / "notes.jsonl", (count + 1) * schema.MAX_NOTE_BYTES, f"{count} notes")
         notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
-        embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"))
+        if len(notes) > schema.max_notes():
+            raise store.StoreError(schema.too_many_notes(root, len(notes)))
+        schema.check_notes(root / "notes.jsonl", notes, pages)
+        embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"),
+                                                      notes=len(notes))
         if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
             raise store.StoreError(f"{root / 'arrays'}: damaged (content does not match its recorded sha256)")
     except store.StoreError as err:
@@ -189,6 +198,7 @@ def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verif
         if os.path.lexists(full):
             if os.path.islink(full) or real != full or not os.path.isfile(full):
                 raise store.StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
+            schema.check_file_size(Path(full), schema.MAX_CROP_BYTES, "an image crop")  # before it is hashed
             if sha is None or verify:  # (no recorded hash: an index written before per-document crop hashes)
                 try:
                     digest = store.sha256_bytes(store.read_inside(root, rel))
