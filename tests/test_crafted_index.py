@@ -149,6 +149,14 @@ def test_notes_per_index_are_capped_with_a_clear_message(tmp_path, monkeypatch):
     index = load_index(root)
     from cdsjax.pipeline import Corpus, PipelineError
 
+    def other_document(rows):  # the same notes under another document id (loading one index twice is refused)
+        for r in rows:
+            r.update(note_id=r["note_id"].replace("d#", "e#"), doc_id="e.pdf")
+
+    def other_manifest(m):
+        m["documents"][0].update(doc_id="e.pdf", path="e.pdf")
+
+    other = load_index(make_index(tmp_path / "j", n=6, notes=other_document, manifest=other_manifest))
     with pytest.raises(PipelineError, match="12 notes, more than the 6"):
-        Corpus.merge([index, index])
+        Corpus.merge([index, other])
     assert text.count(str(root)) == 1

@@ -259,7 +259,6 @@ def test_crop_endpoint_serves_only_index_crops(server, index_dir):
         assert status == 404 and "no crop" in body["error"]
 
 
-@pytest.mark.slow
 def test_web_page_in_headless_chromium(server, tmp_path):
     """The page asks on load (?q=...) two selectors side by side: notes both chose share a row, notes only one
     chose are marked, near-duplicates within each list are marked with the threshold shown, each note links to

@@ -52,7 +52,8 @@ CONTROLS = ("none", "full")
 ANSWERS_FILE = "answers.jsonl"
 READER_PROMPT_VERSION = "reader-2"
 JUDGE_PROMPT_VERSION = "judge-1"
-ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "reader_error", "judge_error")
+ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "cites_gold", "reader_error",
+                  "judge_error")
 
 
 def reader_settings() -> ml_collections.ConfigDict:
@@ -266,6 +267,23 @@ def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: s
     return float(hit["correct"])
 
 
+def cites_gold(query, evidence: Sequence[Any], text: str) -> Optional[float]:
+    """1.0 when the answer cites (``[n]``) a gold note — a gold paragraph on text benchmarks, a note on a gold
+    page on PDF benchmarks — 0.0 when it cites none (or nothing), None without evidence or without gold."""
+    from cdsjax.io.replies import parse_citations
+
+    if not evidence or not (query.gold_note_ids or query.gold_pages):
+        return None
+
+    def gold(item) -> bool:
+        if item.note_id in query.gold_note_ids:
+            return True
+        return item.page in query.gold_pages.get(item.doc_id, ())
+
+    cited = parse_citations(text, len(evidence))
+    return float(any(gold(evidence[n - 1]) for n in cited))
+
+
 def _gold_answers(query) -> List[str]:
     from cdsjax.io.reader import ABSTAIN
 
@@ -337,7 +355,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         q = p.query
         rec = {"benchmark": bench.name, "selector": label, "budget": b, "qid": qid, "seed": seed, "evidence": ids,
                "metrics": {"accuracy": None, "answer_f1": None, "exact_match": None, "markers_only": None,
-                           "reader_error": 0.0, "judge_error": None}}
+                           "cites_gold": None, "reader_error": 0.0, "judge_error": None}}
 
         def key(messages, kept):
             return reply_key(kind="reader", model=model, prompt=READER_PROMPT_VERSION, prompt_hash=prompt_hash,
@@ -356,6 +374,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             if sent.warnings:
                 rec["warnings"] = list(sent.warnings)
             rec["metrics"]["markers_only"] = float(markers_only(text, q.question))
+            rec["metrics"]["cites_gold"] = cites_gold(q, sent.evidence, text)
             if mmlb:
                 xm = S.extraction_messages(q.question, text)
                 xkey = reply_key(kind="extract", model=model, prompt=S.EXTRACT_PROMPT_VERSION,
@@ -380,7 +399,8 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         if judge is not None and golds:
             rec.update(judge_label)
             try:
-                rec["metrics"]["accuracy"] = max(_judge_call(judge, cache, q.question, g, text) for g in golds)
+                # correct against any gold answer; the judge is asked gold by gold until one agrees
+                rec["metrics"]["accuracy"] = float(any(_judge_call(judge, cache, q.question, g, text) for g in golds))
                 rec["metrics"]["judge_error"] = 0.0
             except ReaderError as err:  # the answer and its rule-based scores stand; only the verdict is missing
                 rec["judge_error"] = {"kind": err.kind, "message": str(err)}
@@ -455,7 +475,7 @@ def with_answer_metrics(records: Sequence[dict], answers: Sequence[dict]) -> Lis
 def answer_first(rows: Sequence[dict]) -> List[dict]:
     """``summary.csv`` rows with, within each budget, the answer metrics (accuracy, F1, their differences and
     spreads, reader errors) before the retrieval metrics; the order is otherwise kept."""
-    answer = ("accuracy", "answer_f1", "generalized_f1", "exact_match", "markers_only", "reader_error",
+    answer = ("accuracy", "answer_f1", "generalized_f1", "exact_match", "markers_only", "cites_gold", "reader_error",
               "judge_error")
     budgets = list(dict.fromkeys(r["metric"].rpartition("@")[2] for r in rows))
     return sorted(rows, key=lambda r: (budgets.index(r["metric"].rpartition("@")[2]),

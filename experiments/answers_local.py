@@ -1,0 +1,161 @@
+r"""Answer accuracy with a real reader on this machine: the local llama.cpp reader (cdsjax.io.local_reader, the
+default preset: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, a small *text* model) reads each selector's evidence at
+budget 5 on the development data, and the answers are scored.
+
+    python experiments/answers_local.py qasper          # 100 questions: cosine, mmr, the default, cds-paper, none
+    python experiments/answers_local.py mmlongbench     # 60 questions, text-only: cosine, cosine-pages, default, none
+    python experiments/answers_local.py table           # the tables of both, from what is on disk
+
+Each run is the batch evaluation (``cdsjax.eval.evaluate``, as ``experiments/run_eval.py`` runs it) with
+``config.reader.local=default`` into ``results/answers/<benchmark>/``; every reply (reader, judge, extraction)
+goes to the reply cache there (``replies/replies.jsonl``, appended as replies arrive), so an interrupted run
+resumes where it stopped and a finished one is rerun from the cache in seconds. Run one reader job at a time:
+llama.cpp keeps both cores of a 2-core machine busy and slows down several times beside other work.
+
+QASPER answers are scored by token F1 against the extractive spans, exact match for yes/no/unanswerable gold, and
+accuracy by an LLM judge — the same local model (``judge_is_reader`` in the records), a weak judge. MMLongBench-Doc
+answers are scored by the benchmark's rules after answer extraction by the same model. Both also report
+``cites_gold`` (the answer cites a gold note: a gold paragraph, or a note on a gold page) and ``markers_only``
+(the answer gives citation markers in place of content). Each run appends its wall time and how many answers it
+asked the reader for to ``runs.jsonl``, for the time per 100 questions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "results" / "answers"
+BENCHMARKS = ("qasper", "mmlongbench")
+
+
+def build_config(bench: str, questions: int, threads: int, slots: int):
+    from configs import answers
+
+    config = answers.get_config(bench)
+    config.data_root = str(os.environ.get("CDSJAX_DATA") or ROOT.parent / "shared" / "data")
+    config.output_dir = str(OUT / bench)
+    config.max_queries = questions
+    config.reader.local_threads = threads
+    config.reader.local_slots = slots
+    return config
+
+
+def selectors(bench: str) -> list:
+    from configs import answers
+
+    return answers.SELECTORS[bench].split(",")
+
+
+def run(bench: str, questions: int, threads: int, slots: int) -> None:
+    from cdsjax.commands.eval import locate_data
+    from cdsjax.eval import evaluate
+    from cdsjax.eval.settings import cache_dir_of
+    from cdsjax.pipeline import enable_compilation_cache
+
+    config = build_config(bench, questions, threads, slots)
+    locate_data(config, prog="answers_local")
+    enable_compilation_cache(cache_dir_of(config) / "jax-compilation")
+    out = pathlib.Path(config.output_dir)
+    cache = out / "replies" / "replies.jsonl"
+    before = _lines(cache)
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    evaluate(config, progress=sys.stderr.isatty())
+    wall = time.perf_counter() - t0
+    entry = dict(benchmark=bench, questions=questions, selectors=selectors(bench), wall_s=round(wall, 1),
+                 new_replies=_lines(cache) - before, load_at_start=round(load, 2), threads=threads, slots=slots,
+                 commit=_commit(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    with open(out / "runs.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    print(json.dumps(entry))
+    print(table(bench))
+
+
+def _lines(path: pathlib.Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _commit() -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def _summary(bench: str) -> dict:
+    path = OUT / bench / "summary.csv"
+    rows = {}
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            rows[(r["selector"], r["metric"].rpartition("@")[0])] = r
+    return rows
+
+
+def _cell(rows, selector, metric, signed=False) -> str:
+    r = rows.get((selector, metric))
+    if r is None or r["mean"] in ("", "nan"):
+        return "–"
+    fmt = "{:+.2f}" if signed else "{:.2f}"
+    mean, lo, hi = (float(r[k]) if r[k] not in ("", "nan") else float("nan") for k in ("mean", "ci_low", "ci_high"))
+    if lo != lo:  # no interval
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def table(bench: str) -> str:
+    """The markdown table of one benchmark's answer metrics (means with 95% bootstrap intervals)."""
+    from cdsjax.catalog import display
+    from cdsjax.core.registry import SPECS
+
+    rows = _summary(bench)
+    first = "accuracy" if bench == "mmlongbench" else "accuracy (judge)"
+    head = ["selector", first, "token F1", "vs cosine (acc)", "vs none (acc)", "cites gold", "markers only",
+            "reader errors", "n"]
+    if bench == "mmlongbench":
+        head[2] = "generalized F1"
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for sel in selectors(bench):
+        n = rows.get((sel, "accuracy"), {}).get("n", "–")
+        second = "generalized_f1" if bench == "mmlongbench" else "answer_f1"
+        lines.append("| " + " | ".join([
+            display(sel) if sel in SPECS else f"{sel} (question only)", _cell(rows, sel, "accuracy"),
+            _cell(rows, sel, second), _cell(rows, sel, "accuracy_vs_cosine", True),
+            _cell(rows, sel, "accuracy_vs_none", True), _cell(rows, sel, "cites_gold"),
+            _cell(rows, sel, "markers_only"), _cell(rows, sel, "reader_error"), str(n)]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("qasper", "mmlongbench", "table"))
+    p.add_argument("--questions", type=int, default=None, help="questions (default: 100 QASPER, 60 MMLongBench-Doc)")
+    p.add_argument("--threads", type=int, default=0, help="reader threads (default: every core)")
+    p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
+    args = p.parse_args(argv)
+    if args.what == "table":
+        for bench in BENCHMARKS:
+            if (OUT / bench / "summary.csv").is_file():
+                print(f"\n{bench}\n\n{table(bench)}")
+        return 0
+    from configs import answers
+
+    run(args.what, args.questions or answers.QUESTIONS[args.what], args.threads, args.slots)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
