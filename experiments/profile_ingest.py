@@ -13,7 +13,7 @@ each process the stages are timed by wrapping the functions that do them (the sa
   image network, graph network and table model (onnxruntime ``run`` by model file) and the rest of it (page
   features in Python/MuPDF); pymupdf4llm's own work around the model (reading order, text lines, tables:
   ``parse_document`` minus the model); region and chunk building (``parse._page_elements``); crops
-  (``parse._write_crop``); the rest of the parse (text-layer probe per page, OCR, context);
+  (``parse.write_crop``); the rest of the parse (text-layer probe per page, OCR, context);
   enrichment (``notes.enrich_lite``) and links (``notes.structural_links``); embedding; commit to the
   document cache (``DocCache.write``) and the index write.
 
@@ -89,7 +89,7 @@ def _instrument(acc):
     parse.parse_pdf = _timer(acc, "parse total", parse.parse_pdf)
     parse.open_pdf = _timer(acc, "PDF open", parse.open_pdf)
     parse._page_elements = _timer(acc, "regions and chunks", parse._page_elements)
-    parse._write_crop = _timer(acc, "crops", parse._write_crop)
+    parse.write_crop = _timer(acc, "crops", parse.write_crop)
     notes.enrich_lite = _timer(acc, "enrichment", notes.enrich_lite)
     notes.structural_links = _timer(acc, "captions and links", notes.structural_links)
     store.DocCache.write = _timer(acc, "commit to cache", store.DocCache.write)

@@ -117,7 +117,7 @@ def _file_ok(path: pathlib.Path, want) -> bool:
     return path.is_file() and _mismatch(path, want) is None
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())[:400]
 
 
@@ -181,10 +181,10 @@ def _retrieve(d, root: pathlib.Path, downloader, *, allow_unrecorded: bool = Fal
         resp = err.response
         raise FetchError(f"HTTP {resp.status_code} {resp.reason} from {d.url}") from None
     except requests.RequestException as err:
-        raise FetchError(f"cannot download {d.url} ({type(err).__name__}: {_one_line(err)}); nothing was kept, "
+        raise FetchError(f"cannot download {d.url} ({type(err).__name__}: {one_line(err)}); nothing was kept, "
                          f"the next run fetches it again") from None
     except ValueError as err:  # pooch: the sha256 does not match (the temporary file is deleted)
-        raise FetchError(f"not the recorded file: {_one_line(err)} The next run fetches it again.") from None
+        raise FetchError(f"not the recorded file: {one_line(err)} The next run fetches it again.") from None
     why = _mismatch(path, d, sha256=False)
     if why is not None:
         _remove_download(d, root)
@@ -239,7 +239,7 @@ def read_member(archive: pathlib.Path, member: str) -> bytes:
             return _zip_member(archive, member, limit)
         return _tar_member(archive, member, limit)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError) as err:
-        raise ArchiveError(f"not an archive that can be read ({_one_line(err) or type(err).__name__})") from None
+        raise ArchiveError(f"not an archive that can be read ({one_line(err) or type(err).__name__})") from None
 
 
 def _refuse(member_name: str, why: str) -> ArchiveError:
@@ -273,7 +273,7 @@ def _tar_member(archive: pathlib.Path, member: str, limit: int) -> bytes:
                 try:
                     tarfile.data_filter(info, str(archive.parent))
                 except tarfile.FilterError as err:
-                    why = f"refused by tarfile's data filter ({_one_line(err)})"
+                    why = f"refused by tarfile's data filter ({one_line(err)})"
             if why is not None:
                 raise _refuse(info.name, why)
             found = info

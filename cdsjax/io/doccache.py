@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
-from cdsjax.io.storefiles import (StoreError, _owner_pid, _pid_alive, check_crops, crop_hashes, load_npy_checked,
+from cdsjax.io.storefiles import (StoreError, owner_pid, pid_alive, check_crops, crop_hashes, load_npy_checked,
                                   open_inside, read_inside, read_jsonl_checked, save_npy, write_jsonl)
 
 
@@ -150,6 +150,6 @@ class DocCache:
             return
         for p in self.root.iterdir():
             if p.name.startswith((".tmp-", ".old-")):
-                pid = _owner_pid(p)
-                if pid == os.getpid() or not _pid_alive(pid):
+                pid = owner_pid(p)
+                if pid == os.getpid() or not pid_alive(pid):
                     shutil.rmtree(p, ignore_errors=True)

@@ -37,14 +37,14 @@ from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.parse import (
     LABEL_RE,
     ParsedDocument,
-    _attach_context,
-    _chunk_page,
-    _looks_like_chart,
-    _normal_label,
-    _one_line,
+    attach_context,
+    chunk_page,
+    looks_like_chart,
+    normal_label,
+    one_line,
     Region,
-    _resolve_parents,
-    _write_crop,
+    resolve_parents,
+    write_crop,
     open_pdf,
 )
 
@@ -76,10 +76,10 @@ def run_mineru(pdf: Path, out_dir: Path, *, command: str = "mineru", backend: st
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise IngestError(pdf, f"MinerU failed to run ({_one_line(err)})") from None
+        raise IngestError(pdf, f"MinerU failed to run ({one_line(err)})") from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or [""]
-        raise IngestError(pdf, f"MinerU exited with code {proc.returncode} ({_one_line(Exception(tail[0]))})")
+        raise IngestError(pdf, f"MinerU exited with code {proc.returncode} ({one_line(Exception(tail[0]))})")
     found = find_content_list(out_dir, pdf.stem)
     if found is None:
         raise IngestError(pdf, f"MinerU wrote no {pdf.stem}_content_list.json under {out_dir}")
@@ -121,7 +121,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
     try:
         blocks = json.loads(Path(content_list).read_text())
     except (OSError, ValueError) as err:
-        raise IngestError(content_list, f"unreadable MinerU content list ({_one_line(err)})") from None
+        raise IngestError(content_list, f"unreadable MinerU content list ({one_line(err)})") from None
     if not isinstance(blocks, list):
         raise IngestError(content_list, "MinerU content list is not a JSON list")
     doc = open_pdf(Path(pdf))
@@ -171,8 +171,8 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                                  footnote=footnote)
                     m = LABEL_RE.match(caption)
                     if m:
-                        el.label = _normal_label(m)
-                    if el_kind == "figure" and _looks_like_chart(el):
+                        el.label = normal_label(m)
+                    if el_kind == "figure" and looks_like_chart(el):
                         el.kind = el.role = "chart"
                     el.image_path = b.get("img_path") or None  # resolved below
                     visuals.append((order, el))
@@ -181,7 +181,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                         cap = Element(doc_id, pno, list(bbox), "text", caption, role="caption", label=el.label)
                         cap.parent = id(el)
                         captions.append((order, cap))
-            chunks = _chunk_page(doc_id, pno, body, cfg)
+            chunks = chunk_page(doc_id, pno, body, cfg)
             ordered = [(o, 0, e) for o, e in visuals] + [(o, 1, e) for o, e in captions] + chunks
             ordered.sort(key=lambda t: (t[0], t[1]))
             for item in sorted(stream, key=lambda t: t[0]):
@@ -195,8 +195,8 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                 elements.append(el)
                 if el.kind != "text":
                     el.image_path = _crop(el, base, page, crop_dir, crop_prefix, cfg, content_list)
-        _attach_context(visual_pos, words, int(cfg.context_words))
-        _resolve_parents(elements)
+        attach_context(visual_pos, words, int(cfg.context_words))
+        resolve_parents(elements)
         return ParsedDocument(elements=elements, num_pages=len(sizes), warnings=[])
     finally:
         doc.close()
@@ -283,7 +283,7 @@ def _read_inside(base: Path, rel: str, content_list: Path) -> Optional[bytes]:
             return f.read(MAX_IMAGE_BYTES + 1)[:MAX_IMAGE_BYTES]
     except OSError as err:  # ELOOP: a link swapped in after the check
         raise IngestError(content_list, f"refusing the MinerU output: image {rel[:80]!r} cannot be opened as a "
-                                        f"file inside its folder ({_one_line(err)})") from None
+                                        f"file inside its folder ({one_line(err)})") from None
     finally:
         for fd in fds:
             os.close(fd)
@@ -349,4 +349,4 @@ def _crop(el: Element, base: Path, page, crop_dir: Path, prefix: str, cfg, conte
             return f"{prefix}{name}" if prefix else name
         except Exception:
             pass  # unreadable image: fall back to rendering the region
-    return _write_crop(page, el, crop_dir, prefix, cfg)
+    return write_crop(page, el, crop_dir, prefix, cfg)

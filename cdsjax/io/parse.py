@@ -135,7 +135,7 @@ def open_pdf(path: Path, max_pages: int = DEFAULT_MAX_PAGES):
     try:
         doc = _open_by_name_or_bytes(pymupdf, path)
     except Exception as err:  # MuPDF raises several types for broken files
-        raise IngestError(path, f"corrupt PDF ({_one_line(err)})") from None
+        raise IngestError(path, f"corrupt PDF ({one_line(err)})") from None
     finally:
         pymupdf.TOOLS.mupdf_display_errors(shown)
     if doc.needs_pass or doc.is_encrypted:
@@ -145,7 +145,7 @@ def open_pdf(path: Path, max_pages: int = DEFAULT_MAX_PAGES):
         num_pages = doc.page_count
     except Exception as err:
         doc.close()
-        raise IngestError(path, f"corrupt PDF ({_one_line(err)})") from None
+        raise IngestError(path, f"corrupt PDF ({one_line(err)})") from None
     if num_pages == 0:
         doc.close()
         raise IngestError(path, "PDF has zero pages")
@@ -155,7 +155,7 @@ def open_pdf(path: Path, max_pages: int = DEFAULT_MAX_PAGES):
     return doc
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     return text[:200]
 
@@ -219,15 +219,15 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                     el.reading_order = len(elements)
                     elements.append(el)
                     if el.kind != "text":
-                        el.image_path = _write_crop(page, el, crop_dir, crop_prefix, cfg)
+                        el.image_path = write_crop(page, el, crop_dir, crop_prefix, cfg)
                 walked += 1
 
         # the pages this process analysed are walked while the layout helper (if any) still works
         layers: Dict[int, TextLayer] = {}
         pages = layout_pages(doc, path, on_pages=walk, use_ocr=use_ocr, text_layers=layers)
         walk(walked, pages[walked:])
-        _attach_context(visual_pos, words, int(cfg.context_words))
-        _resolve_parents(elements)
+        attach_context(visual_pos, words, int(cfg.context_words))
+        resolve_parents(elements)
         ocr = "not needed"
         if no_text_pages:
             ocr = ("failed" if ocr_failed == len(no_text_pages) else "done") if use_ocr else (
@@ -243,7 +243,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
     except IngestError:
         raise
     except Exception as err:
-        raise IngestError(path, f"parsing failed ({type(err).__name__}: {_one_line(err)})") from None
+        raise IngestError(path, f"parsing failed ({type(err).__name__}: {one_line(err)})") from None
     finally:
         doc.close()
 
@@ -278,7 +278,7 @@ def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_te
     caption_elements: List[Tuple[int, Element]] = []
     for order, cap in captions:
         label_match = LABEL_RE.match(cap.text)
-        label = _normal_label(label_match) if label_match else ""
+        label = normal_label(label_match) if label_match else ""
         target = _nearest_visual(cap.bbox, [v for _, v in visuals], prefer_table=label.startswith("Table"))
         if target is None and label.startswith("Table"):
             # the layout model often reads a rule-less table as a text block: promote the tabular
@@ -311,7 +311,7 @@ def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_te
             title = _title_above(v.bbox, body)
             if title:
                 v.caption = title
-        if v.kind == "figure" and _looks_like_chart(v):
+        if v.kind == "figure" and looks_like_chart(v):
             v.kind = v.role = "chart"
 
     no_text = not has_text
@@ -319,7 +319,7 @@ def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_te
         full = Element(doc_id, pno, list(page_rect), "figure", "", role="page-image")
         visuals.append((-1, full))
 
-    chunks = _chunk_page(doc_id, pno, body, cfg)
+    chunks = chunk_page(doc_id, pno, body, cfg)
     items = [(o, 0, e) for o, e in visuals] + [(o, 1, e) for o, e in caption_elements] + chunks
     items.sort(key=lambda t: (t[0], t[1]))
     stream = sorted([(o, 0, v) for o, v in visuals] + [(r.order, 1, r.text.split()) for r in body],
@@ -327,7 +327,7 @@ def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_te
     return [e for _, _, e in items], [x for _, _, x in stream], no_text
 
 
-def _chunk_page(doc_id, pno, body: List[Region], cfg) -> List[Tuple[int, int, Element]]:
+def chunk_page(doc_id, pno, body: List[Region], cfg) -> List[Tuple[int, int, Element]]:
     """Splits a page's body text into chunks; each chunk keeps the boxes it came from."""
     if not body:
         return []
@@ -417,14 +417,14 @@ def _tabular_neighbour(cap_bbox, body: List[Region]) -> Optional[Region]:
     return best
 
 
-def _normal_label(m: re.Match) -> str:
+def normal_label(m: re.Match) -> str:
     word = m.group(1).lower().rstrip(".")
     name = {"fig": "Figure", "figure": "Figure", "tab": "Table", "table": "Table", "chart": "Chart",
             "exhibit": "Exhibit", "graph": "Graph"}[word]
     return f"{name} {m.group(2)}"
 
 
-def _looks_like_chart(v: Element) -> bool:
+def looks_like_chart(v: Element) -> bool:
     """A heuristic: a picture is a chart if its caption says so or it carries many numeric labels."""
     if v.caption and CHART_WORDS.search(v.caption):
         return True
@@ -437,7 +437,7 @@ def _area(b) -> float:
     return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
 
 
-def _write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
+def write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
     pymupdf = import_pymupdf()
 
     pad = float(cfg.crop_padding)
@@ -450,7 +450,7 @@ def _write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional
     return f"{prefix}{name}" if prefix else name
 
 
-def _attach_context(visual_pos, words: List[str], n: int) -> None:
+def attach_context(visual_pos, words: List[str], n: int) -> None:
     """Sets each visual's ``context``: the ``n`` document words before and after its position."""
     for el, pos in visual_pos:
         before = " ".join(words[max(0, pos - n) : pos])
@@ -458,7 +458,7 @@ def _attach_context(visual_pos, words: List[str], n: int) -> None:
         el.context = (before + " [...] " + after).strip() if (before or after) else ""
 
 
-def _resolve_parents(elements: List[Element]) -> None:
+def resolve_parents(elements: List[Element]) -> None:
     """Turns the temporary ``id()`` parent references of captions/footnotes into reading-order indices."""
     by_id = {id(e): e.reading_order for e in elements}
     for e in elements:

@@ -34,7 +34,7 @@ import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
 from cdsjax.io.storefiles import (  # noqa: F401  (re-exported: store.X is how callers name them)
-    StoreError, _owner_pid, _pid_alive, check_crops, copy_inside, crop_hashes, files_inside, jsonl_line_digests,
+    StoreError, owner_pid, pid_alive, check_crops, copy_inside, crop_hashes, files_inside, jsonl_line_digests,
     load_npy_checked, open_inside, read_inside, read_jsonl, read_jsonl_checked, rows_digest, save_npy, sha256_bytes,
     sha256_file, sha256_json, write_jsonl)
 
@@ -163,7 +163,7 @@ def recover(out_dir: Path, *, journal: Optional[Path] = None) -> None:
         for old in olds:
             if not _parked_by_us(old, record, out_dir):
                 continue
-            if _pid_alive(_owner_pid(old)) and _owner_pid(old) != os.getpid():
+            if pid_alive(owner_pid(old)) and owner_pid(old) != os.getpid():
                 continue
             if not out_dir.exists() and read_manifest(old) is not None:
                 os.replace(old, out_dir)
@@ -172,7 +172,7 @@ def recover(out_dir: Path, *, journal: Optional[Path] = None) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     for tmp in _siblings(out_dir, "tmp"):
-        if not _pid_alive(_owner_pid(tmp)) or _owner_pid(tmp) == os.getpid():
+        if not pid_alive(owner_pid(tmp)) or owner_pid(tmp) == os.getpid():
             shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -157,7 +157,7 @@ def read_jsonl(path: Path) -> List[dict]:
     return [json.loads(line) for line in read_inside(path.parent, path.name).splitlines() if line.strip()]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -171,7 +171,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _owner_pid(path: Path) -> int:
+def owner_pid(path: Path) -> int:
     try:
         return int(path.name.rsplit("-", 2)[-2])
     except (ValueError, IndexError):
