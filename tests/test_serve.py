@@ -307,7 +307,8 @@ def test_web_page_in_headless_chromium(server, tmp_path):
         for note, rank, body in cells[side]:
             e = evidence[note]
             assert rank == e["rank"] and ("only " in body) == (note not in shared)
-            assert f'href="/pdf?document={urllib.parse.quote(e["document"])}#page={e["page"] + 1}"' in body
+            index = f'&amp;index={urllib.parse.quote(e["index"])}' if e.get("index") else ""
+            assert f'href="/pdf?document={urllib.parse.quote(e["document"])}{index}#page={e["page"] + 1}"' in body
             assert f"page {e['page'] + 1}" in body
             assert sorted(re.findall(r'class="tag dup">\u2248 (#\d+ \([\d.]+\))<', body)) == sorted(dups.get(rank, []))
             assert ('<img src="/crop?note=' in body) == bool(e["image_path"])

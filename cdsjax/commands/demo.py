@@ -216,8 +216,8 @@ def show_answers(console, answers: list, info: dict) -> None:
 
     who = info.get("model") or "?"
     if info.get("runtime"):
-        who += f" ({info.get('quantisation') or 'GGUF'}, {info['runtime']}, {info['threads']} threads)"
-    table = Table(title=f"Answers by {who}, from each selector's evidence", box=box.SIMPLE_HEAD, show_lines=True)
+        who += f", {info.get('quantisation') or 'GGUF'}, llama.cpp, {info['threads']} threads"
+    table = Table(title=f"Answers from each selector's evidence ({who})", box=box.SIMPLE_HEAD, show_lines=True)
     for a in answers:
         table.add_column(a["selector"], ratio=1)
     cells = []
@@ -227,6 +227,8 @@ def show_answers(console, answers: list, info: dict) -> None:
         cells.append(f"{body}\n\n[dim]cites: {cites}; {a['seconds']:.1f}s[/dim]")
     table.add_row(*cells)
     console.print(table, highlight=False)
+    if len({tuple(a["evidence_pages"]) for a in answers}) == 1:
+        console.print("[dim]Both selectors chose the same evidence here, so the reader saw the same request.[/dim]")
     start = info.get("start_s")
     console.print(f"[dim]reader: {sum(a['seconds'] for a in answers):.1f}s for {len(answers)} answers"
                   + (f", started in {start:.1f}s" if start is not None else "") + " (a small text model on the CPU, "
