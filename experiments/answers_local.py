@@ -42,8 +42,9 @@ def build_config(bench: str, questions: int, threads: int, slots: int):
     from configs import answers
 
     config = answers.get_config(bench)
-    config.data_root = str(os.environ.get("CDSJAX_DATA") or ROOT.parent / "shared" / "data")
-    config.output_dir = str(OUT / bench)
+    if os.environ.get("CDSJAX_DATA"):
+        config.data_root = os.environ["CDSJAX_DATA"]
+    config.output_dir = str((OUT / bench).relative_to(ROOT))  # run from the repository root, as the configs are
     config.max_queries = questions
     config.reader.local_threads = threads
     config.reader.local_slots = slots
@@ -57,6 +58,7 @@ def selectors(bench: str) -> list:
 
 
 def run(bench: str, questions: int, threads: int, slots: int) -> None:
+    os.chdir(ROOT)
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval import evaluate
     from cdsjax.eval.settings import cache_dir_of

@@ -407,6 +407,10 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                 rec["metrics"]["judge_error"] = 1.0
         return rec
 
+    # question by question (every selector of a question, then the next question), so that a run stopped midway
+    # leaves complete, paired comparisons on the questions it finished
+    order = {qid: i for i, qid in enumerate(by_qid)}
+    tasks.sort(key=lambda t: (order[t[2]], t[1]))
     jobs = [(t, s) for t in tasks for s in seeds]
     out: List[Optional[dict]] = [None] * len(jobs)
     from tqdm.auto import tqdm
