@@ -51,13 +51,33 @@ def build_config(bench: str, questions: int, threads: int, slots: int):
     return config
 
 
+def cached_only(config, bench: str):
+    """``config`` changed to answer from the reply cache of the full run alone, into ``runs/answers-cached/<bench>``:
+    no server is started and none is reachable, so a reply not in the cache is a reader (or judge) error. For
+    the figures of a run still in progress, on its first questions."""
+    import shutil
+
+    from cdsjax.io.local_model import DEFAULT_PRESET
+
+    out = pathlib.Path("runs") / "answers-cached" / bench
+    (out / "replies").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(OUT / bench / "replies" / "replies.jsonl", out / "replies" / "replies.jsonl")
+    config.output_dir = str(out)
+    config.reader.local = ""
+    config.reader.url = "http://127.0.0.1:9/v1"  # the discard port: nothing answers
+    config.reader.model = DEFAULT_PRESET  # the name the cache keys carry
+    config.reader.max_retries = 0
+    config.judge.max_retries = 0
+    return config
+
+
 def selectors(bench: str) -> list:
     from configs import answers
 
     return answers.SELECTORS[bench].split(",")
 
 
-def run(bench: str, questions: int, threads: int, slots: int) -> None:
+def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool = False) -> None:
     os.chdir(ROOT)
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval import evaluate
@@ -65,6 +85,8 @@ def run(bench: str, questions: int, threads: int, slots: int) -> None:
     from cdsjax.pipeline import enable_compilation_cache
 
     config = build_config(bench, questions, threads, slots)
+    if from_cache:
+        config = cached_only(config, bench)
     locate_data(config, prog="answers_local")
     enable_compilation_cache(cache_dir_of(config) / "jax-compilation")
     out = pathlib.Path(config.output_dir)
@@ -77,6 +99,9 @@ def run(bench: str, questions: int, threads: int, slots: int) -> None:
     entry = dict(benchmark=bench, questions=questions, selectors=selectors(bench), wall_s=round(wall, 1),
                  new_replies=_lines(cache) - before, load_at_start=round(load, 2), threads=threads, slots=slots,
                  commit=_commit(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    if from_cache:
+        print(table(bench, out))
+        return
     with open(out / "runs.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")
     print(json.dumps(entry))
@@ -98,8 +123,8 @@ def _commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def _summary(bench: str) -> dict:
-    path = OUT / bench / "summary.csv"
+def _summary(bench: str, out: pathlib.Path = None) -> dict:
+    path = (out or OUT / bench) / "summary.csv"
     rows = {}
     with open(path) as f:
         for r in csv.DictReader(f):
@@ -118,12 +143,12 @@ def _cell(rows, selector, metric, signed=False) -> str:
     return f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
-def table(bench: str) -> str:
+def table(bench: str, out: pathlib.Path = None) -> str:
     """The markdown table of one benchmark's answer metrics (means with 95% bootstrap intervals)."""
     from cdsjax.catalog import display
     from cdsjax.core.registry import SPECS
 
-    rows = _summary(bench)
+    rows = _summary(bench, out)
     first = "accuracy" if bench == "mmlongbench" else "accuracy (judge)"
     head = ["selector", first, "token F1", "vs cosine (acc)", "vs none (acc)", "cites gold", "markers only",
             "reader errors", "n"]
@@ -147,6 +172,9 @@ def main(argv=None) -> int:
     p.add_argument("--questions", type=int, default=None, help="questions (default: 100 QASPER, 60 MMLongBench-Doc)")
     p.add_argument("--threads", type=int, default=0, help="reader threads (default: every core)")
     p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
+    p.add_argument("--from-cache", action="store_true",
+                   help="answer from the run's reply cache alone (no server; a missing reply is an error), into "
+                   "runs/answers-cached/: the figures of a run in progress, on its first --questions")
     args = p.parse_args(argv)
     if args.what == "table":
         for bench in BENCHMARKS:
@@ -155,7 +183,7 @@ def main(argv=None) -> int:
         return 0
     from configs import answers
 
-    run(args.what, args.questions or answers.QUESTIONS[args.what], args.threads, args.slots)
+    run(args.what, args.questions or answers.QUESTIONS[args.what], args.threads, args.slots, args.from_cache)
     return 0
 
 

@@ -553,3 +553,20 @@ def test_a_text_only_reader_in_the_evaluation_is_refused_once_and_reruns_from_th
     assert all(a["metrics"]["accuracy"] == 1.0 for a in answers)
     again = run("http://127.0.0.1:9/v1")  # the server is gone: the text-only replies come from the cache
     assert all(a["cached"] and a["image_mode"] == "text" for a in again)
+
+
+def test_cites_gold_reads_the_markers_against_gold_notes_and_pages():
+    from cdsjax.eval.reading import cites_gold
+    from cdsjax.io.datasets.common import Query
+    from cdsjax.io.reader import EvidenceItem
+
+    items = [EvidenceItem(note_id="p#1", doc_id="p", page=0), EvidenceItem(note_id="p#7", doc_id="p", page=3)]
+    text_q = Query(qid="q", question="?", answer="a", doc_ids=("p",), gold_note_ids=frozenset({"p#7"}))
+    assert cites_gold(text_q, items, "It is 4 [2].") == 1.0
+    assert cites_gold(text_q, items, "It is 4 [1].") == 0.0
+    assert cites_gold(text_q, items, "It is 4.") == 0.0  # citing nothing cites no gold note
+    assert cites_gold(text_q, [], "Not answerable") is None  # no evidence: nothing to cite
+    pdf_q = Query(qid="q", question="?", answer="a", doc_ids=("p",), gold_pages={"p": frozenset({0})})
+    assert cites_gold(pdf_q, items, "[1] says so") == 1.0 and cites_gold(pdf_q, items, "[2] says so") == 0.0
+    no_gold = Query(qid="q", question="?", answer="a", doc_ids=("p",))
+    assert cites_gold(no_gold, items, "[1]") is None
