@@ -31,4 +31,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.budgets = (BUDGET,)
     config.reader.local = "default"
     config.reader.max_tokens = 256  # a short answer is asked for; this bounds a runaway one
+    # a verdict (one or two sentences, correct, score) takes 60-100 tokens; the small model sometimes loops
+    # instead, and at ~7 tokens/s a 1,024-token loop costs two minutes: cut at 256, it is recorded as judge_error
+    config.judge.max_tokens = 256
     return config
