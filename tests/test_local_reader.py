@@ -198,3 +198,15 @@ def test_a_text_only_local_server_reads_a_figure_note_as_text(with_local_reader,
     assert first.image_mode == second.image_mode == "text" and first.text.strip() and second.text.strip()
     assert "38" in first.text
     assert local.process is None  # stopped on leaving the block
+
+
+@pytest.mark.skipif(not L.runtime_installed(), reason="xllamacpp is not installed")
+def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, monkeypatch):
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.setattr(L, "_healthy", lambda url: False)  # as if the server never came up
+    reader = L.LocalReader(model=str(good), log_dir=str(tmp_path), startup_timeout=0.5)
+    with pytest.raises(L.LocalReaderError) as err:
+        reader.start()
+    assert err.value.kind in ("start", "model") and "\n" not in str(err.value)
+    assert reader.process is None

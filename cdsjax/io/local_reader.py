@@ -137,7 +137,7 @@ class LocalReader:
         self.model_name: Optional[str] = None
         self.log_path: Optional[Path] = None
         self.startup_s: Optional[float] = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # stop() runs inside start() when the server does not come up
 
     @property
     def threads(self) -> int:
