@@ -182,6 +182,10 @@ def test_yes_no_fields_and_leading_words_are_read_in_one_place():
     ("Table 2 [3]", "", False),
     ("Not answerable", "", False),  # cites nothing
     ("42", "", False),
+    # a real reply of the local 1.5B model: the content comes first, a closing sentence points at the evidence
+    ("Intent is annotated with a hierarchical scheme on both datasets. The evidence is [1].", "How is intent "
+     "annotated?", False),
+    ("See [2]. It is in [3].", "", True),  # every sentence gives markers only
 ])
 def test_markers_only(text, question, expected):
     assert markers_only(text, question) is expected

@@ -202,15 +202,16 @@ def _stem(word: str) -> str:
 def markers_only(text: str, question: str = "") -> bool:
     """True when an answer gives citation markers in place of its content ("The baselines are [2] and [3].").
 
-    The reply (thinking removed) must cite, and either (1) nothing substantive remains once its markers, filler
-    words (articles, auxiliaries, prepositions, "answer", "evidence", "shown", ...) and the words of
-    ``question`` are removed, or (2) every run of markers follows a linking word ("are", "is", "and", "in",
-    "by", "include", ":", ...) and nothing substantive follows the last run: the markers stand where the
-    content should be. A declining answer ("Not answerable") cites nothing and is not markers only.
+    The reply (thinking removed) must cite, and no sentence of it may carry content of its own. A sentence
+    carries none when (1) nothing substantive remains once its markers, filler words (articles, auxiliaries,
+    prepositions, "answer", "evidence", "shown", ...) and the words of ``question`` are removed, or (2) every run
+    of markers in it follows a linking word ("are", "is", "and", "in", "by", "include", ":", ...) and nothing
+    substantive follows the last run: the markers stand where the content should be. So "The baselines are [2]
+    and [3]." is markers only, while "BERT and ELMo. The evidence is [1]." is not. A declining answer ("Not
+    answerable") cites nothing and is not markers only.
     """
     body = strip_thinking(text)
-    runs = list(re.finditer(r"(?:\s*" + _CITATION.pattern + r")+", body))
-    if not runs:
+    if not re.search(_CITATION.pattern, body):
         return False
     asked = {_stem(w) for w in _WORD.findall(question.lower())}
 
@@ -218,10 +219,18 @@ def markers_only(text: str, question: str = "") -> bool:
         return [w for w in _WORD.findall(piece.lower())
                 if w != ":" and w.rstrip(".") not in _FILLER and _stem(w) not in asked]
 
-    if not substantive(strip_citations(body)):
-        return True
-    for run in runs:
-        before = _WORD.findall(strip_citations(body[: run.start()]).lower())
-        if not before or before[-1].rstrip(".") not in _LINKING and before[-1] != ":":
+    def holds_content(sentence: str) -> bool:
+        runs = list(re.finditer(r"(?:\s*" + _CITATION.pattern + r")+", sentence))
+        if not substantive(strip_citations(sentence)):
             return False
-    return not substantive(body[runs[-1].end():])
+        if not runs:
+            return True
+        for run in runs:
+            before = _WORD.findall(strip_citations(sentence[: run.start()]).lower())
+            if not before or before[-1].rstrip(".") not in _LINKING and before[-1] != ":":
+                return True
+        return bool(substantive(sentence[runs[-1].end():]))
+
+    # sentences end at . ! ? or a line break, a citation run staying with the sentence it closes
+    sentences = re.split(r"(?<=[.!?])\s+(?![\[])|\n+", body)
+    return not any(holds_content(s) for s in sentences if s.strip())
