@@ -88,3 +88,15 @@ def test_judge_errors_and_env(monkeypatch):
         assert len(srv.requests) == 2
     with pytest.raises(ValueError, match="gold_answer"):
         Judge(base_url="http://h/v1", **FAST).judge("q", "", "b")
+
+
+def test_a_verdict_only_judge_asks_for_the_verdict_alone():
+    from cdsjax.io.judge import JUDGE_PROMPT, VERDICT_ONLY_PROMPT, Judge
+    from cdsjax.io.scripted_server import OpenAIServer
+
+    with OpenAIServer(lambda req: '{"correct": true, "score": 1}', models=("j",)) as srv:
+        verdict = Judge(base_url=srv.base_url, model="j", rationale=False).judge("Q?", "BERT", "BERT [1]")
+        system = srv.requests[0]["messages"][0]["content"]
+    assert verdict.correct and verdict.score == 1.0
+    assert system == VERDICT_ONLY_PROMPT and "rationale" not in system
+    assert VERDICT_ONLY_PROMPT.split("Reply with")[0] == JUDGE_PROMPT.split("Reply with")[0]  # the same rules

@@ -83,8 +83,9 @@ def reader_settings() -> ml_collections.ConfigDict:
 def judge_settings() -> ml_collections.ConfigDict:
     """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY;
     enabled False = no judge: the rule-based scores alone)."""
+    # rationale False: the verdict alone (cdsjax.io.judge.VERDICT_ONLY_PROMPT), for a slow local judge
     return ml_collections.ConfigDict({"enabled": True, "url": "", "model": "", "max_tokens": 1024,
-                                      "timeout": 120.0, "max_retries": 3})
+                                      "timeout": 120.0, "max_retries": 3, "rationale": True})
 
 
 def control_labels(config) -> List[str]:
@@ -171,7 +172,9 @@ def _clients(config):
     jc = dataclasses.replace(rc, base_url=str(j.get("url", "") or r.url), model=str(j.get("model", "") or r.model),
                              max_tokens=int(j.get("max_tokens", 1024)), timeout=float(j.get("timeout", 120.0)),
                              max_retries=int(j.get("max_retries", 3)), temperature=0.0)
-    judge = Judge(jc) if j.get("url", "") else Judge(dataclasses.replace(jc, api_key=reader.config.api_key))
+    rationale = bool(j.get("rationale", True))
+    judge = Judge(jc, rationale=rationale) if j.get("url", "") else \
+        Judge(dataclasses.replace(jc, api_key=reader.config.api_key), rationale=rationale)
     return reader, judge
 
 
@@ -249,11 +252,11 @@ def _chat(client, cache: ReplyCache, key: str, messages: list, *, max_tokens: in
 
 
 def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
-    from cdsjax.io.judge import JUDGE_PROMPT, parse_verdict
+    from cdsjax.io.judge import parse_verdict
     from cdsjax.io.llm import ReaderError
 
     key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
-                    prompt_hash=content_hash(JUDGE_PROMPT), question=question, gold=gold, predicted=predicted)
+                    prompt_hash=content_hash(judge.prompt), question=question, gold=gold, predicted=predicted)
 
     def fetch():
         verdict = judge.judge(question, gold, predicted)
