@@ -13,11 +13,11 @@ from cdsjax.core.corpus import check_block_problem, problem_block
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.solver import iterate
-from cdsjax.core.types import SolveOptions
+from cdsjax.core.solvers import SERVING_SOLVER, SolveOptions
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
-SERVING = SolveOptions(solver="pdas")
+SERVING = SolveOptions(solver=SERVING_SOLVER)
 
 
 def corpus(n, size, seed=0, d=48, clusters=6):
@@ -42,7 +42,7 @@ def test_the_block_is_the_dense_affinitys_note_block():
     # where the solve would not use it: none is built
     assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), SERVING) is None
     assert problem_block(problem, SHIPPED, SERVING, strategy="peel") is None
-    assert problem_block(problem, core.CDSParams(), SolveOptions(solver="replicator")) is None
+    assert problem_block(problem, core.CDSParams(), SolveOptions(solver=core.Replicator())) is None
     assert problem_block(problem, core.CDSParams(alpha_from="full"), SERVING) is None
     assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, SERVING) is None
     assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, SERVING) is None
@@ -170,7 +170,7 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
     problem = base.replace(bound=bound, note_block=block)
     for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
         with pytest.raises(ValueError, match="adjoint"):
-            core.cds(problem, "single", SHIPPED, solver="pdas", budget=5, adjoint=adjoint)
+            core.cds(problem, "single", SHIPPED, solver=SERVING_SOLVER, budget=5, adjoint=adjoint)
     # without the block the same solver's dense form is differentiable
     grad = jax.grad(weight)(jnp.asarray(qs[0]), None)
     assert np.all(np.isfinite(np.asarray(grad))) and np.any(np.asarray(grad) != 0)

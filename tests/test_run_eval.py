@@ -483,7 +483,7 @@ def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
 
     problems = _synthetic_problems([20, 20, 27], d=16, seed=3)
     spec, fn = resolve_selector("cds_learned_pages", 4)
-    assert spec.solver == "pdas"
+    assert spec.solver == core.SERVING_SOLVER and spec.solver_label == "pdas"
     roles = []
 
     def counting(f, role):

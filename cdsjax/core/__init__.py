@@ -51,7 +51,8 @@ from cdsjax.core.replicator import (
     uniform_x0,
 )
 from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_spec
-from cdsjax.core.solvers import SOLVERS, configured_solver, register_solver, solve, solver_name
+from cdsjax.core.solvers import (DEFAULT_SOLVER, SERVING_SOLVER, SOLVER_NAMES, SolveOptions, WithFallback, solve,
+                                 solve_options, solver_from_name)
 from cdsjax.core.cds import (
     STRATEGIES,
     cds,
@@ -61,13 +62,13 @@ from cdsjax.core.cds import (
     cds_support,
 )
 from cdsjax.core.diagnostics import diagnostics
-from cdsjax.core.protocols import Game, Payoff, Solver, Status
+from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status
 from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, support_count, within_limits
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.pdas import PDAS, PrimalDualActiveSet
+from cdsjax.core.pdas import PrimalDualActiveSet
 from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
@@ -77,11 +78,9 @@ from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
     CONVERGED,
-    DEFAULT_SOLVER,
     MAX_ITER_CAP,
     MAX_SUPPORT_STEPS,
     NOTE_KINDS,
-    SOLVER_ALIASES,
     CDSProblem,
     kind_code,
     MAX_STEPS,
@@ -89,8 +88,6 @@ from cdsjax.core.types import (
     SINGULAR,
     STATUSES,
     SUPPORT_THRESHOLD,
-    SolveOptions,
-    solve_options,
     FILL_NO_QUERY_EDGE,
     FILL_NONE,
     FILL_REASONS,
@@ -111,7 +108,6 @@ __all__ = [
     "NOTE_KINDS",
     "PPR_MAX_ITER_CAP",
     "Payoff",
-    "SOLVER_ALIASES",
     "STRATEGIES",
     "Solver",
     "Status",
@@ -127,10 +123,13 @@ __all__ = [
     "initial_point",
     "problem_affinity",
     "support_settings",
-    "solver_name",
+    "solver_from_name",
+    "SOLVER_NAMES",
+    "SERVING_SOLVER",
+    "WithFallback",
+    "IterativeSolver",
     "stop_rule",
     "ActiveSet",
-    "PDAS",
     "PrimalDualActiveSet",
     "CONVERGED",
     "DensePayoff",
@@ -144,7 +143,6 @@ __all__ = [
     "SUPPORT_THRESHOLD",
     "SharedPayoff",
     "SolveOptions",
-    "configured_solver",
     "iterate",
     "nash_error",
     "solve_options",
@@ -169,7 +167,6 @@ __all__ = [
     "Affinity",
     "CDSParams",
     "DEFAULT_BUCKETS",
-    "SOLVERS",
     "Selection",
     "Selector",
     "as_selector",
@@ -209,7 +206,6 @@ __all__ = [
     "note_coupling",
     "objective",
     "query_relevance",
-    "register_solver",
     "replicator_shift",
     "run_buckets",
     "softmax_prior",

@@ -20,8 +20,8 @@ differentiate is an argument too (``adjoint``, as in optimistix): the dense stra
 block (:func:`cdsjax.core.corpus.solve_on_block`) has no derivative, and says so.
 
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
-``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy uses
-:data:`~cdsjax.core.types.DEFAULT_SOLVER` when ``options.solver`` is None (registry selectors name theirs).
+``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy runs the solver object
+``options.solver`` (default ``Replicator()``, paper mode; registry selectors give theirs).
 
 The old names (:func:`cds_select`, :func:`cds_peel`, :func:`cds_support`, :func:`cds_select_shared`)
 are thin wrappers that take arrays, for the README, notebooks and existing callers.
@@ -39,12 +39,12 @@ from cdsjax.core.implicit import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game
 from cdsjax.core.select import solve_peel, solve_single
 from cdsjax.core.shared import CorpusAffinity, solve_shared
-from cdsjax.core.solvers import solver_name
+from cdsjax.core.solvers import SolveOptions, solve_options
 from cdsjax.core.support import solve_support
-from cdsjax.core.types import CDSProblem, Selection, SolveOptions, solve_options
+from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_budget, check_option
 
-# strategy name -> fn(problem, params, options (checked, solver resolved), *, budget, adjoint, **extra) -> Selection
+# strategy name -> fn(problem, params, options (checked), *, budget, adjoint, **extra) -> Selection
 STRATEGIES: Dict[str, Callable[..., Selection]] = {
     "single": solve_single,
     "peel": solve_peel,
@@ -79,8 +79,8 @@ def cds(
       strategy: ``"single"``, ``"peel"``, ``"support"`` or ``"shared"`` (module docstring).
       params: the game: :class:`CDSParams` (the paper's) or :class:`~cdsjax.core.learned.LearnedParams`
         (the learned one; it reads the problem's structure arrays).
-      options: :class:`SolveOptions` (solver, threshold, limits, init, warm start, fill, the support
-        strategy's bisection); ``solver`` None means :data:`~cdsjax.core.types.DEFAULT_SOLVER`.
+      options: :class:`SolveOptions` (the solver object, threshold, limits, init, warm start, fill); its
+        default solver is ``Replicator()`` (paper mode).
       budget: static number of notes to return.
       x0: ``"single"`` only, an ``[m+n]`` initial point; overrides ``options.init``.
       corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
@@ -98,16 +98,14 @@ def cds(
       question axis.
 
     Raises:
-      ValueError: an unknown strategy or solver, a bad budget or option value, or an argument the
-        strategy does not take.
-      TypeError: an override that is not a :class:`SolveOptions` field.
+      ValueError: an unknown strategy, a bad budget or option value, or an argument the strategy does not take.
+      TypeError: an override that is not a :class:`SolveOptions` field, or a solver that is not a solver object.
     """
     check_option("strategy", strategy, tuple(STRATEGIES))
     if not isinstance(problem, CDSProblem):
         raise TypeError(f"problem must be a CDSProblem (CDSProblem.create), got {type(problem).__name__}")
     budget = check_budget(budget)
     options = solve_options(options, **overrides)
-    options = options.replace(solver=solver_name(options.solver))
     params = params.check()
     # None reaches the strategy as None: the dense solves take ImplicitAdjoint for it, the corpus block (which
     # has no derivative) takes it as no derivative asked

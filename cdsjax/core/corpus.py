@@ -13,13 +13,13 @@ affinity), and a problem carrying it (``CDSProblem.note_block`` with ``bound``) 
 :func:`solve_on_block` on a :class:`~cdsjax.core.payoff.SharedPayoff` (products and rows of :math:`W`, no
 per-question matrix).
 
-The equilibrium is found by the solver the selector names (``SolveOptions.solver``) on that payoff: the
-serving solver ``"pdas"`` (:class:`~cdsjax.core.pdas.PDAS`) runs the primal-dual active set from the query
+The equilibrium is found by the selector's solver (``SolveOptions.solver``) on that payoff: the
+serving solver (:data:`~cdsjax.core.solvers.SERVING_SOLVER`) runs the primal-dual active set from the query
 and the most relevant quarter of the notes (2-5 face solves, each gathered into the smallest capacity that
 holds the support) and, where it does not converge (a payoff it cycles on, a support past 8,192 notes), the
 active set from the uniform start with its vertex steps first and its Newton systems gathered; InImDyn runs
-as configured. Paper mode (replicator dynamics) keeps the dense payoff it is defined on: no block is built
-for it. It stops, as every converged solve does, on the Nash error over all ``n`` vertices.
+as configured. Paper mode (replicator dynamics, whose ``uses_corpus_block`` is False) keeps the dense payoff it
+is defined on: no block is built for it. It stops, as every converged solve does, on the Nash error over all ``n`` vertices.
 
 The block is stored, not built from the game's differentiable values, so this solve has no derivative: it
 runs under :class:`~cdsjax.core.implicit.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
@@ -37,11 +37,9 @@ from jax import Array
 from cdsjax.core.implicit import NoAdjoint
 from cdsjax.core.payoff import SharedPayoff
 from cdsjax.core.ranking import query_cosine, read_out
-from cdsjax.core.solvers import configured_solver, solver_name
-from cdsjax.core.types import CDSProblem, Selection, SolveOptions
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import CDSProblem, Selection
 
-# Paper mode: replicator dynamics on the paper's dense payoff (no corpus block is built for it).
-PAPER_SOLVER = "replicator"
 BLOCK_ADJOINT = NoAdjoint("a problem carrying note_block is solved on its corpus block, which has no derivative: "
                           "give the problem without note_block (the dense path) to differentiate the selection")
 
@@ -55,7 +53,7 @@ def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: 
     options = options.check()
     if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
             or params.alpha_from != "free" or options.init != "uniform" or options.warm_start != "uniform"
-            or solver_name(options.solver) == PAPER_SOLVER):
+            or not options.solver.uses_corpus_block):
         return None
     return params.corpus_block(problem)
 
@@ -69,7 +67,7 @@ def check_block_problem(problem: CDSProblem, options: SolveOptions, x0: Optional
         (problem.queries.shape[-2] != 1, "it has several query rows"),
         (problem.pinned is not None, "it pins notes"),
         (x0 is not None or options.init != "uniform" or options.warm_start != "uniform", "a start is given"),
-        (solver_name(options.solver) == PAPER_SOLVER, "paper mode runs on the dense payoff"),
+        (not options.solver.uses_corpus_block, f"its solver ({options.solver.name}) runs on the dense payoff"),
         (adjoint is not None, "a derivative (adjoint) is asked of it, and the corpus block has none"),
     ) if bad]
     if reasons:
@@ -86,7 +84,7 @@ def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget
     path. It runs under :data:`BLOCK_ADJOINT`: differentiating it (in the notes, the question, the block or
     the game) raises :class:`ValueError`; the dense path (no ``note_block``) is differentiable.
     """
-    solver = configured_solver(options.solver, options.tol, options.max_iter)
+    solver = options.limited_solver()
     n = problem.notes.shape[0]
     if problem.note_block.shape[-2:] != (n, n):
         raise ValueError(f"note_block must have shape ({n}, {n}), got {problem.note_block.shape}")

@@ -58,10 +58,9 @@ from jax import Array, lax
 from cdsjax.core.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
 from cdsjax.core.protocols import Game
-from cdsjax.core.replicator import softmax_prior
-from cdsjax.core.solvers import solve, solver_name
-from cdsjax.core.types import (INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolveOptions, SolverResult,
-                               solve_options)
+from cdsjax.core.replicator import Replicator, softmax_prior
+from cdsjax.core.solvers import SolveOptions, solve, solve_options
+from cdsjax.core.types import INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
 from cdsjax.core.validation import check_option
 
 
@@ -262,8 +261,8 @@ def cds_equilibrium(
         ``pinned`` notes join the constraint set).
       params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
         ``tau_mode="soft"``) or :class:`~cdsjax.core.learned.LearnedParams` (every leaf).
-      options: :class:`SolveOptions`: ``solver`` (None: :data:`~cdsjax.core.types.DEFAULT_SOLVER`, paper mode;
-        pass a converged one for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
+      options: :class:`SolveOptions`: ``solver`` (default ``Replicator()``, paper mode; pass a converged one,
+        e.g. ``ActiveSet()``, for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
         start when ``x0`` is None) and ``threshold`` (the support of the implicit system).
       x0: optional ``[m+n]`` initial point (overrides ``options.init``).
       adjoint: how to differentiate: :class:`ImplicitAdjoint` (None; KKT implicit function, forward and
@@ -277,13 +276,13 @@ def cds_equilibrium(
     """
     adjoint = check_adjoint(adjoint)
     options = solve_options(options, **overrides)
-    solver = solver_name(options.solver)
+    solver = options.limited_solver()
 
     def run(aff):
         start = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
-        if options.warm_start == "replicator" and solver != "replicator":
-            start = solve(aff, start, solver="replicator").x
-        return solve(aff, start, solver=solver, tol=options.tol, max_iter=options.max_iter)
+        if options.warm_start == "replicator" and solver.mode != "paper":
+            start = solve(aff, start, solver=Replicator()).x
+        return solve(aff, start, solver=solver)
 
     affinity = problem_affinity(problem, params.check())
     return adjoint.apply(run, affinity, options.threshold), affinity

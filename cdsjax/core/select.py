@@ -14,8 +14,8 @@ from cdsjax.core.implicit import Adjoint, cds_equilibrium, check_adjoint
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
-from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import CONVERGED, Affinity, CDSProblem, Selection, SolveOptions
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import CONVERGED, Affinity, CDSProblem, Selection
 
 
 def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
@@ -25,8 +25,8 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
     Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.implicit.cds_equilibrium` (from
     ``x0``, else ``options.init``; a converged solver first runs paper mode with
     ``warm_start="replicator"``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
-    equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked, with ``solver`` resolved.
-    A problem carrying the corpus's ``note_block`` (and ``bound``) is solved on them instead, by the same named
+    equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked.
+    A problem carrying the corpus's ``note_block`` (and ``bound``) is solved on them instead, by the same
     solver, without a dense affinity (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and an
     ``adjoint`` given with it raises ``ValueError``); the dense affinity runs the solver's ``dense`` form.
     """
@@ -57,7 +57,7 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
     equilibrium is found on its dense payoff by the solver's ``dense`` form and differentiated by ``adjoint``.
     """
     notes, query = problem.notes, problem.queries
-    solver = configured_solver(options.solver, options.tol, options.max_iter).dense
+    solver = options.limited_solver().dense
     threshold = options.threshold
     adjoint = check_adjoint(adjoint)
     base = problem_affinity(problem, params)

@@ -1,6 +1,6 @@
 r"""The one loop every iterative solver of :math:`\max_{x\in\Delta} x^\top M x` runs.
 
-A solver (the :class:`~cdsjax.core.protocols.Solver` protocol) is a small frozen configuration (static
+A loop solver (the :class:`~cdsjax.core.protocols.IterativeSolver` protocol) is a small frozen configuration (static
 ``tol`` / ``max_iter`` and its own knobs) with four methods:
 
 * ``prepare(payoff) -> consts``: what a step needs but never changes;
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.protocols import Payoff, Solver
+from cdsjax.core.protocols import IterativeSolver, Payoff
 from cdsjax.core.types import CONVERGED, MAX_STEPS, NONFINITE, SINGULAR, SUPPORT_THRESHOLD, SolverResult
 
 
@@ -133,9 +133,22 @@ def finish(payoff, x: Array, num_iters, err, status: Array) -> SolverResult:
 
 
 class LoopSolver:
-    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, and a question's
-    dense payoff runs the solver itself (``dense``). A solver that is not one loop (the serving solver,
-    :class:`cdsjax.core.pdas.PDAS`) provides both itself."""
+    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, a question's dense
+    payoff runs the solver itself (``dense``), ``with_limits`` replaces ``tol`` / ``max_iter``, and the properties
+    the strategies read (:mod:`cdsjax.core.solvers`), here with a converged solver's values: a subclass sets its
+    ``name`` and what differs. A solver that is not one loop (:class:`cdsjax.core.solvers.WithFallback`) provides
+    them itself."""
+
+    name = "loop"
+    mode = "converged"
+    batch_chunk = None  # one vmap over a batch
+    batches_rows = False  # the "shared" strategy maps it over the questions
+    uses_corpus_block = True
+
+    def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None):
+        """This solver with ``tol`` / ``max_iter`` replaced where given (None keeps its own)."""
+        limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v is not None}
+        return self.replace(**limits) if limits else self
 
     def solve(self, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
         """:func:`iterate` of this solver on ``payoff`` from ``x0`` (None: the solver's own start)."""
@@ -157,7 +170,7 @@ def _keep(active: Array, new, old):
     return jax.tree.map(pick, new, old)
 
 
-def iterate(solver: Solver, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
+def iterate(solver: IterativeSolver, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
     """Runs ``solver`` on ``payoff`` from ``x0`` (None: uniform) until its ``terminate`` says done.
 
     The loop carries ``(state, done, status)``; ``solver.unroll`` steps run per loop

@@ -135,7 +135,8 @@ def core_tree_types() -> tuple:
     from cdsjax.core.payoff import DensePayoff, SharedPayoff
     from cdsjax.core.structure import PageGameParams
     from cdsjax.core.affinity import CDSParams
-    from cdsjax.core.types import Affinity, CDSProblem, Selection, SolveOptions, SolverResult
+    from cdsjax.core.solvers import SolveOptions
+    from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult
 
     return (CDSProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams, SolveOptions,
             SolverResult, Selection)
