@@ -100,6 +100,7 @@ def test_a_run_that_cannot_finish_says_so_and_the_block_path_falls_back():
     out = jax.jit(lambda p: serving.solve(p))(shared)
     assert int(out.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
+    assert out.solver_run == "active_set"  # the fallback gave the point, and the result says so
 
 
 def test_on_a_payoff_without_the_cds_structure_it_never_claims_a_false_equilibrium():
@@ -155,3 +156,5 @@ def test_the_serving_solver_is_an_explicit_fallback():
     ref = run(ActiveSet(), payoff)
     assert int(out.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
+    assert out.solvers == ("pdas", "active_set") and out.solver_run == "pdas"  # the rule converged itself
+    assert ref.solvers == ("active_set",) and ref.solver_run == "active_set"

@@ -191,7 +191,7 @@ def test_peeling_keeps_the_query_in_a_sparse_support():
     params = S.PageGameParams(beta=1.0, alpha_factor=0.0)
     aff, rep, _, _ = S.page_affinity(p["notes"], p["query"], p["valid"], own, params)
     opts = core.SolveOptions(solver=core.ActiveSet()).check()
-    first = S.solve(aff, S.anchored_start(aff), solver=core.ActiveSet())
+    first = core.solve(aff, S.anchored_start(aff), solver=core.ActiveSet())
     assert not bool(S.query_in_support(first))
     result, kept, rounds = S.solve_peeling_to_query(aff, opts)
     x = np.asarray(result.x)

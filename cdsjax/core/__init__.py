@@ -20,6 +20,7 @@ from cdsjax.core.baselines import (
     select_random,
 )
 from cdsjax.core.implicit import (
+    equilibrium,
     ImplicitAdjoint,
     NoAdjoint,
     LoopAdjoint,
@@ -82,6 +83,8 @@ from cdsjax.core.types import (
     MAX_SUPPORT_STEPS,
     NOTE_KINDS,
     CDSProblem,
+    BlockProblem,
+    with_corpus_arrays,
     kind_code,
     MAX_STEPS,
     NONFINITE,
@@ -124,6 +127,9 @@ __all__ = [
     "problem_affinity",
     "support_settings",
     "solver_from_name",
+    "equilibrium",
+    "BlockProblem",
+    "with_corpus_arrays",
     "SOLVER_NAMES",
     "SERVING_SOLVER",
     "WithFallback",

@@ -15,9 +15,10 @@ once, then runs a **strategy**:
 The game is data: ``params`` is the paper's :class:`CDSParams` or the learned game's
 :class:`~cdsjax.core.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
 affinity builder (:func:`cdsjax.core.affinity.problem_affinity`) under every strategy. How to
-differentiate is an argument too (``adjoint``, as in optimistix): the dense strategies solve through
-:func:`cdsjax.core.implicit.cds_equilibrium`, the one differentiable solve; a question carrying its corpus
-block (:func:`cdsjax.core.corpus.solve_on_block`) has no derivative, and says so.
+differentiate is an argument too (``adjoint``, as in optimistix), applied once, by
+:func:`cdsjax.core.implicit.equilibrium`, the one solve every strategy runs; a question posed with its corpus
+block (a :class:`~cdsjax.core.types.BlockProblem`, :func:`cdsjax.core.corpus.solve_on_block`) has no derivative,
+and says so.
 
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
 ``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy runs the solver object
@@ -86,8 +87,9 @@ def cds(
       corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
         default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
-        that derivative (``"shared"`` with the paper's game differentiates through its loop). A problem
-        carrying ``note_block`` has no derivative: an adjoint given with it raises ``ValueError``.
+        that derivative (``"shared"`` with the paper's game differentiates through its loop). A
+        :class:`~cdsjax.core.types.BlockProblem` has no derivative: an adjoint given with it raises
+        ``ValueError``.
       num_steps, scale_range: ``"support"`` only, its bisection steps and the bracket of
         :math:`\gamma = \beta n` (:func:`~cdsjax.core.support.support_settings`; None: the defaults).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.

@@ -57,6 +57,7 @@ from jax import Array, lax
 
 from cdsjax.core.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
+from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.protocols import Game
 from cdsjax.core.replicator import Replicator, softmax_prior
 from cdsjax.core.solvers import SolveOptions, solve, solve_options
@@ -179,6 +180,9 @@ class ImplicitAdjoint:
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` with the implicit derivative attached to its point."""
+        if not isinstance(affinity, Affinity):
+            raise TypeError("ImplicitAdjoint differentiates a dense game (an Affinity); a payoff stored in another "
+                            f"form has none: pass LoopAdjoint() or NoAdjoint(), got {type(affinity).__name__}")
         result = run(lax.stop_gradient(affinity))
         return result.replace(x=attach_implicit(affinity, lax.stop_gradient(result.x), threshold))
 
@@ -230,6 +234,37 @@ def check_adjoint(adjoint) -> Adjoint:
     return adjoint
 
 
+def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPORT_THRESHOLD) -> SolverResult:
+    r"""The equilibrium of ``game`` found by ``solver`` and differentiated by ``adjoint``: the one solve every
+    strategy runs, the adjoint applied here and nowhere else.
+
+    Args:
+      game: the problem of :math:`\max_{x\in\Delta} x^\top M x`: an :class:`Affinity` (a question's dense
+        game, solved by the solver's ``dense`` form on its :class:`~cdsjax.core.payoff.DensePayoff`) or a payoff
+        stored in another form (:class:`~cdsjax.core.payoff.SharedPayoff`: a question's corpus block, or the
+        questions of the ``"shared"`` strategy), solved by ``solver`` itself.
+      solver: the solver object (:mod:`cdsjax.core.solvers`).
+      x0: the start: None (the solver's own), a point, or a function of the game (as the adjoint hands it to
+        the solve: gradient-stopped under :class:`ImplicitAdjoint`) that returns one.
+      adjoint: :class:`ImplicitAdjoint` (None; a dense game only), :class:`LoopAdjoint` (through the
+        iterations) or :class:`NoAdjoint` (a derivative refused, saying why).
+      threshold: the support threshold of the implicit derivative.
+
+    Returns:
+      The :class:`~cdsjax.core.SolverResult`; its ``solvers`` / ``ran`` say which solver gave the point (a
+      fallback taken included).
+    """
+    adjoint = check_adjoint(adjoint)
+
+    def run(g):
+        start = x0(g) if callable(x0) else x0
+        if isinstance(g, Affinity):
+            return solver.dense.solve(DensePayoff.from_affinity(g), start)
+        return solver.solve(g, start)
+
+    return adjoint.apply(run, game, threshold)
+
+
 def initial_point(
     affinity: Affinity, init: str = "uniform", temperature: float = 0.1, links: Optional[Array] = None
 ) -> Optional[Array]:
@@ -274,18 +309,17 @@ def cds_equilibrium(
       the diagnostics are those of the solve, without derivatives) and the differentiable
       :class:`Affinity`. The derivative is only right where ``result.status == CONVERGED`` holds.
     """
-    adjoint = check_adjoint(adjoint)
     options = solve_options(options, **overrides)
     solver = options.limited_solver()
 
-    def run(aff):
-        start = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
+    def start(aff):
+        point = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
         if options.warm_start == "replicator" and solver.mode != "paper":
-            start = solve(aff, start, solver=Replicator()).x
-        return solve(aff, start, solver=solver)
+            point = solve(aff, point, solver=Replicator()).x
+        return point
 
     affinity = problem_affinity(problem, params.check())
-    return adjoint.apply(run, affinity, options.threshold), affinity
+    return equilibrium(affinity, solver, start, adjoint=adjoint, threshold=options.threshold), affinity
 
 
 def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,

@@ -72,6 +72,7 @@ class Solver(Protocol):
     the loop solvers, :class:`~cdsjax.core.solvers.WithFallback`, or a user's own object)."""
 
     name: str  # what diagnostics call it
+    names: tuple  # the solvers a run may end with (SolverResult.solvers; its ran says which did)
     mode: str  # "paper" or "converged"
     batch_chunk: Optional[str]  # the chunk of cdsjax.core.batched on one device
     batches_rows: bool  # one loop over a batch of questions' rows (the "shared" strategy runs it batched)

@@ -175,7 +175,8 @@ def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[
 def corpus_block_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``block(problem)``: the note block selector ``fn`` would build for every question on ``problem``'s
     corpus (:func:`cdsjax.core.corpus.problem_block`; None where its solve does not use one), to build once per
-    corpus and give each question as ``CDSProblem.note_block`` next to its ``bound``. None for a baseline."""
+    corpus and pose each question with, next to its ``bound`` (:func:`cdsjax.core.types.with_corpus_arrays`, a
+    :class:`~cdsjax.core.types.BlockProblem`). None for a baseline."""
     return fn.corpus_block if isinstance(fn, Selector) else None
 
 

@@ -39,6 +39,7 @@ from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.ranking import read_out
 from cdsjax.core.select import solve_single
+from cdsjax.core.implicit import LoopAdjoint, equilibrium
 from cdsjax.core.solver import iterate
 from cdsjax.core.solvers import SolveOptions
 from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult
@@ -196,10 +197,11 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
         corpus = corpus_affinity(problem.notes, problem.valid, params)
     rel = question_relevance(corpus, problem.queries)
     solver = options.limited_solver()
+    # differentiated through the iterations (the shared payoff has no implicit derivative)
     if solver.batches_rows:  # paper mode: one loop over every question's row
-        result = iterate(solver.replace(unroll=4), shared_payoff(corpus, rel), None)
+        result = equilibrium(shared_payoff(corpus, rel), solver.replace(unroll=4), adjoint=LoopAdjoint())
     else:
-        result = lax.map(lambda r: solver.solve(shared_payoff(corpus, r), None), rel)
+        result = lax.map(lambda r: equilibrium(shared_payoff(corpus, r), solver, adjoint=LoopAdjoint()), rel)
     dtype = corpus.coupling.dtype
     cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
 

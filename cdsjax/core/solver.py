@@ -116,8 +116,8 @@ def stop_rule(state: LoopState, tol: float, max_iter: int, *, capped: Optional[A
     return done, jnp.where(err < tol, CONVERGED, code).astype(jnp.int32)
 
 
-def finish(payoff, x: Array, num_iters, err, status: Array) -> SolverResult:
-    """Packs a point of ``payoff`` and its diagnostics into a :class:`SolverResult`."""
+def finish(payoff, x: Array, num_iters, err, status: Array, name: str) -> SolverResult:
+    """Packs a point of ``payoff`` found by the solver ``name`` and its diagnostics into a :class:`SolverResult`."""
     batch = x.shape[:-1]
     mx = payoff.matvec(x)
     value = payoff.value(x, mx)
@@ -129,6 +129,8 @@ def finish(payoff, x: Array, num_iters, err, status: Array) -> SolverResult:
         kkt_residual=nash_error(x, mx, payoff.valid, value),
         alpha=jnp.broadcast_to(payoff.alpha, batch).astype(x.dtype),
         status=jnp.asarray(status, jnp.int32),
+        ran=jnp.zeros(batch, jnp.int32),
+        solvers=(name,),
     )
 
 
@@ -153,6 +155,11 @@ class LoopSolver:
     def solve(self, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
         """:func:`iterate` of this solver on ``payoff`` from ``x0`` (None: the solver's own start)."""
         return iterate(self, payoff, x0)
+
+    @property
+    def names(self) -> tuple:
+        """The names of the solvers a run may end with (``SolverResult.solvers``): its own."""
+        return (self.name,)
 
     @property
     def dense(self) -> "LoopSolver":
@@ -193,4 +200,4 @@ def iterate(solver: IterativeSolver, payoff: Payoff, x0: Optional[Array] = None)
 
     state = solver.init(payoff, x0)
     state, _, status = lax.while_loop(lambda c: jnp.any(~c[1]), body, (state, *solver.terminate(consts, state)))
-    return finish(payoff, state.x, state.num_iters, state.err, status)
+    return finish(payoff, state.x, state.num_iters, state.err, status, solver.name)

@@ -90,10 +90,22 @@ class WithFallback:
                             dense_solver=None if self.dense_solver is None
                             else self.dense_solver.with_limits(tol, max_iter))
 
+    @property
+    def names(self) -> tuple:
+        """The names of the solvers a run may end with: the primary's, then the fallback's."""
+        return self.primary.names + self.fallback.names
+
     def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
-        """The primary's point where it converges, else ``fallback``'s from ``x0``."""
+        """The primary's point where it converges, else ``fallback``'s from ``x0``; ``ran`` says which
+        (:attr:`names`)."""
+        names, skip = self.names, len(self.primary.names)
+
+        def taken(result, offset):
+            return result.replace(ran=result.ran + offset, solvers=names)
+
         fast = self.primary.solve(payoff, None)
-        return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: self.fallback.solve(payoff, x0))
+        return lax.cond(fast.status == CONVERGED, lambda: taken(fast, 0),
+                        lambda: taken(self.fallback.solve(payoff, x0), skip))
 
 
 # The serving solver of one question on its corpus block: the primal-dual active set, and where it does not converge

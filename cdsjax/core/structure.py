@@ -41,12 +41,12 @@ from jax import Array, lax
 
 from cdsjax.core.affinity import spectral_penalty
 from cdsjax.core.baselines import cut_to_budget, same_unit
-from cdsjax.core.implicit import attach_implicit
+from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
 from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
 from cdsjax.core.replicator import softmax_prior
 from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.solvers import SolveOptions, solve, solve_options
+from cdsjax.core.solvers import SolveOptions, solve_options
 from cdsjax.core.types import FILL_NONE, FILL_SHORT_SUPPORT, SUPPORT_THRESHOLD, Affinity, Selection
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid
 
@@ -259,11 +259,11 @@ def solve_keeping_query(affinity: Affinity, bound: Optional[Affinity], options: 
     valid = affinity.valid
     uniform = valid.astype(affinity.matrix.dtype) / jnp.sum(valid)
     x0 = jnp.where(sparse, anchored_start(affinity), uniform)
-    result = solve(affinity, x0, solver=solver)
+    result = equilibrium(affinity, solver, x0, adjoint=LoopAdjoint())
     kept = query_in_support(result, m) | ~jnp.asarray(sparse)
     if bound is None:
         return result, affinity, kept
-    at_bound = solve(bound, None, solver=solver)
+    at_bound = equilibrium(bound, solver, adjoint=LoopAdjoint())
     pick = lambda a, b: jnp.where(kept, a, b)  # noqa: E731
     return (jax.tree_util.tree_map(pick, result, at_bound), jax.tree_util.tree_map(pick, affinity, bound), kept)
 
@@ -292,7 +292,7 @@ def solve_peeling_to_query(affinity: Affinity, options: SolveOptions, max_rounds
 
     def round_(active):
         aff = restrict_to(affinity, active)
-        res = solve(aff, anchored_start(aff), solver=solver)
+        res = equilibrium(aff, solver, anchored_start(aff), adjoint=LoopAdjoint())
         return res, query_in_support(res, m)
 
     def body(state):
@@ -344,7 +344,7 @@ def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
     n = notes.shape[0]
     affinity, rep, owner, page_cos = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
     if _is_dense(params.alpha_factor):
-        result = solve(affinity, None, solver=options.limited_solver())
+        result = equilibrium(affinity, options.limited_solver(), adjoint=LoopAdjoint())
         kept = jnp.asarray(True)
     else:
         bound = page_affinity(notes, query, valid, pages, params.replace(alpha_factor=1.0), doc_ids=doc_ids)[0]
@@ -380,10 +380,9 @@ def page_scores(notes: Array, query: Array, valid: Array, pages: Array, params: 
     ``params`` by the implicit derivative of the KKT conditions (:func:`~cdsjax.core.attach_implicit`): the
     quantity a fit of the page game climbs."""
     affinity, rep, _, _ = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
-    result = solve(lax.stop_gradient(affinity), None, solver=solver.with_limits(tol, max_iter))
-    x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
-    scores = equilibrium_scores(affinity, x, slack_weight)
-    return jnp.where(rep, scores, -jnp.inf), result.replace(x=x), affinity
+    result = equilibrium(affinity, solver.with_limits(tol, max_iter), adjoint=ImplicitAdjoint(), threshold=threshold)
+    scores = equilibrium_scores(affinity, result.x, slack_weight)
+    return jnp.where(rep, scores, -jnp.inf), result, affinity
 
 
 def sparse_affinity(affinity: Affinity, factor: float | Array) -> Affinity:

@@ -126,6 +126,11 @@ class SolverResult:
       status: ``[]`` int32, how the solve ended: :data:`CONVERGED` (the stopping rule fired: converged is
         ``status == CONVERGED``), :data:`MAX_STEPS`, :data:`NONFINITE` or :data:`SINGULAR` (names in
         :data:`STATUSES`).
+      ran: ``[]`` int32, which of ``solvers`` gave the point (:attr:`solver_run`): 0 for a loop solver, 1 where
+        the served solver's fallback ran.
+      solvers: static, the names of the solvers the run may end with, in the order they are tried (one for a
+        loop solver; ``("pdas", "active_set")`` for the served solver on a corpus block, ``("active_set",)``
+        on a dense payoff).
 
     How many notes the point holds is a property of a selection (:attr:`Selection.support_size`), not of a
     solve.
@@ -138,6 +143,13 @@ class SolverResult:
     kkt_residual: Array
     alpha: Array
     status: Array
+    ran: Array
+    solvers: tuple = struct.field(pytree_node=False, default=())
+
+    @property
+    def solver_run(self) -> str:
+        """The name of the solver that gave the point (``ran`` concrete, one result)."""
+        return self.solvers[int(self.ran)]
 
 
 @struct.dataclass
@@ -188,8 +200,8 @@ class Selector:
     Calling it selects: ``selector(problem, key)`` is ``select(problem, key)``, a :class:`Selection`.
     ``corpus_bound(problem)`` is the spectral bound every question on ``problem``'s corpus shares (None where the
     penalty depends on the question), ``corpus_block(problem)`` the note block its solve reads (None where it reads
-    none); a caller computes them once per corpus and gives each question ``CDSProblem.bound`` and
-    ``CDSProblem.note_block``. Selectors without a penalty (the baselines) are plain functions. Equality is
+    none); a caller computes them once per corpus and gives each question its ``bound`` and, with a block, poses
+    it as a :class:`BlockProblem` (:func:`with_corpus_arrays`). Selectors without a penalty (the baselines) are plain functions. Equality is
     identity, so a selector keys a cache.
     """
 
@@ -242,10 +254,8 @@ class CDSProblem:
       describes: optional ``[n]`` int32, the note each note describes: a caption's (or a Note/Source line's)
         figure, table or chart, -1 for none (the default's read-out reads a caption with its visual,
         :func:`cdsjax.core.structure.fold_described`); None: no note describes another.
-      note_block: optional ``[n, n]`` float, the game's note--note block computed once for the corpus
-        (:func:`cdsjax.core.corpus.problem_block`); with ``bound``, one question's ``"single"`` solve then runs
-        its solver on it without building the dense affinity (:func:`cdsjax.core.corpus.solve_on_block`;
-        it has no derivative, and a problem the block cannot serve raises ``ValueError``).
+
+    A question posed with its corpus's precomputed note block is the problem type :class:`BlockProblem`.
     """
 
     notes: Array
@@ -257,7 +267,6 @@ class CDSProblem:
     kinds: Optional[Array] = None
     pinned: Optional[Array] = None
     bound: Optional[Array] = None
-    note_block: Optional[Array] = None
     describes: Optional[Array] = None
 
     @classmethod
@@ -293,3 +302,36 @@ class CDSProblem:
     def num_notes(self) -> int:
         """Static ``n`` (padding included)."""
         return self.notes.shape[-2]
+
+
+@struct.dataclass
+class BlockProblem(CDSProblem):
+    r"""One question posed on its corpus's precomputed note block: a problem type of its own (as a problem per
+    geometry), solved by the same strategies and the same :func:`~cdsjax.core.implicit.equilibrium`.
+
+    Every field of :class:`CDSProblem` (``bound`` must be given), and ``note_block`` ``[n, n]`` float, the game's
+    note--note block computed once for the corpus (:func:`cdsjax.core.corpus.problem_block`). The ``"single"``
+    strategy solves it on a :class:`~cdsjax.core.payoff.SharedPayoff` of that block without building the dense
+    affinity (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and a problem the block cannot
+    serve raises ``ValueError``). Build one with :func:`with_corpus_arrays`; :meth:`dense_problem` is the same
+    question without the block.
+    """
+
+    note_block: Array = None
+
+    def dense_problem(self) -> CDSProblem:
+        """The same question as a plain :class:`CDSProblem` (its ``bound`` kept): solved on its dense affinity."""
+        return CDSProblem(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CDSProblem)})
+
+
+def with_corpus_arrays(problem: CDSProblem, bound: Optional[Array], note_block: Optional[Array] = None) -> CDSProblem:
+    """``problem`` with its corpus's spectral ``bound`` (unchanged where None), posed as a :class:`BlockProblem` where
+    a ``note_block`` is given (a problem or a batch of them, a leading axis on every array alike)."""
+    if bound is None:
+        return problem
+    plain = problem.dense_problem() if isinstance(problem, BlockProblem) else problem
+    plain = plain.replace(bound=bound)
+    if note_block is None:
+        return plain
+    return BlockProblem(**{f.name: getattr(plain, f.name) for f in dataclasses.fields(CDSProblem)},
+                        note_block=note_block)
