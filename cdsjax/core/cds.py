@@ -24,15 +24,14 @@ Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.
 ``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy runs the solver object
 ``options.solver`` (default ``Replicator()``, paper mode; registry selectors give theirs).
 
-The old names (:func:`cds_select`, :func:`cds_peel`, :func:`cds_support`, :func:`cds_select_shared`)
-are thin wrappers that take arrays, for the README, notebooks and existing callers.
+The array-taking wrappers (``cds_select``, ``cds_peel``, ``cds_support``, ``cds_select_shared``) are in
+:mod:`cdsjax.core.compat`.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-import jax.numpy as jnp
 from jax import Array
 
 from cdsjax.core.affinity import CDSParams
@@ -126,55 +125,3 @@ def cds(
             raise ValueError(f"corpus is only used by the 'shared' strategy, not {strategy!r}")
         extra["corpus"] = corpus
     return STRATEGIES[strategy](problem, params, options, budget=budget, **extra)
-
-
-def _on_arrays(strategy: str, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
-    """:func:`cds` on ``CDSProblem.create(notes, query, valid, links=, pinned=)``: the array-taking entry points."""
-    if strategy == "shared" and jnp.ndim(query) != 2:
-        raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
-    problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
-    return cds(problem, strategy, params, options, budget=budget, **kwargs)
-
-
-def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-               options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-               links: Optional[Array] = None, **kwargs) -> Selection:
-    """Selects evidence as a constrained dominant set (one extraction).
-
-    ``cds_select(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'single', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("single", notes, query, valid, pinned, links, params, options, budget, kwargs)
-
-
-def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-             options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-             links: Optional[Array] = None, **kwargs) -> Selection:
-    """Peeling extraction for several constraint vertices.
-
-    ``cds_peel(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'peel', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("peel", notes, query, valid, pinned, links, params, options, budget, kwargs)
-
-
-def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-                options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-                links: Optional[Array] = None, **kwargs) -> Selection:
-    """Constrained dominant set whose support holds about ``budget`` notes.
-
-    ``cds_support(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'support', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("support", notes, query, valid, pinned, links, params, options, budget, kwargs)
-
-
-def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-                      options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-                      links: Optional[Array] = None, **kwargs) -> Selection:
-    """Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.
-
-    ``cds_select_shared(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=,
-    pinned=), 'shared', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("shared", notes, query, valid, pinned, links, params, options, budget, kwargs)

@@ -39,8 +39,9 @@ What the derivative means:
   :math:`\tau`-derivatives.
 
 How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
-(the default) or :class:`LoopAdjoint` (the reference). :func:`cds_equilibrium` is the one solve of a dense
-problem: :func:`cdsjax.core.cds` reads its selections off it, and the retrieval objectives of
+(the default), :class:`LoopAdjoint` (the reference) or :class:`NoAdjoint`. :func:`equilibrium` is the one solve
+every strategy runs and the one place an adjoint is applied; :func:`cds_equilibrium` is a problem's equilibrium
+on its dense game: :func:`cdsjax.core.cds` reads its selections off it, and the retrieval objectives of
 :mod:`cdsjax.core.surrogates` differentiate it, for the paper's game and the learned one alike.
 """
 
@@ -221,8 +222,6 @@ class NoAdjoint:
 
 
 Adjoint = Union[ImplicitAdjoint, LoopAdjoint]
-# the adjoints by the names cds_weights takes (``differentiate="loop"``)
-ADJOINTS = {"implicit": ImplicitAdjoint(), "loop": LoopAdjoint()}
 
 
 def check_adjoint(adjoint) -> Adjoint:
@@ -320,19 +319,3 @@ def cds_equilibrium(
 
     affinity = problem_affinity(problem, params.check())
     return equilibrium(affinity, solver, start, adjoint=adjoint, threshold=options.threshold), affinity
-
-
-def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,
-                pinned: Optional[Array] = None, differentiate: Optional[str] = None, **kwargs) -> Array:
-    r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
-
-    A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
-    (``kwargs``: ``options``, ``x0``, ``adjoint`` and :class:`SolveOptions` fields; ``differentiate``
-    ``"implicit"`` / ``"loop"`` names an adjoint) for callers that only need the weights; use
-    :func:`cds_equilibrium` to also get the convergence diagnostics that say whether the derivative can be
-    trusted.
-    """
-    if differentiate is not None:
-        check_option("differentiate", differentiate, tuple(ADJOINTS))
-        kwargs["adjoint"] = ADJOINTS[differentiate]
-    return cds_equilibrium(CDSProblem.create(notes, query, valid, pinned=pinned), params, **kwargs)[0].x
