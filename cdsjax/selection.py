@@ -36,7 +36,7 @@ from cdsjax import catalog
 from cdsjax.core import registry
 from cdsjax.core.batching import bucket_size
 from cdsjax.core.learned import kind_codes
-from cdsjax.core.types import CDSProblem, as_selector
+from cdsjax.core.types import CDSProblem, as_selector, with_corpus_arrays
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds", "describes")
 
@@ -297,7 +297,7 @@ class CorpusArrays:
         """``problem`` carrying ``selector``'s bound and note block on its corpus (:meth:`arrays`); unchanged
         where there is no bound."""
         bound, block = self.arrays(selector, problem, key)
-        return problem if bound is None else problem.replace(bound=bound, note_block=block)
+        return with_corpus_arrays(problem, bound, block)
 
     def attach_rows(self, selector, batch: CDSProblem) -> CDSProblem:
         """``batch`` (a problem with a leading axis, one question per row) with each row's bound and note block
@@ -312,7 +312,7 @@ class CorpusArrays:
             return batch
         bounds = np.stack([np.asarray(bound) for bound, _ in found])
         blocks = None if any(block is None for _, block in found) else np.stack([np.asarray(b) for _, b in found])
-        return batch.replace(bound=bounds, note_block=blocks)
+        return with_corpus_arrays(batch, bounds, blocks)
 
     @staticmethod
     def _names(key, selector) -> bool:

@@ -68,7 +68,7 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     if make is None:
         return fn.select.precompile(problem, key)
     bound, block = jax.eval_shape(lambda p: corpus_arrays(make.jitted, build and build.jitted, p), problem)
-    shapes = problem if bound is None else problem.replace(bound=bound, note_block=block)
+    shapes = core.with_corpus_arrays(problem, bound, block)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-warm") as pool:
         side = pool.submit(pipe.with_bound, fn, problem, pipe.selector_key(selector, budget, options))
         done = fn.select.precompile(shapes, key)

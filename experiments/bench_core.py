@@ -195,9 +195,9 @@ def bench_shared(b, n, *, budget, rng):
     notes, queries = clustered(rng, b, n)
     notes = notes[0]
     valid = np.ones(n, bool)
-    dense = jax.jit(jax.vmap(lambda q: core.cds_select(notes, q, valid, budget=budget, solver="converged")))
+    dense = jax.jit(jax.vmap(lambda q: core.cds_select(notes, q, valid, budget=budget, solver=core.ActiveSet())))
     shared = jax.jit(lambda q: core.cds(core.CDSProblem.create(notes, q, valid), "shared", budget=budget,
-                                        solver="converged"))
+                                        solver=core.ActiveSet()))
     rows = []
     for label, fn in (("dense per question (jit(vmap(cds_select)))", dense), ('shared corpus (cds(..., "shared"))', shared)):
         compiled = fn.lower(queries).compile()

@@ -196,8 +196,8 @@ def replicator_to_target(affinity, cap: int, budget_s: float, chunk: int = 10_00
     return steps, elapsed, False
 
 
-def solver_fn(name, **kw):
-    return jax.jit(functools.partial(core.solve, solver=name, **kw))
+def solver_fn(name, **limits):
+    return jax.jit(functools.partial(core.solve, solver=core.solver_from_name(name).with_limits(**limits)))
 
 
 def top10(x):

@@ -34,6 +34,7 @@ def compare(pipe, questions, names) -> dict:
     """Per selector: questions, same picks, and the differing questions' details."""
     import jax
 
+    from cdsjax import core
     from cdsjax.catalog import selector_spec
 
     out = {}
@@ -44,8 +45,8 @@ def compare(pipe, questions, names) -> dict:
         same, diffs, max_dw = 0, [], 0.0
         for i, q in enumerate(questions):
             served = pipe.with_bound(fn, pipe.candidates.problem(q, spec), pipe.selector_key(name, 10))
-            assert served.note_block is not None, f"{name} does not run on the corpus block"
-            dense = jax.device_get(fn(served.replace(note_block=None)))
+            assert isinstance(served, core.BlockProblem), f"{name} does not run on the corpus block"
+            dense = jax.device_get(fn(served.dense_problem()))
             fast = jax.device_get(fn(served))
             a = np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
             b = np.asarray(fast.indices)[np.asarray(fast.selected_valid)].tolist()

@@ -73,9 +73,9 @@ def main(argv=None) -> int:
                 excess = (float(aff.alpha) - 1e-3 - lam) / abs(lam)
             elif mode == "peel":
                 two = core.CDSProblem.create(z, np.stack([q, z[0]]), valid, pages=pages)
-                a = core.cds(two, "peel", core.CDSParams(), budget=args.budget, solver="converged")
+                a = core.cds(two, "peel", core.CDSParams(), budget=args.budget, solver=core.ActiveSet())
                 b = core.cds(two, "peel", core.CDSParams(alpha_bound="certified"), budget=args.budget,
-                             solver="converged")
+                             solver=core.ActiveSet())
                 excess = np.nan  # rounds' blocks are internal; the guarantee is the same certified_bound
             else:
                 a = core.cds(problem, "single", theta, budget=args.budget)

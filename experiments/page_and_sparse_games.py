@@ -27,7 +27,9 @@ from cdsjax.core.readouts import MAX_NOTES_PER_PAGE
 from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.structure import (KEEP_QUERY, PageGameParams, select_page_game, sparse_learned_ranking,
                                    structured_readout)
-from cdsjax.core.types import CDSProblem, Selection, SolveOptions
+from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_int_range
 
 PAGE_GAME_OPTIONS = ("beta", "alpha_factor", "w_doc", "notes_per_page", "tol", "max_iter")
@@ -50,7 +52,7 @@ def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_d
         raise ValueError(f"alpha_factor must be > 0, got {alpha_factor!r}")
     check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
     params = PageGameParams(beta=float(beta), alpha_factor=float(alpha_factor), w_doc=float(w_doc))
-    options = SolveOptions(solver="converged", tol=tol, max_iter=max_iter).check()
+    options = SolveOptions(solver=ActiveSet(), tol=tol, max_iter=max_iter).check()
 
     def fn(problem: CDSProblem, key=None) -> Selection:
         return select_page_game(problem.notes, problem.queries, problem.valid, needs_pages(problem, "cds_pages"),
@@ -76,7 +78,7 @@ def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, a
         check_int_range("notes_per_page", notes_per_page, MAX_NOTES_PER_PAGE)
     if keep not in KEEP_QUERY:
         raise ValueError(f"keep must be one of {KEEP_QUERY}, got {keep!r}")
-    options = SolveOptions(solver="converged", tol=tol, max_iter=max_iter).check()
+    options = SolveOptions(solver=ActiveSet(), tol=tol, max_iter=max_iter).check()
 
     def fn(problem: CDSProblem, key=None) -> Selection:
         rank, sel, _ = sparse_learned_ranking(problem.notes, problem.queries, problem.valid, params,
@@ -95,8 +97,8 @@ def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, a
 
 
 SPECS = {s.name: s for s in (
-    SelectorSpec(name="cds_pages", build=cds_pages, solver="converged", structure=True,
+    SelectorSpec(name="cds_pages", build=cds_pages, solver=ActiveSet(), structure=True,
                  option_names=PAGE_GAME_OPTIONS),
-    SelectorSpec(name="cds_learned_sparse", build=cds_learned_sparse, solver="converged", needs_links=True,
+    SelectorSpec(name="cds_learned_sparse", build=cds_learned_sparse, solver=ActiveSet(), needs_links=True,
                  structure=True, pages_only=True, learned=True, option_names=SPARSE_OPTIONS),
 )}

@@ -183,7 +183,7 @@ class Options:
 def options_of(config, name: str) -> Options:
     from cdsjax import core
 
-    solve = core.SolveOptions(solver=str(config.solver), tol=float(config.tol), max_iter=int(config.max_iter)).check()
+    solve = core.SolveOptions(solver=core.solver_from_name(str(config.solver)), tol=float(config.tol), max_iter=int(config.max_iter)).check()
     return Options(budget=int(config.budget[name]), solve=solve, tau_temperature=float(config.tau_temperature),
                    temperature=float(config.surrogate.temperature),
                    slack_weight=float(config.surrogate.slack_weight))

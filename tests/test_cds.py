@@ -69,8 +69,8 @@ def test_every_solver_runs_on_every_payoff(solver):
         valid = np.ones(N, bool)
         shared = core.corpus_affinity(notes, valid)
         rel = question_relevance(shared, queries)
-        config = core.SOLVERS[solver]
-        assert isinstance(config, core.Solver)
+        config = core.solver_from_name(solver)
+        assert isinstance(config, core.IterativeSolver) and isinstance(config, core.Solver)
         for k in range(B):
             dense = core.iterate(config, DensePayoff.from_affinity(question_affinity(shared, rel[k])))
             on_shared = core.iterate(config, shared_payoff(shared, rel[k]))
@@ -95,6 +95,7 @@ def test_status_enumeration_keeps_the_recorded_codes():
 def test_strategies_agree_where_they_should(solver):
     """One question: single == peel (one constraint vertex) == shared (the shared payoff), per solver;
     the converged solvers reach the same equilibrium, so the same selection, in every strategy."""
+    name, solver = solver, core.solver_from_name(solver)
     with jax.enable_x64(True):
         notes, queries = corpus(3)
         valid = np.ones(N, bool)
@@ -108,11 +109,11 @@ def test_strategies_agree_where_they_should(solver):
             row = jax.tree.map(lambda a: a[k], shared)
             same_selection(single, row, 1e-9)
             np.testing.assert_allclose(np.asarray(row.result.x), np.asarray(single.result.x), atol=1e-9)
-            if solver != "replicator":
-                reference = core.cds(problem, "single", budget=BUDGET, solver="active_set")
+            if name != "replicator":
+                reference = core.cds(problem, "single", budget=BUDGET, solver=core.ActiveSet())
                 same_selection(single, reference, 1e-8)
                 support = core.cds(problem, "support", budget=BUDGET, solver=solver, num_steps=6)
-                support_ref = core.cds(problem, "support", budget=BUDGET, solver="active_set", num_steps=6)
+                support_ref = core.cds(problem, "support", budget=BUDGET, solver=core.ActiveSet(), num_steps=6)
                 same_selection(support, support_ref, 1e-8)
                 assert float(support.beta) == float(support_ref.beta)
 
@@ -126,7 +127,7 @@ def test_padding_jit_and_vmap_change_nothing(strategy):
         junk = np.random.default_rng(9).normal(size=(pad, D))
         padded = np.concatenate([notes, junk])
         valid = np.arange(N + pad) < N
-        kw = dict(budget=BUDGET, solver="active_set", **({"num_steps": 5} if strategy == "support" else {}))
+        kw = dict(budget=BUDGET, solver=core.ActiveSet(), **({"num_steps": 5} if strategy == "support" else {}))
         plain = [core.cds(core.CDSProblem.create(notes, q), strategy, **kw) for q in queries]
         run = jax.jit(lambda p: core.cds(p, strategy, **kw))
         problems = [core.CDSProblem.create(padded, q, valid) for q in queries]
@@ -142,7 +143,7 @@ def test_shared_strategy_ignores_padding():
         notes, queries = corpus(5)
         padded = np.concatenate([notes, np.random.default_rng(3).normal(size=(3, D))])
         valid = np.arange(N + 3) < N
-        for solver in ("replicator", "active_set"):
+        for solver in (core.Replicator(), core.ActiveSet()):
             a = core.cds(core.CDSProblem.create(notes, queries), "shared", budget=BUDGET, solver=solver)
             b = jax.jit(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver))(
                 core.CDSProblem.create(padded, queries, valid))
@@ -162,7 +163,7 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
     notes /= np.linalg.norm(notes, axis=1, keepdims=True)
     query = -notes.mean(0) / np.linalg.norm(notes.mean(0))
     problem = core.CDSProblem.create(notes, query[None] if strategy == "shared" else query)
-    kw = dict(budget=BUDGET, solver="active_set", **({"num_steps": 4} if strategy == "support" else {}))
+    kw = dict(budget=BUDGET, solver=core.ActiveSet(), **({"num_steps": 4} if strategy == "support" else {}))
     filled = core.cds(problem, strategy, **kw)
     bare = core.cds(problem, strategy, fill=False, **kw)
     assert int(np.sum(filled.selected_valid)) == BUDGET and int(np.sum(filled.num_filled)) == BUDGET
@@ -172,17 +173,18 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES + ("equilibrium",))
-def test_every_strategy_uses_the_one_default_solver(strategy, monkeypatch):
-    """With ``solver`` unset every strategy (and the differentiable equilibrium) runs DEFAULT_SOLVER's
-    registered configuration: swap it for a 5-step one and every solve stops at 5 steps."""
-    assert core.DEFAULT_SOLVER == "replicator" and core.SolveOptions().solver is None
-    monkeypatch.setitem(core.SOLVERS, core.DEFAULT_SOLVER, core.Replicator(tol=1e-300, max_iter=5))
+def test_every_strategy_runs_the_solver_object_it_is_given(strategy):
+    """Every strategy (and the differentiable equilibrium) runs the caller's solver object, limits included: a
+    5-step replicator stops every solve at 5 steps. Unset, the solver is DEFAULT_SOLVER, paper mode."""
+    assert core.SolveOptions().solver == core.DEFAULT_SOLVER == core.Replicator()
+    five = core.Replicator(tol=1e-300, max_iter=5)
     notes, queries = corpus(7)
     if strategy == "equilibrium":
-        result, _ = core.cds_equilibrium(core.CDSProblem.create(notes, queries[0]))
+        result, _ = core.cds_equilibrium(core.CDSProblem.create(notes, queries[0]), solver=five)
     else:
         problem = core.CDSProblem.create(notes, queries if strategy == "shared" else queries[0])
-        result = core.cds(problem, strategy, budget=BUDGET, **({"num_steps": 3} if strategy == "support" else {})).result
+        result = core.cds(problem, strategy, budget=BUDGET, solver=five,
+                          **({"num_steps": 3} if strategy == "support" else {})).result
     assert np.all(np.asarray(result.num_iters) == 5)
     assert np.all(np.asarray(result.status) == core.MAX_STEPS)
 
@@ -220,8 +222,10 @@ def test_entry_point_rejects_what_a_strategy_does_not_take():
         core.cds(problem, "greedy")
     with pytest.raises(ValueError, match="x0"):
         core.cds(problem, "peel", x0=jnp.ones(N + 1))
+    with pytest.raises(TypeError, match="solver must be a solver object"):
+        core.cds(problem, solver="converged")  # a name is converted at the edge (solver_from_name)
     with pytest.raises(ValueError, match="solver"):
-        core.cds(problem, solver="nope")
+        core.solver_from_name("converged")  # no aliases
     with pytest.raises(ValueError, match="pages"):
         core.CDSProblem.create(notes, queries[0], pages=np.zeros(N + 1, np.int32))
     assert core.CDSProblem.create(notes, queries[0]).queries.shape == (1, D)
@@ -277,9 +281,9 @@ def test_shared_corpus_never_materialises_per_question_dense_matrices():
         shapes = _shapes(jax.make_jaxpr(fn)(problem).jaxpr, [])
         return [s for s in shapes if len(s) >= 3 and s[0] == 5 and min(s[-2:]) >= size]
 
-    for solver in ("replicator", "inimdyn", "active_set"):
+    for solver in (core.Replicator(), core.InImDyn(), core.ActiveSet()):
         assert dense_batches(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver)) == [], solver
     # the per-question path does build them: the check can fail
     per_question = jax.vmap(lambda q: core.cds_select(problem.notes, q, problem.valid, budget=BUDGET,
-                                                      solver="active_set"))
+                                                      solver=core.ActiveSet()))
     assert dense_batches(lambda p: per_question(p.queries))

@@ -182,7 +182,7 @@ def test_peel_status_is_the_first_unconverged_round():
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     capped = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, max_iter=2)
     assert int(capped.result.status) == core.MAX_STEPS
-    done = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, solver="converged")
+    done = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, solver=core.ActiveSet())
     assert int(done.result.status) == core.CONVERGED
 
 
@@ -193,7 +193,7 @@ def test_beta_and_tau_are_leaves_a_sweep_does_not_recompile():
 
     def select(params):
         traces.append(1)
-        return core.cds_select(notes, query, np.ones(8, bool), budget=BUDGET, params=params, solver="converged")
+        return core.cds_select(notes, query, np.ones(8, bool), budget=BUDGET, params=params, solver=core.ActiveSet())
 
     run = jax.jit(select)
     for beta, tau in ((1.0, 0.0), (0.5, 0.1), (0.1, 0.2)):
@@ -203,10 +203,10 @@ def test_beta_and_tau_are_leaves_a_sweep_does_not_recompile():
 
 def test_solve_options_are_one_object_shared_by_the_selectors():
     notes, query, _ = problem(4, 9, np.float64)
-    options = core.SolveOptions(solver="converged", threshold=1e-4, fill=False)
+    options = core.SolveOptions(solver=core.ActiveSet(), threshold=1e-4, fill=False)
     valid = np.ones(9, bool)
     a = core.cds_select(notes, query, valid, budget=BUDGET, options=options)
-    b = core.cds_select(notes, query, valid, budget=BUDGET, solver="converged", threshold=1e-4, fill=False)
+    b = core.cds_select(notes, query, valid, budget=BUDGET, solver=core.ActiveSet(), threshold=1e-4, fill=False)
     assert_same(a, b, 0.0)
     with pytest.raises(TypeError, match="colour"):
         core.cds_select(notes, query, valid, colour="red")

@@ -161,6 +161,7 @@ def test_selector_specs_name_chunk_solver_and_spellings():
         assert registry.selector_spec(name).batch_chunk is None
     assert catalog.selector_spec("cds-paper") is registry.SPECS["cds"]
     assert catalog.selector_spec("cds-converged").solver_label == "pdas"
+    assert catalog.selector_spec("cds-converged").solver == core.SERVING_SOLVER == core.solver_from_name("pdas")
     assert catalog.selector_spec("cds-support").solver_label == "active_set"
     assert catalog.selector_spec("cds-converged").mode == "converged"
     assert registry.selector_spec("cds").mode == "paper" and registry.selector_spec("mmr").mode is None
@@ -454,7 +455,6 @@ def test_pinned_notes_are_constraint_vertices(problem):
         (dict(notes=np.ones((4, 3)), query=np.ones(3), valid=np.ones(5, bool)), "valid"),
         (dict(notes=np.ones((4, 3)), query=np.ones(3), valid=np.ones(4, bool), budget=0), "budget"),
         (dict(notes=np.ones((4, 3)), query=np.ones(3), valid=np.ones(4, bool), budget=2.5), "budget"),
-        (dict(notes=np.ones((4, 3)), query=np.ones(3), valid=np.ones(4, bool), solver="newton"), "solver"),
         (dict(notes=np.ones((4, 3)), query=np.ones(3), valid=np.ones(4, bool), init="random"), "init"),
         (dict(notes=np.ones((4, 3)), query=np.ones(3), valid=np.ones(4, bool),
               params=core.CDSParams(coupling="cosine")), "coupling"),

@@ -13,11 +13,11 @@ from cdsjax.core.corpus import check_block_problem, problem_block
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.solver import iterate
-from cdsjax.core.types import SolveOptions
+from cdsjax.core.solvers import SERVING_SOLVER, SolveOptions
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
-SERVING = SolveOptions(solver="pdas")
+SERVING = SolveOptions(solver=SERVING_SOLVER)
 
 
 def corpus(n, size, seed=0, d=48, clusters=6):
@@ -42,7 +42,7 @@ def test_the_block_is_the_dense_affinitys_note_block():
     # where the solve would not use it: none is built
     assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), SERVING) is None
     assert problem_block(problem, SHIPPED, SERVING, strategy="peel") is None
-    assert problem_block(problem, core.CDSParams(), SolveOptions(solver="replicator")) is None
+    assert problem_block(problem, core.CDSParams(), SolveOptions(solver=core.Replicator())) is None
     assert problem_block(problem, core.CDSParams(alpha_from="full"), SERVING) is None
     assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, SERVING) is None
     assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, SERVING) is None
@@ -69,7 +69,7 @@ def test_a_question_on_the_block_picks_what_the_dense_solve_picks(name, n, size)
     run = jax.jit(fn)
     for q in qs:
         problem = base.replace(queries=jnp.asarray(q[None]), bound=bound)
-        dense, fast = run(problem), run(problem.replace(note_block=block))
+        dense, fast = run(problem), run(core.with_corpus_arrays(problem, bound, block))
         assert int(fast.result.status) == core.CONVERGED and float(fast.result.kkt_residual) < 1e-5
         np.testing.assert_array_equal(np.asarray(fast.indices), np.asarray(dense.indices))
         np.testing.assert_array_equal(np.asarray(fast.selected_valid), np.asarray(dense.selected_valid))
@@ -111,8 +111,8 @@ def test_pipeline_keeps_the_block_with_the_bound():
         fn = pipe.selector_fn(selector, 5)
         problem = pipe.with_bound(fn, pipe.candidates.problem(qs[0], catalog.selector_spec(selector)),
                                   pipe.selector_key(selector, 5))
-        assert problem.bound is not None and problem.note_block.shape == (pipe.size, pipe.size)
-        dense = fn(problem.replace(note_block=None))
+        assert isinstance(problem, core.BlockProblem) and problem.note_block.shape == (pipe.size, pipe.size)
+        dense = fn(problem.dense_problem())
         np.testing.assert_array_equal(np.asarray(first.indices), np.asarray(dense.indices))
     assert pipe.select(qs[1], selector="cosine", budget=5).indices.shape == (5,)
 
@@ -144,8 +144,8 @@ def test_the_integrations_chooser_keeps_them_per_candidate_set():
     assert computed == ["bound", "block"] * 2  # other candidates: computed again
     # the picks are those of the same solver on the block, and of the dense solve with the bound
     problem = chooser._with_corpus(*(lambda c: (c, c.problem(qs[0], chooser.spec)))(Candidates.pad(z, min_size=5)))
-    assert problem.note_block is not None
-    dense = jax.jit(chooser.fn)(problem.replace(note_block=None))
+    assert isinstance(problem, core.BlockProblem)
+    dense = jax.jit(chooser.fn)(problem.dense_problem())
     assert [i for i, _ in first] == np.asarray(dense.indices)[np.asarray(dense.selected_valid)].tolist()
 
 
@@ -158,7 +158,7 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
     block = registry.corpus_block_fn(fn)(base)
 
     def weight(q, note_block):
-        problem = base.replace(queries=q[None], bound=bound, note_block=note_block)
+        problem = core.with_corpus_arrays(base.replace(queries=q[None]), bound, note_block)
         return jnp.sum(fn(problem).scores)
 
     # a derivative taken through the block path: refused while JAX traces it, jitted or not
@@ -167,10 +167,48 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
     with pytest.raises(ValueError, match="has no derivative"):
         jax.jit(jax.grad(weight))(jnp.asarray(qs[0]), block)
     # asking for one (an adjoint) with a block: refused at the call, before any tracing of a derivative
-    problem = base.replace(bound=bound, note_block=block)
+    problem = core.with_corpus_arrays(base, bound, block)
     for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
         with pytest.raises(ValueError, match="adjoint"):
-            core.cds(problem, "single", SHIPPED, solver="pdas", budget=5, adjoint=adjoint)
+            core.cds(problem, "single", SHIPPED, solver=SERVING_SOLVER, budget=5, adjoint=adjoint)
     # without the block the same solver's dense form is differentiable
     grad = jax.grad(weight)(jnp.asarray(qs[0]), None)
     assert np.all(np.isfinite(np.asarray(grad))) and np.any(np.asarray(grad) != 0)
+
+
+def test_a_block_problem_is_its_own_type():
+    """with_corpus_arrays poses a question with its block as a BlockProblem (a plain CDSProblem with its bound
+    alone); the implicit adjoint refuses a payoff stored in another form (it needs a dense game)."""
+    z, qs, valid, _ = corpus(12, 16, seed=4, d=8)
+    base = core.CDSProblem.create(z, qs[0], valid)
+    bound, block = jnp.ones((), jnp.float32), jnp.zeros((16, 16), jnp.float32)
+    assert core.with_corpus_arrays(base, None, block) is base
+    assert type(core.with_corpus_arrays(base, bound)) is core.CDSProblem
+    posed = core.with_corpus_arrays(base, bound, block)
+    assert isinstance(posed, core.BlockProblem) and posed.note_block is block and posed.bound is bound
+    assert type(posed.dense_problem()) is core.CDSProblem and posed.dense_problem().bound is bound
+    assert type(core.with_corpus_arrays(posed, bound)) is core.CDSProblem  # the block dropped
+    payoff = core.SharedPayoff(coupling=block, rel=jnp.ones(16, jnp.float32), note_valid=jnp.asarray(valid),
+                               alpha=bound, corpus_shift=jnp.zeros((), jnp.float32))
+    with pytest.raises(TypeError, match="ImplicitAdjoint"):
+        core.equilibrium(payoff, ActiveSet(), adjoint=core.ImplicitAdjoint())
+
+
+@pytest.mark.slow
+def test_a_block_problem_is_solved_by_the_one_equilibrium_which_says_which_solver_ran():
+    """The "single" strategy solves a BlockProblem on its block with the same solver and equilibrium as the dense
+    path, the result saying which solver gave the point (the fallback where the rule cannot finish), and
+    diagnostics saying so."""
+    z, qs, valid, _ = corpus(12, 16, seed=4, d=8)
+    fn = registry.make_selector("cds_converged", budget=3)
+    base = core.CDSProblem.create(z, qs[0], valid)
+    posed = core.with_corpus_arrays(base, registry.corpus_bound_fn(fn)(base), registry.corpus_block_fn(fn)(base))
+    on_block, dense = fn(posed), fn(posed.dense_problem())
+    np.testing.assert_array_equal(np.asarray(on_block.indices), np.asarray(dense.indices))
+    assert on_block.result.solver_run == "pdas" and dense.result.solver_run == "active_set"  # dense: the active set
+    stuck = core.WithFallback(core.PrimalDualActiveSet(capacities=(2,)), ActiveSet())
+    fell = core.cds(posed, "single", options=core.SolveOptions(solver=stuck), budget=3)
+    assert fell.result.solvers == ("pdas", "active_set") and int(fell.result.ran) == 1
+    np.testing.assert_array_equal(np.asarray(fell.indices), np.asarray(dense.indices))
+    d = core.diagnostics(fell, spec=registry.SPECS["cds_converged"])
+    assert d["solver"] == "pdas" and d["solver_run"] == "active_set"

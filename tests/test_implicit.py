@@ -18,7 +18,7 @@ from tests.test_inimdyn import np_face_solution
 
 # Every test compares with float64 references at tolerances float32 cannot reach.
 pytestmark = pytest.mark.x64
-TIGHT = dict(solver="replicator", tol=1e-15, max_iter=1_000_000)
+TIGHT = dict(solver=core.Replicator(), tol=1e-15, max_iter=1_000_000)
 TAU_T = 0.05
 
 
@@ -72,7 +72,7 @@ def params_of(theta, **kw):
 
 
 def _weights(theta, notes, query, valid, differentiate="implicit", alpha_from="free", solver="replicator"):
-    solver_kw = TIGHT if solver == "replicator" else dict(solver=solver, tol=1e-13)
+    solver_kw = TIGHT if solver == "replicator" else dict(solver=core.solver_from_name(solver), tol=1e-13)
     return core.cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from),
                             differentiate=differentiate, **solver_kw)
 
@@ -220,7 +220,7 @@ def test_support_change_gives_finite_one_sided_derivatives():
     # Extended scores pass through 0 for the note that changes status: continuous at the kink.
     def scores(theta):
         result, aff = implicit.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta),
-                                               solver="inimdyn", tol=1e-13)
+                                               solver=core.InImDyn(), tol=1e-13)
         return surrogates.equilibrium_scores(aff, result.x)
 
     scores_and_tangent = jax.jit(lambda t: jax.jvp(scores, (t,), (jnp.asarray([1.0, 0.0]),)))

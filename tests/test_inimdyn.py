@@ -217,7 +217,8 @@ def test_padding_and_vmap_invariance(solver):
 def test_cds_select_dispatch_and_warm_start(solver):
     z, q = clustered(120, seed=17)
     notes, query, valid = jnp.asarray(z), jnp.asarray(q), jnp.ones(120, bool)
-    select = jax.jit(functools.partial(core.cds_select, budget=5, solver=solver, warm_start="replicator"))
+    select = jax.jit(functools.partial(core.cds_select, budget=5, solver=core.solver_from_name(solver),
+                                       warm_start="replicator"))
     warm = select(notes, query, valid)
     assert int(warm.result.status) == core.CONVERGED and float(warm.result.kkt_residual) <= 1e-10
     paper = PAPER(core.build_affinity(notes, query, valid))
@@ -226,7 +227,7 @@ def test_cds_select_dispatch_and_warm_start(solver):
     x_notes = np.asarray(warm.result.x[1:])
     np.testing.assert_array_equal(np.asarray(warm.indices), np.argsort(-x_notes, kind="stable")[:5])
     with pytest.raises(ValueError, match="warm_start"):
-        core.cds_select(notes, query, valid, solver=solver, warm_start="paper")
+        core.cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start="paper")
 
 
 @pytest.mark.slow
@@ -267,9 +268,14 @@ def test_sweep_sizes_and_couplings(solver, seed):
             assert float(res.x[0]) > 1e-6
 
 
-def test_registered_names():
-    assert core.SOLVERS["inimdyn"] == core.InImDyn()
-    assert core.SOLVERS["active_set"] == core.ActiveSet()
-    assert core.SOLVERS["converged"] == core.ActiveSet()  # the default converged mode
-    assert core.SOLVERS["replicator"] == core.Replicator(tol=1e-7, max_iter=10_000)  # paper mode
+def test_names_at_the_edge_become_solver_objects():
+    assert core.solver_from_name("inimdyn") == core.InImDyn()
+    assert core.solver_from_name("active_set") == core.ActiveSet()  # the converged mode's solver
+    assert core.solver_from_name("replicator") == core.Replicator(tol=1e-7, max_iter=10_000)  # paper mode
+    for name in core.SOLVER_NAMES:  # an object's name is the name that gives it
+        assert core.solver_from_name(name).name == name
+    with pytest.raises(ValueError, match="solver"):
+        core.solver_from_name("converged")  # no aliases
+    assert core.ActiveSet().with_limits(1e-9, None) == core.ActiveSet(tol=1e-9)
+    assert core.Replicator().with_limits() == core.Replicator()
     assert core.solve_inimdyn is solve_inimdyn and core.solve_active_set is solve_active_set

@@ -18,7 +18,7 @@ def as_problem(p, **extra):
                                   doc_ids=p["doc_ids"], kinds=p["kinds"], **extra)
 
 
-def cds_learned(p, theta, budget=4, solver="converged", strategy="single", **kw):
+def cds_learned(p, theta, budget=4, solver=core.ActiveSet(), strategy="single", **kw):
     """The cds-learned selection: core.cds on the problem with the learned game as params."""
     return core.cds(as_problem(p), strategy, theta, core.SolveOptions(solver=solver), budget=budget, **kw)
 
@@ -51,7 +51,7 @@ GENERIC = LearnedParams(beta=0.7, alpha_factor=1.3, tau=0.1, gate=0.4, log_gate_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["converged", "replicator"])
+@pytest.mark.parametrize("solver", [core.ActiveSet(), core.Replicator()], ids=lambda s: s.name)
 def test_paper_point_is_bit_identical(solver):
     p = problem(pad=3)
     structure = {k: p[k] for k in ("pages", "doc_ids", "kinds")}
@@ -87,7 +87,7 @@ def test_generic_point_changes_the_game_and_keeps_the_bound():
 
 
 def _loss_fn(p, v, adjoint=None):
-    options = core.SolveOptions(solver="converged", tol=1e-13, max_iter=200_000)
+    options = core.SolveOptions(solver=core.ActiveSet(), tol=1e-13, max_iter=200_000)
 
     def loss(theta):  # through the one entry point: the selection's equilibrium carries the derivative
         sel = core.cds(as_problem(p), "single", theta, options, budget=4, adjoint=adjoint)
@@ -177,7 +177,7 @@ def test_every_strategy_runs_the_learned_game(strategy):
     """The paper point of the learned game is the paper's game under every strategy of core.cds."""
     p = problem(pad=3)
     kw = {"num_steps": 4} if strategy == "support" else {}
-    opts = core.SolveOptions(solver="converged")
+    opts = core.SolveOptions(solver=core.ActiveSet())
     paper = core.cds(core.CDSProblem.create(p["notes"], p["query"], p["valid"]), strategy, core.CDSParams(), opts,
                      budget=5, **kw)
     learned = core.cds(as_problem(p), strategy, LearnedParams.paper(), opts, budget=5, **kw)

@@ -11,7 +11,8 @@ from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.affinity import CDSParams, build_affinity
 from cdsjax.core.learned import LearnedParams, learned_affinity
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.pdas import BLOCK_CAPACITIES, PDAS, PrimalDualActiveSet, face_point, relevance_guess
+from cdsjax.core.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet, face_point, relevance_guess
+from cdsjax.core.solvers import SERVING_SOLVER, WithFallback
 from cdsjax.core.solver import iterate
 from cdsjax.core.types import CONVERGED
 from tests.conftest import clustered_notes
@@ -95,10 +96,11 @@ def test_a_run_that_cannot_finish_says_so_and_the_block_path_falls_back():
     one = run(PrimalDualActiveSet(max_iter=1, fraction=0.05), shared)  # one face solve from a poor guess
     assert int(one.status) != CONVERGED
     ref = run(ActiveSet(), payoff)
-    serving = PDAS(rule=PrimalDualActiveSet(capacities=(8,)), fallback=ActiveSet(vertex_first=True, gather=(64, 256)))
+    serving = WithFallback(PrimalDualActiveSet(capacities=(8,)), ActiveSet(vertex_first=True, gather=(64, 256)))
     out = jax.jit(lambda p: serving.solve(p))(shared)
     assert int(out.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
+    assert out.solver_run == "active_set"  # the fallback gave the point, and the result says so
 
 
 def test_on_a_payoff_without_the_cds_structure_it_never_claims_a_false_equilibrium():
@@ -129,25 +131,30 @@ def test_bad_settings_are_refused():
         PrimalDualActiveSet().prepare(batched)
 
 
-def test_the_serving_solver_is_an_entry_of_the_solver_table():
-    """SOLVERS["pdas"] is the PDAS the block path ran before it had a name: the rule, the active set (vertex steps
-    first, Newton systems gathered) as its fallback, the plain active set on a dense payoff; the registry's
-    selectors that serve on the corpus block name it, and the limits reach every part."""
+def test_the_serving_solver_is_an_explicit_fallback():
+    """SERVING_SOLVER is the primal-dual rule with the active set (vertex steps first, Newton systems gathered) as
+    its fallback and the plain active set on a dense payoff; the registry's selectors that serve on the corpus
+    block hold it, its properties say how it batches, and the limits reach every part."""
     from cdsjax.core import registry
-    from cdsjax.core.solvers import SOLVERS, configured_solver
 
-    serving = SOLVERS["pdas"]
-    assert isinstance(serving, PDAS) and serving.rule == PrimalDualActiveSet()
+    serving = SERVING_SOLVER
+    assert isinstance(serving, WithFallback) and serving.primary == PrimalDualActiveSet()
     assert serving.fallback == ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True)
-    assert serving.dense == SOLVERS["converged"] == ActiveSet()
+    assert serving.dense == ActiveSet()
+    assert (serving.name, serving.mode, serving.batch_chunk, serving.batches_rows) == ("pdas", "converged", "each",
+                                                                                       False)
     for name in ("cds_converged", "cds_learned", "cds_learned_pages"):
-        assert registry.SPECS[name].solver == "pdas" and registry.SPECS[name].solver_label == "pdas"
-    limited = configured_solver("pdas", 1e-4, 500)
+        assert registry.SPECS[name].solver == serving and registry.SPECS[name].solver_label == "pdas"
+    limited = serving.with_limits(1e-4, 500)
     assert limited.dense == ActiveSet(tol=1e-4, max_iter=500)
-    assert limited.tolerance(jnp.float32) == 1e-4
+    assert limited.fallback == serving.fallback.replace(tol=1e-4, max_iter=500)
+    assert limited.primary == PrimalDualActiveSet(tol=1e-4)  # its cap counts face solves: kept
+    assert serving.with_limits() == serving
     # on its payoff it reaches the equilibrium the dense active set reaches
     payoff, shared = game(150, 192, seed=2)
     out = jax.jit(lambda p: serving.solve(p))(shared)
     ref = run(ActiveSet(), payoff)
     assert int(out.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
+    assert out.solvers == ("pdas", "active_set") and out.solver_run == "pdas"  # the rule converged itself
+    assert ref.solvers == ("active_set",) and ref.solver_run == "active_set"

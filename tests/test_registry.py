@@ -49,14 +49,14 @@ FORWARDING = [
      lambda z, q, v, l, k: core.cds_peel(z, q, v, budget=5, params=core.CDSParams(coupling="similarity"),
                                          fill=False)),
     ("cds_converged", dict(beta=0.02, threshold=1e-3),
-     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver="converged",
+     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver=core.ActiveSet(),
                                            threshold=1e-3)),
     ("cds_inimdyn", dict(beta=0.02),
-     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver="inimdyn")),
+     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver=core.InImDyn())),
     ("cds_support", dict(tau=0.1, num_steps=7, scale_range=(0.01, 100), threshold=0.03, fill=False),
      lambda z, q, v, l, k: core.cds_support(z, q, v, budget=5, params=core.CDSParams(tau=0.1), num_steps=7,
                                             scale_range=(0.01, 100.0), threshold=0.03, fill=False,
-                                            solver="converged")),
+                                            solver=core.ActiveSet())),
 ]
 
 
@@ -97,17 +97,22 @@ def test_uniform_signature_jits_and_vmaps(name):
 
 
 @pytest.mark.slow
-def test_cds_converged_is_lazy_about_its_solver(monkeypatch):
-    monkeypatch.delitem(core.SOLVERS, "pdas", raising=False)
-    with pytest.raises(ValueError, match="cds_converged.*pdas"):
-        core.make_selector("cds_converged", budget=3)
+def test_the_learned_selector_runs_the_solver_object_it_is_given():
+    """A user passes their own solver object (its limits are the ones that run); a configuration's name is
+    converted once (solver_from_name), and an alias is refused."""
+    from cdsjax.core.learned import LearnedParams
 
-    # the registered configuration (and its limits) is the one that runs
-    monkeypatch.setitem(core.SOLVERS, "pdas", core.Replicator(tol=1e-12, max_iter=77))
     notes, query, links = problem(4)
-    sel = on_arrays(core.make_selector("cds_converged", budget=3))(notes, query, np.ones(20, bool), links, None)
+    run = lambda **kw: on_arrays(core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), **kw))(
+        notes, query, np.ones(20, bool), links, None)
+    sel = run(solver=core.Replicator(tol=1e-12, max_iter=77))
     assert int(sel.result.num_iters) == 77
     assert int(sel.result.status) == core.MAX_STEPS
+    assert int(run(solver="replicator").result.num_iters) == int(run(solver=core.Replicator()).result.num_iters)
+    with pytest.raises(ValueError, match="solver"):
+        core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver="converged")
+    with pytest.raises(TypeError, match="solver"):
+        core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver=3)
 
 
 def test_unknown_names_options_and_missing_inputs_raise():

@@ -483,7 +483,7 @@ def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
 
     problems = _synthetic_problems([20, 20, 27], d=16, seed=3)
     spec, fn = resolve_selector("cds_learned_pages", 4)
-    assert spec.solver == "pdas"
+    assert spec.solver == core.SERVING_SOLVER and spec.solver_label == "pdas"
     roles = []
 
     def counting(f, role):
@@ -504,7 +504,7 @@ def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
         p = problems[k]
         cand = Candidates.pad(p.notes, links=p.links, structure=p.structure(pages_only=spec.pages_only))
         problem = CorpusArrays().attach(fn, cand.problem(p.query_emb, spec))
-        assert problem.note_block is not None
+        assert isinstance(problem, core.BlockProblem)
         ref = jax.jit(fn)(problem, core.key_from_query_id(p.query.qid))
         v = np.asarray(ref.selected_valid)
         np.testing.assert_array_equal(out[k].selected_valid, v)

@@ -94,7 +94,7 @@ def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties()
     lam = np.linalg.eigvalsh(np.asarray(exact.matrix, np.float64))[-1]
     assert float(cert.alpha) >= lam + 1e-3 and float(cert.alpha) <= float(exact.alpha) * (1 + 1e-3)
     sel = core.cds(core.CDSProblem.create(z, q, valid), "peel", core.CDSParams(alpha_bound="certified"), budget=5,
-                   solver="converged")
+                   solver=core.ActiveSet())
     assert int(sel.result.status) == 0 and int(np.sum(sel.selected_valid)) == 5
     with pytest.raises(ValueError, match="alpha_bound"):
         core.CDSParams(alpha_bound="approx").check()

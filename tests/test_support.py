@@ -46,7 +46,7 @@ MODES = {
     "support": lambda z, q, v, b: on_arrays(core.make_selector("cds_support", budget=b, num_steps=8))(z, q, v),
     "shared-paper": lambda z, q, v, b: jax.tree.map(lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b)),
     "shared-converged": lambda z, q, v, b: jax.tree.map(
-        lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b, solver="converged")),
+        lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b, solver=core.ActiveSet())),
 }
 
 
@@ -75,7 +75,7 @@ def test_nonpositive_cosines_get_budget_notes_in_every_mode(mode):
 @pytest.mark.slow
 def test_without_fill_the_isolated_query_selects_nothing():
     notes, query = away_from_query(np.random.default_rng(1), 10)
-    sel = core.cds_select(notes, query, np.ones(10, bool), budget=4, solver="converged", fill=False)
+    sel = core.cds_select(notes, query, np.ones(10, bool), budget=4, solver=core.ActiveSet(), fill=False)
     assert picks(sel) == [] and int(sel.support_size) == 0 and int(sel.num_filled) == 0
 
 
@@ -87,7 +87,8 @@ def np_slack(payoff, x):
 
 @pytest.mark.slow
 @pytest.mark.x64
-@pytest.mark.parametrize("solver,kwargs", [("converged", {}), ("replicator", dict(tol=1e-13, max_iter=200_000))])
+@pytest.mark.parametrize("solver,kwargs", [(core.ActiveSet(), {}), (core.Replicator(), dict(tol=1e-13, max_iter=200_000))],
+                         ids=["active_set", "replicator"])
 def test_short_support_is_filled_by_kkt_slack(solver, kwargs):
     """Support first by weight, then the rest by (Mx)_i - x'Mx (independent NumPy check)."""
     rng = np.random.default_rng(2)
@@ -125,7 +126,7 @@ def test_fill_rule_is_the_same_in_paper_and_converged_mode():
     params = core.CDSParams(beta=0.003)
     v = np.ones(24, bool)
     paper = core.cds_select(notes, query, v, budget=9, params=params, tol=1e-14, max_iter=400_000)
-    conv = core.cds_select(notes, query, v, budget=9, params=params, solver="converged")
+    conv = core.cds_select(notes, query, v, budget=9, params=params, solver=core.ActiveSet())
     assert 0 < int(conv.support_size) < 9 and int(paper.support_size) == int(conv.support_size)
     assert picks(paper) == picks(conv)
 
@@ -137,7 +138,7 @@ def test_peel_fills_after_every_round():
     a, b = unit_rows(rng.normal(size=(2, d)))
     notes = np.concatenate([unit_rows(a + 0.3 * rng.normal(size=(8, d))), unit_rows(b + 0.3 * rng.normal(size=(8, d)))])
     queries = np.stack([a, b])
-    sel = core.cds_peel(notes, queries, np.ones(16, bool), budget=12, solver="converged",
+    sel = core.cds_peel(notes, queries, np.ones(16, bool), budget=12, solver=core.ActiveSet(),
                         params=core.CDSParams(beta=0.003))
     got = picks(sel)
     k = int(sel.support_size)
@@ -191,7 +192,7 @@ def test_cds_support_grows_its_support_with_beta_times_n():
     notes = clustered(rng, 80)
     query = unit_rows(notes[0] + 0.3 * rng.normal(size=16))
     v = np.ones(80, bool)
-    size_at = jax.jit(lambda beta: core.cds_select(notes, query, v, budget=5, solver="converged",
+    size_at = jax.jit(lambda beta: core.cds_select(notes, query, v, budget=5, solver=core.ActiveSet(),
                                                    params=core.CDSParams(beta=beta)).support_size)
     sizes = [int(size_at(g / 80)) for g in (0.01, 0.1, 1.0, 10.0, 100.0)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1] and sizes[-1] == 80, sizes
@@ -256,7 +257,7 @@ def test_records_carry_notes_only_support_size():
     rng = np.random.default_rng(11)
     notes = clustered(rng, 20)
     query = unit_rows(notes[0] + 0.3 * rng.normal(size=16))
-    sel = core.cds_select(notes, query, np.ones(20, bool), budget=5, solver="converged")
+    sel = core.cds_select(notes, query, np.ones(20, bool), budget=5, solver=core.ActiveSet())
     d = diagnostics(jax.device_get(sel), num_notes=20)
     assert d["support_size"] == int((np.asarray(sel.result.x)[1:] > 1e-6).sum())
     assert d["support_size"] == int(sel.support_size)  # one support_size: the selection's notes

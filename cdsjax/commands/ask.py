@@ -19,7 +19,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                    "note_id": str, "image_path": str | null (absolute locally; relative to its index
                    with --server), "summary": str, "caption": str}, ...],
      "diagnostics": {"solver": "pdas" | "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
-                     "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
+                     "solver_run" (the solver that gave the point: "active_set" where pdas fell back, or on a
+                     dense payoff), "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
                      "singular": how the solve ended), "kkt_residual", "objective",
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
                      "query_weight", "num_filled", "fill_reason" ("none" | "short_support" |

@@ -38,7 +38,8 @@ def demo_selectors() -> list:
     from cdsjax.core.registry import SPECS
 
     converged = (n for n, s in SPECS.items()
-                 if s.solver in ("converged", "pdas") and (s.needs_links or s.structure) and n != LEARNED_SELECTOR)
+                 if s.solver_label in ("active_set", "pdas") and (s.needs_links or s.structure)
+                 and n != LEARNED_SELECTOR)
     names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
                            *converged,
                            *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)])

@@ -1,4 +1,4 @@
-"""Pure JAX core of cdsjax: affinity, spectral penalty, solvers, selectors.
+"""Pure JAX core of cdsjax: problems, games, solvers, adjoints, selectors.
 
 Nothing here touches files, the network or global state, and nothing imports
 torch, sentence-transformers, vllm, openai, pymupdf or :mod:`cdsjax.io`; parameter
@@ -20,12 +20,12 @@ from cdsjax.core.baselines import (
     select_random,
 )
 from cdsjax.core.implicit import (
+    equilibrium,
     ImplicitAdjoint,
     NoAdjoint,
     LoopAdjoint,
     attach_implicit,
     cds_equilibrium,
-    cds_weights,
     implicit_tangent,
     initial_point,
 )
@@ -51,23 +51,18 @@ from cdsjax.core.replicator import (
     uniform_x0,
 )
 from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_spec
-from cdsjax.core.solvers import SOLVERS, configured_solver, register_solver, solve, solver_name
-from cdsjax.core.cds import (
-    STRATEGIES,
-    cds,
-    cds_peel,
-    cds_select,
-    cds_select_shared,
-    cds_support,
-)
+from cdsjax.core.solvers import (DEFAULT_SOLVER, SERVING_SOLVER, SOLVER_NAMES, SolveOptions, WithFallback, solve,
+                                 solve_options, solver_from_name)
+from cdsjax.core.cds import STRATEGIES, cds
+from cdsjax.core.compat import cds_peel, cds_select, cds_select_shared, cds_support, cds_weights
 from cdsjax.core.diagnostics import diagnostics
-from cdsjax.core.protocols import Game, Payoff, Solver, Status
+from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status
 from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, support_count, within_limits
 from cdsjax.core.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.pdas import PDAS, PrimalDualActiveSet
+from cdsjax.core.pdas import PrimalDualActiveSet
 from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
 from cdsjax.core.inimdyn import solve_inimdyn
@@ -77,20 +72,18 @@ from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
     CONVERGED,
-    DEFAULT_SOLVER,
     MAX_ITER_CAP,
     MAX_SUPPORT_STEPS,
     NOTE_KINDS,
-    SOLVER_ALIASES,
     CDSProblem,
+    BlockProblem,
+    with_corpus_arrays,
     kind_code,
     MAX_STEPS,
     NONFINITE,
     SINGULAR,
     STATUSES,
     SUPPORT_THRESHOLD,
-    SolveOptions,
-    solve_options,
     FILL_NO_QUERY_EDGE,
     FILL_NONE,
     FILL_REASONS,
@@ -103,127 +96,55 @@ from cdsjax.core.types import (
 )
 from cdsjax.core.validation import validate_embeddings
 
+# The public API (what ``from cdsjax.core import *`` gives): the problem, the games, the solvers and adjoints, the
+# entry points, the result and status types and the selectors. Every other name imported above stays importable
+# from ``cdsjax.core`` for existing callers; its home is its submodule (the array-taking entry points:
+# cdsjax.core.compat). docs/api.md lists these names with a glossary.
 __all__ = [
+    # a problem, and the same question with its corpus's note block
     "CDSProblem",
-    "DEFAULT_SOLVER",
-    "MAX_ITER_CAP",
-    "MAX_SUPPORT_STEPS",
-    "NOTE_KINDS",
-    "PPR_MAX_ITER_CAP",
-    "Payoff",
-    "SOLVER_ALIASES",
-    "STRATEGIES",
-    "Solver",
-    "Status",
-    "cds",
-    "diagnostics",
-    "kind_code",
+    "BlockProblem",
+    "with_corpus_arrays",
+    # games (the affinity a problem is solved on) and payoffs (how a solver sees a game)
     "Game",
-    "ImplicitAdjoint",
-    "NoAdjoint",
-    "LearnedParams",
-    "LoopAdjoint",
-    "assemble_affinity",
-    "initial_point",
-    "problem_affinity",
-    "support_settings",
-    "solver_name",
-    "stop_rule",
-    "ActiveSet",
-    "PDAS",
-    "PrimalDualActiveSet",
-    "CONVERGED",
-    "DensePayoff",
-    "InImDyn",
-    "LoopState",
-    "MAX_STEPS",
-    "NONFINITE",
-    "Replicator",
-    "SINGULAR",
-    "STATUSES",
-    "SUPPORT_THRESHOLD",
-    "SharedPayoff",
-    "SolveOptions",
-    "configured_solver",
-    "iterate",
-    "nash_error",
-    "solve_options",
-    "within_limits",
-    "SELECTORS",
-    "SPECS",
-    "SelectorSpec",
-    "diffusion_prior",
-    "key_from_query_id",
-    "make_selector",
-    "ppr_vector",
-    "relevance",
-    "select_cosine",
-    "select_cosine_pages",
-    "select_dpp",
-    "select_mmr",
-    "select_ppr",
-    "select_random",
-    "select_subgraph_readout",
-    "selector_names",
-    "selector_spec",
-    "Affinity",
     "CDSParams",
-    "DEFAULT_BUCKETS",
-    "SOLVERS",
-    "Selection",
-    "Selector",
-    "as_selector",
-    "SolverResult",
-    "attach_implicit",
+    "LearnedParams",
+    "Affinity",
+    "Payoff",
+    "DensePayoff",
+    "SharedPayoff",
+    # solvers: objects the caller holds
+    "Solver",
+    "IterativeSolver",
+    "Replicator",
+    "InImDyn",
+    "ActiveSet",
+    "PrimalDualActiveSet",
+    "WithFallback",
+    "SERVING_SOLVER",
+    "solver_from_name",
+    "SolveOptions",
+    # adjoints: how an equilibrium is differentiated
+    "ImplicitAdjoint",
+    "LoopAdjoint",
+    "NoAdjoint",
+    # entry points: a selection by strategy, the equilibrium itself
+    "cds",
+    "equilibrium",
     "cds_equilibrium",
-    "cds_weights",
-    "equilibrium_scores",
-    "gold_mass",
-    "hard_recall",
-    "implicit_tangent",
-    "page_readout_scores",
-    "retrieval_surrogates",
-    "soft_recall",
-    "batch_apply",
-    "auto_chunk",
+    # results and how a solve ended
+    "SolverResult",
+    "Selection",
+    "Status",
+    "CONVERGED",
+    "diagnostics",
+    # selectors by name, one calling convention
+    "Selector",
+    "SelectorSpec",
+    "SPECS",
+    "make_selector",
+    "selector_spec",
+    # batches of ragged problems
     "batched",
-    "bucket_size",
-    "padded_batch",
-    "build_affinity",
-    "cds_peel",
-    "cds_select",
-    "cds_support",
-    "FILL_NO_QUERY_EDGE",
-    "FILL_NONE",
-    "FILL_REASONS",
-    "FILL_SHORT_SUPPORT",
-    "fill_order",
-    "isolated_query",
-    "kkt_slack",
-    "query_cosine",
-    "read_out",
-    "read_selection",
-    "scale_note_block",
-    "kkt_residual",
-    "make_buckets",
-    "note_coupling",
-    "objective",
-    "query_relevance",
-    "register_solver",
-    "replicator_shift",
-    "run_buckets",
-    "softmax_prior",
-    "solve",
-    "solve_replicator",
-    "solve_inimdyn",
-    "solve_active_set",
-    "CorpusAffinity",
-    "corpus_affinity",
-    "solve_replicator_shared",
-    "cds_select_shared",
-    "spectral_penalty",
-    "support_count",
-    "top_b",
-    "uniform_x0",
-    "validate_embeddings",
+    "batch_apply",
 ]

@@ -215,6 +215,8 @@ class ActiveSet(LoopSolver):
     gather: Optional[int | tuple] = struct.field(pytree_node=False, default=None)
     vertex_first: bool = struct.field(pytree_node=False, default=False)
 
+    name = "active_set"
+
     def tolerance(self, dtype) -> float:
         return default_tol(dtype) if self.tol is None else self.tol
 

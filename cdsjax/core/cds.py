@@ -15,23 +15,23 @@ once, then runs a **strategy**:
 The game is data: ``params`` is the paper's :class:`CDSParams` or the learned game's
 :class:`~cdsjax.core.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
 affinity builder (:func:`cdsjax.core.affinity.problem_affinity`) under every strategy. How to
-differentiate is an argument too (``adjoint``, as in optimistix): the dense strategies solve through
-:func:`cdsjax.core.implicit.cds_equilibrium`, the one differentiable solve; a question carrying its corpus
-block (:func:`cdsjax.core.corpus.solve_on_block`) has no derivative, and says so.
+differentiate is an argument too (``adjoint``, as in optimistix), applied once, by
+:func:`cdsjax.core.implicit.equilibrium`, the one solve every strategy runs; a question posed with its corpus
+block (a :class:`~cdsjax.core.types.BlockProblem`, :func:`cdsjax.core.corpus.solve_on_block`) has no derivative,
+and says so.
 
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
-``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy uses
-:data:`~cdsjax.core.types.DEFAULT_SOLVER` when ``options.solver`` is None (registry selectors name theirs).
+``options.fill`` and ``options.threshold`` mean the same everywhere, and every strategy runs the solver object
+``options.solver`` (default ``Replicator()``, paper mode; registry selectors give theirs).
 
-The old names (:func:`cds_select`, :func:`cds_peel`, :func:`cds_support`, :func:`cds_select_shared`)
-are thin wrappers that take arrays, for the README, notebooks and existing callers.
+The array-taking wrappers (``cds_select``, ``cds_peel``, ``cds_support``, ``cds_select_shared``) are in
+:mod:`cdsjax.core.compat`.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-import jax.numpy as jnp
 from jax import Array
 
 from cdsjax.core.affinity import CDSParams
@@ -39,12 +39,12 @@ from cdsjax.core.implicit import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game
 from cdsjax.core.select import solve_peel, solve_single
 from cdsjax.core.shared import CorpusAffinity, solve_shared
-from cdsjax.core.solvers import solver_name
+from cdsjax.core.solvers import SolveOptions, solve_options
 from cdsjax.core.support import solve_support
-from cdsjax.core.types import CDSProblem, Selection, SolveOptions, solve_options
+from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_budget, check_option
 
-# strategy name -> fn(problem, params, options (checked, solver resolved), *, budget, adjoint, **extra) -> Selection
+# strategy name -> fn(problem, params, options (checked), *, budget, adjoint, **extra) -> Selection
 STRATEGIES: Dict[str, Callable[..., Selection]] = {
     "single": solve_single,
     "peel": solve_peel,
@@ -79,15 +79,16 @@ def cds(
       strategy: ``"single"``, ``"peel"``, ``"support"`` or ``"shared"`` (module docstring).
       params: the game: :class:`CDSParams` (the paper's) or :class:`~cdsjax.core.learned.LearnedParams`
         (the learned one; it reads the problem's structure arrays).
-      options: :class:`SolveOptions` (solver, threshold, limits, init, warm start, fill, the support
-        strategy's bisection); ``solver`` None means :data:`~cdsjax.core.types.DEFAULT_SOLVER`.
+      options: :class:`SolveOptions` (the solver object, threshold, limits, init, warm start, fill); its
+        default solver is ``Replicator()`` (paper mode).
       budget: static number of notes to return.
       x0: ``"single"`` only, an ``[m+n]`` initial point; overrides ``options.init``.
       corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
         default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
-        that derivative (``"shared"`` with the paper's game differentiates through its loop). A problem
-        carrying ``note_block`` has no derivative: an adjoint given with it raises ``ValueError``.
+        that derivative (``"shared"`` with the paper's game differentiates through its loop). A
+        :class:`~cdsjax.core.types.BlockProblem` has no derivative: an adjoint given with it raises
+        ``ValueError``.
       num_steps, scale_range: ``"support"`` only, its bisection steps and the bracket of
         :math:`\gamma = \beta n` (:func:`~cdsjax.core.support.support_settings`; None: the defaults).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
@@ -98,16 +99,14 @@ def cds(
       question axis.
 
     Raises:
-      ValueError: an unknown strategy or solver, a bad budget or option value, or an argument the
-        strategy does not take.
-      TypeError: an override that is not a :class:`SolveOptions` field.
+      ValueError: an unknown strategy, a bad budget or option value, or an argument the strategy does not take.
+      TypeError: an override that is not a :class:`SolveOptions` field, or a solver that is not a solver object.
     """
     check_option("strategy", strategy, tuple(STRATEGIES))
     if not isinstance(problem, CDSProblem):
         raise TypeError(f"problem must be a CDSProblem (CDSProblem.create), got {type(problem).__name__}")
     budget = check_budget(budget)
     options = solve_options(options, **overrides)
-    options = options.replace(solver=solver_name(options.solver))
     params = params.check()
     # None reaches the strategy as None: the dense solves take ImplicitAdjoint for it, the corpus block (which
     # has no derivative) takes it as no derivative asked
@@ -126,55 +125,3 @@ def cds(
             raise ValueError(f"corpus is only used by the 'shared' strategy, not {strategy!r}")
         extra["corpus"] = corpus
     return STRATEGIES[strategy](problem, params, options, budget=budget, **extra)
-
-
-def _on_arrays(strategy: str, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
-    """:func:`cds` on ``CDSProblem.create(notes, query, valid, links=, pinned=)``: the array-taking entry points."""
-    if strategy == "shared" and jnp.ndim(query) != 2:
-        raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
-    problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
-    return cds(problem, strategy, params, options, budget=budget, **kwargs)
-
-
-def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-               options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-               links: Optional[Array] = None, **kwargs) -> Selection:
-    """Selects evidence as a constrained dominant set (one extraction).
-
-    ``cds_select(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'single', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("single", notes, query, valid, pinned, links, params, options, budget, kwargs)
-
-
-def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-             options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-             links: Optional[Array] = None, **kwargs) -> Selection:
-    """Peeling extraction for several constraint vertices.
-
-    ``cds_peel(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'peel', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("peel", notes, query, valid, pinned, links, params, options, budget, kwargs)
-
-
-def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-                options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-                links: Optional[Array] = None, **kwargs) -> Selection:
-    """Constrained dominant set whose support holds about ``budget`` notes.
-
-    ``cds_support(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'support', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("support", notes, query, valid, pinned, links, params, options, budget, kwargs)
-
-
-def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
-                      options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-                      links: Optional[Array] = None, **kwargs) -> Selection:
-    """Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.
-
-    ``cds_select_shared(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=,
-    pinned=), 'shared', params, options, **kw)``; see :func:`cds`.
-    """
-    return _on_arrays("shared", notes, query, valid, pinned, links, params, options, budget, kwargs)

@@ -9,22 +9,22 @@ where only the relevance row :math:`r` reads the question: the note block :math:
 :math:`\alpha` are the corpus's (:mod:`cdsjax.core.spectral` gives the bound once). Building :math:`W` costs
 O(n² d) per question (0.4 GFLOP at n = 1024, 38 at 10,000), and solving on the dense ``[n+1, n+1]``
 affinity adds copies of it; :func:`problem_block` builds :math:`W` once (the same functions as the dense
-affinity), and a problem carrying it (``CDSProblem.note_block`` with ``bound``) is solved by
+affinity), and a question posed with it (a :class:`~cdsjax.core.types.BlockProblem`, with ``bound``) is solved by
 :func:`solve_on_block` on a :class:`~cdsjax.core.payoff.SharedPayoff` (products and rows of :math:`W`, no
 per-question matrix).
 
-The equilibrium is found by the solver the selector names (``SolveOptions.solver``) on that payoff: the
-serving solver ``"pdas"`` (:class:`~cdsjax.core.pdas.PDAS`) runs the primal-dual active set from the query
+The equilibrium is found by the selector's solver (``SolveOptions.solver``) on that payoff: the
+serving solver (:data:`~cdsjax.core.solvers.SERVING_SOLVER`) runs the primal-dual active set from the query
 and the most relevant quarter of the notes (2-5 face solves, each gathered into the smallest capacity that
 holds the support) and, where it does not converge (a payoff it cycles on, a support past 8,192 notes), the
 active set from the uniform start with its vertex steps first and its Newton systems gathered; InImDyn runs
-as configured. Paper mode (replicator dynamics) keeps the dense payoff it is defined on: no block is built
-for it. It stops, as every converged solve does, on the Nash error over all ``n`` vertices.
+as configured. Paper mode (replicator dynamics, whose ``uses_corpus_block`` is False) keeps the dense payoff it
+is defined on: no block is built for it. It stops, as every converged solve does, on the Nash error over all ``n`` vertices.
 
 The block is stored, not built from the game's differentiable values, so this solve has no derivative: it
 runs under :class:`~cdsjax.core.implicit.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
-derivative), and asking for one (an ``adjoint``) raises at the call; give the problem without ``note_block``
-(the dense path) to differentiate a selection.
+derivative), and asking for one (an ``adjoint``) raises at the call; give the question as a plain
+:class:`~cdsjax.core.types.CDSProblem` (the dense path) to differentiate a selection.
 """
 
 from __future__ import annotations
@@ -34,16 +34,14 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.implicit import NoAdjoint
+from cdsjax.core.implicit import NoAdjoint, equilibrium
 from cdsjax.core.payoff import SharedPayoff
 from cdsjax.core.ranking import query_cosine, read_out
-from cdsjax.core.solvers import configured_solver, solver_name
-from cdsjax.core.types import CDSProblem, Selection, SolveOptions
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import BlockProblem, CDSProblem, Selection
 
-# Paper mode: replicator dynamics on the paper's dense payoff (no corpus block is built for it).
-PAPER_SOLVER = "replicator"
-BLOCK_ADJOINT = NoAdjoint("a problem carrying note_block is solved on its corpus block, which has no derivative: "
-                          "give the problem without note_block (the dense path) to differentiate the selection")
+BLOCK_ADJOINT = NoAdjoint("a BlockProblem is solved on its corpus block, which has no derivative: give the question "
+                          "as a CDSProblem (BlockProblem.dense_problem(), the dense path) to differentiate the selection")
 
 
 def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: str = "single") -> Optional[Array]:
@@ -55,13 +53,13 @@ def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: 
     options = options.check()
     if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
             or params.alpha_from != "free" or options.init != "uniform" or options.warm_start != "uniform"
-            or solver_name(options.solver) == PAPER_SOLVER):
+            or not options.solver.uses_corpus_block):
         return None
     return params.corpus_block(problem)
 
 
-def check_block_problem(problem: CDSProblem, options: SolveOptions, x0: Optional[Array], adjoint) -> None:
-    """Raises ``ValueError`` naming what keeps ``problem``, which carries ``note_block``, off its corpus block:
+def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Optional[Array], adjoint) -> None:
+    """Raises ``ValueError`` naming what keeps ``problem`` (a :class:`BlockProblem`) off its corpus block:
     no ``bound``, several query rows, pinned notes, a start (``x0``, ``init``, ``warm_start``), paper mode, or
     an ``adjoint`` (a derivative asked of a solve that has none)."""
     reasons = [why for bad, why in (
@@ -69,38 +67,35 @@ def check_block_problem(problem: CDSProblem, options: SolveOptions, x0: Optional
         (problem.queries.shape[-2] != 1, "it has several query rows"),
         (problem.pinned is not None, "it pins notes"),
         (x0 is not None or options.init != "uniform" or options.warm_start != "uniform", "a start is given"),
-        (solver_name(options.solver) == PAPER_SOLVER, "paper mode runs on the dense payoff"),
+        (not options.solver.uses_corpus_block, f"its solver ({options.solver.name}) runs on the dense payoff"),
         (adjoint is not None, "a derivative (adjoint) is asked of it, and the corpus block has none"),
     ) if bad]
     if reasons:
-        raise ValueError(f"a problem carrying note_block is solved on its corpus block, but {'; '.join(reasons)}: "
-                         "give the problem without note_block (the dense path)")
+        raise ValueError(f"a BlockProblem is solved on its corpus block, but {'; '.join(reasons)}: give the "
+                         "question as a CDSProblem (BlockProblem.dense_problem(), the dense path)")
 
 
-def solve_on_block(problem: CDSProblem, params, options: SolveOptions, *, budget: int) -> Selection:
+def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budget: int) -> Selection:
     r"""One question's ``"single"`` selection on the corpus's note block (module docstring).
 
-    ``problem`` carries ``note_block`` (:func:`problem_block`) and ``bound``
+    ``problem`` is a :class:`BlockProblem`: its ``note_block`` (:func:`problem_block`) and ``bound``
     (:func:`cdsjax.core.spectral.problem_bound`) of the game ``params`` (:func:`check_block_problem` says
     where it may not); the read-out (threshold, fill rule by the KKT slack, then cosine) is that of the dense
-    path. It runs under :data:`BLOCK_ADJOINT`: differentiating it (in the notes, the question, the block or
-    the game) raises :class:`ValueError`; the dense path (no ``note_block``) is differentiable.
+    path. :func:`~cdsjax.core.implicit.equilibrium` runs it under :data:`BLOCK_ADJOINT`: differentiating it (in
+    the notes, the question, the block or the game) raises :class:`ValueError`; the dense path
+    (:meth:`BlockProblem.dense_problem`) is differentiable.
     """
-    solver = configured_solver(options.solver, options.tol, options.max_iter)
+    solver = options.limited_solver()
     n = problem.notes.shape[0]
     if problem.note_block.shape[-2:] != (n, n):
         raise ValueError(f"note_block must have shape ({n}, {n}), got {problem.note_block.shape}")
 
-    def run(inputs):
-        rel, w, alpha = inputs
-        payoff = SharedPayoff(coupling=w, rel=rel[0], note_valid=problem.valid, alpha=alpha,
-                              corpus_shift=jnp.zeros((), rel.dtype))
-        return solver.solve(payoff, None), payoff
-
     rel = params.relevance(problem)
     dtype = rel.dtype
-    inputs = (rel, jnp.asarray(problem.note_block, dtype), params.penalty(jnp.asarray(problem.bound).astype(dtype)))
-    result, payoff = BLOCK_ADJOINT.apply(run, inputs)
+    payoff = SharedPayoff(coupling=jnp.asarray(problem.note_block, dtype), rel=rel[0], note_valid=problem.valid,
+                          alpha=params.penalty(jnp.asarray(problem.bound).astype(dtype)),
+                          corpus_shift=jnp.zeros((), dtype))
+    result = equilibrium(payoff, solver, adjoint=BLOCK_ADJOINT, threshold=options.threshold)
     rel = payoff.rel
     slack = None
     if options.fill:

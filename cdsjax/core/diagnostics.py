@@ -36,6 +36,8 @@ def diagnostics(selection: Any, *, spec: Any = None, num_notes: Optional[int] = 
     Args:
       selection: a :class:`~cdsjax.core.Selection` (concrete arrays).
       spec: the selector's :class:`~cdsjax.core.SelectorSpec`; adds ``solver`` and ``mode`` (first) from it.
+        ``solver_run`` (next) is the solver that gave the point: the spec's, its fallback where that ran (the
+        served ``pdas`` falls back to ``active_set``), or the solver a dense payoff runs.
       num_notes: the problem's real note count; adds ``whole_support`` (the support is every note).
       valid: ``[n]`` bool, the padded note mask; adds ``alpha`` and ``query_weight`` (the weight on the
         query vertices, the ``m`` entries of ``x`` before the ``n`` notes).
@@ -46,6 +48,8 @@ def diagnostics(selection: Any, *, spec: Any = None, num_notes: Optional[int] = 
     out: Dict[str, Any] = {}
     if spec is not None:
         out["solver"], out["mode"] = spec.solver_label, spec.mode
+    if getattr(res, "solvers", ()):
+        out["solver_run"] = res.solver_run
     out["num_iters"] = _plain(res.num_iters)
     out["converged"] = bool(np.asarray(res.status) == CONVERGED)
     out.update({name: _plain(getattr(res, name)) for name in RESULT_FIELDS})

@@ -39,8 +39,9 @@ What the derivative means:
   :math:`\tau`-derivatives.
 
 How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
-(the default) or :class:`LoopAdjoint` (the reference). :func:`cds_equilibrium` is the one solve of a dense
-problem: :func:`cdsjax.core.cds` reads its selections off it, and the retrieval objectives of
+(the default), :class:`LoopAdjoint` (the reference) or :class:`NoAdjoint`. :func:`equilibrium` is the one solve
+every strategy runs and the one place an adjoint is applied; :func:`cds_equilibrium` is a problem's equilibrium
+on its dense game: :func:`cdsjax.core.cds` reads its selections off it, and the retrieval objectives of
 :mod:`cdsjax.core.surrogates` differentiate it, for the paper's game and the learned one alike.
 """
 
@@ -57,11 +58,11 @@ from jax import Array, lax
 
 from cdsjax.core.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
+from cdsjax.core.payoff import DensePayoff
 from cdsjax.core.protocols import Game
-from cdsjax.core.replicator import softmax_prior
-from cdsjax.core.solvers import solve, solver_name
-from cdsjax.core.types import (INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolveOptions, SolverResult,
-                               solve_options)
+from cdsjax.core.replicator import Replicator, softmax_prior
+from cdsjax.core.solvers import SolveOptions, solve, solve_options
+from cdsjax.core.types import INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
 from cdsjax.core.validation import check_option
 
 
@@ -180,6 +181,9 @@ class ImplicitAdjoint:
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` with the implicit derivative attached to its point."""
+        if not isinstance(affinity, Affinity):
+            raise TypeError("ImplicitAdjoint differentiates a dense game (an Affinity); a payoff stored in another "
+                            f"form has none: pass LoopAdjoint() or NoAdjoint(), got {type(affinity).__name__}")
         result = run(lax.stop_gradient(affinity))
         return result.replace(x=attach_implicit(affinity, lax.stop_gradient(result.x), threshold))
 
@@ -218,8 +222,6 @@ class NoAdjoint:
 
 
 Adjoint = Union[ImplicitAdjoint, LoopAdjoint]
-# the adjoints by the names cds_weights takes (``differentiate="loop"``)
-ADJOINTS = {"implicit": ImplicitAdjoint(), "loop": LoopAdjoint()}
 
 
 def check_adjoint(adjoint) -> Adjoint:
@@ -229,6 +231,37 @@ def check_adjoint(adjoint) -> Adjoint:
     if not callable(getattr(adjoint, "apply", None)):
         raise TypeError(f"adjoint must be ImplicitAdjoint() or LoopAdjoint(), got {adjoint!r}")
     return adjoint
+
+
+def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPORT_THRESHOLD) -> SolverResult:
+    r"""The equilibrium of ``game`` found by ``solver`` and differentiated by ``adjoint``: the one solve every
+    strategy runs, the adjoint applied here and nowhere else.
+
+    Args:
+      game: the problem of :math:`\max_{x\in\Delta} x^\top M x`: an :class:`Affinity` (a question's dense
+        game, solved by the solver's ``dense`` form on its :class:`~cdsjax.core.payoff.DensePayoff`) or a payoff
+        stored in another form (:class:`~cdsjax.core.payoff.SharedPayoff`: a question's corpus block, or the
+        questions of the ``"shared"`` strategy), solved by ``solver`` itself.
+      solver: the solver object (:mod:`cdsjax.core.solvers`).
+      x0: the start: None (the solver's own), a point, or a function of the game (as the adjoint hands it to
+        the solve: gradient-stopped under :class:`ImplicitAdjoint`) that returns one.
+      adjoint: :class:`ImplicitAdjoint` (None; a dense game only), :class:`LoopAdjoint` (through the
+        iterations) or :class:`NoAdjoint` (a derivative refused, saying why).
+      threshold: the support threshold of the implicit derivative.
+
+    Returns:
+      The :class:`~cdsjax.core.SolverResult`; its ``solvers`` / ``ran`` say which solver gave the point (a
+      fallback taken included).
+    """
+    adjoint = check_adjoint(adjoint)
+
+    def run(g):
+        start = x0(g) if callable(x0) else x0
+        if isinstance(g, Affinity):
+            return solver.dense.solve(DensePayoff.from_affinity(g), start)
+        return solver.solve(g, start)
+
+    return adjoint.apply(run, game, threshold)
 
 
 def initial_point(
@@ -262,8 +295,8 @@ def cds_equilibrium(
         ``pinned`` notes join the constraint set).
       params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
         ``tau_mode="soft"``) or :class:`~cdsjax.core.learned.LearnedParams` (every leaf).
-      options: :class:`SolveOptions`: ``solver`` (None: :data:`~cdsjax.core.types.DEFAULT_SOLVER`, paper mode;
-        pass a converged one for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
+      options: :class:`SolveOptions`: ``solver`` (default ``Replicator()``, paper mode; pass a converged one,
+        e.g. ``ActiveSet()``, for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
         start when ``x0`` is None) and ``threshold`` (the support of the implicit system).
       x0: optional ``[m+n]`` initial point (overrides ``options.init``).
       adjoint: how to differentiate: :class:`ImplicitAdjoint` (None; KKT implicit function, forward and
@@ -275,31 +308,14 @@ def cds_equilibrium(
       the diagnostics are those of the solve, without derivatives) and the differentiable
       :class:`Affinity`. The derivative is only right where ``result.status == CONVERGED`` holds.
     """
-    adjoint = check_adjoint(adjoint)
     options = solve_options(options, **overrides)
-    solver = solver_name(options.solver)
+    solver = options.limited_solver()
 
-    def run(aff):
-        start = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
-        if options.warm_start == "replicator" and solver != "replicator":
-            start = solve(aff, start, solver="replicator").x
-        return solve(aff, start, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    def start(aff):
+        point = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
+        if options.warm_start == "replicator" and solver.mode != "paper":
+            point = solve(aff, point, solver=Replicator()).x
+        return point
 
     affinity = problem_affinity(problem, params.check())
-    return adjoint.apply(run, affinity, options.threshold), affinity
-
-
-def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,
-                pinned: Optional[Array] = None, differentiate: Optional[str] = None, **kwargs) -> Array:
-    r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
-
-    A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
-    (``kwargs``: ``options``, ``x0``, ``adjoint`` and :class:`SolveOptions` fields; ``differentiate``
-    ``"implicit"`` / ``"loop"`` names an adjoint) for callers that only need the weights; use
-    :func:`cds_equilibrium` to also get the convergence diagnostics that say whether the derivative can be
-    trusted.
-    """
-    if differentiate is not None:
-        check_option("differentiate", differentiate, tuple(ADJOINTS))
-        kwargs["adjoint"] = ADJOINTS[differentiate]
-    return cds_equilibrium(CDSProblem.create(notes, query, valid, pinned=pinned), params, **kwargs)[0].x
+    return equilibrium(affinity, solver, start, adjoint=adjoint, threshold=options.threshold), affinity

@@ -164,6 +164,8 @@ class InImDyn(LoopSolver):
     refresh: Optional[int] = struct.field(pytree_node=False, default=None)
     unroll: int = struct.field(pytree_node=False, default=1)
 
+    name = "inimdyn"
+
     def tolerance(self, dtype) -> float:
         return default_tol(dtype) if self.tol is None else self.tol
 

@@ -31,25 +31,24 @@ holds it:
 
 It is a rule, not a descent method: it can cycle or leave the simplex on other payoffs. A run that does
 not reach the Nash-error tolerance within ``max_iter`` face solves (or whose support outgrows the largest
-capacity, or whose CG solve does not converge) ends unconverged. :class:`PDAS`, the serving solver of the
-solver table (``SOLVERS["pdas"]``), runs the rule and, where it ends unconverged, its ``fallback``, a
-monotone solver (the active set from the uniform start). A converged run is a KKT point to the same
-tolerance as every converged solve.
+capacity, or whose CG solve does not converge) ends unconverged. The serving solver
+(:data:`cdsjax.core.solvers.SERVING_SOLVER`) is ``WithFallback(PrimalDualActiveSet(), ActiveSet(...))``: the rule
+and, where it ends unconverged, a monotone solver (the active set from the uniform start). A converged run is a
+KKT point to the same tolerance as every converged solve.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 from jax.scipy.sparse.linalg import cg
 
-from cdsjax.core.active_set import ActiveSet, bordered_direction, gathered_face
+from cdsjax.core.active_set import bordered_direction, gathered_face
 from cdsjax.core.inimdyn import default_tol
 from cdsjax.core.solver import LoopSolver, LoopState, check_count, nash_error, start_state, stop_rule
-from cdsjax.core.types import CONVERGED, SolverResult
 
 # Faces gathered into these many slots, the smallest that holds the support: LU up to LU_ALWAYS slots; above, CG,
 # and LU where CG does not converge up to LU_MAX slots. Few sizes: each is compiled (about 0.4 s each, measured),
@@ -60,7 +59,8 @@ LU_MAX = 1024
 CG_MAX_ITER = 30
 CG_TOL = 1e-6
 CG_ACCEPT = 1e-4  # a CG solve whose relative residual stays above this fails the run
-# The fallback's gathered Newton systems' sizes (ActiveSet.gather): the smallest that holds the support is solved.
+# The serving solver's fallback's gathered Newton systems' sizes (ActiveSet.gather): the smallest that holds the
+# support is solved.
 BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -162,6 +162,8 @@ class PrimalDualActiveSet(LoopSolver):
     lu_max: int = struct.field(pytree_node=False, default=LU_MAX)
     unroll: int = struct.field(pytree_node=False, default=1)
 
+    name = "pdas"
+
     def tolerance(self, dtype) -> float:
         return default_tol(dtype) if self.tol is None else self.tol
 
@@ -215,54 +217,3 @@ class PrimalDualActiveSet(LoopSolver):
         err = jnp.where(dropped & ~jnp.isnan(err), jnp.inf, err)
         x = jnp.where(ok & (mass > 0) & ~dropped, x, state.x)
         return state.replace(x=x, err=err, num_iters=state.num_iters + 1, aux=new_support)
-
-
-@struct.dataclass
-class PDAS:
-    r"""The serving solver of one question (``SOLVERS["pdas"]``): the primal-dual active set
-    (:class:`PrimalDualActiveSet`, from the most relevant quarter of the notes), and where it ends unconverged
-    ``fallback`` from the caller's start (None: uniform), under ``lax.cond``.
-
-    It runs (``solve``) on the payoff the strategy gives it: a question's corpus block
-    (:func:`cdsjax.core.corpus.solve_on_block`) or the shared corpus of the ``"shared"`` strategy. A question
-    without a corpus block (pinned notes, several query rows, a start or a penalty of its own, a game whose
-    note block reads the question, the ``"peel"`` strategy's rounds) is solved on its dense affinity by
-    ``dense``: the active set as the converged mode runs it, so the dense path's results are those of
-    ``solver="converged"``. Either is differentiated by the caller's adjoint where the payoff is
-    differentiable (the dense affinity, by :class:`~cdsjax.core.implicit.ImplicitAdjoint`); the corpus block
-    is not (:func:`cdsjax.core.corpus.solve_on_block` says so at the call).
-
-    Attributes:
-      fallback: the monotone solver run where the rule does not converge (default: the active set starting
-        with its vertex steps, its Newton systems gathered into :data:`BLOCK_CAPACITIES`, O(K³ + K n) each).
-      off_block: the solver of a question's dense payoff (``dense``; default: the active set, ungathered).
-      rule: the primal-dual active set's own settings (its ``tol`` None: this solver's ``tol``).
-      tol: the Nash-error tolerance of all three (None: each its own, the dtype's default).
-      max_iter: the step cap of ``fallback`` and ``off_block`` (None: their own); the rule's is its ``max_iter``
-        face solves.
-    """
-
-    fallback: Any = struct.field(pytree_node=False, default=ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True))
-    off_block: Any = struct.field(pytree_node=False, default=ActiveSet())
-    rule: PrimalDualActiveSet = struct.field(pytree_node=False, default=PrimalDualActiveSet())
-    tol: Optional[float] = struct.field(pytree_node=False, default=None)
-    max_iter: Optional[int] = struct.field(pytree_node=False, default=None)
-    unroll: int = struct.field(pytree_node=False, default=1)
-
-    def _limited(self, solver):
-        limits = {k: v for k, v in (("tol", self.tol), ("max_iter", self.max_iter)) if v is not None}
-        return solver.replace(**limits) if limits else solver
-
-    def tolerance(self, dtype) -> float:
-        return self._limited(self.fallback).tolerance(dtype)
-
-    @property
-    def dense(self):
-        """``off_block`` with this solver's ``tol`` / ``max_iter``."""
-        return self._limited(self.off_block)
-
-    def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
-        """The rule's point where it converges, else ``fallback``'s from ``x0`` (one problem's payoff)."""
-        rule = self.rule if self.rule.tol is not None else self.rule.replace(tol=self.tol)
-        fast = rule.solve(payoff, None)
-        return lax.cond(fast.status == CONVERGED, lambda: fast, lambda: self._limited(self.fallback).solve(payoff, x0))

@@ -3,7 +3,9 @@ r"""The declared interfaces of the core: what a solver and a payoff must provide
 A **payoff** is the matrix :math:`M` of :math:`\max_{x\in\Delta} x^\top M x`, seen only through
 :class:`Payoff`'s methods, so a payoff stored in another form (a shared note block with per-question
 relevance rows, :class:`~cdsjax.core.payoff.SharedPayoff`) runs under every solver without the solver
-knowing its storage. A **solver** is a small frozen configuration with ``init`` / ``step`` /
+knowing its storage. A **solver** (:class:`Solver`) is a small frozen object the caller holds and passes:
+``solve(payoff, x0)`` gives the result, and its properties say how the strategies run it
+(:mod:`cdsjax.core.solvers`). Most solvers are one loop (:class:`IterativeSolver`): ``init`` / ``step`` /
 ``terminate`` that :func:`cdsjax.core.solver.iterate` runs under one ``lax.while_loop``; ``terminate``
 says both whether to stop and why (a :class:`Status`), so every reason a solve can end is decided in
 the loop, by the solver, and recorded as the result's ``status``.
@@ -66,12 +68,34 @@ class Payoff(Protocol):
 
 @runtime_checkable
 class Solver(Protocol):
-    r"""An iterative solver of :math:`\max_{x\in\Delta} x^\top M x` for :func:`cdsjax.core.solver.iterate`.
+    r"""A solver of :math:`\max_{x\in\Delta} x^\top M x` as a CDS strategy runs it (:mod:`cdsjax.core.solvers`:
+    the loop solvers, :class:`~cdsjax.core.solvers.WithFallback`, or a user's own object)."""
+
+    name: str  # what diagnostics call it
+    names: tuple  # the solvers a run may end with (SolverResult.solvers; its ran says which did)
+    mode: str  # "paper" or "converged"
+    batch_chunk: Optional[str]  # the chunk of cdsjax.core.batched on one device
+    batches_rows: bool  # one loop over a batch of questions' rows (the "shared" strategy runs it batched)
+    uses_corpus_block: bool  # a question carrying its corpus's note block is solved on it
+
+    def solve(self, payoff: Payoff, x0: Optional[Array]) -> Any:
+        """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (None: the solver's own start)."""
+
+    def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None) -> "Solver":
+        """The solver with ``tol`` / ``max_iter`` replaced where given."""
+
+    @property
+    def dense(self) -> "Solver":
+        """The solver a question's dense payoff runs in this one's place (a loop solver: itself)."""
+
+
+@runtime_checkable
+class IterativeSolver(Solver, Protocol):
+    r"""A solver that is one loop, for :func:`cdsjax.core.solver.iterate`.
 
     ``consts = prepare(payoff)`` holds what a step needs but never changes; the loop runs ``step`` while
-    ``terminate`` says not done, masking each batch row once it is done. Callers run a solver by ``solve``
-    (a solver that is more than one loop, :class:`~cdsjax.core.pdas.PDAS`, runs its loops there), on a
-    question's dense payoff by ``dense.solve``.
+    ``terminate`` says not done, masking each batch row once it is done; ``solve`` is
+    :func:`~cdsjax.core.solver.iterate` (as :class:`~cdsjax.core.solver.LoopSolver` gives it).
     """
 
     tol: Optional[float]
@@ -92,14 +116,6 @@ class Solver(Protocol):
 
     def terminate(self, consts: Any, state: Any) -> Tuple[Array, Array]:
         """``(done [*batch] bool, status [*batch] int32)``: whether to stop, and the :class:`Status` if so."""
-
-    def solve(self, payoff: Payoff, x0: Optional[Array]) -> Any:
-        """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (a loop solver:
-        :func:`cdsjax.core.solver.iterate`, as :class:`~cdsjax.core.solver.LoopSolver` gives it)."""
-
-    @property
-    def dense(self) -> "Solver":
-        """The solver a question's dense payoff runs in this one's place (a loop solver: itself)."""
 
 
 @runtime_checkable

@@ -12,8 +12,8 @@ structure arrays ``pages`` / ``doc_ids`` / ``kinds`` when its spec says :attr:`S
 ``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.cds` with a strategy and a
 game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.learned.LearnedParams`).
 
-Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the core solver it
-runs, the batch chunk that suits it, the inputs it reads (links, key, structure, pages only), whether it takes
+Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the solver object it
+runs (whose properties say how a batch of it runs), the inputs it reads (links, key, structure, pages only), whether it takes
 learned parameters, and its options. Callers build problems from the spec alone (:func:`selector_spec`), so a
 name is mapped, and a selector described, in one place. What the product makes of the selectors (the default,
 the names shown to users, help lines) is :mod:`cdsjax.catalog`'s. The registry receives parameter values, never
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 
 from cdsjax.core.affinity import CDSParams
@@ -34,11 +34,14 @@ from cdsjax.core.cds import cds
 from cdsjax.core.corpus import problem_block
 from cdsjax.core.learned import LearnedParams
 from cdsjax.core.readouts import PAGE_OPTIONS, per_page
-from cdsjax.core.solvers import SOLVERS, solver_label
+from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.inimdyn import InImDyn
+from cdsjax.core.replicator import Replicator
+from cdsjax.core.solvers import SERVING_SOLVER, SolveOptions, check_solver, solver_from_name
 from cdsjax.core.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.support import support_settings
-from cdsjax.core.types import CDSProblem, Selection, Selector, SolveOptions
+from cdsjax.core.types import CDSProblem, Selection, Selector
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 from jax import Array
 
@@ -128,19 +131,15 @@ SUPPORT_OPTIONS = (*(p for p in PARAM_OPTIONS if p != "beta"), "threshold", "tol
                    "scale_range", "fill")
 
 
-def _cds_inputs(name: str, solver: str, fields: dict, allowed: tuple, params=None) -> tuple[CDSParams, SolveOptions]:
-    """The :class:`CDSParams` and :class:`SolveOptions` of a CDS selector, built once from its options.
+def _cds_inputs(name: str, solver, fields: dict, allowed: tuple, params=None) -> tuple[CDSParams, SolveOptions]:
+    """The :class:`CDSParams` and :class:`SolveOptions` of a CDS selector (its ``solver`` object), built once from
+    its options.
 
     ``None`` means "the default" for every option.
     """
     unknown = sorted(set(fields) - set(allowed))
     if unknown:
         raise TypeError(f"unknown option(s) {unknown} for selector {name!r}; allowed: {list(allowed)}")
-    if solver not in SOLVERS:
-        raise ValueError(
-            f"selector {name!r} needs solver {solver!r}, which is not registered "
-            f"(registered solvers: {sorted(SOLVERS)})"
-        )
     given = {k: v for k, v in fields.items() if v is not None}
     param_fields = {k: given.pop(k) for k in PARAM_OPTIONS if k in given}
     if params is not None and param_fields:
@@ -176,11 +175,12 @@ def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[
 def corpus_block_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``block(problem)``: the note block selector ``fn`` would build for every question on ``problem``'s
     corpus (:func:`cdsjax.core.corpus.problem_block`; None where its solve does not use one), to build once per
-    corpus and give each question as ``CDSProblem.note_block`` next to its ``bound``. None for a baseline."""
+    corpus and pose each question with, next to its ``bound`` (:func:`cdsjax.core.types.with_corpus_arrays`, a
+    :class:`~cdsjax.core.types.BlockProblem`). None for a baseline."""
     return fn.corpus_block if isinstance(fn, Selector) else None
 
 
-def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
+def _cds_builder(name: str, solver) -> Callable[..., SelectorFn]:
     def build(budget: int, *, params: Optional[CDSParams] = None, peel: bool = False, **fields) -> SelectorFn:
         params, options = _cds_inputs(name, solver, fields, CDS_OPTIONS, params)
         if peel and options.init != "uniform":
@@ -194,7 +194,7 @@ def _cds_builder(name: str, solver: str) -> Callable[..., SelectorFn]:
 def _cds_support(budget: int, **fields) -> SelectorFn:
     """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
     num_steps, scale_range = support_settings(fields.pop("num_steps", None), fields.pop("scale_range", None))
-    params, options = _cds_inputs("cds_support", "converged", fields, SUPPORT_OPTIONS)
+    params, options = _cds_inputs("cds_support", ActiveSet(), fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
         raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
 
@@ -205,17 +205,19 @@ def _cds_support(budget: int, **fields) -> SelectorFn:
 LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
 
 
-def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver: str = "pdas",
+def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver=SERVING_SOLVER,
                  **fields) -> SelectorFn:
     """The learned game (:mod:`cdsjax.core.learned`) through :func:`cdsjax.core.cds`: ``params`` is the
     :class:`~cdsjax.core.learned.LearnedParams` value (``cdsjax.learn.default_params()`` is the shipped fit;
-    callers above the core pass it, the registry never reads a file)."""
+    callers above the core pass it, the registry never reads a file); ``solver`` a solver object, or the name a
+    configuration gives (:func:`~cdsjax.core.solvers.solver_from_name`)."""
     if not isinstance(params, LearnedParams):
         raise ValueError(f"selector 'cds_learned' needs params=LearnedParams(...) (cdsjax.learn reads a parameter "
                          f"file and supplies the shipped fit), got {type(params).__name__}")
     unknown = sorted(set(fields) - set(LEARNED_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {unknown} for selector 'cds_learned'; allowed: {list(LEARNED_OPTIONS)}")
+    solver = solver_from_name(solver) if isinstance(solver, str) else check_solver(solver)
     options = SolveOptions(solver=solver, **{k: v for k, v in fields.items() if v is not None}).check()
     return _cds_fn("single", budget, params, options)
 
@@ -235,10 +237,8 @@ class SelectorSpec:
     Attributes:
       name: the registry name (configs, records, :func:`make_selector`).
       build: ``build(budget, **options) -> fn`` with the uniform signature.
-      solver: the CDS solver it runs (a key of :data:`cdsjax.core.solvers.SOLVERS`), None for a baseline.
-      batch_chunk: the ``chunk`` to give :func:`cdsjax.core.batched` on one device (``"auto"``: replicator
-        dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU; ``"each"``: the serving
-        solver, one question at a time as it serves; :data:`BATCH_CHUNKS`).
+      solver: the solver object it runs (:mod:`cdsjax.core.solvers`), None for a baseline; its properties give
+        :attr:`mode`, :attr:`solver_label` and :attr:`batch_chunk`.
       needs_links: it reads ``problem.links`` (always, or with some options).
       needs_key: it reads the PRNG ``key``.
       structure: it reads the structure arrays ``problem.pages`` / ``doc_ids`` / ``kinds`` / ``describes``
@@ -256,8 +256,7 @@ class SelectorSpec:
 
     name: str
     build: Callable[..., SelectorFn]
-    solver: Optional[str] = None
-    batch_chunk: Optional[str] = None
+    solver: Optional[Any] = None
     needs_links: bool = False
     needs_key: bool = False
     structure: bool = False
@@ -269,14 +268,20 @@ class SelectorSpec:
     @property
     def mode(self) -> Optional[str]:
         """``"paper"`` (replicator dynamics, a fixed step budget), ``"converged"`` or None (a baseline)."""
-        if self.solver is None:
-            return None
-        return "paper" if self.solver == "replicator" else "converged"
+        return None if self.solver is None else self.solver.mode
 
     @property
     def solver_label(self) -> Optional[str]:
-        """The solver as diagnostics name it (``"active_set"`` for ``"converged"``)."""
-        return solver_label(self.solver)
+        """The solver as diagnostics name it (its ``name``: ``"pdas"``, ``"active_set"``, ...), None for a
+        baseline."""
+        return None if self.solver is None else self.solver.name
+
+    @property
+    def batch_chunk(self) -> Optional[str]:
+        """The ``chunk`` to give :func:`cdsjax.core.batched` on one device: the solver's ``batch_chunk`` (``"auto"``:
+        replicator dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU; ``"each"``: the
+        serving solver, one question at a time as it serves), None for a baseline."""
+        return None if self.solver is None else self.solver.batch_chunk
 
     @property
     def options(self) -> tuple:
@@ -319,16 +324,9 @@ def keyword_options(build: Callable) -> tuple:
                  if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-# How a batch of questions runs (cdsjax.core.batched's chunk) by solver: replicator dynamics in cache-sized
-# chunks on a CPU; the serving solver one question after another, as it serves (its fallback under lax.cond
-# runs only where the primal-dual solve does not converge); the others as one vmap.
-BATCH_CHUNKS = {"replicator": "auto", "pdas": "each"}
-
-
 def _spec(name, build, *, solver=None, options=None, **reads):
     options = keyword_options(build) if options is None else tuple(options)
-    return SelectorSpec(name=name, build=build, option_names=options, solver=solver, batch_chunk=BATCH_CHUNKS.get(solver),
-                        **reads)
+    return SelectorSpec(name=name, build=build, option_names=options, solver=solver, **reads)
 
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
@@ -341,20 +339,20 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("ppr", _ppr, needs_links=True),
     _spec("subgraph", _subgraph, needs_links=True),
     # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere)
-    _spec("cds", _cds_builder("cds", "replicator"), solver="replicator", needs_links=True,
+    _spec("cds", _cds_builder("cds", Replicator()), solver=Replicator(), needs_links=True,
           options=CDS_OPTIONS),
-    # converged mode: the serving solver "pdas" (the primal-dual active set on the corpus block, the active-set
-    # Newton solver on a dense payoff); InImDyn is its own entry
-    _spec("cds_converged", _cds_builder("cds_converged", "pdas"), solver="pdas", needs_links=True,
+    # converged mode: the serving solver (the primal-dual active set on the corpus block, the active-set Newton
+    # solver on a dense payoff); InImDyn is its own entry
+    _spec("cds_converged", _cds_builder("cds_converged", SERVING_SOLVER), solver=SERVING_SOLVER, needs_links=True,
           options=CDS_OPTIONS),
-    _spec("cds_inimdyn", _cds_builder("cds_inimdyn", "inimdyn"), solver="inimdyn", needs_links=True,
+    _spec("cds_inimdyn", _cds_builder("cds_inimdyn", InImDyn()), solver=InImDyn(), needs_links=True,
           options=CDS_OPTIONS),
-    # beta chosen per question so the equilibrium's support holds about `budget` notes
-    _spec("cds_support", _cds_support, solver="converged",
+    # beta chosen per question so the equilibrium's support holds about `budget` notes (the active set)
+    _spec("cds_support", _cds_support, solver=ActiveSet(),
           options=SUPPORT_OPTIONS),
     # the learned game (cdsjax.learn): its parameters a value the caller supplies (cdsjax.learn: a file, the
     # shipped fit by default); it reads the notes' structure, pages only where there are printed pages
-    _spec("cds_learned", _cds_learned, solver="pdas", needs_links=True, structure=True, pages_only=True,
+    _spec("cds_learned", _cds_learned, solver=SERVING_SOLVER, needs_links=True, structure=True, pages_only=True,
           learned=True,
           options=LEARNED_OPTIONS),
     # read-outs that see the document's pages (cdsjax.core.structure): a ranking read at most notes_per_page
@@ -363,7 +361,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           options=(*keyword_options(_mmr), *PAGE_OPTIONS)),
     _spec("dpp_pages", _dpp_pages, structure=True,
           options=(*keyword_options(_dpp), *PAGE_OPTIONS)),
-    _spec("cds_learned_pages", _cds_learned_pages, solver="pdas", needs_links=True, structure=True,
+    _spec("cds_learned_pages", _cds_learned_pages, solver=SERVING_SOLVER, needs_links=True, structure=True,
           pages_only=True, learned=True, readout="pages",
           options=(*LEARNED_OPTIONS, *PAGE_OPTIONS)),
 )}

@@ -81,6 +81,12 @@ class Replicator(LoopSolver):
     shift_eps: float = struct.field(pytree_node=False, default=SHIFT_EPS)
     unroll: int = struct.field(pytree_node=False, default=8)
 
+    name = "replicator"
+    mode = "paper"
+    batch_chunk = "auto"  # it sweeps each payoff thousands of times: cache-sized chunks on a CPU
+    batches_rows = True  # one loop over a batch of questions' rows, each frozen as it stops
+    uses_corpus_block = False  # paper mode keeps the dense payoff it is defined on
+
     def tolerance(self, dtype) -> float:
         return self.tol
 

@@ -10,12 +10,11 @@ from jax import Array, lax
 
 from cdsjax.core.affinity import block_bound, problem_affinity
 from cdsjax.core.corpus import check_block_problem, solve_on_block
-from cdsjax.core.implicit import Adjoint, cds_equilibrium, check_adjoint
-from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.implicit import Adjoint, cds_equilibrium, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
-from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import CONVERGED, Affinity, CDSProblem, Selection, SolveOptions
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import CONVERGED, Affinity, BlockProblem, CDSProblem, Selection
 
 
 def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
@@ -25,12 +24,13 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
     Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.implicit.cds_equilibrium` (from
     ``x0``, else ``options.init``; a converged solver first runs paper mode with
     ``warm_start="replicator"``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
-    equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked, with ``solver`` resolved.
-    A problem carrying the corpus's ``note_block`` (and ``bound``) is solved on them instead, by the same named
-    solver, without a dense affinity (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and an
-    ``adjoint`` given with it raises ``ValueError``); the dense affinity runs the solver's ``dense`` form.
+    equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked.
+    A :class:`~cdsjax.core.types.BlockProblem` (the question with its corpus's note block and bound) is solved on
+    them instead, by the same solver and :func:`~cdsjax.core.implicit.equilibrium`, without a dense affinity
+    (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and an ``adjoint`` given with it raises
+    ``ValueError``); the dense affinity runs the solver's ``dense`` form.
     """
-    if problem.note_block is not None:
+    if isinstance(problem, BlockProblem):
         check_block_problem(problem, options, x0, adjoint)
         return solve_on_block(problem, params, options, budget=budget)
     result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
@@ -57,9 +57,8 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
     equilibrium is found on its dense payoff by the solver's ``dense`` form and differentiated by ``adjoint``.
     """
     notes, query = problem.notes, problem.queries
-    solver = configured_solver(options.solver, options.tol, options.max_iter).dense
+    solver = options.limited_solver()
     threshold = options.threshold
-    adjoint = check_adjoint(adjoint)
     base = problem_affinity(problem, params)
     m = base.num_queries
     n = notes.shape[0]
@@ -68,8 +67,7 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
 
     def extract(state):
         active, uncovered, rank_key, total_iters, status, r = state
-        res = adjoint.apply(lambda aff: solver.solve(DensePayoff.from_affinity(aff), None),
-                            _restrict(base, active, params), threshold)
+        res = equilibrium(_restrict(base, active, params), solver, adjoint=adjoint, threshold=threshold)
         support = active & (res.x > threshold)
         new_notes = support & ~base.constraint
         # Earlier rounds rank above later ones: key = (max_rounds - r) + x, x in [0, 1].

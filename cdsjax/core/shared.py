@@ -39,9 +39,10 @@ from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.replicator import Replicator
 from cdsjax.core.ranking import read_out
 from cdsjax.core.select import solve_single
+from cdsjax.core.implicit import LoopAdjoint, equilibrium
 from cdsjax.core.solver import iterate
-from cdsjax.core.solvers import configured_solver
-from cdsjax.core.types import Affinity, CDSProblem, Selection, SolveOptions, SolverResult
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 
@@ -169,9 +170,9 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
 
     ``problem.queries`` ``[b, d]`` are ``b`` questions. The note block :math:`W`, :math:`\alpha` and the
     replicator shift are computed once (:func:`corpus_affinity`, or ``corpus`` when given: reuse it
-    across batches) and every solver runs on the :class:`~cdsjax.core.payoff.SharedPayoff`: paper mode
-    (``"replicator"``) batched, one ``[b, n] @ [n, n]`` product per step; a converged solver question by
-    question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
+    across batches) and every solver runs on the :class:`~cdsjax.core.payoff.SharedPayoff`: one whose
+    ``batches_rows`` holds (paper mode, ``Replicator()``) batched, one ``[b, n] @ [n, n]`` product per step; a
+    converged solver question by question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
     ``[n+1, n+1]`` matrix is ever materialised for the batch. The read-out (slack for the fill rule) uses
     the payoff's products too. Every question starts uniformly; pinned notes are not supported. The
     shared payoff's solves are differentiated through their iterations (forward mode; ``adjoint`` is
@@ -195,11 +196,12 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
     if corpus is None:
         corpus = corpus_affinity(problem.notes, problem.valid, params)
     rel = question_relevance(corpus, problem.queries)
-    solver = configured_solver(options.solver, options.tol, options.max_iter)
-    if options.solver == "replicator":
-        result = iterate(solver.replace(unroll=4), shared_payoff(corpus, rel), None)
+    solver = options.limited_solver()
+    # differentiated through the iterations (the shared payoff has no implicit derivative)
+    if solver.batches_rows:  # paper mode: one loop over every question's row
+        result = equilibrium(shared_payoff(corpus, rel), solver.replace(unroll=4), adjoint=LoopAdjoint())
     else:
-        result = lax.map(lambda r: solver.solve(shared_payoff(corpus, r), None), rel)
+        result = lax.map(lambda r: equilibrium(shared_payoff(corpus, r), solver, adjoint=LoopAdjoint()), rel)
     dtype = corpus.coupling.dtype
     cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
 

@@ -1,6 +1,6 @@
 r"""The one loop every iterative solver of :math:`\max_{x\in\Delta} x^\top M x` runs.
 
-A solver (the :class:`~cdsjax.core.protocols.Solver` protocol) is a small frozen configuration (static
+A loop solver (the :class:`~cdsjax.core.protocols.IterativeSolver` protocol) is a small frozen configuration (static
 ``tol`` / ``max_iter`` and its own knobs) with four methods:
 
 * ``prepare(payoff) -> consts``: what a step needs but never changes;
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.protocols import Payoff, Solver
+from cdsjax.core.protocols import IterativeSolver, Payoff
 from cdsjax.core.types import CONVERGED, MAX_STEPS, NONFINITE, SINGULAR, SUPPORT_THRESHOLD, SolverResult
 
 
@@ -116,8 +116,8 @@ def stop_rule(state: LoopState, tol: float, max_iter: int, *, capped: Optional[A
     return done, jnp.where(err < tol, CONVERGED, code).astype(jnp.int32)
 
 
-def finish(payoff, x: Array, num_iters, err, status: Array) -> SolverResult:
-    """Packs a point of ``payoff`` and its diagnostics into a :class:`SolverResult`."""
+def finish(payoff, x: Array, num_iters, err, status: Array, name: str) -> SolverResult:
+    """Packs a point of ``payoff`` found by the solver ``name`` and its diagnostics into a :class:`SolverResult`."""
     batch = x.shape[:-1]
     mx = payoff.matvec(x)
     value = payoff.value(x, mx)
@@ -129,17 +129,37 @@ def finish(payoff, x: Array, num_iters, err, status: Array) -> SolverResult:
         kkt_residual=nash_error(x, mx, payoff.valid, value),
         alpha=jnp.broadcast_to(payoff.alpha, batch).astype(x.dtype),
         status=jnp.asarray(status, jnp.int32),
+        ran=jnp.zeros(batch, jnp.int32),
+        solvers=(name,),
     )
 
 
 class LoopSolver:
-    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, and a question's
-    dense payoff runs the solver itself (``dense``). A solver that is not one loop (the serving solver,
-    :class:`cdsjax.core.pdas.PDAS`) provides both itself."""
+    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, a question's dense
+    payoff runs the solver itself (``dense``), ``with_limits`` replaces ``tol`` / ``max_iter``, and the properties
+    the strategies read (:mod:`cdsjax.core.solvers`), here with a converged solver's values: a subclass sets its
+    ``name`` and what differs. A solver that is not one loop (:class:`cdsjax.core.solvers.WithFallback`) provides
+    them itself."""
+
+    name = "loop"
+    mode = "converged"
+    batch_chunk = None  # one vmap over a batch
+    batches_rows = False  # the "shared" strategy maps it over the questions
+    uses_corpus_block = True
+
+    def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None):
+        """This solver with ``tol`` / ``max_iter`` replaced where given (None keeps its own)."""
+        limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v is not None}
+        return self.replace(**limits) if limits else self
 
     def solve(self, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
         """:func:`iterate` of this solver on ``payoff`` from ``x0`` (None: the solver's own start)."""
         return iterate(self, payoff, x0)
+
+    @property
+    def names(self) -> tuple:
+        """The names of the solvers a run may end with (``SolverResult.solvers``): its own."""
+        return (self.name,)
 
     @property
     def dense(self) -> "LoopSolver":
@@ -157,7 +177,7 @@ def _keep(active: Array, new, old):
     return jax.tree.map(pick, new, old)
 
 
-def iterate(solver: Solver, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
+def iterate(solver: IterativeSolver, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
     """Runs ``solver`` on ``payoff`` from ``x0`` (None: uniform) until its ``terminate`` says done.
 
     The loop carries ``(state, done, status)``; ``solver.unroll`` steps run per loop
@@ -180,4 +200,4 @@ def iterate(solver: Solver, payoff: Payoff, x0: Optional[Array] = None) -> Solve
 
     state = solver.init(payoff, x0)
     state, _, status = lax.while_loop(lambda c: jnp.any(~c[1]), body, (state, *solver.terminate(consts, state)))
-    return finish(payoff, state.x, state.num_iters, state.err, status)
+    return finish(payoff, state.x, state.num_iters, state.err, status, solver.name)

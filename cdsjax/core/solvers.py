@@ -1,74 +1,222 @@
-r"""The registered solvers of :math:`\max_{x\in\Delta} x^\top M x`, by name.
+r"""The solvers of :math:`\max_{x\in\Delta} x^\top M x` as objects the caller holds, and how a CDS solve is set up.
 
-Every CDS strategy (:func:`cdsjax.core.cds`) and the differentiable equilibrium name their solver
-through :data:`SOLVERS`; :func:`solver_name` applies the one default (:data:`DEFAULT_SOLVER`) and
-checks the name, :func:`configured_solver` applies ``tol`` / ``max_iter``. A registry selector names its
-solver in its spec; the one served by default is ``"pdas"`` (:class:`~cdsjax.core.pdas.PDAS`).
+A solver is a small frozen object (as optimistix passes them): :class:`~cdsjax.core.replicator.Replicator`
+(paper mode), :class:`~cdsjax.core.inimdyn.InImDyn`, :class:`~cdsjax.core.active_set.ActiveSet`,
+:class:`~cdsjax.core.pdas.PrimalDualActiveSet`, and :class:`WithFallback`, one solver tried first and a monotone
+one run where it does not converge. The served combination is :data:`SERVING_SOLVER`. Each carries its own
+limits (``tol``, ``max_iter``) and properties, read by the strategies instead of a name:
+
+* ``name``: what diagnostics and records call it (``"replicator"``, ``"inimdyn"``, ``"active_set"``, ``"pdas"``);
+* ``mode``: ``"paper"`` (replicator dynamics with the paper's step budget) or ``"converged"``;
+* ``batch_chunk``: how a batch of questions runs on one device (the ``chunk`` of :func:`cdsjax.core.batched`:
+  ``"auto"``, cache-sized chunks, for replicator dynamics, which sweep each payoff thousands of times;
+  ``"each"``, one question at a time, for :class:`WithFallback`, whose ``lax.cond`` runs both branches under
+  ``vmap``; None, one ``vmap``);
+* ``batches_rows``: its loop runs a batch of questions' rows at once, each frozen as it stops (the ``"shared"``
+  strategy then runs it batched; the others question by question);
+* ``uses_corpus_block``: a question carrying its corpus's note block is solved on it (paper mode keeps the dense
+  payoff it is defined on);
+* ``dense``: the solver a question's dense payoff runs (itself, or :class:`WithFallback`'s ``dense_solver``);
+* ``with_limits(tol, max_iter)``: the solver with its limits replaced where given.
+
+A user passes their own object (any :class:`~cdsjax.core.protocols.Solver`). Names are for the edges only
+(configuration files, the command line): :func:`solver_from_name` is the one conversion.
+:class:`SolveOptions` holds the solver with the read-out's options.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import dataclasses
+from typing import Any, Optional
 
-from jax import Array
+from flax import struct
+from jax import Array, lax
 
 from cdsjax.core.active_set import ActiveSet
 from cdsjax.core.inimdyn import InImDyn
 from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.pdas import PDAS
-from cdsjax.core.protocols import Solver
+from cdsjax.core.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet
 from cdsjax.core.replicator import Replicator
-from cdsjax.core.types import DEFAULT_SOLVER, SOLVER_ALIASES, Affinity, SolverResult
-from cdsjax.core.validation import check_option
-
-# name -> solver configuration with its default limits (tol None: the dtype's default).
-SOLVERS: Dict[str, Solver] = {
-    "replicator": Replicator(),  # paper mode: tol 1e-7, 10,000 steps
-    "inimdyn": InImDyn(),
-    # The converged mode's solver: on the CDS payoff it reached KKT <= 1e-8 in one Newton step where
-    # InImDyn took 1e4-2e5 vertex steps (experiments/bench_solvers.py).
-    "active_set": ActiveSet(),
-    # The serving solver of one question on its corpus block: the primal-dual active set, the active set (its
-    # vertex steps first, Newton systems gathered) where it does not converge; on a dense payoff the active set.
-    "pdas": PDAS(),
-}
-# the aliases (``solver="converged"``) as entries of their own, so each can be re-registered
-SOLVERS.update({alias: SOLVERS[target] for alias, target in SOLVER_ALIASES.items()})
+from cdsjax.core.types import (CONVERGED, INITS, MAX_ITER_CAP, SUPPORT_THRESHOLD, WARM_STARTS, Affinity,
+                               SolverResult)
+from cdsjax.core.validation import check_int_range, check_option, check_positive
 
 
-def register_solver(name: str, solver: Solver) -> None:
-    """Makes a solver configuration (the :class:`~cdsjax.core.protocols.Solver` protocol) available as
-    ``solver=name``."""
-    SOLVERS[name] = solver
+@struct.dataclass
+class WithFallback:
+    r"""``primary`` from its own start, and where it ends unconverged ``fallback`` from the caller's start,
+    under ``lax.cond`` (one problem's payoff; ``vmap`` runs both branches, so a batch runs one question at a time:
+    ``batch_chunk`` ``"each"``).
+
+    The served solver is ``WithFallback(PrimalDualActiveSet(), ActiveSet(gather=..., vertex_first=True),
+    dense_solver=ActiveSet())`` (:data:`SERVING_SOLVER`): the primal-dual active set on a question's corpus
+    block, the active set where it cycles or its support outgrows its capacities.
+
+    Attributes:
+      primary: the solver tried first (its own start: the primal-dual rule's most relevant notes).
+      fallback: the solver run where ``primary`` does not converge, from the caller's start (None: uniform).
+      dense_solver: the solver a question's dense payoff runs (``dense``; None: ``fallback``). The primal-dual
+        rule is written for one query vertex on a corpus block; a question with pinned notes, several query rows,
+        a start or a game whose block reads the question is solved on its dense payoff.
+    """
+
+    primary: Any = struct.field(pytree_node=False, default=PrimalDualActiveSet())
+    fallback: Any = struct.field(pytree_node=False, default=ActiveSet())
+    dense_solver: Any = struct.field(pytree_node=False, default=None)
+
+    batch_chunk = "each"
+    batches_rows = False
+    uses_corpus_block = True
+
+    @property
+    def name(self) -> str:
+        """The primary's name: the solver that runs first (``"pdas"`` for the served solver)."""
+        return self.primary.name
+
+    @property
+    def mode(self) -> str:
+        """The primary's mode."""
+        return self.primary.mode
+
+    @property
+    def dense(self):
+        """``dense_solver`` (None: ``fallback``)."""
+        return self.fallback if self.dense_solver is None else self.dense_solver
+
+    def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None) -> "WithFallback":
+        """``tol`` for all three solvers, ``max_iter`` for ``fallback`` and ``dense_solver`` (the primary's cap
+        counts its own steps, e.g. face solves), where given."""
+        return self.replace(primary=self.primary.with_limits(tol=tol), fallback=self.fallback.with_limits(tol, max_iter),
+                            dense_solver=None if self.dense_solver is None
+                            else self.dense_solver.with_limits(tol, max_iter))
+
+    @property
+    def names(self) -> tuple:
+        """The names of the solvers a run may end with: the primary's, then the fallback's."""
+        return self.primary.names + self.fallback.names
+
+    def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
+        """The primary's point where it converges, else ``fallback``'s from ``x0``; ``ran`` says which
+        (:attr:`names`)."""
+        names, skip = self.names, len(self.primary.names)
+
+        def taken(result, offset):
+            return result.replace(ran=result.ran + offset, solvers=names)
+
+        fast = self.primary.solve(payoff, None)
+        return lax.cond(fast.status == CONVERGED, lambda: taken(fast, 0),
+                        lambda: taken(self.fallback.solve(payoff, x0), skip))
 
 
-def solver_name(solver: Optional[str]) -> str:
-    """``solver``, or :data:`DEFAULT_SOLVER` when None; raises ``ValueError`` unless it is registered."""
-    name = DEFAULT_SOLVER if solver is None else solver
-    check_option("solver", name, tuple(SOLVERS))
-    return name
+# The serving solver of one question on its corpus block: the primal-dual active set, and where it does not converge
+# the active set (its vertex steps first, its Newton systems gathered); a question's dense payoff runs the active set.
+SERVING_SOLVER = WithFallback(PrimalDualActiveSet(), ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True),
+                              dense_solver=ActiveSet())
+# The solver of SolveOptions() and of the strategies' dense solves when none is given: paper mode (tol 1e-7,
+# 10,000 steps), the long-standing default of cds_select.
+DEFAULT_SOLVER = Replicator()
+# The names a configuration file or the command line may give (the solver's own ``name``).
+SOLVER_NAMES = ("replicator", "inimdyn", "active_set", "pdas")
 
 
-def solver_label(solver: Optional[str]) -> Optional[str]:
-    """The solver as diagnostics name it: the target of an alias (``"converged"`` -> ``"active_set"``)."""
-    return SOLVER_ALIASES.get(solver, solver)
+def solver_from_name(name: str):
+    """The solver an edge (a configuration file, the command line) names: ``"replicator"`` (paper mode),
+    ``"inimdyn"``, ``"active_set"`` or ``"pdas"`` (:data:`SERVING_SOLVER`), with its default limits; the one place
+    a name becomes a solver. Raises ``ValueError`` for another name."""
+    check_option("solver", name, SOLVER_NAMES)
+    return {"replicator": Replicator(), "inimdyn": InImDyn(), "active_set": ActiveSet(),
+            "pdas": SERVING_SOLVER}[name]
 
 
-def configured_solver(solver: Optional[str], tol: Optional[float] = None, max_iter: Optional[int] = None) -> Solver:
-    """The registered solver ``solver`` (None: the default) with ``tol`` / ``max_iter`` replaced where given."""
-    limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v is not None}
-    config = SOLVERS[solver_name(solver)]
-    return config.replace(**limits) if limits else config
+def check_solver(solver) -> Any:
+    """``solver`` if it is a solver object (it has ``solve`` and ``with_limits``); ``TypeError`` otherwise (a name
+    is converted by :func:`solver_from_name` at the edge)."""
+    if not (callable(getattr(solver, "solve", None)) and callable(getattr(solver, "with_limits", None))):
+        raise TypeError(f"solver must be a solver object such as Replicator(), InImDyn(), ActiveSet() or "
+                        f"SERVING_SOLVER (a name is converted by solver_from_name), got {solver!r}")
+    return solver
 
 
-def solve(
-    affinity: Affinity,
-    x0: Optional[Array] = None,
-    *,
-    solver: Optional[str] = DEFAULT_SOLVER,
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
-) -> SolverResult:
-    """Runs a registered solver on ``affinity``'s dense payoff (the solver's ``dense`` form) with its default
-    ``tol`` / ``max_iter``."""
-    return configured_solver(solver, tol, max_iter).dense.solve(DensePayoff.from_affinity(affinity), x0)
+def solve(affinity: Affinity, x0: Optional[Array] = None, *, solver: Any = DEFAULT_SOLVER) -> SolverResult:
+    """Runs ``solver`` on ``affinity``'s dense payoff (the solver's ``dense`` form) from ``x0`` (None: the solver's
+    own start)."""
+    return check_solver(solver).dense.solve(DensePayoff.from_affinity(affinity), x0)
+
+
+@struct.dataclass
+class SolveOptions:
+    r"""How a CDS selector solves and reads its equilibrium (every field static).
+
+    One object for :func:`cdsjax.core.cds_select`, :func:`cdsjax.core.cds_peel`,
+    :func:`cdsjax.core.cds_select_shared` and :func:`cdsjax.core.cds_support`; the
+    registry builds it once per selector. The affinity's parameters (and the array
+    leaves :math:`\beta`, :math:`\tau` a sweep varies) live in :class:`CDSParams`.
+
+    Attributes:
+      solver: the solver object (module docstring); default :data:`DEFAULT_SOLVER`
+        (``Replicator()``, paper mode). Registry selectors give their own.
+      threshold: support threshold :math:`\theta`.
+      tol, max_iter: limits replacing the solver's own where given (``solver.with_limits``;
+        :meth:`limited_solver`); None keeps the solver's (replicator: 1e-7 and 10,000).
+      init: ``"uniform"``, ``"softmax"`` (query-softmax prior) or ``"diffusion"``
+        (personalised PageRank of the softmax seed; needs ``links``).
+      prior_temperature: temperature of the softmax / diffusion prior.
+      warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
+        ``init``; ``"replicator"`` first runs paper mode and starts from its point.
+      fill: True fills slots the support leaves empty (the fill rule of
+        :mod:`cdsjax.core.ranking`); False returns only the support.
+
+    The support strategy's own settings (bisection steps, the bracket of :math:`\gamma = \beta n`) are
+    arguments of that strategy (``cds(..., "support", num_steps=, scale_range=)``), not fields here.
+    """
+
+    solver: Any = struct.field(pytree_node=False, default=DEFAULT_SOLVER)
+    threshold: float = struct.field(pytree_node=False, default=SUPPORT_THRESHOLD)
+    tol: Optional[float] = struct.field(pytree_node=False, default=None)
+    max_iter: Optional[int] = struct.field(pytree_node=False, default=None)
+    init: str = struct.field(pytree_node=False, default="uniform")
+    prior_temperature: float = struct.field(pytree_node=False, default=0.1)
+    warm_start: str = struct.field(pytree_node=False, default="uniform")
+    fill: bool = struct.field(pytree_node=False, default=True)
+
+    def check(self) -> "SolveOptions":
+        """Raises ``ValueError`` naming the field if an option string, a limit or a count is invalid, ``TypeError``
+        if ``solver`` is not a solver object.
+
+        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given.
+        """
+        check_solver(self.solver)
+        if self.tol is not None:
+            check_positive("tol", self.tol)
+        if self.max_iter is not None:
+            check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
+        return self
+
+    def limited_solver(self):
+        """``solver`` with ``tol`` / ``max_iter`` applied where given (the solver every solve of these options
+        runs)."""
+        return self.solver.with_limits(self.tol, self.max_iter)
+
+
+def solve_options(options: Optional[SolveOptions] = None, **overrides) -> SolveOptions:
+    """``options`` (default :class:`SolveOptions`) with ``overrides`` replaced, checked.
+
+    The functions that take ``options`` also take its fields as keyword overrides, so
+    ``cds_select(..., solver=ActiveSet())`` reads as well as
+    ``cds_select(..., options=SolveOptions(solver=ActiveSet()))``.
+
+    Raises:
+      TypeError: an override that is not a :class:`SolveOptions` field, or a solver that is not a solver object.
+    """
+    options = SolveOptions() if options is None else options
+    if not isinstance(options, SolveOptions):
+        raise TypeError(f"options must be a SolveOptions, got {type(options).__name__}")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SolveOptions)})
+    if unknown:
+        raise TypeError(f"unknown solve option(s) {unknown}; SolveOptions fields: "
+                        f"{[f.name for f in dataclasses.fields(SolveOptions)]}")
+    return (options.replace(**overrides) if overrides else options).check()

@@ -41,15 +41,17 @@ from jax import Array, lax
 
 from cdsjax.core.affinity import spectral_penalty
 from cdsjax.core.baselines import cut_to_budget, same_unit
-from cdsjax.core.implicit import attach_implicit
+from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
 from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
 from cdsjax.core.replicator import softmax_prior
-from cdsjax.core.solvers import solve
-from cdsjax.core.types import (FILL_NONE, FILL_SHORT_SUPPORT, SUPPORT_THRESHOLD, Affinity, Selection, SolveOptions,
-                               solve_options)
+from cdsjax.core.active_set import ActiveSet
+from cdsjax.core.solvers import SolveOptions, solve_options
+from cdsjax.core.types import FILL_NONE, FILL_SHORT_SUPPORT, SUPPORT_THRESHOLD, Affinity, Selection
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid
 
+# The options of the page game and the sparse regime when none are given: the converged (active-set) solver.
+STRUCTURE_OPTIONS = SolveOptions(solver=ActiveSet())
 # MMR / k-DPP rank this many times the budget by their own greedy order (the rest by cosine): a page read-out of
 # B notes needs the ranking only until B pages have shown up, and a greedy pass over every note of a 5-document
 # pool would cost n steps of O(n) each.
@@ -252,16 +254,16 @@ def solve_keeping_query(affinity: Affinity, bound: Optional[Affinity], options: 
     ``sparse`` (else the uniform start); where the query is not in its support and ``bound`` (the same game at the
     spectral bound) is given, the equilibrium of ``bound`` instead — the game then reads as at the bound. ``kept``
     says which happened ([] bool; True when not sparse)."""
-    solver = options.solver or "converged"
+    solver = options.limited_solver()
     m = affinity.num_queries
     valid = affinity.valid
     uniform = valid.astype(affinity.matrix.dtype) / jnp.sum(valid)
     x0 = jnp.where(sparse, anchored_start(affinity), uniform)
-    result = solve(affinity, x0, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    result = equilibrium(affinity, solver, x0, adjoint=LoopAdjoint())
     kept = query_in_support(result, m) | ~jnp.asarray(sparse)
     if bound is None:
         return result, affinity, kept
-    at_bound = solve(bound, None, solver=solver, tol=options.tol, max_iter=options.max_iter)
+    at_bound = equilibrium(bound, solver, adjoint=LoopAdjoint())
     pick = lambda a, b: jnp.where(kept, a, b)  # noqa: E731
     return (jax.tree_util.tree_map(pick, result, at_bound), jax.tree_util.tree_map(pick, affinity, bound), kept)
 
@@ -284,13 +286,13 @@ def solve_peeling_to_query(affinity: Affinity, options: SolveOptions, max_rounds
     again on what is left, with the same penalty, at most ``max_rounds`` solves. With no note left the query alone
     is the support, so a cap is the only way ``kept`` ends False. ``result.x`` is the last round's point over all
     vertices (0 on peeled notes), ``num_iters`` summed over rounds."""
-    solver = options.solver or "converged"
+    solver = options.limited_solver()
     m = affinity.num_queries
     notes = jnp.arange(affinity.valid.shape[0]) >= m
 
     def round_(active):
         aff = restrict_to(affinity, active)
-        res = solve(aff, anchored_start(aff), solver=solver, tol=options.tol, max_iter=options.max_iter)
+        res = equilibrium(aff, solver, anchored_start(aff), adjoint=LoopAdjoint())
         return res, query_in_support(res, m)
 
     def body(state):
@@ -336,14 +338,13 @@ def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
     counts pages). In the sparse regime (``alpha_factor < 1``) the solve starts around the query and, where the query
     leaves the support, falls back to the game at the spectral bound (``keep="bound"``) or peels the supports that
     miss it (``keep="peel"``) (:func:`keep_query`; ``kept``)."""
-    options = solve_options(options)
+    options = solve_options(STRUCTURE_OPTIONS if options is None else options)
     notes = jnp.asarray(notes)
     valid = check_notes_valid(notes, valid)
     n = notes.shape[0]
     affinity, rep, owner, page_cos = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
     if _is_dense(params.alpha_factor):
-        result = solve(affinity, None, solver=options.solver or "converged", tol=options.tol,
-                       max_iter=options.max_iter)
+        result = equilibrium(affinity, options.limited_solver(), adjoint=LoopAdjoint())
         kept = jnp.asarray(True)
     else:
         bound = page_affinity(notes, query, valid, pages, params.replace(alpha_factor=1.0), doc_ids=doc_ids)[0]
@@ -372,17 +373,16 @@ def select_page_game(notes: Array, query: Array, valid: Array, pages: Array, par
 
 
 def page_scores(notes: Array, query: Array, valid: Array, pages: Array, params: PageGameParams, *,
-                doc_ids: Optional[Array] = None, solver: str = "converged", tol: Optional[float] = None,
+                doc_ids: Optional[Array] = None, solver=ActiveSet(), tol: Optional[float] = None,
                 max_iter: Optional[int] = None, threshold: float = SUPPORT_THRESHOLD, slack_weight: float = 1.0):
     r"""``(scores [n], result, affinity)``: the page game's equilibrium extended off its support by the KKT slack
     (:func:`~cdsjax.core.equilibrium_scores`), one score per page vertex (-inf elsewhere), differentiable in
     ``params`` by the implicit derivative of the KKT conditions (:func:`~cdsjax.core.attach_implicit`): the
     quantity a fit of the page game climbs."""
     affinity, rep, _, _ = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
-    result = solve(lax.stop_gradient(affinity), None, solver=solver, tol=tol, max_iter=max_iter)
-    x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
-    scores = equilibrium_scores(affinity, x, slack_weight)
-    return jnp.where(rep, scores, -jnp.inf), result.replace(x=x), affinity
+    result = equilibrium(affinity, solver.with_limits(tol, max_iter), adjoint=ImplicitAdjoint(), threshold=threshold)
+    scores = equilibrium_scores(affinity, result.x, slack_weight)
+    return jnp.where(rep, scores, -jnp.inf), result, affinity
 
 
 def sparse_affinity(affinity: Affinity, factor: float | Array) -> Affinity:
@@ -410,7 +410,7 @@ def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, fact
     (:func:`solve_keeping_query`). ``kept``: the query is in the support that is read."""
     from cdsjax.core.learned import learned_affinity
 
-    options = solve_options(options)
+    options = solve_options(STRUCTURE_OPTIONS if options is None else options)
     notes = jnp.asarray(notes)
     valid = check_notes_valid(notes, valid)
     n = notes.shape[0]

@@ -71,12 +71,12 @@ from jax import Array, lax
 from typing import Optional
 
 from cdsjax.core.affinity import problem_affinity, scale_note_block  # noqa: F401 (re-exported)
-from cdsjax.core.implicit import Adjoint, check_adjoint
+from cdsjax.core.implicit import Adjoint, LoopAdjoint, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
-from cdsjax.core.solvers import solve
+from cdsjax.core.solvers import SolveOptions
 from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSProblem,  # noqa: F401
-                               Selection, SolveOptions)
+                               Selection)
 from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
 from cdsjax.core.validation import check_int_range
 
@@ -117,8 +117,7 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
     ``adjoint``, the choice itself held fixed), ``beta`` that :math:`\beta`.
     """
     notes, query = problem.notes, problem.queries
-    adjoint = check_adjoint(adjoint)
-    solver, threshold, tol, max_iter = options.solver, options.threshold, options.tol, options.max_iter
+    solver, threshold = options.limited_solver(), options.threshold
     if params.coupling == "none":
         raise ValueError("cds_support needs a note block: coupling='none' makes beta irrelevant")
     num_steps, (low, high) = support_settings(num_steps, scale_range)
@@ -135,7 +134,7 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
 
     def support_at(log_gamma):
         aff, _ = affinity_at(log_gamma)
-        res = solve(aff, None, solver=solver, tol=tol, max_iter=max_iter)
+        res = equilibrium(aff, solver, adjoint=LoopAdjoint())  # its size only: no derivative
         return jnp.sum(base.valid[m:] & (res.x[m:] > threshold)).astype(jnp.int32)
 
     target = jnp.asarray(budget, dtype)
@@ -163,6 +162,6 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
     _, _, best, _ = lax.fori_loop(0, num_steps, step, init)
 
     aff, beta = affinity_at(best)
-    result = adjoint.apply(lambda a: solve(a, None, solver=solver, tol=tol, max_iter=max_iter), aff, threshold)
+    result = equilibrium(aff, solver, adjoint=adjoint, threshold=threshold)
     return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
                           beta=beta)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
-from cdsjax.core.validation import as_query_matrix, check_int_range, check_notes_valid, check_positive
+from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
@@ -60,12 +60,6 @@ _STATUS_MESSAGES = {
 # The codes as plain names (``converged`` is ``status == CONVERGED``) and the labels by code.
 CONVERGED, MAX_STEPS, NONFINITE, SINGULAR = (int(s) for s in Status)
 STATUSES = tuple(s.label for s in Status)
-
-# The solver every CDS strategy uses when SolveOptions.solver is None: replicator dynamics with the paper's
-# limits (paper mode), the long-standing default of cds_select. Selectors in the registry name theirs.
-DEFAULT_SOLVER = "replicator"
-# Other names of registered solvers: "converged" is the converged mode's solver, the active-set Newton one.
-SOLVER_ALIASES = {"converged": "active_set"}
 
 # Hard limits of SolveOptions, checked for every caller (library, CLI, server): a request cannot ask for
 # unbounded work. 1,000,000 steps is InImDyn's own default cap; paper mode runs 10,000.
@@ -132,6 +126,11 @@ class SolverResult:
       status: ``[]`` int32, how the solve ended: :data:`CONVERGED` (the stopping rule fired: converged is
         ``status == CONVERGED``), :data:`MAX_STEPS`, :data:`NONFINITE` or :data:`SINGULAR` (names in
         :data:`STATUSES`).
+      ran: ``[]`` int32, which of ``solvers`` gave the point (:attr:`solver_run`): 0 for a loop solver, 1 where
+        the served solver's fallback ran.
+      solvers: static, the names of the solvers the run may end with, in the order they are tried (one for a
+        loop solver; ``("pdas", "active_set")`` for the served solver on a corpus block, ``("active_set",)``
+        on a dense payoff).
 
     How many notes the point holds is a property of a selection (:attr:`Selection.support_size`), not of a
     solve.
@@ -144,6 +143,13 @@ class SolverResult:
     kkt_residual: Array
     alpha: Array
     status: Array
+    ran: Array
+    solvers: tuple = struct.field(pytree_node=False, default=())
+
+    @property
+    def solver_run(self) -> str:
+        """The name of the solver that gave the point (``ran`` concrete, one result)."""
+        return self.solvers[int(self.ran)]
 
 
 @struct.dataclass
@@ -194,8 +200,8 @@ class Selector:
     Calling it selects: ``selector(problem, key)`` is ``select(problem, key)``, a :class:`Selection`.
     ``corpus_bound(problem)`` is the spectral bound every question on ``problem``'s corpus shares (None where the
     penalty depends on the question), ``corpus_block(problem)`` the note block its solve reads (None where it reads
-    none); a caller computes them once per corpus and gives each question ``CDSProblem.bound`` and
-    ``CDSProblem.note_block``. Selectors without a penalty (the baselines) are plain functions. Equality is
+    none); a caller computes them once per corpus and gives each question its ``bound`` and, with a block, poses
+    it as a :class:`BlockProblem` (:func:`with_corpus_arrays`). Selectors without a penalty (the baselines) are plain functions. Equality is
     identity, so a selector keys a cache.
     """
 
@@ -217,79 +223,6 @@ class Selector:
 def as_selector(fn: Callable) -> Selector:
     """``fn`` as a :class:`Selector` (a plain selector function computes nothing per corpus)."""
     return fn if isinstance(fn, Selector) else Selector(fn)
-
-
-@struct.dataclass
-class SolveOptions:
-    r"""How a CDS selector solves and reads its equilibrium (every field static).
-
-    One object for :func:`cdsjax.core.cds_select`, :func:`cdsjax.core.cds_peel`,
-    :func:`cdsjax.core.cds_select_shared` and :func:`cdsjax.core.cds_support`; the
-    registry builds it once per selector. The affinity's parameters (and the array
-    leaves :math:`\beta`, :math:`\tau` a sweep varies) live in :class:`CDSParams`.
-
-    Attributes:
-      solver: a registered solver name (:data:`cdsjax.core.SOLVERS`); None uses
-        :data:`DEFAULT_SOLVER` (``"replicator"``, paper mode) in every strategy and in
-        :func:`~cdsjax.core.cds_equilibrium` (registry selectors name their own).
-      threshold: support threshold :math:`\theta`.
-      tol, max_iter: solver limits; None uses the solver's defaults (replicator:
-        1e-7 and 10,000).
-      init: ``"uniform"``, ``"softmax"`` (query-softmax prior) or ``"diffusion"``
-        (personalised PageRank of the softmax seed; needs ``links``).
-      prior_temperature: temperature of the softmax / diffusion prior.
-      warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
-        ``init``; ``"replicator"`` first runs paper mode and starts from its point.
-      fill: True fills slots the support leaves empty (the fill rule of
-        :mod:`cdsjax.core.ranking`); False returns only the support.
-
-    The support strategy's own settings (bisection steps, the bracket of :math:`\gamma = \beta n`) are
-    arguments of that strategy (``cds(..., "support", num_steps=, scale_range=)``), not fields here.
-    """
-
-    solver: Optional[str] = struct.field(pytree_node=False, default=None)
-    threshold: float = struct.field(pytree_node=False, default=SUPPORT_THRESHOLD)
-    tol: Optional[float] = struct.field(pytree_node=False, default=None)
-    max_iter: Optional[int] = struct.field(pytree_node=False, default=None)
-    init: str = struct.field(pytree_node=False, default="uniform")
-    prior_temperature: float = struct.field(pytree_node=False, default=0.1)
-    warm_start: str = struct.field(pytree_node=False, default="uniform")
-    fill: bool = struct.field(pytree_node=False, default=True)
-
-    def check(self) -> "SolveOptions":
-        """Raises ``ValueError`` naming the field if an option string, a limit or a count is invalid.
-
-        Hard limits: ``tol > 0`` when given, ``1 <= max_iter <= MAX_ITER_CAP`` when given.
-        """
-        if self.tol is not None:
-            check_positive("tol", self.tol)
-        if self.max_iter is not None:
-            check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.warm_start not in WARM_STARTS:
-            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
-        return self
-
-
-def solve_options(options: Optional[SolveOptions] = None, **overrides) -> SolveOptions:
-    """``options`` (default :class:`SolveOptions`) with ``overrides`` replaced, checked.
-
-    The functions that take ``options`` also take its fields as keyword overrides, so
-    ``cds_select(..., solver="converged")`` reads as well as
-    ``cds_select(..., options=SolveOptions(solver="converged"))``.
-
-    Raises:
-      TypeError: an override that is not a :class:`SolveOptions` field.
-    """
-    options = SolveOptions() if options is None else options
-    if not isinstance(options, SolveOptions):
-        raise TypeError(f"options must be a SolveOptions, got {type(options).__name__}")
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SolveOptions)})
-    if unknown:
-        raise TypeError(f"unknown solve option(s) {unknown}; SolveOptions fields: "
-                        f"{[f.name for f in dataclasses.fields(SolveOptions)]}")
-    return (options.replace(**overrides) if overrides else options).check()
 
 
 @struct.dataclass
@@ -321,10 +254,8 @@ class CDSProblem:
       describes: optional ``[n]`` int32, the note each note describes: a caption's (or a Note/Source line's)
         figure, table or chart, -1 for none (the default's read-out reads a caption with its visual,
         :func:`cdsjax.core.structure.fold_described`); None: no note describes another.
-      note_block: optional ``[n, n]`` float, the game's note--note block computed once for the corpus
-        (:func:`cdsjax.core.corpus.problem_block`); with ``bound``, one question's ``"single"`` solve then runs
-        the named solver on it without building the dense affinity (:func:`cdsjax.core.corpus.solve_on_block`;
-        it has no derivative, and a problem the block cannot serve raises ``ValueError``).
+
+    A question posed with its corpus's precomputed note block is the problem type :class:`BlockProblem`.
     """
 
     notes: Array
@@ -336,7 +267,6 @@ class CDSProblem:
     kinds: Optional[Array] = None
     pinned: Optional[Array] = None
     bound: Optional[Array] = None
-    note_block: Optional[Array] = None
     describes: Optional[Array] = None
 
     @classmethod
@@ -372,3 +302,36 @@ class CDSProblem:
     def num_notes(self) -> int:
         """Static ``n`` (padding included)."""
         return self.notes.shape[-2]
+
+
+@struct.dataclass
+class BlockProblem(CDSProblem):
+    r"""One question posed on its corpus's precomputed note block: a problem type of its own (as a problem per
+    geometry), solved by the same strategies and the same :func:`~cdsjax.core.implicit.equilibrium`.
+
+    Every field of :class:`CDSProblem` (``bound`` must be given), and ``note_block`` ``[n, n]`` float, the game's
+    note--note block computed once for the corpus (:func:`cdsjax.core.corpus.problem_block`). The ``"single"``
+    strategy solves it on a :class:`~cdsjax.core.payoff.SharedPayoff` of that block without building the dense
+    affinity (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and a problem the block cannot
+    serve raises ``ValueError``). Build one with :func:`with_corpus_arrays`; :meth:`dense_problem` is the same
+    question without the block.
+    """
+
+    note_block: Array = None
+
+    def dense_problem(self) -> CDSProblem:
+        """The same question as a plain :class:`CDSProblem` (its ``bound`` kept): solved on its dense affinity."""
+        return CDSProblem(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CDSProblem)})
+
+
+def with_corpus_arrays(problem: CDSProblem, bound: Optional[Array], note_block: Optional[Array] = None) -> CDSProblem:
+    """``problem`` with its corpus's spectral ``bound`` (unchanged where None), posed as a :class:`BlockProblem` where
+    a ``note_block`` is given (a problem or a batch of them, a leading axis on every array alike)."""
+    if bound is None:
+        return problem
+    plain = problem.dense_problem() if isinstance(problem, BlockProblem) else problem
+    plain = plain.replace(bound=bound)
+    if note_block is None:
+        return plain
+    return BlockProblem(**{f.name: getattr(plain, f.name) for f in dataclasses.fields(CDSProblem)},
+                        note_block=note_block)

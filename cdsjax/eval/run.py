@@ -268,7 +268,7 @@ def run_selector(
         real); other selectors get problems without them and compile as they always did.
       corpus: the :class:`~cdsjax.selection.CorpusArrays` each problem's spectral bound and note block come from
         (:func:`corpus_arrays_cache`; None: one for this call): computed once per distinct corpus, so a
-        selector solves each question on its corpus block with the solver it names, as the pipeline and the
+        selector solves each question on its corpus block with its solver, as the pipeline and the
         integrations do.
 
     Returns:

@@ -135,10 +135,11 @@ def core_tree_types() -> tuple:
     from cdsjax.core.payoff import DensePayoff, SharedPayoff
     from cdsjax.core.structure import PageGameParams
     from cdsjax.core.affinity import CDSParams
-    from cdsjax.core.types import Affinity, CDSProblem, Selection, SolveOptions, SolverResult
+    from cdsjax.core.solvers import SolveOptions
+    from cdsjax.core.types import Affinity, BlockProblem, CDSProblem, Selection, SolverResult
 
-    return (CDSProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams, SolveOptions,
-            SolverResult, Selection)
+    return (CDSProblem, BlockProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams,
+            SolveOptions, SolverResult, Selection)
 
 
 class CompileCache:

@@ -73,7 +73,7 @@ class FitConfig:
     num_starts_fitted: int = 2
     eval_every: int = 1
     patience: int = 5
-    solver: str = "converged"
+    solver: str = "active_set"  # a name (cdsjax.core.solver_from_name): the active-set Newton solver
     tol: Optional[float] = None
     max_iter: Optional[int] = None
     dtype: str = "float64"
@@ -175,11 +175,11 @@ class _Objective:
         import jax
         import jax.numpy as jnp
 
-        from cdsjax.core import CONVERGED, CDSProblem, SolveOptions, cds_equilibrium, support_count
+        from cdsjax.core import CONVERGED, CDSProblem, SolveOptions, cds_equilibrium, solver_from_name, support_count
         from cdsjax.core.surrogates import equilibrium_scores, hard_recall, page_readout_scores, soft_recall
 
         temp = float(cfg.temperature)
-        options = SolveOptions(solver=cfg.solver, tol=cfg.tol, max_iter=cfg.max_iter).check()
+        options = SolveOptions(solver=solver_from_name(cfg.solver), tol=cfg.tol, max_iter=cfg.max_iter).check()
 
         def one(theta, a, budget):
             problem = CDSProblem.create(a["notes"], a["query"], a["valid"], links=a["links"], pages=a["pages"],
@@ -371,6 +371,8 @@ def _identity(cfg: FitConfig, train: Sequence[Example], val: Sequence[Example]) 
     settings = {k: v for k, v in cfg.to_dict().items() if k not in ("checkpoint_dir", "stop_after", "progress")}
     if settings.get("readout") == "top":  # the defaults: checkpoints written before the options still resume
         del settings["readout"]
+    if settings.get("solver") == "active_set":  # written as "converged" before the solver had its own name
+        settings["solver"] = "converged"
     if not settings.get("frozen"):
         settings.pop("frozen", None)
     tag = lambda e: e.qid if e.weight == 1.0 else f"{e.qid}*{e.weight:.9g}"

@@ -1,0 +1,93 @@
+r"""The array-taking entry points, kept for the README's first lines, notebooks and existing callers.
+
+Each is one call of the API (:func:`cdsjax.core.cds` on ``CDSProblem.create(notes, query, valid, ...)``, or
+:func:`cdsjax.core.cds_equilibrium`): ``cds_select`` (the ``"single"`` strategy), ``cds_peel``, ``cds_support``,
+``cds_select_shared`` and ``cds_weights`` (the equilibrium's weights, differentiable). New code poses a
+:class:`~cdsjax.core.types.CDSProblem` and calls :func:`cdsjax.core.cds`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax.numpy as jnp
+from jax import Array
+
+from cdsjax.core.affinity import CDSParams
+from cdsjax.core.cds import cds
+from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, cds_equilibrium
+from cdsjax.core.protocols import Game
+from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.types import CDSProblem, Selection
+from cdsjax.core.validation import check_option
+
+# the adjoints by the names cds_weights takes (``differentiate="loop"``)
+ADJOINTS = {"implicit": ImplicitAdjoint(), "loop": LoopAdjoint()}
+
+
+def _on_arrays(strategy: str, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
+    """:func:`cds` on ``CDSProblem.create(notes, query, valid, links=, pinned=)``: the array-taking entry points."""
+    if strategy == "shared" and jnp.ndim(query) != 2:
+        raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
+    problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
+    return cds(problem, strategy, params, options, budget=budget, **kwargs)
+
+
+def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+               options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+               links: Optional[Array] = None, **kwargs) -> Selection:
+    """Selects evidence as a constrained dominant set (one extraction).
+
+    ``cds_select(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
+    'single', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("single", notes, query, valid, pinned, links, params, options, budget, kwargs)
+
+
+def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+             options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+             links: Optional[Array] = None, **kwargs) -> Selection:
+    """Peeling extraction for several constraint vertices.
+
+    ``cds_peel(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
+    'peel', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("peel", notes, query, valid, pinned, links, params, options, budget, kwargs)
+
+
+def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+                options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+                links: Optional[Array] = None, **kwargs) -> Selection:
+    """Constrained dominant set whose support holds about ``budget`` notes.
+
+    ``cds_support(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
+    'support', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("support", notes, query, valid, pinned, links, params, options, budget, kwargs)
+
+
+def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+                      options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
+                      links: Optional[Array] = None, **kwargs) -> Selection:
+    """Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.
+
+    ``cds_select_shared(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=,
+    pinned=), 'shared', params, options, **kw)``; see :func:`cds`.
+    """
+    return _on_arrays("shared", notes, query, valid, pinned, links, params, options, budget, kwargs)
+
+
+def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,
+                pinned: Optional[Array] = None, differentiate: Optional[str] = None, **kwargs) -> Array:
+    r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
+
+    A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
+    (``kwargs``: ``options``, ``x0``, ``adjoint`` and :class:`SolveOptions` fields; ``differentiate``
+    ``"implicit"`` / ``"loop"`` names an adjoint) for callers that only need the weights; use
+    :func:`cds_equilibrium` to also get the convergence diagnostics that say whether the derivative can be
+    trusted.
+    """
+    if differentiate is not None:
+        check_option("differentiate", differentiate, tuple(ADJOINTS))
+        kwargs["adjoint"] = ADJOINTS[differentiate]
+    return cds_equilibrium(CDSProblem.create(notes, query, valid, pinned=pinned), params, **kwargs)[0].x
