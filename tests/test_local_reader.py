@@ -210,3 +210,38 @@ def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, monkeypatch)
         reader.start()
     assert err.value.kind in ("start", "model") and "\n" not in str(err.value)
     assert reader.process is None
+
+
+def test_model_sources_that_fail_give_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network for the hub here: its own offline error
+    with pytest.raises(M.LocalReaderError) as err:
+        M.resolve_model("hf:no-owner/no-repo/model.gguf")
+    assert err.value.kind == "model" and "model hub" in str(err.value) and "\n" not in str(err.value)
+    missing = M.Preset(name="absent", packages=("cdsjax-test-no-such-package-3f9a1c",), version="0.0.1",
+                       sha256="0" * 64, size=1, upstream="none", licence="none")
+    with pytest.raises(M.LocalReaderError) as err:
+        M.assemble(missing, progress=False)  # pip finds no such package in the registry
+    assert "could not fetch" in str(err.value) and "\n" not in str(err.value)
+    assert not list((tmp_path / "cache" / "models").glob("absent.gguf*[!k]"))  # nothing but the lock file
+
+
+def test_demo_answers_side_by_side_with_a_reader(demo_run, tmp_path):
+    from cdsjax.io.scripted_server import OpenAIServer
+
+    root, _ = demo_run
+    with OpenAIServer(lambda req: "It cost 1.9 million dollars [1].", models=("scripted",)) as srv:
+        code, out, err = run_command(root, "demo", "--dir", str(root), "--reader-url", srv.base_url, "--json")
+        asked = len(srv.requests)
+    assert code == 0, err[-2000:]
+    result = json.loads(out)
+    answers = result["answers"]
+    assert [a["selector"] for a in answers] == ["cds-learned-pages", "cosine"] and asked == 2
+    for a in answers:
+        assert a["answer"] == "It cost 1.9 million dollars [1]." and a["error"] is None
+        assert [c["n"] for c in a["cited"]] == [1] and a["cited"][0]["page"] == a["evidence_pages"][0]
+    assert result["reader"]["model"] == "scripted"
+    with OpenAIServer(lambda req: "It cost 1.9 million dollars [1].", models=("scripted",)) as srv:
+        code, out, err = run_command(root, "demo", "--dir", str(root), "--reader-url", srv.base_url)
+    text = " ".join(out.split())
+    assert code == 0 and "Answers from each selector's evidence" in text and "cites: [1] page" in text
