@@ -203,8 +203,8 @@ def prepare_models(threads: Optional[int] = None) -> None:
         import_pymupdf(threads)
         with limits.installed():
             import pymupdf4llm
-            from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
-            from pymupdf4llm.helpers import document_layout
+            import pymupdf.layout.onnx.ImageFeatureExtractorV1  # noqa: F401 (loaded with the limits installed)
+            import pymupdf4llm.helpers.document_layout  # noqa: F401
 
             if not PROCESS.models_limited:  # loaded on onnxruntime's defaults: load them again, limited
                 # pymupdf4llm's switch: off drops the layout analyser PyMuPDF holds, on loads its models anew
