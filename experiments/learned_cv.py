@@ -274,6 +274,9 @@ class Runner:
         from cdsjax.eval.run import corpus_arrays_cache
 
         self.corpus = corpus_arrays_cache()  # each corpus's bound and note block, per selector
+        from cdsjax.learn import Objectives
+
+        self.objectives = Objectives()  # the learned fits' compiled objectives, shared by the tasks' fits
         for b, d in datas.items():
             for q in d.queries:
                 self.kind_of[q.qid] = (b, d.kind)
@@ -373,8 +376,9 @@ def fit_example(problem):
                    units=units, unit_valid=unit_valid)
 
 
-def fit_learned(task: Task, config, log=print, benchmark_of=None):
-    """``(theta, fit info)`` from ``cdsjax.learn.fit`` on the task's training and validation problems.
+def fit_learned(task: Task, config, log=print, benchmark_of=None, objectives=None):
+    """``(theta, fit info)`` from ``cdsjax.learn.fit`` on the task's training and validation problems
+    (``objectives``: the compiled objectives the tasks' fits share, :class:`cdsjax.learn.Objectives`).
 
     With ``config.balance`` a fit on several benchmarks (``both``) weighs each benchmark the same
     (``benchmark_of``: question id -> benchmark), as ``cdsjax tune`` does for the shipped fit.
@@ -394,7 +398,7 @@ def fit_learned(task: Task, config, log=print, benchmark_of=None):
             if side:
                 balance(side, lambda e: benchmark_of(e.qid))
     t0 = time.perf_counter()
-    result = fit(train, val, options, log=lambda line: log(f"    {line}"))
+    result = fit(train, val, options, log=lambda line: log(f"    {line}"), objectives=objectives)
     info = {"seconds": float(getattr(result, "seconds", time.perf_counter() - t0)),
             "train_questions": len(train), "val_questions": len(val),
             "best": getattr(result, "best", None)}
@@ -461,7 +465,7 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
     if config.learned:
         try:
             theta, info = earlier_fit(task, config, tuning, log=log) or fit_learned(
-                task, config, log=log, benchmark_of=lambda qid: runner.kind_of[qid][0])
+                task, config, log=log, benchmark_of=lambda qid: runner.kind_of[qid][0], objectives=runner.objectives)
         except ImportError as err:
             log(f"  learned CDS not available ({err}); no learned rows for {task.label}")
             theta = None

@@ -97,16 +97,28 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
         layout_split.set_page_split(True)
     assert split == plain and split_on_request == plain
 
+    from pymupdf.layout.onnx.ImageFeatureExtractorV1 import ImageFeatureExtractorV1
+    from pymupdf4llm.helpers import document_layout
+
+    def methods():
+        return ImageFeatureExtractorV1.predict, document_layout.get_layout_locked
+
+    def image_session():  # PyMuPDF's layout model's image network, as it runs
+        return pymupdf._get_layout.__closure__[0].cell_contents._model.feature_extractor._session
+
+    own = methods(), image_session()  # page batching off: PyMuPDF's own methods and session
     layout_split.set_page_split(False)
-    layout.set_page_batching(True)
     try:
-        batched = _parse(pdf, tmp_path / "batched")
-        stats = layout.batch_stats()
+        with layout.page_batching():
+            batched = _parse(pdf, tmp_path / "batched")
+            stats = layout.batch_stats()
+            wrapped = methods(), image_session()
     finally:
-        layout.set_page_batching(False)
         layout_split.set_page_split(True)
     assert stats["calls"] >= 1 and stats["batched"] >= 2  # pages found their outputs computed in a batch
     assert batched == plain
+    assert isinstance(wrapped[1], layout.PageBatcher) and wrapped[0] != own[0]
+    assert (methods(), image_session()) == own  # batching off: PyMuPDF's own methods and session back
 
 
 def test_pages_are_claimed_from_both_ends_once():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cdsjax.core.learned import LearnedParams
-from cdsjax.learn import FitConfig, fit, load_params, save_params, split_by_document
+from cdsjax.learn import FitConfig, Objectives, fit, load_params, save_params, split_by_document
 from cdsjax.learn.data import Example, make_batches
 
 
@@ -31,26 +31,32 @@ def synthetic(seed, n=12, d=8, group=None):
 
 CFG = dict(budget=2, steps=4, learning_rate=0.1, starts=[{"beta": 0.3}, {"beta": 1.0}], num_starts_fitted=1,
            patience=10, dtype="float32", buckets=[16], progress=False, tol=1e-6)
+OBJECTIVES = Objectives()  # the fits here share their compiled objectives, as the folds of a cross-validation do
 
 
 def test_fit_records_history_and_resumes_to_the_same_parameters(tmp_path):
     train = [synthetic(s) for s in range(6)]
     val = [synthetic(s) for s in range(6, 9)]
-    full = fit(train, val, CFG, log=lambda s: None)
+    full = fit(train, val, CFG, log=lambda s: None, objectives=OBJECTIVES)
     assert full.finished and len(full.history) == 4
     assert {"train_surrogate", "val_surrogate", "val_recall", "theta"} <= set(full.history[0])
     assert len(full.grid) == 2 and full.seconds > 0
     assert full.theta.to_dict() != LearnedParams.paper().to_dict()
 
     ckpt = str(tmp_path / "ckpt")
-    part = fit(train, val, {**CFG, "checkpoint_dir": ckpt, "stop_after": 2}, log=lambda s: None)
+    part = fit(train, val, {**CFG, "checkpoint_dir": ckpt, "stop_after": 2}, log=lambda s: None, objectives=OBJECTIVES)
     assert not part.finished and len(part.history) == 2
-    rest = fit(train, val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None)
+    rest = fit(train, val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None, objectives=OBJECTIVES)
     assert rest.finished and len(rest.history) == 4
     assert rest.theta.to_dict() == full.theta.to_dict()
     assert [h["train_surrogate"] for h in rest.history] == [h["train_surrogate"] for h in full.history]
     with pytest.raises(ValueError, match="other data or settings"):
-        fit(train[:-1], val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None)
+        fit(train[:-1], val, {**CFG, "checkpoint_dir": ckpt}, log=lambda s: None, objectives=OBJECTIVES)
+    # one compiled objective per setting in the Objectives the fits were given, none kept beyond it
+    cfg = FitConfig.from_mapping(CFG)
+    assert OBJECTIVES(cfg) is OBJECTIVES(FitConfig.from_mapping({**CFG, "checkpoint_dir": ckpt, "steps": 9}))
+    assert Objectives()(cfg) is not OBJECTIVES(cfg)
+    assert OBJECTIVES(cfg) is not OBJECTIVES(FitConfig.from_mapping({**CFG, "budget": 3}))
 
 
 def test_fit_config_rejects_unknown_options():
@@ -215,9 +221,9 @@ def test_page_readout_surrogate_gradient_matches_finite_differences():
 def test_fit_through_the_page_readout_runs_and_rejects_unknown_readouts():
     train = [synthetic(s) for s in range(6)]
     val = [synthetic(s) for s in range(6, 9)]
-    result = fit(train, val, {**CFG, "readout": "pages"}, log=lambda s: None)
+    result = fit(train, val, {**CFG, "readout": "pages"}, log=lambda s: None, objectives=OBJECTIVES)
     assert result.finished and len(result.history) == 4
-    top = fit(train, val, CFG, log=lambda s: None)
+    top = fit(train, val, CFG, log=lambda s: None, objectives=OBJECTIVES)
     assert result.grid[0]["train_surrogate"] != top.grid[0]["train_surrogate"]  # another objective
     with pytest.raises(ValueError, match="readout must be one of"):
         FitConfig.from_mapping({"readout": "page"})
@@ -229,9 +235,9 @@ def test_frozen_parameters_stay_at_the_paper_value():
     train = [synthetic(s) for s in range(6)]
     val = [synthetic(s) for s in range(6, 9)]
     starts = [{"beta": 0.3}, {"beta": 0.3, "rel_repulsion": 1.0}, {"beta": 1.0}]
-    free = fit(train, val, {**CFG, "starts": starts, "num_starts_fitted": 2}, log=lambda s: None)
+    free = fit(train, val, {**CFG, "starts": starts, "num_starts_fitted": 2}, log=lambda s: None, objectives=OBJECTIVES)
     held = fit(train, val, {**CFG, "starts": starts, "num_starts_fitted": 2, "frozen": ["rel_repulsion"]},
-               log=lambda s: None)
+               log=lambda s: None, objectives=OBJECTIVES)
     assert [g["start"] for g in held.grid] == [0, 2] and len(free.grid) == 3
     assert all(h["theta"]["rel_repulsion"] == 0.0 for h in held.history) and len(held.history) > 1
     assert any(h["theta"]["rel_repulsion"] != 0.0 for h in free.history)  # not vacuous: free, it moves

@@ -175,9 +175,9 @@ def test_the_game_fitted_through_the_page_readout_is_scored_as_its_own_selector(
     seen = []
     real_fit = learn.fit
 
-    def spy(train, val, options, log=print):
-        seen.append(dict(options))
-        return real_fit(train, val, options, log=log)
+    def spy(train, val, options, log=print, objectives=None):
+        seen.append(dict(options, objectives=objectives))
+        return real_fit(train, val, options, log=log, objectives=objectives)
 
     monkeypatch.setattr(learn, "fit", spy)
     config = get_config()
@@ -188,8 +188,10 @@ def test_the_game_fitted_through_the_page_readout_is_scored_as_its_own_selector(
     datas = {"a": _data(cv, "a", 9)}
     task = cv.make_tasks(datas, config)[0][0]
     out, tuning = io.StringIO(), {}
-    cv.run_task(task, cv.Runner(datas, 8), config, out, tuning, log=lambda s: None)
+    runner = cv.Runner(datas, 8)
+    cv.run_task(task, runner, config, out, tuning, log=lambda s: None)
     assert seen and seen[0]["readout"] == "pages"
+    assert seen[0]["objectives"] is runner.objectives  # the tasks' fits share the runner's compiled objectives
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {r["selector"] for r in records} == {"cosine-pages", "mmr-pages (tuned)", "dpp-pages (tuned)",
                                                 "cds-learned-pages"}

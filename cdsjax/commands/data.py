@@ -6,7 +6,7 @@
 
 Sources (:mod:`cdsjax.io.datasets.sources`): mmlongbench (MMLongBench-Doc questions and PDFs), mmdocir (MMDocIR
 annotations), qasper (QASPER test v0.3), hotpotqa (HotpotQA as sampled by HippoRAG), pdfs (PDFs of the parsing
-tests). The development subset is laid out (the questions RESULTS.md reports on), not the whole benchmark.
+tests). The development subset is laid out (the questions the evaluation reports on), not the whole benchmark.
 
 Every download is made by :func:`pooch.retrieve`, with the file's recorded sha256 as its ``known_hash`` where
 one is recorded: pooch streams it to a temporary file beside its destination and moves it into place only once

@@ -5,6 +5,18 @@ torch, sentence-transformers, vllm, openai, pymupdf or :mod:`cdsjax.io`; paramet
 files are read by :mod:`cdsjax.learn` and passed in as values.
 Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
 One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
+
+- A problem is a :class:`CDSProblem`, or a :class:`BlockProblem` when the question is posed with its
+  corpus's precomputed note block (:func:`with_corpus_arrays`); the type, not an optional field, says which.
+- A solver is an object the caller holds and passes (``SolveOptions.solver``, ``solver=``):
+  :class:`Replicator`, :class:`InImDyn`, :class:`ActiveSet`, :class:`PrimalDualActiveSet`, or
+  :class:`WithFallback` (a solver tried first, another run where it ends unconverged);
+  :data:`SERVING_SOLVER` is the combination the served selectors use. Solver names are for configuration
+  files and the command line only, converted once by :func:`solver_from_name`.
+- :func:`equilibrium` (game, solver, x0, adjoint=) is the one solve every strategy runs; the adjoint is applied
+  there only, and the result records which solver gave the point (``SolverResult.solver_run``).
+
+``__all__`` is the public API (docs/api.md); the other names imported here stay importable for existing code.
 """
 
 from cdsjax.core.affinity import (CDSParams, assemble_affinity, build_affinity, note_coupling, problem_affinity,

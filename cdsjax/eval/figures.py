@@ -313,7 +313,7 @@ def read_cases(folder) -> List[dict]:
 def compact_table(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], *, budget: Optional[int] = None,
                   run: Optional[str] = None) -> str:
     """A markdown table, selectors as rows and ``metric@B`` as columns, cells
-    ``mean [ci_low, ci_high]`` (what RESULTS.md shows)."""
+    ``mean [ci_low, ci_high]``."""
     mine = [r for r in rows if r["metric"] in metrics and (budget is None or r["budget"] == budget)
             and (run is None or r["run"] == run)]
     cols = list(dict.fromkeys((r["metric"], r["budget"]) for r in sorted(

@@ -55,8 +55,7 @@ def compiling_on_one_core():
     on all the cores, and near-tied scores round differently (measured: 15 of 324 paper-mode selections in
     five-document pools came out in another order). Compiled as for one core, every process, on any
     machine, runs the same executables; they still run on all of the process's cores, since only this
-    thread's affinity changes, and only while compiling. RESULTS.md, "Scale: workers and processes", has
-    what it costs a single process.
+    thread's affinity changes, and only while compiling.
     """
     import jax
 

@@ -2,14 +2,15 @@
 
 pymupdf4llm analyses a document page by page. On each page PyMuPDF's layout model renders the page, runs an
 image-feature network (a small convolutional net, onnxruntime) on it, and a graph network over the page's
-boxes; the profile (RESULTS.md, "Ingestion: profile, floors and what changed") shows the image network as the
-largest single cost. Two things here make it cheaper without changing what it computes:
+boxes; the layout model is the largest single cost of ingesting a PDF with a text layer (0.18 core-seconds a
+page on a 2-core CPU), its networks about half of that. Two things here make it cheaper without changing what
+it computes:
 
-- **pages in batches** (:class:`PageBatcher`): before the model sees page ``n``, the images of pages
-  ``n .. n + batch - 1`` are prepared the way the model prepares them and run through the image network in one
-  call; each page's own call then finds its output ready. An output is used only for an input that is equal
-  byte for byte to the one it was computed from (a page whose rendering changed meanwhile, e.g. a rotated page,
-  runs on its own as before).
+- **pages in batches** (:class:`PageBatcher`, off unless :func:`set_page_batching` turns it on, and wrapped into
+  PyMuPDF only while on): before the model sees page ``n``, the images of pages ``n .. n + batch - 1`` are
+  prepared the way the model prepares them and run through the image network in one call; each page's own call
+  then finds its output ready. An output is used only for an input that is equal byte for byte to the one it
+  was computed from (a page whose rendering changed meanwhile, e.g. a rotated page, runs on its own as before).
 - **threads that sleep** (:class:`SessionLimits`): the models' onnxruntime sessions get a fixed number of
   intra-op threads that do not spin when idle, so the Python half of each page and the embedding of the
   previous document are not starved by spinning threads.
@@ -26,7 +27,7 @@ import hashlib
 import io
 import os
 import threading
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -112,14 +113,16 @@ class SessionLimits:
 class LayoutProcess:
     """What this process holds of PyMuPDF's layout analysis (PyMuPDF loads its models once per process):
     the session limits chosen for it (None until chosen), whether the loaded models run on them, whether the
-    models are prepared (:func:`prepare_models`), whether page batching is on, and the image network's
-    :class:`PageBatcher` once the model has run."""
+    models are prepared (:func:`prepare_models`), whether page batching is on, the image network's
+    :class:`PageBatcher` once the model has run with batching on, and the function that takes page batching
+    out of PyMuPDF again while it is in (:func:`_install_batching`)."""
 
     limits: Optional[SessionLimits] = None
     models_limited: bool = False
     ready: bool = False
     batch: bool = False
     batcher: Optional["PageBatcher"] = None
+    uninstall: Optional[Callable[[], None]] = None
 
 
 def limit_layout_threads(threads: int) -> SessionLimits:
@@ -189,7 +192,8 @@ def import_pymupdf(threads: Optional[int] = None):
 
 def prepare_models(threads: Optional[int] = None) -> None:
     """Once per process, before PyMuPDF's models are used: sleeping onnxruntime threads (``threads``, default the
-    cores this process may use; a worker process sets its own share first) and page batching. Where PyMuPDF was
+    cores this process may use; a worker process sets its own share first), and page batching where it is on
+    (:func:`set_page_batching`). Where PyMuPDF was
     imported before cdsjax could limit its sessions (by the caller's own code), its layout models are loaded
     again with the limits installed."""
     with _SETUP:
@@ -199,16 +203,16 @@ def prepare_models(threads: Optional[int] = None) -> None:
         import_pymupdf(threads)
         with limits.installed():
             import pymupdf4llm
-            from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
-            from pymupdf4llm.helpers import document_layout
+            import pymupdf.layout.onnx.ImageFeatureExtractorV1  # noqa: F401 (loaded with the limits installed)
+            import pymupdf4llm.helpers.document_layout  # noqa: F401
 
             if not PROCESS.models_limited:  # loaded on onnxruntime's defaults: load them again, limited
                 # pymupdf4llm's switch: off drops the layout analyser PyMuPDF holds, on loads its models anew
                 pymupdf4llm.use_layout(False)
                 pymupdf4llm.use_layout(True)
                 PROCESS.models_limited = True
-        _install_batching(imf_module.ImageFeatureExtractorV1, document_layout)
         PROCESS.ready = True
+        _apply_page_batching()
 
 
 class PageBatcher:
@@ -218,11 +222,11 @@ class PageBatcher:
     computed ahead (same bytes), otherwise passes the call on to the session.
     """
 
-    def __init__(self, session, batch: int = PAGE_BATCH):
+    def __init__(self, session, batch: int = PAGE_BATCH, stats: Optional[Dict[str, int]] = None):
         self.session = session
         self.batch = max(1, int(batch))
         self.ready: Dict[bytes, list] = {}
-        self.stats = dict(batched=0, single=0, calls=0)
+        self.stats = stats if stats is not None else dict(batched=0, single=0, calls=0)
         inputs = session.get_inputs()
         self.input_name = inputs[0].name
         self.size = (inputs[0].shape[3], inputs[0].shape[2])  # (width, height) of the network's input
@@ -283,20 +287,22 @@ def _network_input(page, size) -> np.ndarray:
     return grey[None, None]
 
 
-def _install_batching(extractor_cls, document_layout) -> None:
+def _install_batching(extractor_cls, document_layout) -> Callable[[], None]:
     """Wraps the image-feature extractor's predict (its session becomes a :class:`PageBatcher`) and
-    pymupdf4llm's per-page layout call (which names the page about to be analysed); called once per process,
-    by :func:`prepare_models`."""
+    pymupdf4llm's per-page layout call (which names the page about to be analysed). Returns the function
+    that undoes both and gives each wrapped extractor its own session back."""
     original_predict = extractor_cls.predict
     original_layout = document_layout.get_layout_locked
     current = threading.local()
+    wrapped = []  # the extractors whose session is a PageBatcher
 
     def predict(self, page_img, aug_fetmap=None):
         if not isinstance(self._session, PageBatcher):
-            self._session = PageBatcher(self._session)
+            self._session = PageBatcher(self._session, stats=PROCESS.batcher.stats if PROCESS.batcher else None)
             PROCESS.batcher = self._session
+            wrapped.append(self)
         page = getattr(current, "page", None)
-        if aug_fetmap is None and page is not None and PROCESS.batch:
+        if aug_fetmap is None and page is not None:
             self._session.prefetch(page)
         return original_predict(self, page_img, aug_fetmap=aug_fetmap)
 
@@ -307,20 +313,55 @@ def _install_batching(extractor_cls, document_layout) -> None:
         finally:
             current.page = None
 
+    def uninstall():
+        extractor_cls.predict = original_predict
+        document_layout.get_layout_locked = original_layout
+        for extractor in wrapped:
+            if isinstance(extractor._session, PageBatcher):
+                extractor._session = extractor._session.session
+
     extractor_cls.predict = predict
     document_layout.get_layout_locked = get_layout_locked
+    return uninstall
+
+
+def _apply_page_batching() -> None:
+    """Puts page batching into PyMuPDF's loaded models while it is on, and takes it out again while it is off
+    (PyMuPDF's own methods back); nothing before the models are prepared."""
+    with _SETUP:
+        if not PROCESS.ready:
+            return
+        if PROCESS.batch and PROCESS.uninstall is None:
+            from pymupdf.layout.onnx import ImageFeatureExtractorV1 as imf_module
+            from pymupdf4llm.helpers import document_layout
+
+            PROCESS.uninstall = _install_batching(imf_module.ImageFeatureExtractorV1, document_layout)
+        elif not PROCESS.batch and PROCESS.uninstall is not None:
+            PROCESS.uninstall()
+            PROCESS.uninstall = None
 
 
 def set_page_batching(enabled: bool) -> None:
     """Turns page batching on or off (default) in this process: on this 2-core CPU a batch of pages through
-    the image network took as long as the same pages one by one (RESULTS.md, "Ingestion: profile,
-    floors and what changed"), so it is off unless asked for."""
+    the image network took as long as the same pages one by one, so it is off unless asked for. PyMuPDF's
+    methods are wrapped only while it is on (:func:`page_batching` for a block)."""
     PROCESS.batch = bool(enabled)
+    _apply_page_batching()
+
+
+@contextlib.contextmanager
+def page_batching():
+    """Page batching on for the block, then off again with PyMuPDF's own methods back."""
+    set_page_batching(True)
+    try:
+        yield
+    finally:
+        set_page_batching(False)
 
 
 def batch_stats() -> dict:
     """How many pages found their image-network output ready (``batched``), ran alone (``single``), and how
-    many batched calls ran (``calls``), in this process so far."""
+    many batched calls ran (``calls``), in this process so far while page batching was on."""
     b = PROCESS.batcher
     return dict(b.stats) if b is not None else dict(batched=0, single=0, calls=0)
 

@@ -1,7 +1,7 @@
 """Fitting the learned CDS game (:mod:`cdsjax.core.learned`) to questions with gold evidence.
 
 * :func:`fit` / :class:`FitConfig` / :class:`FitResult` — Adam through implicit derivatives
-  (:mod:`cdsjax.learn.fit`).
+  (:mod:`cdsjax.learn.fit`); :class:`Objectives` — compiled objectives several fits share.
 * :func:`save_params` / :func:`load_params` — the parameter file with its provenance (the only code that
   reads or writes one); the package ships one per read-out (:data:`DEFAULT_PARAMS_FILES`, read once per
   process by :func:`default_params`): the defaults of ``cds-learned`` and ``cds-learned-pages``;
@@ -10,10 +10,10 @@
 """
 
 from cdsjax.learn.data import Example, examples_of, gold_units, make_batches, split_by_document
-from cdsjax.learn.fit import FitConfig, FitResult, fit
+from cdsjax.learn.fit import FitConfig, FitResult, Objectives, fit
 from cdsjax.learn.params_io import (DEFAULT_PARAMS, DEFAULT_PARAMS_FILES, default_params, load_params, params_hash,
                                     resolve_params, save_params)
 
-__all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "Example", "FitConfig", "FitResult", "default_params",
+__all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "Example", "FitConfig", "FitResult", "Objectives", "default_params",
            "examples_of", "fit", "gold_units", "load_params", "make_batches", "params_hash", "resolve_params",
            "save_params", "split_by_document"]

@@ -226,18 +226,22 @@ class _Objective:
         return stats, grad
 
 
-_OBJECTIVES: Dict[tuple, _Objective] = {}
-
-
-def objective_for(cfg: FitConfig) -> _Objective:
-    """The jitted objective of a fit's settings, one per process: fits with the same settings (the folds of a
+class Objectives:
+    """The jitted objectives of fits, one per setting of what they compile (solver, tolerance, steps,
+    temperature, slack weight, budget, read-out). Fits given the same ``Objectives`` (the folds of a
     cross-validation) reuse its compiled executables instead of compiling and loading their own each time,
     which also bounds the process's code memory (many loaded executables exhaust LLVM's mappings)."""
-    key = (cfg.solver, cfg.tol, cfg.max_iter, float(cfg.temperature), float(cfg.slack_weight), int(cfg.budget),
-           cfg.readout)
-    if key not in _OBJECTIVES:
-        _OBJECTIVES[key] = _Objective(cfg)
-    return _OBJECTIVES[key]
+
+    def __init__(self):
+        self._by_key: Dict[tuple, _Objective] = {}
+
+    def __call__(self, cfg: FitConfig) -> _Objective:
+        """The objective of ``cfg``'s settings, made on first use."""
+        key = (cfg.solver, cfg.tol, cfg.max_iter, float(cfg.temperature), float(cfg.slack_weight),
+               int(cfg.budget), cfg.readout)
+        if key not in self._by_key:
+            self._by_key[key] = _Objective(cfg)
+        return self._by_key[key]
 
 
 def _penalty_grad(theta, theta0, l2: float):
@@ -250,13 +254,16 @@ def _penalty(theta, theta0, l2: float) -> float:
     return float(l2 * sum(float((getattr(theta, k) - getattr(theta0, k)) ** 2) for k in LearnedParams.names()))
 
 
-def fit(train: Sequence, val: Sequence, config: Any = None, *, log: Callable[[str], None] = print) -> FitResult:
+def fit(train: Sequence, val: Sequence, config: Any = None, *, log: Callable[[str], None] = print,
+        objectives: Optional[Objectives] = None) -> FitResult:
     """Fits :class:`LearnedParams` to questions with gold (see the module docstring).
 
     Args:
       train, val: :class:`~cdsjax.eval.problems.Problem` s (or :class:`~cdsjax.learn.data.Example` s); questions
         without gold, or with no more notes than the budget, are skipped. Split them by document.
       config: a :class:`FitConfig` or a mapping of its fields.
+      objectives: the compiled objectives to take this fit's from and leave it in (:class:`Objectives`; None: its
+        own): fits in one process that pass the same one compile each setting once.
 
     Returns:
       :class:`FitResult`.
@@ -264,13 +271,14 @@ def fit(train: Sequence, val: Sequence, config: Any = None, *, log: Callable[[st
     import jax
 
     cfg = config if isinstance(config, FitConfig) else FitConfig.from_mapping(config)
+    objectives = objectives if objectives is not None else Objectives()
     if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
         with jax.enable_x64(True):
-            return _fit(train, val, cfg, log)
-    return _fit(train, val, cfg, log)
+            return _fit(train, val, cfg, log, objectives)
+    return _fit(train, val, cfg, log, objectives)
 
 
-def _fit(train, val, cfg: FitConfig, log) -> FitResult:
+def _fit(train, val, cfg: FitConfig, log, objectives: Objectives) -> FitResult:
     import jax.numpy as jnp
     import optax
 
@@ -282,7 +290,7 @@ def _fit(train, val, cfg: FitConfig, log) -> FitResult:
         raise ValueError("no training question has gold evidence and more notes than the budget")
     train_b = make_batches(train_ex, buckets=cfg.buckets, max_batch=cfg.max_batch)
     val_b = make_batches(val_ex, buckets=cfg.buckets, max_batch=cfg.max_batch) if val_ex else []
-    objective = objective_for(cfg)
+    objective = objectives(cfg)
     theta0 = LearnedParams.paper().astype(dtype)
     optimizer = optax.adam(cfg.learning_rate)
     ckpt = _Checkpoint(cfg.checkpoint_dir, theta0, optimizer) if cfg.checkpoint_dir else None

@@ -14,8 +14,8 @@ Where each figure comes from:
 - ``LAID_OUT``: size and sha256 of each file the fetch writes from a larger upstream file (a subset of it:
   the development questions of the shared data), computed from ../shared/data; the fetch checks what it
   writes against them.
-- The id lists: the documents, papers and questions of ../shared/data (the development subset RESULTS.md
-  reports on; the rest of each benchmark is kept aside for independent evaluation).
+- The id lists: the documents, papers and questions of ../shared/data (the development subset the
+  evaluation reports on; the rest of each benchmark is kept aside for independent evaluation).
 """
 
 # name -> (size in bytes, sha256), from ../shared/data, equal to mayubo2333/MMLongBench-Doc data/documents/
