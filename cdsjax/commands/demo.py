@@ -229,7 +229,9 @@ def show_answers(console, answers: list, info: dict) -> None:
     table.add_row(*cells)
     console.print(table, highlight=False)
     if len({tuple(a["evidence_pages"]) for a in answers}) == 1:
-        console.print("[dim]Both selectors chose the same evidence here, so the reader saw the same request.[/dim]")
+        console.print("[dim]Both selectors chose the same evidence here, so the reader saw the same request (a "
+                      "second reading of it, its prefix from llama.cpp's cache, may still word the answer a little "
+                      "differently).[/dim]")
     start = info.get("start_s")
     console.print(f"[dim]reader: {sum(a['seconds'] for a in answers):.1f}s for {len(answers)} answers"
                   + (f", started in {start:.1f}s" if start is not None else "") + " (a small text model on the CPU, "
