@@ -77,8 +77,10 @@ DEFAULT_PRESET = QWEN_CODER_1_5B.name
 
 
 def cache_dir() -> Path:
-    """The cdsjax cache: ``$CDSJAX_CACHE``, else ``~/.cache/cdsjax``."""
-    return Path(os.environ.get("CDSJAX_CACHE") or Path.home() / ".cache" / "cdsjax").expanduser()
+    """The cdsjax cache: ``$CDSJAX_CACHE``, else ``~/.cache/cdsjax`` (:func:`cdsjax.io.private.default_cache_dir`)."""
+    from cdsjax.io.private import default_cache_dir
+
+    return default_cache_dir()
 
 
 

@@ -30,6 +30,12 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def default_cache_dir() -> Path:
+    """The cdsjax cache the environment names: ``$CDSJAX_CACHE``, else ``~/.cache/cdsjax`` (neither created nor
+    checked here: :func:`private_cache_dir` does that)."""
+    return Path(os.environ.get("CDSJAX_CACHE") or Path.home() / ".cache" / "cdsjax").expanduser()
+
+
 def private_cache_dir(path: Path) -> Path:
     """The cdsjax cache directory ``path``, created 0700 when missing, or refused in one line.
 

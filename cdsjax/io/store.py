@@ -123,9 +123,9 @@ def _journal_path(journal: Optional[Path], out_dir: Path) -> Path:
     """Where :func:`commit` records the index it parks aside: a file named by the index's absolute path in
     ``journal`` (default ``<cdsjax cache>/swaps``, a directory only this user can write)."""
     if journal is None:
-        from cdsjax.io.index.keys import cache_root
+        from cdsjax.io.private import default_cache_dir, private_cache_dir
 
-        journal = cache_root() / "swaps"
+        journal = private_cache_dir(default_cache_dir()) / "swaps"
     name = hashlib.sha256(os.fsencode(str(Path(out_dir).absolute()))).hexdigest()[:32]
     return Path(journal) / f"{name}.json"
 

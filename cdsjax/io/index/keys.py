@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -72,13 +71,11 @@ def cache_root(config=None) -> Path:
 
     Created 0700 when missing; one owned by another user or writable by its group or others is refused
     (:func:`cdsjax.io.private.private_cache_dir`, a one-line :class:`store.StoreError`)."""
-    from cdsjax.io.private import private_cache_dir
+    from cdsjax.io.private import default_cache_dir, private_cache_dir
 
-    configured = ""
     if config is not None and "index" in config and config.index.get("cache_dir"):
-        configured = str(config.index.cache_dir)
-    root = configured or os.environ.get("CDSJAX_CACHE") or str(Path.home() / ".cache" / "cdsjax")
-    return private_cache_dir(Path(root).expanduser())
+        return private_cache_dir(Path(str(config.index.cache_dir)).expanduser())
+    return private_cache_dir(default_cache_dir())
 
 
 def doc_cache(config) -> store.DocCache:
