@@ -148,7 +148,7 @@ def _chart_png() -> bytes:
 
 def write_report(path: Path) -> Path:
     """Writes the demo report PDF (A4, 10 pages, laid out as :data:`PAGES` says) to ``path``."""
-    from cdsjax.io.layout import import_pymupdf
+    from cdsjax.io.parse.layout import import_pymupdf
 
     pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
@@ -207,7 +207,7 @@ def write_report(path: Path) -> Path:
 
 
 def _estimate_lines(text: str, box_width: float, fontsize: float) -> int:
-    from cdsjax.io.layout import import_pymupdf
+    from cdsjax.io.parse.layout import import_pymupdf
 
     pymupdf = import_pymupdf()  # heavy: it loads the layout models
 

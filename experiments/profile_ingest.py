@@ -9,18 +9,18 @@ on PYTHONPATH: ``--old-root`` for "old", this checkout for "new"), so each pays 
 a new ``cdsjax index`` does. Old and new alternate (``--rounds`` times), so both see the same load. Inside
 each process the stages are timed by wrapping the functions that do them (the same wrappers for both codes):
 
-- PDF open (``parse.open_pdf``); layout model (PyMuPDF's ``BoxRFDGNN.predict`` per page), split into its
+- PDF open (``parse.pymupdf.open_pdf``); layout model (PyMuPDF's ``BoxRFDGNN.predict`` per page), split into its
   image network, graph network and table model (onnxruntime ``run`` by model file) and the rest of it (page
   features in Python/MuPDF); pymupdf4llm's own work around the model (reading order, text lines, tables:
-  ``parse_document`` minus the model); region and chunk building (``parse._page_elements``); crops
-  (``parse.write_crop``); the rest of the parse (text-layer probe per page, OCR, context);
+  ``parse_document`` minus the model); region and chunk building (``parse.pymupdf._page_elements``); crops
+  (``parse.pymupdf.write_crop``); the rest of the parse (text-layer probe per page, OCR, context);
   enrichment (``notes.enrich_lite``) and links (``notes.structural_links``); embedding; commit to the
   document cache (``DocCache.write``) and the index write.
 
 Floors, measured in a third fresh process on the same pages, in the same run: the layout model's own
 inference (``page.get_layout()`` on every page: what this parser cannot do without) and plain PyMuPDF text
 extraction (``page.get_text()`` on every page: what any parser must do). The new code's thread settings are
-used for the floor (``cdsjax.io.layout.prepare_models``).
+used for the floor (``cdsjax.io.parse.layout.prepare_models``).
 
 The script also checks that old and new extracted the same elements and notes, and prints the gold-box
 coverage of both (``bench_ingest.coverage``, MMDocIR boxes on the PDFs that have them).
@@ -85,11 +85,12 @@ def _instrument(acc):
     gnn_module.BoxRFDGNN.predict = _timer(acc, "layout model", gnn_module.BoxRFDGNN.predict)
     document_layout.parse_document = _timer(acc, "pymupdf4llm total", document_layout.parse_document)
     from cdsjax.io import notes, parse, store
+    from cdsjax.io.parse import pymupdf as pymupdf_parse
 
-    parse.parse_pdf = _timer(acc, "parse total", parse.parse_pdf)
-    parse.open_pdf = _timer(acc, "PDF open", parse.open_pdf)
-    parse._page_elements = _timer(acc, "regions and chunks", parse._page_elements)
-    parse.write_crop = _timer(acc, "crops", parse.write_crop)
+    parse.parse_pdf = _timer(acc, "parse total", parse.parse_pdf)  # where the index build looks it up
+    pymupdf_parse.open_pdf = _timer(acc, "PDF open", pymupdf_parse.open_pdf)
+    pymupdf_parse._page_elements = _timer(acc, "regions and chunks", pymupdf_parse._page_elements)
+    pymupdf_parse.write_crop = _timer(acc, "crops", pymupdf_parse.write_crop)
     notes.enrich_lite = _timer(acc, "enrichment", notes.enrich_lite)
     notes.structural_links = _timer(acc, "captions and links", notes.structural_links)
     store.DocCache.write = _timer(acc, "commit to cache", store.DocCache.write)
@@ -106,18 +107,18 @@ def child(args) -> int:
     config = default_config()
     config.embedder.show_progress = False
     if args.batch:
-        from cdsjax.io.layout import set_page_batching
+        from cdsjax.io.parse.layout import set_page_batching
 
         set_page_batching(True)
     if args.one_process:
-        from cdsjax.io.layout_split import set_page_split
+        from cdsjax.io.parse.layout_split import set_page_split
 
         set_page_split(False)
     t0 = time.perf_counter()
     s = build_index(args.pdfs, args.out, config=config, workers=args.workers, cache_dir=args.cache)
     wall = time.perf_counter() - t0
     try:  # the new code's helper process: stopped, so its CPU time counts below
-        from cdsjax.io.layout_split import stop_helper
+        from cdsjax.io.parse.layout_split import stop_helper
 
         stop_helper()
     except ImportError:
@@ -133,7 +134,7 @@ def child(args) -> int:
 
 
 def _floors(args) -> int:
-    from cdsjax.io.layout import ocr_regions, prepare_models
+    from cdsjax.io.parse.layout import ocr_regions, prepare_models
 
     prepare_models()
     import pymupdf

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import cdsjax.io.parse as parse_mod
+import cdsjax.io.parse.pymupdf as pymupdf_parse
 from cdsjax.cli import main
 from cdsjax.io import store
 from cdsjax.io.index import load_index
@@ -412,13 +413,13 @@ def test_a_damaged_manifest_is_named_and_replace_rebuilds(two_docs, tmp_path, ca
 def test_installing_tesseract_later_redoes_only_the_scanned_documents(tesseract, tmp_path, capsys, monkeypatch):
     pdf = make_scanned_pdf(tmp_path / "scan.pdf", SCAN_TEXT)
     out = tmp_path / "index"
-    real = parse_mod.ocr_available
-    monkeypatch.setattr(parse_mod, "ocr_available", lambda: False)  # as on a machine without tesseract
+    real = pymupdf_parse.ocr_available
+    monkeypatch.setattr(pymupdf_parse, "ocr_available", lambda: False)  # as on a machine without tesseract
     assert main(["index", str(pdf), str(B), "--out", str(out), "--no-progress"]) == 0
     o, e = capsys.readouterr()
     assert "2 of 2 pages have no text layer; OCR: unavailable (install tesseract-ocr" in e
     assert "Zanzibar" not in " ".join(n["text"] for n in load_index(out).notes)
-    monkeypatch.setattr(parse_mod, "ocr_available", real)  # tesseract is installed now
+    monkeypatch.setattr(pymupdf_parse, "ocr_available", real)  # tesseract is installed now
     assert main(["index", str(pdf), str(B), "--out", str(out), "--no-progress"]) == 0
     o, e = capsys.readouterr()
     assert "1 processed" in o and "OCR: done" in e

@@ -1,4 +1,4 @@
-"""The ways cdsjax.io.layout runs PyMuPDF's layout model give the elements and crops of the plain run: a
+"""The ways cdsjax.io.parse.layout runs PyMuPDF's layout model give the elements and crops of the plain run: a
 document split over a helper process (a rotated page and a scanned page, read with OCR, among the helper's; the
 helper's half of the keywords), and pages batched through the image network; how the
 two processes claim pages."""
@@ -10,8 +10,8 @@ import time
 import pymupdf
 
 from cdsjax.config import get_config
-from cdsjax.io import layout, layout_split
-from cdsjax.io import parse as parse_module
+from cdsjax.io.parse import layout, layout_split
+from cdsjax.io.parse import pymupdf as parse_module
 from cdsjax.io.notes import extract_keywords
 from cdsjax.io.parse import ocr_available, parse_pdf
 from tests import ingest_pdfs as gen

@@ -157,7 +157,7 @@ def test_session_threads_follow_the_process_share(encoder, monkeypatch):
     threads; otherwise the encoder takes one thread per usable core; its threads never spin."""
     import onnxruntime as ort
 
-    from cdsjax.io import layout
+    from cdsjax.io.parse import layout
 
     seen = []
     plain = ort.InferenceSession

@@ -118,7 +118,7 @@ def test_fixed_shape_models_get_the_memory_arena_back(tmp_path):
 
     script = textwrap.dedent("""
         import pathlib, numpy as np, onnxruntime as ort, pymupdf.layout
-        from cdsjax.io.layout import SessionLimits, fixed_input_shapes
+        from cdsjax.io.parse.layout import SessionLimits, fixed_input_shapes
         models = pathlib.Path(pymupdf.layout.__file__).parent / "resources" / "onnx"
         def session(name):
             opts = ort.SessionOptions()
@@ -144,7 +144,7 @@ _LAYOUT_SESSIONS = """
 import sys
 if sys.argv[1] == "caller":
     import pymupdf  # the caller's own import: PyMuPDF loads its layout models on onnxruntime's defaults
-from cdsjax.io.layout import import_pymupdf, prepare_models
+from cdsjax.io.parse.layout import import_pymupdf, prepare_models
 if sys.argv[1] == "cdsjax":
     import_pymupdf(1)  # as `cdsjax ask NEW.pdf` does first, to count the pages
 prepare_models(1)

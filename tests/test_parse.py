@@ -10,7 +10,7 @@ import pytest
 
 from cdsjax.io.elements import IngestError, inside_fraction, iou
 from cdsjax.io.index import default_config
-from cdsjax.io.mineru import parse_with_mineru, read_content_list
+from cdsjax.io.parse.mineru import parse_with_mineru, read_content_list
 from cdsjax.io.parse import open_pdf, parse_pdf
 from tests import ingest_pdfs as gen
 
@@ -320,7 +320,8 @@ def test_mineru_missing_gives_clear_error(tmp_path, synthetic):
 
 def test_chart_title_above_and_source_note_below():
     """Report-style charts: a title and subtitle stacked above, Note/Source lines below (no "Figure N")."""
-    from cdsjax.io.parse import Region, _page_elements
+    from cdsjax.io.parse.layout import Region
+    from cdsjax.io.parse.pymupdf import _page_elements
 
     regions = [
         Region("text", [67, 95, 294, 400], "Body text of the report. " * 20, 0),

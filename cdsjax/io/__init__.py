@@ -3,8 +3,10 @@
 Kept light on purpose: importing :mod:`cdsjax.io` loads no torch, pymupdf,
 sentence-transformers or openai. Import the submodules you need:
 
-- :mod:`cdsjax.io.parse` — PDF -> elements (PyMuPDF + pymupdf4llm layout analysis);
-- :mod:`cdsjax.io.mineru` — MinerU / magic-pdf output directories -> elements;
+- :mod:`cdsjax.io.parse` — PDF -> elements, a package: the PyMuPDF parser with pymupdf4llm's layout analysis
+  (``parse.pymupdf``, ``parse.layout``, ``parse.layout_split``), MinerU / magic-pdf output directories
+  (``parse.mineru``) and what both share (``parse.common``);
+- :mod:`cdsjax.io.elements` — the elements parsers return, and their box geometry;
 - :mod:`cdsjax.io.notes` — elements -> notes (lite enrichment and structural links);
 - :mod:`cdsjax.io.vlm` — notes enriched by an OpenAI-compatible VLM;
 - :mod:`cdsjax.io.llm` — the one OpenAI-compatible chat client (retries, deadline, errors) behind the

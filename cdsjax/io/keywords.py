@@ -1,5 +1,5 @@
 """YAKE keywords of a text: the lite notes' keywords (:mod:`cdsjax.io.notes`), also computed by the layout
-helper process (:func:`cdsjax.io.layout_split.keywords_in_helper`)."""
+helper process (:func:`cdsjax.io.parse.layout_split.keywords_in_helper`)."""
 
 from __future__ import annotations
 

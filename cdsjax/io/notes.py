@@ -150,7 +150,7 @@ def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
 
     found = None
     if len(sources) >= KEYWORDS_SPLIT_MIN:  # YAKE is most of this function's time: shared with the layout helper
-        from cdsjax.io.layout_split import keywords_in_helper
+        from cdsjax.io.parse.layout_split import keywords_in_helper
 
         found = keywords_in_helper(sources, top, language, keywords)
     for note, words in zip(notes, found if found is not None else map(keywords, sources)):
@@ -229,7 +229,7 @@ def described_notes(notes: Sequence[dict]) -> List[int]:
 
     A note with ``role`` ``"caption"`` (or ``"footnote"``: a Note/Source line) describes the visual note of its
     document and page whose ``caption`` (``footnote``) holds its text, whitespace aside -- parsing copies a
-    caption's text into the visual it ties it to (:mod:`cdsjax.io.parse`, :mod:`cdsjax.io.mineru`) -- the nearest
+    caption's text into the visual it ties it to (:mod:`cdsjax.io.parse`, :mod:`cdsjax.io.parse.mineru`) -- the nearest
     in reading order if several do. Other notes describe nothing.
     """
     out = [-1] * len(notes)

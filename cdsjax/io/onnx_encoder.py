@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.io.layout import layout_threads, usable_cores  # the share chosen for this process, its cores
+from cdsjax.io.parse.layout import layout_threads, usable_cores  # the share chosen for this process, its cores
 
 EXPORT_VERSION = 1  # part of an exported file's name: bump when export_model changes what it writes
 OPSET = 17
@@ -167,7 +167,7 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarr
 
 def session(path: Path, threads: Optional[int] = None):
     """An onnxruntime CPU session of ``path`` whose threads sleep when idle (it may share the cores with the
-    layout models): ``threads`` of them, by default the share :func:`cdsjax.io.layout.limit_layout_threads`
+    layout models): ``threads`` of them, by default the share :func:`cdsjax.io.parse.layout.limit_layout_threads`
     chose for this process, else one per usable core."""
     import onnxruntime as ort
 

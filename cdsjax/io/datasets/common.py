@@ -183,7 +183,7 @@ def parse_list(value: Any, *, field: str, where: str) -> list:
 
 
 def page_count(pdf: pathlib.Path) -> int:
-    from cdsjax.io.layout import import_pymupdf
+    from cdsjax.io.parse.layout import import_pymupdf
 
     pymupdf = import_pymupdf()  # heavy: it loads the layout models
 

@@ -67,7 +67,7 @@ def _connect(ray, address: str) -> bool:
     """Connects to ``address`` or starts a local Ray; True when this process started it (and stops it)."""
     if ray.is_initialized():
         return False
-    from cdsjax.io.layout import usable_cores
+    from cdsjax.io.parse.layout import usable_cores
 
     kwargs = dict(log_to_driver=False, configure_logging=False, include_dashboard=False)
     try:
@@ -185,7 +185,7 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
         _maybe_die(fault)
     from cdsjax.io import store
     from cdsjax.io.index.stages import prepare_doc
-    from cdsjax.io.layout import prepare_models
+    from cdsjax.io.parse.layout import prepare_models
 
     prepare_models(threads=1)  # one core per task; the models stay loaded for the worker's next documents
     scratch = Path(tempfile.mkdtemp(prefix="cdsjax-ray-"))

@@ -112,7 +112,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     sha = store.sha256_file(pdf)
     out = _single_index_dir(pdf, sha, cache_dir, config)
     if not (out / store.MANIFEST).is_file() and str(config.ingest.parser) == "pymupdf":
-        from cdsjax.io.layout_split import prestart_helper
+        from cdsjax.io.parse.layout_split import prestart_helper
 
         prestart_helper(pdf)  # a new PDF: the layout helper loads while this process gets ready
     build_index([pdf], out, config=config, strict=True, progress=progress, log=log,
@@ -121,7 +121,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
 
 
 def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
-    """Starts the layout helper (:func:`cdsjax.io.layout.prestart_helper`) for the first of ``pdfs`` that
+    """Starts the layout helper (:func:`cdsjax.io.parse.layout.prestart_helper`) for the first of ``pdfs`` that
     :func:`index_pdf` will parse, before anything else is imported here: ``cdsjax ask NEW.pdf`` calls this
     first, so that the helper's imports and model load overlap this process's (JAX, the pipeline, PyMuPDF).
     The helper counts the pages itself and ends at once when the document is too short to split."""
@@ -137,7 +137,7 @@ def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
         except OSError:
             continue
         if not (out / store.MANIFEST).is_file():
-            from cdsjax.io.layout_split import prestart_helper
+            from cdsjax.io.parse.layout_split import prestart_helper
 
             prestart_helper(pdf, count_pages=False)
             return

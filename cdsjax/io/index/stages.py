@@ -115,7 +115,7 @@ def needs_redo(doc: Doc, config) -> bool:
 
 def ocr_redo(doc: Doc, config) -> bool:
     """The document has pages without text that were not OCR'd, and OCR is now enabled and installed."""
-    from cdsjax.io.parse import ocr_available, ocr_enabled
+    from cdsjax.io.parse.pymupdf import ocr_available, ocr_enabled  # read here, where a test can replace it
 
     ocr = doc.ocr or {}
     return bool(ocr.get("no_text_pages")) and ocr.get("state") in ("unavailable", "off") \
@@ -164,7 +164,7 @@ def parse_doc(doc: Doc, config, crop_dir: Path, crop_rel: str):
 
         return parse_pdf(doc.path, doc.doc_id, config=config, crop_dir=crop_dir, crop_prefix=crop_rel)
     if parser == "mineru":
-        from cdsjax.io.mineru import parse_with_mineru
+        from cdsjax.io.parse.mineru import parse_with_mineru
 
         return parse_with_mineru(doc.path, doc.doc_id, config=config, crop_dir=crop_dir, crop_prefix=crop_rel)
     raise ValueError(f"config.ingest.parser must be 'pymupdf' or 'mineru', got {parser!r}")

@@ -287,7 +287,7 @@ def _doc_size(doc: Doc) -> tuple:
     except OSError:
         return (0, 0)
     try:
-        from cdsjax.io.layout import import_pymupdf
+        from cdsjax.io.parse.layout import import_pymupdf
 
         pymupdf = import_pymupdf()
 

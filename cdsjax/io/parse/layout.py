@@ -16,7 +16,7 @@ it computes:
   previous document are not starved by spinning threads.
 
 The models are loaded once per process (PyMuPDF keeps them) and reused by every document. A long document is
-analysed by this process and a helper process at once: :mod:`cdsjax.io.layout_split`.
+analysed by this process and a helper process at once: :mod:`cdsjax.io.parse.layout_split`.
 """
 
 from __future__ import annotations
@@ -428,7 +428,7 @@ class TextLayer:
 def read_text_layer(page, *, start: int, use_ocr: bool) -> TextLayer:
     """Probes ``page``'s text layer and, when it has none and ``use_ocr``, reads it with OCR (:func:`ocr_regions`,
     regions numbered from ``start``). Runs where the page was analysed: this process, or the layout helper for
-    the pages it claimed (:mod:`cdsjax.io.layout_split`), so a scanned document's OCR is shared by both."""
+    the pages it claimed (:mod:`cdsjax.io.parse.layout_split`), so a scanned document's OCR is shared by both."""
     if page.get_text("text").strip():
         return TextLayer(True)
     if not use_ocr:

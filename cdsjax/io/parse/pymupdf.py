@@ -25,24 +25,22 @@ read them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import shutil
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap, union
-from cdsjax.io.layout import (OCR_DPI, OCR_LANGUAGE, SPINNING, TextLayer, Region,  # noqa: F401  (re-exported)
-                              import_pymupdf, limit_layout_threads, read_text_layer)
-from cdsjax.io.layout_split import layout_pages
+from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap
+from cdsjax.io.parse.common import (DEFAULT_MAX_PAGES, LABEL_RE, NUMBER_RE, ParsedDocument, attach_context,
+                                    chunk_page, looks_like_chart, normal_label, one_line, open_pdf,
+                                    resolve_parents, write_crop)
+from cdsjax.io.parse.layout import Region, TextLayer, import_pymupdf, read_text_layer
+from cdsjax.io.parse.layout_split import layout_pages
 
 PARSER_VERSION = "pymupdf-1"
 
 SKIPPED_CLASSES = {"page-header", "page-footer"}
-LABEL_RE = re.compile(
-    r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\b", re.IGNORECASE
-)
 # a text region that starts like this is a caption ("Figure 2: ...", "Table 3. ..."), not a sentence
 # that merely begins with a reference ("Table 1 lists ...")
 CAPTION_START_RE = re.compile(
@@ -50,21 +48,6 @@ CAPTION_START_RE = re.compile(
     re.IGNORECASE,
 )
 FOOTNOTE_RE = re.compile(r"^\s*(notes?|sources?)\s*[:.]|^\s*\*", re.IGNORECASE)
-CHART_WORDS = re.compile(
-    r"\b(chart|graph|plot|histogram|bar|bars|curve|trend|axis|distribution|percent|share of)\b", re.IGNORECASE
-)
-NUMBER_RE = re.compile(r"^[-+$€£(]?\d[\d,.]*%?\)?$")
-
-
-@dataclasses.dataclass
-class ParsedDocument:
-    """What a parser returns for one PDF."""
-
-    elements: List[Element]
-    num_pages: int
-    warnings: List[str]
-    no_text_pages: List[int] = dataclasses.field(default_factory=list)  # 0-based pages without a text layer
-    ocr: str = "not needed"  # "not needed" | "done" | "failed" | "unavailable" | "off"
 
 
 @functools.lru_cache(maxsize=1)
@@ -83,81 +66,6 @@ def ocr_available() -> bool:
 def ocr_enabled(cfg) -> bool:
     """``config.ingest.use_ocr``: "auto" (default: OCR when Tesseract is installed) or "off"."""
     return str(cfg.get("use_ocr", "auto")).strip().lower() not in ("off", "false", "0", "no", "none")
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def check_pdf_file(path: Path) -> None:
-    """Raises :class:`IngestError` unless ``path`` is a readable, complete-looking PDF file."""
-    if not path.exists():
-        raise IngestError(path, "no such file")
-    if not path.is_file():
-        raise IngestError(path, "not a regular file")
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(1024)
-            f.seek(max(0, size - 2048))
-            tail = f.read()
-    except OSError as err:
-        raise IngestError(path, f"cannot read file ({err.strerror or err})") from None
-    if size == 0:
-        raise IngestError(path, "empty file")
-    if b"%PDF-" not in head:
-        raise IngestError(path, "not a PDF (no %PDF- header)")
-    if b"%%EOF" not in tail:
-        raise IngestError(path, "truncated or corrupt PDF (no %%EOF marker at the end)")
-
-
-def _open_by_name_or_bytes(pymupdf, path: Path):
-    """``pymupdf.open`` of ``path``; a name that is not valid UTF-8 (MuPDF cannot open it by name) is opened
-    from the file's bytes instead."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        with open(path, "rb") as f:
-            return pymupdf.open(stream=f.read(), filetype="pdf")
-    return pymupdf.open(str(path), filetype="pdf")
-
-
-DEFAULT_MAX_PAGES = 2000  # config.ingest.max_pages
-
-
-def open_pdf(path: Path, max_pages: int = DEFAULT_MAX_PAGES):
-    """Opens a PDF with PyMuPDF; raises :class:`IngestError` for corrupt, encrypted or empty files, and for
-    one of more than ``max_pages`` pages (``config.ingest.max_pages``, ``--max-pages``)."""
-    pymupdf = import_pymupdf()
-
-    check_pdf_file(path)
-    shown = pymupdf.TOOLS.mupdf_display_errors()
-    pymupdf.TOOLS.mupdf_display_errors(False)  # MuPDF's own stderr lines would break "one line per file"
-    try:
-        doc = _open_by_name_or_bytes(pymupdf, path)
-    except Exception as err:  # MuPDF raises several types for broken files
-        raise IngestError(path, f"corrupt PDF ({one_line(err)})") from None
-    finally:
-        pymupdf.TOOLS.mupdf_display_errors(shown)
-    if doc.needs_pass or doc.is_encrypted:
-        doc.close()
-        raise IngestError(path, "encrypted PDF (a password is required)")
-    try:
-        num_pages = doc.page_count
-    except Exception as err:
-        doc.close()
-        raise IngestError(path, f"corrupt PDF ({one_line(err)})") from None
-    if num_pages == 0:
-        doc.close()
-        raise IngestError(path, "PDF has zero pages")
-    if max_pages and num_pages > max_pages:
-        doc.close()
-        raise IngestError(path, f"PDF has {num_pages} pages, more than the limit of {max_pages} (--max-pages)")
-    return doc
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text[:200]
 
 
 # --------------------------------------------------------------------------- parsing
@@ -327,50 +235,6 @@ def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_te
     return [e for _, _, e in items], [x for _, _, x in stream], no_text
 
 
-def chunk_page(doc_id, pno, body: List[Region], cfg) -> List[Tuple[int, int, Element]]:
-    """Splits a page's body text into chunks; each chunk keeps the boxes it came from."""
-    if not body:
-        return []
-    splitter = _splitter(int(cfg.chunk_size), int(cfg.chunk_overlap))
-    sep = "\n\n"
-    spans = []  # (start, end, region)
-    pieces = []
-    pos = 0
-    for r in body:
-        spans.append((pos, pos + len(r.text), r))
-        pieces.append(r.text)
-        pos += len(r.text) + len(sep)
-    page_text = sep.join(pieces)
-    out = []
-    for doc in splitter.create_documents([page_text]):
-        text = doc.page_content
-        start = int(doc.metadata.get("start_index", -1))
-        if start < 0:
-            start = max(0, page_text.find(text))
-        end = start + len(text)
-        covered = [r for s, e, r in spans if s < end and e > start]
-        if not covered or not text.strip():
-            continue
-        boxes = [list(r.bbox) for r in covered]
-        el = Element(doc_id, pno, union(boxes), "text", text, role="body", boxes=boxes)
-        out.append((covered[0].order, 2, el))
-    return out
-
-
-_SPLITTERS: Dict[Tuple[int, int], object] = {}
-
-
-def _splitter(size: int, overlap: int):
-    key = (size, overlap)
-    if key not in _SPLITTERS:
-        from langchain_text_splitters import RecursiveCharacterTextSplitter
-
-        _SPLITTERS[key] = RecursiveCharacterTextSplitter(
-            chunk_size=size, chunk_overlap=overlap, add_start_index=True
-        )
-    return _SPLITTERS[key]
-
-
 def _nearest_visual(cap_bbox, visuals: List[Element], *, prefer_table: bool) -> Optional[Element]:
     best, best_score = None, float("inf")
     for v in visuals:
@@ -417,50 +281,7 @@ def _tabular_neighbour(cap_bbox, body: List[Region]) -> Optional[Region]:
     return best
 
 
-def normal_label(m: re.Match) -> str:
-    word = m.group(1).lower().rstrip(".")
-    name = {"fig": "Figure", "figure": "Figure", "tab": "Table", "table": "Table", "chart": "Chart",
-            "exhibit": "Exhibit", "graph": "Graph"}[word]
-    return f"{name} {m.group(2)}"
-
-
-def looks_like_chart(v: Element) -> bool:
-    """A heuristic: a picture is a chart if its caption says so or it carries many numeric labels."""
-    if v.caption and CHART_WORDS.search(v.caption):
-        return True
-    tokens = v.text.split()
-    numbers = sum(1 for t in tokens if NUMBER_RE.match(t))
-    return numbers >= 4 and numbers >= 0.25 * max(1, len(tokens))
-
-
 def _area(b) -> float:
     return max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
 
 
-def write_crop(page, el: Element, crop_dir: Path, prefix: str, cfg) -> Optional[str]:
-    pymupdf = import_pymupdf()
-
-    pad = float(cfg.crop_padding)
-    rect = pymupdf.Rect(el.bbox[0] - pad, el.bbox[1] - pad, el.bbox[2] + pad, el.bbox[3] + pad) & page.rect
-    if rect.is_empty or rect.width < 2 or rect.height < 2:
-        return None
-    pix = page.get_pixmap(clip=rect, dpi=int(cfg.crop_dpi), alpha=False)
-    name = f"p{el.page:04d}-e{el.reading_order:05d}.png"
-    pix.save(str(crop_dir / name))
-    return f"{prefix}{name}" if prefix else name
-
-
-def attach_context(visual_pos, words: List[str], n: int) -> None:
-    """Sets each visual's ``context``: the ``n`` document words before and after its position."""
-    for el, pos in visual_pos:
-        before = " ".join(words[max(0, pos - n) : pos])
-        after = " ".join(words[pos : pos + n])
-        el.context = (before + " [...] " + after).strip() if (before or after) else ""
-
-
-def resolve_parents(elements: List[Element]) -> None:
-    """Turns the temporary ``id()`` parent references of captions/footnotes into reading-order indices."""
-    by_id = {id(e): e.reading_order for e in elements}
-    for e in elements:
-        if e.parent != -1:
-            e.parent = by_id.get(e.parent, -1)

@@ -1,6 +1,6 @@
 """A long document's layout analysis split over this process and a helper process, and the helper's other work.
 
-:func:`layout_pages` runs :mod:`cdsjax.io.layout`'s analysis of a document; with two cores to itself a
+:func:`layout_pages` runs :mod:`cdsjax.io.parse.layout`'s analysis of a document; with two cores to itself a
 document of ``SPLIT_MIN_PAGES`` pages or more is analysed by this process and a helper process at once, each
 claiming pages (:class:`_Claims`: this process from the front, the helper from the back) until they meet. The
 helper, a daemonic process with the layout models loaded, is kept for later documents; meanwhile it also
@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from cdsjax.io.layout import (Region, TextLayer, analyse_pages, import_pymupdf, layout_threads,
+from cdsjax.io.parse.layout import (Region, TextLayer, analyse_pages, import_pymupdf, layout_threads,
                               limit_layout_threads, prepare_models, read_text_layer, usable_cores)
 
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
@@ -43,7 +43,7 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[Re
     the pages it has not been called with are in the returned list only.
 
     The helper also probes the text layer of each page it analysed and reads it with OCR when it has none and
-    ``use_ocr`` (:func:`cdsjax.io.layout.read_text_layer`): those pages' results go into ``text_layers``
+    ``use_ocr`` (:func:`cdsjax.io.parse.layout.read_text_layer`): those pages' results go into ``text_layers``
     (``{page: TextLayer}``), so that a scanned document's OCR, the costliest step on its pages, is shared by
     both processes. The caller probes the other pages itself.
     """
@@ -365,7 +365,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
                  min_pages: int = SPLIT_MIN_PAGES) -> None:
     """The helper's loop: ``("layout", path, n, chunk, use_ocr)`` in: it claims ``chunk`` pages at a
     time from the back (:class:`_Claims`), analyses them and reads their text layer
-    (:func:`~cdsjax.io.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
+    (:func:`~cdsjax.io.parse.layout.read_text_layer`), ``(True, {page: (regions, TextLayer)})`` out;
     ``("keywords", texts, top, language)`` in: it claims texts one at a time from the back, ``(True, {index:
     keywords})`` out; ``(False, reason)`` when it failed. With ``path`` it first counts that document's pages
     and ends if there are fewer than ``min_pages`` (the parent's threshold to split), then analyses pages of it

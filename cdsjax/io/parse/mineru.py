@@ -34,19 +34,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from cdsjax.io.elements import Element, IngestError
-from cdsjax.io.parse import (
-    LABEL_RE,
-    ParsedDocument,
-    attach_context,
-    chunk_page,
-    looks_like_chart,
-    normal_label,
-    one_line,
-    Region,
-    resolve_parents,
-    write_crop,
-    open_pdf,
-)
+from cdsjax.io.parse.common import (LABEL_RE, ParsedDocument, attach_context, chunk_page, looks_like_chart,
+                                    normal_label, one_line, open_pdf, resolve_parents, write_crop)
+from cdsjax.io.parse.layout import Region, import_pymupdf
 
 MINERU_VERSION = "mineru-1"
 TEXT_TYPES = {"text", "list", "equation", "code", "ref_text", "index", "abstract"}
@@ -331,8 +321,6 @@ def _html_text(body: str) -> str:
 
 def _crop(el: Element, base: Path, page, crop_dir: Path, prefix: str, cfg, content_list: Path) -> Optional[str]:
     """MinerU's own image (converted to PNG) if present, else a crop rendered from the PDF."""
-    from cdsjax.io.layout import import_pymupdf
-
     pymupdf = import_pymupdf()  # heavy: it loads the layout models
 
     src = el.image_path
