@@ -187,7 +187,12 @@ def worker_eval(spec: dict) -> dict:
     chunk = selector_spec(name).batch_chunk
     import inspect
 
-    extra = {"spec": selector_spec(name)} if "spec" in inspect.signature(run_selector).parameters else {}
+    params = inspect.signature(run_selector).parameters
+    extra = {"spec": selector_spec(name)} if "spec" in params else {}
+    if "executables" in params:  # the run's compiled calls, kept for the warm run (older code: a module cache)
+        from cdsjax.eval.run import Executables
+
+        extra["executables"] = Executables()
     t0 = time.perf_counter()
     first = run_selector(fn, problems, buckets=DEFAULT_BUCKETS, max_batch=16, chunk=chunk, **extra)
     cold = time.perf_counter() - t0

@@ -27,7 +27,7 @@ VISUALS = ("figure", "table", "chart")
 def main(argv=None):
     from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
     from cdsjax.eval.problems import pdf_problems
-    from cdsjax.eval.run import run_selector
+    from cdsjax.eval.run import Executables, run_selector
     from cdsjax.eval.scoring import score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder
@@ -54,13 +54,14 @@ def main(argv=None):
     problems = pdf_problems(bench, config, Embedder(config), cache_dir=pathlib.Path(args.cache))
     print(f"{len(problems)} questions on {len(docs)} documents ({time.time() - t0:.0f} s to index and embed)")
     before = [dataclasses.replace(p, describes=None) for p in problems]
+    executables = Executables()  # the run's compiled calls, per selector and shape
     for budget in (int(b) for b in args.budgets.split(",")):
         for name in (REFERENCE_SELECTOR, DEFAULT_SELECTOR):
             spec, fn = resolve_selector(name, budget)
             picks, scores = {}, {}
             for label, ps in (("before", before), ("after", problems)):
                 sels = run_selector(fn, ps, buckets=tuple(config.buckets), max_batch=8, spec=spec,
-                                    chunk=spec.batch_chunk)
+                                    chunk=spec.batch_chunk, executables=executables)
                 picks[label] = [[int(i) for i, ok in zip(s.indices, s.selected_valid) if ok] for s in sels]
                 scores[label] = [score_problem(p, s, kind="pdf") for p, s in zip(ps, sels)]
             changed = sum(a != b for a, b in zip(picks["before"], picks["after"]))

@@ -271,9 +271,10 @@ class Runner:
         self.max_batch = max_batch
         self.kind_of = {}
         self.memo: Dict[tuple, Tuple[float, float]] = {}
-        from cdsjax.eval.run import corpus_arrays_cache
+        from cdsjax.eval.run import Executables, corpus_arrays_cache
 
-        self.corpus = corpus_arrays_cache()  # each corpus's bound and note block, per selector
+        self.executables = Executables()  # the run's compiled calls, per selector and shape
+        self.corpus = corpus_arrays_cache(self.executables)  # each corpus's bound and note block, per selector
         from cdsjax.learn import Objectives
 
         self.objectives = Objectives()  # the learned fits' compiled objectives, shared by the tasks' fits
@@ -299,7 +300,7 @@ class Runner:
         for b, ps in by_bench.items():
             kind = self.datas[b].kind
             sels = run_selector(fn, ps, buckets=self.datas[b].buckets, max_batch=self.max_batch, spec=spec,
-                                corpus=self.corpus)
+                                corpus=self.corpus, executables=self.executables)
             for p, s in zip(ps, sels):
                 self.memo[self.key(label, budget, p)] = (recall(p, s, kind), has_answer_of(p, s))
         j = METRICS.index(metric)
@@ -472,14 +473,12 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
         if theta is not None:
             choice[learned_label(config)] = {**info, "theta": _theta_json(theta)}
             from cdsjax.core import make_selector, selector_spec
-            from cdsjax.eval.run import release
-
             for budget in budgets:  # the registry's selector for this task's theta (not memoised: used once)
                 name = learned_selector(config)
                 fn = make_selector(name, budget=budget, params=theta)
                 values = runner.scores(f"learned:{task.label}:{task.pool_size}", (selector_spec(name), fn),
                                        budget, problems, memo=False)
-                release(fn, runner.corpus)  # this task's game is not solved again: free its executables
+                runner.executables.release(fn, runner.corpus)  # this task's game is not solved again: free its executables
                 emit(learned_label(config), budget, values)
     choice["complete"] = True
 

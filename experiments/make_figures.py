@@ -45,7 +45,7 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
     import numpy as np
 
     from cdsjax.eval.problems import load_configured_benchmark, text_problems
-    from cdsjax.eval.run import cached_selector, run_selector
+    from cdsjax.eval.run import Executables, cached_selector, run_selector
     from cdsjax.io.embed import Embedder
 
     bench = load_configured_benchmark(config)
@@ -61,13 +61,14 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
     all_opts = config.get("selector_options", None) or {}
     all_opts = all_opts.to_dict() if hasattr(all_opts, "to_dict") else dict(all_opts)
     picks = {}
+    executables = Executables()  # the run's compiled calls, per selector and shape
     for label in selectors:
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         fn = cached_selector(name, int(config.budget), opts)
         sels = run_selector(fn, problems, chunk=selector_spec(name).batch_chunk, spec=selector_spec(name),
                               buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
-                              max_batch=int(config.get("max_batch", 64)))
+                              max_batch=int(config.get("max_batch", 64)), executables=executables)
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]
                         for s in sels]
     candidates = []  # (case, rank): 2 = last selector finds more gold, 1 = picks differ, 0 = same picks

@@ -110,12 +110,9 @@ def child(args) -> int:
         from cdsjax.io.parse.layout import set_page_batching
 
         set_page_batching(True)
-    if args.one_process:
-        from cdsjax.io.parse.layout_split import set_page_split
-
-        set_page_split(False)
     t0 = time.perf_counter()
-    s = build_index(args.pdfs, args.out, config=config, workers=args.workers, cache_dir=args.cache)
+    s = build_index(args.pdfs, args.out, config=config, workers=args.workers, cache_dir=args.cache,
+                    page_split=not args.one_process)
     wall = time.perf_counter() - t0
     try:  # the new code's helper process: stopped, so its CPU time counts below
         from cdsjax.io.parse.layout_split import stop_helper

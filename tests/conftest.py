@@ -87,15 +87,16 @@ def _memory_maps() -> int:
 
 @pytest.fixture(autouse=True)
 def _keep_memory_maps_in_bounds():
-    """After a test, drops the executables the worker keeps (:func:`cdsjax.eval.run.release_all`) once its
-    memory mappings pass :data:`MAPS_RELEASE_AT`. A worker that has loaded thousands of executables reaches
+    """After a test, drops JAX's caches of executables (:func:`cdsjax.eval.run.clear_jax_caches`; a run's own
+    :class:`~cdsjax.eval.run.Executables` go with the run) once the worker's memory mappings pass
+    :data:`MAPS_RELEASE_AT`. A worker that has loaded thousands of executables reaches
     Linux's ``vm.max_map_count`` (65,530 by default), and XLA then aborts while compiling or serializing the
     next one: the intermittent crashes of full runs (stops 41 and 42), always late in a worker."""
     yield
     if _memory_maps() > MAPS_RELEASE_AT:
-        from cdsjax.eval.run import release_all
+        from cdsjax.eval.run import clear_jax_caches
 
-        release_all()
+        clear_jax_caches()
 
 
 @pytest.fixture(autouse=True)

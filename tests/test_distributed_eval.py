@@ -185,7 +185,7 @@ def test_compiling_on_one_core_is_this_thread_only_and_restored():
     import jax
     import jax.numpy as jnp
 
-    from cdsjax.eval.run import _executable, compiling_on_one_core
+    from cdsjax.eval.run import Executables, compiling_on_one_core
 
     before = os.sched_getaffinity(0)
     seen = {}
@@ -199,5 +199,6 @@ def test_compiling_on_one_core_is_this_thread_only_and_restored():
     assert os.sched_getaffinity(0) == before  # restored on error too
     f = jax.jit(lambda a, x: jnp.tanh(a @ x))
     a, x = jnp.arange(64.0).reshape(8, 8) / 64, jnp.ones(8)
-    assert (_executable(f, [a, x])(a, x) == f(a, x)).all()
-    assert _executable(f, [a, x]) is _executable(f, [a, x])  # compiled once
+    ex = Executables()
+    assert (ex.executable(f, [a, x])(a, x) == f(a, x)).all()
+    assert ex.executable(f, [a, x]) is ex.executable(f, [a, x])  # compiled once

@@ -17,8 +17,8 @@ from cdsjax.io.parse import ocr_available, parse_pdf
 from tests import ingest_pdfs as gen
 
 
-def _parse(pdf, crops):
-    parsed = parse_pdf(pdf, "d", config=get_config(), crop_dir=crops)
+def _parse(pdf, crops, page_split=True):
+    parsed = parse_pdf(pdf, "d", config=get_config(), crop_dir=crops, page_split=page_split)
     images = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(crops.glob("*.png"))}
     return [json.dumps(e.to_dict(), sort_keys=True) for e in parsed.elements], images
 
@@ -39,8 +39,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     read = parse_module.read_text_layer
     monkeypatch.setattr(parse_module, "read_text_layer",
                         lambda page, **k: probed.append(page.number) or read(page, **k))
-    layout_split.set_page_split(False)
-    plain = _parse(pdf, tmp_path / "plain")
+    plain = _parse(pdf, tmp_path / "plain", page_split=False)
     assert plain[0] and plain[1]  # elements and crops to compare
     assert probed == [0, 1, 2, 3, 4]
     on_scan = [json.loads(e) for e in plain[0] if json.loads(e)["page"] == 4]
@@ -54,18 +53,17 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
     monkeypatch.setattr(layout.PROCESS, "limits", layout.SessionLimits(2))  # as on a machine with two free cores
     # the pages are claimed as each process gets to them; this process leaves the last two to the helper, so
     # that the helper's path runs whatever the timing
-    monkeypatch.setitem(layout_split._SPLIT, "reserve", 2)
-    layout_split.set_page_split(True)
+    monkeypatch.setattr(layout_split.HELPER, "reserve", 2)
     try:
         # a helper started by the split itself: it claims pages once this process's request comes
         split_on_request = _parse(pdf, tmp_path / "on_request")
-        assert isinstance(layout_split._SPLIT.get("helper"), layout_split._Helper)
+        assert isinstance(layout_split.HELPER.current, layout_split._Helper)
         assert 3 not in probed and 4 not in probed  # the helper read its pages' text layer, the scan's OCR too
         layout_split.stop_helper()
         probed.clear()
 
         layout_split.prestart_helper(pdf)  # as `ask` does for a new PDF: the helper the split then uses
-        started = layout_split._SPLIT.get("helper")
+        started = layout_split.HELPER.current
         assert isinstance(started, layout_split._Helper)
         # it analyses pages from the back before this process asks: wait until it has (as `ask` importing JAX)
         deadline = time.monotonic() + 120
@@ -73,7 +71,7 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
             assert started.proc.is_alive() and time.monotonic() < deadline, "no pages claimed ahead"
             time.sleep(0.05)
         split = _parse(pdf, tmp_path / "split")
-        helper = layout_split._SPLIT.get("helper")
+        helper = layout_split.HELPER.current
         assert helper is started, "the document was not split by the helper started ahead"
         assert helper.claims.array[1] <= 3 and helper.claims.array[3] == -1  # the request took them over
         assert 3 not in probed and 4 not in probed  # the scanned page's OCR was read at the request
@@ -90,11 +88,10 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
             return here(t)
 
         assert layout_split.keywords_in_helper(texts, 5, "en", slow) == [extract_keywords(t, top=5) for t in texts]
-        assert layout_split._SPLIT.get("helper") is helper and not helper.busy  # it answered (no fallback)
+        assert layout_split.HELPER.current is helper and not helper.busy  # it answered (no fallback)
         assert 1 <= len(done_here) < len(texts) // 2, len(done_here)  # the helper took the larger share
     finally:
         layout_split.stop_helper()
-        layout_split.set_page_split(True)
     assert split == plain and split_on_request == plain
 
     from pymupdf.layout.onnx.ImageFeatureExtractorV1 import ImageFeatureExtractorV1
@@ -107,14 +104,10 @@ def test_split_and_batched_runs_equal_the_plain_run(tmp_path, monkeypatch):
         return pymupdf._get_layout.__closure__[0].cell_contents._model.feature_extractor._session
 
     own = methods(), image_session()  # page batching off: PyMuPDF's own methods and session
-    layout_split.set_page_split(False)
-    try:
-        with layout.page_batching():
-            batched = _parse(pdf, tmp_path / "batched")
-            stats = layout.batch_stats()
-            wrapped = methods(), image_session()
-    finally:
-        layout_split.set_page_split(True)
+    with layout.page_batching():
+        batched = _parse(pdf, tmp_path / "batched", page_split=False)
+        stats = layout.batch_stats()
+        wrapped = methods(), image_session()
     assert stats["calls"] >= 1 and stats["batched"] >= 2  # pages found their outputs computed in a batch
     assert batched == plain
     assert isinstance(wrapped[1], layout.PageBatcher) and wrapped[0] != own[0]

@@ -76,9 +76,9 @@ def test_run_selector_pads_large_chunks_tightly():
 
     problems = _synthetic_problems([590 + i for i in range(12)], d=4, seed=3)
     fn = core.make_selector("cosine", budget=5)
-    before = set(R._COMPILED)
-    out = run_selector(fn, problems, buckets=(1024,), max_batch=16)
-    shapes = {leaves[0][0] for (_, _, leaves) in set(R._COMPILED) - before}
+    executables = R.Executables()
+    out = run_selector(fn, problems, buckets=(1024,), max_batch=16, executables=executables)
+    shapes = {leaves[0][0] for (_, _, leaves) in set(executables.compiled)}
     assert shapes == {(12, 1024, 4)}
     single = jax.jit(fn)
     for p, sel in zip(problems, out):
@@ -424,12 +424,13 @@ def test_release_drops_a_selectors_executables():
     problems = _synthetic_problems([5, 9], seed=3)
     fn = core.make_selector("cds_learned", budget=2, params=LearnedParams(beta=0.2, w_page=-0.5))
     spec = core.selector_spec("cds_learned")
-    first = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec)
-    held = lambda: sum(1 for k in R._COMPILED if any(k[0] is v for v in R._BATCHED.values()))
+    ex = R.Executables()
+    first = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec, executables=ex)
+    held = lambda: sum(1 for k in ex.compiled if any(k[0] is v for v in ex.batch_calls.values()))
     before = held()
-    assert R.release(fn) >= 2  # its batched call and at least one executable
-    assert held() < before and not [k for k in R._BATCHED if k[0] is fn]
-    again = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec)  # compiles again, same picks
+    assert ex.release(fn) >= 2  # its batched call and at least one executable
+    assert held() < before and not [k for k in ex.batch_calls if k[0] is fn]
+    again = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec, executables=ex)  # compiles again
     assert [list(np.asarray(s.indices)) for s in again] == [list(np.asarray(s.indices)) for s in first]
 
 
@@ -439,17 +440,18 @@ def test_release_all_frees_the_mappings_of_loaded_executables():
     from cdsjax.eval.run import memory_maps as _memory_maps
 
     problems = _synthetic_problems([5, 9], seed=4)
-    R.release_all()
+    R.clear_jax_caches()
     base = _memory_maps()
+    ex = R.Executables()
     fns = [core.make_selector("cosine", budget=b) for b in range(1, 9)]
     for fn in fns:
-        run_selector(fn, problems, buckets=(16,), max_batch=2)
+        run_selector(fn, problems, buckets=(16,), max_batch=2, executables=ex)
     loaded = _memory_maps()
-    assert loaded > base and R._COMPILED and R._BATCHED
-    assert R.release_all() >= len(fns)
-    assert not R._COMPILED and not R._BATCHED
+    assert loaded > base and ex.compiled and ex.batch_calls
+    assert ex.release_all() >= len(fns)
+    assert not ex.compiled and not ex.batch_calls
     assert _memory_maps() < loaded  # the executables' code and buffers are unmapped, not only forgotten
-    again = run_selector(fns[2], problems, buckets=(16,), max_batch=2)  # compiles again on its next use
+    again = run_selector(fns[2], problems, buckets=(16,), max_batch=2, executables=ex)  # compiles again
     assert [len(np.asarray(s.indices)) for s in again] == [3, 3]
 
 
@@ -460,16 +462,16 @@ def test_compiling_near_the_memory_map_limit_drops_the_kept_executables_first(mo
     from cdsjax.eval import run as R
 
     problems = _synthetic_problems([5, 9], seed=5)
-    R.release_all()
+    ex = R.Executables()
     monkeypatch.setattr(R, "MAP_CHECK_EVERY", 1)
     monkeypatch.setattr(R, "memory_map_limit", lambda: 10 ** 9)  # far from the limit: everything is kept
     for b in (1, 2, 3):
-        run_selector(core.make_selector("cosine", budget=b), problems, buckets=(16,), max_batch=2)
-    kept = len(R._COMPILED)
+        run_selector(core.make_selector("cosine", budget=b), problems, buckets=(16,), max_batch=2, executables=ex)
+    kept = len(ex.compiled)
     assert kept >= 3
     monkeypatch.setattr(R, "memory_map_limit", lambda: int(R.memory_maps() / R.MAP_SHARE) - 10)  # just past it
-    out = run_selector(core.make_selector("cosine", budget=4), problems, buckets=(16,), max_batch=2)
-    assert len(R._COMPILED) == 1  # the others were dropped before this one compiled
+    out = run_selector(core.make_selector("cosine", budget=4), problems, buckets=(16,), max_batch=2, executables=ex)
+    assert len(ex.compiled) == 1  # the others were dropped before this one compiled
     assert [len(np.asarray(s.indices)) for s in out] == [4, 4]
 
 

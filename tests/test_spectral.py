@@ -140,7 +140,6 @@ def test_run_selector_computes_one_bound_per_corpus():
     for a, b in zip(with_bound, plain):
         assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes()
         assert np.asarray(a.scores).tobytes() == np.asarray(b.scores).tobytes()
-    R.release(fn)
 
 
 def blocks(seed):

@@ -33,7 +33,8 @@ from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, rec
                                  start_run)
 from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
                                 write_timings)
-from cdsjax.eval.run import cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh, run_selector
+from cdsjax.eval.run import (Executables, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
+                             run_selector)
 from cdsjax.eval.scoring import metric_names
 from cdsjax.eval.settings import budgets_of, cache_dir_of, eval_dtype, run_identity, selector_specs
 
@@ -128,7 +129,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
         log(f"resuming: {len(mine) * len(specs) * len(budgets) - total} of "
             f"{len(mine) * len(specs) * len(budgets)} (selector, budget, query) results on disk")
     mesh = make_mesh(jax_local_devices())
-    corpus = corpus_arrays_cache()  # each corpus's bound and note block once, for every selector of the run
+    executables = Executables()  # the run's compiled calls: each selector and shape compiled once
+    corpus = corpus_arrays_cache(executables)  # each corpus's bound and note block once, for every selector
     bar = None
     if progress and total:
         from tqdm.auto import tqdm
@@ -152,7 +154,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                 t0 = time.perf_counter()
                 run_selector(cached_selector(name, b, opts), batch, buckets=buckets, max_batch=max_batch,
                              chunk=selector_spec(name).batch_chunk, mesh=mesh, on_chunk=write, dtype=dtype,
-                             spec=selector_spec(name), corpus=corpus)
+                             spec=selector_spec(name), corpus=corpus, executables=executables)
                 timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:
         bar.close()

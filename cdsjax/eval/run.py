@@ -4,6 +4,8 @@
 * :func:`make_mesh` / :func:`jax_local_devices` — the ``"batch"`` mesh.
 * :func:`cached_selector` — :func:`cdsjax.core.make_selector` (parameters resolved at the edge), kept in the
   caller's cache.
+* :class:`Executables` — a run's compiled calls (each selector's batched call, each executable per input shape),
+  created by the run and handed to what it calls.
 * :func:`corpus_arrays_cache` — the caller's :class:`~cdsjax.selection.CorpusArrays` (each corpus's bound and
   note block once).
 * :func:`run_selector` — one NumPy :class:`~cdsjax.core.Selection` per problem.
@@ -41,10 +43,6 @@ def make_mesh(devices: Optional[Sequence[Any]] = None):
     return Mesh(np.asarray(devices), ("batch",))
 
 
-_BATCHED: Dict[Any, Any] = {}
-_COMPILED: Dict[Any, Any] = {}
-
-
 @contextlib.contextmanager
 def compiling_on_one_core():
     """Runs the block with this thread allowed on one core only (on CPU platforms), then restores it.
@@ -72,7 +70,6 @@ def compiling_on_one_core():
 
 MAP_SHARE = 0.6  # of vm.max_map_count: past it, the executables kept here are dropped before another compiles
 MAP_CHECK_EVERY = 32  # new executables between two counts of the process's memory mappings
-_NEW_EXECUTABLES = [0]
 
 
 def memory_maps() -> int:
@@ -99,99 +96,123 @@ def near_memory_map_limit(share: float = MAP_SHARE) -> bool:
     return limit > 0 and memory_maps() > share * limit
 
 
-def _executable(call, args):
-    """``call`` compiled for ``args`` (a list of pytrees; their leaves' shapes, dtypes, placement, and the tree
-    structure) once per process, as for one core (:func:`compiling_on_one_core`).
+class Executables:
+    """The compiled calls of an evaluation run: each selector's jitted batch call (:meth:`batched`) and each
+    call's executable per input shape (:meth:`executable`), compiled as for one core
+    (:func:`compiling_on_one_core`).
 
-    Every :data:`MAP_CHECK_EVERY` new executables it counts the process's memory mappings, and past
-    :data:`MAP_SHARE` of ``vm.max_map_count`` drops what this module and JAX keep (:func:`release_all`) before
-    compiling: each loaded executable holds a few mappings, and at the limit XLA crashes in the next compile."""
-    import jax
+    A run creates one and hands it to every :func:`run_selector` call and to its :func:`corpus_arrays_cache`,
+    so a second selector call with the same shapes does not compile again; what is handed none compiles for
+    that call only. ``batch_calls`` and ``compiled`` are the kept entries, ``new`` counts executables compiled
+    so far (every :data:`MAP_CHECK_EVERY` of them the process's memory mappings are counted).
+    """
 
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    key = (call, str(tree), tuple((a.shape, str(a.dtype), a.sharding) for a in leaves))
-    if key not in _COMPILED:
-        _NEW_EXECUTABLES[0] += 1
-        if _NEW_EXECUTABLES[0] % MAP_CHECK_EVERY == 0 and near_memory_map_limit():
-            release_all()
-        with compiling_on_one_core():
-            _COMPILED[key] = call.lower(*args).compile()
-    return _COMPILED[key]
+    def __init__(self):
+        self.batch_calls: Dict[Any, Any] = {}
+        self.compiled: Dict[Any, Any] = {}
+        self.new = 0
 
+    def executable(self, call, args):
+        """``call`` compiled for ``args`` (a list of pytrees; their leaves' shapes, dtypes, placement, and the
+        tree structure) once, as for one core (:func:`compiling_on_one_core`).
 
-def release(fn: Callable[..., Any], corpus: Optional[CorpusArrays] = None) -> int:
-    """Drops every executable and wrapper kept for ``fn`` (a selector built for one use, e.g. one fitted
-    game per cross-validation task), and its arrays in ``corpus`` (the :class:`CorpusArrays` the runs used),
-    so a long run does not keep one set of loaded executables per such function; returns how many cache
-    entries were dropped."""
-    dropped = 0
-    for wrapped in ([] if corpus is None else corpus.drop(fn)):
-        dropped += 1
-        for key in [k for k in _COMPILED if k[0] is wrapped.jitted]:
-            del _COMPILED[key]
+        Every :data:`MAP_CHECK_EVERY` new executables it counts the process's memory mappings, and past
+        :data:`MAP_SHARE` of ``vm.max_map_count`` drops what this object and JAX keep (:meth:`release_all`)
+        before compiling: each loaded executable holds a few mappings, and at the limit XLA crashes in the
+        next compile."""
+        import jax
+
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        key = (call, str(tree), tuple((a.shape, str(a.dtype), a.sharding) for a in leaves))
+        if key not in self.compiled:
+            self.new += 1
+            if self.new % MAP_CHECK_EVERY == 0 and near_memory_map_limit():
+                self.release_all()
+            with compiling_on_one_core():
+                self.compiled[key] = call.lower(*args).compile()
+        return self.compiled[key]
+
+    def batched(self, fn, sharded: bool, chunk=None):
+        """The jitted batch call, kept per function (:meth:`executable` compiles it once per input shape).
+
+        Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
+        On one device: :func:`cdsjax.core.batched` with ``chunk``, the selector's
+        ``SelectorSpec.batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one
+        ``vmap`` on an accelerator).
+        """
+        from cdsjax import core
+
+        key = (fn, sharded, chunk)
+        if key not in self.batch_calls:
+            self.batch_calls[key] = core.batched(fn, chunk=None if sharded else chunk)
+        return self.batch_calls[key]
+
+    def release(self, fn: Callable[..., Any], corpus: Optional[CorpusArrays] = None) -> int:
+        """Drops every executable and wrapper kept for ``fn`` (a selector built for one use, e.g. one fitted
+        game per cross-validation task), and its arrays in ``corpus`` (the :class:`CorpusArrays` the runs
+        used), so a long run does not keep one set of loaded executables per such function; returns how many
+        cache entries were dropped."""
+        dropped = 0
+        for wrapped in ([] if corpus is None else corpus.drop(fn)):
             dropped += 1
-    batched = [k for k in _BATCHED if k[0] is fn]
-    calls = {id(_BATCHED[k]) for k in batched}
-    for key in batched:
-        del _BATCHED[key]
-        dropped += 1
-    for key in [k for k in _COMPILED if k[0] is fn or id(k[0]) in calls]:
-        del _COMPILED[key]
-        dropped += 1
-    return dropped
+            for key in [k for k in self.compiled if k[0] is wrapped.jitted]:
+                del self.compiled[key]
+                dropped += 1
+        batched = [k for k in self.batch_calls if k[0] is fn]
+        calls = {id(self.batch_calls[k]) for k in batched}
+        for key in batched:
+            del self.batch_calls[key]
+            dropped += 1
+        for key in [k for k in self.compiled if k[0] is fn or id(k[0]) in calls]:
+            del self.compiled[key]
+            dropped += 1
+        return dropped
+
+    def release_all(self) -> int:
+        """Drops every executable this object keeps (the batched calls and their compiled executables) and
+        JAX's own caches of jitted functions (:func:`clear_jax_caches`); returns how many of this object's
+        entries were dropped.
+
+        Each loaded executable holds a few memory mappings: a process that evaluates thousands of selector
+        shapes (a long cross-validation run, a notebook, a test worker) otherwise reaches Linux's
+        ``vm.max_map_count`` (65,530 by default), and XLA then crashes while compiling the next one. What was
+        dropped compiles again (or loads from the persistent cache) on its next use."""
+        dropped = len(self.compiled) + len(self.batch_calls)
+        self.compiled.clear()
+        self.batch_calls.clear()
+        clear_jax_caches()
+        return dropped
 
 
-def release_all() -> int:
-    """Drops every executable this module keeps (the batched calls and their compiled executables) and JAX's
-    own caches of jitted functions; returns how many of this module's entries were dropped.
-
-    Each loaded executable holds a few memory mappings: a process that evaluates thousands of selector
-    shapes (a long cross-validation run, a notebook, a test worker) otherwise reaches Linux's
-    ``vm.max_map_count`` (65,530 by default), and XLA then crashes while compiling the next one. What was
-    dropped compiles again (or loads from the persistent cache) on its next use."""
+def clear_jax_caches() -> None:
+    """Drops JAX's own caches of jitted functions and collects what they held (their executables' memory
+    mappings go back); what an :class:`Executables` keeps stays."""
     import gc
 
     import jax
 
-    dropped = len(_COMPILED) + len(_BATCHED)
-    for cache in (_COMPILED, _BATCHED):
-        cache.clear()
     jax.clear_caches()
     gc.collect()
-    return dropped
-
-
-def _batched(fn, sharded: bool, chunk=None):
-    """The jitted batch call, kept per function (:func:`_executable` compiles it once per input shape).
-
-    Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
-    On one device: :func:`cdsjax.core.batched` with ``chunk``, the selector's
-    ``SelectorSpec.batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one
-    ``vmap`` on an accelerator).
-    """
-    from cdsjax import core
-
-    key = (fn, sharded, chunk)
-    if key not in _BATCHED:
-        _BATCHED[key] = core.batched(fn, chunk=None if sharded else chunk)
-    return _BATCHED[key]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class OneCoreJit:
-    """``function`` jitted and compiled once per input shape as for one core (:func:`_executable`), so what it
-    computes per corpus (a bound, a note block) reduces in the order the selectors' executables do; a problem
-    for which it returns None (a game without a corpus bound) gives None without compiling."""
+    """``function`` jitted and compiled once per input shape as for one core (:meth:`Executables.executable`,
+    in ``executables``), so what it computes per corpus (a bound, a note block) reduces in the order the
+    selectors' executables do; a problem for which it returns None (a game without a corpus bound) gives None
+    without compiling."""
 
     function: Callable
     jitted: Any
+    executables: Executables = dataclasses.field(default_factory=Executables)
 
     @classmethod
-    def of(cls, function: Callable, role: str = "") -> "OneCoreJit":
-        """The wrapper of ``function`` (``role`` unused: the signature of :class:`CorpusArrays`'s ``wrap``)."""
+    def of(cls, function: Callable, role: str = "", executables: Optional[Executables] = None) -> "OneCoreJit":
+        """The wrapper of ``function`` (``role`` unused: the signature of :class:`CorpusArrays`'s ``wrap``),
+        compiled into ``executables`` (None: its own)."""
         import jax
 
-        return cls(function, jax.jit(function))
+        return cls(function, jax.jit(function), Executables() if executables is None else executables)
 
     def __call__(self, problem):
         import jax
@@ -199,12 +220,18 @@ class OneCoreJit:
         if jax.eval_shape(self.function, problem) is None:
             return None
         problem = jax.device_put(problem)
-        return _executable(self.jitted, [problem])(problem)
+        return self.executables.executable(self.jitted, [problem])(problem)
 
 
-def corpus_arrays_cache(**kwargs) -> CorpusArrays:
-    """A :class:`CorpusArrays` for :func:`run_selector`: bounds and note blocks compiled as for one core."""
-    return CorpusArrays(wrap=OneCoreJit.of, **kwargs)
+def corpus_arrays_cache(executables: Optional[Executables] = None, **kwargs) -> CorpusArrays:
+    """A :class:`CorpusArrays` for :func:`run_selector`: bounds and note blocks compiled as for one core, into
+    ``executables`` (the run's :class:`Executables`; None: one for this cache)."""
+    executables = Executables() if executables is None else executables
+
+    def wrap(function: Callable, role: str = "") -> OneCoreJit:
+        return OneCoreJit.of(function, role, executables)
+
+    return CorpusArrays(wrap=wrap, **kwargs)
 
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any], cache: Optional[Dict[str, Any]] = None):
@@ -236,6 +263,7 @@ def run_selector(
     chunk: Optional[Any] = None,
     spec: Optional[Any] = None,
     corpus: Optional[CorpusArrays] = None,
+    executables: Optional[Executables] = None,
 ) -> List[Any]:
     """Runs a registry selector over ragged problems, batched and sharded.
 
@@ -269,6 +297,8 @@ def run_selector(
         (:func:`corpus_arrays_cache`; None: one for this call): computed once per distinct corpus, so a
         selector solves each question on its corpus block with its solver, as the pipeline and the
         integrations do.
+      executables: the run's :class:`Executables` (None: one for this call), so that the run's next call with
+        the same selector and shapes does not compile again.
 
     Returns:
       One Selection with NumPy leaves per problem, in input order.
@@ -302,8 +332,9 @@ def run_selector(
         [np.asarray(p.notes, dtype) for p in problems],
         [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras=extras, pad_batch=False)
-    call = _batched(fn, sharded=ndev > 1, chunk=chunk)
-    corpus = corpus_arrays_cache() if corpus is None else corpus
+    executables = Executables() if executables is None else executables
+    call = executables.batched(fn, sharded=ndev > 1, chunk=chunk)
+    corpus = corpus_arrays_cache(executables) if corpus is None else corpus
     out: List[Any] = [None] * len(problems)
     for g in groups:
         for start in range(0, len(g.positions), max_batch):
@@ -318,7 +349,7 @@ def run_selector(
             problem = corpus.attach_rows(fn, problem)
             problem = jax.device_put(problem, sharding)
             key_batch = jax.device_put(keys[g.positions[padded]], sharding)
-            sel = jax.device_get(_executable(call, [problem, key_batch])(problem, key_batch))
+            sel = jax.device_get(executables.executable(call, [problem, key_batch])(problem, key_batch))
             positions = [int(g.positions[r]) for r in rows]
             chunk = [jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), sel)
                      for i in range(k)]

@@ -61,6 +61,7 @@ def build_index(
     embed_in: str = "parent",
     ray: Optional[str] = None,
     on_prepared: Optional[Callable] = None,
+    page_split: bool = True,
 ) -> IndexSummary:
     """Adds, updates or removes documents of the index in ``out_dir`` (one corpus: the notes of all documents).
 
@@ -97,6 +98,8 @@ def build_index(
       on_prepared: called with each document (a :class:`~cdsjax.io.index.context.Doc`) parsed and enriched in
         this process, while its notes are embedded on another thread (see
         :class:`~cdsjax.io.index.context.BuildContext`).
+      page_split: a long document's layout analysed by this process and a helper process at once (default);
+        False: by this process alone (e.g. to profile one process). The index is the same either way.
 
     Returns:
       an :class:`IndexSummary`.
@@ -114,7 +117,7 @@ def build_index(
         ctx = BuildContext(config=config, cache=doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir)),
                            log=log or quiet, strict=strict, progress=progress, workers=resolve_workers(workers),
                            embed_in=embed_in, ray=ray, summary=IndexSummary(out_dir=str(out_dir)),
-                           on_prepared=on_prepared)
+                           on_prepared=on_prepared, page_split=page_split)
         return _build_locked(paths, out_dir, ctx, replace=replace, remove=list(remove))
 
 

@@ -84,6 +84,8 @@ class BuildContext:
       on_prepared: called with each document once it is parsed and enriched, on the thread that parses, while
         its notes are embedded on another (``cdsjax ask NEW.pdf`` compiles its selector there meanwhile);
         documents built in worker processes or on Ray do not call it.
+      page_split: a long document's layout analysed by this process and the layout helper at once (default);
+        False: by this process alone (:func:`~cdsjax.io.parse.pymupdf.parse_pdf`).
     """
 
     config: Any
@@ -100,6 +102,7 @@ class BuildContext:
     summary: IndexSummary = dataclasses.field(default_factory=lambda: IndexSummary(out_dir=""))
     seconds: DefaultDict[str, float] = dataclasses.field(default_factory=lambda: collections.defaultdict(float))
     on_prepared: Optional[Callable[["Doc"], None]] = None
+    page_split: bool = True
 
 
 @dataclasses.dataclass

@@ -54,7 +54,7 @@ def prepare_doc(doc: Doc, ctx: BuildContext, *, reuse_parse: bool = False):
             seconds["notes"] += time.perf_counter() - t0
         else:
             t0 = time.perf_counter()
-            parsed = parse_doc(doc, config, staging / doc.crop_rel, doc.crop_rel)
+            parsed = parse_doc(doc, config, staging / doc.crop_rel, doc.crop_rel, page_split=ctx.page_split)
             seconds["parse"] += time.perf_counter() - t0
             doc.num_pages = parsed.num_pages
             doc.elements = parsed.elements
@@ -156,13 +156,15 @@ def copy_crops(doc: Doc, staging: Path) -> None:
         store.copy_inside(doc.crop_root, doc.crop_rel, staging)
 
 
-def parse_doc(doc: Doc, config, crop_dir: Path, crop_rel: str):
-    """The document's elements, by the configured parser (``pymupdf`` or ``mineru``)."""
+def parse_doc(doc: Doc, config, crop_dir: Path, crop_rel: str, *, page_split: bool = True):
+    """The document's elements, by the configured parser (``pymupdf`` or ``mineru``; ``page_split``: see
+    :func:`~cdsjax.io.parse.pymupdf.parse_pdf`)."""
     parser = str(config.ingest.parser)
     if parser == "pymupdf":
         from cdsjax.io.parse import parse_pdf
 
-        return parse_pdf(doc.path, doc.doc_id, config=config, crop_dir=crop_dir, crop_prefix=crop_rel)
+        return parse_pdf(doc.path, doc.doc_id, config=config, crop_dir=crop_dir, crop_prefix=crop_rel,
+                         page_split=page_split)
     if parser == "mineru":
         from cdsjax.io.parse.mineru import parse_with_mineru
 

@@ -22,13 +22,11 @@ from cdsjax.io.parse.layout import (Region, TextLayer, analyse_pages, import_pym
 
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 CHUNK_PAGES = 2  # pages this process or the helper claims at a time
-# this process's split: "helper" (the running _Helper), "split" (False: never split here), "reserve" (pages at
-# the back left to the helper)
-_SPLIT: dict = {}
 
 
 def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[Region]]], None]] = None, *,
-                 use_ocr: bool = False, text_layers: Optional[Dict[int, TextLayer]] = None) -> List[List[Region]]:
+                 use_ocr: bool = False, text_layers: Optional[Dict[int, TextLayer]] = None, split: bool = True,
+                 helper: Optional["LayoutHelper"] = None) -> List[List[Region]]:
     """Runs pymupdf4llm's layout analysis; returns each page's regions in reading order.
 
     With two or more cores to itself (one process indexing, not one of several workers) a document of
@@ -46,24 +44,29 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[Re
     ``use_ocr`` (:func:`cdsjax.io.parse.layout.read_text_layer`): those pages' results go into ``text_layers``
     (``{page: TextLayer}``), so that a scanned document's OCR, the costliest step on its pages, is shared by
     both processes. The caller probes the other pages itself.
+
+    ``split=False`` has this process analyse every page (a setting of the caller, e.g. a profile of one process
+    alone); ``helper`` is the :class:`LayoutHelper` that holds the helper process (:data:`HELPER`, this
+    process's, unless given).
     """
     prepare_models()
+    holder = HELPER if helper is None else helper
     n = doc.page_count
-    if n < SPLIT_MIN_PAGES or layout_threads() < 2 or not _SPLIT.get("split", True):
+    if n < SPLIT_MIN_PAGES or layout_threads() < 2 or not split or not holder.can_start:
         return analyse_pages(doc, None)
     try:
-        helper = _acquire_helper(start=True)
+        helper = holder.acquire(start=True)
         if helper is None:  # another thread of this process has the helper busy: one process does it all
             return analyse_pages(doc, None)
     except Exception:  # no helper here (e.g. inside a daemonic process): one process does it all
-        _drop_helper()
-        _SPLIT["split"] = False
+        holder.drop()
+        holder.can_start = False
         return analyse_pages(doc, None)
     try:
         try:
-            helper.send_layout(str(path), n, int(_SPLIT.get("reserve", 0)), use_ocr=use_ocr)
+            helper.send_layout(str(path), n, int(holder.reserve), use_ocr=use_ocr)
         except Exception:
-            _drop_helper()
+            holder.drop()
             return analyse_pages(doc, None)
         head: List[List[Region]] = []
         while True:  # meanwhile the helper analyses pages from the back
@@ -78,18 +81,13 @@ def layout_pages(doc, path: Path, on_pages: Optional[Callable[[int, List[List[Re
     finally:
         helper.lock.release()
     if rest is None:  # the helper died or failed: this process does its pages itself
-        _drop_helper()
+        holder.drop()
         return head + analyse_pages(doc, range(len(head), n))
     for p in range(len(head), n):  # as pymupdf4llm leaves every page it analysed (crops are cut from these pages)
         doc[p].remove_rotation()
     if text_layers is not None:
         text_layers.update((p, rest[p][1]) for p in range(len(head), n))
     return head + [rest[p][0] for p in range(len(head), n)]
-
-
-def set_page_split(enabled: bool) -> None:
-    """Turns the two-process analysis of long documents on (default) or off in this process."""
-    _SPLIT["split"] = bool(enabled)
 
 
 class _Claims:
@@ -237,111 +235,128 @@ class _Helper:
             self.proc.join(timeout=10)
 
 
-_HELPER_LOCK = threading.Lock()  # held while the helper is looked up, started or dropped
+class LayoutHelper:
+    """The layout helper process of this process (a :class:`_Helper`, ``current``; None until a long document or
+    :meth:`prestart` starts one), kept for later documents, and the bookkeeping around it: ``lock``, held while
+    the helper is looked up, started or dropped; ``can_start``, False once starting one failed here (inside a
+    daemonic process: one process then does it all); ``reserve``, pages at the back of a document left to the
+    helper (0; a test sets it so that the helper's path runs whatever the timing).
 
-
-def _helper(path: Optional[str] = None) -> _Helper:
-    """The helper, started now unless one is running (``path``: see :func:`_helper_main`)."""
-    with _HELPER_LOCK:
-        helper = _SPLIT.get("helper")
-        if helper is None or not helper.proc.is_alive():
-            _drop_helper()
-            helper = _SPLIT["helper"] = _Helper(max(1, layout_threads(2) // 2), path)
-        return helper
-
-
-def _acquire_helper(start: bool = False) -> Optional[_Helper]:
-    """The helper, locked for one request by this thread (``helper.lock``; the caller releases it), or None
-    when another thread has it or (unless ``start``) none is running idle here. With ``start`` a helper that
-    died or was left busy is replaced."""
-    with _HELPER_LOCK:
-        helper = _SPLIT.get("helper")
-        if helper is not None:
-            if not helper.lock.acquire(blocking=False):
-                return None
-            if helper.proc.is_alive() and not helper.busy and helper.drain():
-                return helper
-            helper.lock.release()
-            if not start or (helper.proc.is_alive() and not helper.busy):
-                return None  # (a reply this process stopped waiting for is still to come: busy, not replaced)
-            _drop_helper()
-        if not start:
-            return None
-        helper = _SPLIT["helper"] = _Helper(max(1, layout_threads(2) // 2))
-        helper.lock.acquire()
-        return helper
-
-
-def _drop_helper() -> None:
-    helper = _SPLIT.pop("helper", None)
-    if helper is not None:
-        helper.close()
-
-
-def keywords_in_helper(texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
-    """YAKE keywords of ``texts`` (``compute(text)`` for one), computed by this process and the helper of
-    :func:`layout_pages` at once: each claims texts (:class:`_Claims`), this process from the front and the helper from the back, until
-    they meet, so neither waits for the other however long the texts or whoever
-    starts later. The same keywords as computed here alone. None (nothing computed) when no helper is running
-    here (documents too short to split, worker processes, one core); the caller then computes them all itself."""
-    if len(texts) < 2:
-        return None
-    helper = _acquire_helper()  # (None also while the helper is busy with a request no one waits for)
-    if helper is None:
-        return None
-    out: List[Optional[List[str]]] = [None] * len(texts)
-    try:
-        try:
-            helper.claims.reset(len(texts))
-            helper.request(("keywords", list(texts), int(top), language))
-        except Exception:
-            _drop_helper()
-            return None
-        while True:
-            claimed = helper.claims.take_front(1)
-            if claimed is None:
-                break
-            for i in claimed:
-                out[i] = compute(texts[i])
-        rest = helper.receive()
-    finally:
-        helper.lock.release()
-    if isinstance(rest, dict):  # the texts the helper claimed (none of this process's: the claims are disjoint)
-        for i, keywords in rest.items():
-            out[i] = keywords
-    else:  # the helper failed or died
-        _drop_helper()
-    return [compute(t) if k is None else k for t, k in zip(texts, out)]  # what the helper did not return
-
-
-def prestart_helper(path, *, count_pages: bool = True) -> None:
-    """Starts the helper of :func:`layout_pages` now if ``path`` is a document it will split (``cdsjax ask``
-    on a new PDF calls this first), so that the helper's imports and model load overlap this process's
-    instead of delaying the pages it takes; once loaded it starts on the document's pages from the back without
-    waiting for this process (:func:`_claim_early`). Does nothing for short or unreadable documents.
-
-    ``count_pages=False`` starts the helper without opening the document here (without importing PyMuPDF
-    first); the helper counts the pages itself and ends at once if the document is too short to split.
+    The helper is a child of this process, reused by every document and index build it runs (``cdsjax ask
+    NEW.pdf`` starts it before its build, ``serve`` keeps it between builds), so one object holds it per
+    process: :data:`HELPER`, as :data:`cdsjax.io.memory.ALLOCATOR` holds the process's allocator. Whether a
+    document is split is not decided here but by the caller (``layout_pages(split=...)``).
     """
-    if not _SPLIT.get("split", True) or min(usable_cores(), layout_threads(2)) < 2 \
-            or _SPLIT.get("helper") is not None:
-        return
-    try:
-        if count_pages:
-            pymupdf = import_pymupdf()  # loads the layout models: their sessions limited first
 
-            with pymupdf.open(path) as doc:
-                if doc.page_count < SPLIT_MIN_PAGES:
-                    return
-        _helper(str(path))
-    except Exception:  # the document is checked and reported where it is parsed
-        _drop_helper()
+    def __init__(self):
+        self.current: Optional[_Helper] = None
+        self.lock = threading.Lock()
+        self.can_start = True
+        self.reserve = 0
+
+    def start(self, path: Optional[str] = None) -> _Helper:
+        """The helper, started now unless one is running (``path``: see :func:`_helper_main`)."""
+        with self.lock:
+            helper = self.current
+            if helper is None or not helper.proc.is_alive():
+                self.drop()
+                helper = self.current = _Helper(max(1, layout_threads(2) // 2), path)
+            return helper
+
+    def acquire(self, start: bool = False) -> Optional[_Helper]:
+        """The helper, locked for one request by this thread (``helper.lock``; the caller releases it), or None
+        when another thread has it or (unless ``start``) none is running idle here. With ``start`` a helper that
+        died or was left busy is replaced."""
+        with self.lock:
+            helper = self.current
+            if helper is not None:
+                if not helper.lock.acquire(blocking=False):
+                    return None
+                if helper.proc.is_alive() and not helper.busy and helper.drain():
+                    return helper
+                helper.lock.release()
+                if not start or (helper.proc.is_alive() and not helper.busy):
+                    return None  # (a reply this process stopped waiting for is still to come: busy, not replaced)
+                self.drop()
+            if not start:
+                return None
+            helper = self.current = _Helper(max(1, layout_threads(2) // 2))
+            helper.lock.acquire()
+            return helper
+
+    def drop(self) -> None:
+        """Closes the helper (if one runs); the next long document starts another."""
+        helper, self.current = self.current, None
+        if helper is not None:
+            helper.close()
+
+    def keywords(self, texts: List[str], top: int, language: str, compute) -> Optional[List[List[str]]]:
+        """YAKE keywords of ``texts`` (``compute(text)`` for one), computed by this process and the helper of
+        :func:`layout_pages` at once: each claims texts (:class:`_Claims`), this process from the front and the
+        helper from the back, until they meet, so neither waits for the other however long the texts or
+        whoever starts later. The same keywords as computed here alone. None (nothing computed) when no helper
+        is running here (documents too short to split, worker processes, one core); the caller then computes
+        them all itself."""
+        if len(texts) < 2:
+            return None
+        helper = self.acquire()  # (None also while the helper is busy with a request no one waits for)
+        if helper is None:
+            return None
+        out: List[Optional[List[str]]] = [None] * len(texts)
+        try:
+            try:
+                helper.claims.reset(len(texts))
+                helper.request(("keywords", list(texts), int(top), language))
+            except Exception:
+                self.drop()
+                return None
+            while True:
+                claimed = helper.claims.take_front(1)
+                if claimed is None:
+                    break
+                for i in claimed:
+                    out[i] = compute(texts[i])
+            rest = helper.receive()
+        finally:
+            helper.lock.release()
+        if isinstance(rest, dict):  # the texts the helper claimed (none of this process's: the claims are disjoint)
+            for i, keywords in rest.items():
+                out[i] = keywords
+        else:  # the helper failed or died
+            self.drop()
+        return [compute(t) if k is None else k for t, k in zip(texts, out)]  # what the helper did not return
+
+    def prestart(self, path, *, count_pages: bool = True) -> None:
+        """Starts the helper of :func:`layout_pages` now if ``path`` is a document it will split (``cdsjax ask``
+        on a new PDF calls this first), so that the helper's imports and model load overlap this process's
+        instead of delaying the pages it takes; once loaded it starts on the document's pages from the back
+        without waiting for this process (:func:`_claim_early`). Does nothing for short or unreadable documents.
+
+        ``count_pages=False`` starts the helper without opening the document here (without importing PyMuPDF
+        first); the helper counts the pages itself and ends at once if the document is too short to split.
+        """
+        if not self.can_start or min(usable_cores(), layout_threads(2)) < 2 or self.current is not None:
+            return
+        try:
+            if count_pages:
+                pymupdf = import_pymupdf()  # loads the layout models: their sessions limited first
+
+                with pymupdf.open(path) as doc:
+                    if doc.page_count < SPLIT_MIN_PAGES:
+                        return
+            self.start(str(path))
+        except Exception:  # the document is checked and reported where it is parsed
+            self.drop()
+
+    def stop(self) -> None:
+        """Stops the helper process (if one was started); the next long document starts another."""
+        self.drop()
 
 
-def stop_helper() -> None:
-    """Stops the helper process of :func:`layout_pages` (if one was started); the next long document starts
-    another."""
-    _drop_helper()
+HELPER = LayoutHelper()  # this process's layout helper (see the class: one helper process per process)
+keywords_in_helper = HELPER.keywords
+prestart_helper = HELPER.prestart
+stop_helper = HELPER.stop
 
 
 def _claim_early(doc, claims: _Claims) -> Dict[int, tuple]:
@@ -380,7 +395,7 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     if os.getppid() != parent:
         return
     limit_layout_threads(threads)
-    _SPLIT["split"] = False
+    HELPER.can_start = False  # the helper never starts a helper of its own
     path_started = path
     early_doc = None  # the document it was started for, open while it claims pages of it ahead of the request
     if path is not None:

@@ -71,7 +71,8 @@ def ocr_enabled(cfg) -> bool:
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "") -> ParsedDocument:
+def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "",
+              page_split: bool = True) -> ParsedDocument:
     """Parses one PDF into elements.
 
     Args:
@@ -80,6 +81,8 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
       config: the full config (``config.ingest`` is read).
       crop_dir: directory that receives the PNG crops (created if needed).
       crop_prefix: path prefix recorded in ``Element.image_path`` (relative to the index directory).
+      page_split: a long document's layout analysed by this process and the layout helper at once
+        (:func:`~cdsjax.io.parse.layout_split.layout_pages`); False: by this process alone. The same elements.
 
     Raises:
       IngestError: the file is not a usable PDF, or parsing failed.
@@ -132,7 +135,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
 
         # the pages this process analysed are walked while the layout helper (if any) still works
         layers: Dict[int, TextLayer] = {}
-        pages = layout_pages(doc, path, on_pages=walk, use_ocr=use_ocr, text_layers=layers)
+        pages = layout_pages(doc, path, on_pages=walk, use_ocr=use_ocr, text_layers=layers, split=page_split)
         walk(walked, pages[walked:])
         attach_context(visual_pos, words, int(cfg.context_words))
         resolve_parents(elements)
