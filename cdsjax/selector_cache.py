@@ -1,11 +1,13 @@
 """The jitted selectors of a process, least recently used dropped beyond a cap (:class:`SelectorCache`), and
-the one that pipelines built without their own share (:func:`shared_selector_cache`)."""
+the one that pipelines built without their own share (:func:`shared_selector_cache`, held by
+:data:`cdsjax.memo.PROCESS`)."""
 
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Dict
+
+from cdsjax.memo import PROCESS
 
 DEFAULT_MAX_COMPILED = 16
 
@@ -39,17 +41,9 @@ class SelectorCache(collections.OrderedDict):
             return value
 
 
-_SHARED_COMPILED: Dict[int, SelectorCache] = {}
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_selector_cache(maxsize: int = DEFAULT_MAX_COMPILED) -> SelectorCache:
     """The process's :class:`SelectorCache` of ``maxsize`` entries, which pipelines built without ``compiled``
     share: a new pipeline (another index, the same index reloaded, the next ``ask`` of a process) reuses the
     selectors jitted before it, and asks without tracing or compiling again where its corpus pads to a size
     already met. Its cap bounds the process's compiled selectors as it bounded each pipeline's."""
-    with _SHARED_LOCK:
-        cache = _SHARED_COMPILED.get(int(maxsize))
-        if cache is None:
-            cache = _SHARED_COMPILED[int(maxsize)] = SelectorCache(maxsize)
-        return cache
+    return PROCESS.selector_caches.get(int(maxsize), lambda: SelectorCache(maxsize))

@@ -170,20 +170,16 @@ def _joined(parts: Sequence[DocumentNotes], field: str) -> Optional[list]:
     return None if any(v is None for v in values) else [x for v in values for x in v]
 
 
-_TOP_K: Dict[str, Any] = {}
+def top_k_notes():
+    """A new ``jit((q [b, d], z [N, d], k) -> [b, k] top positions of q @ z.T)``, compiled once per shape by the
+    object returned (a caller that searches more than once keeps it: :func:`first_stage`'s ``top_k``)."""
+    import jax
+
+    return jax.jit(lambda q, z, k: jax.lax.top_k(q @ z.T, k)[1], static_argnums=2)
 
 
-def _top_k_notes():
-    """``jit((q [b, d], z [N, d], k) -> [b, k] top positions of q @ z.T)``, compiled once
-    per shape (built lazily: this module imports JAX only when it computes)."""
-    if "fn" not in _TOP_K:
-        import jax
-
-        _TOP_K["fn"] = jax.jit(lambda q, z, k: jax.lax.top_k(q @ z.T, k)[1], static_argnums=2)
-    return _TOP_K["fn"]
-
-
-def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int = 256) -> np.ndarray:
+def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int = 256,
+                top_k: Optional[Callable] = None) -> np.ndarray:
     """Top-``k`` notes by exact cosine for each query: a ``jnp`` matmul and ``lax.top_k``.
 
     Args:
@@ -191,6 +187,7 @@ def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int 
       notes: ``[N, d]`` L2-normalised notes of the whole collection.
       k: notes kept per query (at most ``N``).
       chunk: queries per compiled call (bounds the ``[chunk, N]`` score matrix).
+      top_k: the compiled search (:func:`top_k_notes`) of a caller that searches again; None: a new one.
 
     Returns:
       ``[b, min(k, N)]`` int note positions, best first.
@@ -199,7 +196,7 @@ def first_stage(query_emb: np.ndarray, notes: np.ndarray, k: int, *, chunk: int 
 
     k = min(int(k), notes.shape[0])
     z = jnp.asarray(notes, jnp.float32)
-    fn = _top_k_notes()
+    fn = top_k_notes() if top_k is None else top_k
     out = []
     for start in range(0, query_emb.shape[0], chunk):
         q = np.asarray(query_emb[start:start + chunk], np.float32)

@@ -19,12 +19,12 @@ and questions without torch (``embedder.backend = "auto"``, the default; ``"onnx
 
 from __future__ import annotations
 
-import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from cdsjax.io.model_files import MINILM_NAMES, resolve_model
+from cdsjax.memo import PROCESS
 
 
 # Per-model conventions used when the config leaves a field as None.
@@ -38,8 +38,6 @@ PRESETS = {
 }
 
 BACKENDS = ("auto", "onnx", "sentence-transformers")
-_MODELS: Dict[Tuple[str, str, bool], object] = {}
-_LOCK = threading.Lock()
 
 
 class EmbedderError(RuntimeError):
@@ -188,10 +186,7 @@ class Embedder:
     def model(self):
         if self._model is None:
             key = (self.source, self.device, self.trust_remote_code)
-            with _LOCK:
-                if key not in _MODELS:
-                    _MODELS[key] = self._load()
-                self._model = _MODELS[key]
+            self._model = PROCESS.sentence_transformers.get(key, self._load)  # one load per model per process
         return self._model
 
     def _load(self):

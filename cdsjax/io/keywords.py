@@ -3,9 +3,9 @@ helper process (:func:`cdsjax.io.parse.layout_split.keywords_in_helper`)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import List
 
-_YAKE: Dict[Tuple[str, int], object] = {}
+from cdsjax.memo import PROCESS
 
 
 def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
@@ -13,13 +13,15 @@ def extract_keywords(text: str, *, top: int, language: str = "en") -> List[str]:
     text = " ".join(text.split())
     if len(text) < 3 or top <= 0:
         return []
-    key = (language, top)
-    if key not in _YAKE:
-        import yake
-
-        _YAKE[key] = yake.KeywordExtractor(lan=language, n=3, top=top, dedupLim=0.7)
+    extractor = PROCESS.keyword_extractors.get((language, top), lambda: _yake(language, top))
     try:
-        pairs = _YAKE[key].extract_keywords(text[:6000])
+        pairs = extractor.extract_keywords(text[:6000])
     except Exception:  # YAKE fails on some degenerate inputs (only digits/punctuation)
         return []
     return [kw for kw, _ in pairs]
+
+
+def _yake(language: str, top: int):
+    import yake
+
+    return yake.KeywordExtractor(lan=language, n=3, top=top, dedupLim=0.7)

@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.io.parse.layout import layout_threads, usable_cores  # the share chosen for this process, its cores
+from cdsjax.memo import PROCESS
 
 EXPORT_VERSION = 1  # part of an exported file's name: bump when export_model changes what it writes
 OPSET = 17
@@ -41,8 +42,6 @@ EXPORT_SUFFIX = ".onnx"
 # to its first (longest) text, would exceed this (at least one text per call).
 TOKEN_BUDGET = 1024
 
-_ENCODERS: dict = {}
-_LOCK = threading.Lock()
 
 
 def _read_json(path: Path):
@@ -229,13 +228,10 @@ class SentenceEncoder:
             return None, "not a local sentence-transformers model with mean pooling (and no remote code)"
         key = (str(root), info.get("query_prefix") or "", info.get("document_prefix") or "",
                bool(info.get("normalize", True)))
-        with _LOCK:
-            if key not in _ENCODERS:
-                try:
-                    _ENCODERS[key] = cls(root, info)
-                except Exception as err:  # noqa: BLE001 - no torch to export, unreadable files: sentence-transformers
-                    return None, f"the ONNX export failed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
-            return _ENCODERS[key], ""
+        try:  # one export and session per model per process
+            return PROCESS.onnx_encoders.get(key, lambda: cls(root, info)), ""
+        except Exception as err:  # noqa: BLE001 - no torch to export, unreadable files: sentence-transformers
+            return None, f"the ONNX export failed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
 
     def _run(self, encodings, rows: Sequence[int], width: int) -> np.ndarray:
         ids = np.full((len(rows), width), self.pad_id, np.int64)

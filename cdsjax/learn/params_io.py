@@ -9,13 +9,13 @@ per page); :func:`resolve_params` turns what a user gives (a path, a value, noth
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import pathlib
 from typing import Tuple, Union
 
 from cdsjax.core.learned import LearnedParams
+from cdsjax.memo import PROCESS
 
 __all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "FORMAT", "VERSION", "default_params", "default_params_file",
            "load_params", "params_hash", "resolve_params", "save_params"]
@@ -82,12 +82,8 @@ def default_params_file(readout: str = "top") -> pathlib.Path:
 
 def default_params(readout: str = "top") -> LearnedParams:
     """The shipped fit of the read-out ``readout`` (``"top"``: :data:`DEFAULT_PARAMS`), read once per process."""
-    return _shipped(default_params_file(readout))
-
-
-@functools.lru_cache(maxsize=None)
-def _shipped(path: pathlib.Path) -> LearnedParams:
-    return load_params(path)[0]
+    path = default_params_file(readout)
+    return PROCESS.shipped_params.get(path, lambda: load_params(path)[0])
 
 
 def resolve_params(params: Union[str, pathlib.Path, LearnedParams, None] = None,

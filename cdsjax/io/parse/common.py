@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, union
 from cdsjax.io.parse.layout import Region, import_pymupdf
@@ -109,11 +109,21 @@ def one_line(err: BaseException) -> str:
 # --------------------------------------------------------------------------- chunks, labels, crops
 
 
-def chunk_page(doc_id, pno, body: List[Region], cfg) -> List[Tuple[int, int, Element]]:
-    """Splits a page's body text into chunks; each chunk keeps the boxes it came from."""
+def text_splitter(cfg):
+    """LangChain's ``RecursiveCharacterTextSplitter`` of ``config.ingest``'s ``chunk_size`` and ``chunk_overlap``
+    characters: a parser makes one per document and hands it to :func:`chunk_page` for each page."""
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    return RecursiveCharacterTextSplitter(chunk_size=int(cfg.chunk_size), chunk_overlap=int(cfg.chunk_overlap),
+                                          add_start_index=True)
+
+
+def chunk_page(doc_id, pno, body: List[Region], cfg, splitter=None) -> List[Tuple[int, int, Element]]:
+    """Splits a page's body text into chunks with ``splitter`` (None: :func:`text_splitter` of ``cfg``); each
+    chunk keeps the boxes it came from."""
     if not body:
         return []
-    splitter = _splitter(int(cfg.chunk_size), int(cfg.chunk_overlap))
+    splitter = text_splitter(cfg) if splitter is None else splitter
     sep = "\n\n"
     spans = []  # (start, end, region)
     pieces = []
@@ -138,19 +148,6 @@ def chunk_page(doc_id, pno, body: List[Region], cfg) -> List[Tuple[int, int, Ele
         out.append((covered[0].order, 2, el))
     return out
 
-
-_SPLITTERS: Dict[Tuple[int, int], object] = {}
-
-
-def _splitter(size: int, overlap: int):
-    key = (size, overlap)
-    if key not in _SPLITTERS:
-        from langchain_text_splitters import RecursiveCharacterTextSplitter
-
-        _SPLITTERS[key] = RecursiveCharacterTextSplitter(
-            chunk_size=size, chunk_overlap=overlap, add_start_index=True
-        )
-    return _SPLITTERS[key]
 
 def normal_label(m: re.Match) -> str:
     word = m.group(1).lower().rstrip(".")

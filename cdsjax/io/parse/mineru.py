@@ -35,7 +35,7 @@ from typing import List, Optional
 
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.parse.common import (LABEL_RE, ParsedDocument, attach_context, chunk_page, looks_like_chart,
-                                    normal_label, one_line, open_pdf, resolve_parents, write_crop)
+                                    normal_label, one_line, open_pdf, resolve_parents, text_splitter, write_crop)
 from cdsjax.io.parse.layout import Region, import_pymupdf
 
 MINERU_VERSION = "mineru-1"
@@ -131,6 +131,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
         crop_dir = Path(crop_dir)
         crop_dir.mkdir(parents=True, exist_ok=True)
         base = Path(content_list).parent
+        splitter = text_splitter(cfg)  # one for the document's pages
         elements: List[Element] = []
         words: List[str] = []
         visual_pos = []
@@ -171,7 +172,7 @@ def read_content_list(content_list: Path, pdf: Path, doc_id: str, *, config, cro
                         cap = Element(doc_id, pno, list(bbox), "text", caption, role="caption", label=el.label)
                         cap.parent = id(el)
                         captions.append((order, cap))
-            chunks = chunk_page(doc_id, pno, body, cfg)
+            chunks = chunk_page(doc_id, pno, body, cfg, splitter)
             ordered = [(o, 0, e) for o, e in visuals] + [(o, 1, e) for o, e in captions] + chunks
             ordered.sort(key=lambda t: (t[0], t[1]))
             for item in sorted(stream, key=lambda t: t[0]):

@@ -25,16 +25,16 @@ read them.
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap
+from cdsjax.memo import PROCESS
 from cdsjax.io.parse.common import (DEFAULT_MAX_PAGES, LABEL_RE, NUMBER_RE, ParsedDocument, attach_context,
                                     chunk_page, looks_like_chart, normal_label, one_line, open_pdf,
-                                    resolve_parents, write_crop)
+                                    resolve_parents, text_splitter, write_crop)
 from cdsjax.io.parse.layout import Region, TextLayer, import_pymupdf, read_text_layer
 from cdsjax.io.parse.layout_split import layout_pages
 
@@ -50,9 +50,13 @@ CAPTION_START_RE = re.compile(
 FOOTNOTE_RE = re.compile(r"^\s*(notes?|sources?)\s*[:.]|^\s*\*", re.IGNORECASE)
 
 
-@functools.lru_cache(maxsize=1)
 def ocr_available() -> bool:
-    """True when Tesseract and its language data can be used by PyMuPDF."""
+    """True when Tesseract and its language data can be used by PyMuPDF (probed once per process:
+    :data:`cdsjax.memo.PROCESS`)."""
+    return PROCESS.machine.get("tesseract", _probe_tesseract)
+
+
+def _probe_tesseract() -> bool:
     if shutil.which("tesseract") is None:
         return False
     pymupdf = import_pymupdf()
@@ -101,6 +105,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         words: List[str] = []  # body words of the whole document, in reading order
         visual_pos: List[Tuple[Element, int]] = []
         crop_dir = Path(crop_dir)
+        splitter = text_splitter(cfg)  # one for the document's pages
         crop_dir.mkdir(parents=True, exist_ok=True)
         walked = 0  # pages turned into elements so far (in page order)
 
@@ -119,7 +124,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                     regions = regions + layer.ocr
                     ocr_failed += layer.ocr_failed
                 page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg,
-                                                                has_text=has_text)
+                                                                has_text=has_text, splitter=splitter)
                 # reading-order walk: body words advance the context cursor, visuals record where they sit
                 for item in stream:
                     if isinstance(item, Element):
@@ -159,7 +164,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         doc.close()
 
 
-def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_text: bool):
+def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_text: bool, splitter=None):
     """Turns one page's regions into elements (not yet numbered)."""
     min_area = float(cfg.min_visual_area)
     visuals: List[Tuple[int, Element]] = []
@@ -230,7 +235,7 @@ def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_te
         full = Element(doc_id, pno, list(page_rect), "figure", "", role="page-image")
         visuals.append((-1, full))
 
-    chunks = chunk_page(doc_id, pno, body, cfg)
+    chunks = chunk_page(doc_id, pno, body, cfg, splitter)
     items = [(o, 0, e) for o, e in visuals] + [(o, 1, e) for o, e in caption_elements] + chunks
     items.sort(key=lambda t: (t[0], t[1]))
     stream = sorted([(o, 0, v) for o, v in visuals] + [(r.order, 1, r.text.split()) for r in body],
