@@ -121,7 +121,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
 
 
 def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
-    """Starts the layout helper (:func:`cdsjax.io.parse.layout.prestart_helper`) for the first of ``pdfs`` that
+    """Starts the layout helper (:func:`cdsjax.io.parse.layout_split.prestart_helper`) for the first of ``pdfs`` that
     :func:`index_pdf` will parse, before anything else is imported here: ``cdsjax ask NEW.pdf`` calls this
     first, so that the helper's imports and model load overlap this process's (JAX, the pipeline, PyMuPDF).
     The helper counts the pages itself and ends at once when the document is too short to split."""
