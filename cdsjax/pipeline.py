@@ -469,9 +469,9 @@ class Pipeline:
     def with_bound(self, fn, problem: core.CDSProblem, key: tuple, *, traced: Optional[dict] = None) -> core.CDSProblem:
         """``problem`` carrying the spectral bound and the note block of ``fn``'s game on this corpus, computed
         on the first question and kept (per selector and number of query rows): the corpus's one
-        eigendecomposition replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit
+        eigendecomposition replaces one per question (:func:`cdsjax.core.games.spectral.problem_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
-        (:func:`cdsjax.core.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
+        (:func:`cdsjax.core.strategies.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
         (:func:`split_options`), which the bound and block depend on."""
         values = tuple(sorted((traced or {}).items()))
         return self.corpus_arrays.attach(fn, problem, key=(key[0], key[2], values))  # neither depends on the budget

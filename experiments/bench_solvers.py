@@ -52,7 +52,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cdsjax import core  # noqa: E402
-from cdsjax.core.replicator import prepare_x0, replicator_shift  # noqa: E402
+from cdsjax.core.solvers.replicator import prepare_x0, replicator_shift  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "mmlongbench"

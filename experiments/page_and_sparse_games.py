@@ -11,7 +11,7 @@ them as selectors::
     from experiments.page_and_sparse_games import SPECS
     fn = SPECS["cds_pages"].make(10, beta=0.03)
 
-``cds_learned_sparse`` needs its ``params`` (a :class:`~cdsjax.core.learned.LearnedParams`; ``cdsjax.learn.
+``cds_learned_sparse`` needs its ``params`` (a :class:`~cdsjax.core.games.learned.LearnedParams`; ``cdsjax.learn.
 default_params()`` is the shipped fit).
 """
 
@@ -22,13 +22,13 @@ from typing import Callable, Optional
 import jax.numpy as jnp
 
 from cdsjax.core.baselines import relevance
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.readouts import MAX_NOTES_PER_PAGE
 from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.structure import (KEEP_QUERY, PageGameParams, select_page_game, sparse_learned_ranking,
                                    structured_readout)
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_int_range
 

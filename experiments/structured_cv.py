@@ -109,7 +109,7 @@ def _rank_fn(kind: str, keep: str = "peel"):
 
     from cdsjax.core import structure as S
     from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr
-    from cdsjax.core.cds import cds
+    from cdsjax.core.strategies.cds import cds
     from cdsjax.core.types import CDSProblem
 
     def f(*args):
@@ -146,7 +146,7 @@ def _rank_fn(kind: str, keep: str = "peel"):
 
 
 def _param(kind, p):
-    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.games.learned import LearnedParams
     from cdsjax.core.structure import PageGameParams
 
     if kind == "rank_learned":

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.shared import question_affinity, question_relevance, shared_payoff
+from cdsjax.core.games.payoff import DensePayoff
+from cdsjax.core.strategies.shared import question_affinity, question_relevance, shared_payoff
 
 N, D, B, BUDGET = 9, 6, 3, 3
 CONVERGED_SOLVERS = ("inimdyn", "active_set")

@@ -18,7 +18,7 @@ import pytest
 from cdsjax import core
 from cdsjax.learn import default_params
 from tests.conftest import on_arrays
-from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.games.payoff import DensePayoff
 from experiments.page_and_sparse_games import SPECS as GAMES
 
 BUDGET = 3

@@ -1,4 +1,4 @@
-"""One corpus, many questions (cdsjax.core.corpus): the note block built once is the dense affinity's, and a
+"""One corpus, many questions (cdsjax.core.strategies.corpus): the note block built once is the dense affinity's, and a
 question solved on it (the primal-dual active set, the active set as its fallback) picks the notes the dense solve picks."""
 
 import jax
@@ -8,12 +8,12 @@ import pytest
 
 from cdsjax import catalog, core
 from cdsjax.core import registry
-from cdsjax.core.active_set import ActiveSet, capacities
-from cdsjax.core.corpus import check_block_problem, problem_block
-from cdsjax.core.learned import LearnedParams, learned_affinity
-from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.solver import iterate
-from cdsjax.core.solvers import SERVING_SOLVER, SolveOptions
+from cdsjax.core.solvers.active_set import ActiveSet, capacities
+from cdsjax.core.strategies.corpus import check_block_problem, problem_block
+from cdsjax.core.games.learned import LearnedParams, learned_affinity
+from cdsjax.core.games.payoff import DensePayoff
+from cdsjax.core.solvers.loop import iterate
+from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)

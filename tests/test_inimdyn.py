@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.inimdyn import default_tol, solve_inimdyn, vertex_step
+from cdsjax.core.solvers.active_set import solve_active_set
+from cdsjax.core.solvers.inimdyn import default_tol, solve_inimdyn, vertex_step
 from cdsjax.core.types import Affinity
 
 CONVERGED = {"inimdyn": solve_inimdyn, "active_set": solve_active_set}

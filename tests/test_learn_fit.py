@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.learn import FitConfig, Objectives, fit, load_params, save_params, split_by_document
 from cdsjax.learn.data import Example, make_batches
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
+from cdsjax.core.games.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
 
 
 def as_problem(p, **extra):

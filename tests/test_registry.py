@@ -100,7 +100,7 @@ def test_uniform_signature_jits_and_vmaps(name):
 def test_the_learned_selector_runs_the_solver_object_it_is_given():
     """A user passes their own solver object (its limits are the ones that run); a configuration's name is
     converted once (solver_from_name), and an alias is refused."""
-    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.games.learned import LearnedParams
 
     notes, query, links = problem(4)
     run = lambda **kw: on_arrays(core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), **kw))(

@@ -418,7 +418,7 @@ def test_run_selector_float64():
 
 @pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_release_drops_a_selectors_executables():
-    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.games.learned import LearnedParams
     from cdsjax.eval import run as R
 
     problems = _synthetic_problems([5, 9], seed=3)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.replicator import replicator_shift
-from cdsjax.core.shared import question_affinity, question_relevance
+from cdsjax.core.solvers.replicator import replicator_shift
+from cdsjax.core.strategies.shared import question_affinity, question_relevance
 
 # Float64 references at tolerances float32 cannot reach, throughout.
 pytestmark = pytest.mark.x64

@@ -1,4 +1,4 @@
-"""The penalty without a per-question eigendecomposition (cdsjax.core.spectral): the corpus bound is the
+"""The penalty without a per-question eigendecomposition (cdsjax.core.games.spectral): the corpus bound is the
 per-question bound bit for bit; the certified bound is never below float64 eigvalsh and tight on CDS blocks."""
 
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.learned import LearnedParams, learned_affinity
-from cdsjax.core.spectral import certified_bound, corpus_bound, gershgorin, learned_corpus_bound, learned_is_corpus_level
+from cdsjax.core.games.learned import LearnedParams, learned_affinity
+from cdsjax.core.games.spectral import certified_bound, corpus_bound, gershgorin, learned_corpus_bound, learned_is_corpus_level
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
@@ -68,7 +68,7 @@ def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
     """cds() on a problem with the corpus bound (problem_bound) == the same problem computing it per
     question, for the paper game's strategies and the learned game; the registry's selectors supply it."""
     from cdsjax.core.registry import corpus_bound_fn
-    from cdsjax.core.spectral import problem_bound
+    from cdsjax.core.games.spectral import problem_bound
 
     z, q, valid, pages = corpus(40, 64, seed=7)
     problem = core.CDSProblem.create(z, q, valid, pages=pages)
@@ -200,9 +200,9 @@ def test_gathered_newton_matches_the_dense_system():
     """ActiveSet(gather=K) solves the face's Newton system on the gathered support (O(K³ + KN)); with a
     support that fits it reaches the same equilibrium as the dense system, and one that does not fit
     falls back to the dense system."""
-    from cdsjax.core.active_set import ActiveSet
-    from cdsjax.core.payoff import DensePayoff
-    from cdsjax.core.solver import iterate
+    from cdsjax.core.solvers.active_set import ActiveSet
+    from cdsjax.core.games.payoff import DensePayoff
+    from cdsjax.core.solvers.loop import iterate
 
     z, q, valid, pages = corpus(100, 128, seed=5)
     aff = learned_affinity(z, q, valid, SHIPPED, pages=pages)

@@ -19,7 +19,7 @@ One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
 ``__all__`` is the public API (docs/api.md); the other names imported here stay importable for existing code.
 """
 
-from cdsjax.core.affinity import (CDSParams, assemble_affinity, build_affinity, note_coupling, problem_affinity,
+from cdsjax.core.games.affinity import (CDSParams, assemble_affinity, build_affinity, note_coupling, problem_affinity,
                                   query_relevance, scale_note_block, spectral_penalty)
 from cdsjax.core.baselines import (
     key_from_query_id,
@@ -41,7 +41,7 @@ from cdsjax.core.implicit import (
     implicit_tangent,
     initial_point,
 )
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.surrogates import (equilibrium_scores, gold_mass, hard_recall, page_readout_scores,
                                     retrieval_surrogates, soft_recall)
 from cdsjax.core.batching import (
@@ -54,7 +54,7 @@ from cdsjax.core.batching import (
     padded_batch,
     run_buckets,
 )
-from cdsjax.core.replicator import (
+from cdsjax.core.solvers.replicator import (
     kkt_residual,
     objective,
     replicator_shift,
@@ -63,24 +63,24 @@ from cdsjax.core.replicator import (
     uniform_x0,
 )
 from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_spec
-from cdsjax.core.solvers import (DEFAULT_SOLVER, SERVING_SOLVER, SOLVER_NAMES, SolveOptions, WithFallback, solve,
+from cdsjax.core.solvers.options import (DEFAULT_SOLVER, SERVING_SOLVER, SOLVER_NAMES, SolveOptions, WithFallback, solve,
                                  solve_options, solver_from_name)
-from cdsjax.core.cds import STRATEGIES, cds
+from cdsjax.core.strategies.cds import STRATEGIES, cds
 from cdsjax.core.compat import cds_peel, cds_select, cds_select_shared, cds_support, cds_weights
 from cdsjax.core.diagnostics import diagnostics
 from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status
-from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, support_count, within_limits
-from cdsjax.core.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.replicator import Replicator
-from cdsjax.core.inimdyn import InImDyn
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.pdas import PrimalDualActiveSet
+from cdsjax.core.solvers.loop import LoopState, iterate, nash_error, stop_rule, support_count, within_limits
+from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
+from cdsjax.core.solvers.replicator import Replicator
+from cdsjax.core.solvers.inimdyn import InImDyn
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.pdas import PrimalDualActiveSet
 from cdsjax.core.graph import diffusion_prior, ppr_vector
 from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
-from cdsjax.core.inimdyn import solve_inimdyn
-from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.support import support_settings
-from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
+from cdsjax.core.solvers.inimdyn import solve_inimdyn
+from cdsjax.core.solvers.active_set import solve_active_set
+from cdsjax.core.strategies.support import support_settings
+from cdsjax.core.strategies.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import (
     CONVERGED,

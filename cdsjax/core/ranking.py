@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_NONE, FILL_SHORT_SUPPORT, Affinity, Selection, SolverResult
 from cdsjax.core.validation import check_budget
 

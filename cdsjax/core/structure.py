@@ -39,14 +39,14 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import spectral_penalty
+from cdsjax.core.games.affinity import spectral_penalty
 from cdsjax.core.baselines import cut_to_budget, same_unit
 from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
 from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
-from cdsjax.core.replicator import softmax_prior
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.solvers import SolveOptions, solve_options
+from cdsjax.core.solvers.replicator import softmax_prior
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.options import SolveOptions, solve_options
 from cdsjax.core.types import FILL_NONE, FILL_SHORT_SUPPORT, SUPPORT_THRESHOLD, Affinity, Selection
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid
 
@@ -401,14 +401,14 @@ def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, fact
                            links: Optional[Array] = None, pages: Optional[Array] = None,
                            doc_ids: Optional[Array] = None, kinds: Optional[Array] = None,
                            options: Optional[SolveOptions] = None, keep: str = "peel") -> tuple[Array, Selection]:
-    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.learned.learned_affinity`, its penalty
+    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.games.learned.learned_affinity`, its penalty
     at the spectral bound) moved to the sparse regime :math:`\alpha = b + (f - 1)|b|` by :func:`sparse_affinity`, solved
     by the converged solver from around the query, every note ranked by the one read-out (support by weight, then the
     fill rule). ``keep="peel"`` (default): where the query leaves the support, that support is peeled off and the
     game solved again on the rest until a support holds the query (:func:`solve_peeling_to_query`; the cluster
     around the query, a dominant set proper); ``keep="bound"``: the game at the bound is read instead
     (:func:`solve_keeping_query`). ``kept``: the query is in the support that is read."""
-    from cdsjax.core.learned import learned_affinity
+    from cdsjax.core.games.learned import learned_affinity
 
     options = solve_options(STRUCTURE_OPTIONS if options is None else options)
     notes = jnp.asarray(notes)

@@ -17,8 +17,8 @@ from jax import Array, lax
 
 from cdsjax.core.implicit import cds_equilibrium, implicit_system_ok
 from cdsjax.core.protocols import Game
-from cdsjax.core.solver import support_count
-from cdsjax.core.solvers import SolveOptions, solve_options
+from cdsjax.core.solvers.loop import support_count
+from cdsjax.core.solvers.options import SolveOptions, solve_options
 from cdsjax.core.types import CONVERGED, SUPPORT_THRESHOLD, Affinity, CDSProblem
 from cdsjax.core.validation import check_budget
 

@@ -1,7 +1,7 @@
 r"""Fitting the learned game: Adam on a smooth recall@B through the implicit derivatives of the equilibrium.
 
 **Objective.** For each training question, the converged equilibrium :math:`x^*(\theta)` of the learned
-game (:func:`cdsjax.core.cds_equilibrium` with :class:`~cdsjax.core.learned.LearnedParams`) is extended off its support by the KKT slack, which is
+game (:func:`cdsjax.core.cds_equilibrium` with :class:`~cdsjax.core.games.learned.LearnedParams`) is extended off its support by the KKT slack, which is
 exactly the order in which a :class:`~cdsjax.core.Selection` reads its ``budget`` picks (support by weight,
 then the fill rule). The surrogate is :func:`cdsjax.core.soft_recall` of those scores: a soft top-B cut
 midway between the B-th and (B+1)-th score, soft coverage of each gold unit (page or paragraph), mean over
@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from cdsjax.core.batching import DEFAULT_BUCKETS
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.learn.data import Batch, Example, example_of, make_batches
 
 # The coarse grid the fit starts from: beta (the surrogate is not concave in it), relevance-weighted repulsion,

@@ -15,7 +15,7 @@ import json
 import pathlib
 from typing import Tuple, Union
 
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 
 __all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "FORMAT", "VERSION", "default_params", "default_params_file",
            "load_params", "params_hash", "resolve_params", "save_params"]

@@ -16,7 +16,7 @@ A loop solver (the :class:`~cdsjax.core.protocols.IterativeSolver` protocol) is 
 how a solve ended is decided in the loop, and returns a
 :class:`~cdsjax.core.SolverResult`. The payoff is reached only through the
 :class:`~cdsjax.core.protocols.Payoff` methods, so a batched payoff
-(:class:`~cdsjax.core.payoff.SharedPayoff`) runs through the same loop: each batch
+(:class:`~cdsjax.core.games.payoff.SharedPayoff`) runs through the same loop: each batch
 row keeps its own stopping rule and is frozen once it stops.
 """
 
@@ -137,8 +137,8 @@ def finish(payoff, x: Array, num_iters, err, status: Array, name: str) -> Solver
 class LoopSolver:
     """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, a question's dense
     payoff runs the solver itself (``dense``), ``with_limits`` replaces ``tol`` / ``max_iter``, and the properties
-    the strategies read (:mod:`cdsjax.core.solvers`), here with a converged solver's values: a subclass sets its
-    ``name`` and what differs. A solver that is not one loop (:class:`cdsjax.core.solvers.WithFallback`) provides
+    the strategies read (:mod:`cdsjax.core.solvers.options`), here with a converged solver's values: a subclass sets its
+    ``name`` and what differs. A solver that is not one loop (:class:`cdsjax.core.solvers.options.WithFallback`) provides
     them itself."""
 
     name = "loop"

@@ -42,7 +42,7 @@ Structure arrays come from the :class:`~cdsjax.core.CDSProblem` (all optional, `
 (:data:`NOTE_KINDS` code, -1 unknown), ``links`` (``[n, n]`` bool); its ``pinned`` notes join the
 constraint set as in the paper's game.
 
-:class:`LearnedParams` is a game (:class:`~cdsjax.core.protocols.Game`): :func:`cdsjax.core.cds` takes it as
+:class:`LearnedParams` is a game (:class:`~cdsjax.core.protocols.Game`): :func:`cdsjax.core.strategies.cds` takes it as
 ``params`` under every strategy, solver and adjoint, and :func:`cdsjax.core.cds_equilibrium` differentiates
 it. Parameter files are read and written by :mod:`cdsjax.learn` (the core opens no file).
 """
@@ -58,7 +58,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import CDSParams, assemble_affinity, note_coupling, query_relevance
+from cdsjax.core.games.affinity import CDSParams, assemble_affinity, note_coupling, query_relevance
 from cdsjax.core.types import NOTE_KINDS, Affinity, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
@@ -298,7 +298,7 @@ def learned_affinity(
       links, doc_ids, pages, kinds: optional structure arrays (module docstring).
       pinned: optional ``[n]`` bool, notes that join the constraint set.
       bound: optional ``[]`` spectral bound precomputed for the corpus
-        (:func:`cdsjax.core.spectral.learned_corpus_bound`), used instead of the per-question one.
+        (:func:`cdsjax.core.games.spectral.learned_corpus_bound`), used instead of the per-question one.
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at
@@ -343,7 +343,7 @@ def learned_note_block(notes: Array, valid: Array, theta: LearnedParams, *, link
                        kinds=None) -> Array:
     """``[n, n]`` the learned game's note block when it does not read the question (``rel_repulsion`` 0;
     with a repulsion, the block of a question that finds no note relevant), as :func:`learned_affinity`
-    builds it: computed once for a corpus (:func:`cdsjax.core.corpus.problem_block`)."""
+    builds it: computed once for a corpus (:func:`cdsjax.core.strategies.corpus.problem_block`)."""
     notes = jnp.asarray(notes)
     notes, _, valid, theta = _inputs(notes, jnp.zeros((1, notes.shape[1]), notes.dtype), valid, theta)
     rho = jnp.zeros(notes.shape[:1], notes.dtype)
@@ -372,9 +372,9 @@ def learned_is_corpus_level(theta) -> bool:
 def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
                          num_queries: int = 1) -> Array:
     r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon` once per
-    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.learned.learned_affinity` applies).
+    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.games.learned.learned_affinity` applies).
 
-    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are masked
+    Built by :func:`~cdsjax.core.games.learned.learned_affinity` itself on an all-zero question (its rows are masked
     out of the bound). With ``rel_repulsion`` 0 the note block :math:`C` does not read the question and this is
     the per-question bound bit for bit. Otherwise the block is
     :math:`W(q) = (1-\lambda)C + \lambda D_\rho C D_\rho` with :math:`0 \le \rho_i \le 1`, and for a unit
