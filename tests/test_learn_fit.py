@@ -134,7 +134,7 @@ def test_page_readout_scores_give_the_page_recall_of_the_one_note_per_page_reado
     import jax.numpy as jnp
 
     from cdsjax.core import hard_recall, page_readout_scores
-    from cdsjax.core.structure import structured_readout
+    from cdsjax.core.readouts import structured_readout
 
     rng = np.random.default_rng(0)
     for trial in range(20):

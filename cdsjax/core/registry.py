@@ -355,7 +355,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("cds_learned", _cds_learned, solver=SERVING_SOLVER, needs_links=True, structure=True, pages_only=True,
           learned=True,
           options=LEARNED_OPTIONS),
-    # read-outs that see the document's pages (cdsjax.core.structure): a ranking read at most notes_per_page
+    # read-outs that see the document's pages (cdsjax.core.readouts): a ranking read at most notes_per_page
     # notes of a page per round, in the ranking's order
     _spec("mmr_pages", _mmr_pages, structure=True,
           options=(*keyword_options(_mmr), *PAGE_OPTIONS)),

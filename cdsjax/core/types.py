@@ -253,7 +253,7 @@ class CDSProblem:
         computed without the pinned notes) keeps the guarantee.
       describes: optional ``[n]`` int32, the note each note describes: a caption's (or a Note/Source line's)
         figure, table or chart, -1 for none (the default's read-out reads a caption with its visual,
-        :func:`cdsjax.core.structure.fold_described`); None: no note describes another.
+        :func:`cdsjax.core.readouts.fold_described`); None: no note describes another.
 
     A question posed with its corpus's precomputed note block is the problem type :class:`BlockProblem`.
     """

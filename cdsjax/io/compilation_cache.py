@@ -133,13 +133,12 @@ def core_tree_types() -> tuple:
     (problems, payoffs, parameters, results): what :class:`CompileCache` registers by default."""
     from cdsjax.core.games.learned import LearnedParams
     from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
-    from cdsjax.core.structure import PageGameParams
     from cdsjax.core.games.affinity import CDSParams
     from cdsjax.core.solvers.options import SolveOptions
     from cdsjax.core.types import Affinity, BlockProblem, CDSProblem, Selection, SolverResult
 
-    return (CDSProblem, BlockProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams,
-            SolveOptions, SolverResult, Selection)
+    return (CDSProblem, BlockProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, SolveOptions,
+            SolverResult, Selection)
 
 
 class CompileCache:
