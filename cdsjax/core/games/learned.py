@@ -55,6 +55,7 @@ from typing import ClassVar, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax import Array, lax
 
@@ -362,11 +363,14 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
 
 def learned_is_corpus_level(theta) -> bool:
     """True when the learned game's note block does not read the question: a relevance-weighted repulsion
-    of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
-    try:
-        return float(theta.rel_repulsion) <= 0.0
-    except (TypeError, jax.errors.ConcretizationTypeError):
+    known to be 0, i.e. a concrete number (a Python number or a one-element array) at or below 0. A traced
+    ``rel_repulsion`` (under ``jit``, ``grad`` or ``vmap``) is not known, so the answer is then False and each
+    question builds its own block; so is it for an array of several values."""
+    repulsion = theta.rel_repulsion
+    if isinstance(repulsion, jax.core.Tracer):
         return False
+    repulsion = np.asarray(repulsion)
+    return repulsion.size == 1 and repulsion.dtype != object and float(repulsion.reshape(())) <= 0.0
 
 
 def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
