@@ -357,3 +357,43 @@ def test_gold_mass_and_surrogate_gradients():
     fd = np_central_jacobian(reference, np.asarray(theta))
     assert np.abs(fd).max() > 1e-3
     np.testing.assert_allclose(fwd, fd, rtol=1e-5, atol=1e-9)
+
+
+class _ImplicitOnly:
+    """A user's solver that accepts the implicit adjoint only (the active set's steps, its own name)."""
+
+    name, names, mode = "implicit_only", ("implicit_only",), "converged"
+    batch_chunk, batches_rows, uses_corpus_block = None, False, False
+    differentiable_by = ("implicit",)
+
+    def solve(self, payoff, x0=None):
+        return core.ActiveSet(tol=1e-12).solve(payoff, x0)
+
+    def with_limits(self, tol=None, max_iter=None):
+        return self
+
+    @property
+    def dense(self):
+        return self
+
+
+def test_equilibrium_accepts_only_the_adjoints_a_solver_lists():
+    """Every shipped solver lists both adjoints; a solver that lists the implicit one alone is refused the loop
+    adjoint in one line, before anything runs, and NoAdjoint (no derivative) is accepted by every solver."""
+    from cdsjax.core.solvers.options import SERVING_SOLVER
+
+    for solver in (core.Replicator(), core.InImDyn(), core.ActiveSet(), core.PrimalDualActiveSet(), SERVING_SOLVER):
+        assert solver.differentiable_by == ("implicit", "loop"), solver
+        assert solver.dense.differentiable_by == ("implicit", "loop"), solver
+    notes, query = clustered_problem(3, n=8)
+    problem = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query), jnp.ones(8, bool))
+    affinity = core.CDSParams(beta=0.5).affinity(problem)
+    only = _ImplicitOnly()
+    implicit_x = core.equilibrium(affinity, only, adjoint=core.ImplicitAdjoint()).x
+    free_x = core.equilibrium(affinity, only, adjoint=core.NoAdjoint()).x
+    np.testing.assert_array_equal(np.asarray(implicit_x), np.asarray(free_x))
+    with pytest.raises(ValueError, match="^solver 'implicit_only' cannot be differentiated by LoopAdjoint"):
+        core.equilibrium(affinity, only, adjoint=core.LoopAdjoint())
+    # a fallback pair accepts what both of its solvers accept
+    pair = core.WithFallback(only, core.ActiveSet(), dense_solver=core.ActiveSet())
+    assert pair.differentiable_by == ("implicit",) and pair.dense.differentiable_by == ("implicit", "loop")

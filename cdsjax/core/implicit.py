@@ -179,6 +179,8 @@ class ImplicitAdjoint:
     converged. The default of :func:`cdsjax.core.strategies.cds` and :func:`cds_equilibrium`.
     """
 
+    kind = "implicit"  # what a solver lists in its ``differentiable_by`` to accept it
+
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` with the implicit derivative attached to its point."""
         if not isinstance(affinity, Affinity):
@@ -191,6 +193,8 @@ class ImplicitAdjoint:
 @struct.dataclass
 class LoopAdjoint:
     """Differentiate through the solver's iterations (forward mode only): the reference path of the tests."""
+
+    kind = "loop"  # what a solver lists in its ``differentiable_by`` to accept it
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` as it is."""
@@ -216,6 +220,8 @@ class NoAdjoint:
 
     reason: str = struct.field(pytree_node=False, default="this solve has no derivative")
 
+    kind = None  # no derivative: every solver accepts it
+
     def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
         """``run(inputs)``, with a derivative through ``inputs`` refused."""
         return run(refuse_derivative(inputs, self.reason))
@@ -233,6 +239,19 @@ def check_adjoint(adjoint) -> Adjoint:
     return adjoint
 
 
+def check_differentiable(solver, adjoint) -> None:
+    """``ValueError`` (one line) when ``adjoint`` asks for a derivative ``solver`` cannot give: its ``kind`` is not
+    in the solver's ``differentiable_by``. An adjoint without a kind (:class:`NoAdjoint`) needs nothing."""
+    kind = getattr(adjoint, "kind", None)
+    if kind is None:
+        return
+    accepted = tuple(getattr(solver, "differentiable_by", ()))
+    if kind not in accepted:
+        name = getattr(solver, "name", type(solver).__name__)
+        raise ValueError(f"solver {name!r} cannot be differentiated by {type(adjoint).__name__} (its "
+                         f"differentiable_by is {accepted}); pass an adjoint it accepts, or NoAdjoint()")
+
+
 def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPORT_THRESHOLD) -> SolverResult:
     r"""The equilibrium of ``game`` found by ``solver`` and differentiated by ``adjoint``: the one solve every
     strategy runs, the adjoint applied here and nowhere else.
@@ -246,7 +265,9 @@ def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPO
       x0: the start: None (the solver's own), a point, or a function of the game (as the adjoint hands it to
         the solve: gradient-stopped under :class:`ImplicitAdjoint`) that returns one.
       adjoint: :class:`ImplicitAdjoint` (None; a dense game only), :class:`LoopAdjoint` (through the
-        iterations) or :class:`NoAdjoint` (a derivative refused, saying why).
+        iterations) or :class:`NoAdjoint` (a derivative refused, saying why). The solver that runs (``solver.dense``
+        on an :class:`Affinity`) must list the adjoint's ``kind`` in its ``differentiable_by``
+        (:func:`check_differentiable`; ``ValueError`` otherwise).
       threshold: the support threshold of the implicit derivative.
 
     Returns:
@@ -254,6 +275,7 @@ def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPO
       fallback taken included).
     """
     adjoint = check_adjoint(adjoint)
+    check_differentiable(solver.dense if isinstance(game, Affinity) else solver, adjoint)
 
     def run(g):
         start = x0(g) if callable(x0) else x0

@@ -77,6 +77,7 @@ class Solver(Protocol):
     batch_chunk: Optional[str]  # the chunk of cdsjax.core.batched on one device
     batches_rows: bool  # one loop over a batch of questions' rows (the "shared" strategy runs it batched)
     uses_corpus_block: bool  # a question carrying its corpus's note block is solved on it
+    differentiable_by: tuple  # the adjoints' kinds its equilibrium accepts: "implicit", "loop" (NoAdjoint: always)
 
     def solve(self, payoff: Payoff, x0: Optional[Array]) -> Any:
         """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (None: the solver's own start)."""

@@ -69,6 +69,11 @@ class WithFallback:
     uses_corpus_block = True
 
     @property
+    def differentiable_by(self) -> tuple:
+        """The adjoints both ``primary`` and ``fallback`` accept (a dense game runs ``dense``, which says its own)."""
+        return tuple(k for k in self.primary.differentiable_by if k in self.fallback.differentiable_by)
+
+    @property
     def name(self) -> str:
         """The primary's name: the solver that runs first (``"pdas"`` for the served solver)."""
         return self.primary.name
