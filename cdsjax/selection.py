@@ -8,7 +8,7 @@ registry selector the same way:
   and kinds -1, kinds as :func:`cdsjax.core.games.learned.kind_codes` names them), and :func:`described_notes` the
   position of the visual each caption note describes (``describes``, -1 for none);
 * :class:`Candidates` pads embeddings, links and structure once to a bucket size
-  (:func:`cdsjax.core.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
+  (:func:`cdsjax.core.batching.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
   :class:`~cdsjax.core.SelectorSpec` asks for (structure only for a selector that reads it), so the same
   candidates in the same order give the same problem, hence the same evidence, everywhere;
 * :func:`resolve_options` gives a learned selector its parameter *value* (a file read by

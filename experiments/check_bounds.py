@@ -42,6 +42,8 @@ def main(argv=None) -> int:
 
     from bench_latency import CACHE, PAGE_SIZE
     from cdsjax import core
+    from cdsjax.core.batching import bucket_size
+    from cdsjax.core.games.affinity import build_affinity
     from cdsjax.core.games.learned import learned_affinity
     from cdsjax.core.games.spectral import learned_corpus_bound
     from cdsjax.learn import default_params
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     for k in range(args.questions):
         i = int(data["paper_of"][k])
         s, n = int(data["starts"][i]), int(data["sizes"][i])
-        size = core.bucket_size(n)
+        size = bucket_size(n)
         z = np.zeros((size, data["notes"].shape[1]), np.float32)
         z[:n] = data["notes"][s:s + n]
         valid = np.arange(size) < n
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
                                     core.CDSParams(alpha_from="full", alpha_bound="certified"))
                 a = core.cds(problem, "single", exact_p, budget=args.budget)
                 b = core.cds(problem, "single", bound_p, budget=args.budget)
-                aff = core.build_affinity(z, q, valid, bound_p)
+                aff = build_affinity(z, q, valid, bound_p)
                 block = np.asarray(aff.matrix, np.float64)[np.ix_(np.asarray(aff.valid), np.asarray(aff.valid))]
                 lam = np.linalg.eigvalsh(block)[-1]
                 excess = (float(aff.alpha) - 1e-3 - lam) / abs(lam)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cdsjax import catalog, core
+from cdsjax.core.games.affinity import problem_affinity
 from cdsjax.core import registry
 from cdsjax.core.solvers.active_set import ActiveSet, capacities
 from cdsjax.core.strategies.corpus import check_block_problem, problem_block
@@ -36,7 +37,7 @@ def test_the_block_is_the_dense_affinitys_note_block():
     problem = core.CDSProblem.create(z, qs[0], valid, pages=pages)
     for params in (SHIPPED, core.CDSParams(), core.CDSParams(beta=0.3)):
         block = jax.jit(lambda p, g=params: problem_block(p, g, SERVING))(problem)
-        dense = jax.jit(lambda p, g=params: core.problem_affinity(p, g).matrix[1:, 1:])(problem)
+        dense = jax.jit(lambda p, g=params: problem_affinity(p, g).matrix[1:, 1:])(problem)
         # the same functions; XLA may fuse the two programs differently (last bits)
         np.testing.assert_allclose(np.asarray(block), np.asarray(dense), rtol=1e-6, atol=1e-7)
     # where the solve would not use it: none is built

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.compat import cds_weights
+from cdsjax.core.games.affinity import build_affinity
 from cdsjax.core import implicit, surrogates
 from tests.test_inimdyn import np_face_solution
 
@@ -73,7 +75,7 @@ def params_of(theta, **kw):
 
 def _weights(theta, notes, query, valid, differentiate="implicit", alpha_from="free", solver="replicator"):
     solver_kw = TIGHT if solver == "replicator" else dict(solver=core.solver_from_name(solver), tol=1e-13)
-    return core.cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from),
+    return cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from),
                             differentiate=differentiate, **solver_kw)
 
 
@@ -140,7 +142,7 @@ def test_alpha_derivative_is_the_top_eigenvector_formula():
     beta, tau = 0.7, 0.15
 
     def alpha(theta, alpha_from):
-        aff = core.build_affinity(jnp.asarray(notes), jnp.asarray(query), valid, params_of(theta, alpha_from=alpha_from))
+        aff = build_affinity(jnp.asarray(notes), jnp.asarray(query), valid, params_of(theta, alpha_from=alpha_from))
         return aff.alpha
 
     theta = jnp.asarray([beta, tau])
@@ -275,7 +277,7 @@ def test_hard_tau_has_zero_tau_derivative():
 
     def fn(tau):
         params = core.CDSParams(beta=0.5, tau=tau, tau_mode="hard")
-        return core.cds_weights(jnp.asarray(notes), jnp.asarray(query), valid, params, **TIGHT)
+        return cds_weights(jnp.asarray(notes), jnp.asarray(query), valid, params, **TIGHT)
 
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.jacfwd(fn))(0.2)), 0.0)
 

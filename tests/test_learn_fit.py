@@ -133,7 +133,7 @@ def test_page_readout_scores_give_the_page_recall_of_the_one_note_per_page_reado
     equals the page recall of ``structured_readout`` (k = 1) on the same ranking, padding included."""
     import jax.numpy as jnp
 
-    from cdsjax.core import hard_recall, page_readout_scores
+    from cdsjax.core.surrogates import hard_recall, page_readout_scores
     from cdsjax.core.readouts import structured_readout
 
     rng = np.random.default_rng(0)
@@ -168,7 +168,7 @@ def test_page_readout_surrogate_is_finite_on_documents_of_at_most_b_pages():
     import jax
     import jax.numpy as jnp
 
-    from cdsjax.core import hard_recall, page_readout_scores, soft_recall
+    from cdsjax.core.surrogates import hard_recall, page_readout_scores, soft_recall
 
     scores = jnp.asarray([0.3, 0.1, 0.5, 0.2, 0.05, 0.4, -jnp.inf, -jnp.inf])
     pages = np.array([0, 0, 1, 1, 2, 2, -1, -1])

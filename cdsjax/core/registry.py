@@ -71,7 +71,7 @@ def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
 def _random(budget: int) -> SelectorFn:
     def fn(problem: CDSProblem, key=None):
         if key is None:
-            raise ValueError("selector 'random' needs a PRNG key (see core.key_from_query_id)")
+            raise ValueError("selector 'random' needs a PRNG key (see cdsjax.core.baselines.key_from_query_id)")
         return select_random(problem.valid, budget=budget, key=key)
 
     return fn
@@ -192,7 +192,7 @@ def _cds_builder(name: str, solver) -> Callable[..., SelectorFn]:
 
 
 def _cds_support(budget: int, **fields) -> SelectorFn:
-    """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
+    """Support-targeted CDS (:func:`cdsjax.core.compat.cds_support`): beta chosen per question."""
     num_steps, scale_range = support_settings(fields.pop("num_steps", None), fields.pop("scale_range", None))
     params, options = _cds_inputs("cds_support", ActiveSet(), fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
@@ -249,7 +249,7 @@ class SelectorSpec:
       learned: its ``params`` option is a :class:`~cdsjax.core.games.learned.LearnedParams` value; callers above the
         core supply it (``cdsjax.learn`` resolves a file or the shipped fit).
       readout: for a learned selector, the read-out its parameters are fitted through (``"top"``: its top-B;
-        ``"pages"``: its equilibrium read one note per page, ``cdsjax.core.page_readout_scores``); ``cdsjax.learn``
+        ``"pages"``: its equilibrium read one note per page, ``cdsjax.core.surrogates.page_readout_scores``); ``cdsjax.learn``
         ships one fit per read-out and ``cdsjax tune`` fits through it.
       option_names: the options its builder accepts (:attr:`options`).
     """

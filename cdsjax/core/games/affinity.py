@@ -298,7 +298,7 @@ def padded_note_penalty(block: Array, valid: Array, num_queries: int, eps: float
 def corpus_bound(notes: Array, valid: Array, params: CDSParams = CDSParams(), *, num_queries: int = 1) -> Array:
     r"""The paper game's penalty :math:`\lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once per corpus.
 
-    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.build_affinity` on any question with
+    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.games.affinity.build_affinity` on any question with
     ``num_queries`` query rows and no pinned notes, when ``params.alpha_from`` is ``"free"``.
 
     Args:

@@ -1,6 +1,6 @@
 r"""Learned CDS: a parametric payoff with the paper's game as one point :math:`\theta_0`.
 
-The affinity of :func:`cdsjax.core.build_affinity` is extended by twelve scalars
+The affinity of :func:`cdsjax.core.games.affinity.build_affinity` is extended by twelve scalars
 (:class:`LearnedParams`) that a fit may move away from the paper's values:
 
 * **Query edges** :math:`r_{ki} = \max(s_{ki}, 0)\,g_{ki}\,h_{ki}` with the soft gate
@@ -25,7 +25,7 @@ The affinity of :func:`cdsjax.core.build_affinity` is extended by twelve scalars
 
 At :data:`LearnedParams.paper` every added weight is exactly 0 and every factor
 exactly 1, and the affinity is computed by the same functions as
-:func:`~cdsjax.core.build_affinity` followed by ``+ 0.0`` and ``* 1.0``, which are exact
+:func:`~cdsjax.core.games.affinity.build_affinity` followed by ``+ 0.0`` and ``* 1.0``, which are exact
 in floating point: the game, its equilibrium and the selection are bit-identical to
 today's CDS (``tests/test_learned.py``).
 

@@ -152,8 +152,8 @@ def solve(affinity: Affinity, x0: Optional[Array] = None, *, solver: Any = DEFAU
 class SolveOptions:
     r"""How a CDS selector solves and reads its equilibrium (every field static).
 
-    One object for :func:`cdsjax.core.cds_select`, :func:`cdsjax.core.cds_peel`,
-    :func:`cdsjax.core.cds_select_shared` and :func:`cdsjax.core.cds_support`; the
+    One object for :func:`cdsjax.core.compat.cds_select`, :func:`cdsjax.core.compat.cds_peel`,
+    :func:`cdsjax.core.compat.cds_select_shared` and :func:`cdsjax.core.compat.cds_support`; the
     registry builds it once per selector. The affinity's parameters (and the array
     leaves :math:`\beta`, :math:`\tau` a sweep varies) live in :class:`CDSParams`.
 

@@ -83,7 +83,7 @@ def cds(
         default solver is ``Replicator()`` (paper mode).
       budget: static number of notes to return.
       x0: ``"single"`` only, an ``[m+n]`` initial point; overrides ``options.init``.
-      corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
+      corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.strategies.shared.corpus_affinity` of the notes.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
         default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
         that derivative (``"shared"`` with the paper's game differentiates through its loop). A

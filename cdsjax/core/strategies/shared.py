@@ -16,7 +16,7 @@ questions on a :class:`~cdsjax.core.games.payoff.SharedPayoff` (the same
 ``[b, n] @ [n, n]`` product per step instead of ``b`` matrix--vector products over
 ``b`` materialised payoffs. Each question keeps its
 own stopping rule (its row is frozen once it stops), so points, step counts and
-diagnostics are those of :func:`cdsjax.core.solve_replicator` on the
+diagnostics are those of :func:`cdsjax.core.solvers.replicator.solve_replicator` on the
 per-question affinity, up to the summation order of the products.
 
 The converged solvers (InImDyn, the active set) run on the same payoff one question at a time
