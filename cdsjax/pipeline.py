@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdsjax import catalog, core
+from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.core.types import as_selector
 from cdsjax.core.validation import validate_embeddings
-from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cache: the commands' entry point)
     CompileCache, ExportedJit, enable_compilation_cache)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from cdsjax import catalog, core
-from cdsjax.core.baselines import key_from_query_id
 from cdsjax.catalog import DEFAULT_SELECTOR
+from cdsjax.core.baselines import key_from_query_id
 from cdsjax.io.compilation_cache import ExportedJit
 from cdsjax.selection import corpus_arrays
 
