@@ -31,6 +31,9 @@ import numpy as np
 
 from cdsjax import catalog, core
 from cdsjax.catalog import DEFAULT_SELECTOR
+from cdsjax.core.baselines import key_from_query_id
+from cdsjax.core.types import as_selector
+from cdsjax.core.validation import validate_embeddings
 from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cache: the commands' entry point)
     CompileCache, ExportedJit, enable_compilation_cache)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
@@ -262,7 +265,7 @@ class Pipeline:
                  trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
-        core.validate_embeddings(corpus.embeddings)
+        validate_embeddings(corpus.embeddings)
         self.corpus = corpus
         self._embedder = embedder
         self.reader = reader
@@ -419,7 +422,7 @@ class Pipeline:
                 _, fn = resolve_selector(key[0], budget, {**static, **leaves}, self.params)
             except ValueError as err:
                 raise PipelineError(str(err)) from None
-            return core.as_selector(fn)
+            return as_selector(fn)
 
         def make():
             sel = build(traced)  # (a bad static option is one line here, whatever the traced values)
@@ -450,7 +453,7 @@ class Pipeline:
             if not isinstance(q, str) or not q.strip():
                 raise PipelineError("the question is empty")
         emb = np.asarray(self.embedder.encode_queries(list(questions)), np.float32)
-        core.validate_embeddings(emb, norm_atol=1e-2)
+        validate_embeddings(emb, norm_atol=1e-2)
         return emb
 
     def select(self, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
@@ -460,7 +463,7 @@ class Pipeline:
         problem = self.with_bound(fn, self.candidates.problem(query, catalog.selector_spec(selector)),
                                   self.selector_key(selector, budget, options),
                                   traced=split_options(canonical_selector(selector), options)[1])
-        sel = jax.device_get(fn(problem, core.key_from_query_id(qid)))
+        sel = jax.device_get(fn(problem, key_from_query_id(qid)))
         self._ran.add(self.selector_key(selector, budget, options))
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
             self._ran &= set(self.compiled)
@@ -469,9 +472,9 @@ class Pipeline:
     def with_bound(self, fn, problem: core.CDSProblem, key: tuple, *, traced: Optional[dict] = None) -> core.CDSProblem:
         """``problem`` carrying the spectral bound and the note block of ``fn``'s game on this corpus, computed
         on the first question and kept (per selector and number of query rows): the corpus's one
-        eigendecomposition replaces one per question (:func:`cdsjax.core.spectral.problem_bound`; same picks bit
+        eigendecomposition replaces one per question (:func:`cdsjax.core.games.spectral.problem_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
-        (:func:`cdsjax.core.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
+        (:func:`cdsjax.core.strategies.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
         (:func:`split_options`), which the bound and block depend on."""
         values = tuple(sorted((traced or {}).items()))
         return self.corpus_arrays.attach(fn, problem, key=(key[0], key[2], values))  # neither depends on the budget

@@ -5,10 +5,10 @@ registry selector the same way:
 
 * :func:`structure_codes` turns each note's document, page and kind into the ``[n]`` int32 structure
   arrays of a :class:`~cdsjax.core.CDSProblem` (the one coding: documents by first appearance, unknown pages
-  and kinds -1, kinds as :func:`cdsjax.core.learned.kind_codes` names them), and :func:`described_notes` the
+  and kinds -1, kinds as :func:`cdsjax.core.games.learned.kind_codes` names them), and :func:`described_notes` the
   position of the visual each caption note describes (``describes``, -1 for none);
 * :class:`Candidates` pads embeddings, links and structure once to a bucket size
-  (:func:`cdsjax.core.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
+  (:func:`cdsjax.core.batching.bucket_size`, at least ``budget`` rows) and builds the problem a selector's
   :class:`~cdsjax.core.SelectorSpec` asks for (structure only for a selector that reads it), so the same
   candidates in the same order give the same problem, hence the same evidence, everywhere;
 * :func:`resolve_options` gives a learned selector its parameter *value* (a file read by
@@ -35,7 +35,7 @@ import numpy as np
 from cdsjax import catalog
 from cdsjax.core import registry
 from cdsjax.core.batching import bucket_size
-from cdsjax.core.learned import kind_codes
+from cdsjax.core.games.learned import kind_codes
 from cdsjax.core.types import CDSProblem, as_selector, with_corpus_arrays
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds", "describes")
@@ -164,7 +164,7 @@ class Candidates:
 def resolve_options(name: str, options: Optional[dict] = None, params=None) -> dict:
     """``options`` of the selector ``name`` with a learned selector's ``params`` resolved to a value.
 
-    ``params`` (a file path, a :class:`~cdsjax.core.learned.LearnedParams` or None: the shipped fit of the
+    ``params`` (a file path, a :class:`~cdsjax.core.games.learned.LearnedParams` or None: the shipped fit of the
     selector's read-out, ``SelectorSpec.readout``) applies unless ``options`` names its own; files are read by
     :func:`cdsjax.learn.resolve_params` (one line on a bad file).
     """
@@ -229,7 +229,7 @@ class CorpusArrays:
     """What a selector's game computes once per corpus, its spectral bound and note block, kept for the
     questions that follow: the one cache the pipeline (``cdsjax ask``, the server), the integrations and the
     evaluation give their problems ``bound`` and ``note_block`` from, so a question is solved by the same
-    solver on the same payoff whoever asks it (:func:`cdsjax.core.corpus.solve_on_block`).
+    solver on the same payoff whoever asks it (:func:`cdsjax.core.strategies.corpus.solve_on_block`).
 
     An entry is keyed by ``key`` (the caller's name for the game and corpus, e.g. a pipeline's selector and
     options on its one corpus; default: the selector itself and :func:`corpus_key` of the problem) and the

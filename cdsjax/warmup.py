@@ -21,6 +21,7 @@ import numpy as np
 
 from cdsjax import catalog, core
 from cdsjax.catalog import DEFAULT_SELECTOR
+from cdsjax.core.baselines import key_from_query_id
 from cdsjax.io.compilation_cache import ExportedJit
 from cdsjax.selection import corpus_arrays
 
@@ -63,7 +64,7 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     if not isinstance(fn.select, ExportedJit):
         return False
     problem = pipe.candidates.problem(query, catalog.selector_spec(selector))
-    key = core.key_from_query_id(qid or "warm-up question")
+    key = key_from_query_id(qid or "warm-up question")
     make, build = fn.corpus_bound, fn.corpus_block
     if make is None:
         return fn.select.precompile(problem, key)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdsjax import core
+from cdsjax.core.compat import cds_select
 
 
 def clustered(rng, b, n, d=384, clusters=12, spread=0.35):
@@ -96,7 +97,7 @@ def matvec_floor(n, steps=4000):
 def selector_fns(budget):
     """Name -> per-query function (notes, query, valid, links, key) -> Selection, for every selector."""
     fns = {
-        "cds (paper mode)": lambda z, q, v, links, key: core.cds_select(z, q, v, budget=budget),
+        "cds (paper mode)": lambda z, q, v, links, key: cds_select(z, q, v, budget=budget),
     }
     try:
         from cdsjax.catalog import DEFAULT_SELECTOR
@@ -195,7 +196,7 @@ def bench_shared(b, n, *, budget, rng):
     notes, queries = clustered(rng, b, n)
     notes = notes[0]
     valid = np.ones(n, bool)
-    dense = jax.jit(jax.vmap(lambda q: core.cds_select(notes, q, valid, budget=budget, solver=core.ActiveSet())))
+    dense = jax.jit(jax.vmap(lambda q: cds_select(notes, q, valid, budget=budget, solver=core.ActiveSet())))
     shared = jax.jit(lambda q: core.cds(core.CDSProblem.create(notes, q, valid), "shared", budget=budget,
                                         solver=core.ActiveSet()))
     rows = []

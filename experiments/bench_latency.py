@@ -168,7 +168,8 @@ def worker_corpus(spec: dict) -> dict:
 
 def worker_eval(spec: dict) -> dict:
     """Questions per second of the evaluation's batched run of the default selector on QASPER problems."""
-    from cdsjax.core import DEFAULT_BUCKETS, selector_spec
+    from cdsjax.core import selector_spec
+    from cdsjax.core.batching import DEFAULT_BUCKETS
     from cdsjax.eval.problems import Problem
     from cdsjax.eval.run import cached_selector, run_selector
     from cdsjax.io.datasets import Query

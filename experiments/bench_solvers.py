@@ -19,9 +19,9 @@ documents' chunks until it holds n notes (an index over a folder of PDFs).
     fires within 10,000 steps, share whose KKT residual is <= 1e-8, median KKT;
   * top-10 overlap between paper-mode and converged (KKT <= 1e-10) selections.
 Part 2 (float32, production dtype): paper mode for 64 questions on one corpus
-of n = 1024 notes: the per-question path (jitted core.cds_select, one question
+of n = 1024 notes: the per-question path (jitted cds_select, one question
 at a time: its own affinity, eigenvalue problem and matrix-vector steps) vs the
-shared-corpus path (core.cds_select_shared: W and alpha once, one [64, n] @ [n, n]
+shared-corpus path (cds_select_shared: W and alpha once, one [64, n] @ [n, n]
 product per step). The per-question path runs on --per-question-sample questions
 and its 64-question time is extrapolated (marked). Achieved GFLOP/s counts
 2 N^2 flops per replicator step per question (N = n + 1), each question's own
@@ -52,7 +52,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cdsjax import core  # noqa: E402
-from cdsjax.core.replicator import prepare_x0, replicator_shift  # noqa: E402
+from cdsjax.core.compat import cds_select, cds_select_shared  # noqa: E402
+from cdsjax.core.games.affinity import build_affinity  # noqa: E402
+from cdsjax.core.solvers.options import solve  # noqa: E402
+from cdsjax.core.solvers.replicator import prepare_x0, replicator_shift  # noqa: E402
+from cdsjax.core.strategies.shared import corpus_affinity, question_relevance, solve_replicator_shared  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "mmlongbench"
@@ -197,7 +201,7 @@ def replicator_to_target(affinity, cap: int, budget_s: float, chunk: int = 10_00
 
 
 def solver_fn(name, **limits):
-    return jax.jit(functools.partial(core.solve, solver=core.solver_from_name(name).with_limits(**limits)))
+    return jax.jit(functools.partial(solve, solver=core.solver_from_name(name).with_limits(**limits)))
 
 
 def top10(x):
@@ -223,7 +227,7 @@ def part1(args, real):
                     z, q = synthetic(rng, n)
                 else:
                     z, q = real.corpus(k, n), real.question(k)
-                problems.append(core.build_affinity(jnp.asarray(z), jnp.asarray(q), jnp.ones(n, bool)))
+                problems.append(build_affinity(jnp.asarray(z), jnp.asarray(q), jnp.ones(n, bool)))
             # Paper mode and converged selections on every query.
             stats = dict(paper_stop=0, paper_kkt_ok=0, kkt=[], overlap=[], conv_ok=0)
             for aff in problems:
@@ -337,16 +341,16 @@ def part2(args, real):
 
     peak, rates, sustained = matmul_peak(b, n)
 
-    shared_all = jax.jit(functools.partial(core.cds_select_shared, budget=10))
+    shared_all = jax.jit(functools.partial(cds_select_shared, budget=10))
     sel, t_shared_all = timed(shared_all, notes, queries, valid)
-    corpus = jax.jit(core.corpus_affinity)(notes, valid)
-    rel = jax.jit(core.shared.question_relevance)(corpus, queries)
-    res, t_shared_solve = timed(jax.jit(core.solve_replicator_shared), corpus, rel, repeats=args.shared_repeats)
+    corpus = jax.jit(corpus_affinity)(notes, valid)
+    rel = jax.jit(question_relevance)(corpus, queries)
+    res, t_shared_solve = timed(jax.jit(solve_replicator_shared), corpus, rel, repeats=args.shared_repeats)
     steps = np.asarray(res.num_iters)
     flops_useful = 2.0 * size * size * steps.sum()
     flops_executed = 2.0 * size * size * b * steps.max()
 
-    single = jax.jit(functools.partial(core.cds_select, budget=10))
+    single = jax.jit(functools.partial(cds_select, budget=10))
     sample = min(args.per_question_sample, b)
     jax.block_until_ready(single(notes, queries[0], valid))
     same_idx, max_dx, t_single = 0, 0.0, 0.0

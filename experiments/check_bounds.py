@@ -8,11 +8,11 @@ For the first ``--questions`` QASPER questions (each over its own paper's paragr
 penalties that depend on the question, each computed exactly (one ``eigvalsh``) and by a bound:
 
 - the paper's game with ``alpha_from="full"`` (converged CDS): ``alpha_bound="certified"``
-  (:func:`cdsjax.core.spectral.certified_bound`, per question, O(k n²));
+  (:func:`cdsjax.core.games.spectral.certified_bound`, per question, O(k n²));
 - peeling (two query rows: the question and its first note's embedding) with ``alpha_bound="certified"``
   for every round after the first;
 - the learned game (the shipped fit) with relevance-weighted repulsion 1: the corpus bound of its
-  repulsion-free block (:func:`cdsjax.core.spectral.learned_corpus_bound`, once per paper).
+  repulsion-free block (:func:`cdsjax.core.games.spectral.learned_corpus_bound`, once per paper).
 
 It checks every bound against ``numpy.linalg.eigvalsh`` in float64 of the same block and reports the relative
 excess and the share of questions whose picks (indices, in order) differ. Prints a markdown table.
@@ -42,8 +42,10 @@ def main(argv=None) -> int:
 
     from bench_latency import CACHE, PAGE_SIZE
     from cdsjax import core
-    from cdsjax.core.learned import learned_affinity
-    from cdsjax.core.spectral import learned_corpus_bound
+    from cdsjax.core.batching import bucket_size
+    from cdsjax.core.games.affinity import build_affinity
+    from cdsjax.core.games.learned import learned_affinity
+    from cdsjax.core.games.spectral import learned_corpus_bound
     from cdsjax.learn import default_params
 
     data = np.load(CACHE / "qasper.npz")
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     for k in range(args.questions):
         i = int(data["paper_of"][k])
         s, n = int(data["starts"][i]), int(data["sizes"][i])
-        size = core.bucket_size(n)
+        size = bucket_size(n)
         z = np.zeros((size, data["notes"].shape[1]), np.float32)
         z[:n] = data["notes"][s:s + n]
         valid = np.arange(size) < n
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
                                     core.CDSParams(alpha_from="full", alpha_bound="certified"))
                 a = core.cds(problem, "single", exact_p, budget=args.budget)
                 b = core.cds(problem, "single", bound_p, budget=args.budget)
-                aff = core.build_affinity(z, q, valid, bound_p)
+                aff = build_affinity(z, q, valid, bound_p)
                 block = np.asarray(aff.matrix, np.float64)[np.ix_(np.asarray(aff.valid), np.asarray(aff.valid))]
                 lam = np.linalg.eigvalsh(block)[-1]
                 excess = (float(aff.alpha) - 1e-3 - lam) / abs(lam)

@@ -101,14 +101,15 @@ def raw_select_seconds(compressor, vectors, query, question) -> float:
     import jax
     import jax.numpy as jnp
 
-    from cdsjax import core
+    from cdsjax.core.baselines import key_from_query_id
+    from cdsjax.core.batching import bucket_size
 
     chooser = compressor._chooser
-    size = core.bucket_size(max(len(vectors), chooser.budget))
+    size = bucket_size(max(len(vectors), chooser.budget))
     padded = np.zeros((size, vectors.shape[1]), np.float32)
     padded[: len(vectors)] = vectors
     args = (jnp.asarray(padded), jnp.asarray(query), jnp.asarray(np.arange(size) < len(vectors)), None,
-            core.key_from_query_id(question))
+            key_from_query_id(question))
     t0 = time.perf_counter()
     jax.block_until_ready(chooser._jitted(*args))
     return time.perf_counter() - t0

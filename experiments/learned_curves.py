@@ -56,7 +56,7 @@ def plot(params_path, out: pathlib.Path) -> pathlib.Path:
 
 
 def _start_of(prov: dict, start: int) -> dict:
-    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.games.learned import LearnedParams
 
     grid = prov.get("grid") or []
     theta = grid[start]["theta"] if start < len(grid) else {}

@@ -425,7 +425,7 @@ def earlier_fit(task: Task, config, tuning: dict, log=print):
     for where, table in sources:
         entry = (table.get(key) or {}).get(learned_label(config)) if isinstance(table, dict) else None
         if entry and entry.get("theta") and (table.get(key) or {}).get("complete"):
-            from cdsjax.core.learned import LearnedParams
+            from cdsjax.core.games.learned import LearnedParams
 
             theta = LearnedParams.from_dict({k: float(v) for k, v in entry["theta"].items()})
             log(f"  {task.label} (pool {task.pool_size}): the game fitted for {key} ({where})")

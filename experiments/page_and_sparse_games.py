@@ -1,8 +1,8 @@
 """Two structure-aware games kept as experiment selectors: the page game and the learned game's sparse regime.
 
 They are experiments, not in the registry (:mod:`cdsjax.core.registry`); RESULTS.md ("Games and read-outs that
-see pages") compares them with the registry's per-page read-outs. Their cores stay in :mod:`cdsjax.core.structure`
-(:func:`~cdsjax.core.structure.select_page_game`, :func:`~cdsjax.core.structure.sparse_learned_ranking`), which
+see pages") compares them with the registry's per-page read-outs. Their cores are in :mod:`experiments.page_game`
+(:func:`~experiments.page_game.select_page_game`, :func:`~experiments.page_game.sparse_learned_ranking`), which
 ``experiments/structured_cv.py`` calls directly.
 Here they are selectors with the registry's calling convention, ``fn(problem: CDSProblem, key=None) ->
 Selection``, under a :class:`~cdsjax.core.SelectorSpec` each (:data:`SPECS`), for an experiment script that runs
@@ -11,7 +11,7 @@ them as selectors::
     from experiments.page_and_sparse_games import SPECS
     fn = SPECS["cds_pages"].make(10, beta=0.03)
 
-``cds_learned_sparse`` needs its ``params`` (a :class:`~cdsjax.core.learned.LearnedParams`; ``cdsjax.learn.
+``cds_learned_sparse`` needs its ``params`` (a :class:`~cdsjax.core.games.learned.LearnedParams`; ``cdsjax.learn.
 default_params()`` is the shipped fit).
 """
 
@@ -22,15 +22,14 @@ from typing import Callable, Optional
 import jax.numpy as jnp
 
 from cdsjax.core.baselines import relevance
-from cdsjax.core.learned import LearnedParams
-from cdsjax.core.readouts import MAX_NOTES_PER_PAGE
+from cdsjax.core.games.learned import LearnedParams
+from cdsjax.core.readouts import MAX_NOTES_PER_PAGE, structured_readout
 from cdsjax.core.registry import SelectorSpec
-from cdsjax.core.structure import (KEEP_QUERY, PageGameParams, select_page_game, sparse_learned_ranking,
-                                   structured_readout)
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_int_range
+from experiments.page_game import KEEP_QUERY, PageGameParams, select_page_game, sparse_learned_ranking
 
 PAGE_GAME_OPTIONS = ("beta", "alpha_factor", "w_doc", "notes_per_page", "tol", "max_iter")
 SPARSE_OPTIONS = ("params", "alpha_factor", "notes_per_page", "keep", "tol", "max_iter")
@@ -44,7 +43,7 @@ def needs_pages(problem: CDSProblem, name: str):
 
 def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_doc: float = 0.0,
               notes_per_page: int = 1, tol: Optional[float] = None, max_iter: Optional[int] = None) -> Callable:
-    """The page game (:func:`~cdsjax.core.structure.select_page_game`): pages are the vertices, the ranked pages'
+    """The page game (:func:`~experiments.page_game.select_page_game`): pages are the vertices, the ranked pages'
     best ``notes_per_page`` notes per round the evidence; ``alpha_factor < 1`` is its sparse regime."""
     if not float(beta) >= 0.0:
         raise ValueError(f"beta must be >= 0, got {beta!r}")
@@ -64,7 +63,7 @@ def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_d
 def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, alpha_factor: float = 0.5,
                        notes_per_page: int = 0, keep: str = "peel", tol: Optional[float] = None,
                        max_iter: Optional[int] = None) -> Callable:
-    """The learned game in its sparse regime (:func:`~cdsjax.core.structure.sparse_learned_ranking`): the penalty
+    """The learned game in its sparse regime (:func:`~experiments.page_game.sparse_learned_ranking`): the penalty
     at ``alpha_factor`` (< 1) of the spectral bound, solved from around the query; where the query leaves the
     support, ``keep="peel"`` peels that support off and solves again until one holds the query, ``keep="bound"``
     reads the bound's game; every note ranked; ``notes_per_page`` 0 reads the top-B, k >= 1 reads at most k notes

@@ -143,8 +143,8 @@ class Batch:
 
 
 def make_batches(problems: Sequence, positions: Sequence[int], buckets: Sequence[int], max_batch: int) -> List[Batch]:
-    """Pads the chosen problems to their bucket (:func:`cdsjax.core.bucket_size`), ``max_batch`` per batch,
-    in float64 (:func:`cdsjax.core.make_buckets` pads notes and queries; the gold units are padded here)."""
+    """Pads the chosen problems to their bucket (:func:`cdsjax.core.batching.bucket_size`), ``max_batch`` per batch,
+    in float64 (:func:`cdsjax.core.batching.make_buckets` pads notes and queries; the gold units are padded here)."""
     from cdsjax.core.batching import bucket_size, make_buckets, pad_rows
 
     groups: Dict[int, List[int]] = {}
@@ -194,9 +194,10 @@ def _per_query(theta, notes, query, valid, units, unit_valid, opts: Options, tau
     import jax.numpy as jnp
 
     from cdsjax import core
+    from cdsjax.core.surrogates import retrieval_surrogates
 
     params = core.CDSParams(beta=theta[0], tau=theta[1], tau_mode=tau_mode, tau_temperature=opts.tau_temperature)
-    out = core.retrieval_surrogates(core.CDSProblem.create(notes, query, valid), units, params, opts.solve,
+    out = retrieval_surrogates(core.CDSProblem.create(notes, query, valid), units, params, opts.solve,
                                     budget=opts.budget, temperature=opts.temperature, slack_weight=opts.slack_weight,
                                     unit_valid=unit_valid)
     return jnp.stack([out["soft_recall"], out["gold_mass"]]), out

@@ -11,9 +11,10 @@ Usage (from the repository root; one benchmark per run; ``--pool_size=5`` for 5-
 
 Every selector is reduced to its **ranking** of all the notes of a question (computed once per setting, in JAX:
 cosine; MMR and k-DPP greedy to 80 picks, then cosine; the learned game's equilibrium, support by weight then its
-fill rule; the page game's pages, best notes first; the sparse learned game's), and read three ways: top-B (no
-read-out), or at most k = 1 or 2 notes per page per round (``cdsjax.core.structure``). On QASPER a "page" is a
-paragraph group, as for ``cosine-pages``. A *family* is a ranking with its knob grid:
+fill rule; the page game's pages, best notes first; the sparse learned game's -- both in
+``experiments/page_game.py``), and read three ways: top-B (no read-out), or at most k = 1 or 2 notes per page per
+round (``cdsjax.core.readouts``). On QASPER a "page" is a paragraph group, as for ``cosine-pages``. A *family*
+is a ranking with its knob grid:
 
 * ``cosine`` (no knob), ``mmr`` (lambda), ``dpp`` (theta), the learned game (the fit's grid starts: the grid
   does the fit's work, RESULTS "Learned CDS: the model and the fit"), the page game (beta; alpha factor 1 or the sparse 0.5), the
@@ -107,9 +108,10 @@ def _rank_fn(kind: str, keep: str = "peel"):
     ``kept``: the sparse regime's equilibrium kept the query, True for every other ranking)."""
     import jax.numpy as jnp
 
-    from cdsjax.core import structure as S
+    from cdsjax.core.readouts import ranking_of
+    from experiments.page_game import page_game_ranking, sparse_learned_ranking
     from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr
-    from cdsjax.core.cds import cds
+    from cdsjax.core.strategies.cds import cds
     from cdsjax.core.types import CDSProblem
 
     def f(*args):
@@ -119,25 +121,25 @@ def _rank_fn(kind: str, keep: str = "peel"):
     def g(notes, query, valid, links, pages_game, units, doc_ids, kinds, param):
         n = notes.shape[0]
         if kind == "rank_cosine":
-            return S.ranking_of(lambda b: lambda z, q, v: select_cosine(z, q, v, budget=b), notes, query, valid)[0]
+            return ranking_of(lambda b: lambda z, q, v: select_cosine(z, q, v, budget=b), notes, query, valid)[0]
         if kind == "rank_mmr":
-            return S.ranking_of(lambda b: lambda z, q, v: select_mmr(z, q, v, budget=b, lam=param), notes, query,
+            return ranking_of(lambda b: lambda z, q, v: select_mmr(z, q, v, budget=b, lam=param), notes, query,
                                 valid, min(n, GREEDY_DEPTH))[0]
         if kind == "rank_dpp":
-            return S.ranking_of(lambda b: lambda z, q, v: select_dpp(z, q, v, budget=b, theta=param), notes, query,
+            return ranking_of(lambda b: lambda z, q, v: select_dpp(z, q, v, budget=b, theta=param), notes, query,
                                 valid, min(n, GREEDY_DEPTH))[0]
         if kind == "rank_learned":
             def build(b):
                 problem = CDSProblem.create(notes, query, valid, links=links, pages=pages_game, doc_ids=doc_ids,
                                             kinds=kinds)
                 return lambda z, q, v: cds(problem, "single", param, budget=b)
-            return S.ranking_of(build, notes, query, valid)[0]
+            return ranking_of(build, notes, query, valid)[0]
         if kind == "rank_pages":
-            rank, _, kept = S.page_game_ranking(notes, query, valid, units, param, doc_ids=doc_ids)
+            rank, _, kept = page_game_ranking(notes, query, valid, units, param, doc_ids=doc_ids)
             return rank, kept
         if kind == "rank_sparse":
             theta, factor = param
-            rank, _, kept = S.sparse_learned_ranking(notes, query, valid, theta, factor, links=links,
+            rank, _, kept = sparse_learned_ranking(notes, query, valid, theta, factor, links=links,
                                                      pages=pages_game, doc_ids=doc_ids, kinds=kinds, keep=keep)
             return rank, kept
         raise ValueError(kind)
@@ -146,8 +148,8 @@ def _rank_fn(kind: str, keep: str = "peel"):
 
 
 def _param(kind, p):
-    from cdsjax.core.learned import LearnedParams
-    from cdsjax.core.structure import PageGameParams
+    from cdsjax.core.games.learned import LearnedParams
+    from experiments.page_game import PageGameParams
 
     if kind == "rank_learned":
         return LearnedParams.from_dict(p)
@@ -217,7 +219,7 @@ def _padded(p, size):
 
 
 def readout(rank: np.ndarray, units: np.ndarray, budget: int, k: int) -> List[int]:
-    """NumPy twin of :func:`cdsjax.core.structure.structured_readout` (``k = 0``: top-B of the ranking)."""
+    """NumPy twin of :func:`cdsjax.core.readouts.structured_readout` (``k = 0``: top-B of the ranking)."""
     order = np.argsort(rank, kind="stable")
     if k == 0:
         return [int(i) for i in order[:budget]]

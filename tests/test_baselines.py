@@ -8,17 +8,21 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from cdsjax import core
-from cdsjax.core.baselines import dpp_quality
+from cdsjax.core import graph
+from cdsjax.core.baselines import (dpp_quality, key_from_query_id, select_cosine, select_dpp, select_mmr, select_ppr,
+                                   select_random)
+from cdsjax.core.compat import cds_select
+from cdsjax.core.games.affinity import build_affinity
+from cdsjax.core.graph import diffusion_prior
 
 
 # Jitted once per shape: eager calls would re-trace the selection loops on every call.
-cosine = jax.jit(core.select_cosine, static_argnames=("budget",))
-mmr = jax.jit(core.select_mmr, static_argnames=("budget", "lam"))
-dpp = jax.jit(core.select_dpp, static_argnames=("budget", "theta", "quality", "gain_tol"))
-ppr = jax.jit(core.select_ppr, static_argnames=("budget", "damping", "temperature", "tol", "max_iter"))
-ppr_vector = jax.jit(core.ppr_vector, static_argnames=("damping", "tol", "max_iter"))
-rand = jax.jit(core.select_random, static_argnames=("budget",))
+cosine = jax.jit(select_cosine, static_argnames=("budget",))
+mmr = jax.jit(select_mmr, static_argnames=("budget", "lam"))
+dpp = jax.jit(select_dpp, static_argnames=("budget", "theta", "quality", "gain_tol"))
+ppr = jax.jit(select_ppr, static_argnames=("budget", "damping", "temperature", "tol", "max_iter"))
+ppr_vector = jax.jit(graph.ppr_vector, static_argnames=("damping", "tol", "max_iter"))
+rand = jax.jit(select_random, static_argnames=("budget",))
 EPS64 = 100 * np.finfo(np.float64).eps  # select_dpp's default gain tolerance in float64
 
 
@@ -299,22 +303,22 @@ def test_ppr_rejects_bad_links_and_damping():
 
 
 def test_random_key_is_md5_of_query_id_and_draws_are_reproducible():
-    key = core.key_from_query_id("mmlb/0042")
+    key = key_from_query_id("mmlb/0042")
     words = np.frombuffer(hashlib.md5(b"mmlb/0042").digest()[:8], ">u4")
     np.testing.assert_array_equal(jax.random.key_data(key), words)
-    seeded = jax.random.key_data(core.key_from_query_id("mmlb/0042", seed=43))
+    seeded = jax.random.key_data(key_from_query_id("mmlb/0042", seed=43))
     np.testing.assert_array_equal(seeded, np.frombuffer(hashlib.md5(b"43:mmlb/0042").digest()[:8], ">u4"))
     valid = np.arange(40) < 33
     a = rand(valid, budget=10, key=key)
-    b = rand(valid, budget=10, key=core.key_from_query_id("mmlb/0042"))
-    c = rand(valid, budget=10, key=core.key_from_query_id("mmlb/0043"))
+    b = rand(valid, budget=10, key=key_from_query_id("mmlb/0042"))
+    c = rand(valid, budget=10, key=key_from_query_id("mmlb/0043"))
     assert picks(a) == picks(b) != picks(c)
     assert len(set(picks(a))) == 10 and max(picks(a)) < 33
 
 
 @pytest.mark.slow
 def test_random_is_uniform_over_valid_notes():
-    keys = jax.vmap(lambda i: jax.random.fold_in(core.key_from_query_id("uniformity"), i))(jnp.arange(4000))
+    keys = jax.vmap(lambda i: jax.random.fold_in(key_from_query_id("uniformity"), i))(jnp.arange(4000))
     valid = np.arange(12) < 8
     sel = jax.jit(jax.vmap(lambda k: rand(valid, budget=3, key=k)))(keys)
     counts = np.bincount(np.asarray(sel.indices).ravel(), minlength=12)
@@ -338,7 +342,7 @@ def test_padding_vmap_and_jit_invariance(name):
     batch, singles = [], []
     for i, n in enumerate([32, 9, 4]):
         notes, query, links = instance(100 + i, n=n, d=6)
-        key = core.key_from_query_id(f"q{i}")
+        key = key_from_query_id(f"q{i}")
         singles.append(fn(notes, query, np.ones(n, bool), links, key, budget))
         batch.append(pad(notes, query, links, n_pad - n, rng) + (key,))
     stack = [np.stack([b[j] for b in batch]) for j in range(4)]
@@ -385,7 +389,7 @@ def test_selectors_reject_bad_static_arguments():
     with pytest.raises(ValueError, match="key"):
         rand(valid, budget=2, key=None)
     with pytest.raises(TypeError, match="query_id"):
-        core.key_from_query_id(42)
+        key_from_query_id(42)
 
 
 # ---------------------------------------------------------------- graph-diffusion prior
@@ -395,8 +399,8 @@ def test_selectors_reject_bad_static_arguments():
 def test_diffusion_prior_is_pagerank_of_the_softmax_seed():
     notes, query, links = instance(8, n=18, m=2)
     notes_p, _, links_p, valid = pad(notes, query, links, 6, np.random.default_rng(0))
-    affinity = core.build_affinity(notes_p, query, valid)
-    x0 = np.asarray(core.diffusion_prior(affinity, links_p, 0.1))
+    affinity = build_affinity(notes_p, query, valid)
+    x0 = np.asarray(diffusion_prior(affinity, links_p, 0.1))
     rel = np.maximum(ref_relevance(notes, query), 0.0)
     seed = ref_softmax(rel / 0.1)
     r = ref_ppr_solve(links, seed, 0.85)
@@ -407,12 +411,12 @@ def test_diffusion_prior_is_pagerank_of_the_softmax_seed():
     assert abs(x0.sum() - 1.0) < 1e-12
 
     kw = dict(budget=5, max_iter=300)
-    via_init = core.cds_select(notes_p, query, valid, init="diffusion", links=links_p, **kw)
-    via_x0 = core.cds_select(notes_p, query, valid, x0=x0, **kw)
+    via_init = cds_select(notes_p, query, valid, init="diffusion", links=links_p, **kw)
+    via_x0 = cds_select(notes_p, query, valid, x0=x0, **kw)
     np.testing.assert_array_equal(via_init.indices, via_x0.indices)
     np.testing.assert_allclose(via_init.result.x, via_x0.result.x, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="links"):
-        core.cds_select(notes_p, query, valid, init="diffusion", **kw)
+        cds_select(notes_p, query, valid, init="diffusion", **kw)
 
 
 @pytest.mark.slow
@@ -420,13 +424,13 @@ def test_diffusion_prior_is_pagerank_of_the_softmax_seed():
 def test_jit_equals_eager():
     notes, query, links = instance(21, n=40, d=8)
     valid = np.arange(40) < 35
-    key = core.key_from_query_id("eager")
+    key = key_from_query_id("eager")
     pairs = [
-        (core.select_cosine(notes, query, valid, budget=12), cosine(notes, query, valid, budget=12)),
-        (core.select_mmr(notes, query, valid, budget=12, lam=0.5), mmr(notes, query, valid, budget=12, lam=0.5)),
-        (core.select_dpp(notes, query, valid, budget=12), dpp(notes, query, valid, budget=12)),
-        (core.select_ppr(links, notes, query, valid, budget=12), ppr(links, notes, query, valid, budget=12)),
-        (core.select_random(valid, budget=12, key=key), rand(valid, budget=12, key=key)),
+        (select_cosine(notes, query, valid, budget=12), cosine(notes, query, valid, budget=12)),
+        (select_mmr(notes, query, valid, budget=12, lam=0.5), mmr(notes, query, valid, budget=12, lam=0.5)),
+        (select_dpp(notes, query, valid, budget=12), dpp(notes, query, valid, budget=12)),
+        (select_ppr(links, notes, query, valid, budget=12), ppr(links, notes, query, valid, budget=12)),
+        (select_random(valid, budget=12, key=key), rand(valid, budget=12, key=key)),
     ]
     for eager, jitted in pairs:
         np.testing.assert_array_equal(eager.indices, jitted.indices)

@@ -1,5 +1,5 @@
 """A visual and its caption read together (issue 62, item 8): the default's page read-out reads a caption note as
-the figure, table or chart it describes (cdsjax.core.structure.fold_described), so it never returns a table's
+the figure, table or chart it describes (cdsjax.core.readouts.fold_described), so it never returns a table's
 caption and leaves the table behind; a loaded index's caption notes name their visual (cdsjax.io.notes.
 described_notes, ``describes``), which the pipeline, the integrations' metadata and the evaluation's problems
 turn into the problem's ``describes`` array (cdsjax.selection.described_notes)."""
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdsjax.catalog import DEFAULT_SELECTOR
-from cdsjax.core import structure as S
+from cdsjax.core import readouts as S
 from cdsjax.io import notes as io_notes
 from cdsjax.selection import described_notes
 

@@ -14,8 +14,16 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.shared import question_affinity, question_relevance, shared_payoff
+from cdsjax.core.baselines import key_from_query_id
+from cdsjax.core.compat import cds_select
+from cdsjax.core.registry import PPR_MAX_ITER_CAP
+from cdsjax.core.solvers.loop import iterate
+from cdsjax.core.solvers.options import DEFAULT_SOLVER
+from cdsjax.core.strategies.shared import corpus_affinity
+from cdsjax.core.strategies.support import support_settings
+from cdsjax.core.types import FILL_NO_QUERY_EDGE, MAX_ITER_CAP, MAX_STEPS, MAX_SUPPORT_STEPS, NONFINITE, NOTE_KINDS, SINGULAR, STATUSES, kind_code
+from cdsjax.core.games.payoff import DensePayoff
+from cdsjax.core.strategies.shared import question_affinity, question_relevance, shared_payoff
 
 N, D, B, BUDGET = 9, 6, 3, 3
 CONVERGED_SOLVERS = ("inimdyn", "active_set")
@@ -43,7 +51,7 @@ def test_shared_payoff_has_the_dense_rows_diagonal_and_products():
     with jax.enable_x64(True):
         notes, queries = corpus()
         valid = np.arange(N) < N - 2  # trailing padding
-        shared = core.corpus_affinity(notes, valid)
+        shared = corpus_affinity(notes, valid)
         rel = question_relevance(shared, queries)
         batched = shared_payoff(shared, rel)
         x = jnp.asarray(np.random.default_rng(1).random((B, N + 1)))
@@ -67,21 +75,21 @@ def test_every_solver_runs_on_every_payoff(solver):
     with jax.enable_x64(True):
         notes, queries = corpus(2)
         valid = np.ones(N, bool)
-        shared = core.corpus_affinity(notes, valid)
+        shared = corpus_affinity(notes, valid)
         rel = question_relevance(shared, queries)
         config = core.solver_from_name(solver)
         assert isinstance(config, core.IterativeSolver) and isinstance(config, core.Solver)
         for k in range(B):
-            dense = core.iterate(config, DensePayoff.from_affinity(question_affinity(shared, rel[k])))
-            on_shared = core.iterate(config, shared_payoff(shared, rel[k]))
+            dense = iterate(config, DensePayoff.from_affinity(question_affinity(shared, rel[k])))
+            on_shared = iterate(config, shared_payoff(shared, rel[k]))
             np.testing.assert_allclose(np.asarray(on_shared.x), np.asarray(dense.x), atol=1e-9)
             assert int(on_shared.status) == int(dense.status)
 
 
 @pytest.mark.slow
 def test_status_enumeration_keeps_the_recorded_codes():
-    assert [s.label for s in core.Status] == list(core.STATUSES)
-    assert [int(s) for s in core.Status] == [core.CONVERGED, core.MAX_STEPS, core.NONFINITE, core.SINGULAR]
+    assert [s.label for s in core.Status] == list(STATUSES)
+    assert [int(s) for s in core.Status] == [core.CONVERGED, MAX_STEPS, NONFINITE, SINGULAR]
     assert all(s.message.endswith(".") for s in core.Status)
     # the loop records why it stopped: a step cap
     notes, queries = corpus()
@@ -167,7 +175,7 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
     filled = core.cds(problem, strategy, **kw)
     bare = core.cds(problem, strategy, fill=False, **kw)
     assert int(np.sum(filled.selected_valid)) == BUDGET and int(np.sum(filled.num_filled)) == BUDGET
-    assert int(np.sum(filled.fill_reason)) == core.FILL_NO_QUERY_EDGE
+    assert int(np.sum(filled.fill_reason)) == FILL_NO_QUERY_EDGE
     assert not np.any(np.asarray(bare.selected_valid)) and int(np.sum(bare.num_filled)) == 0
 
 
@@ -176,7 +184,7 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
 def test_every_strategy_runs_the_solver_object_it_is_given(strategy):
     """Every strategy (and the differentiable equilibrium) runs the caller's solver object, limits included: a
     5-step replicator stops every solve at 5 steps. Unset, the solver is DEFAULT_SOLVER, paper mode."""
-    assert core.SolveOptions().solver == core.DEFAULT_SOLVER == core.Replicator()
+    assert core.SolveOptions().solver == DEFAULT_SOLVER == core.Replicator()
     five = core.Replicator(tol=1e-300, max_iter=5)
     notes, queries = corpus(7)
     if strategy == "equilibrium":
@@ -186,16 +194,16 @@ def test_every_strategy_runs_the_solver_object_it_is_given(strategy):
         result = core.cds(problem, strategy, budget=BUDGET, solver=five,
                           **({"num_steps": 3} if strategy == "support" else {})).result
     assert np.all(np.asarray(result.num_iters) == 5)
-    assert np.all(np.asarray(result.status) == core.MAX_STEPS)
+    assert np.all(np.asarray(result.status) == MAX_STEPS)
 
 
 @pytest.mark.parametrize("field,value", [("tol", 0.0), ("tol", -1.0), ("tol", float("nan")), ("max_iter", 0),
-                                         ("max_iter", core.MAX_ITER_CAP + 1), ("max_iter", 2_147_483_647),
-                                         ("num_steps", 0), ("num_steps", core.MAX_SUPPORT_STEPS + 1)])
+                                         ("max_iter", MAX_ITER_CAP + 1), ("max_iter", 2_147_483_647),
+                                         ("num_steps", 0), ("num_steps", MAX_SUPPORT_STEPS + 1)])
 def test_solve_options_enforce_hard_limits(field, value):
     support = field == "num_steps"  # the support strategy's own setting, not a SolveOptions field
     with pytest.raises(ValueError, match=field):
-        core.support_settings(value) if support else core.SolveOptions(**{field: value}).check()
+        support_settings(value) if support else core.SolveOptions(**{field: value}).check()
     notes, queries = corpus()
     with pytest.raises(ValueError, match=field):
         core.cds(core.CDSProblem.create(notes, queries[0]), "support" if support else "single", **{field: value})
@@ -205,14 +213,14 @@ def test_solve_options_enforce_hard_limits(field, value):
 
 def test_hard_limits_keep_the_documented_settings_legal():
     core.SolveOptions(tol=1e-7, max_iter=10_000).check()  # paper mode
-    core.SolveOptions(tol=1e-15, max_iter=core.MAX_ITER_CAP).check()
-    assert core.support_settings(core.MAX_SUPPORT_STEPS)[0] == core.MAX_SUPPORT_STEPS
+    core.SolveOptions(tol=1e-15, max_iter=MAX_ITER_CAP).check()
+    assert support_settings(MAX_SUPPORT_STEPS)[0] == MAX_SUPPORT_STEPS
     with pytest.raises(ValueError, match="only used by the 'support' strategy"):
         core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), "single", num_steps=3)
-    for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": core.PPR_MAX_ITER_CAP + 1}):
+    for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": PPR_MAX_ITER_CAP + 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             core.make_selector("ppr", budget=3, **bad)
-    core.make_selector("ppr", budget=3, tol=1e-9, max_iter=core.PPR_MAX_ITER_CAP)
+    core.make_selector("ppr", budget=3, tol=1e-9, max_iter=PPR_MAX_ITER_CAP)
 
 
 def test_entry_point_rejects_what_a_strategy_does_not_take():
@@ -237,11 +245,11 @@ def test_entry_point_rejects_what_a_strategy_does_not_take():
 def test_every_selector_takes_a_problem_and_its_spec_says_what_it_reads():
     notes, queries = corpus(8)
     links = np.random.default_rng(0).random((N, N)) < 0.3
-    structure = dict(pages=np.arange(N) // 3, doc_ids=np.arange(N) % 2, kinds=[core.kind_code("text")] * N)
+    structure = dict(pages=np.arange(N) // 3, doc_ids=np.arange(N) % 2, kinds=[kind_code("text")] * N)
     problem = core.CDSProblem.create(notes, queries[0], links=links, **structure)
     bare = core.CDSProblem.create(notes, queries[0], links=links)
-    assert core.kind_code("table") == core.NOTE_KINDS.index("table") and core.kind_code("?") == 5
-    key = core.key_from_query_id("q")
+    assert kind_code("table") == NOTE_KINDS.index("table") and kind_code("?") == 5
+    key = key_from_query_id("q")
     theta = core.LearnedParams(beta=0.2, w_page=-0.5, w_doc=0.3)
     for name, spec in core.SPECS.items():
         opts = {"num_steps": 3} if name == "cds_support" else {"params": theta} if spec.learned else {}
@@ -284,6 +292,6 @@ def test_shared_corpus_never_materialises_per_question_dense_matrices():
     for solver in (core.Replicator(), core.InImDyn(), core.ActiveSet()):
         assert dense_batches(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver)) == [], solver
     # the per-question path does build them: the check can fail
-    per_question = jax.vmap(lambda q: core.cds_select(problem.notes, q, problem.valid, budget=BUDGET,
+    per_question = jax.vmap(lambda q: cds_select(problem.notes, q, problem.valid, budget=BUDGET,
                                                       solver=core.ActiveSet()))
     assert dense_batches(lambda p: per_question(p.queries))

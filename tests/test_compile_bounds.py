@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from cdsjax import core
+from cdsjax.core.baselines import key_from_query_id
 from cdsjax.core import registry
 from cdsjax.io import compilation_cache
 from cdsjax.selector_cache import SelectorCache
@@ -29,7 +30,7 @@ def test_a_flood_of_tau_and_beta_values_compiles_one_selector_and_picks_as_a_fix
     for tau, beta in ((0.3, 2.5),):
         got = _picks(pipe.select(qs[1], selector="cds-paper", budget=5, options={"tau": tau, "beta": beta}))
         fixed = jax.jit(registry.make_selector("cds", budget=5, tau=tau, beta=beta))
-        want = _picks(fixed(problem, core.key_from_query_id("")))
+        want = _picks(fixed(problem, key_from_query_id("")))
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got[2], want[2])

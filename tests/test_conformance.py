@@ -16,9 +16,14 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.baselines import key_from_query_id
+from cdsjax.core.compat import cds_peel, cds_select, cds_support
+from cdsjax.core.games.affinity import build_affinity
+from cdsjax.core.solvers.loop import iterate
+from cdsjax.core.types import MAX_STEPS, NONFINITE, SINGULAR, STATUSES
 from cdsjax.learn import default_params
 from tests.conftest import on_arrays
-from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.games.payoff import DensePayoff
 from experiments.page_and_sparse_games import SPECS as GAMES
 
 BUDGET = 3
@@ -91,7 +96,7 @@ def test_selector_conformance(name, use_jit, dtype_name):
             plain = fn
             fn = lambda z, q, v, l, k: plain(z, q, v, l, k, pages=jnp.arange(z.shape[0]) % 3)  # noqa: E731
         run = jax.jit(fn) if use_jit else fn
-        key = core.key_from_query_id(f"{name}-q")
+        key = key_from_query_id(f"{name}-q")
         problems = [problem(seed, n, dtype) for seed, n in enumerate(SIZES)]
 
         # one question, unpadded
@@ -122,7 +127,7 @@ def test_selector_conformance(name, use_jit, dtype_name):
 
 def cds_payoff(dtype, n=8, seed=0):
     notes, query, _ = problem(seed, n, dtype)
-    return DensePayoff.from_affinity(core.build_affinity(notes, query, np.ones(n, bool)))
+    return DensePayoff.from_affinity(build_affinity(notes, query, np.ones(n, bool)))
 
 
 SOLVERS = {
@@ -140,16 +145,16 @@ def test_status_converged_step_cap_and_nonfinite(solver, dtype_name):
     config = SOLVERS[solver]
     with jax.enable_x64(x64):
         payoff = cds_payoff(dtype)
-        done = jax.jit(core.iterate, static_argnums=0)(config, payoff)
+        done = jax.jit(iterate, static_argnums=0)(config, payoff)
         assert int(done.status) == core.CONVERGED
 
-        capped = core.iterate(config.replace(max_iter=1, tol=0.0), payoff)
-        assert int(capped.status) == core.MAX_STEPS
+        capped = iterate(config.replace(max_iter=1, tol=0.0), payoff)
+        assert int(capped.status) == MAX_STEPS
         assert int(capped.num_iters) == 1
 
         nan = payoff.replace(matrix=payoff.matrix.at[2, 3].set(jnp.nan))
-        broken = core.iterate(config, nan)
-        assert int(broken.status) == core.NONFINITE
+        broken = iterate(config, nan)
+        assert int(broken.status) == NONFINITE
 
 
 @pytest.mark.slow
@@ -158,8 +163,8 @@ def test_status_nonfinite_from_nan_embeddings_through_selectors():
     notes[3, 0] = np.nan
     for name in ("cds", "cds_converged", "cds_inimdyn"):
         sel = on_arrays(core.make_selector(name, budget=BUDGET))(notes, query, np.ones(8, bool), links, None)
-        assert int(sel.result.status) == core.NONFINITE, name
-        assert core.STATUSES[int(sel.result.status)] == "nonfinite"
+        assert int(sel.result.status) == NONFINITE, name
+        assert STATUSES[int(sel.result.status)] == "nonfinite"
 
 
 @pytest.mark.slow
@@ -167,10 +172,10 @@ def test_status_singular_newton_system():
     # On the support {0, 1, 2} the bordered system [[M, -1], [1, 0]] has rank 3 < 4: the Newton
     # direction from the uniform start is NaN; that point is not a KKT point, so the step cap ends it.
     payoff = DensePayoff.of(jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], jnp.float32))
-    capped = core.iterate(core.ActiveSet(tol=1e-6, max_iter=1), payoff)
-    assert int(capped.status) == core.SINGULAR
+    capped = iterate(core.ActiveSet(tol=1e-6, max_iter=1), payoff)
+    assert int(capped.status) == SINGULAR
     # the vertex steps that follow still reach the equilibrium (1/2, 1/2, 0): converged wins
-    done = core.iterate(core.ActiveSet(tol=1e-6), payoff)
+    done = iterate(core.ActiveSet(tol=1e-6), payoff)
     assert int(done.status) == core.CONVERGED
     np.testing.assert_allclose(np.asarray(done.x), [0.5, 0.5, 0.0], atol=1e-6)
 
@@ -180,9 +185,9 @@ def test_peel_status_is_the_first_unconverged_round():
     notes, _, _ = problem(2, 10, np.float64)
     queries = notes[:2] + 0.1
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    capped = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, max_iter=2)
-    assert int(capped.result.status) == core.MAX_STEPS
-    done = core.cds_peel(notes, queries, np.ones(10, bool), budget=4, solver=core.ActiveSet())
+    capped = cds_peel(notes, queries, np.ones(10, bool), budget=4, max_iter=2)
+    assert int(capped.result.status) == MAX_STEPS
+    done = cds_peel(notes, queries, np.ones(10, bool), budget=4, solver=core.ActiveSet())
     assert int(done.result.status) == core.CONVERGED
 
 
@@ -193,7 +198,7 @@ def test_beta_and_tau_are_leaves_a_sweep_does_not_recompile():
 
     def select(params):
         traces.append(1)
-        return core.cds_select(notes, query, np.ones(8, bool), budget=BUDGET, params=params, solver=core.ActiveSet())
+        return cds_select(notes, query, np.ones(8, bool), budget=BUDGET, params=params, solver=core.ActiveSet())
 
     run = jax.jit(select)
     for beta, tau in ((1.0, 0.0), (0.5, 0.1), (0.1, 0.2)):
@@ -205,10 +210,10 @@ def test_solve_options_are_one_object_shared_by_the_selectors():
     notes, query, _ = problem(4, 9, np.float64)
     options = core.SolveOptions(solver=core.ActiveSet(), threshold=1e-4, fill=False)
     valid = np.ones(9, bool)
-    a = core.cds_select(notes, query, valid, budget=BUDGET, options=options)
-    b = core.cds_select(notes, query, valid, budget=BUDGET, solver=core.ActiveSet(), threshold=1e-4, fill=False)
+    a = cds_select(notes, query, valid, budget=BUDGET, options=options)
+    b = cds_select(notes, query, valid, budget=BUDGET, solver=core.ActiveSet(), threshold=1e-4, fill=False)
     assert_same(a, b, 0.0)
     with pytest.raises(TypeError, match="colour"):
-        core.cds_select(notes, query, valid, colour="red")
+        cds_select(notes, query, valid, colour="red")
     with pytest.raises(ValueError, match="warm_start"):
-        core.cds_support(notes, query, valid, warm_start="paper")
+        cds_support(notes, query, valid, warm_start="paper")

@@ -10,6 +10,13 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.batching import auto_chunk, bucket_size, make_buckets, padded_batch
+from cdsjax.core.compat import cds_peel, cds_select
+from cdsjax.core.games.affinity import build_affinity, spectral_penalty
+from cdsjax.core.ranking import top_b
+from cdsjax.core.solvers.loop import support_count
+from cdsjax.core.solvers.replicator import kkt_residual, softmax_prior, solve_replicator
+from cdsjax.core.validation import validate_embeddings
 
 
 # --------------------------------------------------------------------------- references
@@ -71,10 +78,10 @@ def test_replicator_matches_numpy_step_for_step_to_cap():
     query = unit_rows(notes[0] + 0.2 * rng.normal(size=16))
     m, alpha = np_payoff(notes, query)
     x_ref, it_ref = np_replicator(m)
-    aff = core.build_affinity(notes, query, np.ones(100, bool))
+    aff = build_affinity(notes, query, np.ones(100, bool))
     np.testing.assert_allclose(aff.alpha, alpha, rtol=1e-12)
     np.testing.assert_allclose(aff.payoff(), m, atol=1e-12)
-    res = core.solve_replicator(aff)
+    res = solve_replicator(aff)
     assert it_ref == 10_000, "instance chosen to run to the cap"
     assert int(res.num_iters) == it_ref
     assert int(res.status) != core.CONVERGED
@@ -92,7 +99,7 @@ def test_replicator_matches_numpy_when_converging():
         alpha=jnp.asarray(1.0),
     )
     x_ref, it_ref = np_replicator(m)
-    res = core.solve_replicator(aff)
+    res = solve_replicator(aff)
     assert it_ref < 10_000
     assert int(res.num_iters) == it_ref
     assert int(res.status) == core.CONVERGED
@@ -103,10 +110,10 @@ def test_replicator_matches_numpy_when_converging():
 @pytest.mark.x64  # the same iterates at 1e-15: float64 (an unrolled loop may fuse float32 ops differently)
 def test_unroll_does_not_change_iterates(problem):
     notes, query = problem
-    aff = core.build_affinity(notes, query, np.ones(len(notes), bool))
-    ref = core.solve_replicator(aff, max_iter=37, unroll=1)
+    aff = build_affinity(notes, query, np.ones(len(notes), bool))
+    ref = solve_replicator(aff, max_iter=37, unroll=1)
     for unroll in (3, 8):
-        got = core.solve_replicator(aff, max_iter=37, unroll=unroll)
+        got = solve_replicator(aff, max_iter=37, unroll=unroll)
         assert int(got.num_iters) == 37
         np.testing.assert_allclose(got.x, ref.x, atol=1e-15)
 
@@ -118,9 +125,9 @@ def test_chunked_batch_equals_vmap(problem):
     z = np.stack([notes, notes[::-1]])
     q = np.stack([query, notes[0]])
     v = np.ones((2, len(notes)), bool)
-    a = core.batched(core.cds_select, chunk=None, budget=4, max_iter=300)(z, q, v)
+    a = core.batched(cds_select, chunk=None, budget=4, max_iter=300)(z, q, v)
     for chunk in (1, "auto", "each"):
-        b = core.batched(core.cds_select, chunk=chunk, budget=4, max_iter=300)(z, q, v)
+        b = core.batched(cds_select, chunk=chunk, budget=4, max_iter=300)(z, q, v)
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_allclose(a.result.x, b.result.x, atol=1e-13)
         np.testing.assert_array_equal(a.result.num_iters, b.result.num_iters)
@@ -128,26 +135,26 @@ def test_chunked_batch_equals_vmap(problem):
 
 def test_auto_chunk_fits_the_cache_on_cpu_and_vmaps_elsewhere():
     # [65, 65] float32 is 16.9 KB: 31 fit in 512 KiB, the power of two below is 16
-    assert core.auto_chunk(64, 64, 4, platform="cpu") == 16
-    assert core.auto_chunk(64, 128, 4, platform="cpu") == 4
-    assert core.auto_chunk(64, 256, 4, platform="cpu") == 1
-    assert core.auto_chunk(16, 1024, 4, platform="cpu") == 1
-    assert core.auto_chunk(8, 64, 4, platform="cpu") is None  # the whole batch fits: one vmap
-    assert core.auto_chunk(64, 256, 4, platform="gpu") is None
-    assert core.auto_chunk(64, 256, 4, platform="cpu", cache_bytes=1) == 1
+    assert auto_chunk(64, 64, 4, platform="cpu") == 16
+    assert auto_chunk(64, 128, 4, platform="cpu") == 4
+    assert auto_chunk(64, 256, 4, platform="cpu") == 1
+    assert auto_chunk(16, 1024, 4, platform="cpu") == 1
+    assert auto_chunk(8, 64, 4, platform="cpu") is None  # the whole batch fits: one vmap
+    assert auto_chunk(64, 256, 4, platform="gpu") is None
+    assert auto_chunk(64, 256, 4, platform="cpu", cache_bytes=1) == 1
 
 
 def test_padded_batch_is_a_power_of_two_unless_padding_costs_more_than_a_compile():
     # at n = 1024 a padded slot costs a quarter of a compilation: 48 problems stay 48, not 64
-    assert core.padded_batch(48, 1024) == 48 and core.padded_batch(47, 1024) == 48
-    assert core.padded_batch(38, 512) == 48 and core.padded_batch(64, 512) == 64  # multiples of 16 at n = 512
-    assert core.padded_batch(46, 256) == 64 and core.padded_batch(20, 256) == 32  # small n: powers of two
-    assert core.padded_batch(3, 16) == 4 and core.padded_batch(1, 4096) == 1
-    assert core.padded_batch(48, 1024, multiple=5) == 50  # then a multiple of the devices
-    assert all(core.padded_batch(k, n) <= 1 << (k - 1).bit_length()
+    assert padded_batch(48, 1024) == 48 and padded_batch(47, 1024) == 48
+    assert padded_batch(38, 512) == 48 and padded_batch(64, 512) == 64  # multiples of 16 at n = 512
+    assert padded_batch(46, 256) == 64 and padded_batch(20, 256) == 32  # small n: powers of two
+    assert padded_batch(3, 16) == 4 and padded_batch(1, 4096) == 1
+    assert padded_batch(48, 1024, multiple=5) == 50  # then a multiple of the devices
+    assert all(padded_batch(k, n) <= 1 << (k - 1).bit_length()
                for k in range(1, 70) for n in (16, 256, 512, 1024, 2048))
     with pytest.raises(ValueError):
-        core.padded_batch(0, 64)
+        padded_batch(0, 64)
 
 
 def test_selector_specs_name_chunk_solver_and_spellings():
@@ -178,7 +185,7 @@ def test_selector_specs_name_chunk_solver_and_spellings():
 @pytest.mark.parametrize("chunk", [0, -2, "fast", 1.5, True])
 def test_batched_rejects_bad_chunk(chunk):
     with pytest.raises(ValueError, match="chunk"):
-        core.batched(core.cds_select, chunk=chunk, budget=4)
+        core.batched(cds_select, chunk=chunk, budget=4)
 
 
 @pytest.mark.x64
@@ -188,13 +195,13 @@ def test_kkt_residual_zero_on_hand_solved_three_vertex_case():
     m = np.array([[0, a, a], [a, -alpha, w], [a, w, -alpha]])
     y = a / (4 * a + eps)
     x_star = np.array([1 - 2 * y, y, y])
-    assert abs(core.kkt_residual(jnp.asarray(m), jnp.asarray(x_star), jnp.ones(3, bool))) < 1e-15
+    assert abs(kkt_residual(jnp.asarray(m), jnp.asarray(x_star), jnp.ones(3, bool))) < 1e-15
     off = np.array([0.5, 0.3, 0.2])
-    assert core.kkt_residual(jnp.asarray(m), jnp.asarray(off), jnp.ones(3, bool)) > 1e-3
+    assert kkt_residual(jnp.asarray(m), jnp.asarray(off), jnp.ones(3, bool)) > 1e-3
     # the same point from the solver, built from embeddings with that geometry:
     aff = core.Affinity(matrix=jnp.asarray(m + np.diag([0, alpha, alpha])), constraint=jnp.array([True, False, False]),
                         valid=jnp.ones(3, bool), alpha=jnp.asarray(alpha))
-    res = core.solve_replicator(aff, tol=1e-15, max_iter=200_000)
+    res = solve_replicator(aff, tol=1e-15, max_iter=200_000)
     np.testing.assert_allclose(res.x, x_star, atol=1e-9)
     assert float(res.kkt_residual) < 1e-9
 
@@ -202,7 +209,7 @@ def test_kkt_residual_zero_on_hand_solved_three_vertex_case():
 @pytest.mark.slow
 def test_query_vertex_in_support(problem):
     notes, query = problem
-    sel = core.cds_select(notes, query, np.ones(len(notes), bool), budget=5)
+    sel = cds_select(notes, query, np.ones(len(notes), bool), budget=5)
     assert float(sel.result.x[0]) > 1e-6
     assert int(sel.support_size) >= 1
 
@@ -211,8 +218,8 @@ def test_query_vertex_in_support(problem):
 @pytest.mark.x64
 def test_diagnostics_are_consistent(problem):
     notes, query = problem
-    aff = core.build_affinity(notes, query, np.ones(len(notes), bool))
-    res = core.solve_replicator(aff, max_iter=50)
+    aff = build_affinity(notes, query, np.ones(len(notes), bool))
+    res = solve_replicator(aff, max_iter=50)
     m = np.asarray(aff.payoff())
     x = np.asarray(res.x)
     np.testing.assert_allclose(res.objective, x @ m @ x, rtol=1e-12)
@@ -220,7 +227,7 @@ def test_diagnostics_are_consistent(problem):
     np.testing.assert_allclose(x.sum(), 1.0, atol=1e-12)
     r = m @ x - x @ m @ x
     np.testing.assert_allclose(res.kkt_residual, np.max(np.abs(np.minimum(x, -r))), rtol=1e-12)
-    assert int(core.support_count(res.x, np.ones(x.shape, bool))) == int((x > 1e-6).sum())
+    assert int(support_count(res.x, np.ones(x.shape, bool))) == int((x > 1e-6).sum())
 
 
 # --------------------------------------------------------------------------- affinity & penalty
@@ -231,13 +238,13 @@ def test_alpha_bounds_lambda_max_of_free_block(problem):
     pinned = np.zeros(n, bool)
     pinned[[2, 7]] = True
     for pins in (None, pinned):
-        aff = core.build_affinity(notes, query, np.ones(n, bool), pinned=pins)
+        aff = build_affinity(notes, query, np.ones(n, bool), pinned=pins)
         a = np.asarray(aff.matrix)
         free = np.asarray(aff.free)
         lam = np.linalg.eigvalsh(a[np.ix_(free, free)])[-1]
         assert float(aff.alpha) >= lam
         np.testing.assert_allclose(aff.alpha, lam + 1e-3, rtol=1e-12)
-    full = core.build_affinity(notes, query, np.ones(n, bool), core.CDSParams(alpha_from="full"))
+    full = build_affinity(notes, query, np.ones(n, bool), core.CDSParams(alpha_from="full"))
     np.testing.assert_allclose(full.alpha, np.linalg.eigvalsh(np.asarray(full.matrix))[-1] + 1e-3, rtol=1e-12)
 
 
@@ -250,7 +257,7 @@ def test_spectral_penalty_correct_for_negative_spectrum_under_padding():
     big = np.zeros((8, 8))
     big[:5, :5] = block
     mask = np.arange(8) < 5
-    got = core.spectral_penalty(jnp.asarray(big), jnp.asarray(mask), 1e-3)
+    got = spectral_penalty(jnp.asarray(big), jnp.asarray(mask), 1e-3)
     np.testing.assert_allclose(got, np.linalg.eigvalsh(block)[-1] + 1e-3, rtol=1e-12)
     assert float(got) < -1.0  # a zero-padded eigvalsh would have returned ~0
 
@@ -263,7 +270,7 @@ def test_couplings_and_beta(problem):
     g = notes @ notes.T
     off = ~np.eye(n, dtype=bool)
     for coupling, expect in (("dissimilarity", 2.0 * (1 - g)), ("similarity", 2.0 * np.maximum(g, 0)), ("none", 0 * g)):
-        aff = core.build_affinity(notes, query, v, core.CDSParams(beta=2.0, coupling=coupling))
+        aff = build_affinity(notes, query, v, core.CDSParams(beta=2.0, coupling=coupling))
         w = np.asarray(aff.matrix)[1:, 1:]
         np.testing.assert_allclose(w[off], expect[off], atol=1e-12)
         assert np.all(np.diag(w) == 0)
@@ -275,13 +282,13 @@ def test_hard_tau_keeps_strongest_edge_and_soft_tau_gates(problem):
     n = len(notes)
     v = np.ones(n, bool)
     sims = notes @ query
-    aff = core.build_affinity(notes, query, v, core.CDSParams(tau=0.5))
+    aff = build_affinity(notes, query, v, core.CDSParams(tau=0.5))
     r = np.asarray(aff.matrix)[0, 1:]
     np.testing.assert_allclose(r, np.where(sims >= 0.5, np.maximum(sims, 0), 0), atol=1e-12)
-    aff = core.build_affinity(notes, query, v, core.CDSParams(tau=0.999))
+    aff = build_affinity(notes, query, v, core.CDSParams(tau=0.999))
     r = np.asarray(aff.matrix)[0, 1:]
     assert np.count_nonzero(r) == 1 and np.argmax(r) == np.argmax(sims)
-    soft = core.build_affinity(notes, query, v, core.CDSParams(tau=0.3, tau_mode="soft", tau_temperature=0.05))
+    soft = build_affinity(notes, query, v, core.CDSParams(tau=0.3, tau_mode="soft", tau_temperature=0.05))
     expect = np.maximum(sims, 0) / (1 + np.exp(-(sims - 0.3) / 0.05))
     np.testing.assert_allclose(np.asarray(soft.matrix)[0, 1:], expect, rtol=1e-10)
 
@@ -291,7 +298,7 @@ def test_keep_strongest_ignores_padding():
     notes = unit_rows(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.05]]))
     query = unit_rows(np.array([0.6, 0.8]))
     valid = np.array([True, True, False])
-    aff = core.build_affinity(notes, query, valid, core.CDSParams(tau=0.99))
+    aff = build_affinity(notes, query, valid, core.CDSParams(tau=0.99))
     r = np.asarray(aff.matrix)[0, 1:]
     assert r[2] == 0 and r[1] > 0 and r[0] == 0
 
@@ -302,10 +309,10 @@ def test_keep_strongest_ignores_padding():
 def test_padding_invariance(problem):
     notes, query = problem
     n = len(notes)
-    sel = core.cds_select(notes, query, np.ones(n, bool), budget=8)
+    sel = cds_select(notes, query, np.ones(n, bool), budget=8)
     padded = np.concatenate([notes, unit_rows(np.random.default_rng(3).normal(size=(24, 16)))])
     valid = np.arange(n + 24) < n
-    sel_p = core.cds_select(padded, query, valid, budget=8)
+    sel_p = cds_select(padded, query, valid, budget=8)
     np.testing.assert_array_equal(sel.indices, sel_p.indices)
     np.testing.assert_allclose(sel.scores, sel_p.scores, atol=1e-12)
     np.testing.assert_allclose(sel.result.x, sel_p.result.x[: n + 1], atol=1e-12)
@@ -320,7 +327,7 @@ def test_vmap_batch_equals_per_query_calls():
     sizes = [12, 30, 7]
     notes_list = [clustered(rng, s) for s in sizes]
     queries = [unit_rows(z[0] + 0.3 * rng.normal(size=16)) for z in notes_list]
-    fn = functools.partial(core.cds_select, budget=6, max_iter=400)
+    fn = functools.partial(cds_select, budget=6, max_iter=400)
     batch = core.batch_apply(fn, notes_list, queries, buckets=(16, 32))
     for z, q, got in zip(notes_list, queries, batch):
         ref = jax.jit(fn)(z, q, np.ones(len(z), bool))
@@ -335,18 +342,18 @@ def test_vmap_batch_equals_per_query_calls():
 def test_jit_equals_eager(problem):
     notes, query = problem
     v = np.ones(len(notes), bool)
-    eager = core.cds_select(notes, query, v, budget=5, max_iter=500)
-    jitted = jax.jit(functools.partial(core.cds_select, budget=5, max_iter=500))(notes, query, v)
+    eager = cds_select(notes, query, v, budget=5, max_iter=500)
+    jitted = jax.jit(functools.partial(cds_select, budget=5, max_iter=500))(notes, query, v)
     np.testing.assert_array_equal(eager.indices, jitted.indices)
     np.testing.assert_allclose(eager.result.x, jitted.result.x, atol=1e-13)
 
 
 def test_bucket_helper_bounds_shapes():
-    assert core.bucket_size(1) == 16 and core.bucket_size(17) == 32 and core.bucket_size(5000) == 8192
+    assert bucket_size(1) == 16 and bucket_size(17) == 32 and bucket_size(5000) == 8192
     rng = np.random.default_rng(5)
     notes = [clustered(rng, s) for s in (3, 20, 20, 40, 70)]
     queries = [z[0] for z in notes]
-    buckets = core.make_buckets(notes, queries)
+    buckets = make_buckets(notes, queries)
     assert [b.size for b in buckets] == [16, 32, 64, 128]
     assert sorted(np.concatenate([b.positions for b in buckets]).tolist()) == list(range(5))
     assert all(b.notes.shape[0] in (1, 2, 4) for b in buckets)
@@ -356,7 +363,7 @@ def test_bucket_helper_bounds_shapes():
 def test_selection_threshold_and_fewer_than_budget():
     notes = unit_rows(np.array([[1.0, 0.0], [0.99, 0.1], [0.0, 1.0]]))
     query = unit_rows(np.array([1.0, 0.05]))
-    sel = core.cds_select(notes, query, np.ones(3, bool), budget=10)
+    sel = cds_select(notes, query, np.ones(3, bool), budget=10)
     ok = np.asarray(sel.selected_valid)
     assert sel.indices.shape == (10,) and ok.sum() <= 3
     assert np.all(np.asarray(sel.indices)[~ok] == 0) and np.all(np.asarray(sel.scores)[~ok] == 0)
@@ -366,7 +373,7 @@ def test_selection_threshold_and_fewer_than_budget():
 
 
 def test_top_b_ties_go_to_lowest_index():
-    idx, ok, _ = core.top_b(jnp.array([0.5, 0.7, 0.7, 0.1]), jnp.array([True, True, True, False]), 4)
+    idx, ok, _ = top_b(jnp.array([0.5, 0.7, 0.7, 0.1]), jnp.array([True, True, True, False]), 4)
     np.testing.assert_array_equal(idx[:3], [1, 2, 0])
     np.testing.assert_array_equal(ok, [True, True, True, False])
 
@@ -386,7 +393,7 @@ def test_near_duplicates_repel_each_other():
     assert set(np.argsort(-(thrice @ query))[:3]) == {0, 1, 2}  # cosine spends its top-3 on the copies
 
     def weights(notes, beta):
-        sel = core.cds_select(notes, query, np.ones(len(notes), bool), budget=3,
+        sel = cds_select(notes, query, np.ones(len(notes), bool), budget=3,
                               params=core.CDSParams(beta=beta), max_iter=200_000, tol=1e-12)
         assert float(sel.result.kkt_residual) < 1e-8
         return np.asarray(sel.result.x)[1:], set(np.asarray(sel.indices).tolist())
@@ -405,14 +412,14 @@ def test_near_duplicates_repel_each_other():
 def test_softmax_prior(problem):
     notes, query = problem
     n = len(notes)
-    aff = core.build_affinity(notes, query, np.ones(n, bool))
-    x0 = np.asarray(core.softmax_prior(aff, 0.1))
+    aff = build_affinity(notes, query, np.ones(n, bool))
+    x0 = np.asarray(softmax_prior(aff, 0.1))
     np.testing.assert_allclose(x0.sum(), 1.0, atol=1e-12)
     np.testing.assert_allclose(x0[0], 1 / (n + 1), rtol=1e-12)
     r = np.asarray(aff.matrix)[0, 1:]
     expect = np.exp(r / 0.1) / np.exp(r / 0.1).sum() * (1 - 1 / (n + 1))
     np.testing.assert_allclose(x0[1:], expect, rtol=1e-10)
-    sel = core.cds_select(notes, query, np.ones(n, bool), init="softmax", max_iter=100)
+    sel = cds_select(notes, query, np.ones(n, bool), init="softmax", max_iter=100)
     assert bool(jnp.isfinite(sel.result.objective))
 
 
@@ -424,12 +431,12 @@ def test_peeling_covers_every_query():
     notes = np.concatenate([unit_rows(a + 0.2 * rng.normal(size=(6, d))), unit_rows(b + 0.2 * rng.normal(size=(6, d)))])
     queries = np.stack([a, b])
     v = np.ones(12, bool)
-    sel = core.cds_peel(notes, queries, v, budget=12, max_iter=20_000)
+    sel = cds_peel(notes, queries, v, budget=12, max_iter=20_000)
     picked = np.asarray(sel.indices)[np.asarray(sel.selected_valid)]
     assert (picked < 6).any() and (picked >= 6).any()
-    single = core.cds_select(notes, queries, v, budget=12, max_iter=20_000)
+    single = cds_select(notes, queries, v, budget=12, max_iter=20_000)
     assert float(single.result.x[0]) > 0 or float(single.result.x[1]) > 0
-    jitted = jax.jit(functools.partial(core.cds_peel, budget=12, max_iter=20_000))(notes, queries, v)
+    jitted = jax.jit(functools.partial(cds_peel, budget=12, max_iter=20_000))(notes, queries, v)
     np.testing.assert_array_equal(jitted.indices, sel.indices)
 
 
@@ -439,7 +446,7 @@ def test_pinned_notes_are_constraint_vertices(problem):
     n = len(notes)
     pinned = np.zeros(n, bool)
     pinned[5] = True
-    aff = core.build_affinity(notes, query, np.ones(n, bool), pinned=pinned)
+    aff = build_affinity(notes, query, np.ones(n, bool), pinned=pinned)
     assert bool(aff.constraint[0]) and bool(aff.constraint[6]) and int(aff.constraint.sum()) == 2
     m = np.asarray(aff.payoff())
     assert m[6, 6] == 0 and m[7, 7] == -float(aff.alpha)
@@ -466,26 +473,26 @@ def test_pinned_notes_are_constraint_vertices(problem):
 )
 def test_bad_static_inputs_raise_value_error_naming_argument(kwargs, word):
     with pytest.raises(ValueError, match=word):
-        core.cds_select(**kwargs)
+        cds_select(**kwargs)
 
 
 def test_validate_embeddings_rejects_nan_and_bad_shapes():
     z = unit_rows(np.random.default_rng(8).normal(size=(5, 4)))
-    core.validate_embeddings(z, z[0])
+    validate_embeddings(z, z[0])
     bad = z.copy()
     bad[2, 1] = np.nan
     with pytest.raises(ValueError, match="notes.*NaN"):
-        core.validate_embeddings(bad, z[0])
+        validate_embeddings(bad, z[0])
     # padded rows are not checked
-    core.validate_embeddings(bad, z[0], valid=np.array([1, 1, 0, 0, 0], bool))
+    validate_embeddings(bad, z[0], valid=np.array([1, 1, 0, 0, 0], bool))
     with pytest.raises(ValueError, match="query.*NaN"):
-        core.validate_embeddings(z, np.full(4, np.inf))
+        validate_embeddings(z, np.full(4, np.inf))
     with pytest.raises(ValueError, match="query"):
-        core.validate_embeddings(z, z[0, :3])
+        validate_embeddings(z, z[0, :3])
     with pytest.raises(ValueError, match="normalised"):
-        core.validate_embeddings(2 * z)
+        validate_embeddings(2 * z)
     with pytest.raises(ValueError, match="empty"):
-        core.validate_embeddings(np.zeros((0, 4)))
+        validate_embeddings(np.zeros((0, 4)))
 
 
 def test_core_import_is_pure():

@@ -1,4 +1,4 @@
-"""One corpus, many questions (cdsjax.core.corpus): the note block built once is the dense affinity's, and a
+"""One corpus, many questions (cdsjax.core.strategies.corpus): the note block built once is the dense affinity's, and a
 question solved on it (the primal-dual active set, the active set as its fallback) picks the notes the dense solve picks."""
 
 import jax
@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from cdsjax import catalog, core
+from cdsjax.core.games.affinity import problem_affinity
 from cdsjax.core import registry
-from cdsjax.core.active_set import ActiveSet, capacities
-from cdsjax.core.corpus import check_block_problem, problem_block
-from cdsjax.core.learned import LearnedParams, learned_affinity
-from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.solver import iterate
-from cdsjax.core.solvers import SERVING_SOLVER, SolveOptions
+from cdsjax.core.solvers.active_set import ActiveSet, capacities
+from cdsjax.core.strategies.corpus import check_block_problem, problem_block
+from cdsjax.core.games.learned import LearnedParams, learned_affinity
+from cdsjax.core.games.payoff import DensePayoff
+from cdsjax.core.solvers.loop import iterate
+from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
@@ -36,7 +37,7 @@ def test_the_block_is_the_dense_affinitys_note_block():
     problem = core.CDSProblem.create(z, qs[0], valid, pages=pages)
     for params in (SHIPPED, core.CDSParams(), core.CDSParams(beta=0.3)):
         block = jax.jit(lambda p, g=params: problem_block(p, g, SERVING))(problem)
-        dense = jax.jit(lambda p, g=params: core.problem_affinity(p, g).matrix[1:, 1:])(problem)
+        dense = jax.jit(lambda p, g=params: problem_affinity(p, g).matrix[1:, 1:])(problem)
         # the same functions; XLA may fuse the two programs differently (last bits)
         np.testing.assert_allclose(np.asarray(block), np.asarray(dense), rtol=1e-6, atol=1e-7)
     # where the solve would not use it: none is built

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.compat import cds_weights
+from cdsjax.core.games.affinity import build_affinity
 from cdsjax.core import implicit, surrogates
 from tests.test_inimdyn import np_face_solution
 
@@ -73,7 +75,7 @@ def params_of(theta, **kw):
 
 def _weights(theta, notes, query, valid, differentiate="implicit", alpha_from="free", solver="replicator"):
     solver_kw = TIGHT if solver == "replicator" else dict(solver=core.solver_from_name(solver), tol=1e-13)
-    return core.cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from),
+    return cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from),
                             differentiate=differentiate, **solver_kw)
 
 
@@ -140,7 +142,7 @@ def test_alpha_derivative_is_the_top_eigenvector_formula():
     beta, tau = 0.7, 0.15
 
     def alpha(theta, alpha_from):
-        aff = core.build_affinity(jnp.asarray(notes), jnp.asarray(query), valid, params_of(theta, alpha_from=alpha_from))
+        aff = build_affinity(jnp.asarray(notes), jnp.asarray(query), valid, params_of(theta, alpha_from=alpha_from))
         return aff.alpha
 
     theta = jnp.asarray([beta, tau])
@@ -275,7 +277,7 @@ def test_hard_tau_has_zero_tau_derivative():
 
     def fn(tau):
         params = core.CDSParams(beta=0.5, tau=tau, tau_mode="hard")
-        return core.cds_weights(jnp.asarray(notes), jnp.asarray(query), valid, params, **TIGHT)
+        return cds_weights(jnp.asarray(notes), jnp.asarray(query), valid, params, **TIGHT)
 
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.jacfwd(fn))(0.2)), 0.0)
 
@@ -357,3 +359,43 @@ def test_gold_mass_and_surrogate_gradients():
     fd = np_central_jacobian(reference, np.asarray(theta))
     assert np.abs(fd).max() > 1e-3
     np.testing.assert_allclose(fwd, fd, rtol=1e-5, atol=1e-9)
+
+
+class _ImplicitOnly:
+    """A user's solver that accepts the implicit adjoint only (the active set's steps, its own name)."""
+
+    name, names, mode = "implicit_only", ("implicit_only",), "converged"
+    batch_chunk, batches_rows, uses_corpus_block = None, False, False
+    differentiable_by = ("implicit",)
+
+    def solve(self, payoff, x0=None):
+        return core.ActiveSet(tol=1e-12).solve(payoff, x0)
+
+    def with_limits(self, tol=None, max_iter=None):
+        return self
+
+    @property
+    def dense(self):
+        return self
+
+
+def test_equilibrium_accepts_only_the_adjoints_a_solver_lists():
+    """Every shipped solver lists both adjoints; a solver that lists the implicit one alone is refused the loop
+    adjoint in one line, before anything runs, and NoAdjoint (no derivative) is accepted by every solver."""
+    from cdsjax.core.solvers.options import SERVING_SOLVER
+
+    for solver in (core.Replicator(), core.InImDyn(), core.ActiveSet(), core.PrimalDualActiveSet(), SERVING_SOLVER):
+        assert solver.differentiable_by == ("implicit", "loop"), solver
+        assert solver.dense.differentiable_by == ("implicit", "loop"), solver
+    notes, query = clustered_problem(3, n=8)
+    problem = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query), jnp.ones(8, bool))
+    affinity = core.CDSParams(beta=0.5).affinity(problem)
+    only = _ImplicitOnly()
+    implicit_x = core.equilibrium(affinity, only, adjoint=core.ImplicitAdjoint()).x
+    free_x = core.equilibrium(affinity, only, adjoint=core.NoAdjoint()).x
+    np.testing.assert_array_equal(np.asarray(implicit_x), np.asarray(free_x))
+    with pytest.raises(ValueError, match="^solver 'implicit_only' cannot be differentiated by LoopAdjoint"):
+        core.equilibrium(affinity, only, adjoint=core.LoopAdjoint())
+    # a fallback pair accepts what both of its solvers accept
+    pair = core.WithFallback(only, core.ActiveSet(), dense_solver=core.ActiveSet())
+    assert pair.differentiable_by == ("implicit",) and pair.dense.differentiable_by == ("implicit", "loop")

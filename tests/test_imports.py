@@ -12,7 +12,7 @@ prefix.
 
 How a package's ``__init__`` counts. A package is a node of its own whose edges are the imports of its
 ``__init__.py``, and a module points at it only when it imports the package itself (``import cdsjax.core``)
-or a name the ``__init__`` defines or re-exports (``from cdsjax.core import cds_select``). Importing a
+or a name the ``__init__`` defines or re-exports (``from cdsjax.core import cds``). Importing a
 submodule (``from cdsjax.core.types import Affinity``) does not add an edge to the parent package, although
 Python runs the parent's ``__init__`` first: that is package initialisation, not a dependency, and counting it
 would put every submodule of a re-exporting package (``cdsjax.core``, whose ``__init__`` imports all of
@@ -338,7 +338,7 @@ def cdsjax_graph() -> Graph:
 
 @pytest.mark.slow
 def test_cdsjax_has_no_import_cycle(cdsjax_graph):
-    assert "cdsjax.core.select" in cdsjax_graph and "cdsjax.io.index" in cdsjax_graph
+    assert "cdsjax.core.strategies.select" in cdsjax_graph and "cdsjax.io.index" in cdsjax_graph
     modules = find_modules(ROOT / PACKAGE, PACKAGE)
     cycles = [describe(cdsjax_graph, c, modules, ROOT) for c in strongly_connected(cdsjax_graph)]
     assert not cycles, "import cycles (module -> imported module (file:lines)):\n  - " + "\n  - ".join(cycles)

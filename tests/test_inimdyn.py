@@ -18,14 +18,18 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.inimdyn import default_tol, solve_inimdyn, vertex_step
+from cdsjax.core.compat import cds_select
+from cdsjax.core.games.affinity import build_affinity
+from cdsjax.core.solvers.options import SOLVER_NAMES
+from cdsjax.core.solvers.replicator import solve_replicator
+from cdsjax.core.solvers.active_set import solve_active_set
+from cdsjax.core.solvers.inimdyn import default_tol, solve_inimdyn, vertex_step
 from cdsjax.core.types import Affinity
 
 CONVERGED = {"inimdyn": solve_inimdyn, "active_set": solve_active_set}
 # Jitted once per module so tests sharing a shape share a compilation.
 JIT = {name: jax.jit(fn) for name, fn in CONVERGED.items()}
-PAPER = jax.jit(core.solve_replicator)
+PAPER = jax.jit(solve_replicator)
 
 
 def clustered(n, *, d=32, k=6, noise=0.3, seed=0):
@@ -40,7 +44,7 @@ def clustered(n, *, d=32, k=6, noise=0.3, seed=0):
 
 def cds_affinity(n, seed=0, **params):
     z, q = clustered(n, seed=seed)
-    return core.build_affinity(jnp.asarray(z), jnp.asarray(q), jnp.ones(n, bool), core.CDSParams(**params))
+    return build_affinity(jnp.asarray(z), jnp.asarray(q), jnp.ones(n, bool), core.CDSParams(**params))
 
 
 def random_affinity(n, seed):
@@ -152,7 +156,7 @@ def test_warm_start_from_paper_mode_never_loses_objective(solver):
 @pytest.mark.slow
 @pytest.mark.x64
 def test_agrees_with_replicator_run_to_convergence():
-    long_paper = jax.jit(functools.partial(core.solve_replicator, tol=1e-15, max_iter=400_000))
+    long_paper = jax.jit(functools.partial(solve_replicator, tol=1e-15, max_iter=400_000))
     for seed in (10, 11, 12, 13):
         aff = cds_affinity(14, seed, coupling="similarity", beta=0.5)
         long_run = long_paper(aff)
@@ -196,12 +200,12 @@ def test_padding_and_vmap_invariance(solver):
     # Unpadded problems have 120 notes (the shape compiled above); the batch pads them to 127.
     n, pad, d = 120, 7, 32
     problems = [clustered(n, seed=s) for s in (14, 15, 16)]
-    singles = [JIT[solver](core.build_affinity(jnp.asarray(z), jnp.asarray(q), jnp.ones(n, bool))) for z, q in problems]
+    singles = [JIT[solver](build_affinity(jnp.asarray(z), jnp.asarray(q), jnp.ones(n, bool))) for z, q in problems]
     notes = jnp.asarray(np.stack([np.concatenate([z, np.zeros((pad, d))]) for z, _ in problems]))
     queries = jnp.asarray(np.stack([q for _, q in problems]))
     valid = jnp.asarray(np.arange(n + pad) < n)[None].repeat(3, axis=0)
     fn = CONVERGED[solver]
-    batch = jax.jit(jax.vmap(lambda z, q, v: fn(core.build_affinity(z, q, v))))(notes, queries, valid)
+    batch = jax.jit(jax.vmap(lambda z, q, v: fn(build_affinity(z, q, v))))(notes, queries, valid)
     for k, single in enumerate(singles):
         x = np.asarray(batch.x[k])
         np.testing.assert_allclose(x[: n + 1], np.asarray(single.x), atol=1e-12)
@@ -217,23 +221,23 @@ def test_padding_and_vmap_invariance(solver):
 def test_cds_select_dispatch_and_warm_start(solver):
     z, q = clustered(120, seed=17)
     notes, query, valid = jnp.asarray(z), jnp.asarray(q), jnp.ones(120, bool)
-    select = jax.jit(functools.partial(core.cds_select, budget=5, solver=core.solver_from_name(solver),
+    select = jax.jit(functools.partial(cds_select, budget=5, solver=core.solver_from_name(solver),
                                        warm_start="replicator"))
     warm = select(notes, query, valid)
     assert int(warm.result.status) == core.CONVERGED and float(warm.result.kkt_residual) <= 1e-10
-    paper = PAPER(core.build_affinity(notes, query, valid))
+    paper = PAPER(build_affinity(notes, query, valid))
     assert float(warm.result.objective) >= float(paper.objective) - 1e-12
     # The selection is the top of the solver's own point.
     x_notes = np.asarray(warm.result.x[1:])
     np.testing.assert_array_equal(np.asarray(warm.indices), np.argsort(-x_notes, kind="stable")[:5])
     with pytest.raises(ValueError, match="warm_start"):
-        core.cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start="paper")
+        cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start="paper")
 
 
 @pytest.mark.slow
 def test_float32_reaches_its_default_tolerance():
     z, q = clustered(120, seed=18)
-    aff = core.build_affinity(jnp.asarray(z, jnp.float32), jnp.asarray(q, jnp.float32), jnp.ones(120, bool))
+    aff = build_affinity(jnp.asarray(z, jnp.float32), jnp.asarray(q, jnp.float32), jnp.ones(120, bool))
     assert default_tol(jnp.float32) == 1e-5 and default_tol(jnp.float64) == 1e-10
     for fn in JIT.values():
         res = fn(aff)
@@ -272,10 +276,9 @@ def test_names_at_the_edge_become_solver_objects():
     assert core.solver_from_name("inimdyn") == core.InImDyn()
     assert core.solver_from_name("active_set") == core.ActiveSet()  # the converged mode's solver
     assert core.solver_from_name("replicator") == core.Replicator(tol=1e-7, max_iter=10_000)  # paper mode
-    for name in core.SOLVER_NAMES:  # an object's name is the name that gives it
+    for name in SOLVER_NAMES:  # an object's name is the name that gives it
         assert core.solver_from_name(name).name == name
     with pytest.raises(ValueError, match="solver"):
         core.solver_from_name("converged")  # no aliases
     assert core.ActiveSet().with_limits(1e-9, None) == core.ActiveSet(tol=1e-9)
     assert core.Replicator().with_limits() == core.Replicator()
-    assert core.solve_inimdyn is solve_inimdyn and core.solve_active_set is solve_active_set

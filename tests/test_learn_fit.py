@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.learn import FitConfig, Objectives, fit, load_params, save_params, split_by_document
 from cdsjax.learn.data import Example, make_batches
 
@@ -133,8 +133,8 @@ def test_page_readout_scores_give_the_page_recall_of_the_one_note_per_page_reado
     equals the page recall of ``structured_readout`` (k = 1) on the same ranking, padding included."""
     import jax.numpy as jnp
 
-    from cdsjax.core import hard_recall, page_readout_scores
-    from cdsjax.core.structure import structured_readout
+    from cdsjax.core.surrogates import hard_recall, page_readout_scores
+    from cdsjax.core.readouts import structured_readout
 
     rng = np.random.default_rng(0)
     for trial in range(20):
@@ -168,7 +168,7 @@ def test_page_readout_surrogate_is_finite_on_documents_of_at_most_b_pages():
     import jax
     import jax.numpy as jnp
 
-    from cdsjax.core import hard_recall, page_readout_scores, soft_recall
+    from cdsjax.core.surrogates import hard_recall, page_readout_scores, soft_recall
 
     scores = jnp.asarray([0.3, 0.1, 0.5, 0.2, 0.05, 0.4, -jnp.inf, -jnp.inf])
     pages = np.array([0, 0, 1, 1, 2, 2, -1, -1])

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
+from cdsjax.core.compat import cds_select
+from cdsjax.core.games.affinity import build_affinity, problem_affinity
+from cdsjax.core.games.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
 
 
 def as_problem(p, **extra):
@@ -57,7 +59,7 @@ def test_paper_point_is_bit_identical(solver):
     structure = {k: p[k] for k in ("pages", "doc_ids", "kinds")}
 
     def today(z, q, v):
-        return core.cds_select(z, q, v, budget=5, solver=solver)
+        return cds_select(z, q, v, budget=5, solver=solver)
 
     def learned(p):
         return cds_learned(p, LearnedParams.paper(), budget=5, solver=solver)
@@ -68,7 +70,7 @@ def test_paper_point_is_bit_identical(solver):
     assert np.array_equal(np.asarray(a.indices), np.asarray(b.indices))
     assert np.array_equal(np.asarray(a.scores), np.asarray(b.scores))
     assert np.asarray(a.result.alpha) == np.asarray(b.result.alpha)
-    aff_a = core.build_affinity(p["notes"], p["query"], p["valid"])
+    aff_a = build_affinity(p["notes"], p["query"], p["valid"])
     aff_b = learned_affinity(p["notes"], p["query"], p["valid"], LearnedParams.paper(), links=p["links"], **structure)
     assert np.array_equal(np.asarray(aff_a.matrix), np.asarray(aff_b.matrix))
     assert np.asarray(aff_a.alpha) == np.asarray(aff_b.alpha)
@@ -195,11 +197,11 @@ def test_pinned_notes_join_the_learned_constraint_set():
     pinned = np.zeros(len(p["valid"]), bool)
     pinned[[1, 4]] = True
     prob = as_problem(p, pinned=pinned)
-    aff_paper = core.build_affinity(prob.notes, prob.queries, prob.valid, pinned=pinned)
-    aff = core.problem_affinity(prob, LearnedParams.paper())
+    aff_paper = build_affinity(prob.notes, prob.queries, prob.valid, pinned=pinned)
+    aff = problem_affinity(prob, LearnedParams.paper())
     assert np.array_equal(np.asarray(aff_paper.matrix), np.asarray(aff.matrix))
     assert np.array_equal(np.asarray(aff_paper.constraint), np.asarray(aff.constraint))
     assert np.asarray(aff_paper.alpha) == np.asarray(aff.alpha)
-    generic = core.problem_affinity(as_problem(p, pinned=pinned), GENERIC)
+    generic = problem_affinity(as_problem(p, pinned=pinned), GENERIC)
     assert np.asarray(generic.constraint)[1:].tolist() == pinned.tolist()
-    assert not np.array_equal(np.asarray(generic.alpha), np.asarray(core.problem_affinity(as_problem(p), GENERIC).alpha))
+    assert not np.array_equal(np.asarray(generic.alpha), np.asarray(problem_affinity(as_problem(p), GENERIC).alpha))

@@ -1,4 +1,4 @@
-"""The primal-dual active set (cdsjax.core.pdas): on CDS payoffs it reaches the equilibrium the active set
+"""The primal-dual active set (cdsjax.core.solvers.pdas): on CDS payoffs it reaches the equilibrium the active set
 reaches, in a few face solves, by LU or by CG; where it does not converge it says so, and the block path
 falls back to the active set."""
 
@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.affinity import CDSParams, build_affinity
-from cdsjax.core.learned import LearnedParams, learned_affinity
-from cdsjax.core.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet, face_point, relevance_guess
-from cdsjax.core.solvers import SERVING_SOLVER, WithFallback
-from cdsjax.core.solver import iterate
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.games.affinity import CDSParams, build_affinity
+from cdsjax.core.games.learned import LearnedParams, learned_affinity
+from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
+from cdsjax.core.solvers.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet, face_point, relevance_guess
+from cdsjax.core.solvers.options import SERVING_SOLVER, WithFallback
+from cdsjax.core.solvers.loop import iterate
 from cdsjax.core.types import CONVERGED
 from tests.conftest import clustered_notes
 

@@ -9,7 +9,9 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from cdsjax import cli, core
+from cdsjax import cli
+from cdsjax.core.compat import cds_peel, cds_select
+from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.agents import plan as P
 from cdsjax.agents.planning import PlanningAgent, make_retriever
 from cdsjax.io.reader import ReaderConfig, ReaderError
@@ -285,7 +287,7 @@ def test_separate_retrieval_uses_any_selector():
     # One encode for the probe, one batch for the sub-questions.
     assert retrieve.pipeline.embedder.calls == [[QUESTION], [Q1[1], Q2[1], Q3[1]]]
     for q, (node_id, text, _) in zip(out["trace"]["rounds"][0]["nodes"], (Q1, Q2, Q3)):
-        want = core.select_subgraph_readout(LINKS, EMB, embed(text), np.ones(10, bool), budget=3)
+        want = select_subgraph_readout(LINKS, EMB, embed(text), np.ones(10, bool), budget=3)
         want_ids = [f"n{i}" for i in np.asarray(want.indices)[np.asarray(want.selected_valid)]]
         assert [e["note_id"] for e in q["evidence"]] == want_ids
         np.testing.assert_allclose([e["score"] for e in q["evidence"]],
@@ -302,7 +304,7 @@ def test_combined_retrieval_is_one_cds_selection(mode):
     pad = retrieve.pipeline.size
     notes = np.zeros((pad, DIM), np.float32)
     notes[:10] = EMB
-    select = core.cds_select if mode == "single" else core.cds_peel
+    select = cds_select if mode == "single" else cds_peel
     want = jax.jit(lambda z, q, v: select(z, q, v, budget=6))(notes, queries, np.arange(pad) < 10)
     want_ids = [f"n{i}" for i in np.asarray(want.indices)[np.asarray(want.selected_valid)]]
     assert [e["note_id"] for e in first["joint_evidence"]] == want_ids

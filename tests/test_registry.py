@@ -5,6 +5,10 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.baselines import key_from_query_id, select_cosine, select_dpp, select_mmr, select_ppr, select_random
+from cdsjax.core.compat import cds_peel, cds_select, cds_support
+from cdsjax.core.registry import SELECTORS
+from cdsjax.core.types import MAX_STEPS
 from tests.conftest import on_arrays
 from cdsjax.core import registry
 
@@ -26,7 +30,7 @@ def same_selection(a, b):
 
 
 def test_registry_names():
-    assert set(core.SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
+    assert set(SELECTORS) == {"cosine", "random", "mmr", "dpp", "ppr", "subgraph", "cds", "cds_converged",
                                    "cds_inimdyn", "cds_support", "cds_learned", "cosine_pages", "mmr_pages",
                                    "dpp_pages", "cds_learned_pages"}
 
@@ -34,27 +38,27 @@ def test_registry_names():
 # (registry name, options, the same selection called on the core directly). Each option is one
 # that changes the result on these problems, so an option that does not reach the core fails.
 FORWARDING = [
-    ("cosine", {}, lambda z, q, v, l, k: core.select_cosine(z, q, v, budget=5)),
-    ("random", {}, lambda z, q, v, l, k: core.select_random(v, budget=5, key=k)),
-    ("mmr", dict(lam=0.2), lambda z, q, v, l, k: core.select_mmr(z, q, v, budget=5, lam=0.2)),
+    ("cosine", {}, lambda z, q, v, l, k: select_cosine(z, q, v, budget=5)),
+    ("random", {}, lambda z, q, v, l, k: select_random(v, budget=5, key=k)),
+    ("mmr", dict(lam=0.2), lambda z, q, v, l, k: select_mmr(z, q, v, budget=5, lam=0.2)),
     ("dpp", dict(theta=2.0, quality="relu"),
-     lambda z, q, v, l, k: core.select_dpp(z, q, v, budget=5, theta=2.0, quality="relu")),
+     lambda z, q, v, l, k: select_dpp(z, q, v, budget=5, theta=2.0, quality="relu")),
     ("ppr", dict(damping=0.5, temperature=0.2),
-     lambda z, q, v, l, k: core.select_ppr(l, z, q, v, budget=5, damping=0.5, temperature=0.2)),
+     lambda z, q, v, l, k: select_ppr(l, z, q, v, budget=5, damping=0.5, temperature=0.2)),
     ("cds", dict(beta=0.05, tau=0.1, init="diffusion", prior_temperature=0.2, max_iter=150),
-     lambda z, q, v, l, k: core.cds_select(
+     lambda z, q, v, l, k: cds_select(
          z, q, v, budget=5, params=core.CDSParams(beta=0.05, tau=0.1), links=l,
          options=core.SolveOptions(init="diffusion", prior_temperature=0.2, max_iter=150))),
     ("cds", dict(peel=True, coupling="similarity", fill=False),
-     lambda z, q, v, l, k: core.cds_peel(z, q, v, budget=5, params=core.CDSParams(coupling="similarity"),
+     lambda z, q, v, l, k: cds_peel(z, q, v, budget=5, params=core.CDSParams(coupling="similarity"),
                                          fill=False)),
     ("cds_converged", dict(beta=0.02, threshold=1e-3),
-     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver=core.ActiveSet(),
+     lambda z, q, v, l, k: cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver=core.ActiveSet(),
                                            threshold=1e-3)),
     ("cds_inimdyn", dict(beta=0.02),
-     lambda z, q, v, l, k: core.cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver=core.InImDyn())),
+     lambda z, q, v, l, k: cds_select(z, q, v, budget=5, params=core.CDSParams(beta=0.02), solver=core.InImDyn())),
     ("cds_support", dict(tau=0.1, num_steps=7, scale_range=(0.01, 100), threshold=0.03, fill=False),
-     lambda z, q, v, l, k: core.cds_support(z, q, v, budget=5, params=core.CDSParams(tau=0.1), num_steps=7,
+     lambda z, q, v, l, k: cds_support(z, q, v, budget=5, params=core.CDSParams(tau=0.1), num_steps=7,
                                             scale_range=(0.01, 100.0), threshold=0.03, fill=False,
                                             solver=core.ActiveSet())),
 ]
@@ -65,7 +69,7 @@ FORWARDING = [
 def test_options_reach_the_core_function(name, options, call):
     notes, query, links = problem(3, m=2)
     valid = np.ones(20, bool)
-    key = core.key_from_query_id("q3")
+    key = key_from_query_id("q3")
     got = on_arrays(core.make_selector(name, budget=5, **options))(notes, query, valid, links, key)
     want = call(notes, query, valid, links, key)
     same_selection(got, want)
@@ -87,7 +91,7 @@ def test_uniform_signature_jits_and_vmaps(name):
     queries = np.stack([b[1] for b in batch])
     links = np.stack([b[2] for b in batch])
     valid = np.stack([np.arange(16) < s for s in sizes])
-    keys = jax.numpy.stack([core.key_from_query_id(f"id{i}") for i in range(3)])
+    keys = jax.numpy.stack([key_from_query_id(f"id{i}") for i in range(3)])
     out = jax.jit(jax.vmap(fn))(notes, queries, valid, links, keys)
     assert out.indices.shape == (3, 4)
     for i, s in [(0, 16), (2, 3)]:
@@ -100,14 +104,14 @@ def test_uniform_signature_jits_and_vmaps(name):
 def test_the_learned_selector_runs_the_solver_object_it_is_given():
     """A user passes their own solver object (its limits are the ones that run); a configuration's name is
     converted once (solver_from_name), and an alias is refused."""
-    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.games.learned import LearnedParams
 
     notes, query, links = problem(4)
     run = lambda **kw: on_arrays(core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), **kw))(
         notes, query, np.ones(20, bool), links, None)
     sel = run(solver=core.Replicator(tol=1e-12, max_iter=77))
     assert int(sel.result.num_iters) == 77
-    assert int(sel.result.status) == core.MAX_STEPS
+    assert int(sel.result.status) == MAX_STEPS
     assert int(run(solver="replicator").result.num_iters) == int(run(solver=core.Replicator()).result.num_iters)
     with pytest.raises(ValueError, match="solver"):
         core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver="converged")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.baselines import key_from_query_id
 from cdsjax.eval import evaluate
 from cdsjax.eval.problems import Problem, text_links
 from cdsjax.eval.records import RECORDS_FILE, drop_torn_tail, read_records, record_key
@@ -60,7 +61,7 @@ def test_run_selector_equals_per_query_calls(name, options):
     single = jax.jit(fn)
     for p, sel in zip(problems, out):
         ref = single(core.CDSProblem.create(p.notes, p.query_emb, np.ones(len(p.notes), bool), links=p.links),
-                     core.key_from_query_id(p.query.qid))
+                     key_from_query_id(p.query.qid))
         np.testing.assert_array_equal(sel.selected_valid, np.asarray(ref.selected_valid))
         v = np.asarray(ref.selected_valid)
         np.testing.assert_array_equal(sel.indices[v], np.asarray(ref.indices)[v])
@@ -83,7 +84,7 @@ def test_run_selector_pads_large_chunks_tightly():
     single = jax.jit(fn)
     for p, sel in zip(problems, out):
         ref = single(core.CDSProblem.create(p.notes, p.query_emb, np.ones(len(p.notes), bool), links=p.links),
-                     core.key_from_query_id(p.query.qid))
+                     key_from_query_id(p.query.qid))
         np.testing.assert_array_equal(sel.indices, np.asarray(ref.indices))
 
 
@@ -418,7 +419,7 @@ def test_run_selector_float64():
 
 @pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_release_drops_a_selectors_executables():
-    from cdsjax.core.learned import LearnedParams
+    from cdsjax.core.games.learned import LearnedParams
     from cdsjax.eval import run as R
 
     problems = _synthetic_problems([5, 9], seed=3)
@@ -507,7 +508,7 @@ def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
         cand = Candidates.pad(p.notes, links=p.links, structure=p.structure(pages_only=spec.pages_only))
         problem = CorpusArrays().attach(fn, cand.problem(p.query_emb, spec))
         assert isinstance(problem, core.BlockProblem)
-        ref = jax.jit(fn)(problem, core.key_from_query_id(p.query.qid))
+        ref = jax.jit(fn)(problem, key_from_query_id(p.query.qid))
         v = np.asarray(ref.selected_valid)
         np.testing.assert_array_equal(out[k].selected_valid, v)
         np.testing.assert_array_equal(out[k].indices[v], np.asarray(ref.indices)[v])

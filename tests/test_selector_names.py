@@ -102,5 +102,5 @@ def test_the_core_registry_holds_no_product_choices():
     fields = {f.name for f in dataclasses.fields(registry.SelectorSpec)}
     assert not fields & {"display", "help", "aliases"}, fields
     assert not [n for n in dir(registry) if n.endswith("_SELECTOR") or n == "selectors_help"]
-    text = "\n".join(p.read_text() for p in sorted((ROOT / "cdsjax" / "core").glob("*.py")))
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "cdsjax" / "core").rglob("*.py")))
     assert "DEFAULT_SELECTOR" not in text

@@ -1,6 +1,6 @@
 """Shared-corpus batches: one W and alpha per corpus, W @ Y replicator steps (float64).
 
-The reference is the per-question path (`core.cds_select` on each question) and,
+The reference is the per-question path (`cds_select` on each question) and,
 for the corpus constants, NumPy computations written here.
 """
 
@@ -18,8 +18,12 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.replicator import replicator_shift
-from cdsjax.core.shared import question_affinity, question_relevance
+from cdsjax.core.compat import cds_select, cds_select_shared
+from cdsjax.core.games.affinity import build_affinity
+from cdsjax.core.solvers.loop import support_count
+from cdsjax.core.strategies.shared import corpus_affinity, solve_replicator_shared
+from cdsjax.core.solvers.replicator import replicator_shift
+from cdsjax.core.strategies.shared import question_affinity, question_relevance
 
 # Float64 references at tolerances float32 cannot reach, throughout.
 pytestmark = pytest.mark.x64
@@ -46,7 +50,7 @@ PARAMS = [
 
 
 def per_question(z, q, params, **kw):
-    sel = jax.jit(functools.partial(core.cds_select, budget=8, params=params, **kw))
+    sel = jax.jit(functools.partial(cds_select, budget=8, params=params, **kw))
     return [sel(z, q[k], jnp.ones(z.shape[0], bool)) for k in range(q.shape[0])]
 
 
@@ -55,7 +59,7 @@ def per_question(z, q, params, **kw):
 def test_corpus_constants_match_per_question_affinity(p):
     params = PARAMS[p]
     z, notes, valid, q = corpus(p)
-    shared = core.corpus_affinity(notes, valid, params)
+    shared = corpus_affinity(notes, valid, params)
     # NumPy reference for W and alpha.
     gram = np.asarray(z) @ np.asarray(z).T
     beta = float(params.beta)
@@ -65,7 +69,7 @@ def test_corpus_constants_match_per_question_affinity(p):
     assert np.all(np.asarray(shared.coupling)[N:] == 0) and np.all(np.asarray(shared.coupling)[:, N:] == 0)
     np.testing.assert_allclose(float(shared.alpha), np.linalg.eigvalsh(w)[-1] + params.eps, rtol=1e-12)
     for k in range(B):
-        aff = core.build_affinity(z, q[k], jnp.ones(N, bool), params)
+        aff = build_affinity(z, q[k], jnp.ones(N, bool), params)
         np.testing.assert_allclose(float(shared.alpha), float(aff.alpha), rtol=1e-12)
         np.testing.assert_allclose(float(shared.shift), float(replicator_shift(aff.payoff(), aff.valid)), rtol=1e-12)
         rel = question_relevance(shared, q)[k]
@@ -78,7 +82,7 @@ def test_corpus_constants_match_per_question_affinity(p):
 def test_shared_paper_mode_equals_per_question_path(p):
     params = PARAMS[p]
     z, notes, valid, q = corpus(10 + p)
-    batch = jax.jit(functools.partial(core.cds_select_shared, budget=8, params=params))(notes, q, valid)
+    batch = jax.jit(functools.partial(cds_select_shared, budget=8, params=params))(notes, q, valid)
     singles = per_question(z, q, params)
     stopped_early = 0
     for k, single in enumerate(singles):
@@ -90,7 +94,7 @@ def test_shared_paper_mode_equals_per_question_path(p):
         stopped_early += int(ref.num_iters) < 10_000
         for field in ("objective", "kkt_residual", "step", "alpha"):
             np.testing.assert_allclose(float(getattr(res, field)), float(getattr(ref, field)), atol=1e-12)
-        assert int(core.support_count(res.x, res.x >= 0)) == int(core.support_count(ref.x, ref.x >= 0))
+        assert int(support_count(res.x, res.x >= 0)) == int(support_count(ref.x, ref.x >= 0))
         np.testing.assert_array_equal(np.asarray(batch.indices[k]), np.asarray(single.indices))
         np.testing.assert_array_equal(np.asarray(batch.selected_valid[k]), np.asarray(single.selected_valid))
         np.testing.assert_allclose(np.asarray(batch.scores[k]), np.asarray(single.scores), atol=1e-12)
@@ -101,17 +105,17 @@ def test_shared_paper_mode_equals_per_question_path(p):
 @pytest.mark.slow  # duplicate coverage; `make test-all` runs it
 def test_rows_freeze_independently_and_respect_limits():
     z, notes, valid, q = corpus(20)
-    shared = core.corpus_affinity(notes, valid)
+    shared = corpus_affinity(notes, valid)
     rel = question_relevance(shared, q)
-    res = core.solve_replicator_shared(shared, rel, tol=1e-7, max_iter=300)
+    res = solve_replicator_shared(shared, rel, tol=1e-7, max_iter=300)
     assert int(jnp.max(res.num_iters)) == 300
     # A row's result does not depend on which other questions share the batch.
-    alone = core.solve_replicator_shared(shared, rel[2:3], tol=1e-7, max_iter=300)
+    alone = solve_replicator_shared(shared, rel[2:3], tol=1e-7, max_iter=300)
     np.testing.assert_allclose(np.asarray(alone.x[0]), np.asarray(res.x[2]), atol=1e-14)
     assert int(alone.num_iters[0]) == int(res.num_iters[2])
     # max_iter = 0 returns the initial point; x0 is masked and renormalised.
     x0 = np.random.default_rng(0).random((B, N + PAD + 1))
-    start = core.solve_replicator_shared(shared, rel, x0=jnp.asarray(x0), max_iter=0)
+    start = solve_replicator_shared(shared, rel, x0=jnp.asarray(x0), max_iter=0)
     expect = np.where(np.asarray(jnp.concatenate([jnp.ones(1, bool), valid])), x0, 0.0)
     np.testing.assert_allclose(np.asarray(start.x), expect / expect.sum(1, keepdims=True), atol=1e-15)
     assert np.all(np.asarray(start.num_iters) == 0) and not np.any(np.asarray(start.status) == core.CONVERGED)
@@ -121,7 +125,7 @@ def test_rows_freeze_independently_and_respect_limits():
 @pytest.mark.parametrize("solver", [core.InImDyn(), core.ActiveSet()], ids=lambda s: s.name)
 def test_converged_solvers_on_shared_corpus(solver):
     z, notes, valid, q = corpus(30)
-    batch = jax.jit(functools.partial(core.cds_select_shared, budget=8, solver=solver))(notes, q, valid)
+    batch = jax.jit(functools.partial(cds_select_shared, budget=8, solver=solver))(notes, q, valid)
     singles = per_question(z, q, core.CDSParams(), solver=solver)
     for k, single in enumerate(singles):
         assert int(batch.result.status[k]) == core.CONVERGED and float(batch.result.kkt_residual[k]) <= 1e-10
@@ -132,13 +136,13 @@ def test_converged_solvers_on_shared_corpus(solver):
 def test_bad_inputs_raise():
     z, notes, valid, q = corpus(40)
     with pytest.raises(ValueError, match="alpha_from"):
-        core.corpus_affinity(notes, valid, core.CDSParams(alpha_from="full"))
+        corpus_affinity(notes, valid, core.CDSParams(alpha_from="full"))
     with pytest.raises(ValueError, match="queries"):
-        core.cds_select_shared(notes, q[0], valid)
+        cds_select_shared(notes, q[0], valid)
     with pytest.raises(TypeError, match="solver"):
-        core.cds_select_shared(notes, q, valid, solver="nope")
-    shared = core.corpus_affinity(notes, valid)
+        cds_select_shared(notes, q, valid, solver="nope")
+    shared = corpus_affinity(notes, valid)
     with pytest.raises(ValueError, match="rel"):
-        core.solve_replicator_shared(shared, jnp.ones((2, 5)))
+        solve_replicator_shared(shared, jnp.ones((2, 5)))
     with pytest.raises(ValueError, match="x0"):
-        core.solve_replicator_shared(shared, question_relevance(shared, q), x0=jnp.ones((B, 3)))
+        solve_replicator_shared(shared, question_relevance(shared, q), x0=jnp.ones((B, 3)))

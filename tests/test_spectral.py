@@ -1,4 +1,4 @@
-"""The penalty without a per-question eigendecomposition (cdsjax.core.spectral): the corpus bound is the
+"""The penalty without a per-question eigendecomposition (cdsjax.core.games.spectral): the corpus bound is the
 per-question bound bit for bit; the certified bound is never below float64 eigvalsh and tight on CDS blocks."""
 
 import jax
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from cdsjax import core
-from cdsjax.core.learned import LearnedParams, learned_affinity
-from cdsjax.core.spectral import certified_bound, corpus_bound, gershgorin, learned_corpus_bound, learned_is_corpus_level
+from cdsjax.core.games.affinity import build_affinity
+from cdsjax.core.games.learned import LearnedParams, learned_affinity
+from cdsjax.core.games.spectral import certified_bound, corpus_bound, gershgorin, learned_corpus_bound, learned_is_corpus_level
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)
@@ -29,14 +30,14 @@ def test_corpus_bound_is_the_per_question_penalty_bit_for_bit(n, size):
     z, q, valid, _ = corpus(n, size, seed=n)
     for params in (core.CDSParams(), core.CDSParams(beta=0.3), core.CDSParams(coupling="similarity", beta=0.5)):
         bound = jax.jit(lambda z, v, p=params: corpus_bound(z, v, p))(z, valid)
-        per_question = jax.jit(lambda z, q, v, p=params: core.build_affinity(z, q, v, p).alpha)
+        per_question = jax.jit(lambda z, q, v, p=params: build_affinity(z, q, v, p).alpha)
         assert np.asarray(bound).tobytes() == np.asarray(per_question(z, q, valid)).tobytes()
         # a batch of questions on the corpus (vmap, as the evaluation runs them) sees the same number
         qs = np.stack([q, z[0], z[1]])
         batch = jax.jit(jax.vmap(per_question, in_axes=(None, 0, None)))(z, qs, valid)
         assert set(np.asarray(batch).tobytes()[i:i + 4] for i in range(0, 12, 4)) == {np.asarray(bound).tobytes()}
     two = corpus_bound(z, valid, num_queries=2)
-    assert np.asarray(two).tobytes() == np.asarray(core.build_affinity(z, np.stack([q, z[0]]), valid).alpha).tobytes()
+    assert np.asarray(two).tobytes() == np.asarray(build_affinity(z, np.stack([q, z[0]]), valid).alpha).tobytes()
 
 
 def test_corpus_bound_refuses_a_question_dependent_penalty():
@@ -68,7 +69,7 @@ def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
     """cds() on a problem with the corpus bound (problem_bound) == the same problem computing it per
     question, for the paper game's strategies and the learned game; the registry's selectors supply it."""
     from cdsjax.core.registry import corpus_bound_fn
-    from cdsjax.core.spectral import problem_bound
+    from cdsjax.core.games.spectral import problem_bound
 
     z, q, valid, pages = corpus(40, 64, seed=7)
     problem = core.CDSProblem.create(z, q, valid, pages=pages)
@@ -89,8 +90,8 @@ def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
 
 def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties():
     z, q, valid, _ = corpus(40, 64, seed=8)
-    exact = core.build_affinity(z, q, valid, core.CDSParams(alpha_from="full"))
-    cert = core.build_affinity(z, q, valid, core.CDSParams(alpha_from="full", alpha_bound="certified"))
+    exact = build_affinity(z, q, valid, core.CDSParams(alpha_from="full"))
+    cert = build_affinity(z, q, valid, core.CDSParams(alpha_from="full", alpha_bound="certified"))
     lam = np.linalg.eigvalsh(np.asarray(exact.matrix, np.float64))[-1]
     assert float(cert.alpha) >= lam + 1e-3 and float(cert.alpha) <= float(exact.alpha) * (1 + 1e-3)
     sel = core.cds(core.CDSProblem.create(z, q, valid), "peel", core.CDSParams(alpha_bound="certified"), budget=5,
@@ -199,9 +200,9 @@ def test_gathered_newton_matches_the_dense_system():
     """ActiveSet(gather=K) solves the face's Newton system on the gathered support (O(K³ + KN)); with a
     support that fits it reaches the same equilibrium as the dense system, and one that does not fit
     falls back to the dense system."""
-    from cdsjax.core.active_set import ActiveSet
-    from cdsjax.core.payoff import DensePayoff
-    from cdsjax.core.solver import iterate
+    from cdsjax.core.solvers.active_set import ActiveSet
+    from cdsjax.core.games.payoff import DensePayoff
+    from cdsjax.core.solvers.loop import iterate
 
     z, q, valid, pages = corpus(100, 128, seed=5)
     aff = learned_affinity(z, q, valid, SHIPPED, pages=pages)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.baselines import select_cosine
 from tests.conftest import on_arrays
 from cdsjax.core.subgraph import select_subgraph_readout
 
@@ -79,7 +80,7 @@ def test_without_links_it_is_cosine_top_b():
     notes, query, _ = instance(7)
     valid = np.ones(len(notes), bool)
     sel = readout(np.zeros((len(notes),) * 2, bool), notes, query, valid, budget=8)
-    cos = core.select_cosine(notes, query, valid, budget=8)
+    cos = select_cosine(notes, query, valid, budget=8)
     assert picks(sel) == picks(cos)
 
 

@@ -8,6 +8,10 @@ import numpy as np
 import pytest
 
 from cdsjax import core
+from cdsjax.core.baselines import select_cosine
+from cdsjax.core.compat import cds_peel, cds_select, cds_select_shared, cds_support
+from cdsjax.core.games.affinity import build_affinity, scale_note_block
+from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_REASONS, FILL_SHORT_SUPPORT
 from tests.conftest import on_arrays
 from cdsjax.eval.problems import text_problems
 from cdsjax.eval.report import summary_rows
@@ -44,9 +48,9 @@ MODES = {
     "inimdyn": lambda z, q, v, b: on_arrays(core.make_selector("cds_inimdyn", budget=b))(z, q, v),
     "peel": lambda z, q, v, b: on_arrays(core.make_selector("cds", budget=b, peel=True))(z, q, v),
     "support": lambda z, q, v, b: on_arrays(core.make_selector("cds_support", budget=b, num_steps=8))(z, q, v),
-    "shared-paper": lambda z, q, v, b: jax.tree.map(lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b)),
+    "shared-paper": lambda z, q, v, b: jax.tree.map(lambda a: a[0], cds_select_shared(z, q[None], v, budget=b)),
     "shared-converged": lambda z, q, v, b: jax.tree.map(
-        lambda a: a[0], core.cds_select_shared(z, q[None], v, budget=b, solver=core.ActiveSet())),
+        lambda a: a[0], cds_select_shared(z, q[None], v, budget=b, solver=core.ActiveSet())),
 }
 
 
@@ -68,14 +72,14 @@ def test_nonpositive_cosines_get_budget_notes_in_every_mode(mode):
     assert got == np.argsort(-(notes @ query), kind="stable")[:6].tolist()
     assert int(sel.support_size) == 0
     assert int(sel.num_filled) == 6
-    assert int(sel.fill_reason) == core.FILL_NO_QUERY_EDGE
-    assert core.FILL_REASONS[int(sel.fill_reason)] == "no_query_edge"
+    assert int(sel.fill_reason) == FILL_NO_QUERY_EDGE
+    assert FILL_REASONS[int(sel.fill_reason)] == "no_query_edge"
 
 
 @pytest.mark.slow
 def test_without_fill_the_isolated_query_selects_nothing():
     notes, query = away_from_query(np.random.default_rng(1), 10)
-    sel = core.cds_select(notes, query, np.ones(10, bool), budget=4, solver=core.ActiveSet(), fill=False)
+    sel = cds_select(notes, query, np.ones(10, bool), budget=4, solver=core.ActiveSet(), fill=False)
     assert picks(sel) == [] and int(sel.support_size) == 0 and int(sel.num_filled) == 0
 
 
@@ -97,16 +101,16 @@ def test_short_support_is_filled_by_kkt_slack(solver, kwargs):
     valid = np.ones(30, bool)
     params = core.CDSParams(beta=0.002)  # a weak note block: a small support
     budget = 8
-    sel = core.cds_select(notes, query, valid, budget=budget, params=params, solver=solver, **kwargs)
+    sel = cds_select(notes, query, valid, budget=budget, params=params, solver=solver, **kwargs)
     x = np.asarray(sel.result.x)
     support = np.flatnonzero(x[1:] > 1e-6)
     k = len(support)
     assert 0 < k < budget, k
     assert int(sel.support_size) == k and int(sel.num_filled) == budget - k
-    assert int(sel.fill_reason) == core.FILL_SHORT_SUPPORT
+    assert int(sel.fill_reason) == FILL_SHORT_SUPPORT
     got = picks(sel)
     assert got[:k] == support[np.argsort(-x[1:][support], kind="stable")].tolist()
-    aff = core.build_affinity(notes, query, valid, params)
+    aff = build_affinity(notes, query, valid, params)
     slack = np_slack(np.asarray(aff.payoff(), np.float64), x)[1:]
     rest = np.setdiff1d(np.arange(30), support)
     want = rest[np.argsort(-slack[rest], kind="stable")][: budget - k]
@@ -114,7 +118,7 @@ def test_short_support_is_filled_by_kkt_slack(solver, kwargs):
     assert np.all(slack[rest] <= 1e-6)  # an equilibrium: nothing outside the support gains by entering
     np.testing.assert_allclose(np.asarray(sel.scores)[k:], slack[want], atol=1e-10)
     # fill=False keeps the paper's reading: only the support
-    bare = core.cds_select(notes, query, valid, budget=budget, params=params, solver=solver, fill=False, **kwargs)
+    bare = cds_select(notes, query, valid, budget=budget, params=params, solver=solver, fill=False, **kwargs)
     assert picks(bare) == got[:k] and int(bare.num_filled) == 0
 
 
@@ -125,8 +129,8 @@ def test_fill_rule_is_the_same_in_paper_and_converged_mode():
     query = unit_rows(notes[3] + 0.3 * rng.normal(size=16))
     params = core.CDSParams(beta=0.003)
     v = np.ones(24, bool)
-    paper = core.cds_select(notes, query, v, budget=9, params=params, tol=1e-14, max_iter=400_000)
-    conv = core.cds_select(notes, query, v, budget=9, params=params, solver=core.ActiveSet())
+    paper = cds_select(notes, query, v, budget=9, params=params, tol=1e-14, max_iter=400_000)
+    conv = cds_select(notes, query, v, budget=9, params=params, solver=core.ActiveSet())
     assert 0 < int(conv.support_size) < 9 and int(paper.support_size) == int(conv.support_size)
     assert picks(paper) == picks(conv)
 
@@ -138,12 +142,12 @@ def test_peel_fills_after_every_round():
     a, b = unit_rows(rng.normal(size=(2, d)))
     notes = np.concatenate([unit_rows(a + 0.3 * rng.normal(size=(8, d))), unit_rows(b + 0.3 * rng.normal(size=(8, d)))])
     queries = np.stack([a, b])
-    sel = core.cds_peel(notes, queries, np.ones(16, bool), budget=12, solver=core.ActiveSet(),
+    sel = cds_peel(notes, queries, np.ones(16, bool), budget=12, solver=core.ActiveSet(),
                         params=core.CDSParams(beta=0.003))
     got = picks(sel)
     k = int(sel.support_size)
     assert len(got) == 12 and len(set(got)) == 12 and 0 < k < 12
-    assert int(sel.num_filled) == 12 - k and int(sel.fill_reason) == core.FILL_SHORT_SUPPORT
+    assert int(sel.num_filled) == 12 - k and int(sel.fill_reason) == FILL_SHORT_SUPPORT
     assert np.all(np.asarray(sel.scores)[:k] > 1e-6)
 
 
@@ -161,7 +165,7 @@ def test_fewer_valid_notes_than_budget_never_returns_padding():
 # --------------------------------------------------------------------------- cds_support
 @functools.lru_cache(maxsize=None)
 def support_fn(budget):
-    return jax.jit(functools.partial(core.cds_support, budget=budget, num_steps=16))
+    return jax.jit(functools.partial(cds_support, budget=budget, num_steps=16))
 
 
 @pytest.mark.slow
@@ -192,7 +196,7 @@ def test_cds_support_grows_its_support_with_beta_times_n():
     notes = clustered(rng, 80)
     query = unit_rows(notes[0] + 0.3 * rng.normal(size=16))
     v = np.ones(80, bool)
-    size_at = jax.jit(lambda beta: core.cds_select(notes, query, v, budget=5, solver=core.ActiveSet(),
+    size_at = jax.jit(lambda beta: cds_select(notes, query, v, budget=5, solver=core.ActiveSet(),
                                                    params=core.CDSParams(beta=beta)).support_size)
     sizes = [int(size_at(g / 80)) for g in (0.01, 0.1, 1.0, 10.0, 100.0)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1] and sizes[-1] == 80, sizes
@@ -230,11 +234,11 @@ def test_cds_support_identical_under_jit_vmap_and_padding():
 def test_cds_support_rejects_bad_options():
     z, q = away_from_query(np.random.default_rng(9), 6)
     with pytest.raises(ValueError, match="coupling"):
-        core.cds_support(z, q, np.ones(6, bool), params=core.CDSParams(coupling="none"))
+        cds_support(z, q, np.ones(6, bool), params=core.CDSParams(coupling="none"))
     with pytest.raises(ValueError, match="scale_range"):
-        core.cds_support(z, q, np.ones(6, bool), scale_range=(1.0, 0.5))
+        cds_support(z, q, np.ones(6, bool), scale_range=(1.0, 0.5))
     with pytest.raises(ValueError, match="num_steps"):
-        core.cds_support(z, q, np.ones(6, bool), num_steps=0)
+        cds_support(z, q, np.ones(6, bool), num_steps=0)
 
 
 @pytest.mark.slow
@@ -244,9 +248,9 @@ def test_scale_note_block_equals_a_rebuild():
     z = clustered(rng, 12)
     q = unit_rows(z[0] + 0.2 * rng.normal(size=16))
     v = np.arange(12) < 10
-    base = core.build_affinity(z, q, v, core.CDSParams(beta=1.0))
-    scaled = core.scale_note_block(base, 0.37, 1e-3)
-    rebuilt = core.build_affinity(z, q, v, core.CDSParams(beta=0.37))
+    base = build_affinity(z, q, v, core.CDSParams(beta=1.0))
+    scaled = scale_note_block(base, 0.37, 1e-3)
+    rebuilt = build_affinity(z, q, v, core.CDSParams(beta=0.37))
     np.testing.assert_allclose(np.asarray(scaled.matrix), np.asarray(rebuilt.matrix), atol=1e-12)
     np.testing.assert_allclose(float(scaled.alpha), float(rebuilt.alpha), rtol=1e-9)
 
@@ -257,16 +261,16 @@ def test_records_carry_notes_only_support_size():
     rng = np.random.default_rng(11)
     notes = clustered(rng, 20)
     query = unit_rows(notes[0] + 0.3 * rng.normal(size=16))
-    sel = core.cds_select(notes, query, np.ones(20, bool), budget=5, solver=core.ActiveSet())
+    sel = cds_select(notes, query, np.ones(20, bool), budget=5, solver=core.ActiveSet())
     d = diagnostics(jax.device_get(sel), num_notes=20)
     assert d["support_size"] == int((np.asarray(sel.result.x)[1:] > 1e-6).sum())
     assert d["support_size"] == int(sel.support_size)  # one support_size: the selection's notes
     assert d["whole_support"] == (d["support_size"] == 20)
     assert d["num_filled"] == 0 and d["fill_reason"] == "none" and d["beta"] == 1.0
     notes2, q2 = away_from_query(rng, 20)
-    d2 = diagnostics(jax.device_get(core.cds_select(notes2, q2, np.ones(20, bool), budget=5)), num_notes=20)
+    d2 = diagnostics(jax.device_get(cds_select(notes2, q2, np.ones(20, bool), budget=5)), num_notes=20)
     assert d2["support_size"] == 0 and d2["num_filled"] == 5 and d2["fill_reason"] == "no_query_edge"
-    assert diagnostics(core.select_cosine(notes, query, np.ones(20, bool), budget=5)) == {}
+    assert diagnostics(select_cosine(notes, query, np.ones(20, bool), budget=5)) == {}
     rows = summary_rows([{"benchmark": "b", "selector": "s", "budget": 5, "metrics": {},
                             "diagnostics": d}, {"benchmark": "b", "selector": "s", "budget": 5,
                                                 "metrics": {}, "diagnostics": d2}], (), num_resamples=10)

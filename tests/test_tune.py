@@ -10,7 +10,7 @@ import pytest
 
 from cdsjax import core
 from cdsjax.cli import main
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.learn import default_params, load_params, resolve_params, save_params
 from cdsjax.catalog import display, selector_spec
 from cdsjax.selection import resolve_options, resolve_selector, selector_key

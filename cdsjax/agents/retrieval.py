@@ -21,7 +21,7 @@ class SelectorRetriever:
     Separate mode: each query is encoded and selected alone (``budget`` notes each). Combined mode
     (``retrieve(queries, combined="single" | "peel")``): all queries are encoded into ``[m, d]`` and one
     selection is made with every query as a query vertex — for CDS selectors a constrained dominant set
-    with m constraint vertices (``core.cds_select``; ``"peel"`` uses ``core.cds_peel``), for the
+    with m constraint vertices (``cdsjax.core.compat.cds_select``; ``"peel"`` uses ``cdsjax.core.compat.cds_peel``), for the
     baselines their multi-query relevance (largest cosine over the queries). The joint budget is
     ``joint_budget`` or ``budget * m``.
 

@@ -1,4 +1,4 @@
-"""Pure JAX core of cdsjax: problems, games, solvers, adjoints, selectors.
+"""Pure JAX core of cdsjax: problems, games, solvers, adjoints, strategies, selectors.
 
 Nothing here touches files, the network or global state, and nothing imports
 torch, sentence-transformers, vllm, openai, pymupdf or :mod:`cdsjax.io`; parameter
@@ -8,110 +8,54 @@ One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
 
 - A problem is a :class:`CDSProblem`, or a :class:`BlockProblem` when the question is posed with its
   corpus's precomputed note block (:func:`with_corpus_arrays`); the type, not an optional field, says which.
+- A game (:class:`CDSParams`, :class:`LearnedParams`) turns a problem into an :class:`Affinity`; a payoff
+  (:class:`DensePayoff`, :class:`SharedPayoff`) is how a solver sees it.
 - A solver is an object the caller holds and passes (``SolveOptions.solver``, ``solver=``):
   :class:`Replicator`, :class:`InImDyn`, :class:`ActiveSet`, :class:`PrimalDualActiveSet`, or
   :class:`WithFallback` (a solver tried first, another run where it ends unconverged);
-  :data:`SERVING_SOLVER` is the combination the served selectors use. Solver names are for configuration
-  files and the command line only, converted once by :func:`solver_from_name`.
-- :func:`equilibrium` (game, solver, x0, adjoint=) is the one solve every strategy runs; the adjoint is applied
-  there only, and the result records which solver gave the point (``SolverResult.solver_run``).
+  :data:`SERVING_SOLVER` is the combination the served selectors use. Each says what it can be differentiated
+  by (``differentiable_by``). Solver names are for configuration files and the command line only, converted
+  once by :func:`solver_from_name`.
+- :func:`equilibrium` (game, solver, x0, adjoint=) is the one solve every strategy runs; the adjoint
+  (:class:`ImplicitAdjoint`, :class:`LoopAdjoint`, :class:`NoAdjoint`) is applied there only, after checking the
+  solver accepts it, and the result records which solver gave the point (``SolverResult.solver_run``).
 
-``__all__`` is the public API (docs/api.md); the other names imported here stay importable for existing code.
+Modules, grouped by job (import a name that is not in ``__all__`` from its module):
+
+- ``solvers/``: ``loop`` (the one ``while_loop``: ``iterate``, ``LoopState``, ``stop_rule``), ``replicator``,
+  ``inimdyn``, ``active_set``, ``pdas`` (a step rule each) and ``options`` (``SolveOptions``, ``WithFallback``,
+  ``SERVING_SOLVER``, ``solver_from_name``, ``solve``);
+- ``games/``: ``affinity`` (the paper's game), ``learned`` (the fitted one), ``spectral`` / ``certified`` (the
+  penalty's bound), ``payoff`` (how a solver sees a game);
+- ``strategies/``: ``cds`` (the entry point), ``select`` (single, peel), ``support``, ``shared``, ``corpus`` (a
+  :class:`BlockProblem` on its block);
+- cross-cutting, at this level: ``types``, ``protocols``, ``validation``, ``implicit`` (adjoints and
+  ``equilibrium``), ``ranking`` and ``readouts`` (read-outs: top-B, per page), ``baselines``, ``graph``,
+  ``subgraph``, ``surrogates``, ``batching``, ``registry`` (selectors by name), ``diagnostics``, ``compat`` (the
+  array-taking entry points ``cds_select``, ``cds_peel``, ``cds_support``, ``cds_select_shared``, ``cds_weights``).
+
+``__all__`` is the public API (docs/api.md), and the only names imported here.
 """
 
-from cdsjax.core.affinity import (CDSParams, assemble_affinity, build_affinity, note_coupling, problem_affinity,
-                                  query_relevance, scale_note_block, spectral_penalty)
-from cdsjax.core.baselines import (
-    key_from_query_id,
-    relevance,
-    select_cosine,
-    select_cosine_pages,
-    select_dpp,
-    select_mmr,
-    select_ppr,
-    select_random,
-)
-from cdsjax.core.implicit import (
-    equilibrium,
-    ImplicitAdjoint,
-    NoAdjoint,
-    LoopAdjoint,
-    attach_implicit,
-    cds_equilibrium,
-    implicit_tangent,
-    initial_point,
-)
-from cdsjax.core.learned import LearnedParams
-from cdsjax.core.surrogates import (equilibrium_scores, gold_mass, hard_recall, page_readout_scores,
-                                    retrieval_surrogates, soft_recall)
-from cdsjax.core.batching import (
-    DEFAULT_BUCKETS,
-    auto_chunk,
-    batch_apply,
-    batched,
-    bucket_size,
-    make_buckets,
-    padded_batch,
-    run_buckets,
-)
-from cdsjax.core.replicator import (
-    kkt_residual,
-    objective,
-    replicator_shift,
-    softmax_prior,
-    solve_replicator,
-    uniform_x0,
-)
-from cdsjax.core.registry import PPR_MAX_ITER_CAP, SELECTORS, SPECS, SelectorSpec, make_selector, selector_names, selector_spec
-from cdsjax.core.solvers import (DEFAULT_SOLVER, SERVING_SOLVER, SOLVER_NAMES, SolveOptions, WithFallback, solve,
-                                 solve_options, solver_from_name)
-from cdsjax.core.cds import STRATEGIES, cds
-from cdsjax.core.compat import cds_peel, cds_select, cds_select_shared, cds_support, cds_weights
+from cdsjax.core.batching import batch_apply, batched
 from cdsjax.core.diagnostics import diagnostics
+from cdsjax.core.games.affinity import CDSParams
+from cdsjax.core.games.learned import LearnedParams
+from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
+from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, NoAdjoint, cds_equilibrium, equilibrium
 from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status
-from cdsjax.core.solver import LoopState, iterate, nash_error, stop_rule, support_count, within_limits
-from cdsjax.core.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.replicator import Replicator
-from cdsjax.core.inimdyn import InImDyn
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.pdas import PrimalDualActiveSet
-from cdsjax.core.graph import diffusion_prior, ppr_vector
-from cdsjax.core.ranking import fill_order, isolated_query, kkt_slack, query_cosine, read_out, read_selection, top_b
-from cdsjax.core.inimdyn import solve_inimdyn
-from cdsjax.core.active_set import solve_active_set
-from cdsjax.core.support import support_settings
-from cdsjax.core.shared import CorpusAffinity, corpus_affinity, solve_replicator_shared
-from cdsjax.core.subgraph import select_subgraph_readout
-from cdsjax.core.types import (
-    CONVERGED,
-    MAX_ITER_CAP,
-    MAX_SUPPORT_STEPS,
-    NOTE_KINDS,
-    CDSProblem,
-    BlockProblem,
-    with_corpus_arrays,
-    kind_code,
-    MAX_STEPS,
-    NONFINITE,
-    SINGULAR,
-    STATUSES,
-    SUPPORT_THRESHOLD,
-    FILL_NO_QUERY_EDGE,
-    FILL_NONE,
-    FILL_REASONS,
-    FILL_SHORT_SUPPORT,
-    Affinity,
-    Selection,
-    Selector,
-    SolverResult,
-    as_selector,
-)
-from cdsjax.core.validation import validate_embeddings
+from cdsjax.core.registry import SPECS, SelectorSpec, make_selector, selector_spec
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.inimdyn import InImDyn
+from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions, WithFallback, solver_from_name
+from cdsjax.core.solvers.pdas import PrimalDualActiveSet
+from cdsjax.core.solvers.replicator import Replicator
+from cdsjax.core.strategies.cds import cds
+from cdsjax.core.types import (CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, Selector, SolverResult,
+                               with_corpus_arrays)
 
 # The public API (what ``from cdsjax.core import *`` gives): the problem, the games, the solvers and adjoints, the
-# entry points, the result and status types and the selectors. Every other name imported above stays importable
-# from ``cdsjax.core`` for existing callers; its home is its submodule (the array-taking entry points:
-# cdsjax.core.compat). docs/api.md lists these names with a glossary.
+# entry points, the result and status types and the selectors. docs/api.md lists these names with a glossary.
 __all__ = [
     # a problem, and the same question with its corpus's note block
     "CDSProblem",

@@ -1,6 +1,6 @@
 r"""Baseline selectors (paper Appendix B) and the graph-diffusion prior.
 
-Every selector takes the same padded inputs as :func:`cdsjax.core.cds_select`
+Every selector takes the same padded inputs as :func:`cdsjax.core.compat.cds_select`
 and returns a :class:`Selection` (``result=None``), so comparisons run on
 identical inputs. All of them are pure, handle one query, and ``jit`` / ``vmap``
 with trailing padding (the PageRank walk lives in :mod:`cdsjax.core.graph`). Relevance is :math:`\mathrm{rel}_i = q^\top z_i` (cosine:

@@ -1,9 +1,9 @@
 r"""The array-taking entry points, kept for the README's first lines, notebooks and existing callers.
 
-Each is one call of the API (:func:`cdsjax.core.cds` on ``CDSProblem.create(notes, query, valid, ...)``, or
+Each is one call of the API (:func:`cdsjax.core.strategies.cds` on ``CDSProblem.create(notes, query, valid, ...)``, or
 :func:`cdsjax.core.cds_equilibrium`): ``cds_select`` (the ``"single"`` strategy), ``cds_peel``, ``cds_support``,
 ``cds_select_shared`` and ``cds_weights`` (the equilibrium's weights, differentiable). New code poses a
-:class:`~cdsjax.core.types.CDSProblem` and calls :func:`cdsjax.core.cds`.
+:class:`~cdsjax.core.types.CDSProblem` and calls :func:`cdsjax.core.strategies.cds`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.affinity import CDSParams
-from cdsjax.core.cds import cds
+from cdsjax.core.games.affinity import CDSParams
+from cdsjax.core.strategies.cds import cds
 from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, cds_equilibrium
 from cdsjax.core.protocols import Game
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_option
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.replicator import softmax_prior
+from cdsjax.core.solvers.replicator import softmax_prior
 from cdsjax.core.types import Affinity
 
 # PageRank in float32 settles into limit cycles a few ulps of its largest entry

@@ -16,7 +16,7 @@ solved here at a fixed shape ``[N+1, N+1]`` by replacing the rows (and columns) 
 vertices off the support with identity rows, so it jits and vmaps. The tangent is
 linear in :math:`\mathrm{d}M`, so the ``jax.custom_jvp`` rule transposes and
 ``jax.grad`` works as well as ``jax.jacfwd``. :math:`\mathrm{d}M` itself comes from
-ordinary autodiff of :func:`cdsjax.core.affinity.build_affinity`, so every input
+ordinary autodiff of :func:`cdsjax.core.games.affinity.build_affinity`, so every input
 of the affinity is covered: :math:`\beta`, :math:`\tau` (soft mode), the embeddings,
 and the penalty :math:`\alpha = \lambda_{\max}(A|_{\bar S}) + \varepsilon` through
 ``eigvalsh`` (:math:`\mathrm{d}\lambda_{\max} = v^\top \mathrm{d}A\, v` for a simple
@@ -41,7 +41,7 @@ What the derivative means:
 How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
 (the default), :class:`LoopAdjoint` (the reference) or :class:`NoAdjoint`. :func:`equilibrium` is the one solve
 every strategy runs and the one place an adjoint is applied; :func:`cds_equilibrium` is a problem's equilibrium
-on its dense game: :func:`cdsjax.core.cds` reads its selections off it, and the retrieval objectives of
+on its dense game: :func:`cdsjax.core.strategies.cds` reads its selections off it, and the retrieval objectives of
 :mod:`cdsjax.core.surrogates` differentiate it, for the paper's game and the learned one alike.
 """
 
@@ -56,12 +56,12 @@ import jax.scipy.linalg as jsl
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import CDSParams, problem_affinity
+from cdsjax.core.games.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
-from cdsjax.core.payoff import DensePayoff
+from cdsjax.core.games.payoff import DensePayoff
 from cdsjax.core.protocols import Game
-from cdsjax.core.replicator import Replicator, softmax_prior
-from cdsjax.core.solvers import SolveOptions, solve, solve_options
+from cdsjax.core.solvers.replicator import Replicator, softmax_prior
+from cdsjax.core.solvers.options import SolveOptions, solve, solve_options
 from cdsjax.core.types import INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
 from cdsjax.core.validation import check_option
 
@@ -176,8 +176,10 @@ class ImplicitAdjoint:
 
     The solve runs with gradients stopped and :func:`attach_implicit` gives :math:`x^*` the derivative of
     the KKT system on its support: forward and reverse mode, whatever the solver, exact where the solve
-    converged. The default of :func:`cdsjax.core.cds` and :func:`cds_equilibrium`.
+    converged. The default of :func:`cdsjax.core.strategies.cds` and :func:`cds_equilibrium`.
     """
+
+    kind = "implicit"  # what a solver lists in its ``differentiable_by`` to accept it
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` with the implicit derivative attached to its point."""
@@ -191,6 +193,8 @@ class ImplicitAdjoint:
 @struct.dataclass
 class LoopAdjoint:
     """Differentiate through the solver's iterations (forward mode only): the reference path of the tests."""
+
+    kind = "loop"  # what a solver lists in its ``differentiable_by`` to accept it
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` as it is."""
@@ -212,9 +216,11 @@ def _refuse_derivative_jvp(reason, primals, tangents):
 @struct.dataclass
 class NoAdjoint:
     """A solve that has no derivative, saying why: ``apply`` runs it on its inputs; differentiating them raises
-    ``ValueError(reason)`` (a question's corpus block, :func:`cdsjax.core.corpus.solve_on_block`)."""
+    ``ValueError(reason)`` (a question's corpus block, :func:`cdsjax.core.strategies.corpus.solve_on_block`)."""
 
     reason: str = struct.field(pytree_node=False, default="this solve has no derivative")
+
+    kind = None  # no derivative: every solver accepts it
 
     def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
         """``run(inputs)``, with a derivative through ``inputs`` refused."""
@@ -233,20 +239,35 @@ def check_adjoint(adjoint) -> Adjoint:
     return adjoint
 
 
+def check_differentiable(solver, adjoint) -> None:
+    """``ValueError`` (one line) when ``adjoint`` asks for a derivative ``solver`` cannot give: its ``kind`` is not
+    in the solver's ``differentiable_by``. An adjoint without a kind (:class:`NoAdjoint`) needs nothing."""
+    kind = getattr(adjoint, "kind", None)
+    if kind is None:
+        return
+    accepted = tuple(getattr(solver, "differentiable_by", ()))
+    if kind not in accepted:
+        name = getattr(solver, "name", type(solver).__name__)
+        raise ValueError(f"solver {name!r} cannot be differentiated by {type(adjoint).__name__} (its "
+                         f"differentiable_by is {accepted}); pass an adjoint it accepts, or NoAdjoint()")
+
+
 def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPORT_THRESHOLD) -> SolverResult:
     r"""The equilibrium of ``game`` found by ``solver`` and differentiated by ``adjoint``: the one solve every
     strategy runs, the adjoint applied here and nowhere else.
 
     Args:
       game: the problem of :math:`\max_{x\in\Delta} x^\top M x`: an :class:`Affinity` (a question's dense
-        game, solved by the solver's ``dense`` form on its :class:`~cdsjax.core.payoff.DensePayoff`) or a payoff
-        stored in another form (:class:`~cdsjax.core.payoff.SharedPayoff`: a question's corpus block, or the
+        game, solved by the solver's ``dense`` form on its :class:`~cdsjax.core.games.payoff.DensePayoff`) or a payoff
+        stored in another form (:class:`~cdsjax.core.games.payoff.SharedPayoff`: a question's corpus block, or the
         questions of the ``"shared"`` strategy), solved by ``solver`` itself.
-      solver: the solver object (:mod:`cdsjax.core.solvers`).
+      solver: the solver object (:mod:`cdsjax.core.solvers.options`).
       x0: the start: None (the solver's own), a point, or a function of the game (as the adjoint hands it to
         the solve: gradient-stopped under :class:`ImplicitAdjoint`) that returns one.
       adjoint: :class:`ImplicitAdjoint` (None; a dense game only), :class:`LoopAdjoint` (through the
-        iterations) or :class:`NoAdjoint` (a derivative refused, saying why).
+        iterations) or :class:`NoAdjoint` (a derivative refused, saying why). The solver that runs (``solver.dense``
+        on an :class:`Affinity`) must list the adjoint's ``kind`` in its ``differentiable_by``
+        (:func:`check_differentiable`; ``ValueError`` otherwise).
       threshold: the support threshold of the implicit derivative.
 
     Returns:
@@ -254,6 +275,7 @@ def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPO
       fallback taken included).
     """
     adjoint = check_adjoint(adjoint)
+    check_differentiable(solver.dense if isinstance(game, Affinity) else solver, adjoint)
 
     def run(g):
         start = x0(g) if callable(x0) else x0
@@ -288,13 +310,13 @@ def cds_equilibrium(
     **overrides,
 ) -> tuple[SolverResult, Affinity]:
     r"""The equilibrium of a CDS problem, differentiable in the game's parameters: the one solve every
-    dense strategy of :func:`cdsjax.core.cds` runs, and the entry point for derivatives.
+    dense strategy of :func:`cdsjax.core.strategies.cds` runs, and the entry point for derivatives.
 
     Args:
       problem: the :class:`CDSProblem` (one question; its structure arrays reach a game that reads them, its
         ``pinned`` notes join the constraint set).
       params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
-        ``tau_mode="soft"``) or :class:`~cdsjax.core.learned.LearnedParams` (every leaf).
+        ``tau_mode="soft"``) or :class:`~cdsjax.core.games.learned.LearnedParams` (every leaf).
       options: :class:`SolveOptions`: ``solver`` (default ``Replicator()``, paper mode; pass a converged one,
         e.g. ``ActiveSet()``, for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
         start when ``x0`` is None) and ``threshold`` (the support of the implicit system).

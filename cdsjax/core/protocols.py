@@ -2,11 +2,11 @@ r"""The declared interfaces of the core: what a solver and a payoff must provide
 
 A **payoff** is the matrix :math:`M` of :math:`\max_{x\in\Delta} x^\top M x`, seen only through
 :class:`Payoff`'s methods, so a payoff stored in another form (a shared note block with per-question
-relevance rows, :class:`~cdsjax.core.payoff.SharedPayoff`) runs under every solver without the solver
+relevance rows, :class:`~cdsjax.core.games.payoff.SharedPayoff`) runs under every solver without the solver
 knowing its storage. A **solver** (:class:`Solver`) is a small frozen object the caller holds and passes:
 ``solve(payoff, x0)`` gives the result, and its properties say how the strategies run it
-(:mod:`cdsjax.core.solvers`). Most solvers are one loop (:class:`IterativeSolver`): ``init`` / ``step`` /
-``terminate`` that :func:`cdsjax.core.solver.iterate` runs under one ``lax.while_loop``; ``terminate``
+(:mod:`cdsjax.core.solvers.options`). Most solvers are one loop (:class:`IterativeSolver`): ``init`` / ``step`` /
+``terminate`` that :func:`cdsjax.core.solvers.loop.iterate` runs under one ``lax.while_loop``; ``terminate``
 says both whether to stop and why (a :class:`Status`), so every reason a solve can end is decided in
 the loop, by the solver, and recorded as the result's ``status``.
 """
@@ -68,8 +68,8 @@ class Payoff(Protocol):
 
 @runtime_checkable
 class Solver(Protocol):
-    r"""A solver of :math:`\max_{x\in\Delta} x^\top M x` as a CDS strategy runs it (:mod:`cdsjax.core.solvers`:
-    the loop solvers, :class:`~cdsjax.core.solvers.WithFallback`, or a user's own object)."""
+    r"""A solver of :math:`\max_{x\in\Delta} x^\top M x` as a CDS strategy runs it (:mod:`cdsjax.core.solvers.options`:
+    the loop solvers, :class:`~cdsjax.core.solvers.options.WithFallback`, or a user's own object)."""
 
     name: str  # what diagnostics call it
     names: tuple  # the solvers a run may end with (SolverResult.solvers; its ran says which did)
@@ -77,6 +77,7 @@ class Solver(Protocol):
     batch_chunk: Optional[str]  # the chunk of cdsjax.core.batched on one device
     batches_rows: bool  # one loop over a batch of questions' rows (the "shared" strategy runs it batched)
     uses_corpus_block: bool  # a question carrying its corpus's note block is solved on it
+    differentiable_by: tuple  # the adjoints' kinds its equilibrium accepts: "implicit", "loop" (NoAdjoint: always)
 
     def solve(self, payoff: Payoff, x0: Optional[Array]) -> Any:
         """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (None: the solver's own start)."""
@@ -91,11 +92,11 @@ class Solver(Protocol):
 
 @runtime_checkable
 class IterativeSolver(Solver, Protocol):
-    r"""A solver that is one loop, for :func:`cdsjax.core.solver.iterate`.
+    r"""A solver that is one loop, for :func:`cdsjax.core.solvers.loop.iterate`.
 
     ``consts = prepare(payoff)`` holds what a step needs but never changes; the loop runs ``step`` while
     ``terminate`` says not done, masking each batch row once it is done; ``solve`` is
-    :func:`~cdsjax.core.solver.iterate` (as :class:`~cdsjax.core.solver.LoopSolver` gives it).
+    :func:`~cdsjax.core.solvers.loop.iterate` (as :class:`~cdsjax.core.solvers.loop.LoopSolver` gives it).
     """
 
     tol: Optional[float]
@@ -109,7 +110,7 @@ class IterativeSolver(Solver, Protocol):
         """Constants of the run (e.g. the replicator shift)."""
 
     def init(self, payoff: Payoff, x0: Optional[Array]) -> Any:
-        """The starting :class:`~cdsjax.core.solver.LoopState` (``x0`` None: uniform)."""
+        """The starting :class:`~cdsjax.core.solvers.loop.LoopState` (``x0`` None: uniform)."""
 
     def step(self, payoff: Payoff, consts: Any, state: Any) -> Any:
         """One step of the solver's rule (it may count several iterations)."""
@@ -120,12 +121,12 @@ class IterativeSolver(Solver, Protocol):
 
 @runtime_checkable
 class Game(Protocol):
-    r"""The parameters of a CDS game: what :func:`cdsjax.core.cds` takes as ``params``.
+    r"""The parameters of a CDS game: what :func:`cdsjax.core.strategies.cds` takes as ``params``.
 
-    :class:`~cdsjax.core.CDSParams` is the paper's game and :class:`~cdsjax.core.learned.LearnedParams` the
+    :class:`~cdsjax.core.CDSParams` is the paper's game and :class:`~cdsjax.core.games.learned.LearnedParams` the
     learned one; a new game is one more pytree with these members (its differentiable values as leaves) and
     runs under every strategy, solver and adjoint. Whatever differs between games is a member: its affinity
-    (assembled with :func:`~cdsjax.core.affinity.assemble_affinity`, so pinned notes and the penalty rule are
+    (assembled with :func:`~cdsjax.core.games.affinity.assemble_affinity`, so pinned notes and the penalty rule are
     shared), its query edges, what it computes once per corpus (the note block, the spectral bound; None where
     they read the question), and its affinity at another note-block strength. No code outside a game asks
     which game it is.
@@ -137,7 +138,7 @@ class Game(Protocol):
     alpha_bound: str
     coupling: str
     # whether the note block never reads the question, so the "shared" strategy builds it once for a batch
-    # (the paper's :class:`~cdsjax.core.shared.CorpusAffinity`)
+    # (the paper's :class:`~cdsjax.core.strategies.shared.CorpusAffinity`)
     shares_note_block: bool
 
     def check(self) -> "Game":

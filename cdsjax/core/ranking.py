@@ -16,7 +16,7 @@ then see little or no evidence. The **fill rule** completes the selection:
    :math:`s_i \le 0` off it; :math:`-s_i` is the payoff a note lacks to enter the
    support (a note about to enter as :math:`\beta` or :math:`\tau` moves has
    :math:`s_i \to 0^-`). These are the extended scores of
-   :func:`cdsjax.core.equilibrium_scores`, so a filled selection is the top-B of a
+   :func:`cdsjax.core.surrogates.equilibrium_scores`, so a filled selection is the top-B of a
    score that is continuous across support changes.
 3. Equal slacks go to the higher cosine :math:`\bar q^\top z_i` (mean over the
    query vertices, before the :math:`\max(\cdot, 0)` clip), then to the lower index.
@@ -32,7 +32,7 @@ then see little or no evidence. The **fill rule** completes the selection:
 
 The same rule serves paper mode, converged mode, peeling and the support-targeted
 CDS. Filled picks carry their slack as their score (so scores stay comparable with
-:func:`~cdsjax.core.equilibrium_scores`) and the :class:`~cdsjax.core.Selection`
+:func:`~cdsjax.core.surrogates.equilibrium_scores`) and the :class:`~cdsjax.core.Selection`
 reports ``support_size``, ``num_filled`` and ``fill_reason``.
 """
 
@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_NONE, FILL_SHORT_SUPPORT, Affinity, Selection, SolverResult
 from cdsjax.core.validation import check_budget
 

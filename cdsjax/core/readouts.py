@@ -1,15 +1,152 @@
-"""The per-page read-out of a selector (:mod:`cdsjax.core.structure`): its ranking read at most ``k`` notes per page
-per round. The registry (:mod:`cdsjax.core.registry`) builds its ``*_pages`` selectors with :func:`per_page`; each
-builder returns ``fn(problem: CDSProblem, key=None) -> Selection``.
+r"""The per-page read-out: any selector's ranking of the notes read page by page, at most ``k`` notes of a page per
+round. The registry (:mod:`cdsjax.core.registry`) builds its ``*_pages`` selectors with :func:`per_page`; each builder
+returns ``fn(problem: CDSProblem, key=None) -> Selection``. All pure JAX, ``jit`` / ``vmap``-able, padding inert.
+
+* **The structured read-out** (:func:`structured_readout`, :func:`select_structured`): the best ``k`` notes of every
+  page in the ranking's order first, then the next ``k`` of every page, and so on. Applied to cosine with ``k = 1``
+  it is ``cosine-pages``; applied to an equilibrium it is "the rule applied to the game's ranking". The ranking of a
+  selector is its own order of picks when it is asked for every note (:func:`ranking_of`: the equilibrium's support
+  by weight, then its fill rule; MMR's and k-DPP's greedy order, to a depth).
+* **Captions** (:func:`fold_described`, ``describes`` ``[n]`` int: the index of the note a note describes, -1 for
+  none): a note that describes another -- the caption (or Note/Source line) of a figure, table or chart -- is read
+  as part of what it describes: the visual takes the best rank of itself and its caption notes and stands for them,
+  one slot, so a read-out never picks a caption and leaves its table behind. The visual's own note carries its
+  caption's text.
+
+Units: ``pages`` ``[n]`` int (a page, or any grouping a caller chooses), with ``doc_ids`` ``[n]`` int telling units
+of several documents apart. (The page game, whose vertices are pages, is an experiment: ``experiments/page_game.py``.)
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
-from cdsjax.core.structure import GREEDY_DEPTH_FACTOR, select_structured
-from cdsjax.core.types import CDSProblem, Selection, Selector
-from cdsjax.core.validation import check_int_range
+import jax.numpy as jnp
+from jax import Array
+
+from cdsjax.core.baselines import cut_to_budget, same_unit
+from cdsjax.core.types import FILL_NONE, FILL_SHORT_SUPPORT, CDSProblem, Selection, Selector
+from cdsjax.core.validation import as_query_matrix, check_budget, check_int_range, check_notes_valid
+
+# MMR / k-DPP rank this many times the budget by their own greedy order (the rest by cosine): a page read-out of
+# B notes needs the ranking only until B pages have shown up, and a greedy pass over every note of a 5-document
+# pool would cost n steps of O(n) each.
+GREEDY_DEPTH_FACTOR = 8
+
+
+def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, k: int = 1,
+                       doc_ids: Optional[Array] = None, fill: bool = True) -> tuple[Array, Array]:
+    """Picks ``budget`` notes reading a ranking page by page (module docstring).
+
+    Args:
+      rank: ``[n]`` int, each note's position in the ranking (lower first; distinct on valid notes).
+      valid: ``[n]`` bool, True on real notes.
+      pages: ``[n]`` int unit of each note.
+      budget: static number of picks.
+      k: notes a page gives per round (static, >= 1).
+      doc_ids: optional ``[n]`` int document of each note (units are then ``(document, page)``).
+      fill: after the first round, keep going (the next ``k`` of every page); False stops after ``k`` per page.
+
+    Returns:
+      ``(indices [budget] int32, selected_valid [budget] bool)``.
+    """
+    budget = check_budget(budget)
+    if int(k) < 1:
+        raise ValueError(f"k (notes per page) must be >= 1, got {k!r}")
+    valid = jnp.asarray(valid, bool)
+    n = valid.shape[0]
+    rank = jnp.asarray(rank)
+    same = same_unit(pages, valid, doc_ids)
+    tier = jnp.sum(same & (rank[None, :] < rank[:, None]), axis=1)
+    group = tier // int(k)
+    eligible = valid if fill else valid & (group == 0)
+    group = jnp.where(eligible, group, n + 1)
+    order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
+    return cut_to_budget(order, eligible, budget)
+
+
+def fold_described(rank: Array, valid: Array, describes: Array) -> tuple[Array, Array]:
+    """``(rank [n] int32, readable [n] bool)``: a ranking with every note that describes another read as part of it.
+
+    Note ``i`` describes note ``j`` when ``describes[i] == j`` (a caption or footnote of a figure, table or chart;
+    -1: none). Where ``i`` and ``j`` are valid, ``j != i`` and ``j`` describes nothing itself, ``i`` is *folded*
+    into ``j``: ``j`` takes the best (lowest) rank of itself and the notes folded into it, and the folded notes
+    leave the read-out (``readable`` False), so the pair fills one slot, the visual's. Other notes keep their rank
+    and valid notes stay readable; entries of padding (``valid`` False) and out-of-range indices are ignored.
+    Ranks stay distinct on readable notes when they were distinct on valid ones (each readable note takes the
+    minimum of its own, disjoint, set). Pure, ``jit`` / ``vmap``-able.
+    """
+    valid = jnp.asarray(valid, bool)
+    n = valid.shape[0]
+    rank = jnp.asarray(rank).astype(jnp.int32)
+    describes = jnp.asarray(describes).astype(jnp.int32)
+    if describes.shape != (n,) or rank.shape != (n,):
+        raise ValueError(f"rank and describes must have shape ({n},), got {rank.shape} and {describes.shape}")
+    pos = jnp.arange(n, dtype=jnp.int32)
+    points = valid & (describes >= 0) & (describes < n) & (describes != pos)
+    target = jnp.where(points, describes, pos)
+    folded = points & valid[target] & ~points[target]
+    owner = jnp.where(folded, target, pos)
+    big = jnp.iinfo(jnp.int32).max
+    best = jnp.full((n,), big, jnp.int32).at[owner].min(jnp.where(valid, rank, big))
+    return jnp.where(valid & ~folded, best, rank), valid & ~folded
+
+
+def rank_positions(indices: Array, selected_valid: Array, valid: Array, tie: Array) -> Array:
+    """``[n]`` int32 positions of a ranking given by a selection's picks: picked notes by their slot, the others
+    after them by ``tie`` (larger first, e.g. the cosine), then by index; padding last."""
+    n = valid.shape[0]
+    slots = jnp.arange(indices.shape[0])
+    big = indices.shape[0] + n
+    slot = jnp.full((n,), big, jnp.int32).at[indices].min(jnp.where(selected_valid, slots, big).astype(jnp.int32))
+    keys = (jnp.arange(n), -jnp.where(valid, tie, -jnp.inf), slot, ~valid)
+    order = jnp.lexsort(keys)
+    return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+
+
+def best_cosine(notes: Array, query: Array, valid: Array) -> Array:
+    """``[n]`` each note's best cosine over the query rows, -inf at padding (the read-out's scores and ties)."""
+    queries = as_query_matrix(query, notes)
+    rel = jnp.max(queries @ notes.T, axis=0)
+    return jnp.where(valid, rel, -jnp.inf)
+
+
+def ranking_of(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
+               depth: Optional[int] = None, **kwargs) -> tuple[Array, Selection]:
+    """``(rank [n], selection)``: the ranking of a selector, built by ``build(budget)``, asked for ``depth`` notes
+    (None: every note; statically capped at ``n``) and called with ``notes, query, valid`` and ``kwargs``."""
+    notes = jnp.asarray(notes)
+    valid = check_notes_valid(notes, valid)
+    n = notes.shape[0]
+    depth = n if depth is None else max(1, min(int(depth), n))
+    sel = build(depth)(notes, query, valid, **kwargs)
+    return rank_positions(sel.indices, sel.selected_valid, valid, best_cosine(notes, query, valid)), sel
+
+
+def select_structured(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
+                      pages: Array, *, budget: int, k: int = 1, doc_ids: Optional[Array] = None,
+                      depth: Optional[int] = None, fill: bool = True, describes: Optional[Array] = None,
+                      **kwargs) -> Selection:
+    """The structured read-out of a selector (module docstring): its ranking (:func:`ranking_of`), read at most
+    ``k`` notes per page per round. With ``describes`` (``[n]`` int, :func:`fold_described`), a caption is read as
+    part of the visual it describes: the visual at the better of the two ranks, in one slot. Scores are the notes'
+    cosine; ``result``, ``support_size`` and ``beta`` are the ranking selection's (a CDS equilibrium's diagnostics
+    survive the read-out)."""
+    budget = check_budget(budget)
+    rank, sel = ranking_of(build, notes, query, valid, depth, **kwargs)
+    readable = jnp.asarray(valid, bool)
+    if describes is not None:
+        rank, readable = fold_described(rank, readable, describes)
+    idx, ok = structured_readout(rank, readable, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
+    cos = best_cosine(jnp.asarray(notes), query, jnp.asarray(valid, bool))
+    sel = sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
+    if sel.support_size is None:
+        return sel
+    # an equilibrium's ranking lists its support first: picks ranked past it came from the fill rule
+    filled = jnp.sum(ok & (rank[idx] >= sel.support_size)).astype(jnp.int32)
+    return sel.replace(num_filled=filled,
+                       fill_reason=jnp.where(filled > 0, FILL_SHORT_SUPPORT, FILL_NONE).astype(jnp.int32))
+
 
 # notes_per_page: the k of the read-out (at most k notes of a page per round)
 PAGE_OPTIONS = ("notes_per_page",)
@@ -25,10 +162,10 @@ def _needs_pages(problem: CDSProblem, name: str):
 def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False,
              captions: bool = False) -> Callable[..., Callable]:
     """The builder of ``base`` read page by page: ``base``'s ranking of the notes (every note; a greedy baseline
-    to :data:`~cdsjax.core.structure.GREEDY_DEPTH_FACTOR` times the budget, then cosine), at most
-    ``notes_per_page`` notes of a page per round (:func:`~cdsjax.core.structure.select_structured`). The units are
+    to :data:`GREEDY_DEPTH_FACTOR` times the budget, then cosine), at most
+    ``notes_per_page`` notes of a page per round (:func:`select_structured`). The units are
     the problem's ``pages`` with its ``doc_ids``. ``captions``: a caption is read with the visual it describes
-    (the problem's ``describes``, :func:`~cdsjax.core.structure.fold_described`; a problem without it has no
+    (the problem's ``describes``, :func:`fold_described`; a problem without it has no
     captions to fold)."""
 
     def build(budget: int, *, notes_per_page: int = 1, **options) -> Callable:

@@ -9,8 +9,8 @@ so every selector is jitted and vmapped the same way (a batch of problems is a `
 leading axis). A selector reads what it needs from the problem: the notes and query rows always, ``links``
 for ``"ppr"``, ``"subgraph"`` and CDS with ``init="diffusion"`` (and the learned game's link feature), the
 structure arrays ``pages`` / ``doc_ids`` / ``kinds`` when its spec says :attr:`SelectorSpec.structure`;
-``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.cds` with a strategy and a
-game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.learned.LearnedParams`).
+``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.strategies.cds` with a strategy and a
+game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.games.learned.LearnedParams`).
 
 Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the solver object it
 runs (whose properties say how a batch of it runs), the inputs it reads (links, key, structure, pages only), whether it takes
@@ -27,20 +27,20 @@ import inspect
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 
-from cdsjax.core.affinity import CDSParams
+from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
                                    select_ppr, select_random)
-from cdsjax.core.cds import cds
-from cdsjax.core.corpus import problem_block
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.strategies.cds import cds
+from cdsjax.core.strategies.corpus import problem_block
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.readouts import PAGE_OPTIONS, per_page
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.inimdyn import InImDyn
-from cdsjax.core.replicator import Replicator
-from cdsjax.core.solvers import SERVING_SOLVER, SolveOptions, check_solver, solver_from_name
-from cdsjax.core.spectral import problem_bound
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.inimdyn import InImDyn
+from cdsjax.core.solvers.replicator import Replicator
+from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions, check_solver, solver_from_name
+from cdsjax.core.games.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
-from cdsjax.core.support import support_settings
+from cdsjax.core.strategies.support import support_settings
 from cdsjax.core.types import CDSProblem, Selection, Selector
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 from jax import Array
@@ -71,7 +71,7 @@ def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
 def _random(budget: int) -> SelectorFn:
     def fn(problem: CDSProblem, key=None):
         if key is None:
-            raise ValueError("selector 'random' needs a PRNG key (see core.key_from_query_id)")
+            raise ValueError("selector 'random' needs a PRNG key (see cdsjax.core.baselines.key_from_query_id)")
         return select_random(problem.valid, budget=budget, key=key)
 
     return fn
@@ -149,7 +149,7 @@ def _cds_inputs(name: str, solver, fields: dict, allowed: tuple, params=None) ->
 
 
 def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **settings) -> SelectorFn:
-    """The selector function of a CDS strategy and game: :func:`cdsjax.core.cds` on the caller's problem
+    """The selector function of a CDS strategy and game: :func:`cdsjax.core.strategies.cds` on the caller's problem
     (``settings``: the strategy's own, e.g. the support strategy's ``num_steps``)."""
 
     def fn(problem: CDSProblem, key=None):
@@ -166,7 +166,7 @@ def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **setting
 
 def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``bound(problem)``: the spectral bound selector ``fn`` would compute for every question on
-    ``problem``'s corpus (:func:`cdsjax.core.spectral.problem_bound` of its game and strategy; None where it
+    ``problem``'s corpus (:func:`cdsjax.core.games.spectral.problem_bound` of its game and strategy; None where it
     depends on the question), to compute once per corpus and give each question as ``CDSProblem.bound``.
     None for a selector without a penalty (the baselines)."""
     return fn.corpus_bound if isinstance(fn, Selector) else None
@@ -174,7 +174,7 @@ def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[
 
 def corpus_block_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``block(problem)``: the note block selector ``fn`` would build for every question on ``problem``'s
-    corpus (:func:`cdsjax.core.corpus.problem_block`; None where its solve does not use one), to build once per
+    corpus (:func:`cdsjax.core.strategies.corpus.problem_block`; None where its solve does not use one), to build once per
     corpus and pose each question with, next to its ``bound`` (:func:`cdsjax.core.types.with_corpus_arrays`, a
     :class:`~cdsjax.core.types.BlockProblem`). None for a baseline."""
     return fn.corpus_block if isinstance(fn, Selector) else None
@@ -192,7 +192,7 @@ def _cds_builder(name: str, solver) -> Callable[..., SelectorFn]:
 
 
 def _cds_support(budget: int, **fields) -> SelectorFn:
-    """Support-targeted CDS (:func:`cdsjax.core.cds_support`): beta chosen per question."""
+    """Support-targeted CDS (:func:`cdsjax.core.compat.cds_support`): beta chosen per question."""
     num_steps, scale_range = support_settings(fields.pop("num_steps", None), fields.pop("scale_range", None))
     params, options = _cds_inputs("cds_support", ActiveSet(), fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
@@ -207,10 +207,10 @@ LEARNED_OPTIONS = ("params", "solver", "threshold", "tol", "max_iter", "fill")
 
 def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver=SERVING_SOLVER,
                  **fields) -> SelectorFn:
-    """The learned game (:mod:`cdsjax.core.learned`) through :func:`cdsjax.core.cds`: ``params`` is the
-    :class:`~cdsjax.core.learned.LearnedParams` value (``cdsjax.learn.default_params()`` is the shipped fit;
+    """The learned game (:mod:`cdsjax.core.games.learned`) through :func:`cdsjax.core.strategies.cds`: ``params`` is the
+    :class:`~cdsjax.core.games.learned.LearnedParams` value (``cdsjax.learn.default_params()`` is the shipped fit;
     callers above the core pass it, the registry never reads a file); ``solver`` a solver object, or the name a
-    configuration gives (:func:`~cdsjax.core.solvers.solver_from_name`)."""
+    configuration gives (:func:`~cdsjax.core.solvers.options.solver_from_name`)."""
     if not isinstance(params, LearnedParams):
         raise ValueError(f"selector 'cds_learned' needs params=LearnedParams(...) (cdsjax.learn reads a parameter "
                          f"file and supplies the shipped fit), got {type(params).__name__}")
@@ -237,7 +237,7 @@ class SelectorSpec:
     Attributes:
       name: the registry name (configs, records, :func:`make_selector`).
       build: ``build(budget, **options) -> fn`` with the uniform signature.
-      solver: the solver object it runs (:mod:`cdsjax.core.solvers`), None for a baseline; its properties give
+      solver: the solver object it runs (:mod:`cdsjax.core.solvers.options`), None for a baseline; its properties give
         :attr:`mode`, :attr:`solver_label` and :attr:`batch_chunk`.
       needs_links: it reads ``problem.links`` (always, or with some options).
       needs_key: it reads the PRNG ``key``.
@@ -246,10 +246,10 @@ class SelectorSpec:
         always did).
       pages_only: with ``structure``, ``pages`` must be printed pages: a text corpus's paragraph groups are
         not given as pages (the learned game's same-page weight is fitted on printed pages).
-      learned: its ``params`` option is a :class:`~cdsjax.core.learned.LearnedParams` value; callers above the
+      learned: its ``params`` option is a :class:`~cdsjax.core.games.learned.LearnedParams` value; callers above the
         core supply it (``cdsjax.learn`` resolves a file or the shipped fit).
       readout: for a learned selector, the read-out its parameters are fitted through (``"top"``: its top-B;
-        ``"pages"``: its equilibrium read one note per page, ``cdsjax.core.page_readout_scores``); ``cdsjax.learn``
+        ``"pages"``: its equilibrium read one note per page, ``cdsjax.core.surrogates.page_readout_scores``); ``cdsjax.learn``
         ships one fit per read-out and ``cdsjax tune`` fits through it.
       option_names: the options its builder accepts (:attr:`options`).
     """
@@ -355,7 +355,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("cds_learned", _cds_learned, solver=SERVING_SOLVER, needs_links=True, structure=True, pages_only=True,
           learned=True,
           options=LEARNED_OPTIONS),
-    # read-outs that see the document's pages (cdsjax.core.structure): a ranking read at most notes_per_page
+    # read-outs that see the document's pages (cdsjax.core.readouts): a ranking read at most notes_per_page
     # notes of a page per round, in the ranking's order
     _spec("mmr_pages", _mmr_pages, structure=True,
           options=(*keyword_options(_mmr), *PAGE_OPTIONS)),
@@ -400,7 +400,7 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
       **options: the selector's own options (``selector_spec(name).options``),
         e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
         ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS, ``params`` (a
-        :class:`~cdsjax.core.learned.LearnedParams`) for the learned game.
+        :class:`~cdsjax.core.games.learned.LearnedParams`) for the learned game.
 
     Returns:
       ``fn(problem: CDSProblem, key=None) -> Selection``, pure and ``jit`` / ``vmap``-able. What it reads

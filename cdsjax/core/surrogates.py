@@ -17,8 +17,8 @@ from jax import Array, lax
 
 from cdsjax.core.implicit import cds_equilibrium, implicit_system_ok
 from cdsjax.core.protocols import Game
-from cdsjax.core.solver import support_count
-from cdsjax.core.solvers import SolveOptions, solve_options
+from cdsjax.core.solvers.loop import support_count
+from cdsjax.core.solvers.options import SolveOptions, solve_options
 from cdsjax.core.types import CONVERGED, SUPPORT_THRESHOLD, Affinity, CDSProblem
 from cdsjax.core.validation import check_budget
 
@@ -134,7 +134,7 @@ def page_readout_scores(scores: Array, pages: Array, doc_ids: Optional[Array] = 
     r"""Scores for the one-note-per-page read-out: a page scores its best note's score, kept at the page's first
     note; the page's other notes get ``-inf``.
 
-    Reading a ranking one note per page (:func:`cdsjax.core.structure.structured_readout`, ``k = 1``) picks, in
+    Reading a ranking one note per page (:func:`cdsjax.core.readouts.structured_readout`, ``k = 1``) picks, in
     its first round, the best note of each of the B pages whose best notes rank highest; so the top-B of these
     scores are those pages, and :func:`soft_recall` / :func:`hard_recall` of them (gold units as pages: rows
     that mark a gold page's notes) are the surrogate and the page recall@B of that read-out (when the problem

@@ -19,7 +19,7 @@ from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
-# How a penalty that depends on the question is computed (cdsjax.core.spectral): one eigvalsh of the block,
+# How a penalty that depends on the question is computed (cdsjax.core.games.spectral): one eigvalsh of the block,
 # or the certified Lanczos bound (an upper bound of lambda_max in O(k n^2)).
 ALPHA_BOUNDS = ("exact", "certified")
 TAU_MODES = ("hard", "soft")
@@ -246,14 +246,14 @@ class CDSProblem:
         :func:`kind_code`).
       pinned: optional ``[n]`` bool, notes added to the constraint set.
       bound: optional ``[]`` float, the game's spectral bound :math:`\lambda_{\max}(W|_F) + \varepsilon`
-        computed once for the corpus (:func:`cdsjax.core.spectral.problem_bound`); with
+        computed once for the corpus (:func:`cdsjax.core.games.spectral.problem_bound`); with
         ``alpha_from="free"`` it replaces the per-question eigendecomposition. It must be the bound of
         the game that solves the problem (the registry's :func:`~cdsjax.core.registry.corpus_bound_fn`
         gives the right one per selector); an upper bound of the block's :math:`\lambda_{\max}` (e.g. one
         computed without the pinned notes) keeps the guarantee.
       describes: optional ``[n]`` int32, the note each note describes: a caption's (or a Note/Source line's)
         figure, table or chart, -1 for none (the default's read-out reads a caption with its visual,
-        :func:`cdsjax.core.structure.fold_described`); None: no note describes another.
+        :func:`cdsjax.core.readouts.fold_described`); None: no note describes another.
 
     A question posed with its corpus's precomputed note block is the problem type :class:`BlockProblem`.
     """
@@ -310,9 +310,9 @@ class BlockProblem(CDSProblem):
     geometry), solved by the same strategies and the same :func:`~cdsjax.core.implicit.equilibrium`.
 
     Every field of :class:`CDSProblem` (``bound`` must be given), and ``note_block`` ``[n, n]`` float, the game's
-    note--note block computed once for the corpus (:func:`cdsjax.core.corpus.problem_block`). The ``"single"``
-    strategy solves it on a :class:`~cdsjax.core.payoff.SharedPayoff` of that block without building the dense
-    affinity (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and a problem the block cannot
+    note--note block computed once for the corpus (:func:`cdsjax.core.strategies.corpus.problem_block`). The ``"single"``
+    strategy solves it on a :class:`~cdsjax.core.games.payoff.SharedPayoff` of that block without building the dense
+    affinity (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and a problem the block cannot
     serve raises ``ValueError``). Build one with :func:`with_corpus_arrays`; :meth:`dense_problem` is the same
     question without the block.
     """

@@ -82,7 +82,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     Returns:
       ``(records, summary rows)`` for the queries and selectors of this config.
     """
-    from cdsjax.core import DEFAULT_BUCKETS, selector_spec
+    from cdsjax.core import selector_spec
+    from cdsjax.core.batching import DEFAULT_BUCKETS
     from cdsjax.io.embed import Embedder
 
     if process is not None:

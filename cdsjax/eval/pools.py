@@ -146,12 +146,12 @@ def pool_problem(query, query_emb: np.ndarray, doc_ids: Sequence[str], notes: Ma
                  gold_docs: Sequence[str]) -> Problem:
     """One question's problem over the notes of ``doc_ids``, concatenated in that order;
     links stay within each document."""
-    from cdsjax import core
+    from cdsjax.core.validation import validate_embeddings
 
     parts = [notes[d] for d in doc_ids]
     emb = np.concatenate([p.embeddings for p in parts]).astype(np.float32)
     links = block_links([p.links for p in parts])
-    core.validate_embeddings(emb, query_emb)
+    validate_embeddings(emb, query_emb)
     pdf = parts[0].pages is not None
     return Problem(
         query, emb, np.asarray(query_emb, np.float32), links,

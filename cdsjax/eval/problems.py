@@ -249,7 +249,7 @@ def cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[s
 def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int = 1,
                   progress: bool = False) -> List[Problem]:
     """Problems of a text benchmark: each query searches its corpus's notes."""
-    from cdsjax import core
+    from cdsjax.core.validation import validate_embeddings
 
     corpus_ids = list(dict.fromkeys(q.doc_ids[0] for q in bench.queries))
     texts = [t for c in corpus_ids for t in bench.corpora[c].texts]
@@ -267,7 +267,7 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
             raise ValueError(f"text query {q.qid} must name exactly one corpus, got {q.doc_ids}")
         c = q.doc_ids[0]
         lo, hi = offsets[c]
-        core.validate_embeddings(note_emb[lo:hi], qe)
+        validate_embeddings(note_emb[lo:hi], qe)
         corpus = bench.corpora[c]
         problems.append(Problem(q, note_emb[lo:hi], qe, links[c], list(corpus.note_ids),
                                 [c] * len(corpus), kinds=text_kinds(corpus),
@@ -318,7 +318,7 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
                  progress: bool = False) -> List[Problem]:
     """Problems of a PDF benchmark: each document is indexed once (cached by content
     and settings under ``cache_dir``); a query searches the notes of its documents."""
-    from cdsjax import core
+    from cdsjax.core.validation import validate_embeddings
 
     needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
     indexes = pdf_indexes(bench, needed, config, embedder, cache_dir=cache_dir, progress=progress)
@@ -329,7 +329,7 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
         parts = [indexes[d] for d in q.doc_ids]
         notes = np.concatenate([p.embeddings for p in parts]).astype(np.float32)
         links = block_links([p.links for p in parts])
-        core.validate_embeddings(notes, qe)
+        validate_embeddings(notes, qe)
         meta = [(d, note) for d, p in zip(q.doc_ids, parts) for note in p.notes]
         problems.append(Problem(
             q, notes, qe, links,

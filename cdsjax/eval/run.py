@@ -270,7 +270,7 @@ def run_selector(
     Problems are padded (trailing) into note-count buckets; each bucket is cut into
     chunks of at most ``max_batch`` problems, and a chunk's batch axis is padded
     (repeating its first problem) to a size the mesh size divides
-    (:func:`cdsjax.core.padded_batch`: a power of two, or less where padded slots
+    (:func:`cdsjax.core.batching.padded_batch`: a power of two, or less where padded slots
     would cost more than a compilation), so a run compiles once per (bucket, chunk
     size). Inputs are placed with ``NamedSharding(mesh, P("batch"))``: each device
     solves its slice of the batch.
@@ -308,6 +308,8 @@ def run_selector(
     from jax.sharding import NamedSharding, PartitionSpec
 
     from cdsjax import core
+    from cdsjax.core.baselines import key_from_query_id
+    from cdsjax.core.batching import make_buckets, padded_batch
 
     if not problems:
         return []
@@ -320,7 +322,7 @@ def run_selector(
     ndev = int(mesh.devices.size)
     sharding = NamedSharding(mesh, PartitionSpec("batch"))
     if keys is None:
-        keys = [core.key_from_query_id(p.query.qid) for p in problems]
+        keys = [key_from_query_id(p.query.qid) for p in problems]
     keys = jnp.stack(list(keys))
 
     names = STRUCTURE_ARRAYS if spec is not None and spec.structure else ()
@@ -328,7 +330,7 @@ def run_selector(
     if names:
         structures = [p.structure(pages_only=spec.pages_only) for p in problems]
         extras.update({a: [s[a] for s in structures] for a in names})
-    groups = core.make_buckets(
+    groups = make_buckets(
         [np.asarray(p.notes, dtype) for p in problems],
         [np.asarray(p.query_emb, dtype) for p in problems],
         buckets=buckets, extras=extras, pad_batch=False)
@@ -340,7 +342,7 @@ def run_selector(
         for start in range(0, len(g.positions), max_batch):
             rows = np.arange(start, min(start + max_batch, len(g.positions)))
             k = len(rows)
-            size = core.padded_batch(k, g.size, multiple=ndev)
+            size = padded_batch(k, g.size, multiple=ndev)
             padded = np.concatenate([rows, np.full(size - k, rows[0])])
             queries = g.queries[padded]
             problem = core.CDSProblem(notes=g.notes[padded], queries=queries[:, None, :] if queries.ndim == 2 else queries,

@@ -117,6 +117,7 @@ class Chooser:
         import jax
 
         from cdsjax import core
+        from cdsjax.core.baselines import key_from_query_id
         from cdsjax.selection import Candidates, note_structure
 
         if len(candidates) == 0:
@@ -137,7 +138,7 @@ class Chooser:
             if self._jitted is None:
                 self._jitted = jax.jit(self.fn)
         problem = self._with_corpus(padded, padded.problem(q, self.spec))
-        sel = jax.device_get(self._jitted(problem, core.key_from_query_id(text)))
+        sel = jax.device_get(self._jitted(problem, key_from_query_id(text)))
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
         return chosen, core.diagnostics(sel, spec=self.spec, valid=padded.valid)

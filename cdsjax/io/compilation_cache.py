@@ -131,15 +131,14 @@ _REGISTER_LOCK = threading.Lock()
 def core_tree_types() -> tuple:
     """The pytree types of cdsjax's core that a selector, its corpus bound or its note block takes or returns
     (problems, payoffs, parameters, results): what :class:`CompileCache` registers by default."""
-    from cdsjax.core.learned import LearnedParams
-    from cdsjax.core.payoff import DensePayoff, SharedPayoff
-    from cdsjax.core.structure import PageGameParams
-    from cdsjax.core.affinity import CDSParams
-    from cdsjax.core.solvers import SolveOptions
+    from cdsjax.core.games.learned import LearnedParams
+    from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
+    from cdsjax.core.games.affinity import CDSParams
+    from cdsjax.core.solvers.options import SolveOptions
     from cdsjax.core.types import Affinity, BlockProblem, CDSProblem, Selection, SolverResult
 
-    return (CDSProblem, BlockProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, PageGameParams,
-            SolveOptions, SolverResult, Selection)
+    return (CDSProblem, BlockProblem, Affinity, DensePayoff, SharedPayoff, CDSParams, LearnedParams, SolveOptions,
+            SolverResult, Selection)
 
 
 class CompileCache:

@@ -1,4 +1,4 @@
-"""Fitting the learned CDS game (:mod:`cdsjax.core.learned`) to questions with gold evidence.
+"""Fitting the learned CDS game (:mod:`cdsjax.core.games.learned`) to questions with gold evidence.
 
 * :func:`fit` / :class:`FitConfig` / :class:`FitResult` — Adam through implicit derivatives
   (:mod:`cdsjax.learn.fit`); :class:`Objectives` — compiled objectives several fits share.

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.core.batching import DEFAULT_BUCKETS, bucket_size
-from cdsjax.core.learned import NOTE_KINDS, kind_codes
+from cdsjax.core.games.learned import NOTE_KINDS, kind_codes
 
 _CAPTION = re.compile(r"^\s*(?:FLOAT SELECTED:\s*)?(fig(?:ure)?\.?|table)", re.IGNORECASE)
 
@@ -44,7 +44,7 @@ def gold_units(problem) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def note_kinds(problem, corpus=None) -> Optional[List[int]]:
-    """:data:`~cdsjax.core.learned.NOTE_KINDS` codes of a problem's notes, or None when unknown.
+    """:data:`~cdsjax.core.games.learned.NOTE_KINDS` codes of a problem's notes, or None when unknown.
 
     A problem that carries ``kinds`` (names or codes) uses them; a text problem reads its corpus's kinds
     (``paragraph`` is text; a caption is a figure or a table by its label, else ``other``).

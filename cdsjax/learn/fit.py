@@ -1,18 +1,18 @@
 r"""Fitting the learned game: Adam on a smooth recall@B through the implicit derivatives of the equilibrium.
 
 **Objective.** For each training question, the converged equilibrium :math:`x^*(\theta)` of the learned
-game (:func:`cdsjax.core.cds_equilibrium` with :class:`~cdsjax.core.learned.LearnedParams`) is extended off its support by the KKT slack, which is
+game (:func:`cdsjax.core.cds_equilibrium` with :class:`~cdsjax.core.games.learned.LearnedParams`) is extended off its support by the KKT slack, which is
 exactly the order in which a :class:`~cdsjax.core.Selection` reads its ``budget`` picks (support by weight,
-then the fill rule). The surrogate is :func:`cdsjax.core.soft_recall` of those scores: a soft top-B cut
+then the fill rule). The surrogate is :func:`cdsjax.core.surrogates.soft_recall` of those scores: a soft top-B cut
 midway between the B-th and (B+1)-th score, soft coverage of each gold unit (page or paragraph), mean over
-units. It is chosen over :func:`cdsjax.core.gold_mass` because it counts what recall@B counts — distinct
+units. It is chosen over :func:`cdsjax.core.surrogates.gold_mass` because it counts what recall@B counts — distinct
 gold units inside the budget — so spreading weight over several notes of one gold page earns nothing,
 and it is scale-free (relative temperature), so it does not reward flattening or sharpening :math:`x^*`
 for its own sake. Loss: :math:`-\text{mean soft recall} + \ell_2 \lVert\theta - \theta_0\rVert^2`.
 
 **Read-out.** With ``readout="pages"`` the surrogate scores the game for the selector ``cds_learned_pages``
 instead, whose selection reads the equilibrium's ranking one note per page: each page is scored by its best
-note (:func:`cdsjax.core.page_readout_scores`) and the soft top-B is over pages, so the fit moves the page
+note (:func:`cdsjax.core.surrogates.page_readout_scores`) and the soft top-B is over pages, so the fit moves the page
 order that read-out produces, the structural choice made through the equilibrium.
 
 **Search.** The surrogate is not concave in :math:`\beta`, so the fit first evaluates the training
@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from cdsjax.core.batching import DEFAULT_BUCKETS
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.learn.data import Batch, Example, example_of, make_batches
 
 # The coarse grid the fit starts from: beta (the surrogate is not concave in it), relevance-weighted repulsion,
@@ -54,7 +54,7 @@ DEFAULT_STARTS = ({"beta": 0.1}, {"beta": 0.3}, {"beta": 1.0}, {"beta": 3.0},
 
 
 # what the surrogate counts: the selection's top-B ("top", selector cds_learned), or the pages of its one-note-per-page
-# read-out ("pages", selector cds_learned_pages): each page scored by its best note (core.page_readout_scores)
+# read-out ("pages", selector cds_learned_pages): each page scored by its best note (cdsjax.core.surrogates.page_readout_scores)
 READOUTS = ("top", "pages")
 
 
@@ -175,7 +175,8 @@ class _Objective:
         import jax
         import jax.numpy as jnp
 
-        from cdsjax.core import CONVERGED, CDSProblem, SolveOptions, cds_equilibrium, solver_from_name, support_count
+        from cdsjax.core import CONVERGED, CDSProblem, SolveOptions, cds_equilibrium, solver_from_name
+        from cdsjax.core.solvers.loop import support_count
         from cdsjax.core.surrogates import equilibrium_scores, hard_recall, page_readout_scores, soft_recall
 
         temp = float(cfg.temperature)

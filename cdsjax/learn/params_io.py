@@ -14,7 +14,7 @@ import json
 import pathlib
 from typing import Tuple, Union
 
-from cdsjax.core.learned import LearnedParams
+from cdsjax.core.games.learned import LearnedParams
 from cdsjax.memo import PROCESS
 
 __all__ = ["DEFAULT_PARAMS", "DEFAULT_PARAMS_FILES", "FORMAT", "VERSION", "default_params", "default_params_file",

@@ -369,7 +369,7 @@ def _match_removals(remove: Sequence[str], prev_docs: List[dict], out_dir: Path)
 
 def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
     """Writes the notes, elements, arrays and crops of ``kept`` to ``staging``; returns the manifest."""
-    from cdsjax.core import validate_embeddings
+    from cdsjax.core.validation import validate_embeddings
 
     notes, elements, manifest_docs, emb_blocks, edge_blocks = [], [], [], [], []
     for d in kept:

@@ -1,6 +1,6 @@
 r"""Learned CDS: a parametric payoff with the paper's game as one point :math:`\theta_0`.
 
-The affinity of :func:`cdsjax.core.build_affinity` is extended by twelve scalars
+The affinity of :func:`cdsjax.core.games.affinity.build_affinity` is extended by twelve scalars
 (:class:`LearnedParams`) that a fit may move away from the paper's values:
 
 * **Query edges** :math:`r_{ki} = \max(s_{ki}, 0)\,g_{ki}\,h_{ki}` with the soft gate
@@ -25,7 +25,7 @@ The affinity of :func:`cdsjax.core.build_affinity` is extended by twelve scalars
 
 At :data:`LearnedParams.paper` every added weight is exactly 0 and every factor
 exactly 1, and the affinity is computed by the same functions as
-:func:`~cdsjax.core.build_affinity` followed by ``+ 0.0`` and ``* 1.0``, which are exact
+:func:`~cdsjax.core.games.affinity.build_affinity` followed by ``+ 0.0`` and ``* 1.0``, which are exact
 in floating point: the game, its equilibrium and the selection are bit-identical to
 today's CDS (``tests/test_learned.py``).
 
@@ -42,7 +42,7 @@ Structure arrays come from the :class:`~cdsjax.core.CDSProblem` (all optional, `
 (:data:`NOTE_KINDS` code, -1 unknown), ``links`` (``[n, n]`` bool); its ``pinned`` notes join the
 constraint set as in the paper's game.
 
-:class:`LearnedParams` is a game (:class:`~cdsjax.core.protocols.Game`): :func:`cdsjax.core.cds` takes it as
+:class:`LearnedParams` is a game (:class:`~cdsjax.core.protocols.Game`): :func:`cdsjax.core.strategies.cds` takes it as
 ``params`` under every strategy, solver and adjoint, and :func:`cdsjax.core.cds_equilibrium` differentiates
 it. Parameter files are read and written by :mod:`cdsjax.learn` (the core opens no file).
 """
@@ -55,10 +55,11 @@ from typing import ClassVar, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import CDSParams, assemble_affinity, note_coupling, query_relevance
+from cdsjax.core.games.affinity import CDSParams, assemble_affinity, note_coupling, query_relevance
 from cdsjax.core.types import NOTE_KINDS, Affinity, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
@@ -298,7 +299,7 @@ def learned_affinity(
       links, doc_ids, pages, kinds: optional structure arrays (module docstring).
       pinned: optional ``[n]`` bool, notes that join the constraint set.
       bound: optional ``[]`` spectral bound precomputed for the corpus
-        (:func:`cdsjax.core.spectral.learned_corpus_bound`), used instead of the per-question one.
+        (:func:`cdsjax.core.games.spectral.learned_corpus_bound`), used instead of the per-question one.
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at
@@ -343,7 +344,7 @@ def learned_note_block(notes: Array, valid: Array, theta: LearnedParams, *, link
                        kinds=None) -> Array:
     """``[n, n]`` the learned game's note block when it does not read the question (``rel_repulsion`` 0;
     with a repulsion, the block of a question that finds no note relevant), as :func:`learned_affinity`
-    builds it: computed once for a corpus (:func:`cdsjax.core.corpus.problem_block`)."""
+    builds it: computed once for a corpus (:func:`cdsjax.core.strategies.corpus.problem_block`)."""
     notes = jnp.asarray(notes)
     notes, _, valid, theta = _inputs(notes, jnp.zeros((1, notes.shape[1]), notes.dtype), valid, theta)
     rho = jnp.zeros(notes.shape[:1], notes.dtype)
@@ -362,19 +363,22 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
 
 def learned_is_corpus_level(theta) -> bool:
     """True when the learned game's note block does not read the question: a relevance-weighted repulsion
-    of exactly 0 (``theta`` must hold concrete numbers, not tracers)."""
-    try:
-        return float(theta.rel_repulsion) <= 0.0
-    except (TypeError, jax.errors.ConcretizationTypeError):
+    known to be 0, i.e. a concrete number (a Python number or a one-element array) at or below 0. A traced
+    ``rel_repulsion`` (under ``jit``, ``grad`` or ``vmap``) is not known, so the answer is then False and each
+    question builds its own block; so is it for an array of several values."""
+    repulsion = theta.rel_repulsion
+    if isinstance(repulsion, jax.core.Tracer):
         return False
+    repulsion = np.asarray(repulsion)
+    return repulsion.size == 1 and repulsion.dtype != object and float(repulsion.reshape(())) <= 0.0
 
 
 def learned_corpus_bound(notes: Array, valid: Array, theta, *, links=None, pages=None, doc_ids=None, kinds=None,
                          num_queries: int = 1) -> Array:
     r"""The learned game's spectral bound :math:`b = \lambda_{\max}(W|_{\text{valid}}) + \varepsilon` once per
-    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.learned.learned_affinity` applies).
+    corpus (before ``alpha_factor``, which :func:`~cdsjax.core.games.learned.learned_affinity` applies).
 
-    Built by :func:`~cdsjax.core.learned.learned_affinity` itself on an all-zero question (its rows are masked
+    Built by :func:`~cdsjax.core.games.learned.learned_affinity` itself on an all-zero question (its rows are masked
     out of the bound). With ``rel_repulsion`` 0 the note block :math:`C` does not read the question and this is
     the per-question bound bit for bit. Otherwise the block is
     :math:`W(q) = (1-\lambda)C + \lambda D_\rho C D_\rho` with :math:`0 \le \rho_i \le 1`, and for a unit

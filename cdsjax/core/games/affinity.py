@@ -1,9 +1,9 @@
 r"""The query-augmented affinity and its spectral penalty: the one affinity builder of every game.
 
-:func:`problem_affinity` is what every strategy of :func:`cdsjax.core.cds` and the differentiable
+:func:`problem_affinity` is what every strategy of :func:`cdsjax.core.strategies.cds` and the differentiable
 equilibrium call: the paper's game for :class:`~cdsjax.core.CDSParams` (:func:`build_affinity`), a
 parametric game's own edges for any other :class:`~cdsjax.core.protocols.Game` (the learned game,
-:class:`~cdsjax.core.learned.LearnedParams`). Both assemble their matrix, constraint set and penalty with
+:class:`~cdsjax.core.games.learned.LearnedParams`). Both assemble their matrix, constraint set and penalty with
 :func:`assemble_affinity`, so pinned notes and the penalty rule mean the same in every game.
 """
 
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
-from cdsjax.core.certified import certified_bound
+from cdsjax.core.games.certified import certified_bound
 from cdsjax.core.types import ALPHA_BOUNDS, ALPHA_FROM, COUPLINGS, TAU_MODES, Affinity, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
@@ -94,7 +94,7 @@ def block_bound(matrix: Array, mask: Array, params, bound: Optional[Array] = Non
     r"""The spectral bound :math:`b \ge \lambda_{\max}(\text{matrix}[\text{mask}, \text{mask}]) + \varepsilon`
     of a game's penalty: ``bound`` when given (a corpus's, precomputed) and ``alpha_from`` is ``"free"``, else
     one eigendecomposition (:func:`spectral_penalty`) or, with ``alpha_bound="certified"``, the certified
-    Lanczos bound (:func:`cdsjax.core.spectral.certified_bound`)."""
+    Lanczos bound (:func:`cdsjax.core.games.spectral.certified_bound`)."""
     dtype = matrix.dtype
     if bound is not None and params.alpha_from == "free":
         return jnp.asarray(bound).astype(dtype)
@@ -208,7 +208,7 @@ class CDSParams:
         :math:`\sigma((s_i-\tau)/T_\tau)`.
       tau_temperature: :math:`T_\tau` of the soft mode.
       alpha_bound: how a penalty computed per question is found: ``"exact"`` (one ``eigvalsh`` of the
-        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.spectral.certified_bound`: an upper bound
+        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.games.spectral.certified_bound`: an upper bound
         of :math:`\lambda_{\max}` in O(k n²); the guarantee holds, the penalty may be a little larger).
         A precomputed corpus bound (``CDSProblem.bound``) is used whichever is set.
     """
@@ -298,7 +298,7 @@ def padded_note_penalty(block: Array, valid: Array, num_queries: int, eps: float
 def corpus_bound(notes: Array, valid: Array, params: CDSParams = CDSParams(), *, num_queries: int = 1) -> Array:
     r"""The paper game's penalty :math:`\lambda_{\max}(W|_{\text{valid}}) + \varepsilon`, once per corpus.
 
-    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.build_affinity` on any question with
+    Equal bit for bit to the ``alpha`` of :func:`~cdsjax.core.games.affinity.build_affinity` on any question with
     ``num_queries`` query rows and no pinned notes, when ``params.alpha_from`` is ``"free"``.
 
     Args:

@@ -45,7 +45,7 @@ Below :math:`\beta c n \approx \varepsilon` the penalty's margin dominates
 :math:`D` and :math:`\beta` no longer changes the support (the smallest reachable
 support is set by :math:`\varepsilon`).
 
-**The selector.** The ``"support"`` strategy of :func:`cdsjax.core.cds` (:func:`cds_support`) therefore searches :math:`\gamma = \beta n`
+**The selector.** The ``"support"`` strategy of :func:`cdsjax.core.strategies.cds` (:func:`cds_support`) therefore searches :math:`\gamma = \beta n`
 (``n`` the valid notes) on a log scale by bisection with a fixed number of steps:
 each step solves the equilibrium with the converged (active-set) solver from the
 uniform start; a support of fewer than ``budget`` notes moves the lower end up,
@@ -70,11 +70,11 @@ from jax import Array, lax
 
 from typing import Optional
 
-from cdsjax.core.affinity import problem_affinity, scale_note_block  # noqa: F401 (re-exported)
+from cdsjax.core.games.affinity import problem_affinity, scale_note_block  # noqa: F401 (re-exported)
 from cdsjax.core.implicit import Adjoint, LoopAdjoint, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSProblem,  # noqa: F401
                                Selection)
 from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
@@ -102,7 +102,7 @@ def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple
 def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
                   adjoint: Optional[Adjoint] = None, num_steps: Optional[int] = None,
                   scale_range=None) -> Selection:
-    r"""Strategy ``"support"`` of :func:`cdsjax.core.cds`: the constrained dominant set whose support holds
+    r"""Strategy ``"support"`` of :func:`cdsjax.core.strategies.cds`: the constrained dominant set whose support holds
     about ``budget`` notes.
 
     Chooses :math:`\beta` per question (bisection on :math:`\log(\beta n)`, see the

@@ -1,7 +1,7 @@
 r"""Primal-dual active set: the equilibrium of a single-query CDS game in a few face solves.
 
 The converged solvers reach the equilibrium by moving one vertex at a time (InImDyn) or one blocking
-vertex per Newton step (:mod:`cdsjax.core.active_set`); from the uniform start on a corpus of ``n`` notes
+vertex per Newton step (:mod:`cdsjax.core.solvers.active_set`); from the uniform start on a corpus of ``n`` notes
 that is about ``n`` sequential steps before the support is the equilibrium's, and each step of a
 ``lax.while_loop`` on a CPU costs microseconds of overhead whatever its arithmetic. The KKT conditions of
 :math:`\max_{x\in\Delta} x^\top M x` are
@@ -32,7 +32,7 @@ holds it:
 It is a rule, not a descent method: it can cycle or leave the simplex on other payoffs. A run that does
 not reach the Nash-error tolerance within ``max_iter`` face solves (or whose support outgrows the largest
 capacity, or whose CG solve does not converge) ends unconverged. The serving solver
-(:data:`cdsjax.core.solvers.SERVING_SOLVER`) is ``WithFallback(PrimalDualActiveSet(), ActiveSet(...))``: the rule
+(:data:`cdsjax.core.solvers.options.SERVING_SOLVER`) is ``WithFallback(PrimalDualActiveSet(), ActiveSet(...))``: the rule
 and, where it ends unconverged, a monotone solver (the active set from the uniform start). A converged run is a
 KKT point to the same tolerance as every converged solve.
 """
@@ -46,9 +46,9 @@ from flax import struct
 from jax import Array, lax
 from jax.scipy.sparse.linalg import cg
 
-from cdsjax.core.active_set import bordered_direction, gathered_face
-from cdsjax.core.inimdyn import default_tol
-from cdsjax.core.solver import LoopSolver, LoopState, check_count, nash_error, start_state, stop_rule
+from cdsjax.core.solvers.active_set import bordered_direction, gathered_face
+from cdsjax.core.solvers.inimdyn import default_tol
+from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, nash_error, start_state, stop_rule
 
 # Faces gathered into these many slots, the smallest that holds the support: LU up to LU_ALWAYS slots; above, CG,
 # and LU where CG does not converge up to LU_MAX slots. Few sizes: each is compiled (about 0.4 s each, measured),
@@ -138,7 +138,7 @@ def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU
 @struct.dataclass
 class PrimalDualActiveSet(LoopSolver):
     r"""Primal-dual active set on the KKT conditions (module docstring), a solver for
-    :func:`cdsjax.core.solver.iterate` on one problem's payoff with the query vertex first.
+    :func:`cdsjax.core.solvers.loop.iterate` on one problem's payoff with the query vertex first.
 
     One step is one face solve and one product with the payoff; ``num_iters`` counts face solves.
     ``err`` is the Nash error of the face's point where it lies in the simplex, infinite where it does not
@@ -146,7 +146,7 @@ class PrimalDualActiveSet(LoopSolver):
     largest capacity (the run then stops, not converged).
 
     Attributes:
-      tol: Nash-error tolerance; None picks the dtype's default (:func:`cdsjax.core.inimdyn.default_tol`).
+      tol: Nash-error tolerance; None picks the dtype's default (:func:`cdsjax.core.solvers.inimdyn.default_tol`).
       max_iter: maximum number of face solves.
       fraction: share of the notes in the start's support (those with the largest query edges), used
         when no start is given.

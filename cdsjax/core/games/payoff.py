@@ -125,7 +125,7 @@ class SharedPayoff:
       note_valid: ``[n]`` bool, True on real notes.
       alpha: ``[]`` the shared penalty :math:`\alpha`.
       corpus_shift: ``[]`` the replicator shift, a property of the corpus
-        (:func:`cdsjax.core.shared.corpus_affinity`).
+        (:func:`cdsjax.core.strategies.shared.corpus_affinity`).
     """
 
     coupling: Array

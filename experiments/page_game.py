@@ -1,18 +1,11 @@
-r"""Evidence read with the document's structure: at most ``k`` notes per page, and a game over pages.
+r"""The page game and the sparse regime: two structure-aware games kept as experiments, not served.
 
-Three ways a selection can see pages (all pure JAX, ``jit`` / ``vmap``-able, padding inert):
-
-* **The structured read-out** (:func:`structured_readout`, :func:`select_structured`): any selector's ranking of
-  the notes, read page by page — the best ``k`` notes of every page in that ranking's order first, then the next
-  ``k`` of every page, and so on. Applied to cosine with ``k = 1`` it is ``cosine-pages``; applied to an
-  equilibrium it is "the rule applied to the game's ranking". The ranking of a selector is its own order of picks
-  when it is asked for every note (:func:`ranking_of`: the equilibrium's support by weight, then its fill rule;
-  MMR's and k-DPP's greedy order, to a depth).
 * **The page game** (:func:`page_affinity`, :func:`select_page_game`): the vertices are pages. A page's vector is
   the normalised sum of its notes' embeddings, its query edge is its best note's (clipped) cosine, the page--page
   edge is :math:`\beta(1 - v_p^\top v_{p'})` (plus ``w_doc`` for two pages of one document, in pools). The
   equilibrium ranks pages (support by weight, then the KKT slack, then the best note's cosine); the evidence is
-  the best notes of the ranked pages, ``k`` per page per round.
+  the best notes of the ranked pages, ``k`` per page per round (the served read-out,
+  :func:`cdsjax.core.readouts.structured_readout`).
 * **The sparse regime** (``alpha_factor < 1``): the penalty :math:`\alpha = b + (f - 1)|b|` below the spectral
   bound :math:`b`, where the payoff is no longer concave on the free vertices and an equilibrium is a small
   cohesive set (a dominant set proper) instead of a ranking of everything. The query may then leave the support;
@@ -20,42 +13,37 @@ Three ways a selection can see pages (all pure JAX, ``jit`` / ``vmap``-able, pad
   extraction's rounds, stopped at the first that covers the query), or the game at the bound is read
   (:func:`keep_query`); either way the read-out ranks every note (support, then slack).
 
-A note that describes another -- the caption (or Note/Source line) of a figure, table or chart -- can be read as
-part of what it describes (:func:`fold_described`, ``describes`` ``[n]`` int: the index of the note a note describes,
--1 for none): the visual takes the best rank of itself and its caption notes and stands for them, one slot, so a
-read-out never picks a caption and leaves its table behind. The visual's own note carries its caption's text.
-
-Units: ``pages`` ``[n]`` int (a page, or any grouping a caller chooses), with ``doc_ids`` ``[n]`` int telling
-units of several documents apart. A unit is represented by its first valid note (:func:`page_units`), so the page
-game has the same static size as the note game and padding notes are never a unit.
+All pure JAX (``jit`` / ``vmap``-able, padding inert). Units: ``pages`` ``[n]`` int (a page, or any grouping a caller
+chooses), with ``doc_ids`` ``[n]`` int telling units of several documents apart. A unit is represented by its first
+valid note (:func:`page_units`), so the page game has the same static size as the note game and padding notes are
+never a unit. ``experiments/page_and_sparse_games.py`` runs these games as selectors and
+``experiments/structured_cv.py`` cross-validates them; the registry's per-page read-outs are
+:mod:`cdsjax.core.readouts`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import spectral_penalty
-from cdsjax.core.baselines import cut_to_budget, same_unit
+from cdsjax.core.baselines import same_unit
+from cdsjax.core.games.affinity import spectral_penalty
 from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
-from cdsjax.core.surrogates import equilibrium_scores
 from cdsjax.core.ranking import read_selection
-from cdsjax.core.replicator import softmax_prior
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.solvers import SolveOptions, solve_options
-from cdsjax.core.types import FILL_NONE, FILL_SHORT_SUPPORT, SUPPORT_THRESHOLD, Affinity, Selection
+from cdsjax.core.readouts import best_cosine, rank_positions, structured_readout
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.options import SolveOptions, solve_options
+from cdsjax.core.solvers.replicator import softmax_prior
+from cdsjax.core.surrogates import equilibrium_scores
+from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, Selection
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid
 
 # The options of the page game and the sparse regime when none are given: the converged (active-set) solver.
 STRUCTURE_OPTIONS = SolveOptions(solver=ActiveSet())
-# MMR / k-DPP rank this many times the budget by their own greedy order (the rest by cosine): a page read-out of
-# B notes needs the ranking only until B pages have shown up, and a greedy pass over every note of a 5-document
-# pool would cost n steps of O(n) each.
-GREEDY_DEPTH_FACTOR = 8
 
 
 def page_units(pages: Array, valid: Array, doc_ids: Optional[Array] = None) -> tuple[Array, Array, Array]:
@@ -68,119 +56,6 @@ def page_units(pages: Array, valid: Array, doc_ids: Optional[Array] = None) -> t
     rep = valid & ~jnp.any(earlier, axis=1)
     owner = jnp.argmax(same & rep[None, :], axis=1).astype(jnp.int32)
     return same, rep, owner
-
-
-def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, k: int = 1,
-                       doc_ids: Optional[Array] = None, fill: bool = True) -> tuple[Array, Array]:
-    """Picks ``budget`` notes reading a ranking page by page (module docstring).
-
-    Args:
-      rank: ``[n]`` int, each note's position in the ranking (lower first; distinct on valid notes).
-      valid: ``[n]`` bool, True on real notes.
-      pages: ``[n]`` int unit of each note.
-      budget: static number of picks.
-      k: notes a page gives per round (static, >= 1).
-      doc_ids: optional ``[n]`` int document of each note (units are then ``(document, page)``).
-      fill: after the first round, keep going (the next ``k`` of every page); False stops after ``k`` per page.
-
-    Returns:
-      ``(indices [budget] int32, selected_valid [budget] bool)``.
-    """
-    budget = check_budget(budget)
-    if int(k) < 1:
-        raise ValueError(f"k (notes per page) must be >= 1, got {k!r}")
-    valid = jnp.asarray(valid, bool)
-    n = valid.shape[0]
-    rank = jnp.asarray(rank)
-    same = same_unit(pages, valid, doc_ids)
-    tier = jnp.sum(same & (rank[None, :] < rank[:, None]), axis=1)
-    group = tier // int(k)
-    eligible = valid if fill else valid & (group == 0)
-    group = jnp.where(eligible, group, n + 1)
-    order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
-    return cut_to_budget(order, eligible, budget)
-
-
-def fold_described(rank: Array, valid: Array, describes: Array) -> tuple[Array, Array]:
-    """``(rank [n] int32, readable [n] bool)``: a ranking with every note that describes another read as part of it.
-
-    Note ``i`` describes note ``j`` when ``describes[i] == j`` (a caption or footnote of a figure, table or chart;
-    -1: none). Where ``i`` and ``j`` are valid, ``j != i`` and ``j`` describes nothing itself, ``i`` is *folded*
-    into ``j``: ``j`` takes the best (lowest) rank of itself and the notes folded into it, and the folded notes
-    leave the read-out (``readable`` False), so the pair fills one slot, the visual's. Other notes keep their rank
-    and valid notes stay readable; entries of padding (``valid`` False) and out-of-range indices are ignored.
-    Ranks stay distinct on readable notes when they were distinct on valid ones (each readable note takes the
-    minimum of its own, disjoint, set). Pure, ``jit`` / ``vmap``-able.
-    """
-    valid = jnp.asarray(valid, bool)
-    n = valid.shape[0]
-    rank = jnp.asarray(rank).astype(jnp.int32)
-    describes = jnp.asarray(describes).astype(jnp.int32)
-    if describes.shape != (n,) or rank.shape != (n,):
-        raise ValueError(f"rank and describes must have shape ({n},), got {rank.shape} and {describes.shape}")
-    pos = jnp.arange(n, dtype=jnp.int32)
-    points = valid & (describes >= 0) & (describes < n) & (describes != pos)
-    target = jnp.where(points, describes, pos)
-    folded = points & valid[target] & ~points[target]
-    owner = jnp.where(folded, target, pos)
-    big = jnp.iinfo(jnp.int32).max
-    best = jnp.full((n,), big, jnp.int32).at[owner].min(jnp.where(valid, rank, big))
-    return jnp.where(valid & ~folded, best, rank), valid & ~folded
-
-
-def rank_positions(indices: Array, selected_valid: Array, valid: Array, tie: Array) -> Array:
-    """``[n]`` int32 positions of a ranking given by a selection's picks: picked notes by their slot, the others
-    after them by ``tie`` (larger first, e.g. the cosine), then by index; padding last."""
-    n = valid.shape[0]
-    slots = jnp.arange(indices.shape[0])
-    big = indices.shape[0] + n
-    slot = jnp.full((n,), big, jnp.int32).at[indices].min(jnp.where(selected_valid, slots, big).astype(jnp.int32))
-    keys = (jnp.arange(n), -jnp.where(valid, tie, -jnp.inf), slot, ~valid)
-    order = jnp.lexsort(keys)
-    return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
-
-
-def _cosine(notes: Array, query: Array, valid: Array) -> Array:
-    queries = as_query_matrix(query, notes)
-    rel = jnp.max(queries @ notes.T, axis=0)
-    return jnp.where(valid, rel, -jnp.inf)
-
-
-def ranking_of(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
-               depth: Optional[int] = None, **kwargs) -> tuple[Array, Selection]:
-    """``(rank [n], selection)``: the ranking of a selector, built by ``build(budget)``, asked for ``depth`` notes
-    (None: every note; statically capped at ``n``) and called with ``notes, query, valid`` and ``kwargs``."""
-    notes = jnp.asarray(notes)
-    valid = check_notes_valid(notes, valid)
-    n = notes.shape[0]
-    depth = n if depth is None else max(1, min(int(depth), n))
-    sel = build(depth)(notes, query, valid, **kwargs)
-    return rank_positions(sel.indices, sel.selected_valid, valid, _cosine(notes, query, valid)), sel
-
-
-def select_structured(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
-                      pages: Array, *, budget: int, k: int = 1, doc_ids: Optional[Array] = None,
-                      depth: Optional[int] = None, fill: bool = True, describes: Optional[Array] = None,
-                      **kwargs) -> Selection:
-    """The structured read-out of a selector (module docstring): its ranking (:func:`ranking_of`), read at most
-    ``k`` notes per page per round. With ``describes`` (``[n]`` int, :func:`fold_described`), a caption is read as
-    part of the visual it describes: the visual at the better of the two ranks, in one slot. Scores are the notes'
-    cosine; ``result``, ``support_size`` and ``beta`` are the ranking selection's (a CDS equilibrium's diagnostics
-    survive the read-out)."""
-    budget = check_budget(budget)
-    rank, sel = ranking_of(build, notes, query, valid, depth, **kwargs)
-    readable = jnp.asarray(valid, bool)
-    if describes is not None:
-        rank, readable = fold_described(rank, readable, describes)
-    idx, ok = structured_readout(rank, readable, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
-    cos = _cosine(jnp.asarray(notes), query, jnp.asarray(valid, bool))
-    sel = sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
-    if sel.support_size is None:
-        return sel
-    # an equilibrium's ranking lists its support first: picks ranked past it came from the fill rule
-    filled = jnp.sum(ok & (rank[idx] >= sel.support_size)).astype(jnp.int32)
-    return sel.replace(num_filled=filled,
-                       fill_reason=jnp.where(filled > 0, FILL_SHORT_SUPPORT, FILL_NONE).astype(jnp.int32))
 
 
 @struct.dataclass
@@ -352,7 +227,7 @@ def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
     ranked = read_selection(result, affinity, options.replace(fill=True), budget=n,
                             cosine=page_cos.astype(result.x.dtype), beta=jnp.asarray(params.beta, result.x.dtype))
     page_rank = rank_positions(ranked.indices, ranked.selected_valid, rep, page_cos)
-    cos = _cosine(notes, query, valid)
+    cos = best_cosine(notes, query, valid)
     # notes ordered by their page's rank, then by cosine within the page, then by index; padding last
     order = jnp.lexsort((jnp.arange(n), -cos, page_rank[owner], ~valid))
     rank = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
@@ -368,7 +243,7 @@ def select_page_game(notes: Array, query: Array, valid: Array, pages: Array, par
     rank, ranked, _ = page_game_ranking(notes, query, valid, pages, params, doc_ids=doc_ids, options=options)
     valid = jnp.asarray(valid, bool)
     idx, ok = structured_readout(rank, valid, pages, budget=budget, k=k, doc_ids=doc_ids)
-    cos = _cosine(jnp.asarray(notes), query, valid)
+    cos = best_cosine(jnp.asarray(notes), query, valid)
     return ranked.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
 
 
@@ -376,8 +251,8 @@ def page_scores(notes: Array, query: Array, valid: Array, pages: Array, params: 
                 doc_ids: Optional[Array] = None, solver=ActiveSet(), tol: Optional[float] = None,
                 max_iter: Optional[int] = None, threshold: float = SUPPORT_THRESHOLD, slack_weight: float = 1.0):
     r"""``(scores [n], result, affinity)``: the page game's equilibrium extended off its support by the KKT slack
-    (:func:`~cdsjax.core.equilibrium_scores`), one score per page vertex (-inf elsewhere), differentiable in
-    ``params`` by the implicit derivative of the KKT conditions (:func:`~cdsjax.core.attach_implicit`): the
+    (:func:`~cdsjax.core.surrogates.equilibrium_scores`), one score per page vertex (-inf elsewhere), differentiable in
+    ``params`` by the implicit derivative of the KKT conditions (:func:`~cdsjax.core.implicit.attach_implicit`): the
     quantity a fit of the page game climbs."""
     affinity, rep, _, _ = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
     result = equilibrium(affinity, solver.with_limits(tol, max_iter), adjoint=ImplicitAdjoint(), threshold=threshold)
@@ -401,14 +276,14 @@ def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, fact
                            links: Optional[Array] = None, pages: Optional[Array] = None,
                            doc_ids: Optional[Array] = None, kinds: Optional[Array] = None,
                            options: Optional[SolveOptions] = None, keep: str = "peel") -> tuple[Array, Selection]:
-    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.learned.learned_affinity`, its penalty
+    r"""``(rank [n], selection, kept)``: the learned game (:func:`cdsjax.core.games.learned.learned_affinity`, its penalty
     at the spectral bound) moved to the sparse regime :math:`\alpha = b + (f - 1)|b|` by :func:`sparse_affinity`, solved
     by the converged solver from around the query, every note ranked by the one read-out (support by weight, then the
     fill rule). ``keep="peel"`` (default): where the query leaves the support, that support is peeled off and the
     game solved again on the rest until a support holds the query (:func:`solve_peeling_to_query`; the cluster
     around the query, a dominant set proper); ``keep="bound"``: the game at the bound is read instead
     (:func:`solve_keeping_query`). ``kept``: the query is in the support that is read."""
-    from cdsjax.core.learned import learned_affinity
+    from cdsjax.core.games.learned import learned_affinity
 
     options = solve_options(STRUCTURE_OPTIONS if options is None else options)
     notes = jnp.asarray(notes)
@@ -418,6 +293,6 @@ def sparse_learned_ranking(notes: Array, query: Array, valid: Array, theta, fact
                              doc_ids=doc_ids, kinds=kinds)
     affinity = sparse_affinity(bound, factor)
     result, affinity, kept = keep_query(affinity, bound, options, factor, keep)
-    cos = _cosine(notes, query, valid)
+    cos = best_cosine(notes, query, valid)
     sel = read_selection(result, affinity, options.replace(fill=True), budget=n, cosine=cos.astype(result.x.dtype))
     return rank_positions(sel.indices, sel.selected_valid, valid, cos), sel, kept

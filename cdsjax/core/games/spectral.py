@@ -1,7 +1,7 @@
 r"""The CDS penalty :math:`\alpha \ge \lambda_{\max}` without a per-question eigendecomposition.
 
 The penalty of a CDS game is :math:`\alpha = \lambda_{\max}(A|_F) + \varepsilon` over the free block
-:math:`F` (:func:`cdsjax.core.affinity.spectral_penalty`, one ``eigvalsh`` of the padded
+:math:`F` (:func:`cdsjax.core.games.affinity.spectral_penalty`, one ``eigvalsh`` of the padded
 ``[m+n, m+n]`` matrix: O(n³), 0.3-0.6 s at n = 1024 on two cores). Two ways to avoid paying it per
 question:
 
@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.affinity import corpus_bound, padded_note_penalty, spectral_penalty  # noqa: F401 (re-exported)
-from cdsjax.core.certified import LANCZOS_STEPS, certified_bound, gershgorin  # noqa: F401 (re-exported)
-from cdsjax.core.learned import learned_corpus_bound, learned_is_corpus_level  # noqa: F401 (re-exported)
+from cdsjax.core.games.affinity import corpus_bound, padded_note_penalty, spectral_penalty  # noqa: F401 (re-exported)
+from cdsjax.core.games.certified import LANCZOS_STEPS, certified_bound, gershgorin  # noqa: F401 (re-exported)
+from cdsjax.core.games.learned import learned_corpus_bound, learned_is_corpus_level  # noqa: F401 (re-exported)
 from cdsjax.core.validation import check_notes_valid
 
 

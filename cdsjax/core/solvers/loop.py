@@ -16,7 +16,7 @@ A loop solver (the :class:`~cdsjax.core.protocols.IterativeSolver` protocol) is 
 how a solve ended is decided in the loop, and returns a
 :class:`~cdsjax.core.SolverResult`. The payoff is reached only through the
 :class:`~cdsjax.core.protocols.Payoff` methods, so a batched payoff
-(:class:`~cdsjax.core.payoff.SharedPayoff`) runs through the same loop: each batch
+(:class:`~cdsjax.core.games.payoff.SharedPayoff`) runs through the same loop: each batch
 row keeps its own stopping rule and is frozen once it stops.
 """
 
@@ -137,8 +137,9 @@ def finish(payoff, x: Array, num_iters, err, status: Array, name: str) -> Solver
 class LoopSolver:
     """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, a question's dense
     payoff runs the solver itself (``dense``), ``with_limits`` replaces ``tol`` / ``max_iter``, and the properties
-    the strategies read (:mod:`cdsjax.core.solvers`), here with a converged solver's values: a subclass sets its
-    ``name`` and what differs. A solver that is not one loop (:class:`cdsjax.core.solvers.WithFallback`) provides
+    the strategies read (:mod:`cdsjax.core.solvers.options`), here with a converged solver's values: a subclass sets its
+    ``name`` and what differs (``differentiable_by``: the adjoints it accepts, checked by
+    :func:`cdsjax.core.implicit.equilibrium`). A solver that is not one loop (:class:`cdsjax.core.solvers.options.WithFallback`) provides
     them itself."""
 
     name = "loop"
@@ -146,6 +147,9 @@ class LoopSolver:
     batch_chunk = None  # one vmap over a batch
     batches_rows = False  # the "shared" strategy maps it over the questions
     uses_corpus_block = True
+    # the adjoints (their ``kind``) its equilibrium can be differentiated by: the implicit one (any KKT point of a
+    # dense game) and forward mode through its iterations (every step of a loop solver is JAX-differentiable)
+    differentiable_by = ("implicit", "loop")
 
     def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None):
         """This solver with ``tol`` / ``max_iter`` replaced where given (None keeps its own)."""

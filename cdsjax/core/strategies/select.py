@@ -8,18 +8,18 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.affinity import block_bound, problem_affinity
-from cdsjax.core.corpus import check_block_problem, solve_on_block
+from cdsjax.core.games.affinity import block_bound, problem_affinity
+from cdsjax.core.strategies.corpus import check_block_problem, solve_on_block
 from cdsjax.core.implicit import Adjoint, cds_equilibrium, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CONVERGED, Affinity, BlockProblem, CDSProblem, Selection
 
 
 def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
                  x0: Optional[Array] = None, adjoint: Optional[Adjoint] = None) -> Selection:
-    r"""Strategy ``"single"`` of :func:`cdsjax.core.cds`: one extraction on the query-augmented affinity.
+    r"""Strategy ``"single"`` of :func:`cdsjax.core.strategies.cds`: one extraction on the query-augmented affinity.
 
     Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.implicit.cds_equilibrium` (from
     ``x0``, else ``options.init``; a converged solver first runs paper mode with
@@ -27,7 +27,7 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
     equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked.
     A :class:`~cdsjax.core.types.BlockProblem` (the question with its corpus's note block and bound) is solved on
     them instead, by the same solver and :func:`~cdsjax.core.implicit.equilibrium`, without a dense affinity
-    (:func:`cdsjax.core.corpus.solve_on_block`; it has no derivative, and an ``adjoint`` given with it raises
+    (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and an ``adjoint`` given with it raises
     ``ValueError``); the dense affinity runs the solver's ``dense`` form.
     """
     if isinstance(problem, BlockProblem):
@@ -42,7 +42,7 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
 
 def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
                adjoint: Optional[Adjoint] = None) -> Selection:
-    r"""Strategy ``"peel"`` of :func:`cdsjax.core.cds`: peeling extraction for several constraint vertices.
+    r"""Strategy ``"peel"`` of :func:`cdsjax.core.strategies.cds`: peeling extraction for several constraint vertices.
 
     Extracts a constrained dominant set, removes its support (the notes and the
     constraint vertices it covers), and repeats on what is left until every

@@ -1,4 +1,4 @@
-r"""Many questions over one corpus (the ``"shared"`` strategy of :func:`cdsjax.core.cds`): one note block.
+r"""Many questions over one corpus (the ``"shared"`` strategy of :func:`cdsjax.core.strategies.cds`): one note block.
 
 For a single query vertex and no pinned notes the payoff of question :math:`k` is
 
@@ -11,12 +11,12 @@ block :math:`W`, the penalty :math:`\alpha = \lambda_{\max}(W) + \varepsilon`
 (:math:`r_k \ge 0` and the query's zero diagonal never lower :math:`\min M` below
 :math:`\min(0, \min(W - \alpha I))`). :func:`corpus_affinity` computes them once;
 :func:`solve_replicator_shared` then runs paper mode for a batch of ``b``
-questions on a :class:`~cdsjax.core.payoff.SharedPayoff` (the same
-:class:`~cdsjax.core.replicator.Replicator` and loop as one question), with one
+questions on a :class:`~cdsjax.core.games.payoff.SharedPayoff` (the same
+:class:`~cdsjax.core.solvers.replicator.Replicator` and loop as one question), with one
 ``[b, n] @ [n, n]`` product per step instead of ``b`` matrix--vector products over
 ``b`` materialised payoffs. Each question keeps its
 own stopping rule (its row is frozen once it stops), so points, step counts and
-diagnostics are those of :func:`cdsjax.core.solve_replicator` on the
+diagnostics are those of :func:`cdsjax.core.solvers.replicator.solve_replicator` on the
 per-question affinity, up to the summation order of the products.
 
 The converged solvers (InImDyn, the active set) run on the same payoff one question at a time
@@ -34,14 +34,14 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.affinity import CDSParams, note_coupling, query_relevance, spectral_penalty
-from cdsjax.core.payoff import SHIFT_EPS, SharedPayoff
-from cdsjax.core.replicator import Replicator
+from cdsjax.core.games.affinity import CDSParams, note_coupling, query_relevance, spectral_penalty
+from cdsjax.core.games.payoff import SHIFT_EPS, SharedPayoff
+from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.ranking import read_out
-from cdsjax.core.select import solve_single
+from cdsjax.core.strategies.select import solve_single
 from cdsjax.core.implicit import LoopAdjoint, equilibrium
-from cdsjax.core.solver import iterate
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.loop import iterate
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
@@ -128,7 +128,7 @@ def question_affinity(corpus: CorpusAffinity, rel: Array) -> Affinity:
 
 
 def shared_payoff(corpus: CorpusAffinity, rel: Array) -> SharedPayoff:
-    """The :class:`~cdsjax.core.payoff.SharedPayoff` of ``b`` questions (``rel`` ``[b, n]``) on ``corpus``."""
+    """The :class:`~cdsjax.core.games.payoff.SharedPayoff` of ``b`` questions (``rel`` ``[b, n]``) on ``corpus``."""
     return SharedPayoff(coupling=corpus.coupling, rel=rel, note_valid=corpus.valid, alpha=corpus.alpha,
                         corpus_shift=corpus.shift)
 
@@ -166,11 +166,11 @@ def solve_replicator_shared(
 
 def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: int,
                  corpus: Optional[CorpusAffinity] = None, adjoint=None) -> Selection:
-    r"""Strategy ``"shared"`` of :func:`cdsjax.core.cds`: ``b`` single-vertex questions on one corpus.
+    r"""Strategy ``"shared"`` of :func:`cdsjax.core.strategies.cds`: ``b`` single-vertex questions on one corpus.
 
     ``problem.queries`` ``[b, d]`` are ``b`` questions. The note block :math:`W`, :math:`\alpha` and the
     replicator shift are computed once (:func:`corpus_affinity`, or ``corpus`` when given: reuse it
-    across batches) and every solver runs on the :class:`~cdsjax.core.payoff.SharedPayoff`: one whose
+    across batches) and every solver runs on the :class:`~cdsjax.core.games.payoff.SharedPayoff`: one whose
     ``batches_rows`` holds (paper mode, ``Replicator()``) batched, one ``[b, n] @ [n, n]`` product per step; a
     converged solver question by question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
     ``[n+1, n+1]`` matrix is ever materialised for the batch. The read-out (slack for the fill rule) uses

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
-from cdsjax.core.payoff import SHIFT_EPS, DensePayoff, prepare_x0, replicator_shift  # noqa: F401
-from cdsjax.core.solver import LoopSolver, LoopState, iterate, nash_error, start_state, stop_rule  # noqa: F401
+from cdsjax.core.games.payoff import SHIFT_EPS, DensePayoff, prepare_x0, replicator_shift  # noqa: F401
+from cdsjax.core.solvers.loop import LoopSolver, LoopState, iterate, nash_error, start_state, stop_rule  # noqa: F401
 from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, SolverResult  # noqa: F401
 
 
@@ -60,14 +60,14 @@ def kkt_residual(payoff: Array, x: Array, valid: Array) -> Array:
 
 @struct.dataclass
 class Replicator(LoopSolver):
-    r"""Discrete replicator dynamics (paper mode), a solver for :func:`cdsjax.core.solver.iterate`.
+    r"""Discrete replicator dynamics (paper mode), a solver for :func:`cdsjax.core.solvers.loop.iterate`.
 
     .. math:: x \leftarrow x \odot (Mx + c) / (x^\top M x + c)
 
     with :math:`c = \max(0, -\min M) + \varepsilon`, until
     :math:`\|x_{t+1}-x_t\|_1 <` ``tol`` or ``max_iter`` steps (the paper's settings:
     1e-7 and 10,000). Padded vertices start at 0 and stay 0. Runs on a dense or a
-    shared-corpus payoff (:mod:`cdsjax.core.payoff`).
+    shared-corpus payoff (:mod:`cdsjax.core.games.payoff`).
 
     Attributes:
       tol: stopping tolerance on the L1 step.

@@ -1,8 +1,8 @@
 r"""The solvers of :math:`\max_{x\in\Delta} x^\top M x` as objects the caller holds, and how a CDS solve is set up.
 
-A solver is a small frozen object (as optimistix passes them): :class:`~cdsjax.core.replicator.Replicator`
-(paper mode), :class:`~cdsjax.core.inimdyn.InImDyn`, :class:`~cdsjax.core.active_set.ActiveSet`,
-:class:`~cdsjax.core.pdas.PrimalDualActiveSet`, and :class:`WithFallback`, one solver tried first and a monotone
+A solver is a small frozen object (as optimistix passes them): :class:`~cdsjax.core.solvers.replicator.Replicator`
+(paper mode), :class:`~cdsjax.core.solvers.inimdyn.InImDyn`, :class:`~cdsjax.core.solvers.active_set.ActiveSet`,
+:class:`~cdsjax.core.solvers.pdas.PrimalDualActiveSet`, and :class:`WithFallback`, one solver tried first and a monotone
 one run where it does not converge. The served combination is :data:`SERVING_SOLVER`. Each carries its own
 limits (``tol``, ``max_iter``) and properties, read by the strategies instead of a name:
 
@@ -32,11 +32,11 @@ from typing import Any, Optional
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.active_set import ActiveSet
-from cdsjax.core.inimdyn import InImDyn
-from cdsjax.core.payoff import DensePayoff
-from cdsjax.core.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet
-from cdsjax.core.replicator import Replicator
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.inimdyn import InImDyn
+from cdsjax.core.games.payoff import DensePayoff
+from cdsjax.core.solvers.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet
+from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.types import (CONVERGED, INITS, MAX_ITER_CAP, SUPPORT_THRESHOLD, WARM_STARTS, Affinity,
                                SolverResult)
 from cdsjax.core.validation import check_int_range, check_option, check_positive
@@ -67,6 +67,11 @@ class WithFallback:
     batch_chunk = "each"
     batches_rows = False
     uses_corpus_block = True
+
+    @property
+    def differentiable_by(self) -> tuple:
+        """The adjoints both ``primary`` and ``fallback`` accept (a dense game runs ``dense``, which says its own)."""
+        return tuple(k for k in self.primary.differentiable_by if k in self.fallback.differentiable_by)
 
     @property
     def name(self) -> str:
@@ -147,8 +152,8 @@ def solve(affinity: Affinity, x0: Optional[Array] = None, *, solver: Any = DEFAU
 class SolveOptions:
     r"""How a CDS selector solves and reads its equilibrium (every field static).
 
-    One object for :func:`cdsjax.core.cds_select`, :func:`cdsjax.core.cds_peel`,
-    :func:`cdsjax.core.cds_select_shared` and :func:`cdsjax.core.cds_support`; the
+    One object for :func:`cdsjax.core.compat.cds_select`, :func:`cdsjax.core.compat.cds_peel`,
+    :func:`cdsjax.core.compat.cds_select_shared` and :func:`cdsjax.core.compat.cds_support`; the
     registry builds it once per selector. The affinity's parameters (and the array
     leaves :math:`\beta`, :math:`\tau` a sweep varies) live in :class:`CDSParams`.
 

@@ -6,15 +6,15 @@ learned game without relevance-weighted repulsion the payoff of a single-vertex 
 .. math:: M = \begin{pmatrix} 0 & r^\top \\ r & W - \alpha I \end{pmatrix},
 
 where only the relevance row :math:`r` reads the question: the note block :math:`W` and the penalty
-:math:`\alpha` are the corpus's (:mod:`cdsjax.core.spectral` gives the bound once). Building :math:`W` costs
+:math:`\alpha` are the corpus's (:mod:`cdsjax.core.games.spectral` gives the bound once). Building :math:`W` costs
 O(n² d) per question (0.4 GFLOP at n = 1024, 38 at 10,000), and solving on the dense ``[n+1, n+1]``
 affinity adds copies of it; :func:`problem_block` builds :math:`W` once (the same functions as the dense
 affinity), and a question posed with it (a :class:`~cdsjax.core.types.BlockProblem`, with ``bound``) is solved by
-:func:`solve_on_block` on a :class:`~cdsjax.core.payoff.SharedPayoff` (products and rows of :math:`W`, no
+:func:`solve_on_block` on a :class:`~cdsjax.core.games.payoff.SharedPayoff` (products and rows of :math:`W`, no
 per-question matrix).
 
 The equilibrium is found by the selector's solver (``SolveOptions.solver``) on that payoff: the
-serving solver (:data:`~cdsjax.core.solvers.SERVING_SOLVER`) runs the primal-dual active set from the query
+serving solver (:data:`~cdsjax.core.solvers.options.SERVING_SOLVER`) runs the primal-dual active set from the query
 and the most relevant quarter of the notes (2-5 face solves, each gathered into the smallest capacity that
 holds the support) and, where it does not converge (a payoff it cycles on, a support past 8,192 notes), the
 active set from the uniform start with its vertex steps first and its Newton systems gathered; InImDyn runs
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 from jax import Array
 
 from cdsjax.core.implicit import NoAdjoint, equilibrium
-from cdsjax.core.payoff import SharedPayoff
+from cdsjax.core.games.payoff import SharedPayoff
 from cdsjax.core.ranking import query_cosine, read_out
-from cdsjax.core.solvers import SolveOptions
+from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import BlockProblem, CDSProblem, Selection
 
 BLOCK_ADJOINT = NoAdjoint("a BlockProblem is solved on its corpus block, which has no derivative: give the question "
@@ -79,7 +79,7 @@ def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budg
     r"""One question's ``"single"`` selection on the corpus's note block (module docstring).
 
     ``problem`` is a :class:`BlockProblem`: its ``note_block`` (:func:`problem_block`) and ``bound``
-    (:func:`cdsjax.core.spectral.problem_bound`) of the game ``params`` (:func:`check_block_problem` says
+    (:func:`cdsjax.core.games.spectral.problem_bound`) of the game ``params`` (:func:`check_block_problem` says
     where it may not); the read-out (threshold, fill rule by the KKT slack, then cosine) is that of the dense
     path. :func:`~cdsjax.core.implicit.equilibrium` runs it under :data:`BLOCK_ADJOINT`: differentiating it (in
     the notes, the question, the block or the game) raises :class:`ValueError`; the dense path

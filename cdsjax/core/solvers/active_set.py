@@ -20,7 +20,7 @@ Each outer iteration:
    maximiser of the quadratic :math:`f(x + t d)` on :math:`[0, t_{\max}]`, with
    :math:`t_{\max}` the ratio test that keeps :math:`x \ge 0`; a vertex that blocks
    leaves the support. Ascent is monotone, so saddle faces are left, not sought.
-2. Up to ``inner_steps`` InImDyn vertex steps (:mod:`cdsjax.core.inimdyn`), which
+2. Up to ``inner_steps`` InImDyn vertex steps (:mod:`cdsjax.core.solvers.inimdyn`), which
    bring in infective vertices from outside :math:`S` and drop dying ones at O(N)
    per step.
 
@@ -39,9 +39,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.inimdyn import DEFAULT_MAX_ITER, default_tol, exact_point, vertex_steps
-from cdsjax.core.payoff import DensePayoff, prepare_x0
-from cdsjax.core.solver import LoopSolver, LoopState, check_count, iterate, nash_error, start_state, stop_rule
+from cdsjax.core.solvers.inimdyn import DEFAULT_MAX_ITER, default_tol, exact_point, vertex_steps
+from cdsjax.core.games.payoff import DensePayoff, prepare_x0
+from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, iterate, nash_error, start_state, stop_rule
 from cdsjax.core.types import Affinity, SolverResult
 
 
@@ -184,7 +184,7 @@ def line_step(payoff, x: Array, mx: Array, valid: Array, d: Array) -> tuple[Arra
 
 @struct.dataclass
 class ActiveSet(LoopSolver):
-    r"""Active-set Newton on the support, a solver for :func:`cdsjax.core.solver.iterate`.
+    r"""Active-set Newton on the support, a solver for :func:`cdsjax.core.solvers.loop.iterate`.
 
     One step of the loop is a Newton step on the current support followed by up to
     ``inner_steps`` InImDyn vertex steps; ``num_iters`` counts both. Runs on any
@@ -194,7 +194,7 @@ class ActiveSet(LoopSolver):
 
     Attributes:
       tol: Nash-error tolerance; None picks the dtype's default
-        (:func:`cdsjax.core.inimdyn.default_tol`).
+        (:func:`cdsjax.core.solvers.inimdyn.default_tol`).
       max_iter: maximum number of steps, Newton and vertex steps together.
       inner_steps: vertex steps between Newton steps; None uses ``N``.
       max_newton: maximum number of Newton steps; None uses ``N``.
@@ -274,7 +274,7 @@ def solve_active_set(
       x0: optional ``[m+n]`` initial point (masked and renormalised); uniform over
         valid vertices if None.
       tol: Nash-error tolerance; None picks the dtype's default (1e-10 in float64,
-        1e-5 in float32; see :func:`cdsjax.core.inimdyn.default_tol`).
+        1e-5 in float32; see :func:`cdsjax.core.solvers.inimdyn.default_tol`).
       max_iter: maximum number of steps, Newton and vertex steps together.
       inner_steps: vertex steps between Newton steps; None uses ``N``.
       max_newton: maximum number of Newton steps; None uses ``N`` (each removes a

@@ -3,7 +3,7 @@ r"""A certified upper bound of the largest eigenvalue of a symmetric block in O(
 For *any* unit vector :math:`v` with :math:`\theta = v^\top A v` and residual :math:`r = Av - \theta v`,
 :math:`A = A' + \theta vv^\top + (rv^\top + vr^\top)` with :math:`A'v = 0`, so by Weyl
 :math:`\lambda_{\max}(A) \le \max(\theta, \lambda_{\max}(A'|_{v^\perp})) + \|r\|`, and Gershgorin bounds the
-middle term. Lanczos only finds a good :math:`v`; :mod:`cdsjax.core.spectral` says where the CDS penalty uses it.
+middle term. Lanczos only finds a good :math:`v`; :mod:`cdsjax.core.games.spectral` says where the CDS penalty uses it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def certified_bound(matrix: Array, mask: Array, eps: float, *, steps: int = LANC
     Args:
       matrix: ``[N, N]`` float, symmetric.
       mask: ``[N]`` bool, the vertices of the block.
-      eps: margin added (as in :func:`~cdsjax.core.affinity.spectral_penalty`).
+      eps: margin added (as in :func:`~cdsjax.core.games.affinity.spectral_penalty`).
       steps: Lanczos steps that find the test vector.
       vector: optional ``[N]`` test vector to use instead of Lanczos (any nonzero vector keeps the bound
         valid; a good one keeps it tight).

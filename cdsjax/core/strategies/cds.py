@@ -3,21 +3,21 @@ r"""One entry point for constrained-dominant-set selection: :func:`cds` on a :cl
 Every CDS selection goes through :func:`cds`, which checks the budget, the options and the solver
 once, then runs a **strategy**:
 
-* ``"single"`` (:func:`~cdsjax.core.select.solve_single`): one extraction; every query row is a
+* ``"single"`` (:func:`~cdsjax.core.strategies.select.solve_single`): one extraction; every query row is a
   constraint vertex.
-* ``"peel"`` (:func:`~cdsjax.core.select.solve_peel`): repeated extraction until every constraint
+* ``"peel"`` (:func:`~cdsjax.core.strategies.select.solve_peel`): repeated extraction until every constraint
   vertex is covered.
-* ``"support"`` (:func:`~cdsjax.core.support.solve_support`): :math:`\beta` chosen per question so
+* ``"support"`` (:func:`~cdsjax.core.strategies.support.solve_support`): :math:`\beta` chosen per question so
   the support holds about ``budget`` notes.
-* ``"shared"`` (:func:`~cdsjax.core.shared.solve_shared`): ``b`` questions (the query rows) on one
+* ``"shared"`` (:func:`~cdsjax.core.strategies.shared.solve_shared`): ``b`` questions (the query rows) on one
   corpus, without per-question dense payoffs.
 
 The game is data: ``params`` is the paper's :class:`CDSParams` or the learned game's
-:class:`~cdsjax.core.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
-affinity builder (:func:`cdsjax.core.affinity.problem_affinity`) under every strategy. How to
+:class:`~cdsjax.core.games.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
+affinity builder (:func:`cdsjax.core.games.affinity.problem_affinity`) under every strategy. How to
 differentiate is an argument too (``adjoint``, as in optimistix), applied once, by
 :func:`cdsjax.core.implicit.equilibrium`, the one solve every strategy runs; a question posed with its corpus
-block (a :class:`~cdsjax.core.types.BlockProblem`, :func:`cdsjax.core.corpus.solve_on_block`) has no derivative,
+block (a :class:`~cdsjax.core.types.BlockProblem`, :func:`cdsjax.core.strategies.corpus.solve_on_block`) has no derivative,
 and says so.
 
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
@@ -34,13 +34,13 @@ from typing import Callable, Dict, Optional
 
 from jax import Array
 
-from cdsjax.core.affinity import CDSParams
+from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.implicit import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game
-from cdsjax.core.select import solve_peel, solve_single
-from cdsjax.core.shared import CorpusAffinity, solve_shared
-from cdsjax.core.solvers import SolveOptions, solve_options
-from cdsjax.core.support import solve_support
+from cdsjax.core.strategies.select import solve_peel, solve_single
+from cdsjax.core.strategies.shared import CorpusAffinity, solve_shared
+from cdsjax.core.solvers.options import SolveOptions, solve_options
+from cdsjax.core.strategies.support import solve_support
 from cdsjax.core.types import CDSProblem, Selection
 from cdsjax.core.validation import check_budget, check_option
 
@@ -77,20 +77,20 @@ def cds(
     Args:
       problem: the :class:`CDSProblem` (``CDSProblem.create(notes, query, valid, ...)``).
       strategy: ``"single"``, ``"peel"``, ``"support"`` or ``"shared"`` (module docstring).
-      params: the game: :class:`CDSParams` (the paper's) or :class:`~cdsjax.core.learned.LearnedParams`
+      params: the game: :class:`CDSParams` (the paper's) or :class:`~cdsjax.core.games.learned.LearnedParams`
         (the learned one; it reads the problem's structure arrays).
       options: :class:`SolveOptions` (the solver object, threshold, limits, init, warm start, fill); its
         default solver is ``Replicator()`` (paper mode).
       budget: static number of notes to return.
       x0: ``"single"`` only, an ``[m+n]`` initial point; overrides ``options.init``.
-      corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.corpus_affinity` of the notes.
+      corpus: ``"shared"`` only, a precomputed :func:`~cdsjax.core.strategies.shared.corpus_affinity` of the notes.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint` (None: the
         default) or :class:`~cdsjax.core.LoopAdjoint`; ``Selection.result.x`` and ``scores`` then carry
         that derivative (``"shared"`` with the paper's game differentiates through its loop). A
         :class:`~cdsjax.core.types.BlockProblem` has no derivative: an adjoint given with it raises
         ``ValueError``.
       num_steps, scale_range: ``"support"`` only, its bisection steps and the bracket of
-        :math:`\gamma = \beta n` (:func:`~cdsjax.core.support.support_settings`; None: the defaults).
+        :math:`\gamma = \beta n` (:func:`~cdsjax.core.strategies.support.support_settings`; None: the defaults).
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:

@@ -25,7 +25,7 @@ The vertex chosen at each step is the most infective one: the largest
 :math:`|r_i|` over pure strategies with :math:`r_i > 0` and co-strategies of
 support vertices with :math:`r_i < 0` (:func:`infectivity`). The dynamics stop
 when the Nash error :math:`\max_i |\min(x_i, -r_i)|` (the KKT residual of
-:func:`cdsjax.core.solver.nash_error`) is below ``tol``.
+:func:`cdsjax.core.solvers.loop.nash_error`) is below ``tol``.
 
 Achievable residual by dtype: :math:`r` is a difference of payoffs
 :math:`(Mx)_i` of order one on the CDS payoff, so rounding leaves a floor of a
@@ -36,7 +36,7 @@ default tolerance is ``1e-5`` (:func:`default_tol`).
 On the CDS payoff (:math:`\alpha = \lambda_{\max}(W) + \varepsilon` leaves the
 free block with an eigenvalue of only :math:`-\varepsilon`) InImDyn, like every
 first-order method, needs many steps when the support is large; the active-set
-Newton solver of :mod:`cdsjax.core.active_set` solves such faces exactly.
+Newton solver of :mod:`cdsjax.core.solvers.active_set` solves such faces exactly.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array, lax
 
-from cdsjax.core.payoff import DensePayoff, prepare_x0
-from cdsjax.core.solver import LoopSolver, LoopState, check_count, iterate, nash_error, start_state, stop_rule, within_limits
+from cdsjax.core.games.payoff import DensePayoff, prepare_x0
+from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, iterate, nash_error, start_state, stop_rule, within_limits
 from cdsjax.core.types import Affinity, SolverResult
 
 TOL_FLOAT64 = 1e-10
@@ -79,7 +79,7 @@ def vertex_step(payoff, x: Array, mx: Array, f: Array, i: Array) -> tuple[Array,
     r"""Moves ``x`` along :math:`e_i - x` with the exact line search.
 
     Args:
-      payoff: a :class:`~cdsjax.core.payoff.DensePayoff` (or its ``[N, N]`` symmetric matrix :math:`M`).
+      payoff: a :class:`~cdsjax.core.games.payoff.DensePayoff` (or its ``[N, N]`` symmetric matrix :math:`M`).
       x: ``[N]`` point on the simplex.
       mx: ``[N]`` :math:`Mx`.
       f: ``[]`` :math:`x^\top M x`.
@@ -118,7 +118,7 @@ def vertex_steps(payoff: DensePayoff, x: Array, mx: Array, err: Array, it: Array
                  tol: float, max_iter: int, steps: int) -> tuple[Array, Array]:
     """Up to ``steps`` InImDyn vertex steps from ``(x, mx)`` with ``mx`` updated in O(n) per step.
 
-    Stops early at the solvers' stopping rule (:func:`~cdsjax.core.solver.within_limits`).
+    Stops early at the solvers' stopping rule (:func:`~cdsjax.core.solvers.loop.within_limits`).
     Returns the new point (``Mx`` drifts from the O(n) updates: recompute it) and ``it``.
     """
     valid = payoff.valid
@@ -148,7 +148,7 @@ def exact_point(payoff: DensePayoff, x: Array) -> tuple[Array, Array, Array]:
 
 @struct.dataclass
 class InImDyn(LoopSolver):
-    r"""Infection--immunization dynamics, a solver for :func:`cdsjax.core.solver.iterate`.
+    r"""Infection--immunization dynamics, a solver for :func:`cdsjax.core.solvers.loop.iterate`.
 
     One step of the loop is up to ``refresh`` O(N) vertex steps followed by an exact
     recomputation of :math:`Mx` and the Nash error; ``num_iters`` counts vertex steps.
