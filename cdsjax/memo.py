@@ -58,7 +58,7 @@ class ProcessCaches:
       onnx_encoders: ``(model directory, query prefix, document prefix, normalize)`` -> an onnxruntime
         :class:`~cdsjax.io.onnx_encoder.SentenceEncoder`.
       keyword_extractors: ``(language, top)`` -> a YAKE extractor (:mod:`cdsjax.io.keywords`).
-      shipped_params: a shipped parameter file -> its :class:`~cdsjax.core.learned.LearnedParams`
+      shipped_params: a shipped parameter file -> its :class:`~cdsjax.core.games.learned.LearnedParams`
         (:func:`cdsjax.learn.params_io.default_params`).
       selector_caches: ``maxsize`` -> the :class:`~cdsjax.selector_cache.SelectorCache` that pipelines built
         without their own share (:func:`cdsjax.selector_cache.shared_selector_cache`).
