@@ -222,7 +222,7 @@ def test_cds_select_dispatch_and_warm_start(solver):
     z, q = clustered(120, seed=17)
     notes, query, valid = jnp.asarray(z), jnp.asarray(q), jnp.ones(120, bool)
     select = jax.jit(functools.partial(cds_select, budget=5, solver=core.solver_from_name(solver),
-                                       warm_start="replicator"))
+                                       warm_start=core.Replicator()))
     warm = select(notes, query, valid)
     assert int(warm.result.status) == core.CONVERGED and float(warm.result.kkt_residual) <= 1e-10
     paper = PAPER(build_affinity(notes, query, valid))
@@ -230,7 +230,7 @@ def test_cds_select_dispatch_and_warm_start(solver):
     # The selection is the top of the solver's own point.
     x_notes = np.asarray(warm.result.x[1:])
     np.testing.assert_array_equal(np.asarray(warm.indices), np.argsort(-x_notes, kind="stable")[:5])
-    with pytest.raises(ValueError, match="warm_start"):
+    with pytest.raises(TypeError, match="warm_start must be a solver object"):
         cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start="paper")
 
 

@@ -60,7 +60,7 @@ from cdsjax.core.games.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
 from cdsjax.core.games.payoff import DensePayoff
 from cdsjax.core.protocols import Game
-from cdsjax.core.solvers.replicator import Replicator, softmax_prior
+from cdsjax.core.solvers.replicator import softmax_prior
 from cdsjax.core.solvers.options import SolveOptions, solve, solve_options
 from cdsjax.core.types import INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
 from cdsjax.core.validation import check_option
@@ -335,8 +335,8 @@ def cds_equilibrium(
 
     def start(aff):
         point = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
-        if options.warm_start == "replicator" and solver.mode != "paper":
-            point = solve(aff, point, solver=Replicator()).x
+        if options.warm_start is not None and solver.mode != "paper":
+            point = solve(aff, point, solver=options.warm_start).x
         return point
 
     affinity = problem_affinity(problem, params.check())

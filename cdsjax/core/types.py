@@ -188,7 +188,6 @@ class Selection:
 
 
 INITS = ("uniform", "softmax", "diffusion")
-WARM_STARTS = ("uniform", "replicator")
 DEFAULT_SUPPORT_STEPS = 20
 DEFAULT_SCALE_RANGE = (1e-4, 1e4)
 

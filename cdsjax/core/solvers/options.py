@@ -37,7 +37,7 @@ from cdsjax.core.solvers.inimdyn import InImDyn
 from cdsjax.core.games.payoff import DensePayoff
 from cdsjax.core.solvers.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet
 from cdsjax.core.solvers.replicator import Replicator
-from cdsjax.core.types import (CONVERGED, INITS, MAX_ITER_CAP, SUPPORT_THRESHOLD, WARM_STARTS, Affinity,
+from cdsjax.core.types import (CONVERGED, INITS, MAX_ITER_CAP, SUPPORT_THRESHOLD, Affinity,
                                SolverResult)
 from cdsjax.core.validation import check_int_range, check_option, check_positive
 
@@ -133,11 +133,11 @@ def solver_from_name(name: str):
             "pdas": SERVING_SOLVER}[name]
 
 
-def check_solver(solver) -> Any:
-    """``solver`` if it is a solver object (it has ``solve`` and ``with_limits``); ``TypeError`` otherwise (a name
-    is converted by :func:`solver_from_name` at the edge)."""
+def check_solver(solver, field: str = "solver") -> Any:
+    """``solver`` if it is a solver object (it has ``solve`` and ``with_limits``); ``TypeError`` naming ``field``
+    otherwise (a name is converted by :func:`solver_from_name` at the edge)."""
     if not (callable(getattr(solver, "solve", None)) and callable(getattr(solver, "with_limits", None))):
-        raise TypeError(f"solver must be a solver object such as Replicator(), InImDyn(), ActiveSet() or "
+        raise TypeError(f"{field} must be a solver object such as Replicator(), InImDyn(), ActiveSet() or "
                         f"SERVING_SOLVER (a name is converted by solver_from_name), got {solver!r}")
     return solver
 
@@ -166,8 +166,9 @@ class SolveOptions:
       init: ``"uniform"``, ``"softmax"`` (query-softmax prior) or ``"diffusion"``
         (personalised PageRank of the softmax seed; needs ``links``).
       prior_temperature: temperature of the softmax / diffusion prior.
-      warm_start: for a converged solver, ``"uniform"`` starts it from ``x0`` /
-        ``init``; ``"replicator"`` first runs paper mode and starts from its point.
+      warm_start: None starts the solver from ``x0`` / ``init``; a solver object (e.g. ``Replicator()``) is
+        run first from there and the solver starts from its point (ignored when the solver is itself in paper
+        mode).
       fill: True fills slots the support leaves empty (the fill rule of
         :mod:`cdsjax.core.ranking`); False returns only the support.
 
@@ -181,7 +182,7 @@ class SolveOptions:
     max_iter: Optional[int] = struct.field(pytree_node=False, default=None)
     init: str = struct.field(pytree_node=False, default="uniform")
     prior_temperature: float = struct.field(pytree_node=False, default=0.1)
-    warm_start: str = struct.field(pytree_node=False, default="uniform")
+    warm_start: Any = struct.field(pytree_node=False, default=None)
     fill: bool = struct.field(pytree_node=False, default=True)
 
     def check(self) -> "SolveOptions":
@@ -197,8 +198,8 @@ class SolveOptions:
             check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.warm_start not in WARM_STARTS:
-            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
+        if self.warm_start is not None:
+            check_solver(self.warm_start, "warm_start")
         return self
 
     def limited_solver(self):

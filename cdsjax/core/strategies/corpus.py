@@ -52,7 +52,7 @@ def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: 
     with relevance-weighted repulsion, any other game)."""
     options = options.check()
     if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
-            or params.alpha_from != "free" or options.init != "uniform" or options.warm_start != "uniform"
+            or params.alpha_from != "free" or options.init != "uniform" or options.warm_start is not None
             or not options.solver.uses_corpus_block):
         return None
     return params.corpus_block(problem)
@@ -66,7 +66,7 @@ def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Option
         (problem.bound is None, "it carries no bound"),
         (problem.queries.shape[-2] != 1, "it has several query rows"),
         (problem.pinned is not None, "it pins notes"),
-        (x0 is not None or options.init != "uniform" or options.warm_start != "uniform", "a start is given"),
+        (x0 is not None or options.init != "uniform" or options.warm_start is not None, "a start is given"),
         (not options.solver.uses_corpus_block, f"its solver ({options.solver.name}) runs on the dense payoff"),
         (adjoint is not None, "a derivative (adjoint) is asked of it, and the corpus block has none"),
     ) if bad]
