@@ -51,9 +51,12 @@ from cdsjax.core.solvers.inimdyn import default_tol
 from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, nash_error, start_state, stop_rule
 
 # Faces gathered into these many slots, the smallest that holds the support: LU up to LU_ALWAYS slots; above, CG,
-# and LU where CG does not converge up to LU_MAX slots. Few sizes: each is compiled (about 0.4 s each, measured),
-# and a face padded up to 4x its size costs a CG product up to 16x its own (a few ms at 512 slots).
-CAPACITIES = (128, 512, 2048, 4096, 8192)
+# and LU where CG does not converge up to LU_MAX slots. Each size is compiled (about 0.4 s each, measured); a
+# face padded to c slots costs a gather and CG products of c x c, and a served face is memory-bound (the default
+# game's supports hold half to all of a corpus's notes), so the sizes step by at most 1.5x: on four 10-K indexes
+# (889 notes) the default's solve took 9.0 ms a question with (128, 512, 2048, ...) and 5.9 ms with steps of
+# 1.25-1.5x, the same picks (experiments/bench_latency.py measures the served latency).
+CAPACITIES = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 LU_ALWAYS = 128
 LU_MAX = 1024
 CG_MAX_ITER = 30
