@@ -146,3 +146,19 @@ def test_experiment_readout_is_the_core_readout(k):
             idx, ok = R.structured_readout(rank, np.ones(n, bool), units, budget=7, k=k)
             want = [int(i) for i in np.asarray(idx)[np.asarray(ok)]]
         assert got == want
+
+
+def test_unit_tier_counts_what_comparing_every_pair_counts():
+    # the read-out's tier by one sort equals the count over every pair of the same unit, ties and padding included
+    from cdsjax.core.baselines import same_unit
+    from cdsjax.core.readouts import unit_tier
+
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(1, 60))
+        rank = jnp.asarray(rng.integers(0, n if trial % 2 else 3 * n, n))  # ties on even trials
+        pages = jnp.asarray(rng.integers(-1, 6, n))
+        valid = jnp.asarray(rng.random(n) < 0.8)
+        docs = None if trial % 3 == 0 else jnp.asarray(rng.integers(0, 3, n))
+        pairwise = jnp.sum(same_unit(pages, valid, docs) & (rank[None, :] < rank[:, None]), axis=1)
+        np.testing.assert_array_equal(np.asarray(unit_tier(rank, valid, pages, docs)), np.asarray(pairwise))
