@@ -11,7 +11,7 @@ from cdsjax import core
 from cdsjax.core.games.affinity import build_affinity
 from cdsjax.core.solvers.options import solve
 from experiments import page_game as S
-from tests.test_readouts import pad, problem
+from tests.test_readouts import assert_padding_jit_and_vmap_invariant, problem
 
 
 def _selectors():
@@ -30,22 +30,7 @@ def _selectors():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(_selectors()))
 def test_padding_jit_and_vmap_invariance(name):
-    fn = _selectors()[name]
-    budget = 6
-    problems = [problem(s, n=18, docs=2) for s in (4, 5)]
-    eager = [fn(p, budget) for p in problems]
-    for p, e in zip(problems, eager):
-        ok = np.asarray(e.selected_valid)
-        assert ok.all()
-        assert len(set(np.asarray(e.indices).tolist())) == budget
-        padded = pad(p, 7)
-        got = jax.jit(lambda a: fn(a, budget))({k: jnp.asarray(v) for k, v in padded.items()})
-        np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(e.indices))
-        np.testing.assert_array_equal(np.asarray(got.selected_valid), ok)
-    stacked = {k: jnp.stack([jnp.asarray(pad(p, 2)[k]) for p in problems]) for k in problems[0]}
-    batch = jax.jit(jax.vmap(lambda a: fn(a, budget)))(stacked)
-    for i, e in enumerate(eager):
-        np.testing.assert_array_equal(np.asarray(batch.indices[i]), np.asarray(e.indices))
+    assert_padding_jit_and_vmap_invariant(_selectors()[name])
 
 
 @pytest.mark.slow  # duplicate coverage; `make test-all` runs it

@@ -104,11 +104,9 @@ def _selectors():
     return {"structured_learned": structured_learned, "structured_mmr": structured_mmr}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(_selectors()))
-def test_padding_jit_and_vmap_invariance(name):
-    fn = _selectors()[name]
-    budget = 6
+def assert_padding_jit_and_vmap_invariant(fn, budget: int = 6):
+    """``fn(problem dict, budget)`` picks ``budget`` distinct notes, the same eagerly, jitted on a padded problem and
+    vmapped over a padded batch."""
     problems = [problem(s, n=18, docs=2) for s in (4, 5)]
     eager = [fn(p, budget) for p in problems]
     for p, e in zip(problems, eager):
@@ -123,6 +121,12 @@ def test_padding_jit_and_vmap_invariance(name):
     batch = jax.jit(jax.vmap(lambda a: fn(a, budget)))(stacked)
     for i, e in enumerate(eager):
         np.testing.assert_array_equal(np.asarray(batch.indices[i]), np.asarray(e.indices))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(_selectors()))
+def test_padding_jit_and_vmap_invariance(name):
+    assert_padding_jit_and_vmap_invariant(_selectors()[name])
 
 
 @pytest.mark.slow
