@@ -75,8 +75,8 @@ def params_of(theta, **kw):
 
 def _weights(theta, notes, query, valid, differentiate="implicit", alpha_from="free", solver="replicator"):
     solver_kw = TIGHT if solver == "replicator" else dict(solver=core.solver_from_name(solver), tol=1e-13)
-    return cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from),
-                            differentiate=differentiate, **solver_kw)
+    adjoint = core.LoopAdjoint() if differentiate == "loop" else core.ImplicitAdjoint()
+    return cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from), adjoint=adjoint, **solver_kw)
 
 
 # Compiled once per shape and option set, shared by the tests.

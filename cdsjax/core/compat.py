@@ -15,14 +15,10 @@ from jax import Array
 
 from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.strategies.cds import cds
-from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, cds_equilibrium
+from cdsjax.core.implicit import cds_equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CDSProblem, Selection
-from cdsjax.core.validation import check_option
-
-# the adjoints by the names cds_weights takes (``differentiate="loop"``)
-ADJOINTS = {"implicit": ImplicitAdjoint(), "loop": LoopAdjoint()}
 
 
 def _on_arrays(strategy: str, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
@@ -78,16 +74,12 @@ def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int =
 
 
 def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,
-                pinned: Optional[Array] = None, differentiate: Optional[str] = None, **kwargs) -> Array:
+                pinned: Optional[Array] = None, **kwargs) -> Array:
     r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
 
     A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
-    (``kwargs``: ``options``, ``x0``, ``adjoint`` and :class:`SolveOptions` fields; ``differentiate``
-    ``"implicit"`` / ``"loop"`` names an adjoint) for callers that only need the weights; use
-    :func:`cds_equilibrium` to also get the convergence diagnostics that say whether the derivative can be
-    trusted.
+    (``kwargs``: ``options``, ``x0``, ``adjoint`` — an adjoint object such as ``LoopAdjoint()`` — and
+    :class:`SolveOptions` fields) for callers that only need the weights; use :func:`cds_equilibrium` to also get
+    the convergence diagnostics that say whether the derivative can be trusted.
     """
-    if differentiate is not None:
-        check_option("differentiate", differentiate, tuple(ADJOINTS))
-        kwargs["adjoint"] = ADJOINTS[differentiate]
     return cds_equilibrium(CDSProblem.create(notes, query, valid, pinned=pinned), params, **kwargs)[0].x
