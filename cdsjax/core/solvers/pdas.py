@@ -53,8 +53,8 @@ from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, nash_er
 # Faces gathered into these many slots, the smallest that holds the support: LU up to LU_ALWAYS slots; above, CG,
 # and LU where CG does not converge up to LU_MAX slots. Each size is compiled (about 0.4 s each, measured); a
 # face padded to c slots costs a gather and CG products of c x c, and a served face is memory-bound (the default
-# game's supports hold half to all of a corpus's notes), so the sizes step by at most 1.5x: a face is never padded
-# to more than 1.5 times its support (experiments/bench_latency.py measures the served latency).
+# game's supports hold half to all of a corpus's notes), so the sizes step by at most 1.5x: past 128 slots a face
+# is never padded to more than 1.5 times its support (experiments/bench_latency.py measures the served latency).
 CAPACITIES = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 LU_ALWAYS = 128
 LU_MAX = 1024
