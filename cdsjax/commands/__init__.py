@@ -13,16 +13,18 @@ class CLIError(Exception):
         self.code = code
 
 
-def printable(text) -> str:
+def printable(text, keep_newlines: bool = False) -> str:
     """``text`` with every character that is not printable shown as its Python escape (``\\x1b``,
-    ``\\n``, ``\\udce9`` for a byte of a file name that is not UTF-8).
+    ``\\n``, ``\\udce9`` for a byte of a file name that is not UTF-8); ``keep_newlines`` keeps line breaks
+    (a model's answer, written on lines of its own).
 
     What cdsjax prints of a name or text it did not write (a file name, a document id, a PDF's text) goes
     through this, so a crafted name cannot send escape sequences to the terminal or split a line in two."""
     text = str(text)
     if text.isprintable():
         return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else
+                   ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def enable_float64() -> None:

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cdsjax.commands import page as web
 from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
+from cdsjax.defaults import DEFAULT_BUDGET
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503
@@ -85,7 +86,7 @@ class ServerState:
 
     @classmethod
     def load(cls, pipe, *, limits: Optional[Limits] = None, default_selector: Optional[str] = None,
-             default_budget: int = 10, read_workers: int = 4,
+             default_budget: int = DEFAULT_BUDGET, read_workers: int = 4,
              max_pdf_bytes: int = policy.DEFAULT_MAX_PDF_MB << 20) -> "ServerState":
         """The state around a loaded :class:`cdsjax.pipeline.Pipeline`.
 
