@@ -4,6 +4,8 @@
 they import it from their own package, so no subcommand imports the module that imports it.
 """
 
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+
 
 class CLIError(Exception):
     """An error to show the user as one line, with exit code ``code``."""
@@ -80,6 +82,11 @@ def add_reader_arguments(p, *, timeout: float = 300.0, slots: int = 1) -> None:
                    help="local reader: context tokens per slot (default: 8192)")
     p.add_argument("--reader-slots", type=int, default=slots,
                    help=f"local reader: requests decoded at once (default: {slots})")
+    p.add_argument("--evidence-tokens", type=int, default=None, metavar="N",
+                   help="the evidence the reader reads, in estimated tokens: the notes fill it best first, the one "
+                   "that does not fit keeps its sentences nearest the question (default: "
+                   f"{LOCAL_EVIDENCE_TOKENS} for the local reader, so a warm answer takes seconds on a CPU; a "
+                   "remote server's context window less the answer's room; 0: every note whole)")
     p.add_argument("--reader-images", default="auto", choices=("auto", "on", "off"),
                    help="visual notes as images: auto (default) until the reader refuses one, then as caption, summary and "
                    "text; on: always; off: never")

@@ -202,7 +202,8 @@ def make_reader(args, stack=None):
         raise CLIError(f"local reader: {err}", 1) from None
     from cdsjax.io.reader import Reader
 
-    tokens = getattr(args, "evidence_tokens", None) or LOCAL_EVIDENCE_TOKENS
+    tokens = getattr(args, "evidence_tokens", None)
+    tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens
     return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
                                       images=images, evidence_tokens=tokens), local=local.describe())
 
