@@ -288,7 +288,8 @@ def _ask_local(args, paths, question, options, stack):
         live = None if args.json else Live(answer.to_dict(), reading=reader is not None and unreachable is None)
         if reader is not None and unreachable is None:
             read_from = time.perf_counter() - args.started
-            pipe.read(answer, on_token=live.token if live else None, on_retry=live.retry if live else None)
+            # streamed for --json too: the guard stops an echo or a loop early, and the first token is timed
+            pipe.read(answer, on_token=live.token if live else (lambda _: None), on_retry=live.retry if live else None)
             if "first_token" in answer.timings:  # from the command's start, as "evidence"
                 answer.timings["first_token"] += read_from
         if unreachable is not None:
@@ -429,7 +430,7 @@ def show_tail(result: dict, console=None) -> None:
     reader = result.get("reader") or {}
     if result.get("answer") is not None and reader.get("cited"):
         by_rank = {e["rank"]: e for e in result["evidence"]}
-        cites = [f"[{n}] {shown(by_rank[n]['document'])} p.{by_rank[n]['page'] + 1} ({shown(by_rank[n]['kind'])})"
+        cites = [f"\\[{n}] {shown(by_rank[n]['document'])} p.{by_rank[n]['page'] + 1} ({shown(by_rank[n]['kind'])})"
                  for n in reader["cited"] if n in by_rank]
         console.print("[dim]cited: " + "; ".join(cites) + "[/dim]", highlight=False)
     if reader.get("evidence_tokens"):

@@ -1,0 +1,174 @@
+"""The one reading path (issue 68): evidence fitted to a token budget, replies that are no answer caught and asked
+again, answers streamed to the terminal after the evidence, and ``--json`` saying what happened."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cdsjax.cli import main
+from cdsjax.io.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_evidence, nearest_sentences,
+                                    split_sentences, word_overlap)
+from cdsjax.io.reader import EvidenceItem, Reader, fit_items
+from cdsjax.io.replies import ReplyGuard, echoes_evidence, looping, no_answer
+from cdsjax.io.scripted_server import OpenAIServer, message_text
+
+FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=10.0)
+LONG = ("The survey covers twelve farms. Apples peak in September at 4.2 tonnes a day. The cooperative was founded "
+        "in 1987. Pears ripen later, in October. Prices fell by 8% in 2021 because of a wet spring. The report "
+        "ends with a list of members.")
+
+
+def note(i, text, **kw):
+    return EvidenceItem(note_id=f"n{i}", doc_id="d.pdf", page=i, text=text, rank=i + 1, **kw)
+
+
+# ------------------------------------------------------------------ fitting
+
+
+def test_sentences_nearest_the_question_keep_their_reading_order():
+    q = "When do apples peak and how much?"
+    assert split_sentences(LONG)[1] == "Apples peak in September at 4.2 tonnes a day."
+    scores = word_overlap(q, split_sentences(LONG))
+    assert max(range(len(scores)), key=scores.__getitem__) == 1
+    kept = nearest_sentences(q, LONG, max_tokens=estimate_tokens(split_sentences(LONG)[1]) + 1)
+    assert kept == "Apples peak in September at 4.2 tonnes a day."
+    # two sentences apart are joined by an ellipsis, in reading order, whatever their scores' order
+    sim = lambda q, s: [1.0 if "Prices" in x else 0.9 if "Apples" in x else 0.0 for x in s]  # noqa: E731
+    pair = [x for x in split_sentences(LONG) if "Prices" in x or "Apples" in x]
+    two = nearest_sentences(q, LONG, max_tokens=sum(estimate_tokens(x) + 1 for x in pair), similarity=sim)
+    assert two == "Apples peak in September at 4.2 tonnes a day. … Prices fell by 8% in 2021 because of a wet spring."
+    assert nearest_sentences(q, LONG, max_tokens=3) == ""  # even the best sentence does not fit
+
+
+def test_fit_fills_the_budget_in_rank_order_and_trims_the_first_that_does_not_fit():
+    items = [note(0, "Short first note about pears."), note(1, LONG), note(2, "A third note, never reached.")]
+    whole = [estimate_tokens(i.text) for i in items]
+    out = fit_items("When do apples peak?", items, whole[0] + 30, max_text_chars=1500)
+    assert [i.note_id for i in out.items] == ["n0", "n1"] and out.trimmed == 1 and out.left_out == 1
+    assert out.items[0] == items[0] and "Apples peak in September" in out.items[1].text
+    assert len(out.items[1].text) < len(LONG) and out.tokens <= whole[0] + 30
+    everything = fit_items("q", items, sum(whole) + 10, max_text_chars=1500)
+    assert everything.items == items and everything.trimmed == 0 and everything.left_out == 0
+    assert fit_items("q", items, None, max_text_chars=1500).items == items  # no budget: every note whole
+    tiny = fit_items("q", items, whole[0] + 5, max_text_chars=1500)  # too little room left to trim into
+    assert [i.note_id for i in tiny.items] == ["n0"] and tiny.trimmed == 0 and tiny.left_out == 2
+    with pytest.raises(ValueError, match="token budget"):
+        fit_evidence("q", items, 0, render=lambda i: i.text, shorten=lambda *a: None)
+    assert CHARS_PER_TOKEN > 3  # the estimate is per character, measured on the default reader's tokenizer
+
+
+def test_the_reader_sends_the_fitted_evidence():
+    items = [note(0, LONG), note(1, "The second note says the cooperative has 40 members.")]
+    with OpenAIServer(lambda req: "In September [1].") as srv:
+        out = Reader(base_url=srv.base_url, **dict(FAST, evidence_tokens=30)).answer("When do apples peak?", items)
+        sent = message_text(srv.requests[0])
+    assert "Apples peak in September" in sent and "40 members" not in sent and "founded in 1987" not in sent
+    assert out.trimmed == 1 and out.dropped == 1 and 0 < out.evidence_tokens <= 30 and out.text == "In September [1]."
+
+
+# ------------------------------------------------------------------ replies that are no answer
+
+
+@pytest.mark.parametrize("reply, reason", [
+    ("[1] [2]", "markers_only"),
+    ("The baselines are [2] and [3].", "markers_only"),
+    ("[2] table | document: form.pdf | page 12\n[3] text | document: form.pdf | page 4", "echoed_evidence"),
+    ("Evidence (3 items):\n[1] ...", "echoed_evidence"),
+    ("4.2, " * 40, "loop"),
+    ("", "empty"),
+    ("BERT and ELMo [2][3].", None),
+    ("BERT is better than ELMo [1].", None),  # the question's own words answer a yes/no question
+    ("Not answerable", None),
+    ("Revenue rose 8% to 4.2 million euros [1].", None),
+])
+def test_no_answer(reply, reason):
+    assert no_answer(reply, question="Is BERT better than ELMo?") == reason
+
+
+def test_loops_and_echoes():
+    assert looping("The answer is 12. " * 5) and not looping("The answer is 12 [1].")
+    assert looping("line one of the reply\nline one of the reply\nline one of the reply")
+    assert echoes_evidence("see [4] chart | document: a.pdf | page 2") and not echoes_evidence("Table 2 [1]")
+
+
+def test_guard_holds_back_markers_and_stops_an_echo_or_a_loop():
+    shown = []
+    guard = ReplyGuard(shown.append)
+    for piece in ["[1]", " [2]", " The", " yield", " is", " 4.2", " t", " [1]."]:
+        assert guard(piece) is False
+    assert "".join(shown) == "[1] [2] The yield is 4.2 t [1]." and shown[0].startswith("[1] [2] The yield")
+    echo = ReplyGuard(shown.append)
+    assert not echo("[2] table ") and echo("| document: a.pdf | page 3") and echo.problem == "echoed_evidence"
+    loop = ReplyGuard(shown.append)
+    stopped = [loop("and again ") for _ in range(16)]
+    assert any(stopped) and loop.problem == "loop"
+
+
+def test_a_reply_that_is_no_answer_is_asked_again_once_then_reported():
+    replies = iter(["[1] [2]", "Apples peak in September [1]."])
+    with OpenAIServer(lambda req: next(replies)) as srv:
+        shown, retried = [], []
+        out = Reader(base_url=srv.base_url, **FAST).answer("When?", [note(0, LONG)], on_token=shown.append,
+                                                          on_retry=retried.append)
+        second = message_text(srv.requests[1])
+    assert out.text == "Apples peak in September [1]." and out.retried == "markers_only" and out.no_answer is None
+    assert retried == ["markers_only"] and "".join(shown) == out.text  # the markers were never shown
+    assert "Do not copy the evidence" in second and "Do not copy" not in message_text(srv.requests[0])
+    with OpenAIServer(lambda req: "[1]") as srv:
+        out = Reader(base_url=srv.base_url, **FAST).answer("When?", [note(0, LONG)], on_token=shown.append)
+        assert len(srv.requests) == 2
+    assert out.text == "" and out.no_answer == "markers_only" and out.raw == "[1]"
+
+
+# ------------------------------------------------------------------ ask: evidence first, then the answer as it comes
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, data_root):
+    out = tmp_path_factory.mktemp("reading") / "index"
+    assert main(["index", str(data_root / "pdfs" / "multicolumn.pdf"), "--out", str(out)]) == 0
+    return out
+
+
+def test_ask_shows_the_evidence_then_streams_the_answer(index, tmp_path):
+    """Run as a person would (a pipe, not --json): the evidence table is on stdout before the first piece of the
+    answer arrives, and the answer comes in several pieces over time."""
+    with OpenAIServer(lambda req: "The sample shows a multi column layout [1].", stream_pause=0.3) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "ask", str(index), "What is the sample about?",
+                                 "--budget", "3", "--selector", "cosine", "--reader-url", srv.base_url,
+                                 "--reader-model", "test-model"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        arrivals, buffer = [], b""
+        while True:
+            chunk = proc.stdout.read1(4096)
+            if not chunk:
+                break
+            buffer += chunk
+            arrivals.append((time.perf_counter(), buffer.decode(errors="replace")))
+        assert proc.wait(60) == 0, proc.stderr.read().decode()[-2000:]
+    final = arrivals[-1][1]
+    assert "Evidence for: What is the sample about?" in final and "multi column layout [1]" in final
+    evidence_at = next(t for t, text in arrivals if "Evidence for" in text and "pages are shown" in text)
+    first_word_at = next(t for t, text in arrivals if "The sample" in text)
+    whole_at = next(t for t, text in arrivals if "layout [1]." in text)
+    assert evidence_at <= first_word_at < whole_at and whole_at - first_word_at > 0.5  # streamed, not at once
+    assert "cited: [1] multicolumn.pdf" in final and re.search(r"evidence [\d.]+s", final)
+    assert re.search(r"first_token\s+[\d.]+s", final)
+
+
+def test_ask_json_says_when_the_reader_gave_no_answer(index, capsys):
+    with OpenAIServer(lambda req: "[1] [2]") as srv:
+        rc = main(["ask", str(index), "What is the sample about?", "--json", "--budget", "2", "--reader-url",
+                   srv.base_url, "--reader-model", "test-model"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 0 and obj["answer"] is None and obj["reader"]["no_answer"] == "markers_only"
+    assert obj["reader"]["reply"] == "[1] [2]" and any("gave no answer" in w for w in obj["warnings"])
+    assert obj["timings"]["evidence"] > 0 and obj["timings"]["first_token"] >= obj["timings"]["evidence"]
+    with OpenAIServer(lambda req: "[1] [2]") as srv:
+        rc = main(["ask", str(index), "What is the sample about?", "--budget", "2", "--reader-url", srv.base_url,
+                   "--reader-model", "test-model"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "No answer" in out and "[1] [2]" not in out.split("No answer")[0].split("Answer:")[-1]
