@@ -103,8 +103,14 @@ def test_a_chart_image_carries_the_numbers_ocr_read_and_the_reader_is_shown_them
     [note] = visual_notes(out)
     assert note["text"] == "" and all(str(v) in note["ocr_text"] for v in VALUES), note
     assert "North" in note["ocr_text"] and note["caption"] == "Figure 1: Units sold per region in 2023."
-    item = EvidenceItem.from_any(dict(note, note_id=note["note_id"], image_path=None))
-    text = user_text(build_messages("How many units were sold in the East?", [item]))
+    from cdsjax.pipeline import Pipeline
+
+    pipe = Pipeline.from_paths([str(out)])  # the reader's evidence as `ask` builds it
+    question = "How many units were sold in the East?"
+    items = pipe.evidence_items(pipe.retrieve(question, budget=3).evidence)
+    [item] = [i for i in items if i.is_visual]
+    assert item.ocr_text == note["ocr_text"]
+    text = user_text(build_messages(question, items, images=False))
     shown = text.split(f"{OCR_LABEL}: ", 1)[1]
     assert all(str(v) in shown for v in VALUES)
     assert text.index("Caption: Figure 1") < text.index(OCR_LABEL)
