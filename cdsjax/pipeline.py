@@ -509,7 +509,9 @@ class Pipeline:
                              text=self.corpus.notes[self.corpus.note_index(e["note_id"])].get("text") or "",
                              summary=e.get("summary") or "", caption=e.get("caption") or "",
                              bbox=tuple(e["bbox"]) if e.get("bbox") else None, image_path=e.get("image_path"),
-                             score=float(e["score"]), rank=int(e["rank"])) for e in evidence]
+                             score=float(e["score"]), rank=int(e["rank"]),
+                             ocr_text=self.corpus.notes[self.corpus.note_index(e["note_id"])].get("ocr_text") or "")
+                for e in evidence]
 
     def retrieve(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
                  options: Optional[dict] = None) -> Answer:

@@ -205,7 +205,7 @@ def _item_from_index_note(note: dict, note_id: str, rank: int):
                         page=int(note.get("page", 0)), kind=kind, text=note.get("text") or "",
                         summary=note.get("summary") or "", caption=note.get("caption") or "",
                         bbox=tuple(float(v) for v in bbox) if bbox is not None else None,
-                        image_path=note.get("image_path"), rank=rank)
+                        image_path=note.get("image_path"), rank=rank, ocr_text=note.get("ocr_text") or "")
 
 
 class EvidenceSource:

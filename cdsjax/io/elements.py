@@ -57,6 +57,8 @@ class Element(Record):
       boxes: the blocks a text chunk was cut from (each a bbox on ``page``).
       label: "Figure 3" / "Table 2" parsed from the caption, "" if none.
       parent: for a caption/footnote, the reading_order of the visual element it describes (-1 otherwise).
+      ocr_text: for a figure, chart or page image, the text Tesseract read in its crop ("" when none was read:
+        no Tesseract, OCR off, or the box's text layer already holds its words, see :mod:`cdsjax.io.parse.pymupdf`).
     """
 
     doc_id: str
@@ -73,7 +75,7 @@ class Element(Record):
     boxes: List[List[float]] = dataclasses.field(default_factory=list)
     label: str = ""
     parent: int = -1
-
+    ocr_text: str = ""
 
 
 def union(boxes: Sequence[Sequence[float]]) -> List[float]:

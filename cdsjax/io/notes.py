@@ -57,6 +57,7 @@ class Note(Record):
     # how the summary/keywords/tags were written: "lite" (no model), "vlm" (the VLM described it), or
     # "lite-fallback" (the VLM was asked and failed: lite values kept, retried on the next run)
     enrichment: str = "lite"
+    ocr_text: str = ""  # a figure's, chart's or page image's text read by OCR (Element.ocr_text); not embedded
 
 
 def embedding_text(note) -> str:
@@ -69,7 +70,7 @@ def embedding_text(note) -> str:
 
 # Element fields a note carries unchanged (the bbox is copied as a new list).
 _COPIED_FIELDS = ("doc_id", "page", "kind", "text", "caption", "footnote", "image_path", "reading_order", "role",
-                  "label")
+                  "label", "ocr_text")
 
 
 def notes_from_elements(elements: Sequence[Element]) -> List[Note]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
@@ -81,6 +82,10 @@ class EvidenceItem:
       image_path: a PNG/JPEG crop of a visual element, or None (then only its text is sent).
       score: the selector's score, or None.
       rank: 1-based position in the selection, or None.
+      ocr_text: a figure's, chart's or page image's text read from its image by OCR at index time ("" when none),
+        shown as "Text read from the image".
+      max_chars: the most characters of its text the prompt holds, when it was cut to fit the reader's token
+        budget (:func:`fit_items`); None: ``max_text_chars`` alone.
     """
 
     note_id: str
@@ -94,6 +99,8 @@ class EvidenceItem:
     image_path: Optional[str] = None
     score: Optional[float] = None
     rank: Optional[int] = None
+    max_chars: Optional[int] = None
+    ocr_text: str = ""
 
     @property
     def is_visual(self) -> bool:
@@ -113,7 +120,7 @@ class EvidenceItem:
                 raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
             names = {f.name for f in dataclasses.fields(cls)}
             values = {k: v for k, v in item.items() if k in names}
-            for key in ("text", "summary", "caption"):
+            for key in ("text", "summary", "caption", "ocr_text"):
                 if values.get(key) is None:
                     values[key] = ""
             values["note_id"] = str(values["note_id"])
@@ -231,8 +238,9 @@ def build_messages(
     Args:
       question: the user's question.
       evidence: the selected notes, in the order the reader should see them; they are numbered [1], [2], ...
-      max_text_chars: longest text kept per note (None keeps everything); a visual note's caption and
-        summary share this budget.
+      max_text_chars: longest text kept per note (None keeps everything); a visual note's fields share this
+        budget. A table goes as its caption and its rows (header kept, rows cut whole at the end with "… N more
+        rows"); a figure or chart as its caption, summary and the text read from its image.
       missing_images: None raises on an evidence image that does not exist; a list makes such a note go as
         text (caption, summary and its text) and receives one warning line per missing image.
       images: False sends every visual note as text (caption, summary and its text), for a server that
@@ -262,25 +270,39 @@ def build_messages(
             missing_images.append(f"evidence [{i}]: image file not found: {item.image_path}; sent as text instead")
             item = dataclasses.replace(item, image_path=None)
         if item.is_visual:
-            body = _visual_text(item, max_text_chars)
+            body = note_text(item, max_text_chars)
             lines.append(header + ("\n" + body if body else ""))
             if item.image_path is not None:
                 parts.append({"type": "text", "text": "\n\n".join(lines)})
                 parts.append({"type": "image_url", "image_url": {"url": _data_url(item.image_path, i)}})
                 lines = []
         else:
-            lines.append(header + "\n" + _cut(item.text or item.summary, max_text_chars))
+            lines.append(header + "\n" + note_text(item, max_text_chars))
     lines.append(f"Question: {question.strip()}\n\n{QUESTION_LINE}" + (f"\n{STRICT_LINE}" if strict else ""))
     parts.append({"type": "text", "text": "\n\n".join(lines)})
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
 
 
+OCR_LABEL = "Text read from the image"
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")  # markdown's |---|---| line
+
+
 def _visual_text(item: EvidenceItem, max_chars: Optional[int]) -> str:
-    fields = [("Caption", item.caption.strip()), ("Summary", item.summary.strip())]
+    """A visual note's text: a table's caption and rows (not its summary, the same cells flattened); a figure's
+    or chart's caption, summary (when it is more than the caption), its own text when no image goes with it,
+    and :data:`OCR_LABEL`. The fields share ``max_chars``, in that order."""
+    caption = item.caption.strip()
+    if item.kind == "table" and item.text.strip():
+        head = _cut(caption, max_chars) if caption else ""
+        budget = None if max_chars is None else max(0, max_chars - len(head))
+        rows = _table_rows(item.text, budget)
+        return "\n".join(([f"Caption: {head}"] if head else []) + [f"Rows:\n{rows}"])
+    fields = [("Caption", caption), ("Summary", item.summary.strip())]
     if fields[1][1] == fields[0][1]:
         fields = fields[:1]  # the lite summary of a figure is often its caption
     if item.image_path is None or not any(v for _, v in fields):
         fields.append(("Text", item.text.strip()))
+    fields.append((OCR_LABEL, item.ocr_text.strip()))
     out = []
     budget = max_chars
     for name, value in fields:
@@ -293,6 +315,27 @@ def _visual_text(item: EvidenceItem, max_chars: Optional[int]) -> str:
         if budget is not None:
             budget -= len(cut)
     return "\n".join(out)
+
+
+def _table_rows(text: str, max_chars: Optional[int]) -> str:
+    """A table's rows within ``max_chars``: its header (the lines down to markdown's rule, else the first line)
+    always, then whole rows from the top while they fit, and "… N more rows" for those left out."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    rule = next((i for i, line in enumerate(lines[:4]) if _TABLE_RULE.match(line)), None)
+    n_head = 1 if rule is None else rule + 1
+    head, rows = lines[:n_head], lines[n_head:]
+    length = sum(len(line) + 1 for line in lines)
+    if max_chars is None or length <= max_chars:
+        return "\n".join(lines)
+    room = max_chars - sum(len(line) + 1 for line in head) - len(f"… {len(rows)} more rows")
+    kept = 0
+    for row in rows:
+        if len(row) + 1 > room:
+            break
+        room -= len(row) + 1
+        kept += 1
+    left = len(rows) - kept
+    return "\n".join(head + rows[:kept] + [f"… {left} more row{'s' if left != 1 else ''}"])
 
 
 def _cut(text: str, max_chars: Optional[int]) -> str:
@@ -569,9 +612,9 @@ def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Option
     :func:`build_messages` writes it (``max_text_chars`` per note), a crop counted as an image when ``images``."""
 
     def shorten(item: EvidenceItem, room: int, q: str) -> Optional[EvidenceItem]:
-        if item.is_visual:
-            body = _visual_text(dataclasses.replace(item, image_path=None), int(room * CHARS_PER_TOKEN))
-            return dataclasses.replace(item, image_path=None, caption="", summary="", text=body) if body else None
+        if item.is_visual:  # as text, cut to the room left (a table's last rows go first)
+            short = dataclasses.replace(item, image_path=None, max_chars=int(room * CHARS_PER_TOKEN))
+            return short if note_text(short, max_text_chars) else None
         kept = nearest_sentences(q, item.text or item.summary, room, similarity)
         return dataclasses.replace(item, text=kept, summary="") if kept else None
 
@@ -581,5 +624,8 @@ def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Option
 
 
 def note_text(item: EvidenceItem, max_text_chars: Optional[int]) -> str:
-    """A note's text as the reader's prompt holds it."""
+    """A note's text as the reader's prompt holds it: at most ``max_text_chars`` characters, or the note's own
+    ``max_chars`` where it was cut to fit the token budget."""
+    if item.max_chars is not None:
+        max_text_chars = item.max_chars if max_text_chars is None else min(max_text_chars, item.max_chars)
     return _visual_text(item, max_text_chars) if item.is_visual else _cut(item.text or item.summary, max_text_chars)

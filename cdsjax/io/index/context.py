@@ -51,6 +51,7 @@ class IndexSummary:
     enrichment: Dict[str, int] = dataclasses.field(default_factory=dict)  # note status -> count
     enrichment_failures: List[str] = dataclasses.field(default_factory=list)  # one line per document
     ocr: List[str] = dataclasses.field(default_factory=list)  # one line per document with pages without text
+    unread_visuals: int = 0  # figures and charts whose image text was not read (Tesseract missing)
 
     @property
     def ok(self) -> bool:

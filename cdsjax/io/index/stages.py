@@ -59,7 +59,7 @@ def prepare_doc(doc: Doc, ctx: BuildContext, *, reuse_parse: bool = False):
             doc.num_pages = parsed.num_pages
             doc.elements = parsed.elements
             doc.ocr = dict(no_text_pages=len(parsed.no_text_pages), pages=list(parsed.no_text_pages),
-                           state=parsed.ocr)
+                           state=parsed.ocr, unread_visuals=parsed.unread_visuals)
             doc.warnings = [w for w in parsed.warnings if "no text layer" not in w]
             if not doc.elements:
                 raise IngestError(doc.path, "no text, figures or tables found")
@@ -114,16 +114,21 @@ def needs_redo(doc: Doc, config) -> bool:
 
 
 def ocr_redo(doc: Doc, config) -> bool:
-    """The document has pages without text that were not OCR'd, and OCR is now enabled and installed."""
+    """The document has pages without text, or figures and charts, that were not OCR'd, and OCR is now enabled
+    and installed."""
     from cdsjax.io.parse.pymupdf import ocr_available, ocr_enabled  # read here, where a test can replace it
 
     ocr = doc.ocr or {}
-    return bool(ocr.get("no_text_pages")) and ocr.get("state") in ("unavailable", "off") \
-        and ocr_enabled(config.ingest) and ocr_available()
+    unread = (bool(ocr.get("no_text_pages")) and ocr.get("state") in ("unavailable", "off")) \
+        or bool(ocr.get("unread_visuals"))
+    return unread and ocr_enabled(config.ingest) and ocr_available()
 
 
 def report_doc(doc: Doc, ctx: BuildContext) -> None:
-    """Enrichment failures and OCR state of one finished document: counted, and one line each."""
+    """Enrichment failures and OCR state of one finished document: counted, and one line each (figures and
+    charts left unread for want of Tesseract: one line per run)."""
+    from cdsjax.io.parse.pymupdf import ocr_enabled
+
     summary, log = ctx.summary, ctx.log
     for w in doc.warnings:
         summary.warnings.append(w)
@@ -139,6 +144,12 @@ def report_doc(doc: Doc, ctx: BuildContext) -> None:
         if ctx.strict:
             raise IngestError(doc.path, f"VLM enrichment failed for {failed} of {len(doc.notes)} notes"
                               + (f" ({reasons})" if reasons else "") + " (--strict)")
+    unread = (doc.ocr or {}).get("unread_visuals", 0)
+    if unread and doc.source == "built" and ocr_enabled(ctx.config.ingest):  # "off": the user's choice, no warning
+        if not summary.unread_visuals:  # one line per run, however many documents
+            log("warning: Tesseract is not installed: the text inside figures and charts is not read (install "
+                "tesseract-ocr, e.g. `make tools`; indexing the PDFs again then reads it)")
+        summary.unread_visuals += unread
     n = (doc.ocr or {}).get("no_text_pages", 0)
     if n and doc.source == "built":
         state = doc.ocr.get("state")

@@ -29,6 +29,7 @@ class ParsedDocument:
     warnings: List[str]
     no_text_pages: List[int] = dataclasses.field(default_factory=list)  # 0-based pages without a text layer
     ocr: str = "not needed"  # "not needed" | "done" | "failed" | "unavailable" | "off"
+    unread_visuals: int = 0  # figures and charts whose image text OCR did not read (no Tesseract, or OCR off)
 
 
 # --------------------------------------------------------------------------- checks

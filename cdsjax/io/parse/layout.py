@@ -450,3 +450,23 @@ def ocr_regions(page, *, start: int) -> List[Region]:
         if kind == 0 and len(text) >= 3:
             regions.append(Region("text", [float(x0), float(y0), float(x1), float(y1)], text, start + len(regions)))
     return regions
+
+
+def ocr_clip(page, rect) -> str:
+    """The text Tesseract reads in ``rect`` of ``page`` (rendered at :data:`OCR_DPI`): one line per line read,
+    whitespace collapsed, lines without a letter or digit (rules, specks of a photo) left out.
+
+    The clip is rendered on its own and read through PyMuPDF's OCR of a pixmap (``Pixmap.pdfocr_tobytes``),
+    the same Tesseract path as :func:`ocr_regions`, so a page's other content costs nothing.
+
+    Raises:
+      Exception: whatever PyMuPDF raises when Tesseract fails (the caller decides what a failure means).
+    """
+    pymupdf = import_pymupdf()
+    pix = page.get_pixmap(clip=rect, dpi=OCR_DPI, alpha=False)
+    with _quiet_stderr():
+        data = pix.pdfocr_tobytes(language=OCR_LANGUAGE, tessdata=pymupdf.get_tessdata())
+    with pymupdf.open("pdf", data) as read:
+        text = read[0].get_text("text", sort=True)
+    lines = (" ".join(line.split()) for line in text.splitlines())
+    return "\n".join(line for line in lines if any(c.isalnum() for c in line))

@@ -14,13 +14,24 @@ regions in reading order. From that we build:
   footnote below, the text inside the box, and ``context_words`` words of body
   text on each side in reading order.
 
-Page headers and footers are left out. A page with no text layer (a scanned
-page) and no detected picture becomes one full-page figure, so it stays
-retrievable as an image; when Tesseract is installed (and
-``config.ingest.use_ocr`` is not "off") the page is also read with OCR through
-PyMuPDF (``Page.get_textpage_ocr``) and its text becomes ordinary text chunks.
-One warning per document says how many pages had no text layer and whether OCR
-read them.
+A region the layout model calls a page header or footer is left out only where
+it repeats: where a page up to :data:`REPEAT_WINDOW` pages away holds the same
+text (digits aside, so page numbers match) at the same height. Elsewhere it is
+body text, so a one-line PDF keeps its line.
+
+A page with no text layer (a scanned page) and no detected picture becomes one
+full-page figure, so it stays retrievable as an image; when Tesseract is
+installed (and ``config.ingest.use_ocr`` is not "off") the page is also read with
+OCR through PyMuPDF (``Page.get_textpage_ocr``) and its text becomes ordinary
+text chunks. One warning per document says how many pages had no text layer and
+whether OCR read them.
+
+Text in images: a figure or chart whose box holds fewer than :data:`OCR_MIN_WORDS`
+words of text layer (a raster image: a chart's printed numbers are pixels) is read
+with OCR too (:func:`~cdsjax.io.parse.layout.ocr_clip`), into its ``ocr_text``; a
+full-page figure gets the text OCR read on its page. Without Tesseract the field
+stays empty and :attr:`ParsedDocument.unread_visuals` counts the visuals left
+unread (an index run warns once, and reads them when Tesseract is installed).
 """
 
 from __future__ import annotations
@@ -28,19 +39,24 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap
 from cdsjax.memo import PROCESS
 from cdsjax.io.parse.common import (DEFAULT_MAX_PAGES, LABEL_RE, NUMBER_RE, ParsedDocument, attach_context,
                                     chunk_page, looks_like_chart, normal_label, one_line, open_pdf,
                                     resolve_parents, text_splitter, write_crop)
-from cdsjax.io.parse.layout import Region, TextLayer, import_pymupdf, read_text_layer
+from cdsjax.io.parse.layout import Region, TextLayer, import_pymupdf, ocr_clip, read_text_layer
 from cdsjax.io.parse.layout_split import layout_pages
 
-PARSER_VERSION = "pymupdf-1"
+# 2: page headers and footers kept unless they repeat; OCR text of figures and charts (Element.ocr_text)
+PARSER_VERSION = "pymupdf-2"
 
-SKIPPED_CLASSES = {"page-header", "page-footer"}
+MARGIN_CLASSES = {"page-header", "page-footer"}  # left out where they repeat across pages (module docstring)
+REPEAT_WINDOW = 2  # pages on each side searched for a repeat (2: headers that alternate on odd and even pages)
+REPEAT_BAND = 6.0  # points above and below a header's box where a repeat may sit on another page
+OCR_MIN_WORDS = 10  # a figure or chart with fewer text-layer words in its box is read with OCR
+OCR_KINDS = ("figure", "chart")
 # a text region that starts like this is a caption ("Figure 2: ...", "Table 3. ..."), not a sentence
 # that merely begins with a reference ("Table 1 lists ...")
 CAPTION_START_RE = re.compile(
@@ -100,6 +116,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
     no_text_pages: List[int] = []
     ocr_failed = 0
     use_ocr = ocr_enabled(cfg) and ocr_available()
+    unread_visuals = 0
     try:
         elements: List[Element] = []
         words: List[str] = []  # body words of the whole document, in reading order
@@ -111,7 +128,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
 
         def walk(start: int, page_regions: List[List[Region]]) -> None:
             """Turns pages ``start, start + 1, ...`` into elements and crops, in page order."""
-            nonlocal walked, ocr_failed
+            nonlocal walked, ocr_failed, unread_visuals
             for pno, regions in enumerate(page_regions, start):
                 assert pno == walked
                 page = doc[pno]
@@ -123,8 +140,9 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                     no_text_pages.append(pno)
                     regions = regions + layer.ocr
                     ocr_failed += layer.ocr_failed
-                page_elements, stream, no_text = _page_elements(doc_id, pno, regions, page_rect, cfg,
-                                                                has_text=has_text, splitter=splitter)
+                page_elements, stream, no_text = _page_elements(
+                    doc_id, pno, regions, page_rect, cfg, has_text=has_text, splitter=splitter,
+                    repeats=lambda r, pno=pno: _repeats(doc, pno, r))
                 # reading-order walk: body words advance the context cursor, visuals record where they sit
                 for item in stream:
                     if isinstance(item, Element):
@@ -136,6 +154,17 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                     elements.append(el)
                     if el.kind != "text":
                         el.image_path = write_crop(page, el, crop_dir, crop_prefix, cfg)
+                    if el.role == "page-image":
+                        el.ocr_text = "\n".join(r.text for r in layer.ocr)
+                    elif el.kind in OCR_KINDS and el.image_path is not None \
+                            and len(el.text.split()) < OCR_MIN_WORDS:
+                        if not use_ocr:
+                            unread_visuals += 1
+                        else:
+                            try:
+                                el.ocr_text = ocr_clip(page, _crop_rect(page, el, cfg))
+                            except Exception:  # Tesseract failed on this crop: it keeps its image and caption
+                                pass
                 walked += 1
 
         # the pages this process analysed are walked while the layout helper (if any) still works
@@ -155,7 +184,7 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
                 line += " (install tesseract-ocr to read them; they are indexed as page images)"
             warnings.append(line)
         return ParsedDocument(elements=elements, num_pages=len(pages), warnings=warnings,
-                              no_text_pages=no_text_pages, ocr=ocr)
+                              no_text_pages=no_text_pages, ocr=ocr, unread_visuals=unread_visuals)
     except IngestError:
         raise
     except Exception as err:
@@ -164,15 +193,17 @@ def parse_pdf(path, doc_id: str, *, config, crop_dir: Path, crop_prefix: str = "
         doc.close()
 
 
-def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_text: bool, splitter=None):
-    """Turns one page's regions into elements (not yet numbered)."""
+def _page_elements(doc_id, pno, regions: List[Region], page_rect, cfg, *, has_text: bool, splitter=None,
+                   repeats: Optional[Callable[[Region], bool]] = None):
+    """Turns one page's regions into elements (not yet numbered). ``repeats(region)``: whether a page header or
+    footer repeats on other pages (then it is left out); None: every one does."""
     min_area = float(cfg.min_visual_area)
     visuals: List[Tuple[int, Element]] = []
     captions: List[Tuple[int, Region]] = []
     body: List[Region] = []
     footnotes: List[Region] = []
     for r in regions:
-        if r.cls in SKIPPED_CLASSES:
+        if r.cls in MARGIN_CLASSES and (repeats is None or repeats(r)):
             continue
         if r.cls == "picture":
             if _area(r.bbox) < min_area:
@@ -287,6 +318,36 @@ def _tabular_neighbour(cap_bbox, body: List[Region]) -> Optional[Region]:
         if d <= best_gap and len(tokens) >= 4 and numeric >= 0.2 * len(tokens):
             best, best_gap = r, d
     return best
+
+
+def _normal_line(text: str) -> str:
+    """Text compared across pages: lower case, digit runs as ``#`` (page numbers), whitespace collapsed."""
+    return " ".join(re.sub(r"\d+", "#", text.lower()).split())
+
+
+def _repeats(doc, pno: int, region: Region) -> bool:
+    """True when a page up to :data:`REPEAT_WINDOW` pages from ``pno`` holds ``region``'s text, digits aside, in
+    the same horizontal band (``region``'s height, :data:`REPEAT_BAND` points either side)."""
+    pymupdf = import_pymupdf()
+    key = _normal_line(region.text)
+    if not key:
+        return True
+    y0, y1 = region.bbox[1] - REPEAT_BAND, region.bbox[3] + REPEAT_BAND
+    for q in range(max(0, pno - REPEAT_WINDOW), min(doc.page_count, pno + REPEAT_WINDOW + 1)):
+        if q == pno:
+            continue
+        other = doc[q]
+        band = pymupdf.Rect(other.rect.x0, y0, other.rect.x1, y1) & other.rect
+        if not band.is_empty and key in _normal_line(other.get_text("text", clip=band)):
+            return True
+    return False
+
+
+def _crop_rect(page, el: Element, cfg):
+    """The padded box of ``el``'s crop (:func:`~cdsjax.io.parse.common.write_crop`), inside the page."""
+    pymupdf = import_pymupdf()
+    pad = float(cfg.crop_padding)
+    return pymupdf.Rect(el.bbox[0] - pad, el.bbox[1] - pad, el.bbox[2] + pad, el.bbox[3] + pad) & page.rect
 
 
 def _area(b) -> float:
