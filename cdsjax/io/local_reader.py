@@ -759,26 +759,27 @@ def stop_on_sigterm():
 
 class _Idle:
     """When a shared server should exit: its record (touched by every user) is ``keep_alive`` seconds old and
-    no slot is busy; or its record names another server or none, after it had been its own, and no slot is
-    busy (stopped, or replaced: nobody finds it any more); or it never saw its record (the starter died) for
-    ``grace`` seconds more than that."""
+    no slot is busy; or, with no slot busy, its record names another server, or none after it had been its own
+    (replaced or stopped: nobody finds it any more); or it never saw its record (the starter died) for
+    ``grace`` seconds more than the keep-alive."""
 
     def __init__(self, record: Path, keep_alive: float, grace: float, port: int, key: str):
         self.record, self.keep_alive, self.grace, self.port, self.key = record, keep_alive, grace, port, key
         self.last_use = time.time()
         self.seen = False
 
-    def own(self) -> "tuple[bool, float]":
+    def own(self) -> "tuple[Optional[bool], float]":
+        """(True, mtime) when the record names this server, (False, 0) when another, (None, 0) when none."""
         found = read_record(self.record)
-        if found is not None and found["pid"] == os.getpid():
-            return True, found["mtime"]
-        return False, 0.0
+        if found is None:
+            return None, 0.0
+        return (True, found["mtime"]) if found["pid"] == os.getpid() else (False, 0.0)
 
     def due(self) -> bool:
         own, mtime = self.own()
         if own:
             self.seen, self.last_use = True, max(self.last_use, mtime)
-        elif self.seen:
+        elif own is False or self.seen:
             return not _busy(self.port, self.key)
         limit = self.keep_alive if self.seen else self.keep_alive + self.grace
         if time.time() - self.last_use < limit:
