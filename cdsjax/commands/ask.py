@@ -27,7 +27,9 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "no_query_edge"), "beta"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
                  "roundtrip"? (--server)}  (seconds),
-     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped"} | null,
+     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped",
+                "local"? (the local reader: {"runtime", "model", "threads", "slots", "ctx_per_slot", ...,
+                          "reused": bool (true: it was already running, warm), "keep_alive_s"})} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
                          also printed to stderr)}

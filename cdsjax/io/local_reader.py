@@ -293,6 +293,7 @@ class LocalReader:
         key = server_key(self.model_file, threads=self.threads, ctx_per_slot=cfg.ctx_per_slot, slots=cfg.slots)
         path = directory / f"{key}.json"
         with filelock.FileLock(str(directory / f"{key}.lock"), timeout=cfg.startup_timeout + 60, mode=0o600):
+            _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]  # reaps those that have exited
             record = read_record(path)
             if record is not None and server_answers(record):
                 touch(path)
@@ -715,7 +716,7 @@ def _runtime_version() -> str:
 # Servers this process holds: when the interpreter exits, or SIGTERM arrives, its own are stopped and shared
 # ones released (the exit handler is registered by the first start, not at import).
 _RUNNING: "set[LocalReader]" = set()
-_DETACHED: list = []  # shared servers this process started: their Popen kept so that they are reaped, not warned of
+_DETACHED: list = []  # shared servers this process started: kept to be reaped (by poll) once they exit
 _EXIT_REGISTERED = False
 
 
