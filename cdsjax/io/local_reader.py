@@ -296,6 +296,9 @@ class LocalReader:
             _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]  # reaps those that have exited
             record = read_record(path)
             if record is not None and server_answers(record):
+                if record.get("keep_alive") != cfg.keep_alive:  # the latest user's keep-alive applies
+                    record = {k: v for k, v in record.items() if k != "mtime"}
+                    write_record(path, dict(record, keep_alive=cfg.keep_alive))
                 touch(path)
                 self.reused, self.startup_s = True, 0.0
                 self.api_key, self.log_path = record["api_key"], Path(record.get("log") or "")
@@ -770,11 +773,16 @@ class _Idle:
         self.seen = False
 
     def own(self) -> "tuple[Optional[bool], float]":
-        """(True, mtime) when the record names this server, (False, 0) when another, (None, 0) when none."""
+        """(True, mtime) when the record names this server, (False, 0) when another, (None, 0) when none; the
+        keep-alive is the record's (a later user may have set another)."""
         found = read_record(self.record)
         if found is None:
             return None, 0.0
-        return (True, found["mtime"]) if found["pid"] == os.getpid() else (False, 0.0)
+        if found["pid"] != os.getpid():
+            return False, 0.0
+        with contextlib.suppress(TypeError, ValueError):
+            self.keep_alive = max(0.0, float(found.get("keep_alive", self.keep_alive)))
+        return True, found["mtime"]
 
     def due(self) -> bool:
         own, mtime = self.own()
