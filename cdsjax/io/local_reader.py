@@ -292,7 +292,8 @@ class LocalReader:
         cfg = self.config
         key = server_key(self.model_file, threads=self.threads, ctx_per_slot=cfg.ctx_per_slot, slots=cfg.slots)
         path = directory / f"{key}.json"
-        with filelock.FileLock(str(directory / f"{key}.lock"), timeout=cfg.startup_timeout + 60, mode=0o600):
+        lock = filelock.FileLock(str(directory / f"{key}.lock"), timeout=cfg.startup_timeout + 60, mode=0o600)
+        with _holding(lock):
             _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]  # reaps those that have exited
             record = read_record(path)
             if record is not None and server_answers(record):
@@ -301,7 +302,8 @@ class LocalReader:
                     write_record(path, dict(record, keep_alive=cfg.keep_alive))
                 touch(path)
                 self.reused, self.startup_s = True, 0.0
-                self.api_key, self.log_path = record["api_key"], Path(record.get("log") or "")
+                self.api_key = record["api_key"]
+                self.log_path = Path(record["log"]) if isinstance(record.get("log"), str) else None
             else:
                 path.unlink(missing_ok=True)  # dead, another's, or damaged: replaced
                 self._check_memory()
@@ -352,6 +354,9 @@ class LocalReader:
                 raise LocalReaderError(f"the local reader did not answer within {cfg.startup_timeout:g} s "
                                        f"(log: {self.log_path})", kind="start")
             time.sleep(0.2)
+        if _port_is_mine(port) is False:  # another user's server took the port first: it answered, not ours
+            self.stop()
+            raise LocalReaderError(f"port {port} was taken by another user's process", kind="port")
         self._port = port
         self.base_url = url + "/v1"
         self.startup_s = time.perf_counter() - start
@@ -423,6 +428,22 @@ class LocalReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _holding(lock):
+    """Holds a starters' lock; one line when another process has held it past the lock's timeout."""
+    import filelock
+
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise LocalReaderError(f"another process has been starting the local reader for over {lock.timeout:g} s "
+                               f"(lock: {lock.lock_file})", kind="start") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _beat(path: Path, done: threading.Event, interval: float) -> None:
