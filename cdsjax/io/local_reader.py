@@ -759,7 +759,8 @@ def _register_exit() -> None:
 
 @contextlib.contextmanager
 def stop_on_sigterm():
-    """While inside, SIGTERM stops the local servers and then exits as SIGTERM would (main thread only)."""
+    """While inside, SIGTERM stops this process's own local servers, releases the shared ones it holds
+    (:func:`stop_all`), and then exits as SIGTERM would (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
