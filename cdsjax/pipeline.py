@@ -34,6 +34,7 @@ from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.core.types import as_selector
 from cdsjax.core.validation import validate_embeddings
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.io.compilation_cache import (  # noqa: F401 (enable_compilation_cache: the commands' entry point)
     CompileCache, ExportedJit, enable_compilation_cache)
 from cdsjax.evidence import SNIPPET_CHARS, evidence_item  # noqa: F401  (SNIPPET_CHARS: the cut ask shows)
@@ -209,6 +210,20 @@ class Answer:
         return dataclasses.asdict(self)
 
 
+def reader_fields(result, local: Optional[dict] = None) -> Dict[str, Any]:
+    """The ``reader`` object of ``ask --json`` from a :class:`cdsjax.io.reader.ReaderAnswer`."""
+    out = dict(model=result.model, cited=list(result.cited), abstained=result.abstained, latency_s=result.latency_s,
+               first_token_s=result.first_token_s, usage=result.usage, warnings=list(result.warnings),
+               image_mode=result.image_mode, dropped=result.dropped, evidence_tokens=result.evidence_tokens,
+               trimmed=result.trimmed, no_answer=result.no_answer, retried=result.retried,
+               finish_reason=result.finish_reason)
+    if result.no_answer is not None:
+        out["reply"] = result.raw  # what the reader wrote instead of an answer
+    if local is not None:  # a local server: which runtime, threads, slots, and whether it was already warm
+        out["local"] = dict(local)
+    return out
+
+
 def checked_embedder(info: dict, *, allowed: Sequence[str] = (), trust_remote_code: bool = False) -> dict:
     """An index's embedder info if cdsjax may load that model (:func:`cdsjax.io.embed.check_embedder`),
     with ``trust_remote_code`` set to the caller's choice; else a one-line :class:`PipelineError`."""
@@ -346,7 +361,7 @@ class Pipeline:
 
     @classmethod
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: str = DEFAULT_SELECTOR,
-                       budget: int = 10, options: Optional[dict] = None, config=None, compiled=None, params=None,
+                       budget: int = DEFAULT_BUDGET, options: Optional[dict] = None, config=None, compiled=None, params=None,
                        embedders: Sequence[str] = (), trust_remote_code: bool = False,
                        compile_cache: Optional[CompileCache] = None) -> None:
         """Compiles what asking ``question`` of an index of ``notes`` (not yet embedded) runs: the selector at
@@ -456,7 +471,7 @@ class Pipeline:
         validate_embeddings(emb, norm_atol=1e-2)
         return emb
 
-    def select(self, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+    def select(self, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
                options: Optional[dict] = None) -> core.Selection:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         fn = self.selector_fn(selector, budget, options)
@@ -496,7 +511,7 @@ class Pipeline:
                              bbox=tuple(e["bbox"]) if e.get("bbox") else None, image_path=e.get("image_path"),
                              score=float(e["score"]), rank=int(e["rank"])) for e in evidence]
 
-    def retrieve(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+    def retrieve(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
                  options: Optional[dict] = None) -> Answer:
         """Encodes and selects (no reading): an :class:`Answer` with ``answer=None``."""
         name = canonical_selector(selector)
@@ -530,10 +545,14 @@ class Pipeline:
         return (f"{len(scanned)} of {len(evidence)} evidence notes come from pages without a text layer "
                 f"({where}; OCR: {'/'.join(states)}): {how}")
 
-    def read(self, answer: Answer) -> Answer:
-        """Has the reader answer from ``answer.evidence`` (in place; a no-op without a reader).
+    def read(self, answer: Answer, *, on_token=None, on_retry=None) -> Answer:
+        """Has the reader answer from ``answer.evidence`` (in place; a no-op without a reader), through the one
+        reading path (:meth:`cdsjax.io.reader.Reader.answer`): the evidence fitted to the reader's token
+        budget, the note that does not fit cut to its sentences nearest the question (by this index's embedder),
+        the answer streamed to ``on_token`` as it is written, and a reply that is no answer asked again once.
 
-        A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why.
+        A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why; a
+        reply that stays no answer leaves ``answer.answer`` None and ``answer.reader["no_answer"]`` says why.
         """
         if self.reader is None:
             return answer
@@ -542,29 +561,39 @@ class Pipeline:
         items = self.evidence_items(answer.evidence)
         t0 = time.perf_counter()
         try:
-            result = self.reader.answer(answer.question, items)
+            result = self.reader.answer(answer.question, items, on_token=on_token, on_retry=on_retry,
+                                        similarity=self.sentence_similarity)
         except ReaderError as err:  # the selection is kept: answer stays None and ``error`` says why
             result = None
             answer.error = error_dict(err)
         answer.timings["read"] = time.perf_counter() - t0
         answer.timings["total"] += answer.timings["read"]
         if result is not None:
-            answer.answer = result.text
-            answer.reader = dict(model=result.model, cited=list(result.cited), abstained=result.abstained,
-                                 latency_s=result.latency_s, usage=result.usage, warnings=list(result.warnings),
-                                 image_mode=result.image_mode, dropped=result.dropped)
-            if getattr(self.reader, "local", None) is not None:  # a local server: which runtime, threads, slots
-                answer.reader["local"] = dict(self.reader.local)
+            if result.first_token_s is not None:
+                answer.timings["first_token"] = result.first_token_s
+            answer.answer = result.text if result.no_answer is None else None
+            answer.reader = reader_fields(result, getattr(self.reader, "local", None))
             answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
+            if result.no_answer is not None:
+                from cdsjax.io.replies import NO_ANSWER
+
+                answer.warnings.append(f"the reader gave no answer: {NO_ANSWER[result.no_answer]} "
+                                       f"(asked twice)")
         return answer
 
-    def ask(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+    def sentence_similarity(self, question: str, sentences) -> list:
+        """Cosine of each sentence with the question under this index's embedder (what trimming keeps)."""
+        vectors = np.asarray(self.encode([question, *sentences]), dtype=np.float64)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return (vectors[1:] @ vectors[0]).tolist()
+
+    def ask(self, question: str, *, selector: str = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
             options: Optional[dict] = None, read: bool = True) -> Answer:
         """Answers one question: encode, select, and (with a reader) read."""
         answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options)
         return self.read(answer) if read else answer
 
-    def warm(self, selectors: Sequence[str] = (DEFAULT_SELECTOR,), budget: int = 10) -> float:
+    def warm(self, selectors: Sequence[str] = (DEFAULT_SELECTOR,), budget: int = DEFAULT_BUDGET) -> float:
         """Compiles the encoder and ``selectors`` at ``budget`` (e.g. before serving); returns seconds."""
         t0 = time.perf_counter()
         for name in selectors:

@@ -24,6 +24,7 @@ from cdsjax.catalog import DEFAULT_SELECTOR
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.io.compilation_cache import ExportedJit
 from cdsjax.selection import corpus_arrays
+from cdsjax.defaults import DEFAULT_BUDGET
 
 
 def warm_question(question: str, config=None) -> None:
@@ -53,7 +54,7 @@ def warm_question_ahead(question: str, config=None) -> threading.Thread:
     return thread
 
 
-def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = 10, qid: str = "",
+def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
                options: Optional[dict] = None) -> bool:
     """Compiles ``selector`` of the :class:`~cdsjax.pipeline.Pipeline` ``pipe`` for an encoded question ``query``
     without asking it. The corpus bound and note block are computed (and compiled) on a second thread and kept by

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from cdsjax.eval import answer_scoring as S
+import cdsjax.io.reader as reader_module
 from cdsjax.eval import reading
 from cdsjax.eval.problems import Problem
-from cdsjax.eval.reply_cache import ReplyCache, reply_key
+from cdsjax.io.reply_cache import ReplyCache, reply_key
 from cdsjax.io import datasets as D
 from cdsjax.io.judge import JUDGE_PROMPT
 from cdsjax.io.reader import SYSTEM_PROMPT
@@ -221,9 +222,9 @@ def test_changed_evidence_or_prompt_asks_again(tmp_path, monkeypatch):
         assert len(calls) == n  # the same evidence: nothing sent
         run(rec([1, 2]))
         assert len(calls) == n + 4  # other evidence: asked (and judged) again
-        monkeypatch.setattr(reading, "READER_PROMPT_VERSION", "reader-test")
+        monkeypatch.setattr(reader_module, "SYSTEM_PROMPT", reader_module.SYSTEM_PROMPT + " Be exact.")
         run(rec([1, 2]))
-        assert len(calls) == n + 6  # another prompt version: asked again; the judge's replies are reused
+        assert len(calls) == n + 6  # another prompt: asked again; the judge's replies are reused
         config.reader.seeds = (0, 1)
         run(rec([1, 2]))
         assert len(calls) == n + 8  # seed 1 is new
@@ -328,7 +329,9 @@ def test_run_eval_qasper_with_a_reader_then_from_cache(data_root, tmp_path, cach
         assert ("%s" % sel, "accuracy@3") in rows
     assert ("cosine", "paragraph_recall@3") in rows and ("cds", "accuracy_vs_none@3") in rows
     n_reader = sum(1 for r in sent if r["messages"][0]["content"] == SYSTEM_PROMPT)
-    assert n_reader == len({(a["qid"], tuple(a["evidence"])) for a in answers})  # equal evidence shares one
+    asked = {(a["qid"], tuple(a["evidence"])) for a in answers}  # equal evidence shares one request
+    asked_again = {(a["qid"], tuple(a["evidence"])) for a in answers if a.get("retried")}  # no answer: once more
+    assert n_reader == len(asked) + len(asked_again)
     # The server is gone: the rerun completes from the reply cache, with the same answers.
     proc = run("http://127.0.0.1:9/v1")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -470,7 +473,10 @@ def test_a_judge_failure_is_a_judge_error_and_the_rule_scores_stand(tmp_path):
         config.selectors = "cosine"
         records, by = _read(config, problems, tmp_path)
     assert judged  # the judge was asked, and failed every time
-    for a in by.values():
+    # q2's reply is citation markers in place of its content, asked twice: no answer, wrong without a verdict
+    assert by["q2"]["no_answer"] == "markers_only" and by["q2"]["retried"] == "markers_only"
+    assert by["q2"]["metrics"]["accuracy"] == 0.0 and by["q2"]["metrics"]["judge_error"] is None
+    for a in (by["q0"], by["q1"]):
         assert "error" not in a and a["metrics"]["reader_error"] == 0.0
         assert a["metrics"]["judge_error"] == 1.0 and a["metrics"]["accuracy"] is None
         assert "cut at its token limit (max_tokens=1024" in a["judge_error"]["message"]
@@ -484,7 +490,8 @@ def test_a_judge_failure_is_a_judge_error_and_the_rule_scores_stand(tmp_path):
     rows = {r["metric"]: r for r in summary_rows(reading.with_answer_metrics(records, list(by.values())),
                                                  reading.ANSWER_METRICS, num_resamples=50)}
     assert rows["markers_only@2"]["mean"] == pytest.approx(1 / 3) and rows["judge_error@2"]["mean"] == 1.0
-    assert rows["answer_f1@2"]["n"] == 2 and "accuracy@2" not in rows
+    assert rows["answer_f1@2"]["n"] == 2 and rows["accuracy@2"]["n"] == 1  # q2 alone: no answer is wrong
+    assert rows["no_answer@2"]["mean"] == pytest.approx(1 / 3)
 
 
 def test_without_a_judge_the_rule_scores_alone(tmp_path):

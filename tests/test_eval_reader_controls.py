@@ -18,7 +18,7 @@ import pytest
 from cdsjax.eval import reading
 from cdsjax.eval.problems import Problem
 from cdsjax.eval.report import markdown_table, summary_rows
-from cdsjax.eval.reply_cache import ReplyCache
+from cdsjax.io.reply_cache import ReplyCache
 from cdsjax.io import datasets as D
 from cdsjax.io.judge import JUDGE_PROMPT
 from cdsjax.io.reader import SYSTEM_PROMPT, EvidenceItem
@@ -71,7 +71,7 @@ def test_full_control_sends_the_own_documents_where_they_fit(tmp_path):
 def test_fits_reader_counts_tokens_and_images(tmp_path):
     png = tmp_path / "crop.png"
     png.write_bytes(b"png")
-    text = [EvidenceItem(note_id=f"d#{i}", doc_id="d", page=0, text="x" * 300) for i in range(3)]  # 100 tokens each
+    text = [EvidenceItem(note_id=f"d#{i}", doc_id="d", page=0, text="x" * 350) for i in range(3)]  # 100 tokens each
     figs = [EvidenceItem(note_id=f"d#f{i}", doc_id="d", page=0, kind="figure", image_path=str(png))
             for i in range(3)]
     kw = dict(max_tokens=100, max_text_chars=1500)

@@ -42,23 +42,6 @@ def test_empty_prediction_needs_no_request():
     assert verdict == JudgeVerdict(correct=False, score=0.0, rationale="empty prediction")
 
 
-def test_judge_many_in_order():
-    items = [("q", str(i), f"answer {i if i % 2 else i + 1}") for i in range(6)]
-    with OpenAIServer(grading_responder) as srv:
-        out = Judge(base_url=srv.base_url, **dict(FAST, concurrency=3)).judge_many(items, progress=False)
-    assert [v.correct for v in out] == [i % 2 == 1 for i in range(6)]
-
-
-@pytest.mark.parametrize("reply, expected", [
-    ('{"rationale": "same value", "correct": true, "score": 0.9}', (True, 0.9, "same value")),
-    ('Sure.\n```json\n{"correct": "no", "rationale": "wrong unit"}\n```', (False, 0.0, "wrong unit")),
-    ('<think>{"correct": true}</think>{"score": "0.25", "rationale": "partial"}', (False, 0.25, "partial")),
-    ('{"Correct": 1, "Score": 7}', (True, 1.0, "")),
-    ("correct: yes\nscore: 0.8\nrationale: matches the table", (True, 0.8, "matches the table")),
-    ("Incorrect. The candidate gives 12, not 21.", (False, 0.0, "The candidate gives 12, not 21")),
-    ("The answer is incorrect: false", None),
-    ("I cannot decide.", None),
-])
 def test_parse_verdict(reply, expected):
     if expected is None:
         with pytest.raises(ValueError, match="no readable verdict"):

@@ -1,11 +1,7 @@
 """The reader client against a real local HTTP server speaking the OpenAI API (cdsjax/io/scripted_server.py)."""
 
 import base64
-import dataclasses
-import hashlib
-import random
 import socket
-import threading
 import time
 
 import pytest
@@ -17,8 +13,6 @@ from cdsjax.io.reader import (
     ReaderConfig,
     ReaderError,
     build_messages,
-    clamp_output_tokens,
-    no_retrieval_evidence,
     parse_citations,
 )
 from cdsjax.io.scripted_server import OpenAIServer, completion, message_images, message_text
@@ -226,113 +220,6 @@ def test_context_too_long_is_not_retried(evidence):
     assert info.value.kind == "context_too_long"
 
 
-def test_answer_many_keeps_order_and_bounds_concurrency(evidence):
-    lock, state = threading.Lock(), {"now": 0, "peak": 0}
-
-    def responder(req):
-        with lock:
-            state["now"] += 1
-            state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.15)
-        with lock:
-            state["now"] -= 1
-        question = message_text(req).split("Question: ")[1].split("\n")[0]
-        if question == "q3":
-            return (400, {"error": {"message": "bad image"}})
-        return f"answer to {question} [1]"
-
-    items = [(f"q{i}", evidence[:1]) for i in range(8)]
-    with OpenAIServer(responder) as srv:
-        reader = Reader(base_url=srv.base_url, **dict(FAST, concurrency=3))
-        out = reader.answer_many(items, progress=False, errors="return")
-        with pytest.raises(ReaderError, match="bad image"):
-            reader.answer_many(items, progress=False)
-    assert 2 <= state["peak"] <= 3
-    assert isinstance(out[3], ReaderError) and out[3].kind == "bad_request"
-    assert [o.text for i, o in enumerate(out) if i != 3] == [f"answer to q{i} [1]" for i in range(8) if i != 3]
-
-
-def test_answer_many_stops_when_server_is_down(evidence):
-    reader = Reader(base_url=closed_port_url(), **dict(FAST, max_retries=0))
-    with pytest.raises(ReaderError) as info:
-        reader.answer_many([("q", evidence[:1])] * 4, progress=False, errors="return")
-    assert info.value.kind == "unreachable"
-
-
-def test_clamp_output_tokens():
-    # Hand-computed from T = max(256, min(8192, L - chars/3 - 1500 n - 1500)).
-    assert clamp_output_tokens(0, 0, 32768) == 8192
-    assert clamp_output_tokens(30000, 10, 32768) == 32768 - 10000 - 15000 - 1500  # 6268
-    assert clamp_output_tokens(30001, 10, 32768) == 6267  # 6267.67 rounds down
-    assert clamp_output_tokens(90000, 10, 32768) == 256
-    with pytest.raises(ValueError):
-        clamp_output_tokens(-1, 0, 32768)
-
-
-def make_elements(n_text, n_visual):
-    out = [{"note_id": f"t{i}", "doc_id": "d", "page": i // 3, "kind": "text", "text": f"chunk {i}"}
-           for i in range(n_text)]
-    out += [{"note_id": f"v{i}", "doc_id": "d", "page": i, "kind": ("figure", "table", "chart")[i % 3],
-             "caption": f"Figure {i}"} for i in range(n_visual)]
-    return out
-
-
-def test_no_retrieval_evidence_is_seeded_by_md5_of_seed_and_qid():
-    elements = make_elements(40, 15)
-    got = no_retrieval_evidence(elements, "q17", seed=43)
-    assert [e.rank for e in got] == list(range(1, 21))
-    # Reference: a generator seeded by md5("43:q17"), drawing text positions then visual positions.
-    rng = random.Random(int(hashlib.md5(b"43:q17").hexdigest(), 16))
-    text_idx = sorted(rng.sample(range(40), 10))
-    visual_idx = sorted(rng.sample(range(15), 10))
-    assert [e.note_id for e in got] == [f"t{i}" for i in text_idx] + [f"v{i}" for i in visual_idx]
-    assert got == no_retrieval_evidence(elements, "q17", seed=43)
-    assert [e.note_id for e in no_retrieval_evidence(elements, "q17", seed=44)] != [e.note_id for e in got]
-    # Fewer elements than asked for: all of them, in order.
-    few = no_retrieval_evidence(make_elements(3, 2), "q1")
-    assert [e.note_id for e in few] == ["t0", "t1", "t2", "v0", "v1"]
-
-
-@dataclasses.dataclass
-class Chunk:  # an ingestion-style element: no note_id, a role, an image path relative to the index
-    doc_id: str
-    page: int
-    kind: str
-    text: str
-    reading_order: int
-    role: str = "body"
-    caption: str = ""
-    image_path: str = None
-
-
-def test_no_retrieval_evidence_takes_elements(png):
-    elements = [Chunk("a.pdf", 0, "text", "body text", 0), Chunk("a.pdf", 0, "text", "Figure 1: x", 1, "caption"),
-                Chunk("a.pdf", 0, "figure", "", 2, "figure", "Figure 1: x", png.name)]
-    got = no_retrieval_evidence(elements, "q", image_root=png.parent)
-    assert [e.note_id for e in got] == ["a.pdf:0", "a.pdf:2"]  # the caption element is not a text chunk
-    assert got[1].image_path == str(png) and got[1].caption == "Figure 1: x"
-
-
-def test_answer_without_retrieval_clamps_output_to_the_window(png):
-    elements = make_elements(12, 0)
-    for e in elements:
-        e["text"] = e["text"] + " x" * 1500  # 3000-char chunks, passed whole
-    elements += [{"note_id": f"v{i}", "doc_id": "d", "page": i, "kind": "figure", "caption": f"Figure {i}",
-                  "image_path": str(png)} for i in range(12)]
-    with OpenAIServer(lambda req: "Not answerable") as srv:
-        reader = Reader(base_url=srv.base_url, **dict(FAST, max_model_len=32768))
-        reader.answer_without_retrieval("What is shown?", elements, "q5", seed=42)
-        req = srv.requests[0]
-    text = message_text(req)
-    assert len(message_images(req)) == 10
-    assert sum(text.count(f"chunk {i} x") for i in range(12)) == 10 and " x" * 1500 in text
-    # |context| counts every character of text in the request (instructions included).
-    chars = len(req["messages"][0]["content"]) + sum(
-        len(p["text"]) for p in req["messages"][1]["content"] if p["type"] == "text")
-    expected = max(256, min(8192, int(32768 - chars / 3 - 1500 * 10 - 1500)))
-    assert req["max_tokens"] == expected and 256 < expected < 8192
-
-
 def test_max_model_len_comes_from_the_server_when_unset():
     with OpenAIServer() as srv:
         reader = Reader(base_url=srv.base_url, **FAST)
@@ -340,21 +227,16 @@ def test_max_model_len_comes_from_the_server_when_unset():
         assert Reader(base_url=srv.base_url, **dict(FAST, max_model_len=4096)).max_model_len() == 4096
 
 
-def test_no_retrieval_control_uses_the_window_a_vllm_server_reports(png):
-    """vLLM lists ``max_model_len`` with each served model; unset in the config, the control clamps to it."""
-    elements = make_elements(12, 0)
-    elements += [{"note_id": f"v{i}", "doc_id": "d", "page": i, "kind": "figure", "caption": f"Figure {i}",
-                  "image_path": str(png)} for i in range(12)]
+def test_evidence_budget_comes_from_the_window_a_vllm_server_reports():
+    """vLLM lists ``max_model_len`` with each served model; with no budget configured the evidence may fill the
+    window less the answer's tokens and the prompt's reserve."""
     windows = {"test-model": {"max_model_len": 24000, "root": "test-model"}, "other": {"max_model_len": 1000}}
-    with OpenAIServer(lambda req: "Not answerable", models=("other", "test-model"), model_fields=windows) as srv:
-        reader = Reader(base_url=srv.base_url, **FAST)
+    with OpenAIServer(models=("other", "test-model"), model_fields=windows) as srv:
+        reader = Reader(base_url=srv.base_url, **dict(FAST, max_tokens=1000))
         assert reader.max_model_len() == 24000  # its own model's entry, not the first one listed
-        reader.answer_without_retrieval("What is shown?", elements, "q5", seed=42)
-        req = srv.requests[0]
-    chars = len(req["messages"][0]["content"]) + sum(
-        len(p["text"]) for p in req["messages"][1]["content"] if p["type"] == "text")
-    expected = max(256, min(8192, int(24000 - chars / 3 - 1500 * 10 - 1500)))
-    assert req["max_tokens"] == expected and 256 < expected < 8192  # below the 8192 cap: the window binds
+        assert reader.evidence_tokens() == 24000 - 1000 - 1500
+        assert Reader(base_url=srv.base_url, **dict(FAST, evidence_tokens=300)).evidence_tokens() == 300
+        assert Reader(base_url=srv.base_url, **dict(FAST, evidence_tokens=0)).evidence_tokens() is None  # whole
     with OpenAIServer(models=("other", "test-model"), model_fields={"other": {"max_model_len": 1000}}) as srv:
         assert Reader(base_url=srv.base_url, **FAST).max_model_len() == 32768  # another model's window
 

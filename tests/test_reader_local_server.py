@@ -3,6 +3,7 @@ server refuses images once and gets text from then on, its context size is read 
 message is ``context_too_long`` with the request trimmed rather than sent again as it is (issue 62, item 3)."""
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from PIL import Image
@@ -58,7 +59,8 @@ def test_text_only_server_refuses_once_then_gets_text(evidence):
 def test_concurrent_requests_to_a_text_only_server_meet_one_refusal(evidence):
     with OpenAIServer(_text_only, delay=0.05) as srv:
         reader = Reader(base_url=srv.base_url, **dict(FAST, concurrency=4))
-        out = reader.answer_many([("How much?", evidence)] * 6, progress=False)
+        with ThreadPoolExecutor(4) as pool:
+            out = list(pool.map(lambda _: reader.answer("How much?", evidence), range(6)))
         refused = sum(1 for r in srv.requests if message_images(r))
     assert refused == 1 and all(a.image_mode == "text" for a in out)
 
@@ -93,8 +95,8 @@ def test_context_size_from_props_then_models():
 
 
 def test_llama_overflow_is_context_too_long_and_trims_the_last_notes(evidence):
-    def respond(req):  # fits without the long last note
-        return _overflow(700, 512) if "40 members" in message_text(req) else "4.2 million euros [1]"
+    def respond(req):  # fits without the long last note (~183 tokens)
+        return _overflow(690, 512) if "40 members" in message_text(req) else "4.2 million euros [1]"
 
     with OpenAIServer(respond) as srv:
         out = Reader(base_url=srv.base_url, **dict(FAST, images="off")).answer("How much?", evidence)
@@ -119,7 +121,7 @@ def test_overflow_phrasings_and_how_many_notes_go(evidence):
             ChatClient(base_url=srv.base_url, **FAST).chat([{"role": "user", "content": "q"}])
         assert info.value.kind == "context_too_long" and len(srv.requests) == 1  # a 500, yet not retried
     assert notes_to_drop(evidence, None, 1500) == 1  # no counts: one at a time
-    assert notes_to_drop(evidence, (520, 512), 1500) == 1  # the last note holds ~220 tokens
+    assert notes_to_drop(evidence, (520, 512), 1500) == 1  # the last note holds ~183 tokens
     assert notes_to_drop(evidence, (800, 512), 1500) == 2  # with the figure's image estimate
     assert notes_to_drop(evidence, (99999, 512), 1500) == 3
 

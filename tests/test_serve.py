@@ -63,7 +63,7 @@ def reader():
             release.wait(60)
         return "The document is a multi-column sample [1]."
 
-    with OpenAIServer(respond, models=("reader-test",)) as srv:
+    with OpenAIServer(respond, models=("reader-test",), stream_pause=0.05) as srv:  # streamed word by word
         srv.release = release
         yield srv
 
@@ -315,6 +315,36 @@ def test_web_page_in_headless_chromium(server, tmp_path):
     assert any(replies[s]["near_duplicates"]["pairs"] for s in replies)  # the test exercises the marks
     assert 'cosine ≥ <span id="thr">0.50</span>' in dom
     assert "Answer (from cds-converged's evidence): The document is a multi-column sample" in dom
+    # the answer streamed: the evidence was on the page before its first piece arrived, and it came in pieces
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    assert 'data-evidence-shown="yes"' in body and 'data-tokens-before-evidence="0"' in body
+    assert 'data-answer-done="yes"' in body and int(re.search(r'data-tokens="(\d+)"', body).group(1)) > 1
+
+
+def test_ask_streams_json_lines(server):
+    """``POST /ask`` with ``"stream": true`` (what ``curl -N`` sees): the evidence first, then the answer in
+    several pieces, then the whole object; without it, one JSON object as before."""
+    url, _ = server
+    req = urllib.request.Request(url + "/ask", data=json.dumps({"question": "What is the sample about?",
+                                                                "selector": "cosine", "budget": 3,
+                                                                "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    arrivals = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("application/x-ndjson")
+        for line in r:
+            arrivals.append((time.perf_counter(), json.loads(line)))
+    events = [e["event"] for _, e in arrivals]
+    assert events[0] == "evidence" and events[-1] == "done" and events.count("token") > 1
+    assert set(events[1:-1]) == {"token"}
+    first, last = arrivals[0][1]["result"], arrivals[-1][1]["result"]
+    assert first["answer"] is None and len(first["evidence"]) == 3
+    assert last["answer"] == "".join(e["text"] for _, e in arrivals if e["event"] == "token").strip()
+    assert last["evidence"] == first["evidence"] and last["timings"]["first_token"] > 0
+    assert arrivals[-1][0] - arrivals[1][0] > 0.1  # the pieces came over time, not in one write
+    status, whole, _ = request(url + "/ask", {"question": "What is the sample about?", "selector": "cosine",
+                                              "budget": 3})
+    assert status == 200 and whole["answer"] == last["answer"]
 
 
 def test_pdf_endpoint_serves_only_index_documents(server, data_root):

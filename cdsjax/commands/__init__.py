@@ -4,6 +4,8 @@
 they import it from their own package, so no subcommand imports the module that imports it.
 """
 
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+
 
 class CLIError(Exception):
     """An error to show the user as one line, with exit code ``code``."""
@@ -13,16 +15,18 @@ class CLIError(Exception):
         self.code = code
 
 
-def printable(text) -> str:
+def printable(text, keep_newlines: bool = False) -> str:
     """``text`` with every character that is not printable shown as its Python escape (``\\x1b``,
-    ``\\n``, ``\\udce9`` for a byte of a file name that is not UTF-8).
+    ``\\n``, ``\\udce9`` for a byte of a file name that is not UTF-8); ``keep_newlines`` keeps line breaks
+    (a model's answer, written on lines of its own).
 
     What cdsjax prints of a name or text it did not write (a file name, a document id, a PDF's text) goes
     through this, so a crafted name cannot send escape sequences to the terminal or split a line in two."""
     text = str(text)
     if text.isprintable():
         return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else
+                   ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def enable_float64() -> None:
@@ -82,6 +86,11 @@ def add_reader_arguments(p, *, timeout: float = 300.0, slots: int = 1) -> None:
                    help="local reader: seconds it stays up after its last use, for the next command of yours "
                    "to reuse (`cdsjax reader stop` stops it); 0 stops it with this command (env "
                    "CDSJAX_READER_KEEP_ALIVE; default: 300)")
+    p.add_argument("--evidence-tokens", type=int, default=None, metavar="N",
+                   help="the evidence the reader reads, in estimated tokens: the notes fill it best first, the one "
+                   "that does not fit keeps its sentences nearest the question (default: "
+                   f"{LOCAL_EVIDENCE_TOKENS} for the local reader, so a warm answer takes seconds on a CPU; a "
+                   "remote server's context window less the answer's room; 0: every note whole)")
     p.add_argument("--reader-images", default="auto", choices=("auto", "on", "off"),
                    help="visual notes as images: auto (default) until the reader refuses one, then as caption, summary and "
                    "text; on: always; off: never")

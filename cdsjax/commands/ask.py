@@ -58,6 +58,7 @@ import time
 from typing import Optional
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
+from cdsjax.defaults import DEFAULT_BUDGET, LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -67,7 +68,8 @@ OPTION_FLAGS = (("--beta", "beta"), ("--tau", "tau"), ("--max-iter", "max_iter")
 def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="DIR_OR_PDF", help="index directories or PDF files, then the question")
     add_selector_argument(p, "evidence selector; with --server, the server's default when not given")
-    p.add_argument("--budget", type=int, default=10, help="number of evidence notes (default: 10)")
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
+                   help=f"number of evidence notes (default: {DEFAULT_BUDGET})")
     p.add_argument("--beta", type=float, default=None, help="CDS diversification strength (default 1.0)")
     p.add_argument("--tau", type=float, default=None, help="CDS query-edge threshold (default 0.0)")
     p.add_argument("--lam", type=float, default=None, help="MMR trade-off (default 0.5)")
@@ -186,7 +188,7 @@ def make_reader(args, stack=None):
 
         model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
         return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
-                                   images=images))
+                                   images=images, evidence_tokens=getattr(args, "evidence_tokens", None)))
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
@@ -206,17 +208,14 @@ def make_reader(args, stack=None):
         raise CLIError(f"local reader: {err}", 1) from None
     from cdsjax.io.reader import Reader
 
-    reader = Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
-                                        images=images))
-    reader.local = local.describe()
-    return reader
-
-
-# A local answer's length cap: a small model's answers are short, and a runaway one costs ~40 ms a token here
-LOCAL_MAX_TOKENS = 384
+    tokens = getattr(args, "evidence_tokens", None)
+    tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens
+    return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
+                                      images=images, evidence_tokens=tokens), local=local.describe())
 
 
 def run(args) -> int:
+    args.started = time.perf_counter()
     if args.budget < 1:
         raise CLIError(f"--budget must be >= 1, got {args.budget}")
     options = selector_options(args)
@@ -239,7 +238,7 @@ def run(args) -> int:
         result = ask_local(args, paths, question, options)
         if result is None:  # the planning agent printed its own output
             return 0
-    return emit(result, args.json)
+    return emit(result, args.json, shown=getattr(args, "shown", False))
 
 
 def ask_local(args, paths, question, options):
@@ -289,19 +288,28 @@ def _ask_local(args, paths, question, options, stack):
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)
             return None
-        answer = pipe.ask(question, selector=args.selector, budget=args.budget, options=options,
-                          read=unreachable is None)
+        answer = pipe.retrieve(question, selector=args.selector, budget=args.budget, options=options)
+        answer.timings["load"] = load_s
+        answer.timings["evidence"] = time.perf_counter() - args.started
+        live = None if args.json else Live(answer.to_dict(), reading=reader is not None and unreachable is None)
+        if reader is not None and unreachable is None:
+            read_from = time.perf_counter() - args.started
+            pipe.read(answer, on_token=live.token if live else None, on_retry=live.retry if live else None)
+            if "first_token" in answer.timings:  # from the command's start, as "evidence"
+                answer.timings["first_token"] += read_from
+        if unreachable is not None:
+            from cdsjax.io.reader import error_dict
+
+            answer.error = error_dict(unreachable)
+        if live is not None:
+            live.done(answer.to_dict())
+            args.shown = True
     except (PipelineError, EmbedderError) as err:
         raise CLIError(str(err), 1) from None
     except reader_errors as err:
         raise CLIError(f"reader: {err}", 1) from None
     except ValueError as err:
         raise CLIError(str(err), 2) from None
-    answer.timings["load"] = load_s
-    if unreachable is not None:
-        from cdsjax.io.reader import error_dict
-
-        answer.error = error_dict(unreachable)
     return answer.to_dict()
 
 
@@ -347,14 +355,15 @@ def ask_server(url: str, question: str, *, selector: Optional[str], budget: int,
     return result
 
 
-def emit(result: dict, as_json: bool) -> int:
-    """Prints the result (JSON on stdout, or the evidence table); warnings and a reader failure go to stderr
-    either way. Returns the exit code: 1 when reading failed (the evidence is printed all the same)."""
+def emit(result: dict, as_json: bool, shown: bool = False) -> int:
+    """Prints the result (JSON on stdout, or the evidence table and the answer, unless ``shown`` as they came);
+    warnings and a reader failure go to stderr either way. Returns the exit code: 1 when reading failed (the
+    evidence is printed all the same)."""
     for warning in result.get("warnings") or []:
         print(f"cdsjax ask: warning: {printable(warning)}", file=sys.stderr)
     if as_json:
         print(json.dumps(result, indent=2, default=float))
-    else:
+    elif not shown:
         show(result)
     error = result.get("error")
     if error:
@@ -386,16 +395,24 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
     print(f"\nAnswer: {result['answer']}" if result["answer"] is not None else f"\nno answer: {result['error']}")
 
 
-def show(result: dict) -> None:
-    """The evidence table, the convergence line, the answer and the timings (``result``: the --json object)."""
+def _console():
     from rich.console import Console
+
+    return Console()
+
+
+def shown(text) -> str:
+    """``text`` with neither a terminal escape sequence nor rich markup (a name or a PDF's text)."""
     from rich.markup import escape
+
+    return escape(printable(text))
+
+
+def show_evidence(result: dict, console=None) -> None:
+    """The evidence table and the convergence line (``result``: the --json object)."""
     from rich.table import Table
 
-    def shown(text) -> str:  # neither a terminal escape sequence nor rich markup from a name or a PDF's text
-        return escape(printable(text))
-
-    console = Console()
+    console = console or _console()
     table = Table(title=f"Evidence for: {shown(result['question'])}", show_lines=False, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("score", justify="right", no_wrap=True)
@@ -410,15 +427,87 @@ def show(result: dict) -> None:
     console.print(table)
     console.print("[dim]pages are shown 1-based here; --json gives 0-based pages[/dim]")
     console.print(convergence_line(result), highlight=False)
-    if result.get("answer") is not None:
-        console.print(f"\n[bold]Answer[/bold] ({shown(result['reader']['model'])}): {chr(10).join(shown(line) for line in str(result['answer']).split(chr(10)))}")
-    elif result.get("error"):
-        console.print("\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)")
-    else:
-        console.print("[dim]no reader (--no-read, or none configured: --reader-url, or the local reader of "
-                      "`pip install 'cdsjax[reader]'`): showing the evidence only[/dim]")
+
+
+def show_tail(result: dict, console=None) -> None:
+    """What follows the answer: the notes it cites, what the reader read, the timings."""
+    console = console or _console()
+    reader = result.get("reader") or {}
+    if result.get("answer") is not None and reader.get("cited"):
+        by_rank = {e["rank"]: e for e in result["evidence"]}
+        cites = [f"[{n}] {shown(by_rank[n]['document'])} p.{by_rank[n]['page'] + 1} ({shown(by_rank[n]['kind'])})"
+                 for n in reader["cited"] if n in by_rank]
+        console.print("[dim]cited: " + "; ".join(cites) + "[/dim]", highlight=False)
+    if reader.get("evidence_tokens"):
+        left = reader.get("dropped") or 0
+        console.print(f"[dim]the reader read ~{reader['evidence_tokens']} evidence tokens"
+                      + (f"; {left} lowest-ranked note{'s' if left != 1 else ''} left out" if left else "")
+                      + ("; one note cut to its sentences nearest the question" if reader.get("trimmed") else "")
+                      + ("; a warm local reader" if (reader.get("local") or {}).get("reused") else "")
+                      + "[/dim]", highlight=False)
+    if result.get("answer") is not None and reader.get("model"):
+        console.print(f"[dim]reader: {shown(reader['model'])}[/dim]", highlight=False)
     t = result.get("timings") or {}
     console.print("[dim]" + ", ".join(f"{k} {v:.2f}s" for k, v in t.items()) + "[/dim]")
+
+
+def show(result: dict) -> None:
+    """The evidence table, the convergence line, the answer and the timings, all at once (``ask --server``)."""
+    console = _console()
+    show_evidence(result, console)
+    if result.get("answer") is not None:
+        console.print(f"\n[bold]Answer[/bold] ({shown(result['reader']['model'])}): "
+                      + "\n".join(shown(line) for line in str(result["answer"]).split("\n")))
+    else:
+        console.print(_no_answer_line(result))
+    show_tail(result, console)
+
+
+def _no_answer_line(result: dict) -> str:
+    reader = result.get("reader") or {}
+    if reader.get("no_answer"):
+        from cdsjax.io.replies import NO_ANSWER
+
+        return (f"\n[bold]No answer[/bold]: the reader gave none ({NO_ANSWER.get(reader['no_answer'], reader['no_answer'])}"
+                f", asked twice); the evidence above was selected")
+    if result.get("error"):
+        return "\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)"
+    return ("[dim]no reader (--no-read, or none configured: --reader-url, or the local reader of "
+            "`pip install 'cdsjax[reader]'`): showing the evidence only[/dim]")
+
+
+class Live:
+    """``ask`` on a terminal or a pipe: the evidence as soon as it is selected, the answer as it is written,
+    then the citations and the timings. A reply that turns out to be no answer is never shown as one: the
+    reader's guard holds back markers and echoed headers; when a loop is cut short, a line says the question
+    is asked again."""
+
+    def __init__(self, result: dict, *, reading: bool):
+        self.console = _console()
+        self.started = False
+        show_evidence(result, self.console)
+        if reading:
+            self.console.print("\n[bold]Answer[/bold]:", end=" ")
+            self.console.file.flush()
+
+    def token(self, piece: str) -> None:
+        self.started = True
+        self.console.file.write(printable(piece, keep_newlines=True))
+        self.console.file.flush()
+
+    def retry(self, reason: str) -> None:
+        from cdsjax.io.replies import NO_ANSWER
+
+        if self.started:
+            self.console.print(f"\n[dim](that was no answer: {NO_ANSWER.get(reason, reason)}; asking again)[/dim]")
+        self.started = False
+
+    def done(self, result: dict) -> None:
+        if result.get("answer") is None:
+            self.console.print(_no_answer_line(result))
+        else:
+            self.console.print()
+        show_tail(result, self.console)
 
 
 def convergence_line(result: dict) -> str:

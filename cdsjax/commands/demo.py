@@ -66,8 +66,13 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
         answer = pipe.retrieve(question, selector=name, budget=budget)
         t0 = time.perf_counter()
         try:
-            result = reader.answer(question, pipe.evidence_items(answer.evidence))
-            text, cited, error = result.text, list(result.cited), None
+            result = reader.answer(question, pipe.evidence_items(answer.evidence),
+                                   similarity=pipe.sentence_similarity)
+            text, cited, error = result.text or None, list(result.cited), None
+            if result.no_answer is not None:
+                from cdsjax.io.replies import NO_ANSWER
+
+                error = f"the reader gave no answer: {NO_ANSWER[result.no_answer]} (asked twice)"
         except ReaderError as err:
             text, cited, error = None, [], str(err)
         pages = [e["page"] for e in answer.evidence]

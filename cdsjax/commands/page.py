@@ -3,8 +3,11 @@
 The page (``GET /``) asks one question of two selectors side by side (by default cosine and the server's
 default, learned CDS): the notes both chose share a row, the notes only one chose are marked, and within
 each list the near-duplicates (cosine >= a threshold shown on the page) are marked. Each note links to its PDF
-at its page (``GET /pdf?document=DOC_ID#page=N``). The page renders every value with ``textContent``; no
-data reaches ``innerHTML``.
+at its page (``GET /pdf?document=DOC_ID#page=N``). The right selector's answer streams (``POST /ask`` with
+``"stream": true``): its evidence is shown as soon as it is selected and the answer grows as it is written; the
+page's ``<body>`` records ``data-evidence-shown``, ``data-tokens-before-evidence`` (pieces of the answer that
+arrived before the evidence was on the page: 0), ``data-tokens`` and ``data-answer-done`` for tests. The page
+renders every value with ``textContent``; no data reaches ``innerHTML``.
 
 The server side lives here too: :func:`near_duplicates` (the pairs within one evidence list, computed from the
 index's embeddings, so no embedding goes to the browser). Which PDFs ``/pdf`` serves is
@@ -133,20 +136,32 @@ function noteCell(row, e, side, shared, dups, label) {
     img.src = "/crop?note=" + encodeURIComponent(e.note_id) + index; img.alt = e.caption || e.kind; td.appendChild(img); }
   return td;
 }
-async function ask(q, a, b, budget, threshold) {
-  status.className = "muted"; status.textContent = "asking...";
-  document.getElementById("answer").textContent = ""; document.getElementById("warnings").textContent = "";
-  let left, right;
-  try {
-    [left, right] = await Promise.all([
-      post("/select", {question: q, selector: a, budget: budget, near_duplicates: threshold}),
-      post("/ask", {question: q, selector: b, budget: budget, near_duplicates: threshold})]);
-  } catch (e) { status.className = "err"; status.textContent = String(e.message || e); return; }
-  status.textContent = "left: " + summary(left) + "   |   right: " + summary(right);
-  if (right.read_error) { status.className = "err"; status.textContent += "   |   " + right.read_error; }
-  document.getElementById("answer").textContent = right.answer === null || right.answer === undefined ? "" :
-    "Answer (from " + right.selector + "'s evidence): " + right.answer;
-  document.getElementById("warnings").textContent = [...(left.warnings || []), ...(right.warnings || [])].join(" ");
+async function stream(path, body, onEvidence, onToken, onRetry) {  // JSON lines: evidence, token..., done
+  const reply = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+                                   body: JSON.stringify(Object.assign({stream: true}, body))});
+  if (!reply.ok || !reply.body) { const data = await reply.json();
+    if (!data.result) throw new Error("error " + reply.status + ": " + data.error);
+    return Object.assign(data.result, {answer: null, read_error: data.error}); }
+  const lines = reply.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "", last = null;
+  for (;;) {
+    const {value, done} = await lines.read();
+    if (done) break;
+    buffer += value;
+    let cut;
+    while ((cut = buffer.indexOf("\n")) >= 0) {
+      const event = JSON.parse(buffer.slice(0, cut)); buffer = buffer.slice(cut + 1);
+      if (event.event === "evidence") await onEvidence(event.result);
+      else if (event.event === "token") onToken(event.text);
+      else if (event.event === "retry") onRetry(event.reason);
+      else if (event.event === "done") last = event.result;
+      else if (event.event === "error") last = Object.assign(event.result, {answer: null, read_error: event.error});
+    }
+  }
+  if (!last) throw new Error("the answer stream ended early");
+  return last;
+}
+function showEvidence(left, right, threshold) {
   document.getElementById("ha").textContent = "left: " + left.selector;
   document.getElementById("hb").textContent = "right: " + right.selector;
   document.getElementById("thr").textContent = Number(threshold).toFixed(2);
@@ -166,6 +181,33 @@ async function ask(q, a, b, budget, threshold) {
     noteCell(row, onlyL[i], "left", false, dl, left.selector); noteCell(row, onlyR[i], "right", false, dr, right.selector);
   }
   document.getElementById("compare").hidden = false; document.getElementById("legend").hidden = false;
+}
+async function ask(q, a, b, budget, threshold) {
+  status.className = "muted"; status.textContent = "asking...";
+  const answer = document.getElementById("answer"), page = document.body.dataset;
+  answer.textContent = ""; document.getElementById("warnings").textContent = "";
+  delete page.evidenceShown; delete page.answerDone; delete page.tokensBeforeEvidence; delete page.tokens;
+  let left, right, tokens = 0, label = "";
+  const body = {question: q, budget: budget, near_duplicates: threshold};
+  try {
+    const leftReply = post("/select", Object.assign({selector: a}, body));
+    right = await stream("/ask", Object.assign({selector: b}, body), async evidence => {
+      left = await leftReply;  // the evidence is shown as soon as both selections are in, the answer still coming
+      showEvidence(left, evidence, threshold);
+      page.evidenceShown = "yes"; page.tokensBeforeEvidence = String(tokens);
+      label = "Answer (from " + evidence.selector + "'s evidence): "; answer.textContent = label;
+      status.textContent = "left: " + summary(left) + "   |   right: " + summary(evidence) + "   |   reading...";
+    }, text => { tokens += 1; answer.textContent += text; },
+       reason => { answer.textContent = label; });  // that reply was no answer: it is asked again
+    left = left || await leftReply;
+  } catch (e) { status.className = "err"; status.textContent = String(e.message || e); return; }
+  page.answerDone = "yes"; page.tokens = String(tokens);
+  status.textContent = "left: " + summary(left) + "   |   right: " + summary(right);
+  if (right.read_error) { status.className = "err"; status.textContent += "   |   " + right.read_error; }
+  answer.textContent = right.answer === null || right.answer === undefined ? "" :
+    "Answer (from " + right.selector + "'s evidence): " + right.answer;
+  document.getElementById("warnings").textContent = [...(left.warnings || []), ...(right.warnings || [])].join(" ");
+  showEvidence(left, right, threshold);
 }
 form.addEventListener("submit", ev => { ev.preventDefault();
   ask(form.q.value, form.a.value, form.b.value, parseInt(form.budget.value, 10), parseFloat(form.threshold.value)); });

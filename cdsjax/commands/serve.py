@@ -55,6 +55,7 @@ import time
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
 from cdsjax.commands.policy import DEFAULT_MAX_PDF_MB, LOOPBACK_NAMES, MAX_BUDGET, is_loopback, is_text
+from cdsjax.defaults import DEFAULT_BUDGET
 
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -103,7 +104,8 @@ def add_arguments(p) -> None:
                    help="let the embedding model run its own Python code (needed by nomic-embed); never taken "
                    "from an index")
     add_selector_argument(p, "selector when a request names none")
-    p.add_argument("--budget", type=int, default=10, help="budget when a request gives none (default: 10)")
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
+                   help=f"budget when a request gives none (default: {DEFAULT_BUDGET})")
     p.add_argument("--params", default=None, metavar="FILE",
                    help="parameters of the learned selectors (cdsjax tune; default: the shipped fit of each "
                    "selector's read-out)")

@@ -11,20 +11,23 @@ live in :mod:`cdsjax.commands.policy`.
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, field_validator
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cdsjax.commands import page as web
 from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
+from cdsjax.defaults import DEFAULT_BUDGET
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503
@@ -53,6 +56,7 @@ class Question(BaseModel):
     budget: Optional[StrictInt] = Field(default=None, ge=1, le=policy.MAX_BUDGET)
     options: Dict[str, Any] = Field(default_factory=dict)
     near_duplicates: Optional[StrictFloat] = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False)
+    stream: StrictBool = False  # /ask: JSON lines as the answer is written (stream_answer)
 
     @field_validator("question", "selector")
     @classmethod
@@ -85,7 +89,7 @@ class ServerState:
 
     @classmethod
     def load(cls, pipe, *, limits: Optional[Limits] = None, default_selector: Optional[str] = None,
-             default_budget: int = 10, read_workers: int = 4,
+             default_budget: int = DEFAULT_BUDGET, read_workers: int = 4,
              max_pdf_bytes: int = policy.DEFAULT_MAX_PDF_MB << 20) -> "ServerState":
         """The state around a loaded :class:`cdsjax.pipeline.Pipeline`.
 
@@ -296,6 +300,9 @@ async def answer(state: ServerState, body: Question, read: bool):
         return state.error(400, str(err))
     except (ValueError, TypeError, OverflowError) as err:
         return state.error(400, f"bad request: {err}")
+    if read and pipe.reader is not None and body.stream:
+        return StreamingResponse(stream_answer(state, result, body), media_type="application/x-ndjson",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
     if read and pipe.reader is not None:
         try:
             await state.reading.run(pipe.read, result)
@@ -305,6 +312,69 @@ async def answer(state: ServerState, body: Question, read: bool):
             return state.error(502, f"reader: {result.error['message']}", error_kind=result.error["kind"],
                                result=public(state, result, body))
     return public(state, result, body)
+
+
+class ReadCancelled(Exception):
+    """The client of a streamed answer left: the reader's request is closed (the server stops generating)."""
+
+
+def json_line(obj: dict) -> bytes:
+    return (json.dumps(obj, default=float) + "\n").encode("utf-8")
+
+
+async def stream_answer(state: ServerState, result, body: Question):
+    """``POST /ask`` with ``"stream": true``: JSON lines, one per piece, as the answer is written.
+
+    ``{"event": "evidence", "result": ...}`` first (the ``ask --json`` object, without the answer yet), then
+    ``{"event": "token", "text": ...}`` per piece of the answer, ``{"event": "retry", "reason": ...}`` when a
+    reply was no answer and is asked again (drop the text shown so far), and last ``{"event": "done",
+    "result": ...}`` (the whole object) or ``{"event": "error", "status": ..., "error": ..., "result": ...}``.
+    A client that leaves closes the reader's request."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    left = threading.Event()
+
+    def put(event: dict) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def token(piece: str) -> None:
+        if left.is_set():
+            raise ReadCancelled()
+        put({"event": "token", "text": piece})
+
+    def read():
+        return state.pipe.read(result, on_token=token, on_retry=lambda reason: put({"event": "retry",
+                                                                                    "reason": reason}))
+
+    yield json_line({"event": "evidence", "result": public(state, result, body)})
+    task = asyncio.ensure_future(state.reading.run(read))
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield json_line(getter.result())
+                continue
+            getter.cancel()
+            while not queue.empty():
+                yield json_line(queue.get_nowait())
+            break
+        try:
+            task.result()
+        except Busy as err:
+            yield json_line({"event": "error", "status": 503, "error": f"server busy: {err}; retry later",
+                             "result": public(state, result, body)})
+            return
+        final = public(state, result, body)
+        if result.error is not None:
+            yield json_line({"event": "error", "status": 502, "error": f"reader: {final['error']['message']}",
+                             "result": final})
+        else:
+            yield json_line({"event": "done", "result": final})
+    finally:
+        left.set()  # a client that left: the next piece closes the reader's request
+        if not task.done():
+            task.cancel()
 
 
 async def ask(request: Request, body: Question):

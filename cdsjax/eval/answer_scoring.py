@@ -43,6 +43,7 @@ from collections import Counter
 from typing import Any, Iterable, List, Optional, Sequence
 
 from cdsjax.eval.answers import normalize_text
+from cdsjax.io.replies import strip_citations
 
 DECLINE_PATTERNS = re.compile(
     r"^\s*(not answerable|unanswerable|cannot be answered|can ?not answer|fail(?:ed)? to answer|"
@@ -245,13 +246,8 @@ def qasper_answer_f1(pred: str, spans_per_annotator: Iterable[Sequence[str]]) ->
         return None
     if declines(pred):
         return 0.0
-    pred = strip_citations(pred)
+    pred = strip_citations(str(pred))
     return max(token_f1(pred, g) for g in golds)
-
-
-def strip_citations(text: str) -> str:
-    """``text`` without evidence citation marks such as ``[2]`` or ``[1][4]``."""
-    return re.sub(r"\[\d+(?:\s*,\s*\d+)*\]", " ", str(text))
 
 
 CLASSES = ("yes", "no", "unanswerable")

@@ -5,7 +5,7 @@ goes to a vision-language reader, and its answer is scored against the gold answ
   text, figures/tables/charts with an image crop as ``image_url`` parts with their caption and summary) and
   sent through :class:`cdsjax.io.llm.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
   at a time from a thread pool, with a progress bar.
-* Every reply goes through a :class:`~cdsjax.eval.reply_cache.ReplyCache` under ``<output_dir>/replies``, keyed by
+* Every reply goes through a :class:`~cdsjax.io.reply_cache.ReplyCache` under ``<output_dir>/replies``, keyed by
   the model, the prompt version, the full request (question, evidence text, images), the evidence's note ids and
   the generation settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector that
   picks the same evidence sends nothing.
@@ -46,13 +46,12 @@ import ml_collections
 import numpy as np
 
 from cdsjax.eval import answer_scoring as S
-from cdsjax.eval.reply_cache import ReplyCache, content_hash, reply_key
+from cdsjax.io.reply_cache import ReplyCache, content_hash, reply_key
 
 CONTROLS = ("none", "full")
 ANSWERS_FILE = "answers.jsonl"
-READER_PROMPT_VERSION = "reader-2"
 JUDGE_PROMPT_VERSION = "judge-1"
-ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "cites_gold", "reader_error",
+ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "no_answer", "cites_gold", "reader_error",
                   "judge_error")
 
 
@@ -80,6 +79,9 @@ def reader_settings() -> ml_collections.ConfigDict:
         # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
         "local_keep_alive": ml_collections.config_dict.placeholder(float),
         "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
+        # the evidence's token budget (cdsjax.io.evidence_fit): -1 the reader's own (the local reader's default,
+        # else derived from the server's window); 0 every note whole; N that many estimated tokens
+        "evidence_tokens": -1,
     })
 
 
@@ -156,6 +158,7 @@ def local_reader(config, log: Callable[[str], None] = print):
             config.reader.url = local.base_url
             config.reader.model = local.model_name
             config.reader.concurrency = min(int(r.concurrency), settings.slots)
+            config.reader.started_local = True  # the evidence budget defaults to the local reader's
             # a CPU answers in 10-20 s alone, and several times slower beside other work: room for that
             config.reader.timeout = max(float(r.timeout), LOCAL_TIMEOUT_S)
             if "judge" in config and not str(config.judge.get("url", "") or ""):
@@ -178,17 +181,30 @@ def _environ(name: str, value: Optional[str]):
             os.environ[name] = before
 
 
-def _clients(config):
+def evidence_tokens(config) -> Optional[int]:
+    """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
+    token budgets; -1, the default: the local reader's :data:`cdsjax.defaults.LOCAL_EVIDENCE_TOKENS` with
+    ``config.reader.local``, else derived from the server's window)."""
+    from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+
+    r = config.reader
+    value = int(r.get("evidence_tokens", -1))
+    if value >= 0:
+        return value
+    return LOCAL_EVIDENCE_TOKENS if bool(r.get("started_local", False)) else None
+
+
+def _clients(config, cache: Optional[ReplyCache] = None):
     from cdsjax.io.judge import Judge
-    from cdsjax.io.llm import ChatClient, ReaderConfig
+    from cdsjax.io.reader import Reader, ReaderConfig
 
     r = config.reader
     rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),
                       max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
                       temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
                       concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)),
-                      images=str(r.get("images", "auto")))
-    reader = ChatClient(rc)
+                      images=str(r.get("images", "auto")), evidence_tokens=evidence_tokens(config))
+    reader = Reader(rc, cache=cache)
     j = config.get("judge", None) or judge_settings()
     if not bool(j.get("enabled", True)):
         return reader, None
@@ -236,11 +252,12 @@ class EvidenceSource:
 
 
 def _estimated_tokens(items, max_text_chars: int) -> int:
-    from cdsjax.io.reader import CHARS_PER_TOKEN, PROMPT_RESERVE_TOKENS, TOKENS_PER_IMAGE
+    from cdsjax.io.evidence_fit import TOKENS_PER_IMAGE, estimate_tokens
+    from cdsjax.io.reader import PROMPT_RESERVE_TOKENS, note_text
 
-    chars = sum(min(len(i.text or i.summary or ""), max_text_chars) + len(i.caption) for i in items)
     images = sum(1 for i in items if i.is_visual and i.image_path)
-    return int(chars / CHARS_PER_TOKEN + TOKENS_PER_IMAGE * images + PROMPT_RESERVE_TOKENS)
+    return sum(estimate_tokens(note_text(i, max_text_chars)) for i in items) + TOKENS_PER_IMAGE * images \
+        + PROMPT_RESERVE_TOKENS
 
 
 def fits_reader(items, *, max_context: int, max_images: int, max_tokens: int, max_text_chars: int) -> bool:
@@ -260,18 +277,6 @@ def full_document_ids(problem) -> List[str]:
     if not own:
         return list(problem.note_ids)
     return [n for n, d in zip(problem.note_ids, problem.docs) if d in own]
-
-
-def _chat(client, cache: ReplyCache, key: str, messages: list, *, max_tokens: int, seed: Optional[int]):
-    """The cached reply of one request (dict with ``text``), or raises ReaderError."""
-    extra = {} if seed is None else {"seed": int(seed)}
-
-    def fetch():
-        reply = client.chat(messages, max_tokens=max_tokens, **extra)
-        return {"text": reply.content, "model": reply.model, "finish_reason": reply.finish_reason,
-                "usage": reply.usage}
-
-    return cache.get_or_fetch(key, fetch)
 
 
 def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
@@ -325,8 +330,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
     docstring); writes ``answers.jsonl`` and returns its records."""
     from cdsjax.io.llm import ReaderError
-    from cdsjax.io.reader import SYSTEM_PROMPT, send_evidence
-    from cdsjax.io.replies import markers_only, strip_thinking
+    from cdsjax.io.replies import markers_only
     from cdsjax.eval.settings import budgets_of
 
     r = config.reader
@@ -365,11 +369,10 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         log(f"full-document control: {n_full - skipped_full} of {n_full} (question, budget) pairs fit "
             f"config.reader.max_context={int(r.max_context)} tokens"
             + (f" and config.reader.max_images={max_images}" if max_images else ""))
-    reader, judge = _clients(config)
-    model = str(r.model) or reader.model
-    prompt_hash = content_hash(SYSTEM_PROMPT)
-    mmlb = bench.name.startswith("mmlongbench")
     cache = ReplyCache(out_dir / "replies")
+    reader, judge = _clients(config, cache)
+    model = str(r.model) or reader.model
+    mmlb = bench.name.startswith("mmlongbench")
     judge_label = {}
     if judge is not None and not mmlb:
         judge_label = {"judge_model": judge.config.model,
@@ -381,32 +384,27 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         q = p.query
         rec = {"benchmark": bench.name, "selector": label, "budget": b, "qid": qid, "seed": seed, "evidence": ids,
                "metrics": {"accuracy": None, "answer_f1": None, "exact_match": None, "markers_only": None,
-                           "cites_gold": None, "reader_error": 0.0, "judge_error": None}}
-
-        def key(messages, kept):
-            return reply_key(kind="reader", model=model, prompt=READER_PROMPT_VERSION, prompt_hash=prompt_hash,
-                             question=q.question, notes=[i.note_id for i in kept], request=content_hash(messages),
-                             max_tokens=max_tokens, temperature=float(r.temperature), seed=seed)
-
+                           "no_answer": None, "cites_gold": None, "reader_error": 0.0, "judge_error": None}}
         try:
-            sent = send_evidence(reader, q.question, source.items(ids),
-                                 lambda m, kept: _chat(reader, cache, key(m, kept), m, max_tokens=max_tokens,
-                                                       seed=seed),
-                                 max_text_chars=max_chars, known=lambda m, kept: key(m, kept) in cache)
-            reply, cached = sent.result
-            text = strip_thinking(reply["text"])
-            rec.update(reply=text, cached=cached, images=sent.images, image_mode=sent.image_mode,
-                       dropped=sent.dropped)
-            if sent.warnings:
-                rec["warnings"] = list(sent.warnings)
-            rec["metrics"]["markers_only"] = float(markers_only(text, q.question))
-            rec["metrics"]["cites_gold"] = cites_gold(q, sent.evidence, text)
+            # the one reading path (ask, serve and the pipeline read through it too): token budget, reply cache,
+            # a reply that is no answer asked again once
+            out = reader.answer(q.question, source.items(ids), max_tokens=max_tokens, seed=seed,
+                                whole=label == "full")
+            text = out.text
+            rec.update(reply=text, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
+                       sent=[i.note_id for i in out.evidence], evidence_tokens=out.evidence_tokens,
+                       trimmed=out.trimmed, prompt_tokens=(out.usage or {}).get("prompt_tokens"),
+                       no_answer=out.no_answer, retried=out.retried)
+            if out.no_answer is not None:
+                rec["raw_reply"] = out.raw
+            if out.warnings:
+                rec["warnings"] = list(out.warnings)
+            rec["metrics"]["markers_only"] = float(markers_only(out.raw, q.question))
+            rec["metrics"]["no_answer"] = float(out.no_answer is not None)
+            rec["metrics"]["cites_gold"] = cites_gold(q, list(out.evidence), text)
             if mmlb:
-                xm = S.extraction_messages(q.question, text)
-                xkey = reply_key(kind="extract", model=model, prompt=S.EXTRACT_PROMPT_VERSION,
-                                 prompt_hash=content_hash(S.EXTRACT_PROMPT), request=content_hash(xm),
-                                 max_tokens=128)
-                extracted = S.parse_extracted(_chat(reader, cache, xkey, xm, max_tokens=128, seed=None)[0]["text"])
+                xm = S.extraction_messages(q.question, text or "Not answerable")
+                extracted = S.parse_extracted(reader.reply(xm, max_tokens=128)[0].content)
                 fmt = (q.meta or {}).get("answer_format")
                 rec["extracted"] = extracted
                 rec["metrics"]["accuracy"] = S.score_mmlongbench(extracted, str(q.answer or ""), fmt)
@@ -422,7 +420,9 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         if "extractive_spans" in (q.meta or {}):
             rec["metrics"]["answer_f1"] = S.qasper_answer_f1(text, q.meta["extractive_spans"])
         rec["metrics"]["exact_match"] = S.exact_match(text, golds)
-        if judge is not None and golds:
+        if out.no_answer is not None and golds and judge is not None:  # no answer (asked twice): wrong, unjudged
+            rec["metrics"]["accuracy"] = 0.0
+        elif judge is not None and golds:
             rec.update(judge_label)
             try:
                 # correct against any gold answer; the judge is asked gold by gold until one agrees

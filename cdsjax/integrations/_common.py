@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapters' formatter, shared with ask)
+from cdsjax.defaults import DEFAULT_BUDGET
 
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
@@ -76,7 +77,7 @@ class Chooser:
       ValueError: an unknown selector or option, or a budget that is not an integer >= 1.
     """
 
-    def __init__(self, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
+    def __init__(self, selector: Optional[str] = None, budget: int = DEFAULT_BUDGET, options: Optional[dict] = None):
         import jax
 
         from cdsjax.core.validation import check_budget
@@ -162,7 +163,7 @@ class IndexSource:
       ValueError: no such index, an unknown selector or option, a bad budget (one line).
     """
 
-    def __init__(self, index, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None):
+    def __init__(self, index, selector: Optional[str] = None, budget: int = DEFAULT_BUDGET, options: Optional[dict] = None):
         from cdsjax.catalog import selector_spec
         from cdsjax.core.validation import check_budget
         from cdsjax.pipeline import Pipeline, PipelineError

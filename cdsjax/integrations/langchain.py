@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from cdsjax.integrations._common import Chooser, Encoder, IndexSource, embedder_info, missing_extra, note_text
+from cdsjax.defaults import DEFAULT_BUDGET
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
@@ -97,7 +98,7 @@ class CDSRetriever(BaseRetriever):
 
     index: Any
     selector: Optional[str] = None
-    budget: int = 10
+    budget: int = DEFAULT_BUDGET
     options: Dict[str, Any] = {}
     include_embeddings: bool = True
     _source: Any = PrivateAttr(default=None)
@@ -148,7 +149,7 @@ class CDSCompressor(BaseDocumentCompressor):
 
     embeddings: Optional[Embeddings] = None
     selector: Optional[str] = None
-    budget: int = 10
+    budget: int = DEFAULT_BUDGET
     options: Dict[str, Any] = {}
     _chooser: Any = PrivateAttr(default=None)
 

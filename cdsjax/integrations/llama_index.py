@@ -29,6 +29,7 @@ import numpy as np
 
 from cdsjax.integrations import _common as common
 from cdsjax.integrations._common import HIDDEN_KEYS, Chooser, IndexSource, missing_extra, note_text
+from cdsjax.defaults import DEFAULT_BUDGET
 
 __all__ = ["CDSEmbedding", "CDSPostprocessor", "CDSRetriever"]
 
@@ -88,7 +89,7 @@ class CDSRetriever(BaseRetriever):
     :class:`cdsjax.pipeline.Pipeline`): the ``budget`` nodes ``cdsjax ask`` would select with ``selector`` (None:
     the default of ``cdsjax ask``, ``cds_learned_pages``) and its ``options`` (``beta``, ``tau``, ``lam``, ...)."""
 
-    def __init__(self, index, selector: Optional[str] = None, budget: int = 10, options: Optional[dict] = None,
+    def __init__(self, index, selector: Optional[str] = None, budget: int = DEFAULT_BUDGET, options: Optional[dict] = None,
                  **kwargs: Any):
         super().__init__(**kwargs)
         self._source = IndexSource(index, selector, budget, options)
@@ -122,7 +123,7 @@ class CDSPostprocessor(BaseNodePostprocessor):
 
     embed_model: Optional[BaseEmbedding] = Field(default=None)
     selector: Optional[str] = Field(default=None)
-    budget: int = Field(default=10)
+    budget: int = Field(default=DEFAULT_BUDGET)
     options: Dict[str, Any] = Field(default_factory=dict)
     _chooser: Any = PrivateAttr(default=None)
 

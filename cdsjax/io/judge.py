@@ -14,7 +14,7 @@ The same server and model as the reader's may judge; the evaluation labels its r
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional
+from typing import Optional
 
 from cdsjax.io.llm import ChatClient, ReaderError
 from cdsjax.io.reader import ABSTAIN
@@ -106,21 +106,6 @@ class Judge(ChatClient):
             raise ReaderError(f"the judge at {self.url} {err}", kind="bad_response", url=self.url) from None
         return JudgeVerdict(correct=correct, score=score, rationale=rationale, raw=reply.content,
                             model=reply.model, latency_s=reply.latency_s)
-
-    def judge_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
-        """Judges many predictions, ``config.concurrency`` at a time, in input order.
-
-        Args:
-          items: ``(question, gold_answer, predicted)`` triples or dicts with those keys.
-          progress: show a progress bar.
-          errors: "raise" or "return", as in :meth:`Reader.answer_many`.
-        """
-        def one(item):
-            if isinstance(item, Mapping):
-                return self.judge(item["question"], item["gold_answer"], item["predicted"])
-            return self.judge(*item)
-
-        return self.map(one, items, desc="judge", progress=progress, errors=errors)
 
 
 # The judge's own words for a verdict, beside the yes/no words every reply may use (io.replies).

@@ -29,12 +29,10 @@ import re
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 import openai
 import tenacity
-from tqdm import tqdm
 
 from cdsjax.io.replies import oneline
 
@@ -89,6 +87,8 @@ class ReaderConfig:
       concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
       max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
         length; None asks the server (llama.cpp at /props, vLLM in /v1/models), else 32768.
+      evidence_tokens: the reader's evidence budget in estimated tokens (:mod:`cdsjax.io.evidence_fit`); None
+        derives it from the server's window (:meth:`cdsjax.io.reader.Reader.evidence_tokens`).
       images: ``auto`` (default) sends visual notes as images until the server refuses one, then as text
         (caption, summary and surrounding text) from that request on; ``on`` always sends images (a refusal
         is an error); ``off`` never does.
@@ -107,6 +107,7 @@ class ReaderConfig:
     concurrency: int = 8
     max_model_len: Optional[int] = None
     images: str = "auto"
+    evidence_tokens: Optional[int] = None
 
     def __post_init__(self):
         if self.images not in IMAGE_MODES:
@@ -121,6 +122,7 @@ class ReaderConfig:
             "max_text_chars": self.max_text_chars >= 1,
             "concurrency": self.concurrency >= 1,
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
+            "evidence_tokens": self.evidence_tokens is None or self.evidence_tokens >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -157,6 +159,7 @@ class ChatReply:
       usage: the server's token counts (prompt_tokens, completion_tokens, total_tokens), or None.
       model: the model that answered.
       latency_s: wall time of the call, retries included.
+      first_token_s: for a streamed reply, seconds from the call to its first piece of text; else None.
     """
 
     content: str
@@ -164,6 +167,7 @@ class ChatReply:
     usage: Optional[dict]
     model: str
     latency_s: float
+    first_token_s: Optional[float] = None
 
 
 _CONTEXT_TOO_LONG = re.compile(
@@ -204,6 +208,59 @@ def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
 
 class _MalformedReply(Exception):
     """A reply that is not a usable chat completion (invalid JSON, no choices, no message content)."""
+
+
+class _Streamed:
+    """Whether a streamed call has handed text to its caller: after that a failure is not retried (the caller
+    has shown the text), it is raised."""
+
+    def __init__(self):
+        self.started = False
+
+
+class _Delivered(Exception):
+    """A failure of a stream after its first piece of text: not retried."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _stream(client, request: dict, on_token, streamed: _Streamed, start: float) -> dict:
+    """One streamed completion: ``on_token`` gets each piece; returns the reply's fields (see ChatClient.chat)."""
+    if streamed.started:  # a retry after text was shown would show it twice
+        raise _Delivered(RuntimeError("the stream broke after its first piece"))
+    stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    pieces: list = []
+    finish, usage, model, first = None, None, None, None
+    try:
+        for chunk in stream:
+            model = getattr(chunk, "model", None) or model
+            if getattr(chunk, "usage", None) is not None:
+                usage = chunk.usage.model_dump()
+            for choice in getattr(chunk, "choices", None) or []:
+                finish = choice.finish_reason or finish
+                piece = getattr(choice.delta, "content", None) if choice.delta is not None else None
+                if not piece:
+                    continue
+                if first is None:
+                    first = time.perf_counter() - start
+                streamed.started = True
+                pieces.append(piece)
+                if on_token(piece):
+                    finish = "stopped"
+                    return dict(content="".join(pieces), finish_reason=finish, usage=usage, model=model,
+                                first_token_s=first)
+    except (openai.OpenAIError, ValueError) as err:
+        if streamed.started:
+            raise _Delivered(err) from err
+        raise
+    finally:
+        stream.close()  # also on Ctrl-C: the server sees the connection close and stops generating
+    content = "".join(pieces)
+    if not content.strip():
+        raise _MalformedReply(f"an empty reply (finish_reason={finish})")
+    return dict(content=content, finish_reason=finish, usage=usage, model=model, first_token_s=first)
 
 
 def _is_transient(err: BaseException) -> bool:
@@ -314,13 +371,19 @@ class ChatClient:
             raise ReaderError(self._not_found_message(model, names), kind="model_not_found", url=self.url)
         return model
 
-    def chat(self, messages: list, *, max_tokens: Optional[int] = None, seed: Optional[int] = None) -> ChatReply:
+    def chat(self, messages: list, *, max_tokens: Optional[int] = None, seed: Optional[int] = None,
+             on_token: Optional[Callable[[str], Optional[bool]]] = None) -> ChatReply:
         """One chat completion, retrying transient failures (see the module docstring).
 
         Args:
           messages: OpenAI chat messages.
           max_tokens: new-token limit for this call (default ``config.max_tokens``).
           seed: the sampling seed sent to the server (vLLM and OpenAI accept one); None sends none.
+          on_token: streams the reply (the OpenAI streaming API, which vLLM, llama.cpp and Ollama serve):
+            called with each piece of text as it arrives; when it returns True the request is closed at once
+            (the server stops generating) and the reply so far comes back with ``finish_reason="stopped"``.
+            A transient failure is retried only before the first piece; an interrupt (Ctrl-C) closes the
+            request before it propagates.
 
         Raises:
           ReaderError: no usable reply within ``config.timeout`` and ``config.max_retries`` retries.
@@ -337,6 +400,9 @@ class ChatClient:
             reraise=True,
         )
         attempts = 0
+        streamed = _Streamed()
+        request = dict(model=model, messages=messages, temperature=cfg.temperature,
+                       max_tokens=int(max_tokens or cfg.max_tokens), **({} if seed is None else {"seed": int(seed)}))
         try:
             for attempt in retrying:
                 with attempt:
@@ -344,16 +410,25 @@ class ChatClient:
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         raise openai.APITimeoutError(request=None)  # the deadline passed between attempts
-                    response = self.client.with_options(timeout=left).chat.completions.create(
-                        model=model, messages=messages, temperature=cfg.temperature,
-                        max_tokens=int(max_tokens or cfg.max_tokens),
-                        **({} if seed is None else {"seed": int(seed)}))
+                    client = self.client.with_options(timeout=left)
+                    if on_token is not None:
+                        reply = _stream(client, request, on_token, streamed, start)
+                        continue
+                    response = client.chat.completions.create(**request)
                     choices = getattr(response, "choices", None) or []
                     if not choices or choices[0].message is None:
                         raise _MalformedReply("a reply without choices")
                     content = choices[0].message.content
                     if content is None or not content.strip():
                         raise _MalformedReply(f"an empty reply (finish_reason={choices[0].finish_reason})")
+                    usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
+                    reply = dict(content=content, finish_reason=choices[0].finish_reason, usage=usage,
+                                 model=response.model or model, first_token_s=None)
+        except _Delivered as err:  # the stream broke after text was shown: raised, not retried
+            if isinstance(err.cause, openai.OpenAIError):
+                raise self._error(err.cause, attempts) from err.cause
+            raise ReaderError(f"the {self.role} at {self.url} broke off its reply ({oneline(err.cause, 120)})",
+                              kind="bad_response", url=self.url, attempts=attempts) from None
         except openai.OpenAIError as err:
             raise self._error(err, attempts) from err
         except _MalformedReply as err:
@@ -365,10 +440,9 @@ class ChatClient:
                               attempts=attempts) from None
         if has_images(messages):
             self._takes_images = True
-        latency = time.perf_counter() - start
-        usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
-        return ChatReply(content=content, finish_reason=choices[0].finish_reason, usage=usage,
-                         model=response.model or model, latency_s=latency)
+        return ChatReply(content=reply["content"], finish_reason=reply["finish_reason"], usage=reply["usage"],
+                         model=reply["model"] or model, latency_s=time.perf_counter() - start,
+                         first_token_s=reply["first_token_s"])
 
     @property
     def takes_images(self) -> Optional[bool]:
@@ -544,39 +618,3 @@ class ChatClient:
                                kind="bad_request", url=self.url, attempts=attempts)
         return ReaderError(self._not_found_message(model, names), kind="model_not_found",
                            url=self.url, attempts=attempts)
-
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], *, desc: str, progress: bool,
-            errors: str) -> list:
-        """Applies ``fn`` to each item with at most ``config.concurrency`` calls in flight; keeps order.
-
-        With ``errors="return"`` a failed item's exception takes its place in the result, except for
-        errors every later call would hit too (server unreachable, unknown model, refused key), which
-        stop the batch; with ``errors="raise"`` the first failure stops it.
-        """
-        if errors not in ("raise", "return"):
-            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
-        items = list(items)
-        results: list = [None] * len(items)
-        if not items:
-            return results
-        workers = min(self.config.concurrency, len(items))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"cdsjax-{self.role}")
-        try:
-            with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
-                futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-                for future in as_completed(futures):
-                    try:
-                        results[futures[future]] = future.result()
-                    except Exception as err:
-                        if errors == "raise" or getattr(err, "kind", None) in FATAL_KINDS:
-                            raise
-                        results[futures[future]] = err
-                    bar.update()
-        except BaseException:
-            # Fail fast: drop queued calls and do not wait for the ones in flight.
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return results
-
-

@@ -43,15 +43,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
-import math
-import random
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 # The client and the reply parsing live in llm / replies; the names stay importable from here.
 from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError, count_images  # noqa: F401
-from cdsjax.io.replies import markers_only, parse_citations, starts_with, strip_thinking  # noqa: F401
+from cdsjax.io.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
+from cdsjax.io.replies import ReplyGuard, no_answer, parse_citations, starts_with, strip_thinking
+from cdsjax.io.reply_cache import content_hash, reply_key
 
 TEXT_KINDS = ("text",)
 VISUAL_KINDS = ("figure", "table", "chart")
@@ -60,13 +59,10 @@ KINDS = TEXT_KINDS + VISUAL_KINDS
 ABSTAIN = "Not answerable"
 DEFAULT_MAX_MODEL_LEN = 32768  # the paper's Qwen3-VL window, used when neither config nor server says
 
-# Token estimate of the no-retrieval control (paper App. B.6): ~3 characters per text token, a flat
-# allowance per image and for the prompt scaffolding, output between 256 and 8192 tokens.
-CHARS_PER_TOKEN = 3
-TOKENS_PER_IMAGE = 1500
+# Room in the window besides the evidence: the instructions, the question and the headers (a remote server's
+# evidence budget is its window less this and the answer's tokens), and the least evidence budget derived so.
 PROMPT_RESERVE_TOKENS = 1500
-MIN_OUTPUT_TOKENS = 256
-MAX_OUTPUT_TOKENS = 8192
+MIN_EVIDENCE_TOKENS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +153,20 @@ class ReaderAnswer:
       finish_reason: "stop", or "length" when the answer hit max_tokens.
       warnings: one-line notes on what was sent (an image file that was missing and went as text, visual
         notes sent as text to a server that takes no images, notes left out of a request too long).
+      images: image parts sent.
       image_mode: how the visual notes went: "images" (as image parts), "text" (as caption, summary and text:
         ``images`` is ``off`` or the server takes none) or "none" (the evidence had no image to send).
-      dropped: the lowest-ranked notes left out because the request was too long for the server (0 when none).
+      dropped: the lowest-ranked notes left out: beyond the token budget, or because the request was too long
+        for the server (0 when none).
+      no_answer: why the reader gave no answer (a key of :data:`cdsjax.io.replies.NO_ANSWER`: markers only,
+        echoed evidence headers, a loop), after one retry with a stricter instruction; ``text`` is then "".
+      retried: why the first reply was asked again (a key of ``NO_ANSWER``), None when it was an answer.
+      first_token_s: seconds from the (last) request to the first streamed piece; None when not streamed.
+      evidence_tokens: the evidence's estimated tokens as sent (:mod:`cdsjax.io.evidence_fit`).
+      trimmed: notes sent as their sentences nearest the question (0 or 1).
+      cached: the reply came from the reply cache.
+      raw: the reply as written (thinking removed), also when it was no answer.
+      evidence: the evidence items as sent, in prompt order (a trimmed note with its kept sentences).
     """
 
     text: str
@@ -170,8 +177,17 @@ class ReaderAnswer:
     model: str
     finish_reason: Optional[str] = None
     warnings: tuple = ()
+    images: int = 0
     image_mode: str = "none"
     dropped: int = 0
+    no_answer: Optional[str] = None
+    retried: Optional[str] = None
+    first_token_s: Optional[float] = None
+    evidence_tokens: int = 0
+    trimmed: int = 0
+    cached: bool = False
+    raw: str = ""
+    evidence: tuple = ()
 
 
 def error_dict(err: "ReaderError") -> dict:
@@ -195,6 +211,10 @@ the evidence writes them; read values off images carefully.
 - If the evidence does not answer the question, reply with exactly: Not answerable
 - Be brief: the answer first, then at most two sentences of justification."""
 QUESTION_LINE = "Answer with the content itself, then cite the evidence you used as [n]."
+# The second request after a reply that was no answer (markers only, echoed headers, a loop)
+STRICT_LINE = ("Your reply must start with the answer itself, written out in words or numbers (a value, a name, a "
+               "short phrase or \"Not answerable\"). Do not copy the evidence, its numbers or its headers; do not "
+               "repeat yourself; write at most two sentences, then the [n] of the evidence you used.")
 
 
 def build_messages(
@@ -204,6 +224,7 @@ def build_messages(
     max_text_chars: Optional[int] = 1500,
     missing_images: Optional[list] = None,
     images: bool = True,
+    strict: bool = False,
 ) -> list:
     """Builds the chat messages for one question (reads image files, sends nothing).
 
@@ -216,6 +237,7 @@ def build_messages(
         text (caption, summary and its text) and receives one warning line per missing image.
       images: False sends every visual note as text (caption, summary and its text), for a server that
         takes no images; no image file is read.
+      strict: ask again after a reply that was no answer: :data:`STRICT_LINE` after the question.
 
     Returns:
       ``[system message, user message]``; the user message's content is a list of ``text`` and
@@ -248,7 +270,7 @@ def build_messages(
                 lines = []
         else:
             lines.append(header + "\n" + _cut(item.text or item.summary, max_text_chars))
-    lines.append(f"Question: {question.strip()}\n\n{QUESTION_LINE}")
+    lines.append(f"Question: {question.strip()}\n\n{QUESTION_LINE}" + (f"\n{STRICT_LINE}" if strict else ""))
     parts.append({"type": "text", "text": "\n\n".join(lines)})
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
 
@@ -319,7 +341,7 @@ class Sent:
 
 
 def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
-                  send, *, max_text_chars: Optional[int] = 1500, known=None) -> Sent:
+                  send, *, max_text_chars: Optional[int] = 1500, known=None, strict: bool = False) -> Sent:
     """Builds and sends the request of ``question`` over ``evidence`` as ``client.config.images`` allows, and
     sends a shorter one while the server finds it too long (module docstring).
 
@@ -330,6 +352,7 @@ def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[Ev
       max_text_chars: longest text per note (None keeps everything).
       known: ``known(messages, items)`` is True where ``send`` needs no server (a reply cache), see
         :meth:`ChatClient.send_with_images`.
+      strict: the stricter instruction of a second request (:func:`build_messages`).
 
     Raises:
       ReaderError: what ``send`` raises, and ``context_too_long`` when even the question alone is too long.
@@ -341,7 +364,7 @@ def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[Ev
         def build(images: bool, kept=items) -> list:
             missing.clear()
             return build_messages(question, kept, max_text_chars=max_text_chars, missing_images=missing,
-                                  images=images)
+                                  images=images, strict=strict)
 
         check = None if known is None else (lambda m, kept=items: known(m, kept))
         try:
@@ -379,9 +402,7 @@ def notes_to_drop(items: Sequence[EvidenceItem], overflow: Optional[tuple], max_
     n, freed = 0, 0.0
     for item in reversed(items):
         n += 1
-        text = _visual_text(item, max_text_chars) if item.is_visual else _cut(item.text or item.summary,
-                                                                                max_text_chars)
-        freed += len(text) / CHARS_PER_TOKEN + (TOKENS_PER_IMAGE if item.image_path else 0)
+        freed += estimate_tokens(note_text(item, max_text_chars)) + (TOKENS_PER_IMAGE if item.image_path else 0)
         if freed >= excess:
             break
     return n
@@ -393,54 +414,40 @@ def is_abstention(text: str) -> bool:
 
 
 class Reader(ChatClient):
-    """Answers questions from evidence through an OpenAI-compatible server (vLLM, OpenAI, ...).
+    """Answers questions from evidence through an OpenAI-compatible server (vLLM, llama.cpp, OpenAI, ...): the
+    one reading path of ``ask``, ``serve``, the pipeline, the integrations, the demo and the batch evaluation.
 
     ``Reader(config)`` or ``Reader(base_url=..., model=..., timeout=...)`` (keyword overrides of
     :class:`ReaderConfig`). Creating one sends nothing; the first call does.
+
+    Args (besides the config):
+      cache: a :class:`cdsjax.io.reply_cache.ReplyCache`: a request sent before (same model, messages and
+        generation settings) is answered from it and sends nothing (the batch evaluation's resumable runs).
+      on_use: called before and after every request (a warm local server's keep-alive lease).
+      local: what a local server that answers is (:meth:`cdsjax.io.local_reader.LocalReader.describe`), for
+        ``ask --json``'s ``reader.local``; None for a remote server.
+
+    A new backend needs nothing of its own when it speaks the OpenAI chat-completions API with streaming
+    (``stream: true`` server-sent events; vLLM, llama.cpp, Ollama and OpenAI do): point ``base_url`` at it.
+    Anything else implements :meth:`ChatClient.chat` (one completion, ``on_token`` for streaming) and, where it
+    knows its window, :meth:`ChatClient.context_size`.
     """
 
-    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
-               max_tokens: Optional[int] = None) -> ReaderAnswer:
-        """Answers ``question`` from ``evidence`` (numbered [1].. in the prompt, text cut to
-        ``config.max_text_chars`` per note), visual notes as images or as text (``config.images``), the last
-        notes left out where the server finds the request too long (:func:`send_evidence`).
+    def __init__(self, config: Optional[ReaderConfig] = None, *, cache=None, on_use=None, local=None,
+                 **overrides: Any):
+        super().__init__(config, **overrides)
+        self.cache = cache
+        self.on_use = on_use
+        self.local = local
 
-        Args:
-          max_tokens: new-token limit for this call (default ``config.max_tokens``).
-
-        Raises:
-          ReaderError: the server could not give an answer (after retries where retrying makes sense).
-        """
-        sent = send_evidence(self, question, evidence,
-                             lambda messages, _: self.chat(messages, max_tokens=max_tokens),
-                             max_text_chars=self.config.max_text_chars)
-        return self._answer(sent)
-
-    def _answer(self, sent: Sent) -> ReaderAnswer:
-        reply: ChatReply = sent.result
-        text = strip_thinking(reply.content)
-        return ReaderAnswer(text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),
-                            usage=reply.usage, latency_s=reply.latency_s, model=reply.model,
-                            finish_reason=reply.finish_reason, warnings=sent.warnings, image_mode=sent.image_mode,
-                            dropped=sent.dropped)
-
-    def answer_many(self, items: Iterable[Any], *, progress: bool = True, errors: str = "raise") -> list:
-        """Answers many questions, ``config.concurrency`` at a time, in input order.
-
-        Args:
-          items: ``(question, evidence)`` pairs or dicts with ``question``, ``evidence`` and optionally
-            ``max_tokens``.
-          progress: show a progress bar.
-          errors: "raise" stops at the first failure; "return" puts a failed item's exception in its place
-            (a server that is down or lacks the model still stops the batch).
-        """
-        def one(item):
-            if isinstance(item, Mapping):
-                return self.answer(item["question"], item["evidence"], max_tokens=item.get("max_tokens"))
-            question, evidence = item
-            return self.answer(question, evidence)
-
-        return self.map(one, items, desc="reader", progress=progress, errors=errors)
+    def evidence_tokens(self) -> Optional[int]:
+        """The evidence's token budget: ``config.evidence_tokens`` when set (the local reader's is set by
+        whoever starts it; 0: no budget, every note whole), else what the server's window leaves once the
+        answer, the instructions and the question have room (:meth:`max_model_len` minus ``config.max_tokens``
+        minus :data:`PROMPT_RESERVE_TOKENS`), at least :data:`MIN_EVIDENCE_TOKENS`."""
+        if self.config.evidence_tokens is not None:
+            return int(self.config.evidence_tokens) or None
+        return max(MIN_EVIDENCE_TOKENS, self.max_model_len() - int(self.config.max_tokens) - PROMPT_RESERVE_TOKENS)
 
     def max_model_len(self) -> int:
         """The context window: ``config.max_model_len``, else the server's (:meth:`ChatClient.context_size`:
@@ -449,92 +456,130 @@ class Reader(ChatClient):
             return self.config.max_model_len
         return self.context_size() or DEFAULT_MAX_MODEL_LEN
 
-    def answer_without_retrieval(self, question: str, elements: Sequence[Any], qid: str, *, seed: int = 42,
-                                 k_text: int = 10, k_visual: int = 10,
-                                 image_root: Optional[Union[str, Path]] = None) -> ReaderAnswer:
-        """The no-retrieval control (paper App. B.6): sampled document content instead of selected evidence.
+    def fit(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
+            whole: bool = False, similarity=None) -> Fitted:
+        """The evidence as it will be sent: filled into :meth:`evidence_tokens` in rank order, the note that
+        does not fit whole cut to its sentences nearest the question
+        (:func:`cdsjax.io.evidence_fit.fit_evidence`); ``whole`` sends every note whole."""
+        items = as_evidence(evidence)
+        budget = None if whole else self.evidence_tokens()
+        return fit_items(question, items, budget, max_text_chars=self.config.max_text_chars,
+                         images=self.takes_images is not False and self.config.images != "off",
+                         similarity=similarity)
 
-        Samples ``k_text`` text chunks and ``k_visual`` visual elements of ``elements`` with
-        :func:`no_retrieval_evidence` (relative image paths resolved against ``image_root``), passes the
-        chunks whole (the control concatenates full chunks), and clamps the output length to the server
-        window with :func:`clamp_output_tokens`.
+    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
+               max_tokens: Optional[int] = None, on_token: Optional[Callable[[str], None]] = None,
+               on_retry: Optional[Callable[[str], None]] = None, seed: Optional[int] = None,
+               whole: bool = False, similarity=None) -> ReaderAnswer:
+        """Answers ``question`` from ``evidence`` (best first).
+
+        The evidence is fitted to the token budget (:meth:`fit`), numbered [1].. in the prompt, visual notes
+        as images or as text (``config.images``); the last notes are left out where the server still finds
+        the request too long (:func:`send_evidence`). A reply that is no answer (citation markers only, the
+        evidence headers echoed, a loop: :func:`cdsjax.io.replies.no_answer`) is asked again once with a
+        stricter instruction; failing that, the answer's ``no_answer`` says why and its ``text`` is "".
+
+        Args:
+          max_tokens: new-token limit for this call (default ``config.max_tokens``).
+          on_token: streams the answer: called with each piece of text as it is written, once it is an
+            answer (:class:`cdsjax.io.replies.ReplyGuard` holds back markers and echoed headers, and ends a
+            stream that echoes the evidence or loops at once); None sends one request without streaming.
+          on_retry: called with the reason (a key of :data:`cdsjax.io.replies.NO_ANSWER`) before the second
+            request, so a display can drop what it showed of the first.
+          seed: the sampling seed sent to the server; None sends none.
+          whole: send every note whole, whatever the token budget (the evaluation's ``full`` control).
+          similarity: ``similarity(question, sentences)`` -> scores, for trimming (default: word overlap).
+
+        Raises:
+          ReaderError: the server could not give a reply (after retries where retrying makes sense).
         """
-        evidence = no_retrieval_evidence(elements, qid, seed=seed, k_text=k_text, k_visual=k_visual,
-                                         image_root=image_root)
+        fitted = self.fit(question, evidence, whole=whole, similarity=similarity)
+        problem, retried, first, sent, reply, cached = None, None, None, None, None, False
+        for strict in (False, True):
+            guard = ReplyGuard(on_token, question) if on_token is not None else None
 
-        def send(messages, _):
-            return self.chat(messages, max_tokens=clamp_output_tokens(_text_chars(messages), count_images(messages),
-                                                                      self.max_model_len()))
+            def send(messages, _items, guard=guard):
+                return self.reply(messages, max_tokens=max_tokens, seed=seed, on_token=guard)
 
-        sent = send_evidence(self, question, evidence, send, max_text_chars=None)
-        return self._answer(sent)
+            sent = send_evidence(self, question, fitted.items, send, max_text_chars=self.config.max_text_chars,
+                                 strict=strict, known=self._known(max_tokens, seed))
+            reply, cached = sent.result
+            first = reply.first_token_s if first is None else first
+            problem = (guard.problem if guard is not None else None) or \
+                no_answer(reply.content, question=question, finish_reason=reply.finish_reason)
+            if problem is None:
+                if guard is not None:
+                    guard.release()
+                break
+            if not strict:
+                retried = problem
+                if on_retry is not None:
+                    on_retry(problem)
+        text = "" if problem is not None else strip_thinking(reply.content).strip()
+        return ReaderAnswer(
+            text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),
+            usage=reply.usage, latency_s=reply.latency_s, model=reply.model, finish_reason=reply.finish_reason,
+            warnings=sent.warnings, images=sent.images, image_mode=sent.image_mode, dropped=sent.dropped + fitted.left_out,
+            no_answer=problem, retried=retried,
+            first_token_s=first, evidence_tokens=fitted.tokens, trimmed=fitted.trimmed, cached=cached,
+            raw=strip_thinking(reply.content), evidence=tuple(sent.evidence))
+
+    def reply(self, messages: list, *, max_tokens: Optional[int] = None, seed: Optional[int] = None,
+              on_token: Optional[Callable[[str], Optional[bool]]] = None) -> Tuple[ChatReply, bool]:
+        """One request through the reply cache (when there is one): ``(reply, from_cache)``. A cached reply is
+        handed to ``on_token`` whole. ``on_use`` is called before and after a request that reaches the server."""
+        if self.cache is None:
+            return self._send(messages, max_tokens, seed, on_token), False
+        key = self.reply_key(messages, max_tokens, seed)
+
+        def fetch() -> dict:
+            return dataclasses.asdict(self._send(messages, max_tokens, seed, on_token))
+
+        value, cached = self.cache.get_or_fetch(key, fetch)
+        fields = {f.name for f in dataclasses.fields(ChatReply)}
+        reply = ChatReply(**{k: v for k, v in value.items() if k in fields})
+        if cached and on_token is not None:
+            on_token(reply.content)
+        return reply, cached
+
+    def reply_key(self, messages: list, max_tokens: Optional[int], seed: Optional[int]) -> str:
+        """The reply cache's key of a request: the model, the messages and the generation settings."""
+        return reply_key(kind="reader", model=self.model, request=content_hash(messages),
+                         max_tokens=int(max_tokens or self.config.max_tokens),
+                         temperature=float(self.config.temperature), seed=seed)
+
+    def _known(self, max_tokens, seed):
+        if self.cache is None:
+            return None
+        return lambda messages, _items: self.reply_key(messages, max_tokens, seed) in self.cache
+
+    def _send(self, messages, max_tokens, seed, on_token) -> ChatReply:
+        if self.on_use is not None:
+            self.on_use()
+        try:
+            return self.chat(messages, max_tokens=max_tokens, seed=seed, on_token=on_token)
+        finally:
+            if self.on_use is not None:
+                self.on_use()
 
 
-def _text_chars(messages: list) -> int:
-    total = 0
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, str):
-            total += len(content)
-        else:
-            total += sum(len(p["text"]) for p in content if p.get("type") == "text")
-    return total
+def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Optional[int], *,
+              max_text_chars: Optional[int], images: bool = True, similarity=None) -> Fitted:
+    """:func:`cdsjax.io.evidence_fit.fit_evidence` for reader evidence: a note's text as
+    :func:`build_messages` writes it (``max_text_chars`` per note), a crop counted as an image when ``images``."""
+
+    def shorten(item: EvidenceItem, room: int, q: str) -> Optional[EvidenceItem]:
+        if item.is_visual:
+            body = _visual_text(dataclasses.replace(item, image_path=None), int(room * CHARS_PER_TOKEN))
+            return dataclasses.replace(item, image_path=None, caption="", summary="", text=body) if body else None
+        kept = nearest_sentences(q, item.text or item.summary, room, similarity)
+        return dataclasses.replace(item, text=kept, summary="") if kept else None
+
+    return fit_evidence(question, items, token_budget, render=lambda item: note_text(item, max_text_chars),
+                        shorten=shorten, images=lambda item: int(images and item.is_visual and
+                                                                  item.image_path is not None))
 
 
-def no_retrieval_evidence(elements: Sequence[Any], qid: str, *, seed: int = 42, k_text: int = 10,
-                          k_visual: int = 10, image_root: Optional[Union[str, Path]] = None) -> list:
-    r"""Deterministically samples the no-retrieval control's evidence (paper App. B.6).
-
-    Draws ``min(k_text, #text)`` text chunks and ``min(k_visual, #visual)`` visual elements uniformly without
-    replacement, with a generator seeded by the integer value of ``md5(f"{seed}:{qid}")`` (text first, then
-    visual, from the same generator), so a (seed, query) pair always gets the same sample.
-
-    Args:
-      elements: the candidate documents' elements: EvidenceItems, ingestion ``Element``s or dicts. Text
-        elements whose ``role`` is "caption" are not chunks and are skipped (their visual carries them).
-        Without a ``note_id``, an element is named ``"{doc_id}:{reading_order}"`` (or its position).
-      qid: the query id.
-      seed: the run seed (the paper reports seeds 42, 43, 44).
-      image_root: the directory relative image paths start from (the index directory).
-
-    Returns:
-      EvidenceItems: the sampled text chunks in their input order, then the sampled visual elements in their
-      input order, with ``rank`` 1.. and ``score`` None.
-    """
-    if k_text < 0 or k_visual < 0:
-        raise ValueError(f"k_text and k_visual must be >= 0, got {k_text} and {k_visual}")
-    items, roles = [], []
-    for i, element in enumerate(elements):
-        raw = dataclasses.asdict(element) if dataclasses.is_dataclass(element) and not isinstance(
-            element, EvidenceItem) else element
-        if isinstance(raw, Mapping):
-            raw = dict(raw)
-            if "note_id" not in raw and "doc_id" in raw:
-                order = raw.get("reading_order")
-                raw["note_id"] = f"{raw['doc_id']}:{order if isinstance(order, int) and order >= 0 else i}"
-            path = raw.get("image_path")
-            if path is not None and image_root is not None and not Path(path).is_absolute():
-                raw["image_path"] = str(Path(image_root) / path)
-            roles.append(raw.get("role"))
-        else:
-            roles.append(None)
-        items.append(EvidenceItem.from_any(raw, where=f"elements[{i}]"))
-    rng = random.Random(int(hashlib.md5(f"{seed}:{qid}".encode()).hexdigest(), 16))
-    text = [i for i, e in enumerate(items) if not e.is_visual and roles[i] != "caption"]
-    visual = [i for i, e in enumerate(items) if e.is_visual]
-    chosen = sorted(rng.sample(text, min(k_text, len(text)))) + sorted(rng.sample(visual, min(k_visual, len(visual))))
-    return [dataclasses.replace(items[i], rank=r, score=None) for r, i in enumerate(chosen, start=1)]
-
-
-def clamp_output_tokens(context_chars: int, n_images: int, max_model_len: int) -> int:
-    r"""Output-token budget of the no-retrieval control (paper App. B.6, Eq. 16).
-
-    .. math:: T_{out} = \max(256, \min(8192, L_{max} - |c|/3 - 1500\,n_{img} - 1500))
-
-    with ~3 characters per text token and 1500 tokens per image; the result is rounded down.
-    """
-    if context_chars < 0 or n_images < 0 or max_model_len < 1:
-        raise ValueError(f"need context_chars >= 0, n_images >= 0, max_model_len >= 1; got "
-                         f"{context_chars}, {n_images}, {max_model_len}")
-    room = max_model_len - context_chars / CHARS_PER_TOKEN - TOKENS_PER_IMAGE * n_images - PROMPT_RESERVE_TOKENS
-    return int(max(MIN_OUTPUT_TOKENS, min(MAX_OUTPUT_TOKENS, math.floor(room))))
+def note_text(item: EvidenceItem, max_text_chars: Optional[int]) -> str:
+    """A note's text as the reader's prompt holds it."""
+    return _visual_text(item, max_text_chars) if item.is_visual else _cut(item.text or item.summary, max_text_chars)

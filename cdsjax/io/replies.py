@@ -213,6 +213,12 @@ def markers_only(text: str, question: str = "") -> bool:
     body = strip_thinking(text)
     if not re.search(_CITATION.pattern, body):
         return False
+    return not has_content(body, question)
+
+
+def has_content(text: str, question: str = "") -> bool:
+    """Whether some sentence of ``text`` carries content of its own (what :func:`markers_only` asks of a
+    reply; a reply without any citation may still carry none)."""
     asked = {_stem(w) for w in _WORD.findall(question.lower())}
 
     def substantive(piece: str) -> list:
@@ -232,5 +238,106 @@ def markers_only(text: str, question: str = "") -> bool:
         return bool(substantive(sentence[runs[-1].end():]))
 
     # sentences end at . ! ? or a line break, a citation run staying with the sentence it closes
-    sentences = re.split(r"(?<=[.!?])\s+(?![\[])|\n+", body)
-    return not any(holds_content(s) for s in sentences if s.strip())
+    sentences = re.split(r"(?<=[.!?])\s+(?![\[])|\n+", strip_thinking(text))
+    return any(holds_content(s) for s in sentences if s.strip())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replies that are no answer
+
+# The evidence headers the reader's prompt writes ("[2] table | document: report.pdf | page 12"), or its opening
+# line, found in a reply: the model echoed its evidence instead of answering.
+_ECHOED = re.compile(r"\[\s*\d+\s*\]\s*(?:text|figure|table|chart)\s*\|\s*document\s*:|\|\s*document\s*:[^|\n]{0,200}\|\s*page\s+\d+"
+                     r"|^\s*Evidence\s*\(\d+\s+items?\)\s*:", re.IGNORECASE | re.MULTILINE)
+NO_ANSWER = {
+    "markers_only": "it gave citation markers in place of an answer",
+    "echoed_evidence": "it copied the evidence headers instead of answering",
+    "loop": "it repeated itself",
+    "empty": "it wrote nothing",
+}
+
+
+def echoes_evidence(text: str) -> bool:
+    """Whether ``text`` copies the evidence headers of the reader's prompt."""
+    return bool(_ECHOED.search(text))
+
+
+def looping(text: str, *, min_span: int = 60, min_repeats: int = 3, max_period: int = 300) -> bool:
+    """Whether ``text`` ends in a loop: one piece of 1 to ``max_period`` characters repeated at least
+    ``min_repeats`` times back to back over at least ``min_span`` characters, or a line of 10+ characters that
+    occurs ``min_repeats`` times."""
+    lines = [line.strip() for line in text.splitlines() if len(line.strip()) >= 10]
+    if lines and max(lines.count(line) for line in set(lines)) >= min_repeats:
+        return True
+    tail = text.rstrip()
+    for period in range(1, min(max_period, len(tail) // min_repeats) + 1):
+        unit = tail[-period:]
+        repeats, end = 1, len(tail) - period
+        while end >= period and tail[end - period:end] == unit:
+            repeats, end = repeats + 1, end - period
+        if repeats >= min_repeats and repeats * period >= min_span:
+            return True
+    return False
+
+
+def no_answer(text: str, *, question: str = "", finish_reason: Optional[str] = None) -> Optional[str]:  # noqa: ARG001
+    """Why a reply is no answer (a key of :data:`NO_ANSWER`), or None for an answer: nothing written, the
+    evidence headers echoed, a loop (to the token cap, or cut off while streaming), or citation markers in place
+    of the content (:func:`markers_only`). A declining reply ("Not answerable") is an answer."""
+    body = strip_thinking(text).strip()
+    if not strip_citations(body).strip(" .,;:-*"):
+        return "markers_only" if _CITATION.search(body) else "empty"
+    if echoes_evidence(body):
+        return "echoed_evidence"
+    if looping(body) or (finish_reason == "length" and looping(body, min_span=30)):
+        return "loop"
+    # the question's own words count as content here: "BERT is better than ELMo [1]." answers "Is BERT better
+    # than ELMo?" (the metric markers_only(text, question) is stricter)
+    if markers_only(body):
+        return "markers_only"
+    return None
+
+
+class ReplyGuard:
+    """Shows a streamed reply only once it is an answer: the ``on_token`` of :meth:`ChatClient.chat` that holds
+    the reply back while it has no content of its own (markers, an evidence header being written), passes it
+    to ``show`` from then on, and stops the stream (returns True) as soon as it echoes the evidence or loops.
+
+    Attributes:
+      text: the reply so far.
+      shown: how many of its characters went to ``show``.
+      problem: why the stream was stopped (a key of :data:`NO_ANSWER`), or None.
+    """
+
+    CHECK_EVERY = 8  # pieces between loop checks (a check scans the reply's tail)
+
+    def __init__(self, show: Callable[[str], None], question: str = ""):
+        self.show = show
+        self.question = question
+        self.text = ""
+        self.shown = 0
+        self.problem: Optional[str] = None
+        self._pieces = 0
+
+    def __call__(self, piece: str) -> bool:
+        self.text += piece
+        self._pieces += 1
+        if echoes_evidence(self.text):
+            self.problem = "echoed_evidence"
+            return True
+        if self._pieces % self.CHECK_EVERY == 0 and looping(self.text):
+            self.problem = "loop"
+            return True
+        if not self.shown:
+            whole_words = self.text[: max(self.text.rfind(" "), self.text.rfind("\n"), 0)]
+            if not has_content(whole_words):
+                return False
+        self.show(self.text[self.shown:])
+        self.shown = len(self.text)
+        return False
+
+    def release(self) -> None:
+        """Shows what was held back (the reply turned out to be an answer)."""
+        if self.shown < len(self.text):
+            self.show(self.text[self.shown:])
+            self.shown = len(self.text)

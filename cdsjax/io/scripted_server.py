@@ -8,7 +8,9 @@ answers each chat completion with whatever ``responder(request_json)`` returns:
 a string (the assistant message content), a dict (a full JSON body), an
 ``(status, body)`` tuple to simulate server errors, or bytes (sent as the body as
 they are, to simulate a malformed reply). ``delay`` seconds of sleep
-before answering simulates a slow server. ``model_fields`` maps a model id to fields added to its
+before answering simulates a slow server. A request with ``"stream": true`` gets a string reply as
+server-sent events, word by word (``stream_pause`` seconds between pieces; ``hung_up`` counts streams the
+client closed early). ``model_fields`` maps a model id to fields added to its
 ``/v1/models`` entry, as vLLM adds ``max_model_len`` (the served context window); ``props`` is the JSON body
 of ``GET /props`` at the server's root, as llama.cpp answers it (``default_generation_settings.n_ctx``), and
 without it that path is a 404.
@@ -22,6 +24,7 @@ without it that path is a 404.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,8 +52,11 @@ class OpenAIServer:
         model_fields: Optional[Dict[str, dict]] = None,
         props: Optional[dict] = None,
         port: int = 0,
+        stream_pause: float = 0.0,
     ):
         self.responder = responder
+        self.stream_pause = stream_pause
+        self.hung_up = 0
         self.models = list(models)
         self.model_fields = dict(model_fields or {})
         self.props = props
@@ -113,8 +119,34 @@ class OpenAIServer:
                     self._send(out[0], out[1])
                 elif isinstance(out, dict):
                     self._send(200, out)
+                elif body.get("stream"):
+                    self._stream(str(out), model, bool((body.get("stream_options") or {}).get("include_usage")))
                 else:
                     self._send(200, completion(str(out), model))
+
+            def _stream(self, content: str, model: str, usage: bool):
+                """Server-sent events as the OpenAI streaming API sends them: one chunk per word (``stream_pause``
+                seconds apart), then the finish reason, the usage when asked for, and ``[DONE]``."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                words = re.findall(r"\S+\s*|\s+", content)
+                chunks = [chunk(model, {"content": w}) for w in words] + [chunk(model, {}, finish="stop")]
+                if usage:
+                    chunks.append({**chunk(model, {}), "choices": [],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": len(words),
+                                             "total_tokens": 1 + len(words)}})
+                try:
+                    for c in chunks:
+                        self.wfile.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+                        self.wfile.flush()
+                        if server.stream_pause:
+                            time.sleep(server.stream_pause)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    with server.lock:
+                        server.hung_up += 1  # the client closed the stream early
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", int(port)), Handler)
         self.httpd.daemon_threads = True
@@ -135,6 +167,12 @@ class OpenAIServer:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def chunk(model: str, delta: dict, finish: Optional[str] = None) -> dict:
+    """A chat.completion.chunk body (one piece of a streamed reply)."""
+    return {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
 def completion(content: str, model: str = "test-model") -> dict:

@@ -20,6 +20,7 @@ import ml_collections
 from cdsjax.learn.data import Example, balance, examples_of, split_by_document
 from cdsjax.learn.fit import FitConfig, FitResult, fit
 from cdsjax.learn.params_io import save_params
+from cdsjax.defaults import DEFAULT_BUDGET
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,7 @@ def load_examples(config, name: str, embedder, load_problems: Callable, *, progr
     bench, kind, problems, _ = load_problems(sub, embedder, cache_dir=cache_dir_for(config, name), progress=progress,
                                              log=log)
     examples = examples_of(problems, getattr(bench, "corpora", None) or None)
-    budget = int(_sub(config, name, "budgets", 10))
+    budget = int(_sub(config, name, "budgets", DEFAULT_BUDGET))
     for e in examples:
         e.budget = budget
         e.group = f"{name}:{e.group}"
