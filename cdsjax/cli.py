@@ -1,4 +1,4 @@
-"""The ``cdsjax`` command: ``index``, ``ask``, ``serve``, ``demo``, ``eval``, ``tune``, ``data``.
+"""The ``cdsjax`` command: ``index``, ``ask``, ``serve``, ``demo``, ``eval``, ``tune``, ``reader``, ``data``.
 
 :data:`COMMANDS` names each subcommand and its help text; the subcommand lives in
 :mod:`cdsjax.commands` as a module with ``add_arguments(parser)`` and
@@ -58,6 +58,11 @@ COMMANDS = {
         "fit the learned CDS game (selector cds-learned) on benchmark questions (configs/tune/*.py)",
         "Splits the config's benchmark questions by document, fits the learned game's parameters through the "
         "implicit derivatives of its equilibrium, and writes a parameter file with its provenance (resumable).",
+        epilog_from_doc=True),
+    "reader": Command(
+        "the local reader kept warm between commands: status, stop",
+        "Lists (status) or stops (stop) your local llama.cpp readers that stay up after a command for their "
+        "keep-alive (--keep-alive), found through the cdsjax cache.",
         epilog_from_doc=True),
     "data": Command(
         "download the benchmark data (MMLongBench-Doc, MMDocIR, QASPER, HotpotQA) and lay it out as data_root",

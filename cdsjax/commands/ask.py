@@ -27,7 +27,9 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "no_query_edge"), "beta"}  ({} for baselines),
      "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
                  "roundtrip"? (--server)}  (seconds),
-     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped"} | null,
+     "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped",
+                "local"? (the local reader: {"runtime", "model", "threads", "slots", "ctx_per_slot", ...,
+                          "reused": bool (true: it was already running, warm), "keep_alive_s"})} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
                          also printed to stderr)}
@@ -170,10 +172,13 @@ def local_reader_model(args) -> Optional[str]:
 
 def make_reader(args, stack=None):
     """The reader of ``ask`` / ``serve``: the remote server named by ``--reader-url`` (or CDSJAX_READER_URL),
-    else the local one (started now, stopped by ``stack``: a :class:`contextlib.ExitStack`), else None.
+    else the local one, else None.
 
-    The local server is started here and waited for (its model loads in ~2-5 s; a preset is assembled into
-    the cdsjax cache the first time); a server that cannot start is one line (exit 1)."""
+    The local server is this user's shared one when it is running with the same model and settings (``reused``
+    in ``reader.local``), else started here and waited for (its model loads in ~2-5 s; a preset is assembled
+    into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack`` (a
+    :class:`contextlib.ExitStack`) releases it: it stays up ``--keep-alive`` seconds after its last use
+    (:func:`cdsjax.io.local_reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
     if getattr(args, "no_read", False):
         return None
     url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
@@ -187,15 +192,16 @@ def make_reader(args, stack=None):
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, LocalReaderError
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, LocalReaderError, keep_alive_setting
 
     try:
         config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
-                                   slots=args.reader_slots)
+                                   slots=args.reader_slots,
+                                   keep_alive=keep_alive_setting(getattr(args, "keep_alive", None)))
     except ValueError as err:
         raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
     local = LocalReader(config, progress=sys.stderr.isatty() and not getattr(args, "json", False))
-    stack.callback(local.stop)
+    stack.callback(local.close)
     try:
         local.start()
     except LocalReaderError as err:

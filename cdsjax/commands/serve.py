@@ -191,7 +191,8 @@ def run(args) -> int:
         raise CLIError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err})", 1) from None
     compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
-    stack = contextlib.ExitStack()  # the local reader, kept warm for the server's life
+    # the local reader, held for the server's life (a shared one then stays up for its keep-alive)
+    stack = contextlib.ExitStack()
     try:
         reader = make_reader(args, stack)
     except BaseException:
@@ -245,7 +246,7 @@ def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) 
                           h11_max_incomplete_event_size=16 * 1024)).run(sockets=[sock])
     if state.lanes_running():
         # a job still computing holds a daemon thread inside JAX: leave without finalising the interpreter (the
-        # local reader is stopped first: os._exit runs no exit handler)
+        # local reader is stopped or released first: os._exit runs no exit handler)
         from cdsjax.io.local_reader import stop_all
 
         stop_all()

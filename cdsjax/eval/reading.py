@@ -75,6 +75,9 @@ def reader_settings() -> ml_collections.ConfigDict:
         "local_threads": 0,  # 0: every core
         "local_ctx": 8192,  # context tokens per slot
         "local_slots": 2,
+        # seconds the local reader stays up after the run, for the next run or `ask` to reuse (`cdsjax reader
+        # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
+        "local_keep_alive": ml_collections.config_dict.placeholder(float),
         "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
         # the evidence's token budget (cdsjax.io.evidence_fit): -1 the reader's own (the local reader's default,
         # else derived from the server's window); 0 every note whole; N that many estimated tokens
@@ -129,22 +132,27 @@ LOCAL_TIMEOUT_S = 1800.0  # the least reader and judge timeout with a local serv
 @contextlib.contextmanager
 def local_reader(config, log: Callable[[str], None] = print):
     """Yields ``config`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local`` names a
-    model — a copy whose reader URL and model are those of a local llama.cpp server started for the run
-    (:class:`cdsjax.io.local_reader.LocalReader`, stopped on leaving), with at most its slots in flight.
+    model — a copy whose reader URL and model are those of a local llama.cpp server
+    (:class:`cdsjax.io.local_reader.LocalReader`: this user's running one for the same model and settings, else
+    one started now; released on leaving, it stays up ``config.reader.local_keep_alive`` seconds), with at most
+    its slots in flight. Its API key is ``$CDSJAX_READER_API_KEY`` while inside (keys never enter a config).
     The judge, unless ``config.judge.url`` names another server, is the same local model."""
     r = config.reader
     name = str(r.get("local", "") or "")
     if str(r.get("url", "") or "") or not name:
         yield config
         return
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
 
     settings = LocalReaderConfig(model=name, threads=int(r.get("local_threads", 0)),
-                                 ctx_per_slot=int(r.get("local_ctx", 8192)), slots=int(r.get("local_slots", 2)))
-    with LocalReader(settings) as local:
+                                 ctx_per_slot=int(r.get("local_ctx", 8192)), slots=int(r.get("local_slots", 2)),
+                                 keep_alive=keep_alive_setting(r.get("local_keep_alive", None)))
+    key_variable = "CDSJAX_READER_API_KEY"
+    with LocalReader(settings) as local, _environ(key_variable, local.api_key):
         d = local.describe()
+        how = "reused, already running" if local.reused else f"started in {local.startup_s:.1f}s"
         log(f"local reader: {d['model']} on {d['runtime']}, {d['threads']} threads, {d['slots']} slots of "
-            f"{d['ctx_per_slot']} tokens, started in {local.startup_s:.1f}s (log: {local.log_path})")
+            f"{d['ctx_per_slot']} tokens, {how} (log: {local.log_path})")
         config = copy.deepcopy(config)
         with config.unlocked():
             config.reader.url = local.base_url
@@ -156,6 +164,21 @@ def local_reader(config, log: Callable[[str], None] = print):
             if "judge" in config and not str(config.judge.get("url", "") or ""):
                 config.judge.timeout = max(float(config.judge.get("timeout", 120.0)), LOCAL_TIMEOUT_S)
         yield config
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: Optional[str]):
+    """``os.environ[name] = value`` while inside (as it was afterwards)."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def evidence_tokens(config) -> Optional[int]:
