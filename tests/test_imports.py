@@ -372,7 +372,7 @@ def test_no_private_names_across_packages():
 # The layers of cdsjax, lowest first: a module may import only from its own layer's package or a lower layer
 # (commands -> agents / integrations -> pipeline -> eval / warmup -> selection -> learn -> io -> core).
 LAYERS = {
-    "core": 0, "config": 0, "cdsjax": 0, "evidence": 0, "memo": 0,
+    "core": 0, "config": 0, "cdsjax": 0, "evidence": 0, "memo": 0, "defaults": 0,
     "io": 1,
     "learn": 2, "demo": 2, "selector_cache": 2, "catalog": 2,
     "selection": 3,

@@ -559,10 +559,13 @@ class Reader(ChatClient):
                 if on_retry is not None:
                     on_retry(problem)
         text = "" if problem is not None else strip_thinking(reply.content).strip()
+        image_mode = sent.image_mode
+        if image_mode == "none" and any(i.is_visual and i.image_path for i in as_evidence(evidence)[:len(fitted.items)]):
+            image_mode = "text"  # a crop did not fit the token budget: its note went as text
         return ReaderAnswer(
             text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),
             usage=reply.usage, latency_s=reply.latency_s, model=reply.model, finish_reason=reply.finish_reason,
-            warnings=sent.warnings, images=sent.images, image_mode=sent.image_mode, dropped=sent.dropped + fitted.left_out,
+            warnings=sent.warnings, images=sent.images, image_mode=image_mode, dropped=sent.dropped + fitted.left_out,
             no_answer=problem, retried=retried,
             first_token_s=first, evidence_tokens=fitted.tokens, trimmed=fitted.trimmed, cached=cached,
             raw=strip_thinking(reply.content), evidence=tuple(sent.evidence))
