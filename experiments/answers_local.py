@@ -38,13 +38,19 @@ OUT = ROOT / "results" / "answers"
 BENCHMARKS = ("qasper", "mmlongbench")
 
 
-def build_config(bench: str, questions: int, threads: int, slots: int):
+def build_config(bench: str, questions: int, threads: int, slots: int, variant: str = "", tokens: int = -1,
+                 chosen: str = "", judge: bool = True):
     from configs import answers
 
     config = answers.get_config(bench)
     if os.environ.get("CDSJAX_DATA"):
         config.data_root = os.environ["CDSJAX_DATA"]
-    config.output_dir = str((OUT / bench).relative_to(ROOT))  # run from the repository root, as the configs are
+    # run from the repository root, as the configs are
+    config.output_dir = str((OUT / (f"{bench}-{variant}" if variant else bench)).relative_to(ROOT))
+    config.reader.evidence_tokens = tokens
+    if chosen:
+        config.selectors = chosen
+    config.judge.enabled = judge
     config.max_queries = questions
     config.reader.local_threads = threads
     config.reader.local_slots = slots
@@ -77,14 +83,14 @@ def selectors(bench: str) -> list:
     return answers.SELECTORS[bench].split(",")
 
 
-def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool = False) -> None:
+def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool = False, **variant) -> None:
     os.chdir(ROOT)
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval import evaluate
     from cdsjax.eval.settings import cache_dir_of
     from cdsjax.pipeline import enable_compilation_cache
 
-    config = build_config(bench, questions, threads, slots)
+    config = build_config(bench, questions, threads, slots, **variant)
     if from_cache:
         config = cached_only(config, bench)
     locate_data(config, prog="answers_local")
@@ -96,7 +102,8 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
     t0 = time.perf_counter()
     evaluate(config, progress=sys.stderr.isatty())
     wall = time.perf_counter() - t0
-    entry = dict(benchmark=bench, questions=questions, selectors=selectors(bench), wall_s=round(wall, 1),
+    entry = dict(benchmark=bench, questions=questions, selectors=str(config.selectors).split(","), wall_s=round(wall, 1),
+                 evidence_tokens=int(config.reader.evidence_tokens), judge=bool(config.judge.enabled),
                  new_replies=_lines(cache) - before, load_at_start=round(load, 2), threads=threads, slots=slots,
                  commit=_commit(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if from_cache:
@@ -105,7 +112,7 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
     with open(out / "runs.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")
     print(json.dumps(entry))
-    print(table(bench))
+    print(table(bench, out))
 
 
 def _lines(path: pathlib.Path) -> int:
@@ -155,7 +162,8 @@ def table(bench: str, out: pathlib.Path = None) -> str:
     if bench == "mmlongbench":
         head[2] = "generalized F1"
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for sel in selectors(bench):
+    present = {sel for sel, _ in rows}
+    for sel in [s for s in selectors(bench) if s in present] + sorted(present - set(selectors(bench))):
         n = rows.get((sel, "accuracy"), {}).get("n", "–")
         second = "generalized_f1" if bench == "mmlongbench" else "answer_f1"
         lines.append("| " + " | ".join([
@@ -172,6 +180,11 @@ def main(argv=None) -> int:
     p.add_argument("--questions", type=int, default=None, help="questions (default: 100 QASPER, 60 MMLongBench-Doc)")
     p.add_argument("--threads", type=int, default=0, help="reader threads (default: every core)")
     p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
+    p.add_argument("--variant", default="", help="a run beside the main one: results/answers/<bench>-<variant>")
+    p.add_argument("--tokens", type=int, default=-1, help="the reader's evidence tokens (-1: the local reader's "
+                   "default, cdsjax.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
+    p.add_argument("--selectors", default="", help="selectors (default: the config's)")
+    p.add_argument("--no-judge", action="store_true", help="no LLM judge: the rule-based scores alone")
     p.add_argument("--from-cache", action="store_true",
                    help="answer from the run's reply cache alone (no server; a missing reply is an error), into "
                    "runs/answers-cached/: the figures of a run in progress, on its first --questions")
@@ -183,7 +196,8 @@ def main(argv=None) -> int:
         return 0
     from configs import answers
 
-    run(args.what, args.questions or answers.QUESTIONS[args.what], args.threads, args.slots, args.from_cache)
+    run(args.what, args.questions or answers.QUESTIONS[args.what], args.threads, args.slots, args.from_cache,
+        variant=args.variant, tokens=args.tokens, chosen=args.selectors, judge=not args.no_judge)
     return 0
 
 

@@ -10,7 +10,7 @@ evaluation) is scored for each:
   sentences nearest the question (cosine under the benchmark's embedder), as :meth:`cdsjax.io.reader.Reader.answer`
   sends them (:func:`cdsjax.io.reader.fit_items`).
 
-    python experiments/evidence_budget.py qasper --questions 300 --tokens 300,600,900
+    python experiments/evidence_budget.py qasper --questions 300 --tokens 300,500,700
     python experiments/evidence_budget.py mmlongbench --questions 60
 
 Prints one row per (selector, way): has-answer over the covered questions, the mean estimated evidence tokens,
@@ -45,14 +45,14 @@ def main(argv=None) -> int:
     p.add_argument("bench", choices=("qasper", "mmlongbench"))
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--budget", type=int, default=5, help="notes selected per question (default: 5)")
-    p.add_argument("--tokens", default="300,600,900", help="evidence token budgets (default: 300,600,900)")
+    p.add_argument("--tokens", default="300,500,700", help="evidence token budgets (default: 300,500,700)")
     p.add_argument("--selectors", default="cosine,cds_learned_pages")
     args = p.parse_args(argv)
 
     from configs import answers
     from cdsjax.eval import evaluate, load_problems
     from cdsjax.eval.answers import has_answer
-    from cdsjax.eval.reading import EvidenceSource
+    from cdsjax.eval.reading import EvidenceSource, sentence_similarity
     from cdsjax.eval.records import RECORDS_FILE, read_records
     from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder
@@ -81,9 +81,7 @@ def main(argv=None) -> int:
     source = EvidenceSource(problems, kind=kind, indexes=indexes)
     by_qid = {q.query.qid: q for q in problems}
 
-    def similarity(question, sentences):
-        vectors = embedder.encode_queries([question] + list(sentences))
-        return (vectors[1:] @ vectors[0]).tolist()
+    similarity = sentence_similarity(embedder)  # as the evaluation's reader stage trims
 
     rows = {}
     for rec in records:

@@ -324,6 +324,16 @@ def _gold_answers(query) -> List[str]:
     return list(dict.fromkeys(out))
 
 
+def sentence_similarity(embedder):
+    """``similarity(question, sentences)`` under ``embedder`` (cosine): what trimming a note to the reader's token
+    budget keeps, as ``ask`` does with the index's embedder."""
+    def similarity(question: str, sentences) -> list:
+        vectors = np.asarray(embedder.encode_queries([question, *sentences]), dtype=np.float64)
+        return (vectors[1:] @ vectors[0]).tolist()
+
+    return similarity
+
+
 def read_answers(config, bench, kind: str, problems, records: Sequence[dict], out_dir: pathlib.Path, *,
                  embedder=None, cache_dir: Optional[pathlib.Path] = None, progress: bool = True,
                  log: Callable[[str], None] = print) -> List[dict]:
@@ -371,6 +381,8 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             + (f" and config.reader.max_images={max_images}" if max_images else ""))
     cache = ReplyCache(out_dir / "replies")
     reader, judge = _clients(config, cache)
+    similarity = sentence_similarity(embedder) if embedder is not None else None
+
     model = str(r.model) or reader.model
     mmlb = bench.name.startswith("mmlongbench")
     judge_label = {}
@@ -389,7 +401,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             # the one reading path (ask, serve and the pipeline read through it too): token budget, reply cache,
             # a reply that is no answer asked again once
             out = reader.answer(q.question, source.items(ids), max_tokens=max_tokens, seed=seed,
-                                whole=label == "full")
+                                whole=label == "full", on_token=lambda _: None, similarity=similarity)
             text = out.text
             rec.update(reply=text, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
                        sent=[i.note_id for i in out.evidence], evidence_tokens=out.evidence_tokens,
