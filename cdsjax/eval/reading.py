@@ -28,7 +28,16 @@ out of every mean) and ``reader_error`` is 1, summarised on its own. A failed ju
 verdict cut at the token limit, a judge that cannot be reached) is recorded apart, as ``judge_error`` (kind and
 message) with metric ``judge_error`` 1: the reply and its rule-based scores are kept, only ``accuracy`` is None.
 Judged records name the judge (``judge_model``) and say whether it is the reader itself (``judge_is_reader``).
-Answer records are written to ``<output_dir>/answers.jsonl`` (one per question, selector, budget and seed).
+Answer records are written to ``<output_dir>/answers.jsonl`` (one per question, selector, budget and seed):
+``qid``, ``selector``, ``evidence`` (the selected note ids, best first) and ``sent`` (those the token budget
+kept, in prompt order), ``evidence_tokens`` and ``prompt_tokens``, ``answer`` (the answer taken; "" when the
+reader gave none), ``reply`` (the last reply as written), ``retried`` / ``no_answer`` (why a reply was no
+answer: :data:`cdsjax.io.replies.NO_ANSWER`), ``extracted`` (MMLongBench-Doc) and ``metrics``.
+
+Reading goes through :meth:`cdsjax.io.reader.Reader.answer`, the path ``ask`` and ``serve`` use: the evidence
+fitted to the reader's token budget (``config.reader.evidence_tokens``; the local reader's default, or the
+server's window), the note that does not fit cut to its sentences nearest the question under the benchmark's
+embedder, and a reply that is no answer asked again once; such an answer scores 0 where a judge is configured.
 """
 
 from __future__ import annotations
@@ -403,12 +412,10 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             out = reader.answer(q.question, source.items(ids), max_tokens=max_tokens, seed=seed,
                                 whole=label == "full", on_token=lambda _: None, similarity=similarity)
             text = out.text
-            rec.update(reply=text, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
+            rec.update(answer=text, reply=out.raw, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
                        sent=[i.note_id for i in out.evidence], evidence_tokens=out.evidence_tokens,
                        trimmed=out.trimmed, prompt_tokens=(out.usage or {}).get("prompt_tokens"),
                        no_answer=out.no_answer, retried=out.retried)
-            if out.no_answer is not None:
-                rec["raw_reply"] = out.raw
             if out.warnings:
                 rec["warnings"] = list(out.warnings)
             rec["metrics"]["markers_only"] = float(markers_only(out.raw, q.question))
