@@ -5,10 +5,10 @@ goes to a vision-language reader, and its answer is scored against the gold answ
   text, figures/tables/charts with an image crop as ``image_url`` parts with their caption and summary) and
   sent through :class:`cdsjax.io.llm.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
   at a time from a thread pool, with a progress bar.
-* Every reply goes through a :class:`~cdsjax.io.reply_cache.ReplyCache` under ``<output_dir>/replies``, keyed by
-  the model, the prompt version, the full request (question, evidence text, images), the evidence's note ids and
-  the generation settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector that
-  picks the same evidence sends nothing.
+* Every reply goes through the reader's :class:`~cdsjax.io.reply_cache.ReplyCache` under ``<output_dir>/replies``,
+  keyed by the model, the full request (instructions, question, evidence text, images) and the generation
+  settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector whose evidence makes the
+  same request sends nothing.
 * Images (``config.reader.images``): ``auto`` sends visual notes as images until the server refuses one, then
   as caption, summary and text (one refusal per run, see :meth:`cdsjax.io.llm.ChatClient.send_with_images`);
   ``on`` / ``off`` always / never. A request the server finds too long is sent again without its last notes
