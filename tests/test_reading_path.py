@@ -172,3 +172,30 @@ def test_ask_json_says_when_the_reader_gave_no_answer(index, capsys):
                    "--reader-model", "test-model"])
     out = capsys.readouterr().out
     assert rc == 0 and "No answer" in out and "[1] [2]" not in out.split("No answer")[0].split("Answer:")[-1]
+
+
+def test_ctrl_c_closes_the_reader_request(index):
+    """Ctrl-C while the answer streams: ask exits 130 at once with one line, and the reader's request is closed
+    (the server sees the client hang up, so it stops generating)."""
+    import signal
+
+    words = " ".join(f"word{i}" for i in range(200))
+    with OpenAIServer(lambda req: words, stream_pause=0.05) as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "cdsjax.cli", "ask", str(index), "What is the sample about?",
+                                 "--budget", "2", "--selector", "cosine", "--reader-url", srv.base_url,
+                                 "--reader-model", "test-model"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        text = b""
+        while b"word3" not in text:
+            chunk = proc.stdout.read1(4096)
+            assert chunk, proc.stderr.read().decode()[-2000:]
+            text += chunk
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+        elapsed = time.perf_counter() - t0
+        err = proc.stderr.read().decode()
+        deadline = time.perf_counter() + 5
+        while srv.hung_up == 0 and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert srv.hung_up == 1
+    assert code == 130 and "interrupted" in err and "Traceback" not in err and elapsed < 5
