@@ -244,6 +244,23 @@ def test_non_finite_option_gets_400(main_server):
     assert status == 400 and "finite" in reply["error"]
 
 
+def test_select_evidence_is_the_local_ask_evidence(main_server, capsys):
+    """/select answers the `cdsjax ask --json` object: each evidence item has the same fields and values (an
+    index name included, which the web page passes to /pdf and /crop), crops relative to their index."""
+    q = "the table of countries"
+    status, sel, _ = request(main_server.url + "/select", {"question": q})  # the server's cosine, budget 6
+    capsys.readouterr()
+    code = cli.main(["ask", str(main_server.index), q, "--selector", "cosine", "--budget", "6", "--json",
+                     "--no-read"])
+    local = json.loads(capsys.readouterr().out)
+    assert status == 200 and code == 0 and len(sel["evidence"]) == 6
+    for e in local["evidence"]:
+        if e["image_path"]:
+            e["image_path"] = os.path.relpath(e["image_path"], main_server.index)
+    assert sel["evidence"] == local["evidence"] and {e["index"] for e in sel["evidence"]} == {"index"}
+    assert set(sel) == set(local)
+
+
 def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):
     url = main_server.url
     wait_idle(url)

@@ -209,11 +209,6 @@ def token_from_query(query: bytes) -> Optional[bytes]:
 # ------------------------------------------------------------------ paths and files
 
 
-def index_name(root) -> str:
-    """The name an index goes by in answers and in ``/pdf``/``/crop`` requests: its directory's name."""
-    return os.path.basename(str(root).rstrip(os.sep))
-
-
 def public_path(path: Optional[str], roots) -> Optional[str]:
     """``path`` relative to the index root that holds it (``crops/...``), so no server path leaves the server."""
     if not path:
@@ -289,7 +284,7 @@ class PdfFiles:
     """
 
     def __init__(self, roots: Sequence[str], max_bytes: int = DEFAULT_MAX_PDF_MB << 20):
-        from cdsjax.io.store import read_manifest
+        from cdsjax.io.store import index_name, read_manifest
 
         self.max_bytes = max_bytes
         self._entries: Dict[str, dict] = {}

@@ -257,7 +257,6 @@ def public(state: ServerState, result, body: Question) -> dict:
         out["near_duplicates"] = web.near_duplicates(state.pipe, out["evidence"], body.near_duplicates)
     for e in out.get("evidence", []):
         e["image_path"] = policy.public_path(e.get("image_path"), roots)
-        e["index"] = state.pdfs.index_of.get(str(e.get("document")))  # what /pdf and /crop take as index=
     if out.get("error"):
         out["error"] = {k: policy.scrub(v, roots) if isinstance(v, str) else v for k, v in out["error"].items()}
     return policy.finite(out)

@@ -176,6 +176,12 @@ def recover(out_dir: Path, *, journal: Optional[Path] = None) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def index_name(root) -> str:
+    """The name an index goes by in answers (an evidence item's ``index``) and in the server's ``/pdf`` and
+    ``/crop`` requests: its directory's name."""
+    return os.path.basename(str(root).rstrip(os.sep))
+
+
 def not_an_index(directory: Path) -> str:
     """Why ``directory`` cannot be read as an index: no manifest, or a damaged one (named)."""
     directory = Path(directory)
