@@ -350,38 +350,6 @@ def array_shapes(directory: Path) -> dict:
     return {name: (tuple(int(x) for x in m.shape), str(np.dtype(m.dtype))) for name, m in dict(tree).items()}
 
 
-def load_arrays_checked(directory: Path, files: Optional[dict] = None,
-                        notes: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """:func:`load_arrays`, with any failure (missing or truncated files) as a :class:`StoreError`.
-
-    Args:
-      files: ``{relative path: sha256}`` of the checkpoint's files (:func:`crop_hashes` of the directory,
-        recorded at write time); when given, every file is checked before orbax reads any of them.
-      notes: the note count the manifest records; when given, the files' sizes (before they are hashed) and
-        the arrays' recorded shapes (before anything is allocated) must fit it.
-    """
-    from cdsjax.io.index import schema
-
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise StoreError(f"{directory}: missing (the index's arrays are gone)")
-    if notes is not None:  # sizes before anything is hashed or read
-        schema.check_array_files(directory, files, notes)
-    # orbax opens the files by name: first, no link anywhere in the arrays folder (and, when recorded, hashes)
-    bad = check_crops(directory.parent, directory.name, files or {})
-    if bad:
-        raise StoreError(bad.replace("(image crop)", "(array file)"))
-    try:
-        if notes is not None:
-            schema.check_array_shapes(directory, array_shapes(directory), notes)
-        return load_arrays(directory)
-    except StoreError:
-        raise
-    except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files
-        text = " ".join(str(err).split())[:160] or type(err).__name__
-        raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None
-
-
 def embedder_digest(info: dict) -> str:
     """sha256 of a manifest's embedder fields (recorded under ``hashes.embedder``)."""
     return sha256_json(info)

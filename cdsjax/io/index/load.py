@@ -91,7 +91,7 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         if len(notes) > schema.max_notes():
             raise store.StoreError(schema.too_many_notes(root, len(notes)))
         schema.check_notes(root / "notes.jsonl", notes, pages)
-        embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"),
+        embeddings, edges = schema.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"),
                                                       notes=len(notes))
         if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
             raise store.StoreError(f"{root / 'arrays'}: damaged (content does not match its recorded sha256)")

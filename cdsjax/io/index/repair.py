@@ -10,6 +10,7 @@ from typing import List, Optional
 import numpy as np
 
 from cdsjax.io import store
+from cdsjax.io.index import schema
 from cdsjax.io.index.context import Doc
 from cdsjax.io.index.keys import array_digest
 
@@ -59,7 +60,7 @@ class PreviousIndex:
         except store.StoreError as err:
             self.problems["elements"] = str(err)
         try:
-            self.arrays = store.load_arrays_checked(root / "arrays", self.manifest.get("hashes", {}).get("array_files"))
+            self.arrays = schema.load_arrays_checked(root / "arrays", self.manifest.get("hashes", {}).get("array_files"))
             if store.arrays_digest(*self.arrays) != self.manifest.get("hashes", {}).get("arrays"):
                 self.problems["arrays"] = f"{root / 'arrays'} does not match its recorded hash"
                 self.arrays_ok = False
