@@ -292,7 +292,7 @@ def _vlm_args(url):
 
 
 def test_vlm_failures_are_counted_strict_fails_and_a_rerun_retries_only_them(tmp_path, capsys, monkeypatch):
-    from cdsjax.io.scripted_server import OpenAIServer
+    from tests.scripted_server import OpenAIServer
 
     monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
     state = {"mode": "500"}

@@ -6,7 +6,7 @@ import pytest
 
 from cdsjax.io.judge import Judge, JudgeVerdict, parse_verdict
 from cdsjax.io.reader import ReaderError
-from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=1, backoff=0.01, max_backoff=0.02, timeout=5.0)
 
@@ -92,7 +92,7 @@ def test_judge_errors_and_env(monkeypatch):
 
 def test_a_verdict_only_judge_asks_for_the_verdict_alone():
     from cdsjax.io.judge import JUDGE_PROMPT, VERDICT_ONLY_PROMPT, Judge
-    from cdsjax.io.scripted_server import OpenAIServer
+    from tests.scripted_server import OpenAIServer
 
     with OpenAIServer(lambda req: '{"correct": true, "score": 1}', models=("j",)) as srv:
         verdict = Judge(base_url=srv.base_url, model="j", rationale=False).judge("Q?", "BERT", "BERT [1]")

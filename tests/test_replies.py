@@ -17,7 +17,7 @@ from cdsjax.io.judge import parse_verdict
 from cdsjax.io.llm import ChatClient, ChatReply, ReaderConfig, ReaderError
 from cdsjax.io.replies import find_json, markers_only, oneline, parse_citations, strip_citations, strip_thinking
 from cdsjax.io.vlm import VLMClient, VLMError
-from cdsjax.io.scripted_server import OpenAIServer, completion
+from tests.scripted_server import OpenAIServer, completion
 
 
 @pytest.mark.parametrize("reply, text", [
