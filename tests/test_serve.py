@@ -21,18 +21,11 @@ import pytest
 from cdsjax import cli
 from tests.scripted_server import OpenAIServer, message_text
 from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.io.util import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE = 3
 HOLD = "HOLD-THIS-ANSWER"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def request(url, body=None, *, method=None, timeout=60, raw=None):

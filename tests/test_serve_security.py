@@ -24,7 +24,8 @@ import urllib.request
 import pytest
 
 from cdsjax import cli
-from tests.test_serve import ROOT, free_port, request
+from cdsjax.io.util import free_port
+from tests.test_serve import ROOT, request
 
 TIMEOUT = 1.5  # --request-timeout of the main server: a compilation of a new CDS selector takes longer
 

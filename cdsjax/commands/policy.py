@@ -58,14 +58,6 @@ def echo(value) -> str:
     return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "..."
 
 
-def one_line(message: str, limit: int = 600) -> str:
-    """``message`` as one line of at most ``limit`` characters, encodable as UTF-8 (a lone surrogate from a
-    request is escaped), so that any error can be sent as it is."""
-    text = " ".join(str(message).split())
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def is_text(value) -> bool:
     """True for a string that is valid Unicode throughout (JSON can carry lone surrogates; UTF-8 cannot)."""
     try:

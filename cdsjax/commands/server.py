@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cdsjax.commands import page as web
 from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
+from cdsjax.io.util import one_line
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503
@@ -129,7 +130,7 @@ class ServerState:
         return sum(lane.running() for lane in (self.compute, self.compiling, self.reading))
 
     def error(self, status: int, message: str, **extra) -> JSONResponse:
-        return JSONResponse({"error": policy.one_line(policy.scrub(message, self.roots)), **extra}, status_code=status)
+        return JSONResponse({"error": one_line(policy.scrub(message, self.roots), 600), **extra}, status_code=status)
 
     async def read_file(self, fn: Callable, *args):
         """``fn(*args)`` (a file read and hashed) on a worker thread, at most :data:`FILE_READS` at once."""

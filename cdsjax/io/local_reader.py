@@ -28,7 +28,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from typing import Optional, Sequence
 # the model file's names are importable from here too
 from cdsjax.io.local_model import (DEFAULT_PRESET, PRESETS, LocalReaderError, Preset, cache_dir,  # noqa: F401
                                    model_path, resolve_model)
+from cdsjax.io.util import free_port, usable_cores
 
 RUNTIME = "xllamacpp"
 RUNTIME_HINT = "pip install 'cdsjax[reader]' (the xllamacpp wheel: llama.cpp's server, CPU build)"
@@ -49,13 +49,6 @@ RUNTIME_HINT = "pip install 'cdsjax[reader]' (the xllamacpp wheel: llama.cpp's s
 def runtime_installed() -> bool:
     """Whether the local reader's runtime (xllamacpp) is importable, without importing it."""
     return importlib.util.find_spec(RUNTIME) is not None
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +82,6 @@ class LocalReaderConfig:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available_memory() -> Optional[int]:

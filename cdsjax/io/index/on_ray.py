@@ -67,7 +67,7 @@ def _connect(ray, address: str) -> bool:
     """Connects to ``address`` or starts a local Ray; True when this process started it (and stops it)."""
     if ray.is_initialized():
         return False
-    from cdsjax.io.parse.layout import usable_cores
+    from cdsjax.io.util import usable_cores
 
     kwargs = dict(log_to_driver=False, configure_logging=False, include_dashboard=False)
     try:

@@ -33,10 +33,11 @@ from typing import Dict, List, Optional, Tuple
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap
 from cdsjax.memo import PROCESS
 from cdsjax.io.parse.common import (DEFAULT_MAX_PAGES, LABEL_RE, NUMBER_RE, ParsedDocument, attach_context,
-                                    chunk_page, looks_like_chart, normal_label, one_line, open_pdf,
-                                    resolve_parents, text_splitter, write_crop)
+                                    chunk_page, looks_like_chart, normal_label, open_pdf, resolve_parents,
+                                    text_splitter, write_crop)
 from cdsjax.io.parse.layout import Region, TextLayer, import_pymupdf, read_text_layer
 from cdsjax.io.parse.layout_split import layout_pages
+from cdsjax.io.util import one_line
 
 PARSER_VERSION = "pymupdf-1"
 
