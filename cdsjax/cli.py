@@ -14,9 +14,9 @@ import os
 import sys
 from typing import NamedTuple, Optional, Sequence
 
-from cdsjax.commands import CLIError, enable_float64, printable
+from cdsjax.commands import CLIError, printable
 
-__all__ = ["COMMANDS", "CLIError", "build_parser", "enable_float64", "entry", "main"]
+__all__ = ["COMMANDS", "build_parser", "entry", "main"]
 
 
 class Command(NamedTuple):

@@ -315,7 +315,7 @@ class Pipeline:
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
-        from cdsjax.io.store import StoreError
+        from cdsjax.io.storefiles import StoreError
 
         indexes, compiled = [], shared_selector_cache(max_compiled)
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(

@@ -103,14 +103,14 @@ def built(tmp_path_factory, data_root):
 
 def craft(src, dst, *, manifest=None, notes=None):
     """A copy of the index ``src`` with ``manifest(dict)`` / ``notes(list)`` edits, its hashes recomputed."""
-    from cdsjax.io import store
+    from cdsjax.io import store, storefiles
 
     shutil.copytree(src, dst, symlinks=True)
     m = json.loads((dst / "manifest.json").read_text())
     if notes is not None:
-        rows = store.read_jsonl(dst / "notes.jsonl")
+        rows = storefiles.read_jsonl(dst / "notes.jsonl")
         notes(rows)
-        m["hashes"]["notes"] = store.write_jsonl(dst / "notes.jsonl", rows)
+        m["hashes"]["notes"] = storefiles.write_jsonl(dst / "notes.jsonl", rows)
     if manifest is not None:
         manifest(m)
         m["hashes"]["embedder"] = store.embedder_digest(m["embedder"])

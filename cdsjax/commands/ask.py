@@ -186,7 +186,8 @@ def make_reader(args, stack=None):
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, LocalReaderError
+    from cdsjax.io.local_model import LocalReaderError
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig
 
     try:
         config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapters' formatter, shared with ask)
+from cdsjax.evidence import note_metadata  # the adapters' formatter, shared with ask
 
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",

@@ -37,9 +37,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-# the model file's names are importable from here too
-from cdsjax.io.local_model import (DEFAULT_PRESET, PRESETS, LocalReaderError, Preset, cache_dir,  # noqa: F401
-                                   model_path, resolve_model)
+from cdsjax.io.local_model import PRESETS, LocalReaderError, cache_dir, model_path, resolve_model
 from cdsjax.io.util import free_port, usable_cores
 
 RUNTIME = "xllamacpp"

@@ -33,10 +33,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
-from cdsjax.io.storefiles import (  # noqa: F401  (re-exported: store.X is how callers name them)
-    StoreError, owner_pid, pid_alive, check_crops, copy_inside, crop_hashes, files_inside, jsonl_line_digests,
-    load_npy_checked, open_inside, read_inside, read_jsonl, read_jsonl_checked, rows_digest, save_npy, sha256_bytes,
-    sha256_file, sha256_json, write_jsonl)
+from cdsjax.io.storefiles import StoreError, open_inside, owner_pid, pid_alive, read_inside, sha256_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -363,6 +360,3 @@ def check_embedder_digest(root: Path, manifest: dict) -> None:
     if recorded is not None and embedder_digest(manifest.get("embedder")) != recorded:
         raise StoreError(f"{Path(root) / MANIFEST}: damaged (its embedder fields do not match their recorded sha256)")
 
-
-# the per-document cache lives in its own module; imported here so ``store.DocCache`` keeps working
-from cdsjax.io.doccache import DocCache  # noqa: E402,F401  (after the helpers it imports from here)

@@ -4,7 +4,7 @@ An index is untrusted input (a colleague's folder, a downloaded release): its ma
 checked against the types and ranges below (:func:`check_manifest`, :func:`check_notes`), its files' sizes
 against what the manifest's counts allow before they are read (:func:`check_file_size`), and its arrays'
 recorded shapes against those counts before they are restored (:func:`check_array_shapes`; :func:`load_arrays_checked`
-runs these checks, then restores the arrays). Each failure is a one-line :class:`~cdsjax.io.store.StoreError`
+runs these checks, then restores the arrays). Each failure is a one-line :class:`~cdsjax.io.storefiles.StoreError`
 naming the file and the field.
 
 An index holds at most :func:`max_notes` notes (``CDSJAX_MAX_NOTES``, default :data:`DEFAULT_MAX_NOTES`): a
