@@ -119,7 +119,7 @@ def test_array_shapes_are_checked_against_the_manifest_before_anything_is_restor
 def test_files_larger_than_the_counts_allow_are_refused_before_they_are_read(tmp_path, monkeypatch):
     read = []
     real = storefiles.sha256_file
-    monkeypatch.setattr(store, "sha256_file", lambda p: read.append(p) or real(p))
+    monkeypatch.setattr(storefiles, "sha256_file", lambda p: read.append(p) or real(p))
     root = make_index(tmp_path / "crop", crop=("p0001.png", schema.MAX_CROP_BYTES + 1))
     _refused(root, "p0001.png: damaged", "more than", "an image crop")
     assert not [p for p in read if "p0001" in str(p)], "the sparse crop was never hashed"
