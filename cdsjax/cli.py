@@ -14,9 +14,9 @@ import os
 import sys
 from typing import NamedTuple, Optional, Sequence
 
-from cdsjax.commands import CLIError, enable_float64, printable
+from cdsjax.commands import CLIError, printable
 
-__all__ = ["COMMANDS", "CLIError", "build_parser", "enable_float64", "entry", "main"]
+__all__ = ["COMMANDS", "build_parser", "entry", "main"]
 
 
 class Command(NamedTuple):
@@ -122,48 +122,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 141
 
 
-def _skip_jax_teardown() -> None:
-    """Drops JAX's own exit handler, which frees XLA's backends and caches object by object (0.2 s after an
-    ``ask``), unless ``jax.distributed`` is running here: its handler also tells the coordinator this process
-    left. What runs on XLA has finished by now (the command waited for its results and writes)."""
-    api = sys.modules.get("jax._src.api")
-    clean_up = getattr(api, "clean_up", None)
-    if clean_up is None:
-        return
-    distributed = sys.modules.get("jax._src.distributed")
-    state = getattr(distributed, "global_state", None)
-    if any(getattr(state, part, None) is not None for part in ("client", "service")):
-        return
-    import atexit
-
-    atexit.unregister(clean_up)
-
-
 def entry() -> None:
-    """The ``cdsjax`` executable: :func:`main`, then the process ends without the interpreter's own teardown.
-
-    Once the command has returned, its output is flushed, the threads Python would wait for have ended and
-    every exit handler has run (:mod:`atexit`: logging, multiprocessing's helpers, temporary directories), what
-    is left is freeing the loaded libraries' state one object at a time (XLA's client and thread pools,
-    onnxruntime's sessions): 0.7-0.8 s after ``cdsjax ask NEW.pdf`` had printed its answer. The kernel frees
-    all of it at once instead; JAX's own exit handler, which frees XLA's backends the same way, is skipped
-    (:func:`_skip_jax_teardown`).
-    """
-    import atexit
-    import threading
-
+    """The ``cdsjax`` executable: :func:`main`, its return value the exit code. The interpreter then ends as
+    usual (threads joined, exit handlers run, JAX's included)."""
     code = main()
-    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter runs first at exit
-    if shutdown is not None:
-        shutdown()
-    _skip_jax_teardown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (BrokenPipeError, ValueError, OSError):  # the reader left, or the stream is closed
-            pass
-    os._exit(code)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left before the last buffered output (Python's documented SIGPIPE recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)
 
 
 if __name__ == "__main__":

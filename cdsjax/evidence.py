@@ -39,12 +39,13 @@ def note_text(note: dict) -> str:
     return str(shown_text(note) or note.get("summary") or "")
 
 
-def evidence_item(note: dict, *, rank: int, score: float) -> Dict[str, Any]:
-    """One evidence entry of ``cdsjax ask --json`` (keys in the order the JSON shows them)."""
+def evidence_item(note: dict, *, rank: int, score: float, index: Optional[str] = None) -> Dict[str, Any]:
+    """One evidence entry of ``cdsjax ask --json`` and of the server's answers (keys in the order the JSON shows
+    them); ``index``: the name of the index that holds the note's document."""
     f = note_fields(note)
-    return dict(rank=rank, score=float(score), document=f["document"], page=f["page"], bbox=f["bbox"], kind=f["kind"],
-                text=shown_text(note)[:SNIPPET_CHARS], note_id=note.get("note_id"), image_path=f["image_path"],
-                summary=f["summary"], caption=f["caption"])
+    return dict(rank=rank, score=float(score), document=f["document"], index=index, page=f["page"], bbox=f["bbox"],
+                kind=f["kind"], text=shown_text(note)[:SNIPPET_CHARS], note_id=note.get("note_id"),
+                image_path=f["image_path"], summary=f["summary"], caption=f["caption"])
 
 
 def note_metadata(note: dict, *, score: Optional[float] = None, rank: Optional[int] = None,

@@ -92,6 +92,7 @@ class Corpus:
       notes: n note dicts (note_id, doc_id, page, bbox, kind, text, summary, caption, image_path, ...).
       embedder: the embedder info shared by every index (model, prefixes, normalisation).
       roots: the index directories.
+      index_of: document id -> the name of the index that holds it (:func:`cdsjax.io.store.index_name`).
     """
 
     embeddings: np.ndarray
@@ -99,6 +100,7 @@ class Corpus:
     notes: List[dict]
     embedder: dict
     roots: List[str]
+    index_of: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self._positions = {n.get("note_id"): i for i, n in enumerate(self.notes)}
@@ -125,6 +127,7 @@ class Corpus:
         check_ids_apart(indexes)
         n = sum(len(idx.notes) for idx in indexes)
         from cdsjax.io.index.schema import max_notes, too_many_notes
+        from cdsjax.io.store import index_name
 
         if n > max_notes():  # a question's work holds [n, n] matrices of the whole corpus
             raise PipelineError(too_many_notes("the indexes together", n))
@@ -138,7 +141,8 @@ class Corpus:
             start += k
         embeddings = np.concatenate([np.asarray(idx.embeddings, np.float32) for idx in indexes])
         return cls(embeddings=embeddings, links=links, notes=notes, embedder=dict(indexes[0].embedder),
-                   roots=[str(idx.root) for idx in indexes])
+                   roots=[str(idx.root) for idx in indexes],
+                   index_of={str(n.get("doc_id")): index_name(idx.root) for idx in indexes for n in idx.notes})
 
 
 def check_ids_apart(indexes: Sequence[Any]) -> None:
@@ -326,7 +330,7 @@ class Pipeline:
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
-        from cdsjax.io.store import StoreError
+        from cdsjax.io.storefiles import StoreError
 
         indexes, compiled = [], shared_selector_cache(max_compiled)
         on_prepared = None if warm is None or len(paths) != 1 else (lambda doc: cls.warm_for_notes(
@@ -497,8 +501,9 @@ class Pipeline:
     def evidence(self, selection: core.Selection) -> List[dict]:
         """The selected notes as evidence dicts, best first."""
         ok = np.asarray(selection.selected_valid)
-        return [evidence_item(self.corpus.notes[int(i)], rank=rank, score=s) for rank, (i, s) in
-                enumerate(zip(np.asarray(selection.indices)[ok], np.asarray(selection.scores)[ok]), 1)]
+        picked = [self.corpus.notes[int(i)] for i in np.asarray(selection.indices)[ok]]
+        return [evidence_item(note, rank=rank, score=s, index=self.corpus.index_of.get(str(note.get("doc_id"))))
+                for rank, (note, s) in enumerate(zip(picked, np.asarray(selection.scores)[ok]), 1)]
 
     def evidence_items(self, evidence: List[dict]) -> list:
         """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""

@@ -39,7 +39,7 @@ def _ray_build(pdfs, out, cache):
     import ray
 
     from cdsjax.io.index import build_index, default_config
-    from cdsjax.io.parse.layout import usable_cores
+    from cdsjax.io.util import usable_cores
 
     config = default_config()
     config.embedder.show_progress = False

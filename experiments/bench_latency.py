@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from cdsjax.io.util import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench_latency"
@@ -223,12 +224,6 @@ def run_worker(root: Path, task: str, spec: dict, timeout: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- HTTP
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def post(url: str, body: dict, timeout: float = 600) -> dict:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:

@@ -16,8 +16,8 @@ the mean (95% bootstrap interval) of the harness's retrieval metrics for four vi
 retrieved), ``probe`` (the selector alone on the question) and ``cosine_matched`` (cosine top-k with
 as many notes as ``final``).
 
-Without ``--reader_url`` the model is :class:`RuleBasedModel`, a deterministic stand-in served by the
-test suite's local OpenAI-compatible server: it reads the entities named in the probe's top excerpts
+Without ``--reader_url`` the model is :class:`RuleBasedModel`, a deterministic stand-in served on a loopback
+OpenAI-compatible endpoint (:func:`serve_chat`): it reads the entities named in the probe's top excerpts
 and asks one sub-question per entity ("What is known about X?"), answers a sub-question extractively
 when its evidence names the entity, calls the findings sufficient when no sub-question came back
 "Not answerable", and replaces failed sub-questions by entities of later excerpts. Its figures measure
@@ -25,10 +25,12 @@ the retrieval machinery under a simple, fixed planner, not a language model's pl
 gives are not worth judging.
 """
 
+import contextlib
 import json
 import pathlib
 import re
 import sys
+import threading
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -70,10 +72,11 @@ class RuleBasedModel:
 
     def __call__(self, req):
         from cdsjax.agents import planning
-        from cdsjax.io.scripted_server import message_text
 
         system = req["messages"][0]["content"]
-        text = message_text(req)
+        text = "\n".join(m["content"] if isinstance(m.get("content"), str) else
+                         "\n".join(p.get("text", "") for p in m.get("content") or [] if p.get("type") == "text")
+                         for m in req.get("messages", []))
         if system.startswith(planning.DECOMPOSER_SYSTEM[:40]):
             return self.refine(text) if "The previous plan was:" in text else self.decompose(text)
         if system == planning.CHECKER_SYSTEM:
@@ -162,12 +165,50 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
                   output_dir=output, progress=progress)
     if reader_url:
         return evaluate_planning(config, ReaderConfig(base_url=reader_url, model=reader_model), variants, **kwargs)
-    from cdsjax.io.scripted_server import OpenAIServer
-
     print("model: the rule-based stand-in (no reader URL); see experiments/eval_planning.py", file=sys.stderr)
-    with OpenAIServer(RuleBasedModel()) as srv:
-        reader = ReaderConfig(base_url=srv.base_url, model="test-model", max_retries=0)
+    with serve_chat(RuleBasedModel()) as base_url:
+        reader = ReaderConfig(base_url=base_url, model="rule-based", max_retries=0)
         return evaluate_planning(config, reader, variants, **kwargs)
+
+
+@contextlib.contextmanager
+def serve_chat(model):
+    """``model`` (request body -> reply text) behind an OpenAI-compatible chat endpoint on 127.0.0.1, for the
+    length of the block; yields its base URL. Only what the agent calls: chat completions and the model list."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def send(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path.rstrip("/").endswith("/models"):
+                self.send(200, {"object": "list", "data": [{"id": "rule-based", "object": "model"}]})
+            else:
+                self.send(404, {"error": {"message": f"no {self.path}"}})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            message = {"role": "assistant", "content": model(req)}
+            self.send(200, {"id": "rule-based", "object": "chat.completion", "created": 0, "model": "rule-based",
+                            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def main(argv):

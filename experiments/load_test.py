@@ -58,6 +58,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from cdsjax.io.util import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # loopback only, by construction
 QUESTIONS = ("What is this document about?", "Which table lists the figures for each year?",
@@ -84,14 +86,6 @@ def selector_names() -> dict:
     beta = next(s for s in SPECS.values() if s.mode == "converged" and "beta" in s.options)
     return dict(paper=display(PAPER_SELECTOR), default=display(DEFAULT_SELECTOR),
                 support=display(support.name), beta=display(beta.name))
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind((HOST, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def rss_mb(pid: int) -> float:

@@ -84,7 +84,7 @@ def _instrument(acc):
 
     gnn_module.BoxRFDGNN.predict = _timer(acc, "layout model", gnn_module.BoxRFDGNN.predict)
     document_layout.parse_document = _timer(acc, "pymupdf4llm total", document_layout.parse_document)
-    from cdsjax.io import notes, parse, store
+    from cdsjax.io import doccache, notes, parse
     from cdsjax.io.parse import pymupdf as pymupdf_parse
 
     parse.parse_pdf = _timer(acc, "parse total", parse.parse_pdf)  # where the index build looks it up
@@ -93,7 +93,7 @@ def _instrument(acc):
     pymupdf_parse.write_crop = _timer(acc, "crops", pymupdf_parse.write_crop)
     notes.enrich_lite = _timer(acc, "enrichment", notes.enrich_lite)
     notes.structural_links = _timer(acc, "captions and links", notes.structural_links)
-    store.DocCache.write = _timer(acc, "commit to cache", store.DocCache.write)
+    doccache.DocCache.write = _timer(acc, "commit to cache", doccache.DocCache.write)
 
 
 def child(args) -> int:

@@ -1,12 +1,9 @@
-"""`cdsjax` ends its process without the interpreter's teardown, but only after what Python would finish at exit:
-threads it waits for, exit handlers, buffered output; and with the command's own exit code."""
+"""`cdsjax` ends through the interpreter's ordinary exit (``sys.exit``), with the command's own exit code: threads it
+waits for, exit handlers and buffered output all finish first; no private interpreter or JAX internals."""
 
-import atexit
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -15,48 +12,35 @@ from cdsjax import cli
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_entry_finishes_threads_handlers_and_output_first(monkeypatch, capsys):
-    events = []
-
+def test_entry_exits_with_the_command_code_and_flushes_its_output(monkeypatch, capsys):
     def command():
-        worker = threading.Thread(target=lambda: (time.sleep(0.2), events.append("thread")))  # not a daemon
-        worker.start()
         print("answer", end="")  # no newline: still in the buffer when the command returns
         return 3
 
-    class Exited(Exception):
-        pass
-
-    def fake_exit(code):
-        events.append(("exit", code))
-        raise Exited
-
     monkeypatch.setattr(cli, "main", command)
-    monkeypatch.setattr(cli.os, "_exit", fake_exit)
-    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: events.append("atexit"))  # not this process's own
-    monkeypatch.setattr(atexit, "unregister", lambda f: events.append(("unregister", f.__module__, f.__name__)))
-    monkeypatch.setattr(threading, "_shutdown", lambda: [t.join() for t in threading.enumerate()
-                                                         if t is not threading.main_thread() and not t.daemon
-                                                         and t.name.startswith("Thread-")])
-    with pytest.raises(Exited):
+    with pytest.raises(SystemExit) as exited:
         cli.entry()
-    # JAX's exit handler (freeing XLA's backends one object at a time) is dropped before the others run
-    assert events == ["thread", ("unregister", "jax._src.api", "clean_up"), "atexit", ("exit", 3)]
-    assert capsys.readouterr().out == "answer"
+    assert exited.value.code == 3 and capsys.readouterr().out == "answer"
 
 
-def test_jax_keeps_its_exit_handler_while_jax_distributed_runs(monkeypatch):
-    """Its handler also tells the coordinator this process left: kept when jax.distributed was initialised."""
-    import jax._src.distributed as distributed
-
-    dropped = []
-    monkeypatch.setattr(atexit, "unregister", dropped.append)
-    monkeypatch.setattr(distributed.global_state, "client", object())
-    cli._skip_jax_teardown()
-    assert dropped == []
-    monkeypatch.setattr(distributed.global_state, "client", None)
-    cli._skip_jax_teardown()
-    assert [f.__name__ for f in dropped] == ["clean_up"]
+def test_the_executable_waits_for_threads_and_exit_handlers(tmp_path):
+    """What Python finishes at exit still happens after a command: a non-daemon thread's work and an exit handler."""
+    marks = tmp_path / "marks"
+    script = (
+        "import atexit, sys, threading, time\n"
+        "from cdsjax import cli\n"
+        f"marks = open({str(marks)!r}, 'a')\n"
+        "def command():\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.2), marks.write('thread\\n'), marks.flush())).start()\n"
+        "    atexit.register(lambda: (marks.write('atexit\\n'), marks.flush()))\n"
+        "    print('answer', end='')\n"
+        "    return 3\n"
+        "cli.main = command\n"
+        "cli.entry()\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 3 and proc.stdout == "answer", proc.stderr
+    assert marks.read_text().split() == ["thread", "atexit"]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from cdsjax.io import store
+from cdsjax.io import store, storefiles
 from cdsjax.io.index import load_index, schema
 
 DIM = 8
@@ -45,7 +45,7 @@ def make_index(root, *, notes=None, n=4, arrays_n=None, manifest=None, raw_notes
              documents=[dict(doc_id="d.pdf", path="d.pdf", sha256="0" * 64, num_pages=2, num_notes=n,
                              crops="crops/d", hashes=dict(crops=crops))],
              hashes=dict(notes=_sha(data), arrays=store.arrays_digest(emb, edges),
-                         array_files=store.crop_hashes(root / "arrays")))
+                         array_files=storefiles.crop_hashes(root / "arrays")))
     if crop is not None:  # the note naming the crop (after the notes' hash: rewritten with it)
         data = "".join(json.dumps(r) + "\n" for r in rows).encode()
         (root / "notes.jsonl").write_bytes(data)
@@ -57,7 +57,7 @@ def make_index(root, *, notes=None, n=4, arrays_n=None, manifest=None, raw_notes
 
 
 def _refused(root, *match):
-    with pytest.raises(store.StoreError) as err:
+    with pytest.raises(storefiles.StoreError) as err:
         load_index(root)
     text = str(err.value)
     assert "\n" not in text and all(word in text for word in match), text
@@ -118,8 +118,8 @@ def test_array_shapes_are_checked_against_the_manifest_before_anything_is_restor
 
 def test_files_larger_than_the_counts_allow_are_refused_before_they_are_read(tmp_path, monkeypatch):
     read = []
-    real = store.sha256_file
-    monkeypatch.setattr(store, "sha256_file", lambda p: read.append(p) or real(p))
+    real = storefiles.sha256_file
+    monkeypatch.setattr(storefiles, "sha256_file", lambda p: read.append(p) or real(p))
     root = make_index(tmp_path / "crop", crop=("p0001.png", schema.MAX_CROP_BYTES + 1))
     _refused(root, "p0001.png: damaged", "more than", "an image crop")
     assert not [p for p in read if "p0001" in str(p)], "the sparse crop was never hashed"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdsjax.eval import distributed
+from cdsjax.io.util import free_port
 from tests.conftest import DATA, ROOT
 
 QUERIES = 10
@@ -102,7 +103,7 @@ def test_killed_process_resumes_with_jax_environment_variables(single):
 
     # The same run as a cluster would start it: one command per process, JAX_COORDINATOR_ADDRESS,
     # JAX_NUM_PROCESSES and JAX_PROCESS_ID instead of --coordinator, --num_processes and --process_id.
-    port = distributed.free_port()
+    port = free_port()
     procs = [subprocess.Popen(args, env=_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                                              JAX_PROCESS_ID=str(i), JAX_PLATFORMS="cpu"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]

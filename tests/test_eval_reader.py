@@ -17,7 +17,7 @@ from cdsjax.io.reply_cache import ReplyCache, reply_key
 from cdsjax.io import datasets as D
 from cdsjax.io.judge import JUDGE_PROMPT
 from cdsjax.io.reader import SYSTEM_PROMPT
-from cdsjax.io.scripted_server import OpenAIServer, message_images, message_text
+from tests.scripted_server import OpenAIServer, message_images, message_text
 
 
 # ---- scorers -------------------------------------------------------------------------------------------------
@@ -426,7 +426,7 @@ def test_mmlongbench_sends_images_of_visual_notes_and_scores_by_format(tmp_path,
 
 # ---- scores that need no judge, judge failures, text-only readers (issue 62) ----------------------------------
 
-from cdsjax.io.scripted_server import completion  # noqa: E402
+from tests.scripted_server import completion  # noqa: E402
 
 
 def _qasper_like():

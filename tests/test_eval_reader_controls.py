@@ -22,7 +22,7 @@ from cdsjax.io.reply_cache import ReplyCache
 from cdsjax.io import datasets as D
 from cdsjax.io.judge import JUDGE_PROMPT
 from cdsjax.io.reader import SYSTEM_PROMPT, EvidenceItem
-from cdsjax.io.scripted_server import OpenAIServer
+from tests.scripted_server import OpenAIServer
 from tests.conftest import ROOT
 from tests.test_eval_reader import _config, _problems, _responder
 
@@ -303,7 +303,7 @@ def test_visdom_config_with_a_reader(tmp_path):
     import shutil
 
     from cdsjax.eval import evaluate
-    from cdsjax.io.scripted_server import message_images
+    from tests.scripted_server import message_images
     from tests.conftest import DATA
     from tests.test_eval_reader import _answers, _summary, _tiny_mmlongbench
 

@@ -111,7 +111,7 @@ def test_directory_input(inputs, tmp_path, capsys):
 def test_vlm_enrichment_through_the_cli(inputs, tmp_path, capsys):
     import json
 
-    from cdsjax.io.scripted_server import OpenAIServer, message_images
+    from tests.scripted_server import OpenAIServer, message_images
 
     d, good, scan, bad = inputs
 

@@ -20,7 +20,7 @@ import pytest
 import cdsjax.io.parse as parse_mod
 import cdsjax.io.parse.pymupdf as pymupdf_parse
 from cdsjax.cli import main
-from cdsjax.io import store
+from cdsjax.io import doccache, store
 from cdsjax.io.index import load_index
 from cdsjax.io.parse import ocr_available
 from tests import ingest_pdfs as gen
@@ -281,7 +281,7 @@ def test_ask_pdf_rebuilds_a_damaged_cache_entry(tmp_path, capsys, monkeypatch):
     no_traceback(o, e)
     assert rc == 0 and json.loads(o)["evidence"]
     assert notes[0] in e and "damaged" in e
-    store.DocCache(tmp_path / "cache" / "docs").read(Path(notes[0]).parent.name)  # rebuilt: reads cleanly
+    doccache.DocCache(tmp_path / "cache" / "docs").read(Path(notes[0]).parent.name)  # rebuilt: reads cleanly
 
 
 # --------------------------------------------------------------------------- 2. enrichment failures say so
@@ -292,7 +292,7 @@ def _vlm_args(url):
 
 
 def test_vlm_failures_are_counted_strict_fails_and_a_rerun_retries_only_them(tmp_path, capsys, monkeypatch):
-    from cdsjax.io.scripted_server import OpenAIServer
+    from tests.scripted_server import OpenAIServer
 
     monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
     state = {"mode": "500"}

@@ -215,7 +215,7 @@ def test_missing_extra_is_one_line(module, blocked, extra):
 def _index_documents(index_dir):
     """Every note of the index in index order, as a first-stage retriever hands them over (text, the metadata
     the integrations write, the stored embedding): the same candidates `cdsjax ask` selects from."""
-    from cdsjax.integrations._common import note_metadata, note_text
+    from cdsjax.evidence import note_metadata, note_text
     from cdsjax.pipeline import Pipeline
 
     corpus = Pipeline.from_paths([str(index_dir)]).corpus

@@ -6,7 +6,7 @@ import pytest
 
 from cdsjax.io.judge import Judge, JudgeVerdict, parse_verdict
 from cdsjax.io.reader import ReaderError
-from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=1, backoff=0.01, max_backoff=0.02, timeout=5.0)
 
@@ -42,6 +42,16 @@ def test_empty_prediction_needs_no_request():
     assert verdict == JudgeVerdict(correct=False, score=0.0, rationale="empty prediction")
 
 
+@pytest.mark.parametrize("reply, expected", [
+    ('{"rationale": "same value", "correct": true, "score": 0.9}', (True, 0.9, "same value")),
+    ('Sure.\n```json\n{"correct": "no", "rationale": "wrong unit"}\n```', (False, 0.0, "wrong unit")),
+    ('<think>{"correct": true}</think>{"score": "0.25", "rationale": "partial"}', (False, 0.25, "partial")),
+    ('{"Correct": 1, "Score": 7}', (True, 1.0, "")),
+    ("correct: yes\nscore: 0.8\nrationale: matches the table", (True, 0.8, "matches the table")),
+    ("Incorrect. The candidate gives 12, not 21.", (False, 0.0, "The candidate gives 12, not 21")),
+    ("The answer is incorrect: false", None),
+    ("I cannot decide.", None),
+])
 def test_parse_verdict(reply, expected):
     if expected is None:
         with pytest.raises(ValueError, match="no readable verdict"):
@@ -75,7 +85,7 @@ def test_judge_errors_and_env(monkeypatch):
 
 def test_a_verdict_only_judge_asks_for_the_verdict_alone():
     from cdsjax.io.judge import JUDGE_PROMPT, VERDICT_ONLY_PROMPT, Judge
-    from cdsjax.io.scripted_server import OpenAIServer
+    from tests.scripted_server import OpenAIServer
 
     with OpenAIServer(lambda req: '{"correct": true, "score": 1}', models=("j",)) as srv:
         verdict = Judge(base_url=srv.base_url, model="j", rationale=False).judge("Q?", "BERT", "BERT [1]")

@@ -133,7 +133,7 @@ def _processes() -> str:
 
 
 def test_a_reader_url_wins_over_the_local_reader(demo_index, tmp_path, monkeypatch):
-    from cdsjax.io.scripted_server import OpenAIServer
+    from tests.scripted_server import OpenAIServer
 
     monkeypatch.setenv("CDSJAX_LOCAL_READER", "default")
     with OpenAIServer(lambda req: "1.9 million dollars [1]", models=("remote",)) as srv:
@@ -227,7 +227,7 @@ def test_model_sources_that_fail_give_one_line(tmp_path, monkeypatch):
 
 
 def test_demo_answers_side_by_side_with_a_reader(demo_run, tmp_path):
-    from cdsjax.io.scripted_server import OpenAIServer
+    from tests.scripted_server import OpenAIServer
 
     root, _ = demo_run
     with OpenAIServer(lambda req: "It cost 1.9 million dollars [1].", models=("scripted",)) as srv:

@@ -16,7 +16,7 @@ from cdsjax.io.notes import (
     structural_links,
 )
 from cdsjax.io.vlm import VLMError, enrich_vlm
-from cdsjax.io.scripted_server import OpenAIServer, message_images, message_text
+from tests.scripted_server import OpenAIServer, message_images, message_text
 
 
 def _doc():

@@ -8,7 +8,7 @@ import pytest
 
 from cdsjax import cli
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
-from cdsjax.io.scripted_server import OpenAIServer, message_images, message_text
+from tests.scripted_server import OpenAIServer, message_images, message_text
 from cdsjax.catalog import DEFAULT_SELECTOR, display
 
 

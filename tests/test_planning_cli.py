@@ -9,7 +9,7 @@ import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.index import load_index
-from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.scripted_server import OpenAIServer, message_text
 from tests.test_planning import QUESTION, SUFFICIENT, Q1, Q2, Q3, plan_json, role
 
 PAGES = [

@@ -324,7 +324,7 @@ def test_pool_config_with_a_reader_then_from_the_reply_cache(tiny, tmp_path):
 
     from cdsjax.eval.answer_scoring import EXTRACT_PROMPT
     from cdsjax.io.reader import SYSTEM_PROMPT
-    from cdsjax.io.scripted_server import OpenAIServer, message_text
+    from tests.scripted_server import OpenAIServer, message_text
 
     def respond(req):
         text = message_text(req)

@@ -1,4 +1,4 @@
-"""The reader client against a real local HTTP server speaking the OpenAI API (cdsjax/io/scripted_server.py)."""
+"""The reader client against a real local HTTP server speaking the OpenAI API (tests/scripted_server.py)."""
 
 import base64
 import socket
@@ -15,7 +15,7 @@ from cdsjax.io.reader import (
     build_messages,
     parse_citations,
 )
-from cdsjax.io.scripted_server import OpenAIServer, completion, message_images, message_text
+from tests.scripted_server import OpenAIServer, completion, message_images, message_text
 
 FAST = dict(model="test-model", max_retries=2, backoff=0.01, max_backoff=0.02, timeout=5.0)
 

@@ -13,7 +13,7 @@ import pytest
 
 from cdsjax.cli import main
 from cdsjax.io.reader import Reader, ReaderError
-from cdsjax.io.scripted_server import OpenAIServer, completion, message_images
+from tests.scripted_server import OpenAIServer, completion, message_images
 from tests.conftest import DATA
 
 FIG = DATA / "pdfs" / "pdflatex-image.pdf"  # one page with a figure (a crop PNG in the index)

@@ -10,7 +10,7 @@ from PIL import Image
 
 from cdsjax.io.llm import ChatClient
 from cdsjax.io.reader import EvidenceItem, Reader, ReaderError, notes_to_drop
-from cdsjax.io.scripted_server import OpenAIServer, message_images, message_text
+from tests.scripted_server import OpenAIServer, message_images, message_text
 
 FAST = dict(model="test-model", max_retries=3, backoff=0.0, max_backoff=0.0, timeout=10.0)
 # llama.cpp's answers, as its server sends them

@@ -14,7 +14,7 @@ from cdsjax.io.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_eviden
                                     split_sentences, word_overlap)
 from cdsjax.io.reader import EvidenceItem, Reader, fit_items
 from cdsjax.io.replies import ReplyGuard, echoes_evidence, looping, no_answer
-from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=10.0)
 LONG = ("The survey covers twelve farms. Apples peak in September at 4.2 tonnes a day. The cooperative was founded "

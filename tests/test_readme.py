@@ -17,7 +17,7 @@ import pytest
 
 from cdsjax.catalog import DEFAULT_SELECTOR, display
 from tests.conftest import ROOT
-from cdsjax.io.scripted_server import OpenAIServer
+from tests.scripted_server import OpenAIServer
 
 README = ROOT / "README.md"
 BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```", re.S | re.M)

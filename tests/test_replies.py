@@ -15,9 +15,10 @@ from cdsjax.agents.planning import NodeResult
 from cdsjax.agents.plan import PlanNode
 from cdsjax.io.judge import parse_verdict
 from cdsjax.io.llm import ChatClient, ChatReply, ReaderConfig, ReaderError
-from cdsjax.io.replies import find_json, markers_only, oneline, parse_citations, strip_citations, strip_thinking
+from cdsjax.io.replies import find_json, markers_only, parse_citations, strip_citations, strip_thinking
+from cdsjax.io.util import one_line
 from cdsjax.io.vlm import VLMClient, VLMError
-from cdsjax.io.scripted_server import OpenAIServer, completion
+from tests.scripted_server import OpenAIServer, completion
 
 
 @pytest.mark.parametrize("reply, text", [
@@ -94,9 +95,9 @@ def test_citations_are_read_and_removed_alike(text, cited, bare):
     assert finding == bare
 
 
-def test_oneline():
-    assert oneline("a\n  b\tc") == "a b c"
-    assert oneline("x" * 10, 5) == "xxxx…"
+def test_one_line():
+    assert one_line("a\n  b\tc") == "a b c"
+    assert one_line("x" * 10, 5) == "xxxx…"
 
 
 FAST = dict(model="test-model", max_retries=2, backoff=0.01, max_backoff=0.02, timeout=5.0)

@@ -1,6 +1,6 @@
 """`cdsjax serve` as a real uvicorn process on 127.0.0.1, driven by real HTTP clients.
 
-The reader is a real local OpenAI-compatible server (cdsjax/io/scripted_server.py) whose answers can be held
+The reader is a real local OpenAI-compatible server (tests/scripted_server.py) whose answers can be held
 back, so the overload test fills the server's queue deterministically.
 """
 
@@ -19,20 +19,13 @@ import urllib.request
 import pytest
 
 from cdsjax import cli
-from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.scripted_server import OpenAIServer, message_text
 from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.io.util import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE = 3
 HOLD = "HOLD-THIS-ANSWER"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def request(url, body=None, *, method=None, timeout=60, raw=None):

@@ -24,7 +24,8 @@ import urllib.request
 import pytest
 
 from cdsjax import cli
-from tests.test_serve import ROOT, free_port, request
+from cdsjax.io.util import free_port
+from tests.test_serve import ROOT, request
 
 TIMEOUT = 1.5  # --request-timeout of the main server: a compilation of a new CDS selector takes longer
 
@@ -102,14 +103,14 @@ def built(tmp_path_factory, data_root):
 
 def craft(src, dst, *, manifest=None, notes=None):
     """A copy of the index ``src`` with ``manifest(dict)`` / ``notes(list)`` edits, its hashes recomputed."""
-    from cdsjax.io import store
+    from cdsjax.io import store, storefiles
 
     shutil.copytree(src, dst, symlinks=True)
     m = json.loads((dst / "manifest.json").read_text())
     if notes is not None:
-        rows = store.read_jsonl(dst / "notes.jsonl")
+        rows = storefiles.read_jsonl(dst / "notes.jsonl")
         notes(rows)
-        m["hashes"]["notes"] = store.write_jsonl(dst / "notes.jsonl", rows)
+        m["hashes"]["notes"] = storefiles.write_jsonl(dst / "notes.jsonl", rows)
     if manifest is not None:
         manifest(m)
         m["hashes"]["embedder"] = store.embedder_digest(m["embedder"])
@@ -242,6 +243,23 @@ def test_non_finite_option_gets_400(main_server):
     status, reply, _ = request(main_server.url + "/select", None,
                                raw=b'{"question": "x", "selector": "mmr", "options": {"lam": NaN}}')
     assert status == 400 and "finite" in reply["error"]
+
+
+def test_select_evidence_is_the_local_ask_evidence(main_server, capsys):
+    """/select answers the `cdsjax ask --json` object: each evidence item has the same fields and values (an
+    index name included, which the web page passes to /pdf and /crop), crops relative to their index."""
+    q = "the table of countries"
+    status, sel, _ = request(main_server.url + "/select", {"question": q})  # the server's cosine, budget 6
+    capsys.readouterr()
+    code = cli.main(["ask", str(main_server.index), q, "--selector", "cosine", "--budget", "6", "--json",
+                     "--no-read"])
+    local = json.loads(capsys.readouterr().out)
+    assert status == 200 and code == 0 and len(sel["evidence"]) == 6
+    for e in local["evidence"]:
+        if e["image_path"]:
+            e["image_path"] = os.path.relpath(e["image_path"], main_server.index)
+    assert sel["evidence"] == local["evidence"] and {e["index"] for e in sel["evidence"]} == {"index"}
+    assert set(sel) == set(local)
 
 
 def test_deadline_gives_504_frees_the_slot_and_health_stays_fast(main_server):

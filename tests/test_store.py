@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cdsjax.io.parse as parse_mod
-from cdsjax.io import store
+from cdsjax.io import store, storefiles
 from cdsjax.io.index import build_index, default_config, index_pdf, load_index
 from tests import ingest_pdfs as gen
 
@@ -193,19 +193,19 @@ def test_crash_between_renames_is_recovered(built, pdfs, config, monkeypatch, tm
 
 def test_load_errors(built, tmp_path):
     out, _ = built
-    with pytest.raises(store.StoreError, match="not a cdsjax index"):
+    with pytest.raises(storefiles.StoreError, match="not a cdsjax index"):
         load_index(tmp_path)
     work = tmp_path / "index"
     shutil.copytree(out, work)
     with open(work / "notes.jsonl", "a") as f:
         f.write(json.dumps({"note_id": "tampered"}) + "\n")
-    with pytest.raises(store.StoreError, match=r"notes.jsonl: damaged .*cdsjax index --verify"):
+    with pytest.raises(storefiles.StoreError, match=r"notes.jsonl: damaged .*cdsjax index --verify"):
         load_index(work)
 
 
 def test_refuses_to_replace_a_foreign_directory(pdfs, config, tmp_path):
     (tmp_path / "mine.txt").write_text("precious")
-    with pytest.raises(store.StoreError, match="not empty and holds no cdsjax index"):
+    with pytest.raises(storefiles.StoreError, match="not empty and holds no cdsjax index"):
         build_index([pdfs[1]], tmp_path, config=config)
     assert (tmp_path / "mine.txt").read_text() == "precious"
 

@@ -16,7 +16,7 @@ from tests.conftest import on_arrays
 from cdsjax.eval.problems import text_problems
 from cdsjax.eval.report import summary_rows
 from cdsjax.eval.run import run_selector
-from cdsjax.eval.scoring import diagnostics
+from cdsjax.core.diagnostics import diagnostics
 
 
 def unit_rows(x):

@@ -9,7 +9,8 @@ import stat
 import pytest
 
 from cdsjax import cli
-from cdsjax.io import store
+from cdsjax.io import doccache
+from cdsjax.io import storefiles
 from cdsjax.io.index import build_index, cache_root, default_config, load_index, verify_index
 from tests import ingest_pdfs as gen
 
@@ -80,7 +81,7 @@ def test_linked_crop_folder_is_damage_and_rebuilt_without_touching_its_target(bu
     entry["hashes"]["crops"] = {}  # as an attacker would: nothing recorded to check the folder against
     (work / "manifest.json").write_text(json.dumps(manifest))
 
-    with pytest.raises(store.StoreError) as refused:  # its notes' crops are not the ones the manifest lists
+    with pytest.raises(storefiles.StoreError) as refused:  # its notes' crops are not the ones the manifest lists
         load_index(work)
     assert one_line(refused.value)
 
@@ -103,12 +104,12 @@ def test_index_files_replaced_by_links_are_refused_in_one_line(built, tmp_path):
     shutil.copytree(built, work)
     (work / "notes.jsonl").unlink()
     os.symlink(secret / "id_rsa", work / "notes.jsonl")
-    with pytest.raises(store.StoreError, match="symbolic link") as refused:
+    with pytest.raises(storefiles.StoreError, match="symbolic link") as refused:
         load_index(work)
     assert one_line(refused.value)
     shutil.rmtree(work / "arrays" )
     os.symlink(secret, work / "arrays")
-    with pytest.raises(store.StoreError):
+    with pytest.raises(storefiles.StoreError):
         load_index(work)
     assert state_of(secret) == before
 
@@ -161,7 +162,7 @@ def test_planted_leftover_folder_is_never_adopted(built, pdfs, config, tmp_path)
     planted = tmp_path / ".index.old-999999999-deadbeef"  # named like a dead writer's leftover
     shutil.copytree(built, planted)
     before = state_of(planted)
-    with pytest.raises(store.StoreError, match="not a cdsjax index"):
+    with pytest.raises(storefiles.StoreError, match="not a cdsjax index"):
         load_index(tmp_path / "index")
     summary = build_index([pdfs[1]], tmp_path / "index", config=config)
     assert summary.written and summary.added == ["plain.pdf"]
@@ -181,7 +182,7 @@ def test_cache_directory_created_private_and_foreign_ones_refused(tmp_path, monk
     shared.mkdir()
     os.chmod(shared, 0o777)
     monkeypatch.setenv("CDSJAX_CACHE", str(shared))
-    with pytest.raises(store.StoreError, match="writable by its group or others") as refused:
+    with pytest.raises(storefiles.StoreError, match="writable by its group or others") as refused:
         cache_root()
     assert one_line(refused.value)
     out = tmp_path / "idx"
@@ -196,7 +197,7 @@ def test_cache_directory_created_private_and_foreign_ones_refused(tmp_path, monk
         foreign.mkdir(mode=0o700)
         os.chown(foreign, 4242, 4242)
         monkeypatch.setenv("CDSJAX_CACHE", str(foreign))
-        with pytest.raises(store.StoreError, match="owned by uid 4242") as refused:
+        with pytest.raises(storefiles.StoreError, match="owned by uid 4242") as refused:
             cache_root()
         assert one_line(refused.value)
 
@@ -224,8 +225,8 @@ def test_links_inside_the_cache_are_not_followed(tmp_path, monkeypatch, capsys):
     cache_root().joinpath("docs", "ab").mkdir(parents=True)
     key = "ab" + "0" * 62
     os.symlink(secret, cache / "docs" / "ab" / key)  # a planted entry
-    docs = store.DocCache(cache / "docs")
-    with pytest.raises(store.StoreError, match="symbolic link") as refused:
+    docs = doccache.DocCache(cache / "docs")
+    with pytest.raises(storefiles.StoreError, match="symbolic link") as refused:
         docs.read(key)
     assert one_line(refused.value)
     os.symlink(secret, cache / "jax-compilation")  # a swapped-in compilation cache
@@ -235,7 +236,7 @@ def test_links_inside_the_cache_are_not_followed(tmp_path, monkeypatch, capsys):
     assert one_line(err) and "symbolic link" in err
     os.symlink(secret, cache / "docs" / "cd")  # a planted shard folder: an entry written there would land outside
     staging = docs.staging()
-    with pytest.raises(store.StoreError, match="symbolic link"):
+    with pytest.raises(storefiles.StoreError, match="symbolic link"):
         docs.write("cd" + "1" * 62, staging, meta={}, elements=[], notes=[], embeddings=[[1.0]], edges=[])
     assert state_of(secret) == before
 

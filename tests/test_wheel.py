@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import ingest_pdfs as gen
-from cdsjax.io.scripted_server import OpenAIServer, message_text
+from tests.scripted_server import OpenAIServer, message_text
 from tests.conftest import require_module
 
 ROOT = Path(__file__).resolve().parents[1]

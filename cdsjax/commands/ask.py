@@ -14,6 +14,7 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
 
     {"question": str, "answer": str | null, "selector": str (e.g. "cds-converged"), "budget": int,
      "evidence": [{"rank": int (1-based), "score": float, "document": str,
+                   "index": str (the name of the index directory that holds the document),
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
                    "note_id": str, "image_path": str | null (absolute locally; relative to its index
@@ -192,7 +193,8 @@ def make_reader(args, stack=None):
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, LocalReaderError, keep_alive_setting
+    from cdsjax.io.local_model import LocalReaderError
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
 
     try:
         config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,

@@ -43,6 +43,7 @@ import zlib
 from typing import Callable, Iterable, List, Optional
 
 from cdsjax.commands import CLIError
+from cdsjax.io.util import one_line
 
 USER_AGENT = "cdsjax-data-fetch"
 # Bounds on what a download and an archive may make this process read or hold (the real sources are far
@@ -115,10 +116,6 @@ def _mismatch(path: pathlib.Path, want, *, sha256: bool = True) -> Optional[str]
 
 def _file_ok(path: pathlib.Path, want) -> bool:
     return path.is_file() and _mismatch(path, want) is None
-
-
-def one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())[:400]
 
 
 def _recorded(d) -> bool:
@@ -239,7 +236,7 @@ def read_member(archive: pathlib.Path, member: str) -> bytes:
             return _zip_member(archive, member, limit)
         return _tar_member(archive, member, limit)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError) as err:
-        raise ArchiveError(f"not an archive that can be read ({one_line(err) or type(err).__name__})") from None
+        raise ArchiveError(f"not an archive that can be read ({one_line(err)})") from None
 
 
 def _refuse(member_name: str, why: str) -> ArchiveError:

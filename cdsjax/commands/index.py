@@ -81,7 +81,8 @@ def run(args) -> int:
     from cdsjax.io.elements import IngestError
     from cdsjax.io.embed import EmbedderError
     from cdsjax.io.index import build_index, verify_index
-    from cdsjax.io.store import LockBusy, StoreError
+    from cdsjax.io.store import LockBusy
+    from cdsjax.io.storefiles import StoreError
     from cdsjax.io.index.on_ray import RayUnavailable
     from cdsjax.io.vlm import VLMError
 
@@ -142,7 +143,7 @@ def run(args) -> int:
 
 def show_list(directory, *, as_json: bool) -> int:
     from cdsjax.io.index import list_index
-    from cdsjax.io.store import StoreError
+    from cdsjax.io.storefiles import StoreError
 
     try:
         docs = list_index(directory)

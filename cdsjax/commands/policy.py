@@ -58,14 +58,6 @@ def echo(value) -> str:
     return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "..."
 
 
-def one_line(message: str, limit: int = 600) -> str:
-    """``message`` as one line of at most ``limit`` characters, encodable as UTF-8 (a lone surrogate from a
-    request is escaped), so that any error can be sent as it is."""
-    text = " ".join(str(message).split())
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def is_text(value) -> bool:
     """True for a string that is valid Unicode throughout (JSON can carry lone surrogates; UTF-8 cannot)."""
     try:
@@ -209,11 +201,6 @@ def token_from_query(query: bytes) -> Optional[bytes]:
 # ------------------------------------------------------------------ paths and files
 
 
-def index_name(root) -> str:
-    """The name an index goes by in answers and in ``/pdf``/``/crop`` requests: its directory's name."""
-    return os.path.basename(str(root).rstrip(os.sep))
-
-
 def public_path(path: Optional[str], roots) -> Optional[str]:
     """``path`` relative to the index root that holds it (``crops/...``), so no server path leaves the server."""
     if not path:
@@ -289,7 +276,7 @@ class PdfFiles:
     """
 
     def __init__(self, roots: Sequence[str], max_bytes: int = DEFAULT_MAX_PDF_MB << 20):
-        from cdsjax.io.store import read_manifest
+        from cdsjax.io.store import index_name, read_manifest
 
         self.max_bytes = max_bytes
         self._entries: Dict[str, dict] = {}

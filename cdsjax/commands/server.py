@@ -28,6 +28,7 @@ from cdsjax.commands import page as web
 from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
 from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.io.util import one_line
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503
@@ -133,7 +134,7 @@ class ServerState:
         return sum(lane.running() for lane in (self.compute, self.compiling, self.reading))
 
     def error(self, status: int, message: str, **extra) -> JSONResponse:
-        return JSONResponse({"error": policy.one_line(policy.scrub(message, self.roots)), **extra}, status_code=status)
+        return JSONResponse({"error": one_line(policy.scrub(message, self.roots), 600), **extra}, status_code=status)
 
     async def read_file(self, fn: Callable, *args):
         """``fn(*args)`` (a file read and hashed) on a worker thread, at most :data:`FILE_READS` at once."""
@@ -261,7 +262,6 @@ def public(state: ServerState, result, body: Question) -> dict:
         out["near_duplicates"] = web.near_duplicates(state.pipe, out["evidence"], body.near_duplicates)
     for e in out.get("evidence", []):
         e["image_path"] = policy.public_path(e.get("image_path"), roots)
-        e["index"] = state.pdfs.index_of.get(str(e.get("document")))  # what /pdf and /crop take as index=
     if out.get("error"):
         out["error"] = {k: policy.scrub(v, roots) if isinstance(v, str) else v for k, v in out["error"].items()}
     return policy.finite(out)

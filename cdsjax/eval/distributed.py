@@ -18,11 +18,12 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import List, Optional, Sequence
+
+from cdsjax.io.util import free_port
 
 BARRIER_TIMEOUT_S = 6 * 3600  # processes may differ by hours (indexing on a cold cache) before they join
 SHARD_RE = re.compile(r"^records\.(\d+)-of-(\d+)\.jsonl$")
@@ -146,12 +147,6 @@ def split_problems(sizes: Sequence[int], count: int, *, buckets: Sequence[int], 
         for chunk in chunks:
             out[k].extend(chunk)
     return [sorted(o) for o in out]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_local(script: str, argv: Sequence[str], processes: int, *, prog: str = "run_eval",

@@ -1,5 +1,5 @@
-"""Scoring one selection: the retrieval metrics a benchmark's gold supports, and the solver's diagnostics
-as plain numbers (what each record holds)."""
+"""Scoring one selection: the retrieval metrics a benchmark's gold supports, as plain numbers (what each record
+holds beside the solver's diagnostics, :func:`cdsjax.core.diagnostics.diagnostics`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 
 import cdsjax.eval.metrics as M
 from cdsjax.eval.answers import has_answer
-from cdsjax.core.diagnostics import diagnostics  # noqa: F401  (the one diagnostics function, used by records)
 from cdsjax.eval.problems import Problem
 
 # Metric order in tables; a benchmark reports the ones its gold supports.

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.evidence import note_metadata, note_text  # noqa: F401  (the adapters' formatter, shared with ask)
 from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.evidence import note_metadata  # the adapters' formatter, shared with ask
 
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",

@@ -28,8 +28,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from cdsjax.integrations import _common as common
-from cdsjax.integrations._common import HIDDEN_KEYS, Chooser, IndexSource, missing_extra, note_text
 from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.evidence import note_text
+from cdsjax.integrations._common import HIDDEN_KEYS, Chooser, IndexSource, missing_extra
 
 __all__ = ["CDSEmbedding", "CDSPostprocessor", "CDSRetriever"]
 

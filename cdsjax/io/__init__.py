@@ -19,7 +19,6 @@ sentence-transformers or openai. Import the submodules you need:
   single-PDF cache, around one ``BuildContext``);
 - :mod:`cdsjax.io.store` — the on-disk index, the writer lock and the shared document cache.
 - :mod:`cdsjax.io.memory` — how the ingestion processes use the C allocator (fewer page faults).
-- :mod:`cdsjax.io.scripted_server` — a local scripted OpenAI-compatible server (tests, offline experiments).
 """
 
 from cdsjax.io.elements import IngestError

@@ -1,7 +1,6 @@
 """The content-addressed cache of finished documents (:class:`DocCache`), shared by every index and ``ask PDF``.
 
-Its files are written and checked with the helpers of :mod:`cdsjax.io.storefiles`; :mod:`cdsjax.io.store`
-re-exports the class as ``store.DocCache``.
+Its files are written and checked with the helpers of :mod:`cdsjax.io.storefiles`.
 """
 
 from __future__ import annotations

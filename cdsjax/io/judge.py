@@ -18,7 +18,8 @@ from typing import Optional
 
 from cdsjax.io.llm import ChatClient, ReaderError
 from cdsjax.io.reader import ABSTAIN
-from cdsjax.io.replies import find_field, find_json, leading_word, oneline, read_bool, read_float, strip_thinking
+from cdsjax.io.replies import find_field, find_json, leading_word, read_bool, read_float, strip_thinking
+from cdsjax.io.util import one_line
 
 JUDGE_PROMPT = f"""\
 You grade answers to questions about documents. You get a question, the reference answer and a candidate \
@@ -101,7 +102,7 @@ class Judge(ChatClient):
         except ValueError as err:
             if reply.finish_reason == "length":
                 raise ReaderError(f"the judge at {self.url} sent a verdict cut at its token limit (max_tokens="
-                                  f"{self.config.max_tokens}; raise it): {oneline(reply.content, 200)!r}",
+                                  f"{self.config.max_tokens}; raise it): {one_line(reply.content, 200)!r}",
                                   kind="bad_response", url=self.url) from None
             raise ReaderError(f"the judge at {self.url} {err}", kind="bad_response", url=self.url) from None
         return JudgeVerdict(correct=correct, score=score, rationale=rationale, raw=reply.content,
@@ -140,11 +141,11 @@ def parse_verdict(text: str) -> tuple:
     correct = read_bool(fields.get("correct"), yes=CORRECT_WORDS, no=INCORRECT_WORDS)
     score = read_float(fields.get("score"))
     if correct is None and score is None:
-        raise ValueError(f"sent no readable verdict: {oneline(text, 200)!r}")
+        raise ValueError(f"sent no readable verdict: {one_line(text, 200)!r}")
     if score is None:
         score = 1.0 if correct else 0.0
     score = min(1.0, max(0.0, score))
     if correct is None:
         correct = score >= 0.5
     rationale = fields.get("rationale")
-    return correct, score, oneline(rationale, 1000) if rationale else ""
+    return correct, score, one_line(rationale, 1000) if rationale else ""

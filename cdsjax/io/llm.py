@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 import openai
 import tenacity
 
-from cdsjax.io.replies import oneline
+from cdsjax.io.util import one_line
 
 
 class ReaderError(RuntimeError):
@@ -292,8 +292,8 @@ def _server_message(err: openai.APIStatusError) -> str:
     body = err.body
     if isinstance(body, Mapping):
         message = body.get("message") or body.get("detail") or body
-        return oneline(message)
-    return oneline(body if body else err.message)
+        return one_line(message)
+    return one_line(body if body else err.message)
 
 
 class ChatClient:
@@ -427,7 +427,7 @@ class ChatClient:
         except _Delivered as err:  # the stream broke after text was shown: raised, not retried
             if isinstance(err.cause, openai.OpenAIError):
                 raise self._error(err.cause, attempts) from err.cause
-            raise ReaderError(f"the {self.role} at {self.url} broke off its reply ({oneline(err.cause, 120)})",
+            raise ReaderError(f"the {self.role} at {self.url} broke off its reply ({one_line(err.cause, 120)})",
                               kind="bad_response", url=self.url, attempts=attempts) from None
         except openai.OpenAIError as err:
             raise self._error(err, attempts) from err
@@ -436,7 +436,7 @@ class ChatClient:
                               kind="bad_response", url=self.url, attempts=attempts) from None
         except ValueError as err:  # the body was not valid JSON
             raise ReaderError(f"the {self.role} at {self.url} sent a malformed reply (not valid JSON: "
-                              f"{oneline(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
+                              f"{one_line(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
                               attempts=attempts) from None
         if has_images(messages):
             self._takes_images = True
@@ -548,7 +548,7 @@ class ChatClient:
             return self._error(err, attempts=1)
         except ValueError as err:
             return ReaderError(f"the {self.role} at {self.url} sent a malformed model list (not valid JSON: "
-                               f"{oneline(err, 120)})", kind="bad_response", url=self.url, attempts=1)
+                               f"{one_line(err, 120)})", kind="bad_response", url=self.url, attempts=1)
         if self._model is not None and names and self._model not in names:
             return ReaderError(self._not_found_message(self._model, names), kind="model_not_found", url=self.url)
         if self._model is None:
@@ -569,14 +569,14 @@ class ChatClient:
             return ReaderError(f"the {role} at {url} did not answer within {self.config.timeout:g} s ({tries})",
                                kind="timeout", url=url, attempts=attempts)
         if isinstance(err, openai.APIConnectionError):
-            cause = oneline(err.__cause__ or err.message, 200)
+            cause = one_line(err.__cause__ or err.message, 200)
             return ReaderError(f"cannot reach the {role} at {url}: {cause} ({tries}; is the server running?)",
                                kind="unreachable", url=url, attempts=attempts)
         if isinstance(err, openai.APIStatusError):
             out = self._status_error(err, attempts)
             out.status = err.status_code
             return out
-        return ReaderError(f"the {role} at {url} sent an unreadable response: {oneline(err)}",
+        return ReaderError(f"the {role} at {url} sent an unreadable response: {one_line(err)}",
                            kind="bad_response", url=url, attempts=attempts)
 
     def _status_error(self, err: openai.APIStatusError, attempts: int) -> ReaderError:
@@ -611,7 +611,7 @@ class ChatClient:
         except openai.OpenAIError as err:
             return ReaderError(
                 f"{self.url} answered HTTP 404 for model '{model}' ({message}) and could not list its models "
-                f"({oneline(err, 120)}); check the URL (it usually ends in /v1) and the model name",
+                f"({one_line(err, 120)}); check the URL (it usually ends in /v1) and the model name",
                 kind="model_not_found", url=self.url, attempts=attempts)
         if model in names:
             return ReaderError(f"the {self.role} at {self.url} answered HTTP 404: {message}",

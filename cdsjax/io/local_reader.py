@@ -46,7 +46,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -57,9 +56,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-# the model file's names are importable from here too
-from cdsjax.io.local_model import (DEFAULT_PRESET, PRESETS, LocalReaderError, Preset, cache_dir,  # noqa: F401
-                                   model_path, resolve_model)
+from cdsjax.io.local_model import PRESETS, LocalReaderError, cache_dir, model_path, resolve_model
+from cdsjax.io.util import free_port, usable_cores
 
 RUNTIME = "xllamacpp"
 RUNTIME_HINT = "pip install 'cdsjax[reader]' (the xllamacpp wheel: llama.cpp's server, CPU build)"
@@ -93,13 +91,6 @@ def keep_alive_setting(value=None) -> float:
 def runtime_installed() -> bool:
     """Whether the local reader's runtime (xllamacpp) is importable, without importing it."""
     return importlib.util.find_spec(RUNTIME) is not None
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +128,6 @@ class LocalReaderConfig:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available_memory() -> Optional[int]:

@@ -32,7 +32,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.io.parse.layout import layout_threads, usable_cores  # the share chosen for this process, its cores
+from cdsjax.io.parse.layout import layout_threads  # the share of the cores chosen for this process
+from cdsjax.io.util import usable_cores
 from cdsjax.memo import PROCESS
 
 EXPORT_VERSION = 1  # part of an exported file's name: bump when export_model changes what it writes

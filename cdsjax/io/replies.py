@@ -47,12 +47,6 @@ def strip_thinking(text: str) -> str:
     return _THINK_END.split(text)[-1].strip()
 
 
-def oneline(text: Any, limit: int = 300) -> str:
-    """``text`` on one line (runs of whitespace become one space), cut to ``limit`` characters with "…"."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def parse_citations(text: str, n_evidence: int) -> tuple:
     """Evidence numbers cited as ``[2]``, ``[1, 3]``, ``[1][4]`` or ``[2-4]``, in order of first citation.
 

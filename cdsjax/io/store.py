@@ -33,10 +33,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
-from cdsjax.io.storefiles import (  # noqa: F401  (re-exported: store.X is how callers name them)
-    StoreError, owner_pid, pid_alive, check_crops, copy_inside, crop_hashes, files_inside, jsonl_line_digests,
-    load_npy_checked, open_inside, read_inside, read_jsonl, read_jsonl_checked, rows_digest, save_npy, sha256_bytes,
-    sha256_file, sha256_json, write_jsonl)
+from cdsjax.io.storefiles import StoreError, open_inside, owner_pid, pid_alive, read_inside, sha256_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -174,6 +171,12 @@ def recover(out_dir: Path, *, journal: Optional[Path] = None) -> None:
     for tmp in _siblings(out_dir, "tmp"):
         if not pid_alive(owner_pid(tmp)) or owner_pid(tmp) == os.getpid():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def index_name(root) -> str:
+    """The name an index goes by in answers (an evidence item's ``index``) and in the server's ``/pdf`` and
+    ``/crop`` requests: its directory's name."""
+    return os.path.basename(str(root).rstrip(os.sep))
 
 
 def not_an_index(directory: Path) -> str:
@@ -344,38 +347,6 @@ def array_shapes(directory: Path) -> dict:
     return {name: (tuple(int(x) for x in m.shape), str(np.dtype(m.dtype))) for name, m in dict(tree).items()}
 
 
-def load_arrays_checked(directory: Path, files: Optional[dict] = None,
-                        notes: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """:func:`load_arrays`, with any failure (missing or truncated files) as a :class:`StoreError`.
-
-    Args:
-      files: ``{relative path: sha256}`` of the checkpoint's files (:func:`crop_hashes` of the directory,
-        recorded at write time); when given, every file is checked before orbax reads any of them.
-      notes: the note count the manifest records; when given, the files' sizes (before they are hashed) and
-        the arrays' recorded shapes (before anything is allocated) must fit it.
-    """
-    from cdsjax.io.index import schema
-
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise StoreError(f"{directory}: missing (the index's arrays are gone)")
-    if notes is not None:  # sizes before anything is hashed or read
-        schema.check_array_files(directory, files, notes)
-    # orbax opens the files by name: first, no link anywhere in the arrays folder (and, when recorded, hashes)
-    bad = check_crops(directory.parent, directory.name, files or {})
-    if bad:
-        raise StoreError(bad.replace("(image crop)", "(array file)"))
-    try:
-        if notes is not None:
-            schema.check_array_shapes(directory, array_shapes(directory), notes)
-        return load_arrays(directory)
-    except StoreError:
-        raise
-    except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files
-        text = " ".join(str(err).split())[:160] or type(err).__name__
-        raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None
-
-
 def embedder_digest(info: dict) -> str:
     """sha256 of a manifest's embedder fields (recorded under ``hashes.embedder``)."""
     return sha256_json(info)
@@ -389,6 +360,3 @@ def check_embedder_digest(root: Path, manifest: dict) -> None:
     if recorded is not None and embedder_digest(manifest.get("embedder")) != recorded:
         raise StoreError(f"{Path(root) / MANIFEST}: damaged (its embedder fields do not match their recorded sha256)")
 
-
-# the per-document cache lives in its own module; imported here so ``store.DocCache`` keeps working
-from cdsjax.io.doccache import DocCache  # noqa: E402,F401  (after the helpers it imports from here)

@@ -17,7 +17,8 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from cdsjax.io import store
+from cdsjax.io import doccache, store
+from cdsjax.io import storefiles
 from cdsjax.io.elements import IngestError
 from cdsjax.io.embed import embedder_key
 from cdsjax.io.index.context import BuildContext, Doc, IndexSummary, ProgressBar, default_config, quiet
@@ -106,7 +107,7 @@ def build_index(
 
     Raises:
       IngestError: in strict mode, for the first bad document (nothing is written).
-      store.StoreError: the output directory cannot be written, is locked (``wait=False``), or names no
+      storefiles.StoreError: the output directory cannot be written, is locked (``wait=False``), or names no
         such document to remove.
     """
     config = default_config() if config is None else config
@@ -114,7 +115,7 @@ def build_index(
     out_dir = Path(out_dir)
     store.check_output_dir(out_dir, replace=replace)
     with store.writer_lock(out_dir, wait=wait, on_wait=log or quiet):
-        ctx = BuildContext(config=config, cache=doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir)),
+        ctx = BuildContext(config=config, cache=doc_cache(config) if cache_dir is None else doccache.DocCache(Path(cache_dir)),
                            log=log or quiet, strict=strict, progress=progress, workers=resolve_workers(workers),
                            embed_in=embed_in, ray=ray, summary=IndexSummary(out_dir=str(out_dir)),
                            on_prepared=on_prepared, page_split=page_split)
@@ -150,7 +151,7 @@ def _build_locked(paths, out_dir: Path, ctx: BuildContext, *, replace: bool, rem
         if not kept:
             summary.seconds = dict(seconds)
             if previous is not None and removed and not docs:
-                raise store.StoreError(f"{out_dir}: the index would hold no documents; nothing was changed "
+                raise storefiles.StoreError(f"{out_dir}: the index would hold no documents; nothing was changed "
                                        f"(delete the directory to drop the index)")
             return summary  # nothing could be indexed: the previous index (if any) stays as it was
         order_same = previous is not None and [d.doc_id for d in kept] == [d["doc_id"] for d in prev_docs]
@@ -184,7 +185,7 @@ def _read_inputs(paths, ctx: BuildContext) -> List[Doc]:
                 raise IngestError(path, "no such file or directory")
             check_pdf_file(path)
             resolved = os.path.realpath(path)  # what /pdf opens later, without following any link
-            inputs.append(Doc(path=path, sha=store.sha256_file(Path(resolved)), resolved=resolved, is_input=True))
+            inputs.append(Doc(path=path, sha=storefiles.sha256_file(Path(resolved)), resolved=resolved, is_input=True))
         except OSError as err:  # gone or unreadable since it was found: one line, and the others are indexed
             _fail(ctx, IngestError(path, f"cannot read file ({err.strerror or err})"))
         except IngestError as err:
@@ -221,7 +222,7 @@ def _document_set(inputs: List[Doc], prev_docs: List[dict], removed: List[dict],
     if inputs and any(d.status == "kept" for d in docs):
         old, new = embedder_key(previous.manifest["embedder"]), embedder_key(ctx.embedder.info())
         if old != new:
-            raise store.StoreError(
+            raise storefiles.StoreError(
                 f"{out_dir}: the index was embedded with {old[0]} and this run embeds with {new[0]}; "
                 f"use the same --embedder, or --replace to rebuild the whole index")
     for d in inputs:
@@ -313,7 +314,7 @@ def obtain(doc: Doc, previous: Optional[PreviousIndex], ctx: BuildContext, *,
     # 2. the document cache
     try:
         entry = ctx.cache.read(entry_key(doc.sha, doc.keys))
-    except store.StoreError as err:
+    except storefiles.StoreError as err:
         summary.warnings.append(f"damaged cache entry rebuilt: {err}")
         log(f"warning: {err}; rebuilding that cache entry")
         entry = None
@@ -325,7 +326,7 @@ def obtain(doc: Doc, previous: Optional[PreviousIndex], ctx: BuildContext, *,
             report_doc(doc, ctx)
             return True
     # 3. the PDF itself
-    if not doc.path.is_file() or store.sha256_file(doc.path) != doc.sha:
+    if not doc.path.is_file() or storefiles.sha256_file(doc.path) != doc.sha:
         what = "is gone" if not doc.path.is_file() else "has changed since it was indexed"
         raise IngestError(doc.path, f"cannot rebuild {doc.doc_id}: its PDF {what}; it was dropped from the "
                                     f"index (index the file again to add it back)")
@@ -362,7 +363,7 @@ def _match_removals(remove: Sequence[str], prev_docs: List[dict], out_dir: Path)
         hits = [d for d in prev_docs if name in (d["doc_id"], Path(d["path"]).name, d["path"])]
         if not hits:
             known = ", ".join(d["doc_id"] for d in prev_docs) or "none"
-            raise store.StoreError(f"{out_dir}: no document {name!r} in this index (it holds: {known})")
+            raise storefiles.StoreError(f"{out_dir}: no document {name!r} in this index (it holds: {known})")
         out.extend(h for h in hits if h not in out)
     return out
 
@@ -382,15 +383,15 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
         elements.extend(d_elements)
         emb_blocks.append(d_emb)
         edge_blocks.append(d_edges + start)
-        if d.crop_root is not None:  # copied, never linked, and no link followed (store.copy_inside)
-            store.copy_inside(d.crop_root, d.crop_rel, staging)
+        if d.crop_root is not None:  # copied, never linked, and no link followed (storefiles.copy_inside)
+            storefiles.copy_inside(d.crop_root, d.crop_rel, staging)
         manifest_docs.append(dict(
             doc_id=d.doc_id, path=str(d.path), resolved=d.resolved, sha256=d.sha, num_pages=d.num_pages,
             num_elements=len(d_elements), num_notes=len(d_notes), note_start=start, keys=d.keys, crops=d.crop_rel,
             ocr=d.ocr, enrichment=d.enrichment,
-            hashes=dict(notes=store.rows_digest(d_notes), elements=store.rows_digest(d_elements),
+            hashes=dict(notes=storefiles.rows_digest(d_notes), elements=storefiles.rows_digest(d_elements),
                         embeddings=array_digest(d_emb), edges=array_digest(d_edges),
-                        crops=store.crop_hashes(staging / d.crop_rel)),
+                        crops=storefiles.crop_hashes(staging / d.crop_rel)),
         ))
     embeddings = np.concatenate(emb_blocks, axis=0).astype(np.float32)
     edges = np.concatenate(edge_blocks, axis=0).astype(np.int32)
@@ -399,12 +400,12 @@ def _write_index(staging: Path, kept: List[Doc], ctx: BuildContext) -> dict:
     if len(notes) != embeddings.shape[0]:
         raise RuntimeError(f"internal error: {len(notes)} notes but {embeddings.shape[0]} embeddings")
     hashes = dict(
-        notes=store.write_jsonl(staging / "notes.jsonl", notes),
-        elements=store.write_jsonl(staging / "elements.jsonl", elements),
+        notes=storefiles.write_jsonl(staging / "notes.jsonl", notes),
+        elements=storefiles.write_jsonl(staging / "elements.jsonl", elements),
         arrays=store.arrays_digest(embeddings, edges),
     )
     store.save_arrays(staging / "arrays", embeddings, edges)
-    hashes["array_files"] = store.crop_hashes(staging / "arrays")
+    hashes["array_files"] = storefiles.crop_hashes(staging / "arrays")
     info = dict(emb_info)
     info["dim"] = int(embeddings.shape[1])
     hashes["embedder"] = store.embedder_digest(info)

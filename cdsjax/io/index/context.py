@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, DefaultDict, Dict, List, Option
 import numpy as np
 
 from cdsjax.config import get_config
-from cdsjax.io import store
+from cdsjax.io import doccache
 
 if TYPE_CHECKING:  # the embedder module imports torch lazily; the type is for readers only
     from cdsjax.io.embed import Embedder
@@ -90,7 +90,7 @@ class BuildContext:
     """
 
     config: Any
-    cache: store.DocCache
+    cache: doccache.DocCache
     log: Callable[[str], None] = quiet
     strict: bool = False
     progress: bool = False
@@ -135,7 +135,7 @@ class Doc:
         return f"crops/{self.sha[:16]}/"
 
     def fill_from_entry(self, entry: dict) -> None:
-        """Takes the rows of a document-cache entry (:meth:`store.DocCache.read`)."""
+        """Takes the rows of a document-cache entry (:meth:`doccache.DocCache.read`)."""
         meta = entry["meta"]
         self.num_pages = int(meta.get("num_pages", 0))
         self.ocr = meta.get("ocr") or {}

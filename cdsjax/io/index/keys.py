@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cdsjax.io import store
+from cdsjax.io import doccache
+from cdsjax.io import storefiles
 
 
 def library_versions() -> dict:
@@ -38,7 +39,7 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     # indexes written before OCR existed stay valid.
     ingest["use_ocr"] = False
     parser = ingest.get("parser", "pymupdf")
-    parse_key = store.sha256_json(
+    parse_key = storefiles.sha256_json(
         dict(parser=parser, parser_version=PARSER_VERSION, pymupdf=versions.get("pymupdf"),
              pymupdf4llm=versions.get("pymupdf4llm"), splitter=versions.get("langchain-text-splitters"),
              ingest={k: v for k, v in ingest.items() if k not in ("mineru_command", "max_pages")})
@@ -49,16 +50,16 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     if enrich.get("mode") != "vlm":
         enrich = {k: v for k, v in enrich.items() if not k.startswith("vlm") and k not in (
             "evolution_rounds", "verify_links", "max_text_chars", "max_tokens", "timeout", "max_retries")}
-    notes_key = store.sha256_json(dict(parse=parse_key, notes_version=NOTES_VERSION, yake=versions.get("yake"),
+    notes_key = storefiles.sha256_json(dict(parse=parse_key, notes_version=NOTES_VERSION, yake=versions.get("yake"),
                                        enrich=enrich))
     emb = {k: v for k, v in embedder_info.items() if k != "dim"}
-    embed_key = store.sha256_json(dict(notes=notes_key, embedder=emb))
+    embed_key = storefiles.sha256_json(dict(notes=notes_key, embedder=emb))
     return dict(parse=parse_key, notes=notes_key, embed=embed_key)
 
 
 def entry_key(sha: str, keys: dict) -> str:
     """The document-cache key: the PDF's sha256 and the last stage key (which chains all the others)."""
-    return store.sha256_json(dict(pdf=sha, embed=keys["embed"]))
+    return storefiles.sha256_json(dict(pdf=sha, embed=keys["embed"]))
 
 
 def array_digest(a: np.ndarray) -> str:
@@ -70,7 +71,7 @@ def cache_root(config=None) -> Path:
     """The cdsjax cache directory: ``config.index.cache_dir``, else $CDSJAX_CACHE, else ~/.cache/cdsjax.
 
     Created 0700 when missing; one owned by another user or writable by its group or others is refused
-    (:func:`cdsjax.io.private.private_cache_dir`, a one-line :class:`store.StoreError`)."""
+    (:func:`cdsjax.io.private.private_cache_dir`, a one-line :class:`storefiles.StoreError`)."""
     from cdsjax.io.private import default_cache_dir, private_cache_dir
 
     if config is not None and "index" in config and config.index.get("cache_dir"):
@@ -78,6 +79,6 @@ def cache_root(config=None) -> Path:
     return private_cache_dir(default_cache_dir())
 
 
-def doc_cache(config) -> store.DocCache:
+def doc_cache(config) -> doccache.DocCache:
     """The document cache shared by every index and by ``ask PDF``: ``<cache_root>/docs``."""
-    return store.DocCache(cache_root(config) / "docs")
+    return doccache.DocCache(cache_root(config) / "docs")

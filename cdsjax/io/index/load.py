@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from cdsjax.io import store
+from cdsjax.io import store, storefiles
 from cdsjax.io.index import schema
 from cdsjax.io.index.build import build_index
 from cdsjax.io.index.context import IndexSummary
@@ -55,7 +55,7 @@ class CorpusIndex:
 
     def elements(self) -> List[dict]:
         """The parsed elements (same order as the notes), with surrounding context; read on demand."""
-        return store.read_jsonl(self.root / "elements.jsonl")
+        return storefiles.read_jsonl(self.root / "elements.jsonl")
 
     def make_embedder(self, *, device: str = "cpu"):
         """An :class:`~cdsjax.io.embed.Embedder` that encodes questions like these notes were encoded."""
@@ -72,13 +72,13 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
       verify: check the notes file and arrays against the manifest's hashes.
 
     Raises:
-      store.StoreError: missing or damaged index (one line naming the file, and how to repair it).
+      storefiles.StoreError: missing or damaged index (one line naming the file, and how to repair it).
     """
     root = Path(directory)
     store.recover(root)
     manifest = store.read_manifest(root)
     if manifest is None:
-        raise store.StoreError(store.not_an_index(root))
+        raise storefiles.StoreError(store.not_an_index(root))
     fix = f"; run `cdsjax index --verify {root}` to repair it"
     # the manifest's fields, counts and the files' sizes checked before anything is read or allocated from them
     count = schema.check_manifest(root / store.MANIFEST, manifest)
@@ -87,25 +87,25 @@ def load_index(directory, *, verify: bool = True) -> CorpusIndex:
         if verify:
             store.check_embedder_digest(root, manifest)
         schema.check_file_size(root / "notes.jsonl", (count + 1) * schema.MAX_NOTE_BYTES, f"{count} notes")
-        notes = store.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
+        notes = storefiles.read_jsonl_checked(root / "notes.jsonl", manifest["hashes"]["notes"] if verify else None)
         if len(notes) > schema.max_notes():
-            raise store.StoreError(schema.too_many_notes(root, len(notes)))
+            raise storefiles.StoreError(schema.too_many_notes(root, len(notes)))
         schema.check_notes(root / "notes.jsonl", notes, pages)
-        embeddings, edges = store.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"),
+        embeddings, edges = schema.load_arrays_checked(root / "arrays", manifest["hashes"].get("array_files"),
                                                       notes=len(notes))
         if verify and store.arrays_digest(embeddings, edges) != manifest["hashes"]["arrays"]:
-            raise store.StoreError(f"{root / 'arrays'}: damaged (content does not match its recorded sha256)")
-    except store.StoreError as err:
-        raise store.StoreError(f"{err}{fix}") from None
+            raise storefiles.StoreError(f"{root / 'arrays'}: damaged (content does not match its recorded sha256)")
+    except storefiles.StoreError as err:
+        raise storefiles.StoreError(f"{err}{fix}") from None
     except (KeyError, TypeError) as err:
-        raise store.StoreError(f"{root / store.MANIFEST}: damaged (no {err}){fix}") from None
+        raise storefiles.StoreError(f"{root / store.MANIFEST}: damaged (no {err}){fix}") from None
     n = len(notes)
     if embeddings.shape[0] != n:
-        raise store.StoreError(f"{root}: {n} notes but {embeddings.shape[0]} embeddings{fix}")
+        raise storefiles.StoreError(f"{root}: {n} notes but {embeddings.shape[0]} embeddings{fix}")
     links = np.zeros((n, n), dtype=np.bool_)
     if edges.size:
         if edges.min() < 0 or edges.max() >= n:
-            raise store.StoreError(f"{root / 'arrays'}: damaged (link indices out of range){fix}")
+            raise storefiles.StoreError(f"{root / 'arrays'}: damaged (link indices out of range){fix}")
         links[edges[:, 0], edges[:, 1]] = True
         links[edges[:, 1], edges[:, 0]] = True
     np.fill_diagonal(links, False)
@@ -131,7 +131,7 @@ def list_index(directory) -> List[dict]:
     root = Path(directory)
     manifest = store.read_manifest(root)
     if manifest is None:
-        raise store.StoreError(store.not_an_index(root))
+        raise storefiles.StoreError(store.not_an_index(root))
     return [dict(doc_id=d["doc_id"], path=d["path"], sha256=d["sha256"], pages=d["num_pages"],
                  notes=d["num_notes"], enrichment=d.get("enrichment") or {}, ocr=d.get("ocr") or {})
             for d in manifest["documents"]]
@@ -145,7 +145,7 @@ def verify_index(directory, *, config=None, log=None, wait: bool = True) -> Inde
     """
     root = Path(directory)
     if store.read_manifest(root) is None:
-        raise store.StoreError(store.not_an_index(root))
+        raise storefiles.StoreError(store.not_an_index(root))
     return build_index([], root, config=config, log=log, wait=wait, strict=False)
 
 
@@ -172,7 +172,7 @@ def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verif
     absolute ``image_path`` and ``image_sha256`` (what ``cdsjax serve`` checks again before serving it).
 
     Raises:
-      store.StoreError: a path that leaves the index or is not one of its crops (a crafted index), or a crop that
+      storefiles.StoreError: a path that leaves the index or is not one of its crops (a crafted index), or a crop that
         does not match its hash (a damaged one).
     """
     root = Path(root).absolute()
@@ -184,28 +184,28 @@ def resolve_crops(root: Path, notes: List[dict], documents: List[dict], *, verif
             continue
         rel = os.path.normpath(str(path)) if isinstance(path, str) else ""
         if not rel or os.path.isabs(rel) or rel == ".." or rel.startswith(".." + os.sep) or "\x00" in rel:
-            raise store.StoreError(f"{root}: refusing the index: note {str(note.get('note_id'))[:80]!r} points outside "
+            raise storefiles.StoreError(f"{root}: refusing the index: note {str(note.get('note_id'))[:80]!r} points outside "
                              "the index for its image")
         full = os.path.join(real_root, rel)
         real = os.path.realpath(full)
         if os.path.commonpath([real, real_root]) != real_root:
-            raise store.StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
+            raise storefiles.StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
                              "resolves outside the index")
         sha = expected.get(rel)
         if sha is None and note.get("doc_id") not in unhashed:
-            raise store.StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
+            raise storefiles.StoreError(f"{root}: refusing the index: the image of note {str(note.get('note_id'))[:80]!r} "
                              "is not a crop its manifest lists")
         if os.path.lexists(full):
             if os.path.islink(full) or real != full or not os.path.isfile(full):
-                raise store.StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
+                raise storefiles.StoreError(f"{root / rel}: damaged (an image crop replaced by a link or a non-file)")
             schema.check_file_size(Path(full), schema.MAX_CROP_BYTES, "an image crop")  # before it is hashed
             if sha is None or verify:  # (no recorded hash: an index written before per-document crop hashes)
                 try:
-                    digest = store.sha256_bytes(store.read_inside(root, rel))
+                    digest = storefiles.sha256_bytes(storefiles.read_inside(root, rel))
                 except OSError as err:
-                    raise store.StoreError(f"{root / rel}: unreadable ({err.strerror or err})") from None
+                    raise storefiles.StoreError(f"{root / rel}: unreadable ({err.strerror or err})") from None
                 if sha is not None and digest != sha:
-                    raise store.StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
+                    raise storefiles.StoreError(f"{root / rel}: damaged (content does not match its recorded sha256)")
                 sha = digest
         note["image_path"] = str(root / rel)
         note["image_sha256"] = sha

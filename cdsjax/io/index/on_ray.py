@@ -67,7 +67,7 @@ def _connect(ray, address: str) -> bool:
     """Connects to ``address`` or starts a local Ray; True when this process started it (and stops it)."""
     if ray.is_initialized():
         return False
-    from cdsjax.io.parse.layout import usable_cores
+    from cdsjax.io.util import usable_cores
 
     kwargs = dict(log_to_driver=False, configure_logging=False, include_dashboard=False)
     try:
@@ -183,7 +183,7 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
     """One document on a Ray worker: parse and enrich in a scratch directory; rows and crops come back."""
     if fault:
         _maybe_die(fault)
-    from cdsjax.io import store
+    from cdsjax.io import doccache
     from cdsjax.io.index.stages import prepare_doc
     from cdsjax.io.parse.layout import prepare_models
 
@@ -195,7 +195,7 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
         path.write_bytes(pdf)
         doc = Doc(path=path, sha=fields["sha"], doc_id=fields["doc_id"], keys=fields["keys"], is_input=True,
                   status="added")
-        ctx = BuildContext(config=config, cache=store.DocCache(scratch / "cache"), log=lines.append)
+        ctx = BuildContext(config=config, cache=doccache.DocCache(scratch / "cache"), log=lines.append)
         try:
             staging, _ = prepare_doc(doc, ctx)
         except Exception as err:  # this document's failure, in one line (the path is the driver's to name)

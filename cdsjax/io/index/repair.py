@@ -9,7 +9,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from cdsjax.io import store
+from cdsjax.io import store, storefiles
+from cdsjax.io.index import schema
 from cdsjax.io.index.context import Doc
 from cdsjax.io.index.keys import array_digest
 
@@ -47,31 +48,31 @@ class PreviousIndex:
         self.line_digests = self.notes_rows = self.element_lines = None
         self.problems = {}
         try:  # read through the index's own descriptor: a file replaced by a link is damage, not followed
-            self.note_lines = store.read_inside(root, "notes.jsonl").splitlines(keepends=True)
+            self.note_lines = storefiles.read_inside(root, "notes.jsonl").splitlines(keepends=True)
         except OSError as err:
             self.note_lines, self.problems["notes"] = None, f"{root / 'notes.jsonl'} is unreadable ({err.strerror})"
-        except store.StoreError as err:
+        except storefiles.StoreError as err:
             self.note_lines, self.problems["notes"] = None, str(err)
         try:
-            self.element_lines = store.read_inside(root, "elements.jsonl").splitlines(keepends=True)
+            self.element_lines = storefiles.read_inside(root, "elements.jsonl").splitlines(keepends=True)
         except OSError as err:
             self.problems["elements"] = f"{root / 'elements.jsonl'} is unreadable ({err.strerror})"
-        except store.StoreError as err:
+        except storefiles.StoreError as err:
             self.problems["elements"] = str(err)
         try:
-            self.arrays = store.load_arrays_checked(root / "arrays", self.manifest.get("hashes", {}).get("array_files"))
+            self.arrays = schema.load_arrays_checked(root / "arrays", self.manifest.get("hashes", {}).get("array_files"))
             if store.arrays_digest(*self.arrays) != self.manifest.get("hashes", {}).get("arrays"):
                 self.problems["arrays"] = f"{root / 'arrays'} does not match its recorded hash"
                 self.arrays_ok = False
             else:
                 self.arrays_ok = True
-        except store.StoreError as err:
+        except storefiles.StoreError as err:
             self.arrays, self.arrays_ok = None, False
             self.problems["arrays"] = str(err)
         self.whole_ok = {
-            "notes": self.note_lines is not None and store.sha256_bytes(b"".join(self.note_lines))
+            "notes": self.note_lines is not None and storefiles.sha256_bytes(b"".join(self.note_lines))
             == self.manifest.get("hashes", {}).get("notes"),
-            "elements": self.element_lines is not None and store.sha256_bytes(b"".join(self.element_lines))
+            "elements": self.element_lines is not None and storefiles.sha256_bytes(b"".join(self.element_lines))
             == self.manifest.get("hashes", {}).get("elements"),
         }
 
@@ -92,7 +93,7 @@ class PreviousIndex:
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha) or entry.get("crops") != f"crops/{sha[:16]}/":
             return f"{root / store.MANIFEST}: this document's sha256 or crop folder is not one cdsjax writes"
         # a crop folder that is a link (to ~/.ssh, say), or holds one, is damage: rebuilt, never followed
-        bad = store.check_crops(root, entry["crops"], (h or {}).get("crops") or {})
+        bad = storefiles.check_crops(root, entry["crops"], (h or {}).get("crops") or {})
         if bad:
             return bad
         for name, lines in (("notes", self.note_lines), ("elements", self.element_lines)):
@@ -103,7 +104,7 @@ class PreviousIndex:
                 if not self.whole_ok[name]:
                     return f"{root / (name + '.jsonl')} does not match its recorded hash"
                 continue
-            if len(piece) != count or store.sha256_bytes(b"".join(piece)) != h[name]:
+            if len(piece) != count or storefiles.sha256_bytes(b"".join(piece)) != h[name]:
                 return f"{root / (name + '.jsonl')}: this document's lines are damaged or missing"
         if self.arrays is None:
             return self.problems["arrays"]

@@ -3,8 +3,9 @@
 An index is untrusted input (a colleague's folder, a downloaded release): its manifest and note rows are
 checked against the types and ranges below (:func:`check_manifest`, :func:`check_notes`), its files' sizes
 against what the manifest's counts allow before they are read (:func:`check_file_size`), and its arrays'
-recorded shapes against those counts before they are restored (:func:`check_array_shapes`). Each failure is a
-one-line :class:`~cdsjax.io.store.StoreError` naming the file and the field.
+recorded shapes against those counts before they are restored (:func:`check_array_shapes`; :func:`load_arrays_checked`
+runs these checks, then restores the arrays). Each failure is a one-line :class:`~cdsjax.io.storefiles.StoreError`
+naming the file and the field.
 
 An index holds at most :func:`max_notes` notes (``CDSJAX_MAX_NOTES``, default :data:`DEFAULT_MAX_NOTES`): a
 question's selection builds ``[n, n]`` matrices of the whole corpus (the note links, the payoff and its
@@ -17,9 +18,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from cdsjax.io.storefiles import StoreError
+import numpy as np
+
+from cdsjax.io import store
+from cdsjax.io.storefiles import StoreError, check_crops
 
 DEFAULT_MAX_NOTES = 10_000
 MAX_PAGES = 100_000  # a document's pages (a note's page index is below its document's count)
@@ -180,6 +184,37 @@ def check_array_shapes(directory: Path, shapes: dict, n: int) -> None:
             or edge_dtype != "int32":
         raise StoreError(f"{directory}: damaged (link edges recorded as {edge_dtype} {list(edge_shape)}, "
                          f"at most {n * (n - 1) // 2 + 1} int32 pairs expected)")
+
+
+def load_arrays_checked(directory: Path, files: Optional[dict] = None,
+                        notes: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`cdsjax.io.store.load_arrays` after the checks above, any failure (missing or truncated files) a
+    :class:`StoreError`.
+
+    Args:
+      files: ``{relative path: sha256}`` of the checkpoint's files (:func:`~cdsjax.io.storefiles.crop_hashes` of
+        the directory, recorded at write time); when given, every file is checked before orbax reads any of them.
+      notes: the note count the manifest records; when given, the files' sizes (before they are hashed) and
+        the arrays' recorded shapes (before anything is allocated) must fit it.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise StoreError(f"{directory}: missing (the index's arrays are gone)")
+    if notes is not None:  # sizes before anything is hashed or read
+        check_array_files(directory, files, notes)
+    # orbax opens the files by name: first, no link anywhere in the arrays folder (and, when recorded, hashes)
+    bad = check_crops(directory.parent, directory.name, files or {})
+    if bad:
+        raise StoreError(bad.replace("(image crop)", "(array file)"))
+    try:
+        if notes is not None:
+            check_array_shapes(directory, store.array_shapes(directory), notes)
+        return store.load_arrays(directory)
+    except StoreError:
+        raise
+    except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files
+        text = " ".join(str(err).split())[:160] or type(err).__name__
+        raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None
 
 
 def _echo(value) -> str:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from cdsjax.io import store
+from cdsjax.io import doccache, store
+from cdsjax.io import storefiles
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.build import build_index
 from cdsjax.io.index.context import BuildContext, Doc, ProgressBar, default_config, quiet
@@ -17,11 +18,11 @@ from cdsjax.io.index.workers import build_documents, resolve_workers
 
 
 def _single_index_dir(pdf: Path, sha: str, cache_dir, config) -> Path:
-    """``<cache>/<stem>-<sha16>``; a link planted there is refused (:class:`store.StoreError`), not followed."""
+    """``<cache>/<stem>-<sha16>``; a link planted there is refused (:class:`storefiles.StoreError`), not followed."""
     root = Path(cache_dir) if cache_dir is not None else cache_root(config)
     out = root / f"{pdf.stem[:60]}-{sha[:16]}"
     if os.path.islink(out):
-        raise store.StoreError(f"{out}: refusing a symbolic link inside the cdsjax cache; remove it")
+        raise storefiles.StoreError(f"{out}: refusing a symbolic link inside the cdsjax cache; remove it")
     return out
 
 
@@ -47,7 +48,7 @@ def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: 
     from cdsjax.io.parse import check_pdf_file
 
     config = default_config() if config is None else config
-    cache = doc_cache(config) if cache_dir is None else store.DocCache(Path(cache_dir) / "docs")
+    cache = doc_cache(config) if cache_dir is None else doccache.DocCache(Path(cache_dir) / "docs")
     embedder = Embedder(config)
     keys = stage_keys(config, library_versions(), embedder.info())
     todo, seen = [], set()
@@ -57,7 +58,7 @@ def prebuild_documents(pdfs: Sequence, *, config=None, cache_dir=None, workers: 
             check_pdf_file(pdf)
         except (IngestError, OSError):
             continue
-        sha = store.sha256_file(pdf)
+        sha = storefiles.sha256_file(pdf)
         if sha in seen:
             continue
         seen.add(sha)
@@ -109,7 +110,7 @@ def index_pdf(pdf, *, config=None, cache_dir=None, progress: bool = False,
     if not pdf.exists():
         raise IngestError(pdf, "no such file or directory")
     check_pdf_file(pdf)
-    sha = store.sha256_file(pdf)
+    sha = storefiles.sha256_file(pdf)
     out = _single_index_dir(pdf, sha, cache_dir, config)
     if not (out / store.MANIFEST).is_file() and str(config.ingest.parser) == "pymupdf":
         from cdsjax.io.parse.layout_split import prestart_helper
@@ -133,7 +134,7 @@ def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
         try:
             if pdf.is_dir() or not pdf.is_file():
                 continue
-            out = _single_index_dir(pdf, store.sha256_file(pdf), cache_dir, config)
+            out = _single_index_dir(pdf, storefiles.sha256_file(pdf), cache_dir, config)
         except OSError:
             continue
         if not (out / store.MANIFEST).is_file():

@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-from cdsjax.io import store
+from cdsjax.io import storefiles
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.index.context import BuildContext, Doc, field_of
 from cdsjax.io.index.keys import entry_key
@@ -162,9 +162,9 @@ def report_doc(doc: Doc, ctx: BuildContext) -> None:
 
 def copy_crops(doc: Doc, staging: Path) -> None:
     """Copies the document's stored crops into ``staging``, where its notes are redone (no link followed or
-    made: :func:`store.copy_inside`)."""
+    made: :func:`storefiles.copy_inside`)."""
     if doc.crop_root is not None:
-        store.copy_inside(doc.crop_root, doc.crop_rel, staging)
+        storefiles.copy_inside(doc.crop_root, doc.crop_rel, staging)
 
 
 def parse_doc(doc: Doc, config, crop_dir: Path, crop_rel: str, *, page_split: bool = True):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from cdsjax.io import store
+from cdsjax.io import doccache
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.context import BuildContext, Doc
 from cdsjax.io.index.stages import build_doc, finish_doc, prepare_doc
@@ -241,7 +241,7 @@ def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: in
     from cdsjax.io.parse import limit_layout_threads
 
     limit_layout_threads(threads)
-    _WORKER.update(config=config, embedder=embedder, cache=store.DocCache(Path(cache_root_dir)))
+    _WORKER.update(config=config, embedder=embedder, cache=doccache.DocCache(Path(cache_root_dir)))
 
 
 def _worker_build(doc: Doc, embed: bool = True):

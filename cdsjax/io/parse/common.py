@@ -10,6 +10,7 @@ from typing import List, Optional, Tuple
 
 from cdsjax.io.elements import Element, IngestError, union
 from cdsjax.io.parse.layout import Region, import_pymupdf
+from cdsjax.io.util import one_line
 
 LABEL_RE = re.compile(
     r"^\s*(figure|fig\.?|table|tab\.?|chart|exhibit|graph)\s*(\d+[a-z]?|[ivx]+)\b", re.IGNORECASE
@@ -100,11 +101,6 @@ def open_pdf(path: Path, max_pages: int = DEFAULT_MAX_PAGES):
         doc.close()
         raise IngestError(path, f"PDF has {num_pages} pages, more than the limit of {max_pages} (--max-pages)")
     return doc
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text[:200]
 
 
 # --------------------------------------------------------------------------- chunks, labels, crops

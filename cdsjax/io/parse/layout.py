@@ -31,6 +31,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from cdsjax.io.util import usable_cores
+
 SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option: idle threads spin ("1") or sleep
 PAGE_BATCH = 8  # pages per call of the image network (each page's output is ~60 MB of float32)
 OCR_DPI = 300
@@ -147,14 +149,6 @@ def fixed_input_shapes(session) -> bool:
 def layout_threads(default: int = 1) -> int:
     """The intra-op threads :func:`limit_layout_threads` chose for this process's sessions (``default`` before)."""
     return PROCESS.limits.threads if PROCESS.limits is not None else int(default)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity; the CPU count where there is none)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 _SETUP = threading.RLock()  # one loader of PyMuPDF's models at a time

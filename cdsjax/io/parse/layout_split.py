@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from cdsjax.io.parse.layout import (Region, TextLayer, analyse_pages, import_pymupdf, layout_threads,
-                              limit_layout_threads, prepare_models, read_text_layer, usable_cores)
+                              limit_layout_threads, prepare_models, read_text_layer)
+from cdsjax.io.util import usable_cores
 
 SPLIT_MIN_PAGES = 12  # a document this long is analysed by two processes at once (when two cores are free)
 CHUNK_PAGES = 2  # pages this process or the helper claims at a time

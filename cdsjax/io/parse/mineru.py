@@ -35,8 +35,9 @@ from typing import List, Optional
 
 from cdsjax.io.elements import Element, IngestError
 from cdsjax.io.parse.common import (LABEL_RE, ParsedDocument, attach_context, chunk_page, looks_like_chart,
-                                    normal_label, one_line, open_pdf, resolve_parents, text_splitter, write_crop)
+                                    normal_label, open_pdf, resolve_parents, text_splitter, write_crop)
 from cdsjax.io.parse.layout import Region, import_pymupdf
+from cdsjax.io.util import one_line
 
 MINERU_VERSION = "mineru-1"
 TEXT_TYPES = {"text", "list", "equation", "code", "ref_text", "index", "abstract"}

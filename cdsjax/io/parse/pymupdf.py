@@ -44,10 +44,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 from cdsjax.io.elements import Element, IngestError, gap, horizontal_overlap
 from cdsjax.memo import PROCESS
 from cdsjax.io.parse.common import (DEFAULT_MAX_PAGES, LABEL_RE, NUMBER_RE, ParsedDocument, attach_context,
-                                    chunk_page, looks_like_chart, normal_label, one_line, open_pdf,
-                                    resolve_parents, text_splitter, write_crop)
+                                    chunk_page, looks_like_chart, normal_label, open_pdf, resolve_parents,
+                                    text_splitter, write_crop)
 from cdsjax.io.parse.layout import Region, TextLayer, import_pymupdf, ocr_clip, read_text_layer
 from cdsjax.io.parse.layout_split import layout_pages
+from cdsjax.io.util import one_line
 
 # 2: page headers and footers kept unless they repeat; OCR text of figures and charts (Element.ocr_text)
 PARSER_VERSION = "pymupdf-2"

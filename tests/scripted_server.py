@@ -1,7 +1,5 @@
-"""A local scripted server that speaks the OpenAI chat-completions API: for tests and offline experiments.
-
-Nothing in the package uses it to answer real questions; it stands in for a model server where none may be
-reached (the test suite, ``experiments/eval_planning.py`` without a reader URL). Standard library only.
+"""A local scripted server that speaks the OpenAI chat-completions API: the test suite's stand-in for a model
+server. Standard library only.
 
 It listens on 127.0.0.1 (an ephemeral port, or ``port``), records every request body and its headers, and
 answers each chat completion with whatever ``responder(request_json)`` returns:
