@@ -483,7 +483,8 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     log(f"reader: {len(out)} answers ({cached} from the reply cache), {errors} failed (reader_error)"
         + (f", {judge_errors} not judged (judge_error)" if judge_errors else "")
         + (f"; {as_text} sent their visual notes as text" if as_text else "")
-        + (f"; {dropped} left notes out of a request too long for the reader" if dropped else ""))
+        + (f"; {dropped} left their last notes out (beyond the evidence token budget, or too long for the "
+           f"reader's context)" if dropped else ""))
     return out
 
 
