@@ -199,3 +199,17 @@ def test_ctrl_c_closes_the_reader_request(index):
             time.sleep(0.05)
         assert srv.hung_up == 1
     assert code == 130 and "interrupted" in err and "Traceback" not in err and elapsed < 5
+
+
+def test_a_crop_that_does_not_fit_goes_as_text_and_the_next_notes_still_come(tmp_path):
+    png = tmp_path / "fig.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n")
+    figure = EvidenceItem(note_id="f", doc_id="d.pdf", page=0, kind="figure", caption="Figure 2: screenshot keys.",
+                          image_path=str(png), rank=1)
+    bare = EvidenceItem(note_id="b", doc_id="d.pdf", page=1, kind="figure", image_path=str(png), rank=2)
+    text = note(2, "Press the power and volume down keys together to take a screenshot.")
+    out = fit_items("How do I take a screenshot?", [figure, bare, text], 200, max_text_chars=1500)
+    assert [i.note_id for i in out.items] == ["f", "n2"] and out.items[0].image_path is None
+    assert out.trimmed == 0 and out.left_out == 1 and out.tokens < 200  # the crop-only note cannot go as text
+    with_room = fit_items("q", [figure, text], 5000, max_text_chars=1500)
+    assert with_room.items[0].image_path == str(png)  # with room for it, the crop goes

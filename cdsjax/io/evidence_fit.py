@@ -3,10 +3,10 @@ that does not fit whole keeps the sentences nearest the question.
 
 A reader pays for every prompt token before it writes a word: on two CPU cores a 1.5B model reads ~50 prompt
 tokens a second, so ten whole notes (~5,000 tokens) cost ~100 s. :func:`fit_evidence` takes the notes best
-first; each note that fits what is left of ``token_budget`` goes whole; the first that does not is cut to its
-sentences nearest the question that fit (kept in their reading order, joined by " … "), and the notes after
-it are left out. A note whose best sentence alone does not fit what is left is left out too (so is what
-follows).
+first; each note that fits what is left of ``token_budget`` goes whole (a visual note whose crop does not fit
+goes as its text); the first that does not is cut to its sentences nearest the question that fit (kept in
+their reading order, joined by " … "), and the notes after it are left out. A note whose best sentence alone
+does not fit what is left is left out too (so is what follows).
 
 Tokens are estimated, not counted: :data:`CHARS_PER_TOKEN` characters a token, set from the default local
 reader's tokenizer on development text (RESULTS, "Evidence sized for the reader"), and
@@ -111,7 +111,8 @@ class Fitted:
 
 def fit_evidence(question: str, items: Sequence, token_budget: Optional[int], *,
                  render: Callable[[object], str], shorten: Callable[[object, int, str], Optional[object]],
-                 images: Callable[[object], int] = lambda item: 0) -> Fitted:
+                 images: Callable[[object], int] = lambda item: 0,
+                 without_image: Optional[Callable[[object], object]] = None) -> Fitted:
     """Fills ``token_budget`` with ``items`` in rank order (module docstring).
 
     Args:
@@ -121,19 +122,32 @@ def fit_evidence(question: str, items: Sequence, token_budget: Optional[int], *,
       shorten: ``shorten(item, max_tokens, question)`` -> the item cut to fit ``max_tokens``, or None when
         nothing of it fits.
       images: ``images(item)`` -> image parts the item sends.
+      without_image: ``without_image(item)`` -> the item as text alone: a visual note whose crop does not fit
+        what is left goes as its text (whole when that fits; an image with no text is left out).
 
     Raises:
       ValueError: a budget below 1.
     """
     if token_budget is not None and token_budget < 1:
         raise ValueError(f"the evidence token budget must be >= 1, got {token_budget}")
-    kept, used, trimmed = [], 0, 0
+    kept, used, trimmed, skipped = [], 0, 0, 0
     for n, item in enumerate(items):
         cost = estimate_tokens(render(item)) + TOKENS_PER_IMAGE * images(item)
         if token_budget is None or used + cost <= token_budget:
             kept.append(item)
             used += cost
             continue
+        if images(item) and without_image is not None:  # a crop too big for what is left: its text may fit
+            plain = without_image(item)
+            plain_cost = estimate_tokens(render(plain))
+            if not plain_cost:  # an image and nothing else: it cannot go as text
+                skipped += 1
+                continue
+            if used + plain_cost <= token_budget:
+                kept.append(plain)
+                used += plain_cost
+                continue
+            item = plain
         room = token_budget - used
         short = shorten(item, room, question) if room >= MIN_PIECE_TOKENS else None
         if short is not None:
@@ -141,5 +155,5 @@ def fit_evidence(question: str, items: Sequence, token_budget: Optional[int], *,
             used += estimate_tokens(render(short)) + TOKENS_PER_IMAGE * images(short)
             trimmed = 1
         return Fitted(items=kept, tokens=used, trimmed=trimmed, left_out=len(items) - len(kept))
-    return Fitted(items=kept, tokens=used, trimmed=0, left_out=0)
+    return Fitted(items=kept, tokens=used, trimmed=0, left_out=skipped)
 

@@ -623,7 +623,8 @@ def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Option
 
     return fit_evidence(question, items, token_budget, render=lambda item: note_text(item, max_text_chars),
                         shorten=shorten, images=lambda item: int(images and item.is_visual and
-                                                                  item.image_path is not None))
+                                                                  item.image_path is not None),
+                        without_image=lambda item: dataclasses.replace(item, image_path=None))
 
 
 def note_text(item: EvidenceItem, max_text_chars: Optional[int]) -> str:
