@@ -575,9 +575,10 @@ class Pipeline:
 
     def diagnostics(self, sel: core.Selection, selector: str) -> Dict[str, Any]:
         """Solver diagnostics of a CDS selection as plain Python values ({} for baselines):
-        :func:`cdsjax.core.diagnostics` with the selector's solver and mode and this corpus's mask."""
+        :func:`cdsjax.core.diagnostics` (the solver that ran and its mode, read off the selection) with this
+        corpus's mask; ``selector`` must be a known name."""
         try:
-            spec = catalog.selector_spec(selector)
+            catalog.selector_spec(selector)
         except ValueError as err:
             raise PipelineError(str(err)) from None
-        return core.diagnostics(sel, spec=spec, valid=self.valid)
+        return core.diagnostics(sel, valid=self.valid)

@@ -151,7 +151,7 @@ class LearnedParams:
     alpha_from = property(lambda self: BASE.alpha_from, doc="The block of the spectral bound (the paper's).")
     coupling = property(lambda self: BASE.coupling, doc="The note block it extends: dissimilarity.")
     alpha_bound = property(lambda self: BASE.alpha_bound, doc="A per-question penalty is exact (eigvalsh).")
-    # its note block has structure terms and may read the question: the "shared" strategy solves each question
+    # its note block has structure terms and may read the question: the Shared strategy solves each question
     # on its own payoff
     shares_note_block: ClassVar[bool] = False
 
@@ -186,14 +186,18 @@ class LearnedParams:
         return learned_note_block(problem.notes, problem.valid, self, links=problem.links, pages=problem.pages,
                                   doc_ids=problem.doc_ids, kinds=problem.kinds)
 
-    def corpus_bound(self, problem: CDSProblem, strategy: str = "single") -> Optional[Array]:
-        """The exact spectral bound of ``problem``'s corpus (:func:`learned_corpus_bound`) for ``"single"`` and
-        ``"peel"`` where the note block does not read the question; None otherwise (found per question)."""
-        if strategy not in ("single", "peel") or not learned_is_corpus_level(self):
+    def corpus_bound(self, problem: CDSProblem) -> Optional[Array]:
+        """The exact spectral bound of ``problem``'s corpus (:func:`learned_corpus_bound`) where the note block
+        does not read the question; None otherwise (found per question)."""
+        if not learned_is_corpus_level(self):
             return None
         return learned_corpus_bound(problem.notes, problem.valid, self, links=problem.links, pages=problem.pages,
                                     doc_ids=problem.doc_ids, kinds=problem.kinds,
                                     num_queries=problem.queries.shape[-2])
+
+    def unit_corpus_bound(self, problem: CDSProblem) -> None:
+        """None: :meth:`at_strength` rebuilds the affinity (its penalty found per strength)."""
+        return None
 
     def at_strength(self, problem: CDSProblem, base: Affinity, beta: Array) -> Affinity:
         """The affinity of ``problem`` at note-block strength ``beta`` (rebuilt; ``base`` is not reused)."""
