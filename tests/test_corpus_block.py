@@ -227,3 +227,16 @@ def test_a_block_problem_is_solved_by_the_one_equilibrium_which_says_which_solve
     d = core.diagnostics(fell)
     assert d["solver"] == "pdas" and d["solver_run"] == "active_set" and d["mode"] == "converged"
     assert core.diagnostics(dense)["solver"] == "active_set"  # the solver that ran on the dense payoff
+
+
+def test_the_callers_solver_runs_on_the_block_as_given():
+    """No solver is swapped for another on the block: replicator dynamics (a caller's choice for the learned game)
+    run there with the dense payoff's shift and pick what they pick on the dense payoff."""
+    z, qs, valid, _ = corpus(27, 30, seed=5, d=8)
+    fn = registry.make_selector("cds_learned", budget=5, params=LearnedParams.paper(), solver=core.Replicator())
+    problem = core.CDSProblem.create(z, qs[0], valid)
+    posed = core.BlockProblem.pose(problem, fn.corpus_bound(problem), fn.corpus_block(problem))
+    dense, on_block = jax.jit(fn)(problem), jax.jit(fn)(posed)
+    assert on_block.result.solvers == dense.result.solvers == ("replicator",)
+    np.testing.assert_array_equal(np.asarray(on_block.indices), np.asarray(dense.indices))
+    np.testing.assert_allclose(np.asarray(on_block.result.x), np.asarray(dense.result.x), atol=1e-5)
