@@ -78,7 +78,7 @@ def _bind(entry: core.Selector, leaves: dict) -> core.Selector:
                          corpus_bound=None if entry.corpus_bound is None else (
                              lambda problem: entry.corpus_bound(problem, args)),
                          corpus_block=None if entry.corpus_block is None else (
-                             lambda problem: entry.corpus_block(problem, args)))
+                             lambda problem: entry.corpus_block(problem, args)), solver=entry.solver)
 
 
 @dataclasses.dataclass
@@ -431,7 +431,8 @@ class Pipeline:
                                     corpus_bound=None if sel.corpus_bound is None else (
                                         lambda problem, leaves: build(leaves).corpus_bound(problem)),
                                     corpus_block=None if sel.corpus_block is None else (
-                                        lambda problem, leaves: build(leaves).corpus_block(problem)))
+                                        lambda problem, leaves: build(leaves).corpus_block(problem)),
+                                    solver=sel.solver)
             # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
             # fresh process neither traces nor lowers a selector it met before
             cache = self.compile_cache

@@ -45,6 +45,9 @@ def test_corpus_bound_refuses_a_question_dependent_penalty():
     with pytest.raises(ValueError, match="alpha_from='free'"):
         corpus_bound(z, valid, core.CDSParams(alpha_from="full"))
     assert learned_is_corpus_level(SHIPPED) and not learned_is_corpus_level(SHIPPED.replace(rel_repulsion=0.5))
+    # traced parameters would take another path than eager ones: refused, not decided silently
+    with pytest.raises(TypeError, match="rel_repulsion"):
+        jax.jit(lambda theta: core.Single().corpus_bound(core.CDSProblem.create(z, z[0], valid), theta))(SHIPPED)
 
 
 @pytest.mark.slow

@@ -366,13 +366,18 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
 
 
 def learned_is_corpus_level(theta) -> bool:
-    """True when the learned game's note block does not read the question: a relevance-weighted repulsion
-    known to be 0, i.e. a concrete number (a Python number or a one-element array) at or below 0. A traced
-    ``rel_repulsion`` (under ``jit``, ``grad`` or ``vmap``) is not known, so the answer is then False and each
-    question builds its own block; so is it for an array of several values."""
+    """True when the learned game's note block does not read the question: a relevance-weighted repulsion at or
+    below 0 (a Python number or a one-element array); False for a positive one or an array of several values.
+
+    Raises:
+      TypeError: a traced ``rel_repulsion`` (under ``jit``, ``grad`` or ``vmap`` of the parameters): its value
+        decides what is computed once per corpus, so the same parameters would take another path traced than
+        eagerly; compute the corpus's arrays with concrete parameters.
+    """
     repulsion = theta.rel_repulsion
     if isinstance(repulsion, jax.core.Tracer):
-        return False
+        raise TypeError("the learned game's corpus arrays depend on rel_repulsion's value, which is traced here: "
+                        "compute them with concrete parameters (outside jit/grad/vmap over the parameters)")
     repulsion = np.asarray(repulsion)
     return repulsion.size == 1 and repulsion.dtype != object and float(repulsion.reshape(())) <= 0.0
 
