@@ -25,7 +25,9 @@ from cdsjax.core.types import Status  # noqa: F401  (re-exported: the solvers' t
 class Payoff(Protocol):
     r"""A payoff matrix :math:`M` (symmetric), possibly for a batch of problems.
 
-    Points are ``[*batch, N]`` with the batch axes in front (none for one problem).
+    Points are ``[*batch, N]`` with the batch axes in front (none for one problem). A payoff with a batch axis
+    also gives ``question(i)``, question ``i``'s own payoff, for the solvers that solve a batch question by
+    question (:func:`cdsjax.core.solvers.loop.each_question`).
     """
 
     @property
