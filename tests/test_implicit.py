@@ -424,7 +424,7 @@ def test_the_callers_adjoint_is_used_or_refused_in_one_line_never_swapped():
     one = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query), jnp.ones(8, bool))
     posed = core.BlockProblem.pose(one, fn.corpus_bound(one), fn.corpus_block(one))
     for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
-        with pytest.raises(ValueError, match="^a BlockProblem is solved on its corpus block, but a derivative") as err:
+        with pytest.raises(ValueError, match="^a BlockProblem is solved on its corpus block, but an adjoint") as err:
             core.cds(posed, core.Single(), budget=3, solver=core.SERVING_SOLVER, adjoint=adjoint)
         assert "\n" not in str(err.value)
     given = core.cds(posed, core.Single(), budget=3, solver=core.SERVING_SOLVER, adjoint=core.NoDerivative())

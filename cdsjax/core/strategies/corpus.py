@@ -67,7 +67,7 @@ def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Option
         (problem.pinned is not None, "it pins notes"),
         (x0 is not None or options.init != "uniform", "a start is given"),
         (adjoint is not None and not isinstance(adjoint, NO_DERIVATIVE),
-         f"a derivative ({type(adjoint).__name__}) is asked of it, and the corpus block has none"),
+         f"an adjoint ({type(adjoint).__name__}) asks for a derivative, and the corpus block has none"),
     ) if bad]
     if reasons:
         raise ValueError(f"a BlockProblem is solved on its corpus block, but {'; '.join(reasons)}: give the "
