@@ -79,7 +79,7 @@ def _bind(entry: core.Selector, leaves: dict) -> core.Selector:
                          corpus_bound=None if entry.corpus_bound is None else (
                              lambda problem: entry.corpus_bound(problem, args)),
                          corpus_block=None if entry.corpus_block is None else (
-                             lambda problem: entry.corpus_block(problem, args)))
+                             lambda problem: entry.corpus_block(problem, args)), solver=entry.solver)
 
 
 @dataclasses.dataclass
@@ -450,7 +450,8 @@ class Pipeline:
                                     corpus_bound=None if sel.corpus_bound is None else (
                                         lambda problem, leaves: build(leaves).corpus_bound(problem)),
                                     corpus_block=None if sel.corpus_block is None else (
-                                        lambda problem, leaves: build(leaves).corpus_block(problem)))
+                                        lambda problem, leaves: build(leaves).corpus_block(problem)),
+                                    solver=sel.solver)
             # jitted, its traced program kept beside the compilation cache (when the command turned it on): a
             # fresh process neither traces nor lowers a selector it met before
             cache = self.compile_cache
@@ -611,9 +612,10 @@ class Pipeline:
 
     def diagnostics(self, sel: core.Selection, selector: str) -> Dict[str, Any]:
         """Solver diagnostics of a CDS selection as plain Python values ({} for baselines):
-        :func:`cdsjax.core.diagnostics` with the selector's solver and mode and this corpus's mask."""
+        :func:`cdsjax.core.diagnostics` (the solver that ran and its mode, read off the selection) with this
+        corpus's mask; ``selector`` must be a known name."""
         try:
-            spec = catalog.selector_spec(selector)
+            catalog.selector_spec(selector)
         except ValueError as err:
             raise PipelineError(str(err)) from None
-        return core.diagnostics(sel, spec=spec, valid=self.valid)
+        return core.diagnostics(sel, valid=self.valid)

@@ -6,7 +6,7 @@ Run:
     .venv/bin/python experiments/bench_core.py --shared-only --shared-shape 32 512   # only the last section
 
 The last section times converged CDS (the active-set solver) for b questions on ONE corpus two ways:
-per question on dense [n+1, n+1] payoffs (jit(vmap(cds_select))) and with the "shared" strategy of
+per question on dense [n+1, n+1] payoffs (jit(vmap(cds_select))) and with the Shared() strategy of
 core.cds (the note block once, each question's rows formed on demand, questions solved one after
 another), and prints XLA's temporary buffer bytes of each compiled function and the largest
 intermediate array each traces.
@@ -197,10 +197,10 @@ def bench_shared(b, n, *, budget, rng):
     notes = notes[0]
     valid = np.ones(n, bool)
     dense = jax.jit(jax.vmap(lambda q: cds_select(notes, q, valid, budget=budget, solver=core.ActiveSet())))
-    shared = jax.jit(lambda q: core.cds(core.CDSProblem.create(notes, q, valid), "shared", budget=budget,
+    shared = jax.jit(lambda q: core.cds(core.CDSProblem.create(notes, q, valid), core.Shared(), budget=budget,
                                         solver=core.ActiveSet()))
     rows = []
-    for label, fn in (("dense per question (jit(vmap(cds_select)))", dense), ('shared corpus (cds(..., "shared"))', shared)):
+    for label, fn in (("dense per question (jit(vmap(cds_select)))", dense), ("shared corpus (cds(..., Shared()))", shared)):
         compiled = fn.lower(queries).compile()
         memory = compiled.memory_analysis()
         temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None

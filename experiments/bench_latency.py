@@ -172,7 +172,7 @@ def worker_eval(spec: dict) -> dict:
     from cdsjax.core import selector_spec
     from cdsjax.core.batching import DEFAULT_BUCKETS
     from cdsjax.eval.problems import Problem
-    from cdsjax.eval.run import cached_selector, run_selector
+    from cdsjax.eval.run import batch_chunk, cached_selector, run_selector
     from cdsjax.io.datasets import Query
 
     data = np.load(spec["data"])
@@ -186,7 +186,7 @@ def worker_eval(spec: dict) -> dict:
                                 pages=list(np.arange(n) // PAGE_SIZE)))
     name = spec["selector"]
     fn = cached_selector(name, 10, {})
-    chunk = selector_spec(name).batch_chunk
+    chunk = batch_chunk(fn)
     import inspect
 
     params = inspect.signature(run_selector).parameters

@@ -27,7 +27,7 @@ VISUALS = ("figure", "table", "chart")
 def main(argv=None):
     from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
     from cdsjax.eval.problems import pdf_problems
-    from cdsjax.eval.run import Executables, run_selector
+    from cdsjax.eval.run import Executables, batch_chunk, run_selector
     from cdsjax.eval.scoring import score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder
@@ -61,7 +61,7 @@ def main(argv=None):
             picks, scores = {}, {}
             for label, ps in (("before", before), ("after", problems)):
                 sels = run_selector(fn, ps, buckets=tuple(config.buckets), max_batch=8, spec=spec,
-                                    chunk=spec.batch_chunk, executables=executables)
+                                    chunk=batch_chunk(fn), executables=executables)
                 picks[label] = [[int(i) for i, ok in zip(s.indices, s.selected_valid) if ok] for s in sels]
                 scores[label] = [score_problem(p, s, kind="pdf") for p, s in zip(ps, sels)]
             changed = sum(a != b for a, b in zip(picks["before"], picks["after"]))

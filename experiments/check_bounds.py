@@ -67,22 +67,22 @@ def main(argv=None) -> int:
             if mode == "full":
                 exact_p, bound_p = (core.CDSParams(alpha_from="full"),
                                     core.CDSParams(alpha_from="full", alpha_bound="certified"))
-                a = core.cds(problem, "single", exact_p, budget=args.budget)
-                b = core.cds(problem, "single", bound_p, budget=args.budget)
+                a = core.cds(problem, core.Single(), exact_p, budget=args.budget)
+                b = core.cds(problem, core.Single(), bound_p, budget=args.budget)
                 aff = build_affinity(z, q, valid, bound_p)
                 block = np.asarray(aff.matrix, np.float64)[np.ix_(np.asarray(aff.valid), np.asarray(aff.valid))]
                 lam = np.linalg.eigvalsh(block)[-1]
                 excess = (float(aff.alpha) - 1e-3 - lam) / abs(lam)
             elif mode == "peel":
                 two = core.CDSProblem.create(z, np.stack([q, z[0]]), valid, pages=pages)
-                a = core.cds(two, "peel", core.CDSParams(), budget=args.budget, solver=core.ActiveSet())
-                b = core.cds(two, "peel", core.CDSParams(alpha_bound="certified"), budget=args.budget,
+                a = core.cds(two, core.Peel(), core.CDSParams(), budget=args.budget, solver=core.ActiveSet())
+                b = core.cds(two, core.Peel(), core.CDSParams(alpha_bound="certified"), budget=args.budget,
                              solver=core.ActiveSet())
                 excess = np.nan  # rounds' blocks are internal; the guarantee is the same certified_bound
             else:
-                a = core.cds(problem, "single", theta, budget=args.budget)
+                a = core.cds(problem, core.Single(), theta, budget=args.budget)
                 bound = learned_corpus_bound(jnp.asarray(z), jnp.asarray(valid), theta, pages=jnp.asarray(pages))
-                b = core.cds(problem.replace(bound=bound), "single", theta, budget=args.budget)
+                b = core.cds(problem.replace(bound=bound), core.Single(), theta, budget=args.budget)
                 aff = learned_affinity(z, q, valid, theta, pages=pages)
                 free = np.asarray(aff.free)
                 lam = np.linalg.eigvalsh(np.asarray(aff.matrix, np.float64)[np.ix_(free, free)])[-1]

@@ -45,7 +45,7 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
     import numpy as np
 
     from cdsjax.eval.problems import load_configured_benchmark, text_problems
-    from cdsjax.eval.run import Executables, cached_selector, run_selector
+    from cdsjax.eval.run import Executables, batch_chunk, cached_selector, run_selector
     from cdsjax.io.embed import Embedder
 
     bench = load_configured_benchmark(config)
@@ -66,7 +66,7 @@ def pca_case(config, *, qid=None, selectors=(REFERENCE_SELECTOR, PAPER_SELECTOR)
         opts = dict(all_opts.get(label, {}))
         name = opts.pop("selector", label)
         fn = cached_selector(name, int(config.budget), opts)
-        sels = run_selector(fn, problems, chunk=selector_spec(name).batch_chunk, spec=selector_spec(name),
+        sels = run_selector(fn, problems, chunk=batch_chunk(fn), spec=selector_spec(name),
                               buckets=tuple(config.get("buckets", None) or (16, 64, 256, 1024)),
                               max_batch=int(config.get("max_batch", 64)), executables=executables)
         picks[label] = [[int(i) for i in np.asarray(s.indices)[np.asarray(s.selected_valid, bool)]]

@@ -56,7 +56,7 @@ def main() -> int:
 
     from cdsjax.catalog import selector_spec
     from cdsjax.eval.problems import pdf_problems
-    from cdsjax.eval.run import Executables, cached_selector, run_selector
+    from cdsjax.eval.run import Executables, batch_chunk, cached_selector, run_selector
     from cdsjax.eval.scoring import score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder
@@ -95,7 +95,7 @@ def main() -> int:
         for name in selectors:
             fn = cached_selector(name, args.budget, {})
             sels = run_selector(fn, problems, buckets=(64, 128, 256, 512, 1024, 2048, 4096), max_batch=32,
-                                chunk=selector_spec(name).batch_chunk, spec=selector_spec(name),
+                                chunk=batch_chunk(fn), spec=selector_spec(name),
                                 executables=executables)
             recall[(mode, name)] = np.array([score_problem(p, s, kind="pdf")["page_recall"] for p, s in
                                              zip(problems, sels)], dtype=object)

@@ -27,7 +27,7 @@ from cdsjax.core.readouts import MAX_NOTES_PER_PAGE, structured_readout
 from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.options import SolveOptions
-from cdsjax.core.types import CDSProblem, Selection
+from cdsjax.core.types import CDSProblem, Selection, Selector
 from cdsjax.core.validation import check_int_range
 from experiments.page_game import KEEP_QUERY, PageGameParams, select_page_game, sparse_learned_ranking
 
@@ -57,7 +57,7 @@ def cds_pages(budget: int, *, beta: float = 0.03, alpha_factor: float = 1.0, w_d
         return select_page_game(problem.notes, problem.queries, problem.valid, needs_pages(problem, "cds_pages"),
                                 params, budget=budget, k=notes_per_page, doc_ids=problem.doc_ids, options=options)
 
-    return fn
+    return Selector(fn, solver=options.limited_solver())
 
 
 def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, alpha_factor: float = 0.5,
@@ -92,12 +92,12 @@ def cds_learned_sparse(budget: int, *, params: Optional[LearnedParams] = None, a
         cos = relevance(problem.notes, problem.queries, problem.valid)
         return sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
 
-    return fn
+    return Selector(fn, solver=options.limited_solver())
 
 
 SPECS = {s.name: s for s in (
-    SelectorSpec(name="cds_pages", build=cds_pages, solver=ActiveSet(), structure=True,
+    SelectorSpec(name="cds_pages", build=cds_pages, structure=True,
                  option_names=PAGE_GAME_OPTIONS),
-    SelectorSpec(name="cds_learned_sparse", build=cds_learned_sparse, solver=ActiveSet(), needs_links=True,
+    SelectorSpec(name="cds_learned_sparse", build=cds_learned_sparse, needs_links=True,
                  structure=True, pages_only=True, learned=True, option_names=SPARSE_OPTIONS),
 )}

@@ -112,6 +112,7 @@ def _rank_fn(kind: str, keep: str = "peel"):
     from experiments.page_game import page_game_ranking, sparse_learned_ranking
     from cdsjax.core.baselines import select_cosine, select_dpp, select_mmr
     from cdsjax.core.strategies.cds import cds
+    from cdsjax.core.strategies.select import Single
     from cdsjax.core.types import CDSProblem
 
     def f(*args):
@@ -132,7 +133,7 @@ def _rank_fn(kind: str, keep: str = "peel"):
             def build(b):
                 problem = CDSProblem.create(notes, query, valid, links=links, pages=pages_game, doc_ids=doc_ids,
                                             kinds=kinds)
-                return lambda z, q, v: cds(problem, "single", param, budget=b)
+                return lambda z, q, v: cds(problem, Single(), param, budget=b)
             return ranking_of(build, notes, query, valid)[0]
         if kind == "rank_pages":
             rank, _, kept = page_game_ranking(notes, query, valid, units, param, doc_ids=doc_ids)

@@ -1,7 +1,7 @@
 """The one CDS entry point: every strategy x solver x payoff, the shared options, the declared interfaces.
 
-``core.cds(problem, strategy, params, options)`` runs four strategies ("single", "peel", "support",
-"shared") with any registered solver on a dense or a shared-corpus payoff. These tests check that
+``core.cds(problem, strategy, params, options)`` runs four strategy objects (``Single()``, ``Peel()``,
+``Support()``, ``Shared()``) with any registered solver on a dense or a shared-corpus payoff. These tests check that
 they agree where they should (same equilibrium, same selection), that padding, ``jit`` and ``vmap``
 change nothing, that ``fill=False`` and the default solver mean the same in every strategy, that
 ``SolveOptions`` enforces its hard limits, and that the shared corpus never builds per-question
@@ -27,6 +27,12 @@ from cdsjax.core.strategies.shared import question_affinity, question_relevance,
 
 N, D, B, BUDGET = 9, 6, 3, 3
 CONVERGED_SOLVERS = ("inimdyn", "active_set")
+
+
+def strategy_of(name: str, num_steps=None):
+    """The strategy object a parametrised test names (``num_steps``: the Support strategy's bisection steps)."""
+    return {"single": core.Single(), "peel": core.Peel(), "support": core.Support(num_steps=num_steps),
+            "shared": core.Shared()}[name]
 
 
 def corpus(seed=0, n=N, b=B):
@@ -107,21 +113,21 @@ def test_strategies_agree_where_they_should(solver):
     with jax.enable_x64(True):
         notes, queries = corpus(3)
         valid = np.ones(N, bool)
-        shared = core.cds(core.CDSProblem.create(notes, queries, valid), "shared", budget=BUDGET, solver=solver)
+        shared = core.cds(core.CDSProblem.create(notes, queries, valid), core.Shared(), budget=BUDGET, solver=solver)
         for k in range(B):
             problem = core.CDSProblem.create(notes, queries[k], valid)
-            single = core.cds(problem, "single", budget=BUDGET, solver=solver)
-            peel = core.cds(problem, "peel", budget=BUDGET, solver=solver)
+            single = core.cds(problem, core.Single(), budget=BUDGET, solver=solver)
+            peel = core.cds(problem, core.Peel(), budget=BUDGET, solver=solver)
             same_selection(single, peel, 1e-12)
             np.testing.assert_allclose(np.asarray(peel.result.x), np.asarray(single.result.x), atol=1e-15)
             row = jax.tree.map(lambda a: a[k], shared)
             same_selection(single, row, 1e-9)
             np.testing.assert_allclose(np.asarray(row.result.x), np.asarray(single.result.x), atol=1e-9)
             if name != "replicator":
-                reference = core.cds(problem, "single", budget=BUDGET, solver=core.ActiveSet())
+                reference = core.cds(problem, core.Single(), budget=BUDGET, solver=core.ActiveSet())
                 same_selection(single, reference, 1e-8)
-                support = core.cds(problem, "support", budget=BUDGET, solver=solver, num_steps=6)
-                support_ref = core.cds(problem, "support", budget=BUDGET, solver=core.ActiveSet(), num_steps=6)
+                support = core.cds(problem, core.Support(num_steps=6), budget=BUDGET, solver=solver)
+                support_ref = core.cds(problem, core.Support(num_steps=6), budget=BUDGET, solver=core.ActiveSet())
                 same_selection(support, support_ref, 1e-8)
                 assert float(support.beta) == float(support_ref.beta)
 
@@ -135,7 +141,8 @@ def test_padding_jit_and_vmap_change_nothing(strategy):
         junk = np.random.default_rng(9).normal(size=(pad, D))
         padded = np.concatenate([notes, junk])
         valid = np.arange(N + pad) < N
-        kw = dict(budget=BUDGET, solver=core.ActiveSet(), **({"num_steps": 5} if strategy == "support" else {}))
+        kw = dict(budget=BUDGET, solver=core.ActiveSet())
+        strategy = strategy_of(strategy, 5)
         plain = [core.cds(core.CDSProblem.create(notes, q), strategy, **kw) for q in queries]
         run = jax.jit(lambda p: core.cds(p, strategy, **kw))
         problems = [core.CDSProblem.create(padded, q, valid) for q in queries]
@@ -152,8 +159,8 @@ def test_shared_strategy_ignores_padding():
         padded = np.concatenate([notes, np.random.default_rng(3).normal(size=(3, D))])
         valid = np.arange(N + 3) < N
         for solver in (core.Replicator(), core.ActiveSet()):
-            a = core.cds(core.CDSProblem.create(notes, queries), "shared", budget=BUDGET, solver=solver)
-            b = jax.jit(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver))(
+            a = core.cds(core.CDSProblem.create(notes, queries), core.Shared(), budget=BUDGET, solver=solver)
+            b = jax.jit(lambda p: core.cds(p, core.Shared(), budget=BUDGET, solver=solver))(
                 core.CDSProblem.create(padded, queries, valid))
             same_selection(a, b, 1e-9)
 
@@ -171,9 +178,9 @@ def test_fill_false_is_honoured_in_every_strategy(strategy):
     notes /= np.linalg.norm(notes, axis=1, keepdims=True)
     query = -notes.mean(0) / np.linalg.norm(notes.mean(0))
     problem = core.CDSProblem.create(notes, query[None] if strategy == "shared" else query)
-    kw = dict(budget=BUDGET, solver=core.ActiveSet(), **({"num_steps": 4} if strategy == "support" else {}))
-    filled = core.cds(problem, strategy, **kw)
-    bare = core.cds(problem, strategy, fill=False, **kw)
+    kw = dict(budget=BUDGET, solver=core.ActiveSet())
+    filled = core.cds(problem, strategy_of(strategy, 4), **kw)
+    bare = core.cds(problem, strategy_of(strategy, 4), fill=False, **kw)
     assert int(np.sum(filled.selected_valid)) == BUDGET and int(np.sum(filled.num_filled)) == BUDGET
     assert int(np.sum(filled.fill_reason)) == FILL_NO_QUERY_EDGE
     assert not np.any(np.asarray(bare.selected_valid)) and int(np.sum(bare.num_filled)) == 0
@@ -191,8 +198,7 @@ def test_every_strategy_runs_the_solver_object_it_is_given(strategy):
         result, _ = core.cds_equilibrium(core.CDSProblem.create(notes, queries[0]), solver=five)
     else:
         problem = core.CDSProblem.create(notes, queries if strategy == "shared" else queries[0])
-        result = core.cds(problem, strategy, budget=BUDGET, solver=five,
-                          **({"num_steps": 3} if strategy == "support" else {})).result
+        result = core.cds(problem, strategy_of(strategy, 3), budget=BUDGET, solver=five).result
     assert np.all(np.asarray(result.num_iters) == 5)
     assert np.all(np.asarray(result.status) == MAX_STEPS)
 
@@ -206,7 +212,10 @@ def test_solve_options_enforce_hard_limits(field, value):
         support_settings(value) if support else core.SolveOptions(**{field: value}).check()
     notes, queries = corpus()
     with pytest.raises(ValueError, match=field):
-        core.cds(core.CDSProblem.create(notes, queries[0]), "support" if support else "single", **{field: value})
+        if support:
+            core.cds(core.CDSProblem.create(notes, queries[0]), core.Support(**{field: value}))
+        else:
+            core.cds(core.CDSProblem.create(notes, queries[0]), core.Single(), **{field: value})
     with pytest.raises(ValueError, match=field):
         core.make_selector("cds_support" if field == "num_steps" else "cds", budget=3, **{field: value})
 
@@ -215,8 +224,8 @@ def test_hard_limits_keep_the_documented_settings_legal():
     core.SolveOptions(tol=1e-7, max_iter=10_000).check()  # paper mode
     core.SolveOptions(tol=1e-15, max_iter=MAX_ITER_CAP).check()
     assert support_settings(MAX_SUPPORT_STEPS)[0] == MAX_SUPPORT_STEPS
-    with pytest.raises(ValueError, match="only used by the 'support' strategy"):
-        core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), "single", num_steps=3)
+    with pytest.raises(TypeError, match="num_steps"):  # the Support strategy's own setting, not a cds() argument
+        core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), core.Single(), num_steps=3)
     for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": PPR_MAX_ITER_CAP + 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             core.make_selector("ppr", budget=3, **bad)
@@ -226,10 +235,11 @@ def test_hard_limits_keep_the_documented_settings_legal():
 def test_entry_point_rejects_what_a_strategy_does_not_take():
     notes, queries = corpus()
     problem = core.CDSProblem.create(notes, queries[0])
-    with pytest.raises(ValueError, match="strategy"):
-        core.cds(problem, "greedy")
-    with pytest.raises(ValueError, match="x0"):
-        core.cds(problem, "peel", x0=jnp.ones(N + 1))
+    with pytest.raises(TypeError, match="strategy must be a strategy object"):
+        core.cds(problem, "single")  # a strategy is an object the caller picks, not a name
+    for strategy in (core.Peel(), core.Support(), core.Shared()):
+        with pytest.raises(ValueError, match="x0 is only used by the Single"):
+            core.cds(problem, strategy, x0=jnp.ones(N + 1))
     with pytest.raises(TypeError, match="solver must be a solver object"):
         core.cds(problem, solver="converged")  # a name is converted at the edge (solver_from_name)
     with pytest.raises(ValueError, match="solver"):
@@ -290,7 +300,7 @@ def test_shared_corpus_never_materialises_per_question_dense_matrices():
         return [s for s in shapes if len(s) >= 3 and s[0] == 5 and min(s[-2:]) >= size]
 
     for solver in (core.Replicator(), core.InImDyn(), core.ActiveSet()):
-        assert dense_batches(lambda p: core.cds(p, "shared", budget=BUDGET, solver=solver)) == [], solver
+        assert dense_batches(lambda p: core.cds(p, core.Shared(), budget=BUDGET, solver=solver)) == [], solver
     # the per-question path does build them: the check can fail
     per_question = jax.vmap(lambda q: cds_select(problem.notes, q, problem.valid, budget=BUDGET,
                                                       solver=core.ActiveSet()))

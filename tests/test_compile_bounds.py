@@ -44,12 +44,13 @@ def test_other_option_values_are_counted_and_a_dropped_selector_frees_its_progra
     for threshold in (1e-6, 2e-6):
         pipe.select(qs[0], selector="cds-paper", budget=4, options={"threshold": threshold})
         entry = pipe.compiled[pipe.selector_key("cds-paper", 4, {"threshold": threshold})]
-        dropped.append((weakref.ref(entry.select), weakref.ref(entry.corpus_bound), weakref.ref(entry.corpus_block)))
+        assert entry.corpus_block is None  # paper mode solves its dense payoff: it has no note block to build
+        dropped.append((weakref.ref(entry.select), weakref.ref(entry.corpus_bound)))
         del entry
     assert len(pipe.compiled) == 1
     gc.collect()
     alive = [[r() is not None for r in refs] for refs in dropped]
-    assert alive == [[False] * 3, [True] * 3], "nothing of a dropped selector is kept (its bound and block included)"
+    assert alive == [[False] * 2, [True] * 2], "nothing of a dropped selector is kept (its bound included)"
 
 
 def _fake_jax_entry(directory, name, size, atime):

@@ -215,5 +215,5 @@ def test_solve_options_are_one_object_shared_by_the_selectors():
     assert_same(a, b, 0.0)
     with pytest.raises(TypeError, match="colour"):
         cds_select(notes, query, valid, colour="red")
-    with pytest.raises(TypeError, match="warm_start must be a solver object"):
-        cds_support(notes, query, valid, warm_start="paper")
+    with pytest.raises(TypeError, match="warm_start"):  # a warm start is a solver (WarmStart), not an option
+        cds_support(notes, query, valid, warm_start=core.Replicator())

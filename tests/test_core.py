@@ -161,11 +161,18 @@ def test_selector_specs_name_chunk_solver_and_spellings():
     from cdsjax import catalog
     from cdsjax.core import registry
 
-    assert registry.selector_spec("cds").batch_chunk == "auto"  # replicator dynamics: cache-sized chunks
+    from cdsjax.eval.run import batch_chunk
+    from cdsjax.learn import default_params
+
+    def chunk(name):  # the evaluation cuts a batch by the solver the built selector runs
+        return batch_chunk(core.make_selector(name, budget=3, **({"params": default_params()}
+                                                                   if registry.SPECS[name].learned else {})))
+
+    assert chunk("cds") == "auto"  # replicator dynamics: cache-sized chunks
     for name in ("cds_converged", "cds_learned", "cds_learned_pages"):  # the serving solver: one question at a time
-        assert registry.selector_spec(name).batch_chunk == "each"
+        assert chunk(name) == "each"
     for name in ("cds_inimdyn", "cds_support", "cosine", "mmr", "ppr"):
-        assert registry.selector_spec(name).batch_chunk is None
+        assert chunk(name) is None
     assert catalog.selector_spec("cds-paper") is registry.SPECS["cds"]
     assert catalog.selector_spec("cds-converged").solver_label == "pdas"
     assert catalog.selector_spec("cds-converged").solver == core.SERVING_SOLVER == core.solver_from_name("pdas")

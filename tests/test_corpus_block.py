@@ -42,17 +42,19 @@ def test_the_block_is_the_dense_affinitys_note_block():
         np.testing.assert_allclose(np.asarray(block), np.asarray(dense), rtol=1e-6, atol=1e-7)
     # where the solve would not use it: none is built
     assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), SERVING) is None
-    assert problem_block(problem, SHIPPED, SERVING, strategy="peel") is None
-    assert problem_block(problem, core.CDSParams(), SolveOptions(solver=core.Replicator())) is None
+    for strategy in (core.Peel(), core.Support(), core.Shared()):  # strategies that solve the dense game
+        assert strategy.corpus_block(problem, SHIPPED, SERVING) is None
+    assert core.Single().corpus_block(problem, core.CDSParams(), SERVING) is not None
+    # paper mode is kept on its dense payoff by its selector, not by a flag of the solver
+    assert registry.corpus_block_fn(registry.make_selector("cds", budget=3)) is None
     assert problem_block(problem, core.CDSParams(alpha_from="full"), SERVING) is None
     assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, SERVING) is None
     assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, SERVING) is None
     # a problem carrying a block is solved on it, or says why it cannot be
-    check_block_problem(problem.replace(bound=jnp.ones(())), SERVING, None, None)
-    with pytest.raises(ValueError, match="no bound"):
-        check_block_problem(problem, SERVING, None, None)
+    posed = core.BlockProblem.pose(problem, jnp.ones(()), block)
+    check_block_problem(posed, SERVING, None, None)
     with pytest.raises(ValueError, match="a start is given"):
-        check_block_problem(problem.replace(bound=jnp.ones(())), SERVING.replace(init="softmax"), None, None)
+        check_block_problem(posed, SERVING.replace(init="softmax"), None, None)
 
 
 @pytest.mark.slow
@@ -171,7 +173,7 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
     problem = core.with_corpus_arrays(base, bound, block)
     for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
         with pytest.raises(ValueError, match="adjoint"):
-            core.cds(problem, "single", SHIPPED, solver=SERVING_SOLVER, budget=5, adjoint=adjoint)
+            core.cds(problem, core.Single(), SHIPPED, solver=SERVING_SOLVER, budget=5, adjoint=adjoint)
     # without the block the same solver's dense form is differentiable
     grad = jax.grad(weight)(jnp.asarray(qs[0]), None)
     assert np.all(np.isfinite(np.asarray(grad))) and np.any(np.asarray(grad) != 0)
@@ -179,7 +181,8 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
 
 def test_a_block_problem_is_its_own_type():
     """with_corpus_arrays poses a question with its block as a BlockProblem (a plain CDSProblem with its bound
-    alone); the implicit adjoint refuses a payoff stored in another form (it needs a dense game)."""
+    alone); its block and bound are required; a strategy that cannot use it refuses it; the implicit adjoint
+    refuses a payoff stored in another form (it needs a dense game)."""
     z, qs, valid, _ = corpus(12, 16, seed=4, d=8)
     base = core.CDSProblem.create(z, qs[0], valid)
     bound, block = jnp.ones((), jnp.float32), jnp.zeros((16, 16), jnp.float32)
@@ -189,6 +192,16 @@ def test_a_block_problem_is_its_own_type():
     assert isinstance(posed, core.BlockProblem) and posed.note_block is block and posed.bound is bound
     assert type(posed.dense_problem()) is core.CDSProblem and posed.dense_problem().bound is bound
     assert type(core.with_corpus_arrays(posed, bound)) is core.CDSProblem  # the block dropped
+    with pytest.raises(TypeError, match="note_block"):  # no default: a BlockProblem always has its block
+        core.BlockProblem(notes=base.notes, queries=base.queries, valid=base.valid, bound=bound)
+    with pytest.raises(ValueError, match="bound and note_block"):
+        core.BlockProblem.pose(base, None, block)
+    with pytest.raises(ValueError, match="note_block must have shape"):
+        core.BlockProblem.pose(base, bound, block[:3])
+    for strategy in (core.Peel(), core.Support(num_steps=2), core.Shared()):
+        with pytest.raises(ValueError, match="cannot use a BlockProblem") as err:
+            core.cds(posed, strategy, budget=3, solver=ActiveSet())
+        assert "\n" not in str(err.value)
     payoff = core.SharedPayoff(coupling=block, rel=jnp.ones(16, jnp.float32), note_valid=jnp.asarray(valid),
                                alpha=bound, corpus_shift=jnp.zeros((), jnp.float32))
     with pytest.raises(TypeError, match="ImplicitAdjoint"):
@@ -208,8 +221,22 @@ def test_a_block_problem_is_solved_by_the_one_equilibrium_which_says_which_solve
     np.testing.assert_array_equal(np.asarray(on_block.indices), np.asarray(dense.indices))
     assert on_block.result.solver_run == "pdas" and dense.result.solver_run == "active_set"  # dense: the active set
     stuck = core.WithFallback(core.PrimalDualActiveSet(capacities=(2,)), ActiveSet())
-    fell = core.cds(posed, "single", options=core.SolveOptions(solver=stuck), budget=3)
+    fell = core.cds(posed, core.Single(), options=core.SolveOptions(solver=stuck), budget=3)
     assert fell.result.solvers == ("pdas", "active_set") and int(fell.result.ran) == 1
     np.testing.assert_array_equal(np.asarray(fell.indices), np.asarray(dense.indices))
-    d = core.diagnostics(fell, spec=registry.SPECS["cds_converged"])
-    assert d["solver"] == "pdas" and d["solver_run"] == "active_set"
+    d = core.diagnostics(fell)
+    assert d["solver"] == "pdas" and d["solver_run"] == "active_set" and d["mode"] == "converged"
+    assert core.diagnostics(dense)["solver"] == "active_set"  # the solver that ran on the dense payoff
+
+
+def test_the_callers_solver_runs_on_the_block_as_given():
+    """No solver is swapped for another on the block: replicator dynamics (a caller's choice for the learned game)
+    run there with the dense payoff's shift and pick what they pick on the dense payoff."""
+    z, qs, valid, _ = corpus(27, 30, seed=5, d=8)
+    fn = registry.make_selector("cds_learned", budget=5, params=LearnedParams.paper(), solver=core.Replicator())
+    problem = core.CDSProblem.create(z, qs[0], valid)
+    posed = core.BlockProblem.pose(problem, fn.corpus_bound(problem), fn.corpus_block(problem))
+    dense, on_block = jax.jit(fn)(problem), jax.jit(fn)(posed)
+    assert on_block.result.solvers == dense.result.solvers == ("replicator",)
+    np.testing.assert_array_equal(np.asarray(on_block.indices), np.asarray(dense.indices))
+    np.testing.assert_allclose(np.asarray(on_block.result.x), np.asarray(dense.result.x), atol=1e-5)

@@ -361,12 +361,10 @@ def test_gold_mass_and_surrogate_gradients():
     np.testing.assert_allclose(fwd, fd, rtol=1e-5, atol=1e-9)
 
 
-class _ImplicitOnly:
-    """A user's solver that accepts the implicit adjoint only (the active set's steps, its own name)."""
+class _Bare:
+    """A user's solver with nothing but the Solver protocol: a name, ``solve`` and ``with_limits`` (no flag)."""
 
-    name, names, mode = "implicit_only", ("implicit_only",), "converged"
-    batch_chunk, batches_rows, uses_corpus_block = None, False, False
-    differentiable_by = ("implicit",)
+    name = "bare"
 
     def solve(self, payoff, x0=None):
         return core.ActiveSet(tol=1e-12).solve(payoff, x0)
@@ -374,28 +372,60 @@ class _ImplicitOnly:
     def with_limits(self, tol=None, max_iter=None):
         return self
 
-    @property
-    def dense(self):
-        return self
 
-
-def test_equilibrium_accepts_only_the_adjoints_a_solver_lists():
-    """Every shipped solver lists both adjoints; a solver that lists the implicit one alone is refused the loop
-    adjoint in one line, before anything runs, and NoAdjoint (no derivative) is accepted by every solver."""
-    from cdsjax.core.solvers.options import SERVING_SOLVER
-
-    for solver in (core.Replicator(), core.InImDyn(), core.ActiveSet(), core.PrimalDualActiveSet(), SERVING_SOLVER):
-        assert solver.differentiable_by == ("implicit", "loop"), solver
-        assert solver.dense.differentiable_by == ("implicit", "loop"), solver
+@pytest.mark.x64
+def test_a_solver_is_its_algorithm_and_every_strategy_and_adjoint_runs_it_as_given():
+    """A solver with no property but its name runs under every strategy (none reads a flag of it) and every
+    adjoint, used as the caller gave it: NoDerivative is a zero derivative, NoAdjoint refuses one."""
     notes, query = clustered_problem(3, n=8)
-    problem = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query), jnp.ones(8, bool))
-    affinity = core.CDSParams(beta=0.5).affinity(problem)
-    only = _ImplicitOnly()
-    implicit_x = core.equilibrium(affinity, only, adjoint=core.ImplicitAdjoint()).x
-    free_x = core.equilibrium(affinity, only, adjoint=core.NoAdjoint()).x
-    np.testing.assert_array_equal(np.asarray(implicit_x), np.asarray(free_x))
-    with pytest.raises(ValueError, match="^solver 'implicit_only' cannot be differentiated by LoopAdjoint"):
-        core.equilibrium(affinity, only, adjoint=core.LoopAdjoint())
-    # a fallback pair accepts what both of its solvers accept
-    pair = core.WithFallback(only, core.ActiveSet(), dense_solver=core.ActiveSet())
-    assert pair.differentiable_by == ("implicit",) and pair.dense.differentiable_by == ("implicit", "loop")
+    notes, query = jnp.asarray(notes), jnp.asarray(query)
+    problem = core.CDSProblem.create(notes, query, jnp.ones(8, bool))
+    bare = _Bare()
+    ref = core.cds(problem, core.Single(), budget=3, solver=core.ActiveSet(tol=1e-12))
+    for strategy in (core.Single(), core.Peel(), core.Shared()):
+        sel = core.cds(problem, strategy, budget=3, solver=bare)
+        sel = jax.tree.map(lambda a: a[0], sel) if isinstance(strategy, core.Shared) else sel
+        np.testing.assert_array_equal(np.asarray(sel.indices), np.asarray(ref.indices))
+        np.testing.assert_allclose(np.asarray(sel.scores), np.asarray(ref.scores), atol=1e-9)
+    assert int(core.cds(problem, core.Support(num_steps=3), budget=3, solver=bare).support_size) >= 1
+
+    def x_at(adjoint):
+        return lambda beta: core.equilibrium(core.CDSParams(beta=beta).affinity(problem), bare, adjoint=adjoint).x
+
+    implicit = jax.jacfwd(x_at(core.ImplicitAdjoint()))(0.5)
+    assert np.abs(np.asarray(implicit)).max() > 0
+    np.testing.assert_allclose(np.asarray(jax.grad(lambda b: x_at(core.ImplicitAdjoint())(b)[1])(0.5)),
+                               np.asarray(implicit)[1], rtol=1e-9, atol=1e-12)
+    assert not np.any(np.asarray(jax.jacfwd(x_at(core.NoDerivative()))(0.5)))
+    with pytest.raises(ValueError, match="no derivative"):
+        jax.jacfwd(x_at(core.NoAdjoint()))(0.5)
+
+
+def test_the_callers_adjoint_is_used_or_refused_in_one_line_never_swapped():
+    """The shared strategy's payoff has no implicit derivative: ImplicitAdjoint is refused (one line, naming what
+    to pass), LoopAdjoint is used (as its default is), and a BlockProblem refuses an adjoint asking for a
+    derivative but takes NoDerivative() as given."""
+    notes, query = clustered_problem(3, n=8)
+    many = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query)[None], jnp.ones(8, bool))
+    with pytest.raises(ValueError) as err:
+        core.cds(many, core.Shared(), budget=3, adjoint=core.ImplicitAdjoint())
+    assert "\n" not in str(err.value) and "LoopAdjoint()" in str(err.value)
+
+    def first_weight(adjoint):
+        def f(beta):
+            sel = core.cds(many, core.Shared(), core.CDSParams(beta=beta), budget=3, adjoint=adjoint,
+                           solver=core.Replicator(max_iter=50))
+            return sel.result.x[0, 1]
+        return jax.jacfwd(f)(0.5)
+
+    assert float(first_weight(core.LoopAdjoint())) == float(first_weight(None)) != 0.0  # the default: the loop
+    assert float(first_weight(core.NoDerivative())) == 0.0  # used as given, not replaced by the loop
+    fn = core.make_selector("cds_converged", budget=3)
+    one = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query), jnp.ones(8, bool))
+    posed = core.BlockProblem.pose(one, fn.corpus_bound(one), fn.corpus_block(one))
+    for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
+        with pytest.raises(ValueError, match="^a BlockProblem is solved on its corpus block, but an adjoint") as err:
+            core.cds(posed, core.Single(), budget=3, solver=core.SERVING_SOLVER, adjoint=adjoint)
+        assert "\n" not in str(err.value)
+    given = core.cds(posed, core.Single(), budget=3, solver=core.SERVING_SOLVER, adjoint=core.NoDerivative())
+    np.testing.assert_array_equal(np.asarray(given.indices), np.asarray(fn(posed).indices))

@@ -221,8 +221,8 @@ def test_padding_and_vmap_invariance(solver):
 def test_cds_select_dispatch_and_warm_start(solver):
     z, q = clustered(120, seed=17)
     notes, query, valid = jnp.asarray(z), jnp.asarray(q), jnp.ones(120, bool)
-    select = jax.jit(functools.partial(cds_select, budget=5, solver=core.solver_from_name(solver),
-                                       warm_start=core.Replicator()))
+    select = jax.jit(functools.partial(cds_select, budget=5,
+                                       solver=core.WarmStart(core.Replicator(), core.solver_from_name(solver))))
     warm = select(notes, query, valid)
     assert int(warm.result.status) == core.CONVERGED and float(warm.result.kkt_residual) <= 1e-10
     paper = PAPER(build_affinity(notes, query, valid))
@@ -230,8 +230,12 @@ def test_cds_select_dispatch_and_warm_start(solver):
     # The selection is the top of the solver's own point.
     x_notes = np.asarray(warm.result.x[1:])
     np.testing.assert_array_equal(np.asarray(warm.indices), np.argsort(-x_notes, kind="stable")[:5])
-    with pytest.raises(TypeError, match="warm_start must be a solver object"):
-        cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start="paper")
+    # the warm start is a solver of its own: its result is the polishing solver's, from paper mode's point
+    assert warm.result.solvers == (core.solver_from_name(solver).name,)
+    np.testing.assert_allclose(np.asarray(warm.result.x),
+                               np.asarray(JIT[solver](build_affinity(notes, query, valid), paper.x).x), atol=1e-12)
+    with pytest.raises(TypeError, match="warm_start"):  # no longer an option beside the solver
+        cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start=core.Replicator())
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ def as_problem(p, **extra):
                                   doc_ids=p["doc_ids"], kinds=p["kinds"], **extra)
 
 
-def cds_learned(p, theta, budget=4, solver=core.ActiveSet(), strategy="single", **kw):
+def cds_learned(p, theta, budget=4, solver=core.ActiveSet(), strategy=core.Single(), **kw):
     """The cds-learned selection: core.cds on the problem with the learned game as params."""
     return core.cds(as_problem(p), strategy, theta, core.SolveOptions(solver=solver), budget=budget, **kw)
 
@@ -92,7 +92,7 @@ def _loss_fn(p, v, adjoint=None):
     options = core.SolveOptions(solver=core.ActiveSet(), tol=1e-13, max_iter=200_000)
 
     def loss(theta):  # through the one entry point: the selection's equilibrium carries the derivative
-        sel = core.cds(as_problem(p), "single", theta, options, budget=4, adjoint=adjoint)
+        sel = core.cds(as_problem(p), core.Single(), theta, options, budget=4, adjoint=adjoint)
         return jnp.sum(sel.result.x[1:] * v)
     return jax.jit(loss)  # one compilation for the 25 solves of the check
 
@@ -178,14 +178,15 @@ def test_implicit_and_loop_adjoints_agree_through_cds():
 def test_every_strategy_runs_the_learned_game(strategy):
     """The paper point of the learned game is the paper's game under every strategy of core.cds."""
     p = problem(pad=3)
-    kw = {"num_steps": 4} if strategy == "support" else {}
+    kw = {}
+    strategy = {"peel": core.Peel(), "support": core.Support(num_steps=4), "shared": core.Shared()}[strategy]
     opts = core.SolveOptions(solver=core.ActiveSet())
     paper = core.cds(core.CDSProblem.create(p["notes"], p["query"], p["valid"]), strategy, core.CDSParams(), opts,
                      budget=5, **kw)
     learned = core.cds(as_problem(p), strategy, LearnedParams.paper(), opts, budget=5, **kw)
     np.testing.assert_array_equal(np.asarray(paper.indices), np.asarray(learned.indices))
     np.testing.assert_allclose(np.asarray(paper.result.x), np.asarray(learned.result.x), atol=1e-5)
-    if strategy == "peel":  # same affinity, same rounds: bit for bit
+    if isinstance(strategy, core.Peel):  # same affinity, same rounds: bit for bit
         assert np.array_equal(np.asarray(paper.result.x), np.asarray(learned.result.x))
     other = core.cds(as_problem(p), strategy, GENERIC, opts, budget=5, **kw)
     assert np.asarray(other.selected_valid).any()

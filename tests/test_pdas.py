@@ -12,7 +12,7 @@ from cdsjax.core.games.affinity import CDSParams, build_affinity
 from cdsjax.core.games.learned import LearnedParams, learned_affinity
 from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.solvers.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet, face_point, relevance_guess
-from cdsjax.core.solvers.options import SERVING_SOLVER, WithFallback
+from cdsjax.core.solvers.options import SERVING_SOLVER, ByPayoff, WithFallback
 from cdsjax.core.solvers.loop import iterate
 from cdsjax.core.types import CONVERGED
 from tests.conftest import clustered_notes
@@ -132,28 +132,27 @@ def test_bad_settings_are_refused():
 
 
 def test_the_serving_solver_is_an_explicit_fallback():
-    """SERVING_SOLVER is the primal-dual rule with the active set (vertex steps first, Newton systems gathered) as
-    its fallback and the plain active set on a dense payoff; the registry's selectors that serve on the corpus
-    block hold it, its properties say how it batches, and the limits reach every part."""
+    """SERVING_SOLVER is one solver per payoff: on a corpus block the primal-dual rule with the active set (vertex
+    steps first, Newton systems gathered) as its fallback, on a dense payoff the plain active set; the registry's
+    selectors that serve on the corpus block hold it, and the limits reach every part."""
     from cdsjax.core import registry
 
     serving = SERVING_SOLVER
-    assert isinstance(serving, WithFallback) and serving.primary == PrimalDualActiveSet()
-    assert serving.fallback == ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True)
-    assert serving.dense == ActiveSet()
-    assert (serving.name, serving.mode, serving.batch_chunk, serving.batches_rows) == ("pdas", "converged", "each",
-                                                                                       False)
+    assert isinstance(serving, ByPayoff) and isinstance(serving.block, WithFallback)
+    assert serving.block.primary == PrimalDualActiveSet()
+    assert serving.block.fallback == ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True)
+    assert serving.dense == ActiveSet() and serving.name == "pdas"
     for name in ("cds_converged", "cds_learned", "cds_learned_pages"):
         assert registry.SPECS[name].solver == serving and registry.SPECS[name].solver_label == "pdas"
     limited = serving.with_limits(1e-4, 500)
     assert limited.dense == ActiveSet(tol=1e-4, max_iter=500)
-    assert limited.fallback == serving.fallback.replace(tol=1e-4, max_iter=500)
-    assert limited.primary == PrimalDualActiveSet(tol=1e-4)  # its cap counts face solves: kept
+    assert limited.block.fallback == serving.block.fallback.replace(tol=1e-4, max_iter=500)
+    assert limited.block.primary == PrimalDualActiveSet(tol=1e-4)  # its cap counts face solves: kept
     assert serving.with_limits() == serving
     # on its payoff it reaches the equilibrium the dense active set reaches
     payoff, shared = game(150, 192, seed=2)
     out = jax.jit(lambda p: serving.solve(p))(shared)
-    ref = run(ActiveSet(), payoff)
+    ref = jax.jit(lambda p: serving.solve(p))(payoff)  # a dense payoff: the active set runs
     assert int(out.status) == CONVERGED
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
     assert out.solvers == ("pdas", "active_set") and out.solver_run == "pdas"  # the rule converged itself

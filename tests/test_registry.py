@@ -119,6 +119,29 @@ def test_the_learned_selector_runs_the_solver_object_it_is_given():
         core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver=3)
 
 
+def test_a_selector_reports_the_solver_it_runs():
+    """make_selector("cds_learned", solver="replicator") runs replicator dynamics, and what describes the run says
+    so: the built selector's solver, the diagnostics (solver, mode, solver_run) and the evaluation's batch chunk.
+    The default build serves with pdas (the active set on a dense payoff, which the diagnostics name)."""
+    from cdsjax.core.games.learned import LearnedParams
+    from cdsjax.eval.run import batch_chunk
+
+    notes, query, links = problem(4)
+    p = core.CDSProblem.create(notes, query, np.ones(20, bool), links=links)
+    for solver in ("replicator", core.Replicator()):
+        fn = core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver=solver)
+        assert fn.solver == core.Replicator() and batch_chunk(fn) == "auto"
+        d = core.diagnostics(fn(p))
+        assert (d["solver"], d["mode"], d["solver_run"]) == ("replicator", "paper", "replicator")
+    default = core.make_selector("cds_learned", budget=3, params=LearnedParams.paper())
+    assert default.solver == core.selector_spec("cds_learned").solver == core.SERVING_SOLVER
+    assert batch_chunk(default) == "each" and core.selector_spec("cds_learned").mode == "converged"
+    d = core.diagnostics(default(p))
+    assert (d["solver"], d["mode"]) == ("active_set", "converged")
+    inimdyn = core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver=core.InImDyn())
+    assert core.diagnostics(inimdyn(p))["solver"] == "inimdyn" and batch_chunk(inimdyn) is None
+
+
 def test_unknown_names_options_and_missing_inputs_raise():
     with pytest.raises(ValueError, match="'bm25'"):
         core.make_selector("bm25", budget=3)

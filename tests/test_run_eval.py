@@ -20,7 +20,7 @@ from cdsjax.eval.problems import Problem, text_links
 from cdsjax.eval.records import RECORDS_FILE, drop_torn_tail, read_records, record_key
 from cdsjax.eval.report import (SUMMARY_COLUMNS, SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows,
                                 write_summary_csv)
-from cdsjax.eval.run import make_mesh, run_selector
+from cdsjax.eval.run import batch_chunk, make_mesh, run_selector
 from cdsjax.eval.scoring import score_problem
 from cdsjax.io import datasets as D
 
@@ -55,7 +55,7 @@ def test_run_selector_equals_per_query_calls(name, options):
     problems = _synthetic_problems([5, 20, 3], seed=1)
     fn = core.make_selector(name, budget=4, **options)
     seen = []
-    out = run_selector(fn, problems, buckets=(8, 32), max_batch=2, chunk=core.selector_spec(name).batch_chunk,
+    out = run_selector(fn, problems, buckets=(8, 32), max_batch=2, chunk=batch_chunk(fn),
                          on_chunk=lambda pos, sels: seen.extend(pos))
     assert sorted(seen) == list(range(len(problems)))
     single = jax.jit(fn)
@@ -93,7 +93,7 @@ SHARD_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     from cdsjax import core
-    from cdsjax.eval.run import make_mesh, run_selector
+    from cdsjax.eval.run import batch_chunk, make_mesh, run_selector
     from tests.test_run_eval import _synthetic_problems, SELECTORS
     assert len(jax.devices()) == 4, jax.devices()
     problems = _synthetic_problems([5, 7, 20, 3, 9], seed=2)
@@ -103,7 +103,7 @@ SHARD_SCRIPT = textwrap.dedent("""
         if name == "ppr":
             continue  # same batching path as cosine; keeps the subprocess short
         fn = core.make_selector(name, budget=4, **options)
-        chunk = core.selector_spec(name).batch_chunk
+        chunk = batch_chunk(fn)
         a = run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=full, chunk=chunk)
         b = run_selector(fn, problems, buckets=(8, 32), max_batch=4, mesh=one, chunk=chunk)
         report[name] = dict(

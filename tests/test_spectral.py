@@ -45,6 +45,9 @@ def test_corpus_bound_refuses_a_question_dependent_penalty():
     with pytest.raises(ValueError, match="alpha_from='free'"):
         corpus_bound(z, valid, core.CDSParams(alpha_from="full"))
     assert learned_is_corpus_level(SHIPPED) and not learned_is_corpus_level(SHIPPED.replace(rel_repulsion=0.5))
+    # traced parameters would take another path than eager ones: refused, not decided silently
+    with pytest.raises(TypeError, match="rel_repulsion"):
+        jax.jit(lambda theta: core.Single().corpus_bound(core.CDSProblem.create(z, z[0], valid), theta))(SHIPPED)
 
 
 @pytest.mark.slow
@@ -66,26 +69,27 @@ def test_learned_corpus_bound_is_the_per_question_bound_bit_for_bit():
 
 @pytest.mark.slow
 def test_a_problem_carrying_its_bound_selects_bit_for_bit_as_without():
-    """cds() on a problem with the corpus bound (problem_bound) == the same problem computing it per
-    question, for the paper game's strategies and the learned game; the registry's selectors supply it."""
+    """cds() on a problem with its strategy's corpus bound (strategy.corpus_bound) == the same problem computing
+    it per question, for the paper game's strategies and the learned game; the registry's selectors supply it."""
     from cdsjax.core.registry import corpus_bound_fn
-    from cdsjax.core.games.spectral import problem_bound
 
     z, q, valid, pages = corpus(40, 64, seed=7)
     problem = core.CDSProblem.create(z, q, valid, pages=pages)
-    for strategy, params in (("single", core.CDSParams()), ("peel", core.CDSParams(beta=0.3)),
-                             ("support", core.CDSParams()), ("single", SHIPPED)):
-        with_bound = problem.replace(bound=problem_bound(problem, params, strategy))
+    for strategy, params in ((core.Single(), core.CDSParams()), (core.Peel(), core.CDSParams(beta=0.3)),
+                             (core.Support(), core.CDSParams()), (core.Single(), SHIPPED)):
+        with_bound = problem.replace(bound=strategy.corpus_bound(problem, params))
         a = core.cds(problem, strategy, params, budget=5)
         b = core.cds(with_bound, strategy, params, budget=5)
         assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes(), strategy
         assert np.asarray(a.scores).tobytes() == np.asarray(b.scores).tobytes(), strategy
-    assert problem_bound(problem, core.CDSParams(alpha_from="full")) is None
-    assert problem_bound(problem, SHIPPED.replace(rel_repulsion=1.0)) is None  # its penalty stays per question
-    assert problem_bound(problem, core.CDSParams(), "shared") is None
+    assert core.Single().corpus_bound(problem, core.CDSParams(alpha_from="full")) is None
+    # its penalty stays per question
+    assert core.Single().corpus_bound(problem, SHIPPED.replace(rel_repulsion=1.0)) is None
+    assert core.Support().corpus_bound(problem, SHIPPED) is None  # each step rebuilds the learned affinity
+    assert core.Shared().corpus_bound(problem, core.CDSParams()) is None
     assert corpus_bound_fn(core.make_selector("cosine", budget=3)) is None
     fn = core.make_selector("cds_converged", budget=3)
-    assert float(corpus_bound_fn(fn)(problem)) == float(problem_bound(problem, core.CDSParams()))
+    assert float(corpus_bound_fn(fn)(problem)) == float(core.Single().corpus_bound(problem, core.CDSParams()))
 
 
 def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties():
@@ -94,7 +98,7 @@ def test_certified_option_keeps_the_guarantee_for_question_dependent_penalties()
     cert = build_affinity(z, q, valid, core.CDSParams(alpha_from="full", alpha_bound="certified"))
     lam = np.linalg.eigvalsh(np.asarray(exact.matrix, np.float64))[-1]
     assert float(cert.alpha) >= lam + 1e-3 and float(cert.alpha) <= float(exact.alpha) * (1 + 1e-3)
-    sel = core.cds(core.CDSProblem.create(z, q, valid), "peel", core.CDSParams(alpha_bound="certified"), budget=5,
+    sel = core.cds(core.CDSProblem.create(z, q, valid), core.Peel(), core.CDSParams(alpha_bound="certified"), budget=5,
                    solver=core.ActiveSet())
     assert int(sel.result.status) == 0 and int(np.sum(sel.selected_valid)) == 5
     with pytest.raises(ValueError, match="alpha_bound"):
@@ -133,10 +137,10 @@ def test_run_selector_computes_one_bound_per_corpus():
 
         return call
 
-    with_bound = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, chunk=spec.batch_chunk,
+    with_bound = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, chunk=R.batch_chunk(fn),
                                 corpus=CorpusArrays(wrap=counting))
     assert concrete.count(("bound", True)) == 2  # two documents, six questions in two chunks
-    plain = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, chunk=spec.batch_chunk,
+    plain = R.run_selector(fn, problems, buckets=(32,), max_batch=4, spec=spec, chunk=R.batch_chunk(fn),
                            corpus=CorpusArrays(wrap=lambda f, role: lambda problem: None))  # the per-question penalty
     for a, b in zip(with_bound, plain):
         assert np.asarray(a.indices).tobytes() == np.asarray(b.indices).tobytes()

@@ -19,7 +19,7 @@ from cdsjax.selection import resolve_options, resolve_selector, selector_key
 def cds_learned(z, q, valid, theta, budget, **structure):
     """The learned game through the one entry point (what the cds-learned selector runs)."""
     problem = core.CDSProblem.create(z, q, valid, **structure)
-    return core.cds(problem, "single", theta, core.SolveOptions(solver=core.ActiveSet()), budget=budget)
+    return core.cds(problem, core.Single(), theta, core.SolveOptions(solver=core.ActiveSet()), budget=budget)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,7 @@ FLOAT32_MAX = 3.4028234663852886e38  # selection runs in float32: a larger optio
 # The options an HTTP request may set, by name, with their types and, for those that set how much work a
 # request costs, the HTTP policy's bounds (tighter than SolveOptions' own hard limits, which every caller
 # gets: a request's solve stays within seconds on a few thousand notes). A selector accepts those of them
-# its registry spec declares (SelectorSpec.options); everything else (solver, warm_start, params, the
+# its registry spec declares (SelectorSpec.options); everything else (solver, params, the
 # affinity's shape fields, ...) is refused with 400.
 HTTP_MAX_ITER = 20_000  # twice paper mode's 10,000 steps
 HTTP_MIN_TOL = 1e-12

@@ -7,28 +7,31 @@ Functions handle one query; use ``jax.vmap`` (or :func:`batched`) for batches.
 One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
 
 - A problem is a :class:`CDSProblem`, or a :class:`BlockProblem` when the question is posed with its
-  corpus's precomputed note block (:func:`with_corpus_arrays`); the type, not an optional field, says which.
+  corpus's precomputed note block (:meth:`BlockProblem.pose`, :func:`with_corpus_arrays`; the block and bound
+  required); the type, not an optional field, says which, and a strategy that cannot use a block refuses it.
 - A game (:class:`CDSParams`, :class:`LearnedParams`) turns a problem into an :class:`Affinity`; a payoff
   (:class:`DensePayoff`, :class:`SharedPayoff`) is how a solver sees it.
-- A solver is an object the caller holds and passes (``SolveOptions.solver``, ``solver=``):
-  :class:`Replicator`, :class:`InImDyn`, :class:`ActiveSet`, :class:`PrimalDualActiveSet`, or
-  :class:`WithFallback` (a solver tried first, another run where it ends unconverged);
-  :data:`SERVING_SOLVER` is the combination the served selectors use. Each says what it can be differentiated
-  by (``differentiable_by``). Solver names are for configuration files and the command line only, converted
-  once by :func:`solver_from_name`.
+- A strategy is an object the caller picks (:class:`Single`, :class:`Peel`, :class:`Support`, :class:`Shared`,
+  any :class:`Strategy`), with its own settings; it says what it computes once per corpus.
+- A solver is its algorithm: an object the caller holds and passes (``SolveOptions.solver``, ``solver=``) with
+  ``solve`` and ``with_limits`` only: :class:`Replicator`, :class:`InImDyn`, :class:`ActiveSet`,
+  :class:`PrimalDualActiveSet`, or a combination: :class:`WithFallback` (a solver tried first, another run where
+  it ends unconverged), :class:`WarmStart` (a solver started from another's point), :class:`ByPayoff` (one
+  solver per payoff storage); :data:`SERVING_SOLVER` is the combination the served selectors use. Solver names
+  are for configuration files and the command line only, converted once by :func:`solver_from_name`.
 - :func:`equilibrium` (game, solver, x0, adjoint=) is the one solve every strategy runs; the adjoint
-  (:class:`ImplicitAdjoint`, :class:`LoopAdjoint`, :class:`NoAdjoint`) is applied there only, after checking the
-  solver accepts it, and the result records which solver gave the point (``SolverResult.solver_run``).
+  (:class:`ImplicitAdjoint`, :class:`LoopAdjoint`, :class:`NoDerivative`, :class:`NoAdjoint`) is applied there
+  only, as the caller gave it, and the result records which solver gave the point (``SolverResult.solver_run``).
 
 Modules, grouped by job (import a name that is not in ``__all__`` from its module):
 
 - ``solvers/``: ``loop`` (the one ``while_loop``: ``iterate``, ``LoopState``, ``stop_rule``), ``replicator``,
   ``inimdyn``, ``active_set``, ``pdas`` (a step rule each) and ``options`` (``SolveOptions``, ``WithFallback``,
-  ``SERVING_SOLVER``, ``solver_from_name``, ``solve``);
+  ``WarmStart``, ``ByPayoff``, ``SERVING_SOLVER``, ``solver_from_name``, ``solve``);
 - ``games/``: ``affinity`` (the paper's game), ``learned`` (the fitted one), ``spectral`` / ``certified`` (the
   penalty's bound), ``payoff`` (how a solver sees a game);
-- ``strategies/``: ``cds`` (the entry point), ``select`` (single, peel), ``support``, ``shared``, ``corpus`` (a
-  :class:`BlockProblem` on its block);
+- ``strategies/``: ``cds`` (the entry point), ``select`` (``Single``, ``Peel``), ``support`` (``Support``),
+  ``shared`` (``Shared``), ``corpus`` (a :class:`BlockProblem` on its block);
 - cross-cutting, at this level: ``types``, ``protocols``, ``validation``, ``implicit`` (adjoints and
   ``equilibrium``), ``ranking`` and ``readouts`` (read-outs: top-B, per page), ``baselines``, ``graph``,
   ``subgraph``, ``surrogates``, ``batching``, ``registry`` (selectors by name), ``diagnostics``, ``compat`` (the
@@ -42,15 +45,20 @@ from cdsjax.core.diagnostics import diagnostics
 from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, NoAdjoint, cds_equilibrium, equilibrium
-from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status
+from cdsjax.core.implicit import (ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative, cds_equilibrium,
+                                  equilibrium)
+from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status, Strategy
 from cdsjax.core.registry import SPECS, SelectorSpec, make_selector, selector_spec
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.inimdyn import InImDyn
-from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions, WithFallback, solver_from_name
+from cdsjax.core.solvers.options import (SERVING_SOLVER, ByPayoff, SolveOptions, WarmStart, WithFallback,
+                                         solver_from_name)
 from cdsjax.core.solvers.pdas import PrimalDualActiveSet
 from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.strategies.cds import cds
+from cdsjax.core.strategies.select import Peel, Single
+from cdsjax.core.strategies.shared import Shared
+from cdsjax.core.strategies.support import Support
 from cdsjax.core.types import (CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, Selector, SolverResult,
                                with_corpus_arrays)
 
@@ -77,13 +85,22 @@ __all__ = [
     "ActiveSet",
     "PrimalDualActiveSet",
     "WithFallback",
+    "WarmStart",
+    "ByPayoff",
     "SERVING_SOLVER",
     "solver_from_name",
     "SolveOptions",
     # adjoints: how an equilibrium is differentiated
     "ImplicitAdjoint",
     "LoopAdjoint",
+    "NoDerivative",
     "NoAdjoint",
+    # strategies: objects the caller picks
+    "Strategy",
+    "Single",
+    "Peel",
+    "Support",
+    "Shared",
     # entry points: a selection by strategy, the equilibrium itself
     "cds",
     "equilibrium",

@@ -260,7 +260,7 @@ def batched(fn: Callable[..., Any], *, chunk: Union[int, str, None] = None, **kw
           whole batch per step.
         * ``"auto"``: :func:`auto_chunk` picks per input shape; on CPU a
           cache-sized chunk, elsewhere one ``vmap``. Use it for paper-mode CDS
-          (registry selectors say so in their ``batch_chunk`` attribute); solvers
+          (the evaluation picks a selector's chunk from its solver, :func:`cdsjax.eval.run.batch_chunk`); solvers
           that touch one column per step (InImDyn) or stop within a few hundred
           steps run faster as one ``vmap``.
 

@@ -1,7 +1,7 @@
 r"""The array-taking entry points, kept for the README's first lines, notebooks and existing callers.
 
 Each is one call of the API (:func:`cdsjax.core.strategies.cds` on ``CDSProblem.create(notes, query, valid, ...)``, or
-:func:`cdsjax.core.cds_equilibrium`): ``cds_select`` (the ``"single"`` strategy), ``cds_peel``, ``cds_support``,
+:func:`cdsjax.core.cds_equilibrium`): ``cds_select`` (the ``Single()`` strategy), ``cds_peel``, ``cds_support``,
 ``cds_select_shared`` and ``cds_weights`` (the equilibrium's weights, differentiable). New code poses a
 :class:`~cdsjax.core.types.CDSProblem` and calls :func:`cdsjax.core.strategies.cds`.
 """
@@ -15,16 +15,17 @@ from jax import Array
 
 from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.strategies.cds import cds
+from cdsjax.core.strategies.select import Peel, Single
+from cdsjax.core.strategies.shared import Shared
+from cdsjax.core.strategies.support import Support
 from cdsjax.core.implicit import cds_equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CDSProblem, Selection
 
 
-def _on_arrays(strategy: str, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
+def _on_arrays(strategy, notes, query, valid, pinned, links, params, options, budget, kwargs) -> Selection:
     """:func:`cds` on ``CDSProblem.create(notes, query, valid, links=, pinned=)``: the array-taking entry points."""
-    if strategy == "shared" and jnp.ndim(query) != 2:
-        raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
     problem = CDSProblem.create(notes, query, valid, links=links, pinned=pinned)
     return cds(problem, strategy, params, options, budget=budget, **kwargs)
 
@@ -35,9 +36,9 @@ def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, pa
     """Selects evidence as a constrained dominant set (one extraction).
 
     ``cds_select(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'single', params, options, **kw)``; see :func:`cds`.
+    Single(), params, options, **kw)``; see :func:`cds`.
     """
-    return _on_arrays("single", notes, query, valid, pinned, links, params, options, budget, kwargs)
+    return _on_arrays(Single(), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
 def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
@@ -46,31 +47,34 @@ def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, para
     """Peeling extraction for several constraint vertices.
 
     ``cds_peel(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'peel', params, options, **kw)``; see :func:`cds`.
+    Peel(), params, options, **kw)``; see :func:`cds`.
     """
-    return _on_arrays("peel", notes, query, valid, pinned, links, params, options, budget, kwargs)
+    return _on_arrays(Peel(), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
 def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
                 options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-                links: Optional[Array] = None, **kwargs) -> Selection:
+                links: Optional[Array] = None, num_steps: Optional[int] = None, scale_range=None,
+                **kwargs) -> Selection:
     """Constrained dominant set whose support holds about ``budget`` notes.
 
-    ``cds_support(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=, pinned=),
-    'support', params, options, **kw)``; see :func:`cds`.
+    ``cds_support(notes, query, valid, num_steps=, scale_range=, **kw)`` is ``cds(CDSProblem.create(notes, query,
+    valid, links=, pinned=), Support(num_steps, scale_range), params, options, **kw)``; see :func:`cds`.
     """
-    return _on_arrays("support", notes, query, valid, pinned, links, params, options, budget, kwargs)
+    return _on_arrays(Support(num_steps, scale_range), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
 def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
                       options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
-                      links: Optional[Array] = None, **kwargs) -> Selection:
+                      links: Optional[Array] = None, corpus=None, **kwargs) -> Selection:
     """Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.
 
-    ``cds_select_shared(notes, query, valid, **kw)`` is ``cds(CDSProblem.create(notes, query, valid, links=,
-    pinned=), 'shared', params, options, **kw)``; see :func:`cds`.
+    ``cds_select_shared(notes, query, valid, corpus=, **kw)`` is ``cds(CDSProblem.create(notes, query, valid,
+    links=, pinned=), Shared(corpus), params, options, **kw)``; see :func:`cds`.
     """
-    return _on_arrays("shared", notes, query, valid, pinned, links, params, options, budget, kwargs)
+    if jnp.ndim(query) != 2:
+        raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {jnp.shape(query)}")
+    return _on_arrays(Shared(corpus), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
 def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSParams(), *,
@@ -78,7 +82,7 @@ def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSPara
     r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
 
     A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
-    (``kwargs``: ``options``, ``x0``, ``adjoint`` — an adjoint object such as ``LoopAdjoint()`` — and
+    (``kwargs``: ``options``, ``x0``, ``adjoint`` (an adjoint object such as ``LoopAdjoint()``) and
     :class:`SolveOptions` fields) for callers that only need the weights; use :func:`cds_equilibrium` to also get
     the convergence diagnostics that say whether the derivative can be trusted.
     """

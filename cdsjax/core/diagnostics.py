@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.types import CONVERGED, FILL_REASONS, STATUSES
 
 # Fields of the SolverResult copied as they are, after ``num_iters`` and ``converged`` (``status == CONVERGED``);
@@ -23,7 +24,14 @@ def _plain(value) -> Any:
     return bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
 
 
-def diagnostics(selection: Any, *, spec: Any = None, num_notes: Optional[int] = None,
+def solver_mode(name: str) -> str:
+    """The mode of the solver named ``name``: ``"paper"`` for replicator dynamics (the paper's algorithm, which
+    stops on its step size), ``"converged"`` for every other solver (which stops on the equilibrium's Nash
+    error)."""
+    return "paper" if name == Replicator.name else "converged"
+
+
+def diagnostics(selection: Any, *, num_notes: Optional[int] = None,
                 valid: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """Solver diagnostics of a CDS selection as plain numbers ({} for baselines).
 
@@ -33,11 +41,13 @@ def diagnostics(selection: Any, *, spec: Any = None, num_notes: Optional[int] = 
     ``beta`` (the note-block strength; ``cds_support`` chooses it per question) and ``status``
     (``"converged"``, ``"max_steps"``, ``"nonfinite"`` or ``"singular"``).
 
+    First the solvers that ran, read off the result: ``solver`` (the solver the selection ran first: ``"pdas"``
+    for the served solver on a corpus block, ``"active_set"`` for it on a dense payoff, the caller's solver
+    otherwise), ``mode`` (:func:`solver_mode` of the solver that gave the point) and ``solver_run`` (the
+    solver that gave the point: ``solver``, or its fallback where that ran).
+
     Args:
       selection: a :class:`~cdsjax.core.Selection` (concrete arrays).
-      spec: the selector's :class:`~cdsjax.core.SelectorSpec`; adds ``solver`` and ``mode`` (first) from it.
-        ``solver_run`` (next) is the solver that gave the point: the spec's, its fallback where that ran (the
-        served ``pdas`` falls back to ``active_set``), or the solver a dense payoff runs.
       num_notes: the problem's real note count; adds ``whole_support`` (the support is every note).
       valid: ``[n]`` bool, the padded note mask; adds ``alpha`` and ``query_weight`` (the weight on the
         query vertices, the ``m`` entries of ``x`` before the ``n`` notes).
@@ -46,10 +56,8 @@ def diagnostics(selection: Any, *, spec: Any = None, num_notes: Optional[int] = 
     if res is None:
         return {}
     out: Dict[str, Any] = {}
-    if spec is not None:
-        out["solver"], out["mode"] = spec.solver_label, spec.mode
     if getattr(res, "solvers", ()):
-        out["solver_run"] = res.solver_run
+        out["solver"], out["mode"], out["solver_run"] = res.solvers[0], solver_mode(res.solver_run), res.solver_run
     out["num_iters"] = _plain(res.num_iters)
     out["converged"] = bool(np.asarray(res.status) == CONVERGED)
     out.update({name: _plain(getattr(res, name)) for name in RESULT_FIELDS})

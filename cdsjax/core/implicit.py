@@ -39,7 +39,9 @@ What the derivative means:
   :math:`\tau`-derivatives.
 
 How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
-(the default), :class:`LoopAdjoint` (the reference) or :class:`NoAdjoint`. :func:`equilibrium` is the one solve
+(the default), :class:`LoopAdjoint` (the reference), :class:`NoDerivative` (the solve is a constant) or
+:class:`NoAdjoint` (differentiating it raises, saying why); an adjoint the caller gives is used or refused,
+never replaced. :func:`equilibrium` is the one solve
 every strategy runs and the one place an adjoint is applied; :func:`cds_equilibrium` is a problem's equilibrium
 on its dense game: :func:`cdsjax.core.strategies.cds` reads its selections off it, and the retrieval objectives of
 :mod:`cdsjax.core.surrogates` differentiate it, for the paper's game and the learned one alike.
@@ -61,7 +63,7 @@ from cdsjax.core.graph import diffusion_prior
 from cdsjax.core.games.payoff import DensePayoff
 from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.replicator import softmax_prior
-from cdsjax.core.solvers.options import SolveOptions, solve, solve_options
+from cdsjax.core.solvers.options import SolveOptions, solve_options
 from cdsjax.core.types import INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
 from cdsjax.core.validation import check_option
 
@@ -179,8 +181,6 @@ class ImplicitAdjoint:
     converged. The default of :func:`cdsjax.core.strategies.cds` and :func:`cds_equilibrium`.
     """
 
-    kind = "implicit"  # what a solver lists in its ``differentiable_by`` to accept it
-
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` with the implicit derivative attached to its point."""
         if not isinstance(affinity, Affinity):
@@ -193,8 +193,6 @@ class ImplicitAdjoint:
 @struct.dataclass
 class LoopAdjoint:
     """Differentiate through the solver's iterations (forward mode only): the reference path of the tests."""
-
-    kind = "loop"  # what a solver lists in its ``differentiable_by`` to accept it
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` as it is."""
@@ -220,14 +218,25 @@ class NoAdjoint:
 
     reason: str = struct.field(pytree_node=False, default="this solve has no derivative")
 
-    kind = None  # no derivative: every solver accepts it
-
     def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
         """``run(inputs)``, with a derivative through ``inputs`` refused."""
         return run(refuse_derivative(inputs, self.reason))
 
 
-Adjoint = Union[ImplicitAdjoint, LoopAdjoint]
+@struct.dataclass
+class NoDerivative:
+    """A solve that is a constant for differentiation: ``apply`` runs it on gradient-stopped inputs, so its
+    derivative is zero and no tangent is traced through it (e.g. the support strategy's probes, which only count
+    a support)."""
+
+    def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
+        """``run(inputs)`` with ``inputs`` gradient-stopped."""
+        return run(lax.stop_gradient(inputs))
+
+
+Adjoint = Union[ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative]
+# the adjoints that give no derivative: what a solve without one (a BlockProblem's) takes as the caller's choice
+NO_DERIVATIVE = (NoAdjoint, NoDerivative)
 
 
 def check_adjoint(adjoint) -> Adjoint:
@@ -235,21 +244,9 @@ def check_adjoint(adjoint) -> Adjoint:
     if adjoint is None:
         return ImplicitAdjoint()
     if not callable(getattr(adjoint, "apply", None)):
-        raise TypeError(f"adjoint must be ImplicitAdjoint() or LoopAdjoint(), got {adjoint!r}")
+        raise TypeError(f"adjoint must be an adjoint object (ImplicitAdjoint(), LoopAdjoint(), NoDerivative(), "
+                        f"NoAdjoint()), got {adjoint!r}")
     return adjoint
-
-
-def check_differentiable(solver, adjoint) -> None:
-    """``ValueError`` (one line) when ``adjoint`` asks for a derivative ``solver`` cannot give: its ``kind`` is not
-    in the solver's ``differentiable_by``. An adjoint without a kind (:class:`NoAdjoint`) needs nothing."""
-    kind = getattr(adjoint, "kind", None)
-    if kind is None:
-        return
-    accepted = tuple(getattr(solver, "differentiable_by", ()))
-    if kind not in accepted:
-        name = getattr(solver, "name", type(solver).__name__)
-        raise ValueError(f"solver {name!r} cannot be differentiated by {type(adjoint).__name__} (its "
-                         f"differentiable_by is {accepted}); pass an adjoint it accepts, or NoAdjoint()")
 
 
 def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPORT_THRESHOLD) -> SolverResult:
@@ -258,16 +255,15 @@ def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPO
 
     Args:
       game: the problem of :math:`\max_{x\in\Delta} x^\top M x`: an :class:`Affinity` (a question's dense
-        game, solved by the solver's ``dense`` form on its :class:`~cdsjax.core.games.payoff.DensePayoff`) or a payoff
-        stored in another form (:class:`~cdsjax.core.games.payoff.SharedPayoff`: a question's corpus block, or the
-        questions of the ``"shared"`` strategy), solved by ``solver`` itself.
+        game, solved on its :class:`~cdsjax.core.games.payoff.DensePayoff`) or a payoff stored in another form
+        (:class:`~cdsjax.core.games.payoff.SharedPayoff`: a question's corpus block, or the questions of the
+        ``Shared`` strategy).
       solver: the solver object (:mod:`cdsjax.core.solvers.options`).
       x0: the start: None (the solver's own), a point, or a function of the game (as the adjoint hands it to
         the solve: gradient-stopped under :class:`ImplicitAdjoint`) that returns one.
-      adjoint: :class:`ImplicitAdjoint` (None; a dense game only), :class:`LoopAdjoint` (through the
-        iterations) or :class:`NoAdjoint` (a derivative refused, saying why). The solver that runs (``solver.dense``
-        on an :class:`Affinity`) must list the adjoint's ``kind`` in its ``differentiable_by``
-        (:func:`check_differentiable`; ``ValueError`` otherwise).
+      adjoint: :class:`ImplicitAdjoint` (None; a dense game only: ``TypeError`` on another payoff),
+        :class:`LoopAdjoint` (through the iterations), :class:`NoDerivative` (a constant) or :class:`NoAdjoint`
+        (a derivative refused, saying why); used as given.
       threshold: the support threshold of the implicit derivative.
 
     Returns:
@@ -275,13 +271,10 @@ def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPO
       fallback taken included).
     """
     adjoint = check_adjoint(adjoint)
-    check_differentiable(solver.dense if isinstance(game, Affinity) else solver, adjoint)
 
     def run(g):
         start = x0(g) if callable(x0) else x0
-        if isinstance(g, Affinity):
-            return solver.dense.solve(DensePayoff.from_affinity(g), start)
-        return solver.solve(g, start)
+        return solver.solve(DensePayoff.from_affinity(g) if isinstance(g, Affinity) else g, start)
 
     return adjoint.apply(run, game, threshold)
 
@@ -318,11 +311,13 @@ def cds_equilibrium(
       params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
         ``tau_mode="soft"``) or :class:`~cdsjax.core.games.learned.LearnedParams` (every leaf).
       options: :class:`SolveOptions`: ``solver`` (default ``Replicator()``, paper mode; pass a converged one,
-        e.g. ``ActiveSet()``, for exact derivatives), ``tol`` / ``max_iter``, ``init`` / ``warm_start`` (the
-        start when ``x0`` is None) and ``threshold`` (the support of the implicit system).
+        e.g. ``ActiveSet()`` or ``WarmStart(Replicator(), ActiveSet())``, for exact derivatives), ``tol`` /
+        ``max_iter``, ``init`` (the start when ``x0`` is None) and ``threshold`` (the support of the implicit
+        system).
       x0: optional ``[m+n]`` initial point (overrides ``options.init``).
       adjoint: how to differentiate: :class:`ImplicitAdjoint` (None; KKT implicit function, forward and
-        reverse mode, solver-independent) or :class:`LoopAdjoint` (forward mode through the iterations).
+        reverse mode, solver-independent), :class:`LoopAdjoint` (forward mode through the iterations),
+        :class:`NoDerivative` or :class:`NoAdjoint`.
       **overrides: :class:`SolveOptions` fields replacing those of ``options``.
 
     Returns:
@@ -334,10 +329,7 @@ def cds_equilibrium(
     solver = options.limited_solver()
 
     def start(aff):
-        point = initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
-        if options.warm_start is not None and solver.mode != "paper":
-            point = solve(aff, point, solver=options.warm_start).x
-        return point
+        return initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
 
     affinity = problem_affinity(problem, params.check())
     return equilibrium(affinity, solver, start, adjoint=adjoint, threshold=options.threshold), affinity

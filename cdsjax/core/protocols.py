@@ -4,8 +4,9 @@ A **payoff** is the matrix :math:`M` of :math:`\max_{x\in\Delta} x^\top M x`, se
 :class:`Payoff`'s methods, so a payoff stored in another form (a shared note block with per-question
 relevance rows, :class:`~cdsjax.core.games.payoff.SharedPayoff`) runs under every solver without the solver
 knowing its storage. A **solver** (:class:`Solver`) is a small frozen object the caller holds and passes:
-``solve(payoff, x0)`` gives the result, and its properties say how the strategies run it
-(:mod:`cdsjax.core.solvers.options`). Most solvers are one loop (:class:`IterativeSolver`): ``init`` / ``step`` /
+``solve(payoff, x0)`` gives the result; it carries its algorithm's settings and nothing else
+(:mod:`cdsjax.core.solvers.options`). A **strategy** (:class:`Strategy`) is how a selection is read off
+equilibria: an object the caller picks (``Single()``, ``Peel()``, ``Support()``, ``Shared()``). Most solvers are one loop (:class:`IterativeSolver`): ``init`` / ``step`` /
 ``terminate`` that :func:`cdsjax.core.solvers.loop.iterate` runs under one ``lax.while_loop``; ``terminate``
 says both whether to stop and why (a :class:`Status`), so every reason a solve can end is decided in
 the loop, by the solver, and recorded as the result's ``status``.
@@ -24,7 +25,9 @@ from cdsjax.core.types import Status  # noqa: F401  (re-exported: the solvers' t
 class Payoff(Protocol):
     r"""A payoff matrix :math:`M` (symmetric), possibly for a batch of problems.
 
-    Points are ``[*batch, N]`` with the batch axes in front (none for one problem).
+    Points are ``[*batch, N]`` with the batch axes in front (none for one problem). A payoff with a batch axis
+    also gives ``question(i)``, question ``i``'s own payoff, for the solvers that solve a batch question by
+    question (:func:`cdsjax.core.solvers.loop.each_question`).
     """
 
     @property
@@ -68,26 +71,25 @@ class Payoff(Protocol):
 
 @runtime_checkable
 class Solver(Protocol):
-    r"""A solver of :math:`\max_{x\in\Delta} x^\top M x` as a CDS strategy runs it (:mod:`cdsjax.core.solvers.options`:
-    the loop solvers, :class:`~cdsjax.core.solvers.options.WithFallback`, or a user's own object)."""
+    r"""A solver of :math:`\max_{x\in\Delta} x^\top M x`: its algorithm, and nothing about how a caller runs it.
 
-    name: str  # what diagnostics call it
-    names: tuple  # the solvers a run may end with (SolverResult.solvers; its ran says which did)
-    mode: str  # "paper" or "converged"
-    batch_chunk: Optional[str]  # the chunk of cdsjax.core.batched on one device
-    batches_rows: bool  # one loop over a batch of questions' rows (the "shared" strategy runs it batched)
-    uses_corpus_block: bool  # a question carrying its corpus's note block is solved on it
-    differentiable_by: tuple  # the adjoints' kinds its equilibrium accepts: "implicit", "loop" (NoAdjoint: always)
+    The loop solvers (:mod:`cdsjax.core.solvers`), the wrappers of :mod:`cdsjax.core.solvers.options`
+    (:class:`~cdsjax.core.solvers.options.WithFallback`, :class:`~cdsjax.core.solvers.options.WarmStart`,
+    :class:`~cdsjax.core.solvers.options.ByPayoff`) or a user's own object. A strategy calls ``solve`` and
+    nothing else; how a batch of questions is chunked is the evaluation's business, how a selection is
+    differentiated the adjoint's.
+    """
+
+    name: str  # what the result's ``solvers`` (and so diagnostics) call it
 
     def solve(self, payoff: Payoff, x0: Optional[Array]) -> Any:
-        """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (None: the solver's own start)."""
+        """The :class:`~cdsjax.core.SolverResult` on ``payoff`` from ``x0`` (None: the solver's own start).
+
+        A payoff with batch axes (the ``Shared`` strategy's questions) is solved question by question unless
+        the algorithm runs a batch in one loop (replicator dynamics)."""
 
     def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None) -> "Solver":
         """The solver with ``tol`` / ``max_iter`` replaced where given."""
-
-    @property
-    def dense(self) -> "Solver":
-        """The solver a question's dense payoff runs in this one's place (a loop solver: itself)."""
 
 
 @runtime_checkable
@@ -137,7 +139,7 @@ class Game(Protocol):
     alpha_from: str
     alpha_bound: str
     coupling: str
-    # whether the note block never reads the question, so the "shared" strategy builds it once for a batch
+    # whether the note block never reads the question, so the Shared strategy builds it once for a batch
     # (the paper's :class:`~cdsjax.core.strategies.shared.CorpusAffinity`)
     shares_note_block: bool
 
@@ -160,9 +162,35 @@ class Game(Protocol):
         """``[n, n]`` the note block of the problem's corpus, built once for every question; None where it
         reads the question."""
 
-    def corpus_bound(self, problem: Any, strategy: str = "single") -> Optional[Array]:
-        """The spectral bound of the problem's corpus under ``strategy``, equal to the per-question one; None
-        where it must be found per question."""
+    def corpus_bound(self, problem: Any) -> Optional[Array]:
+        """The spectral bound of the problem's corpus, equal to the per-question one; None where it must be found
+        per question."""
+
+    def unit_corpus_bound(self, problem: Any) -> Optional[Array]:
+        r"""The corpus bound of the game at :math:`\beta = 1` where :meth:`at_strength` rescales the affinity built
+        with it (the ``Support`` strategy's); None where :meth:`at_strength` rebuilds it."""
 
     def at_strength(self, problem: Any, base: Any, beta: Array) -> Any:
         r"""The affinity at note-block strength ``beta`` given ``base``, the one at :math:`\beta = 1`."""
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    r"""How :func:`cdsjax.core.strategies.cds` reads a selection off equilibria: an object the caller picks
+    (:class:`~cdsjax.core.strategies.select.Single`, :class:`~cdsjax.core.strategies.select.Peel`,
+    :class:`~cdsjax.core.strategies.support.Support`, :class:`~cdsjax.core.strategies.shared.Shared`), carrying its
+    own settings. It says what it computes once per corpus, so no game or registry asks which strategy it is.
+    """
+
+    def __call__(self, problem: Any, params: Game, options: Any, *, budget: int, adjoint: Any = None,
+                 x0: Optional[Array] = None) -> Any:
+        """The :class:`~cdsjax.core.Selection` of ``problem`` (``options`` checked; ``adjoint`` None: the
+        strategy's default; ``x0`` a start, refused by a strategy that takes none)."""
+
+    def corpus_bound(self, problem: Any, params: Game) -> Optional[Array]:
+        """The spectral bound this strategy's solves use on the problem's corpus, once for every question; None
+        where it is found per question."""
+
+    def corpus_block(self, problem: Any, params: Game, options: Any) -> Optional[Array]:
+        """The note block a question is posed with (a :class:`~cdsjax.core.types.BlockProblem`); None where this
+        strategy solves the dense game."""

@@ -208,7 +208,8 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False,
         # the base game's corpus-level bound and note block (budget-free): a warm corpus reads its questions
         # without an eigendecomposition each, as the base selector does (the ranking reads problem.note_block)
         if isinstance(probe, Selector):
-            return Selector(fn, corpus_bound=probe.corpus_bound, corpus_block=probe.corpus_block)
+            return Selector(fn, corpus_bound=probe.corpus_bound, corpus_block=probe.corpus_block,
+                            solver=probe.solver)
         return fn
 
     return build

@@ -9,12 +9,13 @@ so every selector is jitted and vmapped the same way (a batch of problems is a `
 leading axis). A selector reads what it needs from the problem: the notes and query rows always, ``links``
 for ``"ppr"``, ``"subgraph"`` and CDS with ``init="diffusion"`` (and the learned game's link feature), the
 structure arrays ``pages`` / ``doc_ids`` / ``kinds`` when its spec says :attr:`SelectorSpec.structure`;
-``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.strategies.cds` with a strategy and a
-game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.games.learned.LearnedParams`).
+``key`` matters to ``"random"`` only. The CDS builders call :func:`cdsjax.core.strategies.cds` with a strategy object
+and a game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core.games.learned.LearnedParams`).
 
-Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the solver object it
-runs (whose properties say how a batch of it runs), the inputs it reads (links, key, structure, pages only), whether it takes
-learned parameters, and its options. Callers build problems from the spec alone (:func:`selector_spec`), so a
+Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the inputs it reads
+(links, key, structure, pages only), whether it takes learned parameters, and its options. The solver a CDS
+selector runs is stated once, in its builder; the built :class:`~cdsjax.core.types.Selector` carries it
+(``Selector.solver``) and the spec reads it off its default build (:attr:`SelectorSpec.solver`). Callers build problems from the spec alone (:func:`selector_spec`), so a
 name is mapped, and a selector described, in one place. What the product makes of the selectors (the default,
 the names shown to users, help lines) is :mod:`cdsjax.catalog`'s. The registry receives parameter values, never
 file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the shipped fit to a learned selector).
@@ -23,6 +24,7 @@ file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the shipped 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -31,17 +33,17 @@ from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.baselines import (DPP_QUALITIES, select_cosine, select_cosine_pages, select_dpp, select_mmr,
                                    select_ppr, select_random)
 from cdsjax.core.strategies.cds import cds
-from cdsjax.core.strategies.corpus import problem_block
+from cdsjax.core.strategies.select import Peel, Single
+from cdsjax.core.strategies.support import Support
 from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.readouts import PAGE_OPTIONS, per_page
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.inimdyn import InImDyn
 from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions, check_solver, solver_from_name
-from cdsjax.core.games.spectral import problem_bound
 from cdsjax.core.subgraph import select_subgraph_readout
-from cdsjax.core.strategies.support import support_settings
 from cdsjax.core.types import CDSProblem, Selection, Selector
+from cdsjax.core.diagnostics import solver_mode
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 from jax import Array
 
@@ -148,57 +150,61 @@ def _cds_inputs(name: str, solver, fields: dict, allowed: tuple, params=None) ->
     return params, SolveOptions(solver=solver, **given).check()
 
 
-def _cds_fn(strategy: str, budget: int, params, options: SolveOptions, **settings) -> SelectorFn:
-    """The selector function of a CDS strategy and game: :func:`cdsjax.core.strategies.cds` on the caller's problem
-    (``settings``: the strategy's own, e.g. the support strategy's ``num_steps``)."""
+def _cds_fn(strategy, budget: int, params, options: SolveOptions, *, on_block: bool = True) -> SelectorFn:
+    """The selector function of a CDS strategy object and game: :func:`cdsjax.core.strategies.cds` on the caller's
+    problem, with the strategy's corpus bound and (``on_block``) its note block, and the solver it runs."""
 
     def fn(problem: CDSProblem, key=None):
-        return cds(problem, strategy, params, options, budget=budget, **settings)
+        return cds(problem, strategy, params, options, budget=budget)
 
     def bound(problem: CDSProblem):
-        return problem_bound(problem, params, strategy)
+        return strategy.corpus_bound(problem, params)
 
     def block(problem: CDSProblem):
-        return problem_block(problem, params, options, strategy)
+        return strategy.corpus_block(problem, params, options)
 
-    return Selector(fn, corpus_bound=bound, corpus_block=block)
+    return Selector(fn, corpus_bound=bound, corpus_block=block if on_block else None,
+                    solver=options.limited_solver())
 
 
 def corpus_bound_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``bound(problem)``: the spectral bound selector ``fn`` would compute for every question on
-    ``problem``'s corpus (:func:`cdsjax.core.games.spectral.problem_bound` of its game and strategy; None where it
-    depends on the question), to compute once per corpus and give each question as ``CDSProblem.bound``.
+    ``problem``'s corpus (its strategy's ``corpus_bound`` of its game; None where it depends on the question),
+    to compute once per corpus and give each question as ``CDSProblem.bound``.
     None for a selector without a penalty (the baselines)."""
     return fn.corpus_bound if isinstance(fn, Selector) else None
 
 
 def corpus_block_fn(fn: SelectorFn) -> Optional[Callable[[CDSProblem], Optional[Array]]]:
     """``block(problem)``: the note block selector ``fn`` would build for every question on ``problem``'s
-    corpus (:func:`cdsjax.core.strategies.corpus.problem_block`; None where its solve does not use one), to build once per
-    corpus and pose each question with, next to its ``bound`` (:func:`cdsjax.core.types.with_corpus_arrays`, a
+    corpus (its strategy's ``corpus_block``; None where its solve does not use one), to build once per corpus and
+    pose each question with, next to its ``bound`` (:func:`cdsjax.core.types.with_corpus_arrays`, a
     :class:`~cdsjax.core.types.BlockProblem`). None for a baseline."""
     return fn.corpus_block if isinstance(fn, Selector) else None
 
 
-def _cds_builder(name: str, solver) -> Callable[..., SelectorFn]:
+def _cds_builder(name: str, solver, *, on_block: bool = True) -> Callable[..., SelectorFn]:
+    """The builder of a CDS selector on the paper's game running ``solver``; ``on_block``: its questions may be
+    posed on their corpus's note block (False keeps every solve on the dense payoff)."""
+
     def build(budget: int, *, params: Optional[CDSParams] = None, peel: bool = False, **fields) -> SelectorFn:
         params, options = _cds_inputs(name, solver, fields, CDS_OPTIONS, params)
         if peel and options.init != "uniform":
             raise ValueError(f"peel=True starts every round uniformly; init={options.init!r} is not supported with it")
 
-        return _cds_fn("peel" if peel else "single", budget, params, options)
+        return _cds_fn(Peel() if peel else Single(), budget, params, options, on_block=on_block)
 
     return build
 
 
 def _cds_support(budget: int, **fields) -> SelectorFn:
     """Support-targeted CDS (:func:`cdsjax.core.compat.cds_support`): beta chosen per question."""
-    num_steps, scale_range = support_settings(fields.pop("num_steps", None), fields.pop("scale_range", None))
+    strategy = Support(fields.pop("num_steps", None), fields.pop("scale_range", None)).check()
     params, options = _cds_inputs("cds_support", ActiveSet(), fields, SUPPORT_OPTIONS)
     if params.coupling == "none":
         raise ValueError("selector 'cds_support' needs a note block: coupling='none' makes beta irrelevant")
 
-    return _cds_fn("support", budget, params, options, num_steps=num_steps, scale_range=scale_range)
+    return _cds_fn(strategy, budget, params, options)
 
 
 
@@ -219,7 +225,7 @@ def _cds_learned(budget: int, *, params: Optional[LearnedParams] = None, solver=
         raise TypeError(f"unknown option(s) {unknown} for selector 'cds_learned'; allowed: {list(LEARNED_OPTIONS)}")
     solver = solver_from_name(solver) if isinstance(solver, str) else check_solver(solver)
     options = SolveOptions(solver=solver, **{k: v for k, v in fields.items() if v is not None}).check()
-    return _cds_fn("single", budget, params, options)
+    return _cds_fn(Single(), budget, params, options)
 
 
 
@@ -237,8 +243,6 @@ class SelectorSpec:
     Attributes:
       name: the registry name (configs, records, :func:`make_selector`).
       build: ``build(budget, **options) -> fn`` with the uniform signature.
-      solver: the solver object it runs (:mod:`cdsjax.core.solvers.options`), None for a baseline; its properties give
-        :attr:`mode`, :attr:`solver_label` and :attr:`batch_chunk`.
       needs_links: it reads ``problem.links`` (always, or with some options).
       needs_key: it reads the PRNG ``key``.
       structure: it reads the structure arrays ``problem.pages`` / ``doc_ids`` / ``kinds`` / ``describes``
@@ -256,7 +260,6 @@ class SelectorSpec:
 
     name: str
     build: Callable[..., SelectorFn]
-    solver: Optional[Any] = None
     needs_links: bool = False
     needs_key: bool = False
     structure: bool = False
@@ -265,23 +268,23 @@ class SelectorSpec:
     readout: str = "top"
     option_names: Tuple[str, ...] = ()
 
+    @functools.cached_property
+    def solver(self) -> Optional[Any]:
+        """The solver its default build runs (``Selector.solver``; a learned selector built at the paper's
+        parameters), None for a baseline. A build with a ``solver`` option carries its own."""
+        defaults = {"params": LearnedParams.paper()} if self.learned else {}
+        return getattr(self.make(1, **defaults), "solver", None)
+
     @property
     def mode(self) -> Optional[str]:
-        """``"paper"`` (replicator dynamics, a fixed step budget), ``"converged"`` or None (a baseline)."""
-        return None if self.solver is None else self.solver.mode
+        """``"paper"`` (replicator dynamics, a fixed step budget), ``"converged"`` or None (a baseline): the mode
+        of :attr:`solver` (:func:`~cdsjax.core.diagnostics.solver_mode`)."""
+        return None if self.solver is None else solver_mode(self.solver.name)
 
     @property
     def solver_label(self) -> Optional[str]:
-        """The solver as diagnostics name it (its ``name``: ``"pdas"``, ``"active_set"``, ...), None for a
-        baseline."""
+        """The name of :attr:`solver` (``"pdas"``, ``"active_set"``, ...), None for a baseline."""
         return None if self.solver is None else self.solver.name
-
-    @property
-    def batch_chunk(self) -> Optional[str]:
-        """The ``chunk`` to give :func:`cdsjax.core.batched` on one device: the solver's ``batch_chunk`` (``"auto"``:
-        replicator dynamics sweep each payoff thousands of times, so cache-sized chunks on a CPU; ``"each"``: the
-        serving solver, one question at a time as it serves), None for a baseline."""
-        return None if self.solver is None else self.solver.batch_chunk
 
     @property
     def options(self) -> tuple:
@@ -324,9 +327,9 @@ def keyword_options(build: Callable) -> tuple:
                  if spec.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def _spec(name, build, *, solver=None, options=None, **reads):
+def _spec(name, build, *, options=None, **reads):
     options = keyword_options(build) if options is None else tuple(options)
-    return SelectorSpec(name=name, build=build, option_names=options, solver=solver, **reads)
+    return SelectorSpec(name=name, build=build, option_names=options, **reads)
 
 
 SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
@@ -338,22 +341,18 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
     _spec("dpp", _dpp),
     _spec("ppr", _ppr, needs_links=True),
     _spec("subgraph", _subgraph, needs_links=True),
-    # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere)
-    _spec("cds", _cds_builder("cds", Replicator()), solver=Replicator(), needs_links=True,
-          options=CDS_OPTIONS),
+    # paper mode: replicator dynamics with the paper's step budget ("cds" keeps meaning paper mode everywhere), on
+    # the dense payoff the paper defines them on (its questions are never posed on a corpus block)
+    _spec("cds", _cds_builder("cds", Replicator(), on_block=False), needs_links=True, options=CDS_OPTIONS),
     # converged mode: the serving solver (the primal-dual active set on the corpus block, the active-set Newton
     # solver on a dense payoff); InImDyn is its own entry
-    _spec("cds_converged", _cds_builder("cds_converged", SERVING_SOLVER), solver=SERVING_SOLVER, needs_links=True,
-          options=CDS_OPTIONS),
-    _spec("cds_inimdyn", _cds_builder("cds_inimdyn", InImDyn()), solver=InImDyn(), needs_links=True,
-          options=CDS_OPTIONS),
+    _spec("cds_converged", _cds_builder("cds_converged", SERVING_SOLVER), needs_links=True, options=CDS_OPTIONS),
+    _spec("cds_inimdyn", _cds_builder("cds_inimdyn", InImDyn()), needs_links=True, options=CDS_OPTIONS),
     # beta chosen per question so the equilibrium's support holds about `budget` notes (the active set)
-    _spec("cds_support", _cds_support, solver=ActiveSet(),
-          options=SUPPORT_OPTIONS),
+    _spec("cds_support", _cds_support, options=SUPPORT_OPTIONS),
     # the learned game (cdsjax.learn): its parameters a value the caller supplies (cdsjax.learn: a file, the
     # shipped fit by default); it reads the notes' structure, pages only where there are printed pages
-    _spec("cds_learned", _cds_learned, solver=SERVING_SOLVER, needs_links=True, structure=True, pages_only=True,
-          learned=True,
+    _spec("cds_learned", _cds_learned, needs_links=True, structure=True, pages_only=True, learned=True,
           options=LEARNED_OPTIONS),
     # read-outs that see the document's pages (cdsjax.core.readouts): a ranking read at most notes_per_page
     # notes of a page per round, in the ranking's order
@@ -361,7 +360,7 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
           options=(*keyword_options(_mmr), *PAGE_OPTIONS)),
     _spec("dpp_pages", _dpp_pages, structure=True,
           options=(*keyword_options(_dpp), *PAGE_OPTIONS)),
-    _spec("cds_learned_pages", _cds_learned_pages, solver=SERVING_SOLVER, needs_links=True, structure=True,
+    _spec("cds_learned_pages", _cds_learned_pages, needs_links=True, structure=True,
           pages_only=True, learned=True, readout="pages",
           options=(*LEARNED_OPTIONS, *PAGE_OPTIONS)),
 )}
@@ -403,9 +402,9 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
         :class:`~cdsjax.core.games.learned.LearnedParams`) for the learned game.
 
     Returns:
-      ``fn(problem: CDSProblem, key=None) -> Selection``, pure and ``jit`` / ``vmap``-able. What it reads
-      of the problem, and ``batch_chunk`` (the ``chunk`` to give :func:`cdsjax.core.batched`), are in
-      ``selector_spec(name)``.
+      ``fn(problem: CDSProblem, key=None) -> Selection``, pure and ``jit`` / ``vmap``-able (a CDS selector is a
+      :class:`~cdsjax.core.types.Selector` carrying its corpus functions and the ``solver`` it runs). What it reads
+      of the problem is in ``selector_spec(name)``.
 
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.

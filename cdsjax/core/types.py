@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
 from flax import struct
@@ -200,13 +200,15 @@ class Selector:
     ``corpus_bound(problem)`` is the spectral bound every question on ``problem``'s corpus shares (None where the
     penalty depends on the question), ``corpus_block(problem)`` the note block its solve reads (None where it reads
     none); a caller computes them once per corpus and gives each question its ``bound`` and, with a block, poses
-    it as a :class:`BlockProblem` (:func:`with_corpus_arrays`). Selectors without a penalty (the baselines) are plain functions. Equality is
-    identity, so a selector keys a cache.
+    it as a :class:`BlockProblem` (:func:`with_corpus_arrays`). ``solver`` is the solver its selections run (the
+    evaluation chunks a batch by it). Selectors without a penalty (the baselines) are plain functions. Equality
+    is identity, so a selector keys a cache.
     """
 
     select: Callable
     corpus_bound: Optional[Callable] = None
     corpus_block: Optional[Callable] = None
+    solver: Optional[Any] = None
 
     def __call__(self, problem, key=None):
         return self.select(problem, key)
@@ -216,7 +218,8 @@ class Selector:
         ``"bound"`` or ``"block"``), e.g. jitted."""
         return Selector(wrap(self.select, "select"),
                         corpus_bound=None if self.corpus_bound is None else wrap(self.corpus_bound, "bound"),
-                        corpus_block=None if self.corpus_block is None else wrap(self.corpus_block, "block"))
+                        corpus_block=None if self.corpus_block is None else wrap(self.corpus_block, "block"),
+                        solver=self.solver)
 
 
 def as_selector(fn: Callable) -> Selector:
@@ -235,8 +238,8 @@ class CDSProblem:
     Attributes:
       notes: ``[n, d]`` float, L2-normalised note embeddings.
       queries: ``[m, d]`` float, L2-normalised query embeddings. For the strategies on one question
-        (``"single"``, ``"peel"``, ``"support"``) the ``m`` rows are the constraint vertices; for
-        ``"shared"`` they are ``m`` separate questions on the same notes (one vertex each).
+        (``Single``, ``Peel``, ``Support``) the ``m`` rows are the constraint vertices; for
+        ``Shared`` they are ``m`` separate questions on the same notes (one vertex each).
       valid: ``[n]`` bool, True on real notes.
       links: optional ``[n, n]`` bool note-link adjacency (PPR, the diffusion prior).
       doc_ids: optional ``[n]`` int32 document of each note.
@@ -245,7 +248,7 @@ class CDSProblem:
         :func:`kind_code`).
       pinned: optional ``[n]`` bool, notes added to the constraint set.
       bound: optional ``[]`` float, the game's spectral bound :math:`\lambda_{\max}(W|_F) + \varepsilon`
-        computed once for the corpus (:func:`cdsjax.core.games.spectral.problem_bound`); with
+        computed once for the corpus (the strategy's ``corpus_bound``, e.g. ``Single().corpus_bound``); with
         ``alpha_from="free"`` it replaces the per-question eigendecomposition. It must be the bound of
         the game that solves the problem (the registry's :func:`~cdsjax.core.registry.corpus_bound_fn`
         gives the right one per selector); an upper bound of the block's :math:`\lambda_{\max}` (e.g. one
@@ -306,31 +309,55 @@ class CDSProblem:
 @struct.dataclass
 class BlockProblem(CDSProblem):
     r"""One question posed on its corpus's precomputed note block: a problem type of its own (as a problem per
-    geometry), solved by the same strategies and the same :func:`~cdsjax.core.implicit.equilibrium`.
+    geometry), built by :meth:`pose` (or :func:`with_corpus_arrays`), with its block and bound required.
 
-    Every field of :class:`CDSProblem` (``bound`` must be given), and ``note_block`` ``[n, n]`` float, the game's
-    note--note block computed once for the corpus (:func:`cdsjax.core.strategies.corpus.problem_block`). The ``"single"``
-    strategy solves it on a :class:`~cdsjax.core.games.payoff.SharedPayoff` of that block without building the dense
-    affinity (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and a problem the block cannot
-    serve raises ``ValueError``). Build one with :func:`with_corpus_arrays`; :meth:`dense_problem` is the same
-    question without the block.
+    Every field of :class:`CDSProblem`, with ``bound`` required, and ``note_block`` ``[n, n]`` float, the game's
+    note--note block computed once for the corpus (the strategy's ``corpus_block``:
+    :meth:`cdsjax.core.strategies.select.Single.corpus_block`). The ``Single`` strategy solves it on a
+    :class:`~cdsjax.core.games.payoff.SharedPayoff` of that block without building the dense affinity
+    (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and a question the block cannot
+    serve raises ``ValueError``); every other strategy refuses it (``ValueError``). :meth:`dense_problem` is the
+    same question without the block.
     """
 
-    note_block: Array = None
+    bound: Array = struct.field(kw_only=True)
+    note_block: Array = struct.field(kw_only=True)
+
+    @classmethod
+    def pose(cls, problem: CDSProblem, bound: Array, note_block: Array) -> "BlockProblem":
+        """``problem`` (or a batch of problems, a leading axis on every array alike) posed on its corpus's
+        ``note_block`` ``[..., n, n]`` with its spectral ``bound``. Raises ``ValueError`` naming a missing or
+        misshapen array (static checks: they run at trace time)."""
+        if bound is None or note_block is None:
+            raise ValueError("a BlockProblem needs its corpus's bound and note_block (both computed once per corpus)")
+        n = problem.notes.shape[-2]
+        if tuple(note_block.shape[-2:]) != (n, n):
+            raise ValueError(f"note_block must have shape [..., {n}, {n}], got {tuple(note_block.shape)}")
+        plain = problem.dense_problem() if isinstance(problem, BlockProblem) else problem
+        fields = {f.name: getattr(plain, f.name) for f in dataclasses.fields(CDSProblem)}
+        fields["bound"] = bound
+        return cls(**fields, note_block=note_block)
 
     def dense_problem(self) -> CDSProblem:
         """The same question as a plain :class:`CDSProblem` (its ``bound`` kept): solved on its dense affinity."""
         return CDSProblem(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CDSProblem)})
 
 
+def refuse_block_problem(problem: CDSProblem, strategy: str) -> None:
+    """Raises ``ValueError`` when ``problem`` is a :class:`BlockProblem`: ``strategy`` (its name, for the message)
+    solves the dense game and cannot use the block."""
+    if isinstance(problem, BlockProblem):
+        raise ValueError(f"{strategy} solves the dense game and cannot use a BlockProblem's note block: pass "
+                         "problem.dense_problem(), or the Single() strategy")
+
+
 def with_corpus_arrays(problem: CDSProblem, bound: Optional[Array], note_block: Optional[Array] = None) -> CDSProblem:
-    """``problem`` with its corpus's spectral ``bound`` (unchanged where None), posed as a :class:`BlockProblem` where
-    a ``note_block`` is given (a problem or a batch of them, a leading axis on every array alike)."""
+    """``problem`` with its corpus's spectral ``bound`` (unchanged where None), posed as a :class:`BlockProblem`
+    (:meth:`BlockProblem.pose`) where a ``note_block`` is given (a problem or a batch of them, a leading axis on
+    every array alike)."""
     if bound is None:
         return problem
+    if note_block is not None:
+        return BlockProblem.pose(problem, bound, note_block)
     plain = problem.dense_problem() if isinstance(problem, BlockProblem) else problem
-    plain = plain.replace(bound=bound)
-    if note_block is None:
-        return plain
-    return BlockProblem(**{f.name: getattr(plain, f.name) for f in dataclasses.fields(CDSProblem)},
-                        note_block=note_block)
+    return plain.replace(bound=bound)

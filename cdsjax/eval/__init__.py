@@ -33,7 +33,7 @@ from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, rec
                                  start_run)
 from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
                                 write_timings)
-from cdsjax.eval.run import (Executables, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
+from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
                              run_selector)
 from cdsjax.eval.scoring import metric_names
 from cdsjax.eval.settings import budgets_of, cache_dir_of, eval_dtype, run_identity, selector_specs
@@ -153,8 +153,9 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                         bar.update(len(positions))
 
                 t0 = time.perf_counter()
-                run_selector(cached_selector(name, b, opts), batch, buckets=buckets, max_batch=max_batch,
-                             chunk=selector_spec(name).batch_chunk, mesh=mesh, on_chunk=write, dtype=dtype,
+                fn = cached_selector(name, b, opts)
+                run_selector(fn, batch, buckets=buckets, max_batch=max_batch,
+                             chunk=batch_chunk(fn), mesh=mesh, on_chunk=write, dtype=dtype,
                              spec=selector_spec(name), corpus=corpus, executables=executables)
                 timings[f"{label}@{b}"] = time.perf_counter() - t0
     if bar is not None:

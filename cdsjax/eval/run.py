@@ -137,7 +137,7 @@ class Executables:
 
         Sharded over several devices: ``jit(vmap(fn))`` (each device solves its slice).
         On one device: :func:`cdsjax.core.batched` with ``chunk``, the selector's
-        ``SelectorSpec.batch_chunk`` (paper-mode CDS: cache-sized chunks on a CPU, one
+        :func:`batch_chunk` (paper-mode CDS: cache-sized chunks on a CPU, one
         ``vmap`` on an accelerator).
         """
         from cdsjax import core
@@ -234,6 +234,32 @@ def corpus_arrays_cache(executables: Optional[Executables] = None, **kwargs) -> 
     return CorpusArrays(wrap=wrap, **kwargs)
 
 
+def solver_chunk(solver: Any) -> Optional[Any]:
+    """The ``chunk`` of :func:`cdsjax.core.batched` for a one-device batch of questions solved by ``solver``: an
+    evaluation choice, made here from the solver's algorithm. ``"auto"`` (cache-sized chunks on a CPU) for
+    replicator dynamics, which sweep each payoff thousands of times; ``"each"`` (one question at a time) for a
+    :class:`~cdsjax.core.WithFallback`, whose ``lax.cond`` would run both branches under ``vmap``; None (one
+    ``vmap``) for the other solvers and the baselines (``solver`` None). A combination takes the first of
+    ``"each"``, ``"auto"`` its parts ask for."""
+    from cdsjax import core
+
+    if solver is None:
+        return None
+    if isinstance(solver, core.Replicator):
+        return "auto"
+    if isinstance(solver, core.WithFallback):
+        return "each"
+    parts = {core.ByPayoff: ("block", "dense"), core.WarmStart: ("start", "solver")}.get(type(solver), ())
+    chunks = [solver_chunk(getattr(solver, part)) for part in parts]
+    return next((c for c in ("each", "auto") if c in chunks), None)
+
+
+def batch_chunk(selector: Any) -> Optional[Any]:
+    """The ``chunk`` to run ``selector`` (a built selector) with on one device: :func:`solver_chunk` of the solver
+    it carries (``Selector.solver``; a baseline carries none)."""
+    return solver_chunk(getattr(selector, "solver", None))
+
+
 def cached_selector(name: str, budget: int, options: Mapping[str, Any], cache: Optional[Dict[str, Any]] = None):
     """:func:`cdsjax.core.make_selector` with a learned selector's ``params`` resolved to a value
     (:func:`cdsjax.selection.resolve_options`: a file, or the shipped fit), kept in the caller's ``cache``
@@ -288,7 +314,7 @@ def run_selector(
       dtype: float type of the embeddings fed to the selector (float64 needs
         ``jax_enable_x64``, set by the entry point; it lets converged-mode solvers go below
         float32's KKT floor).
-      chunk: the selector's ``SelectorSpec.batch_chunk`` (how a one-device batch is cut).
+      chunk: how a one-device batch is cut: the selector's :func:`batch_chunk`.
       spec: the selector's :class:`~cdsjax.core.SelectorSpec`. When it reads structure
         (``spec.structure``), each problem carries the arrays of :meth:`Problem.structure` (printed pages
         only with ``spec.pages_only``), padded like the notes (padding 0; ``valid`` says which notes are

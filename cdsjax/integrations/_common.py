@@ -142,7 +142,7 @@ class Chooser:
         sel = jax.device_get(self._jitted(problem, key_from_query_id(text)))
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
-        return chosen, core.diagnostics(sel, spec=self.spec, valid=padded.valid)
+        return chosen, core.diagnostics(sel, valid=padded.valid)
 
     def _with_corpus(self, padded, problem):
         """``problem`` with the spectral bound and note block of the selector's game on these candidates, from

@@ -36,18 +36,27 @@ def query_relevance(notes: Array, queries: Array, valid: Array, params: CDSParam
       :math:`\tau` rule applied per query row, 0 at padding.
     """
     sims = queries @ notes.T
-    rel = jnp.maximum(sims, 0.0)
-    if params.tau_mode == "soft":
-        gate = jax.nn.sigmoid((sims - params.tau) / params.tau_temperature)
-        rel = rel * gate
-    else:
-        keep = sims >= params.tau
-        any_keep = jnp.any(keep & valid[None, :], axis=1, keepdims=True)
-        masked = jnp.where(valid[None, :], sims, -jnp.inf)
-        strongest = jnp.arange(notes.shape[0])[None, :] == jnp.argmax(masked, axis=1)[:, None]
-        keep = jnp.where(any_keep, keep, strongest)
-        rel = jnp.where(keep, rel, 0.0)
+    rel = TAU_GATES[params.tau_mode](sims, jnp.maximum(sims, 0.0), valid, params)
     return jnp.where(valid[None, :], rel, 0.0)
+
+
+def hard_tau_gate(sims: Array, rel: Array, valid: Array, params: "CDSParams") -> Array:
+    """``rel`` zeroed below ``tau``, keeping each row's strongest valid edge when none clears it."""
+    keep = sims >= params.tau
+    any_keep = jnp.any(keep & valid[None, :], axis=1, keepdims=True)
+    masked = jnp.where(valid[None, :], sims, -jnp.inf)
+    strongest = jnp.arange(sims.shape[-1])[None, :] == jnp.argmax(masked, axis=1)[:, None]
+    keep = jnp.where(any_keep, keep, strongest)
+    return jnp.where(keep, rel, 0.0)
+
+
+def soft_tau_gate(sims: Array, rel: Array, valid: Array, params: "CDSParams") -> Array:
+    r"""``rel`` times :math:`\sigma((s - \tau) / T_\tau)`."""
+    return rel * jax.nn.sigmoid((sims - params.tau) / params.tau_temperature)
+
+
+# tau_mode -> the rule applied to the query edges (CDSParams.tau_mode; TAU_MODES are its keys)
+TAU_GATES = {"hard": hard_tau_gate, "soft": soft_tau_gate}
 
 
 def note_coupling(notes: Array, valid: Array, params: CDSParams) -> Array:
@@ -247,7 +256,7 @@ class CDSParams:
         return self.beta
 
     # The Game protocol (cdsjax.core.protocols.Game): what the paper's game computes on a problem.
-    # Its note block never reads the question, so the "shared" strategy builds it once for a batch.
+    # Its note block never reads the question, so the Shared strategy builds it once for a batch.
     shares_note_block: ClassVar[bool] = True
 
     def affinity(self, problem: CDSProblem) -> Affinity:
@@ -267,11 +276,17 @@ class CDSParams:
         valid = check_notes_valid(notes, problem.valid)
         return note_coupling(notes.astype(jnp.result_type(notes.dtype, problem.queries.dtype)), valid, self)
 
-    def corpus_bound(self, problem: CDSProblem, strategy: str = "single") -> Array:
-        """The spectral bound of ``problem``'s corpus under ``strategy`` (``"support"``: at :math:`\beta = 1`,
-        which it rescales), equal bit for bit to the per-question one (:func:`corpus_bound`)."""
-        game = self.replace(beta=1.0) if strategy == "support" else self
-        return corpus_bound(problem.notes, problem.valid, game, num_queries=problem.queries.shape[-2])
+    def corpus_bound(self, problem: CDSProblem) -> Optional[Array]:
+        """The spectral bound of ``problem``'s corpus, equal bit for bit to the per-question one
+        (:func:`corpus_bound`); None with ``alpha_from="full"`` (that penalty reads each question's row)."""
+        if self.alpha_from != "free":
+            return None
+        return corpus_bound(problem.notes, problem.valid, self, num_queries=problem.queries.shape[-2])
+
+    def unit_corpus_bound(self, problem: CDSProblem) -> Optional[Array]:
+        r"""The corpus bound at :math:`\beta = 1`, which :meth:`at_strength` rescales (None where it rebuilds:
+        ``alpha_from="full"``)."""
+        return self.replace(beta=1.0).corpus_bound(problem)
 
     def at_strength(self, problem: CDSProblem, base: Affinity, beta: Array) -> Affinity:
         r"""The affinity of ``problem`` at note-block strength ``beta``, given ``base`` built at :math:`eta = 1`:

@@ -151,7 +151,7 @@ class LearnedParams:
     alpha_from = property(lambda self: BASE.alpha_from, doc="The block of the spectral bound (the paper's).")
     coupling = property(lambda self: BASE.coupling, doc="The note block it extends: dissimilarity.")
     alpha_bound = property(lambda self: BASE.alpha_bound, doc="A per-question penalty is exact (eigvalsh).")
-    # its note block has structure terms and may read the question: the "shared" strategy solves each question
+    # its note block has structure terms and may read the question: the Shared strategy solves each question
     # on its own payoff
     shares_note_block: ClassVar[bool] = False
 
@@ -186,14 +186,18 @@ class LearnedParams:
         return learned_note_block(problem.notes, problem.valid, self, links=problem.links, pages=problem.pages,
                                   doc_ids=problem.doc_ids, kinds=problem.kinds)
 
-    def corpus_bound(self, problem: CDSProblem, strategy: str = "single") -> Optional[Array]:
-        """The exact spectral bound of ``problem``'s corpus (:func:`learned_corpus_bound`) for ``"single"`` and
-        ``"peel"`` where the note block does not read the question; None otherwise (found per question)."""
-        if strategy not in ("single", "peel") or not learned_is_corpus_level(self):
+    def corpus_bound(self, problem: CDSProblem) -> Optional[Array]:
+        """The exact spectral bound of ``problem``'s corpus (:func:`learned_corpus_bound`) where the note block
+        does not read the question; None otherwise (found per question)."""
+        if not learned_is_corpus_level(self):
             return None
         return learned_corpus_bound(problem.notes, problem.valid, self, links=problem.links, pages=problem.pages,
                                     doc_ids=problem.doc_ids, kinds=problem.kinds,
                                     num_queries=problem.queries.shape[-2])
+
+    def unit_corpus_bound(self, problem: CDSProblem) -> None:
+        """None: :meth:`at_strength` rebuilds the affinity (its penalty found per strength)."""
+        return None
 
     def at_strength(self, problem: CDSProblem, base: Affinity, beta: Array) -> Affinity:
         """The affinity of ``problem`` at note-block strength ``beta`` (rebuilt; ``base`` is not reused)."""
@@ -362,13 +366,18 @@ def kind_codes(kinds: Sequence[Optional[str]]) -> list:
 
 
 def learned_is_corpus_level(theta) -> bool:
-    """True when the learned game's note block does not read the question: a relevance-weighted repulsion
-    known to be 0, i.e. a concrete number (a Python number or a one-element array) at or below 0. A traced
-    ``rel_repulsion`` (under ``jit``, ``grad`` or ``vmap``) is not known, so the answer is then False and each
-    question builds its own block; so is it for an array of several values."""
+    """True when the learned game's note block does not read the question: a relevance-weighted repulsion at or
+    below 0 (a Python number or a one-element array); False for a positive one or an array of several values.
+
+    Raises:
+      TypeError: a traced ``rel_repulsion`` (under ``jit``, ``grad`` or ``vmap`` of the parameters): its value
+        decides what is computed once per corpus, so the same parameters would take another path traced than
+        eagerly; compute the corpus's arrays with concrete parameters.
+    """
     repulsion = theta.rel_repulsion
     if isinstance(repulsion, jax.core.Tracer):
-        return False
+        raise TypeError("the learned game's corpus arrays depend on rel_repulsion's value, which is traced here: "
+                        "compute them with concrete parameters (outside jit/grad/vmap over the parameters)")
     repulsion = np.asarray(repulsion)
     return repulsion.size == 1 and repulsion.dtype != object and float(repulsion.reshape(())) <= 0.0
 

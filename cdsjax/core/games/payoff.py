@@ -196,3 +196,7 @@ class SharedPayoff:
     def shift(self, eps: float) -> Array:
         """The corpus's shift (fixed, with its own ``eps``, when the corpus was built)."""
         return self.corpus_shift
+
+    def question(self, i: Array) -> "SharedPayoff":
+        """Question ``i`` (``[]`` int) of a batch: its own relevance row on the same block (``rel`` ``[n]``)."""
+        return self.replace(rel=self.rel[i])

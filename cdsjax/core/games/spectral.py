@@ -11,7 +11,9 @@ question:
   masked out before ``eigvalsh``, so the matrix it sees is the same for every question.
   :func:`corpus_bound` and :func:`learned_corpus_bound` build that same matrix once (the note block
   by the same functions, zero query rows, the same padded size) and return the same number, bit for
-  bit; a problem carrying it (``bound=``) skips the eigendecomposition.
+  bit; a problem carrying it (``bound=``) skips the eigendecomposition. Which bound a selection uses is
+  its strategy's (``strategy.corpus_bound(problem, params)``: the game's, or at :math:`\beta = 1` for
+  ``Support``, None for ``Shared``).
 * **Per question, certified.** Where the block does depend on the question (``alpha_from="full"``,
   pinned notes, peeling rounds, a learned game with relevance-weighted repulsion),
   :func:`certified_bound` returns an upper bound of :math:`\lambda_{\max}` in O(k n²) (k Lanczos
@@ -35,31 +37,6 @@ query still stays in the support; the free notes are penalised a little more, so
 
 from __future__ import annotations
 
-from typing import Optional
-
-import jax
-import jax.numpy as jnp
-from jax import Array
-
 from cdsjax.core.games.affinity import corpus_bound, padded_note_penalty, spectral_penalty  # noqa: F401 (re-exported)
 from cdsjax.core.games.certified import LANCZOS_STEPS, certified_bound, gershgorin  # noqa: F401 (re-exported)
 from cdsjax.core.games.learned import learned_corpus_bound, learned_is_corpus_level  # noqa: F401 (re-exported)
-from cdsjax.core.validation import check_notes_valid
-
-
-
-def problem_bound(problem, params, strategy: str = "single") -> Optional[Array]:
-    r"""The spectral bound the game ``params`` uses on ``problem``'s corpus under ``strategy``, computed once
-    for every question on it; None when the penalty must be found per question.
-
-    ``"single"`` and ``"peel"`` (its first round) use the game's bound, ``"support"`` the bound at
-    :math:`\beta = 1` (which it rescales); ``"shared"`` computes its own, ``alpha_from="full"`` reads each
-    question's relevance row, and so does a learned game with relevance-weighted repulsion (None for all
-    three: their penalty stays per question; :func:`learned_corpus_bound` is a valid but loose bound for the
-    last, measured to change most picks). Exact (equal bit for bit to the per-question bound) for the paper's
-    game and a learned game without that repulsion when no notes are pinned; with pinned notes an upper bound
-    (interlacing), so the guarantee holds. The query rows only give their count.
-    """
-    if strategy == "shared" or params.alpha_from != "free":
-        return None
-    return params.corpus_bound(problem, strategy)

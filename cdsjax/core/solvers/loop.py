@@ -135,21 +135,12 @@ def finish(payoff, x: Array, num_iters, err, status: Array, name: str) -> Solver
 
 
 class LoopSolver:
-    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop on any payoff, a question's dense
-    payoff runs the solver itself (``dense``), ``with_limits`` replaces ``tol`` / ``max_iter``, and the properties
-    the strategies read (:mod:`cdsjax.core.solvers.options`), here with a converged solver's values: a subclass sets its
-    ``name`` and what differs (``differentiable_by``: the adjoints it accepts, checked by
-    :func:`cdsjax.core.implicit.equilibrium`). A solver that is not one loop (:class:`cdsjax.core.solvers.options.WithFallback`) provides
-    them itself."""
+    """What the solvers :func:`iterate` drives share: ``solve`` runs the loop, ``with_limits`` replaces ``tol`` /
+    ``max_iter``; a subclass sets its ``name`` and its rule. A payoff with batch axes (the ``Shared`` strategy's
+    questions) is solved one question at a time (:func:`each_question`): the active-set rules read one problem's
+    submatrices; replicator dynamics override ``solve`` to run the whole batch in one loop."""
 
     name = "loop"
-    mode = "converged"
-    batch_chunk = None  # one vmap over a batch
-    batches_rows = False  # the "shared" strategy maps it over the questions
-    uses_corpus_block = True
-    # the adjoints (their ``kind``) its equilibrium can be differentiated by: the implicit one (any KKT point of a
-    # dense game) and forward mode through its iterations (every step of a loop solver is JAX-differentiable)
-    differentiable_by = ("implicit", "loop")
 
     def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None):
         """This solver with ``tol`` / ``max_iter`` replaced where given (None keeps its own)."""
@@ -157,18 +148,23 @@ class LoopSolver:
         return self.replace(**limits) if limits else self
 
     def solve(self, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
-        """:func:`iterate` of this solver on ``payoff`` from ``x0`` (None: the solver's own start)."""
+        """:func:`iterate` of this solver on ``payoff`` from ``x0`` (None: the solver's own start), question by
+        question on a batched payoff."""
+        if payoff.batch:
+            return each_question(self.solve, payoff, x0)
         return iterate(self, payoff, x0)
 
-    @property
-    def names(self) -> tuple:
-        """The names of the solvers a run may end with (``SolverResult.solvers``): its own."""
-        return (self.name,)
 
-    @property
-    def dense(self) -> "LoopSolver":
-        """The solver a dense payoff runs in this one's place: itself."""
-        return self
+def each_question(solve, payoff: Payoff, x0: Optional[Array] = None) -> SolverResult:
+    """``solve(payoff.question(i), x0[i])`` for each question ``i`` of a payoff with one batch axis, under
+    ``lax.map`` (one at a time: a ``vmap`` would run every branch of a solver's ``lax.cond`` for the batch);
+    the results stacked."""
+    if len(payoff.batch) != 1:
+        raise ValueError(f"a batched payoff has one batch axis (its questions), got batch {payoff.batch}")
+    index = jnp.arange(payoff.batch[0])
+    if x0 is None:
+        return lax.map(lambda i: solve(payoff.question(i), None), index)
+    return lax.map(lambda a: solve(payoff.question(a[0]), a[1]), (index, jnp.asarray(x0)))
 
 
 def _keep(active: Array, new, old):

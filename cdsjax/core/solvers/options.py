@@ -1,27 +1,22 @@
 r"""The solvers of :math:`\max_{x\in\Delta} x^\top M x` as objects the caller holds, and how a CDS solve is set up.
 
-A solver is a small frozen object (as optimistix passes them): :class:`~cdsjax.core.solvers.replicator.Replicator`
-(paper mode), :class:`~cdsjax.core.solvers.inimdyn.InImDyn`, :class:`~cdsjax.core.solvers.active_set.ActiveSet`,
-:class:`~cdsjax.core.solvers.pdas.PrimalDualActiveSet`, and :class:`WithFallback`, one solver tried first and a monotone
-one run where it does not converge. The served combination is :data:`SERVING_SOLVER`. Each carries its own
-limits (``tol``, ``max_iter``) and properties, read by the strategies instead of a name:
+A solver is a small frozen object (as optimistix passes them) that is its algorithm and nothing more: its name
+and its own settings (``tol``, ``max_iter``, its knobs). The loop solvers are
+:class:`~cdsjax.core.solvers.replicator.Replicator` (paper mode), :class:`~cdsjax.core.solvers.inimdyn.InImDyn`,
+:class:`~cdsjax.core.solvers.active_set.ActiveSet` and :class:`~cdsjax.core.solvers.pdas.PrimalDualActiveSet`;
+combinations are solvers too:
 
-* ``name``: what diagnostics and records call it (``"replicator"``, ``"inimdyn"``, ``"active_set"``, ``"pdas"``);
-* ``mode``: ``"paper"`` (replicator dynamics with the paper's step budget) or ``"converged"``;
-* ``batch_chunk``: how a batch of questions runs on one device (the ``chunk`` of :func:`cdsjax.core.batched`:
-  ``"auto"``, cache-sized chunks, for replicator dynamics, which sweep each payoff thousands of times;
-  ``"each"``, one question at a time, for :class:`WithFallback`, whose ``lax.cond`` runs both branches under
-  ``vmap``; None, one ``vmap``);
-* ``batches_rows``: its loop runs a batch of questions' rows at once, each frozen as it stops (the ``"shared"``
-  strategy then runs it batched; the others question by question);
-* ``uses_corpus_block``: a question carrying its corpus's note block is solved on it (paper mode keeps the dense
-  payoff it is defined on);
-* ``dense``: the solver a question's dense payoff runs (itself, or :class:`WithFallback`'s ``dense_solver``);
-* ``with_limits(tol, max_iter)``: the solver with its limits replaced where given.
+* :class:`WithFallback`: one solver tried first, a monotone one run where it does not converge;
+* :class:`WarmStart`: one solver run from the point another one reaches (e.g. the active set from replicator
+  dynamics' point);
+* :class:`ByPayoff`: one solver for a payoff stored on a corpus's note block, another for a question's dense
+  payoff. The served combination is :data:`SERVING_SOLVER`.
 
-A user passes their own object (any :class:`~cdsjax.core.protocols.Solver`). Names are for the edges only
-(configuration files, the command line): :func:`solver_from_name` is the one conversion.
-:class:`SolveOptions` holds the solver with the read-out's options.
+Every solver has ``solve(payoff, x0)`` and ``with_limits(tol, max_iter)``; the strategies call nothing else.
+How a batch of questions is chunked on a device is the evaluation's concern (:mod:`cdsjax.eval.run`), how a
+selection is differentiated the adjoint's (:mod:`cdsjax.core.implicit`). A user passes their own object (any
+:class:`~cdsjax.core.protocols.Solver`). Names are for the edges only (configuration files, the command line):
+:func:`solver_from_name` is the one conversion. :class:`SolveOptions` holds the solver with the read-out's options.
 """
 
 from __future__ import annotations
@@ -29,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+import jax
 from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.inimdyn import InImDyn
 from cdsjax.core.games.payoff import DensePayoff
+from cdsjax.core.solvers.loop import each_question
 from cdsjax.core.solvers.pdas import BLOCK_CAPACITIES, PrimalDualActiveSet
 from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.types import (CONVERGED, INITS, MAX_ITER_CAP, SUPPORT_THRESHOLD, Affinity,
@@ -45,80 +42,112 @@ from cdsjax.core.validation import check_int_range, check_option, check_positive
 @struct.dataclass
 class WithFallback:
     r"""``primary`` from its own start, and where it ends unconverged ``fallback`` from the caller's start,
-    under ``lax.cond`` (one problem's payoff; ``vmap`` runs both branches, so a batch runs one question at a time:
-    ``batch_chunk`` ``"each"``).
+    under ``lax.cond`` (a batched payoff runs question by question, :func:`~cdsjax.core.solvers.loop.each_question`).
 
-    The served solver is ``WithFallback(PrimalDualActiveSet(), ActiveSet(gather=..., vertex_first=True),
-    dense_solver=ActiveSet())`` (:data:`SERVING_SOLVER`): the primal-dual active set on a question's corpus
-    block, the active set where it cycles or its support outgrows its capacities.
+    The served solver's block part is ``WithFallback(PrimalDualActiveSet(), ActiveSet(gather=...,
+    vertex_first=True))`` (:data:`SERVING_SOLVER`): the primal-dual active set on a question's corpus block, the
+    active set where it cycles or its support outgrows its capacities. The primal-dual rule is written for one
+    query vertex on a corpus block: give it a :class:`~cdsjax.core.games.payoff.SharedPayoff`.
 
     Attributes:
       primary: the solver tried first (its own start: the primal-dual rule's most relevant notes).
       fallback: the solver run where ``primary`` does not converge, from the caller's start (None: uniform).
-      dense_solver: the solver a question's dense payoff runs (``dense``; None: ``fallback``). The primal-dual
-        rule is written for one query vertex on a corpus block; a question with pinned notes, several query rows,
-        a start or a game whose block reads the question is solved on its dense payoff.
     """
 
     primary: Any = struct.field(pytree_node=False, default=PrimalDualActiveSet())
     fallback: Any = struct.field(pytree_node=False, default=ActiveSet())
-    dense_solver: Any = struct.field(pytree_node=False, default=None)
-
-    batch_chunk = "each"
-    batches_rows = False
-    uses_corpus_block = True
-
-    @property
-    def differentiable_by(self) -> tuple:
-        """The adjoints both ``primary`` and ``fallback`` accept (a dense game runs ``dense``, which says its own)."""
-        return tuple(k for k in self.primary.differentiable_by if k in self.fallback.differentiable_by)
 
     @property
     def name(self) -> str:
         """The primary's name: the solver that runs first (``"pdas"`` for the served solver)."""
         return self.primary.name
 
-    @property
-    def mode(self) -> str:
-        """The primary's mode."""
-        return self.primary.mode
-
-    @property
-    def dense(self):
-        """``dense_solver`` (None: ``fallback``)."""
-        return self.fallback if self.dense_solver is None else self.dense_solver
-
     def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None) -> "WithFallback":
-        """``tol`` for all three solvers, ``max_iter`` for ``fallback`` and ``dense_solver`` (the primary's cap
-        counts its own steps, e.g. face solves), where given."""
-        return self.replace(primary=self.primary.with_limits(tol=tol), fallback=self.fallback.with_limits(tol, max_iter),
-                            dense_solver=None if self.dense_solver is None
-                            else self.dense_solver.with_limits(tol, max_iter))
-
-    @property
-    def names(self) -> tuple:
-        """The names of the solvers a run may end with: the primary's, then the fallback's."""
-        return self.primary.names + self.fallback.names
+        """``tol`` for both solvers, ``max_iter`` for ``fallback`` (the primary's cap counts its own steps, e.g.
+        face solves), where given."""
+        return self.replace(primary=self.primary.with_limits(tol=tol), fallback=self.fallback.with_limits(tol, max_iter))
 
     def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
-        """The primary's point where it converges, else ``fallback``'s from ``x0``; ``ran`` says which
-        (:attr:`names`)."""
-        names, skip = self.names, len(self.primary.names)
+        """The primary's point where it converges, else ``fallback``'s from ``x0``; the result's ``solvers`` are
+        the primary's then the fallback's, ``ran`` says which gave the point."""
+        if payoff.batch:
+            return each_question(self.solve, payoff, x0)
+        fast = self.primary.solve(payoff, None)
+        # the names the fallback's result carries, read off its shape (the branches must return one structure)
+        names = fast.solvers + jax.eval_shape(self.fallback.solve, payoff, x0).solvers
+        skip = len(fast.solvers)
 
         def taken(result, offset):
             return result.replace(ran=result.ran + offset, solvers=names)
 
-        fast = self.primary.solve(payoff, None)
         return lax.cond(fast.status == CONVERGED, lambda: taken(fast, 0),
                         lambda: taken(self.fallback.solve(payoff, x0), skip))
 
 
-# The serving solver of one question on its corpus block: the primal-dual active set, and where it does not converge
-# the active set (its vertex steps first, its Newton systems gathered); a question's dense payoff runs the active set.
-SERVING_SOLVER = WithFallback(PrimalDualActiveSet(), ActiveSet(gather=BLOCK_CAPACITIES, vertex_first=True),
-                              dense_solver=ActiveSet())
-# The solver of SolveOptions() and of the strategies' dense solves when none is given: paper mode (tol 1e-7,
-# 10,000 steps), the long-standing default of cds_select.
+@struct.dataclass
+class WarmStart:
+    r"""``solver`` started from the point ``start`` reaches from the caller's start: e.g.
+    ``WarmStart(Replicator(), ActiveSet())`` polishes paper mode's point to an equilibrium.
+
+    Attributes:
+      start: the solver run first, with its own limits (from the caller's start).
+      solver: the solver whose result is returned, from ``start``'s point; its name is this one's.
+    """
+
+    start: Any = struct.field(pytree_node=False, default=Replicator())
+    solver: Any = struct.field(pytree_node=False, default=ActiveSet())
+
+    @property
+    def name(self) -> str:
+        """The name of ``solver``, whose point is returned."""
+        return self.solver.name
+
+    def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None) -> "WarmStart":
+        """``solver`` with its limits replaced where given (``start`` keeps its own)."""
+        return self.replace(solver=self.solver.with_limits(tol, max_iter))
+
+    def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
+        """``solver`` on ``payoff`` from ``start``'s point (``start`` from ``x0``)."""
+        return self.solver.solve(payoff, self.start.solve(payoff, x0).x)
+
+
+@struct.dataclass
+class ByPayoff:
+    r"""One solver per payoff storage: ``block`` on a payoff kept as a corpus's note block (a
+    :class:`~cdsjax.core.games.payoff.SharedPayoff`: a :class:`~cdsjax.core.types.BlockProblem`, the ``Shared``
+    strategy), ``dense`` on a question's dense payoff (:class:`~cdsjax.core.games.payoff.DensePayoff`), the choice
+    made by the payoff's type as it is traced.
+
+    :data:`SERVING_SOLVER` is ``ByPayoff(block=WithFallback(PrimalDualActiveSet(), ActiveSet(...)),
+    dense=ActiveSet())``: the primal-dual rule needs one query vertex on a corpus block; a question with pinned
+    notes, several query rows, a start or a game whose block reads the question is solved on its dense payoff
+    by the active set.
+    """
+
+    block: Any = struct.field(pytree_node=False)
+    dense: Any = struct.field(pytree_node=False)
+
+    @property
+    def name(self) -> str:
+        """The name of ``block``, the solver it serves with (``"pdas"`` for :data:`SERVING_SOLVER`)."""
+        return self.block.name
+
+    def with_limits(self, tol: Optional[float] = None, max_iter: Optional[int] = None) -> "ByPayoff":
+        """Both solvers with their limits replaced where given."""
+        return self.replace(block=self.block.with_limits(tol, max_iter), dense=self.dense.with_limits(tol, max_iter))
+
+    def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
+        """``dense`` on a :class:`~cdsjax.core.games.payoff.DensePayoff`, ``block`` on any other payoff."""
+        return (self.dense if isinstance(payoff, DensePayoff) else self.block).solve(payoff, x0)
+
+
+# The served solver: on a question's corpus block the primal-dual active set, and where it does not converge the
+# active set (its vertex steps first, its Newton systems gathered); a question's dense payoff runs the active set.
+SERVING_SOLVER = ByPayoff(block=WithFallback(PrimalDualActiveSet(), ActiveSet(gather=BLOCK_CAPACITIES,
+                                                                              vertex_first=True)),
+                          dense=ActiveSet())
+# The solver of SolveOptions() when none is given: paper mode (tol 1e-7, 10,000 steps), the long-standing default
+# of cds_select.
 DEFAULT_SOLVER = Replicator()
 # The names a configuration file or the command line may give (the solver's own ``name``).
 SOLVER_NAMES = ("replicator", "inimdyn", "active_set", "pdas")
@@ -143,9 +172,8 @@ def check_solver(solver, field: str = "solver") -> Any:
 
 
 def solve(affinity: Affinity, x0: Optional[Array] = None, *, solver: Any = DEFAULT_SOLVER) -> SolverResult:
-    """Runs ``solver`` on ``affinity``'s dense payoff (the solver's ``dense`` form) from ``x0`` (None: the solver's
-    own start)."""
-    return check_solver(solver).dense.solve(DensePayoff.from_affinity(affinity), x0)
+    """Runs ``solver`` on ``affinity``'s dense payoff from ``x0`` (None: the solver's own start)."""
+    return check_solver(solver).solve(DensePayoff.from_affinity(affinity), x0)
 
 
 @struct.dataclass
@@ -166,14 +194,11 @@ class SolveOptions:
       init: ``"uniform"``, ``"softmax"`` (query-softmax prior) or ``"diffusion"``
         (personalised PageRank of the softmax seed; needs ``links``).
       prior_temperature: temperature of the softmax / diffusion prior.
-      warm_start: None starts the solver from ``x0`` / ``init``; a solver object (e.g. ``Replicator()``) is
-        run first from there and the solver starts from its point (ignored when the solver is itself in paper
-        mode).
       fill: True fills slots the support leaves empty (the fill rule of
         :mod:`cdsjax.core.ranking`); False returns only the support.
 
     The support strategy's own settings (bisection steps, the bracket of :math:`\gamma = \beta n`) are
-    arguments of that strategy (``cds(..., "support", num_steps=, scale_range=)``), not fields here.
+    fields of that strategy (``Support(num_steps=, scale_range=)``), not fields here.
     """
 
     solver: Any = struct.field(pytree_node=False, default=DEFAULT_SOLVER)
@@ -182,7 +207,6 @@ class SolveOptions:
     max_iter: Optional[int] = struct.field(pytree_node=False, default=None)
     init: str = struct.field(pytree_node=False, default="uniform")
     prior_temperature: float = struct.field(pytree_node=False, default=0.1)
-    warm_start: Any = struct.field(pytree_node=False, default=None)
     fill: bool = struct.field(pytree_node=False, default=True)
 
     def check(self) -> "SolveOptions":
@@ -198,8 +222,6 @@ class SolveOptions:
             check_int_range("max_iter", self.max_iter, MAX_ITER_CAP)
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.warm_start is not None:
-            check_solver(self.warm_start, "warm_start")
         return self
 
     def limited_solver(self):

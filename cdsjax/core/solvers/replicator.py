@@ -82,10 +82,11 @@ class Replicator(LoopSolver):
     unroll: int = struct.field(pytree_node=False, default=8)
 
     name = "replicator"
-    mode = "paper"
-    batch_chunk = "auto"  # it sweeps each payoff thousands of times: cache-sized chunks on a CPU
-    batches_rows = True  # one loop over a batch of questions' rows, each frozen as it stops
-    uses_corpus_block = False  # paper mode keeps the dense payoff it is defined on
+
+    def solve(self, payoff, x0: Optional[Array] = None) -> SolverResult:
+        """:func:`~cdsjax.core.solvers.loop.iterate` on ``payoff``, a batch of questions in one loop (one
+        ``[b, n] @ [n, n]`` product per step, each row frozen as it stops)."""
+        return iterate(self, payoff, x0)
 
     def tolerance(self, dtype) -> float:
         return self.tol

@@ -14,17 +14,19 @@ affinity), and a question posed with it (a :class:`~cdsjax.core.types.BlockProbl
 per-question matrix).
 
 The equilibrium is found by the selector's solver (``SolveOptions.solver``) on that payoff: the
-serving solver (:data:`~cdsjax.core.solvers.options.SERVING_SOLVER`) runs the primal-dual active set from the query
-and the most relevant quarter of the notes (2-5 face solves, each gathered into the smallest capacity that
-holds the support) and, where it does not converge (a payoff it cycles on, a support past 8,192 notes), the
-active set from the uniform start with its vertex steps first and its Newton systems gathered; InImDyn runs
-as configured. Paper mode (replicator dynamics, whose ``uses_corpus_block`` is False) keeps the dense payoff it
-is defined on: no block is built for it. It stops, as every converged solve does, on the Nash error over all ``n`` vertices.
+serving solver (:data:`~cdsjax.core.solvers.options.SERVING_SOLVER`, whose ``block`` part runs on it) runs the
+primal-dual active set from the query and the most relevant quarter of the notes (2-5 face solves, each gathered
+into the smallest capacity that holds the support) and, where it does not converge (a payoff it cycles on, a
+support past 8,192 notes), the active set from the uniform start with its vertex steps first and its Newton
+systems gathered; InImDyn and the others run as configured (replicator dynamics with the shift of the dense
+payoff). Whether a selector poses its questions on the block at all is the selector's choice (the registry's
+``cds`` keeps paper mode on the dense payoff it is defined on).
 
 The block is stored, not built from the game's differentiable values, so this solve has no derivative: it
 runs under :class:`~cdsjax.core.implicit.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
-derivative), and asking for one (an ``adjoint``) raises at the call; give the question as a plain
-:class:`~cdsjax.core.types.CDSProblem` (the dense path) to differentiate a selection.
+derivative), and asking for one (an adjoint other than ``NoAdjoint`` / ``NoDerivative``) raises at the call;
+give the question as a plain :class:`~cdsjax.core.types.CDSProblem` (the dense path) to differentiate a
+selection.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.implicit import NoAdjoint, equilibrium
-from cdsjax.core.games.payoff import SharedPayoff
+from cdsjax.core.implicit import NO_DERIVATIVE, NoAdjoint, equilibrium
+from cdsjax.core.games.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.ranking import query_cosine, read_out
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import BlockProblem, CDSProblem, Selection
@@ -44,44 +46,53 @@ BLOCK_ADJOINT = NoAdjoint("a BlockProblem is solved on its corpus block, which h
                           "as a CDSProblem (BlockProblem.dense_problem(), the dense path) to differentiate the selection")
 
 
-def problem_block(problem: CDSProblem, params, options: SolveOptions, strategy: str = "single") -> Optional[Array]:
+def problem_block(problem: CDSProblem, params, options: SolveOptions) -> Optional[Array]:
     r"""The note block :math:`W` ``[n, n]`` the game ``params`` uses on ``problem``'s corpus, built once for every
-    question (as the dense affinity builds it); None where :func:`solve_on_block` does not apply: another
-    strategy than ``"single"``, several query rows, pinned notes, ``alpha_from="full"``, a start other than
-    uniform (``init``, ``warm_start``), paper mode, or a note block that reads the question (a learned game
-    with relevance-weighted repulsion, any other game)."""
+    question (as the dense affinity builds it); None where :func:`solve_on_block` does not apply: several query
+    rows, pinned notes, ``alpha_from="full"``, a start other than uniform (``init``), or a note block that reads
+    the question (a learned game with relevance-weighted repulsion, any other game)."""
     options = options.check()
-    if (strategy != "single" or problem.queries.shape[-2] != 1 or problem.pinned is not None
-            or params.alpha_from != "free" or options.init != "uniform" or options.warm_start is not None
-            or not options.solver.uses_corpus_block):
+    if (problem.queries.shape[-2] != 1 or problem.pinned is not None or params.alpha_from != "free"
+            or options.init != "uniform"):
         return None
     return params.corpus_block(problem)
 
 
 def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Optional[Array], adjoint) -> None:
     """Raises ``ValueError`` naming what keeps ``problem`` (a :class:`BlockProblem`) off its corpus block:
-    no ``bound``, several query rows, pinned notes, a start (``x0``, ``init``, ``warm_start``), paper mode, or
-    an ``adjoint`` (a derivative asked of a solve that has none)."""
+    several query rows, pinned notes, a start (``x0``, ``init``), or an ``adjoint`` that asks for a derivative
+    (the corpus block has none; ``NoAdjoint()`` / ``NoDerivative()`` are taken as given)."""
     reasons = [why for bad, why in (
-        (problem.bound is None, "it carries no bound"),
         (problem.queries.shape[-2] != 1, "it has several query rows"),
         (problem.pinned is not None, "it pins notes"),
-        (x0 is not None or options.init != "uniform" or options.warm_start is not None, "a start is given"),
-        (not options.solver.uses_corpus_block, f"its solver ({options.solver.name}) runs on the dense payoff"),
-        (adjoint is not None, "a derivative (adjoint) is asked of it, and the corpus block has none"),
+        (x0 is not None or options.init != "uniform", "a start is given"),
+        (adjoint is not None and not isinstance(adjoint, NO_DERIVATIVE),
+         f"an adjoint ({type(adjoint).__name__}) asks for a derivative, and the corpus block has none"),
     ) if bad]
     if reasons:
         raise ValueError(f"a BlockProblem is solved on its corpus block, but {'; '.join(reasons)}: give the "
                          "question as a CDSProblem (BlockProblem.dense_problem(), the dense path)")
 
 
-def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budget: int) -> Selection:
-    r"""One question's ``"single"`` selection on the corpus's note block (module docstring).
+def block_shift(note_block: Array, rel: Array, valid: Array, alpha: Array, eps: float = SHIFT_EPS) -> Array:
+    r"""The replicator shift :math:`c = \max(0, -\min M) + \varepsilon` of one question's dense payoff, read off
+    its block: :math:`M` holds 0 (the query's diagonal), the relevance row and :math:`W - \alpha I` on the notes.
+    Only replicator dynamics read it (under ``jit`` it is not computed for another solver)."""
+    pair = valid[:, None] & valid[None, :]
+    free = note_block - jnp.diag(jnp.where(valid, alpha, 0.0))
+    lowest = jnp.minimum(jnp.minimum(0.0, jnp.min(jnp.where(valid, rel, jnp.inf))),
+                         jnp.min(jnp.where(pair, free, jnp.inf)))
+    return (jnp.maximum(0.0, -lowest) + eps).astype(note_block.dtype)
 
-    ``problem`` is a :class:`BlockProblem`: its ``note_block`` (:func:`problem_block`) and ``bound``
-    (:func:`cdsjax.core.games.spectral.problem_bound`) of the game ``params`` (:func:`check_block_problem` says
+
+def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budget: int, adjoint=None) -> Selection:
+    r"""One question's ``Single`` selection on the corpus's note block (module docstring).
+
+    ``problem`` is a :class:`BlockProblem`: its ``note_block`` (:func:`problem_block`) and ``bound`` (the game's
+    ``corpus_bound``) of the game ``params`` (:func:`check_block_problem` says
     where it may not); the read-out (threshold, fill rule by the KKT slack, then cosine) is that of the dense
-    path. :func:`~cdsjax.core.implicit.equilibrium` runs it under :data:`BLOCK_ADJOINT`: differentiating it (in
+    path. :func:`~cdsjax.core.implicit.equilibrium` runs it under ``adjoint`` (None: :data:`BLOCK_ADJOINT`, or a
+    ``NoDerivative()`` the caller gave): differentiating it (in
     the notes, the question, the block or the game) raises :class:`ValueError`; the dense path
     (:meth:`BlockProblem.dense_problem`) is differentiable.
     """
@@ -92,10 +103,12 @@ def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budg
 
     rel = params.relevance(problem)
     dtype = rel.dtype
-    payoff = SharedPayoff(coupling=jnp.asarray(problem.note_block, dtype), rel=rel[0], note_valid=problem.valid,
-                          alpha=params.penalty(jnp.asarray(problem.bound).astype(dtype)),
-                          corpus_shift=jnp.zeros((), dtype))
-    result = equilibrium(payoff, solver, adjoint=BLOCK_ADJOINT, threshold=options.threshold)
+    block = jnp.asarray(problem.note_block, dtype)
+    alpha = params.penalty(jnp.asarray(problem.bound).astype(dtype))
+    payoff = SharedPayoff(coupling=block, rel=rel[0], note_valid=problem.valid, alpha=alpha,
+                          corpus_shift=block_shift(block, rel[0], problem.valid, alpha))
+    result = equilibrium(payoff, solver, adjoint=BLOCK_ADJOINT if adjoint is None else adjoint,
+                         threshold=options.threshold)
     rel = payoff.rel
     slack = None
     if options.fill:

@@ -1,38 +1,38 @@
-r"""The strategies on one question: a single extraction and peeling (affinity -> equilibrium -> top-B notes),
-for any game (:class:`~cdsjax.core.protocols.Game`)."""
+r"""The strategies on one question: a single extraction (:class:`Single`) and peeling (:class:`Peel`)
+(affinity -> equilibrium -> top-B notes), for any game (:class:`~cdsjax.core.protocols.Game`)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import jax.numpy as jnp
+from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.games.affinity import block_bound, problem_affinity
-from cdsjax.core.strategies.corpus import check_block_problem, solve_on_block
+from cdsjax.core.strategies.corpus import check_block_problem, problem_block, solve_on_block
 from cdsjax.core.implicit import Adjoint, cds_equilibrium, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
 from cdsjax.core.solvers.options import SolveOptions
-from cdsjax.core.types import CONVERGED, Affinity, BlockProblem, CDSProblem, Selection
+from cdsjax.core.types import CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, refuse_block_problem
 
 
 def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
                  x0: Optional[Array] = None, adjoint: Optional[Adjoint] = None) -> Selection:
-    r"""Strategy ``"single"`` of :func:`cdsjax.core.strategies.cds`: one extraction on the query-augmented affinity.
+    r"""The :class:`Single` strategy: one extraction on the query-augmented affinity.
 
     Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.implicit.cds_equilibrium` (from
-    ``x0``, else ``options.init``; a converged solver first runs paper mode with
-    ``warm_start="replicator"``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
+    ``x0``, else ``options.init``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
     equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked.
     A :class:`~cdsjax.core.types.BlockProblem` (the question with its corpus's note block and bound) is solved on
     them instead, by the same solver and :func:`~cdsjax.core.implicit.equilibrium`, without a dense affinity
-    (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and an ``adjoint`` given with it raises
-    ``ValueError``); the dense affinity runs the solver's ``dense`` form.
+    (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and an ``adjoint`` asking for one
+    raises ``ValueError``).
     """
     if isinstance(problem, BlockProblem):
         check_block_problem(problem, options, x0, adjoint)
-        return solve_on_block(problem, params, options, budget=budget)
+        return solve_on_block(problem, params, options, budget=budget, adjoint=adjoint)
     result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
     dtype = result.x.dtype
     return read_selection(result, affinity, options, budget=budget,
@@ -42,7 +42,7 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
 
 def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
                adjoint: Optional[Adjoint] = None) -> Selection:
-    r"""Strategy ``"peel"`` of :func:`cdsjax.core.strategies.cds`: peeling extraction for several constraint vertices.
+    r"""The :class:`Peel` strategy: peeling extraction for several constraint vertices.
 
     Extracts a constrained dominant set, removes its support (the notes and the
     constraint vertices it covers), and repeats on what is left until every
@@ -53,9 +53,10 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
     (:data:`~cdsjax.core.types.CONVERGED` only if every round converged). ``support_size`` counts the notes of every round's
     support; when they are fewer than ``budget``, the fill rule
     (:mod:`cdsjax.core.ranking`) completes the picks using the first round's slack.
-    Every round starts uniformly (``options.init`` and ``warm_start`` are not used); each round's
-    equilibrium is found on its dense payoff by the solver's ``dense`` form and differentiated by ``adjoint``.
+    Every round starts uniformly (``options.init`` is not used); each round's equilibrium is found on its
+    dense payoff and differentiated by ``adjoint``. A :class:`~cdsjax.core.types.BlockProblem` raises ``ValueError``.
     """
+    refuse_block_problem(problem, "Peel()")
     notes, query = problem.notes, problem.queries
     solver = options.limited_solver()
     threshold = options.threshold
@@ -122,3 +123,47 @@ def _restrict(base: Affinity, active: Array, params: Game) -> Affinity:
         mask = active
     alpha = params.penalty(block_bound(matrix, mask, params))
     return Affinity(matrix=matrix, constraint=constraint, valid=active, alpha=alpha, num_queries=base.num_queries)
+
+
+def refuse_start(x0: Optional[Array], strategy: str) -> None:
+    """Raises ``ValueError`` when a start ``x0`` is given to ``strategy`` (its name), which takes none."""
+    if x0 is not None:
+        raise ValueError(f"x0 is only used by the Single() strategy, not {strategy}")
+
+
+@struct.dataclass
+class Single:
+    r"""One extraction (:func:`solve_single`): every query row is a constraint vertex; a
+    :class:`~cdsjax.core.types.BlockProblem` is solved on its corpus's note block."""
+
+    def __call__(self, problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+                 adjoint: Optional[Adjoint] = None, x0: Optional[Array] = None) -> Selection:
+        return solve_single(problem, params, options, budget=budget, x0=x0, adjoint=adjoint)
+
+    def corpus_bound(self, problem: CDSProblem, params: Game) -> Optional[Array]:
+        """The game's corpus bound (:meth:`~cdsjax.core.protocols.Game.corpus_bound`)."""
+        return params.corpus_bound(problem)
+
+    def corpus_block(self, problem: CDSProblem, params: Game, options: SolveOptions) -> Optional[Array]:
+        """The game's note block where a question can be solved on it
+        (:func:`~cdsjax.core.strategies.corpus.problem_block`)."""
+        return problem_block(problem, params, options)
+
+
+@struct.dataclass
+class Peel:
+    r"""Peeling extraction (:func:`solve_peel`): supports removed round by round until every constraint vertex
+    is covered. Takes no start and no :class:`~cdsjax.core.types.BlockProblem`."""
+
+    def __call__(self, problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+                 adjoint: Optional[Adjoint] = None, x0: Optional[Array] = None) -> Selection:
+        refuse_start(x0, "Peel()")
+        return solve_peel(problem, params, options, budget=budget, adjoint=adjoint)
+
+    def corpus_bound(self, problem: CDSProblem, params: Game) -> Optional[Array]:
+        """The game's corpus bound, which the first round uses (later rounds find their own)."""
+        return params.corpus_bound(problem)
+
+    def corpus_block(self, problem: CDSProblem, params: Game, options: SolveOptions) -> None:
+        """None: every round solves its dense game."""
+        return None

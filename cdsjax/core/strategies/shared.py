@@ -1,4 +1,4 @@
-r"""Many questions over one corpus (the ``"shared"`` strategy of :func:`cdsjax.core.strategies.cds`): one note block.
+r"""Many questions over one corpus (the :class:`Shared` strategy of :func:`cdsjax.core.strategies.cds`): one note block.
 
 For a single query vertex and no pinned notes the payoff of question :math:`k` is
 
@@ -19,10 +19,10 @@ own stopping rule (its row is frozen once it stops), so points, step counts and
 diagnostics are those of :func:`cdsjax.core.solvers.replicator.solve_replicator` on the
 per-question affinity, up to the summation order of the products.
 
-The converged solvers (InImDyn, the active set) run on the same payoff one question at a time
-(``lax.map``): InImDyn needs rows and products only, and the active set assembles each Newton system
-from the payoff's rows, so the batch never holds ``b`` dense ``[n+1, n+1]`` matrices
-(``experiments/bench_core.py`` measures both paths).
+The converged solvers (InImDyn, the active set) run on the same payoff one question at a time (their
+``solve`` maps a batched payoff's questions, :func:`~cdsjax.core.solvers.loop.each_question`): InImDyn needs
+rows and products only, and the active set assembles each Newton system from the payoff's rows, so the batch
+never holds ``b`` dense ``[n+1, n+1]`` matrices (``experiments/bench_core.py`` measures both paths).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from cdsjax.core.games.affinity import CDSParams, note_coupling, query_relevance
 from cdsjax.core.games.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.ranking import read_out
-from cdsjax.core.strategies.select import solve_single
-from cdsjax.core.implicit import LoopAdjoint, equilibrium
+from cdsjax.core.strategies.select import refuse_start, solve_single
+from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
 from cdsjax.core.solvers.loop import iterate
 from cdsjax.core.solvers.options import SolveOptions
-from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult
+from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult, refuse_block_problem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 
@@ -166,26 +166,28 @@ def solve_replicator_shared(
 
 def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: int,
                  corpus: Optional[CorpusAffinity] = None, adjoint=None) -> Selection:
-    r"""Strategy ``"shared"`` of :func:`cdsjax.core.strategies.cds`: ``b`` single-vertex questions on one corpus.
+    r"""The :class:`Shared` strategy: ``b`` single-vertex questions on one corpus.
 
     ``problem.queries`` ``[b, d]`` are ``b`` questions. The note block :math:`W`, :math:`\alpha` and the
     replicator shift are computed once (:func:`corpus_affinity`, or ``corpus`` when given: reuse it
-    across batches) and every solver runs on the :class:`~cdsjax.core.games.payoff.SharedPayoff`: one whose
-    ``batches_rows`` holds (paper mode, ``Replicator()``) batched, one ``[b, n] @ [n, n]`` product per step; a
-    converged solver question by question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
+    across batches) and the solver runs on the batched :class:`~cdsjax.core.games.payoff.SharedPayoff`:
+    replicator dynamics in one loop, one ``[b, n] @ [n, n]`` product per step; a converged solver question by
+    question (``lax.map``), its Newton systems assembled from the payoff's rows, so no per-question
     ``[n+1, n+1]`` matrix is ever materialised for the batch. The read-out (slack for the fill rule) uses
     the payoff's products too. Every question starts uniformly; pinned notes are not supported. The
-    shared payoff's solves are differentiated through their iterations (forward mode; ``adjoint`` is
-    not used for the paper's game).
+    shared payoff has no implicit derivative: ``adjoint`` None differentiates through the iterations
+    (:class:`~cdsjax.core.implicit.LoopAdjoint`), :class:`~cdsjax.core.implicit.ImplicitAdjoint` raises
+    ``ValueError``, any other adjoint is used.
 
     A game whose note block depends on the question (any game but :class:`CDSParams`, e.g. the learned
     one with its relevance-scaled repulsion and structure) has no shared block: each question is then
-    solved as the ``"single"`` strategy on its own dense payoff (``jax.vmap`` over the questions), with
+    solved as the ``Single`` strategy on its own dense payoff (``jax.vmap`` over the questions), with
     ``adjoint``, and the result has the same form.
 
     Returns:
       :class:`Selection` whose leaves (and ``result``'s) carry a leading ``b`` axis.
     """
+    refuse_block_problem(problem, "Shared()")
     if problem.pinned is not None:
         raise ValueError("the shared strategy does not support pinned notes (each question has one vertex)")
     if not params.shares_note_block:
@@ -193,15 +195,14 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
             raise ValueError("corpus (a CorpusAffinity) is the paper's game's shared block; this game has none")
         return jax.vmap(lambda q: solve_single(problem.replace(queries=q[None, :]), params, options, budget=budget,
                                                adjoint=adjoint))(problem.queries)
+    if isinstance(adjoint, ImplicitAdjoint):
+        raise ValueError("Shared() solves the questions on the corpus's note block, which has no implicit "
+                         "derivative: pass LoopAdjoint(), NoDerivative() or NoAdjoint()")
     if corpus is None:
         corpus = corpus_affinity(problem.notes, problem.valid, params)
     rel = question_relevance(corpus, problem.queries)
-    solver = options.limited_solver()
-    # differentiated through the iterations (the shared payoff has no implicit derivative)
-    if solver.batches_rows:  # paper mode: one loop over every question's row
-        result = equilibrium(shared_payoff(corpus, rel), solver.replace(unroll=4), adjoint=LoopAdjoint())
-    else:
-        result = lax.map(lambda r: equilibrium(shared_payoff(corpus, r), solver, adjoint=LoopAdjoint()), rel)
+    result = equilibrium(shared_payoff(corpus, rel), options.limited_solver(),
+                         adjoint=LoopAdjoint() if adjoint is None else adjoint)
     dtype = corpus.coupling.dtype
     cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
 
@@ -214,3 +215,28 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
                         isolated=isolated, beta=corpus.params.beta)
 
     return jax.vmap(read)(result, rel, cosine)
+
+
+@struct.dataclass
+class Shared:
+    r"""``b`` questions (the problem's query rows, one vertex each) on one corpus's note block
+    (:func:`solve_shared`). Takes no start and no :class:`~cdsjax.core.types.BlockProblem`.
+
+    Attributes:
+      corpus: a precomputed :func:`corpus_affinity` of the notes, reused across batches (None: computed per call).
+    """
+
+    corpus: Optional[CorpusAffinity] = None
+
+    def __call__(self, problem: CDSProblem, params, options: SolveOptions, *, budget: int, adjoint=None,
+                 x0: Optional[Array] = None) -> Selection:
+        refuse_start(x0, "Shared()")
+        return solve_shared(problem, params, options, budget=budget, corpus=self.corpus, adjoint=adjoint)
+
+    def corpus_bound(self, problem: CDSProblem, params) -> None:
+        """None: the strategy computes its corpus's penalty itself (:func:`corpus_affinity`)."""
+        return None
+
+    def corpus_block(self, problem: CDSProblem, params, options: SolveOptions) -> None:
+        """None: the strategy builds its own shared block."""
+        return None

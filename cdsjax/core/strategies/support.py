@@ -45,7 +45,7 @@ Below :math:`\beta c n \approx \varepsilon` the penalty's margin dominates
 :math:`D` and :math:`\beta` no longer changes the support (the smallest reachable
 support is set by :math:`\varepsilon`).
 
-**The selector.** The ``"support"`` strategy of :func:`cdsjax.core.strategies.cds` (:func:`cds_support`) therefore searches :math:`\gamma = \beta n`
+**The selector.** The :class:`Support` strategy of :func:`cdsjax.core.strategies.cds` (:func:`cds_support`) therefore searches :math:`\gamma = \beta n`
 (``n`` the valid notes) on a log scale by bisection with a fixed number of steps:
 each step solves the equilibrium with the converged (active-set) solver from the
 uniform start; a support of fewer than ``budget`` notes moves the lower end up,
@@ -66,17 +66,19 @@ proportional to :math:`\beta`) rebuild it per step.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from flax import struct
 from jax import Array, lax
 
 from typing import Optional
 
 from cdsjax.core.games.affinity import problem_affinity, scale_note_block  # noqa: F401 (re-exported)
-from cdsjax.core.implicit import Adjoint, LoopAdjoint, equilibrium
+from cdsjax.core.implicit import Adjoint, NoDerivative, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers.options import SolveOptions
+from cdsjax.core.strategies.select import refuse_start
 from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSProblem,  # noqa: F401
-                               Selection)
+                               Selection, refuse_block_problem)
 from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
 from cdsjax.core.validation import check_int_range
 
@@ -102,8 +104,7 @@ def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple
 def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
                   adjoint: Optional[Adjoint] = None, num_steps: Optional[int] = None,
                   scale_range=None) -> Selection:
-    r"""Strategy ``"support"`` of :func:`cdsjax.core.strategies.cds`: the constrained dominant set whose support holds
-    about ``budget`` notes.
+    r"""The :class:`Support` strategy: the constrained dominant set whose support holds about ``budget`` notes.
 
     Chooses :math:`\beta` per question (bisection on :math:`\log(\beta n)`, see the
     module docstring) so that the equilibrium's support is closest to ``budget``
@@ -114,8 +115,10 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
     steps, each one solve) and ``scale_range`` (``(low, high)`` bracket of
     :math:`\gamma = \beta n`), checked by :func:`support_settings`; every solve
     starts uniformly. ``result`` is the equilibrium at the chosen :math:`\beta` (differentiated by
-    ``adjoint``, the choice itself held fixed), ``beta`` that :math:`\beta`.
+    ``adjoint``, the choice itself held fixed), ``beta`` that :math:`\beta`. A
+    :class:`~cdsjax.core.types.BlockProblem` raises ``ValueError``.
     """
+    refuse_block_problem(problem, "Support()")
     notes, query = problem.notes, problem.queries
     solver, threshold = options.limited_solver(), options.threshold
     if params.coupling == "none":
@@ -134,7 +137,7 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
 
     def support_at(log_gamma):
         aff, _ = affinity_at(log_gamma)
-        res = equilibrium(aff, solver, adjoint=LoopAdjoint())  # its size only: no derivative
+        res = equilibrium(aff, solver, adjoint=NoDerivative())  # its size only: a constant
         return jnp.sum(base.valid[m:] & (res.x[m:] > threshold)).astype(jnp.int32)
 
     target = jnp.asarray(budget, dtype)
@@ -165,3 +168,37 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
     result = equilibrium(aff, solver, adjoint=adjoint, threshold=threshold)
     return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
                           beta=beta)
+
+
+@struct.dataclass
+class Support:
+    r"""The note-block strength chosen per question so the support holds about ``budget`` notes
+    (:func:`solve_support`; module docstring). Takes no start and no :class:`~cdsjax.core.types.BlockProblem`.
+
+    Attributes:
+      num_steps: bisection steps, each one solve (None: :data:`DEFAULT_STEPS`).
+      scale_range: the ``(low, high)`` bracket of :math:`\gamma = \beta n` (None: the default bracket).
+    """
+
+    num_steps: Optional[int] = struct.field(pytree_node=False, default=None)
+    scale_range: Optional[tuple] = struct.field(pytree_node=False, default=None)
+
+    def check(self) -> "Support":
+        """The strategy with its settings checked and filled in (:func:`support_settings`)."""
+        num_steps, scale_range = support_settings(self.num_steps, self.scale_range)
+        return self.replace(num_steps=num_steps, scale_range=scale_range)
+
+    def __call__(self, problem: CDSProblem, params: Game, options: SolveOptions, *, budget: int,
+                 adjoint: Optional[Adjoint] = None, x0: Optional[Array] = None) -> Selection:
+        refuse_start(x0, "Support()")
+        return solve_support(problem, params, options, budget=budget, adjoint=adjoint, num_steps=self.num_steps,
+                             scale_range=self.scale_range)
+
+    def corpus_bound(self, problem: CDSProblem, params: Game) -> Optional[Array]:
+        r"""The game's corpus bound at :math:`\beta = 1`, which each step rescales (None where a step rebuilds
+        the affinity)."""
+        return params.unit_corpus_bound(problem)
+
+    def corpus_block(self, problem: CDSProblem, params: Game, options: SolveOptions) -> None:
+        """None: every step solves the dense game."""
+        return None
