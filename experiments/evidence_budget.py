@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--budget", type=int, default=5, help="notes selected per question (default: 5)")
     p.add_argument("--tokens", default="300,500,700", help="evidence token budgets (default: 300,500,700)")
-    p.add_argument("--selectors", default="cosine,cds_learned_pages")
+    p.add_argument("--selectors", default=None, help="selectors (default: the reference and the default selector)")
     args = p.parse_args(argv)
 
     from configs import answers
@@ -62,7 +62,9 @@ def main(argv=None) -> int:
     config = answers.get_config(args.bench)
     config.reader.local = ""
     config.max_queries = args.questions
-    config.selectors = args.selectors
+    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
+
+    config.selectors = args.selectors or f"{REFERENCE_SELECTOR},{DEFAULT_SELECTOR}"
     config.budget, config.budgets = args.budget, (args.budget,)
     config.num_resamples = 200
     tokens = [int(t) for t in args.tokens.split(",")]

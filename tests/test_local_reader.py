@@ -119,7 +119,7 @@ def test_ask_answers_with_the_local_model_and_cites_its_evidence(demo_index, wit
     result = json.loads(out)
     assert result["answer"] and result["answer"].strip() and result["error"] is None
     reader = result["reader"]
-    assert reader["model"] == L.DEFAULT_PRESET and reader["local"]["runtime"].startswith("llama.cpp server")
+    assert reader["model"] == M.DEFAULT_PRESET and reader["local"]["runtime"].startswith("llama.cpp server")
     ranks = [e["rank"] for e in result["evidence"]]
     assert reader["cited"] and set(reader["cited"]) <= set(ranks)
     if any("1.9 million" in e["text"] for e in result["evidence"]):  # a 1.5B model reads the cost off its note
