@@ -41,12 +41,17 @@ SUITE_LIMIT := 1800
 # with the same floors and limit; its coverage is about one point higher.
 COV_FLOOR_WITH_DATA := 92
 COV_FLOOR_WITHOUT_DATA := 79
+# the default run leaves the slow tests out, so it holds its own floor a point lower (measured: 91.95% quick, 92.38%
+# with every test)
+COV_FLOOR_QUICK_WITH_DATA := 91
 DATA_DIR = $(or $(CDSJAX_DATA),$(or $(CDSJAX_SHARED),../shared)/data)
 
 test: MARKERS := not slow
+test: FLOOR_WITH_DATA := $(COV_FLOOR_QUICK_WITH_DATA)
 test-all: MARKERS :=
+test-all: FLOOR_WITH_DATA := $(COV_FLOOR_WITH_DATA)
 test test-all: $(STAMP) tools
-	@if [ -d "$(DATA_DIR)" ]; then floor=$(COV_FLOOR_WITH_DATA); \
+	@if [ -d "$(DATA_DIR)" ]; then floor=$(FLOOR_WITH_DATA); \
 	else floor=$(COV_FLOOR_WITHOUT_DATA); echo "make $@: no benchmark data at $(DATA_DIR): its tests skip; coverage floor $$floor%"; fi; \
 	timeout -k 60 $(SUITE_LIMIT) $(PY) -m pytest -m "$(MARKERS)" -q -rfEs --durations=15 $(XDIST) $(COVERAGE) \
 	  --cov-fail-under=$$floor; rc=$$?; \
