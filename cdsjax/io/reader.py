@@ -536,10 +536,11 @@ class Reader(ChatClient):
         Raises:
           ReaderError: the server could not give a reply (after retries where retrying makes sense).
         """
-        fitted = self.fit(question, evidence, whole=whole, similarity=similarity)
+        items = as_evidence(evidence)
+        fitted = self.fit(question, items, whole=whole, similarity=similarity)
         problem, retried, first, sent, reply, cached = None, None, None, None, None, False
         for strict in (False, True):
-            guard = ReplyGuard(on_token, question) if on_token is not None else None
+            guard = ReplyGuard(on_token) if on_token is not None else None
 
             def send(messages, _items, guard=guard):
                 return self.reply(messages, max_tokens=max_tokens, seed=seed, on_token=guard)
@@ -549,7 +550,7 @@ class Reader(ChatClient):
             reply, cached = sent.result
             first = reply.first_token_s if first is None else first
             problem = (guard.problem if guard is not None else None) or \
-                no_answer(reply.content, question=question, finish_reason=reply.finish_reason)
+                no_answer(reply.content, finish_reason=reply.finish_reason)
             if problem is None:
                 if guard is not None:
                     guard.release()
@@ -560,7 +561,8 @@ class Reader(ChatClient):
                     on_retry(problem)
         text = "" if problem is not None else strip_thinking(reply.content).strip()
         image_mode = sent.image_mode
-        if image_mode == "none" and any(i.is_visual and i.image_path for i in as_evidence(evidence)[:len(fitted.items)]):
+        crops = {i.note_id for i in items if i.is_visual and i.image_path}
+        if image_mode == "none" and any(i.note_id in crops for i in fitted.items):
             image_mode = "text"  # a crop did not fit the token budget: its note went as text
         return ReaderAnswer(
             text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),

@@ -274,7 +274,7 @@ def looping(text: str, *, min_span: int = 60, min_repeats: int = 3, max_period: 
     return False
 
 
-def no_answer(text: str, *, question: str = "", finish_reason: Optional[str] = None) -> Optional[str]:  # noqa: ARG001
+def no_answer(text: str, *, finish_reason: Optional[str] = None) -> Optional[str]:
     """Why a reply is no answer (a key of :data:`NO_ANSWER`), or None for an answer: nothing written, the
     evidence headers echoed, a loop (to the token cap, or cut off while streaming), or citation markers in place
     of the content (:func:`markers_only`). A declining reply ("Not answerable") is an answer."""
@@ -305,9 +305,8 @@ class ReplyGuard:
 
     CHECK_EVERY = 8  # pieces between loop checks (a check scans the reply's tail)
 
-    def __init__(self, show: Callable[[str], None], question: str = ""):
+    def __init__(self, show: Callable[[str], None]):
         self.show = show
-        self.question = question
         self.text = ""
         self.shown = 0
         self.problem: Optional[str] = None
