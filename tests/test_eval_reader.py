@@ -377,9 +377,9 @@ def _mmlb_responder(req):
     system = req["messages"][0]["content"]
     if system == EXTRACT_PROMPT:
         reply = message_text(req).split("Reply: ", 1)[1]
-        return "Extracted answer: " + S.strip_citations(reply).strip()
+        return "Extracted answer: " + S.strip_citations(reply).strip().removeprefix("The chart shows the ")
     if message_images(req):
-        return "apple harvest per month [1]"
+        return "The chart shows the apple harvest per month [1]"  # a sentence: the model extracts it
     return "4.2 million euros [1]" if "4.2 million" in message_text(req) else "Not answerable"
 
 
@@ -412,6 +412,14 @@ def test_mmlongbench_sends_images_of_visual_notes_and_scores_by_format(tmp_path,
     by = {(a["selector"], a["qid"], a["seed"]): a for a in answers}
     assert by[("full", "mmlongbench-0001", 0)]["extracted"] == "apple harvest per month"
     assert by[("full", "mmlongbench-0001", 0)]["metrics"]["accuracy"] == 1.0
+    # a decline is read by rule; only the sentence went to the model's extraction
+    assert by[("full", "mmlongbench-0001", 0)]["extracted_by"] == "model"
+    assert by[("none", "mmlongbench-0002", 0)]["extracted_by"] == "decline"
+    extractions = [r for r in sent if r["messages"][0]["content"] == EXTRACT_PROMPT]
+    assert extractions and all("The chart shows" in message_text(r) for r in extractions)
+    # whether the evidence as sent held the answer's text: the revenue page does, nothing sent is undefined
+    assert by[("full", "mmlongbench-0000", 0)]["metrics"]["sent_has_answer"] == 1.0
+    assert by[("none", "mmlongbench-0000", 0)]["metrics"]["sent_has_answer"] is None
     assert by[("none", "mmlongbench-0000", 0)]["metrics"]["accuracy"] == 0.0  # declined an answerable question
     assert by[("none", "mmlongbench-0002", 0)]["metrics"]["accuracy"] == 1.0  # declined the unanswerable one
     rows = _summary(out)

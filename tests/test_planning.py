@@ -345,7 +345,10 @@ def test_cli_ask_agent_planning(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out)
-    assert result["answer"] == "Heron [1]." and result["agent"] == "planning"
+    # the reader cited the first note of its prompt (reading order): the answer names it by its evidence rank
+    cited = result["reader"]["cited"] if "reader" in result else None
+    assert re.fullmatch(r"Heron \[\d+\]\.", result["answer"]) and result["agent"] == "planning", result["answer"]
+    assert cited == ["n0"]  # n0 comes first in reading order, whatever its rank
     assert [n["id"] for n in result["trace"]["rounds"][0]["nodes"]] == ["q1", "q2", "q3"]
     assert node(result, 0, "q2")["answer"] == "10 meters [1]"
 

@@ -1,6 +1,7 @@
 """The reader client against a real local HTTP server speaking the OpenAI API (tests/scripted_server.py)."""
 
 import base64
+import re
 import socket
 import time
 
@@ -97,9 +98,13 @@ def test_parse_citations():
 def test_answer_end_to_end(evidence, png):
     def responder(req):
         text = message_text(req)
-        # Answer only if the evidence really arrived, citing the notes it came from.
+        # Answer only if the evidence really arrived, citing the notes it came from by their numbers in the
+        # prompt, which lists them in reading order: other.pdf's table, then paper.pdf's page 5 and page 6
+        figure = re.search(r"\[(\d)\] figure", text).group(1)
+        passage = re.search(r"\[(\d)\] text", text).group(1)
+        assert re.search(r"\[1\] table \| document: other.pdf", text) and (passage, figure) == ("2", "3")
         if "91.2%" in text and "Figure 3" in text and message_images(req):
-            return "<think>look at the plot</think>Accuracy is 91.2% [2], on the held-out split [1]."
+            return f"<think>look at the plot</think>Accuracy is 91.2% [{figure}], on the held-out split [{passage}]."
         return "Not answerable"
 
     with OpenAIServer(responder) as srv:
@@ -107,8 +112,11 @@ def test_answer_end_to_end(evidence, png):
         out = reader.answer("What accuracy does Figure 3 show?", evidence)
         assert len(srv.requests) == 1
         req = srv.requests[0]
+    # the answer's citations come back numbered as the evidence was passed (best first): the figure is 2nd
     assert out.text == "Accuracy is 91.2% [2], on the held-out split [1]."
+    assert out.raw == "Accuracy is 91.2% [3], on the held-out split [2]."
     assert out.cited == (2, 1) and not out.abstained
+    assert [e.doc_id for e in out.evidence] == ["other.pdf", "paper.pdf", "paper.pdf"]
     assert out.model == "test-model" and out.finish_reason == "stop"
     assert out.usage["total_tokens"] == 2 and out.latency_s > 0
     assert req["model"] == "test-model" and req["temperature"] == 0 and req["max_tokens"] == 1024

@@ -85,6 +85,42 @@ def parse_extracted(text: str) -> str:
     return body.splitlines()[0].strip() if body else ""
 
 
+# What a rule reads as a reply's short answer, without a model: a reply that is the answer alone.
+_NUMBER_ANSWER = re.compile(r"^[$€£]?\s*(-?\d{1,3}(?:,\d{3})+|-?\d+)(\.\d+)?\s*(%|percent)?$", re.IGNORECASE)
+_YES_NO = re.compile(r"^(yes|no)\b", re.IGNORECASE)
+SHORT_ANSWER_WORDS = 4
+EXTRACTION_RULES = ("decline", "yes_no", "number", "short")
+
+
+def extract_by_rule(reply: Optional[str]) -> Optional[tuple]:
+    """``(short answer, rule)`` where the reply already is its short answer, so that no model need extract it;
+    None where no rule applies (the model's extraction is used). The rules, in order, on the reply without its
+    citation marks, emphasis and final full stop:
+
+    - ``decline``: it declines or is empty (:func:`declines`) -> ``Not answerable``;
+    - ``yes_no``: it starts with the word yes or no -> ``Yes`` / ``No``;
+    - ``number``: it is a number alone (an optional currency sign, thousands separators, an optional per cent
+      sign) -> the number without sign or separators, ``%`` kept;
+    - ``short``: it is one line of at most :data:`SHORT_ANSWER_WORDS` words -> the line.
+    """
+    if declines(reply):
+        return NOT_ANSWERABLE, "decline"
+    body = strip_citations(str(reply)).strip()
+    for _ in range(2):  # "**Figure 3**." and "**Figure 3.**"
+        body = body.strip("*_`\"' ").rstrip(".").strip()
+    if not body:
+        return NOT_ANSWERABLE, "decline"
+    m = _YES_NO.match(body)
+    if m:
+        return m.group(1).capitalize(), "yes_no"
+    m = _NUMBER_ANSWER.match(body)
+    if m:
+        return m.group(1).replace(",", "") + (m.group(2) or "") + ("%" if m.group(3) else ""), "number"
+    if "\n" not in body and len(body.split()) <= SHORT_ANSWER_WORDS:
+        return body, "short"
+    return None
+
+
 ANLS_THRESHOLD = 0.5
 NOT_ANSWERABLE = "Not answerable"
 

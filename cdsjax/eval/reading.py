@@ -324,6 +324,20 @@ def cites_gold(query, evidence: Sequence[Any], text: str) -> Optional[float]:
     return float(any(gold(evidence[n - 1]) for n in cited))
 
 
+def sent_has_answer(query, sent: Sequence[Any], max_text_chars: Optional[int]) -> Optional[float]:
+    """1.0 when the evidence as the reader got it (``sent``: its text as the prompt held it, a cut note's kept
+    sentences) holds the gold answer's text (:func:`cdsjax.eval.answers.has_answer`), 0.0 when not; None where
+    the question has no answer text to look for (unanswerable, or a gold answer not found in its documents'
+    words) or nothing was sent."""
+    from cdsjax.eval.answers import answer_targets, has_answer
+    from cdsjax.io.reader import note_text
+
+    targets = answer_targets(query)
+    if not targets or not sent:
+        return None
+    return has_answer([note_text(i, max_text_chars) for i in sent], targets)
+
+
 def _gold_answers(query) -> List[str]:
     from cdsjax.io.reader import ABSTAIN
 
@@ -349,6 +363,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
     docstring); writes ``answers.jsonl`` and returns its records."""
     from cdsjax.io.llm import ReaderError
+    from cdsjax.io.reader import ABSTAIN
     from cdsjax.io.replies import markers_only
     from cdsjax.eval.settings import budgets_of
 
@@ -409,7 +424,8 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         try:
             # the one reading path (ask, serve and the pipeline read through it too): token budget, reply cache,
             # a reply that is no answer asked again once
-            out = reader.answer(q.question, source.items(ids), max_tokens=max_tokens, seed=seed,
+            items = source.items(ids)
+            out = reader.answer(q.question, items, max_tokens=max_tokens, seed=seed,
                                 whole=label == "full", on_token=lambda _: None, similarity=similarity)
             text = out.text
             rec.update(answer=text, reply=out.raw, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
@@ -420,10 +436,14 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                 rec["warnings"] = list(out.warnings)
             rec["metrics"]["markers_only"] = float(markers_only(out.raw, q.question))
             rec["metrics"]["no_answer"] = float(out.no_answer is not None)
-            rec["metrics"]["cites_gold"] = cites_gold(q, list(out.evidence), text)
+            rec["metrics"]["cites_gold"] = cites_gold(q, items, text)  # the answer's [n] are places in items
+            rec["metrics"]["sent_has_answer"] = sent_has_answer(q, out.evidence, reader.config.max_text_chars)
             if mmlb:
-                xm = S.extraction_messages(q.question, text or "Not answerable")
-                extracted = S.parse_extracted(reader.reply(xm, max_tokens=128)[0].content)
+                # the benchmark's short answer: by rule where the reply is one already, else by the model
+                extracted, rec["extracted_by"] = S.extract_by_rule(text) or (None, "model")
+                if extracted is None:
+                    xm = S.extraction_messages(q.question, text or S.NOT_ANSWERABLE)
+                    extracted = S.parse_extracted(reader.reply(xm, max_tokens=128)[0].content)
                 fmt = (q.meta or {}).get("answer_format")
                 rec["extracted"] = extracted
                 rec["metrics"]["accuracy"] = S.score_mmlongbench(extracted, str(q.answer or ""), fmt)
@@ -436,6 +456,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         if mmlb:
             return rec
         golds = _gold_answers(q)
+        rec["answerable"] = any(g != ABSTAIN for g in golds) if golds else None
         if "extractive_spans" in (q.meta or {}):
             rec["metrics"]["answer_f1"] = S.qasper_answer_f1(text, q.meta["extractive_spans"])
         rec["metrics"]["exact_match"] = S.exact_match(text, golds)

@@ -50,7 +50,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, 
 # The client and the reply parsing live in llm / replies; the names stay importable from here.
 from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError, count_images  # noqa: F401
 from cdsjax.io.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
-from cdsjax.io.replies import ReplyGuard, no_answer, parse_citations, starts_with, strip_thinking
+from cdsjax.io.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
+                               starts_with, strip_thinking)
 from cdsjax.io.reply_cache import content_hash, reply_key
 
 TEXT_KINDS = ("text",)
@@ -152,7 +153,9 @@ class ReaderAnswer:
 
     Attributes:
       text: the answer (any ``<think>`` block removed).
-      cited: evidence numbers (1-based, as in the prompt) the answer cites, in order of first citation.
+      cited: the notes the answer cites, in order of first citation, as 1-based places in the evidence passed to
+        :meth:`Reader.answer` (its rank): the prompt numbers its notes in :func:`reading_order`, and the answer's
+        ``[n]`` marks are renumbered back to the caller's order (``raw`` keeps the prompt's numbers).
       abstained: True when the reader said the evidence does not answer the question.
       usage: the server's token counts (prompt_tokens, completion_tokens, total_tokens), or None.
       latency_s: wall time of the call, retries included.
@@ -173,7 +176,8 @@ class ReaderAnswer:
       trimmed: notes sent as their sentences nearest the question (0 or 1).
       cached: the reply came from the reply cache.
       raw: the reply as written (thinking removed), also when it was no answer.
-      evidence: the evidence items as sent, in prompt order (a trimmed note with its kept sentences).
+      evidence: the evidence items as sent, in prompt order (:func:`reading_order`; a trimmed note with its kept
+        sentences).
     """
 
     text: str
@@ -222,6 +226,19 @@ QUESTION_LINE = "Answer with the content itself, then cite the evidence you used
 STRICT_LINE = ("Your reply must start with the answer itself, written out in words or numbers (a value, a name, a "
                "short phrase or \"Not answerable\"). Do not copy the evidence, its numbers or its headers; do not "
                "repeat yourself; write at most two sentences, then the [n] of the evidence you used.")
+
+
+def reading_order(items: Sequence[EvidenceItem]) -> list:
+    """The order of the evidence in every request: by document (its id), then page, then the note's place in its
+    document (its id's numbers in natural order: ``doc#12`` after ``doc#9``; a PDF note's id ends in its reading
+    order). Whatever order a selector ranked them in, the same notes make the same request; the rank decides
+    only what fits the token budget (:meth:`Reader.fit`) and what goes first when a request is too long."""
+
+    def key(item: EvidenceItem) -> tuple:
+        pieces = re.split(r"(\d+)", item.note_id)  # text at even places, digits at odd ones
+        return item.doc_id, item.page, tuple(int(p) if i % 2 else p for i, p in enumerate(pieces))
+
+    return sorted(items, key=key)
 
 
 def build_messages(
@@ -367,7 +384,8 @@ class Sent:
     Attributes:
       result: what ``send`` returned.
       messages: the chat messages sent.
-      evidence: the evidence items sent (the input, less ``dropped`` items at its end).
+      evidence: the evidence items sent, in prompt order (:func:`reading_order`; the input less ``dropped``
+        items at its end).
       image_mode: "images", "text" or "none" (see :class:`ReaderAnswer`).
       images: the image parts sent.
       dropped: items left out because the request was too long.
@@ -383,15 +401,24 @@ class Sent:
     warnings: tuple
 
 
+def prompt_numbers(items: Sequence[EvidenceItem], ordered: Sequence[EvidenceItem]) -> dict:
+    """Each prompt number of ``ordered`` (1-based) -> the 1-based place of that note in ``items``."""
+    place = {}
+    for k, item in enumerate(items, 1):
+        place.setdefault(item.note_id, k)
+    return {k: place[item.note_id] for k, item in enumerate(ordered, 1)}
+
+
 def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
                   send, *, max_text_chars: Optional[int] = 1500, known=None, strict: bool = False) -> Sent:
-    """Builds and sends the request of ``question`` over ``evidence`` as ``client.config.images`` allows, and
-    sends a shorter one while the server finds it too long (module docstring).
+    """Builds and sends the request of ``question`` over ``evidence`` (best first) as ``client.config.images``
+    allows, in :func:`reading_order`, and sends a shorter one, the last-ranked notes left out, while the server
+    finds it too long (module docstring).
 
     Args:
       client: the chat client (its images mode and what it learned of its server).
       send: ``send(messages, items)`` -> a result (``client.chat``, or a cached call around it); ``items``
-        are the evidence items those messages hold.
+        are the evidence items those messages hold, in prompt order.
       max_text_chars: longest text per note (None keeps everything).
       known: ``known(messages, items)`` is True where ``send`` needs no server (a reply cache), see
         :meth:`ChatClient.send_with_images`.
@@ -406,12 +433,13 @@ def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[Ev
     while True:
         def build(images: bool, kept=items) -> list:
             missing.clear()
-            return build_messages(question, kept, max_text_chars=max_text_chars, missing_images=missing,
-                                  images=images, strict=strict)
+            return build_messages(question, reading_order(kept), max_text_chars=max_text_chars,
+                                  missing_images=missing, images=images, strict=strict)
 
-        check = None if known is None else (lambda m, kept=items: known(m, kept))
+        ordered = reading_order(items)
+        check = None if known is None else (lambda m, kept=ordered: known(m, kept))
         try:
-            result, messages = client.send_with_images(build, lambda m, kept=items: send(m, kept), known=check)
+            result, messages = client.send_with_images(build, lambda m, kept=ordered: send(m, kept), known=check)
             break
         except ReaderError as err:
             if err.kind != "context_too_long" or not items:
@@ -428,7 +456,7 @@ def send_evidence(client: ChatClient, question: str, evidence: Sequence[Union[Ev
     if dropped:
         warnings.append(f"the request was too long for the reader's context: the last {dropped} of {total} "
                         f"evidence notes were left out")
-    return Sent(result=result, messages=messages, evidence=items, image_mode=mode, images=images, dropped=dropped,
+    return Sent(result=result, messages=messages, evidence=ordered, image_mode=mode, images=images, dropped=dropped,
                 warnings=tuple(warnings))
 
 
@@ -516,7 +544,8 @@ class Reader(ChatClient):
                whole: bool = False, similarity=None) -> ReaderAnswer:
         """Answers ``question`` from ``evidence`` (best first).
 
-        The evidence is fitted to the token budget (:meth:`fit`), numbered [1].. in the prompt, visual notes
+        The evidence is fitted to the token budget in rank order (:meth:`fit`), then numbered [1].. in the prompt
+        in :func:`reading_order` (the answer's citations come back numbered as ``evidence``), visual notes
         as images or as text (``config.images``); the last notes are left out where the server still finds
         the request too long (:func:`send_evidence`). A reply that is no answer (citation markers only, the
         evidence headers echoed, a loop: :func:`cdsjax.io.replies.no_answer`) is asked again once with a
@@ -540,37 +569,46 @@ class Reader(ChatClient):
         fitted = self.fit(question, items, whole=whole, similarity=similarity)
         problem, retried, first, sent, reply, cached = None, None, None, None, None, False
         for strict in (False, True):
-            guard = ReplyGuard(on_token) if on_token is not None else None
+            shown: dict = {}  # the guard and the citation renumbering of the request last sent
 
-            def send(messages, _items, guard=guard):
+            def send(messages, kept):
+                guard = None
+                if on_token is not None:  # the answer as written, its citations numbered as the caller's evidence
+                    shown["stream"] = CitationStream(on_token, prompt_numbers(items, kept))
+                    shown["guard"] = guard = ReplyGuard(shown["stream"])
                 return self.reply(messages, max_tokens=max_tokens, seed=seed, on_token=guard)
 
             sent = send_evidence(self, question, fitted.items, send, max_text_chars=self.config.max_text_chars,
                                  strict=strict, known=self._known(max_tokens, seed))
             reply, cached = sent.result
             first = reply.first_token_s if first is None else first
+            guard = shown.get("guard")
             problem = (guard.problem if guard is not None else None) or \
                 no_answer(reply.content, finish_reason=reply.finish_reason)
             if problem is None:
                 if guard is not None:
                     guard.release()
+                    shown["stream"].flush()
                 break
             if not strict:
                 retried = problem
                 if on_retry is not None:
                     on_retry(problem)
-        text = "" if problem is not None else strip_thinking(reply.content).strip()
+        raw = strip_thinking(reply.content)
+        numbers = prompt_numbers(items, sent.evidence)
+        text = "" if problem is not None else renumber_citations(raw.strip(), numbers)
         image_mode = sent.image_mode
         crops = {i.note_id for i in items if i.is_visual and i.image_path}
         if image_mode == "none" and any(i.note_id in crops for i in fitted.items):
             image_mode = "text"  # a crop did not fit the token budget: its note went as text
         return ReaderAnswer(
-            text=text, cited=parse_citations(text, len(sent.evidence)), abstained=is_abstention(text),
+            text=text, cited=tuple(numbers[k] for k in parse_citations(raw, len(sent.evidence))) if text else (),
+            abstained=is_abstention(text),
             usage=reply.usage, latency_s=reply.latency_s, model=reply.model, finish_reason=reply.finish_reason,
             warnings=sent.warnings, images=sent.images, image_mode=image_mode, dropped=sent.dropped + fitted.left_out,
             no_answer=problem, retried=retried,
             first_token_s=first, evidence_tokens=fitted.tokens, trimmed=fitted.trimmed, cached=cached,
-            raw=strip_thinking(reply.content), evidence=tuple(sent.evidence))
+            raw=raw, evidence=tuple(sent.evidence))
 
     def reply(self, messages: list, *, max_tokens: Optional[int] = None, seed: Optional[int] = None,
               on_token: Optional[Callable[[str], Optional[bool]]] = None) -> Tuple[ChatReply, bool]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 # A reasoning model's thinking block; tags in any case (some templates write <Think>).
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
@@ -62,6 +62,54 @@ def parse_citations(text: str, n_evidence: int) -> tuple:
                 if 1 <= k <= n_evidence and k not in seen:
                     seen.append(k)
     return tuple(seen)
+
+
+def _mark_numbers(inner: str, limit: int) -> list:
+    """The numbers of one citation mark's inside (``2``, ``1, 3``, ``2-4``), ranges within ``limit`` expanded."""
+    out: list = []
+    for piece in re.split(r"\s*[,;]\s*", inner):
+        bounds = [int(b) for b in re.split(r"\s*[-–]\s*", piece)]
+        lo, hi = bounds[0], bounds[-1]
+        out.extend(range(lo, hi + 1) if lo <= hi and hi - lo < limit else (lo, hi) if lo != hi else (lo,))
+    return out
+
+
+def renumber_citations(text: str, numbers: Mapping[int, int]) -> str:
+    """``text`` with its evidence numbers rewritten by ``numbers`` (the prompt's number -> the caller's), a mark
+    with several written as ``[a, b]``; a mark holding a number ``numbers`` lacks (a year in brackets) stays."""
+
+    def one(match) -> str:
+        found = _mark_numbers(match.group(1), max(len(numbers), 1))
+        if not found or any(k not in numbers for k in found):
+            return match.group(0)
+        return "[" + ", ".join(str(numbers[k]) for k in dict.fromkeys(found)) + "]"
+
+    return _CITATION.sub(one, text)
+
+
+class CitationStream:
+    """Renumbers the citations of a streamed reply (:func:`renumber_citations`) before ``show`` gets it: a piece
+    ending inside a mark (``"... [1"``) is held back until the mark closes; :meth:`flush` at the end."""
+
+    HOLD = 12  # an open bracket further back than this is text, not a mark being written
+
+    def __init__(self, show: Callable[[str], None], numbers: Mapping[int, int]):
+        self.show = show
+        self.numbers = numbers
+        self.pending = ""
+
+    def __call__(self, piece: str) -> None:
+        text, self.pending = self.pending + piece, ""
+        start = text.rfind("[")
+        if start != -1 and "]" not in text[start:] and len(text) - start <= self.HOLD:
+            text, self.pending = text[:start], text[start:]
+        if text:
+            self.show(renumber_citations(text, self.numbers))
+
+    def flush(self) -> None:
+        if self.pending:
+            text, self.pending = self.pending, ""
+            self.show(renumber_citations(text, self.numbers))
 
 
 def strip_citations(text: str) -> str:
