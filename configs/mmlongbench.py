@@ -14,7 +14,7 @@ the ingestion settings of ``configs/default.py``, which this config extends.
 
 import ml_collections
 
-from cdsjax.eval import reading
+from cdsjax.eval import reader_setup
 from cdsjax.io.index import default_config
 from configs import common
 
@@ -47,6 +47,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.embedder.show_progress = False
     # the reader stage (cdsjax.eval.reading): url "" = retrieval metrics only; "none" / "full" in selectors
     # are its controls (question alone / whole document)
-    config.reader = reading.reader_settings()
-    config.judge = reading.judge_settings()
+    config.reader = reader_setup.reader_settings()
+    config.judge = reader_setup.judge_settings()
     return config

@@ -13,7 +13,7 @@ and a caption with the paragraphs that cite its figure or table.
 
 import ml_collections
 
-from cdsjax.eval import reading
+from cdsjax.eval import reader_setup
 from cdsjax.io.index import default_config
 from configs import common
 
@@ -45,6 +45,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # the reader stage (cdsjax.eval.reading): url "" = retrieval metrics only; "none" / "full" in selectors
     # are its controls (question alone / whole document); reader.images "auto" sends figures as text to a
     # text-only server; judge.enabled False keeps token F1 and exact match and runs no judge
-    config.reader = reading.reader_settings()
-    config.judge = reading.judge_settings()
+    config.reader = reader_setup.reader_settings()
+    config.judge = reader_setup.judge_settings()
     return config

@@ -18,7 +18,7 @@ The data is ``<data_root>/visdom/<subset>/<subset>.csv`` with the PDFs in ``<sub
 
 import ml_collections
 
-from cdsjax.eval import reading
+from cdsjax.eval import reader_setup
 from cdsjax.io.index import default_config
 from configs import common
 
@@ -43,6 +43,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.num_resamples = 10_000
     config.dtype = "float32"
     config.embedder.show_progress = False
-    config.reader = reading.reader_settings()
-    config.judge = reading.judge_settings()
+    config.reader = reader_setup.reader_settings()
+    config.judge = reader_setup.judge_settings()
     return config

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from configs import answers
     from cdsjax.eval import evaluate, load_problems
     from cdsjax.eval.answers import has_answer
-    from cdsjax.eval.reading import EvidenceSource, sentence_similarity
+    from cdsjax.eval.answer_evidence import EvidenceSource, sentence_similarity
     from cdsjax.eval.records import RECORDS_FILE, read_records
     from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder

@@ -104,7 +104,7 @@ def main(argv):
         from experiments.eval_planning import run
 
         selectors = config.selectors if isinstance(config.selectors, str) else ",".join(config.selectors)
-        from cdsjax.eval.reading import local_reader
+        from cdsjax.eval.reader_setup import local_reader
 
         with exit_on_user_error("run_eval"), local_reader(config) as config:  # config.reader.local: a local model
             url = str(config.reader.get("url", "") or "") or os.environ.get("CDSJAX_READER_URL")

@@ -11,7 +11,7 @@ import pytest
 
 from cdsjax.eval import answer_scoring as S
 import cdsjax.io.reader as reader_module
-from cdsjax.eval import reading
+from cdsjax.eval import answer_evidence, reader_setup, reading
 from cdsjax.eval.problems import Problem
 from cdsjax.io.reply_cache import ReplyCache, reply_key
 from cdsjax.io import datasets as D
@@ -131,8 +131,8 @@ def _config(url, out_dir, **reader):
 
     c = ml_collections.ConfigDict({"selectors": "cosine,none", "budget": 2, "budgets": (2,),
                                    "output_dir": str(out_dir)})
-    c.reader = reading.reader_settings()
-    c.judge = reading.judge_settings()
+    c.reader = reader_setup.reader_settings()
+    c.judge = reader_setup.judge_settings()
     c.reader.url, c.reader.model, c.reader.max_retries = url, "test-model", 0
     for k, v in reader.items():
         c.reader[k] = v
@@ -262,11 +262,11 @@ def test_concurrency_is_bounded(tmp_path):
 def test_a_control_without_a_reader_is_refused():
     import ml_collections
 
-    c = ml_collections.ConfigDict({"selectors": "cosine,none", "reader": reading.reader_settings()})
+    c = ml_collections.ConfigDict({"selectors": "cosine,none", "reader": reader_setup.reader_settings()})
     with pytest.raises(ValueError, match="need a reader"):
-        reading.enabled(c)
+        reader_setup.enabled(c)
     c.selectors = "cosine"
-    assert reading.enabled(c) is False
+    assert reader_setup.enabled(c) is False
 
 
 # ---- end to end ----------------------------------------------------------------------------------------------
@@ -533,7 +533,7 @@ def test_a_text_only_reader_in_the_evaluation_is_refused_once_and_reruns_from_th
     png = tmp_path / "crop.png"
     Image.new("RGB", (4, 4)).save(png)
 
-    class WithFigures(reading.EvidenceSource):  # every question's second note is a figure with a crop
+    class WithFigures(answer_evidence.EvidenceSource):  # every question's second note is a figure with a crop
         def items(self, note_ids):
             import dataclasses
 
@@ -571,7 +571,7 @@ def test_a_text_only_reader_in_the_evaluation_is_refused_once_and_reruns_from_th
 
 
 def test_cites_gold_reads_the_markers_against_gold_notes_and_pages():
-    from cdsjax.eval.reading import cites_gold
+    from cdsjax.eval.answer_evidence import cites_gold
     from cdsjax.io.datasets.common import Query
     from cdsjax.io.reader import EvidenceItem
 

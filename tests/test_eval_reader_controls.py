@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from cdsjax.eval import reading
+from cdsjax.eval import answer_evidence, reader_setup, reading
 from cdsjax.eval.problems import Problem
 from cdsjax.eval.report import markdown_table, summary_rows
 from cdsjax.io.reply_cache import ReplyCache
@@ -52,9 +52,9 @@ def _pool_problem(qid, own_chars, other_chars):
 
 def test_full_control_sends_the_own_documents_where_they_fit(tmp_path):
     small, big = _pool_problem("small", 100, 3000), _pool_problem("big", 1400, 100)
-    assert reading.full_document_ids(small) == ["own#small1", "own#small2", "own#small4"]
+    assert answer_evidence.full_document_ids(small) == ["own#small1", "own#small2", "own#small4"]
     single = _problems(1)[0]  # no own documents named: every note of the problem
-    assert reading.full_document_ids(single) == single.note_ids
+    assert answer_evidence.full_document_ids(single) == single.note_ids
     logs = []
     with OpenAIServer(_responder()) as srv:
         # big: 3 own notes of 1400 characters (1400 tokens) + prompt 1500 + max_tokens 64 exceed 2500; small's own
@@ -76,12 +76,12 @@ def test_fits_reader_counts_tokens_and_images(tmp_path):
             for i in range(3)]
     kw = dict(max_tokens=100, max_text_chars=1500)
     # 3 x 100 + 1500 (prompt) + 100 = 1900 tokens
-    assert reading.fits_reader(text, max_context=1900, max_images=0, **kw)
-    assert not reading.fits_reader(text, max_context=1899, max_images=0, **kw)
+    assert answer_evidence.fits_reader(text, max_context=1900, max_images=0, **kw)
+    assert not answer_evidence.fits_reader(text, max_context=1899, max_images=0, **kw)
     # a figure with a crop costs 1500 tokens; more images than max_images never fits
-    assert reading.fits_reader(figs, max_context=100_000, max_images=3, **kw)
-    assert not reading.fits_reader(figs, max_context=100_000, max_images=2, **kw)
-    assert not reading.fits_reader(figs, max_context=1500 * 3 + 1500 + 99, max_images=0, **kw)
+    assert answer_evidence.fits_reader(figs, max_context=100_000, max_images=3, **kw)
+    assert not answer_evidence.fits_reader(figs, max_context=100_000, max_images=2, **kw)
+    assert not answer_evidence.fits_reader(figs, max_context=1500 * 3 + 1500 + 99, max_images=0, **kw)
 
 
 # ---- summaries: failures apart, seeds, paired differences ----------------------------------------------------
@@ -173,8 +173,8 @@ def test_get_or_fetch_after_a_failed_fetch_fetches_again(tmp_path):
 # ---- key, timeout, progress ----------------------------------------------------------------------------------
 
 def test_api_key_comes_from_the_environment_only(tmp_path, monkeypatch):
-    assert not any("key" in name for name in reading.reader_settings())
-    assert not any("key" in name for name in reading.judge_settings())
+    assert not any("key" in name for name in reader_setup.reader_settings())
+    assert not any("key" in name for name in reader_setup.judge_settings())
     monkeypatch.setenv("CDSJAX_READER_API_KEY", "sk-from-env-123")
     with OpenAIServer(_responder()) as srv:
         config = _config(srv.base_url, tmp_path)
@@ -216,7 +216,7 @@ def test_progress_bar_shows_the_answers(tmp_path, capsys):
 
 CHILD = """
 import pathlib, sys, types
-from cdsjax.eval import reading
+from cdsjax.eval import answer_evidence, reader_setup, reading
 from tests.test_eval_reader_controls import _ok_problems
 from tests.test_eval_reader import _config
 out = pathlib.Path(sys.argv[2])

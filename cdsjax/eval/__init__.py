@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 import cdsjax.eval.distributed as D
+import cdsjax.eval.reader_setup as reader_setup
 import cdsjax.eval.reading as reading
 from cdsjax.eval.pools import pool_spec, pooled_problems
 from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
@@ -97,7 +98,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     lead = process is None or process.index == 0
     if lead:
         start_run(out_dir, run_identity(config))
-        reading.enabled(config)  # a control without a reader, or a reader without a model: one line, now
+        reader_setup.enabled(config)  # a control without a reader, or a reader without a model: one line, now
 
     cache_dir = cache_dir_of(config)
     embedder = Embedder(config)
@@ -170,8 +171,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
                                merge=process is not None)
     names, answer_rows = metric_names(kind, pooled), []
-    if reading.enabled(config):  # the reader stage: answers of every selection and control, scored
-        with reading.local_reader(config, log) as read_config:  # a local llama.cpp server, if asked for
+    if reader_setup.enabled(config):  # the reader stage: answers of every selection and control, scored
+        with reader_setup.local_reader(config, log) as read_config:  # a local llama.cpp server, if asked for
             answers = reading.read_answers(read_config, bench, kind, problems, records, out_dir, embedder=embedder,
                                            cache_dir=cache_dir, progress=progress, log=log)
         records = reading.with_answer_metrics(records, answers)

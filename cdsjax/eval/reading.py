@@ -42,319 +42,22 @@ embedder, and a reply that is no answer asked again once; such an answer scores 
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
 import json
-import os
 import pathlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-import ml_collections
 import numpy as np
 
 from cdsjax.eval import answer_scoring as S
-from cdsjax.io.reply_cache import ReplyCache, content_hash, reply_key
+from cdsjax.eval.answer_evidence import (EvidenceSource, cites_gold, fits_reader, full_document_ids, gold_answers,
+                                        judge_call, sent_has_answer, sentence_similarity)
+from cdsjax.eval.reader_setup import clients, control_labels
+from cdsjax.io.reply_cache import ReplyCache
 
-CONTROLS = ("none", "full")
 ANSWERS_FILE = "answers.jsonl"
-JUDGE_PROMPT_VERSION = "judge-1"
 ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "no_answer", "cites_gold", "reader_error",
                   "judge_error")
-
-
-def reader_settings() -> ml_collections.ConfigDict:
-    """The ``config.reader`` block of an evaluation config (url "" = no reader stage)."""
-    return ml_collections.ConfigDict({
-        "url": "",  # the OpenAI-compatible server, e.g. http://localhost:8000/v1; the key: $CDSJAX_READER_API_KEY
-        "model": "",
-        "concurrency": 8,
-        "max_tokens": 1024,
-        "temperature": 0.0,
-        "timeout": 300.0,
-        "max_retries": 3,
-        "max_text_chars": 1500,
-        "seeds": (0,),
-        "max_context": 32768,  # tokens; the "full" control runs where the whole document fits
-        "max_images": 0,  # images one request may carry (vLLM's --limit-mm-per-prompt); 0: no limit
-        # the local reader (cdsjax.io.local_reader), started for the run when url is "": a preset ("default"),
-        # a .gguf path or hf:OWNER/REPO/FILE.gguf; "" = none. Its slots are the requests in flight.
-        "local": "",
-        "local_threads": 0,  # 0: every core
-        "local_ctx": 8192,  # context tokens per slot
-        "local_slots": 2,
-        # seconds the local reader stays up after the run, for the next run or `ask` to reuse (`cdsjax reader
-        # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
-        "local_keep_alive": ml_collections.config_dict.placeholder(float),
-        "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
-        # the evidence's token budget (cdsjax.io.evidence_fit): -1 the reader's own (the local reader's default,
-        # else derived from the server's window); 0 every note whole; N that many estimated tokens
-        "evidence_tokens": -1,
-    })
-
-
-def judge_settings() -> ml_collections.ConfigDict:
-    """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY;
-    enabled False = no judge: the rule-based scores alone)."""
-    # rationale False: the verdict alone (cdsjax.io.judge.VERDICT_ONLY_PROMPT), for a slow local judge
-    return ml_collections.ConfigDict({"enabled": True, "url": "", "model": "", "max_tokens": 1024,
-                                      "timeout": 120.0, "max_retries": 3, "rationale": True})
-
-
-def control_labels(config) -> List[str]:
-    """The control selectors (``none``, ``full``) among ``config.selectors``."""
-    labels = config.selectors
-    if isinstance(labels, str):
-        labels = [s.strip() for s in labels.split(",") if s.strip()]
-    return [s for s in labels if s in CONTROLS]
-
-
-def enabled(config) -> bool:
-    """Whether the config asks for the reader stage (``config.reader.url`` set).
-
-    Raises:
-      ValueError: a control selector is asked for without a reader, or no model is named.
-    """
-    reader = config.get("reader", None)
-    url = str(reader.get("url", "") or "") if reader is not None else ""
-    if not url and reader is not None and str(reader.get("local", "") or ""):
-        return True  # the local server names its own model
-    if not url:
-        if control_labels(config):
-            raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
-        return False
-    from cdsjax.io.llm import IMAGE_MODES
-
-    images = str(reader.get("images", "auto"))
-    if images not in IMAGE_MODES:
-        raise ValueError(f"config.reader.images must be one of {', '.join(IMAGE_MODES)}, got {images!r}")
-    if not str(reader.get("model", "") or os.environ.get("CDSJAX_READER_MODEL", "")):
-        raise ValueError("config.reader.model is empty: name the served model (it is part of every reply's "
-                         "cache key)")
-    return True
-
-
-LOCAL_TIMEOUT_S = 1800.0  # the least reader and judge timeout with a local server
-
-
-@contextlib.contextmanager
-def local_reader(config, log: Callable[[str], None] = print):
-    """Yields ``config`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local`` names a
-    model — a copy whose reader URL and model are those of a local llama.cpp server
-    (:class:`cdsjax.io.local_reader.LocalReader`: this user's running one for the same model and settings, else
-    one started now; released on leaving, it stays up ``config.reader.local_keep_alive`` seconds), with at most
-    its slots in flight. Its API key is ``$CDSJAX_READER_API_KEY`` while inside (keys never enter a config).
-    The judge, unless ``config.judge.url`` names another server, is the same local model."""
-    r = config.reader
-    name = str(r.get("local", "") or "")
-    if str(r.get("url", "") or "") or not name:
-        yield config
-        return
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
-
-    settings = LocalReaderConfig(model=name, threads=int(r.get("local_threads", 0)),
-                                 ctx_per_slot=int(r.get("local_ctx", 8192)), slots=int(r.get("local_slots", 2)),
-                                 keep_alive=keep_alive_setting(r.get("local_keep_alive", None)))
-    key_variable = "CDSJAX_READER_API_KEY"
-    with LocalReader(settings) as local, _environ(key_variable, local.api_key):
-        d = local.describe()
-        how = "reused, already running" if local.reused else f"started in {local.startup_s:.1f}s"
-        log(f"local reader: {d['model']} on {d['runtime']}, {d['threads']} threads, {d['slots']} slots of "
-            f"{d['ctx_per_slot']} tokens, {how} (log: {local.log_path})")
-        config = copy.deepcopy(config)
-        with config.unlocked():
-            config.reader.url = local.base_url
-            config.reader.model = local.model_name
-            config.reader.concurrency = min(int(r.concurrency), settings.slots)
-            config.reader.started_local = True  # the evidence budget defaults to the local reader's
-            # a CPU answers in 10-20 s alone, and several times slower beside other work: room for that
-            config.reader.timeout = max(float(r.timeout), LOCAL_TIMEOUT_S)
-            if "judge" in config and not str(config.judge.get("url", "") or ""):
-                config.judge.timeout = max(float(config.judge.get("timeout", 120.0)), LOCAL_TIMEOUT_S)
-        yield config
-
-
-@contextlib.contextmanager
-def _environ(name: str, value: Optional[str]):
-    """``os.environ[name] = value`` while inside (as it was afterwards)."""
-    before = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-def evidence_tokens(config) -> Optional[int]:
-    """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
-    token budgets; -1, the default: the local reader's :data:`cdsjax.defaults.LOCAL_EVIDENCE_TOKENS` with
-    ``config.reader.local``, else derived from the server's window)."""
-    from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
-
-    r = config.reader
-    value = int(r.get("evidence_tokens", -1))
-    if value >= 0:
-        return value
-    return LOCAL_EVIDENCE_TOKENS if bool(r.get("started_local", False)) else None
-
-
-def _clients(config, cache: Optional[ReplyCache] = None):
-    from cdsjax.io.judge import Judge
-    from cdsjax.io.reader import Reader, ReaderConfig
-
-    r = config.reader
-    rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),
-                      max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
-                      temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
-                      concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)),
-                      images=str(r.get("images", "auto")), evidence_tokens=evidence_tokens(config))
-    reader = Reader(rc, cache=cache)
-    j = config.get("judge", None) or judge_settings()
-    if not bool(j.get("enabled", True)):
-        return reader, None
-    jc = dataclasses.replace(rc, base_url=str(j.get("url", "") or r.url), model=str(j.get("model", "") or r.model),
-                             max_tokens=int(j.get("max_tokens", 1024)), timeout=float(j.get("timeout", 120.0)),
-                             max_retries=int(j.get("max_retries", 3)), temperature=0.0)
-    rationale = bool(j.get("rationale", True))
-    judge = Judge(jc, rationale=rationale) if j.get("url", "") else \
-        Judge(dataclasses.replace(jc, api_key=reader.config.api_key), rationale=rationale)
-    return reader, judge
-
-
-def _item_from_index_note(note: dict, note_id: str, rank: int):
-    from cdsjax.io.reader import KINDS, EvidenceItem
-
-    kind = note.get("kind", "text")
-    if kind not in KINDS:
-        kind = "figure" if note.get("image_path") else "text"
-    bbox = note.get("bbox")
-    return EvidenceItem(note_id=note_id, doc_id=str(note.get("doc_id") or note_id.split("#")[0]),
-                        page=int(note.get("page", 0)), kind=kind, text=note.get("text") or "",
-                        summary=note.get("summary") or "", caption=note.get("caption") or "",
-                        bbox=tuple(float(v) for v in bbox) if bbox is not None else None,
-                        image_path=note.get("image_path"), rank=rank, ocr_text=note.get("ocr_text") or "")
-
-
-class EvidenceSource:
-    """The reader's view of each note of the problems (:class:`~cdsjax.io.reader.EvidenceItem` by note id): a
-    text benchmark's paragraphs, or a PDF's index notes with their image crops."""
-
-    def __init__(self, problems, *, kind: str, indexes: Optional[Dict[str, Any]] = None):
-        self.kind = kind
-        self.notes: Dict[str, dict] = {}
-        if indexes is not None:
-            for doc_id, idx in indexes.items():
-                for note in idx.notes:
-                    self.notes[f"{doc_id}#{note['reading_order']}"] = dict(note, doc_id=doc_id)
-        else:
-            for p in problems:
-                for nid, doc, text in zip(p.note_ids, p.docs, p.texts or [""] * len(p.note_ids)):
-                    self.notes.setdefault(nid, {"doc_id": doc, "page": 0, "kind": "text", "text": text})
-
-    def items(self, note_ids: Sequence[str]) -> list:
-        return [_item_from_index_note(self.notes[n], n, r) for r, n in enumerate(note_ids, 1)]
-
-
-def _estimated_tokens(items, max_text_chars: int) -> int:
-    from cdsjax.io.evidence_fit import TOKENS_PER_IMAGE, estimate_tokens
-    from cdsjax.io.reader import PROMPT_RESERVE_TOKENS, note_text
-
-    images = sum(1 for i in items if i.is_visual and i.image_path)
-    return sum(estimate_tokens(note_text(i, max_text_chars)) for i in items) + TOKENS_PER_IMAGE * images \
-        + PROMPT_RESERVE_TOKENS
-
-
-def fits_reader(items, *, max_context: int, max_images: int, max_tokens: int, max_text_chars: int) -> bool:
-    """Whether a request with evidence ``items`` fits the reader: its estimated prompt (3 characters a token,
-    a fixed cost per image and for the prompt) plus ``max_tokens`` within ``max_context`` tokens, and at most
-    ``max_images`` images (0: any number)."""
-    images = sum(1 for i in items if i.is_visual and i.image_path)
-    if max_images and images > max_images:
-        return False
-    return _estimated_tokens(items, max_text_chars) + max_tokens <= max_context
-
-
-def full_document_ids(problem) -> List[str]:
-    """The notes the ``full`` control sends: every note of the question's own documents in the problem's order
-    (a pool's distractor documents left out), or every note of the problem where it names no own documents."""
-    own = set(problem.gold_docs or ())
-    if not own:
-        return list(problem.note_ids)
-    return [n for n, d in zip(problem.note_ids, problem.docs) if d in own]
-
-
-def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
-    from cdsjax.io.judge import parse_verdict
-    from cdsjax.io.llm import ReaderError
-
-    key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
-                    prompt_hash=content_hash(judge.prompt), question=question, gold=gold, predicted=predicted)
-
-    def fetch():
-        verdict = judge.judge(question, gold, predicted)
-        return {"correct": bool(verdict.correct), "score": float(verdict.score), "raw": verdict.raw}
-
-    hit, _ = cache.get_or_fetch(key, fetch)
-    try:
-        parse_verdict(hit["raw"]) if hit.get("raw") else None
-    except ValueError as err:  # a cached reply the current parser cannot read
-        raise ReaderError(f"judge reply unreadable: {err}", kind="bad_response") from None
-    return float(hit["correct"])
-
-
-def cites_gold(query, evidence: Sequence[Any], text: str) -> Optional[float]:
-    """1.0 when the answer cites (``[n]``) a gold note — a gold paragraph on text benchmarks, a note on a gold
-    page on PDF benchmarks — 0.0 when it cites none (or nothing), None without evidence or without gold."""
-    from cdsjax.io.replies import parse_citations
-
-    if not evidence or not (query.gold_note_ids or query.gold_pages):
-        return None
-
-    def gold(item) -> bool:
-        if item.note_id in query.gold_note_ids:
-            return True
-        return item.page in query.gold_pages.get(item.doc_id, ())
-
-    cited = parse_citations(text, len(evidence))
-    return float(any(gold(evidence[n - 1]) for n in cited))
-
-
-def sent_has_answer(query, sent: Sequence[Any], max_text_chars: Optional[int]) -> Optional[float]:
-    """1.0 when the evidence as the reader got it (``sent``: its text as the prompt held it, a cut note's kept
-    sentences) holds the gold answer's text (:func:`cdsjax.eval.answers.has_answer`), 0.0 when not; None where
-    the question has no answer text to look for (unanswerable, or a gold answer not found in its documents'
-    words) or nothing was sent."""
-    from cdsjax.eval.answers import answer_targets, has_answer
-    from cdsjax.io.reader import note_text
-
-    targets = answer_targets(query)
-    if not targets or not sent:
-        return None
-    return has_answer([note_text(i, max_text_chars) for i in sent], targets)
-
-
-def _gold_answers(query) -> List[str]:
-    from cdsjax.io.reader import ABSTAIN
-
-    meta = query.meta or {}
-    answers = list(meta.get("answers") or ([query.answer] if query.answer is not None else []))
-    out = [ABSTAIN if a.strip().lower() in ("unanswerable", "not answerable") else a for a in answers if a]
-    return list(dict.fromkeys(out))
-
-
-def sentence_similarity(embedder):
-    """``similarity(question, sentences)`` under ``embedder`` (cosine): what trimming a note to the reader's token
-    budget keeps, as ``ask`` does with the index's embedder."""
-    def similarity(question: str, sentences) -> list:
-        vectors = np.asarray(embedder.encode_queries([question, *sentences]), dtype=np.float64)
-        return (vectors[1:] @ vectors[0]).tolist()
-
-    return similarity
 
 
 def read_answers(config, bench, kind: str, problems, records: Sequence[dict], out_dir: pathlib.Path, *,
@@ -404,7 +107,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             f"config.reader.max_context={int(r.max_context)} tokens"
             + (f" and config.reader.max_images={max_images}" if max_images else ""))
     cache = ReplyCache(out_dir / "replies")
-    reader, judge = _clients(config, cache)
+    reader, judge = clients(config, cache)
     similarity = sentence_similarity(embedder) if embedder is not None else None
 
     model = str(r.model) or reader.model
@@ -455,7 +158,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             return _failed(rec, {"kind": "evidence", "message": str(err)})
         if mmlb:
             return rec
-        golds = _gold_answers(q)
+        golds = gold_answers(q)
         rec["answerable"] = any(g != ABSTAIN for g in golds) if golds else None
         if "extractive_spans" in (q.meta or {}):
             rec["metrics"]["answer_f1"] = S.qasper_answer_f1(text, q.meta["extractive_spans"])
@@ -466,7 +169,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             rec.update(judge_label)
             try:
                 # correct against any gold answer; the judge is asked gold by gold until one agrees
-                rec["metrics"]["accuracy"] = float(any(_judge_call(judge, cache, q.question, g, text) for g in golds))
+                rec["metrics"]["accuracy"] = float(any(judge_call(judge, cache, q.question, g, text) for g in golds))
                 rec["metrics"]["judge_error"] = 0.0
             except ReaderError as err:  # the answer and its rule-based scores stand; only the verdict is missing
                 rec["judge_error"] = {"kind": err.kind, "message": str(err)}
