@@ -25,7 +25,6 @@ runs until its slowest query stops). The matmul peak is a jitted float32
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import jax
@@ -34,6 +33,7 @@ import numpy as np
 
 from cdsjax import core
 from cdsjax.core.compat import cds_select
+from cdsjax.io.util import usable_cores
 
 
 def clustered(rng, b, n, d=384, clusters=12, spread=0.35):
@@ -252,7 +252,7 @@ def main():
         selectors = {k: v for k, v in selector_fns(args.budget).items() if k in wanted}
         if set(wanted) - set(selectors):
             parser.error(f"unknown or unavailable selectors: {sorted(set(wanted) - set(selectors))}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     ceilings = []
     print()
     print("| selector | (b, n) | JAX batch q/s | JAX per-query loop q/s | batch/loop | NumPy CDS loop q/s | ratio | mean steps | converged | useful GFLOP/s | executed GFLOP/s | % of matmul peak (executed) |")

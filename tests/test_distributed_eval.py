@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdsjax.eval import distributed
+from cdsjax.io.child import pid_alive
 from cdsjax.io.util import free_port
 from tests.conftest import DATA, ROOT
 
@@ -203,3 +204,26 @@ def test_compiling_on_one_core_is_this_thread_only_and_restored():
     ex = Executables()
     assert (ex.executable(f, [a, x])(a, x) == f(a, x)).all()
     assert ex.executable(f, [a, x]) is ex.executable(f, [a, x])  # compiled once
+
+
+def test_launch_local_stops_the_others_when_one_fails(tmp_path, capsys):
+    """The launcher's own part, with a stand-in script: each process gets its place and (with enough cores) a core
+    of its own; one that fails stops the others (cdsjax.io.child.stop) and says so in one line."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "i = int(next(a for a in sys.argv if a.startswith('--process_id=')).split('=')[1])\n"
+        f"open(os.path.join({str(pids)!r}, str(i)), 'w').write(str(os.getpid()))\n"
+        "if 'fail' in sys.argv and i == 1:\n"
+        "    while len(os.listdir(" + repr(str(pids)) + ")) < 2: time.sleep(0.02)\n"
+        "    sys.exit(3)\n"
+        "if 'fail' in sys.argv: time.sleep(120)\n")
+    assert distributed.launch_local(str(script), ["ok"], 2, prog="job") == 0
+    t0 = time.monotonic()
+    assert distributed.launch_local(str(script), ["fail"], 2, prog="job", output_dir="OUT") == 1
+    assert time.monotonic() - t0 < 60  # process 0 was stopped, not waited for
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "job: error: process 1 of 2 failed (exit code 3)" in err[0] and "in OUT" in err[0]
+    assert not pid_alive(int((pids / "0").read_text()))

@@ -11,6 +11,7 @@ import zipfile
 
 import pytest
 
+from cdsjax.io import local_launch
 from cdsjax.io import local_model as M
 from cdsjax.io import local_reader as L
 from tests.conftest import ROOT, run_command
@@ -91,7 +92,7 @@ def test_start_failures_are_one_line(tmp_path, monkeypatch):
         L.LocalReader(model=str(good)).start()
     assert err.value.kind == "runtime" and "cdsjax[reader]" in str(err.value)
     monkeypatch.setattr(L, "runtime_installed", lambda: True)
-    monkeypatch.setattr(L, "available_memory", lambda: 50 << 20)
+    monkeypatch.setattr(local_launch, "available_memory", lambda: 50 << 20)
     with pytest.raises(L.LocalReaderError) as err:
         L.LocalReader(model=str(good), log_dir=str(tmp_path)).start()
     assert err.value.kind == "memory" and "not enough memory" in str(err.value) and "\n" not in str(err.value)
@@ -204,7 +205,7 @@ def test_a_text_only_local_server_reads_a_figure_note_as_text(with_local_reader,
 def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, monkeypatch):
     good = tmp_path / "m.gguf"
     good.write_bytes(b"GGUF" + b"\0" * 64)
-    monkeypatch.setattr(L, "_healthy", lambda url: False)  # as if the server never came up
+    monkeypatch.setattr(local_launch, "http_ok", lambda url, timeout=2.0: False)  # as if the server never came up
     reader = L.LocalReader(model=str(good), log_dir=str(tmp_path), startup_timeout=0.5)
     with pytest.raises(L.LocalReaderError) as err:
         reader.start()

@@ -1,6 +1,6 @@
 """The local reader that stays warm (cdsjax.io.local_reader, keep-alive > 0): its record in the cdsjax cache
-(private modes, this user's only), reuse by a later process, a dead or foreign record replaced, the idle
-timeout, the API key, and `cdsjax reader status | stop`.
+(cdsjax.io.local_records: private modes, this user's only), reuse by a later process, a dead or foreign record
+replaced, the idle timeout, the API key, and `cdsjax reader status | stop`.
 
 Every test uses a cdsjax cache of its own (the model file is found in the default cache, where `make` assembles
 it) and stops whatever server it started (the `warm_cache` fixture)."""
@@ -18,6 +18,9 @@ import pytest
 
 from cdsjax import cli
 from cdsjax.io import local_reader as L
+from cdsjax.io import local_records as R
+from cdsjax.io.child import pid_alive, reap
+from cdsjax.io.util import free_port
 from tests.conftest import ROOT, run_command
 
 SMALL = dict(threads=1, ctx_per_slot=512, startup_timeout=120)
@@ -30,8 +33,8 @@ def warm_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CDSJAX_CACHE", str(cache))
     monkeypatch.delenv("CDSJAX_READER_KEEP_ALIVE", raising=False)
     yield cache
-    L.stop_readers()
-    assert not L._own_processes(L.readers_dir()), "a reader of the test's cache is still running"
+    R.stop_readers()
+    assert not R.own_servers(R.readers_dir()), "a reader of the test's cache is still running"
 
 
 def _status() -> list:
@@ -60,8 +63,8 @@ def _http(url: str, key=None) -> int:
 def _wait_gone(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        L._reap(pid)
-        if not L._process_alive(pid):
+        reap(pid)
+        if not pid_alive(pid):
             return True
         time.sleep(0.2)
     return False
@@ -89,33 +92,33 @@ def test_keep_alive_setting_flag_then_environment_then_default(monkeypatch):
 def test_records_are_private_and_only_this_users_own_are_read(tmp_path):
     path = tmp_path / "r.json"
     record = dict(version=1, pid=os.getpid(), uid=os.getuid(), port=1234, api_key="k")
-    L.write_record(path, record)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and L.read_record(path)["api_key"] == "k"
+    R.write_record(path, record)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and R.read_record(path)["api_key"] == "k"
     os.chmod(path, 0o640)  # readable by the group: the key may have leaked, never used
-    assert L.read_record(path) is None
+    assert R.read_record(path) is None
     os.chmod(path, 0o600)
     link = tmp_path / "link.json"
     link.symlink_to(path)
-    assert L.read_record(link) is None
-    L.write_record(path, dict(record, uid=os.getuid() + 1))  # says it is another user's
-    assert L.read_record(path) is None
+    assert R.read_record(link) is None
+    R.write_record(path, dict(record, uid=os.getuid() + 1))  # says it is another user's
+    assert R.read_record(path) is None
     path.write_text("{not json")
-    assert L.read_record(path) is None
-    L.write_record(path, dict(record, port="1234"))
-    assert L.read_record(path) is None
+    assert R.read_record(path) is None
+    R.write_record(path, dict(record, port="1234"))
+    assert R.read_record(path) is None
     if os.getuid() == 0:  # a file another user owns, in a directory of ours
-        L.write_record(path, record)
+        R.write_record(path, record)
         os.chown(path, 4242, -1)
-        assert L.read_record(path) is None
+        assert R.read_record(path) is None
 
 
 def test_a_dead_or_foreign_record_is_not_used(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    base = dict(version=1, uid=os.getuid(), port=L.free_port(), api_key="k")
-    assert not L.server_answers(dict(base, pid=dead.pid))  # no such process
-    assert not L.server_answers(dict(base, pid=os.getpid()))  # alive, but not a reader server
-    assert not L.server_answers(dict(base, pid=1))  # init: not this module's server
+    base = dict(version=1, uid=os.getuid(), port=free_port(), api_key="k")
+    assert not R.server_answers(dict(base, pid=dead.pid))  # no such process
+    assert not R.server_answers(dict(base, pid=os.getpid()))  # alive, but not a reader server
+    assert not R.server_answers(dict(base, pid=1))  # init: not this module's server
 
 
 def test_a_cache_others_may_read_gets_a_reader_of_its_own(warm_cache, monkeypatch):
@@ -129,9 +132,9 @@ def test_a_cache_others_may_read_gets_a_reader_of_its_own(warm_cache, monkeypatc
     model.write_bytes(b"GGUF" + b"\0" * 64)
     monkeypatch.setattr(L, "runtime_installed", lambda: True)
     monkeypatch.setattr(L.LocalReader, "_start_process", fake_start)
-    L.readers_dir().mkdir(parents=True)
+    R.readers_dir().mkdir(parents=True)
     os.chmod(warm_cache, 0o700)
-    os.chmod(L.readers_dir(), 0o755)
+    os.chmod(R.readers_dir(), 0o755)
     reader = L.LocalReader(model=str(model), keep_alive=60).start()
     assert started == [(os.getpid(), None)] and not reader.shared  # the caller's own: it watches its parent
     assert reader.keep_alive == 0 and "may be read by others" in reader.describe()["not_shared"]
@@ -141,8 +144,8 @@ def test_a_cache_others_may_read_gets_a_reader_of_its_own(warm_cache, monkeypatc
 
 def test_no_exit_handler_is_installed_at_import():
     code = ("import atexit, sys; import cdsjax.io.local_model; n = atexit._ncallbacks(); "
-            "import cdsjax.io.local_reader as L; "
-            "sys.exit(0 if not L._EXIT_REGISTERED and atexit._ncallbacks() == n else 1)")
+            "import cdsjax.io.local_reader as L; from cdsjax.io.local_held import HELD; "
+            "sys.exit(0 if not HELD.exit_registered and atexit._ncallbacks() == n else 1)")
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
     assert done.returncode == 0
 
@@ -156,15 +159,15 @@ def test_a_second_process_reuses_the_warm_reader_behind_its_key(local_model, war
     # a record left by a server that has died is replaced
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    key = L.server_key(local_model, threads=1, ctx_per_slot=512, slots=1)
-    L.readers_dir().mkdir(parents=True, mode=0o700)
-    L.write_record(L.readers_dir() / f"{key}.json", dict(version=1, pid=dead.pid, uid=os.getuid(),
-                                                        port=L.free_port(), api_key="k"))
+    key = R.server_key(local_model, threads=1, ctx_per_slot=512, slots=1)
+    R.readers_dir().mkdir(parents=True, mode=0o700)
+    R.write_record(R.readers_dir() / f"{key}.json", dict(version=1, pid=dead.pid, uid=os.getuid(),
+                                                        port=free_port(), api_key="k"))
     with L.LocalReader(keep_alive=60, progress=False, **SMALL) as first:
         assert first.shared and not first.reused and first.describe()["reused"] is False
         assert first.record_path.name == f"{key}.json" and first.record["pid"] != dead.pid
         pid, root = first.record["pid"], first.base_url[: -len("/v1")]
-        directory = L.readers_dir()
+        directory = R.readers_dir()
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
         assert stat.S_IMODE(first.record_path.stat().st_mode) == 0o600
         assert _http(root + "/v1/models") == 401 and _http(root + "/v1/models", "wrong") == 401
@@ -172,7 +175,7 @@ def test_a_second_process_reuses_the_warm_reader_behind_its_key(local_model, war
         assert first.reader_config().api_key == first.api_key
         # the key is on no command line (`ps` shows those to every user)
         assert first.api_key not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert L._process_alive(pid)  # released, not stopped
+    assert pid_alive(pid)  # released, not stopped
     # another process asks for the same server: it is reused, no second one starts; its keep-alive applies
     code = ("import json, os, cdsjax.io.local_reader as L; "
             "r = L.LocalReader(keep_alive=90, progress=False, threads=1, ctx_per_slot=512).start(); "
@@ -182,7 +185,7 @@ def test_a_second_process_reuses_the_warm_reader_behind_its_key(local_model, war
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads(done.stdout.strip().splitlines()[-1])
     assert again["reused"] is True and again["pid"] == pid
-    assert list(L._own_processes(directory)) == [pid]
+    assert list(R.own_servers(directory)) == [pid]
     listed = _status()
     assert [(s["pid"], s["alive"], s["keep_alive"]) for s in listed] == [(pid, True, 90.0)]
     assert "port" in _cli("reader", "status")
@@ -194,15 +197,15 @@ def test_a_second_process_reuses_the_warm_reader_behind_its_key(local_model, war
 def test_a_record_that_does_not_match_is_replaced_and_an_idle_reader_exits(local_model, warm_cache):
     with L.LocalReader(keep_alive=2, progress=False, **SMALL) as first:
         path, old = first.record_path, dict(first.record)
-    assert L._process_alive(old["pid"])
+    assert pid_alive(old["pid"])
     # the record no longer matches its server (a wrong key): the next start replaces it
-    L.write_record(path, dict(old, api_key="not-the-key"))
+    R.write_record(path, dict(old, api_key="not-the-key"))
     with L.LocalReader(keep_alive=2, progress=False, **SMALL) as second:
         assert not second.reused and second.record["pid"] != old["pid"]
         new = second.record["pid"]
         assert _wait_gone(old["pid"], 15)  # nobody finds the old one any more: it leaves
         time.sleep(3)  # held: kept up past its keep-alive
-        assert L._process_alive(new) and L.read_record(path)["pid"] == new
+        assert pid_alive(new) and R.read_record(path)["pid"] == new
     assert _wait_gone(new, 2 + 10) and not path.exists()  # idle for its keep-alive: gone, its record too
 
 
@@ -220,12 +223,12 @@ def test_a_second_ask_reuses_the_warm_reader(demo_run, with_local_reader, tmp_pa
         code, out, err = run_command(tmp_path, *argv, timeout=600)
         assert code == 0, err[-2000:]
         first = json.loads(out)["reader"]["local"]
-        pids = list(L._own_processes(L.readers_dir()))
+        pids = list(R.own_servers(R.readers_dir()))
         code, out, err = run_command(tmp_path, *argv, timeout=600)
         assert code == 0, err[-2000:]
         second = json.loads(out)["reader"]["local"]
         assert first["reused"] is False and second["reused"] is True and second["keep_alive_s"] == 120
-        assert len(pids) == 1 and list(L._own_processes(L.readers_dir())) == pids
+        assert len(pids) == 1 and list(R.own_servers(R.readers_dir())) == pids
     finally:
-        L.stop_readers()
-    assert not L._own_processes(L.readers_dir())
+        R.stop_readers()
+    assert not R.own_servers(R.readers_dir())

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cdsjax import cli
+from cdsjax.io.util import free_port
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
 from tests.scripted_server import OpenAIServer, message_images, message_text
 from cdsjax.catalog import DEFAULT_SELECTOR, display
@@ -211,13 +212,7 @@ def test_reader_from_environment_and_server_errors(demo_index, capsys, cache, mo
 
 
 def test_ask_server_down_is_one_clear_line(demo_index, capsys, cache):
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    code, out, err = run_cli(capsys, "ask", str(demo_index), "q?", "--reader-url", f"http://127.0.0.1:{port}/v1",
+    code, out, err = run_cli(capsys, "ask", str(demo_index), "q?", "--reader-url", f"http://127.0.0.1:{free_port()}/v1",
                              "--reader-model", "m", "--timeout", "2", "--retries", "0")
     assert code == 1 and "cannot reach" in err and len(err.strip().splitlines()) == 1
 

@@ -2,7 +2,6 @@
 
 import base64
 import re
-import socket
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from cdsjax.io.reader import (
     build_messages,
     parse_citations,
 )
+from cdsjax.io.util import free_port
 from tests.scripted_server import OpenAIServer, completion, message_images, message_text
 
 FAST = dict(model="test-model", max_retries=2, backoff=0.01, max_backoff=0.02, timeout=5.0)
@@ -42,10 +42,7 @@ def evidence(png):
 
 
 def closed_port_url():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 def test_build_messages_carries_question_text_and_images(evidence, png):

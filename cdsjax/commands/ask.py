@@ -247,7 +247,7 @@ def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
     import contextlib
 
-    from cdsjax.io.local_reader import stop_on_sigterm
+    from cdsjax.io.local_held import stop_on_sigterm
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(stop_on_sigterm())

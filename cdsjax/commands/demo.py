@@ -127,8 +127,8 @@ def run(args) -> int:
 
     from cdsjax import demo
     from cdsjax.commands.ask import make_reader
-    from cdsjax.io.local_reader import stop_on_sigterm
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
+    from cdsjax.io.local_held import stop_on_sigterm
     from cdsjax.pipeline import Corpus, Pipeline, enable_compilation_cache
 
     if args.budget < 1:

@@ -17,13 +17,12 @@ import dataclasses
 import os
 import pathlib
 import re
-import signal
-import subprocess
 import sys
 import time
 from typing import List, Optional, Sequence
 
-from cdsjax.io.util import free_port
+from cdsjax.io.child import spawn, stop
+from cdsjax.io.util import free_port, usable_core_ids
 
 BARRIER_TIMEOUT_S = 6 * 3600  # processes may differ by hours (indexing on a cold cache) before they join
 SHARD_RE = re.compile(r"^records\.(\d+)-of-(\d+)\.jsonl$")
@@ -154,14 +153,12 @@ def launch_local(script: str, argv: Sequence[str], processes: int, *, prog: str 
     """Runs ``script argv`` as ``processes`` local processes joined through a coordinator on 127.0.0.1.
 
     Each process gets one CPU device (``JAX_PLATFORMS=cpu``) and, when there are enough cores, a core of
-    its own; only process 0 shows progress bars. If one process fails, the others are stopped and one line
+    its own; only process 0 shows progress bars. The processes end with this one (:func:`cdsjax.io.child.spawn`
+    with ``die_with_parent``: also when it is killed). If one process fails, the others are stopped and one line
     says which failed; the records written so far stay, so the same command resumes. Returns the exit code.
     """
     port = free_port()
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = []
+    cores = usable_core_ids()
     children = []
     for i in range(processes):
         env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -170,13 +167,8 @@ def launch_local(script: str, argv: Sequence[str], processes: int, *, prog: str 
                 f"--num_processes={processes}", f"--process_id={i}"]
         if i > 0:
             args.append("--noprogress")
-        pin = None
-        if len(cores) >= processes:
-            core = cores[i]
-
-            def pin(core=core):
-                os.sched_setaffinity(0, {core})
-        children.append(subprocess.Popen(args, env=env, preexec_fn=pin))
+        children.append(spawn(args, env=env, die_with_parent=True,
+                              core=cores[i] if len(cores) >= processes else None))
     failed = None
     try:
         while failed is None:
@@ -191,26 +183,13 @@ def launch_local(script: str, argv: Sequence[str], processes: int, *, prog: str 
     except KeyboardInterrupt:
         failed = (None, "interrupted")
     finally:
-        _stop(children)
+        stop(*children, timeout=10)
     i, rc = failed
     where = f" in {output_dir}" if output_dir else ""
     who = "interrupted" if i is None else f"process {i} of {processes} failed (exit code {rc})"
     print(f"{prog}: error: {who}; the other processes were stopped; the records written so far are kept{where} "
           f"and the same command resumes from them", file=sys.stderr)
     return 1
-
-
-def _stop(children) -> None:
-    for c in children:
-        if c.poll() is None:
-            c.send_signal(signal.SIGTERM)
-    deadline = time.time() + 10
-    for c in children:
-        try:
-            c.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            c.kill()
-            c.wait()
 
 
 def merged_records(out_dir: pathlib.Path, records_name: str, bench_name: str, specs, budgets, problems, *,

@@ -18,7 +18,12 @@ sentence-transformers or openai. Import the submodules you need:
   ``verify_index`` / ``list_index`` / ``index_pdf`` (a package: keys, build, stages, workers, repair, load,
   single-PDF cache, around one ``BuildContext``);
 - :mod:`cdsjax.io.store` — the on-disk index, the writer lock and the shared document cache.
-- :mod:`cdsjax.io.memory` — how the ingestion processes use the C allocator (fewer page faults).
+- :mod:`cdsjax.io.memory` — how the ingestion processes use the C allocator (fewer page faults);
+- :mod:`cdsjax.io.local_reader` — llama.cpp's server on this machine as a reader (``LocalReader``), with its
+  model file (``local_model``), its start (``local_launch``), the server process (``local_serve``), the shared
+  servers' records (``local_records``) and the servers this process holds (``local_held``);
+- :mod:`cdsjax.io.child` — child processes: start, not outliving the parent, wait until ready, stop;
+- :mod:`cdsjax.io.util` — the cores this process may use, a free port, a message on one line.
 """
 
 from cdsjax.io.elements import IngestError

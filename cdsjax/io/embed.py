@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.io.model_files import MINILM_NAMES, resolve_model
+from cdsjax.io.util import one_line
 from cdsjax.memo import PROCESS
 
 
@@ -205,7 +206,7 @@ class Embedder:
         except Exception as err:
             raise EmbedderError(
                 f"cannot load embedding model {self.model_name!r} from {self.source} "
-                f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+                f"({type(err).__name__}: {one_line(err, 200)}); "
                 "it needs the Hugging Face hub or a local copy"
             ) from None
 

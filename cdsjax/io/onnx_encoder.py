@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.io.parse.layout import layout_threads  # the share of the cores chosen for this process
-from cdsjax.io.util import usable_cores
+from cdsjax.io.util import one_line, usable_cores
 from cdsjax.memo import PROCESS
 
 EXPORT_VERSION = 1  # part of an exported file's name: bump when export_model changes what it writes
@@ -232,7 +232,7 @@ class SentenceEncoder:
         try:  # one export and session per model per process
             return PROCESS.onnx_encoders.get(key, lambda: cls(root, info)), ""
         except Exception as err:  # noqa: BLE001 - no torch to export, unreadable files: sentence-transformers
-            return None, f"the ONNX export failed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+            return None, f"the ONNX export failed ({type(err).__name__}: {one_line(err, 200)})"
 
     def _run(self, encodings, rows: Sequence[int], width: int) -> np.ndarray:
         ids = np.full((len(rows), width), self.pad_id, np.int64)

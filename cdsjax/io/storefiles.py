@@ -17,6 +17,8 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
+from cdsjax.io.util import one_line
+
 
 class StoreError(Exception):
     """The index directory cannot be read or written (one-line message naming the path)."""
@@ -234,7 +236,7 @@ def load_npy_checked(path: Path, expected_sha: str) -> np.ndarray:
     except OSError as err:
         raise StoreError(f"{path}: cannot read ({err.strerror or err})") from None
     except ValueError as err:
-        raise StoreError(f"{path}: damaged ({' '.join(str(err).split())[:160]})") from None
+        raise StoreError(f"{path}: damaged ({one_line(err, 160)})") from None
 
 
 def crop_hashes(crops_dir: Path) -> dict:

@@ -1,6 +1,6 @@
 """Small helpers of the io layer that several of its parts (and the commands above it) share.
 
-* :func:`usable_cores` — the cores this process may run on;
+* :func:`usable_cores` / :func:`usable_core_ids` — the cores this process may run on (how many, which);
 * :func:`free_port` — a free TCP port on 127.0.0.1;
 * :func:`one_line` — a message or an exception on one bounded line, safe to print or send.
 """
@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import Any, List
+
+
+def usable_core_ids() -> List[int]:
+    """The cores this process may run on (its affinity), ascending; empty where the platform cannot say."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return []
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity; the CPU count where there is none)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """How many cores this process may run on (its affinity; the CPU count where there is none)."""
+    return len(usable_core_ids()) or max(1, os.cpu_count() or 1)
 
 
 def free_port() -> int:

@@ -27,6 +27,7 @@ import numpy as np
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.context import BuildContext, Doc
 from cdsjax.io.index.keys import entry_key
+from cdsjax.io.util import one_line
 
 RETRIES = 2  # extra attempts for a document whose worker died
 FAULT_ENV = "CDSJAX_RAY_KILL_ONCE"  # tests: the first task to claim this marker file kills its own worker
@@ -79,7 +80,7 @@ def _connect(ray, address: str) -> bool:
     except Exception as err:  # ConnectionError, RuntimeError, ...: one line, not Ray's traceback
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise RayUnavailable(f"cannot start or reach {where} ({type(err).__name__}: "
-                             f"{' '.join(str(err).split())[:200]})") from None
+                             f"{one_line(err, 200)})") from None
     return True
 
 
@@ -139,7 +140,7 @@ def _died(err: Exception) -> str:
     name = type(err).__name__
     if "WorkerCrashed" in name or "ActorDied" in name or "NodeDied" in name or "OutOfMemory" in name:
         return f"its Ray worker died while indexing it, {RETRIES + 1} times (killed, or out of memory)"
-    return f"Ray task failed ({name}: {' '.join(str(err).split())[:200]})"
+    return f"Ray task failed ({name}: {one_line(err, 200)})"
 
 
 def _doc_fields(doc: Doc) -> dict:
@@ -200,7 +201,7 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
             staging, _ = prepare_doc(doc, ctx)
         except Exception as err:  # this document's failure, in one line (the path is the driver's to name)
             reason = err.reason if isinstance(err, IngestError) else f"{type(err).__name__}: {err}"
-            return dict(error=" ".join(str(reason).split())[:300])
+            return dict(error=one_line(reason, 300))
         from cdsjax.io.notes import embedding_text
 
         crops = {str(p.relative_to(staging)): p.read_bytes() for p in sorted(staging.rglob("*.png"))}

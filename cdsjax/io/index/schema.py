@@ -24,6 +24,7 @@ import numpy as np
 
 from cdsjax.io import store
 from cdsjax.io.storefiles import StoreError, check_crops
+from cdsjax.io.util import one_line
 
 DEFAULT_MAX_NOTES = 10_000
 MAX_PAGES = 100_000  # a document's pages (a note's page index is below its document's count)
@@ -213,8 +214,7 @@ def load_arrays_checked(directory: Path, files: Optional[dict] = None,
     except StoreError:
         raise
     except Exception as err:  # orbax/tensorstore raise many types for truncated or missing files
-        text = " ".join(str(err).split())[:160] or type(err).__name__
-        raise StoreError(f"{directory}: damaged ({type(err).__name__}: {text})") from None
+        raise StoreError(f"{directory}: damaged ({type(err).__name__}: {one_line(err, 160)})") from None
 
 
 def _echo(value) -> str:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from cdsjax.io import doccache
+from cdsjax.io.child import die_with_parent, pin
 from cdsjax.io.elements import IngestError
 from cdsjax.io.index.context import BuildContext, Doc
 from cdsjax.io.index.stages import build_doc, finish_doc, prepare_doc
 from cdsjax.io.memory import (freed_memory_kept, keep_freed_memory, started_with, stop_keeping_freed_memory,
                               worker_environment)
+from cdsjax.io.util import one_line, usable_core_ids, usable_cores
 
 EMBED_IN = ("parent", "worker")
 
@@ -21,10 +22,7 @@ EMBED_IN = ("parent", "worker")
 def resolve_workers(workers: Optional[int]) -> int:
     """``workers`` (None: the number of cores this process may use), checked to be >= 1."""
     if workers is None:
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # not Linux
-            return max(1, os.cpu_count() or 1)
+        return usable_cores()
     if int(workers) < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     return int(workers)
@@ -157,7 +155,7 @@ def _build_in_pool(docs: List[Doc], ctx: BuildContext):
         loader.start()
     threads = max(1, resolve_workers(None) // workers)
     context = multiprocessing.get_context("spawn")
-    cores = _cores()  # with a core per worker, each worker is pinned to its own
+    cores = usable_core_ids()  # with a core per worker, each worker is pinned to its own
     slots = context.Value("i", 0)
     pin = cores if len(cores) >= workers else []
     todo, broke = list(docs), collections.Counter()
@@ -212,29 +210,12 @@ _WORKER: dict = {}
 
 def _worker_init(config, embedder, cache_root_dir: str, threads: int, parent: int, slots=None,
                  cores: Sequence[int] = ()) -> None:
-    import threading
-
     if cores and slots is not None:
         with slots.get_lock():
             slot, slots.value = slots.value, slots.value + 1
-        try:
-            os.sched_setaffinity(0, {cores[slot % len(cores)]})
-        except (AttributeError, OSError):
-            pass
-
-    def orphaned() -> None:  # the parent was killed (kill -9): stop rather than work for no one
-        while os.getppid() == parent:
-            time.sleep(1.0)
+        pin(cores[slot % len(cores)])
+    if not die_with_parent(parent):  # the parent was killed (kill -9): stop rather than work for no one
         os._exit(1)
-
-    try:  # Linux: the kernel kills this worker the moment its parent dies, before anyone resumes the run
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    threading.Thread(target=orphaned, daemon=True, name="cdsjax-parent-watch").start()
     # a fair share of the cores for torch's intra-op threads (read when torch is first imported)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
@@ -269,15 +250,7 @@ def _as_ingest_error(doc: Doc, err: Exception) -> IngestError:
     """``err`` as this document's one-line :class:`IngestError` (kept as it is when it already is one)."""
     if isinstance(err, IngestError):
         return err
-    return IngestError(doc.path, f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
-
-
-def _cores() -> List[int]:
-    """The cores this process may run on (empty where the platform cannot say)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        return []
+    return IngestError(doc.path, one_line(f"{type(err).__name__}: {err}", 300))
 
 
 def _doc_size(doc: Doc) -> tuple:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from cdsjax.io.child import kill_with_parent, parent_alive, stop
 from cdsjax.io.parse.layout import (Region, TextLayer, analyse_pages, import_pymupdf, layout_threads,
                               limit_layout_threads, prepare_models, read_text_layer)
 from cdsjax.io.util import usable_cores
@@ -231,9 +232,7 @@ class _Helper:
         try:
             self.conn.close()
         finally:
-            if self.proc.is_alive():
-                self.proc.terminate()
-            self.proc.join(timeout=10)
+            stop(self.proc, timeout=10)
 
 
 class LayoutHelper:
@@ -386,14 +385,8 @@ def _helper_main(conn, threads: int, parent: int, claims: _Claims, path: Optiona
     keywords})`` out; ``(False, reason)`` when it failed. With ``path`` it first counts that document's pages
     and ends if there are fewer than ``min_pages`` (the parent's threshold to split), then analyses pages of it
     from the back before the request comes (:func:`_claim_early`)."""
-    try:  # Linux: the helper dies with its parent
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
+    kill_with_parent()  # Linux: the helper dies with its parent
+    if not parent_alive(parent):
         return
     limit_layout_threads(threads)
     HELPER.can_start = False  # the helper never starts a helper of its own
