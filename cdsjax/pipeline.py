@@ -564,7 +564,8 @@ class Pipeline:
         """
         if self.reader is None:
             return answer
-        from cdsjax.io.reader import ReaderError, error_dict
+        from cdsjax.io.llm.errors import ReaderError
+        from cdsjax.io.reader import error_dict
 
         items = self.evidence_items(answer.evidence)
         t0 = time.perf_counter()

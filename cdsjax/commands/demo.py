@@ -59,7 +59,7 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
     """The reader's answer from each selector's evidence: ``{selector, answer, cited: [{n, page, role}],
     seconds, error}`` per selector, in order."""
     from cdsjax import demo
-    from cdsjax.io.reader import ReaderError
+    from cdsjax.io.llm.errors import ReaderError
 
     out = []
     for name in selectors:

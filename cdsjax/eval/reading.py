@@ -124,7 +124,7 @@ def enabled(config) -> bool:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
         return False
-    from cdsjax.io.llm import IMAGE_MODES
+    from cdsjax.io.llm.config import IMAGE_MODES
 
     images = str(reader.get("images", "auto"))
     if images not in IMAGE_MODES:
@@ -290,7 +290,7 @@ def full_document_ids(problem) -> List[str]:
 
 def _judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
     from cdsjax.io.judge import parse_verdict
-    from cdsjax.io.llm import ReaderError
+    from cdsjax.io.llm.errors import ReaderError
 
     key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
                     prompt_hash=content_hash(judge.prompt), question=question, gold=gold, predicted=predicted)
@@ -348,7 +348,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                  log: Callable[[str], None] = print) -> List[dict]:
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
     docstring); writes ``answers.jsonl`` and returns its records."""
-    from cdsjax.io.llm import ReaderError
+    from cdsjax.io.llm.errors import ReaderError
     from cdsjax.io.replies import markers_only
     from cdsjax.eval.settings import budgets_of
 

@@ -197,7 +197,7 @@ class LocalReader:
 
     def reader_config(self, **fields):
         """A :class:`cdsjax.io.llm.ReaderConfig` for this server (keyword fields override)."""
-        from cdsjax.io.llm import ReaderConfig
+        from cdsjax.io.llm.config import ReaderConfig
 
         if self.base_url is None:
             raise LocalReaderError("the local reader is not started", kind="start")

@@ -48,7 +48,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 # The client and the reply parsing live in llm / replies; the names stay importable from here.
-from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError, count_images  # noqa: F401
+from cdsjax.io.llm.client import ChatClient
+from cdsjax.io.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.llm.transport import count_images
 from cdsjax.io.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
 from cdsjax.io.replies import ReplyGuard, no_answer, parse_citations, starts_with, strip_thinking
 from cdsjax.io.reply_cache import content_hash, reply_key
