@@ -584,10 +584,9 @@ class Pipeline:
             answer.reader = reader_fields(result, getattr(self.reader, "local", None))
             answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
             if result.no_answer is not None:
-                from cdsjax.io.replies import NO_ANSWER
+                from cdsjax.io.replies import describe_no_answer
 
-                answer.warnings.append(f"the reader gave no answer: {NO_ANSWER[result.no_answer]} "
-                                       f"(asked twice)")
+                answer.warnings.append(describe_no_answer(result.no_answer))
         return answer
 
     def sentence_similarity(self, question: str, sentences) -> list:
