@@ -564,7 +564,8 @@ class Pipeline:
         """
         if self.reader is None:
             return answer
-        from cdsjax.io.reader import ReaderError, error_dict
+        from cdsjax.io.llm.errors import ReaderError
+        from cdsjax.io.reader import error_dict
 
         items = self.evidence_items(answer.evidence)
         t0 = time.perf_counter()
@@ -583,10 +584,9 @@ class Pipeline:
             answer.reader = reader_fields(result, getattr(self.reader, "local", None))
             answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
             if result.no_answer is not None:
-                from cdsjax.io.replies import NO_ANSWER
+                from cdsjax.io.replies import describe_no_answer
 
-                answer.warnings.append(f"the reader gave no answer: {NO_ANSWER[result.no_answer]} "
-                                       f"(asked twice)")
+                answer.warnings.append(describe_no_answer(result.no_answer))
         return answer
 
     def sentence_similarity(self, question: str, sentences) -> list:

@@ -53,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.fit_pool_size = ml_collections.config_dict.placeholder(int)
     config.fits_from = ""  # another run's tuning.json whose fits at fit_pool_size are reused (same folds and settings)
     config.fit_budget = 10  # the budget of the fitted surrogate (one fit serves every evaluated budget)
-    # passed to cdsjax.learn.fit (FitConfig); None keeps its default
+    # passed to cdsjax.learn.fit (cdsjax.learn.fit_config.FitConfig); None keeps its default
     config.learn = ml_collections.ConfigDict({k: ml_collections.config_dict.placeholder(t) for k, t in (
         ("steps", int), ("num_starts_fitted", int), ("patience", int), ("learning_rate", float), ("l2", float),
         ("dtype", str), ("max_batch", int), ("readout", str), ("frozen", str))})  # frozen: comma-separated names

@@ -151,7 +151,7 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
     import logging
 
     from cdsjax.agents.evaluate import evaluate_planning, parse_variants
-    from cdsjax.io.reader import ReaderConfig
+    from cdsjax.io.llm.config import ReaderConfig
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     variants = parse_variants(variants)

@@ -73,7 +73,7 @@ def settings(grid: str = "full"):
     per family (the learned game at the shipped θ and its neighbours); ``"pool"``, fewer again (5-document pools:
     each setting solves every question's pool); ``"bound"`` adds the sparse game read at the bound where the query
     leaves (last session's regime) to the full grid."""
-    from cdsjax.learn.fit import DEFAULT_STARTS
+    from cdsjax.learn.fit_config import DEFAULT_STARTS
 
     if grid not in ("full", "lean", "pool", "bound"):
         raise ValueError(f"grid must be full, lean, pool or bound, got {grid!r}")

@@ -13,6 +13,8 @@ import urllib.request
 
 from websockets.sync.client import connect
 
+from tests.processes import stop_process
+
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
@@ -45,11 +47,7 @@ def page_html_when(chromium: str, url: str, ready_js: str, profile, timeout: flo
                 time.sleep(0.05)
             return ask("document.documentElement.outerHTML")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=10)
 
 
 def _evaluator(ws, timeout: float):

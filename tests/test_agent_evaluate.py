@@ -10,7 +10,7 @@ import pytest
 
 from cdsjax.agents.evaluate import VIEWS, evaluate_planning, parse_variants
 from cdsjax.io.judge import Judge
-from cdsjax.io.reader import ReaderConfig
+from cdsjax.io.llm.config import ReaderConfig
 from tests.scripted_server import OpenAIServer, message_text
 from tests.test_planning import SUFFICIENT, plan_json, role
 from tests.test_run_eval import _config

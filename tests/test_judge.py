@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cdsjax.io.judge import Judge, JudgeVerdict, parse_verdict
-from cdsjax.io.reader import ReaderError
+from cdsjax.io.llm.errors import ReaderError
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=1, backoff=0.01, max_backoff=0.02, timeout=5.0)

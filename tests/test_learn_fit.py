@@ -108,7 +108,7 @@ def test_balance_gives_each_benchmark_the_same_weight_in_the_fit_means():
     """Balanced, a group of 1 question weighs as much as a group of 3: the fit's means are the mean of the group
     means (checked on the surrogate the fit reports)."""
     from cdsjax.learn.data import balance
-    from cdsjax.learn.fit import _Objective
+    from cdsjax.learn.objective import Objective
 
     a = [synthetic(0, group="A:x")]
     b = [synthetic(s, group="B:y") for s in (1, 2, 3)]
@@ -116,7 +116,7 @@ def test_balance_gives_each_benchmark_the_same_weight_in_the_fit_means():
     assert weights == pytest.approx({"A": 2.0, "B": 2.0 / 3.0})
     assert np.mean([e.weight for e in a + b]) == pytest.approx(1.0)
     cfg = FitConfig.from_mapping(CFG)
-    objective = _Objective(cfg)
+    objective = Objective(cfg)
     theta = LearnedParams(beta=0.3)
     whole, _ = objective.measure(theta, make_batches(a + b, buckets=[16]), with_grad=False)
     per = [objective.measure(theta, make_batches([e], buckets=[16]), with_grad=False)[0]["surrogate"] for e in a + b]
@@ -194,10 +194,10 @@ def test_page_readout_surrogate_gradient_matches_finite_differences():
     every parameter matches central finite differences (float64)."""
     import jax.numpy as jnp
 
-    from cdsjax.learn.fit import _Objective
+    from cdsjax.learn.objective import Objective
 
     cfg = FitConfig.from_mapping({**CFG, "dtype": "float64", "readout": "pages", "tol": 1e-12})
-    objective = _Objective(cfg)
+    objective = Objective(cfg)
     (batch,) = make_batches([synthetic(s, n=14) for s in range(3)], buckets=[16])
     arrays = {k: (jnp.asarray(v, jnp.float64) if np.asarray(v).dtype == np.float32 else v)
               for k, v in batch.arrays.items()}

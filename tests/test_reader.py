@@ -7,14 +7,9 @@ import time
 import pytest
 from PIL import Image
 
-from cdsjax.io.reader import (
-    EvidenceItem,
-    Reader,
-    ReaderConfig,
-    ReaderError,
-    build_messages,
-    parse_citations,
-)
+from cdsjax.io.llm.config import ReaderConfig
+from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.reader import EvidenceItem, Reader, build_messages, parse_citations
 from cdsjax.io.util import free_port
 from tests.scripted_server import OpenAIServer, completion, message_images, message_text
 

@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from PIL import Image
 
-from cdsjax.io.llm import ChatClient
-from cdsjax.io.reader import EvidenceItem, Reader, ReaderError, notes_to_drop
+from cdsjax.io.llm.client import ChatClient
+from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.reader import EvidenceItem, Reader, notes_to_drop
 from tests.scripted_server import OpenAIServer, message_images, message_text
 
 FAST = dict(model="test-model", max_retries=3, backoff=0.0, max_backoff=0.0, timeout=10.0)

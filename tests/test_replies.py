@@ -14,7 +14,9 @@ from cdsjax.agents import plan as P
 from cdsjax.agents.planning import NodeResult
 from cdsjax.agents.plan import PlanNode
 from cdsjax.io.judge import parse_verdict
-from cdsjax.io.llm import ChatClient, ChatReply, ReaderConfig, ReaderError
+from cdsjax.io.llm.client import ChatClient
+from cdsjax.io.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.llm.errors import ReaderError
 from cdsjax.io.replies import find_json, markers_only, parse_citations, strip_citations, strip_thinking
 from cdsjax.io.util import one_line
 from cdsjax.io.vlm import VLMClient, VLMError

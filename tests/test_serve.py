@@ -20,6 +20,7 @@ import pytest
 
 from cdsjax import cli
 from tests.scripted_server import OpenAIServer, message_text
+from tests.processes import stop_process
 from cdsjax.catalog import DEFAULT_SELECTOR, display
 from cdsjax.io.util import free_port
 
@@ -79,11 +80,7 @@ def server(index_dir, reader, tmp_path_factory):
         assert status == 200
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=20)
 
 
 @pytest.mark.slow

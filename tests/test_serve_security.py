@@ -25,6 +25,7 @@ import pytest
 
 from cdsjax import cli
 from cdsjax.io.util import free_port
+from tests.processes import stop_process
 from tests.test_serve import ROOT, request
 
 TIMEOUT = 1.5  # --request-timeout of the main server: a compilation of a new CDS selector takes longer
@@ -72,12 +73,7 @@ class Server:
             raise AssertionError((ready, self.proc.stderr.read()))
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, timeout=20)
 
 
 def health(url, **kw):

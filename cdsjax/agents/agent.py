@@ -10,7 +10,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from cdsjax.agents.plan import MAX_DEPTH, MAX_NODES, Plan, PlanError, PlanNode, parse_plan, parse_sufficiency
 from cdsjax.agents import prompts
 from cdsjax.agents.trace import NodeResult, PlanningResult, Round
-from cdsjax.io.llm import FATAL_KINDS, ReaderConfig, ReaderError
+from cdsjax.io.llm.config import ReaderConfig
+from cdsjax.io.llm.errors import FATAL_KINDS, ReaderError
 from cdsjax.io.reader import EvidenceItem, Reader, as_evidence
 from cdsjax.io.replies import strip_thinking
 

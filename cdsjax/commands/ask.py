@@ -48,6 +48,9 @@ plan_repairs, plan_error, nodes: [{id, question, needs, answer, cited, evidence,
 The reader is any OpenAI-compatible server (vLLM): ``--reader-url`` /
 ``--reader-model``, or the environment variables CDSJAX_READER_URL /
 CDSJAX_READER_MODEL (and CDSJAX_READER_API_KEY).
+
+By job: this module parses the command and runs it; the reader is chosen in :mod:`cdsjax.commands.reader_setup`,
+a server is asked by :mod:`cdsjax.commands.server_client`, and :mod:`cdsjax.commands.ask_display` shows the result.
 """
 
 from __future__ import annotations
@@ -56,10 +59,12 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
-from cdsjax.defaults import DEFAULT_BUDGET, LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
+from cdsjax.commands.ask_display import Live, show
+from cdsjax.commands.reader_setup import make_reader
+from cdsjax.commands.server_client import ask_server
+from cdsjax.defaults import DEFAULT_BUDGET
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -153,69 +158,6 @@ def check_params(selector: str, params):
         raise CLIError(str(err), 1) from None
 
 
-def local_reader_model(args) -> Optional[str]:
-    """The local reader's model when it should answer (no reader URL, reading not skipped, runtime installed),
-    else None; one line for a local reader asked for by name whose runtime is missing."""
-    url = getattr(args, "reader_url", None) or os.environ.get("CDSJAX_READER_URL")
-    if getattr(args, "no_read", False) or url:
-        return None
-    named = getattr(args, "local_reader", None) or os.environ.get("CDSJAX_LOCAL_READER")
-    if named == "off":
-        return None
-    from cdsjax.io.local_reader import RUNTIME_HINT, runtime_installed
-
-    if not runtime_installed():
-        if named:
-            raise CLIError(f"--local-reader {named}: no local reader runtime: {RUNTIME_HINT}", 1)
-        return None
-    return named or "default"
-
-
-def make_reader(args, stack=None):
-    """The reader of ``ask`` / ``serve``: the remote server named by ``--reader-url`` (or CDSJAX_READER_URL),
-    else the local one, else None.
-
-    The local server is this user's shared one when it is running with the same model and settings (``reused``
-    in ``reader.local``), else started here and waited for (its model loads in ~2-5 s; a preset is assembled
-    into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack`` (a
-    :class:`contextlib.ExitStack`) releases it: it stays up ``--keep-alive`` seconds after its last use
-    (:func:`cdsjax.io.local_reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
-    if getattr(args, "no_read", False):
-        return None
-    url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
-    images = getattr(args, "reader_images", "auto")
-    if url:
-        from cdsjax.io.reader import Reader, ReaderConfig
-
-        model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
-        return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
-                                   images=images, evidence_tokens=getattr(args, "evidence_tokens", None)))
-    model = local_reader_model(args)
-    if model is None or stack is None:
-        return None
-    from cdsjax.io.local_model import LocalReaderError
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
-
-    try:
-        config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
-                                   slots=args.reader_slots,
-                                   keep_alive=keep_alive_setting(getattr(args, "keep_alive", None)))
-    except ValueError as err:
-        raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
-    local = LocalReader(config, progress=sys.stderr.isatty() and not getattr(args, "json", False))
-    stack.callback(local.close)
-    try:
-        local.start()
-    except LocalReaderError as err:
-        raise CLIError(f"local reader: {err}", 1) from None
-    from cdsjax.io.reader import Reader
-
-    tokens = getattr(args, "evidence_tokens", None)
-    tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens
-    return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
-                                      images=images, evidence_tokens=tokens), local=local.describe())
-
-
 def run(args) -> int:
     args.started = time.perf_counter()
     if args.budget < 1:
@@ -273,7 +215,7 @@ def _ask_local(args, paths, question, options, stack):
     # the reader module imports openai (~0.7 s): only when a reader is configured
     reader_errors = ()
     if reader is not None:
-        from cdsjax.io.reader import ReaderError
+        from cdsjax.io.llm.errors import ReaderError
 
         reader_errors = (ReaderError,)
     try:
@@ -316,48 +258,6 @@ def _ask_local(args, paths, question, options, stack):
     return answer.to_dict()
 
 
-def ask_server(url: str, question: str, *, selector: Optional[str], budget: int, options: dict, read: bool = True,
-               timeout: float = 300.0, token: "str | None" = None) -> dict:
-    """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here); without a
-    ``selector`` the server uses its default."""
-    import urllib.error
-    import urllib.request
-
-    base = url.rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise CLIError(f"--server {url}: expected an http:// or https:// URL", 2)
-    body = dict(question=question, budget=budget)
-    if selector is not None:
-        body["selector"] = selector
-    if options:
-        body["options"] = options
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = b"Bearer " + token.encode("utf-8")  # any text: the server compares bytes
-    request = urllib.request.Request(f"{base}/{'ask' if read else 'select'}", data=json.dumps(body).encode(),
-                                     headers=headers, method="POST")
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            result = json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        try:
-            body = json.loads(err.read())
-            message = body.get("error") or err.reason
-        except (ValueError, AttributeError):
-            body, message = {}, err.reason
-        if err.code == 502 and isinstance(body.get("result"), dict):  # the reader failed; the evidence came back
-            return body["result"]
-        raise CLIError(f"server {base}: HTTP {err.code}: {message}", 1) from None
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise CLIError(f"server {base}: cannot reach it ({reason}); start one with `cdsjax serve INDEX`", 1) from None
-    except ValueError:
-        raise CLIError(f"server {base}: the reply is not JSON (is it a cdsjax server?)", 1) from None
-    result.setdefault("timings", {})["roundtrip"] = time.perf_counter() - t0
-    return result
-
-
 def emit(result: dict, as_json: bool, shown: bool = False) -> int:
     """Prints the result (JSON on stdout, or the evidence table and the answer, unless ``shown`` as they came);
     warnings and a reader failure go to stderr either way. Returns the exit code: 1 when reading failed (the
@@ -396,127 +296,3 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
             print(f"  {node['id']}: {node['question']} -> {' '.join(str(node['answer']).split())[:160]}")
     print(f"stopped: {result['trace']['stop_reason']}")
     print(f"\nAnswer: {result['answer']}" if result["answer"] is not None else f"\nno answer: {result['error']}")
-
-
-def _console():
-    from rich.console import Console
-
-    return Console()
-
-
-def shown(text) -> str:
-    """``text`` with neither a terminal escape sequence nor rich markup (a name or a PDF's text)."""
-    from rich.markup import escape
-
-    return escape(printable(text))
-
-
-def show_evidence(result: dict, console=None) -> None:
-    """The evidence table and the convergence line (``result``: the --json object)."""
-    from rich.table import Table
-
-    console = console or _console()
-    table = Table(title=f"Evidence for: {shown(result['question'])}", show_lines=False, expand=True)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("score", justify="right", no_wrap=True)
-    table.add_column("document", overflow="fold", max_width=28)
-    table.add_column("page", justify="right", no_wrap=True)
-    table.add_column("kind", no_wrap=True)
-    table.add_column("text", overflow="fold", ratio=3)
-    for e in result["evidence"]:
-        snippet = " ".join(e["text"].split())[:220]
-        table.add_row(str(e["rank"]), f"{e['score']:.4f}", shown(e["document"]), str(e["page"] + 1), shown(e["kind"]),
-                      shown(snippet))
-    console.print(table)
-    console.print("[dim]pages are shown 1-based here; --json gives 0-based pages[/dim]")
-    console.print(convergence_line(result), highlight=False)
-
-
-def show_tail(result: dict, console=None) -> None:
-    """What follows the answer: the notes it cites, what the reader read, the timings."""
-    console = console or _console()
-    reader = result.get("reader") or {}
-    if result.get("answer") is not None and reader.get("cited"):
-        by_rank = {e["rank"]: e for e in result["evidence"]}
-        cites = [f"\\[{n}] {shown(by_rank[n]['document'])} p.{by_rank[n]['page'] + 1} ({shown(by_rank[n]['kind'])})"
-                 for n in reader["cited"] if n in by_rank]
-        console.print("[dim]cited: " + "; ".join(cites) + "[/dim]", highlight=False)
-    if reader.get("evidence_tokens"):
-        left = reader.get("dropped") or 0
-        console.print(f"[dim]the reader read ~{reader['evidence_tokens']} evidence tokens"
-                      + (f"; {left} lowest-ranked note{'s' if left != 1 else ''} left out" if left else "")
-                      + ("; one note cut to its sentences nearest the question" if reader.get("trimmed") else "")
-                      + ("; a warm local reader" if (reader.get("local") or {}).get("reused") else "")
-                      + "[/dim]", highlight=False)
-    if result.get("answer") is not None and reader.get("model"):
-        console.print(f"[dim]reader: {shown(reader['model'])}[/dim]", highlight=False)
-    t = result.get("timings") or {}
-    console.print("[dim]" + ", ".join(f"{k} {v:.2f}s" for k, v in t.items()) + "[/dim]")
-
-
-def show(result: dict) -> None:
-    """The evidence table, the convergence line, the answer and the timings, all at once (``ask --server``)."""
-    console = _console()
-    show_evidence(result, console)
-    if result.get("answer") is not None:
-        console.print(f"\n[bold]Answer[/bold] ({shown(result['reader']['model'])}): "
-                      + "\n".join(shown(line) for line in str(result["answer"]).split("\n")))
-    else:
-        console.print(_no_answer_line(result))
-    show_tail(result, console)
-
-
-def _no_answer_line(result: dict) -> str:
-    reader = result.get("reader") or {}
-    if reader.get("no_answer"):
-        from cdsjax.io.replies import NO_ANSWER
-
-        return (f"\n[bold]No answer[/bold]: the reader gave none ({NO_ANSWER.get(reader['no_answer'], reader['no_answer'])}"
-                f", asked twice); the evidence above was selected")
-    if result.get("error"):
-        return "\n[bold]No answer[/bold]: the reader failed (the evidence above was selected)"
-    return ("[dim]no reader (--no-read, or none configured: --reader-url, or the local reader of "
-            "`pip install 'cdsjax[reader]'`): showing the evidence only[/dim]")
-
-
-class Live:
-    """``ask`` on a terminal or a pipe: the evidence as soon as it is selected, the answer as it is written,
-    then the citations and the timings. A reply that turns out to be no answer is never shown as one: the
-    reader's guard holds back markers and echoed headers; when a loop is cut short, a line says the question
-    is asked again."""
-
-    def __init__(self, result: dict, *, reading: bool):
-        self.console = _console()
-        self.started = False
-        show_evidence(result, self.console)
-        if reading:
-            self.console.print("\n[bold]Answer[/bold]:", end=" ")
-            self.console.file.flush()
-
-    def token(self, piece: str) -> None:
-        self.started = True
-        self.console.file.write(printable(piece, keep_newlines=True))
-        self.console.file.flush()
-
-    def retry(self, reason: str) -> None:
-        from cdsjax.io.replies import NO_ANSWER
-
-        if self.started:
-            self.console.print(f"\n[dim](that was no answer: {NO_ANSWER.get(reason, reason)}; asking again)[/dim]")
-        self.started = False
-
-    def done(self, result: dict) -> None:
-        if result.get("answer") is None:
-            self.console.print(_no_answer_line(result))
-        else:
-            self.console.print()
-        show_tail(result, self.console)
-
-
-def convergence_line(result: dict) -> str:
-    d = result.get("diagnostics") or {}
-    if not d:
-        return f"selector {result['selector']}: no solver involved"
-    state = "converged" if d["converged"] else "did NOT converge" + (f" ({d['status']})" if "status" in d else "")
-    return (f"CDS {d['mode']} mode ({d['solver']}): {state} after {d['num_iters']} steps, "
-            f"KKT residual {d['kkt_residual']:.1e}, {d['support_size']} notes in the support")

@@ -59,7 +59,7 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
     """The reader's answer from each selector's evidence: ``{selector, answer, cited: [{n, page, role}],
     seconds, error}`` per selector, in order."""
     from cdsjax import demo
-    from cdsjax.io.reader import ReaderError
+    from cdsjax.io.llm.errors import ReaderError
 
     out = []
     for name in selectors:
@@ -70,9 +70,9 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
                                    similarity=pipe.sentence_similarity)
             text, cited, error = result.text or None, list(result.cited), None
             if result.no_answer is not None:
-                from cdsjax.io.replies import NO_ANSWER
+                from cdsjax.io.replies import describe_no_answer
 
-                error = f"the reader gave no answer: {NO_ANSWER[result.no_answer]} (asked twice)"
+                error = describe_no_answer(result.no_answer)
         except ReaderError as err:
             text, cited, error = None, [], str(err)
         pages = [e["page"] for e in answer.evidence]
@@ -126,7 +126,7 @@ def run(args) -> int:
     from rich import box
 
     from cdsjax import demo
-    from cdsjax.commands.ask import make_reader
+    from cdsjax.commands.reader_setup import make_reader
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
     from cdsjax.io.local_held import stop_on_sigterm
     from cdsjax.pipeline import Corpus, Pipeline, enable_compilation_cache

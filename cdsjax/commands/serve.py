@@ -152,7 +152,7 @@ def check_flags(args) -> None:
 def run(args) -> int:
     import socket
 
-    from cdsjax.commands.ask import make_reader
+    from cdsjax.commands.reader_setup import make_reader
     from cdsjax.io.embed import EmbedderError
     from cdsjax.catalog import DEFAULT_SELECTOR, display
     from cdsjax.pipeline import Pipeline, PipelineError, canonical_selector, enable_compilation_cache

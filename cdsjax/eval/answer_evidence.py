@@ -77,7 +77,7 @@ def full_document_ids(problem) -> List[str]:
 
 def judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
     from cdsjax.io.judge import parse_verdict
-    from cdsjax.io.llm import ReaderError
+    from cdsjax.io.llm.errors import ReaderError
 
     key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
                     prompt_hash=content_hash(judge.prompt), question=question, gold=gold, predicted=predicted)

@@ -77,7 +77,7 @@ def enabled(config) -> bool:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
         return False
-    from cdsjax.io.llm import IMAGE_MODES
+    from cdsjax.io.llm.config import IMAGE_MODES
 
     images = str(reader.get("images", "auto"))
     if images not in IMAGE_MODES:
@@ -158,7 +158,8 @@ def evidence_tokens(config) -> Optional[int]:
 
 def clients(config, cache: Optional[ReplyCache] = None):
     from cdsjax.io.judge import Judge
-    from cdsjax.io.reader import Reader, ReaderConfig
+    from cdsjax.io.llm.config import ReaderConfig
+    from cdsjax.io.reader import Reader
 
     r = config.reader
     rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),

@@ -3,14 +3,14 @@ goes to a vision-language reader, and its answer is scored against the gold answ
 
 * Requests are built as ``cdsjax ask`` builds them (:func:`cdsjax.io.reader.build_messages`: text notes as
   text, figures/tables/charts with an image crop as ``image_url`` parts with their caption and summary) and
-  sent through :class:`cdsjax.io.llm.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
+  sent through :class:`cdsjax.io.llm.client.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
   at a time from a thread pool, with a progress bar.
 * Every reply goes through the reader's :class:`~cdsjax.io.reply_cache.ReplyCache` under ``<output_dir>/replies``,
   keyed by the model, the full request (instructions, question, evidence text, images) and the generation
   settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector whose evidence makes the
   same request sends nothing.
 * Images (``config.reader.images``): ``auto`` sends visual notes as images until the server refuses one, then
-  as caption, summary and text (one refusal per run, see :meth:`cdsjax.io.llm.ChatClient.send_with_images`);
+  as caption, summary and text (one refusal per run, see :meth:`cdsjax.io.llm.client.ChatClient.send_with_images`);
   ``on`` / ``off`` always / never. A request the server finds too long is sent again without its last notes
   (:func:`cdsjax.io.reader.send_evidence`). The record's ``image_mode`` and ``dropped`` say what was sent.
 * Scoring (:mod:`cdsjax.eval.answer_scoring`): MMLongBench-Doc by answer extraction (a second cached call) and
@@ -65,7 +65,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                  log: Callable[[str], None] = print) -> List[dict]:
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
     docstring); writes ``answers.jsonl`` and returns its records."""
-    from cdsjax.io.llm import ReaderError
+    from cdsjax.io.llm.errors import ReaderError
     from cdsjax.io.reader import ABSTAIN
     from cdsjax.io.replies import markers_only
     from cdsjax.eval.settings import budgets_of

@@ -181,8 +181,8 @@ class LocalReader:
         return self.config.keep_alive if self.shared else 0.0
 
     def reader_config(self, **fields):
-        """A :class:`cdsjax.io.llm.ReaderConfig` for this server (keyword fields override)."""
-        from cdsjax.io.llm import ReaderConfig
+        """A :class:`cdsjax.io.llm.config.ReaderConfig` for this server (keyword fields override)."""
+        from cdsjax.io.llm.config import ReaderConfig
 
         if self.base_url is None:
             raise LocalReaderError("the local reader is not started", kind="start")

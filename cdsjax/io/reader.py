@@ -31,7 +31,7 @@ The judge (:mod:`cdsjax.io.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_M
 Every failure to get an answer is a :class:`ReaderError` with a one-line message and a ``kind``:
 ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``, ``model_not_found``,
 ``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. The client and its retries are
-:class:`cdsjax.io.llm.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
+:class:`cdsjax.io.llm.client.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
 failures (connection errors, timeouts, HTTP 408/409/429/5xx, and replies that are malformed, empty or carry
 no message) are retried with exponential backoff (tenacity) before they are raised; ``timeout`` bounds the
 whole call, retries included. Replies are read by :mod:`cdsjax.io.replies`.
@@ -47,8 +47,11 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-# The client and the reply parsing live in llm / replies; the names stay importable from here.
-from cdsjax.io.llm import FATAL_KINDS, ChatClient, ChatReply, ReaderConfig, ReaderError, count_images  # noqa: F401
+# The client lives in llm, the reply parsing in replies.
+from cdsjax.io.llm.client import ChatClient
+from cdsjax.io.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.llm.transport import count_images
 from cdsjax.io.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
 from cdsjax.io.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
                                starts_with, strip_thinking)

@@ -299,6 +299,12 @@ NO_ANSWER = {
 }
 
 
+def describe_no_answer(reason: str) -> str:
+    """The one line that says a reader gave no answer, asked twice (``reason``: a key of :data:`NO_ANSWER`; any
+    other value is said as it is), for warnings, errors and the terminal alike."""
+    return f"the reader gave no answer: {NO_ANSWER.get(reason, reason)} (asked twice)"
+
+
 def echoes_evidence(text: str) -> bool:
     """Whether ``text`` copies the evidence headers of the reader's prompt."""
     return bool(_ECHOED.search(text))

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from cdsjax.io.elements import Element
-from cdsjax.io.llm import FATAL_KINDS, ChatClient, ReaderConfig, ReaderError
+from cdsjax.io.llm.client import ChatClient
+from cdsjax.io.llm.config import ReaderConfig
+from cdsjax.io.llm.errors import FATAL_KINDS, ReaderError
 from cdsjax.io.replies import find_json, read_bool
 
 DESCRIBE_PROMPT = """\
@@ -95,7 +97,7 @@ def _str_list(value, limit: int) -> Optional[List[str]]:
 
 
 class VLMClient(ChatClient):
-    """The chat client (:class:`~cdsjax.io.llm.ChatClient`: one retry policy for every model call) as the
+    """The chat client (:class:`~cdsjax.io.llm.client.ChatClient`: one retry policy for every model call) as the
     enrichment VLM: errors name "the VLM"; an empty ``enrich.vlm_api_key`` reads ``CDSJAX_VLM_API_KEY``,
     then ``OPENAI_API_KEY``."""
 

@@ -4,7 +4,7 @@ parameter file with its provenance.
 The config (``configs/tune/*.py``) names the benchmarks (``benchmarks = "qasper,mmlongbench"``) and per
 benchmark the questions kept (``max_queries``), the recall budget (``budgets``) and an embedding / index
 cache (``cache_dirs``; "" keeps it under the output's directory). ``fit`` holds
-:class:`~cdsjax.learn.fit.FitConfig` fields. The split is by document: each benchmark's documents are
+:class:`~cdsjax.learn.fit_config.FitConfig` fields. The split is by document: each benchmark's documents are
 shuffled with ``seed`` and ``val_fraction`` of them (with all their questions) form the validation split.
 """
 
@@ -18,7 +18,8 @@ from typing import Callable, Dict, List, Tuple
 import ml_collections
 
 from cdsjax.learn.data import Example, balance, examples_of, split_by_document
-from cdsjax.learn.fit import FitConfig, FitResult, fit
+from cdsjax.learn.fit import FitResult, fit
+from cdsjax.learn.fit_config import FitConfig
 from cdsjax.learn.params_io import save_params
 from cdsjax.defaults import DEFAULT_BUDGET
 

@@ -13,7 +13,7 @@ one block across questions (the first fit ended there by itself).
 
 Validation: a fifth of each benchmark's documents (split by document, seed 0), and recall@10 on both, as in
 the cross-validation (experiments/learned_cv.py). The grid of starts is
-the fit's default (``cdsjax.learn.fit.DEFAULT_STARTS``): beta (the knob the sensitivity study found far from
+the fit's default (``cdsjax.learn.fit_config.DEFAULT_STARTS``): beta (the knob the sensitivity study found far from
 1) with and without relevance-weighted repulsion, and a negative same-page weight (documents restate a
 finding on one page); Adam runs from the two best grid points.
 """
@@ -21,7 +21,7 @@ finding on one page); Adam runs from the two best grid points.
 import ml_collections
 
 from configs.tune import small
-from cdsjax.learn.fit import DEFAULT_STARTS
+from cdsjax.learn.fit_config import DEFAULT_STARTS
 
 
 def get_config() -> ml_collections.ConfigDict:

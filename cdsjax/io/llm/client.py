@@ -1,14 +1,12 @@
 """The one client for OpenAI-compatible chat servers (vLLM, OpenAI, ...): reader, judge, VLM enrichment and
 the planning agent all call models through :class:`ChatClient`.
 
-One retry policy for every caller: transient failures (connection errors, timeouts, HTTP 408/409/429/5xx,
-and replies that are malformed, empty or carry no message) are retried with exponential backoff and
-jitter (tenacity) before they are raised; ``timeout`` bounds the whole call, retries included. Two refusals
-are never retried as they are, whatever their status: a server that takes no images (llama.cpp's text-only
-server answers HTTP 500 "image input is not supported"; kind ``images_unsupported``) and a request longer
-than the context (llama.cpp's HTTP 400 "request (N tokens) exceeds the available context size"; kind
-``context_too_long``). Every failure is a :class:`ReaderError` with a one-line message and a ``kind`` (see
-:mod:`cdsjax.io.reader`). A call returns a :class:`ChatReply`; :mod:`cdsjax.io.replies` reads its text.
+One retry policy for every caller: transient failures are retried with exponential backoff and jitter
+(tenacity) before they are raised (:func:`cdsjax.io.llm.errors.is_transient`); ``timeout`` bounds the whole
+call, retries included. A refusal of images or of a request longer than the context is never retried as it is
+(:func:`cdsjax.io.llm.errors.refusal_kind`). Every failure is a :class:`~cdsjax.io.llm.errors.ReaderError` with
+a one-line message and a ``kind``. A call returns a :class:`~cdsjax.io.llm.config.ChatReply`;
+:mod:`cdsjax.io.replies` reads its text.
 
 Images (``ReaderConfig.images``): ``on`` always sends them, ``off`` never, ``auto`` learns once per client
 whether its server takes them (:meth:`ChatClient.send_with_images`: the first refusal makes that request and
@@ -23,277 +21,18 @@ every later one go as text). :meth:`ChatClient.context_size` asks the server for
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import re
 import threading
 import time
-import urllib.request
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import openai
 import tenacity
 
+from cdsjax.io.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.llm.errors import (MalformedReply, ReaderError, attempts_phrase, is_transient, overflow_tokens,
+                                  refusal_kind, server_message)
+from cdsjax.io.llm.transport import Delivered, Streamed, complete, has_images, props_n_ctx, stream_reply
 from cdsjax.io.util import one_line
-
-
-class ReaderError(RuntimeError):
-    """A failed chat call (reader, judge, VLM, planner), with a one-line message.
-
-    Attributes:
-      kind: what went wrong: ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``,
-        ``model_not_found``, ``context_too_long``, ``images_unsupported``, ``auth``, ``bad_request`` or
-        ``bad_response``.
-      url: the server's base URL, when known.
-      attempts: how many requests were made before giving up (0 when none was sent).
-      status: the HTTP status of the last answer, when the server sent one.
-      overflow: ``(prompt tokens, context tokens)`` of a ``context_too_long`` refusal where the server said
-        them (llama.cpp does), else None.
-    """
-
-    def __init__(self, message: str, *, kind: str, url: Optional[str] = None, attempts: int = 0,
-                 status: Optional[int] = None, overflow: Optional[Tuple[int, int]] = None):
-        super().__init__(message)
-        self.kind = kind
-        self.url = url
-        self.attempts = attempts
-        self.status = status
-        self.overflow = overflow
-
-
-# Errors that every later request would hit too: a batch stops at the first one even when it collects errors.
-FATAL_KINDS = ("config", "unreachable", "model_not_found", "auth")
-
-
-IMAGE_MODES = ("auto", "on", "off")
-
-
-@dataclasses.dataclass(frozen=True)
-class ReaderConfig:
-    """How to reach an OpenAI-compatible chat server and how to decode (reader and judge alike).
-
-    Attributes:
-      base_url: server URL ending in ``/v1``; None reads ``<PREFIX>_URL`` from the environment.
-      model: model name; None reads ``<PREFIX>_MODEL``, and failing that uses the server's only model.
-      api_key: None reads ``<PREFIX>_API_KEY``, then "EMPTY".
-      timeout: seconds one call may take in all, retries and waits between them included.
-      max_retries: retries of a transient failure (so at most ``max_retries + 1`` requests per call).
-      backoff: first wait between retries, in seconds; it doubles each retry, with up to ``backoff``
-        seconds of random jitter.
-      max_backoff: longest wait between retries, in seconds.
-      max_tokens: new tokens per answer (greedy decoding, paper: 1024).
-      temperature: sampling temperature; 0 is greedy.
-      max_text_chars: longest text passed per note (paper: 1500); longer text is cut.
-      concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
-      max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
-        length; None asks the server (llama.cpp at /props, vLLM in /v1/models), else 32768.
-      evidence_tokens: the reader's evidence budget in estimated tokens (:mod:`cdsjax.io.evidence_fit`); None
-        derives it from the server's window (:meth:`cdsjax.io.reader.Reader.evidence_tokens`).
-      images: ``auto`` (default) sends visual notes as images until the server refuses one, then as text
-        (caption, summary and surrounding text) from that request on; ``on`` always sends images (a refusal
-        is an error); ``off`` never does.
-    """
-
-    base_url: Optional[str] = None
-    model: Optional[str] = None
-    api_key: Optional[str] = None
-    timeout: float = 300.0
-    max_retries: int = 3
-    backoff: float = 1.0
-    max_backoff: float = 30.0
-    max_tokens: int = 1024
-    temperature: float = 0.0
-    max_text_chars: int = 1500
-    concurrency: int = 8
-    max_model_len: Optional[int] = None
-    images: str = "auto"
-    evidence_tokens: Optional[int] = None
-
-    def __post_init__(self):
-        if self.images not in IMAGE_MODES:
-            raise ValueError(f"ReaderConfig.images must be one of {', '.join(IMAGE_MODES)}, got {self.images!r}")
-        checks = {
-            "timeout": self.timeout > 0,
-            "max_retries": self.max_retries >= 0,
-            "backoff": self.backoff >= 0,
-            "max_backoff": self.max_backoff >= 0,
-            "max_tokens": self.max_tokens >= 1,
-            "temperature": self.temperature >= 0,
-            "max_text_chars": self.max_text_chars >= 1,
-            "concurrency": self.concurrency >= 1,
-            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
-            "evidence_tokens": self.evidence_tokens is None or self.evidence_tokens >= 0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"ReaderConfig.{name} is out of range: {getattr(self, name)!r}")
-
-    def resolve(self, env_prefix: str = "CDSJAX_READER", key_fallbacks: Sequence[str] = ()) -> "ReaderConfig":
-        """Fills unset connection fields from ``<env_prefix>_URL`` / ``_MODEL`` / ``_API_KEY``.
-
-        Raises:
-          ReaderError: (kind ``config``) when no URL is given either way.
-        """
-        env = os.environ
-        base_url = self.base_url or env.get(f"{env_prefix}_URL") or None
-        if not base_url:
-            raise ReaderError(f"no server URL configured: pass base_url or set {env_prefix}_URL", kind="config")
-        api_key = self.api_key or env.get(f"{env_prefix}_API_KEY")
-        for name in key_fallbacks:
-            api_key = api_key or env.get(name)
-        return dataclasses.replace(
-            self,
-            base_url=base_url.rstrip("/"),
-            model=self.model or env.get(f"{env_prefix}_MODEL") or None,
-            api_key=api_key or "EMPTY",
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatReply:
-    """One chat completion.
-
-    Attributes:
-      content: the message text (never empty: an empty reply is an error).
-      finish_reason: "stop", or "length" when the reply hit max_tokens.
-      usage: the server's token counts (prompt_tokens, completion_tokens, total_tokens), or None.
-      model: the model that answered.
-      latency_s: wall time of the call, retries included.
-      first_token_s: for a streamed reply, seconds from the call to its first piece of text; else None.
-    """
-
-    content: str
-    finish_reason: Optional[str]
-    usage: Optional[dict]
-    model: str
-    latency_s: float
-    first_token_s: Optional[float] = None
-
-
-_CONTEXT_TOO_LONG = re.compile(
-    r"context length|context_length|context window|context size|maximum model length|max_model_len|"
-    r"too long|too many tokens|is too large|exceeds? the (?:maximum|limit|available context)", re.IGNORECASE)
-# llama.cpp's overflow, whatever status its version sends it with; the token counts where it gives them.
-_LLAMA_OVERFLOW = re.compile(r"exceeds? the available context size", re.IGNORECASE)
-_OVERFLOW_TOKENS = re.compile(r"\((\d+) tokens\) exceeds? the available context size \((\d+) tokens\)",
-                              re.IGNORECASE)
-# A server (or model) that takes no images: llama.cpp without a vision projector, vLLM with a text model,
-# OpenAI with a text model.
-_IMAGES_REFUSED = re.compile(
-    r"image input is not supported|images? (?:inputs? )?(?:is |are )?not supported|not a multimodal model|"
-    r"does not support (?:image|vision|multimodal)|image_url is only supported|at most 0 image", re.IGNORECASE)
-
-
-def refusal_kind(status: int, message: str) -> Optional[str]:
-    """``images_unsupported`` or ``context_too_long`` when an HTTP error is one of the two refusals that are
-    never retried as they are (module docstring), else None."""
-    if status in (400, 413, 415, 422) or status >= 500:
-        if _IMAGES_REFUSED.search(message):
-            return "images_unsupported"
-        if _LLAMA_OVERFLOW.search(message) or (status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message)):
-            return "context_too_long"
-    return None
-
-
-def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
-    """The ``image_url`` parts of chat ``messages``."""
-    return sum(1 for m in messages if isinstance(m.get("content"), list)
-               for p in m["content"] if p.get("type") == "image_url")
-
-
-def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether chat ``messages`` carry an ``image_url`` part."""
-    return count_images(messages) > 0
-
-
-class _MalformedReply(Exception):
-    """A reply that is not a usable chat completion (invalid JSON, no choices, no message content)."""
-
-
-class _Streamed:
-    """Whether a streamed call has handed text to its caller: after that a failure is not retried (the caller
-    has shown the text), it is raised."""
-
-    def __init__(self):
-        self.started = False
-
-
-class _Delivered(Exception):
-    """A failure of a stream after its first piece of text: not retried."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _stream(client, request: dict, on_token, streamed: _Streamed, start: float) -> dict:
-    """One streamed completion: ``on_token`` gets each piece; returns the reply's fields (see ChatClient.chat)."""
-    if streamed.started:  # a retry after text was shown would show it twice
-        raise _Delivered(RuntimeError("the stream broke after its first piece"))
-    stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
-    pieces: list = []
-    finish, usage, model, first = None, None, None, None
-    try:
-        for chunk in stream:
-            model = getattr(chunk, "model", None) or model
-            if getattr(chunk, "usage", None) is not None:
-                usage = chunk.usage.model_dump()
-            for choice in getattr(chunk, "choices", None) or []:
-                finish = choice.finish_reason or finish
-                piece = getattr(choice.delta, "content", None) if choice.delta is not None else None
-                if not piece:
-                    continue
-                if first is None:
-                    first = time.perf_counter() - start
-                streamed.started = True
-                pieces.append(piece)
-                if on_token(piece):
-                    finish = "stopped"
-                    return dict(content="".join(pieces), finish_reason=finish, usage=usage, model=model,
-                                first_token_s=first)
-    except (openai.OpenAIError, ValueError) as err:
-        if streamed.started:
-            raise _Delivered(err) from err
-        raise
-    finally:
-        stream.close()  # also on Ctrl-C: the server sees the connection close and stops generating
-    content = "".join(pieces)
-    if not content.strip():
-        raise _MalformedReply(f"an empty reply (finish_reason={finish})")
-    return dict(content=content, finish_reason=finish, usage=usage, model=model, first_token_s=first)
-
-
-def _is_transient(err: BaseException) -> bool:
-    if isinstance(err, (openai.APIConnectionError, _MalformedReply, ValueError)):  # ValueError: invalid JSON body
-        return True
-    if isinstance(err, openai.APIStatusError):
-        if refusal_kind(err.status_code, _server_message(err)) is not None:
-            return False  # sent again as it is, it would be refused again
-        return err.status_code in (408, 409, 429) or err.status_code >= 500
-    return False
-
-
-def _overflow(err: openai.APIStatusError, message: str) -> Optional[Tuple[int, int]]:
-    """(prompt tokens, context tokens) of an overflow refusal: llama.cpp's ``n_prompt_tokens`` / ``n_ctx``
-    fields, else the counts in its message."""
-    body = err.body if isinstance(err.body, Mapping) else {}
-    pair = body.get("n_prompt_tokens"), body.get("n_ctx")
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
-        return pair
-    match = _OVERFLOW_TOKENS.search(message)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def _tries(attempts: int) -> str:
-    return f"{attempts} attempt{'s' if attempts != 1 else ''}"
-
-
-def _server_message(err: openai.APIStatusError) -> str:
-    body = err.body
-    if isinstance(body, Mapping):
-        message = body.get("message") or body.get("detail") or body
-        return one_line(message)
-    return one_line(body if body else err.message)
 
 
 class ChatClient:
@@ -342,7 +81,7 @@ class ChatClient:
         try:
             page = self.client.models.list()
         except openai.NotFoundError as err:
-            raise ReaderError(f"the {self.role} at {self.url} has no model list (HTTP 404: {_server_message(err)}); "
+            raise ReaderError(f"the {self.role} at {self.url} has no model list (HTTP 404: {server_message(err)}); "
                               f"check the URL (it usually ends in /v1)", kind="bad_request", url=self.url,
                               attempts=1) from err
         except openai.OpenAIError as err:
@@ -396,11 +135,11 @@ class ChatClient:
             stop=tenacity.stop_after_attempt(cfg.max_retries + 1) | tenacity.stop_before_delay(cfg.timeout),
             wait=(tenacity.wait_exponential(multiplier=cfg.backoff, max=cfg.max_backoff)
                   + tenacity.wait_random(0, cfg.backoff)),
-            retry=tenacity.retry_if_exception(_is_transient),
+            retry=tenacity.retry_if_exception(is_transient),
             reraise=True,
         )
         attempts = 0
-        streamed = _Streamed()
+        streamed = Streamed()
         request = dict(model=model, messages=messages, temperature=cfg.temperature,
                        max_tokens=int(max_tokens or cfg.max_tokens), **({} if seed is None else {"seed": int(seed)}))
         try:
@@ -412,31 +151,22 @@ class ChatClient:
                         raise openai.APITimeoutError(request=None)  # the deadline passed between attempts
                     client = self.client.with_options(timeout=left)
                     if on_token is not None:
-                        reply = _stream(client, request, on_token, streamed, start)
-                        continue
-                    response = client.chat.completions.create(**request)
-                    choices = getattr(response, "choices", None) or []
-                    if not choices or choices[0].message is None:
-                        raise _MalformedReply("a reply without choices")
-                    content = choices[0].message.content
-                    if content is None or not content.strip():
-                        raise _MalformedReply(f"an empty reply (finish_reason={choices[0].finish_reason})")
-                    usage = response.usage.model_dump() if getattr(response, "usage", None) is not None else None
-                    reply = dict(content=content, finish_reason=choices[0].finish_reason, usage=usage,
-                                 model=response.model or model, first_token_s=None)
-        except _Delivered as err:  # the stream broke after text was shown: raised, not retried
+                        reply = stream_reply(client, request, on_token, streamed, start)
+                    else:
+                        reply = complete(client, request)
+        except Delivered as err:  # the stream broke after text was shown: raised, not retried
             if isinstance(err.cause, openai.OpenAIError):
                 raise self._error(err.cause, attempts) from err.cause
             raise ReaderError(f"the {self.role} at {self.url} broke off its reply ({one_line(err.cause, 120)})",
                               kind="bad_response", url=self.url, attempts=attempts) from None
         except openai.OpenAIError as err:
             raise self._error(err, attempts) from err
-        except _MalformedReply as err:
-            raise ReaderError(f"the {self.role} at {self.url} sent {err} ({_tries(attempts)})",
+        except MalformedReply as err:
+            raise ReaderError(f"the {self.role} at {self.url} sent {err} ({attempts_phrase(attempts)})",
                               kind="bad_response", url=self.url, attempts=attempts) from None
         except ValueError as err:  # the body was not valid JSON
             raise ReaderError(f"the {self.role} at {self.url} sent a malformed reply (not valid JSON: "
-                              f"{one_line(err, 120)}; {_tries(attempts)})", kind="bad_response", url=self.url,
+                              f"{one_line(err, 120)}; {attempts_phrase(attempts)})", kind="bad_response", url=self.url,
                               attempts=attempts) from None
         if has_images(messages):
             self._takes_images = True
@@ -502,27 +232,10 @@ class ChatClient:
         server's root, then vLLM's ``max_model_len`` of the model in ``/v1/models``; None when neither says."""
         with self._context_lock:
             if not self._context_known:
-                self._context_size = self._props_n_ctx() or self._models_max_len()
+                by_props = props_n_ctx(self.url, self.config.api_key, min(5.0, self.config.timeout))
+                self._context_size = by_props or self._models_max_len()
                 self._context_known = True
             return self._context_size
-
-    def _props_n_ctx(self) -> Optional[int]:
-        root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
-        if not root.lower().startswith(("http://", "https://")):
-            return None
-        request = urllib.request.Request(f"{root}/props", headers={"Authorization": f"Bearer {self.config.api_key}"})
-        try:
-            with urllib.request.urlopen(request, timeout=min(5.0, self.config.timeout)) as response:
-                props = json.loads(response.read())
-        except (OSError, ValueError):  # no /props (an HTTP error is an OSError), or not JSON
-            return None
-        if not isinstance(props, Mapping):
-            return None
-        settings = props.get("default_generation_settings")
-        for value in ((settings or {}).get("n_ctx") if isinstance(settings, Mapping) else None, props.get("n_ctx")):
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return None
 
     def _models_max_len(self) -> Optional[int]:
         try:
@@ -564,7 +277,7 @@ class ChatClient:
 
     def _error(self, err: openai.OpenAIError, attempts: int) -> ReaderError:
         url, role = self.url, self.role
-        tries = _tries(attempts)
+        tries = attempts_phrase(attempts)
         if isinstance(err, openai.APITimeoutError):
             return ReaderError(f"the {role} at {url} did not answer within {self.config.timeout:g} s ({tries})",
                                kind="timeout", url=url, attempts=attempts)
@@ -581,8 +294,8 @@ class ChatClient:
 
     def _status_error(self, err: openai.APIStatusError, attempts: int) -> ReaderError:
         url, role = self.url, self.role
-        tries = _tries(attempts)
-        status, message = err.status_code, _server_message(err)
+        tries = attempts_phrase(attempts)
+        status, message = err.status_code, server_message(err)
         if status == 404:
             return self._model_not_found(message, attempts)
         refusal = refusal_kind(status, message)
@@ -591,7 +304,7 @@ class ChatClient:
                                f"auto or off to send visual notes as text", kind=refusal, url=url, attempts=attempts)
         if refusal == "context_too_long":
             return ReaderError(f"the request is too long for model '{self._model}' at {url}: {message}",
-                               kind=refusal, url=url, attempts=attempts, overflow=_overflow(err, message))
+                               kind=refusal, url=url, attempts=attempts, overflow=overflow_tokens(err, message))
         if status in (401, 403):
             return ReaderError(f"the {role} at {url} refused the API key (HTTP {status}): {message}; "
                                f"set {self.env_prefix}_API_KEY", kind="auth", url=url, attempts=attempts)

@@ -1,0 +1,75 @@
+"""The reader of ``cdsjax ask``, ``serve`` and ``demo``: the OpenAI-compatible server named by ``--reader-url``
+(or CDSJAX_READER_URL), else the local reader when its runtime is installed, else none."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from cdsjax.commands import CLIError
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
+
+
+def local_reader_model(args) -> Optional[str]:
+    """The local reader's model when it should answer (no reader URL, reading not skipped, runtime installed),
+    else None; one line for a local reader asked for by name whose runtime is missing."""
+    url = getattr(args, "reader_url", None) or os.environ.get("CDSJAX_READER_URL")
+    if getattr(args, "no_read", False) or url:
+        return None
+    named = getattr(args, "local_reader", None) or os.environ.get("CDSJAX_LOCAL_READER")
+    if named == "off":
+        return None
+    from cdsjax.io.local_reader import RUNTIME_HINT, runtime_installed
+
+    if not runtime_installed():
+        if named:
+            raise CLIError(f"--local-reader {named}: no local reader runtime: {RUNTIME_HINT}", 1)
+        return None
+    return named or "default"
+
+
+def make_reader(args, stack=None):
+    """The reader of ``ask`` / ``serve``: the remote server named by ``--reader-url`` (or CDSJAX_READER_URL),
+    else the local one, else None.
+
+    The local server is this user's shared one when it is running with the same model and settings (``reused``
+    in ``reader.local``), else started here and waited for (its model loads in ~2-5 s; a preset is assembled
+    into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack`` (a
+    :class:`contextlib.ExitStack`) releases it: it stays up ``--keep-alive`` seconds after its last use
+    (:func:`cdsjax.io.local_reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
+    if getattr(args, "no_read", False):
+        return None
+    url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
+    images = getattr(args, "reader_images", "auto")
+    if url:
+        from cdsjax.io.llm.config import ReaderConfig
+        from cdsjax.io.reader import Reader
+
+        model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
+        return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
+                                   images=images, evidence_tokens=getattr(args, "evidence_tokens", None)))
+    model = local_reader_model(args)
+    if model is None or stack is None:
+        return None
+    from cdsjax.io.local_model import LocalReaderError
+    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
+
+    try:
+        config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
+                                   slots=args.reader_slots,
+                                   keep_alive=keep_alive_setting(getattr(args, "keep_alive", None)))
+    except ValueError as err:
+        raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
+    local = LocalReader(config, progress=sys.stderr.isatty() and not getattr(args, "json", False))
+    stack.callback(local.close)
+    try:
+        local.start()
+    except LocalReaderError as err:
+        raise CLIError(f"local reader: {err}", 1) from None
+    from cdsjax.io.reader import Reader
+
+    tokens = getattr(args, "evidence_tokens", None)
+    tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens
+    return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
+                                      images=images, evidence_tokens=tokens), local=local.describe())
