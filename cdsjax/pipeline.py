@@ -508,7 +508,7 @@ class Pipeline:
 
     def evidence_items(self, evidence: List[dict]) -> list:
         """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""
-        from cdsjax.io.reader import EvidenceItem
+        from cdsjax.io.prompt import EvidenceItem
 
         return [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=int(e["page"]),
                              kind=e["kind"],

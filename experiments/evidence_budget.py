@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder
     from cdsjax.io.evidence_fit import estimate_tokens
-    from cdsjax.io.reader import fit_items, note_text
+    from cdsjax.io.reader import fit_items
+    from cdsjax.io.prompt import note_text
 
     config = answers.get_config(args.bench)
     config.reader.local = ""

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from cdsjax.eval import answer_scoring as S
-import cdsjax.io.reader as reader_module
+import cdsjax.io.prompt as prompt_module
 from cdsjax.eval import answer_evidence, reader_setup, reading
 from cdsjax.eval.problems import Problem
 from cdsjax.io.reply_cache import ReplyCache, reply_key
 from cdsjax.io import datasets as D
 from cdsjax.io.judge import JUDGE_PROMPT
-from cdsjax.io.reader import SYSTEM_PROMPT
+from cdsjax.io.prompt import SYSTEM_PROMPT
 from tests.scripted_server import OpenAIServer, message_images, message_text
 
 
@@ -222,7 +222,7 @@ def test_changed_evidence_or_prompt_asks_again(tmp_path, monkeypatch):
         assert len(calls) == n  # the same evidence: nothing sent
         run(rec([1, 2]))
         assert len(calls) == n + 4  # other evidence: asked (and judged) again
-        monkeypatch.setattr(reader_module, "SYSTEM_PROMPT", reader_module.SYSTEM_PROMPT + " Be exact.")
+        monkeypatch.setattr(prompt_module, "SYSTEM_PROMPT", prompt_module.SYSTEM_PROMPT + " Be exact.")
         run(rec([1, 2]))
         assert len(calls) == n + 6  # another prompt: asked again; the judge's replies are reused
         config.reader.seeds = (0, 1)
@@ -573,7 +573,7 @@ def test_a_text_only_reader_in_the_evaluation_is_refused_once_and_reruns_from_th
 def test_cites_gold_reads_the_markers_against_gold_notes_and_pages():
     from cdsjax.eval.answer_evidence import cites_gold
     from cdsjax.io.datasets.common import Query
-    from cdsjax.io.reader import EvidenceItem
+    from cdsjax.io.prompt import EvidenceItem
 
     items = [EvidenceItem(note_id="p#1", doc_id="p", page=0), EvidenceItem(note_id="p#7", doc_id="p", page=3)]
     text_q = Query(qid="q", question="?", answer="a", doc_ids=("p",), gold_note_ids=frozenset({"p#7"}))

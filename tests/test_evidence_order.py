@@ -7,7 +7,8 @@ import json
 import pytest
 
 from cdsjax.eval.answer_scoring import extract_by_rule
-from cdsjax.io.reader import EvidenceItem, Reader, reading_order
+from cdsjax.io.reader import Reader
+from cdsjax.io.prompt import EvidenceItem, reading_order
 from cdsjax.io.replies import CitationStream, renumber_citations
 from tests.scripted_server import OpenAIServer, message_text
 

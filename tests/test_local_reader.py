@@ -184,7 +184,8 @@ def test_a_text_only_local_server_reads_a_figure_note_as_text(with_local_reader,
 
     from PIL import Image
 
-    from cdsjax.io.reader import EvidenceItem, Reader
+    from cdsjax.io.reader import Reader
+    from cdsjax.io.prompt import EvidenceItem
 
     png = tmp_path / "chart.png"
     buf = io.BytesIO()

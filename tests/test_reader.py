@@ -9,7 +9,8 @@ from PIL import Image
 
 from cdsjax.io.llm.config import ReaderConfig
 from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.reader import EvidenceItem, Reader, build_messages, parse_citations
+from cdsjax.io.reader import Reader, parse_citations
+from cdsjax.io.prompt import EvidenceItem, build_messages
 from cdsjax.io.util import free_port
 from tests.scripted_server import OpenAIServer, completion, message_images, message_text
 

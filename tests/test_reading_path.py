@@ -12,7 +12,8 @@ import pytest
 from cdsjax.cli import main
 from cdsjax.io.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_evidence, nearest_sentences,
                                     split_sentences, word_overlap)
-from cdsjax.io.reader import EvidenceItem, Reader, fit_items
+from cdsjax.io.reader import Reader, fit_items
+from cdsjax.io.prompt import EvidenceItem
 from cdsjax.io.replies import ReplyGuard, echoes_evidence, looping, no_answer
 from tests.scripted_server import OpenAIServer, message_text
 

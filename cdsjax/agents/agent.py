@@ -12,7 +12,8 @@ from cdsjax.agents import prompts
 from cdsjax.agents.trace import NodeResult, PlanningResult, Round
 from cdsjax.io.llm.config import ReaderConfig
 from cdsjax.io.llm.errors import FATAL_KINDS, ReaderError
-from cdsjax.io.reader import EvidenceItem, Reader, as_evidence
+from cdsjax.io.reader import Reader
+from cdsjax.io.prompt import EvidenceItem, as_evidence
 from cdsjax.io.replies import strip_thinking
 
 COMBINED_MODES = (None, "single", "peel")

@@ -6,7 +6,8 @@ import dataclasses
 from typing import Dict, List, Optional
 
 from cdsjax.agents.plan import Plan, PlanNode, Verdict
-from cdsjax.io.reader import ABSTAIN, EvidenceItem
+from cdsjax.io.reader import ABSTAIN
+from cdsjax.io.prompt import EvidenceItem
 from cdsjax.io.replies import strip_citations
 
 

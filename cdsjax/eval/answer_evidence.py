@@ -14,7 +14,7 @@ JUDGE_PROMPT_VERSION = "judge-1"
 
 
 def _item_from_index_note(note: dict, note_id: str, rank: int):
-    from cdsjax.io.reader import KINDS, EvidenceItem
+    from cdsjax.io.prompt import KINDS, EvidenceItem
 
     kind = note.get("kind", "text")
     if kind not in KINDS:
@@ -28,7 +28,7 @@ def _item_from_index_note(note: dict, note_id: str, rank: int):
 
 
 class EvidenceSource:
-    """The reader's view of each note of the problems (:class:`~cdsjax.io.reader.EvidenceItem` by note id): a
+    """The reader's view of each note of the problems (:class:`~cdsjax.io.prompt.EvidenceItem` by note id): a
     text benchmark's paragraphs, or a PDF's index notes with their image crops."""
 
     def __init__(self, problems, *, kind: str, indexes: Optional[Dict[str, Any]] = None):
@@ -49,7 +49,8 @@ class EvidenceSource:
 
 def _estimated_tokens(items, max_text_chars: int) -> int:
     from cdsjax.io.evidence_fit import TOKENS_PER_IMAGE, estimate_tokens
-    from cdsjax.io.reader import PROMPT_RESERVE_TOKENS, note_text
+    from cdsjax.io.reader import PROMPT_RESERVE_TOKENS
+    from cdsjax.io.prompt import note_text
 
     images = sum(1 for i in items if i.is_visual and i.image_path)
     return sum(estimate_tokens(note_text(i, max_text_chars)) for i in items) + TOKENS_PER_IMAGE * images \
@@ -117,7 +118,7 @@ def sent_has_answer(query, sent: Sequence[Any], max_text_chars: Optional[int]) -
     the question has no answer text to look for (unanswerable, or a gold answer not found in its documents'
     words) or nothing was sent."""
     from cdsjax.eval.answers import answer_targets, has_answer
-    from cdsjax.io.reader import note_text
+    from cdsjax.io.prompt import note_text
 
     targets = answer_targets(query)
     if not targets or not sent:

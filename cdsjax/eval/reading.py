@@ -1,7 +1,7 @@
 """The reader stage of the batch evaluation: the selected evidence of every (question, selector, budget, seed)
 goes to a vision-language reader, and its answer is scored against the gold answer.
 
-* Requests are built as ``cdsjax ask`` builds them (:func:`cdsjax.io.reader.build_messages`: text notes as
+* Requests are built as ``cdsjax ask`` builds them (:func:`cdsjax.io.prompt.build_messages`: text notes as
   text, figures/tables/charts with an image crop as ``image_url`` parts with their caption and summary) and
   sent through :class:`cdsjax.io.llm.client.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
   at a time from a thread pool, with a progress bar.
