@@ -88,7 +88,7 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval import evaluate
     from cdsjax.eval.settings import cache_dir_of
-    from cdsjax.pipeline import enable_compilation_cache
+    from cdsjax.io.compilation_cache import enable_compilation_cache
 
     config = build_config(bench, questions, threads, slots, **variant)
     if from_cache:
@@ -152,7 +152,7 @@ def _cell(rows, selector, metric, signed=False) -> str:
 
 def table(bench: str, out: pathlib.Path = None) -> str:
     """The markdown table of one benchmark's answer metrics (means with 95% bootstrap intervals)."""
-    from cdsjax.catalog import display
+    from cdsjax.pipeline.catalog import display
     from cdsjax.core.registry import SPECS
 
     rows = _summary(bench, out)

@@ -50,7 +50,7 @@ CACHE = ROOT / "runs" / "bench_latency"
 def selectors(given: str = "") -> tuple:
     """The selectors timed: ``given`` (comma-separated registry names), else the default selector, converged CDS
     (the paper's game, beta an option) and cosine, from the registry."""
-    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, selector_spec
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, selector_spec
     from cdsjax.core.registry import SPECS
 
     if given:
@@ -169,10 +169,10 @@ def worker_corpus(spec: dict) -> dict:
 
 def worker_eval(spec: dict) -> dict:
     """Questions per second of the evaluation's batched run of the default selector on QASPER problems."""
-    from cdsjax.core import selector_spec
     from cdsjax.core.batching import DEFAULT_BUCKETS
     from cdsjax.eval.problems import Problem
     from cdsjax.eval.run import batch_chunk, cached_selector, run_selector
+    from cdsjax.pipeline.catalog import selector_spec
     from cdsjax.io.datasets import Query
 
     data = np.load(spec["data"])

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from cdsjax import cli
-from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
+from cdsjax.pipeline import Corpus, Pipeline, PipelineError
+from cdsjax.pipeline.answer import convergence_warning
 from tests.scripted_server import OpenAIServer, message_images, message_text
-from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
 @pytest.mark.slow
 def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import canonical_selector
+    from cdsjax.pipeline.catalog import canonical_selector
 
     assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"
     pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
@@ -278,7 +279,7 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
     vectors of the same shape): the pipeline of the real index then shares that jitted selector and picks what
     a pipeline without the warm-up picks."""
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import SelectorCache
+    from cdsjax.pipeline.cache import SelectorCache
 
     corpus = Corpus.merge([load_index(demo_index)])
     q = "How much did battery storage cut diesel use?"
@@ -298,12 +299,12 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_failed_head_start_on_the_question_is_silent_and_the_pdf_still_indexes(tmp_path, cache, monkeypatch,
                                                                                   capfd):
-    """`ask NEW.pdf` loads the question's encoder on a thread while the PDF is parsed (cdsjax.warmup): when that
-    head start fails, the ask goes on without a traceback on stderr, and the thread has ended when the index is
+    """`ask NEW.pdf` loads the question's encoder on a thread while the PDF is parsed (cdsjax.pipeline.warmup): when
+    that head start fails, the ask goes on without a traceback on stderr, and the thread has ended when the index is
     returned."""
     import threading
 
-    from cdsjax import warmup
+    from cdsjax.pipeline import warmup
     from tests.ingest_pdfs import make_text_pdf
 
     def fail(question, config=None):
@@ -322,7 +323,7 @@ def test_pipelines_of_a_process_share_their_jitted_selectors(demo_index):
     (the same index reloaded, or the next in-process ask) reuses the jitted selector and picks the same; a cache
     of the caller's stays the caller's."""
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import SelectorCache, shared_selector_cache
+    from cdsjax.pipeline.cache import SelectorCache, shared_selector_cache
 
     q = "How much did battery storage cut diesel use?"
     first, second = (Pipeline(Corpus.merge([load_index(demo_index)])) for _ in range(2))

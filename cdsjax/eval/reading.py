@@ -194,7 +194,7 @@ def evidence_tokens(config) -> Optional[int]:
     """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
     token budgets; -1, the default: the local reader's :data:`cdsjax.defaults.LOCAL_EVIDENCE_TOKENS` with
     ``config.reader.local``, else derived from the server's window)."""
-    from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+    from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
 
     r = config.reader
     value = int(r.get("evidence_tokens", -1))
@@ -539,7 +539,7 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
     over questions), and the mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``,
     ``accuracy_seed_std@B``; n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
-    from cdsjax.catalog import REFERENCE_SELECTOR
+    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
 
     rows = []
     merged = merged_answer_records(answers)
