@@ -61,9 +61,9 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
 @pytest.mark.slow
 def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline.catalog import canonical_selector
+    from cdsjax.pipeline.catalog import resolve
 
-    assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"
+    assert resolve(DEFAULT_SELECTOR).name == "cds_learned_pages"
     pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
     q = "How much did battery storage cut diesel use?"
     default = pipe.ask(q, budget=4)

@@ -105,7 +105,7 @@ def check_http_options(selector, options: dict) -> dict:
     """The request's options if every one is on the selector's allow-list with the right type and bounds.
 
     Args:
-      selector: the selector's spec (as :func:`cdsjax.pipeline.catalog.resolve` returns it) or registry name.
+      selector: the selector's spec (as :func:`cdsjax.pipeline.catalog.resolve` returns it) or name.
       options: the request's ``options`` object.
 
     Returns:

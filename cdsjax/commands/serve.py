@@ -156,7 +156,7 @@ def run(args) -> int:
     from cdsjax.io.embed import EmbedderError
     from cdsjax.io.compilation_cache import enable_compilation_cache
     from cdsjax.pipeline import Pipeline, PipelineError
-    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, canonical_selector, display
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display, resolve
 
     args.selector = args.selector or display(DEFAULT_SELECTOR)
     check_flags(args)
@@ -172,7 +172,7 @@ def run(args) -> int:
     from cdsjax.commands.server import ServerState, create_app
 
     try:
-        canonical_selector(args.selector)
+        resolve(args.selector)
     except PipelineError as err:
         raise CLIError(str(err), 2) from None
     params = None

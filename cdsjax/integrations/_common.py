@@ -164,11 +164,12 @@ class IndexSource:
     """
 
     def __init__(self, index, selector: Optional[str] = None, budget: int = DEFAULT_BUDGET, options: Optional[dict] = None):
-        from cdsjax.pipeline.catalog import selector_spec
         from cdsjax.core.validation import check_budget
         from cdsjax.pipeline import Pipeline, PipelineError
+        from cdsjax.pipeline.catalog import selector_spec
 
-        self.selector = selector_spec(selector or default_selector()).name
+        self.spec = selector_spec(selector or default_selector())  # resolved once; each question gets the spec
+        self.selector = self.spec.name
         self.budget = check_budget(budget)
         self.options = dict(options or {})
         if isinstance(index, Pipeline):
@@ -191,7 +192,7 @@ class IndexSource:
         from cdsjax.pipeline import PipelineError
 
         try:
-            answer = self.pipe.retrieve(question, selector=self.selector, budget=self.budget,
+            answer = self.pipe.retrieve(question, selector=self.spec, budget=self.budget,
                                         options=self.options or None)
         except PipelineError as err:
             raise ValueError(str(err)) from None

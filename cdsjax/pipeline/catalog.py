@@ -5,7 +5,8 @@ The core registry (:data:`cdsjax.core.registry.SPECS`) is the table of selectors
 registry name. This module holds the choices made about them above the core, and is where a name becomes a
 selector: code, configs and records name a selector by its registry name (``cds_learned_pages``); users may also
 write its *display form* (``cds-learned-pages``), which the CLI, the server and ``ask --json`` show.
-:func:`selector_spec` (the one lookup of a name) reads either; :func:`selector_names` lists every spelling;
+:func:`selector_spec` (the one lookup of a name; :func:`resolve` for a name a user gave, an unknown one a
+:class:`~cdsjax.pipeline.errors.PipelineError`) reads either; :func:`selector_names` lists every spelling;
 :func:`display` gives the display form. A caller resolves a name once and passes the spec down: every function
 here that takes a name takes its spec as well, without a second lookup.
 
@@ -91,18 +92,6 @@ def resolve(name: Union[str, registry.SelectorSpec]) -> registry.SelectorSpec:
         return selector_spec(name)
     except ValueError as err:
         raise PipelineError(str(err)) from None
-
-
-def canonical_selector(name: Union[str, registry.SelectorSpec]) -> str:
-    """The registry name of a selector's registry name or display form (``cds-converged`` -> ``cds_converged``);
-    an unknown name is a one-line :class:`PipelineError`."""
-    return resolve(name).name
-
-
-def display_name(name: Union[str, registry.SelectorSpec]) -> str:
-    """The name users write for a selector (``cds`` -> ``cds-paper``, ``cds_converged`` -> ``cds-converged``);
-    an unknown name is a one-line :class:`PipelineError`."""
-    return SHOWN[resolve(name).name][0]
 
 
 def selectors_help() -> str:
