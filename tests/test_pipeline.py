@@ -9,8 +9,8 @@ import pytest
 from cdsjax import cli
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError
 from cdsjax.pipeline.answer import convergence_warning
-from tests.scripted_server import OpenAIServer, message_images, message_text
 from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
+from tests.scripted_server import OpenAIServer, message_images, message_text
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +168,25 @@ def test_pipeline_cosine_matches_numpy_ranking(demo_index):
     sel = pipe.select(q, selector="cosine", budget=5)
     expect = np.argsort(-(pipe.corpus.embeddings @ q), kind="stable")[:5]
     np.testing.assert_array_equal(np.asarray(sel.indices), expect)
+
+
+def test_a_question_looks_its_selector_name_up_once(demo_index, monkeypatch):
+    """``Pipeline.retrieve`` resolves the selector's name once and hands its spec down: the compiled selector, its
+    key, the problem and the answer's display form take the spec, and no step looks the name up again."""
+    from cdsjax.io.index import load_index
+    from cdsjax.pipeline import catalog
+
+    pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
+    q = "How much did battery storage cut diesel use?"
+    lookup = catalog.selector_spec
+    for selector, options in (("cosine", None), ("mmr", {"lam": 0.4})):
+        pipe.retrieve(q, selector=selector, budget=4, options=options)  # compiled before counting
+        names = []
+        monkeypatch.setattr(catalog, "selector_spec", lambda name: (names.append(name), lookup(name))[1])
+        answer = pipe.retrieve(q, selector=selector, budget=4, options=options)
+        monkeypatch.setattr(catalog, "selector_spec", lookup)
+        assert [n for n in names if isinstance(n, str)] == [selector], names
+        assert answer.selector == display(selector) and len(answer.evidence) == 4
 
 
 @pytest.mark.slow

@@ -104,3 +104,13 @@ def test_the_core_registry_holds_no_product_choices():
     assert not [n for n in dir(registry) if n.endswith("_SELECTOR") or n == "selectors_help"]
     text = "\n".join(p.read_text() for p in sorted((ROOT / "cdsjax" / "core").rglob("*.py")))
     assert "DEFAULT_SELECTOR" not in text
+
+
+def test_the_checks_read_the_default_selector_at_cdsjax_catalog():
+    """DESIGN 7.5: ``cdsjax.catalog.DEFAULT_SELECTOR`` is the default selector; that module is an alias of this one
+    name, and the catalog itself is :mod:`cdsjax.pipeline.catalog`."""
+    import cdsjax.catalog
+    from cdsjax.pipeline import catalog
+
+    assert cdsjax.catalog.DEFAULT_SELECTOR == catalog.DEFAULT_SELECTOR in catalog.SHOWN
+    assert cdsjax.catalog.__all__ == ["DEFAULT_SELECTOR"]
