@@ -3,7 +3,7 @@ the integrations and the evaluation run it.
 
     from cdsjax.pipeline import Pipeline
     pipe = Pipeline.from_paths(["report.pdf"])            # indexes into the cache if needed
-    answer = pipe.ask("What drove the 2023 increase?")    # learned CDS read per page (the default), 10 notes
+    answer = pipe.ask("What drove the 2023 increase?")    # learned CDS read per page (the default)
     answer.evidence[0]["page"], answer.diagnostics["converged"], answer.warnings
 
 Modules, by job (the package itself imports none of them until one of its names is used, so a command's flags
