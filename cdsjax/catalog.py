@@ -1,85 +1,10 @@
-"""The selectors as the product offers them: the default, the roles reports give selectors, the names users see,
-and a line of help each.
+"""``cdsjax.catalog.DEFAULT_SELECTOR``: the default selector, at the path the design's checks read it (DESIGN
+§7.5, "the default selector is named once, ``cdsjax.catalog.DEFAULT_SELECTOR``").
 
-The core registry (:mod:`cdsjax.core.registry`) says what a selector is; this module holds the choices made
-about them above the core. Code, configs and records name a selector by its registry name (``cds_learned_pages``);
-users may also write its *display form* (``cds-learned-pages``), which the CLI, the server and ``ask --json``
-show. :func:`selector_spec` reads either; :func:`display` gives the display form of either.
+The selector catalog itself (the default and the other roles, display forms, help lines, name lookup) is
+:mod:`cdsjax.pipeline.catalog`; this module only names its default here. Code imports from there.
 """
 
-from __future__ import annotations
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 
-from typing import Dict, Mapping, Tuple
-
-from cdsjax.core import registry
-
-# The selector used when none is named: ask, serve, the pipeline, the integrations and the planning agent: the
-# learned game read one note per printed page (its own shipped fit; text without printed pages: its top-B).
-DEFAULT_SELECTOR = "cds_learned_pages"
-# The plain baseline that comparisons are reported against (demo, figures, pool and support reports).
-REFERENCE_SELECTOR = "cosine"
-# The paper's method as published (replicator dynamics, its step cap): what reproductions compare.
-PAPER_SELECTOR = "cds"
-# the learned game read as its top-B (its parameters from a `cdsjax tune` file: --params / Pipeline(params=...))
-LEARNED_SELECTOR = "cds_learned"
-
-# registry name -> (display form, one line saying what it selects: CLI help, listings)
-SHOWN: Mapping[str, Tuple[str, str]] = {
-    "cosine": ("cosine", "the B notes most similar to the question"),
-    "cosine_pages": ("cosine-pages", "cosine, taking the best note of each page first (paragraph group on text "
-                                     "corpora)"),
-    "random": ("random", "B notes drawn at random (seeded by the question id)"),
-    "mmr": ("mmr", "maximal marginal relevance: relevance minus redundancy, greedily (lam)"),
-    "dpp": ("dpp", "k-DPP greedy MAP: relevant and mutually dissimilar notes (theta, quality)"),
-    "ppr": ("ppr", "personalised PageRank over the note links, seeded by similarity"),
-    "subgraph": ("subgraph", "G2-Reader's subgraph readout over the note links"),
-    "cds": ("cds-paper", "CDS, paper mode: replicator dynamics with the paper's step cap (may stop short of "
-                         "equilibrium)"),
-    "cds_converged": ("cds-converged", "CDS, converged: the equilibrium itself, found by the serving solver "
-                                       "(primal-dual active set)"),
-    "cds_inimdyn": ("cds-inimdyn", "CDS, converged by infection-immunization dynamics"),
-    "cds_support": ("cds-support", "CDS with beta chosen per question so the support holds about B notes"),
-    "cds_learned": ("cds-learned", "CDS with a fitted game (cdsjax tune): structure features, relevance shaping; "
-                                   "--params FILE"),
-    "mmr_pages": ("mmr-pages", "MMR's ranking read at most notes_per_page notes per page per round (lam, "
-                               "notes_per_page)"),
-    "dpp_pages": ("dpp-pages", "k-DPP's ranking read at most notes_per_page notes per page per round (theta, "
-                               "notes_per_page)"),
-    "cds_learned_pages": ("cds-learned-pages", "the learned game's equilibrium ranking read at most notes_per_page "
-                                               "notes per printed page per round"),
-}
-
-# every spelling a user may write -> its registry name
-_BY_SPELLING: Dict[str, str] = {**{shown: name for name, (shown, _) in SHOWN.items()},
-                                **{name: name for name in registry.SPECS}}
-
-
-def selector_names() -> Tuple[str, ...]:
-    """Every spelling a user may write (registry names and display forms), sorted."""
-    return tuple(sorted(_BY_SPELLING))
-
-
-def selector_spec(name: str) -> registry.SelectorSpec:
-    """The registry spec of a registry name or display form (``cds-converged`` -> the spec of ``cds_converged``).
-
-    Raises:
-      ValueError: an unknown name, listing every spelling.
-    """
-    if name not in _BY_SPELLING:
-        raise ValueError(f"unknown selector {name!r}; choose one of: {', '.join(selector_names())}")
-    return registry.SPECS[_BY_SPELLING[name]]
-
-
-def display(name: str) -> str:
-    """The display form of a registry name or display form (``cds`` -> ``cds-paper``)."""
-    return SHOWN[selector_spec(name).name][0]
-
-
-def selectors_help() -> str:
-    """Every selector for a help text, the default first: ``display (also name): help; ...``."""
-    parts = []
-    for name in (DEFAULT_SELECTOR, *(n for n in registry.SPECS if n != DEFAULT_SELECTOR)):
-        shown, line = SHOWN[name]
-        also = f" (also {name})" if name != shown else ""
-        parts.append(f"{shown}{also}{' [default]' if name == DEFAULT_SELECTOR else ''}: {line}")
-    return "; ".join(parts)
+__all__ = ["DEFAULT_SELECTOR"]

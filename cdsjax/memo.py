@@ -4,7 +4,7 @@
   them.
 * :data:`PROCESS` — the one holder of what lives as long as the process (:class:`ProcessCaches` says what and
   why). Everything else that caches is an object its owner creates and hands down (an evaluation's
-  :class:`~cdsjax.eval.run.Executables`, a pipeline's :class:`~cdsjax.selector_cache.SelectorCache`, a parse's
+  :class:`~cdsjax.eval.run.Executables`, a pipeline's :class:`~cdsjax.pipeline.cache.SelectorCache`, a parse's
   text splitter, the layout helper of :mod:`cdsjax.io.parse.layout_split`).
 """
 
@@ -60,8 +60,8 @@ class ProcessCaches:
       keyword_extractors: ``(language, top)`` -> a YAKE extractor (:mod:`cdsjax.io.keywords`).
       shipped_params: a shipped parameter file -> its :class:`~cdsjax.core.games.learned.LearnedParams`
         (:func:`cdsjax.learn.params_io.default_params`).
-      selector_caches: ``maxsize`` -> the :class:`~cdsjax.selector_cache.SelectorCache` that pipelines built
-        without their own share (:func:`cdsjax.selector_cache.shared_selector_cache`).
+      selector_caches: ``maxsize`` -> the :class:`~cdsjax.pipeline.cache.SelectorCache` that pipelines built
+        without their own share (:func:`cdsjax.pipeline.cache.shared_selector_cache`).
       machine: facts about this machine probed once, e.g. ``"tesseract"``: whether OCR can run
         (:func:`cdsjax.io.parse.pymupdf.ocr_available`).
     """

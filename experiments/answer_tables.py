@@ -115,7 +115,7 @@ def before_after(before: list, default: str, name: str) -> list:
 
 
 def report(out_dir: pathlib.Path, before: pathlib.Path = None) -> str:
-    from cdsjax.catalog import DEFAULT_SELECTOR
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 
     records = load(out_dir / "answers.jsonl")
     bench = "mmlongbench" if records[0]["benchmark"].startswith("mmlongbench") else records[0]["benchmark"]

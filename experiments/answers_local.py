@@ -88,7 +88,7 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
     from cdsjax.commands.eval import locate_data
     from cdsjax.eval import evaluate
     from cdsjax.eval.settings import cache_dir_of
-    from cdsjax.pipeline import enable_compilation_cache
+    from cdsjax.io.compilation_cache import enable_compilation_cache
 
     config = build_config(bench, questions, threads, slots, **variant)
     if from_cache:
@@ -152,7 +152,7 @@ def _cell(rows, selector, metric, signed=False) -> str:
 
 def table(bench: str, out: pathlib.Path = None) -> str:
     """The markdown table of one benchmark's answer metrics (means with 95% bootstrap intervals)."""
-    from cdsjax.catalog import display
+    from cdsjax.pipeline.catalog import display
     from cdsjax.core.registry import SPECS
 
     rows = _summary(bench, out)
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
     p.add_argument("--variant", default="", help="a run beside the main one: results/answers/<bench>-<variant>")
     p.add_argument("--tokens", type=int, default=-1, help="the reader's evidence tokens (-1: the local reader's "
-                   "default, cdsjax.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
+                   "default, cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
     p.add_argument("--selectors", default="", help="selectors (default: the config's)")
     p.add_argument("--no-judge", action="store_true", help="no LLM judge: the rule-based scores alone")
     p.add_argument("--from-cache", action="store_true",

@@ -115,7 +115,7 @@ def main() -> int:
                                 text=True).stdout.strip() or "?"
 
     sys.path.insert(0, str(ROOT))
-    from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, display
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, display
 
     default, paper = display(DEFAULT_SELECTOR), display(PAPER_SELECTOR)
     paper_row = f"new, --selector {paper}"

@@ -100,7 +100,7 @@ def selector_fns(budget):
         "cds (paper mode)": lambda z, q, v, links, key: cds_select(z, q, v, budget=budget),
     }
     try:
-        from cdsjax.catalog import DEFAULT_SELECTOR
+        from cdsjax.catalog import DEFAULT_SELECTOR  # the path older trees have too (DESIGN 7.5)
         from cdsjax.core import registry
         from cdsjax.learn import default_params
     except ImportError:

@@ -50,8 +50,8 @@ CACHE = ROOT / "runs" / "bench_latency"
 def selectors(given: str = "") -> tuple:
     """The selectors timed: ``given`` (comma-separated registry names), else the default selector, converged CDS
     (the paper's game, beta an option) and cosine, from the registry."""
-    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, selector_spec
     from cdsjax.core.registry import SPECS
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, selector_spec
 
     if given:
         return tuple(selector_spec(n.strip()).name for n in given.split(",") if n.strip())
@@ -169,8 +169,8 @@ def worker_corpus(spec: dict) -> dict:
 
 def worker_eval(spec: dict) -> dict:
     """Questions per second of the evaluation's batched run of the default selector on QASPER problems."""
-    from cdsjax.core import selector_spec
     from cdsjax.core.batching import DEFAULT_BUCKETS
+    from cdsjax.core.registry import SPECS  # (the old code this runs too has the same table)
     from cdsjax.eval.problems import Problem
     from cdsjax.eval.run import batch_chunk, cached_selector, run_selector
     from cdsjax.io.datasets import Query
@@ -190,7 +190,7 @@ def worker_eval(spec: dict) -> dict:
     import inspect
 
     params = inspect.signature(run_selector).parameters
-    extra = {"spec": selector_spec(name)} if "spec" in params else {}
+    extra = {"spec": SPECS[name]} if "spec" in params else {}
     if "executables" in params:  # the run's compiled calls, kept for the warm run (older code: a module cache)
         from cdsjax.eval.run import Executables
 

@@ -113,7 +113,7 @@ def run_eval(out: pathlib.Path, cache: pathlib.Path, queries: int, processes: in
     """``(wall s, selection s, CPU s, {(selector, budget, qid): selected}, [selection s of each process])`` of
     one ``run_eval.py`` command (selection s: the slowest process's); ``selectors`` defaults to paper-mode CDS."""
     if selectors is None:
-        from cdsjax.catalog import PAPER_SELECTOR
+        from cdsjax.pipeline.catalog import PAPER_SELECTOR
 
         selectors = PAPER_SELECTOR
     cmd = [sys.executable, str(ROOT / "experiments" / "run_eval.py"), "--config", str(ROOT / "configs" / CONFIGS[setting]),
@@ -181,7 +181,7 @@ def bench_ingest(data: pathlib.Path, mmlb: pathlib.Path, count: int, tmp: pathli
 
 
 def bench_eval(mmlb: pathlib.Path, queries: int, settings, tmp: pathlib.Path) -> None:
-    from cdsjax.catalog import REFERENCE_SELECTOR as reference
+    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR as reference
 
     cache = tmp / "mmlb-cache"
     cache.mkdir()

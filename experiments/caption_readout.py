@@ -25,13 +25,13 @@ VISUALS = ("figure", "table", "chart")
 
 
 def main(argv=None):
-    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
     from cdsjax.eval.problems import pdf_problems
     from cdsjax.eval.run import Executables, batch_chunk, run_selector
     from cdsjax.eval.scoring import score_problem
     from cdsjax.io.datasets import load_benchmark
     from cdsjax.io.embed import Embedder
-    from cdsjax.selection import resolve_selector
+    from cdsjax.pipeline.selection import resolve_selector
     from configs import mmlongbench
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -35,7 +35,7 @@ def compare(pipe, questions, names) -> dict:
     import jax
 
     from cdsjax import core
-    from cdsjax.catalog import selector_spec
+    from cdsjax.pipeline.catalog import selector_spec
 
     out = {}
     for name in names:

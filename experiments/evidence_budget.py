@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     config = answers.get_config(args.bench)
     config.reader.local = ""
     config.max_queries = args.questions
-    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
 
     config.selectors = args.selectors or f"{REFERENCE_SELECTOR},{DEFAULT_SELECTOR}"
     config.budget, config.budgets = args.budget, (args.budget,)

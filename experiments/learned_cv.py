@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from cdsjax.catalog import LEARNED_SELECTOR, display  # noqa: E402
+from cdsjax.pipeline.catalog import LEARNED_SELECTOR, display  # noqa: E402
 from cdsjax.core.registry import SPECS  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/learned_cv.py", lock_config=True)
@@ -346,8 +346,8 @@ def prefetch(tasks: Sequence[Task], runner: Runner, config, log=print) -> None:
 
 def _registry_fn(name: str, budget: int, options: dict):
     """``(spec, fn)`` of a registry selector (parameters resolved at the edge, memoised)."""
-    from cdsjax.core import selector_spec
     from cdsjax.eval.run import cached_selector
+    from cdsjax.pipeline.catalog import selector_spec
 
     return selector_spec(name), cached_selector(name, budget, options)
 
@@ -472,7 +472,8 @@ def run_task(task: Task, runner: Runner, config, out, tuning: dict, log=print) -
             theta = None
         if theta is not None:
             choice[learned_label(config)] = {**info, "theta": _theta_json(theta)}
-            from cdsjax.core import make_selector, selector_spec
+            from cdsjax.core import make_selector
+            from cdsjax.pipeline.catalog import selector_spec
             for budget in budgets:  # the registry's selector for this task's theta (not memoised: used once)
                 name = learned_selector(config)
                 fn = make_selector(name, budget=budget, params=theta)
@@ -710,7 +711,7 @@ def main(argv):
         return
     out_dir = pathlib.Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from cdsjax.pipeline import enable_compilation_cache
+    from cdsjax.io.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache(out_dir / "cache" / "jax-compilation")  # a rerun loads its executables
     warn_map_count()

@@ -73,14 +73,14 @@ TRICKLE_HEAD = (b"POST /select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl
                 b"Content-Length: 1000\r\n\r\n{\"question\": ")
 
 
-def selector_names() -> dict:
+def request_selectors() -> dict:
     """Display names the hostile requests use, from the selector registry: paper mode, the default, a
     converged CDS selector that takes beta (a new beta compiles a new selector), and support-targeted CDS (the
     converged CDS selector that takes no beta)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, display
     from cdsjax.core.registry import SPECS
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, display
 
     support = next(s for s in SPECS.values() if s.mode == "converged" and "beta" not in s.options)
     beta = next(s for s in SPECS.values() if s.mode == "converged" and "beta" in s.options)
@@ -174,7 +174,7 @@ class Client(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.port, self.stop_at, self.hostile, self.swap = url, port, stop, hostile, swap
         self.rng = random.Random(seed)
-        self.names = selector_names()
+        self.names = request_selectors()
         self.budget = budget
         self.timeout = timeout
         self.latencies = []

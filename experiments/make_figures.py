@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cdsjax.catalog import PAPER_SELECTOR, REFERENCE_SELECTOR, selector_spec  # noqa: E402
+from cdsjax.pipeline.catalog import PAPER_SELECTOR, REFERENCE_SELECTOR, selector_spec  # noqa: E402
 from cdsjax.eval import figures as F  # noqa: E402
 
 SWEPT = ("lam", "prior", "coupling", "tau", "beta")

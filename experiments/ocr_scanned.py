@@ -48,13 +48,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/ocr_scanned")
     parser.add_argument("--data-root", default=str(ROOT / ".." / "shared" / "data"))
-    from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR
 
     parser.add_argument("--selectors", default=",".join((REFERENCE_SELECTOR, DEFAULT_SELECTOR, PAPER_SELECTOR)))
     parser.add_argument("--budget", type=int, default=10)
     args = parser.parse_args()
 
-    from cdsjax.catalog import selector_spec
+    from cdsjax.pipeline.catalog import selector_spec
     from cdsjax.eval.problems import pdf_problems
     from cdsjax.eval.run import Executables, batch_chunk, cached_selector, run_selector
     from cdsjax.eval.scoring import score_problem

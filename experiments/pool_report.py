@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cdsjax.catalog import REFERENCE_SELECTOR  # noqa: E402
+from cdsjax.pipeline.catalog import REFERENCE_SELECTOR  # noqa: E402
 from cdsjax.core.registry import SPECS  # noqa: E402
 from cdsjax.eval import metrics as M  # noqa: E402
 from cdsjax.eval.records import RECORDS_FILE, read_records  # noqa: E402

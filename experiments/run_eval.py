@@ -114,7 +114,7 @@ def main(argv):
         return
     process = distributed.initialize(*cluster) if cluster else None
     from cdsjax.eval.settings import cache_dir_of
-    from cdsjax.pipeline import enable_compilation_cache
+    from cdsjax.io.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache(cache_dir_of(config) / "jax-compilation")  # a rerun loads its executables
     with exit_on_user_error("run_eval"):

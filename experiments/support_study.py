@@ -43,7 +43,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cdsjax.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR  # noqa: E402
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, PAPER_SELECTOR, REFERENCE_SELECTOR  # noqa: E402
 from cdsjax.core.registry import SPECS  # noqa: E402
 
 BUDGETS = {"hotpotqa": 2, "qasper": 5, "mmlongbench": 10}

@@ -60,7 +60,6 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     The directory has no size cap (``CDSJAX_JAX_CACHE_MAX_MB=-1``, for the subprocesses too): with a cap, JAX
     lists the whole directory and reads every entry's access time at each write, so each compilation would
     slow down as the suite's hundreds of entries accumulate. The tests of the cap set it themselves."""
-    from cdsjax import pipeline
     from cdsjax.io import compilation_cache
 
     base = tmp_path_factory.getbasetemp()  # under xdist, each worker's own folder in the session's
@@ -74,8 +73,7 @@ def _persistent_cache_for_the_session(tmp_path_factory):
         mp.setenv("CDSJAX_JAX_CACHE_MAX_MB", "-1")
         compilation_cache.enable_compilation_cache(directory)
         mp.setenv("CDSJAX_JAX_CACHE", str(directory))
-        for module in (compilation_cache, pipeline):
-            mp.setattr(module, "enable_compilation_cache", lambda directory=None: None)
+        mp.setattr(compilation_cache, "enable_compilation_cache", lambda directory=None: None)
         yield
 
 

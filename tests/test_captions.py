@@ -2,16 +2,16 @@
 the figure, table or chart it describes (cdsjax.core.readouts.fold_described), so it never returns a table's
 caption and leaves the table behind; a loaded index's caption notes name their visual (cdsjax.io.notes.
 described_notes, ``describes``), which the pipeline, the integrations' metadata and the evaluation's problems
-turn into the problem's ``describes`` array (cdsjax.selection.described_notes)."""
+turn into the problem's ``describes`` array (cdsjax.pipeline.selection.described_notes)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cdsjax.catalog import DEFAULT_SELECTOR
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 from cdsjax.core import readouts as S
 from cdsjax.io import notes as io_notes
-from cdsjax.selection import described_notes
+from cdsjax.pipeline.selection import described_notes
 
 
 def test_fold_described_reads_a_caption_as_its_visual_under_jit_and_vmap():
@@ -70,7 +70,7 @@ def test_a_caption_note_names_the_visual_holding_its_text():
              for n, j in zip(notes, io_notes.described_notes(notes))]
     assert described_notes(named).tolist() == [-1, 0, -1, 2, -1, -1, -1, -1, -1, 8]
     assert described_notes(named[1:4]).tolist() == [-1, -1, 1]  # the table of note 1 is not among them
-    from cdsjax.evidence import note_metadata
+    from cdsjax.pipeline.evidence import note_metadata
 
     meta = [note_metadata(n) for n in named]
     assert meta[1]["describes"] == "a#0" and "describes" not in meta[0]

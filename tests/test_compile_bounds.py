@@ -13,7 +13,7 @@ from cdsjax import core
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.core import registry
 from cdsjax.io import compilation_cache
-from cdsjax.selector_cache import SelectorCache
+from cdsjax.pipeline.cache import SelectorCache
 from tests.test_exported_jit import _picks, _pipeline
 
 
@@ -26,7 +26,7 @@ def test_a_flood_of_tau_and_beta_values_compiles_one_selector_and_picks_as_a_fix
     entry = next(iter(pipe.compiled.values()))
     assert entry.select.jitted._cache_size() == 1 and entry.corpus_bound.jitted._cache_size() == 1
     assert pipe.is_compiled("cds-paper", 5, {"tau": 0.77, "beta": 2.0}), "a new value does not compile"
-    problem = pipe.candidates.problem(qs[1], core.selector_spec("cds"))
+    problem = pipe.candidates.problem(qs[1], core.SPECS["cds"])
     for tau, beta in ((0.3, 2.5),):
         got = _picks(pipe.select(qs[1], selector="cds-paper", budget=5, options={"tau": tau, "beta": beta}))
         fixed = jax.jit(registry.make_selector("cds", budget=5, tau=tau, beta=beta))

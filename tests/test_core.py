@@ -158,11 +158,10 @@ def test_padded_batch_is_a_power_of_two_unless_padding_costs_more_than_a_compile
 
 
 def test_selector_specs_name_chunk_solver_and_spellings():
-    from cdsjax import catalog
     from cdsjax.core import registry
-
     from cdsjax.eval.run import batch_chunk
     from cdsjax.learn import default_params
+    from cdsjax.pipeline import catalog
 
     def chunk(name):  # the evaluation cuts a batch by the solver the built selector runs
         return batch_chunk(core.make_selector(name, budget=3, **({"params": default_params()}
@@ -178,15 +177,17 @@ def test_selector_specs_name_chunk_solver_and_spellings():
     assert catalog.selector_spec("cds-converged").solver == core.SERVING_SOLVER == core.solver_from_name("pdas")
     assert catalog.selector_spec("cds-support").solver_label == "active_set"
     assert catalog.selector_spec("cds-converged").mode == "converged"
-    assert registry.selector_spec("cds").mode == "paper" and registry.selector_spec("mmr").mode is None
+    assert registry.SPECS["cds"].mode == "paper" and registry.SPECS["mmr"].mode is None
     assert catalog.display("cds_converged") == catalog.display("cds-converged") == "cds-converged"
     assert catalog.display("cds") == "cds-paper" and catalog.display("cosine") == "cosine"
     assert set(registry.SELECTORS) == set(registry.SPECS) == set(catalog.SHOWN)
-    assert "lam" in registry.selector_spec("mmr").options and "beta" in registry.selector_spec("cds").options
+    assert "lam" in registry.SPECS["mmr"].options and "beta" in registry.SPECS["cds"].options
+    spec = catalog.selector_spec("cds-paper")
+    assert catalog.selector_spec(spec) is spec  # a name resolved once is passed down as its spec, not looked up
     with pytest.raises(ValueError, match="unknown selector 'cds_fast'; choose one of: .*cds-paper"):
         catalog.selector_spec("cds_fast")
-    with pytest.raises(ValueError, match="unknown selector 'cds-paper'"):  # the core reads registry names only
-        registry.selector_spec("cds-paper")
+    with pytest.raises(ValueError, match="selector must be one of"):  # the core reads registry names only
+        core.make_selector("cds-paper", budget=3)
 
 
 @pytest.mark.parametrize("chunk", [0, -2, "fast", 1.5, True])

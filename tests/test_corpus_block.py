@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cdsjax import catalog, core
+from cdsjax import core
+from cdsjax.pipeline import catalog
 from cdsjax.core.games.affinity import problem_affinity
 from cdsjax.core import registry
 from cdsjax.core.solvers.active_set import ActiveSet, capacities
@@ -123,7 +124,7 @@ def test_pipeline_keeps_the_block_with_the_bound():
 @pytest.mark.slow
 def test_the_integrations_chooser_keeps_them_per_candidate_set():
     from cdsjax.integrations._common import Chooser
-    from cdsjax.selection import Candidates, CorpusArrays
+    from cdsjax.pipeline.selection import Candidates, CorpusArrays
 
     z, qs, _, _ = corpus(60, 60, seed=4)
     chooser = Chooser("cds-converged", budget=5)

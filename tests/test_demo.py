@@ -4,7 +4,7 @@ import numpy as np
 
 from cdsjax import demo
 from cdsjax.commands.demo import demo_selectors, verdict
-from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 
 from tests.conftest import run_command
 

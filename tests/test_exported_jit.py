@@ -138,11 +138,11 @@ def test_a_process_tracing_under_x64_and_without_gets_each_program(tmp_path, mon
 
 
 def test_precompile_keeps_an_executable_that_later_calls_run_without_compiling(tmp_path, monkeypatch):
-    """``cdsjax.warmup.precompile`` (what ``ask NEW.pdf`` runs while the notes are embedded): the selector compiles
-    against the shapes of its corpus bound and note block while a second thread computes them; the question then
-    runs that executable, compiling nothing, and picks what plain jit picks. Without a cache directory nothing is
-    compiled ahead."""
-    from cdsjax.warmup import precompile
+    """``cdsjax.pipeline.warmup.precompile`` (what ``ask NEW.pdf`` runs while the notes are embedded): the selector
+    compiles against the shapes of its corpus bound and note block while a second thread computes them; the question
+    then runs that executable, compiling nothing, and picks what plain jit picks. Without a cache directory nothing
+    is compiled ahead."""
+    from cdsjax.pipeline.warmup import precompile
 
     plain_pipe, qs = _pipeline(n=48, seed=8)
     want = _picks(plain_pipe.select(qs[1], selector="cds-learned-pages", budget=5, qid="q"))

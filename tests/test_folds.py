@@ -82,8 +82,8 @@ def test_text_sections_and_kinds():
     assert p.structure(pages_only=True)["pages"].tolist() == [0, 1, 2, 3, 4, 5]
     from cdsjax import core
 
-    assert core.selector_spec("cds_learned").pages_only
-    assert not core.selector_spec("cosine_pages").pages_only
+    assert core.SPECS["cds_learned"].pages_only
+    assert not core.SPECS["cosine_pages"].pages_only
     with pytest.raises(ValueError, match="sections has 2 entries"):
         Problem(Query("q", "?", None, ("c",)), z, z[0], np.zeros((6, 6), bool), list(corpus.note_ids), ["c"] * 6,
                 sections=[0, 1])

@@ -370,14 +370,16 @@ def test_no_private_names_across_packages():
 
 
 # The layers of cdsjax, lowest first: a module may import only from its own layer's package or a lower layer
-# (commands -> agents / integrations -> pipeline -> eval / warmup -> selection -> learn -> io -> core).
+# (commands -> agents / integrations -> eval -> pipeline, the product layer -> learn -> io -> core). The product's
+# defaults (cdsjax.pipeline.defaults: plain values, no imports) are ranked apart, at the bottom: every layer may
+# read them (``cdsjax tune``'s budget is the product's). cdsjax.catalog is the alias through which the design's
+# checks read the default selector; nothing in the package imports it.
 LAYERS = {
-    "core": 0, "config": 0, "cdsjax": 0, "evidence": 0, "memo": 0, "defaults": 0,
+    "core": 0, "config": 0, "cdsjax": 0, "memo": 0, "pipeline.defaults": 0,
     "io": 1,
-    "learn": 2, "demo": 2, "selector_cache": 2, "catalog": 2,
-    "selection": 3,
-    "eval": 4, "warmup": 4,
-    "pipeline": 5,
+    "learn": 2, "demo": 2,
+    "pipeline": 3,
+    "eval": 4, "catalog": 4,
     "agents": 6, "integrations": 6,
     "commands": 7,
     "cli": 8,
@@ -385,7 +387,11 @@ LAYERS = {
 
 
 def _part(module: str) -> str:
+    """The part of cdsjax a module belongs to: its top-level module or package, or a submodule ranked apart in
+    :data:`LAYERS` (``pipeline.defaults``)."""
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in LAYERS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else parts[0]
 
 

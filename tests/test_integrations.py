@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 from cdsjax.core.registry import SPECS
 
 DEFAULT = display(DEFAULT_SELECTOR)  # what the retrievers use when no selector is named
@@ -215,7 +215,7 @@ def test_missing_extra_is_one_line(module, blocked, extra):
 def _index_documents(index_dir):
     """Every note of the index in index order, as a first-stage retriever hands them over (text, the metadata
     the integrations write, the stored embedding): the same candidates `cdsjax ask` selects from."""
-    from cdsjax.evidence import note_metadata, note_text
+    from cdsjax.pipeline.evidence import note_metadata, note_text
     from cdsjax.pipeline import Pipeline
 
     corpus = Pipeline.from_paths([str(index_dir)]).corpus
@@ -237,7 +237,7 @@ def _same_candidates_same_evidence(index_dir, selector, documents, nodes):
     embeddings = lc.CDSEmbeddings(index=str(index_dir))
     compressor = lc.CDSCompressor(embeddings=embeddings, selector=selector, budget=BUDGET)
     post = li.CDSPostprocessor(embed_model=li.CDSEmbedding(index=str(index_dir)), selector=selector, budget=BUDGET)
-    from cdsjax.catalog import selector_spec
+    from cdsjax.pipeline.catalog import selector_spec
 
     spec = selector_spec(selector)
     if spec.needs_links and spec.solver is None:  # ppr, subgraph: candidates from another retriever have no links

@@ -101,7 +101,7 @@ def _selector_default_claims(text: str, names: list, phrases: list) -> list:
 def test_docs_name_the_registry_default_selector():
     """A docstring, comment, config or README sentence that calls a selector the default names the registry's
     DEFAULT_SELECTOR (its names or "learned CDS"), never another selector."""
-    from cdsjax.catalog import DEFAULT_SELECTOR, display
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
     from cdsjax.core.registry import SPECS
 
     others = [n for s in SPECS.values() if s.name != DEFAULT_SELECTOR for n in {s.name, display(s.name)}]

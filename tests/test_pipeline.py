@@ -8,9 +8,10 @@ import pytest
 
 from cdsjax import cli
 from cdsjax.io.util import free_port
-from cdsjax.pipeline import Corpus, Pipeline, PipelineError, convergence_warning
+from cdsjax.pipeline import Corpus, Pipeline, PipelineError
+from cdsjax.pipeline.answer import convergence_warning
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 from tests.scripted_server import OpenAIServer, message_images, message_text
-from cdsjax.catalog import DEFAULT_SELECTOR, display
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +62,9 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
 @pytest.mark.slow
 def test_default_is_learned_cds_and_paper_mode_is_named(demo_index):
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import canonical_selector
+    from cdsjax.pipeline.catalog import resolve
 
-    assert canonical_selector(DEFAULT_SELECTOR) == "cds_learned_pages"
+    assert resolve(DEFAULT_SELECTOR).name == "cds_learned_pages"
     pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
     q = "How much did battery storage cut diesel use?"
     default = pipe.ask(q, budget=4)
@@ -170,6 +171,25 @@ def test_pipeline_cosine_matches_numpy_ranking(demo_index):
     np.testing.assert_array_equal(np.asarray(sel.indices), expect)
 
 
+def test_a_question_looks_its_selector_name_up_once(demo_index, monkeypatch):
+    """``Pipeline.retrieve`` resolves the selector's name once and hands its spec down: the compiled selector, its
+    key, the problem and the answer's display form take the spec, and no step looks the name up again."""
+    from cdsjax.io.index import load_index
+    from cdsjax.pipeline import catalog
+
+    pipe = Pipeline(Corpus.merge([load_index(demo_index)]))
+    q = "How much did battery storage cut diesel use?"
+    lookup = catalog.selector_spec
+    for selector, options in (("cosine", None), ("mmr", {"lam": 0.4})):
+        pipe.retrieve(q, selector=selector, budget=4, options=options)  # compiled before counting
+        names = []
+        monkeypatch.setattr(catalog, "selector_spec", lambda name: (names.append(name), lookup(name))[1])
+        answer = pipe.retrieve(q, selector=selector, budget=4, options=options)
+        monkeypatch.setattr(catalog, "selector_spec", lookup)
+        assert [n for n in names if isinstance(n, str)] == [selector], names
+        assert answer.selector == display(selector) and len(answer.evidence) == 4
+
+
 @pytest.mark.slow
 def test_ask_through_local_openai_server_sends_text_and_images(demo_index, capsys, cache):
     def responder(req):
@@ -273,7 +293,7 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
     vectors of the same shape): the pipeline of the real index then shares that jitted selector and picks what
     a pipeline without the warm-up picks."""
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import SelectorCache
+    from cdsjax.pipeline.cache import SelectorCache
 
     corpus = Corpus.merge([load_index(demo_index)])
     q = "How much did battery storage cut diesel use?"
@@ -293,12 +313,12 @@ def test_selector_compiled_ahead_for_notes_not_yet_embedded(demo_index):
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_failed_head_start_on_the_question_is_silent_and_the_pdf_still_indexes(tmp_path, cache, monkeypatch,
                                                                                   capfd):
-    """`ask NEW.pdf` loads the question's encoder on a thread while the PDF is parsed (cdsjax.warmup): when that
-    head start fails, the ask goes on without a traceback on stderr, and the thread has ended when the index is
+    """`ask NEW.pdf` loads the question's encoder on a thread while the PDF is parsed (cdsjax.pipeline.warmup): when
+    that head start fails, the ask goes on without a traceback on stderr, and the thread has ended when the index is
     returned."""
     import threading
 
-    from cdsjax import warmup
+    from cdsjax.pipeline import warmup
     from tests.ingest_pdfs import make_text_pdf
 
     def fail(question, config=None):
@@ -317,7 +337,7 @@ def test_pipelines_of_a_process_share_their_jitted_selectors(demo_index):
     (the same index reloaded, or the next in-process ask) reuses the jitted selector and picks the same; a cache
     of the caller's stays the caller's."""
     from cdsjax.io.index import load_index
-    from cdsjax.pipeline import SelectorCache, shared_selector_cache
+    from cdsjax.pipeline.cache import SelectorCache, shared_selector_cache
 
     q = "How much did battery storage cut diesel use?"
     first, second = (Pipeline(Corpus.merge([load_index(demo_index)])) for _ in range(2))

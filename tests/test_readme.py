@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 from tests.conftest import ROOT
 from tests.scripted_server import OpenAIServer
 

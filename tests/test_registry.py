@@ -134,8 +134,8 @@ def test_a_selector_reports_the_solver_it_runs():
         d = core.diagnostics(fn(p))
         assert (d["solver"], d["mode"], d["solver_run"]) == ("replicator", "paper", "replicator")
     default = core.make_selector("cds_learned", budget=3, params=LearnedParams.paper())
-    assert default.solver == core.selector_spec("cds_learned").solver == core.SERVING_SOLVER
-    assert batch_chunk(default) == "each" and core.selector_spec("cds_learned").mode == "converged"
+    assert default.solver == core.SPECS["cds_learned"].solver == core.SERVING_SOLVER
+    assert batch_chunk(default) == "each" and core.SPECS["cds_learned"].mode == "converged"
     d = core.diagnostics(default(p))
     assert (d["solver"], d["mode"]) == ("active_set", "converged")
     inimdyn = core.make_selector("cds_learned", budget=3, params=LearnedParams.paper(), solver=core.InImDyn())
@@ -172,7 +172,7 @@ def test_unknown_names_options_and_missing_inputs_raise():
         on_arrays(core.make_selector("ppr", budget=3))(notes, query, np.ones(20, bool))
     with pytest.raises(ValueError, match="key"):
         on_arrays(core.make_selector("random", budget=3))(notes, query, np.ones(20, bool))
-    assert "lam" in registry.selector_spec("mmr").options
+    assert "lam" in registry.SPECS["mmr"].options
 
 
 def test_a_selector_names_its_compiled_program():

@@ -424,7 +424,7 @@ def test_release_drops_a_selectors_executables():
 
     problems = _synthetic_problems([5, 9], seed=3)
     fn = core.make_selector("cds_learned", budget=2, params=LearnedParams(beta=0.2, w_page=-0.5))
-    spec = core.selector_spec("cds_learned")
+    spec = core.SPECS["cds_learned"]
     ex = R.Executables()
     first = run_selector(fn, problems, buckets=(16,), max_batch=2, spec=spec, executables=ex)
     held = lambda: sum(1 for k in ex.compiled if any(k[0] is v for v in ex.batch_calls.values()))
@@ -482,7 +482,7 @@ def test_run_selector_solves_on_the_note_block_as_the_pipeline_does():
     so a selector that serves on the block is evaluated with the solver it serves with: the picks of one
     question equal the pipeline's (the pipeline's problem with its block, solved one question at a time)."""
     from cdsjax.eval import run as R
-    from cdsjax.selection import Candidates, CorpusArrays, resolve_selector
+    from cdsjax.pipeline.selection import Candidates, CorpusArrays, resolve_selector
 
     problems = _synthetic_problems([20, 20, 27], d=16, seed=3)
     spec, fn = resolve_selector("cds_learned_pages", 4)

@@ -1,8 +1,8 @@
 """A selector's registry name lives in the selector registry (cdsjax/core/registry.py); its display form, help
-line and the default in the catalog above it (cdsjax/catalog.py).
+line and the default in the catalog above it (cdsjax/pipeline/catalog.py).
 
 Elsewhere code reads them from :data:`cdsjax.core.registry.SPECS` and the catalog's ``DEFAULT_SELECTOR``,
-``REFERENCE_SELECTOR``, ``PAPER_SELECTOR`` and :func:`~cdsjax.catalog.display`. Docs, docstrings, comments and
+``REFERENCE_SELECTOR``, ``PAPER_SELECTOR`` and :func:`~cdsjax.pipeline.catalog.display`. Docs, docstrings, comments and
 tests may name selectors, and so may ``configs/`` (a config choosing what to evaluate is configuration, like a
 command line). The check is static: no string literal other than a docstring or an ``__all__`` entry, in
 ``cdsjax/`` or ``experiments/``, is a selector name, a comma-separated list of them, or holds one after ``--selector``.
@@ -15,10 +15,10 @@ import ast
 import re
 from pathlib import Path
 
-from cdsjax.catalog import selector_names
+from cdsjax.pipeline.catalog import selector_names
 
 ROOT = Path(__file__).resolve().parents[1]
-HOMES = (ROOT / "cdsjax" / "core" / "registry.py", ROOT / "cdsjax" / "catalog.py")
+HOMES = (ROOT / "cdsjax" / "core" / "registry.py", ROOT / "cdsjax" / "pipeline" / "catalog.py")
 NAMES = set(selector_names()) - {"random"}  # registry names and display forms
 FLAG = re.compile(r"--selector[ =]([A-Za-z_-]+)")
 OTHER_LIBRARIES = {
@@ -88,7 +88,7 @@ def test_selector_names_live_only_in_the_registry_and_the_catalog():
            for path in sorted((ROOT / top).rglob("*.py"))
            if path not in HOMES and str(path.relative_to(ROOT)) not in OTHER_LIBRARIES
            for hit in selector_literals(path)]
-    assert not bad, ("selector names spelled outside cdsjax/core/registry.py and cdsjax/catalog.py:\n"
+    assert not bad, ("selector names spelled outside cdsjax/core/registry.py and cdsjax/pipeline/catalog.py:\n"
                      + "\n".join(bad))
 
 
@@ -104,3 +104,13 @@ def test_the_core_registry_holds_no_product_choices():
     assert not [n for n in dir(registry) if n.endswith("_SELECTOR") or n == "selectors_help"]
     text = "\n".join(p.read_text() for p in sorted((ROOT / "cdsjax" / "core").rglob("*.py")))
     assert "DEFAULT_SELECTOR" not in text
+
+
+def test_the_checks_read_the_default_selector_at_cdsjax_catalog():
+    """DESIGN 7.5: ``cdsjax.catalog.DEFAULT_SELECTOR`` is the default selector; that module is an alias of this one
+    name, and the catalog itself is :mod:`cdsjax.pipeline.catalog`."""
+    import cdsjax.catalog
+    from cdsjax.pipeline import catalog
+
+    assert cdsjax.catalog.DEFAULT_SELECTOR == catalog.DEFAULT_SELECTOR in catalog.SHOWN
+    assert cdsjax.catalog.__all__ == ["DEFAULT_SELECTOR"]

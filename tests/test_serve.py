@@ -21,7 +21,7 @@ import pytest
 from cdsjax import cli
 from tests.scripted_server import OpenAIServer, message_text
 from tests.processes import stop_process
-from cdsjax.catalog import DEFAULT_SELECTOR, display
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 from cdsjax.io.util import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

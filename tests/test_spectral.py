@@ -113,7 +113,7 @@ def test_run_selector_computes_one_bound_per_corpus():
     from cdsjax.eval import run as R
     from cdsjax.eval.problems import Problem
     from cdsjax.io.datasets import Query
-    from cdsjax.selection import CorpusArrays
+    from cdsjax.pipeline.selection import CorpusArrays
 
     docs = [corpus(n, n, seed=n) for n in (20, 27)]
     rng = np.random.default_rng(0)
@@ -124,7 +124,7 @@ def test_run_selector_computes_one_bound_per_corpus():
         problems.append(Problem(Query(qid=f"q{k}", question="", answer="", doc_ids=(f"d{k % 2}",)), z,
                                 (q / np.linalg.norm(q)).astype(np.float32), np.zeros((len(z), len(z)), bool),
                                 [f"n{i}" for i in range(len(z))], [f"d{k % 2}"] * len(z), pages=list(pages)))
-    spec = core.selector_spec("cds")
+    spec = core.SPECS["cds"]
     fn = core.make_selector("cds", budget=4, max_iter=300)
     concrete = []
 

@@ -12,8 +12,8 @@ from cdsjax import core
 from cdsjax.cli import main
 from cdsjax.core.games.learned import LearnedParams
 from cdsjax.learn import default_params, load_params, resolve_params, save_params
-from cdsjax.catalog import display, selector_spec
-from cdsjax.selection import resolve_options, resolve_selector, selector_key
+from cdsjax.pipeline.catalog import display, selector_spec
+from cdsjax.pipeline.selection import resolve_options, resolve_selector, selector_key
 
 
 def cds_learned(z, q, valid, theta, budget, **structure):

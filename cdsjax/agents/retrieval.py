@@ -29,7 +29,7 @@ class SelectorRetriever:
     Args:
       pipeline: a :class:`cdsjax.pipeline.Pipeline` (padded corpus, embedder, compiled selectors).
       selector: a registry selector name or display form; None for the default of ``cdsjax ask``
-        (:data:`cdsjax.catalog.DEFAULT_SELECTOR`).
+        (:data:`cdsjax.pipeline.catalog.DEFAULT_SELECTOR`).
       budget: notes per query.
       options: selector options (``beta``, ``tau``, ``lam``, ...).
       joint_budget: notes of a combined selection; None means ``budget * m``.
@@ -40,13 +40,13 @@ class SelectorRetriever:
 
     def __init__(self, pipeline, *, selector: Optional[str] = None, budget: int = 5,
                  options: Optional[dict] = None, joint_budget: Optional[int] = None):
-        from cdsjax.catalog import DEFAULT_SELECTOR
-        from cdsjax.pipeline import canonical_selector
+        from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, resolve
 
         if budget < 1 or (joint_budget is not None and joint_budget < 1):
             raise ValueError(f"budget and joint_budget must be >= 1, got {budget} and {joint_budget}")
         self.pipeline = pipeline
-        self.selector = canonical_selector(selector or DEFAULT_SELECTOR)
+        self.spec = resolve(selector or DEFAULT_SELECTOR)  # the name resolved once; its spec goes down
+        self.selector = self.spec.name
         self.budget = int(budget)
         self.options = dict(options or {})
         self.joint_budget = joint_budget
@@ -62,25 +62,25 @@ class SelectorRetriever:
         if combined is None:
             out, diags = [], []
             for q, e in zip(queries, emb):
-                sel = self.pipeline.select(e, selector=self.selector, budget=self.budget, qid=q,
+                sel = self.pipeline.select(e, selector=self.spec, budget=self.budget, qid=q,
                                            options=self.options or None)
                 out.append(self._items(sel))
-                diags.append(self.pipeline.diagnostics(sel, self.selector))
+                diags.append(self.pipeline.diagnostics(sel))
             self.last_diagnostics = diags
             return out
         options = dict(self.options)
         if combined == "peel":
-            from cdsjax.catalog import display
             from cdsjax.core.registry import SPECS
+            from cdsjax.pipeline.catalog import display
 
-            if "peel" not in SPECS[self.selector].options:
+            if "peel" not in self.spec.options:
                 able = ", ".join(display(s.name) for s in SPECS.values() if "peel" in s.options)
                 raise ValueError(f"combined='peel' needs a CDS selector that peels ({able}), got {self.selector!r}")
             options["peel"] = True
         budget = self.joint_budget or self.budget * len(queries)
-        sel = self.pipeline.select(emb, selector=self.selector, budget=budget, qid=" | ".join(queries),
+        sel = self.pipeline.select(emb, selector=self.spec, budget=budget, qid=" | ".join(queries),
                                    options=options or None)
-        self.last_diagnostics = [self.pipeline.diagnostics(sel, self.selector)]
+        self.last_diagnostics = [self.pipeline.diagnostics(sel)]
         return [self._items(sel)]
 
     def _items(self, sel) -> List[EvidenceItem]:

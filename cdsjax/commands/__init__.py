@@ -4,7 +4,7 @@
 they import it from their own package, so no subcommand imports the module that imports it.
 """
 
-from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
 
 
 class CLIError(Exception):
@@ -38,12 +38,12 @@ def enable_float64() -> None:
 
 
 def add_selector_argument(parser, lead: str) -> None:
-    """``--selector NAME`` (default None: :data:`cdsjax.catalog.DEFAULT_SELECTOR`, resolved where the selector is
-    built).
+    """``--selector NAME`` (default None: :data:`cdsjax.pipeline.catalog.DEFAULT_SELECTOR`, resolved where the
+    selector is built).
 
-    Its help is ``lead`` followed by every selector with its one-line help (:func:`cdsjax.catalog.selectors_help`),
-    read only when help is shown: the registry imports JAX, which ``cdsjax --help`` and ``cdsjax ask --server``
-    must not load.
+    Its help is ``lead`` followed by every selector with its one-line help
+    (:func:`cdsjax.pipeline.catalog.selectors_help`), read only when help is shown: the registry imports JAX, which
+    ``cdsjax --help`` and ``cdsjax ask --server`` must not load.
     """
     import argparse
 
@@ -53,7 +53,7 @@ def add_selector_argument(parser, lead: str) -> None:
 
         @property
         def help(self) -> str:
-            from cdsjax.catalog import selectors_help
+            from cdsjax.pipeline.catalog import selectors_help
 
             return f"{self._lead} ({selectors_help()})"
 

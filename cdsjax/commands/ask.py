@@ -64,7 +64,7 @@ from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argumen
 from cdsjax.commands.ask_display import Live, show
 from cdsjax.commands.reader_setup import make_reader
 from cdsjax.commands.server_client import ask_server
-from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.pipeline.defaults import DEFAULT_BUDGET
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -124,7 +124,7 @@ def selector_options(args) -> dict:
 
 def check_options(selector: str, options: dict) -> None:
     """One line for an unknown selector, or a flag the selector has no option for."""
-    from cdsjax.catalog import selector_spec
+    from cdsjax.pipeline.catalog import selector_spec
 
     try:
         spec = selector_spec(selector)
@@ -140,7 +140,7 @@ def check_params(selector: str, params):
     no learned game, or names a bad file."""
     if params is None:
         return None
-    from cdsjax.catalog import display, selector_spec
+    from cdsjax.pipeline.catalog import display, selector_spec
     from cdsjax.core.registry import SPECS
 
     try:
@@ -201,9 +201,10 @@ def _ask_local(args, paths, question, options, stack):
 
     # a PDF to index: its layout helper starts now, its imports and model load overlapping this process's
     prestart_layout(paths)
+    from cdsjax.io.compilation_cache import enable_compilation_cache
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.catalog import DEFAULT_SELECTOR, display
-    from cdsjax.pipeline import Pipeline, PipelineError, enable_compilation_cache
+    from cdsjax.pipeline import Pipeline, PipelineError
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 
     if args.selector is None:
         args.selector = display(DEFAULT_SELECTOR)

@@ -34,7 +34,7 @@ def demo_selectors() -> list:
 
     A function, not a constant: the registry imports JAX, and every ``cdsjax`` command imports this module.
     """
-    from cdsjax.catalog import DEFAULT_SELECTOR, LEARNED_SELECTOR, display
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, LEARNED_SELECTOR, display
     from cdsjax.core.registry import SPECS
 
     converged = (n for n, s in SPECS.items()
@@ -86,7 +86,7 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
 def compare(pipe, question: str, budget: int, beta=None) -> list:
     """One row per selector: label, selector, evidence pages, covered facts, restatement slots, diagnostics."""
     from cdsjax import demo
-    from cdsjax.catalog import selector_spec
+    from cdsjax.pipeline.catalog import selector_spec
 
     rows = []
     for label, name in demo_selectors():
@@ -104,7 +104,7 @@ def compare(pipe, question: str, budget: int, beta=None) -> list:
 def verdict(rows: list) -> str:
     """One sentence comparing default CDS with the reference baseline (cosine) on facts covered and
     restatement slots, as measured."""
-    from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, display
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR, display
 
     cds = next(r for r in rows if r["selector"] == display(DEFAULT_SELECTOR))
     cos = next(r for r in rows if r["selector"] == display(REFERENCE_SELECTOR))
@@ -127,9 +127,10 @@ def run(args) -> int:
 
     from cdsjax import demo
     from cdsjax.commands.reader_setup import make_reader
+    from cdsjax.io.compilation_cache import enable_compilation_cache
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
     from cdsjax.io.local_held import stop_on_sigterm
-    from cdsjax.pipeline import Corpus, Pipeline, enable_compilation_cache
+    from cdsjax.pipeline import Corpus, Pipeline
 
     if args.budget < 1:
         raise CLIError(f"--budget must be >= 1, got {args.budget}")
@@ -158,7 +159,7 @@ def run(args) -> int:
         if reader is not None:
             reader_info = getattr(reader, "local", None) or {"model": reader.model, "server": reader.url}
             reader_info["start_s"] = time.perf_counter() - t_start
-            from cdsjax.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
+            from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
 
             answers = answer_side_by_side(pipe, demo.QUESTION, args.budget, [DEFAULT_SELECTOR, REFERENCE_SELECTOR],
                                           reader)
@@ -191,7 +192,7 @@ def run(args) -> int:
     table.add_column("facts", justify="right", no_wrap=True)
     table.add_column("restated", justify="right", no_wrap=True)
     table.add_column("pages chosen (role)", ratio=3)
-    from cdsjax.catalog import DEFAULT_SELECTOR, display
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 
     default = display(DEFAULT_SELECTOR)
     for r in rows:  # the default marked "*" (a narrow terminal keeps every name whole)

@@ -121,7 +121,7 @@ def run(args) -> int:
         enable_float64()
     from cdsjax.eval import evaluate
     from cdsjax.eval.settings import cache_dir_of
-    from cdsjax.pipeline import enable_compilation_cache
+    from cdsjax.io.compilation_cache import enable_compilation_cache
 
     try:
         locate_data(config)

@@ -101,11 +101,11 @@ def finite(value):
     return value
 
 
-def check_http_options(selector: str, options: dict) -> dict:
+def check_http_options(selector, options: dict) -> dict:
     """The request's options if every one is on the selector's allow-list with the right type and bounds.
 
     Args:
-      selector: a registry name (as :func:`cdsjax.pipeline.canonical_selector` returns it).
+      selector: the selector's spec (as :func:`cdsjax.pipeline.catalog.resolve` returns it) or name.
       options: the request's ``options`` object.
 
     Returns:
@@ -114,13 +114,14 @@ def check_http_options(selector: str, options: dict) -> dict:
     Raises:
       ValueError: one line naming the option.
     """
-    from cdsjax.core.registry import selector_spec
+    from cdsjax.pipeline.catalog import selector_spec
 
-    allowed = {name: HTTP_OPTIONS[name] for name in selector_spec(selector).options if name in HTTP_OPTIONS}
+    spec = selector_spec(selector)
+    allowed = {name: HTTP_OPTIONS[name] for name in spec.options if name in HTTP_OPTIONS}
     checked = {}
     for name, value in options.items():
         if name not in allowed:
-            raise ValueError(f"option {echo(name)} is not accepted for selector {selector!r} over HTTP; "
+            raise ValueError(f"option {echo(name)} is not accepted for selector {spec.name!r} over HTTP; "
                              f"accepted: {sorted(allowed) or 'none'}")
         kind, *bounds = allowed[name]
         typed = _typed(kind, value)

@@ -8,7 +8,7 @@ import sys
 from typing import Optional
 
 from cdsjax.commands import CLIError
-from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
+from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
 
 
 def local_reader_model(args) -> Optional[str]:

@@ -55,7 +55,7 @@ import time
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
 from cdsjax.commands.policy import DEFAULT_MAX_PDF_MB, LOOPBACK_NAMES, MAX_BUDGET, is_loopback, is_text
-from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.pipeline.defaults import DEFAULT_BUDGET
 
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -154,8 +154,9 @@ def run(args) -> int:
 
     from cdsjax.commands.reader_setup import make_reader
     from cdsjax.io.embed import EmbedderError
-    from cdsjax.catalog import DEFAULT_SELECTOR, display
-    from cdsjax.pipeline import Pipeline, PipelineError, canonical_selector, enable_compilation_cache
+    from cdsjax.io.compilation_cache import enable_compilation_cache
+    from cdsjax.pipeline import Pipeline, PipelineError
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display, resolve
 
     args.selector = args.selector or display(DEFAULT_SELECTOR)
     check_flags(args)
@@ -171,7 +172,7 @@ def run(args) -> int:
     from cdsjax.commands.server import ServerState, create_app
 
     try:
-        canonical_selector(args.selector)
+        resolve(args.selector)
     except PipelineError as err:
         raise CLIError(str(err), 2) from None
     params = None

@@ -27,8 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cdsjax.commands import page as web
 from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
-from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.io.util import one_line
+from cdsjax.pipeline.defaults import DEFAULT_BUDGET
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503
@@ -102,7 +102,7 @@ class ServerState:
           read_workers: reader calls in flight at once.
           max_pdf_bytes: largest source PDF ``/pdf`` serves.
         """
-        from cdsjax.catalog import DEFAULT_SELECTOR, display
+        from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
         from cdsjax.core.registry import SPECS
 
         limits = limits or Limits()
@@ -268,25 +268,26 @@ def public(state: ServerState, result, body: Question) -> dict:
 
 
 async def answer(state: ServerState, body: Question, read: bool):
-    from cdsjax.pipeline import PipelineError, canonical_selector
+    from cdsjax.pipeline import PipelineError
+    from cdsjax.pipeline.catalog import resolve
 
     pipe = state.pipe
     if not body.question.strip():
         return state.error(400, "the question is empty")
     try:
-        selector = canonical_selector(body.selector or state.default_selector)
-        options = policy.check_http_options(selector, body.options)
+        spec = resolve(body.selector or state.default_selector)  # the name resolved once; its spec goes down
+        options = policy.check_http_options(spec, body.options)
     except PipelineError as err:
         return state.error(400, str(err))
     except ValueError as err:  # an option off the selector's HTTP allow-list, or of the wrong type or range
         return state.error(400, f"bad request: {err}")
     t0 = time.perf_counter()
     budget = body.budget or state.default_budget
-    lane = state.compute if pipe.is_compiled(selector, budget, options) else state.compiling
+    lane = state.compute if pipe.is_compiled(spec, budget, options) else state.compiling
 
     def retrieve():
         waited = time.perf_counter() - t0
-        result = pipe.retrieve(body.question, selector=selector, budget=budget, options=options or None)
+        result = pipe.retrieve(body.question, selector=spec, budget=budget, options=options or None)
         result.timings["queue"] = waited
         return result
 

@@ -48,7 +48,7 @@ from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.implicit import (ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative, cds_equilibrium,
                                   equilibrium)
 from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status, Strategy
-from cdsjax.core.registry import SPECS, SelectorSpec, make_selector, selector_spec
+from cdsjax.core.registry import SPECS, SelectorSpec, make_selector
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.inimdyn import InImDyn
 from cdsjax.core.solvers.options import (SERVING_SOLVER, ByPayoff, SolveOptions, WarmStart, WithFallback,
@@ -116,7 +116,6 @@ __all__ = [
     "SelectorSpec",
     "SPECS",
     "make_selector",
-    "selector_spec",
     # batches of ragged problems
     "batched",
     "batch_apply",

@@ -15,10 +15,12 @@ and a game (:class:`~cdsjax.core.CDSParams`, or the learned :class:`~cdsjax.core
 Each selector has one :class:`SelectorSpec` in :data:`SPECS`: its registry name, builder, the inputs it reads
 (links, key, structure, pages only), whether it takes learned parameters, and its options. The solver a CDS
 selector runs is stated once, in its builder; the built :class:`~cdsjax.core.types.Selector` carries it
-(``Selector.solver``) and the spec reads it off its default build (:attr:`SelectorSpec.solver`). Callers build problems from the spec alone (:func:`selector_spec`), so a
-name is mapped, and a selector described, in one place. What the product makes of the selectors (the default,
-the names shown to users, help lines) is :mod:`cdsjax.catalog`'s. The registry receives parameter values, never
-file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the shipped fit to a learned selector).
+(``Selector.solver``) and the spec reads it off its default build (:attr:`SelectorSpec.solver`). Callers build
+problems from the spec alone, so a selector is described in one place: this table. What the product makes of the
+selectors (the default, the names shown to users, help lines) and the lookup of a name as users write it
+(:func:`cdsjax.pipeline.catalog.selector_spec`) are :mod:`cdsjax.pipeline.catalog`'s. The registry receives
+parameter values, never file paths: :mod:`cdsjax.learn` reads parameter files (and supplies the shipped fit to a
+learned selector).
 """
 
 from __future__ import annotations
@@ -369,34 +371,18 @@ SPECS: Mapping[str, SelectorSpec] = {s.name: s for s in (
 SELECTORS: Dict[str, Callable[..., SelectorFn]] = {name: spec.build for name, spec in SPECS.items()}
 
 
-def selector_names() -> Tuple[str, ...]:
-    """Every registry name, sorted."""
-    return tuple(sorted(SPECS))
-
-
-def selector_spec(name: str) -> SelectorSpec:
-    """The spec of a registry name (:mod:`cdsjax.catalog` also reads the names shown to users).
-
-    Raises:
-      ValueError: an unknown name, listing the known ones.
-    """
-    if name not in SPECS:
-        raise ValueError(f"unknown selector {name!r}; choose one of: {', '.join(selector_names())}")
-    return SPECS[name]
-
-
 def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     """A selector function with the uniform signature.
 
     Args:
-      name: a registry name (:data:`SPECS`; :func:`selector_names` lists them): the baselines ``"cosine"``,
+      name: a registry name (a key of :data:`SPECS`): the baselines ``"cosine"``,
         ``"cosine_pages"``, ``"random"``, ``"mmr"``, ``"dpp"``, ``"ppr"``, ``"subgraph"``; CDS ``"cds"``
         (paper mode: replicator dynamics), ``"cds_converged"`` (the active-set solver), ``"cds_inimdyn"``,
         ``"cds_support"`` (beta chosen per question so the support holds about ``budget`` notes),
         ``"cds_learned"`` (the learned game) and the per-page read-outs ``"mmr_pages"``, ``"dpp_pages"``,
         ``"cds_learned_pages"``.
       budget: number of notes to select.
-      **options: the selector's own options (``selector_spec(name).options``),
+      **options: the selector's own options (``SPECS[name].options``),
         e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
         ``temperature`` for PPR, ``beta``/``tau``/``init``/``peel``/``fill`` for CDS, ``params`` (a
         :class:`~cdsjax.core.games.learned.LearnedParams`) for the learned game.
@@ -404,7 +390,7 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     Returns:
       ``fn(problem: CDSProblem, key=None) -> Selection``, pure and ``jit`` / ``vmap``-able (a CDS selector is a
       :class:`~cdsjax.core.types.Selector` carrying its corpus functions and the ``solver`` it runs). What it reads
-      of the problem is in ``selector_spec(name)``.
+      of the problem is in ``SPECS[name]``.
 
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.

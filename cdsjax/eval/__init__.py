@@ -83,9 +83,9 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     Returns:
       ``(records, summary rows)`` for the queries and selectors of this config.
     """
-    from cdsjax.core import selector_spec
     from cdsjax.core.batching import DEFAULT_BUCKETS
     from cdsjax.io.embed import Embedder
+    from cdsjax.pipeline.catalog import selector_spec
 
     if process is not None:
         process = process.join()  # before anything starts JAX's backend

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.catalog import REFERENCE_SELECTOR
 from cdsjax.core.registry import SPECS
+from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
 
 # The headline metric of each benchmark.
 PRIMARY_METRIC = {"hotpotqa": "paragraph_recall", "qasper": "paragraph_recall", "mmlongbench": "page_recall"}

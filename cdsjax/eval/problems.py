@@ -42,7 +42,7 @@ class Problem:
         of one section; each caption alone), the text analogue of a page, or None.
       texts: ``[n]`` the text of each note (:func:`note_text`; what the answer metric searches), or None.
       describes: ``[n]`` the note id of the figure, table or chart each note describes (a caption's; ``""`` for
-        none; :func:`cdsjax.selection.described_notes`), or None (no note describes another).
+        none; :func:`cdsjax.pipeline.selection.described_notes`), or None (no note describes another).
     """
 
     query: Any
@@ -345,7 +345,8 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
 
 def described_ids(doc_id: str, notes: Sequence[Dict[str, Any]]) -> List[str]:
     """The note id (``doc#reading_order``, as :func:`pdf_problems` names notes) of the visual each of one document's
-    index notes describes (a caption's ``describes``, :func:`cdsjax.selection.described_notes`), ``""`` for none."""
-    from cdsjax.selection import described_notes
+    index notes describes (a caption's ``describes``, :func:`cdsjax.pipeline.selection.described_notes`), ``""``
+    for none."""
+    from cdsjax.pipeline.selection import described_notes
 
     return [f"{doc_id}#{notes[j]['reading_order']}" if j >= 0 else "" for j in described_notes(notes)]

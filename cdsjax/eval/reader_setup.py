@@ -145,9 +145,9 @@ def _environ(name: str, value: Optional[str]):
 
 def evidence_tokens(config) -> Optional[int]:
     """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
-    token budgets; -1, the default: the local reader's :data:`cdsjax.defaults.LOCAL_EVIDENCE_TOKENS` with
+    token budgets; -1, the default: the local reader's :data:`cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS` with
     ``config.reader.local``, else derived from the server's window)."""
-    from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+    from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
 
     r = config.reader
     value = int(r.get("evidence_tokens", -1))

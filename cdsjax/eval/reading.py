@@ -263,7 +263,7 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
     over questions), and the mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``,
     ``accuracy_seed_std@B``; n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
-    from cdsjax.catalog import REFERENCE_SELECTOR
+    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
 
     rows = []
     merged = merged_answer_records(answers)

@@ -6,8 +6,8 @@
   caller's cache.
 * :class:`Executables` — a run's compiled calls (each selector's batched call, each executable per input shape),
   created by the run and handed to what it calls.
-* :func:`corpus_arrays_cache` — the caller's :class:`~cdsjax.selection.CorpusArrays` (each corpus's bound and
-  note block once).
+* :func:`corpus_arrays_cache` — the caller's :class:`~cdsjax.pipeline.selection.CorpusArrays` (each corpus's bound
+  and note block once).
 * :func:`run_selector` — one NumPy :class:`~cdsjax.core.Selection` per problem.
 
 How several processes split the problems: :mod:`cdsjax.eval.distributed`.
@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from cdsjax.eval.problems import Problem
-from cdsjax.selection import STRUCTURE_ARRAYS, CorpusArrays
+from cdsjax.pipeline.selection import STRUCTURE_ARRAYS, CorpusArrays
 
 
 def jax_local_devices():
@@ -262,10 +262,10 @@ def batch_chunk(selector: Any) -> Optional[Any]:
 
 def cached_selector(name: str, budget: int, options: Mapping[str, Any], cache: Optional[Dict[str, Any]] = None):
     """:func:`cdsjax.core.make_selector` with a learned selector's ``params`` resolved to a value
-    (:func:`cdsjax.selection.resolve_options`: a file, or the shipped fit), kept in the caller's ``cache``
+    (:func:`cdsjax.pipeline.selection.resolve_options`: a file, or the shipped fit), kept in the caller's ``cache``
     (None: not kept) on (name, budget, options with the parameters' content hash), so a second run with the
     same cache does not compile again."""
-    from cdsjax.selection import resolve_options, resolve_selector, selector_key
+    from cdsjax.pipeline.selection import resolve_options, resolve_selector, selector_key
 
     options = resolve_options(name, options)
     key = json.dumps(selector_key(name, budget, options), sort_keys=True, default=repr)
@@ -319,8 +319,8 @@ def run_selector(
         (``spec.structure``), each problem carries the arrays of :meth:`Problem.structure` (printed pages
         only with ``spec.pages_only``), padded like the notes (padding 0; ``valid`` says which notes are
         real); other selectors get problems without them and compile as they always did.
-      corpus: the :class:`~cdsjax.selection.CorpusArrays` each problem's spectral bound and note block come from
-        (:func:`corpus_arrays_cache`; None: one for this call): computed once per distinct corpus, so a
+      corpus: the :class:`~cdsjax.pipeline.selection.CorpusArrays` each problem's spectral bound and note block
+        come from (:func:`corpus_arrays_cache`; None: one for this call): computed once per distinct corpus, so a
         selector solves each question on its corpus block with its solver, as the pipeline and the
         integrations do.
       executables: the run's :class:`Executables` (None: one for this call), so that the run's next call with

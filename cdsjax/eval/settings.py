@@ -18,7 +18,7 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     one selector can appear under several labels with different options. Options of
     labels that are not selected are ignored (so a config can keep them all).
     """
-    from cdsjax.catalog import selector_names, selector_spec
+    from cdsjax.pipeline.catalog import selector_names, selector_spec
 
     labels = config.selectors
     if isinstance(labels, str):

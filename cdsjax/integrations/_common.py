@@ -15,8 +15,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.defaults import DEFAULT_BUDGET
-from cdsjax.evidence import note_metadata  # the adapters' formatter, shared with ask
+from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.pipeline.evidence import note_metadata  # the adapters' formatter, shared with ask
 
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads
 HIDDEN_KEYS = ("note_id", "bbox", "image_path", "crop", "score", "rank", "diagnostics", "selector", "embedding",
@@ -34,7 +34,7 @@ def missing_extra(extra: str, package: str, err: ImportError) -> ImportError:
 
 def default_selector() -> str:
     """The selector ``cdsjax ask`` and ``cdsjax serve`` use when none is given."""
-    from cdsjax.catalog import DEFAULT_SELECTOR
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 
     return DEFAULT_SELECTOR
 
@@ -61,7 +61,7 @@ def unit_rows(vectors, what: str) -> np.ndarray:
 class Chooser:
     """One cdsjax selector over candidate embeddings: ``chooser(candidates [n, d], query [d], text, metadata=)``.
 
-    The selector and its problem come from the path ``cdsjax ask`` takes (:mod:`cdsjax.selection`): the
+    The selector and its problem come from the path ``cdsjax ask`` takes (:mod:`cdsjax.pipeline.selection`): the
     registry spec (registry name or display form, options as ``cdsjax ask`` takes them; a learned selector gets the shipped
     fit unless ``options`` give ``params``), candidates padded to the same bucket size, and the structure
     arrays (document, page, kind of each candidate, from its metadata) for a selector that reads them. The
@@ -81,7 +81,7 @@ class Chooser:
         import jax
 
         from cdsjax.core.validation import check_budget
-        from cdsjax.selection import CorpusArrays, resolve_selector
+        from cdsjax.pipeline.selection import CorpusArrays, resolve_selector
 
         self.budget = check_budget(budget)
         self.options = dict(options or {})
@@ -94,7 +94,7 @@ class Chooser:
     @property
     def name(self) -> str:
         """The selector's display form, as users write it (``cds-learned``, ``cosine``, ...)."""
-        from cdsjax.catalog import display
+        from cdsjax.pipeline.catalog import display
 
         return display(self.spec.name)
 
@@ -119,7 +119,7 @@ class Chooser:
 
         from cdsjax import core
         from cdsjax.core.baselines import key_from_query_id
-        from cdsjax.selection import Candidates, note_structure
+        from cdsjax.pipeline.selection import Candidates, note_structure
 
         if len(candidates) == 0:
             return [], {}
@@ -146,7 +146,7 @@ class Chooser:
 
     def _with_corpus(self, padded, problem):
         """``problem`` with the spectral bound and note block of the selector's game on these candidates, from
-        this selector's :class:`~cdsjax.selection.CorpusArrays` (as the pipeline and the evaluation give them):
+        this selector's :class:`~cdsjax.pipeline.selection.CorpusArrays` (as the pipeline and the evaluation give them):
         computed once per distinct candidate set (by content) and reused while it comes back, e.g. a retriever
         over a fixed index; same picks as without."""
         return self.corpus_arrays.attach(self.fn, problem)
@@ -164,11 +164,12 @@ class IndexSource:
     """
 
     def __init__(self, index, selector: Optional[str] = None, budget: int = DEFAULT_BUDGET, options: Optional[dict] = None):
-        from cdsjax.catalog import selector_spec
         from cdsjax.core.validation import check_budget
         from cdsjax.pipeline import Pipeline, PipelineError
+        from cdsjax.pipeline.catalog import selector_spec
 
-        self.selector = selector_spec(selector or default_selector()).name
+        self.spec = selector_spec(selector or default_selector())  # resolved once; each question gets the spec
+        self.selector = self.spec.name
         self.budget = check_budget(budget)
         self.options = dict(options or {})
         if isinstance(index, Pipeline):
@@ -191,7 +192,7 @@ class IndexSource:
         from cdsjax.pipeline import PipelineError
 
         try:
-            answer = self.pipe.retrieve(question, selector=self.selector, budget=self.budget,
+            answer = self.pipe.retrieve(question, selector=self.spec, budget=self.budget,
                                         options=self.options or None)
         except PipelineError as err:
             raise ValueError(str(err)) from None

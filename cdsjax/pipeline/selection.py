@@ -18,7 +18,8 @@ registry selector the same way:
 * :class:`CorpusArrays` keeps what a selector's game computes once per corpus (the spectral bound, the note
   block) and gives every question its share, for the pipeline, the integrations and the evaluation alike.
 
-Selector names are registry names or the display forms users write (:func:`cdsjax.catalog.selector_spec`).
+A selector is named by its registry name, the display form users write, or its spec, resolved by
+:func:`cdsjax.pipeline.catalog.selector_spec` (a spec given is not looked up again).
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ import hashlib
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import numpy as np
 
-from cdsjax import catalog
 from cdsjax.core import registry
 from cdsjax.core.batching import bucket_size
 from cdsjax.core.games.learned import kind_codes
 from cdsjax.core.types import CDSProblem, as_selector, with_corpus_arrays
+from cdsjax.pipeline import catalog
 
 STRUCTURE_ARRAYS = ("pages", "doc_ids", "kinds", "describes")
 
@@ -46,8 +47,8 @@ def described_notes(notes: Sequence[dict]) -> np.ndarray:
 
     A note describes the one whose ``note_id`` its ``describes`` field names: a caption (or a Note/Source line)
     its figure, table or chart, as :func:`cdsjax.io.index.load_index` records it on an index's notes
-    (:func:`cdsjax.io.notes.described_notes`) and :func:`cdsjax.evidence.note_metadata` passes on. A note without
-    it, or naming a note that is not among ``notes``, describes nothing.
+    (:func:`cdsjax.io.notes.described_notes`) and :func:`cdsjax.pipeline.evidence.note_metadata` passes on. A
+    note without it, or naming a note that is not among ``notes``, describes nothing.
     """
     position = {str(n.get("note_id")): i for i, n in enumerate(notes) if n.get("note_id") is not None}
     return np.asarray([position.get(str(n["describes"]), -1) if n.get("describes") else -1 for n in notes],
@@ -161,8 +162,9 @@ class Candidates:
                           valid=self._on_device("valid"), links=self._on_device("links"), **structure)
 
 
-def resolve_options(name: str, options: Optional[dict] = None, params=None) -> dict:
-    """``options`` of the selector ``name`` with a learned selector's ``params`` resolved to a value.
+def resolve_options(name: Union[str, registry.SelectorSpec], options: Optional[dict] = None, params=None) -> dict:
+    """``options`` of the selector ``name`` (a name or its spec) with a learned selector's ``params`` resolved to
+    a value.
 
     ``params`` (a file path, a :class:`~cdsjax.core.games.learned.LearnedParams` or None: the shipped fit of the
     selector's read-out, ``SelectorSpec.readout``) applies unless ``options`` names its own; files are read by
@@ -184,18 +186,20 @@ def _key_part(value):
     return content_key() if callable(content_key) else value
 
 
-def selector_key(name: str, budget: int, options: Optional[dict] = None) -> tuple:
-    """A hashable name of a compiled selector: registry name, budget and options, a parameter value by its
-    content (``LearnedParams.content_key``)."""
+def selector_key(name: Union[str, registry.SelectorSpec], budget: int, options: Optional[dict] = None) -> tuple:
+    """A hashable name of a compiled selector (``name``: a selector's name or its spec): registry name, budget
+    and options, a parameter value by its content (``LearnedParams.content_key``)."""
     items = [(k, _key_part(v)) for k, v in sorted(dict(options or {}).items())]
     return catalog.selector_spec(name).name, int(budget), tuple(items)
 
 
-def resolve_selector(name: str, budget: int, options: Optional[dict] = None, params=None):
-    """``(spec, fn)``: the registry spec of ``name`` and its selector (:func:`cdsjax.core.make_selector`) with
+def resolve_selector(name: Union[str, registry.SelectorSpec], budget: int, options: Optional[dict] = None,
+                     params=None):
+    """``(spec, fn)``: the registry spec of ``name`` (a name or the spec itself) and its selector
+    (:meth:`SelectorSpec.make <cdsjax.core.SelectorSpec.make>`, what :func:`cdsjax.core.make_selector` runs) with
     ``options`` completed by :func:`resolve_options`."""
     spec = catalog.selector_spec(name)
-    return spec, registry.make_selector(spec.name, budget=budget, **resolve_options(spec.name, options, params))
+    return spec, spec.make(budget, **resolve_options(spec, options, params))
 
 
 def corpus_arrays(bound_fn, block_fn, problem: CDSProblem) -> tuple:

@@ -19,12 +19,12 @@ from typing import Optional
 import jax
 import numpy as np
 
-from cdsjax import catalog, core
-from cdsjax.catalog import DEFAULT_SELECTOR
+from cdsjax import core
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.io.compilation_cache import ExportedJit
-from cdsjax.selection import corpus_arrays
-from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
+from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.pipeline.selection import corpus_arrays
 
 
 def warm_question(question: str, config=None) -> None:
@@ -54,17 +54,19 @@ def warm_question_ahead(question: str, config=None) -> threading.Thread:
     return thread
 
 
-def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
+def precompile(pipe, query: np.ndarray, *, selector=DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET, qid: str = "",
                options: Optional[dict] = None) -> bool:
     """Compiles ``selector`` of the :class:`~cdsjax.pipeline.Pipeline` ``pipe`` for an encoded question ``query``
     without asking it. The corpus bound and note block are computed (and compiled) on a second thread and kept by
     ``pipe``, while the selector compiles against their shapes (:meth:`ExportedJit.precompile
     <cdsjax.io.compilation_cache.ExportedJit.precompile>`); its executable serves the later calls. Returns False
-    where nothing was compiled ahead (no compilation cache: the selector then compiles on its first call)."""
-    fn = pipe.selector_fn(selector, budget, options)
+    where nothing was compiled ahead (no compilation cache: the selector then compiles on its first call).
+    ``selector``: a name or its spec, resolved once (:meth:`~cdsjax.pipeline.Pipeline.choose`)."""
+    choice = pipe.choose(selector, budget, options)
+    fn = pipe.compiled_selector(choice)
     if not isinstance(fn.select, ExportedJit):
         return False
-    problem = pipe.candidates.problem(query, catalog.selector_spec(selector))
+    problem = pipe.candidates.problem(query, choice.spec)
     key = key_from_query_id(qid or "warm-up question")
     make, build = fn.corpus_bound, fn.corpus_block
     if make is None:
@@ -72,7 +74,7 @@ def precompile(pipe, query: np.ndarray, *, selector: str = DEFAULT_SELECTOR, bud
     bound, block = jax.eval_shape(lambda p: corpus_arrays(make.jitted, build and build.jitted, p), problem)
     shapes = core.with_corpus_arrays(problem, bound, block)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsjax-warm") as pool:
-        side = pool.submit(pipe.with_bound, fn, problem, pipe.selector_key(selector, budget, options))
+        side = pool.submit(pipe.with_bound, fn, problem, choice.key)
         done = fn.select.precompile(shapes, key)
         side.result()
     return done

@@ -1,0 +1,143 @@
+"""The result of one question (:class:`Answer`), the warnings it carries, and its reading.
+
+* :class:`Answer` — question, answer text, evidence, selector, diagnostics, timings, reader fields, warnings:
+  what ``cdsjax ask --json`` prints;
+* :func:`convergence_warning` and :func:`scanned_warning` — the one-line warnings of an unconverged CDS solve and
+  of evidence from pages without a text layer;
+* :func:`read_answer` — the reader's answer filled into an :class:`Answer` (through
+  :meth:`cdsjax.io.reader.Reader.answer`, the one reading path), and :func:`reader_fields`, its ``reader`` object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from cdsjax import core
+from cdsjax.pipeline import catalog
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
+from cdsjax.pipeline.corpus import Corpus
+
+
+@dataclasses.dataclass
+class Answer:
+    """The result of one question.
+
+    Attributes:
+      question: the question.
+      answer: the reader's answer text, or None when no reader is configured.
+      evidence: the selected notes, best first: dicts with rank (1-based), score,
+        document, page (0-based), bbox, kind, text (text or caption, cut to
+        1500 chars), note_id, image_path.
+      selector: selector name as users write it (``cds-converged``, ``cds-paper``,
+        ``cosine``, ...); budget: the evidence budget.
+      diagnostics: solver diagnostics for CDS (solver, mode "paper" | "converged",
+        num_iters, converged, status = how the solve ended ("converged" | "max_steps" |
+        "nonfinite" | "singular"), kkt_residual, objective, support_size = notes with
+        weight > 1e-6, alpha, query_weight), else {}.
+      timings: seconds per stage (encode, select, read, total).
+      reader: model, cited evidence ranks, abstained, latency — or None.
+      error: when reading failed, {"kind", "message", "server"} (``answer`` is then None), else None.
+      warnings: one-line warnings (e.g. a CDS solve that ended unconverged).
+    """
+
+    question: str
+    answer: Optional[str]
+    evidence: List[dict]
+    selector: str
+    budget: int
+    diagnostics: Dict[str, Any]
+    timings: Dict[str, float]
+    reader: Optional[Dict[str, Any]] = None
+    error: Optional[Dict[str, Any]] = None
+    warnings: List[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def reader_fields(result, local: Optional[dict] = None) -> Dict[str, Any]:
+    """The ``reader`` object of ``ask --json`` from a :class:`cdsjax.io.reader.ReaderAnswer`."""
+    out = dict(model=result.model, cited=list(result.cited), abstained=result.abstained, latency_s=result.latency_s,
+               first_token_s=result.first_token_s, usage=result.usage, warnings=list(result.warnings),
+               image_mode=result.image_mode, dropped=result.dropped, evidence_tokens=result.evidence_tokens,
+               trimmed=result.trimmed, no_answer=result.no_answer, retried=result.retried,
+               finish_reason=result.finish_reason)
+    if result.no_answer is not None:
+        out["reply"] = result.raw  # what the reader wrote instead of an answer
+    if local is not None:  # a local server: which runtime, threads, slots, and whether it was already warm
+        out["local"] = dict(local)
+    return out
+
+
+def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
+    """One line when a CDS solve ended unconverged (how it ended, the residual and the way out), else None."""
+    if not diagnostics or diagnostics.get("converged", True):
+        return None
+    ended = {"nonfinite": "ended on non-finite weights (NaN or inf)",
+             "singular": "stopped on a singular Newton system"}.get(diagnostics.get("status"), "stopped unconverged")
+    head = (f"CDS {diagnostics['mode']} mode {ended} after {diagnostics['num_iters']} steps "
+            f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
+    reference = catalog.display(catalog.REFERENCE_SELECTOR)
+    if diagnostics["mode"] == "paper":
+        return (head + f" — use --selector {catalog.display(DEFAULT_SELECTOR)} (the default) for the equilibrium, "
+                f"or {reference}")
+    default_solver = core.SPECS[DEFAULT_SELECTOR].solver
+    other = next(catalog.display(s.name) for s in core.SPECS.values()
+                 if s.mode == "converged" and s.solver != default_solver)
+    return head + f" — try --selector {other} or {reference}"
+
+
+def scanned_warning(evidence: List[dict], corpus: Corpus) -> Optional[str]:
+    """One line when evidence comes from pages without a text layer (scanned pages: their text is OCR output, or
+    there is only the page image); None otherwise. ``load_index`` sets the ``corpus`` notes' ``no_text_layer``
+    and ``ocr`` fields."""
+    scanned = []
+    for e in evidence:
+        note = corpus.notes[corpus.note_index(e["note_id"])]
+        if note.get("no_text_layer"):
+            scanned.append((e["rank"], e["document"], e["page"], note.get("ocr")))
+    if not scanned:
+        return None
+    states = sorted({s or "unknown" for *_, s in scanned})
+    where = ", ".join(f"[{r}] {d} p.{p + 1}" for r, d, p, _ in scanned[:6]) + (" ..." if len(scanned) > 6 else "")
+    how = ("their text was read by OCR and may hold errors" if states == ["done"] else
+           "they were indexed as page images without text (install tesseract-ocr and index again)")
+    return (f"{len(scanned)} of {len(evidence)} evidence notes come from pages without a text layer "
+            f"({where}; OCR: {'/'.join(states)}): {how}")
+
+
+def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None, on_token=None,
+                on_retry=None) -> Answer:
+    """Has ``reader`` (a :class:`cdsjax.io.reader.Reader`) answer ``answer.question`` from ``items`` (the
+    reader's :class:`~cdsjax.io.reader.EvidenceItem` of ``answer.evidence``), in place, through the one reading
+    path (:meth:`cdsjax.io.reader.Reader.answer`): the evidence fitted to the reader's token budget, the note that
+    does not fit cut to its sentences nearest the question (``similarity(question, sentences)``), the answer
+    streamed to ``on_token`` as it is written, and a reply that is no answer asked again once.
+
+    A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why; a reply
+    that stays no answer leaves ``answer.answer`` None and ``answer.reader["no_answer"]`` says why.
+    """
+    from cdsjax.io.llm.errors import ReaderError
+    from cdsjax.io.reader import error_dict
+
+    t0 = time.perf_counter()
+    try:
+        result = reader.answer(answer.question, items, on_token=on_token, on_retry=on_retry, similarity=similarity)
+    except ReaderError as err:  # the selection is kept: answer stays None and ``error`` says why
+        result = None
+        answer.error = error_dict(err)
+    answer.timings["read"] = time.perf_counter() - t0
+    answer.timings["total"] += answer.timings["read"]
+    if result is not None:
+        if result.first_token_s is not None:
+            answer.timings["first_token"] = result.first_token_s
+        answer.answer = result.text if result.no_answer is None else None
+        answer.reader = reader_fields(result, getattr(reader, "local", None))
+        answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
+        if result.no_answer is not None:
+            from cdsjax.io.replies import describe_no_answer
+
+            answer.warnings.append(describe_no_answer(result.no_answer))
+    return answer
