@@ -32,7 +32,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 PRIMARY = {"qasper": "answer_f1", "mmlongbench": "accuracy"}
+NONE = "none"  # the control: the question alone (cdsjax.eval.reader_setup.CONTROLS)
 POWER_Z = 1.96 + 0.84  # two-sided 5%, 80% power
+
+
+def reference() -> str:
+    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
+
+    return REFERENCE_SELECTOR
 
 
 def load(path: pathlib.Path) -> list:
@@ -84,7 +91,7 @@ def table(questions: dict, selectors: list, name: str, *, default: str, keep=lam
     for sel in selectors:
         vals = [metric(questions[q][sel], name) for q in qids]
         cells = [sel, mean_ci(vals), str(sum(v is not None for v in vals))]
-        for other in ("cosine", "none"):
+        for other in (reference(), NONE):
             if sel == other or other not in selectors:
                 cells += ["", ""]
                 continue
@@ -104,11 +111,12 @@ def same_notes(questions: dict, a: str, b: str) -> tuple:
 def before_after(before: list, default: str, name: str) -> list:
     """What one order changes: in a run made before it, the questions where the default and cosine sent the same
     notes in another order, and how often their scores differed there."""
-    q = by_question(before, [default, "cosine"])
-    reordered = [v for v in q.values() if set(v[default].get("sent") or ()) == set(v["cosine"].get("sent") or ())
-                 and list(v[default].get("sent") or ()) != list(v["cosine"].get("sent") or ())]
-    differ = [v for v in reordered if metric(v[default], name) != metric(v["cosine"], name)]
-    gain = sum((metric(v[default], name) or 0) - (metric(v["cosine"], name) or 0) for v in reordered)
+    ref = reference()
+    q = by_question(before, [default, ref])
+    reordered = [v for v in q.values() if set(v[default].get("sent") or ()) == set(v[ref].get("sent") or ())
+                 and list(v[default].get("sent") or ()) != list(v[ref].get("sent") or ())]
+    differ = [v for v in reordered if metric(v[default], name) != metric(v[ref], name)]
+    gain = sum((metric(v[default], name) or 0) - (metric(v[ref], name) or 0) for v in reordered)
     return [f"- before one order ({len(q)} questions): the default and cosine sent the same notes in another order "
             f"on {len(reordered)}; their {name} differed on {len(differ)} of those (summed difference "
             f"{gain:+.2f}); with one order those requests are byte-identical and score alike."]
@@ -121,8 +129,8 @@ def report(out_dir: pathlib.Path, before: pathlib.Path = None) -> str:
     bench = "mmlongbench" if records[0]["benchmark"].startswith("mmlongbench") else records[0]["benchmark"]
     name = PRIMARY.get(bench, "accuracy")
     present = list(dict.fromkeys(r["selector"] for r in records))
-    selectors = [s for s in (DEFAULT_SELECTOR, "cosine", "none") if s in present] + \
-        [s for s in present if s not in (DEFAULT_SELECTOR, "cosine", "none")]
+    first = (DEFAULT_SELECTOR, reference(), NONE)
+    selectors = [s for s in first if s in present] + [s for s in present if s not in first]
     questions = by_question(records, selectors)
     lines = [f"## {bench}: {name}, {len(questions)} questions answered by every selector "
              f"({', '.join(selectors)})", ""]
@@ -158,8 +166,8 @@ def report(out_dir: pathlib.Path, before: pathlib.Path = None) -> str:
         lines += ["", "extraction: " + "; ".join(
             f"{s}: " + ", ".join(f"{w} {ways[(w, s)]}" for w in sorted({w for w, t in ways if t == s}))
             for s in selectors)]
-    if "cosine" in selectors and selectors[0] != "cosine":
-        n, alike = same_notes(questions, selectors[0], "cosine")
+    if reference() in selectors and selectors[0] != reference():
+        n, alike = same_notes(questions, selectors[0], reference())
         lines += ["", f"- the default and cosine sent the same notes on {n} of {len(questions)} questions; "
                   f"the same reply on {alike} of those"]
     nr = collections.Counter(r.get("no_answer") for r in records if r["selector"] in selectors)
