@@ -213,9 +213,9 @@ def test_solve_options_enforce_hard_limits(field, value):
     notes, queries = corpus()
     with pytest.raises(ValueError, match=field):
         if support:
-            core.cds(core.CDSProblem.create(notes, queries[0]), core.Support(**{field: value}))
+            core.cds(core.CDSProblem.create(notes, queries[0]), core.Support(**{field: value}), budget=3)
         else:
-            core.cds(core.CDSProblem.create(notes, queries[0]), core.Single(), **{field: value})
+            core.cds(core.CDSProblem.create(notes, queries[0]), core.Single(), budget=3, **{field: value})
     with pytest.raises(ValueError, match=field):
         core.make_selector("cds_support" if field == "num_steps" else "cds", budget=3, **{field: value})
 
@@ -225,7 +225,7 @@ def test_hard_limits_keep_the_documented_settings_legal():
     core.SolveOptions(tol=1e-15, max_iter=MAX_ITER_CAP).check()
     assert support_settings(MAX_SUPPORT_STEPS)[0] == MAX_SUPPORT_STEPS
     with pytest.raises(TypeError, match="num_steps"):  # the Support strategy's own setting, not a cds() argument
-        core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), core.Single(), num_steps=3)
+        core.cds(core.CDSProblem.create(*corpus()[:1], corpus()[1][0]), core.Single(), budget=3, num_steps=3)
     for bad in ({"tol": 0.0}, {"tol": -1e-9}, {"max_iter": 0}, {"max_iter": PPR_MAX_ITER_CAP + 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             core.make_selector("ppr", budget=3, **bad)
@@ -236,12 +236,12 @@ def test_entry_point_rejects_what_a_strategy_does_not_take():
     notes, queries = corpus()
     problem = core.CDSProblem.create(notes, queries[0])
     with pytest.raises(TypeError, match="strategy must be a strategy object"):
-        core.cds(problem, "single")  # a strategy is an object the caller picks, not a name
+        core.cds(problem, "single", budget=3)  # a strategy is an object the caller picks, not a name
     for strategy in (core.Peel(), core.Support(), core.Shared()):
         with pytest.raises(ValueError, match="x0 is only used by the Single"):
-            core.cds(problem, strategy, x0=jnp.ones(N + 1))
+            core.cds(problem, strategy, budget=3, x0=jnp.ones(N + 1))
     with pytest.raises(TypeError, match="solver must be a solver object"):
-        core.cds(problem, solver="converged")  # a name is converted at the edge (solver_from_name)
+        core.cds(problem, budget=3, solver="converged")  # a name is converted at the edge (solver_from_name)
     with pytest.raises(ValueError, match="solver"):
         core.solver_from_name("converged")  # no aliases
     with pytest.raises(ValueError, match="pages"):

@@ -214,6 +214,6 @@ def test_solve_options_are_one_object_shared_by_the_selectors():
     b = cds_select(notes, query, valid, budget=BUDGET, solver=core.ActiveSet(), threshold=1e-4, fill=False)
     assert_same(a, b, 0.0)
     with pytest.raises(TypeError, match="colour"):
-        cds_select(notes, query, valid, colour="red")
+        cds_select(notes, query, valid, budget=3, colour="red")
     with pytest.raises(TypeError, match="warm_start"):  # a warm start is a solver (WarmStart), not an option
-        cds_support(notes, query, valid, warm_start=core.Replicator())
+        cds_support(notes, query, valid, budget=3, warm_start=core.Replicator())

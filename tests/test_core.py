@@ -427,7 +427,7 @@ def test_softmax_prior(problem):
     r = np.asarray(aff.matrix)[0, 1:]
     expect = np.exp(r / 0.1) / np.exp(r / 0.1).sum() * (1 - 1 / (n + 1))
     np.testing.assert_allclose(x0[1:], expect, rtol=1e-10)
-    sel = cds_select(notes, query, np.ones(n, bool), init="softmax", max_iter=100)
+    sel = cds_select(notes, query, np.ones(n, bool), budget=10, init="softmax", max_iter=100)
     assert bool(jnp.isfinite(sel.result.objective))
 
 
@@ -481,7 +481,7 @@ def test_pinned_notes_are_constraint_vertices(problem):
 )
 def test_bad_static_inputs_raise_value_error_naming_argument(kwargs, word):
     with pytest.raises(ValueError, match=word):
-        cds_select(**kwargs)
+        cds_select(**{"budget": 3, **kwargs})
 
 
 def test_validate_embeddings_rejects_nan_and_bad_shapes():

@@ -235,7 +235,7 @@ def test_cds_select_dispatch_and_warm_start(solver):
     np.testing.assert_allclose(np.asarray(warm.result.x),
                                np.asarray(JIT[solver](build_affinity(notes, query, valid), paper.x).x), atol=1e-12)
     with pytest.raises(TypeError, match="warm_start"):  # no longer an option beside the solver
-        cds_select(notes, query, valid, solver=core.solver_from_name(solver), warm_start=core.Replicator())
+        cds_select(notes, query, valid, budget=3, solver=core.solver_from_name(solver), warm_start=core.Replicator())
 
 
 @pytest.mark.slow

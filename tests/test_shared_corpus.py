@@ -138,9 +138,9 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="alpha_from"):
         corpus_affinity(notes, valid, core.CDSParams(alpha_from="full"))
     with pytest.raises(ValueError, match="queries"):
-        cds_select_shared(notes, q[0], valid)
+        cds_select_shared(notes, q[0], valid, budget=3)
     with pytest.raises(TypeError, match="solver"):
-        cds_select_shared(notes, q, valid, solver="nope")
+        cds_select_shared(notes, q, valid, budget=3, solver="nope")
     shared = corpus_affinity(notes, valid)
     with pytest.raises(ValueError, match="rel"):
         solve_replicator_shared(shared, jnp.ones((2, 5)))

@@ -234,11 +234,11 @@ def test_cds_support_identical_under_jit_vmap_and_padding():
 def test_cds_support_rejects_bad_options():
     z, q = away_from_query(np.random.default_rng(9), 6)
     with pytest.raises(ValueError, match="coupling"):
-        cds_support(z, q, np.ones(6, bool), params=core.CDSParams(coupling="none"))
+        cds_support(z, q, np.ones(6, bool), budget=3, params=core.CDSParams(coupling="none"))
     with pytest.raises(ValueError, match="scale_range"):
-        cds_support(z, q, np.ones(6, bool), scale_range=(1.0, 0.5))
+        cds_support(z, q, np.ones(6, bool), budget=3, scale_range=(1.0, 0.5))
     with pytest.raises(ValueError, match="num_steps"):
-        cds_support(z, q, np.ones(6, bool), num_steps=0)
+        cds_support(z, q, np.ones(6, bool), budget=3, num_steps=0)
 
 
 @pytest.mark.slow

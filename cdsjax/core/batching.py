@@ -190,7 +190,7 @@ def batch_apply(
 
     Example::
 
-        fn = functools.partial(cds_select, budget=10)  # from cdsjax.core.compat
+        fn = functools.partial(cds_select, budget=5)  # from cdsjax.core.compat
         sels = batch_apply(fn, [z1, z2, z3], [q1, q2, q3])
         sels[1].indices[sels[1].selected_valid]
 

@@ -30,7 +30,7 @@ def _on_arrays(strategy, notes, query, valid, pinned, links, params, options, bu
     return cds(problem, strategy, params, options, budget=budget, **kwargs)
 
 
-def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+def cds_select(notes: Array, query: Array, valid: Array, *, budget: int, params: Game = CDSParams(),
                options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
                links: Optional[Array] = None, **kwargs) -> Selection:
     """Selects evidence as a constrained dominant set (one extraction).
@@ -41,7 +41,7 @@ def cds_select(notes: Array, query: Array, valid: Array, *, budget: int = 10, pa
     return _on_arrays(Single(), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
-def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int, params: Game = CDSParams(),
              options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
              links: Optional[Array] = None, **kwargs) -> Selection:
     """Peeling extraction for several constraint vertices.
@@ -52,7 +52,7 @@ def cds_peel(notes: Array, query: Array, valid: Array, *, budget: int = 10, para
     return _on_arrays(Peel(), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
-def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+def cds_support(notes: Array, query: Array, valid: Array, *, budget: int, params: Game = CDSParams(),
                 options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
                 links: Optional[Array] = None, num_steps: Optional[int] = None, scale_range=None,
                 **kwargs) -> Selection:
@@ -64,7 +64,7 @@ def cds_support(notes: Array, query: Array, valid: Array, *, budget: int = 10, p
     return _on_arrays(Support(num_steps, scale_range), notes, query, valid, pinned, links, params, options, budget, kwargs)
 
 
-def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int = 10, params: Game = CDSParams(),
+def cds_select_shared(notes: Array, query: Array, valid: Array, *, budget: int, params: Game = CDSParams(),
                       options: Optional[SolveOptions] = None, pinned: Optional[Array] = None,
                       links: Optional[Array] = None, corpus=None, **kwargs) -> Selection:
     """Selection for ``b`` single-vertex questions (``query`` ``[b, d]``) on one corpus.
