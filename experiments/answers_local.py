@@ -57,7 +57,7 @@ def build_config(bench: str, questions: int, threads: int, slots: int, variant: 
     return config
 
 
-def cached_only(config, bench: str):
+def cached_only(config, bench: str, variant: str = ""):
     """``config`` changed to answer from the reply cache of the full run alone, into ``runs/answers-cached/<bench>``:
     no server is started and none is reachable, so a reply not in the cache is a reader (or judge) error. For
     the figures of a run still in progress, on its first questions."""
@@ -65,9 +65,10 @@ def cached_only(config, bench: str):
 
     from cdsjax.io.local_model import DEFAULT_PRESET
 
-    out = pathlib.Path("runs") / "answers-cached" / bench
+    name = f"{bench}-{variant}" if variant else bench
+    out = pathlib.Path("runs") / "answers-cached" / name
     (out / "replies").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(OUT / bench / "replies" / "replies.jsonl", out / "replies" / "replies.jsonl")
+    shutil.copyfile(OUT / name / "replies" / "replies.jsonl", out / "replies" / "replies.jsonl")
     config.output_dir = str(out)
     config.reader.local = ""
     config.reader.url = "http://127.0.0.1:9/v1"  # the discard port: nothing answers
@@ -92,7 +93,7 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
 
     config = build_config(bench, questions, threads, slots, **variant)
     if from_cache:
-        config = cached_only(config, bench)
+        config = cached_only(config, bench, variant.get("variant", ""))
     locate_data(config, prog="answers_local")
     enable_compilation_cache(cache_dir_of(config) / "jax-compilation")
     out = pathlib.Path(config.output_dir)
