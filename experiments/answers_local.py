@@ -75,6 +75,10 @@ def cached_only(config, bench: str, variant: str = ""):
     config.reader.model = DEFAULT_PRESET  # the name the cache keys carry
     config.reader.max_retries = 0
     config.judge.max_retries = 0
+    if int(config.reader.evidence_tokens) < 0:  # the budget the local reader's run had
+        from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+
+        config.reader.evidence_tokens = LOCAL_EVIDENCE_TOKENS
     return config
 
 
