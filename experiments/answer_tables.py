@@ -104,7 +104,7 @@ def table(questions: dict, selectors: list, name: str, *, default: str, keep=lam
 def same_notes(questions: dict, a: str, b: str) -> tuple:
     """Questions where ``a`` and ``b`` sent the same notes (as a set), and of those, how many got the same
     reply (the same request asks once)."""
-    same = [v for v in questions.values() if set(v[a].get("sent") or ()) == set(v[b].get("sent") or ())]
+    same = [v for v in questions.values() if v[a].get("sent") and set(v[a]["sent"]) == set(v[b].get("sent") or ())]
     return len(same), sum(1 for v in same if v[a].get("reply") == v[b].get("reply"))
 
 
@@ -113,7 +113,7 @@ def before_after(before: list, default: str, name: str) -> list:
     notes in another order, and how often their scores differed there."""
     ref = reference()
     q = by_question(before, [default, ref])
-    reordered = [v for v in q.values() if set(v[default].get("sent") or ()) == set(v[ref].get("sent") or ())
+    reordered = [v for v in q.values() if v[default].get("sent") and set(v[default]["sent"]) == set(v[ref].get("sent") or ())
                  and list(v[default].get("sent") or ()) != list(v[ref].get("sent") or ())]
     differ = [v for v in reordered if metric(v[default], name) != metric(v[ref], name)]
     gain = sum((metric(v[default], name) or 0) - (metric(v[ref], name) or 0) for v in reordered)
