@@ -17,7 +17,9 @@ accuracy by an LLM judge — the same local model (``judge_is_reader`` in the re
 answers are scored by the benchmark's rules after answer extraction by the same model. Both also report
 ``cites_gold`` (the answer cites a gold note: a gold paragraph, or a note on a gold page) and ``markers_only``
 (the answer gives citation markers in place of content). Each run appends its wall time and how many answers it
-asked the reader for to ``runs.jsonl``, for the time per 100 questions.
+asked the reader for to ``runs.jsonl``, for the time per 100 questions. ``experiments/answer_tables.py DIR`` prints
+the deciding tables from a run's per-question records (paired intervals, the detectable difference, answerable and
+unanswerable apart, extraction counts).
 """
 
 from __future__ import annotations
