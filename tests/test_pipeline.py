@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cdsjax import cli
+from cdsjax.io.prompt import EvidenceItem, reading_order
 from cdsjax.io.util import free_port
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError
 from cdsjax.pipeline.answer import convergence_warning
@@ -205,7 +206,11 @@ def test_ask_through_local_openai_server_sends_text_and_images(demo_index, capsy
         req = srv.requests[0]
     result = json.loads(out)
     assert result["answer"].startswith("Diesel use fell by 38 percent")
-    assert result["reader"]["model"] == "qwen-test" and result["reader"]["cited"] == [1, 2]
+    # the prompt lists the evidence in reading order: its [1] and [2] come back as those notes' ranks
+    in_prompt = reading_order([EvidenceItem(note_id=e["note_id"], doc_id=e["document"], page=e["page"], rank=e["rank"])
+                               for e in result["evidence"]])
+    assert result["reader"]["model"] == "qwen-test"
+    assert result["reader"]["cited"] == [in_prompt[0].rank, in_prompt[1].rank]
     assert result["reader"]["image_mode"] == "images" and result["reader"]["dropped"] == 0
     assert req["temperature"] == 0 and req["max_tokens"] == 1024
     text = message_text(req)

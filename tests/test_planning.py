@@ -16,6 +16,7 @@ from cdsjax.agents import plan as P
 from cdsjax.agents.planning import PlanningAgent, make_retriever
 from cdsjax.io.llm.config import ReaderConfig
 from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.prompt import EvidenceItem, reading_order
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=5.0)
@@ -177,7 +178,10 @@ def test_plan_execute_check_refine_answer():
     ids = [e["note_id"] for e in out["evidence"]]
     assert {"n1", "n3"} <= set(ids) and len(ids) == len(set(ids))
     assert [e["rank"] for e in out["evidence"]] == list(range(1, len(ids) + 1))
-    assert out["reader"]["cited"] == ids[1:3]
+    # the reasoner cited its prompt's 2nd and 3rd notes, the prompt listing the evidence in reading order
+    in_prompt = [e.note_id for e in reading_order([EvidenceItem(note_id=e["note_id"], doc_id=e["document"],
+                                                                page=e["page"]) for e in out["evidence"]])]
+    assert out["reader"]["cited"] == in_prompt[1:3]
     assert set(out["trace"]["explored_note_ids"]) >= set(ids)
     assert out["trace"]["llm_calls"] == 1 + 2 + 1 + 1 + 2 + 1 + 1  # decompose, work, check, refine, work, check, reason
     assert {"document", "page", "bbox", "kind", "text", "score", "rank"} <= set(out["evidence"][0])
