@@ -109,7 +109,11 @@ def test_installed_cli_indexes_and_answers(installed):
                      "--reader-url", srv.base_url, "--reader-model", "wheel-test"], cwd=work, env=env)
         requests = list(srv.requests)
     result = json.loads(proc.stdout)
-    assert result["answer"] == ANSWER and result["error"] is None
+    # the answer cites the prompt's first note (reading order), shown by its rank in the evidence
+    k = result["reader"]["cited"][0]
+    assert result["answer"] == ANSWER.replace("[1]", f"[{k}]") and result["error"] is None
+    first = min(result["evidence"], key=lambda e: (e["page"], int(e["note_id"].rsplit("#", 1)[-1])))
+    assert result["evidence"][k - 1]["note_id"] == first["note_id"]
     assert result["selector"] == "cds-learned-pages" and result["diagnostics"]["converged"] is True  # the default
     assert len(result["evidence"]) == 4
     assert {e["document"] for e in result["evidence"]} == {"study.pdf"}
