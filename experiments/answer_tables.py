@@ -31,15 +31,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR  # noqa: E402
+
 PRIMARY = {"qasper": "answer_f1", "mmlongbench": "accuracy"}
 NONE = "none"  # the control: the question alone (cdsjax.eval.reader_setup.CONTROLS)
 POWER_Z = 1.96 + 0.84  # two-sided 5%, 80% power
-
-
-def reference() -> str:
-    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
-
-    return REFERENCE_SELECTOR
 
 
 def load(path: pathlib.Path) -> list:
@@ -91,7 +87,7 @@ def table(questions: dict, selectors: list, name: str, *, default: str, keep=lam
     for sel in selectors:
         vals = [metric(questions[q][sel], name) for q in qids]
         cells = [sel, mean_ci(vals), str(sum(v is not None for v in vals))]
-        for other in (reference(), NONE):
+        for other in (REFERENCE_SELECTOR, NONE):
             if sel == other or other not in selectors:
                 cells += ["", ""]
                 continue
@@ -111,7 +107,7 @@ def same_notes(questions: dict, a: str, b: str) -> tuple:
 def before_after(before: list, default: str, name: str) -> list:
     """What one order changes: in a run made before it, the questions where the default and cosine sent the same
     notes in another order, and how often their scores differed there."""
-    ref = reference()
+    ref = REFERENCE_SELECTOR
     q = by_question(before, [default, ref])
     reordered = [v for v in q.values() if v[default].get("sent") and set(v[default]["sent"]) == set(v[ref].get("sent") or ())
                  and list(v[default].get("sent") or ()) != list(v[ref].get("sent") or ())]
@@ -123,13 +119,11 @@ def before_after(before: list, default: str, name: str) -> list:
 
 
 def report(out_dir: pathlib.Path, before: pathlib.Path = None) -> str:
-    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
-
     records = load(out_dir / "answers.jsonl")
     bench = "mmlongbench" if records[0]["benchmark"].startswith("mmlongbench") else records[0]["benchmark"]
     name = PRIMARY.get(bench, "accuracy")
     present = list(dict.fromkeys(r["selector"] for r in records))
-    first = (DEFAULT_SELECTOR, reference(), NONE)
+    first = (DEFAULT_SELECTOR, REFERENCE_SELECTOR, NONE)
     selectors = [s for s in first if s in present] + [s for s in present if s not in first]
     questions = by_question(records, selectors)
     lines = [f"## {bench}: {name}, {len(questions)} questions answered by every selector "
@@ -166,8 +160,8 @@ def report(out_dir: pathlib.Path, before: pathlib.Path = None) -> str:
         lines += ["", "extraction: " + "; ".join(
             f"{s}: " + ", ".join(f"{w} {ways[(w, s)]}" for w in sorted({w for w, t in ways if t == s}))
             for s in selectors)]
-    if reference() in selectors and selectors[0] != reference():
-        n, alike = same_notes(questions, selectors[0], reference())
+    if REFERENCE_SELECTOR in selectors and selectors[0] != REFERENCE_SELECTOR:
+        n, alike = same_notes(questions, selectors[0], REFERENCE_SELECTOR)
         lines += ["", f"- the default and cosine sent the same notes on {n} of {len(questions)} questions; "
                   f"the same reply on {alike} of those"]
     nr = collections.Counter(r.get("no_answer") for r in records if r["selector"] in selectors)

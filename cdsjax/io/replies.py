@@ -54,13 +54,9 @@ def parse_citations(text: str, n_evidence: int) -> tuple:
     """
     seen: list = []
     for match in _CITATION.finditer(text):
-        for piece in re.split(r"\s*[,;]\s*", match.group(1)):
-            bounds = [int(b) for b in re.split(r"\s*[-–]\s*", piece)]
-            lo, hi = bounds[0], bounds[-1]
-            numbers = range(lo, hi + 1) if lo <= hi and hi - lo < n_evidence else (lo, hi)
-            for k in numbers:
-                if 1 <= k <= n_evidence and k not in seen:
-                    seen.append(k)
+        for k in _mark_numbers(match.group(1), n_evidence):
+            if 1 <= k <= n_evidence and k not in seen:
+                seen.append(k)
     return tuple(seen)
 
 
