@@ -46,7 +46,7 @@ from flax import struct
 from jax import Array, lax
 from jax.scipy.sparse.linalg import cg
 
-from cdsjax.core.solvers.active_set import bordered_direction, gathered_face
+from cdsjax.core.solvers.active_set import bordered_direction, gathered_face, padded_matrix
 from cdsjax.core.solvers.inimdyn import default_tol
 from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, nash_error, start_state, stop_rule
 
@@ -113,16 +113,18 @@ def _cg_direction(block: Array, real: Array, g: Array) -> tuple[Array, Array]:
     return d, ok
 
 
-def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU_MAX) -> tuple[Array, Array]:
+def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU_MAX,
+               padded: Optional[Array] = None) -> tuple[Array, Array]:
     r"""The stationary point of the face spanned by ``support`` (``[N]`` bool, at most ``capacity`` vertices),
-    by a correction from ``x`` restricted to it (uniform on it where ``x`` has no weight there).
+    by a correction from ``x`` restricted to it (uniform on it where ``x`` has no weight there). ``padded``: the
+    payoff's padded matrix the face is gathered from (:func:`~cdsjax.core.solvers.active_set.gathered_face`).
 
     Returns ``(x_face, ok)``: ``[N]`` zero off the support, summing to 1, possibly with negative entries (the
     face's stationary point need not lie in the simplex); ``ok`` False where the solve failed.
     """
     size = x.shape[0]
     dtype = x.dtype
-    real, safe, block = gathered_face(payoff, support, capacity)
+    real, safe, block = gathered_face(payoff, support, capacity, padded)
     xs = jnp.where(real, x[safe], 0.0)
     mass = jnp.sum(xs)
     xs = jnp.where(mass > 0, xs / jnp.where(mass > 0, mass, 1.0), real.astype(dtype) / jnp.sum(real))
@@ -170,6 +172,14 @@ class PrimalDualActiveSet(LoopSolver):
         return default_tol(dtype) if self.tol is None else self.tol
 
     def prepare(self, payoff) -> tuple:
+        """``(sizes, padded)``: the faces' capacities (:meth:`face_sizes`) and the payoff's padded matrix every face
+        is gathered from (:func:`~cdsjax.core.solvers.active_set.padded_matrix`, built once per solve; None for a
+        payoff without one)."""
+        return self.face_sizes(payoff), padded_matrix(payoff)
+
+    def face_sizes(self, payoff) -> tuple:
+        """The capacities the faces of ``payoff`` are gathered into, ascending: those below its size, then its
+        size where the largest capacity reaches it."""
         if payoff.batch:
             raise ValueError("PrimalDualActiveSet solves one problem at a time (vmap it over a batch)")
         for c in self.capacities:
@@ -189,12 +199,13 @@ class PrimalDualActiveSet(LoopSolver):
     def terminate(self, consts, state: LoopState) -> tuple[Array, Array]:
         return stop_rule(state, self.tolerance(state.x.dtype), self.max_iter)
 
-    def step(self, payoff, caps: tuple, state: LoopState) -> LoopState:
+    def step(self, payoff, consts: tuple, state: LoopState) -> LoopState:
+        caps, padded = consts
         support = state.aux
         valid = payoff.valid
         count = jnp.sum(support).astype(jnp.int32)
         which = jnp.searchsorted(jnp.asarray(caps, jnp.int32), count, side="left")
-        branches = [lambda c=c: face_point(payoff, state.x, support, c, self.lu_max) for c in caps]
+        branches = [lambda c=c: face_point(payoff, state.x, support, c, self.lu_max, padded) for c in caps]
         branches.append(lambda: (jnp.full_like(state.x, jnp.nan), jnp.asarray(False)))
         face, ok = lax.switch(which, branches)
         # the face's point clipped to the simplex (itself where it lies there): its Nash error, and the
