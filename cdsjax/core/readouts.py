@@ -60,8 +60,23 @@ def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, 
     group = tier // int(k)
     eligible = valid if fill else valid & (group == 0)
     group = jnp.where(eligible, group, n + 1)
-    order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
-    return cut_to_budget(order, eligible, budget)
+
+    def every_group():
+        order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
+        return cut_to_budget(order, eligible, budget)
+
+    if budget > n or rank.dtype != jnp.int32:
+        return every_group()
+    # where the first round alone fills the budget (the usual case: more pages than picks), its notes by rank,
+    # then index, are the first of that order: a top-B of the ranks instead of a sort of every note
+    lowest = jnp.iinfo(jnp.int32).min
+    first = eligible & (group == 0) & (rank != jnp.iinfo(jnp.int32).max)  # (~rank of the largest is `lowest`)
+
+    def first_round():
+        idx = lax.top_k(jnp.where(first, ~rank, lowest), budget)[1]  # ~rank: larger for an earlier rank
+        return idx.astype(jnp.int32), jnp.ones((budget,), bool)
+
+    return lax.cond(jnp.sum(first) >= budget, first_round, every_group)
 
 
 def unit_tier(rank: Array, valid: Array, pages: Array, doc_ids: Optional[Array] = None) -> Array:
@@ -120,9 +135,18 @@ def rank_positions(indices: Array, selected_valid: Array, valid: Array, tie: Arr
     slots = jnp.arange(indices.shape[0])
     big = indices.shape[0] + n
     slot = jnp.full((n,), big, jnp.int32).at[indices].min(jnp.where(selected_valid, slots, big).astype(jnp.int32))
-    keys = (jnp.arange(n), -jnp.where(valid, tie, -jnp.inf), slot, ~valid)
-    order = jnp.lexsort(keys)
-    return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+
+    def by_sort():
+        keys = (jnp.arange(n), -jnp.where(valid, tie, -jnp.inf), slot, ~valid)
+        order = jnp.lexsort(keys)
+        return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+
+    # a ranking of every valid note (an equilibrium's support, then its fill rule) picks each one in the first
+    # slots: their positions are their slots, padding's the next ones by index, without a sort
+    count = jnp.sum(valid).astype(jnp.int32)
+    whole = jnp.all(jnp.where(valid, slot < count, slot == big))
+    return lax.cond(whole, lambda: jnp.where(valid, slot, count + jnp.cumsum(~valid, dtype=jnp.int32) - 1),
+                    by_sort)
 
 
 def best_cosine(notes: Array, query: Array, valid: Array) -> Array:
