@@ -225,7 +225,9 @@ def test_the_sort_free_shortcuts_give_what_the_sorts_give(seed):
     pages = jnp.asarray(rng.integers(0, [2, 4, 8, 24, 3, 6][seed], n).astype(np.int32))
     doc_ids = jnp.asarray(rng.integers(0, 2, n).astype(np.int32))
     for rank in (jnp.asarray(rng.permutation(n).astype(np.int32)), jnp.asarray(rng.integers(0, 6, n).astype(np.int32)),
-                 jnp.where(valid, jnp.arange(n, dtype=jnp.int32), jnp.iinfo(jnp.int32).max)):
+                 jnp.where(valid, jnp.arange(n, dtype=jnp.int32), jnp.iinfo(jnp.int32).max),
+                 jnp.asarray(rng.integers(-2**30, 2**30, n).astype(np.int32)),  # past float32's exact ints
+                 jnp.asarray((rng.permutation(n) + 2**24 - 6).astype(np.int32))):
         for budget in (1, 3, n, n + 2):
             for k in (1, 2):
                 for fill in (True, False):

@@ -32,6 +32,8 @@ from cdsjax.core.validation import as_query_matrix, check_budget, check_int_rang
 # B notes needs the ranking only until B pages have shown up, and a greedy pass over every note of a 5-document
 # pool would cost n steps of O(n) each.
 GREEDY_DEPTH_FACTOR = 8
+# ranks below this in magnitude are exact as float32, whose top-B (lax.top_k) is a partial pass, not a sort
+EXACT_RANK = 2 ** 24
 
 
 def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, k: int = 1,
@@ -65,18 +67,20 @@ def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, 
         order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
         return cut_to_budget(order, eligible, budget)
 
-    if budget > n or rank.dtype != jnp.int32:
+    if budget > n or not jnp.issubdtype(rank.dtype, jnp.integer):
         return every_group()
     # where the first round alone fills the budget (the usual case: more pages than picks), its notes by rank,
-    # then index, are the first of that order: a top-B of the ranks instead of a sort of every note
-    lowest = jnp.iinfo(jnp.int32).min
-    first = eligible & (group == 0) & (rank != jnp.iinfo(jnp.int32).max)  # (~rank of the largest is `lowest`)
+    # then index, are the first of that order: a top-B of the ranks (exact as float32 below 2**24) instead of a
+    # sort of every note
+    first_group = eligible & (group == 0)
+    first = first_group & (rank < EXACT_RANK)
+    shortcut = (jnp.sum(first) >= budget) & ~jnp.any(first_group & (rank <= -EXACT_RANK))
 
     def first_round():
-        idx = lax.top_k(jnp.where(first, ~rank, lowest), budget)[1]  # ~rank: larger for an earlier rank
+        idx = lax.top_k(jnp.where(first, -rank.astype(jnp.float32), -jnp.inf), budget)[1]
         return idx.astype(jnp.int32), jnp.ones((budget,), bool)
 
-    return lax.cond(jnp.sum(first) >= budget, first_round, every_group)
+    return lax.cond(shortcut, first_round, every_group)
 
 
 def unit_tier(rank: Array, valid: Array, pages: Array, doc_ids: Optional[Array] = None) -> Array:
