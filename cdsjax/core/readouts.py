@@ -58,27 +58,42 @@ def structured_readout(rank: Array, valid: Array, pages: Array, *, budget: int, 
     valid = jnp.asarray(valid, bool)
     n = valid.shape[0]
     rank = jnp.asarray(rank)
-    tier = unit_tier(rank, valid, pages, doc_ids)
-    group = tier // int(k)
-    eligible = valid if fill else valid & (group == 0)
-    group = jnp.where(eligible, group, n + 1)
+    pages = jnp.asarray(pages)
+    doc_ids = None if doc_ids is None else jnp.asarray(doc_ids)
+    for name, codes in (("pages", pages), ("doc_ids", doc_ids)):
+        if codes is not None and codes.shape != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {codes.shape}")
 
     def every_group():
+        group = unit_tier(rank, valid, pages, doc_ids) // int(k)
+        eligible = valid if fill else valid & (group == 0)
+        group = jnp.where(eligible, group, n + 1)
         order = jnp.lexsort((jnp.arange(n), rank, group))  # last key first: group, then rank, then index
         return cut_to_budget(order, eligible, budget)
 
     if budget > n or not jnp.issubdtype(rank.dtype, jnp.integer):
         return every_group()
-    # where the first round alone fills the budget (the usual case: more pages than picks), its notes by rank,
-    # then index, are the first of that order: a top-B of the ranks (exact as float32 below 2**24) instead of a
-    # sort of every note
-    first_group = eligible & (group == 0)
-    first = first_group & (rank < EXACT_RANK)
-    shortcut = (jnp.sum(first) >= budget) & ~jnp.any(first_group & (rank <= -EXACT_RANK))
+    # The first round's notes (fewer than k notes of their unit rank before them), by rank then index, open that
+    # order. Where the first `top` notes of the ranking hold `budget` of them (the usual case: more pages than
+    # picks), they are read off those notes alone: a top-k of the ranks (exact as float32 below 2**24) and the
+    # units of `top` notes compared, instead of sorting every note by unit and by group.
+    top = min(n, max(64, 16 * budget))
+    listed_ok = valid & (rank < EXACT_RANK)
+    keys, listed = lax.top_k(jnp.where(listed_ok, -rank.astype(jnp.float32), -jnp.inf), top)
+    real = keys > -jnp.inf
+    r = rank[listed]
+    same_unit = pages[listed][:, None] == pages[listed][None, :]
+    if doc_ids is not None:
+        same_unit = same_unit & (doc_ids[listed][:, None] == doc_ids[listed][None, :])
+    before = jnp.sum(same_unit & real[None, :] & (r[None, :] < r[:, None]), axis=1)
+    first = real & (before < int(k))
+    shortcut = (jnp.sum(first) >= budget) & ~jnp.any(valid & (rank <= -EXACT_RANK))
 
     def first_round():
-        idx = lax.top_k(jnp.where(first, -rank.astype(jnp.float32), -jnp.inf), budget)[1]
-        return idx.astype(jnp.int32), jnp.ones((budget,), bool)
+        slot = jnp.cumsum(first) - 1
+        idx = jnp.zeros((budget,), jnp.int32).at[jnp.where(first, slot, budget)].set(listed.astype(jnp.int32),
+                                                                                  mode="drop")
+        return idx, jnp.ones((budget,), bool)
 
     return lax.cond(shortcut, first_round, every_group)
 
