@@ -184,3 +184,21 @@ def test_a_face_gathered_from_the_padded_matrix_is_the_payoffs_bit_for_bit():
                 for a, b in zip(plain, fast):
                     a, b = np.asarray(a), np.asarray(b)
                     assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_the_start_cut_from_a_top_k_is_the_sorts():
+    """most_relevant's cut from a top-k bounded by the largest k it may be asked (the start, a face's better half)
+    is the k-th edge of a sort of every edge, tied edges included."""
+    from cdsjax.core.solvers.pdas import most_relevant
+
+    _, shared = game(150, 192, seed=2)
+    rel = np.asarray(shared.rel).copy()
+    rel[10:20] = rel[10]  # ties at a cut
+    shared = shared.replace(rel=jnp.asarray(rel))
+    notes = shared.valid & (jnp.arange(shared.size) > 0)
+    cut = jax.jit(most_relevant, static_argnums=3)
+    for k in (1, 2, 13, 38, 75, 76, 150):
+        for most in (k, k + 5, 100, 160):
+            if most >= k:
+                np.testing.assert_array_equal(np.asarray(cut(shared, notes, jnp.int32(k), most)),
+                                              np.asarray(cut(shared, notes, jnp.int32(k), None)))

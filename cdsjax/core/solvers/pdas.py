@@ -39,6 +39,7 @@ KKT point to the same tolerance as every converged solve.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax.numpy as jnp
@@ -66,11 +67,14 @@ CG_ACCEPT = 1e-4  # a CG solve whose relative residual stays above this fails th
 BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def most_relevant(payoff, notes: Array, k: Array) -> Array:
+def most_relevant(payoff, notes: Array, k: Array, most: Optional[int] = None) -> Array:
     """``[N]`` bool: the query vertex and the ``k`` notes of ``notes`` (``[N]`` bool) with the largest query edges
-    (row 0 of the payoff), ties at the cut all kept."""
+    (row 0 of the payoff), ties at the cut all kept. ``most``: a static bound on ``k`` (the cut is then the
+    ``k``-th of a top-``most``, the same value as in a sort of every edge)."""
     rel = jnp.where(notes, payoff.row(jnp.asarray(0)), -jnp.inf)
-    cut = jnp.sort(rel)[::-1][jnp.clip(k, 1, payoff.size) - 1]
+    most = payoff.size if most is None else min(int(most), payoff.size)
+    largest = jnp.sort(rel)[::-1] if most == payoff.size else lax.top_k(rel, most)[0]
+    cut = largest[jnp.clip(k, 1, most) - 1]
     return (notes & (rel >= cut)) | (jnp.arange(payoff.size) == 0)
 
 
@@ -78,14 +82,15 @@ def relevance_guess(payoff, fraction: float) -> Array:
     r"""``[N]`` the start: uniform on the query vertex and the ``fraction`` of valid notes with the largest
     query edge, ties at the cut all kept."""
     notes = payoff.valid & (jnp.arange(payoff.size) > 0)
-    start = most_relevant(payoff, notes, jnp.ceil(fraction * jnp.sum(notes)).astype(jnp.int32)) & payoff.valid
+    k = jnp.ceil(fraction * jnp.sum(notes)).astype(jnp.int32)  # at most fraction * (N - 1), rounded up
+    start = most_relevant(payoff, notes, k, math.ceil(fraction * (payoff.size - 1)) + 1) & payoff.valid
     return start.astype(payoff.dtype) / jnp.sum(start)
 
 
 def top_half(payoff, support: Array) -> Array:
     """``[N]`` bool: the query vertex and the half of ``support``'s notes with the largest query edges."""
     notes = support & (jnp.arange(payoff.size) > 0)
-    return most_relevant(payoff, notes, (jnp.sum(notes) + 1) // 2)
+    return most_relevant(payoff, notes, (jnp.sum(notes) + 1) // 2, payoff.size // 2 + 1)
 
 
 def _lu_direction(block: Array, real: Array, g: Array) -> tuple[Array, Array]:
