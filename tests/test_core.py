@@ -386,6 +386,51 @@ def test_top_b_ties_go_to_lowest_index():
     np.testing.assert_array_equal(ok, [True, True, True, False])
 
 
+def _read_by_top_b_then_fill(result, valid, slack, cosine, isolated, threshold):
+    """read_out's picks of every note as the top-B of the weights, then the fill rule (the reference of its one
+    sort)."""
+    from cdsjax.core.ranking import _fill
+
+    n = valid.shape[0]
+    x = result.x[1:]
+    support = valid & (x > threshold) & ~isolated
+    idx, ok, scores = top_b(x, support, n)
+    filled, idx, slack_pick, num_filled, reason = _fill(idx, ok, support, valid, slack, cosine, isolated, n)
+    return idx, ok | filled, jnp.where(filled, slack_pick, scores), jnp.sum(support), num_filled, reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reading_every_note_in_one_sort_is_the_top_b_then_the_fill_rule(seed):
+    """read_out with a budget of every note sorts once: the support by weight, then the fill order; picks, scores
+    and counts are those of top_b and the fill rule, with tied weights, slacks and cosines, non-finite slacks and
+    cosines, padding and an isolated query."""
+    from cdsjax.core.ranking import read_out
+    from cdsjax.core.types import SolverResult
+
+    rng = np.random.default_rng(seed)
+    n = 32
+    valid = jnp.asarray(rng.random(n) < 0.8)
+    x = rng.choice([0.0, 0.0, 1e-7, 0.1, 0.2, 0.2, 0.3], size=n + 1).astype(np.float32)
+    x = jnp.asarray(x / x.sum())
+    slack = rng.choice([-0.5, -0.1, -0.1, 0.0, np.inf, np.nan], size=n).astype(np.float32)
+    cosine = rng.choice([0.1, 0.3, 0.3, -np.inf, np.nan], size=n).astype(np.float32)
+    result = SolverResult(x=x, num_iters=jnp.int32(1), step=jnp.float32(0), objective=jnp.float32(0),
+                          kkt_residual=jnp.float32(0), alpha=jnp.float32(1), status=jnp.int32(0),
+                          ran=jnp.int32(0), solvers=("pdas",))
+    for isolated in (False, True):
+        for cos in (jnp.asarray(cosine), None):
+            iso = jnp.asarray(isolated)
+            sel = jax.jit(lambda r, s, c, i: read_out(r, valid, budget=n, slack=s, cosine=c, isolated=i))(
+                result, jnp.asarray(slack), cos, iso)
+            idx, ok, scores, size, num_filled, reason = _read_by_top_b_then_fill(
+                result, valid, jnp.asarray(slack), cos, iso, 1e-6)
+            np.testing.assert_array_equal(np.asarray(sel.indices), np.asarray(idx))
+            np.testing.assert_array_equal(np.asarray(sel.selected_valid), np.asarray(ok))
+            np.testing.assert_array_equal(np.asarray(sel.scores), np.asarray(scores))
+            assert int(sel.support_size) == int(size) and int(sel.num_filled) == int(num_filled)
+            assert int(sel.fill_reason) == int(reason)
+
+
 @pytest.mark.slow
 @pytest.mark.x64
 def test_near_duplicates_repel_each_other():

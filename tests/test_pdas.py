@@ -115,9 +115,9 @@ def test_on_a_payoff_without_the_cds_structure_it_never_claims_a_false_equilibri
 
 def test_faces_are_gathered_below_the_problems_size_then_whole():
     _, shared = game(150, 192, seed=0)  # 193 vertices
-    assert PrimalDualActiveSet().prepare(shared) == (128, 193)
-    assert PrimalDualActiveSet(capacities=(8, 64)).prepare(shared) == (8, 64)
-    assert PrimalDualActiveSet(capacities=(64, 4096, 64)).prepare(shared) == (64, 193)
+    assert PrimalDualActiveSet().face_sizes(shared) == (128, 193)
+    assert PrimalDualActiveSet(capacities=(8, 64)).face_sizes(shared) == (8, 64)
+    assert PrimalDualActiveSet(capacities=(64, 4096, 64)).face_sizes(shared) == (64, 193)
 
 
 def test_bad_settings_are_refused():
@@ -157,3 +157,48 @@ def test_the_serving_solver_is_an_explicit_fallback():
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), atol=2e-5)
     assert out.solvers == ("pdas", "active_set") and out.solver_run == "pdas"  # the rule converged itself
     assert ref.solvers == ("active_set",) and ref.solver_run == "active_set"
+
+
+def test_a_face_gathered_from_the_padded_matrix_is_the_payoffs_bit_for_bit():
+    """PDAS gathers every face from the payoff's padded matrix, built once per solve (payoff.padded()): the same
+    block, index and mask as the payoff's own submatrix, for any support (the query in or out, padding notes,
+    every vertex) and capacity."""
+    from cdsjax.core.solvers.active_set import compact_indices, gathered_face
+
+    payoff, shared = game(150, 192, seed=1)
+    rng = np.random.default_rng(0)
+    size = shared.size
+    supports = [shared.valid & jnp.asarray(rng.random(size) < p) for p in (0.1, 0.5, 0.9)]
+    supports += [supports[1].at[0].set(False), jnp.ones((size,), bool), jnp.zeros((size,), bool)]
+    for p in (shared, payoff):
+        padded = p.padded()
+        assert padded.shape == (size + 1, size + 1)
+        for support in supports:
+            for capacity in (64, 128, size):
+                expect = jnp.nonzero(support, size=capacity, fill_value=size)[0]
+                np.testing.assert_array_equal(np.asarray(compact_indices(support, capacity)), np.asarray(expect))
+                if int(jnp.sum(support)) > capacity:
+                    continue
+                plain = jax.jit(gathered_face, static_argnums=2)(p, support, capacity)
+                fast = jax.jit(gathered_face, static_argnums=2)(p, support, capacity, padded)
+                for a, b in zip(plain, fast):
+                    a, b = np.asarray(a), np.asarray(b)
+                    assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_the_start_cut_from_a_top_k_is_the_sorts():
+    """most_relevant's cut from a top-k bounded by the largest k it may be asked (the start, a face's better half)
+    is the k-th edge of a sort of every edge, tied edges included."""
+    from cdsjax.core.solvers.pdas import most_relevant
+
+    _, shared = game(150, 192, seed=2)
+    rel = np.asarray(shared.rel).copy()
+    rel[10:20] = rel[10]  # ties at a cut
+    shared = shared.replace(rel=jnp.asarray(rel))
+    notes = shared.valid & (jnp.arange(shared.size) > 0)
+    cut = jax.jit(most_relevant, static_argnums=3)
+    for k in (1, 2, 13, 38, 75, 76, 150):
+        for most in (k, k + 5, 100, 160):
+            if most >= k:
+                np.testing.assert_array_equal(np.asarray(cut(shared, notes, jnp.int32(k), most)),
+                                              np.asarray(cut(shared, notes, jnp.int32(k), None)))

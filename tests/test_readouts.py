@@ -166,3 +166,72 @@ def test_unit_tier_counts_what_comparing_every_pair_counts():
         docs = None if trial % 3 == 0 else jnp.asarray(rng.integers(0, 3, n))
         pairwise = jnp.sum(same_unit(pages, valid, docs) & (rank[None, :] < rank[:, None]), axis=1)
         np.testing.assert_array_equal(np.asarray(unit_tier(rank, valid, pages, docs)), np.asarray(pairwise))
+
+
+def _sorted_positions(indices, selected_valid, valid, tie):
+    """rank_positions by its sort alone (the reference of its shortcut)."""
+    n = valid.shape[0]
+    big = indices.shape[0] + n
+    slot = jnp.full((n,), big, jnp.int32).at[indices].min(
+        jnp.where(selected_valid, jnp.arange(indices.shape[0]), big).astype(jnp.int32))
+    order = jnp.lexsort((jnp.arange(n), -jnp.where(valid, tie, -jnp.inf), slot, ~valid))
+    return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+
+
+def _sorted_readout(rank, valid, pages, budget, k, doc_ids, fill):
+    """structured_readout by its sort alone (the reference of its first-round shortcut)."""
+    n = valid.shape[0]
+    group = R.unit_tier(rank, valid, pages, doc_ids) // k
+    eligible = valid if fill else valid & (group == 0)
+    group = jnp.where(eligible, group, n + 1)
+    from cdsjax.core.baselines import cut_to_budget
+
+    return cut_to_budget(jnp.lexsort((jnp.arange(n), rank, group)), eligible, budget)
+
+
+_positions = jax.jit(R.rank_positions)
+_readout = jax.jit(R.structured_readout, static_argnames=("budget", "k", "fill"))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_sort_free_shortcuts_give_what_the_sorts_give(seed):
+    """rank_positions skips its sort for a ranking of every valid note, structured_readout for a first round that
+    fills the budget: positions and picks are those of the sorts, ties, padding, repeated picks and short
+    rankings included."""
+    rng = np.random.default_rng(seed)
+    n = 24 if seed < 6 else 160  # (past 64 notes the first round is read off the first 64 ranks)
+    valid = jnp.asarray(rng.random(n) < (0.6 if seed % 3 else 1.0))
+    tie = jnp.asarray(rng.integers(0, 4, n).astype(np.float32))  # many equal ties
+    real = np.flatnonzero(np.asarray(valid))
+    for case in range(4):
+        if case == 0:  # every valid note, then padding slots
+            picks = rng.permutation(real)
+            indices = np.concatenate([picks, np.zeros(n - len(picks), int)])
+            ok = np.arange(n) < len(picks)
+        elif case == 1:  # a short ranking
+            picks = rng.permutation(real)[: max(0, len(real) - 2)]
+            indices = np.concatenate([picks, np.zeros(n - len(picks), int)])
+            ok = np.arange(n) < len(picks)
+        elif case == 2:  # a pick of a padding note and a repeated pick
+            indices = rng.integers(0, n, n)
+            ok = rng.random(n) < 0.8
+        else:  # every valid note with a gap in the slots
+            picks = rng.permutation(real)[: n - 1]
+            indices = np.concatenate([[0], picks, np.zeros(n - len(picks) - 1, int)])
+            ok = np.concatenate([[False], np.ones(len(picks), bool), np.zeros(n - len(picks) - 1, bool)])
+        indices, ok = jnp.asarray(indices, jnp.int32), jnp.asarray(ok)
+        got = _positions(indices, ok, valid, tie)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(_sorted_positions(indices, ok, valid, tie)))
+    pages = jnp.asarray(rng.integers(0, [2, 4, 8, 24, 3, 6, 12, 40][seed], n).astype(np.int32))
+    doc_ids = jnp.asarray(rng.integers(0, 2, n).astype(np.int32))
+    for rank in (jnp.asarray(rng.permutation(n).astype(np.int32)), jnp.asarray(rng.integers(0, 6, n).astype(np.int32)),
+                 jnp.where(valid, jnp.arange(n, dtype=jnp.int32), jnp.iinfo(jnp.int32).max),
+                 jnp.asarray(rng.integers(-2**30, 2**30, n).astype(np.int32)),  # past float32's exact ints
+                 jnp.asarray((rng.permutation(n) + 2**24 - 6).astype(np.int32))):
+        for budget in (1, 3, n, n + 2):
+            for k in (1, 2):
+                for fill in (True, False):
+                    got = _readout(rank, valid, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
+                    ref = _sorted_readout(rank, valid, pages, budget, k, doc_ids, fill)
+                    for a, b in zip(got, ref):
+                        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

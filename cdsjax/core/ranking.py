@@ -179,6 +179,8 @@ def read_out(
     isolated = jnp.asarray(False) if isolated is None else jnp.asarray(isolated)
     support = note_valid & (x_notes > threshold) & ~isolated
     size = jnp.sum(support).astype(jnp.int32)
+    if slack is not None and budget == note_valid.shape[-1] and float(threshold) >= 0.0:
+        return _read_every_note(result, note_valid, x_notes, support, size, slack, cosine, isolated, beta)
     idx, ok, scores = top_b(x_notes, support, budget)
     num_filled = reason = jnp.zeros((), jnp.int32)
     if slack is not None:
@@ -189,6 +191,40 @@ def read_out(
     return Selection(
         indices=idx, selected_valid=ok, scores=scores, result=result, support_size=size, num_filled=num_filled,
         fill_reason=reason, beta=None if beta is None else jnp.asarray(beta, result.x.dtype),
+    )
+
+
+def _read_every_note(result, note_valid, x_notes, support, size, slack, cosine, isolated, beta) -> Selection:
+    """:func:`read_out` of every note (``budget`` the number of notes, with the fill rule): the support by weight
+    and the fill order of the rest in one sort, where the top-B of the weights and the fill rule's order took a sort
+    each. The same selection for weights that are finite on the support (an equilibrium's, a peeling's round and
+    weight) with ``threshold >= 0``: positive weights descending, ties to the lower index, as ``lax.top_k`` takes
+    them."""
+    n = note_valid.shape[-1]
+    rest = note_valid & ~support
+    slack_key = jnp.where(isolated | ~jnp.isfinite(slack), 0.0, slack)
+    cosine = jnp.zeros_like(slack) if cosine is None else cosine
+    cosine_key = jnp.where(jnp.isfinite(cosine), cosine, -jnp.inf)
+    # the support first (largest weight first), then the fill candidates (the keys of fill_order), then the rest;
+    # the stable sort keeps lower indices first among exact ties
+    keys = (
+        jnp.where(support, 0, jnp.where(rest, 1, 2)).astype(jnp.int32),
+        jnp.where(support, -x_notes, jnp.where(rest, -slack_key, 0.0)),
+        jnp.where(rest, -cosine_key, 0.0),
+        jnp.arange(n, dtype=jnp.int32),
+    )
+    order = lax.sort(keys, num_keys=3, is_stable=True)[3]
+    slots = jnp.arange(n)
+    picked = slots < size + jnp.sum(rest).astype(jnp.int32)
+    filled = picked & (slots >= size)
+    scores = jnp.where(slots < size, x_notes[order], 0.0)
+    scores = jnp.where(filled, jnp.where(isolated, 0.0, slack[order]), scores)
+    num_filled = jnp.sum(filled).astype(jnp.int32)
+    reason = jnp.where(num_filled > 0, jnp.where(isolated, FILL_NO_QUERY_EDGE, FILL_SHORT_SUPPORT), FILL_NONE)
+    return Selection(
+        indices=jnp.where(picked, order, 0).astype(jnp.int32), selected_valid=picked, scores=scores, result=result,
+        support_size=size, num_filled=num_filled, fill_reason=reason.astype(jnp.int32),
+        beta=None if beta is None else jnp.asarray(beta, result.x.dtype),
     )
 
 

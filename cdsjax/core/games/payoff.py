@@ -106,6 +106,11 @@ class DensePayoff:
         """``[N]`` the diagonal of :math:`M`."""
         return jnp.diagonal(self.matrix)
 
+    def padded(self) -> Array:
+        """``[N+1, N+1]`` :math:`M` with a zero row and column appended: a face's block is then one gather from
+        it (:func:`~cdsjax.core.solvers.active_set.gathered_face`), its empty slots reading the last row."""
+        return jnp.pad(self.matrix, ((0, 1), (0, 1)))
+
     def shift(self, eps: float) -> Array:
         """The replicator shift :func:`replicator_shift` of :math:`M`."""
         return replicator_shift(self.matrix, self.valid, eps).astype(self.dtype)
@@ -186,6 +191,23 @@ class SharedPayoff:
         out = jnp.where(note[:, None] & note[None, :], notes, 0.0)
         out = jnp.where(~note[:, None] & note[None, :], rel[None, :], out)
         return jnp.where(note[:, None] & ~note[None, :], rel[:, None], out)
+
+    def padded(self) -> Array:
+        r"""``[n+2, n+2]`` one question's :math:`M` (``rel`` ``[n]``) with a zero row and column appended, each
+        entry the value :meth:`submatrix` reads (the same operations): a face's block is then one gather from it
+        (:func:`~cdsjax.core.solvers.active_set.gathered_face`), built once per solve where gathering from the
+        block row by row costs several times its size on every face."""
+        if self.rel.ndim != 1:
+            raise ValueError(f"padded() is one question's matrix (rel [n]), got rel of shape {self.rel.shape}")
+        n = self.coupling.shape[0]
+        notes = jnp.arange(1, n + 1)
+        # off the diagonal the block as it is (submatrix subtracts 0.0 there: the same value); on it, minus the
+        # penalty on valid notes
+        diag = jnp.diagonal(self.coupling) - jnp.where(self.note_valid, self.alpha, 0.0).astype(self.dtype)
+        out = jnp.pad(self.coupling, ((1, 1), (1, 1)))
+        out = out.at[notes, notes].set(diag)
+        out = out.at[0, 1:n + 1].set(self.rel)
+        return out.at[1:n + 1, 0].set(self.rel)
 
     def diag(self) -> Array:
         """``[b, n+1]`` the diagonal of each :math:`M_k` (0 at the query, :math:`-\alpha` at free notes)."""

@@ -75,15 +75,44 @@ def newton_direction(payoff: Array, x: Array, mx: Array, support: Array) -> Arra
     return jnp.linalg.solve(system, rhs)[:size]
 
 
-def gathered_face(payoff, support: Array, capacity: int) -> tuple[Array, Array, Array]:
+def gathered_face(payoff, support: Array, capacity: int, padded: Optional[Array] = None
+                  ) -> tuple[Array, Array, Array]:
     """``(real, safe, block)``: the support's indices in ``capacity`` slots (``safe``, 0 past the support, where
-    ``real`` is False) and the ``[K, K]`` payoff on them (:meth:`Payoff.submatrix`, zero off real slots)."""
+    ``real`` is False) and the ``[K, K]`` payoff on them (:meth:`Payoff.submatrix`, zero off real slots).
+
+    ``padded``: the payoff's ``[N+1, N+1]`` matrix with a zero last row and column (``payoff.padded()``, built once
+    per solve: :func:`padded_matrix`); the block is then one gather from it, the same values bit for bit, where
+    the payoff's own ``submatrix`` masks every entry as it gathers it."""
     size = support.shape[0]
+    if padded is not None:
+        idx = compact_indices(support, capacity)
+        # unsigned indices: no negative-index wrap computed for each of the K² entries
+        rows = idx.astype(jnp.uint32)
+        block = padded.at[rows[:, None], rows[None, :]].get(mode="promise_in_bounds")
+        real = idx < size
+        return real, jnp.where(real, idx, 0), block
     idx = jnp.nonzero(support, size=capacity, fill_value=size)[0]
     real = idx < size
     safe = jnp.where(real, idx, 0)
     block = payoff.submatrix(safe)
     return real, safe, jnp.where(real[:, None] & real[None, :], block, 0.0)
+
+
+def compact_indices(mask: Array, capacity: int) -> Array:
+    """``[capacity]`` int32: the positions of ``mask``'s True entries in order, then ``mask``'s size (what
+    ``jnp.nonzero(mask, size=capacity, fill_value=size)`` gives), by one scatter of the entries' ranks."""
+    size = mask.shape[0]
+    rank = jnp.cumsum(mask.astype(jnp.int32)) - 1
+    slot = jnp.where(mask, rank, capacity)
+    return jnp.full((capacity,), size, jnp.int32).at[slot].set(jnp.arange(size, dtype=jnp.int32), mode="drop")
+
+
+def padded_matrix(payoff) -> Optional[Array]:
+    """``payoff.padded()`` (its ``[N+1, N+1]`` matrix with a zero last row and column, :func:`gathered_face`'s
+    source) for a payoff of one problem that has it; None otherwise (a payoff of the caller's own: its
+    ``submatrix`` is gathered)."""
+    padded = getattr(payoff, "padded", None)
+    return padded() if callable(padded) and not payoff.batch else None
 
 
 def bordered_direction(block: Array, real: Array, g: Array) -> Array:

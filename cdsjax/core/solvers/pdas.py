@@ -39,6 +39,7 @@ KKT point to the same tolerance as every converged solve.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax.numpy as jnp
@@ -46,7 +47,7 @@ from flax import struct
 from jax import Array, lax
 from jax.scipy.sparse.linalg import cg
 
-from cdsjax.core.solvers.active_set import bordered_direction, gathered_face
+from cdsjax.core.solvers.active_set import bordered_direction, gathered_face, padded_matrix
 from cdsjax.core.solvers.inimdyn import default_tol
 from cdsjax.core.solvers.loop import LoopSolver, LoopState, check_count, nash_error, start_state, stop_rule
 
@@ -66,11 +67,14 @@ CG_ACCEPT = 1e-4  # a CG solve whose relative residual stays above this fails th
 BLOCK_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def most_relevant(payoff, notes: Array, k: Array) -> Array:
+def most_relevant(payoff, notes: Array, k: Array, most: Optional[int] = None) -> Array:
     """``[N]`` bool: the query vertex and the ``k`` notes of ``notes`` (``[N]`` bool) with the largest query edges
-    (row 0 of the payoff), ties at the cut all kept."""
+    (row 0 of the payoff), ties at the cut all kept. ``most``: a static bound on ``k`` (the cut is then the
+    ``k``-th of a top-``most``, the same value as in a sort of every edge)."""
     rel = jnp.where(notes, payoff.row(jnp.asarray(0)), -jnp.inf)
-    cut = jnp.sort(rel)[::-1][jnp.clip(k, 1, payoff.size) - 1]
+    most = payoff.size if most is None else min(int(most), payoff.size)
+    largest = jnp.sort(rel)[::-1] if most == payoff.size else lax.top_k(rel, most)[0]
+    cut = largest[jnp.clip(k, 1, most) - 1]
     return (notes & (rel >= cut)) | (jnp.arange(payoff.size) == 0)
 
 
@@ -78,14 +82,15 @@ def relevance_guess(payoff, fraction: float) -> Array:
     r"""``[N]`` the start: uniform on the query vertex and the ``fraction`` of valid notes with the largest
     query edge, ties at the cut all kept."""
     notes = payoff.valid & (jnp.arange(payoff.size) > 0)
-    start = most_relevant(payoff, notes, jnp.ceil(fraction * jnp.sum(notes)).astype(jnp.int32)) & payoff.valid
+    k = jnp.ceil(fraction * jnp.sum(notes)).astype(jnp.int32)  # at most fraction * (N - 1), rounded up
+    start = most_relevant(payoff, notes, k, math.ceil(fraction * (payoff.size - 1)) + 1) & payoff.valid
     return start.astype(payoff.dtype) / jnp.sum(start)
 
 
 def top_half(payoff, support: Array) -> Array:
     """``[N]`` bool: the query vertex and the half of ``support``'s notes with the largest query edges."""
     notes = support & (jnp.arange(payoff.size) > 0)
-    return most_relevant(payoff, notes, (jnp.sum(notes) + 1) // 2)
+    return most_relevant(payoff, notes, (jnp.sum(notes) + 1) // 2, payoff.size // 2 + 1)
 
 
 def _lu_direction(block: Array, real: Array, g: Array) -> tuple[Array, Array]:
@@ -113,16 +118,18 @@ def _cg_direction(block: Array, real: Array, g: Array) -> tuple[Array, Array]:
     return d, ok
 
 
-def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU_MAX) -> tuple[Array, Array]:
+def face_point(payoff, x: Array, support: Array, capacity: int, lu_max: int = LU_MAX,
+               padded: Optional[Array] = None) -> tuple[Array, Array]:
     r"""The stationary point of the face spanned by ``support`` (``[N]`` bool, at most ``capacity`` vertices),
-    by a correction from ``x`` restricted to it (uniform on it where ``x`` has no weight there).
+    by a correction from ``x`` restricted to it (uniform on it where ``x`` has no weight there). ``padded``: the
+    payoff's padded matrix the face is gathered from (:func:`~cdsjax.core.solvers.active_set.gathered_face`).
 
     Returns ``(x_face, ok)``: ``[N]`` zero off the support, summing to 1, possibly with negative entries (the
     face's stationary point need not lie in the simplex); ``ok`` False where the solve failed.
     """
     size = x.shape[0]
     dtype = x.dtype
-    real, safe, block = gathered_face(payoff, support, capacity)
+    real, safe, block = gathered_face(payoff, support, capacity, padded)
     xs = jnp.where(real, x[safe], 0.0)
     mass = jnp.sum(xs)
     xs = jnp.where(mass > 0, xs / jnp.where(mass > 0, mass, 1.0), real.astype(dtype) / jnp.sum(real))
@@ -170,6 +177,14 @@ class PrimalDualActiveSet(LoopSolver):
         return default_tol(dtype) if self.tol is None else self.tol
 
     def prepare(self, payoff) -> tuple:
+        """``(sizes, padded)``: the faces' capacities (:meth:`face_sizes`) and the payoff's padded matrix every face
+        is gathered from (:func:`~cdsjax.core.solvers.active_set.padded_matrix`, built once per solve; None for a
+        payoff without one)."""
+        return self.face_sizes(payoff), padded_matrix(payoff)
+
+    def face_sizes(self, payoff) -> tuple:
+        """The capacities the faces of ``payoff`` are gathered into, ascending: those below its size, then its
+        size where the largest capacity reaches it."""
         if payoff.batch:
             raise ValueError("PrimalDualActiveSet solves one problem at a time (vmap it over a batch)")
         for c in self.capacities:
@@ -189,12 +204,13 @@ class PrimalDualActiveSet(LoopSolver):
     def terminate(self, consts, state: LoopState) -> tuple[Array, Array]:
         return stop_rule(state, self.tolerance(state.x.dtype), self.max_iter)
 
-    def step(self, payoff, caps: tuple, state: LoopState) -> LoopState:
+    def step(self, payoff, consts: tuple, state: LoopState) -> LoopState:
+        caps, padded = consts
         support = state.aux
         valid = payoff.valid
         count = jnp.sum(support).astype(jnp.int32)
         which = jnp.searchsorted(jnp.asarray(caps, jnp.int32), count, side="left")
-        branches = [lambda c=c: face_point(payoff, state.x, support, c, self.lu_max) for c in caps]
+        branches = [lambda c=c: face_point(payoff, state.x, support, c, self.lu_max, padded) for c in caps]
         branches.append(lambda: (jnp.full_like(state.x, jnp.nan), jnp.asarray(False)))
         face, ok = lax.switch(which, branches)
         # the face's point clipped to the simplex (itself where it lies there): its Nash error, and the
