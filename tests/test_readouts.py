@@ -159,7 +159,7 @@ def test_unit_tier_counts_what_comparing_every_pair_counts():
 
     rng = np.random.default_rng(5)
     for trial in range(40):
-        n = int(rng.integers(1, 60))
+        n = (1, 2, 17, 59)[(trial // 2) % 4]  # four shapes (each eager op compiles once per shape), ties or not
         rank = jnp.asarray(rng.integers(0, n if trial % 2 else 3 * n, n))  # ties on even trials
         pages = jnp.asarray(rng.integers(-1, 6, n))
         valid = jnp.asarray(rng.random(n) < 0.8)
