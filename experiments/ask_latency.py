@@ -60,8 +60,8 @@ def timed_ask(pdf: pathlib.Path, question: str, extra=()) -> dict:
     tokens = re.search(r"read ~(\d+) evidence tokens", text)
     return dict(question=question, code=code, evidence_s=evidence, first_token_s=first, whole_s=whole,
                 answer=answer, evidence_tokens=int(tokens.group(1)) if tokens else None,
-                warm_reader="a warm local reader" in " ".join(text.split()),  # the line may wrap servers_after=servers(),
-                no_answer="No answer" in text, stderr_tail=err.strip().splitlines()[-3:])
+                warm_reader="a warm local reader" in " ".join(text.split()),  # the line may wrap
+                servers_after=servers(), no_answer="No answer" in text, stderr_tail=err.strip().splitlines()[-3:])
 
 
 def main(argv=None) -> int:
