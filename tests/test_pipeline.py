@@ -354,3 +354,23 @@ def test_pipelines_of_a_process_share_their_jitted_selectors(demo_index):
     assert capped.compiled is shared_selector_cache(2) and capped.compiled.maxsize == 2
     own = SelectorCache()
     assert Pipeline(Corpus.merge([load_index(demo_index)]), compiled=own).compiled is own
+
+
+def test_the_warm_up_thread_finds_its_modules_imported_by_the_caller():
+    """warm_question_ahead imports the encoder's modules (and with them the parser package) before its thread
+    starts: two threads importing one package's modules at once can deadlock on the import locks."""
+    import subprocess
+    import sys
+
+    code = ("import sys, threading\n"
+            "seen = []\n"
+            "class Held(threading.Thread):\n"
+            "    def start(self): seen.append('cdsjax.io.parse.layout' in sys.modules)\n"
+            "threading.Thread = Held\n"
+            "from cdsjax.pipeline import warmup\n"
+            "assert 'cdsjax.io.parse.layout' not in sys.modules\n"
+            "warmup.warm_question_ahead('q')\n"
+            "print(seen)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[True]"

@@ -30,13 +30,21 @@ from cdsjax.pipeline.selection import corpus_arrays
 def warm_question(question: str, config=None) -> None:
     """Loads the question encoder of ``config``'s embedder (the default index config when None) and encodes
     ``question`` once (the session's first run); nothing when that encoder needs torch (sentence-transformers)."""
+    Embedder, default_config, SentenceEncoder = _encoder_modules()
+    encoder = SentenceEncoder.from_info(Embedder(default_config() if config is None else config).info())
+    if encoder is not None and isinstance(question, str) and question.strip():
+        encoder.encode_queries([question])
+
+
+def _encoder_modules():
+    """The modules :func:`warm_question` needs. :func:`warm_question_ahead` imports them on the caller's thread:
+    two threads importing modules of one package at once can deadlock on Python's import locks (an ``ask``
+    failed so, on ``cdsjax.io.parse.layout``, while its main thread imported the parser)."""
     from cdsjax.io.embed import Embedder
     from cdsjax.io.index import default_config
     from cdsjax.io.onnx_encoder import SentenceEncoder
 
-    encoder = SentenceEncoder.from_info(Embedder(default_config() if config is None else config).info())
-    if encoder is not None and isinstance(question, str) and question.strip():
-        encoder.encode_queries([question])
+    return Embedder, default_config, SentenceEncoder
 
 
 def warm_question_ahead(question: str, config=None) -> threading.Thread:
@@ -49,6 +57,7 @@ def warm_question_ahead(question: str, config=None) -> threading.Thread:
         except Exception:
             pass
 
+    _encoder_modules()  # imported here, not on the thread (see there)
     thread = threading.Thread(target=ahead, daemon=True, name="cdsjax-warm-question")
     thread.start()
     return thread
