@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Evaluation config file (configs/*.py).",
                                           lock_config=True)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars on stderr.")
+_FRESH = flags.DEFINE_bool("fresh", False, "Start the output directory over (its records and run.json; caches stay).")
 _AGENT = flags.DEFINE_enum("agent", None, ["planning"],
                            "Evaluate the planning agent's evidence, retrieving with each of config.selectors "
                            "(also 'cds+single' / 'cds+peel') at config.budget, with the model at "
@@ -118,7 +119,7 @@ def main(argv):
 
     enable_compilation_cache(cache_dir_of(config) / "jax-compilation")  # a rerun loads its executables
     with exit_on_user_error("run_eval"):
-        evaluate(config, progress=_PROGRESS.value, process=process)
+        evaluate(config, progress=_PROGRESS.value, process=process, fresh=_FRESH.value)
 
 
 if __name__ == "__main__":

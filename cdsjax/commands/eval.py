@@ -68,6 +68,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-queries", type=int, default=None, help="evaluate only the first N questions")
     p.add_argument("--output-dir", default=None, help="where records and summaries go")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--fresh", action="store_true",
+                   help="start the output directory over (records made with other settings are recomputed anyway)")
     p.set_defaults(extra_prefix=f"--{CONFIG_FLAG}.")
 
 
@@ -126,7 +128,7 @@ def run(args) -> int:
     try:
         locate_data(config)
         enable_compilation_cache(cache_dir_of(config) / "jax-compilation")  # a rerun loads its executables
-        evaluate(config, progress=not args.no_progress and sys.stderr.isatty())
+        evaluate(config, progress=not args.no_progress and sys.stderr.isatty(), fresh=args.fresh)
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise CLIError(str(err).strip("'\""), 1) from None
     return 0

@@ -30,14 +30,15 @@ import cdsjax.eval.reader_setup as reader_setup
 import cdsjax.eval.reading as reading
 from cdsjax.eval.pools import pool_spec, pooled_problems
 from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
-from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, record_key, selection_record,
-                                 start_run)
+from cdsjax.eval.records import (RECORDS_FILE, clear_run, drop_stale_records, drop_torn_tail, is_current,
+                                 read_records, record_key, selection_record, start_run)
 from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
                                 write_timings)
 from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
                              run_selector)
 from cdsjax.eval.scoring import metric_names
-from cdsjax.eval.settings import budgets_of, cache_dir_of, eval_dtype, run_identity, selector_specs
+from cdsjax.eval.settings import (budgets_of, cache_dir_of, eval_dtype, identity_digest, record_identity, run_identity,
+                                  selector_specs)
 
 
 def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
@@ -64,13 +65,21 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
     return bench, kind, problems, timings
 
 
-def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None):
+def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None,
+             fresh: bool = False):
     """Runs every configured selector at every budget on the configured benchmark.
 
     Writes into ``config.output_dir``: ``records.jsonl`` (one line per selector,
     budget and query, appended as results come, so an interrupted run resumes where
     it stopped), ``summary.csv`` (benchmark, selector, metric, mean, ci_low, ci_high,
-    n; metrics are named ``metric@B``), ``summary.md`` and ``run.json``.
+    n; metrics are named ``metric@B``), ``summary.md`` and ``run.json`` (the run's identity, commit, library
+    versions, device and resolved config).
+
+    Resuming is by identity: a record on disk is reused only when everything that decided it matches
+    (:func:`cdsjax.eval.settings.record_identity`: selector and full options, parameter file content, every
+    deciding config field, code version); other records of this run's selectors are computed again, with one
+    line naming what changed. A different benchmark, data or embedder is refused in one line naming the field;
+    ``fresh`` starts ``output_dir`` over (its caches stay).
 
     ``config.dtype = "float64"`` needs ``jax_enable_x64`` turned on by the entry point beforehand
     (this function changes no JAX setting).
@@ -96,8 +105,15 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     out_dir = pathlib.Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lead = process is None or process.index == 0
+    identities = {label: record_identity(config, name, opts) for label, name, opts in specs}
+    digests = {label: identity_digest(i) for label, i in identities.items()}
     if lead:
-        start_run(out_dir, run_identity(config))
+        from cdsjax.io.provenance import provenance
+
+        if fresh:
+            clear_run(out_dir, D.shard_files(out_dir))
+        previous = start_run(out_dir, run_identity(config), selectors=identities, provenance=provenance(config))
+        drop_stale_records([out_dir / RECORDS_FILE, *D.shard_files(out_dir)], identities, previous, log=log)
         reader_setup.enabled(config)  # a control without a reader, or a reader without a model: one line, now
 
     cache_dir = cache_dir_of(config)
@@ -115,7 +131,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
         records_path = D.shard_path(out_dir, process.index, process.count)
     drop_torn_tail(records_path)
     done = {record_key(r) for path in [out_dir / RECORDS_FILE, *D.shard_files(out_dir)]
-            for r in read_records(path)}
+            for r in read_records(path) if is_current(r, digests)}
     buckets = tuple(config.get("buckets", None) or DEFAULT_BUCKETS)
     max_batch = int(config.get("max_batch", 64))
     if process is None:
@@ -147,7 +163,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
 
                 def write(positions, sels, batch=batch, label=label, b=b):
                     for pos, sel in zip(positions, sels):
-                        f.write(json.dumps(selection_record(bench.name, label, b, batch[pos], sel, kind=kind))
+                        f.write(json.dumps(selection_record(bench.name, label, b, batch[pos], sel, kind=kind,
+                                                            identity=digests[label]))
                                 + "\n")
                     f.flush()
                     if bar is not None:
@@ -169,7 +186,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
             return [], []
 
     records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
-                               merge=process is not None)
+                               merge=process is not None, digests=digests)
     names, answer_rows = metric_names(kind, pooled), []
     if reader_setup.enabled(config):  # the reader stage: answers of every selection and control, scored
         with reader_setup.local_reader(config, log) as read_config:  # a local llama.cpp server, if asked for

@@ -193,23 +193,26 @@ def launch_local(script: str, argv: Sequence[str], processes: int, *, prog: str 
 
 
 def merged_records(out_dir: pathlib.Path, records_name: str, bench_name: str, specs, budgets, problems, *,
-                   merge: bool) -> List[dict]:
+                   merge: bool, digests=None) -> List[dict]:
     """This config's records from ``records.jsonl`` and every shard (a later line wins), in a fixed
     order (selector, budget, question), so the summary does not depend on how the questions were split.
+    With ``digests`` (label -> identity digest), a selector's records made with other settings are left out
+    (:func:`cdsjax.eval.records.is_current`).
 
     With ``merge``, ``records.jsonl`` is rewritten (atomically) with every record of the directory and the
     shards are removed.
     """
     import json
 
-    from cdsjax.eval.records import read_records, record_key
+    from cdsjax.eval.records import is_current, read_records, record_key
 
     out_dir = pathlib.Path(out_dir)
     shards = shard_files(out_dir)
     latest = {}
     for path in [out_dir / records_name, *shards]:
         for r in read_records(path):
-            latest[record_key(r)] = r
+            if digests is None or is_current(r, digests):
+                latest[record_key(r)] = r
     order = {label: i for i, (label, _, _) in enumerate(specs)}
     position = {p.query.qid: i for i, p in enumerate(problems)}
     wanted = {(bench_name, label, b, p.query.qid) for label, _, _ in specs for b in budgets for p in problems}

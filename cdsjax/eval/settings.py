@@ -3,6 +3,8 @@ the settings that identify a run (records are resumed only into a run with the s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pathlib
 from typing import List, Tuple
 
@@ -89,6 +91,68 @@ def run_identity(config) -> dict:
         from cdsjax.learn.params_io import params_hash, resolve_params
 
         out["params"] = params_hash(resolve_params(params_file(config)))
+    return out
+
+
+# Config fields that decide no record: where outputs and caches go, how many questions are asked (a record is per
+# question), which budgets (a record is per budget), how the summary is computed, what is shown while running, and
+# the selector fields (each record's own selector and options are put back by :func:`record_identity`).
+NOT_DECIDING = ("output_dir", "cache_dir", "max_queries", "budget", "budgets", "num_resamples", "compare",
+                "progress", "selectors", "selector_options", "params")
+NOT_DECIDING_NESTED = {"embedder": ("show_progress",), "index": ("cache_dir",)}
+
+
+def record_identity(config, name: str, options: dict) -> dict:
+    """Everything that decides the records of one selector of a run, as plain values: the registry ``name`` and
+    its full ``options`` (a learned game's parameters by their content, so a refit file at the same path counts as
+    another selector), the code version (:func:`cdsjax.io.provenance.code_version`), and every field of the
+    resolved config except :data:`NOT_DECIDING` ones (data, loader, relevance, embedder and encoder settings,
+    evidence and reader settings, dtype, batching, and any field added later).
+
+    A record on disk is resumed only when the :func:`identity_digest` it carries equals this one's; records made
+    with other settings, or by another commit of the code, are computed again (the reader's replies come from its
+    cache, so a rerun at a new commit costs the selection only).
+    """
+    from cdsjax.io.datasets import resolve_data_root
+    from cdsjax.io.provenance import code_version, plain
+    from cdsjax.pipeline.selection import resolve_options, selector_key
+
+    settings = {k: v for k, v in plain(config).items() if k not in NOT_DECIDING}
+    for group, fields in NOT_DECIDING_NESTED.items():
+        if isinstance(settings.get(group), dict):
+            settings[group] = {k: v for k, v in settings[group].items() if k not in fields}
+    if "data_root" in settings:
+        settings["data_root"] = str(resolve_data_root(settings["data_root"]))
+    resolved = selector_key(name, 0, resolve_options(name, options))[2]
+    return {"selector": name, "options": plain(dict(resolved)), "code": code_version(), "config": settings}
+
+
+def identity_digest(identity: dict) -> str:
+    """A short content hash of a :func:`record_identity`."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def identity_changes(before: dict, after: dict) -> List[str]:
+    """The fields in which two :func:`record_identity` values differ, named as config fields
+    (``selector_options``, ``params``, ``code``, ``reader.evidence_tokens``, ...)."""
+    out = []
+    if before.get("selector") != after.get("selector"):
+        out.append("selectors")
+    b_opts, a_opts = dict(before.get("options") or {}), dict(after.get("options") or {})
+    if b_opts.pop("params", None) != a_opts.pop("params", None):
+        out.append("params")
+    if b_opts != a_opts:
+        out.append("selector_options")
+    if before.get("code") != after.get("code"):
+        out.append("code")
+    bc, ac = before.get("config") or {}, after.get("config") or {}
+    for k in sorted(set(bc) | set(ac)):
+        if bc.get(k) == ac.get(k):
+            continue
+        if isinstance(bc.get(k), dict) and isinstance(ac.get(k), dict):
+            out += [f"{k}.{f}" for f in sorted(set(bc[k]) | set(ac[k])) if bc[k].get(f) != ac[k].get(f)]
+        else:
+            out.append(k)
     return out
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import pathlib
-import subprocess
 from typing import Callable, Dict, List, Tuple
 
 import ml_collections
@@ -20,28 +19,9 @@ import ml_collections
 from cdsjax.learn.data import Example, balance, examples_of, split_by_document
 from cdsjax.learn.fit import FitResult, fit
 from cdsjax.learn.fit_config import FitConfig
+from cdsjax.io.provenance import code_version, provenance as run_provenance
 from cdsjax.learn.params_io import save_params
 from cdsjax.pipeline.defaults import DEFAULT_BUDGET
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def code_version() -> str:
-    """``git describe --always --dirty`` of the source tree, else the package version."""
-    try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return f"git {out.stdout.strip()}"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"cdsjax {version('cdsjax')}"
-    except PackageNotFoundError:
-        return "unknown"
-
 
 def benchmark_names(config) -> List[str]:
     names = [b.strip() for b in str(config.benchmarks).split(",") if b.strip()]
@@ -133,6 +113,7 @@ def provenance(config, per_bench, docs, result: FitResult, seconds: float) -> di
         "history": result.history,
         "fit_seconds": seconds,
         "code_version": code_version(),
+        **{k: v for k, v in run_provenance(config).items() if k != "created"},
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cross_validation": cross_validation(config),
     }
