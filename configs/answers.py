@@ -27,6 +27,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.output_dir = f"results/answers/{bench}"
     config.max_queries = QUESTIONS[bench]
     config.selectors = SELECTORS[bench]
+    config.compare = "cosine"  # the reference of the summaries' paired differences (a label of selectors)
     config.budget = BUDGET
     config.budgets = (BUDGET,)
     config.reader.local = "default"

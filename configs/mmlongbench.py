@@ -31,6 +31,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # Labels of selectors to run; selector_options[label] holds their options and may
     # name the registry entry with "selector" (so one selector can run with several settings).
     config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged,cds_learned"
+    config.compare = "cosine"  # the reference of the summaries' paired differences (a label of selectors)
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
     # the parameter file of the cds_learned selector (cdsjax tune); "" -> the fit shipped with the package
     config.params = ""

@@ -28,6 +28,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.max_queries = ml_collections.config_dict.placeholder(int)
 
     config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged,cds_learned"
+    config.compare = "cosine"  # the reference of the summaries' paired differences (a label of selectors)
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
     # the parameter file of the cds_learned selector (cdsjax tune); "" -> the fit shipped with the package
     config.params = ""

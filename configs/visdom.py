@@ -32,6 +32,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.max_queries = ml_collections.config_dict.placeholder(int)  # None: all questions
 
     config.selectors = "cosine,random,mmr,dpp,ppr,cds,cds_converged,cds_learned"
+    config.compare = "cosine"  # the reference of the summaries' paired differences (a label of selectors)
     config.selector_options = ml_collections.ConfigDict({"mmr": {"lam": 0.5}})
     config.params = ""
     config.budget = 5

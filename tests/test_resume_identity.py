@@ -65,6 +65,9 @@ def test_beta_then_other_beta_into_one_folder_gives_the_second_records(data_root
     assert run["config"]["selectors"] == "cosine,cds"
     assert run["config"]["selector_options"]["cds"] == {"beta": 5.0}
     assert run["records"]["cds"]["options"]["beta"] == 5.0
+    summary = (out / "summary.md").read_text()  # each selector's paired difference to cosine, with W/T/L
+    assert "Paired difference to cosine" in summary and "| cds | " in summary and "W/T/L" in summary
+    assert run["versions"]["jax"] in summary
 
     # --fresh starts over; a changed data-level setting is refused in one line naming it
     evaluate(second, progress=False, log=lines.append, fresh=True)

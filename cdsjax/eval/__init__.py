@@ -32,8 +32,8 @@ from cdsjax.eval.pools import pool_spec, pooled_problems
 from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
 from cdsjax.eval.records import (RECORDS_FILE, clear_run, drop_stale_records, drop_torn_tail, is_current,
                                  read_records, record_key, selection_record, start_run)
-from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
-                                write_timings)
+from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, paired_rows, summary_rows,
+                                write_summary_csv, write_timings)
 from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
                              run_selector)
 from cdsjax.eval.scoring import metric_names
@@ -194,12 +194,37 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
                                            cache_dir=cache_dir, progress=progress, log=log)
         records = reading.with_answer_metrics(records, answers)
         names = tuple(reading.ANSWER_METRICS) + names
-        answer_rows = reading.answer_rows(answers, num_resamples=int(config.get("num_resamples", 10_000)))
-    rows = summary_rows(records, names, num_resamples=int(config.get("num_resamples", 10_000)))
-    if answer_rows:
+        answer_rows = reading.answer_rows(answers, num_resamples=int(config.get("num_resamples", 10_000)),
+                                          reference=compare_label(config, specs) or "cosine")
+    resamples = int(config.get("num_resamples", 10_000))
+    rows = summary_rows(records, names, num_resamples=resamples)
+    reference = compare_label(config, specs)
+    if reference:
+        have = {(r["benchmark"], r["selector"], r["metric"]) for r in answer_rows}
+        rows += [r for r in paired_rows(records, names, reference, num_resamples=resamples)
+                 if (r["benchmark"], r["selector"], r["metric"]) not in have]
+    if answer_rows or reference:
         rows = reading.answer_first(rows + answer_rows)
     write_summary_csv(rows, out_dir / SUMMARY_CSV)
-    table = markdown_table(rows)
+    table = markdown_table(rows, provenance=run_provenance(out_dir))
     (out_dir / SUMMARY_MD).write_text(table)
     log(table)
     return records, rows
+
+
+def compare_label(config, specs) -> str:
+    """The reference selector of the paired differences: ``config.compare`` (default cosine) when it is one of
+    the run's labels (or a reader control), else "" (no paired rows)."""
+    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
+
+    label = str(config.get("compare", REFERENCE_SELECTOR) or "")
+    labels = [s[0] for s in specs] + list(reader_setup.control_labels(config))
+    return label if label in labels else ""
+
+
+def run_provenance(out_dir: pathlib.Path) -> dict:
+    """The provenance ``run.json`` in ``out_dir`` records (empty if none)."""
+    from cdsjax.eval.records import RUN_FILE
+
+    path = out_dir / RUN_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -256,14 +256,14 @@ def answer_first(rows: Sequence[dict]) -> List[dict]:
                                        0 if r["metric"].startswith(answer) else 1))
 
 
-def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List[dict]:
-    """Extra ``summary.csv`` rows: paired accuracy and token-F1 differences to ``cosine`` and to ``none``
-    (``accuracy_vs_cosine@B``, ``answer_f1_vs_none@B``; mean difference over the questions both have a value
-    for, with a 95% bootstrap interval), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap
+def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000, reference: str = "cosine") -> List[dict]:
+    """Extra ``summary.csv`` rows: paired accuracy and token-F1 differences to ``reference`` (default cosine) and
+    to ``none`` (the question alone): ``accuracy_vs_cosine@B``, ``answer_f1_vs_none@B``; mean difference over the
+    questions both have a value for, with a 95% bootstrap interval, W/T/L and the smallest detectable difference
+    (:func:`cdsjax.eval.report.paired_rows` gives the same for every other metric), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap
     over questions), and the mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``,
     ``accuracy_seed_std@B``; n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
-    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
 
     rows = []
     merged = merged_answer_records(answers)
@@ -273,7 +273,7 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
     for bench, sel, b in groups:
         qids = [k[3] for k in values if k[:3] == (bench, sel, b)]
         for metric in ("accuracy", "answer_f1"):
-            for ref in (REFERENCE_SELECTOR, "none"):
+            for ref in dict.fromkeys((reference, "none")):
                 if ref == sel or (bench, ref, b) not in groups:
                     continue
                 ours = [values[(bench, sel, b, q)].get(metric) for q in qids]
@@ -282,7 +282,8 @@ def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000) -> List
                     continue  # no token F1 on this benchmark, no judge, or no question both answered
                 d = M.paired_difference(ours, theirs, num_resamples=num_resamples)
                 rows.append({"benchmark": bench, "selector": sel, "metric": f"{metric}_vs_{ref}@{b}",
-                             "mean": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]})
+                             "mean": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"],
+                             "wins": d["better"], "ties": d["tie"], "losses": d["worse"], "mde": d["mde"]})
         sub = [a for a in answers if (a["benchmark"], a["selector"], a["budget"]) == (bench, sel, b)
                and a["metrics"]["accuracy"] is not None]
         if sub and "declined" in sub[0]:  # MMLongBench-Doc: its generalized F1
