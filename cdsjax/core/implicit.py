@@ -36,7 +36,8 @@ What the derivative means:
   :func:`implicit_system_ok` reports it.
 * Hard :math:`\tau` is piecewise constant in :math:`\tau` (edges switch on and off),
   so its derivative is 0 almost everywhere; use ``tau_mode="soft"`` for
-  :math:`\tau`-derivatives.
+  :math:`\tau`-derivatives. Taking one under hard :math:`\tau` warns, and so does a
+  derivative through a solve that did not converge (:mod:`cdsjax.core.derivative_checks`).
 
 How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
 (the default), :class:`LoopAdjoint` (the reference), :class:`NoDerivative` (the solve is a constant) or
@@ -58,13 +59,14 @@ import jax.scipy.linalg as jsl
 from flax import struct
 from jax import Array, lax
 
+from cdsjax.core.derivative_checks import check_converged
 from cdsjax.core.games.affinity import CDSParams, problem_affinity
 from cdsjax.core.graph import diffusion_prior
 from cdsjax.core.games.payoff import DensePayoff
 from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.replicator import softmax_prior
 from cdsjax.core.solvers.options import SolveOptions, solve_options
-from cdsjax.core.types import INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
+from cdsjax.core.types import CONVERGED, INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
 from cdsjax.core.validation import check_option
 
 
@@ -179,7 +181,12 @@ class ImplicitAdjoint:
     The solve runs with gradients stopped and :func:`attach_implicit` gives :math:`x^*` the derivative of
     the KKT system on its support: forward and reverse mode, whatever the solver, exact where the solve
     converged. The default of :func:`cdsjax.core.strategies.cds` and :func:`cds_equilibrium`.
+
+    A derivative through a solve that did not converge warns (:func:`~cdsjax.core.derivative_checks.check_converged`);
+    with ``nan_if_unconverged`` it is also NaN there.
     """
+
+    nan_if_unconverged: bool = struct.field(pytree_node=False, default=False)
 
     def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
         """``run(affinity)`` with the implicit derivative attached to its point."""
@@ -187,7 +194,8 @@ class ImplicitAdjoint:
             raise TypeError("ImplicitAdjoint differentiates a dense game (an Affinity); a payoff stored in another "
                             f"form has none: pass LoopAdjoint() or NoAdjoint(), got {type(affinity).__name__}")
         result = run(lax.stop_gradient(affinity))
-        return result.replace(x=attach_implicit(affinity, lax.stop_gradient(result.x), threshold))
+        x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
+        return result.replace(x=check_converged(x, result.status == CONVERGED, self.nan_if_unconverged))
 
 
 @struct.dataclass
@@ -307,7 +315,9 @@ def cds_equilibrium(
 
     Args:
       problem: the :class:`CDSProblem` (one question; its structure arrays reach a game that reads them, its
-        ``pinned`` notes join the constraint set).
+        ``pinned`` notes join the constraint set). Notes and queries must be L2-normalised (the game reads dot
+        products as cosines; :func:`~cdsjax.core.surrogates.retrieval_surrogates` checks concrete ones,
+        :func:`~cdsjax.core.validation.check_unit_norm`).
       params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
         ``tau_mode="soft"``) or :class:`~cdsjax.core.games.learned.LearnedParams` (every leaf).
       options: :class:`SolveOptions`: ``solver`` (default ``Replicator()``, paper mode; pass a converged one,

@@ -20,7 +20,7 @@ from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.loop import support_count
 from cdsjax.core.solvers.options import SolveOptions, solve_options
 from cdsjax.core.types import CONVERGED, SUPPORT_THRESHOLD, Affinity, CDSProblem
-from cdsjax.core.validation import check_budget
+from cdsjax.core.validation import check_budget, check_unit_norm
 
 
 def equilibrium_scores(affinity: Affinity, x: Array, slack_weight: float = 1.0) -> Array:
@@ -223,13 +223,17 @@ def retrieval_surrogates(
     temperature: float = 0.2,
     slack_weight: float = 1.0,
     unit_valid: Optional[Array] = None,
+    x0: Optional[Array] = None,
+    adjoint=None,
     **overrides,
 ) -> dict:
     r"""Differentiable retrieval objectives of one query, with the measured recall and diagnostics.
 
     Args:
-      problem, params, options, **overrides: as :func:`cds_equilibrium` (``options.threshold`` is
-        also the selection threshold :math:`\theta`).
+      problem, params, options, x0, adjoint, **overrides: as :func:`cds_equilibrium` (``options.threshold`` is
+        also the selection threshold :math:`\theta`; ``adjoint`` says how the equilibrium is differentiated,
+        e.g. ``ImplicitAdjoint(nan_if_unconverged=True)``). Notes and queries must be L2-normalised (checked on
+        concrete arrays).
       gold_units: ``[g, n]`` bool gold units (pages or paragraphs) over the notes;
         all-False rows are padding.
       budget: static B.
@@ -244,7 +248,8 @@ def retrieval_surrogates(
     """
     options = solve_options(options, **overrides)
     threshold = options.threshold
-    result, affinity = cds_equilibrium(problem, params, options)
+    check_unit_norm(problem.notes, problem.queries, problem.valid)
+    result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
     m = affinity.num_queries
     scores = equilibrium_scores(affinity, result.x, slack_weight)
     gold_notes = jnp.any(gold_units, axis=0)

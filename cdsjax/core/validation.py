@@ -123,6 +123,22 @@ def validate_embeddings(
             _check_norms("query", q, norm_atol)
 
 
+def check_unit_norm(notes, queries, valid, *, atol: float = 1e-3) -> None:
+    """The unit-norm precondition of the game at the API edge (:func:`cdsjax.core.cds_equilibrium`, what
+    :func:`cdsjax.core.retrieval_surrogates` differentiates): with concrete arrays, every valid note row and every
+    query row must have L2 norm 1 within ``atol`` (the affinity uses dot products as cosines, so scaled inputs
+    change the picks); ``ValueError`` naming the argument otherwise. Traced arrays (inside ``jit``, ``vmap`` or a
+    derivative with respect to the embeddings) are not checked: check them before tracing
+    (:func:`validate_embeddings`)."""
+    import jax
+
+    arrays = (notes, queries, valid)
+    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+        return
+    q = np.asarray(queries)
+    validate_embeddings(np.asarray(notes), q.reshape(-1, q.shape[-1]), np.asarray(valid, bool), norm_atol=atol)
+
+
 def _check_finite_rows(name: str, rows: np.ndarray) -> None:
     bad = ~np.isfinite(rows).all(axis=1)
     if bad.any():

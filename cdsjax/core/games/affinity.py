@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
+from cdsjax.core.derivative_checks import hard_tau
 from cdsjax.core.games.certified import certified_bound
 from cdsjax.core.types import ALPHA_BOUNDS, ALPHA_FROM, COUPLINGS, TAU_MODES, Affinity, CDSProblem
 from cdsjax.core.validation import as_query_matrix, check_notes_valid
@@ -41,8 +42,9 @@ def query_relevance(notes: Array, queries: Array, valid: Array, params: CDSParam
 
 
 def hard_tau_gate(sims: Array, rel: Array, valid: Array, params: "CDSParams") -> Array:
-    """``rel`` zeroed below ``tau``, keeping each row's strongest valid edge when none clears it."""
-    keep = sims >= params.tau
+    """``rel`` zeroed below ``tau``, keeping each row's strongest valid edge when none clears it (a derivative
+    with respect to ``tau`` is 0 here, and warns: :func:`~cdsjax.core.derivative_checks.hard_tau`)."""
+    keep = sims >= hard_tau(params.tau)
     any_keep = jnp.any(keep & valid[None, :], axis=1, keepdims=True)
     masked = jnp.where(valid[None, :], sims, -jnp.inf)
     strongest = jnp.arange(sims.shape[-1])[None, :] == jnp.argmax(masked, axis=1)[:, None]
