@@ -114,3 +114,21 @@ def test_the_checks_read_the_default_selector_at_cdsjax_catalog():
 
     assert cdsjax.catalog.DEFAULT_SELECTOR == catalog.DEFAULT_SELECTOR in catalog.SHOWN
     assert cdsjax.catalog.__all__ == ["DEFAULT_SELECTOR"]
+
+
+def test_every_name_is_accepted_with_dash_or_underscore():
+    """DESIGN 7.7: ``cds-learned-pages`` = ``cds_learned_pages`` wherever a name is read (catalog, core, eval)."""
+    import ml_collections
+
+    from cdsjax import core
+    from cdsjax.eval.settings import selector_specs
+    from cdsjax.pipeline.catalog import selector_spec
+
+    for name in selector_names():
+        for spelled in (name.replace("-", "_"), name.replace("_", "-")):
+            assert selector_spec(spelled) is selector_spec(name)
+    assert core.make_selector("cds-converged", budget=2) is not None
+    config = ml_collections.ConfigDict({"selectors": "cds-learned-pages,cds_paper",
+                                        "selector_options": {"cds_learned_pages": {"notes_per_page": 2}}})
+    specs = selector_specs(config)
+    assert [(s[1], s[2]) for s in specs] == [("cds_learned_pages", {"notes_per_page": 2}), ("cds", {})]

@@ -380,7 +380,7 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
         (paper mode: replicator dynamics), ``"cds_converged"`` (the active-set solver), ``"cds_inimdyn"``,
         ``"cds_support"`` (beta chosen per question so the support holds about ``budget`` notes),
         ``"cds_learned"`` (the learned game) and the per-page read-outs ``"mmr_pages"``, ``"dpp_pages"``,
-        ``"cds_learned_pages"``.
+        ``"cds_learned_pages"``; ``-`` may stand for ``_`` (``"cds-learned-pages"``).
       budget: number of notes to select.
       **options: the selector's own options (``SPECS[name].options``),
         e.g. ``lam`` for MMR, ``theta``/``quality`` for DPP, ``damping`` /
@@ -395,5 +395,6 @@ def make_selector(name: str, *, budget: int, **options) -> SelectorFn:
     Raises:
       ValueError: naming an unknown selector, unknown options, or a bad value.
     """
+    name = name if name in SPECS else str(name).replace("-", "_")
     check_option("selector", name, tuple(SELECTORS))
     return SPECS[name].make(budget, **options)

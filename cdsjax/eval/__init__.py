@@ -195,7 +195,7 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
         records = reading.with_answer_metrics(records, answers)
         names = tuple(reading.ANSWER_METRICS) + names
         answer_rows = reading.answer_rows(answers, num_resamples=int(config.get("num_resamples", 10_000)),
-                                          reference=compare_label(config, specs) or "cosine")
+                                          reference=compare_label(config, specs) or None)
     resamples = int(config.get("num_resamples", 10_000))
     rows = summary_rows(records, names, num_resamples=resamples)
     reference = compare_label(config, specs)

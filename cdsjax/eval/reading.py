@@ -256,15 +256,18 @@ def answer_first(rows: Sequence[dict]) -> List[dict]:
                                        0 if r["metric"].startswith(answer) else 1))
 
 
-def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000, reference: str = "cosine") -> List[dict]:
-    """Extra ``summary.csv`` rows: paired accuracy and token-F1 differences to ``reference`` (default cosine) and
+def answer_rows(answers: Sequence[dict], *, num_resamples: int = 10_000, reference: Optional[str] = None) -> List[dict]:
+    """Extra ``summary.csv`` rows: paired accuracy and token-F1 differences to ``reference`` (None: the catalog's
+    ``REFERENCE_SELECTOR``) and
     to ``none`` (the question alone): ``accuracy_vs_cosine@B``, ``answer_f1_vs_none@B``; mean difference over the
     questions both have a value for, with a 95% bootstrap interval, W/T/L and the smallest detectable difference
     (:func:`cdsjax.eval.report.paired_rows` gives the same for every other metric), MMLongBench-Doc's generalized F1 (``generalized_f1@B``, bootstrap
     over questions), and the mean and std over seeds of the per-seed mean accuracies (``accuracy_seed_mean@B``,
     ``accuracy_seed_std@B``; n = seeds, no interval)."""
     import cdsjax.eval.metrics as M
+    from cdsjax.pipeline.catalog import REFERENCE_SELECTOR
 
+    reference = reference or REFERENCE_SELECTOR
     rows = []
     merged = merged_answer_records(answers)
     values = {(m["benchmark"], m["selector"], m["budget"], m["qid"]): m["metrics"] for m in merged}

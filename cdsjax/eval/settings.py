@@ -18,7 +18,8 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     ``config.selector_options[label]`` holds that selector's options, and its
     optional ``selector`` key names the registry entry (default: the label), so
     one selector can appear under several labels with different options. Options of
-    labels that are not selected are ignored (so a config can keep them all).
+    labels that are not selected are ignored (so a config can keep them all). ``-`` and ``_`` are
+    interchangeable in names and in the keys of ``selector_options`` (``cds-learned-pages`` = ``cds_learned_pages``).
     """
     from cdsjax.pipeline.catalog import selector_names, selector_spec
 
@@ -37,7 +38,8 @@ def selector_specs(config) -> List[Tuple[str, str, dict]]:
     for label in labels:
         if label in ("none", "full"):  # reader controls (cdsjax.eval.reading), not registry selectors
             continue
-        opts = dict(all_opts.get(label, {}))
+        opts = dict(next((all_opts[k] for k in (label, label.replace("-", "_"), label.replace("_", "-"))
+                          if k in all_opts), {}))
         name = opts.pop("selector", label)
         try:
             spec = selector_spec(name)  # a display form (cds-paper) names its registry entry

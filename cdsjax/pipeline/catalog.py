@@ -4,7 +4,8 @@ and a line of help each.
 The core registry (:data:`cdsjax.core.registry.SPECS`) is the table of selectors: what each one is, by its
 registry name. This module holds the choices made about them above the core, and is where a name becomes a
 selector: code, configs and records name a selector by its registry name (``cds_learned_pages``); users may also
-write its *display form* (``cds-learned-pages``), which the CLI, the server and ``ask --json`` show.
+write its *display form* (``cds-learned-pages``), which the CLI, the server and ``ask --json`` show, and ``-`` and
+``_`` are interchangeable in either (``cds_paper`` is ``cds-paper``).
 :func:`selector_spec` (the one lookup of a name; :func:`resolve` for a name a user gave, an unknown one a
 :class:`~cdsjax.pipeline.errors.PipelineError`) reads either; :func:`selector_names` lists every spelling;
 :func:`display` gives the display form. A caller resolves a name once and passes the spec down: every function
@@ -16,7 +17,7 @@ here that takes a name takes its spec as well, without a second lookup.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 from cdsjax.core import registry
 from cdsjax.pipeline.errors import PipelineError
@@ -76,9 +77,20 @@ def selector_spec(name: Union[str, registry.SelectorSpec]) -> registry.SelectorS
     """
     if isinstance(name, registry.SelectorSpec):
         return name
-    if name not in _BY_SPELLING:
-        raise ValueError(f"unknown selector {name!r}; choose one of: {', '.join(selector_names())}")
-    return registry.SPECS[_BY_SPELLING[name]]
+    spelled = spelling(name)
+    if spelled is None:
+        raise ValueError(f"unknown selector {name!r}; choose one of: {', '.join(selector_names())} "
+                         "(- and _ are interchangeable)")
+    return registry.SPECS[_BY_SPELLING[spelled]]
+
+
+def spelling(name: str) -> Optional[str]:
+    """The known spelling (a key of :func:`selector_names`) ``name`` is, with ``-`` and ``_`` interchangeable
+    (``cds_learned_pages`` = ``cds-learned-pages``, ``cds_paper`` = ``cds-paper``); None if it is none."""
+    for candidate in (name, str(name).replace("-", "_"), str(name).replace("_", "-")):
+        if candidate in _BY_SPELLING:
+            return candidate
+    return None
 
 
 def display(name: Union[str, registry.SelectorSpec]) -> str:
