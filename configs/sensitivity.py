@@ -35,6 +35,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config.mmlongbench.chunk_overlap = 100
     config.mmlongbench.max_pages = 40  # documents with more pages are skipped (cost)
     config.embedder.show_progress = False
+    config.progress = True  # tqdm bars over the grid points and the Adam steps (on stderr)
 
     # The problem.
     config.solver = "inimdyn"  # converged mode: implicit derivatives need equilibria

@@ -263,7 +263,7 @@ def curves(batches, count, config, opts: Options, positions: Sequence[int], trai
     grid = [("beta", b, config.curves.tau_for_beta) for b in config.curves.betas]
     grid += [("tau", config.curves.beta_for_tau, t) for t in config.curves.taus]
     sel = np.asarray(positions)
-    for axis, beta, tau in grid:
+    for axis, beta, tau in progress_bar(grid, config, "curves (grid points)"):
         m = measure(batches, count, (beta, tau), opts)
         jac = m["jacobian"][sel]
         has_mass = np.isfinite(m["gold_mass"][sel])
@@ -327,7 +327,7 @@ def tune(batches, count, config, opts: Options, train_size: int, init=None) -> L
     optimizer = optax.adam(config.tune.learning_rate)
     state = optimizer.init(u)
     trace = []
-    for step in range(int(config.tune.steps) + 1):
+    for step in progress_bar(range(int(config.tune.steps) + 1), config, "tuning (Adam steps)"):
         value, grad, recall, converged = 0.0, jnp.zeros(2), 0.0, 0.0
         for b in batches:
             (v, (r, c)), g = fn(u, b.notes, b.query, b.valid, b.units, b.unit_valid)
@@ -340,6 +340,13 @@ def tune(batches, count, config, opts: Options, train_size: int, init=None) -> L
         updates, state = optimizer.update(-grad / train_size, state, u)  # ascent on the surrogate
         u = optax.apply_updates(u, updates)
     return trace
+
+
+def progress_bar(items, config, desc: str):
+    """``items`` with a tqdm bar on stderr (as ``cdsjax eval`` shows), unless ``config.progress`` is False."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, leave=False, disable=not config.get("progress", True))
 
 
 def cosine_recall(problems: Sequence, positions, budget: int) -> np.ndarray:
@@ -482,7 +489,10 @@ def split_halves(count: int, seed: int) -> tuple[list, list]:
 
 
 def study_benchmark(config, name: str, embedder, log=print) -> dict:
-    """Runs the curves, the derivative check and the tuning on one benchmark; writes its outputs."""
+    """Runs the curves, the derivative check and the tuning on one benchmark; writes its outputs (``summary.json``
+    with the provenance of its numbers: commit, library versions, device, resolved config)."""
+    from cdsjax.io.provenance import provenance
+
     out_dir = pathlib.Path(config.output_dir) / name
     out_dir.mkdir(parents=True, exist_ok=True)
     timings = {}
@@ -555,7 +565,7 @@ def study_benchmark(config, name: str, embedder, log=print) -> dict:
     log("time: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     summary = {"benchmark": name, "questions": count, "budget": opts.budget, "train": len(train),
                "test": len(test), "curves": curve_rows, "derivative_check": check, "tuning": traces,
-               "held_out": eval_rows, "timings": timings}
+               "held_out": eval_rows, "timings": timings, "provenance": provenance(config)}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -28,6 +28,8 @@ def test_sensitivity_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["questions"] == 6 and summary["train"] == 3 and summary["test"] == 3
+    prov = summary["provenance"]  # where the numbers came from
+    assert prov["code"] and prov["versions"]["jax"] and prov["device"] and prov["config"]["solver"]
     assert len(summary["curves"]) == 4
     assert 1 <= len(summary["tuning"]) <= 2 and all(len(t) == 3 for t in summary["tuning"].values())
     assert summary["derivative_check"]["max_abs_diff"] < 1e-5
@@ -37,4 +39,4 @@ def test_sensitivity_notebook_runs_tiny(data_root, tmp_path, monkeypatch):
     assert max(diffs) < 1e-6, jac_line
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
-    assert len(images) >= 3
+    assert len(images) >= 4  # the path along beta, plot_equilibrium, the curves, the tuning

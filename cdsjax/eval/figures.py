@@ -273,6 +273,51 @@ def pca_map(notes: np.ndarray, query: np.ndarray, picks: Mapping[str, Sequence[i
     return fig
 
 
+def plot_equilibrium(weights: Sequence[float], *, gold: Sequence[int] = (), picks: Sequence[int] = (),
+                     threshold: float = 1e-6, labels: Optional[Sequence[str]] = None, ax=None,
+                     title: Optional[str] = None):
+    """What the equilibrium did on one question: each note's weight :math:`x^*_i` (a bar, log scale), the support
+    threshold (a line: notes above it are the support), the gold notes (gold bars) and the selected notes (a
+    marker above the bar, numbered in pick order).
+
+    Args:
+      weights: ``[n]`` the notes' equilibrium weights (the query's entries left out).
+      gold: indices of the gold notes.
+      picks: indices of the selected notes, in the order they were picked (support first, then the fill rule).
+      threshold: the support threshold :math:`\\theta` (``cdsjax.core.types.SUPPORT_THRESHOLD``).
+      labels: optional short text per note (x tick labels).
+    """
+    w = np.asarray(weights, np.float64)
+    floor = threshold / 100.0  # weights at 0 drawn just under the threshold's scale
+    shown = np.maximum(w, floor)
+    fig, ax = _figure(ax, size=(max(5.0, 0.35 * len(w) + 2.0), 3.6))
+    gold = {int(i) for i in gold}
+    colors = ["goldenrod" if i in gold else "C0" for i in range(len(w))]
+    ax.bar(np.arange(len(w)), shown, color=colors, edgecolor="0.3", linewidth=0.5)
+    ax.axhline(threshold, color="C3", linestyle="--", linewidth=1)
+    picks = [int(j) for j in picks]
+    ax.scatter(picks, [shown[i] * 1.6 for i in picks], marker="v", color="C2", s=25, zorder=3)
+    for rank, i in enumerate(picks):
+        ax.annotate(str(rank + 1), (i, shown[i] * 2.2), ha="center", va="bottom", fontsize=7, color="C2",
+                    fontweight="bold")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color="C0", label="note"), Patch(color="goldenrod", label="gold note"),
+               Line2D([], [], color="C3", linestyle="--", label=f"support threshold {threshold:g}"),
+               Line2D([], [], color="C2", marker="v", linestyle="", label="picked (number: order)")]
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2.0, max(1.0, float(shown.max()) * 10.0))
+    ax.set_xticks(np.arange(len(w)))
+    ax.set_xticklabels([str(t) for t in labels] if labels is not None else [str(i) for i in range(len(w))],
+                       fontsize=6, rotation=90 if labels is not None else 0)
+    ax.set_xlabel("note")
+    ax.set_ylabel("equilibrium weight x*")
+    ax.set_title(title or f"equilibrium of one question: support {int(np.sum(w > threshold))} of {len(w)} notes")
+    ax.legend(handles=handles, fontsize=7, loc="lower right")
+    return fig
+
+
 # --------------------------------------------------------------------------- saved PCA cases
 
 
