@@ -37,8 +37,11 @@ OBJECTIVES = Objectives()  # the fits here share their compiled objectives, as t
 def test_fit_records_history_and_resumes_to_the_same_parameters(tmp_path):
     train = [synthetic(s) for s in range(6)]
     val = [synthetic(s) for s in range(6, 9)]
-    full = fit(train, val, CFG, log=lambda s: None, objectives=OBJECTIVES)
+    lines = []
+    full = fit(train, val, CFG, log=lines.append, objectives=OBJECTIVES)
     assert full.finished and len(full.history) == 4
+    steps = [line for line in lines if " step " in line]  # no bar (progress off): the Adam steps in the log
+    assert len(steps) == 4 and "step 4 of 4" in steps[-1] and "validation surrogate" in steps[-1], lines
     assert {"train_surrogate", "val_surrogate", "val_recall", "theta"} <= set(full.history[0])
     assert len(full.grid) == 2 and full.seconds > 0
     assert full.theta.to_dict() != LearnedParams.paper().to_dict()

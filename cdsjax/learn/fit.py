@@ -181,6 +181,11 @@ def _fit(train, val, cfg: FitConfig, log, objectives: Objectives) -> FitResult:
                 bar.update(1)
                 bar.set_postfix(run=state["run"], train=f"{stats['surrogate']:.3f}",
                                 val=f"{entry.get('val_surrogate', float('nan')):.3f}")
+            elif "val_surrogate" in entry or not val_b and entry["step"] % cfg.eval_every == 0:
+                # no bar (progress off, or not a terminal): one line per validation, so a log shows the steps
+                log(f"fit: start {start} (run {state['run'] + 1} of {len(state['order'])}) step {entry['step'] + 1} "
+                    f"of {cfg.steps}: train surrogate {stats['surrogate']:.4f}"
+                    + (f", validation surrogate {entry['val_surrogate']:.4f}" if "val_surrogate" in entry else ""))
             if ckpt:
                 ckpt.save(state, time.perf_counter() - t0)
         if not finished:
