@@ -107,12 +107,13 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
     before = _lines(cache)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    evaluate(config, progress=sys.stderr.isatty())
+    evaluate(config, progress=sys.stderr.isatty())  # its run.json holds the provenance in full
     wall = time.perf_counter() - t0
     entry = dict(benchmark=bench, questions=questions, selectors=str(config.selectors).split(","), wall_s=round(wall, 1),
                  evidence_tokens=int(config.reader.evidence_tokens), judge=bool(config.judge.enabled),
                  new_replies=_lines(cache) - before, load_at_start=round(load, 2), threads=threads, slots=slots,
-                 commit=_commit(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                 commit=_commit(), versions=library_versions(),
+                 finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if from_cache:
         print(table(bench, out))
         return
@@ -128,6 +129,12 @@ def _lines(path: pathlib.Path) -> int:
             return sum(1 for _ in f)
     except OSError:
         return 0
+
+
+def library_versions() -> dict:
+    from cdsjax.io.provenance import library_versions as versions
+
+    return versions()
 
 
 def _commit() -> str:

@@ -102,9 +102,11 @@ def main(argv=None) -> int:
         print(f"warm medians: evidence {statistics.median(r['evidence_s'] or 0 for r in warm):.1f} s, first token "
               f"{statistics.median(r['first_token_s'] or 0 for r in warm):.1f} s, whole "
               f"{statistics.median(r['whole_s'] for r in warm):.1f} s")
+    from cdsjax.io.provenance import provenance
+
     result = dict(pdf=source.name, commit=subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                                          capture_output=True, text=True).stdout.strip(),
-                  load_before=os.getloadavg(), runs=runs)
+                  load_before=os.getloadavg(), runs=runs, provenance=provenance())
     (OUT / f"{source.stem}.json").write_text(json.dumps(result, indent=1))
     for r in runs:
         for answer in [r["answer"]]:

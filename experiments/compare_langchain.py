@@ -227,7 +227,9 @@ def main(argv=None) -> int:
         overhead_ms_p90=1000 * float(np.percentile([t[0] - t[1] for t in warm], 90)) if warm else None,
         candidates=sorted({t[2] for t in warm}),
     )
-    result = dict(rows=rows, overhead=overhead, k=args.k, thresholds=list(THRESHOLDS))
+    from cdsjax.io.provenance import provenance
+
+    result = dict(rows=rows, overhead=overhead, k=args.k, thresholds=list(THRESHOLDS), provenance=provenance(vars(args)))
     (args.out / "compare_langchain.json").write_text(json.dumps(result, indent=1))
     for r in rows:
         print({k: v for k, v in r.items() if k != "scores"})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import pathlib
 import sys
 import tempfile
@@ -125,7 +126,11 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)
-    (OUT / f"{bench.name}.md").write_text("\n".join(lines) + "\n")
+    from cdsjax.io.provenance import provenance, provenance_line
+
+    prov = provenance()
+    (OUT / f"{bench.name}.md").write_text("\n".join(lines) + "\n\n" + provenance_line(prov))
+    (OUT / f"{bench.name}.provenance.json").write_text(json.dumps(prov, indent=1))
     return 0
 
 

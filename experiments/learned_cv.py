@@ -533,7 +533,11 @@ def summarize(records: List[dict], config) -> dict:
 
 
 def write_outputs(out_dir: pathlib.Path, summary: dict, copy: Optional[str], log=print) -> None:
-    """``summary.json``, ``summary.csv``, ``paired.csv``, the figure and the printed tables."""
+    """``summary.json`` (with the provenance of its numbers), ``summary.csv``, ``paired.csv``, the figure and the
+    printed tables."""
+    from cdsjax.io.provenance import provenance
+
+    summary = {**summary, "provenance": summary.get("provenance") or provenance()}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     for name, rows in (("summary.csv", summary["rows"]), ("paired.csv", summary["paired"])):
         if rows:

@@ -385,6 +385,9 @@ def main(argv):
 
 
 def write(out: pathlib.Path, summary: dict) -> None:
+    from cdsjax.io.provenance import provenance
+
+    summary = {**summary, "provenance": summary.get("provenance") or provenance()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     text = tables(summary)
     (out / "tables.md").write_text(text)
