@@ -26,8 +26,9 @@ def test_eval_cli_tiny_run(data_root, tmp_path, capsys):
                      f"--config.cache_dir={tmp_path / 'cache'}", "--no-progress"])
     assert code == 0, capsys.readouterr().err
     rows = list(csv.DictReader(open(out_dir / "summary.csv")))
-    assert {r["selector"] for r in rows} == {"cosine", "cds"}
+    assert {r["selector"] for r in rows} == {"cosine", "cds", "oracle"}  # oracle: the best selector per question
     assert all(r["n"] == "3" for r in rows if r["metric"].startswith("paragraph_recall"))
+    assert {r["selector"] for r in rows if r["metric"].startswith("paragraph_recall_vs_cosine")} == {"cds", "oracle"}
     assert (out_dir / "records.jsonl").read_text().count("\n") == 6
 
 
@@ -41,7 +42,8 @@ def test_eval_cli_picks_an_ablation_sweep(data_root, tmp_path, capsys):
                      "--config.num_resamples=100", "--no-progress"])
     assert code == 0, capsys.readouterr().err
     rows = list(csv.DictReader(open(out_dir / "summary.csv")))
-    assert {r["selector"] for r in rows} == {"cosine", "cds_tau=0p0", "cds_tau=0p3", "cds_tau=0p5", "cds_tau=0p6"}
+    assert {r["selector"] for r in rows} == {"cosine", "cds_tau=0p0", "cds_tau=0p3", "cds_tau=0p5", "cds_tau=0p6",
+                                             "oracle"}
     assert {r["metric"].rpartition("@")[2] for r in rows} == {"2"}
     assert (out_dir / "records.jsonl").read_text().count("\n") == 5 * 2
 
