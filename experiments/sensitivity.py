@@ -497,6 +497,7 @@ def study_benchmark(config, name: str, embedder, log=print) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     timings = {}
     t0 = time.perf_counter()
+    log(f"{name}: loading and embedding the questions (cached after the first run) ...")
     problems = load_study_problems(config, name, embedder)
     if len(problems) < 2:
         raise ValueError(f"{name}: need at least 2 questions with gold evidence, got {len(problems)}")
