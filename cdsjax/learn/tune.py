@@ -16,10 +16,10 @@ from typing import Callable, Dict, List, Tuple
 
 import ml_collections
 
+from cdsjax.io.provenance import code_version, provenance as run_provenance
 from cdsjax.learn.data import Example, balance, examples_of, split_by_document
 from cdsjax.learn.fit import FitResult, fit
 from cdsjax.learn.fit_config import FitConfig
-from cdsjax.io.provenance import code_version, provenance as run_provenance
 from cdsjax.learn.params_io import save_params
 from cdsjax.pipeline.defaults import DEFAULT_BUDGET
 
