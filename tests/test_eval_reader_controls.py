@@ -123,6 +123,8 @@ def test_seed_spread_and_paired_differences_on_hand_made_answers():
     # per question, cds averages over seeds to (1, .5, 0, 0); cosine is 0; none is (1, 0, 0, 0)
     assert vs_cos["n"] == 4 and vs_cos["mean"] == pytest.approx(0.375)
     assert vs_none["n"] == 4 and vs_none["mean"] == pytest.approx(0.125)
+    assert (vs_cos["wins"], vs_cos["ties"], vs_cos["losses"]) == (2, 2, 0)  # reader mode has W/T/L too
+    assert (vs_none["wins"], vs_none["ties"], vs_none["losses"]) == (1, 3, 0)
     for r in (vs_cos, vs_none):
         assert r["ci_low"] <= r["mean"] <= r["ci_high"] and r["ci_low"] < r["ci_high"]
     assert ("cosine", "accuracy_vs_cosine@3") not in rows and ("none", "accuracy_vs_none@3") not in rows
