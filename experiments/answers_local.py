@@ -1,4 +1,4 @@
-r"""Answer accuracy with a real reader on this machine: the local llama.cpp reader (cdsjax.io.local_reader, the
+r"""Answer accuracy with a real reader on this machine: the local llama.cpp reader (cdsjax.io.reading.local.reader, the
 default preset: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, a small *text* model) reads each selector's evidence at
 budget 5 on the development data, and the answers are scored.
 
@@ -65,7 +65,7 @@ def cached_only(config, bench: str, variant: str = ""):
     the figures of a run still in progress, on its first questions."""
     import shutil
 
-    from cdsjax.io.local_model import DEFAULT_PRESET
+    from cdsjax.io.reading.local.model import DEFAULT_PRESET
 
     name = f"{bench}-{variant}" if variant else bench
     out = pathlib.Path("runs") / "answers-cached" / name

@@ -151,14 +151,14 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
     import logging
 
     from cdsjax.agents.evaluate import evaluate_planning, parse_variants
-    from cdsjax.io.llm.config import ReaderConfig
+    from cdsjax.io.reading.llm.config import ReaderConfig
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     variants = parse_variants(variants)
     output = output_dir or str(pathlib.Path(config.output_dir) / "planning")
     grader = None
     if judge:
-        from cdsjax.io.judge import Judge
+        from cdsjax.io.reading.judge import Judge
 
         grader = Judge()
     kwargs = dict(budget=budget, tau_max=tau_max, max_final_evidence=max_final_evidence, judge=grader,

@@ -134,12 +134,12 @@ def local_model() -> pathlib.Path:
     """The local reader's default model file (``make`` assembles it into the cdsjax cache); a test that takes it
     runs the real llama.cpp reader. Skips without the runtime or the model, and fails under CI=true, where
     ``make test`` installs both."""
-    from cdsjax.io import local_model as M
-    from cdsjax.io import local_reader as L
+    from cdsjax.io.reading.local import model as M
+    from cdsjax.io.reading.local import reader as L
 
     preset = M.PRESETS[M.DEFAULT_PRESET]
     if not L.runtime_installed() or not M.is_assembled(preset, M.model_path(preset)):
-        why = "the local reader (pip install 'cdsjax[reader]'; python -m cdsjax.io.local_reader fetch) is not set up"
+        why = "the local reader (pip install 'cdsjax[reader]'; python -m cdsjax.io.reading.local.reader fetch) is not set up"
         if IN_CI:
             pytest.fail(f"{why}; `make test` sets it up", pytrace=False)
         pytest.skip(why)

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from cdsjax.cli import main
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.reader import Reader
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.reader import Reader
 from tests.scripted_server import OpenAIServer, completion, message_images
 from tests.conftest import DATA
 

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from cdsjax.cli import main
-from cdsjax.io.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_evidence, nearest_sentences,
+from cdsjax.io.reading.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_evidence, nearest_sentences,
                                     split_sentences, word_overlap)
-from cdsjax.io.reader import Reader, fit_items
-from cdsjax.io.prompt import EvidenceItem
-from cdsjax.io.replies import ReplyGuard, echoes_evidence, looping, no_answer
+from cdsjax.io.reading.reader import Reader, fit_items
+from cdsjax.io.reading.prompt import EvidenceItem
+from cdsjax.io.reading.replies import ReplyGuard, echoes_evidence, looping, no_answer
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=10.0)

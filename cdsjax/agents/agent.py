@@ -10,11 +10,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from cdsjax.agents.plan import MAX_DEPTH, MAX_NODES, Plan, PlanError, PlanNode, parse_plan, parse_sufficiency
 from cdsjax.agents import prompts
 from cdsjax.agents.trace import NodeResult, PlanningResult, Round
-from cdsjax.io.llm.config import ReaderConfig
-from cdsjax.io.llm.errors import FATAL_KINDS, ReaderError
-from cdsjax.io.reader import Reader
-from cdsjax.io.prompt import EvidenceItem, as_evidence
-from cdsjax.io.replies import strip_thinking
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.llm.errors import FATAL_KINDS, ReaderError
+from cdsjax.io.reading.reader import Reader
+from cdsjax.io.reading.prompt import EvidenceItem, as_evidence
+from cdsjax.io.reading.replies import strip_thinking
 
 COMBINED_MODES = (None, "single", "peel")
 

@@ -111,7 +111,7 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
       variants: retrieval configurations (see :func:`parse_variants`).
       budget: notes per sub-question (and of the probe).
       tau_max, max_final_evidence: agent options.
-      judge: an optional :class:`~cdsjax.io.judge.Judge` to grade answers against the gold answers.
+      judge: an optional :class:`~cdsjax.io.reading.judge.Judge` to grade answers against the gold answers.
       output_dir: where records and summaries go (default ``config.output_dir``).
 
     Returns:

@@ -66,7 +66,7 @@ def add_selector_argument(parser, lead: str) -> None:
 
 def add_reader_arguments(p, *, timeout: float = 300.0, slots: int = 1) -> None:
     """The reader flags of ``ask`` and ``serve``: a remote server (``--reader-url``), or the local one
-    (:mod:`cdsjax.io.local_reader`), which answers when no URL is configured and its runtime is installed."""
+    (:mod:`cdsjax.io.reading.local.reader`), which answers when no URL is configured and its runtime is installed."""
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL); "
                    "always wins over the local reader")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")

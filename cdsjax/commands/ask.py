@@ -189,7 +189,7 @@ def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
     import contextlib
 
-    from cdsjax.io.local_held import stop_on_sigterm
+    from cdsjax.io.reading.local.held import stop_on_sigterm
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(stop_on_sigterm())
@@ -216,7 +216,7 @@ def _ask_local(args, paths, question, options, stack):
     # the reader module imports openai (~0.7 s): only when a reader is configured
     reader_errors = ()
     if reader is not None:
-        from cdsjax.io.llm.errors import ReaderError
+        from cdsjax.io.reading.llm.errors import ReaderError
 
         reader_errors = (ReaderError,)
     try:
@@ -244,7 +244,7 @@ def _ask_local(args, paths, question, options, stack):
             if "first_token" in answer.timings:  # from the command's start, as "evidence"
                 answer.timings["first_token"] += read_from
         if unreachable is not None:
-            from cdsjax.io.reader import error_dict
+            from cdsjax.io.reading.reader import error_dict
 
             answer.error = error_dict(unreachable)
         if live is not None:

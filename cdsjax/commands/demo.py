@@ -7,7 +7,7 @@ selector which facts its top-B covers and how many slots went to restatements. I
 covers no more facts than cosine.
 
 Then a real model answers the question from the default selector's evidence and from cosine's, side by side
-with the evidence each answer cites: the local reader (:mod:`cdsjax.io.local_reader`: llama.cpp with a
+with the evidence each answer cites: the local reader (:mod:`cdsjax.io.reading.local.reader`: llama.cpp with a
 1.5B instruct model assembled from registry packages into the cache on first use), or the server named by
 ``--reader-url``; ``--no-read`` skips it. The time the reader took is printed with the answers.
 
@@ -59,7 +59,7 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
     """The reader's answer from each selector's evidence: ``{selector, answer, cited: [{n, page, role}],
     seconds, error}`` per selector, in order."""
     from cdsjax import demo
-    from cdsjax.io.llm.errors import ReaderError
+    from cdsjax.io.reading.llm.errors import ReaderError
 
     out = []
     for name in selectors:
@@ -70,7 +70,7 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
                                    similarity=pipe.sentence_similarity)
             text, cited, error = result.text or None, list(result.cited), None
             if result.no_answer is not None:
-                from cdsjax.io.replies import describe_no_answer
+                from cdsjax.io.reading.replies import describe_no_answer
 
                 error = describe_no_answer(result.no_answer)
         except ReaderError as err:
@@ -129,7 +129,7 @@ def run(args) -> int:
     from cdsjax.commands.reader_setup import make_reader
     from cdsjax.io.compilation_cache import enable_compilation_cache
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
-    from cdsjax.io.local_held import stop_on_sigterm
+    from cdsjax.io.reading.local.held import stop_on_sigterm
     from cdsjax.pipeline import Corpus, Pipeline
 
     if args.budget < 1:

@@ -20,7 +20,7 @@ def local_reader_model(args) -> Optional[str]:
     named = getattr(args, "local_reader", None) or os.environ.get("CDSJAX_LOCAL_READER")
     if named == "off":
         return None
-    from cdsjax.io.local_reader import RUNTIME_HINT, runtime_installed
+    from cdsjax.io.reading.local.reader import RUNTIME_HINT, runtime_installed
 
     if not runtime_installed():
         if named:
@@ -37,14 +37,14 @@ def make_reader(args, stack=None):
     in ``reader.local``), else started here and waited for (its model loads in ~2-5 s; a preset is assembled
     into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack`` (a
     :class:`contextlib.ExitStack`) releases it: it stays up ``--keep-alive`` seconds after its last use
-    (:func:`cdsjax.io.local_reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
+    (:func:`cdsjax.io.reading.local.reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
     if getattr(args, "no_read", False):
         return None
     url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
     images = getattr(args, "reader_images", "auto")
     if url:
-        from cdsjax.io.llm.config import ReaderConfig
-        from cdsjax.io.reader import Reader
+        from cdsjax.io.reading.llm.config import ReaderConfig
+        from cdsjax.io.reading.reader import Reader
 
         model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
         return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
@@ -52,8 +52,8 @@ def make_reader(args, stack=None):
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
-    from cdsjax.io.local_model import LocalReaderError
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
+    from cdsjax.io.reading.local.model import LocalReaderError
+    from cdsjax.io.reading.local.reader import LocalReader, LocalReaderConfig, keep_alive_setting
 
     try:
         config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
@@ -67,7 +67,7 @@ def make_reader(args, stack=None):
         local.start()
     except LocalReaderError as err:
         raise CLIError(f"local reader: {err}", 1) from None
-    from cdsjax.io.reader import Reader
+    from cdsjax.io.reading.reader import Reader
 
     tokens = getattr(args, "evidence_tokens", None)
     tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens

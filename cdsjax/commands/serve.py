@@ -248,7 +248,7 @@ def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) 
     if state.lanes_running():
         # a job still computing holds a daemon thread inside JAX: leave without finalising the interpreter (the
         # local reader is stopped or released first: os._exit runs no exit handler)
-        from cdsjax.io.local_held import stop_all
+        from cdsjax.io.reading.local.held import stop_all
 
         stop_all()
         sys.stdout.flush()

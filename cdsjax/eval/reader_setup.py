@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 
 import ml_collections
 
-from cdsjax.io.reply_cache import ReplyCache
+from cdsjax.io.reading.reply_cache import ReplyCache
 
 CONTROLS = ("none", "full")
 
@@ -31,7 +31,7 @@ def reader_settings() -> ml_collections.ConfigDict:
         "seeds": (0,),
         "max_context": 32768,  # tokens; the "full" control runs where the whole document fits
         "max_images": 0,  # images one request may carry (vLLM's --limit-mm-per-prompt); 0: no limit
-        # the local reader (cdsjax.io.local_reader), started for the run when url is "": a preset ("default"),
+        # the local reader (cdsjax.io.reading.local.reader), started for the run when url is "": a preset ("default"),
         # a .gguf path or hf:OWNER/REPO/FILE.gguf; "" = none. Its slots are the requests in flight.
         "local": "",
         "local_threads": 0,  # 0: every core
@@ -41,7 +41,7 @@ def reader_settings() -> ml_collections.ConfigDict:
         # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
         "local_keep_alive": ml_collections.config_dict.placeholder(float),
         "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
-        # the evidence's token budget (cdsjax.io.evidence_fit): -1 the reader's own (the local reader's default,
+        # the evidence's token budget (cdsjax.io.reading.evidence_fit): -1 the reader's own (the local reader's default,
         # else derived from the server's window); 0 every note whole; N that many estimated tokens
         "evidence_tokens": -1,
     })
@@ -50,7 +50,7 @@ def reader_settings() -> ml_collections.ConfigDict:
 def judge_settings() -> ml_collections.ConfigDict:
     """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY;
     enabled False = no judge: the rule-based scores alone)."""
-    # rationale False: the verdict alone (cdsjax.io.judge.VERDICT_ONLY_PROMPT), for a slow local judge
+    # rationale False: the verdict alone (cdsjax.io.reading.judge.VERDICT_ONLY_PROMPT), for a slow local judge
     return ml_collections.ConfigDict({"enabled": True, "url": "", "model": "", "max_tokens": 1024,
                                       "timeout": 120.0, "max_retries": 3, "rationale": True})
 
@@ -77,7 +77,7 @@ def enabled(config) -> bool:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
         return False
-    from cdsjax.io.llm.config import IMAGE_MODES
+    from cdsjax.io.reading.llm.config import IMAGE_MODES
 
     images = str(reader.get("images", "auto"))
     if images not in IMAGE_MODES:
@@ -95,7 +95,7 @@ LOCAL_TIMEOUT_S = 1800.0  # the least reader and judge timeout with a local serv
 def local_reader(config, log: Callable[[str], None] = print):
     """Yields ``config`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local`` names a
     model — a copy whose reader URL and model are those of a local llama.cpp server
-    (:class:`cdsjax.io.local_reader.LocalReader`: this user's running one for the same model and settings, else
+    (:class:`cdsjax.io.reading.local.reader.LocalReader`: this user's running one for the same model and settings, else
     one started now; released on leaving, it stays up ``config.reader.local_keep_alive`` seconds), with at most
     its slots in flight. Its API key is ``$CDSJAX_READER_API_KEY`` while inside (keys never enter a config).
     The judge, unless ``config.judge.url`` names another server, is the same local model."""
@@ -104,7 +104,7 @@ def local_reader(config, log: Callable[[str], None] = print):
     if str(r.get("url", "") or "") or not name:
         yield config
         return
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
+    from cdsjax.io.reading.local.reader import LocalReader, LocalReaderConfig, keep_alive_setting
 
     settings = LocalReaderConfig(model=name, threads=int(r.get("local_threads", 0)),
                                  ctx_per_slot=int(r.get("local_ctx", 8192)), slots=int(r.get("local_slots", 2)),
@@ -157,9 +157,9 @@ def evidence_tokens(config) -> Optional[int]:
 
 
 def clients(config, cache: Optional[ReplyCache] = None):
-    from cdsjax.io.judge import Judge
-    from cdsjax.io.llm.config import ReaderConfig
-    from cdsjax.io.reader import Reader
+    from cdsjax.io.reading.judge import Judge
+    from cdsjax.io.reading.llm.config import ReaderConfig
+    from cdsjax.io.reading.reader import Reader
 
     r = config.reader
     rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),

@@ -2,7 +2,7 @@
 
 Four parts of cdsjax run processes of their own, and each does these jobs through here:
 
-* the local reader (:mod:`cdsjax.io.local_launch`): llama.cpp's server, started with :func:`spawn` into a
+* the local reader (:mod:`cdsjax.io.reading.local.launch`): llama.cpp's server, started with :func:`spawn` into a
   session of its own (a shared one outlives this process for its keep-alive; one of the caller's own watches its
   parent, :func:`watch_parent`), waited for with :func:`wait_until` / :func:`http_ok`, stopped with :func:`stop`
   (by pid, from its record, when another process started it);

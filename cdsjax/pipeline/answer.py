@@ -5,7 +5,7 @@
 * :func:`convergence_warning` and :func:`scanned_warning` — the one-line warnings of an unconverged CDS solve and
   of evidence from pages without a text layer;
 * :func:`read_answer` — the reader's answer filled into an :class:`Answer` (through
-  :meth:`cdsjax.io.reader.Reader.answer`, the one reading path), and :func:`reader_fields`, its ``reader`` object.
+  :meth:`cdsjax.io.reading.reader.Reader.answer`, the one reading path), and :func:`reader_fields`, its ``reader`` object.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Answer:
 
 
 def reader_fields(result, local: Optional[dict] = None) -> Dict[str, Any]:
-    """The ``reader`` object of ``ask --json`` from a :class:`cdsjax.io.reader.ReaderAnswer`."""
+    """The ``reader`` object of ``ask --json`` from a :class:`cdsjax.io.reading.reader.ReaderAnswer`."""
     out = dict(model=result.model, cited=list(result.cited), abstained=result.abstained, latency_s=result.latency_s,
                first_token_s=result.first_token_s, usage=result.usage, warnings=list(result.warnings),
                image_mode=result.image_mode, dropped=result.dropped, evidence_tokens=result.evidence_tokens,
@@ -110,17 +110,17 @@ def scanned_warning(evidence: List[dict], corpus: Corpus) -> Optional[str]:
 
 def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None, on_token=None,
                 on_retry=None) -> Answer:
-    """Has ``reader`` (a :class:`cdsjax.io.reader.Reader`) answer ``answer.question`` from ``items`` (the
-    reader's :class:`~cdsjax.io.reader.EvidenceItem` of ``answer.evidence``), in place, through the one reading
-    path (:meth:`cdsjax.io.reader.Reader.answer`): the evidence fitted to the reader's token budget, the note that
+    """Has ``reader`` (a :class:`cdsjax.io.reading.reader.Reader`) answer ``answer.question`` from ``items`` (the
+    reader's :class:`~cdsjax.io.reading.reader.EvidenceItem` of ``answer.evidence``), in place, through the one reading
+    path (:meth:`cdsjax.io.reading.reader.Reader.answer`): the evidence fitted to the reader's token budget, the note that
     does not fit cut to its sentences nearest the question (``similarity(question, sentences)``), the answer
     streamed to ``on_token`` as it is written, and a reply that is no answer asked again once.
 
     A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why; a reply
     that stays no answer leaves ``answer.answer`` None and ``answer.reader["no_answer"]`` says why.
     """
-    from cdsjax.io.llm.errors import ReaderError
-    from cdsjax.io.reader import error_dict
+    from cdsjax.io.reading.llm.errors import ReaderError
+    from cdsjax.io.reading.reader import error_dict
 
     t0 = time.perf_counter()
     try:
@@ -137,7 +137,7 @@ def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None
         answer.reader = reader_fields(result, getattr(reader, "local", None))
         answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
         if result.no_answer is not None:
-            from cdsjax.io.replies import describe_no_answer
+            from cdsjax.io.reading.replies import describe_no_answer
 
             answer.warnings.append(describe_no_answer(result.no_answer))
     return answer

@@ -281,8 +281,8 @@ class Pipeline:
                 for rank, (note, s) in enumerate(zip(picked, np.asarray(selection.scores)[ok]), 1)]
 
     def evidence_items(self, evidence: List[dict]) -> list:
-        """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""
-        from cdsjax.io.prompt import EvidenceItem
+        """Evidence dicts as reader EvidenceItems (cdsjax.io.reading.reader), with each note's full text."""
+        from cdsjax.io.reading.prompt import EvidenceItem
 
         return [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=int(e["page"]),
                              kind=e["kind"],

@@ -1,6 +1,6 @@
 """The reader: answer a question from selected evidence through an OpenAI-compatible chat API.
 
-Retrieve-then-read ends here: the selected notes become one chat request (:mod:`cdsjax.io.prompt`: in one
+Retrieve-then-read ends here: the selected notes become one chat request (:mod:`cdsjax.io.reading.prompt`: in one
 reading order, text notes as text, visual notes as base64 ``image_url`` parts with their caption), the server (usually ``vllm serve``, see
 ``experiments/serve_reader.sh``) answers with greedy decoding, and the answer comes back with the evidence
 numbers it cites.
@@ -25,16 +25,16 @@ Configuration falls back to environment variables for fields left unset:
     CDSJAX_READER_MODEL     model name; when unset too, the server's only model is used (vLLM serves one)
     CDSJAX_READER_API_KEY   API key; when unset, "EMPTY" (what a vLLM server without --api-key accepts)
 
-The judge (:mod:`cdsjax.io.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_MODEL`` /
+The judge (:mod:`cdsjax.io.reading.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_MODEL`` /
 ``CDSJAX_JUDGE_API_KEY`` the same way, with ``OPENAI_API_KEY`` as a further key fallback.
 
 Every failure to get an answer is a :class:`ReaderError` with a one-line message and a ``kind``:
 ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``, ``model_not_found``,
 ``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. The client and its retries are
-:class:`cdsjax.io.llm.client.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
+:class:`cdsjax.io.reading.llm.client.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
 failures (connection errors, timeouts, HTTP 408/409/429/5xx, and replies that are malformed, empty or carry
 no message) are retried with exponential backoff (tenacity) before they are raised; ``timeout`` bounds the
-whole call, retries included. Replies are read by :mod:`cdsjax.io.replies`.
+whole call, retries included. Replies are read by :mod:`cdsjax.io.reading.replies`.
 :meth:`ChatClient.probe` is a quick reachability check to run before slow work, and :func:`error_dict`
 is the ``"error"`` object of ``cdsjax ask --json`` when reading fails.
 """
@@ -45,15 +45,15 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 # The client lives in llm, the reply parsing in replies.
-from cdsjax.io.llm.client import ChatClient
-from cdsjax.io.llm.config import ChatReply, ReaderConfig
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.llm.transport import count_images
-from cdsjax.io.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
-from cdsjax.io.prompt import EvidenceItem, as_evidence, build_messages, note_text, reading_order
-from cdsjax.io.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
+from cdsjax.io.reading.llm.client import ChatClient
+from cdsjax.io.reading.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.llm.transport import count_images
+from cdsjax.io.reading.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
+from cdsjax.io.reading.prompt import EvidenceItem, as_evidence, build_messages, note_text, reading_order
+from cdsjax.io.reading.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
                                starts_with, strip_thinking)
-from cdsjax.io.reply_cache import content_hash, reply_key
+from cdsjax.io.reading.reply_cache import content_hash, reply_key
 
 ABSTAIN = "Not answerable"
 DEFAULT_MAX_MODEL_LEN = 32768  # the paper's Qwen3-VL window, used when neither config nor server says
@@ -85,11 +85,11 @@ class ReaderAnswer:
         ``images`` is ``off`` or the server takes none) or "none" (the evidence had no image to send).
       dropped: the lowest-ranked notes left out: beyond the token budget, or because the request was too long
         for the server (0 when none).
-      no_answer: why the reader gave no answer (a key of :data:`cdsjax.io.replies.NO_ANSWER`: markers only,
+      no_answer: why the reader gave no answer (a key of :data:`cdsjax.io.reading.replies.NO_ANSWER`: markers only,
         echoed evidence headers, a loop), after one retry with a stricter instruction; ``text`` is then "".
       retried: why the first reply was asked again (a key of ``NO_ANSWER``), None when it was an answer.
       first_token_s: seconds from the (last) request to the first streamed piece; None when not streamed.
-      evidence_tokens: the evidence's estimated tokens as sent (:mod:`cdsjax.io.evidence_fit`).
+      evidence_tokens: the evidence's estimated tokens as sent (:mod:`cdsjax.io.reading.evidence_fit`).
       trimmed: notes sent as their sentences nearest the question (0 or 1).
       cached: the reply came from the reply cache.
       raw: the reply as written (thinking removed), also when it was no answer.
@@ -238,10 +238,10 @@ class Reader(ChatClient):
     :class:`ReaderConfig`). Creating one sends nothing; the first call does.
 
     Args (besides the config):
-      cache: a :class:`cdsjax.io.reply_cache.ReplyCache`: a request sent before (same model, messages and
+      cache: a :class:`cdsjax.io.reading.reply_cache.ReplyCache`: a request sent before (same model, messages and
         generation settings) is answered from it and sends nothing (the batch evaluation's resumable runs).
       on_use: called before and after every request (a warm local server's keep-alive lease).
-      local: what a local server that answers is (:meth:`cdsjax.io.local_reader.LocalReader.describe`), for
+      local: what a local server that answers is (:meth:`cdsjax.io.reading.local.reader.LocalReader.describe`), for
         ``ask --json``'s ``reader.local``; None for a remote server.
 
     A new backend needs nothing of its own when it speaks the OpenAI chat-completions API with streaming
@@ -277,7 +277,7 @@ class Reader(ChatClient):
             whole: bool = False, similarity=None) -> Fitted:
         """The evidence as it will be sent: filled into :meth:`evidence_tokens` in rank order, the note that
         does not fit whole cut to its sentences nearest the question
-        (:func:`cdsjax.io.evidence_fit.fit_evidence`); ``whole`` sends every note whole."""
+        (:func:`cdsjax.io.reading.evidence_fit.fit_evidence`); ``whole`` sends every note whole."""
         items = as_evidence(evidence)
         budget = None if whole else self.evidence_tokens()
         return fit_items(question, items, budget, max_text_chars=self.config.max_text_chars,
@@ -294,15 +294,15 @@ class Reader(ChatClient):
         in :func:`reading_order` (the answer's citations come back numbered as ``evidence``), visual notes
         as images or as text (``config.images``); the last notes are left out where the server still finds
         the request too long (:func:`send_evidence`). A reply that is no answer (citation markers only, the
-        evidence headers echoed, a loop: :func:`cdsjax.io.replies.no_answer`) is asked again once with a
+        evidence headers echoed, a loop: :func:`cdsjax.io.reading.replies.no_answer`) is asked again once with a
         stricter instruction; failing that, the answer's ``no_answer`` says why and its ``text`` is "".
 
         Args:
           max_tokens: new-token limit for this call (default ``config.max_tokens``).
           on_token: streams the answer: called with each piece of text as it is written, once it is an
-            answer (:class:`cdsjax.io.replies.ReplyGuard` holds back markers and echoed headers, and ends a
+            answer (:class:`cdsjax.io.reading.replies.ReplyGuard` holds back markers and echoed headers, and ends a
             stream that echoes the evidence or loops at once); None sends one request without streaming.
-          on_retry: called with the reason (a key of :data:`cdsjax.io.replies.NO_ANSWER`) before the second
+          on_retry: called with the reason (a key of :data:`cdsjax.io.reading.replies.NO_ANSWER`) before the second
             request, so a display can drop what it showed of the first.
           seed: the sampling seed sent to the server; None sends none.
           whole: send every note whole, whatever the token budget (the evaluation's ``full`` control).
@@ -397,7 +397,7 @@ class Reader(ChatClient):
 
 def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Optional[int], *,
               max_text_chars: Optional[int], images: bool = True, similarity=None) -> Fitted:
-    """:func:`cdsjax.io.evidence_fit.fit_evidence` for reader evidence: a note's text as
+    """:func:`cdsjax.io.reading.evidence_fit.fit_evidence` for reader evidence: a note's text as
     :func:`build_messages` writes it (``max_text_chars`` per note), a crop counted as an image when ``images``."""
 
     def shorten(item: EvidenceItem, room: int, q: str) -> Optional[EvidenceItem]:

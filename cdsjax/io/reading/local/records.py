@@ -1,6 +1,6 @@
 """The shared local readers' records in the cdsjax cache, and the processes they name.
 
-A local reader with a keep-alive (:mod:`cdsjax.io.local_reader`) is shared by this user's processes through a
+A local reader with a keep-alive (:mod:`cdsjax.io.reading.local.reader`) is shared by this user's processes through a
 record, ``<cache>/readers/KEY.json`` (:func:`server_key`: a hash of the model file and the settings), holding the
 server's pid, port, API key and settings. The directory is 0700 and the record 0600, both the user's own, else
 they are not used (:func:`private_readers_dir`, :func:`read_record`). A record is believed only when its process
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Optional
 
 from cdsjax.io.child import pid_alive, stop
-from cdsjax.io.local_model import cache_dir
+from cdsjax.io.reading.local.model import cache_dir
 
-SERVE_MODULE = "cdsjax.io.local_reader"  # a server's command line: python -m SERVE_MODULE _serve ... (ps shows it)
+SERVE_MODULE = "cdsjax.io.reading.local.reader"  # a server's command line: python -m SERVE_MODULE _serve ... (ps shows it)
 
 
 RECORD_VERSION = 1

@@ -2,8 +2,8 @@
 request carries; the context window a llama.cpp server states at ``GET /props``.
 
 A function here makes one request and raises what it meets (openai's errors, :class:`MalformedReply`);
-retries, deadlines and the messages of :class:`~cdsjax.io.llm.errors.ReaderError` are the client's
-(:class:`cdsjax.io.llm.client.ChatClient`).
+retries, deadlines and the messages of :class:`~cdsjax.io.reading.llm.errors.ReaderError` are the client's
+(:class:`cdsjax.io.reading.llm.client.ChatClient`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import openai
 
-from cdsjax.io.llm.errors import MalformedReply
+from cdsjax.io.reading.llm.errors import MalformedReply
 
 
 def count_images(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
-from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.reading.llm.errors import ReaderError
 
 
 IMAGE_MODES = ("auto", "on", "off")
@@ -32,8 +32,8 @@ class ReaderConfig:
       concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
       max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
         length; None asks the server (llama.cpp at /props, vLLM in /v1/models), else 32768.
-      evidence_tokens: the reader's evidence budget in estimated tokens (:mod:`cdsjax.io.evidence_fit`); None
-        derives it from the server's window (:meth:`cdsjax.io.reader.Reader.evidence_tokens`).
+      evidence_tokens: the reader's evidence budget in estimated tokens (:mod:`cdsjax.io.reading.evidence_fit`); None
+        derives it from the server's window (:meth:`cdsjax.io.reading.reader.Reader.evidence_tokens`).
       images: ``auto`` (default) sends visual notes as images until the server refuses one, then as text
         (caption, summary and surrounding text) from that request on; ``on`` always sends images (a refusal
         is an error); ``off`` never does.
