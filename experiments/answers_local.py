@@ -40,7 +40,7 @@ OUT = ROOT / "results" / "answers"
 BENCHMARKS = ("qasper", "mmlongbench")
 
 
-def build_config(bench: str, questions: int, threads: int, slots: int, variant: str = "", tokens: int = -1,
+def build_config(bench: str, questions: int, threads: int, slots: int, variant: str = "", tokens=None,
                  chosen: str = "", judge: bool = True):
     from configs import answers
 
@@ -77,7 +77,7 @@ def cached_only(config, bench: str, variant: str = ""):
     config.reader.model = DEFAULT_PRESET  # the name the cache keys carry
     config.reader.max_retries = 0
     config.judge.max_retries = 0
-    if int(config.reader.evidence_tokens) < 0:  # the budget the local reader's run had
+    if config.reader.evidence_tokens is None:  # the budget the local reader's run had
         from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
 
         config.reader.evidence_tokens = LOCAL_EVIDENCE_TOKENS
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="reader threads (default: every core)")
     p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
     p.add_argument("--variant", default="", help="a run beside the main one: results/answers/<bench>-<variant>")
-    p.add_argument("--tokens", type=int, default=-1, help="the reader's evidence tokens (-1: the local reader's "
+    p.add_argument("--tokens", type=int, default=None, help="the reader's evidence tokens (default: the local reader's "
                    "default, cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
     p.add_argument("--selectors", default="", help="selectors (default: the config's)")
     p.add_argument("--no-judge", action="store_true", help="no LLM judge: the rule-based scores alone")

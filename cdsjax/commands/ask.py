@@ -62,7 +62,7 @@ import time
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
 from cdsjax.commands.ask_display import Live, show
-from cdsjax.commands.reader_setup import make_reader
+from cdsjax.commands.reader_setup import make_reader, read_options
 from cdsjax.commands.server_client import ask_server
 from cdsjax.pipeline.defaults import DEFAULT_BUDGET
 
@@ -213,6 +213,7 @@ def _ask_local(args, paths, question, options, stack):
     compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args, stack)
+    read = read_options(args, reader)  # the read's evidence budget: the flags, else the reader's default
     # the reader module imports openai (~0.7 s): only when a reader is configured
     reader_errors = ()
     if reader is not None:
@@ -240,7 +241,7 @@ def _ask_local(args, paths, question, options, stack):
         if reader is not None and unreachable is None:
             read_from = time.perf_counter() - args.started
             # streamed for --json too: the guard stops an echo or a loop early, and the first token is timed
-            pipe.read(answer, on_token=live.token if live else (lambda _: None), on_retry=live.retry if live else None)
+            pipe.read(answer, read, on_token=live.token if live else None, on_retry=live.retry if live else None)
             if "first_token" in answer.timings:  # from the command's start, as "evidence"
                 answer.timings["first_token"] += read_from
         if unreachable is not None:
@@ -283,7 +284,8 @@ def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
         raise CLIError("--agent planning needs a reader: pass --reader-url, set CDSJAX_READER_URL, or install "
                        "the local one (pip install 'cdsjax[reader]')")
     result = run_planning(pipe, question, reader=reader, selector=args.selector, budget=args.budget,
-                          options=options, combined=args.combined, tau_max=args.tau_max).to_dict()
+                          options=options, combined=args.combined, tau_max=args.tau_max,
+                          read_options=read_options(args, reader)).to_dict()
     result["timings"]["load"] = load_s
     if args.json:
         print(json.dumps(result, indent=2, default=float))

@@ -55,9 +55,14 @@ def add_arguments(p) -> None:
     add_reader_arguments(p)
 
 
-def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> list:
-    """The reader's answer from each selector's evidence: ``{selector, answer, cited: [{n, page, role}],
-    seconds, error}`` per selector, in order."""
+def answer_side_by_side(pipe, question: str, budget: int, selectors, reader, options=None) -> list:
+    """The reader's answer from each selector's evidence (read with ``options``, a
+    :class:`cdsjax.io.reading.options.ReadOptions`): ``{selector, answer, cited: [{n, page, role}], seconds,
+    error}`` per selector, in order."""
+    import dataclasses
+
+    from cdsjax.io.reading.options import ReadOptions
+
     from cdsjax import demo
     from cdsjax.io.reading.llm.errors import ReaderError
 
@@ -67,7 +72,7 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
         t0 = time.perf_counter()
         try:
             result = reader.answer(question, pipe.evidence_items(answer.evidence),
-                                   similarity=pipe.sentence_similarity)
+                                   dataclasses.replace(options or ReadOptions(), similarity=pipe.sentence_similarity))
             text, cited, error = result.text or None, list(result.cited), None
             if result.no_answer is not None:
                 from cdsjax.io.reading.replies import describe_no_answer
@@ -126,7 +131,7 @@ def run(args) -> int:
     from rich import box
 
     from cdsjax import demo
-    from cdsjax.commands.reader_setup import make_reader
+    from cdsjax.commands.reader_setup import make_reader, read_options
     from cdsjax.io.compilation_cache import enable_compilation_cache
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
     from cdsjax.io.reading.local.held import stop_on_sigterm
@@ -162,7 +167,7 @@ def run(args) -> int:
             from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
 
             answers = answer_side_by_side(pipe, demo.QUESTION, args.budget, [DEFAULT_SELECTOR, REFERENCE_SELECTOR],
-                                          reader)
+                                          reader, read_options(args, reader))
         elif not args.no_read:
             reader_note = ("no reader: install the local one (pip install 'cdsjax[reader]'; `make demo` does) or "
                            "pass --reader-url")

@@ -48,7 +48,7 @@ def make_reader(args, stack=None):
 
         model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
         return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
-                                   images=images, evidence_tokens=getattr(args, "evidence_tokens", None)))
+                                   images=images))
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
@@ -69,7 +69,20 @@ def make_reader(args, stack=None):
         raise CLIError(f"local reader: {err}", 1) from None
     from cdsjax.io.reading.reader import Reader
 
-    tokens = getattr(args, "evidence_tokens", None)
-    tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens
     return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
-                                      images=images, evidence_tokens=tokens), local=local.describe())
+                                      images=images), local=local.describe())
+
+
+def read_options(args, reader):
+    """The :class:`cdsjax.io.reading.options.ReadOptions` of the command's flags: ``--evidence-tokens``, else the
+    local reader's :data:`~cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS` when ``reader`` is the local one, else
+    None (a remote server's budget is derived from its window); one line for a value out of range."""
+    from cdsjax.io.reading.options import ReadOptions
+
+    tokens = getattr(args, "evidence_tokens", None)
+    if tokens is None and getattr(reader, "local", None) is not None:
+        tokens = LOCAL_EVIDENCE_TOKENS
+    try:
+        return ReadOptions(evidence_tokens=tokens)
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err).replace("ReadOptions.evidence_tokens", "--evidence-tokens"), 2) from None

@@ -41,9 +41,9 @@ def reader_settings() -> ml_collections.ConfigDict:
         # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
         "local_keep_alive": ml_collections.config_dict.placeholder(float),
         "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
-        # the evidence's token budget (cdsjax.io.reading.evidence_fit): -1 the reader's own (the local reader's default,
-        # else derived from the server's window); 0 every note whole; N that many estimated tokens
-        "evidence_tokens": -1,
+        # the evidence's token budget (cdsjax.io.reading.evidence_fit), for any reader: None the reader's own (the
+        # local reader's default, else derived from the server's window); 0 every note whole; N that many tokens
+        "evidence_tokens": ml_collections.config_dict.placeholder(int),
     })
 
 
@@ -145,14 +145,16 @@ def _environ(name: str, value: Optional[str]):
 
 def evidence_tokens(config) -> Optional[int]:
     """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
-    token budgets; -1, the default: the local reader's :data:`cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS` with
-    ``config.reader.local``, else derived from the server's window)."""
+    token budgets; None, the default: the local reader's :data:`cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS`
+    with ``config.reader.local``, else None, derived from the server's window)."""
     from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
 
     r = config.reader
-    value = int(r.get("evidence_tokens", -1))
-    if value >= 0:
-        return value
+    value = r.get("evidence_tokens", None)
+    if value is not None:
+        if int(value) < 0:
+            raise ValueError(f"config.reader.evidence_tokens must be >= 0 (or None: the reader's own), got {value}")
+        return int(value)
     return LOCAL_EVIDENCE_TOKENS if bool(r.get("started_local", False)) else None
 
 
@@ -166,7 +168,7 @@ def clients(config, cache: Optional[ReplyCache] = None):
                       max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
                       temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
                       concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)),
-                      images=str(r.get("images", "auto")), evidence_tokens=evidence_tokens(config))
+                      images=str(r.get("images", "auto")))
     reader = Reader(rc, cache=cache)
     j = config.get("judge", None) or judge_settings()
     if not bool(j.get("enabled", True)):

@@ -52,7 +52,8 @@ import numpy as np
 from cdsjax.eval import answer_scoring as S
 from cdsjax.eval.answer_evidence import (EvidenceSource, cites_gold, fits_reader, full_document_ids, gold_answers,
                                         judge_call, sent_has_answer, sentence_similarity)
-from cdsjax.eval.reader_setup import clients, control_labels
+from cdsjax.eval.reader_setup import clients, control_labels, evidence_tokens
+from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.reading.reply_cache import ReplyCache
 
 ANSWERS_FILE = "answers.jsonl"
@@ -108,6 +109,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             + (f" and config.reader.max_images={max_images}" if max_images else ""))
     cache = ReplyCache(out_dir / "replies")
     reader, judge = clients(config, cache)
+    tokens = evidence_tokens(config)  # the reads' evidence budget ("full" reads every note whole)
     similarity = sentence_similarity(embedder) if embedder is not None else None
 
     model = str(r.model) or reader.model
@@ -128,8 +130,9 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             # the one reading path (ask, serve and the pipeline read through it too): token budget, reply cache,
             # a reply that is no answer asked again once
             items = source.items(ids)
-            out = reader.answer(q.question, items, max_tokens=max_tokens, seed=seed,
-                                whole=label == "full", on_token=lambda _: None, similarity=similarity)
+            options = ReadOptions(evidence_tokens=0 if label == "full" else tokens, answer_tokens=max_tokens,
+                                  seed=seed, similarity=similarity)
+            out = reader.answer(q.question, items, options)
             text = out.text
             rec.update(answer=text, reply=out.raw, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
                        sent=[i.note_id for i in out.evidence], evidence_tokens=out.evidence_tokens,

@@ -108,12 +108,13 @@ def scanned_warning(evidence: List[dict], corpus: Corpus) -> Optional[str]:
             f"({where}; OCR: {'/'.join(states)}): {how}")
 
 
-def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None, on_token=None,
+def read_answer(reader, answer: Answer, items: Sequence[Any], options=None, *, on_token=None,
                 on_retry=None) -> Answer:
     """Has ``reader`` (a :class:`cdsjax.io.reading.reader.Reader`) answer ``answer.question`` from ``items`` (the
     reader's :class:`~cdsjax.io.reading.reader.EvidenceItem` of ``answer.evidence``), in place, through the one reading
-    path (:meth:`cdsjax.io.reading.reader.Reader.answer`): the evidence fitted to the reader's token budget, the note that
-    does not fit cut to its sentences nearest the question (``similarity(question, sentences)``), the answer
+    path (:meth:`cdsjax.io.reading.reader.Reader.answer`): the evidence fitted to the read's token budget
+    (``options``, a :class:`cdsjax.io.reading.options.ReadOptions`), the note that does not fit cut to its
+    sentences nearest the question (``options.similarity``), the answer
     streamed to ``on_token`` as it is written, and a reply that is no answer asked again once.
 
     A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why; a reply
@@ -124,7 +125,7 @@ def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None
 
     t0 = time.perf_counter()
     try:
-        result = reader.answer(answer.question, items, on_token=on_token, on_retry=on_retry, similarity=similarity)
+        result = reader.answer(answer.question, items, options, on_token=on_token, on_retry=on_retry)
     except ReaderError as err:  # the selection is kept: answer stays None and ``error`` says why
         result = None
         answer.error = error_dict(err)

@@ -16,8 +16,11 @@ Two things a small local server (llama.cpp) needs, handled by :func:`send_eviden
   shorter request is sent; the answer's ``dropped`` and a warning say how many were left out.
 
     reader = Reader(base_url="http://localhost:8000/v1", model="Qwen/Qwen3-VL-32B-Instruct")
-    out = reader.answer("What accuracy does Table 2 report?", evidence)
+    out = reader.answer("What accuracy does Table 2 report?", evidence, ReadOptions(evidence_tokens=700))
     out.text, out.cited   # "91.2% [3]", (3,)
+
+The reader is a client (how to reach the server, :class:`ReaderConfig`) shared by threads; what one answer may
+use (its evidence budget, answer tokens, seed) is that call's :class:`~cdsjax.io.reading.options.ReadOptions`.
 
 Configuration falls back to environment variables for fields left unset:
 
@@ -49,6 +52,7 @@ from cdsjax.io.reading.llm.client import ChatClient
 from cdsjax.io.reading.llm.config import ChatReply, ReaderConfig
 from cdsjax.io.reading.llm.errors import ReaderError
 from cdsjax.io.reading.llm.transport import count_images
+from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.reading.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
 from cdsjax.io.reading.prompt import EvidenceItem, as_evidence, build_messages, note_text, reading_order
 from cdsjax.io.reading.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
@@ -257,14 +261,16 @@ class Reader(ChatClient):
         self.on_use = on_use
         self.local = local
 
-    def evidence_tokens(self) -> Optional[int]:
-        """The evidence's token budget: ``config.evidence_tokens`` when set (the local reader's is set by
-        whoever starts it; 0: no budget, every note whole), else what the server's window leaves once the
-        answer, the instructions and the question have room (:meth:`max_model_len` minus ``config.max_tokens``
-        minus :data:`PROMPT_RESERVE_TOKENS`), at least :data:`MIN_EVIDENCE_TOKENS`."""
-        if self.config.evidence_tokens is not None:
-            return int(self.config.evidence_tokens) or None
-        return max(MIN_EVIDENCE_TOKENS, self.max_model_len() - int(self.config.max_tokens) - PROMPT_RESERVE_TOKENS)
+    def evidence_tokens(self, options: Optional[ReadOptions] = None) -> Optional[int]:
+        """The evidence's token budget of a read: ``options.evidence_tokens`` when set (0: no budget, every note
+        whole: None is returned), else what the server's window leaves once the answer, the instructions and the
+        question have room (:meth:`max_model_len` minus the answer's tokens minus :data:`PROMPT_RESERVE_TOKENS`),
+        at least :data:`MIN_EVIDENCE_TOKENS`."""
+        options = options or ReadOptions()
+        if options.evidence_tokens is not None:
+            return int(options.evidence_tokens) or None
+        answer = int(options.answer_tokens or self.config.max_tokens)
+        return max(MIN_EVIDENCE_TOKENS, self.max_model_len() - answer - PROMPT_RESERVE_TOKENS)
 
     def max_model_len(self) -> int:
         """The context window: ``config.max_model_len``, else the server's (:meth:`ChatClient.context_size`:
@@ -273,21 +279,20 @@ class Reader(ChatClient):
             return self.config.max_model_len
         return self.context_size() or DEFAULT_MAX_MODEL_LEN
 
-    def fit(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
-            whole: bool = False, similarity=None) -> Fitted:
+    def fit(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+            options: Optional[ReadOptions] = None) -> Fitted:
         """The evidence as it will be sent: filled into :meth:`evidence_tokens` in rank order, the note that
-        does not fit whole cut to its sentences nearest the question
-        (:func:`cdsjax.io.reading.evidence_fit.fit_evidence`); ``whole`` sends every note whole."""
+        does not fit whole cut to its sentences nearest the question (``options.similarity``;
+        :func:`cdsjax.io.reading.evidence_fit.fit_evidence`)."""
+        options = options or ReadOptions()
         items = as_evidence(evidence)
-        budget = None if whole else self.evidence_tokens()
-        return fit_items(question, items, budget, max_text_chars=self.config.max_text_chars,
+        return fit_items(question, items, self.evidence_tokens(options), max_text_chars=self.config.max_text_chars,
                          images=self.takes_images is not False and self.config.images != "off",
-                         similarity=similarity)
+                         similarity=options.similarity)
 
-    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
-               max_tokens: Optional[int] = None, on_token: Optional[Callable[[str], None]] = None,
-               on_retry: Optional[Callable[[str], None]] = None, seed: Optional[int] = None,
-               whole: bool = False, similarity=None) -> ReaderAnswer:
+    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+               options: Optional[ReadOptions] = None, *, on_token: Optional[Callable[[str], None]] = None,
+               on_retry: Optional[Callable[[str], None]] = None) -> ReaderAnswer:
         """Answers ``question`` from ``evidence`` (best first).
 
         The evidence is fitted to the token budget in rank order (:meth:`fit`), then numbered [1].. in the prompt
@@ -297,44 +302,45 @@ class Reader(ChatClient):
         evidence headers echoed, a loop: :func:`cdsjax.io.reading.replies.no_answer`) is asked again once with a
         stricter instruction; failing that, the answer's ``no_answer`` says why and its ``text`` is "".
 
+        The reply is always streamed through :class:`cdsjax.io.reading.replies.ReplyGuard`, whatever the caller
+        displays: the guard holds back markers and echoed headers, and ends a stream that echoes the evidence or
+        loops at once.
+
         Args:
-          max_tokens: new-token limit for this call (default ``config.max_tokens``).
-          on_token: streams the answer: called with each piece of text as it is written, once it is an
-            answer (:class:`cdsjax.io.reading.replies.ReplyGuard` holds back markers and echoed headers, and ends a
-            stream that echoes the evidence or loops at once); None sends one request without streaming.
+          options: this read's evidence budget, answer tokens, seed and sentence similarity
+            (:class:`~cdsjax.io.reading.options.ReadOptions`; None: the reader's defaults).
+          on_token: called with each piece of the answer as it is written, once it is an answer; None shows
+            nothing (the reply is guarded all the same).
           on_retry: called with the reason (a key of :data:`cdsjax.io.reading.replies.NO_ANSWER`) before the second
             request, so a display can drop what it showed of the first.
-          seed: the sampling seed sent to the server; None sends none.
-          whole: send every note whole, whatever the token budget (the evaluation's ``full`` control).
-          similarity: ``similarity(question, sentences)`` -> scores, for trimming (default: word overlap).
 
         Raises:
           ReaderError: the server could not give a reply (after retries where retrying makes sense).
         """
+        options = options or ReadOptions()
+        max_tokens, seed = options.answer_tokens, options.seed
+        show = on_token if on_token is not None else (lambda _piece: None)
         items = as_evidence(evidence)
-        fitted = self.fit(question, items, whole=whole, similarity=similarity)
+        fitted = self.fit(question, items, options)
         problem, retried, first, sent, reply, cached = None, None, None, None, None, False
         for strict in (False, True):
             shown: dict = {}  # the guard and the citation renumbering of the request last sent
 
             def send(messages, kept):
-                guard = None
-                if on_token is not None:  # the answer as written, its citations numbered as the caller's evidence
-                    shown["stream"] = CitationStream(on_token, prompt_numbers(items, kept))
-                    shown["guard"] = guard = ReplyGuard(shown["stream"])
+                # the answer as written, its citations numbered as the caller's evidence
+                shown["stream"] = CitationStream(show, prompt_numbers(items, kept))
+                shown["guard"] = guard = ReplyGuard(shown["stream"])
                 return self.reply(messages, max_tokens=max_tokens, seed=seed, on_token=guard)
 
             sent = send_evidence(self, question, fitted.items, send, max_text_chars=self.config.max_text_chars,
                                  strict=strict, known=self._known(max_tokens, seed))
             reply, cached = sent.result
             first = reply.first_token_s if first is None else first
-            guard = shown.get("guard")
-            problem = (guard.problem if guard is not None else None) or \
-                no_answer(reply.content, finish_reason=reply.finish_reason)
+            guard = shown["guard"]
+            problem = guard.problem or no_answer(reply.content, finish_reason=reply.finish_reason)
             if problem is None:
-                if guard is not None:
-                    guard.release()
-                    shown["stream"].flush()
+                guard.release()
+                shown["stream"].flush()
                 break
             if not strict:
                 retried = problem
