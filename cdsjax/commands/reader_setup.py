@@ -53,20 +53,17 @@ def make_reader(args, stack=None):
     if model is None or stack is None:
         return None
     from cdsjax.io.reading.local.model import LocalReaderError
-    from cdsjax.io.reading.local.reader import LocalReader, LocalReaderConfig, keep_alive_setting
+    from cdsjax.io.reading.local.reader import start_local_reader
 
     try:
-        config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
-                                   slots=args.reader_slots,
-                                   keep_alive=keep_alive_setting(getattr(args, "keep_alive", None)))
+        local = start_local_reader(model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
+                                   slots=args.reader_slots, keep_alive=getattr(args, "keep_alive", None),
+                                   progress=sys.stderr.isatty() and not getattr(args, "json", False))
     except ValueError as err:
         raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
-    local = LocalReader(config, progress=sys.stderr.isatty() and not getattr(args, "json", False))
-    stack.callback(local.close)
-    try:
-        local.start()
     except LocalReaderError as err:
         raise CLIError(f"local reader: {err}", 1) from None
+    stack.callback(local.close)
     from cdsjax.io.reading.reader import Reader
 
     return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,

@@ -7,8 +7,6 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
-from cdsjax.io.reading.llm.errors import ReaderError
-
 
 IMAGE_MODES = ("auto", "on", "off")
 
@@ -79,6 +77,8 @@ class ReaderConfig:
         env = os.environ
         base_url = self.base_url or env.get(f"{env_prefix}_URL") or None
         if not base_url:
+            from cdsjax.io.reading.llm.errors import ReaderError  # openai loads with it: not when flags are parsed
+
             raise ReaderError(f"no server URL configured: pass base_url or set {env_prefix}_URL", kind="config")
         api_key = self.api_key or env.get(f"{env_prefix}_API_KEY")
         for name in key_fallbacks:

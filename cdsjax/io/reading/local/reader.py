@@ -334,6 +334,32 @@ class LocalReader:
         self.close()
 
 
+def start_local_reader(model: str, *, threads: int = LocalReaderConfig.threads,
+                       ctx_per_slot: int = LocalReaderConfig.ctx_per_slot, slots: int = LocalReaderConfig.slots,
+                       keep_alive: Optional[float] = None, progress: bool = False) -> LocalReader:
+    """The one start of the local reader, for the commands (``ask``, ``serve``, ``demo``) and the evaluation alike:
+    this user's running server for the same model and settings, else one started now and waited for. The caller
+    closes it (``close()``, or leaving ``with``); its API key is ``.api_key``, passed on as an argument.
+
+    Args:
+      model, threads, ctx_per_slot, slots: see :class:`LocalReaderConfig` (whose defaults these are).
+      keep_alive: seconds it stays up after its last use; None: :func:`keep_alive_setting`'s default.
+      progress: a progress bar while a preset's model file is assembled.
+
+    Raises:
+      ValueError: a setting out of range (one line naming it).
+      LocalReaderError: the server could not start (one line).
+    """
+    config = LocalReaderConfig(model=model, threads=threads, ctx_per_slot=ctx_per_slot, slots=slots,
+                               keep_alive=keep_alive_setting(keep_alive))
+    local = LocalReader(config, progress=progress)
+    try:
+        return local.start()
+    except BaseException:
+        local.close()
+        raise
+
+
 @contextlib.contextmanager
 def _holding(lock):
     """Holds a starters' lock; one line when another process has held it past the lock's timeout."""
