@@ -78,7 +78,7 @@ def cached_only(config, bench: str, variant: str = ""):
     config.reader.max_retries = 0
     config.judge.max_retries = 0
     if config.reader.evidence_tokens is None:  # the budget the local reader's run had
-        from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+        from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
 
         config.reader.evidence_tokens = LOCAL_EVIDENCE_TOKENS
     return config
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
     p.add_argument("--variant", default="", help="a run beside the main one: results/answers/<bench>-<variant>")
     p.add_argument("--tokens", type=int, default=None, help="the reader's evidence tokens (default: the local reader's "
-                   "default, cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
+                   "default, cdsjax.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
     p.add_argument("--selectors", default="", help="selectors (default: the config's)")
     p.add_argument("--no-judge", action="store_true", help="no LLM judge: the rule-based scores alone")
     p.add_argument("--from-cache", action="store_true",

@@ -71,7 +71,7 @@ class RuleBasedModel:
         self.max_nodes = max_nodes
 
     def __call__(self, req):
-        from cdsjax.agents import planning
+        from cdsjax.agents import prompts as planning
 
         system = req["messages"][0]["content"]
         text = "\n".join(m["content"] if isinstance(m.get("content"), str) else

@@ -12,7 +12,8 @@ import pytest
 from cdsjax import core
 from cdsjax.core.compat import cds_select
 from cdsjax.core.games.affinity import build_affinity, problem_affinity
-from cdsjax.core.games.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
+from cdsjax.core.games.learned import LearnedParams, kind_codes, learned_affinity
+from cdsjax.core.types import NOTE_KINDS
 
 
 def as_problem(p, **extra):

@@ -13,7 +13,8 @@ from cdsjax import cli
 from cdsjax.core.compat import cds_peel, cds_select
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.agents import plan as P
-from cdsjax.agents.planning import PlanningAgent, make_retriever
+from cdsjax.agents.agent import PlanningAgent
+from cdsjax.agents.retrieval import make_retriever
 from cdsjax.io.reading.llm.config import ReaderConfig
 from cdsjax.io.reading.llm.errors import ReaderError
 from cdsjax.io.reading.prompt import EvidenceItem, reading_order

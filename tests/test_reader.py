@@ -10,7 +10,8 @@ from PIL import Image
 from cdsjax.io.reading.llm.config import ReaderConfig
 from cdsjax.io.reading.llm.errors import ReaderError
 from cdsjax.io.reading.options import ReadOptions
-from cdsjax.io.reading.reader import Reader, parse_citations
+from cdsjax.io.reading.reader import Reader
+from cdsjax.io.reading.replies import parse_citations
 from cdsjax.io.reading.prompt import EvidenceItem, build_messages
 from cdsjax.io.util import free_port
 from tests.scripted_server import OpenAIServer, completion, message_images, message_text

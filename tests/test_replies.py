@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from cdsjax.agents import plan as P
-from cdsjax.agents.planning import NodeResult
+from cdsjax.agents.trace import NodeResult
 from cdsjax.agents.plan import PlanNode
 from cdsjax.io.reading.judge import parse_verdict
 from cdsjax.io.reading.llm.client import ChatClient

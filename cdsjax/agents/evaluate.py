@@ -117,7 +117,8 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
     Returns:
       ``(records, summary rows)``.
     """
-    from cdsjax.agents.planning import PlanningAgent, make_retriever
+    from cdsjax.agents.agent import PlanningAgent
+    from cdsjax.agents.retrieval import make_retriever
     from cdsjax.eval import metrics as M
     from cdsjax.eval import problems as P
     from cdsjax.eval import report, scoring

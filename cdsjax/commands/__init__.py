@@ -4,7 +4,7 @@
 they import it from their own package, so no subcommand imports the module that imports it.
 """
 
-from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
 
 
 class CLIError(Exception):

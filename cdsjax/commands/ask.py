@@ -40,7 +40,7 @@ When reading fails (server down, errors after retries, malformed replies) the ev
 by a quick check before the question is encoded.
 
 With ``--agent planning`` (a DAG of sub-questions, G²-Reader §3.3; needs a reader) the object is
-``cdsjax.agents.planning.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
+``cdsjax.agents.trace.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
 reasoner read), reader, error, and ``trace`` = {probe, rounds: [{round, plan_source, plan: {nodes, order},
 plan_repairs, plan_error, nodes: [{id, question, needs, answer, cited, evidence, ...}], verdict:
 {sufficient, gaps}, retrieval}], stop_reason, explored_note_ids, llm_calls, usage}.
@@ -64,7 +64,7 @@ from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argumen
 from cdsjax.commands.ask_display import Live, show
 from cdsjax.commands.reader_setup import make_reader, read_options
 from cdsjax.commands.server_client import ask_server
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -278,7 +278,7 @@ def emit(result: dict, as_json: bool, shown: bool = False) -> int:
 
 
 def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
-    from cdsjax.agents.planning import run_planning
+    from cdsjax.agents.retrieval import run_planning
 
     if reader is None:
         raise CLIError("--agent planning needs a reader: pass --reader-url, set CDSJAX_READER_URL, or install "

@@ -8,7 +8,7 @@ import sys
 from typing import Optional
 
 from cdsjax.commands import CLIError
-from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
 
 
 def local_reader_model(args) -> Optional[str]:
@@ -72,7 +72,7 @@ def make_reader(args, stack=None):
 
 def read_options(args, reader):
     """The :class:`cdsjax.io.reading.options.ReadOptions` of the command's flags: ``--evidence-tokens``, else the
-    local reader's :data:`~cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS` when ``reader`` is the local one, else
+    local reader's :data:`~cdsjax.defaults.LOCAL_EVIDENCE_TOKENS` when ``reader`` is the local one, else
     None (a remote server's budget is derived from its window); one line for a value out of range."""
     from cdsjax.io.reading.options import ReadOptions
 

@@ -57,7 +57,7 @@ import time
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
 from cdsjax.commands.policy import DEFAULT_MAX_PDF_MB, LOOPBACK_NAMES, MAX_BUDGET, is_loopback, is_text
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0

@@ -29,7 +29,7 @@ from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
 from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.util import one_line
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503

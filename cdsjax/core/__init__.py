@@ -47,7 +47,7 @@ from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
 from cdsjax.core.implicit import (ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative, cds_equilibrium,
                                   equilibrium)
-from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status, Strategy
+from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Strategy
 from cdsjax.core.registry import SPECS, SelectorSpec, make_selector
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.inimdyn import InImDyn
@@ -59,7 +59,7 @@ from cdsjax.core.strategies.cds import cds
 from cdsjax.core.strategies.select import Peel, Single
 from cdsjax.core.strategies.shared import Shared
 from cdsjax.core.strategies.support import Support
-from cdsjax.core.types import (CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, Selector, SolverResult,
+from cdsjax.core.types import (CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, Selector, SolverResult, Status,
                                with_corpus_arrays)
 
 # The public API (what ``from cdsjax.core import *`` gives): the problem, the games, the solvers and adjoints, the

@@ -134,9 +134,9 @@ def local_reader(config, log: Callable[[str], None] = print):
 
 def evidence_tokens(config) -> Optional[int]:
     """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
-    token budgets; None, the default: the local reader's :data:`cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS`
+    token budgets; None, the default: the local reader's :data:`cdsjax.defaults.LOCAL_EVIDENCE_TOKENS`
     with ``config.reader.local``, else None, derived from the server's window)."""
-    from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+    from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
 
     r = config.reader
     value = r.get("evidence_tokens", None)

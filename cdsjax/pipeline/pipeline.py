@@ -42,7 +42,7 @@ from cdsjax.pipeline.cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_se
 from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 from cdsjax.pipeline.compiled import Choice, bind, compile_selector
 from cdsjax.pipeline.corpus import Corpus, checked_embedder
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.pipeline.errors import PipelineError
 from cdsjax.pipeline.evidence import evidence_item
 from cdsjax.pipeline.selection import Candidates, CorpusArrays, note_structure
@@ -268,7 +268,7 @@ class Pipeline:
     def with_bound(self, fn, problem: core.CDSProblem, key: tuple, *, traced: Optional[dict] = None) -> core.CDSProblem:
         """``problem`` carrying the spectral bound and the note block of ``fn``'s game on this corpus, computed
         on the first question and kept (per selector and number of query rows): the corpus's one
-        eigendecomposition replaces one per question (:func:`cdsjax.core.games.spectral.problem_bound`; same picks bit
+        eigendecomposition replaces one per question (:func:`cdsjax.core.games.affinity.corpus_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
         (:func:`cdsjax.core.strategies.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
         (``Choice.traced``), which the bound and block depend on."""

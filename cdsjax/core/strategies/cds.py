@@ -82,7 +82,7 @@ def cds(
         (the learned one; it reads the problem's structure arrays).
       options: :class:`SolveOptions` (the solver object, threshold, limits, init, fill); its default solver is
         ``Replicator()`` (paper mode).
-      budget: static number of notes to return (no default here: the product layer holds it, cdsjax.pipeline.defaults.DEFAULT_BUDGET).
+      budget: static number of notes to return (no default here: the product layer holds it, cdsjax.defaults.DEFAULT_BUDGET).
       x0: ``Single`` only, an ``[m+n]`` initial point; overrides ``options.init``.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint`,
         :class:`~cdsjax.core.LoopAdjoint`, :class:`~cdsjax.core.NoDerivative` or :class:`~cdsjax.core.NoAdjoint`;

@@ -6,7 +6,7 @@ learned game without relevance-weighted repulsion the payoff of a single-vertex 
 .. math:: M = \begin{pmatrix} 0 & r^\top \\ r & W - \alpha I \end{pmatrix},
 
 where only the relevance row :math:`r` reads the question: the note block :math:`W` and the penalty
-:math:`\alpha` are the corpus's (:mod:`cdsjax.core.games.spectral` gives the bound once). Building :math:`W` costs
+:math:`\alpha` are the corpus's (:mod:`cdsjax.core.games` gives the bound once). Building :math:`W` costs
 O(n² d) per question (0.4 GFLOP at n = 1024, 38 at 10,000), and solving on the dense ``[n+1, n+1]``
 affinity adds copies of it; :func:`problem_block` builds :math:`W` once (the same functions as the dense
 affinity), and a question posed with it (a :class:`~cdsjax.core.types.BlockProblem`, with ``bound``) is solved by
