@@ -172,7 +172,7 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
         jax.jit(jax.grad(weight))(jnp.asarray(qs[0]), block)
     # asking for one (an adjoint) with a block: refused at the call, before any tracing of a derivative
     problem = core.with_corpus_arrays(base, bound, block)
-    for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
+    for adjoint in (core.ImplicitAdjoint(), core.ForwardLoopAdjoint()):
         with pytest.raises(ValueError, match="adjoint"):
             core.cds(problem, core.Single(), SHIPPED, solver=SERVING_SOLVER, budget=5, adjoint=adjoint)
     # without the block the same solver's dense form is differentiable

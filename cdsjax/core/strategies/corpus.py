@@ -23,7 +23,7 @@ payoff). Whether a selector poses its questions on the block at all is the selec
 ``cds`` keeps paper mode on the dense payoff it is defined on).
 
 The block is stored, not built from the game's differentiable values, so this solve has no derivative: it
-runs under :class:`~cdsjax.core.implicit.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
+runs under :class:`~cdsjax.core.adjoints.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
 derivative), and asking for one (an adjoint other than ``NoAdjoint`` / ``NoDerivative``) raises at the call;
 give the question as a plain :class:`~cdsjax.core.types.CDSProblem` (the dense path) to differentiate a
 selection.
@@ -36,7 +36,8 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.implicit import NO_DERIVATIVE, NoAdjoint, equilibrium
+from cdsjax.core.adjoints import NoAdjoint
+from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.games.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.ranking import query_cosine, read_out
 from cdsjax.core.solvers.options import SolveOptions
@@ -66,7 +67,7 @@ def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Option
         (problem.queries.shape[-2] != 1, "it has several query rows"),
         (problem.pinned is not None, "it pins notes"),
         (x0 is not None or options.init != "uniform", "a start is given"),
-        (adjoint is not None and not isinstance(adjoint, NO_DERIVATIVE),
+        (adjoint is not None and getattr(adjoint, "gives_derivative", True),
          f"an adjoint ({type(adjoint).__name__}) asks for a derivative, and the corpus block has none"),
     ) if bad]
     if reasons:
@@ -91,7 +92,7 @@ def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budg
     ``problem`` is a :class:`BlockProblem`: its ``note_block`` (:func:`problem_block`) and ``bound`` (the game's
     ``corpus_bound``) of the game ``params`` (:func:`check_block_problem` says
     where it may not); the read-out (threshold, fill rule by the KKT slack, then cosine) is that of the dense
-    path. :func:`~cdsjax.core.implicit.equilibrium` runs it under ``adjoint`` (None: :data:`BLOCK_ADJOINT`, or a
+    path. :func:`~cdsjax.core.equilibrium.equilibrium` runs it under ``adjoint`` (None: :data:`BLOCK_ADJOINT`, or a
     ``NoDerivative()`` the caller gave): differentiating it (in
     the notes, the question, the block or the game) raises :class:`ValueError`; the dense path
     (:meth:`BlockProblem.dense_problem`) is differentiable.

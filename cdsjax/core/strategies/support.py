@@ -72,7 +72,8 @@ from jax import Array, lax
 from typing import Optional
 
 from cdsjax.core.games.affinity import problem_affinity
-from cdsjax.core.implicit import Adjoint, NoDerivative, equilibrium
+from cdsjax.core.adjoints import Adjoint, NoDerivative
+from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers.options import SolveOptions
