@@ -40,7 +40,7 @@ def demo_selectors() -> list:
     converged = (n for n, s in SPECS.items()
                  if s.solver_label in ("active_set", "pdas") and (s.needs_links or s.structure)
                  and n != LEARNED_SELECTOR)
-    names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
+    names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.paper_mode), LEARNED_SELECTOR,
                            *converged,
                            *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)])
     return [(display(n) + (" (default)" if n == DEFAULT_SELECTOR else ""), display(n)) for n in names]

@@ -42,7 +42,7 @@ Modules, grouped by job (import a name that is not in ``__all__`` from its modul
 """
 
 from cdsjax.core.batching import batch_apply, batched
-from cdsjax.core.diagnostics import diagnostics
+from cdsjax.core.diagnostics import diagnostics, ran_paper_mode, solver_mode
 from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
@@ -114,6 +114,8 @@ __all__ = [
     "Status",
     "CONVERGED",
     "diagnostics",
+    "ran_paper_mode",
+    "solver_mode",
     # selectors by name, one calling convention
     "Selector",
     "SelectorSpec",

@@ -80,12 +80,12 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     head = (f"CDS {diagnostics['mode']} mode {ended} after {diagnostics['num_iters']} steps "
             f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
     reference = catalog.display(catalog.REFERENCE_SELECTOR)
-    if diagnostics["mode"] == "paper":
+    if core.ran_paper_mode(diagnostics):
         return (head + f" — use --selector {catalog.display(DEFAULT_SELECTOR)} (the default) for the equilibrium, "
                 f"or {reference}")
     default_solver = core.SPECS[DEFAULT_SELECTOR].solver
     other = next(catalog.display(s.name) for s in core.SPECS.values()
-                 if s.mode == "converged" and s.solver != default_solver)
+                 if s.converged_mode and s.solver != default_solver)
     return head + f" — try --selector {other} or {reference}"
 
 

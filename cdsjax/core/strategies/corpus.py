@@ -47,16 +47,32 @@ BLOCK_ADJOINT = NoAdjoint("a BlockProblem is solved on its corpus block, which h
                           "as a CDSProblem (BlockProblem.dense_problem(), the dense path) to differentiate the selection")
 
 
-def problem_block(problem: CDSProblem, params, options: SolveOptions) -> Optional[Array]:
+class NoCorpusBlock(ValueError):
+    """A question that cannot be solved on its corpus's note block; the message says why."""
+
+
+def problem_block(problem: CDSProblem, params, options: SolveOptions) -> Array:
     r"""The note block :math:`W` ``[n, n]`` the game ``params`` uses on ``problem``'s corpus, built once for every
-    question (as the dense affinity builds it); None where :func:`solve_on_block` does not apply: several query
-    rows, pinned notes, ``alpha_from="full"``, a start other than uniform (``init``), or a note block that reads
-    the question (a learned game with relevance-weighted repulsion, any other game)."""
+    question (as the dense affinity builds it).
+
+    Raises:
+      NoCorpusBlock: where :func:`solve_on_block` does not apply, saying why: several query rows, pinned notes,
+        ``alpha_from="full"``, a start other than uniform (``init``), or a note block that reads the question
+        (a learned game with relevance-weighted repulsion, any other game). Every reason is static (shapes,
+        options, the game's kind), so it is raised while tracing.
+    """
     options = options.check()
-    if (problem.queries.shape[-2] != 1 or problem.pinned is not None or params.alpha_from != "free"
-            or options.init != "uniform"):
-        return None
-    return params.corpus_block(problem)
+    reasons = [why for bad, why in (
+        (problem.queries.shape[-2] != 1, "it has several query rows"),
+        (problem.pinned is not None, "it pins notes"),
+        (params.alpha_from != "free", 'its penalty reads the question (alpha_from="full")'),
+        (options.init != "uniform", f"its start is not uniform (init={options.init!r})"),
+    ) if bad]
+    block = None if reasons else params.corpus_block(problem)
+    if block is None:
+        raise NoCorpusBlock("no corpus block for this question: "
+                            + ("; ".join(reasons) or f"the note block of {type(params).__name__} reads the question"))
+    return block
 
 
 def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Optional[Array], adjoint) -> None:

@@ -10,7 +10,7 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.games.affinity import block_bound, problem_affinity
-from cdsjax.core.strategies.corpus import check_block_problem, problem_block, solve_on_block
+from cdsjax.core.strategies.corpus import NoCorpusBlock, check_block_problem, problem_block, solve_on_block
 from cdsjax.core.adjoints import Adjoint
 from cdsjax.core.equilibrium import cds_equilibrium, equilibrium
 from cdsjax.core.protocols import Game
@@ -147,8 +147,11 @@ class Single:
 
     def corpus_block(self, problem: CDSProblem, params: Game, options: SolveOptions) -> Optional[Array]:
         """The game's note block where a question can be solved on it
-        (:func:`~cdsjax.core.strategies.corpus.problem_block`)."""
-        return problem_block(problem, params, options)
+        (:func:`~cdsjax.core.strategies.corpus.problem_block`), None where it cannot."""
+        try:
+            return problem_block(problem, params, options)
+        except NoCorpusBlock:
+            return None
 
 
 @struct.dataclass
