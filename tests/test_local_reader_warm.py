@@ -19,7 +19,8 @@ import pytest
 from cdsjax import cli
 from cdsjax.io.reading.local import reader as L
 from cdsjax.io.reading.local import records as R
-from cdsjax.io.child import pid_alive, reap
+from cdsjax.io.child import reap
+from cdsjax.io.util import pid_alive
 from cdsjax.io.util import free_port
 from tests.conftest import ROOT, run_command
 

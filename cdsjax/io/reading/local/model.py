@@ -25,6 +25,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+from cdsjax.io.util import atomic_write
 
 GGUF_MAGIC = b"GGUF"
 
@@ -264,9 +265,7 @@ def _concatenate(preset: Preset, parts: Sequence, target: Path, *, progress: boo
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
         note = target.with_name(target.name + ".sha256")
-        note_tmp = note.with_name(f".{note.name}.{os.getpid()}")
-        note_tmp.write_text(preset.sha256 + "\n")
-        os.replace(note_tmp, note)
+        atomic_write(note, preset.sha256 + "\n")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
