@@ -115,6 +115,25 @@ def _x64(request):
             jax.config.update("jax_enable_x64", before)
 
 
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """The default index configuration, quiet, with a shared document cache of the test module's own (the index
+    tests: test_store, test_untrusted_index)."""
+    from cdsjax.io.index import default_config
+
+    cfg = default_config()
+    cfg.embedder.show_progress = False
+    cfg.index.cache_dir = str(tmp_path_factory.mktemp("cache"))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """An evaluation's cache directory (embeddings, indexes), one per test module (test_run_eval,
+    test_eval_reader)."""
+    return tmp_path_factory.mktemp("eval_cache")
+
+
 @pytest.fixture(scope="session")
 def data_root() -> pathlib.Path:
     """The benchmark data directory; a test (or fixture) that takes it is marked ``needs_data``."""

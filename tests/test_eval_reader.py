@@ -291,11 +291,6 @@ def _answers(out_dir):
     return [json.loads(line) for line in (out_dir / "answers.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("reader_eval_cache")
-
-
 @pytest.mark.slow
 def test_run_eval_qasper_with_a_reader_then_from_cache(data_root, tmp_path, cache_dir):
     out = tmp_path / "qasper"
