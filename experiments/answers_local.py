@@ -1,4 +1,4 @@
-r"""Answer accuracy with a real reader on this machine: the local llama.cpp reader (cdsjax.io.local_reader, the
+r"""Answer accuracy with a real reader on this machine: the local llama.cpp reader (cdsjax.io.reading.local.reader, the
 default preset: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, a small *text* model) reads each selector's evidence at
 budget 5 on the development data, and the answers are scored.
 
@@ -40,7 +40,7 @@ OUT = ROOT / "results" / "answers"
 BENCHMARKS = ("qasper", "mmlongbench")
 
 
-def build_config(bench: str, questions: int, threads: int, slots: int, variant: str = "", tokens: int = -1,
+def build_config(bench: str, questions: int, threads: int, slots: int, variant: str = "", tokens=None,
                  chosen: str = "", judge: bool = True):
     from configs import answers
 
@@ -65,7 +65,7 @@ def cached_only(config, bench: str, variant: str = ""):
     the figures of a run still in progress, on its first questions."""
     import shutil
 
-    from cdsjax.io.local_model import DEFAULT_PRESET
+    from cdsjax.io.reading.local.model import DEFAULT_PRESET
 
     name = f"{bench}-{variant}" if variant else bench
     out = pathlib.Path("runs") / "answers-cached" / name
@@ -77,8 +77,8 @@ def cached_only(config, bench: str, variant: str = ""):
     config.reader.model = DEFAULT_PRESET  # the name the cache keys carry
     config.reader.max_retries = 0
     config.judge.max_retries = 0
-    if int(config.reader.evidence_tokens) < 0:  # the budget the local reader's run had
-        from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+    if config.reader.evidence_tokens is None:  # the budget the local reader's run had
+        from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
 
         config.reader.evidence_tokens = LOCAL_EVIDENCE_TOKENS
     return config
@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="reader threads (default: every core)")
     p.add_argument("--slots", type=int, default=2, help="reader slots, requests in flight (default: 2)")
     p.add_argument("--variant", default="", help="a run beside the main one: results/answers/<bench>-<variant>")
-    p.add_argument("--tokens", type=int, default=-1, help="the reader's evidence tokens (-1: the local reader's "
-                   "default, cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
+    p.add_argument("--tokens", type=int, default=None, help="the reader's evidence tokens (default: the local reader's "
+                   "default, cdsjax.defaults.LOCAL_EVIDENCE_TOKENS; 0: every note whole, as before token budgets)")
     p.add_argument("--selectors", default="", help="selectors (default: the config's)")
     p.add_argument("--no-judge", action="store_true", help="no LLM judge: the rule-based scores alone")
     p.add_argument("--from-cache", action="store_true",

@@ -33,7 +33,7 @@ OUT = ROOT / "results" / "latency"
 
 def servers() -> int:
     """llama.cpp server processes of the local reader running now."""
-    out = subprocess.run(["pgrep", "-f", "cdsjax.io.local_reader _serve"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", "cdsjax.io.reading.local.reader _serve"], capture_output=True, text=True)
     return len(out.stdout.split())
 
 

@@ -55,7 +55,7 @@ from cdsjax import core  # noqa: E402
 from cdsjax.core.compat import cds_select, cds_select_shared  # noqa: E402
 from cdsjax.core.games.affinity import build_affinity  # noqa: E402
 from cdsjax.core.solvers.options import solve  # noqa: E402
-from cdsjax.core.solvers.replicator import prepare_x0, replicator_shift  # noqa: E402
+from cdsjax.core.games.payoff import prepare_x0, replicator_shift  # noqa: E402
 from cdsjax.core.strategies.shared import corpus_affinity, question_relevance, solve_replicator_shared  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

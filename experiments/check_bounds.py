@@ -8,11 +8,11 @@ For the first ``--questions`` QASPER questions (each over its own paper's paragr
 penalties that depend on the question, each computed exactly (one ``eigvalsh``) and by a bound:
 
 - the paper's game with ``alpha_from="full"`` (converged CDS): ``alpha_bound="certified"``
-  (:func:`cdsjax.core.games.spectral.certified_bound`, per question, O(k n²));
+  (:func:`cdsjax.core.games.certified.certified_bound`, per question, O(k n²));
 - peeling (two query rows: the question and its first note's embedding) with ``alpha_bound="certified"``
   for every round after the first;
 - the learned game (the shipped fit) with relevance-weighted repulsion 1: the corpus bound of its
-  repulsion-free block (:func:`cdsjax.core.games.spectral.learned_corpus_bound`, once per paper).
+  repulsion-free block (:func:`cdsjax.core.games.learned.learned_corpus_bound`, once per paper).
 
 It checks every bound against ``numpy.linalg.eigvalsh`` in float64 of the same block and reports the relative
 excess and the share of questions whose picks (indices, in order) differ. Prints a markdown table.
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from cdsjax.core.batching import bucket_size
     from cdsjax.core.games.affinity import build_affinity
     from cdsjax.core.games.learned import learned_affinity
-    from cdsjax.core.games.spectral import learned_corpus_bound
+    from cdsjax.core.games.learned import learned_corpus_bound
     from cdsjax.learn import default_params
 
     data = np.load(CACHE / "qasper.npz")

@@ -71,7 +71,7 @@ class RuleBasedModel:
         self.max_nodes = max_nodes
 
     def __call__(self, req):
-        from cdsjax.agents import planning
+        from cdsjax.agents import prompts as planning
 
         system = req["messages"][0]["content"]
         text = "\n".join(m["content"] if isinstance(m.get("content"), str) else
@@ -146,25 +146,27 @@ class RuleBasedModel:
 
 
 def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2, tau_max=3,
-        max_final_evidence=20, reader_url=None, reader_model=None, judge=False, output_dir=None, progress=True):
+        max_final_evidence=20, reader_url=None, reader_model=None, judge=False, output_dir=None, progress=True,
+        reader_api_key=None):
     """Evaluates the planning agent; the model is ``reader_url`` or, when None, :class:`RuleBasedModel`."""
     import logging
 
     from cdsjax.agents.evaluate import evaluate_planning, parse_variants
-    from cdsjax.io.llm.config import ReaderConfig
+    from cdsjax.io.reading.llm.config import ReaderConfig
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     variants = parse_variants(variants)
     output = output_dir or str(pathlib.Path(config.output_dir) / "planning")
     grader = None
     if judge:
-        from cdsjax.io.judge import Judge
+        from cdsjax.io.reading.judge import Judge
 
         grader = Judge()
     kwargs = dict(budget=budget, tau_max=tau_max, max_final_evidence=max_final_evidence, judge=grader,
                   output_dir=output, progress=progress)
     if reader_url:
-        return evaluate_planning(config, ReaderConfig(base_url=reader_url, model=reader_model), variants, **kwargs)
+        return evaluate_planning(config, ReaderConfig(base_url=reader_url, model=reader_model, api_key=reader_api_key),
+                                 variants, **kwargs)
     print("model: the rule-based stand-in (no reader URL); see experiments/eval_planning.py", file=sys.stderr)
     with serve_chat(RuleBasedModel()) as base_url:
         reader = ReaderConfig(base_url=base_url, model="rule-based", max_retries=0)

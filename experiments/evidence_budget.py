@@ -7,8 +7,8 @@ evaluation) is scored for each:
 * ``whole``: every selected note, whole;
 * ``cut``: every note cut at 1,500 characters (what the reader got before token budgets, B notes at any length);
 * ``fitted@T``: the notes filling ``T`` estimated tokens in rank order, the one that does not fit cut to its
-  sentences nearest the question (cosine under the benchmark's embedder), as :meth:`cdsjax.io.reader.Reader.answer`
-  sends them (:func:`cdsjax.io.reader.fit_items`).
+  sentences nearest the question (cosine under the benchmark's embedder), as :meth:`cdsjax.io.reading.reader.Reader.answer`
+  sends them (:func:`cdsjax.io.reading.reader.fit_items`).
 
     python experiments/evidence_budget.py qasper --questions 300 --tokens 300,500,700
     python experiments/evidence_budget.py mmlongbench --questions 60
@@ -57,9 +57,9 @@ def main(argv=None) -> int:
     from cdsjax.eval.records import RECORDS_FILE, read_records
     from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder
-    from cdsjax.io.evidence_fit import estimate_tokens
-    from cdsjax.io.reader import fit_items
-    from cdsjax.io.prompt import note_text
+    from cdsjax.io.reading.evidence_fit import estimate_tokens
+    from cdsjax.io.reading.reader import fit_items
+    from cdsjax.io.reading.prompt import note_text
 
     config = answers.get_config(args.bench)
     config.reader.local = ""

@@ -1,5 +1,5 @@
 r"""How often the reader's reply is no answer — citation markers in place of the content, the evidence headers
-echoed, a loop — before and after the reading path caught them (:func:`cdsjax.io.replies.no_answer`), and how the
+echoed, a loop — before and after the reading path caught them (:func:`cdsjax.io.reading.replies.no_answer`), and how the
 answers compare question by question.
 
     python experiments/no_answer_rates.py BEFORE/answers.jsonl AFTER/answers.jsonl [--metric answer_f1]
@@ -32,7 +32,7 @@ def load(path: pathlib.Path) -> list:
 
 
 def main(argv=None) -> int:
-    from cdsjax.io.replies import no_answer
+    from cdsjax.io.reading.replies import no_answer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("before", type=pathlib.Path)

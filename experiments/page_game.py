@@ -32,7 +32,8 @@ from jax import Array, lax
 
 from cdsjax.core.baselines import same_unit
 from cdsjax.core.games.affinity import spectral_penalty
-from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
+from cdsjax.core.adjoints import ForwardLoopAdjoint, ImplicitAdjoint
+from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.ranking import read_selection
 from cdsjax.core.readouts import best_cosine, rank_positions, structured_readout
 from cdsjax.core.solvers.active_set import ActiveSet
@@ -134,11 +135,11 @@ def solve_keeping_query(affinity: Affinity, bound: Optional[Affinity], options: 
     valid = affinity.valid
     uniform = valid.astype(affinity.matrix.dtype) / jnp.sum(valid)
     x0 = jnp.where(sparse, anchored_start(affinity), uniform)
-    result = equilibrium(affinity, solver, x0, adjoint=LoopAdjoint())
+    result = equilibrium(affinity, solver, x0, adjoint=ForwardLoopAdjoint())
     kept = query_in_support(result, m) | ~jnp.asarray(sparse)
     if bound is None:
         return result, affinity, kept
-    at_bound = equilibrium(bound, solver, adjoint=LoopAdjoint())
+    at_bound = equilibrium(bound, solver, adjoint=ForwardLoopAdjoint())
     pick = lambda a, b: jnp.where(kept, a, b)  # noqa: E731
     return (jax.tree_util.tree_map(pick, result, at_bound), jax.tree_util.tree_map(pick, affinity, bound), kept)
 
@@ -167,7 +168,7 @@ def solve_peeling_to_query(affinity: Affinity, options: SolveOptions, max_rounds
 
     def round_(active):
         aff = restrict_to(affinity, active)
-        res = equilibrium(aff, solver, anchored_start(aff), adjoint=LoopAdjoint())
+        res = equilibrium(aff, solver, anchored_start(aff), adjoint=ForwardLoopAdjoint())
         return res, query_in_support(res, m)
 
     def body(state):
@@ -219,7 +220,7 @@ def page_game_ranking(notes: Array, query: Array, valid: Array, pages: Array,
     n = notes.shape[0]
     affinity, rep, owner, page_cos = page_affinity(notes, query, valid, pages, params, doc_ids=doc_ids)
     if _is_dense(params.alpha_factor):
-        result = equilibrium(affinity, options.limited_solver(), adjoint=LoopAdjoint())
+        result = equilibrium(affinity, options.limited_solver(), adjoint=ForwardLoopAdjoint())
         kept = jnp.asarray(True)
     else:
         bound = page_affinity(notes, query, valid, pages, params.replace(alpha_factor=1.0), doc_ids=doc_ids)[0]

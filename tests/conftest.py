@@ -115,6 +115,25 @@ def _x64(request):
             jax.config.update("jax_enable_x64", before)
 
 
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """The default index configuration, quiet, with a shared document cache of the test module's own (the index
+    tests: test_store, test_untrusted_index)."""
+    from cdsjax.io.index import default_config
+
+    cfg = default_config()
+    cfg.embedder.show_progress = False
+    cfg.index.cache_dir = str(tmp_path_factory.mktemp("cache"))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """An evaluation's cache directory (embeddings, indexes), one per test module (test_run_eval,
+    test_eval_reader)."""
+    return tmp_path_factory.mktemp("eval_cache")
+
+
 @pytest.fixture(scope="session")
 def data_root() -> pathlib.Path:
     """The benchmark data directory; a test (or fixture) that takes it is marked ``needs_data``."""
@@ -134,12 +153,12 @@ def local_model() -> pathlib.Path:
     """The local reader's default model file (``make`` assembles it into the cdsjax cache); a test that takes it
     runs the real llama.cpp reader. Skips without the runtime or the model, and fails under CI=true, where
     ``make test`` installs both."""
-    from cdsjax.io import local_model as M
-    from cdsjax.io import local_reader as L
+    from cdsjax.io.reading.local import model as M
+    from cdsjax.io.reading.local import reader as L
 
     preset = M.PRESETS[M.DEFAULT_PRESET]
     if not L.runtime_installed() or not M.is_assembled(preset, M.model_path(preset)):
-        why = "the local reader (pip install 'cdsjax[reader]'; python -m cdsjax.io.local_reader fetch) is not set up"
+        why = "the local reader (pip install 'cdsjax[reader]'; python -m cdsjax.io.reading.local.reader fetch) is not set up"
         if IN_CI:
             pytest.fail(f"{why}; `make test` sets it up", pytrace=False)
         pytest.skip(why)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from cdsjax.agents.evaluate import VIEWS, evaluate_planning, parse_variants
-from cdsjax.io.judge import Judge
-from cdsjax.io.llm.config import ReaderConfig
+from cdsjax.io.reading.judge import Judge
+from cdsjax.io.reading.llm.config import ReaderConfig
 from tests.scripted_server import OpenAIServer, message_text
 from tests.test_planning import SUFFICIENT, plan_json, role
 from tests.test_run_eval import _config

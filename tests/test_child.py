@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cdsjax.io import child
-from cdsjax.io.util import free_port
+from cdsjax.io.util import free_port, pid_alive
 
 PY = sys.executable
 
@@ -22,7 +22,7 @@ def _gone(pid: int, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         child.reap(pid)
-        if not child.pid_alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
     return False
@@ -119,7 +119,7 @@ def test_stop_terminates_then_kills_and_takes_the_group_of_a_detached_child(tmp_
 def test_stop_takes_a_pid_and_a_multiprocessing_process():
     p = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
     child.stop(p.pid, timeout=5)  # a pid, as a record gives it: reaped here, as it is this process's child
-    assert not child.pid_alive(p.pid)
+    assert not pid_alive(p.pid)
     proc = multiprocessing.get_context("spawn").Process(target=_sleep_forever, daemon=True)
     proc.start()
     child.stop(proc, timeout=5)
@@ -141,7 +141,7 @@ def test_children_do_not_outlive_their_parent(tmp_path):
         while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         a, b = map(int, pids.read_text().split())
-        assert child.pid_alive(a) and child.pid_alive(b)
+        assert pid_alive(a) and pid_alive(b)
         parent.kill()
         parent.wait()
         assert _gone(a, 10) and _gone(b, 20)

@@ -11,7 +11,7 @@ from cdsjax.pipeline import catalog
 from cdsjax.core.games.affinity import problem_affinity
 from cdsjax.core import registry
 from cdsjax.core.solvers.active_set import ActiveSet, capacities
-from cdsjax.core.strategies.corpus import check_block_problem, problem_block
+from cdsjax.core.strategies.corpus import NoCorpusBlock, check_block_problem, problem_block
 from cdsjax.core.games.learned import LearnedParams, learned_affinity
 from cdsjax.core.games.payoff import DensePayoff
 from cdsjax.core.solvers.loop import iterate
@@ -41,16 +41,20 @@ def test_the_block_is_the_dense_affinitys_note_block():
         dense = jax.jit(lambda p, g=params: problem_affinity(p, g).matrix[1:, 1:])(problem)
         # the same functions; XLA may fuse the two programs differently (last bits)
         np.testing.assert_allclose(np.asarray(block), np.asarray(dense), rtol=1e-6, atol=1e-7)
-    # where the solve would not use it: none is built
-    assert problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), SERVING) is None
+    # where the solve would not use it: none is built, and problem_block says why
+    with pytest.raises(NoCorpusBlock, match="LearnedParams reads the question"):
+        problem_block(problem, SHIPPED.replace(rel_repulsion=0.5), SERVING)
     for strategy in (core.Peel(), core.Support(), core.Shared()):  # strategies that solve the dense game
         assert strategy.corpus_block(problem, SHIPPED, SERVING) is None
     assert core.Single().corpus_block(problem, core.CDSParams(), SERVING) is not None
     # paper mode is kept on its dense payoff by its selector, not by a flag of the solver
     assert registry.corpus_block_fn(registry.make_selector("cds", budget=3)) is None
-    assert problem_block(problem, core.CDSParams(alpha_from="full"), SERVING) is None
-    assert problem_block(problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, SERVING) is None
-    assert problem_block(problem.replace(pinned=jnp.asarray(valid)), SHIPPED, SERVING) is None
+    for args, why in (((problem, core.CDSParams(alpha_from="full"), SERVING), "alpha_from"),
+                      ((problem.replace(queries=jnp.asarray(qs[:2])), SHIPPED, SERVING), "several query rows"),
+                      ((problem.replace(pinned=jnp.asarray(valid)), SHIPPED, SERVING), "pins notes"),
+                      ((problem, SHIPPED, SERVING.replace(init="softmax")), "init='softmax'")):
+        with pytest.raises(NoCorpusBlock, match=why):
+            problem_block(*args)
     # a problem carrying a block is solved on it, or says why it cannot be
     posed = core.BlockProblem.pose(problem, jnp.ones(()), block)
     check_block_problem(posed, SERVING, None, None)
@@ -172,7 +176,7 @@ def test_differentiating_the_serving_path_raises_and_the_dense_path_differentiat
         jax.jit(jax.grad(weight))(jnp.asarray(qs[0]), block)
     # asking for one (an adjoint) with a block: refused at the call, before any tracing of a derivative
     problem = core.with_corpus_arrays(base, bound, block)
-    for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
+    for adjoint in (core.ImplicitAdjoint(), core.ForwardLoopAdjoint()):
         with pytest.raises(ValueError, match="adjoint"):
             core.cds(problem, core.Single(), SHIPPED, solver=SERVING_SOLVER, budget=5, adjoint=adjoint)
     # without the block the same solver's dense form is differentiable

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdsjax.eval import distributed
-from cdsjax.io.child import pid_alive
+from cdsjax.io.util import pid_alive
 from cdsjax.io.util import free_port
 from tests.conftest import DATA, ROOT
 

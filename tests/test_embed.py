@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from cdsjax.io.embed import Embedder, resolve_model
+from cdsjax.io.embed import Embedder
+from cdsjax.io.model_files import resolve_model
 from cdsjax.io.index import default_config
 
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from cdsjax.eval import answer_scoring as S
-import cdsjax.io.prompt as prompt_module
+import cdsjax.io.reading.prompt as prompt_module
 from cdsjax.eval import answer_evidence, reader_setup, reading
 from cdsjax.eval.problems import Problem
-from cdsjax.io.reply_cache import ReplyCache, reply_key
+from cdsjax.io.reading.reply_cache import ReplyCache, reply_key
 from cdsjax.io import datasets as D
-from cdsjax.io.judge import JUDGE_PROMPT
-from cdsjax.io.prompt import SYSTEM_PROMPT
+from cdsjax.io.reading.judge import JUDGE_PROMPT
+from cdsjax.io.reading.prompt import SYSTEM_PROMPT
 from tests.scripted_server import OpenAIServer, message_images, message_text
 
 
@@ -289,11 +289,6 @@ def _summary(out_dir):
 
 def _answers(out_dir):
     return [json.loads(line) for line in (out_dir / "answers.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("reader_eval_cache")
 
 
 @pytest.mark.slow
@@ -573,7 +568,7 @@ def test_a_text_only_reader_in_the_evaluation_is_refused_once_and_reruns_from_th
 def test_cites_gold_reads_the_markers_against_gold_notes_and_pages():
     from cdsjax.eval.answer_evidence import cites_gold
     from cdsjax.io.datasets.common import Query
-    from cdsjax.io.prompt import EvidenceItem
+    from cdsjax.io.reading.prompt import EvidenceItem
 
     items = [EvidenceItem(note_id="p#1", doc_id="p", page=0), EvidenceItem(note_id="p#7", doc_id="p", page=3)]
     text_q = Query(qid="q", question="?", answer="a", doc_ids=("p",), gold_note_ids=frozenset({"p#7"}))

@@ -18,10 +18,10 @@ import pytest
 from cdsjax.eval import answer_evidence, reader_setup, reading
 from cdsjax.eval.problems import Problem
 from cdsjax.eval.report import markdown_table, summary_rows
-from cdsjax.io.reply_cache import ReplyCache
+from cdsjax.io.reading.reply_cache import ReplyCache
 from cdsjax.io import datasets as D
-from cdsjax.io.judge import JUDGE_PROMPT
-from cdsjax.io.prompt import SYSTEM_PROMPT, EvidenceItem
+from cdsjax.io.reading.judge import JUDGE_PROMPT
+from cdsjax.io.reading.prompt import SYSTEM_PROMPT, EvidenceItem
 from tests.scripted_server import OpenAIServer
 from tests.conftest import ROOT
 from tests.test_eval_reader import _config, _problems, _responder

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from cdsjax.eval.answer_scoring import extract_by_rule
-from cdsjax.io.reader import Reader
-from cdsjax.io.prompt import EvidenceItem, reading_order
-from cdsjax.io.replies import CitationStream, renumber_citations
+from cdsjax.io.reading.reader import Reader
+from cdsjax.io.reading.prompt import EvidenceItem, reading_order
+from cdsjax.io.reading.replies import CitationStream, renumber_citations
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=10.0)

@@ -75,7 +75,7 @@ def params_of(theta, **kw):
 
 def _weights(theta, notes, query, valid, differentiate="implicit", alpha_from="free", solver="replicator"):
     solver_kw = TIGHT if solver == "replicator" else dict(solver=core.solver_from_name(solver), tol=1e-13)
-    adjoint = core.LoopAdjoint() if differentiate == "loop" else core.ImplicitAdjoint()
+    adjoint = core.ForwardLoopAdjoint() if differentiate == "loop" else core.ImplicitAdjoint()
     return cds_weights(notes, query, valid, params_of(theta, alpha_from=alpha_from), adjoint=adjoint, **solver_kw)
 
 
@@ -104,7 +104,7 @@ def test_implicit_jacfwd_grad_loop_and_finite_differences_agree(theta):
     notes, query = clustered_problem()
     valid = np.ones(len(notes), bool)
     theta = jnp.asarray(theta)
-    result, _ = implicit.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta), **TIGHT)
+    result, _ = core.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta), **TIGHT)
     assert int(result.status) == core.CONVERGED and float(result.kkt_residual) < 1e-12
     support = np.asarray(result.x) > 1e-6
     x_ref = np_equilibrium(notes, query, np.asarray(theta), support)
@@ -221,7 +221,7 @@ def test_support_change_gives_finite_one_sided_derivatives():
 
     # Extended scores pass through 0 for the note that changes status: continuous at the kink.
     def scores(theta):
-        result, aff = implicit.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta),
+        result, aff = core.cds_equilibrium(core.CDSProblem.create(notes, query, valid), params_of(theta),
                                                solver=core.InImDyn(), tol=1e-13)
         return surrogates.equilibrium_scores(aff, result.x)
 
@@ -403,13 +403,13 @@ def test_a_solver_is_its_algorithm_and_every_strategy_and_adjoint_runs_it_as_giv
 
 def test_the_callers_adjoint_is_used_or_refused_in_one_line_never_swapped():
     """The shared strategy's payoff has no implicit derivative: ImplicitAdjoint is refused (one line, naming what
-    to pass), LoopAdjoint is used (as its default is), and a BlockProblem refuses an adjoint asking for a
+    to pass), ForwardLoopAdjoint is used (as its default is), and a BlockProblem refuses an adjoint asking for a
     derivative but takes NoDerivative() as given."""
     notes, query = clustered_problem(3, n=8)
     many = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query)[None], jnp.ones(8, bool))
     with pytest.raises(ValueError) as err:
         core.cds(many, core.Shared(), budget=3, adjoint=core.ImplicitAdjoint())
-    assert "\n" not in str(err.value) and "LoopAdjoint()" in str(err.value)
+    assert "\n" not in str(err.value) and "ForwardLoopAdjoint()" in str(err.value)
 
     def first_weight(adjoint):
         def f(beta):
@@ -418,12 +418,12 @@ def test_the_callers_adjoint_is_used_or_refused_in_one_line_never_swapped():
             return sel.result.x[0, 1]
         return jax.jacfwd(f)(0.5)
 
-    assert float(first_weight(core.LoopAdjoint())) == float(first_weight(None)) != 0.0  # the default: the loop
+    assert float(first_weight(core.ForwardLoopAdjoint())) == float(first_weight(None)) != 0.0  # the default: the loop
     assert float(first_weight(core.NoDerivative())) == 0.0  # used as given, not replaced by the loop
     fn = core.make_selector("cds_converged", budget=3)
     one = core.CDSProblem.create(jnp.asarray(notes), jnp.asarray(query), jnp.ones(8, bool))
     posed = core.BlockProblem.pose(one, fn.corpus_bound(one), fn.corpus_block(one))
-    for adjoint in (core.ImplicitAdjoint(), core.LoopAdjoint()):
+    for adjoint in (core.ImplicitAdjoint(), core.ForwardLoopAdjoint()):
         with pytest.raises(ValueError, match="^a BlockProblem is solved on its corpus block, but an adjoint") as err:
             core.cds(posed, core.Single(), budget=3, solver=core.SERVING_SOLVER, adjoint=adjoint)
         assert "\n" not in str(err.value)

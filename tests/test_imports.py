@@ -371,15 +371,14 @@ def test_no_private_names_across_packages():
 
 # The layers of cdsjax, lowest first: a module may import only from its own layer's package or a lower layer
 # (commands -> agents / integrations -> eval -> pipeline, the product layer -> learn -> io -> core). The product's
-# defaults (cdsjax.pipeline.defaults: plain values, no imports) are ranked apart, at the bottom: every layer may
-# read them (``cdsjax tune``'s budget is the product's). cdsjax.catalog is the alias through which the design's
-# checks read the default selector; nothing in the package imports it.
+# defaults (cdsjax.defaults, and cdsjax.catalog's default selector: plain values, no imports) stand at the bottom:
+# every layer may read them (``cdsjax tune``'s budget is the product's), and nothing climbs back up to them.
 LAYERS = {
-    "core": 0, "config": 0, "cdsjax": 0, "memo": 0, "pipeline.defaults": 0,
+    "core": 0, "config": 0, "cdsjax": 0, "memo": 0, "defaults": 0, "catalog": 0,
     "io": 1,
     "learn": 2, "demo": 2,
     "pipeline": 3,
-    "eval": 4, "catalog": 4,
+    "eval": 4,
     "agents": 6, "integrations": 6,
     "commands": 7,
     "cli": 8,
@@ -388,7 +387,7 @@ LAYERS = {
 
 def _part(module: str) -> str:
     """The part of cdsjax a module belongs to: its top-level module or package, or a submodule ranked apart in
-    :data:`LAYERS` (``pipeline.defaults``)."""
+    :data:`LAYERS`."""
     parts = module.split(".")
     if len(parts) > 2 and ".".join(parts[1:3]) in LAYERS:
         return ".".join(parts[1:3])

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from cdsjax.io.judge import Judge, JudgeVerdict, parse_verdict
-from cdsjax.io.llm.errors import ReaderError
+from cdsjax.io.reading.judge import Judge, JudgeVerdict, parse_verdict
+from cdsjax.io.reading.llm.errors import ReaderError
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=1, backoff=0.01, max_backoff=0.02, timeout=5.0)
@@ -84,7 +84,7 @@ def test_judge_errors_and_env(monkeypatch):
 
 
 def test_a_verdict_only_judge_asks_for_the_verdict_alone():
-    from cdsjax.io.judge import JUDGE_PROMPT, VERDICT_ONLY_PROMPT, Judge
+    from cdsjax.io.reading.judge import JUDGE_PROMPT, VERDICT_ONLY_PROMPT, Judge
     from tests.scripted_server import OpenAIServer
 
     with OpenAIServer(lambda req: '{"correct": true, "score": 1}', models=("j",)) as srv:

@@ -12,7 +12,7 @@ import pymupdf
 from cdsjax.config import get_config
 from cdsjax.io.parse import layout, layout_split
 from cdsjax.io.parse import pymupdf as parse_module
-from cdsjax.io.notes import extract_keywords
+from cdsjax.io.keywords import extract_keywords
 from cdsjax.io.parse import ocr_available, parse_pdf
 from tests import ingest_pdfs as gen
 

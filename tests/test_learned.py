@@ -12,7 +12,8 @@ import pytest
 from cdsjax import core
 from cdsjax.core.compat import cds_select
 from cdsjax.core.games.affinity import build_affinity, problem_affinity
-from cdsjax.core.games.learned import NOTE_KINDS, LearnedParams, kind_codes, learned_affinity
+from cdsjax.core.games.learned import LearnedParams, kind_codes, learned_affinity
+from cdsjax.core.types import NOTE_KINDS
 
 
 def as_problem(p, **extra):
@@ -168,7 +169,7 @@ def test_implicit_and_loop_adjoints_agree_through_cds():
     v = np.random.default_rng(1).normal(size=12)
     theta = GENERIC.astype(jnp.float64)
     implicit = jax.grad(_loss_fn(p, v))(theta)
-    loop = jax.jacfwd(_loss_fn(p, v, adjoint=core.LoopAdjoint()))(theta)
+    loop = jax.jacfwd(_loss_fn(p, v, adjoint=core.ForwardLoopAdjoint()))(theta)
     for name in ("beta", "w_page", "gate"):
         np.testing.assert_allclose(float(getattr(implicit, name)), float(getattr(loop, name)), rtol=1e-4, atol=1e-7)
 

@@ -1,4 +1,4 @@
-"""The local reader (cdsjax.io.local_reader, cdsjax.io.local_model): the model's assembly from its parts, one-line start failures, and —
+"""The local reader (cdsjax.io.reading.local.reader, cdsjax.io.reading.local.model): the model's assembly from its parts, one-line start failures, and —
 with the real llama.cpp server and the default 1.5B model — answers through `ask` and the evaluation."""
 
 import hashlib
@@ -12,9 +12,9 @@ import zipfile
 
 import pytest
 
-from cdsjax.io import local_launch
-from cdsjax.io import local_model as M
-from cdsjax.io import local_reader as L
+from cdsjax.io.reading.local import launch as local_launch
+from cdsjax.io.reading.local import model as M
+from cdsjax.io.reading.local import reader as L
 from tests.conftest import ROOT, run_command
 
 
@@ -184,8 +184,8 @@ def test_a_text_only_local_server_reads_a_figure_note_as_text(with_local_reader,
 
     from PIL import Image
 
-    from cdsjax.io.reader import Reader
-    from cdsjax.io.prompt import EvidenceItem
+    from cdsjax.io.reading.reader import Reader
+    from cdsjax.io.reading.prompt import EvidenceItem
 
     png = tmp_path / "chart.png"
     buf = io.BytesIO()

@@ -1,5 +1,5 @@
-"""The local reader that stays warm (cdsjax.io.local_reader, keep-alive > 0): its record in the cdsjax cache
-(cdsjax.io.local_records: private modes, this user's only), reuse by a later process, a dead or foreign record
+"""The local reader that stays warm (cdsjax.io.reading.local.reader, keep-alive > 0): its record in the cdsjax cache
+(cdsjax.io.reading.local.records: private modes, this user's only), reuse by a later process, a dead or foreign record
 replaced, the idle timeout, the API key, and `cdsjax reader status | stop`.
 
 Every test uses a cdsjax cache of its own (the model file is found in the default cache, where `make` assembles
@@ -17,9 +17,10 @@ import urllib.request
 import pytest
 
 from cdsjax import cli
-from cdsjax.io import local_reader as L
-from cdsjax.io import local_records as R
-from cdsjax.io.child import pid_alive, reap
+from cdsjax.io.reading.local import reader as L
+from cdsjax.io.reading.local import records as R
+from cdsjax.io.child import reap
+from cdsjax.io.util import pid_alive
 from cdsjax.io.util import free_port
 from tests.conftest import ROOT, run_command
 
@@ -143,8 +144,8 @@ def test_a_cache_others_may_read_gets_a_reader_of_its_own(warm_cache, monkeypatc
 
 
 def test_no_exit_handler_is_installed_at_import():
-    code = ("import atexit, sys; import cdsjax.io.local_model; n = atexit._ncallbacks(); "
-            "import cdsjax.io.local_reader as L; from cdsjax.io.local_held import HELD; "
+    code = ("import atexit, sys; import cdsjax.io.reading.local.model; n = atexit._ncallbacks(); "
+            "import cdsjax.io.reading.local.reader as L; from cdsjax.io.reading.local.held import HELD; "
             "sys.exit(0 if not HELD.exit_registered and atexit._ncallbacks() == n else 1)")
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
     assert done.returncode == 0
@@ -177,7 +178,7 @@ def test_a_second_process_reuses_the_warm_reader_behind_its_key(local_model, war
         assert first.api_key not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert pid_alive(pid)  # released, not stopped
     # another process asks for the same server: it is reused, no second one starts; its keep-alive applies
-    code = ("import json, os, cdsjax.io.local_reader as L; "
+    code = ("import json, os, cdsjax.io.reading.local.reader as L; "
             "r = L.LocalReader(keep_alive=90, progress=False, threads=1, ctx_per_slot=512).start(); "
             "print(json.dumps(dict(r.describe(), pid=r.record['pid']))); r.close()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -15,7 +15,7 @@ from cdsjax.io.notes import (
     leading_sentences,
     structural_links,
 )
-from cdsjax.io.vlm import VLMError, enrich_vlm
+from cdsjax.io.reading.vlm import VLMError, enrich_vlm
 from tests.scripted_server import OpenAIServer, message_images, message_text
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cdsjax import cli
-from cdsjax.io.prompt import EvidenceItem, reading_order
+from cdsjax.io.reading.prompt import EvidenceItem, reading_order
 from cdsjax.io.util import free_port
 from cdsjax.pipeline import Corpus, Pipeline, PipelineError
 from cdsjax.pipeline.answer import convergence_warning

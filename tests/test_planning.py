@@ -13,10 +13,11 @@ from cdsjax import cli
 from cdsjax.core.compat import cds_peel, cds_select
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.agents import plan as P
-from cdsjax.agents.planning import PlanningAgent, make_retriever
-from cdsjax.io.llm.config import ReaderConfig
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.prompt import EvidenceItem, reading_order
+from cdsjax.agents.agent import PlanningAgent
+from cdsjax.agents.retrieval import make_retriever
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.prompt import EvidenceItem, reading_order
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=5.0)

@@ -323,7 +323,7 @@ def test_pool_config_with_a_reader_then_from_the_reply_cache(tiny, tmp_path):
     import csv
 
     from cdsjax.eval.answer_scoring import EXTRACT_PROMPT
-    from cdsjax.io.prompt import SYSTEM_PROMPT
+    from cdsjax.io.reading.prompt import SYSTEM_PROMPT
     from tests.scripted_server import OpenAIServer, message_text
 
     def respond(req):

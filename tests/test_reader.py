@@ -7,10 +7,12 @@ import time
 import pytest
 from PIL import Image
 
-from cdsjax.io.llm.config import ReaderConfig
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.reader import Reader, parse_citations
-from cdsjax.io.prompt import EvidenceItem, build_messages
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.options import ReadOptions
+from cdsjax.io.reading.reader import Reader
+from cdsjax.io.reading.replies import parse_citations
+from cdsjax.io.reading.prompt import EvidenceItem, build_messages
 from cdsjax.io.util import free_port
 from tests.scripted_server import OpenAIServer, completion, message_images, message_text
 
@@ -111,7 +113,7 @@ def test_answer_end_to_end(evidence, png):
     assert out.cited == (2, 1) and not out.abstained
     assert [e.doc_id for e in out.evidence] == ["other.pdf", "paper.pdf", "paper.pdf"]
     assert out.model == "test-model" and out.finish_reason == "stop"
-    assert out.usage["total_tokens"] == 2 and out.latency_s > 0
+    assert out.usage["total_tokens"] == 1 + out.usage["completion_tokens"] > 1 and out.latency_s > 0  # streamed
     assert req["model"] == "test-model" and req["temperature"] == 0 and req["max_tokens"] == 1024
     assert "What accuracy does Figure 3 show?" in message_text(req)
     assert "The model reaches 91.2% accuracy" in message_text(req)
@@ -236,8 +238,9 @@ def test_evidence_budget_comes_from_the_window_a_vllm_server_reports():
         reader = Reader(base_url=srv.base_url, **dict(FAST, max_tokens=1000))
         assert reader.max_model_len() == 24000  # its own model's entry, not the first one listed
         assert reader.evidence_tokens() == 24000 - 1000 - 1500
-        assert Reader(base_url=srv.base_url, **dict(FAST, evidence_tokens=300)).evidence_tokens() == 300
-        assert Reader(base_url=srv.base_url, **dict(FAST, evidence_tokens=0)).evidence_tokens() is None  # whole
+        assert reader.evidence_tokens(ReadOptions(answer_tokens=500)) == 24000 - 500 - 1500
+        assert reader.evidence_tokens(ReadOptions(evidence_tokens=300)) == 300
+        assert reader.evidence_tokens(ReadOptions(evidence_tokens=0)) is None  # whole
     with OpenAIServer(models=("other", "test-model"), model_fields={"other": {"max_model_len": 1000}}) as srv:
         assert Reader(base_url=srv.base_url, **FAST).max_model_len() == 32768  # another model's window
 

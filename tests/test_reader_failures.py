@@ -12,8 +12,8 @@ import time
 import pytest
 
 from cdsjax.cli import main
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.reader import Reader
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.reader import Reader
 from tests.scripted_server import OpenAIServer, completion, message_images
 from tests.conftest import DATA
 
@@ -41,9 +41,10 @@ def test_malformed_json_reply_is_retried_then_succeeds():
     ({"id": "x", "object": "chat.completion", "choices": []}, "reply without choices"),
 ])
 def test_bad_replies_end_in_one_line_naming_the_server(body, reason):
+    """A reply read whole (the judge, the planner, VLM enrichment: ``chat`` without streaming)."""
     with OpenAIServer(lambda req: body) as srv:
         with pytest.raises(ReaderError) as info:
-            Reader(base_url=srv.base_url, **dict(FAST, max_retries=2)).answer("q?", EVIDENCE)
+            Reader(base_url=srv.base_url, **dict(FAST, max_retries=2)).chat([{"role": "user", "content": "q?"}])
         assert len(srv.requests) == 3, "retried"
     msg = str(info.value)
     assert info.value.kind == "bad_response" and srv.base_url in msg and reason in msg and "\n" not in msg

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from PIL import Image
 
-from cdsjax.io.llm.client import ChatClient
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.reader import Reader, notes_to_drop
-from cdsjax.io.prompt import EvidenceItem
+from cdsjax.io.reading.llm.client import ChatClient
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.reader import Reader, notes_to_drop
+from cdsjax.io.reading.prompt import EvidenceItem
 from tests.scripted_server import OpenAIServer, message_images, message_text
 
 FAST = dict(model="test-model", max_retries=3, backoff=0.0, max_backoff=0.0, timeout=10.0)

@@ -10,11 +10,12 @@ import time
 import pytest
 
 from cdsjax.cli import main
-from cdsjax.io.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_evidence, nearest_sentences,
+from cdsjax.io.reading.evidence_fit import (CHARS_PER_TOKEN, estimate_tokens, fit_evidence, nearest_sentences,
                                     split_sentences, word_overlap)
-from cdsjax.io.reader import Reader, fit_items
-from cdsjax.io.prompt import EvidenceItem
-from cdsjax.io.replies import ReplyGuard, echoes_evidence, looping, no_answer
+from cdsjax.io.reading.options import ReadOptions
+from cdsjax.io.reading.reader import Reader, fit_items
+from cdsjax.io.reading.prompt import EvidenceItem
+from cdsjax.io.reading.replies import ReplyGuard, echoes_evidence, looping, no_answer
 from tests.scripted_server import OpenAIServer, message_text
 
 FAST = dict(model="test-model", max_retries=0, backoff=0.01, max_backoff=0.02, timeout=10.0)
@@ -65,10 +66,24 @@ def test_fit_fills_the_budget_in_rank_order_and_trims_the_first_that_does_not_fi
 def test_the_reader_sends_the_fitted_evidence():
     items = [note(0, LONG), note(1, "The second note says the cooperative has 40 members.")]
     with OpenAIServer(lambda req: "In September [1].") as srv:
-        out = Reader(base_url=srv.base_url, **dict(FAST, evidence_tokens=30)).answer("When do apples peak?", items)
+        reader = Reader(base_url=srv.base_url, **FAST)
+        out = reader.answer("When do apples peak?", items, ReadOptions(evidence_tokens=30))
         sent = message_text(srv.requests[0])
+        whole = reader.answer("When do apples peak?", items, ReadOptions(evidence_tokens=0))
+        assert "40 members" in message_text(srv.requests[1]) and "founded in 1987" in message_text(srv.requests[1])
     assert "Apples peak in September" in sent and "40 members" not in sent and "founded in 1987" not in sent
     assert out.trimmed == 1 and out.dropped == 1 and 0 < out.evidence_tokens <= 30 and out.text == "In September [1]."
+    assert whole.trimmed == 0 and whole.dropped == 0 and whole.evidence_tokens > 30
+
+
+def test_read_options_are_checked_in_one_line():
+    for bad, kind in (({"evidence_tokens": -1}, ValueError), ({"evidence_tokens": 1.5}, TypeError),
+                      ({"answer_tokens": 0}, ValueError), ({"seed": "1"}, TypeError)):
+        with pytest.raises(kind, match="ReadOptions"):
+            ReadOptions(**bad)
+    base = ReadOptions(evidence_tokens=500, seed=3)
+    assert base.updated(evidence_tokens=None) == base  # a request that names nothing keeps the edge's default
+    assert base.updated(evidence_tokens=0) == ReadOptions(evidence_tokens=0, seed=3)
 
 
 # ------------------------------------------------------------------ replies that are no answer
@@ -123,6 +138,17 @@ def test_a_reply_that_is_no_answer_is_asked_again_once_then_reported():
         out = Reader(base_url=srv.base_url, **FAST).answer("When?", [note(0, LONG)], on_token=shown.append)
         assert len(srv.requests) == 2
     assert out.text == "" and out.no_answer == "markers_only" and out.raw == "[1]"
+
+
+def test_the_guard_runs_when_the_caller_shows_nothing():
+    """No ``on_token``: the reply is streamed through the guard all the same, so an echo of the evidence ends
+    the stream and is asked again, as for a caller that displays it."""
+    echo = "[1] | document: a.pdf | page 3 | " + "Apples peak in September. " * 40
+    replies = iter([echo, "Apples peak in September [1]."])
+    with OpenAIServer(lambda req: next(replies)) as srv:
+        out = Reader(base_url=srv.base_url, **FAST).answer("When?", [note(0, LONG)])
+        assert all(r.get("stream") for r in srv.requests)
+    assert out.retried == "echoed_evidence" and out.text == "Apples peak in September [1]."
 
 
 # ------------------------------------------------------------------ ask: evidence first, then the answer as it comes

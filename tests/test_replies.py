@@ -11,15 +11,15 @@ import dataclasses
 import pytest
 
 from cdsjax.agents import plan as P
-from cdsjax.agents.planning import NodeResult
+from cdsjax.agents.trace import NodeResult
 from cdsjax.agents.plan import PlanNode
-from cdsjax.io.judge import parse_verdict
-from cdsjax.io.llm.client import ChatClient
-from cdsjax.io.llm.config import ChatReply, ReaderConfig
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.replies import find_json, markers_only, parse_citations, strip_citations, strip_thinking
+from cdsjax.io.reading.judge import parse_verdict
+from cdsjax.io.reading.llm.client import ChatClient
+from cdsjax.io.reading.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.replies import find_json, markers_only, parse_citations, strip_citations, strip_thinking
 from cdsjax.io.util import one_line
-from cdsjax.io.vlm import VLMClient, VLMError
+from cdsjax.io.reading.vlm import VLMClient, VLMError
 from tests.scripted_server import OpenAIServer, completion
 
 
@@ -155,7 +155,7 @@ def test_vlm_errors_that_stop_enrichment_are_one_line():
 
 
 def test_yes_no_fields_and_leading_words_are_read_in_one_place():
-    from cdsjax.io.replies import find_field, leading_word, read_bool, read_float, starts_with
+    from cdsjax.io.reading.replies import find_field, leading_word, read_bool, read_float, starts_with
 
     assert read_bool(" Yes ") is True and read_bool("n") is False and read_bool("maybe") is None
     assert read_bool("correct") is None and read_bool("Correct", yes=("correct",)) is True

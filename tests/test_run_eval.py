@@ -218,11 +218,6 @@ def _summary(out_dir):
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("eval_cache")
-
-
 def test_end_to_end_hotpotqa_and_resume(data_root, tmp_path, cache_dir):
     out = tmp_path / "hotpot"
     config = _config("hotpotqa", out, cache_dir, data_root=str(data_root), max_queries=3,

@@ -118,6 +118,21 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
     assert ans["selector"] == "cds-paper" and ans["diagnostics"]["mode"] == "paper" and len(ans["evidence"]) == 2
 
 
+def test_ask_takes_the_evidence_budget_per_request(server, reader):
+    """``evidence_tokens`` in the body sizes the evidence the reader is sent, request by request."""
+    url, _ = server
+    q = "What does the sample document say about its columns and layout?"
+    sent = {}
+    for tokens in (300, 700, 0):
+        status, ans, _ = request(url + "/ask", {"question": q, "budget": 12, "evidence_tokens": tokens})
+        assert status == 200 and ans["answer"].startswith("The document is"), ans
+        sent[tokens] = (ans["reader"]["evidence_tokens"], len(message_text(reader.requests[-1])))
+    assert 0 < sent[300][0] <= 300 < sent[700][0] <= 700 and sent[300][1] < sent[700][1]
+    assert sent[0][0] >= sent[700][0]  # 0: every note whole
+    status, sel, _ = request(url + "/select", {"question": q, "budget": 12, "evidence_tokens": 300})
+    assert status == 200 and sel["answer"] is None  # accepted, as /ask's body; nothing is read
+
+
 @pytest.mark.slow
 def test_concurrent_clients_get_their_own_answers(server):
     url, _ = server
@@ -149,6 +164,9 @@ def test_concurrent_clients_get_their_own_answers(server):
     ("/select", {"question": "q", "options": {"lam": 0.5}}, None, 400, "lam"),
     ("/select", {"question": "q", "selector": "mmr", "options": {"lam": 7}}, None, 400, "lam"),
     ("/select", {"question": "q", "colour": "red"}, None, 422, "colour"),
+    ("/ask", {"question": "q", "evidence_tokens": -1}, None, 422, "evidence_tokens"),
+    ("/ask", {"question": "q", "evidence_tokens": "300"}, None, 422, "evidence_tokens"),
+    ("/select", {"question": "q", "evidence_tokens": 10 ** 9}, None, 422, "evidence_tokens"),
     ("/select", None, b"{not json", 422, "JSON"),
     ("/nowhere", {"question": "q"}, None, 404, "Not Found"),
 ])

@@ -22,7 +22,7 @@ from cdsjax.core.compat import cds_select, cds_select_shared
 from cdsjax.core.games.affinity import build_affinity
 from cdsjax.core.solvers.loop import support_count
 from cdsjax.core.strategies.shared import corpus_affinity, solve_replicator_shared
-from cdsjax.core.solvers.replicator import replicator_shift
+from cdsjax.core.games.payoff import replicator_shift
 from cdsjax.core.strategies.shared import question_affinity, question_relevance
 
 # Float64 references at tolerances float32 cannot reach, throughout.

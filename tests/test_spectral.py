@@ -1,4 +1,4 @@
-"""The penalty without a per-question eigendecomposition (cdsjax.core.games.spectral): the corpus bound is the
+"""The penalty without a per-question eigendecomposition (cdsjax.core.games): the corpus bound is the
 per-question bound bit for bit; the certified bound is never below float64 eigvalsh and tight on CDS blocks."""
 
 import jax
@@ -9,7 +9,9 @@ import pytest
 from cdsjax import core
 from cdsjax.core.games.affinity import build_affinity
 from cdsjax.core.games.learned import LearnedParams, learned_affinity
-from cdsjax.core.games.spectral import certified_bound, corpus_bound, gershgorin, learned_corpus_bound, learned_is_corpus_level
+from cdsjax.core.games.affinity import corpus_bound
+from cdsjax.core.games.certified import certified_bound, gershgorin
+from cdsjax.core.games.learned import learned_corpus_bound, learned_is_corpus_level
 from tests.conftest import clustered_notes
 
 SHIPPED = LearnedParams(beta=0.03, w_page=-1.0)

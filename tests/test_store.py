@@ -25,14 +25,6 @@ def pdfs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    cfg = default_config()
-    cfg.embedder.show_progress = False
-    cfg.index.cache_dir = str(tmp_path_factory.mktemp("cache"))  # the shared document cache, per test module
-    return cfg
-
-
-@pytest.fixture(scope="module")
 def built(pdfs, config, tmp_path_factory):
     out = tmp_path_factory.mktemp("idx") / "index"
     summary = build_index(list(pdfs), out, config=config)

@@ -11,7 +11,7 @@ import pytest
 from cdsjax import cli
 from cdsjax.io import doccache
 from cdsjax.io import storefiles
-from cdsjax.io.index import build_index, cache_root, default_config, load_index, verify_index
+from cdsjax.io.index import build_index, cache_root, load_index, verify_index
 from tests import ingest_pdfs as gen
 
 
@@ -19,14 +19,6 @@ from tests import ingest_pdfs as gen
 def pdfs(tmp_path_factory):
     d = tmp_path_factory.mktemp("pdfs")
     return gen.make_synthetic_pdf(d / "synthetic.pdf"), gen.make_text_pdf(d / "plain.pdf", pages=1)
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    cfg = default_config()
-    cfg.embedder.show_progress = False
-    cfg.index.cache_dir = str(tmp_path_factory.mktemp("cache"))
-    return cfg
 
 
 @pytest.fixture(scope="module")

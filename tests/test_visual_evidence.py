@@ -9,7 +9,7 @@ import cdsjax.io.parse.pymupdf as pymupdf_parse
 from cdsjax.cli import main
 from cdsjax.io.index import load_index
 from cdsjax.io.parse import ocr_available
-from cdsjax.io.prompt import OCR_LABEL, EvidenceItem, build_messages
+from cdsjax.io.reading.prompt import OCR_LABEL, EvidenceItem, build_messages
 
 ROWS = [f"| Model {i} | {80 + i}.{i} | {1000 + 17 * i} |" for i in range(40)]
 TABLE_MD = "\n".join(["| Model | Accuracy | Params |", "|---|---|---|"] + ROWS)

@@ -5,13 +5,9 @@ reads, repairs and orders the plans its model writes.
 """
 
 from cdsjax.agents.plan import Plan, PlanError, PlanNode, Verdict, parse_plan, parse_sufficiency, topological_order
-from cdsjax.agents.planning import (
-    PlanningAgent,
-    PlanningResult,
-    SelectorRetriever,
-    make_retriever,
-    run_planning,
-)
+from cdsjax.agents.agent import PlanningAgent
+from cdsjax.agents.retrieval import SelectorRetriever, make_retriever, run_planning
+from cdsjax.agents.trace import PlanningResult
 
 __all__ = [
     "Plan",

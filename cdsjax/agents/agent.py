@@ -10,11 +10,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from cdsjax.agents.plan import MAX_DEPTH, MAX_NODES, Plan, PlanError, PlanNode, parse_plan, parse_sufficiency
 from cdsjax.agents import prompts
 from cdsjax.agents.trace import NodeResult, PlanningResult, Round
-from cdsjax.io.llm.config import ReaderConfig
-from cdsjax.io.llm.errors import FATAL_KINDS, ReaderError
-from cdsjax.io.reader import Reader
-from cdsjax.io.prompt import EvidenceItem, as_evidence
-from cdsjax.io.replies import strip_thinking
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.llm.errors import FATAL_KINDS, ReaderError
+from cdsjax.io.reading.options import ReadOptions
+from cdsjax.io.reading.reader import Reader
+from cdsjax.io.reading.prompt import EvidenceItem, as_evidence
+from cdsjax.io.reading.replies import strip_thinking
 
 COMBINED_MODES = (None, "single", "peel")
 
@@ -44,6 +45,8 @@ class PlanningAgent:
       json_retries: how many times an unreadable plan or verdict is asked for again.
       plan_max_tokens: token limit of decomposer and checker replies.
       cycles: "repair" or "reject" cyclic plans (see :func:`~cdsjax.agents.plan.parse_plan`).
+      read_options: the worker's and reasoner's :class:`~cdsjax.io.reading.options.ReadOptions` (evidence
+        budget, answer tokens, seed); None: the reader's defaults.
     """
 
     reader: Union[ReaderConfig, Reader]
@@ -59,6 +62,7 @@ class PlanningAgent:
     json_retries: int = 1
     plan_max_tokens: int = 1024
     cycles: str = "repair"
+    read_options: Optional[ReadOptions] = None
 
     def __post_init__(self):
         if self.combined not in COMBINED_MODES:
@@ -167,7 +171,7 @@ class PlanningAgent:
         ``(None, error)`` when the request failed in a way the run survives (a failed
         call still counts)."""
         try:
-            out = self.reader.answer(prompt, evidence)
+            out = self.reader.answer(prompt, evidence, self.read_options)
         except ReaderError as err:
             if err.kind in FATAL_KINDS:
                 raise

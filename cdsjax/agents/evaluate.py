@@ -111,13 +111,14 @@ def evaluate_planning(config, reader, variants: Sequence[Variant], *, budget: in
       variants: retrieval configurations (see :func:`parse_variants`).
       budget: notes per sub-question (and of the probe).
       tau_max, max_final_evidence: agent options.
-      judge: an optional :class:`~cdsjax.io.judge.Judge` to grade answers against the gold answers.
+      judge: an optional :class:`~cdsjax.io.reading.judge.Judge` to grade answers against the gold answers.
       output_dir: where records and summaries go (default ``config.output_dir``).
 
     Returns:
       ``(records, summary rows)``.
     """
-    from cdsjax.agents.planning import PlanningAgent, make_retriever
+    from cdsjax.agents.agent import PlanningAgent
+    from cdsjax.agents.retrieval import make_retriever
     from cdsjax.eval import metrics as M
     from cdsjax.eval import problems as P
     from cdsjax.eval import report, scoring

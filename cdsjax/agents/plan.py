@@ -22,7 +22,7 @@ import dataclasses
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from cdsjax.io.replies import find_json, read_bool
+from cdsjax.io.reading.replies import find_json, read_bool
 
 MAX_NODES = 6
 MAX_DEPTH = 3
@@ -155,7 +155,7 @@ def topological_order(ids: Sequence[str], needs: Mapping[str, Sequence[str]]) ->
 def extract_json(text: Any, *, want: Union[type, Tuple[type, ...]] = dict) -> Any:
     """The first JSON value of type ``want`` (or else any object/array) found in a model reply.
 
-    Reads the reply with :func:`cdsjax.io.replies.find_json` (code fences first, a ``<think>`` block,
+    Reads the reply with :func:`cdsjax.io.reading.replies.find_json` (code fences first, a ``<think>`` block,
     curly quotes and trailing commas tolerated).
 
     Raises:
@@ -390,7 +390,7 @@ class Verdict:
         return {"sufficient": self.sufficient, "gaps": list(self.gaps)}
 
 
-# The checker's own words for yes and no, beside those every reply may use (io.replies.read_bool).
+# The checker's own words for yes and no, beside those every reply may use (io.reading.replies.read_bool).
 SUFFICIENT_WORDS = ("sufficient", "enough")
 INSUFFICIENT_WORDS = ("insufficient", "not sufficient", "not enough")
 

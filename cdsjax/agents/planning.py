@@ -31,26 +31,6 @@ call would hit too (unreachable, unknown model, refused key) are raised as :clas
 
 The parts, one module each: :mod:`~cdsjax.agents.prompts` (the prompts), :mod:`~cdsjax.agents.trace`
 (what a run records), :mod:`~cdsjax.agents.agent` (the agent), :mod:`~cdsjax.agents.retrieval` (retrieval
-from a corpus and :func:`run_planning`); this module gathers their public names.
+from a corpus and :func:`~cdsjax.agents.retrieval.run_planning`); this module is the walk-through, and the
+names are imported from their own modules (or from :mod:`cdsjax.agents`).
 """
-
-
-from cdsjax.agents.agent import COMBINED_MODES, PlanningAgent, RetrieveFn
-from cdsjax.agents.prompts import (
-    CHECKER_SYSTEM,
-    CHECKER_USER,
-    DECOMPOSER_SYSTEM,
-    DECOMPOSER_USER,
-    REASONER_CONTEXT,
-    REFINER_USER,
-    RETRY_USER,
-    WORKER_CONTEXT,
-)
-from cdsjax.agents.retrieval import SelectorRetriever, make_retriever, run_planning
-from cdsjax.agents.trace import NodeResult, PlanningResult, Round, evidence_dict
-
-__all__ = [
-    "CHECKER_SYSTEM", "CHECKER_USER", "COMBINED_MODES", "DECOMPOSER_SYSTEM", "DECOMPOSER_USER", "NodeResult",
-    "PlanningAgent", "PlanningResult", "REASONER_CONTEXT", "REFINER_USER", "RETRY_USER", "RetrieveFn", "Round",
-    "SelectorRetriever", "WORKER_CONTEXT", "evidence_dict", "make_retriever", "run_planning",
-]

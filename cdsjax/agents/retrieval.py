@@ -11,9 +11,9 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from cdsjax.agents.agent import COMBINED_MODES, PlanningAgent
 from cdsjax.agents.trace import PlanningResult
-from cdsjax.io.llm.config import ReaderConfig
-from cdsjax.io.reader import Reader
-from cdsjax.io.prompt import EvidenceItem
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.reader import Reader
+from cdsjax.io.reading.prompt import EvidenceItem
 
 
 class SelectorRetriever:

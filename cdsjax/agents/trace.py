@@ -6,9 +6,9 @@ import dataclasses
 from typing import Dict, List, Optional
 
 from cdsjax.agents.plan import Plan, PlanNode, Verdict
-from cdsjax.io.reader import ABSTAIN
-from cdsjax.io.prompt import EvidenceItem
-from cdsjax.io.replies import strip_citations
+from cdsjax.io.reading.reader import ABSTAIN
+from cdsjax.io.reading.prompt import EvidenceItem
+from cdsjax.io.reading.replies import strip_citations
 
 
 def evidence_dict(item: EvidenceItem, *, text_chars: Optional[int] = 1500) -> dict:

@@ -4,7 +4,7 @@
 they import it from their own package, so no subcommand imports the module that imports it.
 """
 
-from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
 
 
 class CLIError(Exception):
@@ -64,22 +64,31 @@ def add_selector_argument(parser, lead: str) -> None:
     parser.add_argument("--selector", default=None, metavar="NAME", action=SelectorAction, help=lead)
 
 
-def add_reader_arguments(p, *, timeout: float = 300.0, slots: int = 1) -> None:
+def add_reader_arguments(p, *, slots: int = 1) -> None:
     """The reader flags of ``ask`` and ``serve``: a remote server (``--reader-url``), or the local one
-    (:mod:`cdsjax.io.local_reader`), which answers when no URL is configured and its runtime is installed."""
+    (:mod:`cdsjax.io.reading.local.reader`), which answers when no URL is configured and its runtime is installed.
+    Their defaults are the fields' of :class:`~cdsjax.io.reading.llm.config.ReaderConfig` and
+    :class:`~cdsjax.io.reading.local.reader.LocalReaderConfig` (the evaluation's ``config.reader`` takes them
+    there too)."""
+    from cdsjax.io.reading.llm.config import IMAGE_MODES, ReaderConfig
+    from cdsjax.io.reading.local.reader import LocalReaderConfig
+
+    timeout = ReaderConfig.timeout
     p.add_argument("--reader-url", default=None, help="OpenAI-compatible base URL (env CDSJAX_READER_URL); "
                    "always wins over the local reader")
     p.add_argument("--reader-model", default=None, help="reader model name (env CDSJAX_READER_MODEL)")
     p.add_argument("--timeout", type=float, default=timeout,
                    help=f"seconds the reader may take in all, retries included (default: {timeout:g})")
-    p.add_argument("--retries", type=int, default=3, help="reader retries on transient errors (default: 3)")
+    p.add_argument("--retries", type=int, default=ReaderConfig.max_retries,
+                   help=f"reader retries on transient errors (default: {ReaderConfig.max_retries})")
     p.add_argument("--local-reader", default=None, metavar="MODEL",
                    help="the reader run here when no --reader-url is given (llama.cpp, `pip install "
                    "'cdsjax[reader]'`): a preset ('default': Qwen2.5-Coder-1.5B-Instruct Q4_K_M), a .gguf path "
                    "or hf:OWNER/REPO/FILE.gguf; 'off' reads nothing (env CDSJAX_LOCAL_READER)")
-    p.add_argument("--reader-threads", type=int, default=0, help="local reader: CPU threads (default: all cores)")
-    p.add_argument("--reader-ctx", type=int, default=8192,
-                   help="local reader: context tokens per slot (default: 8192)")
+    p.add_argument("--reader-threads", type=int, default=LocalReaderConfig.threads,
+                   help="local reader: CPU threads (default: all cores)")
+    p.add_argument("--reader-ctx", type=int, default=LocalReaderConfig.ctx_per_slot,
+                   help=f"local reader: context tokens per slot (default: {LocalReaderConfig.ctx_per_slot})")
     p.add_argument("--reader-slots", type=int, default=slots,
                    help=f"local reader: requests decoded at once (default: {slots})")
     p.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",
@@ -91,6 +100,6 @@ def add_reader_arguments(p, *, timeout: float = 300.0, slots: int = 1) -> None:
                    "that does not fit keeps its sentences nearest the question (default: "
                    f"{LOCAL_EVIDENCE_TOKENS} for the local reader, so a warm answer takes seconds on a CPU; a "
                    "remote server's context window less the answer's room; 0: every note whole)")
-    p.add_argument("--reader-images", default="auto", choices=("auto", "on", "off"),
+    p.add_argument("--reader-images", default=ReaderConfig.images, choices=IMAGE_MODES,
                    help="visual notes as images: auto (default) until the reader refuses one, then as caption, summary and "
                    "text; on: always; off: never")

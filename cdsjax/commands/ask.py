@@ -40,7 +40,7 @@ When reading fails (server down, errors after retries, malformed replies) the ev
 by a quick check before the question is encoded.
 
 With ``--agent planning`` (a DAG of sub-questions, G²-Reader §3.3; needs a reader) the object is
-``cdsjax.agents.planning.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
+``cdsjax.agents.trace.PlanningResult.to_dict()``: question, answer, evidence (as above: what the final
 reasoner read), reader, error, and ``trace`` = {probe, rounds: [{round, plan_source, plan: {nodes, order},
 plan_repairs, plan_error, nodes: [{id, question, needs, answer, cited, evidence, ...}], verdict:
 {sufficient, gaps}, retrieval}], stop_reason, explored_note_ids, llm_calls, usage}.
@@ -62,9 +62,9 @@ import time
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
 from cdsjax.commands.ask_display import Live, show
-from cdsjax.commands.reader_setup import make_reader
+from cdsjax.commands.reader_setup import make_reader, read_options
 from cdsjax.commands.server_client import ask_server
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -189,7 +189,7 @@ def ask_local(args, paths, question, options):
     """Loads the indexes and answers here; returns the ``--json`` object (None after the planning agent)."""
     import contextlib
 
-    from cdsjax.io.local_held import stop_on_sigterm
+    from cdsjax.io.reading.local.held import stop_on_sigterm
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(stop_on_sigterm())
@@ -213,10 +213,11 @@ def _ask_local(args, paths, question, options, stack):
     compile_cache = enable_compilation_cache()
     t0 = time.perf_counter()
     reader = make_reader(args, stack)
+    read = read_options(args, reader)  # the read's evidence budget: the flags, else the reader's default
     # the reader module imports openai (~0.7 s): only when a reader is configured
     reader_errors = ()
     if reader is not None:
-        from cdsjax.io.llm.errors import ReaderError
+        from cdsjax.io.reading.llm.errors import ReaderError
 
         reader_errors = (ReaderError,)
     try:
@@ -240,11 +241,11 @@ def _ask_local(args, paths, question, options, stack):
         if reader is not None and unreachable is None:
             read_from = time.perf_counter() - args.started
             # streamed for --json too: the guard stops an echo or a loop early, and the first token is timed
-            pipe.read(answer, on_token=live.token if live else (lambda _: None), on_retry=live.retry if live else None)
+            pipe.read(answer, read, on_token=live.token if live else None, on_retry=live.retry if live else None)
             if "first_token" in answer.timings:  # from the command's start, as "evidence"
                 answer.timings["first_token"] += read_from
         if unreachable is not None:
-            from cdsjax.io.reader import error_dict
+            from cdsjax.io.reading.reader import error_dict
 
             answer.error = error_dict(unreachable)
         if live is not None:
@@ -277,13 +278,14 @@ def emit(result: dict, as_json: bool, shown: bool = False) -> int:
 
 
 def run_planning_agent(args, pipe, question, reader, options, load_s) -> None:
-    from cdsjax.agents.planning import run_planning
+    from cdsjax.agents.retrieval import run_planning
 
     if reader is None:
         raise CLIError("--agent planning needs a reader: pass --reader-url, set CDSJAX_READER_URL, or install "
                        "the local one (pip install 'cdsjax[reader]')")
     result = run_planning(pipe, question, reader=reader, selector=args.selector, budget=args.budget,
-                          options=options, combined=args.combined, tau_max=args.tau_max).to_dict()
+                          options=options, combined=args.combined, tau_max=args.tau_max,
+                          read_options=read_options(args, reader)).to_dict()
     result["timings"]["load"] = load_s
     if args.json:
         print(json.dumps(result, indent=2, default=float))

@@ -81,7 +81,7 @@ def no_answer_line(result: dict) -> str:
     """Why ``result`` (the --json object) has no answer: the reader gave none, the reader failed, or no reader."""
     reader = result.get("reader") or {}
     if reader.get("no_answer"):
-        from cdsjax.io.replies import describe_no_answer
+        from cdsjax.io.reading.replies import describe_no_answer
 
         why = shown(describe_no_answer(reader["no_answer"]))
         return f"\n[bold]No answer[/bold]: {why}; the evidence above was selected"
@@ -111,7 +111,7 @@ class Live:
         self.console.file.flush()
 
     def retry(self, reason: str) -> None:
-        from cdsjax.io.replies import NO_ANSWER
+        from cdsjax.io.reading.replies import NO_ANSWER
 
         if self.started:
             self.console.print(f"\n[dim](that was no answer: {NO_ANSWER.get(reason, reason)}; asking again)[/dim]")

@@ -43,7 +43,7 @@ import zlib
 from typing import Callable, Iterable, List, Optional
 
 from cdsjax.commands import CLIError
-from cdsjax.io.util import one_line
+from cdsjax.io.util import atomic_write, one_line
 
 USER_AGENT = "cdsjax-data-fetch"
 # Bounds on what a download and an archive may make this process read or hold (the real sources are far
@@ -318,12 +318,7 @@ def _remove_download(d, root: pathlib.Path) -> None:
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, data)
 
 
 def _derive(x, root: pathlib.Path, downloader, *, allow_unrecorded: bool = False) -> None:

@@ -7,7 +7,7 @@ selector which facts its top-B covers and how many slots went to restatements. I
 covers no more facts than cosine.
 
 Then a real model answers the question from the default selector's evidence and from cosine's, side by side
-with the evidence each answer cites: the local reader (:mod:`cdsjax.io.local_reader`: llama.cpp with a
+with the evidence each answer cites: the local reader (:mod:`cdsjax.io.reading.local.reader`: llama.cpp with a
 1.5B instruct model assembled from registry packages into the cache on first use), or the server named by
 ``--reader-url``; ``--no-read`` skips it. The time the reader took is printed with the answers.
 
@@ -40,7 +40,7 @@ def demo_selectors() -> list:
     converged = (n for n, s in SPECS.items()
                  if s.solver_label in ("active_set", "pdas") and (s.needs_links or s.structure)
                  and n != LEARNED_SELECTOR)
-    names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.mode == "paper"), LEARNED_SELECTOR,
+    names = dict.fromkeys([DEFAULT_SELECTOR, *(n for n, s in SPECS.items() if s.paper_mode), LEARNED_SELECTOR,
                            *converged,
                            *(n for n, s in SPECS.items() if s.solver is None and not s.needs_links and not s.needs_key)])
     return [(display(n) + (" (default)" if n == DEFAULT_SELECTOR else ""), display(n)) for n in names]
@@ -55,11 +55,16 @@ def add_arguments(p) -> None:
     add_reader_arguments(p)
 
 
-def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> list:
-    """The reader's answer from each selector's evidence: ``{selector, answer, cited: [{n, page, role}],
-    seconds, error}`` per selector, in order."""
+def answer_side_by_side(pipe, question: str, budget: int, selectors, reader, options=None) -> list:
+    """The reader's answer from each selector's evidence (read with ``options``, a
+    :class:`cdsjax.io.reading.options.ReadOptions`): ``{selector, answer, cited: [{n, page, role}], seconds,
+    error}`` per selector, in order."""
+    import dataclasses
+
+    from cdsjax.io.reading.options import ReadOptions
+
     from cdsjax import demo
-    from cdsjax.io.llm.errors import ReaderError
+    from cdsjax.io.reading.llm.errors import ReaderError
 
     out = []
     for name in selectors:
@@ -67,10 +72,10 @@ def answer_side_by_side(pipe, question: str, budget: int, selectors, reader) -> 
         t0 = time.perf_counter()
         try:
             result = reader.answer(question, pipe.evidence_items(answer.evidence),
-                                   similarity=pipe.sentence_similarity)
+                                   dataclasses.replace(options or ReadOptions(), similarity=pipe.sentence_similarity))
             text, cited, error = result.text or None, list(result.cited), None
             if result.no_answer is not None:
-                from cdsjax.io.replies import describe_no_answer
+                from cdsjax.io.reading.replies import describe_no_answer
 
                 error = describe_no_answer(result.no_answer)
         except ReaderError as err:
@@ -126,10 +131,10 @@ def run(args) -> int:
     from rich import box
 
     from cdsjax import demo
-    from cdsjax.commands.reader_setup import make_reader
+    from cdsjax.commands.reader_setup import make_reader, read_options
     from cdsjax.io.compilation_cache import enable_compilation_cache
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
-    from cdsjax.io.local_held import stop_on_sigterm
+    from cdsjax.io.reading.local.held import stop_on_sigterm
     from cdsjax.pipeline import Corpus, Pipeline
 
     if args.budget < 1:
@@ -162,7 +167,7 @@ def run(args) -> int:
             from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
 
             answers = answer_side_by_side(pipe, demo.QUESTION, args.budget, [DEFAULT_SELECTOR, REFERENCE_SELECTOR],
-                                          reader)
+                                          reader, read_options(args, reader))
         elif not args.no_read:
             reader_note = ("no reader: install the local one (pip install 'cdsjax[reader]'; `make demo` does) or "
                            "pass --reader-url")

@@ -84,7 +84,7 @@ def run(args) -> int:
     from cdsjax.io.store import LockBusy
     from cdsjax.io.storefiles import StoreError
     from cdsjax.io.index.on_ray import RayUnavailable
-    from cdsjax.io.vlm import VLMError
+    from cdsjax.io.reading.vlm import VLMError
 
     modes = [m for m in ("list", "verify") if getattr(args, m)]
     if len(modes) > 1 or (modes and (args.paths or args.out or args.remove)):

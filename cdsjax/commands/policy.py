@@ -29,6 +29,8 @@ from typing import Dict, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, quote, unquote_to_bytes
 
 MAX_BUDGET = 512
+# The most evidence tokens a request may ask the reader to read (a 128k-token window, the largest commonly served).
+MAX_EVIDENCE_TOKENS = 131072
 MAX_QUESTION_CHARS = 4000
 MAX_ECHO_CHARS = 200  # a request value quoted back in an error is cut to this
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})

@@ -25,7 +25,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from cdsjax.io.local_records import list_readers, readers_dir, stop_readers
+    from cdsjax.io.reading.local.records import list_readers, readers_dir, stop_readers
 
     servers = stop_readers() if args.action == "stop" else list_readers()
     if args.json:

@@ -8,7 +8,7 @@ import sys
 from typing import Optional
 
 from cdsjax.commands import CLIError
-from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
+from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS, LOCAL_MAX_TOKENS
 
 
 def local_reader_model(args) -> Optional[str]:
@@ -20,7 +20,7 @@ def local_reader_model(args) -> Optional[str]:
     named = getattr(args, "local_reader", None) or os.environ.get("CDSJAX_LOCAL_READER")
     if named == "off":
         return None
-    from cdsjax.io.local_reader import RUNTIME_HINT, runtime_installed
+    from cdsjax.io.reading.local.reader import RUNTIME_HINT, runtime_installed
 
     if not runtime_installed():
         if named:
@@ -37,39 +37,49 @@ def make_reader(args, stack=None):
     in ``reader.local``), else started here and waited for (its model loads in ~2-5 s; a preset is assembled
     into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack`` (a
     :class:`contextlib.ExitStack`) releases it: it stays up ``--keep-alive`` seconds after its last use
-    (:func:`cdsjax.io.local_reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
+    (:func:`cdsjax.io.reading.local.reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
     if getattr(args, "no_read", False):
         return None
     url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
     images = getattr(args, "reader_images", "auto")
     if url:
-        from cdsjax.io.llm.config import ReaderConfig
-        from cdsjax.io.reader import Reader
+        from cdsjax.io.reading.llm.config import ReaderConfig
+        from cdsjax.io.reading.reader import Reader
 
         model = args.reader_model or os.environ.get("CDSJAX_READER_MODEL")
         return Reader(ReaderConfig(base_url=url, model=model, timeout=args.timeout, max_retries=args.retries,
-                                   images=images, evidence_tokens=getattr(args, "evidence_tokens", None)))
+                                   images=images))
     model = local_reader_model(args)
     if model is None or stack is None:
         return None
-    from cdsjax.io.local_model import LocalReaderError
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
+    from cdsjax.io.reading.local.model import LocalReaderError
+    from cdsjax.io.reading.local.reader import start_local_reader
 
     try:
-        config = LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
-                                   slots=args.reader_slots,
-                                   keep_alive=keep_alive_setting(getattr(args, "keep_alive", None)))
+        local = start_local_reader(model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
+                                   slots=args.reader_slots, keep_alive=getattr(args, "keep_alive", None),
+                                   progress=sys.stderr.isatty() and not getattr(args, "json", False))
     except ValueError as err:
         raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
-    local = LocalReader(config, progress=sys.stderr.isatty() and not getattr(args, "json", False))
-    stack.callback(local.close)
-    try:
-        local.start()
     except LocalReaderError as err:
         raise CLIError(f"local reader: {err}", 1) from None
-    from cdsjax.io.reader import Reader
+    stack.callback(local.close)
+    from cdsjax.io.reading.reader import Reader
+
+    return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
+                                      images=images), local=local.describe())
+
+
+def read_options(args, reader):
+    """The :class:`cdsjax.io.reading.options.ReadOptions` of the command's flags: ``--evidence-tokens``, else the
+    local reader's :data:`~cdsjax.defaults.LOCAL_EVIDENCE_TOKENS` when ``reader`` is the local one, else
+    None (a remote server's budget is derived from its window); one line for a value out of range."""
+    from cdsjax.io.reading.options import ReadOptions
 
     tokens = getattr(args, "evidence_tokens", None)
-    tokens = LOCAL_EVIDENCE_TOKENS if tokens is None else tokens
-    return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
-                                      images=images, evidence_tokens=tokens), local=local.describe())
+    if tokens is None and getattr(reader, "local", None) is not None:
+        tokens = LOCAL_EVIDENCE_TOKENS
+    try:
+        return ReadOptions(evidence_tokens=tokens)
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err).replace("ReadOptions.evidence_tokens", "--evidence-tokens"), 2) from None

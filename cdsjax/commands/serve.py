@@ -11,7 +11,9 @@ Endpoints (JSON in and out):
                              "refused": {kind: count}, "uptime_s"}; it never waits
     GET  /documents  -> 200 {"documents": [{"document", "pages", "notes", "kinds": {kind: count}}],
                              "indexes": [index directory name, ...]}
-    POST /ask        {"question": str, "selector"?: str, "budget"?: int, "options"?: {..}}
+    POST /ask        {"question": str, "selector"?: str, "budget"?: int, "options"?: {..},
+                      "evidence_tokens"?: int (0..131072; the evidence the reader reads, 0: every note whole;
+                      default: the server's --evidence-tokens)}
                      -> 200 the `cdsjax ask --json` object (read by the reader when one is configured)
     POST /select     same body -> the same object without reading ("answer": null)
                      (either: "near_duplicates": t adds {"near_duplicates": {"threshold": t, "pairs":
@@ -55,7 +57,7 @@ import time
 
 from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
 from cdsjax.commands.policy import DEFAULT_MAX_PDF_MB, LOOPBACK_NAMES, MAX_BUDGET, is_loopback, is_text
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -169,6 +171,7 @@ def run(args) -> int:
     except ImportError as err:
         raise CLIError(f"serving needs fastapi and uvicorn (pip install 'cdsjax[io]'): {err}", 1) from None
     from cdsjax.commands.guard import Limits
+    from cdsjax.commands.reader_setup import read_options
     from cdsjax.commands.server import ServerState, create_app
 
     try:
@@ -207,10 +210,16 @@ def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) 
     import uvicorn
 
     from cdsjax.commands.guard import Limits
+    from cdsjax.commands.reader_setup import read_options
     from cdsjax.commands.server import ServerState, create_app
     from cdsjax.io.embed import EmbedderError
     from cdsjax.pipeline import Pipeline, PipelineError
 
+    try:
+        options = read_options(args, reader)  # the reads' defaults; a request's evidence_tokens overrides them
+    except CLIError:
+        sock.close()
+        raise
     try:
         pipe = Pipeline.from_paths(args.indexes, reader=reader, progress=sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
@@ -241,14 +250,15 @@ def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) 
                     read_timeout=args.timeout if reader is not None else 0.0, allowed_hosts=allowed_hosts,
                     token=token, body_timeout=args.body_timeout, uploads=args.max_uploads)
     state = ServerState.load(pipe, limits=limits, default_selector=args.selector, default_budget=args.budget,
-                             read_workers=args.read_workers, max_pdf_bytes=args.max_pdf_mb << 20)
+                             read_workers=args.read_workers, max_pdf_bytes=args.max_pdf_mb << 20,
+                             read_options=options)
     # SIGTERM / Ctrl-C: requests still running after 2 s are cancelled (their jobs abandoned, see guard.Lane)
     Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                           h11_max_incomplete_event_size=16 * 1024)).run(sockets=[sock])
     if state.lanes_running():
         # a job still computing holds a daemon thread inside JAX: leave without finalising the interpreter (the
         # local reader is stopped or released first: os._exit runs no exit handler)
-        from cdsjax.io.local_held import stop_all
+        from cdsjax.io.reading.local.held import stop_all
 
         stop_all()
         sys.stdout.flush()

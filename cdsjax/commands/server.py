@@ -27,8 +27,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cdsjax.commands import page as web
 from cdsjax.commands import policy
 from cdsjax.commands.guard import Busy, Guard, Lane, Limits, Traffic
+from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.util import one_line
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 FILE_READS = 2  # PDFs and crops read and hashed at once (each off the event loop); more wait their turn
 PDF_RESPONSES = 4  # PDFs held in memory at once, from reading to the last byte sent; more get 503
@@ -55,6 +56,8 @@ class Question(BaseModel):
     question: StrictStr = Field(min_length=1, max_length=policy.MAX_QUESTION_CHARS)
     selector: Optional[StrictStr] = Field(default=None, max_length=100)
     budget: Optional[StrictInt] = Field(default=None, ge=1, le=policy.MAX_BUDGET)
+    # /ask: the evidence the reader reads, in estimated tokens (0: every note whole); None: the server's default
+    evidence_tokens: Optional[StrictInt] = Field(default=None, ge=0, le=policy.MAX_EVIDENCE_TOKENS)
     options: Dict[str, Any] = Field(default_factory=dict)
     near_duplicates: Optional[StrictFloat] = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False)
     stream: StrictBool = False  # /ask: JSON lines as the answer is written (stream_answer)
@@ -87,11 +90,13 @@ class ServerState:
     started: float = dataclasses.field(default_factory=time.time)
     file_reads: Optional[asyncio.Semaphore] = None
     pdfs_held: int = 0
+    read_options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
 
     @classmethod
     def load(cls, pipe, *, limits: Optional[Limits] = None, default_selector: Optional[str] = None,
              default_budget: int = DEFAULT_BUDGET, read_workers: int = 4,
-             max_pdf_bytes: int = policy.DEFAULT_MAX_PDF_MB << 20) -> "ServerState":
+             max_pdf_bytes: int = policy.DEFAULT_MAX_PDF_MB << 20,
+             read_options: Optional[ReadOptions] = None) -> "ServerState":
         """The state around a loaded :class:`cdsjax.pipeline.Pipeline`.
 
         Args:
@@ -101,6 +106,8 @@ class ServerState:
             catalog's default).
           read_workers: reader calls in flight at once.
           max_pdf_bytes: largest source PDF ``/pdf`` serves.
+          read_options: the reads' defaults (the command's flags), which a request's ``evidence_tokens``
+            overrides.
         """
         from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
         from cdsjax.core.registry import SPECS
@@ -123,7 +130,8 @@ class ServerState:
                    documents=document_rows(notes, pdfs.index_of), crops=crops, pdfs=pdfs,
                    page_html=page_html, compute=Lane("select", concurrency=1, max_abandoned=2),
                    compiling=Lane("compile", concurrency=1, max_abandoned=2),
-                   reading=Lane("read", concurrency=max(1, read_workers), max_abandoned=max(1, read_workers)))
+                   reading=Lane("read", concurrency=max(1, read_workers), max_abandoned=max(1, read_workers)),
+                   read_options=read_options or ReadOptions())
 
     @property
     def roots(self) -> list:
@@ -301,12 +309,13 @@ async def answer(state: ServerState, body: Question, read: bool):
         return state.error(400, str(err))
     except (ValueError, TypeError, OverflowError) as err:
         return state.error(400, f"bad request: {err}")
+    read_options = state.read_options.updated(evidence_tokens=body.evidence_tokens)
     if read and pipe.reader is not None and body.stream:
-        return StreamingResponse(stream_answer(state, result, body), media_type="application/x-ndjson",
+        return StreamingResponse(stream_answer(state, result, body, read_options), media_type="application/x-ndjson",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
     if read and pipe.reader is not None:
         try:
-            await state.reading.run(pipe.read, result)
+            await state.reading.run(pipe.read, result, read_options)
         except Busy as err:
             return state.error(503, f"server busy: {err}; retry later", result=public(state, result, body))
         if result.error is not None:  # the evidence is kept; Pipeline.read recorded why reading failed
@@ -323,7 +332,7 @@ def json_line(obj: dict) -> bytes:
     return (json.dumps(obj, default=float) + "\n").encode("utf-8")
 
 
-async def stream_answer(state: ServerState, result, body: Question):
+async def stream_answer(state: ServerState, result, body: Question, read_options: ReadOptions):
     """``POST /ask`` with ``"stream": true``: JSON lines, one per piece, as the answer is written.
 
     ``{"event": "evidence", "result": ...}`` first (the ``ask --json`` object, without the answer yet), then
@@ -344,8 +353,8 @@ async def stream_answer(state: ServerState, result, body: Question):
         put({"event": "token", "text": piece})
 
     def read():
-        return state.pipe.read(result, on_token=token, on_retry=lambda reason: put({"event": "retry",
-                                                                                    "reason": reason}))
+        return state.pipe.read(result, read_options, on_token=token,
+                               on_retry=lambda reason: put({"event": "retry", "reason": reason}))
 
     yield json_line({"event": "evidence", "result": public(state, result, body)})
     task = asyncio.ensure_future(state.reading.run(read))

@@ -20,7 +20,8 @@ One entry point, :func:`cds` (problem, strategy, game, options, adjoint).
   solver per payoff storage); :data:`SERVING_SOLVER` is the combination the served selectors use. Solver names
   are for configuration files and the command line only, converted once by :func:`solver_from_name`.
 - :func:`equilibrium` (game, solver, x0, adjoint=) is the one solve every strategy runs; the adjoint
-  (:class:`ImplicitAdjoint`, :class:`LoopAdjoint`, :class:`NoDerivative`, :class:`NoAdjoint`) is applied there
+  (an :class:`Adjoint`: :class:`ImplicitAdjoint`, :class:`ForwardLoopAdjoint`, :class:`NoDerivative`,
+  :class:`NoAdjoint`) is applied there
   only, as the caller gave it, and the result records which solver gave the point (``SolverResult.solver_run``).
 
 Modules, grouped by job (import a name that is not in ``__all__`` from its module):
@@ -32,8 +33,8 @@ Modules, grouped by job (import a name that is not in ``__all__`` from its modul
   penalty's bound), ``payoff`` (how a solver sees a game);
 - ``strategies/``: ``cds`` (the entry point), ``select`` (``Single``, ``Peel``), ``support`` (``Support``),
   ``shared`` (``Shared``), ``corpus`` (a :class:`BlockProblem` on its block);
-- cross-cutting, at this level: ``types``, ``protocols``, ``validation``, ``implicit`` (adjoints and
-  ``equilibrium``), ``ranking`` and ``readouts`` (read-outs: top-B, per page), ``baselines``, ``graph``,
+- cross-cutting, at this level: ``types``, ``protocols``, ``validation``, ``adjoints`` (``Adjoint`` and
+  its kinds), ``equilibrium`` (the one solve), ``implicit`` (the KKT derivative), ``ranking`` and ``readouts`` (read-outs: top-B, per page), ``baselines``, ``graph``,
   ``subgraph``, ``surrogates``, ``batching``, ``registry`` (selectors by name), ``diagnostics``, ``compat`` (the
   array-taking entry points ``cds_select``, ``cds_peel``, ``cds_support``, ``cds_select_shared``, ``cds_weights``).
 
@@ -41,13 +42,13 @@ Modules, grouped by job (import a name that is not in ``__all__`` from its modul
 """
 
 from cdsjax.core.batching import batch_apply, batched
-from cdsjax.core.diagnostics import diagnostics
+from cdsjax.core.diagnostics import diagnostics, ran_paper_mode, solver_mode
 from cdsjax.core.games.affinity import CDSParams
 from cdsjax.core.games.learned import LearnedParams
 from cdsjax.core.games.payoff import DensePayoff, SharedPayoff
-from cdsjax.core.implicit import (ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative, cds_equilibrium,
-                                  equilibrium)
-from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Status, Strategy
+from cdsjax.core.adjoints import Adjoint, ForwardLoopAdjoint, ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative
+from cdsjax.core.equilibrium import cds_equilibrium, equilibrium
+from cdsjax.core.protocols import Game, IterativeSolver, Payoff, Solver, Strategy
 from cdsjax.core.registry import SPECS, SelectorSpec, make_selector
 from cdsjax.core.solvers.active_set import ActiveSet
 from cdsjax.core.solvers.inimdyn import InImDyn
@@ -59,7 +60,7 @@ from cdsjax.core.strategies.cds import cds
 from cdsjax.core.strategies.select import Peel, Single
 from cdsjax.core.strategies.shared import Shared
 from cdsjax.core.strategies.support import Support
-from cdsjax.core.types import (CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, Selector, SolverResult,
+from cdsjax.core.types import (CONVERGED, Affinity, BlockProblem, CDSProblem, Selection, Selector, SolverResult, Status,
                                with_corpus_arrays)
 
 # The public API (what ``from cdsjax.core import *`` gives): the problem, the games, the solvers and adjoints, the
@@ -93,6 +94,8 @@ __all__ = [
     # adjoints: how an equilibrium is differentiated
     "ImplicitAdjoint",
     "LoopAdjoint",
+    "ForwardLoopAdjoint",
+    "Adjoint",
     "NoDerivative",
     "NoAdjoint",
     # strategies: objects the caller picks
@@ -111,6 +114,8 @@ __all__ = [
     "Status",
     "CONVERGED",
     "diagnostics",
+    "ran_paper_mode",
+    "solver_mode",
     # selectors by name, one calling convention
     "Selector",
     "SelectorSpec",

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
-from cdsjax.core.graph import PPR_ROUNDING_ULPS, diffusion_prior, ppr_vector  # noqa: F401  (public here too)
+from cdsjax.core.graph import ppr_vector
 from cdsjax.core.ranking import top_b
 from cdsjax.core.types import Selection
 from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option

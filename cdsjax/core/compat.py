@@ -18,7 +18,7 @@ from cdsjax.core.strategies.cds import cds
 from cdsjax.core.strategies.select import Peel, Single
 from cdsjax.core.strategies.shared import Shared
 from cdsjax.core.strategies.support import Support
-from cdsjax.core.implicit import cds_equilibrium
+from cdsjax.core.equilibrium import cds_equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import CDSProblem, Selection
@@ -82,7 +82,7 @@ def cds_weights(notes: Array, query: Array, valid: Array, params: Game = CDSPara
     r"""The equilibrium :math:`x^*` ``[m+n]`` (queries first), differentiable in ``params``.
 
     A thin wrapper of :func:`cds_equilibrium` on ``CDSProblem.create(notes, query, valid, pinned=pinned)``
-    (``kwargs``: ``options``, ``x0``, ``adjoint`` (an adjoint object such as ``LoopAdjoint()``) and
+    (``kwargs``: ``options``, ``x0``, ``adjoint`` (an adjoint object such as ``ForwardLoopAdjoint()``) and
     :class:`SolveOptions` fields) for callers that only need the weights; use :func:`cds_equilibrium` to also get
     the convergence diagnostics that say whether the derivative can be trusted.
     """

@@ -11,8 +11,17 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from cdsjax.core.solvers.active_set import ActiveSet
+from cdsjax.core.solvers.inimdyn import InImDyn
+from cdsjax.core.solvers.pdas import PrimalDualActiveSet
 from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.types import CONVERGED, FILL_REASONS, STATUSES
+
+# The two modes a CDS solve runs in, by the solver's type: the paper's replicator dynamics (which stop on their
+# step size) and every other solver (which stop on the equilibrium's Nash error).
+PAPER_MODE, CONVERGED_MODE = "paper", "converged"
+# A result records the solvers that ran by name (static strings of a jitted result): their types, to read the mode.
+_SOLVER_TYPES = {cls.name: cls for cls in (Replicator, InImDyn, ActiveSet, PrimalDualActiveSet)}
 
 # Fields of the SolverResult copied as they are, after ``num_iters`` and ``converged`` (``status == CONVERGED``);
 # ``support_size`` is the selection's (notes only).
@@ -24,11 +33,17 @@ def _plain(value) -> Any:
     return bool(v) if v.dtype == bool else (int(v) if v.dtype.kind in "iu" else float(v))
 
 
-def solver_mode(name: str) -> str:
-    """The mode of the solver named ``name``: ``"paper"`` for replicator dynamics (the paper's algorithm, which
-    stops on its step size), ``"converged"`` for every other solver (which stops on the equilibrium's Nash
-    error)."""
-    return "paper" if name == Replicator.name else "converged"
+def solver_mode(solver) -> str:
+    """The mode of ``solver``, read from its type: :data:`PAPER_MODE` for replicator dynamics (the paper's
+    algorithm), :data:`CONVERGED_MODE` for every other solver and combination. ``solver``: a solver object, or
+    the name a :class:`~cdsjax.core.types.SolverResult` records of the solver that ran."""
+    kind = _SOLVER_TYPES.get(solver) if isinstance(solver, str) else type(solver)
+    return PAPER_MODE if kind is not None and issubclass(kind, Replicator) else CONVERGED_MODE
+
+
+def ran_paper_mode(diagnostics: Dict[str, Any]) -> bool:
+    """Whether the :func:`diagnostics` of a selection say its point came from paper mode (replicator dynamics)."""
+    return diagnostics.get("mode") == PAPER_MODE
 
 
 def diagnostics(selection: Any, *, num_notes: Optional[int] = None,

@@ -39,35 +39,21 @@ What the derivative means:
   :math:`\tau`-derivatives. Taking one under hard :math:`\tau` warns, and so does a
   derivative through a solve that did not converge (:mod:`cdsjax.core.derivative_checks`).
 
-How to differentiate is an argument of the solve (optimistix's ``adjoint=``): :class:`ImplicitAdjoint`
-(the default), :class:`LoopAdjoint` (the reference), :class:`NoDerivative` (the solve is a constant) or
-:class:`NoAdjoint` (differentiating it raises, saying why); an adjoint the caller gives is used or refused,
-never replaced. :func:`equilibrium` is the one solve
-every strategy runs and the one place an adjoint is applied; :func:`cds_equilibrium` is a problem's equilibrium
-on its dense game: :func:`cdsjax.core.strategies.cds` reads its selections off it, and the retrieval objectives of
-:mod:`cdsjax.core.surrogates` differentiate it, for the paper's game and the learned one alike.
+This module is the derivative's arithmetic (:func:`attach_implicit`); how to differentiate a solve is an
+adjoint object (:mod:`cdsjax.core.adjoints`: :class:`~cdsjax.core.adjoints.ImplicitAdjoint` attaches this
+derivative), and the one solve every strategy runs is :func:`cdsjax.core.equilibrium.equilibrium`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
-from flax import struct
-from jax import Array, lax
+from jax import Array
 
-from cdsjax.core.derivative_checks import check_converged
-from cdsjax.core.games.affinity import CDSParams, problem_affinity
-from cdsjax.core.graph import diffusion_prior
-from cdsjax.core.games.payoff import DensePayoff
-from cdsjax.core.protocols import Game
-from cdsjax.core.solvers.replicator import softmax_prior
-from cdsjax.core.solvers.options import SolveOptions, solve_options
-from cdsjax.core.types import CONVERGED, INITS, SUPPORT_THRESHOLD, Affinity, CDSProblem, SolverResult
-from cdsjax.core.validation import check_option
+from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity
 
 
 def implicit_system(payoff: Array, x: Array, valid: Array, threshold: float = SUPPORT_THRESHOLD) -> Array:
@@ -172,174 +158,3 @@ def _attach_implicit_jvp(threshold, primals, tangents):
     d_payoff = d_affinity.matrix - jnp.diag(jnp.where(free, d_affinity.alpha, 0.0).astype(x.dtype))
     dx = implicit_tangent(affinity.payoff(), x, affinity.valid, d_payoff, threshold)
     return x, dx
-
-
-@struct.dataclass
-class ImplicitAdjoint:
-    r"""Differentiate an equilibrium by the implicit function theorem on its KKT conditions.
-
-    The solve runs with gradients stopped and :func:`attach_implicit` gives :math:`x^*` the derivative of
-    the KKT system on its support: forward and reverse mode, whatever the solver, exact where the solve
-    converged. The default of :func:`cdsjax.core.strategies.cds` and :func:`cds_equilibrium`.
-
-    A derivative through a solve that did not converge warns (:func:`~cdsjax.core.derivative_checks.check_converged`);
-    with ``nan_if_unconverged`` it is also NaN there.
-    """
-
-    nan_if_unconverged: bool = struct.field(pytree_node=False, default=False)
-
-    def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
-        """``run(affinity)`` with the implicit derivative attached to its point."""
-        if not isinstance(affinity, Affinity):
-            raise TypeError("ImplicitAdjoint differentiates a dense game (an Affinity); a payoff stored in another "
-                            f"form has none: pass LoopAdjoint() or NoAdjoint(), got {type(affinity).__name__}")
-        result = run(lax.stop_gradient(affinity))
-        x = attach_implicit(affinity, lax.stop_gradient(result.x), threshold)
-        return result.replace(x=check_converged(x, result.status == CONVERGED, self.nan_if_unconverged))
-
-
-@struct.dataclass
-class LoopAdjoint:
-    """Differentiate through the solver's iterations (forward mode only): the reference path of the tests."""
-
-    def apply(self, run: Callable[[Affinity], SolverResult], affinity: Affinity, threshold: float) -> SolverResult:
-        """``run(affinity)`` as it is."""
-        return run(affinity)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def refuse_derivative(inputs, reason: str):
-    """``inputs`` (a pytree) unchanged; a derivative taken through them raises ``ValueError(reason)`` while JAX
-    traces it (before anything runs)."""
-    return inputs
-
-
-@refuse_derivative.defjvp
-def _refuse_derivative_jvp(reason, primals, tangents):
-    raise ValueError(reason)
-
-
-@struct.dataclass
-class NoAdjoint:
-    """A solve that has no derivative, saying why: ``apply`` runs it on its inputs; differentiating them raises
-    ``ValueError(reason)`` (a question's corpus block, :func:`cdsjax.core.strategies.corpus.solve_on_block`)."""
-
-    reason: str = struct.field(pytree_node=False, default="this solve has no derivative")
-
-    def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
-        """``run(inputs)``, with a derivative through ``inputs`` refused."""
-        return run(refuse_derivative(inputs, self.reason))
-
-
-@struct.dataclass
-class NoDerivative:
-    """A solve that is a constant for differentiation: ``apply`` runs it on gradient-stopped inputs, so its
-    derivative is zero and no tangent is traced through it (e.g. the support strategy's probes, which only count
-    a support)."""
-
-    def apply(self, run: Callable, inputs, threshold: Optional[float] = None):
-        """``run(inputs)`` with ``inputs`` gradient-stopped."""
-        return run(lax.stop_gradient(inputs))
-
-
-Adjoint = Union[ImplicitAdjoint, LoopAdjoint, NoAdjoint, NoDerivative]
-# the adjoints that give no derivative: what a solve without one (a BlockProblem's) takes as the caller's choice
-NO_DERIVATIVE = (NoAdjoint, NoDerivative)
-
-
-def check_adjoint(adjoint) -> Adjoint:
-    """``adjoint`` (None: :class:`ImplicitAdjoint`) if it has an ``apply``; ``TypeError`` otherwise."""
-    if adjoint is None:
-        return ImplicitAdjoint()
-    if not callable(getattr(adjoint, "apply", None)):
-        raise TypeError(f"adjoint must be an adjoint object (ImplicitAdjoint(), LoopAdjoint(), NoDerivative(), "
-                        f"NoAdjoint()), got {adjoint!r}")
-    return adjoint
-
-
-def equilibrium(game, solver, x0=None, *, adjoint=None, threshold: float = SUPPORT_THRESHOLD) -> SolverResult:
-    r"""The equilibrium of ``game`` found by ``solver`` and differentiated by ``adjoint``: the one solve every
-    strategy runs, the adjoint applied here and nowhere else.
-
-    Args:
-      game: the problem of :math:`\max_{x\in\Delta} x^\top M x`: an :class:`Affinity` (a question's dense
-        game, solved on its :class:`~cdsjax.core.games.payoff.DensePayoff`) or a payoff stored in another form
-        (:class:`~cdsjax.core.games.payoff.SharedPayoff`: a question's corpus block, or the questions of the
-        ``Shared`` strategy).
-      solver: the solver object (:mod:`cdsjax.core.solvers.options`).
-      x0: the start: None (the solver's own), a point, or a function of the game (as the adjoint hands it to
-        the solve: gradient-stopped under :class:`ImplicitAdjoint`) that returns one.
-      adjoint: :class:`ImplicitAdjoint` (None; a dense game only: ``TypeError`` on another payoff),
-        :class:`LoopAdjoint` (through the iterations), :class:`NoDerivative` (a constant) or :class:`NoAdjoint`
-        (a derivative refused, saying why); used as given.
-      threshold: the support threshold of the implicit derivative.
-
-    Returns:
-      The :class:`~cdsjax.core.SolverResult`; its ``solvers`` / ``ran`` say which solver gave the point (a
-      fallback taken included).
-    """
-    adjoint = check_adjoint(adjoint)
-
-    def run(g):
-        start = x0(g) if callable(x0) else x0
-        return solver.solve(DensePayoff.from_affinity(g) if isinstance(g, Affinity) else g, start)
-
-    return adjoint.apply(run, game, threshold)
-
-
-def initial_point(
-    affinity: Affinity, init: str = "uniform", temperature: float = 0.1, links: Optional[Array] = None
-) -> Optional[Array]:
-    """The solver's starting point: None (uniform), the query-softmax or the graph-diffusion prior."""
-    check_option("init", init, INITS)
-    if init == "softmax":
-        return softmax_prior(affinity, temperature)
-    if init == "diffusion":
-        if links is None:
-            raise ValueError("init='diffusion' needs links ([n, n] bool note-link adjacency)")
-        return diffusion_prior(affinity, links, temperature)
-    return None
-
-
-def cds_equilibrium(
-    problem: CDSProblem,
-    params: Game = CDSParams(),
-    options: Optional[SolveOptions] = None,
-    *,
-    x0: Optional[Array] = None,
-    adjoint: Optional[Adjoint] = None,
-    **overrides,
-) -> tuple[SolverResult, Affinity]:
-    r"""The equilibrium of a CDS problem, differentiable in the game's parameters: the one solve every
-    dense strategy of :func:`cdsjax.core.strategies.cds` runs, and the entry point for derivatives.
-
-    Args:
-      problem: the :class:`CDSProblem` (one question; its structure arrays reach a game that reads them, its
-        ``pinned`` notes join the constraint set). Notes and queries must be L2-normalised (the game reads dot
-        products as cosines; :func:`~cdsjax.core.surrogates.retrieval_surrogates` checks concrete ones,
-        :func:`~cdsjax.core.validation.check_unit_norm`).
-      params: the game: :class:`CDSParams` (``beta`` and ``tau`` are differentiable leaves; ``tau`` only in
-        ``tau_mode="soft"``) or :class:`~cdsjax.core.games.learned.LearnedParams` (every leaf).
-      options: :class:`SolveOptions`: ``solver`` (default ``Replicator()``, paper mode; pass a converged one,
-        e.g. ``ActiveSet()`` or ``WarmStart(Replicator(), ActiveSet())``, for exact derivatives), ``tol`` /
-        ``max_iter``, ``init`` (the start when ``x0`` is None) and ``threshold`` (the support of the implicit
-        system).
-      x0: optional ``[m+n]`` initial point (overrides ``options.init``).
-      adjoint: how to differentiate: :class:`ImplicitAdjoint` (None; KKT implicit function, forward and
-        reverse mode, solver-independent), :class:`LoopAdjoint` (forward mode through the iterations),
-        :class:`NoDerivative` or :class:`NoAdjoint`.
-      **overrides: :class:`SolveOptions` fields replacing those of ``options``.
-
-    Returns:
-      ``(result, affinity)``: the :class:`SolverResult` with differentiable ``x`` (``[m+n]``, queries first;
-      the diagnostics are those of the solve, without derivatives) and the differentiable
-      :class:`Affinity`. The derivative is only right where ``result.status == CONVERGED`` holds.
-    """
-    options = solve_options(options, **overrides)
-    solver = options.limited_solver()
-
-    def start(aff):
-        return initial_point(aff, options.init, options.prior_temperature, problem.links) if x0 is None else x0
-
-    affinity = problem_affinity(problem, params.check())
-    return equilibrium(affinity, solver, start, adjoint=adjoint, threshold=options.threshold), affinity

@@ -18,8 +18,6 @@ from typing import Any, Optional, Protocol, Tuple, runtime_checkable
 
 from jax import Array
 
-from cdsjax.core.types import Status  # noqa: F401  (re-exported: the solvers' terminate returns one)
-
 
 @runtime_checkable
 class Payoff(Protocol):

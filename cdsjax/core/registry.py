@@ -45,7 +45,7 @@ from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.solvers.options import SERVING_SOLVER, SolveOptions, check_solver, solver_from_name
 from cdsjax.core.subgraph import select_subgraph_readout
 from cdsjax.core.types import CDSProblem, Selection, Selector
-from cdsjax.core.diagnostics import solver_mode
+from cdsjax.core.diagnostics import CONVERGED_MODE, PAPER_MODE, solver_mode
 from cdsjax.core.validation import check_budget, check_int_range, check_option, check_positive
 from jax import Array
 
@@ -281,7 +281,19 @@ class SelectorSpec:
     def mode(self) -> Optional[str]:
         """``"paper"`` (replicator dynamics, a fixed step budget), ``"converged"`` or None (a baseline): the mode
         of :attr:`solver` (:func:`~cdsjax.core.diagnostics.solver_mode`)."""
-        return None if self.solver is None else solver_mode(self.solver.name)
+        return None if self.solver is None else solver_mode(self.solver)
+
+    @property
+    def paper_mode(self) -> bool:
+        """Whether this selector solves in paper mode (replicator dynamics); False for the converged solvers and
+        for a baseline."""
+        return self.solver is not None and self.mode == PAPER_MODE
+
+    @property
+    def converged_mode(self) -> bool:
+        """Whether this selector solves to the equilibrium (a converged solver); False in paper mode and for a
+        baseline."""
+        return self.solver is not None and self.mode == CONVERGED_MODE
 
     @property
     def solver_label(self) -> Optional[str]:

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
-from cdsjax.core.implicit import cds_equilibrium, implicit_system_ok
+from cdsjax.core.equilibrium import cds_equilibrium
+from cdsjax.core.implicit import implicit_system_ok
 from cdsjax.core.protocols import Game
 from cdsjax.core.solvers.loop import support_count
 from cdsjax.core.solvers.options import SolveOptions, solve_options

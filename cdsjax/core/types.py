@@ -19,7 +19,7 @@ from cdsjax.core.validation import as_query_matrix, check_notes_valid
 
 COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
-# How a penalty that depends on the question is computed (cdsjax.core.games.spectral): one eigvalsh of the block,
+# How a penalty that depends on the question is computed (cdsjax.core.games): one eigvalsh of the block,
 # or the certified Lanczos bound (an upper bound of lambda_max in O(k n^2)).
 ALPHA_BOUNDS = ("exact", "certified")
 TAU_MODES = ("hard", "soft")

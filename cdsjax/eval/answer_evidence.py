@@ -8,13 +8,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from cdsjax.io.reply_cache import ReplyCache, content_hash, reply_key
+from cdsjax.io.reading.reply_cache import ReplyCache, content_hash, reply_key
 
 JUDGE_PROMPT_VERSION = "judge-1"
 
 
 def _item_from_index_note(note: dict, note_id: str, rank: int):
-    from cdsjax.io.prompt import KINDS, EvidenceItem
+    from cdsjax.io.reading.prompt import KINDS, EvidenceItem
 
     kind = note.get("kind", "text")
     if kind not in KINDS:
@@ -28,7 +28,7 @@ def _item_from_index_note(note: dict, note_id: str, rank: int):
 
 
 class EvidenceSource:
-    """The reader's view of each note of the problems (:class:`~cdsjax.io.prompt.EvidenceItem` by note id): a
+    """The reader's view of each note of the problems (:class:`~cdsjax.io.reading.prompt.EvidenceItem` by note id): a
     text benchmark's paragraphs, or a PDF's index notes with their image crops."""
 
     def __init__(self, problems, *, kind: str, indexes: Optional[Dict[str, Any]] = None):
@@ -48,9 +48,9 @@ class EvidenceSource:
 
 
 def _estimated_tokens(items, max_text_chars: int) -> int:
-    from cdsjax.io.evidence_fit import TOKENS_PER_IMAGE, estimate_tokens
-    from cdsjax.io.reader import PROMPT_RESERVE_TOKENS
-    from cdsjax.io.prompt import note_text
+    from cdsjax.io.reading.evidence_fit import TOKENS_PER_IMAGE, estimate_tokens
+    from cdsjax.io.reading.reader import PROMPT_RESERVE_TOKENS
+    from cdsjax.io.reading.prompt import note_text
 
     images = sum(1 for i in items if i.is_visual and i.image_path)
     return sum(estimate_tokens(note_text(i, max_text_chars)) for i in items) + TOKENS_PER_IMAGE * images \
@@ -77,8 +77,8 @@ def full_document_ids(problem) -> List[str]:
 
 
 def judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: str) -> float:
-    from cdsjax.io.judge import parse_verdict
-    from cdsjax.io.llm.errors import ReaderError
+    from cdsjax.io.reading.judge import parse_verdict
+    from cdsjax.io.reading.llm.errors import ReaderError
 
     key = reply_key(kind="judge", model=judge.config.model, prompt=JUDGE_PROMPT_VERSION,
                     prompt_hash=content_hash(judge.prompt), question=question, gold=gold, predicted=predicted)
@@ -98,7 +98,7 @@ def judge_call(judge, cache: ReplyCache, question: str, gold: str, predicted: st
 def cites_gold(query, evidence: Sequence[Any], text: str) -> Optional[float]:
     """1.0 when the answer cites (``[n]``) a gold note — a gold paragraph on text benchmarks, a note on a gold
     page on PDF benchmarks — 0.0 when it cites none (or nothing), None without evidence or without gold."""
-    from cdsjax.io.replies import parse_citations
+    from cdsjax.io.reading.replies import parse_citations
 
     if not evidence or not (query.gold_note_ids or query.gold_pages):
         return None
@@ -118,7 +118,7 @@ def sent_has_answer(query, sent: Sequence[Any], max_text_chars: Optional[int]) -
     the question has no answer text to look for (unanswerable, or a gold answer not found in its documents'
     words) or nothing was sent."""
     from cdsjax.eval.answers import answer_targets, has_answer
-    from cdsjax.io.prompt import note_text
+    from cdsjax.io.reading.prompt import note_text
 
     targets = answer_targets(query)
     if not targets or not sent:
@@ -127,7 +127,7 @@ def sent_has_answer(query, sent: Sequence[Any], max_text_chars: Optional[int]) -
 
 
 def gold_answers(query) -> List[str]:
-    from cdsjax.io.reader import ABSTAIN
+    from cdsjax.io.reading.reader import ABSTAIN
 
     meta = query.meta or {}
     answers = list(meta.get("answers") or ([query.answer] if query.answer is not None else []))

@@ -29,7 +29,7 @@
   annotator's answer, the best annotator kept; defined where some annotator gave an extractive answer.
 * **Yes / no / unanswerable** (:func:`exact_match`, QASPER, VisDoM, HotpotQA): where some gold answer is "Yes",
   "No" or unanswerable, 1 when the reply starts with that word or declines (:func:`reply_class`).
-* **VisDoM and QASPER accuracy**: an LLM judge (:mod:`cdsjax.io.judge`), called by :mod:`cdsjax.eval.reading`.
+* **VisDoM and QASPER accuracy**: an LLM judge (:mod:`cdsjax.io.reading.judge`), called by :mod:`cdsjax.eval.reading`.
 
 None of these rule-based scores needs the judge: the evaluation computes them whatever the judge does.
 """
@@ -43,7 +43,7 @@ from collections import Counter
 from typing import Any, Iterable, List, Optional, Sequence
 
 from cdsjax.eval.answers import normalize_text
-from cdsjax.io.replies import strip_citations
+from cdsjax.io.reading.replies import strip_citations
 
 DECLINE_PATTERNS = re.compile(
     r"^\s*(not answerable|unanswerable|cannot be answered|can ?not answer|fail(?:ed)? to answer|"

@@ -22,7 +22,7 @@ import time
 from typing import List, Optional, Sequence
 
 from cdsjax.io.child import spawn, stop
-from cdsjax.io.util import free_port, usable_core_ids
+from cdsjax.io.util import atomic_write, free_port, usable_core_ids
 
 BARRIER_TIMEOUT_S = 6 * 3600  # processes may differ by hours (indexing on a cold cache) before they join
 SHARD_RE = re.compile(r"^records\.(\d+)-of-(\d+)\.jsonl$")
@@ -220,13 +220,7 @@ def merged_records(out_dir: pathlib.Path, records_name: str, bench_name: str, sp
                      key=lambda r: (order[r["selector"]], r["budget"], position[r["qid"]]))
     if merge and shards:
         others = [r for k, r in latest.items() if k not in wanted]
-        tmp = out_dir / f".{records_name}.merging"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in others + records:
-                f.write(json.dumps(r) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_dir / records_name)
+        atomic_write(out_dir / records_name, "".join(json.dumps(r) + "\n" for r in others + records))
         for s in shards:
             s.unlink()
     return records

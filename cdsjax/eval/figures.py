@@ -117,7 +117,7 @@ def sweep_points(rows: Sequence[Mapping[str, Any]], param: str, metric: str, *,
 def _paper_mode(selector: str) -> bool:
     """Paper-mode CDS (drawn solid in sweeps); False for any other selector or an unknown label."""
     spec = SPECS.get(selector)
-    return spec is not None and spec.mode == "paper"
+    return spec is not None and spec.paper_mode
 
 
 def baseline(rows: Sequence[Mapping[str, Any]], benchmark: str, selector: str, metric: str,

@@ -12,45 +12,49 @@ from typing import Callable, List, Optional
 
 import ml_collections
 
-from cdsjax.io.reply_cache import ReplyCache
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.local.reader import LocalReaderConfig
+from cdsjax.io.reading.reply_cache import ReplyCache
 
 CONTROLS = ("none", "full")
 
 
 def reader_settings() -> ml_collections.ConfigDict:
-    """The ``config.reader`` block of an evaluation config (url "" = no reader stage)."""
+    """The ``config.reader`` block of an evaluation config (url "" = no reader stage); the client's and the local
+    server's settings take their defaults from :class:`~cdsjax.io.reading.llm.config.ReaderConfig` and
+    :class:`~cdsjax.io.reading.local.reader.LocalReaderConfig`, where the commands' flags take theirs."""
     return ml_collections.ConfigDict({
         "url": "",  # the OpenAI-compatible server, e.g. http://localhost:8000/v1; the key: $CDSJAX_READER_API_KEY
         "model": "",
-        "concurrency": 8,
-        "max_tokens": 1024,
-        "temperature": 0.0,
-        "timeout": 300.0,
-        "max_retries": 3,
-        "max_text_chars": 1500,
+        "concurrency": ReaderConfig.concurrency,
+        "max_tokens": ReaderConfig.max_tokens,
+        "temperature": ReaderConfig.temperature,
+        "timeout": ReaderConfig.timeout,
+        "max_retries": ReaderConfig.max_retries,
+        "max_text_chars": ReaderConfig.max_text_chars,
         "seeds": (0,),
         "max_context": 32768,  # tokens; the "full" control runs where the whole document fits
         "max_images": 0,  # images one request may carry (vLLM's --limit-mm-per-prompt); 0: no limit
-        # the local reader (cdsjax.io.local_reader), started for the run when url is "": a preset ("default"),
+        # the local reader (cdsjax.io.reading.local.reader), started for the run when url is "": a preset ("default"),
         # a .gguf path or hf:OWNER/REPO/FILE.gguf; "" = none. Its slots are the requests in flight.
         "local": "",
-        "local_threads": 0,  # 0: every core
-        "local_ctx": 8192,  # context tokens per slot
+        "local_threads": LocalReaderConfig.threads,  # 0: every core
+        "local_ctx": LocalReaderConfig.ctx_per_slot,  # context tokens per slot
         "local_slots": 2,
         # seconds the local reader stays up after the run, for the next run or `ask` to reuse (`cdsjax reader
         # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
         "local_keep_alive": ml_collections.config_dict.placeholder(float),
-        "images": "auto",  # auto: images until the server refuses one, then text; on / off: always / never
-        # the evidence's token budget (cdsjax.io.evidence_fit): -1 the reader's own (the local reader's default,
-        # else derived from the server's window); 0 every note whole; N that many estimated tokens
-        "evidence_tokens": -1,
+        "images": ReaderConfig.images,  # auto: images until the server refuses one, then text; on / off: always / never
+        # the evidence's token budget (cdsjax.io.reading.evidence_fit), for any reader: None the reader's own (the
+        # local reader's default, else derived from the server's window); 0 every note whole; N that many tokens
+        "evidence_tokens": ml_collections.config_dict.placeholder(int),
     })
 
 
 def judge_settings() -> ml_collections.ConfigDict:
     """The ``config.judge`` block (url "" = the reader's server and model judge; key: $CDSJAX_JUDGE_API_KEY;
     enabled False = no judge: the rule-based scores alone)."""
-    # rationale False: the verdict alone (cdsjax.io.judge.VERDICT_ONLY_PROMPT), for a slow local judge
+    # rationale False: the verdict alone (cdsjax.io.reading.judge.VERDICT_ONLY_PROMPT), for a slow local judge
     return ml_collections.ConfigDict({"enabled": True, "url": "", "model": "", "max_tokens": 1024,
                                       "timeout": 120.0, "max_retries": 3, "rationale": True})
 
@@ -77,7 +81,7 @@ def enabled(config) -> bool:
         if control_labels(config):
             raise ValueError(f"selectors {control_labels(config)} need a reader: set --config.reader.url")
         return False
-    from cdsjax.io.llm.config import IMAGE_MODES
+    from cdsjax.io.reading.llm.config import IMAGE_MODES
 
     images = str(reader.get("images", "auto"))
     if images not in IMAGE_MODES:
@@ -93,24 +97,24 @@ LOCAL_TIMEOUT_S = 1800.0  # the least reader and judge timeout with a local serv
 
 @contextlib.contextmanager
 def local_reader(config, log: Callable[[str], None] = print):
-    """Yields ``config`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local`` names a
-    model — a copy whose reader URL and model are those of a local llama.cpp server
-    (:class:`cdsjax.io.local_reader.LocalReader`: this user's running one for the same model and settings, else
-    one started now; released on leaving, it stays up ``config.reader.local_keep_alive`` seconds), with at most
-    its slots in flight. Its API key is ``$CDSJAX_READER_API_KEY`` while inside (keys never enter a config).
-    The judge, unless ``config.judge.url`` names another server, is the same local model."""
+    """Yields ``(config, None)`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local``
+    names a model — ``(copy, api_key)``: a copy of ``config`` whose reader URL and model are those of a local
+    llama.cpp server (:func:`cdsjax.io.reading.local.reader.start_local_reader`, the start ``ask`` uses too: this
+    user's running one for the same model and settings, else one started now; released on leaving, it stays up
+    ``config.reader.local_keep_alive`` seconds), with at most its slots in flight, and the server's API key, to
+    pass on as an argument (:func:`clients`; keys never enter a config nor the environment). The judge, unless
+    ``config.judge.url`` names another server, is the same local model."""
     r = config.reader
     name = str(r.get("local", "") or "")
     if str(r.get("url", "") or "") or not name:
-        yield config
+        yield config, None
         return
-    from cdsjax.io.local_reader import LocalReader, LocalReaderConfig, keep_alive_setting
+    from cdsjax.io.reading.local.reader import start_local_reader
 
-    settings = LocalReaderConfig(model=name, threads=int(r.get("local_threads", 0)),
-                                 ctx_per_slot=int(r.get("local_ctx", 8192)), slots=int(r.get("local_slots", 2)),
-                                 keep_alive=keep_alive_setting(r.get("local_keep_alive", None)))
-    key_variable = "CDSJAX_READER_API_KEY"
-    with LocalReader(settings) as local, _environ(key_variable, local.api_key):
+    slots = int(r.get("local_slots", 2))
+    local = start_local_reader(name, threads=int(r.get("local_threads", 0)), ctx_per_slot=int(r.get("local_ctx", LocalReaderConfig.ctx_per_slot)),
+                               slots=slots, keep_alive=r.get("local_keep_alive", None))
+    with local:
         d = local.describe()
         how = "reused, already running" if local.reused else f"started in {local.startup_s:.1f}s"
         log(f"local reader: {d['model']} on {d['runtime']}, {d['threads']} threads, {d['slots']} slots of "
@@ -119,54 +123,43 @@ def local_reader(config, log: Callable[[str], None] = print):
         with config.unlocked():
             config.reader.url = local.base_url
             config.reader.model = local.model_name
-            config.reader.concurrency = min(int(r.concurrency), settings.slots)
+            config.reader.concurrency = min(int(r.concurrency), slots)
             config.reader.started_local = True  # the evidence budget defaults to the local reader's
             # a CPU answers in 10-20 s alone, and several times slower beside other work: room for that
             config.reader.timeout = max(float(r.timeout), LOCAL_TIMEOUT_S)
             if "judge" in config and not str(config.judge.get("url", "") or ""):
                 config.judge.timeout = max(float(config.judge.get("timeout", 120.0)), LOCAL_TIMEOUT_S)
-        yield config
-
-
-@contextlib.contextmanager
-def _environ(name: str, value: Optional[str]):
-    """``os.environ[name] = value`` while inside (as it was afterwards)."""
-    before = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        yield config, local.api_key
 
 
 def evidence_tokens(config) -> Optional[int]:
     """The run's evidence token budget: ``config.reader.evidence_tokens`` (0: every note whole, as before
-    token budgets; -1, the default: the local reader's :data:`cdsjax.pipeline.defaults.LOCAL_EVIDENCE_TOKENS` with
-    ``config.reader.local``, else derived from the server's window)."""
-    from cdsjax.pipeline.defaults import LOCAL_EVIDENCE_TOKENS
+    token budgets; None, the default: the local reader's :data:`cdsjax.defaults.LOCAL_EVIDENCE_TOKENS`
+    with ``config.reader.local``, else None, derived from the server's window)."""
+    from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
 
     r = config.reader
-    value = int(r.get("evidence_tokens", -1))
-    if value >= 0:
-        return value
+    value = r.get("evidence_tokens", None)
+    if value is not None:
+        if int(value) < 0:
+            raise ValueError(f"config.reader.evidence_tokens must be >= 0 (or None: the reader's own), got {value}")
+        return int(value)
     return LOCAL_EVIDENCE_TOKENS if bool(r.get("started_local", False)) else None
 
 
-def clients(config, cache: Optional[ReplyCache] = None):
-    from cdsjax.io.judge import Judge
-    from cdsjax.io.llm.config import ReaderConfig
-    from cdsjax.io.reader import Reader
+def clients(config, cache: Optional[ReplyCache] = None, api_key: Optional[str] = None):
+    """The run's reader and judge (None when ``config.judge.enabled`` is False). ``api_key``: the reader's key
+    (the local server's, :func:`local_reader`); None reads ``$CDSJAX_READER_API_KEY``."""
+    from cdsjax.io.reading.judge import Judge
+    from cdsjax.io.reading.llm.config import ReaderConfig
+    from cdsjax.io.reading.reader import Reader
 
     r = config.reader
-    rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, timeout=float(r.timeout),
+    rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, api_key=api_key, timeout=float(r.timeout),
                       max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
                       temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
                       concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)),
-                      images=str(r.get("images", "auto")), evidence_tokens=evidence_tokens(config))
+                      images=str(r.get("images", "auto")))
     reader = Reader(rc, cache=cache)
     j = config.get("judge", None) or judge_settings()
     if not bool(j.get("enabled", True)):

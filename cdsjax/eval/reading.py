@@ -1,24 +1,24 @@
 """The reader stage of the batch evaluation: the selected evidence of every (question, selector, budget, seed)
 goes to a vision-language reader, and its answer is scored against the gold answer.
 
-* Requests are built as ``cdsjax ask`` builds them (:func:`cdsjax.io.prompt.build_messages`: text notes as
+* Requests are built as ``cdsjax ask`` builds them (:func:`cdsjax.io.reading.prompt.build_messages`: text notes as
   text, figures/tables/charts with an image crop as ``image_url`` parts with their caption and summary) and
-  sent through :class:`cdsjax.io.llm.client.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
+  sent through :class:`cdsjax.io.reading.llm.client.ChatClient` (retries, per-request timeout), ``config.reader.concurrency``
   at a time from a thread pool, with a progress bar.
-* Every reply goes through the reader's :class:`~cdsjax.io.reply_cache.ReplyCache` under ``<output_dir>/replies``,
+* Every reply goes through the reader's :class:`~cdsjax.io.reading.reply_cache.ReplyCache` under ``<output_dir>/replies``,
   keyed by the model, the full request (instructions, question, evidence text, images) and the generation
   settings (max_tokens, temperature, seed): a rerun, a resumed run, or another selector whose evidence makes the
   same request sends nothing.
 * Images (``config.reader.images``): ``auto`` sends visual notes as images until the server refuses one, then
-  as caption, summary and text (one refusal per run, see :meth:`cdsjax.io.llm.client.ChatClient.send_with_images`);
+  as caption, summary and text (one refusal per run, see :meth:`cdsjax.io.reading.llm.client.ChatClient.send_with_images`);
   ``on`` / ``off`` always / never. A request the server finds too long is sent again without its last notes
-  (:func:`cdsjax.io.reader.send_evidence`). The record's ``image_mode`` and ``dropped`` say what was sent.
+  (:func:`cdsjax.io.reading.reader.send_evidence`). The record's ``image_mode`` and ``dropped`` say what was sent.
 * Scoring (:mod:`cdsjax.eval.answer_scoring`): MMLongBench-Doc by answer extraction (a second cached call) and
-  its format rules; other benchmarks by the LLM judge (:mod:`cdsjax.io.judge`, ``config.judge.*``, cached;
+  its format rules; other benchmarks by the LLM judge (:mod:`cdsjax.io.reading.judge`, ``config.judge.*``, cached;
   ``config.judge.enabled = False`` runs none), plus the scores that need no judge, computed whatever the judge
   does: token F1 on QASPER's extractive answers (``answer_f1``) and exact match where a gold answer is yes, no
   or unanswerable (``exact_match``). ``markers_only`` marks an answer that gives citation markers in place of
-  its content (:func:`cdsjax.io.replies.markers_only`).
+  its content (:func:`cdsjax.io.reading.replies.markers_only`).
 * Controls, run as selectors of the same harness: ``none`` (the question alone) and ``full`` (every note of the
   question's own documents, :func:`full_document_ids`, where its estimated length fits
   ``config.reader.max_context`` and its images ``config.reader.max_images``).
@@ -32,9 +32,9 @@ Answer records are written to ``<output_dir>/answers.jsonl`` (one per question, 
 ``qid``, ``selector``, ``evidence`` (the selected note ids, best first) and ``sent`` (those the token budget
 kept, in prompt order), ``evidence_tokens`` and ``prompt_tokens``, ``answer`` (the answer taken; "" when the
 reader gave none), ``reply`` (the last reply as written), ``retried`` / ``no_answer`` (why a reply was no
-answer: :data:`cdsjax.io.replies.NO_ANSWER`), ``extracted`` (MMLongBench-Doc) and ``metrics``.
+answer: :data:`cdsjax.io.reading.replies.NO_ANSWER`), ``extracted`` (MMLongBench-Doc) and ``metrics``.
 
-Reading goes through :meth:`cdsjax.io.reader.Reader.answer`, the path ``ask`` and ``serve`` use: the evidence
+Reading goes through :meth:`cdsjax.io.reading.reader.Reader.answer`, the path ``ask`` and ``serve`` use: the evidence
 fitted to the reader's token budget (``config.reader.evidence_tokens``; the local reader's default, or the
 server's window), the note that does not fit cut to its sentences nearest the question under the benchmark's
 embedder, and a reply that is no answer asked again once; such an answer scores 0 where a judge is configured.
@@ -52,8 +52,9 @@ import numpy as np
 from cdsjax.eval import answer_scoring as S
 from cdsjax.eval.answer_evidence import (EvidenceSource, cites_gold, fits_reader, full_document_ids, gold_answers,
                                         judge_call, sent_has_answer, sentence_similarity)
-from cdsjax.eval.reader_setup import clients, control_labels
-from cdsjax.io.reply_cache import ReplyCache
+from cdsjax.eval.reader_setup import clients, control_labels, evidence_tokens
+from cdsjax.io.reading.options import ReadOptions
+from cdsjax.io.reading.reply_cache import ReplyCache
 
 ANSWERS_FILE = "answers.jsonl"
 ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "no_answer", "cites_gold", "reader_error",
@@ -62,12 +63,13 @@ ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "no_an
 
 def read_answers(config, bench, kind: str, problems, records: Sequence[dict], out_dir: pathlib.Path, *,
                  embedder=None, cache_dir: Optional[pathlib.Path] = None, progress: bool = True,
-                 log: Callable[[str], None] = print) -> List[dict]:
+                 log: Callable[[str], None] = print, api_key: Optional[str] = None) -> List[dict]:
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
-    docstring); writes ``answers.jsonl`` and returns its records."""
-    from cdsjax.io.llm.errors import ReaderError
-    from cdsjax.io.reader import ABSTAIN
-    from cdsjax.io.replies import markers_only
+    docstring); writes ``answers.jsonl`` and returns its records. ``api_key``: the reader's (a local server's);
+    None reads ``$CDSJAX_READER_API_KEY``."""
+    from cdsjax.io.reading.llm.errors import ReaderError
+    from cdsjax.io.reading.reader import ABSTAIN
+    from cdsjax.io.reading.replies import markers_only
     from cdsjax.eval.settings import budgets_of
 
     r = config.reader
@@ -107,7 +109,8 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             f"config.reader.max_context={int(r.max_context)} tokens"
             + (f" and config.reader.max_images={max_images}" if max_images else ""))
     cache = ReplyCache(out_dir / "replies")
-    reader, judge = clients(config, cache)
+    reader, judge = clients(config, cache, api_key)
+    tokens = evidence_tokens(config)  # the reads' evidence budget ("full" reads every note whole)
     similarity = sentence_similarity(embedder) if embedder is not None else None
 
     model = str(r.model) or reader.model
@@ -128,8 +131,9 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             # the one reading path (ask, serve and the pipeline read through it too): token budget, reply cache,
             # a reply that is no answer asked again once
             items = source.items(ids)
-            out = reader.answer(q.question, items, max_tokens=max_tokens, seed=seed,
-                                whole=label == "full", on_token=lambda _: None, similarity=similarity)
+            options = ReadOptions(evidence_tokens=0 if label == "full" else tokens, answer_tokens=max_tokens,
+                                  seed=seed, similarity=similarity)
+            out = reader.answer(q.question, items, options)
             text = out.text
             rec.update(answer=text, reply=out.raw, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
                        sent=[i.note_id for i in out.evidence], evidence_tokens=out.evidence_tokens,

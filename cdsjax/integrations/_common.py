@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.pipeline.evidence import note_metadata  # the adapters' formatter, shared with ask
 
 # keys of note_metadata() that are bulky or structural: left out of what an LLM or an embedder reads

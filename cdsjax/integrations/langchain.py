@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from cdsjax.integrations._common import Chooser, Encoder, IndexSource, embedder_info, missing_extra
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.pipeline.evidence import note_text
 
 try:

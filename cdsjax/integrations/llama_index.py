@@ -29,7 +29,7 @@ import numpy as np
 
 from cdsjax.integrations import _common as common
 from cdsjax.integrations._common import HIDDEN_KEYS, Chooser, IndexSource, missing_extra
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.pipeline.evidence import note_text
 
 __all__ = ["CDSEmbedding", "CDSPostprocessor", "CDSRetriever"]

@@ -8,20 +8,15 @@ sentence-transformers or openai. Import the submodules you need:
   (``parse.mineru``) and what both share (``parse.common``);
 - :mod:`cdsjax.io.elements` — the elements parsers return, and their box geometry;
 - :mod:`cdsjax.io.notes` — elements -> notes (lite enrichment and structural links);
-- :mod:`cdsjax.io.vlm` — notes enriched by an OpenAI-compatible VLM;
-- :mod:`cdsjax.io.llm` — the one OpenAI-compatible chat client (retries, deadline, errors) behind the
-  reader, the judge, VLM enrichment and the planning agent;
-- :mod:`cdsjax.io.replies` — model replies as text, JSON and citations;
-- :mod:`cdsjax.io.reader` / :mod:`cdsjax.io.judge` — answering from evidence, grading answers;
+- :mod:`cdsjax.io.reading` — the reader wing: the reader, its prompt and replies, evidence fitting, the judge,
+  VLM enrichment, the one OpenAI-compatible chat client (``reading.llm``) and llama.cpp on this machine
+  (``reading.local``);
 - :mod:`cdsjax.io.embed` — :class:`~cdsjax.io.embed.Embedder` (sentence-transformers);
 - :mod:`cdsjax.io.index` — ``build_index`` (add/update/remove documents of an index) / ``load_index`` /
   ``verify_index`` / ``list_index`` / ``index_pdf`` (a package: keys, build, stages, workers, repair, load,
   single-PDF cache, around one ``BuildContext``);
 - :mod:`cdsjax.io.store` — the on-disk index, the writer lock and the shared document cache.
 - :mod:`cdsjax.io.memory` — how the ingestion processes use the C allocator (fewer page faults);
-- :mod:`cdsjax.io.local_reader` — llama.cpp's server on this machine as a reader (``LocalReader``), with its
-  model file (``local_model``), its start (``local_launch``), the server process (``local_serve``), the shared
-  servers' records (``local_records``) and the servers this process holds (``local_held``);
 - :mod:`cdsjax.io.child` — child processes: start, not outliving the parent, wait until ready, stop;
 - :mod:`cdsjax.io.util` — the cores this process may use, a free port, a message on one line.
 """

@@ -2,7 +2,7 @@
 
 Four parts of cdsjax run processes of their own, and each does these jobs through here:
 
-* the local reader (:mod:`cdsjax.io.local_launch`): llama.cpp's server, started with :func:`spawn` into a
+* the local reader (:mod:`cdsjax.io.reading.local.launch`): llama.cpp's server, started with :func:`spawn` into a
   session of its own (a shared one outlives this process for its keep-alive; one of the caller's own watches its
   parent, :func:`watch_parent`), waited for with :func:`wait_until` / :func:`http_ok`, stopped with :func:`stop`
   (by pid, from its record, when another process started it);
@@ -25,10 +25,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
+
+from cdsjax.io.util import http_get, pid_alive
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -164,11 +164,7 @@ def die_with_parent(parent: int) -> bool:
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     """Whether ``GET url`` answers 200."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    return http_get(url, timeout=timeout, limit=0)[0] == 200
 
 
 def wait_until(ready: Callable[[], bool], *, timeout: float, what: str, process: Optional[subprocess.Popen] = None,
@@ -195,19 +191,6 @@ def wait_until(ready: Callable[[], bool], *, timeout: float, what: str, process:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Stopping
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process of this user."""
-    try:
-        os.kill(pid, 0)
-    except OSError:  # gone, or another user's
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc: the signal's answer stands
-    return state not in ("Z", "X")
 
 
 def reap(pid: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 import jax
+from cdsjax.io.util import atomic_write
 
 DEFAULT_JAX_CACHE_MAX_MB = 1024
 
@@ -241,16 +242,10 @@ class CompileCache:
                 _evict(self.directory, limit - len(data))
             # the access time first: JAX's eviction reads it for every entry it lists
             _atime_path(path).write_bytes(time.time_ns().to_bytes(8, "little"))
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
+                atomic_write(path, data)
             except OSError:
-                for leftover in (tmp, _atime_path(path)):
-                    try:
-                        leftover.unlink()
-                    except OSError:
-                        pass
+                _atime_path(path).unlink(missing_ok=True)
                 raise
 
 

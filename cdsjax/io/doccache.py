@@ -15,7 +15,8 @@ from typing import List, Optional
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
-from cdsjax.io.storefiles import (StoreError, owner_pid, pid_alive, check_crops, crop_hashes, load_npy_checked,
+from cdsjax.io.util import pid_alive
+from cdsjax.io.storefiles import (StoreError, owner_pid, check_crops, crop_hashes, load_npy_checked,
                                   open_inside, read_inside, read_jsonl_checked, save_npy, write_jsonl)
 
 

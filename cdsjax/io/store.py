@@ -33,7 +33,8 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from cdsjax.io.private import make_private, private_dir
-from cdsjax.io.storefiles import StoreError, open_inside, owner_pid, pid_alive, read_inside, sha256_json
+from cdsjax.io.storefiles import StoreError, open_inside, owner_pid, read_inside, sha256_json
+from cdsjax.io.util import atomic_write, pid_alive
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -88,12 +89,7 @@ def arrays_digest(embeddings: np.ndarray, link_edges: np.ndarray) -> str:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
-    tmp = directory / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / MANIFEST)
+    atomic_write(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
 
 
 def read_manifest(directory: Path) -> Optional[dict]:
@@ -241,13 +237,8 @@ def commit(staging: Path, out_dir: Path, *, journal: Optional[Path] = None) -> N
         record = _journal_path(journal, out_dir)
         private_dir(record.parent)
         os.close(open_inside(record.parent.parent, record.parent.name, directory=True))  # a link there: refused
-        tmp = record.with_name(f".{record.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(out=str(out_dir), old=old.name, dev=info.st_dev, ino=info.st_ino), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, record)
+        atomic_write(record, json.dumps(dict(out=str(out_dir), old=old.name, dev=info.st_dev, ino=info.st_ino)),
+                     private=True)
         os.replace(out_dir, old)
     os.replace(staging, out_dir)
     if old is not None:

@@ -159,20 +159,6 @@ def read_jsonl(path: Path) -> List[dict]:
     return [json.loads(line) for line in read_inside(path.parent, path.name).splitlines() if line.strip()]
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed writer nobody has reaped yet (a zombie) is gone too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def owner_pid(path: Path) -> int:
     try:
         return int(path.name.rsplit("-", 2)[-2])

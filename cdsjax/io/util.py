@@ -2,14 +2,20 @@
 
 * :func:`usable_cores` / :func:`usable_core_ids` — the cores this process may run on (how many, which);
 * :func:`free_port` — a free TCP port on 127.0.0.1;
-* :func:`one_line` — a message or an exception on one bounded line, safe to print or send.
+* :func:`one_line` — a message or an exception on one bounded line, safe to print or send;
+* :func:`pid_alive` — whether a process lives; :func:`http_get` — one ``GET``, its status and body, never raising;
+* :func:`atomic_write` — a file written whole or not at all.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any, List
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 
 def usable_core_ids() -> List[int]:
@@ -41,3 +47,57 @@ def one_line(text: Any, limit: int = 300) -> str:
         line = type(text).__name__
     line = line.encode("utf-8", "backslashreplace").decode("utf-8")
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie), whoever's it is: a process of another user counts
+    (``kill`` is refused but it exists); whether it is this user's, or the server a record names, is the
+    caller's check."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's: alive
+    except (OSError, OverflowError, ValueError):  # not a pid at all
+        return False
+    try:  # a process that has ended but nobody has reaped yet (a zombie) is gone too
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: the signal's answer stands
+    return state not in ("Z", "X")
+
+
+def http_get(url: str, *, headers: Optional[Mapping[str, str]] = None, timeout: float = 10.0,
+             limit: Optional[int] = None) -> Tuple[int, bytes]:
+    """``GET url``: ``(status, body)`` (at most ``limit`` bytes of it; None: all), ``(code, b"")`` for an HTTP
+    error, ``(0, b"")`` when nothing answered (refused, timed out, a malformed URL). Never raises."""
+    try:
+        request = urllib.request.Request(url, headers=dict(headers or {}))
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, (response.read() if limit is None else response.read(limit))
+    except urllib.error.HTTPError as err:
+        return err.code, b""
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, b""
+
+
+def atomic_write(path, data: Union[bytes, str], *, private: bool = False) -> None:
+    """Writes ``data`` to ``path`` whole or not at all: a temporary file beside it (never through a link),
+    flushed to disk and renamed into place; ``private`` makes it 0600. OSError when not written (no temporary
+    file is left)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                 0o600 if private else 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        if private:
+            os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

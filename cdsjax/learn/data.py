@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cdsjax.core.batching import DEFAULT_BUCKETS, bucket_size
-from cdsjax.core.games.learned import NOTE_KINDS, kind_codes
+from cdsjax.core.games.learned import kind_codes
+from cdsjax.core.types import NOTE_KINDS
 
 _CAPTION = re.compile(r"^\s*(?:FLOAT SELECTED:\s*)?(fig(?:ure)?\.?|table)", re.IGNORECASE)
 

@@ -21,7 +21,7 @@ from cdsjax.learn.data import Example, balance, examples_of, split_by_document
 from cdsjax.learn.fit import FitResult, fit
 from cdsjax.learn.fit_config import FitConfig
 from cdsjax.learn.params_io import save_params
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 
 def benchmark_names(config) -> List[str]:
     names = [b.strip() for b in str(config.benchmarks).split(",") if b.strip()]

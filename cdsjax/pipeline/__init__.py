@@ -7,9 +7,9 @@ the integrations and the evaluation run it.
     answer.evidence[0]["page"], answer.diagnostics["converged"], answer.warnings
 
 Modules, by job (the package itself imports none of them until one of its names is used, so a command's flags
-can read :mod:`cdsjax.pipeline.defaults` before JAX loads):
+can read :mod:`cdsjax.defaults` before JAX loads):
 
-* :mod:`~cdsjax.pipeline.defaults` — the product's defaults (budget, the local reader's evidence tokens), plain
+* :mod:`~cdsjax.defaults` — the product's defaults (budget, the local reader's evidence tokens), plain
   values;
 * :mod:`~cdsjax.pipeline.catalog` — the selectors as users name them: ``DEFAULT_SELECTOR`` and the other roles,
   display forms, help lines, and :func:`~cdsjax.pipeline.catalog.selector_spec` (a name as users write it ->
@@ -37,7 +37,7 @@ __all__ = ["Answer", "Corpus", "Pipeline", "PipelineError"]
 
 
 def __getattr__(name: str):
-    # Loaded on first use: importing cdsjax.pipeline.defaults (a command's flags) must not load JAX.
+    # Loaded on first use: importing cdsjax.defaults (a command's flags) must not load JAX.
     if name == "Pipeline":
         from cdsjax.pipeline.pipeline import Pipeline
 

@@ -5,7 +5,7 @@
 * :func:`convergence_warning` and :func:`scanned_warning` — the one-line warnings of an unconverged CDS solve and
   of evidence from pages without a text layer;
 * :func:`read_answer` — the reader's answer filled into an :class:`Answer` (through
-  :meth:`cdsjax.io.reader.Reader.answer`, the one reading path), and :func:`reader_fields`, its ``reader`` object.
+  :meth:`cdsjax.io.reading.reader.Reader.answer`, the one reading path), and :func:`reader_fields`, its ``reader`` object.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Answer:
 
 
 def reader_fields(result, local: Optional[dict] = None) -> Dict[str, Any]:
-    """The ``reader`` object of ``ask --json`` from a :class:`cdsjax.io.reader.ReaderAnswer`."""
+    """The ``reader`` object of ``ask --json`` from a :class:`cdsjax.io.reading.reader.ReaderAnswer`."""
     out = dict(model=result.model, cited=list(result.cited), abstained=result.abstained, latency_s=result.latency_s,
                first_token_s=result.first_token_s, usage=result.usage, warnings=list(result.warnings),
                image_mode=result.image_mode, dropped=result.dropped, evidence_tokens=result.evidence_tokens,
@@ -80,12 +80,12 @@ def convergence_warning(diagnostics: Dict[str, Any]) -> Optional[str]:
     head = (f"CDS {diagnostics['mode']} mode {ended} after {diagnostics['num_iters']} steps "
             f"(KKT residual {diagnostics['kkt_residual']:.1e}); its evidence may be near-arbitrary")
     reference = catalog.display(catalog.REFERENCE_SELECTOR)
-    if diagnostics["mode"] == "paper":
+    if core.ran_paper_mode(diagnostics):
         return (head + f" — use --selector {catalog.display(DEFAULT_SELECTOR)} (the default) for the equilibrium, "
                 f"or {reference}")
     default_solver = core.SPECS[DEFAULT_SELECTOR].solver
     other = next(catalog.display(s.name) for s in core.SPECS.values()
-                 if s.mode == "converged" and s.solver != default_solver)
+                 if s.converged_mode and s.solver != default_solver)
     return head + f" — try --selector {other} or {reference}"
 
 
@@ -108,23 +108,24 @@ def scanned_warning(evidence: List[dict], corpus: Corpus) -> Optional[str]:
             f"({where}; OCR: {'/'.join(states)}): {how}")
 
 
-def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None, on_token=None,
+def read_answer(reader, answer: Answer, items: Sequence[Any], options=None, *, on_token=None,
                 on_retry=None) -> Answer:
-    """Has ``reader`` (a :class:`cdsjax.io.reader.Reader`) answer ``answer.question`` from ``items`` (the
-    reader's :class:`~cdsjax.io.reader.EvidenceItem` of ``answer.evidence``), in place, through the one reading
-    path (:meth:`cdsjax.io.reader.Reader.answer`): the evidence fitted to the reader's token budget, the note that
-    does not fit cut to its sentences nearest the question (``similarity(question, sentences)``), the answer
+    """Has ``reader`` (a :class:`cdsjax.io.reading.reader.Reader`) answer ``answer.question`` from ``items`` (the
+    reader's :class:`~cdsjax.io.reading.reader.EvidenceItem` of ``answer.evidence``), in place, through the one reading
+    path (:meth:`cdsjax.io.reading.reader.Reader.answer`): the evidence fitted to the read's token budget
+    (``options``, a :class:`cdsjax.io.reading.options.ReadOptions`), the note that does not fit cut to its
+    sentences nearest the question (``options.similarity``), the answer
     streamed to ``on_token`` as it is written, and a reply that is no answer asked again once.
 
     A failed read does not lose the selection: ``answer.answer`` stays None and ``answer.error`` says why; a reply
     that stays no answer leaves ``answer.answer`` None and ``answer.reader["no_answer"]`` says why.
     """
-    from cdsjax.io.llm.errors import ReaderError
-    from cdsjax.io.reader import error_dict
+    from cdsjax.io.reading.llm.errors import ReaderError
+    from cdsjax.io.reading.reader import error_dict
 
     t0 = time.perf_counter()
     try:
-        result = reader.answer(answer.question, items, on_token=on_token, on_retry=on_retry, similarity=similarity)
+        result = reader.answer(answer.question, items, options, on_token=on_token, on_retry=on_retry)
     except ReaderError as err:  # the selection is kept: answer stays None and ``error`` says why
         result = None
         answer.error = error_dict(err)
@@ -137,7 +138,7 @@ def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None
         answer.reader = reader_fields(result, getattr(reader, "local", None))
         answer.warnings.extend(result.warnings)  # e.g. a missing crop sent as text
         if result.no_answer is not None:
-            from cdsjax.io.replies import describe_no_answer
+            from cdsjax.io.reading.replies import describe_no_answer
 
             answer.warnings.append(describe_no_answer(result.no_answer))
     return answer

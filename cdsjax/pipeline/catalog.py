@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple, Union
 
+from cdsjax.catalog import DEFAULT_SELECTOR  # the selector used when none is named (named once, there)
 from cdsjax.core import registry
 from cdsjax.pipeline.errors import PipelineError
 
-# The selector used when none is named: ask, serve, the pipeline, the integrations and the planning agent: the
-# learned game read one note per printed page (its own shipped fit; text without printed pages: its top-B).
-DEFAULT_SELECTOR = "cds_learned_pages"
 # The plain baseline that comparisons are reported against (demo, figures, pool and support reports).
 REFERENCE_SELECTOR = "cosine"
 # The paper's method as published (replicator dynamics, its step cap): what reproductions compare.

@@ -21,6 +21,7 @@ evidence is the result (the embedded default).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -32,6 +33,7 @@ from cdsjax import core
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.validation import validate_embeddings
+from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.compilation_cache import CompileCache
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.pipeline import catalog
@@ -40,7 +42,7 @@ from cdsjax.pipeline.cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_se
 from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 from cdsjax.pipeline.compiled import Choice, bind, compile_selector
 from cdsjax.pipeline.corpus import Corpus, checked_embedder
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.pipeline.errors import PipelineError
 from cdsjax.pipeline.evidence import evidence_item
 from cdsjax.pipeline.selection import Candidates, CorpusArrays, note_structure
@@ -266,7 +268,7 @@ class Pipeline:
     def with_bound(self, fn, problem: core.CDSProblem, key: tuple, *, traced: Optional[dict] = None) -> core.CDSProblem:
         """``problem`` carrying the spectral bound and the note block of ``fn``'s game on this corpus, computed
         on the first question and kept (per selector and number of query rows): the corpus's one
-        eigendecomposition replaces one per question (:func:`cdsjax.core.games.spectral.problem_bound`; same picks bit
+        eigendecomposition replaces one per question (:func:`cdsjax.core.games.affinity.corpus_bound`; same picks bit
         for bit), and with the note block built once a question costs its relevance row and its solve
         (:func:`cdsjax.core.strategies.corpus.solve_on_block`). ``traced``: the values of the selector's traced options
         (``Choice.traced``), which the bound and block depend on."""
@@ -281,8 +283,8 @@ class Pipeline:
                 for rank, (note, s) in enumerate(zip(picked, np.asarray(selection.scores)[ok]), 1)]
 
     def evidence_items(self, evidence: List[dict]) -> list:
-        """Evidence dicts as reader EvidenceItems (cdsjax.io.reader), with each note's full text."""
-        from cdsjax.io.prompt import EvidenceItem
+        """Evidence dicts as reader EvidenceItems (cdsjax.io.reading.reader), with each note's full text."""
+        from cdsjax.io.reading.prompt import EvidenceItem
 
         return [EvidenceItem(note_id=str(e["note_id"]), doc_id=str(e["document"]), page=int(e["page"]),
                              kind=e["kind"],
@@ -315,16 +317,22 @@ class Pipeline:
         on this corpus); None otherwise."""
         return scanned_warning(evidence, self.corpus)
 
-    def read(self, answer: Answer, *, on_token=None, on_retry=None) -> Answer:
+    def read(self, answer: Answer, options: Optional[ReadOptions] = None, *, on_token=None, on_retry=None) -> Answer:
         """Has the reader answer from ``answer.evidence`` (in place; a no-op without a reader), through the one
         reading path (:func:`cdsjax.pipeline.answer.read_answer`): the evidence fitted to the reader's token
         budget, the note that does not fit cut to its sentences nearest the question (by this index's embedder:
         :meth:`sentence_similarity`), the answer streamed to ``on_token`` as it is written, and a reply that is no
-        answer asked again once. A failed read keeps the selection (``answer.error`` says why)."""
+        answer asked again once. A failed read keeps the selection (``answer.error`` says why).
+
+        ``options``: the read's :class:`cdsjax.io.reading.options.ReadOptions` (evidence budget, answer tokens,
+        seed), built by the caller's edge; None: the reader's defaults."""
         if self.reader is None:
             return answer
-        return read_answer(self.reader, answer, self.evidence_items(answer.evidence),
-                           similarity=self.sentence_similarity, on_token=on_token, on_retry=on_retry)
+        options = options or ReadOptions()
+        if options.similarity is None:
+            options = dataclasses.replace(options, similarity=self.sentence_similarity)
+        return read_answer(self.reader, answer, self.evidence_items(answer.evidence), options,
+                           on_token=on_token, on_retry=on_retry)
 
     def sentence_similarity(self, question: str, sentences) -> list:
         """Cosine of each sentence with the question under this index's embedder (what trimming keeps)."""
@@ -333,10 +341,10 @@ class Pipeline:
         return (vectors[1:] @ vectors[0]).tolist()
 
     def ask(self, question: str, *, selector: SelectorName = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET,
-            qid: str = "", options: Optional[dict] = None, read: bool = True) -> Answer:
-        """Answers one question: encode, select, and (with a reader) read."""
+            qid: str = "", options: Optional[dict] = None, read: bool = True, read_options=None) -> Answer:
+        """Answers one question: encode, select, and (with a reader) read (``read_options``: see :meth:`read`)."""
         answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options)
-        return self.read(answer) if read else answer
+        return self.read(answer, read_options) if read else answer
 
     def warm(self, selectors: Sequence[SelectorName] = (DEFAULT_SELECTOR,), budget: int = DEFAULT_BUDGET) -> float:
         """Compiles the encoder and ``selectors`` at ``budget`` (e.g. before serving); returns seconds."""

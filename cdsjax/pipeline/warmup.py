@@ -23,7 +23,7 @@ from cdsjax import core
 from cdsjax.core.baselines import key_from_query_id
 from cdsjax.io.compilation_cache import ExportedJit
 from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
-from cdsjax.pipeline.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET
 from cdsjax.pipeline.selection import corpus_arrays
 
 

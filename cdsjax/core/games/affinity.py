@@ -105,7 +105,7 @@ def block_bound(matrix: Array, mask: Array, params, bound: Optional[Array] = Non
     r"""The spectral bound :math:`b \ge \lambda_{\max}(\text{matrix}[\text{mask}, \text{mask}]) + \varepsilon`
     of a game's penalty: ``bound`` when given (a corpus's, precomputed) and ``alpha_from`` is ``"free"``, else
     one eigendecomposition (:func:`spectral_penalty`) or, with ``alpha_bound="certified"``, the certified
-    Lanczos bound (:func:`cdsjax.core.games.spectral.certified_bound`)."""
+    Lanczos bound (:func:`cdsjax.core.games.certified.certified_bound`)."""
     dtype = matrix.dtype
     if bound is not None and params.alpha_from == "free":
         return jnp.asarray(bound).astype(dtype)
@@ -219,7 +219,7 @@ class CDSParams:
         :math:`\sigma((s_i-\tau)/T_\tau)`.
       tau_temperature: :math:`T_\tau` of the soft mode.
       alpha_bound: how a penalty computed per question is found: ``"exact"`` (one ``eigvalsh`` of the
-        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.games.spectral.certified_bound`: an upper bound
+        block, O(n³)) or ``"certified"`` (:func:`cdsjax.core.games.certified.certified_bound`: an upper bound
         of :math:`\lambda_{\max}` in O(k n²); the guarantee holds, the penalty may be a little larger).
         A precomputed corpus bound (``CDSProblem.bound``) is used whichever is set.
     """

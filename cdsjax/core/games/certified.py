@@ -3,7 +3,7 @@ r"""A certified upper bound of the largest eigenvalue of a symmetric block in O(
 For *any* unit vector :math:`v` with :math:`\theta = v^\top A v` and residual :math:`r = Av - \theta v`,
 :math:`A = A' + \theta vv^\top + (rv^\top + vr^\top)` with :math:`A'v = 0`, so by Weyl
 :math:`\lambda_{\max}(A) \le \max(\theta, \lambda_{\max}(A'|_{v^\perp})) + \|r\|`, and Gershgorin bounds the
-middle term. Lanczos only finds a good :math:`v`; :mod:`cdsjax.core.games.spectral` says where the CDS penalty uses it.
+middle term. Lanczos only finds a good :math:`v`; :mod:`cdsjax.core.games` says where the CDS penalty uses it.
 """
 
 from __future__ import annotations

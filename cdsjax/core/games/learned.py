@@ -303,7 +303,7 @@ def learned_affinity(
       links, doc_ids, pages, kinds: optional structure arrays (module docstring).
       pinned: optional ``[n]`` bool, notes that join the constraint set.
       bound: optional ``[]`` spectral bound precomputed for the corpus
-        (:func:`cdsjax.core.games.spectral.learned_corpus_bound`), used instead of the per-question one.
+        (:func:`cdsjax.core.games.learned.learned_corpus_bound`), used instead of the per-question one.
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
-from cdsjax.core.games.payoff import SHIFT_EPS, DensePayoff, prepare_x0, replicator_shift  # noqa: F401
-from cdsjax.core.solvers.loop import LoopSolver, LoopState, iterate, nash_error, start_state, stop_rule  # noqa: F401
-from cdsjax.core.types import SUPPORT_THRESHOLD, Affinity, SolverResult  # noqa: F401
+from cdsjax.core.games.payoff import SHIFT_EPS, DensePayoff, prepare_x0
+from cdsjax.core.solvers.loop import LoopSolver, LoopState, iterate, nash_error, start_state, stop_rule
+from cdsjax.core.types import Affinity, SolverResult
 
 
 def uniform_x0(valid: Array, dtype=jnp.float32) -> Array:

@@ -19,7 +19,7 @@ The game is data: ``params`` is the paper's :class:`CDSParams` or the learned ga
 :class:`~cdsjax.core.games.learned.LearnedParams` (any :class:`~cdsjax.core.protocols.Game`), built by the one
 affinity builder (:func:`cdsjax.core.games.affinity.problem_affinity`) under every strategy. How to
 differentiate is an argument too (``adjoint``, as in optimistix), applied once, by
-:func:`cdsjax.core.implicit.equilibrium`, the one solve every strategy runs; the caller's adjoint is used or
+:func:`cdsjax.core.equilibrium.equilibrium`, the one solve every strategy runs; the caller's adjoint is used or
 refused, never replaced.
 
 Each strategy reads its notes with the one read-out (:func:`cdsjax.core.ranking.read_out`), so
@@ -37,7 +37,7 @@ from typing import Optional
 from jax import Array
 
 from cdsjax.core.games.affinity import CDSParams
-from cdsjax.core.implicit import Adjoint, check_adjoint
+from cdsjax.core.adjoints import Adjoint, check_adjoint
 from cdsjax.core.protocols import Game, Strategy
 from cdsjax.core.strategies.select import Single
 from cdsjax.core.solvers.options import SolveOptions, solve_options
@@ -82,10 +82,10 @@ def cds(
         (the learned one; it reads the problem's structure arrays).
       options: :class:`SolveOptions` (the solver object, threshold, limits, init, fill); its default solver is
         ``Replicator()`` (paper mode).
-      budget: static number of notes to return (no default here: the product layer holds it, cdsjax.pipeline.defaults.DEFAULT_BUDGET).
+      budget: static number of notes to return (no default here: the product layer holds it, cdsjax.defaults.DEFAULT_BUDGET).
       x0: ``Single`` only, an ``[m+n]`` initial point; overrides ``options.init``.
       adjoint: how the equilibrium is differentiated: :class:`~cdsjax.core.ImplicitAdjoint`,
-        :class:`~cdsjax.core.LoopAdjoint`, :class:`~cdsjax.core.NoDerivative` or :class:`~cdsjax.core.NoAdjoint`;
+        :class:`~cdsjax.core.ForwardLoopAdjoint`, :class:`~cdsjax.core.NoDerivative` or :class:`~cdsjax.core.NoAdjoint`;
         None: the strategy's default (the implicit one on a dense game, through the loop for ``Shared`` on the
         paper's game, none on a :class:`~cdsjax.core.types.BlockProblem`). A given adjoint is used or refused
         (``ValueError``), never replaced.

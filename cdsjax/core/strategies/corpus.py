@@ -6,7 +6,7 @@ learned game without relevance-weighted repulsion the payoff of a single-vertex 
 .. math:: M = \begin{pmatrix} 0 & r^\top \\ r & W - \alpha I \end{pmatrix},
 
 where only the relevance row :math:`r` reads the question: the note block :math:`W` and the penalty
-:math:`\alpha` are the corpus's (:mod:`cdsjax.core.games.spectral` gives the bound once). Building :math:`W` costs
+:math:`\alpha` are the corpus's (:mod:`cdsjax.core.games` gives the bound once). Building :math:`W` costs
 O(n² d) per question (0.4 GFLOP at n = 1024, 38 at 10,000), and solving on the dense ``[n+1, n+1]``
 affinity adds copies of it; :func:`problem_block` builds :math:`W` once (the same functions as the dense
 affinity), and a question posed with it (a :class:`~cdsjax.core.types.BlockProblem`, with ``bound``) is solved by
@@ -23,7 +23,7 @@ payoff). Whether a selector poses its questions on the block at all is the selec
 ``cds`` keeps paper mode on the dense payoff it is defined on).
 
 The block is stored, not built from the game's differentiable values, so this solve has no derivative: it
-runs under :class:`~cdsjax.core.implicit.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
+runs under :class:`~cdsjax.core.adjoints.NoAdjoint` (differentiating it raises ``ValueError`` as JAX traces the
 derivative), and asking for one (an adjoint other than ``NoAdjoint`` / ``NoDerivative``) raises at the call;
 give the question as a plain :class:`~cdsjax.core.types.CDSProblem` (the dense path) to differentiate a
 selection.
@@ -36,7 +36,8 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import Array
 
-from cdsjax.core.implicit import NO_DERIVATIVE, NoAdjoint, equilibrium
+from cdsjax.core.adjoints import NoAdjoint
+from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.games.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.ranking import query_cosine, read_out
 from cdsjax.core.solvers.options import SolveOptions
@@ -46,16 +47,32 @@ BLOCK_ADJOINT = NoAdjoint("a BlockProblem is solved on its corpus block, which h
                           "as a CDSProblem (BlockProblem.dense_problem(), the dense path) to differentiate the selection")
 
 
-def problem_block(problem: CDSProblem, params, options: SolveOptions) -> Optional[Array]:
+class NoCorpusBlock(ValueError):
+    """A question that cannot be solved on its corpus's note block; the message says why."""
+
+
+def problem_block(problem: CDSProblem, params, options: SolveOptions) -> Array:
     r"""The note block :math:`W` ``[n, n]`` the game ``params`` uses on ``problem``'s corpus, built once for every
-    question (as the dense affinity builds it); None where :func:`solve_on_block` does not apply: several query
-    rows, pinned notes, ``alpha_from="full"``, a start other than uniform (``init``), or a note block that reads
-    the question (a learned game with relevance-weighted repulsion, any other game)."""
+    question (as the dense affinity builds it).
+
+    Raises:
+      NoCorpusBlock: where :func:`solve_on_block` does not apply, saying why: several query rows, pinned notes,
+        ``alpha_from="full"``, a start other than uniform (``init``), or a note block that reads the question
+        (a learned game with relevance-weighted repulsion, any other game). Every reason is static (shapes,
+        options, the game's kind), so it is raised while tracing.
+    """
     options = options.check()
-    if (problem.queries.shape[-2] != 1 or problem.pinned is not None or params.alpha_from != "free"
-            or options.init != "uniform"):
-        return None
-    return params.corpus_block(problem)
+    reasons = [why for bad, why in (
+        (problem.queries.shape[-2] != 1, "it has several query rows"),
+        (problem.pinned is not None, "it pins notes"),
+        (params.alpha_from != "free", 'its penalty reads the question (alpha_from="full")'),
+        (options.init != "uniform", f"its start is not uniform (init={options.init!r})"),
+    ) if bad]
+    block = None if reasons else params.corpus_block(problem)
+    if block is None:
+        raise NoCorpusBlock("no corpus block for this question: "
+                            + ("; ".join(reasons) or f"the note block of {type(params).__name__} reads the question"))
+    return block
 
 
 def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Optional[Array], adjoint) -> None:
@@ -66,7 +83,7 @@ def check_block_problem(problem: BlockProblem, options: SolveOptions, x0: Option
         (problem.queries.shape[-2] != 1, "it has several query rows"),
         (problem.pinned is not None, "it pins notes"),
         (x0 is not None or options.init != "uniform", "a start is given"),
-        (adjoint is not None and not isinstance(adjoint, NO_DERIVATIVE),
+        (adjoint is not None and getattr(adjoint, "gives_derivative", True),
          f"an adjoint ({type(adjoint).__name__}) asks for a derivative, and the corpus block has none"),
     ) if bad]
     if reasons:
@@ -91,7 +108,7 @@ def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budg
     ``problem`` is a :class:`BlockProblem`: its ``note_block`` (:func:`problem_block`) and ``bound`` (the game's
     ``corpus_bound``) of the game ``params`` (:func:`check_block_problem` says
     where it may not); the read-out (threshold, fill rule by the KKT slack, then cosine) is that of the dense
-    path. :func:`~cdsjax.core.implicit.equilibrium` runs it under ``adjoint`` (None: :data:`BLOCK_ADJOINT`, or a
+    path. :func:`~cdsjax.core.equilibrium.equilibrium` runs it under ``adjoint`` (None: :data:`BLOCK_ADJOINT`, or a
     ``NoDerivative()`` the caller gave): differentiating it (in
     the notes, the question, the block or the game) raises :class:`ValueError`; the dense path
     (:meth:`BlockProblem.dense_problem`) is differentiable.

@@ -10,8 +10,9 @@ from flax import struct
 from jax import Array, lax
 
 from cdsjax.core.games.affinity import block_bound, problem_affinity
-from cdsjax.core.strategies.corpus import check_block_problem, problem_block, solve_on_block
-from cdsjax.core.implicit import Adjoint, cds_equilibrium, equilibrium
+from cdsjax.core.strategies.corpus import NoCorpusBlock, check_block_problem, problem_block, solve_on_block
+from cdsjax.core.adjoints import Adjoint
+from cdsjax.core.equilibrium import cds_equilibrium, equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import isolated_query, kkt_slack, query_cosine, read_out, read_selection
 from cdsjax.core.solvers.options import SolveOptions
@@ -22,11 +23,11 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
                  x0: Optional[Array] = None, adjoint: Optional[Adjoint] = None) -> Selection:
     r"""The :class:`Single` strategy: one extraction on the query-augmented affinity.
 
-    Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.implicit.cds_equilibrium` (from
+    Solves :math:`\max_{x\in\Delta} x^\top M x` with :func:`~cdsjax.core.equilibrium.cds_equilibrium` (from
     ``x0``, else ``options.init``; differentiated by ``adjoint``) and reads the top-``budget`` notes off the
     equilibrium (:func:`~cdsjax.core.ranking.read_out`). ``options`` arrive checked.
     A :class:`~cdsjax.core.types.BlockProblem` (the question with its corpus's note block and bound) is solved on
-    them instead, by the same solver and :func:`~cdsjax.core.implicit.equilibrium`, without a dense affinity
+    them instead, by the same solver and :func:`~cdsjax.core.equilibrium.equilibrium`, without a dense affinity
     (:func:`cdsjax.core.strategies.corpus.solve_on_block`; it has no derivative, and an ``adjoint`` asking for one
     raises ``ValueError``).
     """
@@ -146,8 +147,11 @@ class Single:
 
     def corpus_block(self, problem: CDSProblem, params: Game, options: SolveOptions) -> Optional[Array]:
         """The game's note block where a question can be solved on it
-        (:func:`~cdsjax.core.strategies.corpus.problem_block`)."""
-        return problem_block(problem, params, options)
+        (:func:`~cdsjax.core.strategies.corpus.problem_block`), None where it cannot."""
+        try:
+            return problem_block(problem, params, options)
+        except NoCorpusBlock:
+            return None
 
 
 @struct.dataclass

@@ -39,7 +39,8 @@ from cdsjax.core.games.payoff import SHIFT_EPS, SharedPayoff
 from cdsjax.core.solvers.replicator import Replicator
 from cdsjax.core.ranking import read_out
 from cdsjax.core.strategies.select import refuse_start, solve_single
-from cdsjax.core.implicit import ImplicitAdjoint, LoopAdjoint, equilibrium
+from cdsjax.core.adjoints import ForwardLoopAdjoint, ImplicitAdjoint
+from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.solvers.loop import iterate
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult, refuse_block_problem
@@ -176,7 +177,7 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
     ``[n+1, n+1]`` matrix is ever materialised for the batch. The read-out (slack for the fill rule) uses
     the payoff's products too. Every question starts uniformly; pinned notes are not supported. The
     shared payoff has no implicit derivative: ``adjoint`` None differentiates through the iterations
-    (:class:`~cdsjax.core.implicit.LoopAdjoint`), :class:`~cdsjax.core.implicit.ImplicitAdjoint` raises
+    (:class:`~cdsjax.core.adjoints.ForwardLoopAdjoint`), :class:`~cdsjax.core.adjoints.ImplicitAdjoint` raises
     ``ValueError``, any other adjoint is used.
 
     A game whose note block depends on the question (any game but :class:`CDSParams`, e.g. the learned
@@ -197,12 +198,12 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
                                                adjoint=adjoint))(problem.queries)
     if isinstance(adjoint, ImplicitAdjoint):
         raise ValueError("Shared() solves the questions on the corpus's note block, which has no implicit "
-                         "derivative: pass LoopAdjoint(), NoDerivative() or NoAdjoint()")
+                         "derivative: pass ForwardLoopAdjoint(), NoDerivative() or NoAdjoint()")
     if corpus is None:
         corpus = corpus_affinity(problem.notes, problem.valid, params)
     rel = question_relevance(corpus, problem.queries)
     result = equilibrium(shared_payoff(corpus, rel), options.limited_solver(),
-                         adjoint=LoopAdjoint() if adjoint is None else adjoint)
+                         adjoint=ForwardLoopAdjoint() if adjoint is None else adjoint)
     dtype = corpus.coupling.dtype
     cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
 

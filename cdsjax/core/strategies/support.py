@@ -71,15 +71,15 @@ from jax import Array, lax
 
 from typing import Optional
 
-from cdsjax.core.games.affinity import problem_affinity, scale_note_block  # noqa: F401 (re-exported)
-from cdsjax.core.implicit import Adjoint, NoDerivative, equilibrium
+from cdsjax.core.games.affinity import problem_affinity
+from cdsjax.core.adjoints import Adjoint, NoDerivative
+from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.protocols import Game
 from cdsjax.core.ranking import query_cosine, read_selection
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.strategies.select import refuse_start
-from cdsjax.core.types import (DEFAULT_SCALE_RANGE, MAX_SUPPORT_STEPS, Affinity, CDSProblem,  # noqa: F401
-                               Selection, refuse_block_problem)
-from cdsjax.core.types import DEFAULT_SUPPORT_STEPS as DEFAULT_STEPS  # noqa: F401
+from cdsjax.core.types import (DEFAULT_SCALE_RANGE, DEFAULT_SUPPORT_STEPS, MAX_SUPPORT_STEPS, CDSProblem, Selection,
+                               refuse_block_problem)
 from cdsjax.core.validation import check_int_range
 
 
@@ -89,7 +89,7 @@ def support_settings(num_steps: Optional[int] = None, scale_range=None) -> tuple
     ``1 <= num_steps <= MAX_SUPPORT_STEPS`` (each step one solve); ``scale_range`` a ``(low, high)`` bracket of
     :math:`\gamma = \beta n` with ``0 < low < high``, returned as a tuple of floats (a static, hashable value).
     """
-    num_steps = DEFAULT_STEPS if num_steps is None else num_steps
+    num_steps = DEFAULT_SUPPORT_STEPS if num_steps is None else num_steps
     check_int_range("num_steps", num_steps, MAX_SUPPORT_STEPS)
     scale_range = DEFAULT_SCALE_RANGE if scale_range is None else scale_range
     try:
@@ -176,7 +176,7 @@ class Support:
     (:func:`solve_support`; module docstring). Takes no start and no :class:`~cdsjax.core.types.BlockProblem`.
 
     Attributes:
-      num_steps: bisection steps, each one solve (None: :data:`DEFAULT_STEPS`).
+      num_steps: bisection steps, each one solve (None: :data:`DEFAULT_SUPPORT_STEPS`).
       scale_range: the ``(low, high)`` bracket of :math:`\gamma = \beta n` (None: the default bracket).
     """
 

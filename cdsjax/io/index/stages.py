@@ -40,7 +40,7 @@ def prepare_doc(doc: Doc, ctx: BuildContext, *, reuse_parse: bool = False):
             t0 = time.perf_counter()
             notes = [n if isinstance(n, Note) else Note.from_dict(n) for n in doc.notes]
             elements = [e if isinstance(e, Element) else Element.from_dict(e) for e in doc.elements]
-            from cdsjax.io.vlm import enrich_vlm_report
+            from cdsjax.io.reading.vlm import enrich_vlm_report
 
             notes, _, report = enrich_vlm_report(notes, elements, set(), config=config, image_root=staging,
                                                  only=retry)
@@ -193,7 +193,7 @@ def enrich_doc(doc: Doc, config, staging: Path):
     mode = str(config.enrich.mode)
     reasons = ""
     if mode == "vlm":
-        from cdsjax.io.vlm import enrich_vlm_report
+        from cdsjax.io.reading.vlm import enrich_vlm_report
 
         notes, edges, report = enrich_vlm_report(notes, elements, edges, config=config, image_root=staging)
         reasons = report.reason_text()

@@ -2,7 +2,7 @@
 request (:func:`reading_order`), and the chat messages of a question over its evidence (:func:`build_messages`):
 text notes as text, a table as its caption and rows, a figure or chart as its caption, summary and the text read
 from its image, with its crop as a base64 ``image_url`` part where images go. Sends nothing
-(:mod:`cdsjax.io.reader` sends)."""
+(:mod:`cdsjax.io.reading.reader` sends)."""
 
 from __future__ import annotations
 

@@ -2,20 +2,20 @@
 request carries; the context window a llama.cpp server states at ``GET /props``.
 
 A function here makes one request and raises what it meets (openai's errors, :class:`MalformedReply`);
-retries, deadlines and the messages of :class:`~cdsjax.io.llm.errors.ReaderError` are the client's
-(:class:`cdsjax.io.llm.client.ChatClient`).
+retries, deadlines and the messages of :class:`~cdsjax.io.reading.llm.errors.ReaderError` are the client's
+(:class:`cdsjax.io.reading.llm.client.ChatClient`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from typing import Any, Mapping, Optional, Sequence
 
 import openai
 
-from cdsjax.io.llm.errors import MalformedReply
+from cdsjax.io.reading.llm.errors import MalformedReply
+from cdsjax.io.util import http_get
 
 
 def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -102,11 +102,10 @@ def props_n_ctx(url: str, api_key: str, timeout: float) -> Optional[int]:
     root = url[: -len("/v1")] if url.endswith("/v1") else url
     if not root.lower().startswith(("http://", "https://")):
         return None
-    request = urllib.request.Request(f"{root}/props", headers={"Authorization": f"Bearer {api_key}"})
+    status, body = http_get(f"{root}/props", headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            props = json.loads(response.read())
-    except (OSError, ValueError):  # no /props (an HTTP error is an OSError), or not JSON
+        props = json.loads(body) if status == 200 else None
+    except ValueError:  # not JSON
         return None
     if not isinstance(props, Mapping):
         return None

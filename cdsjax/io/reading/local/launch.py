@@ -1,7 +1,7 @@
 """Starting the local reader's server process: its command line, the memory it needs, the start and the wait until
 it answers, and a failed start said in one line.
 
-:func:`launch` starts ``python -m cdsjax.io.local_reader _serve ...`` (:mod:`cdsjax.io.local_serve`) with
+:func:`launch` starts ``python -m cdsjax.io.reading.local.reader _serve ...`` (:mod:`cdsjax.io.reading.local.serve`) with
 :func:`cdsjax.io.child.spawn` in a session of its own, its output in a log, its API key in its environment, and
 waits (:func:`cdsjax.io.child.wait_until`) until it answers ``/health``. A server that exits first is diagnosed
 from its log's last lines (:func:`start_error`: the port, the model file, memory); one that does not answer in
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from cdsjax.io.child import ChildError, http_ok, spawn, stop, wait_until
-from cdsjax.io.local_model import LocalReaderError
-from cdsjax.io.local_records import SERVE_MODULE, port_is_mine
-from cdsjax.io.local_serve import KEY_ENV
+from cdsjax.io.reading.local.model import LocalReaderError
+from cdsjax.io.reading.local.records import SERVE_MODULE, port_is_mine
+from cdsjax.io.reading.local.serve import KEY_ENV
 from cdsjax.io.util import free_port
 
 PORT_TRIES = 3  # another process may take the free port between finding and binding it

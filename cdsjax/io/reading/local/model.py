@@ -1,4 +1,4 @@
-"""The local reader's model file (:mod:`cdsjax.io.local_reader`), found without a model hub, as the embedder is:
+"""The local reader's model file (:mod:`cdsjax.io.reading.local.reader`), found without a model hub, as the embedder is:
 
 * a path to a ``.gguf`` file;
 * a preset name (:data:`PRESETS`; ``"default"`` is :data:`DEFAULT_PRESET`), whose file is assembled once from
@@ -8,7 +8,7 @@
 * ``hf:OWNER/REPO/FILE.gguf`` — a file of a model-hub repository, through ``huggingface_hub`` (needs the
   network; no default uses it).
 
-``python -m cdsjax.io.local_model [MODEL]`` assembles (or checks) a model file ahead of time and prints its path.
+``python -m cdsjax.io.reading.local.model [MODEL]`` assembles (or checks) a model file ahead of time and prints its path.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+from cdsjax.io.util import atomic_write
 
 GGUF_MAGIC = b"GGUF"
 
@@ -264,9 +265,7 @@ def _concatenate(preset: Preset, parts: Sequence, target: Path, *, progress: boo
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
         note = target.with_name(target.name + ".sha256")
-        note_tmp = note.with_name(f".{note.name}.{os.getpid()}")
-        note_tmp.write_text(preset.sha256 + "\n")
-        os.replace(note_tmp, note)
+        atomic_write(note, preset.sha256 + "\n")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -1,6 +1,6 @@
 """The shared local readers' records in the cdsjax cache, and the processes they name.
 
-A local reader with a keep-alive (:mod:`cdsjax.io.local_reader`) is shared by this user's processes through a
+A local reader with a keep-alive (:mod:`cdsjax.io.reading.local.reader`) is shared by this user's processes through a
 record, ``<cache>/readers/KEY.json`` (:func:`server_key`: a hash of the model file and the settings), holding the
 server's pid, port, API key and settings. The directory is 0700 and the record 0600, both the user's own, else
 they are not used (:func:`private_readers_dir`, :func:`read_record`). A record is believed only when its process
@@ -16,15 +16,14 @@ import json
 import os
 import stat
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from cdsjax.io.child import pid_alive, stop
-from cdsjax.io.local_model import cache_dir
+from cdsjax.io.child import stop
+from cdsjax.io.util import atomic_write, http_get, pid_alive
+from cdsjax.io.reading.local.model import cache_dir
 
-SERVE_MODULE = "cdsjax.io.local_reader"  # a server's command line: python -m SERVE_MODULE _serve ... (ps shows it)
+SERVE_MODULE = "cdsjax.io.reading.local.reader"  # a server's command line: python -m SERVE_MODULE _serve ... (ps shows it)
 
 
 RECORD_VERSION = 1
@@ -91,16 +90,7 @@ def read_record(path: Path) -> Optional[dict]:
 
 def write_record(path: Path, record: dict) -> None:
     """Writes ``record`` to ``path`` whole (a 0600 temporary file renamed into place)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(record), private=True)
 
 
 def touch(path: Path) -> None:
@@ -142,14 +132,7 @@ def port_is_mine(port: int) -> Optional[bool]:
 
 
 def _get(url: str, key: Optional[str], timeout: float = 10.0) -> "tuple[int, bytes]":
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
-            return response.status, response.read(1 << 16)
-    except urllib.error.HTTPError as err:
-        return err.code, b""
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, b""
+    return http_get(url, headers={"Authorization": f"Bearer {key}"} if key else None, timeout=timeout, limit=1 << 16)
 
 
 def server_answers(record: dict) -> bool:

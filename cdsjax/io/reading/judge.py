@@ -4,9 +4,9 @@
     verdict = judge.judge("Which year?", gold_answer="2019", predicted="It was 2019 [2].")
     verdict.correct, verdict.score, verdict.rationale
 
-Configuration is a :class:`~cdsjax.io.llm.config.ReaderConfig`; unset fields fall back to ``CDSJAX_JUDGE_URL``,
+Configuration is a :class:`~cdsjax.io.reading.llm.config.ReaderConfig`; unset fields fall back to ``CDSJAX_JUDGE_URL``,
 ``CDSJAX_JUDGE_MODEL`` and ``CDSJAX_JUDGE_API_KEY`` (then ``OPENAI_API_KEY``). Failures are
-:class:`~cdsjax.io.llm.errors.ReaderError`, with the same retries as the reader; a reply with no readable
+:class:`~cdsjax.io.reading.llm.errors.ReaderError`, with the same retries as the reader; a reply with no readable
 verdict is one of kind ``bad_response`` (its message says when the verdict was cut at the token limit).
 The same server and model as the reader's may judge; the evaluation labels its records so.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from cdsjax.io.llm.client import ChatClient
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.reader import ABSTAIN
-from cdsjax.io.replies import find_field, find_json, leading_word, read_bool, read_float, strip_thinking
+from cdsjax.io.reading.llm.client import ChatClient
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.reader import ABSTAIN
+from cdsjax.io.reading.replies import find_field, find_json, leading_word, read_bool, read_float, strip_thinking
 from cdsjax.io.util import one_line
 
 JUDGE_PROMPT = f"""\
@@ -110,7 +110,7 @@ class Judge(ChatClient):
                             model=reply.model, latency_s=reply.latency_s)
 
 
-# The judge's own words for a verdict, beside the yes/no words every reply may use (io.replies).
+# The judge's own words for a verdict, beside the yes/no words every reply may use (io.reading.replies).
 CORRECT_WORDS = ("correct",)
 INCORRECT_WORDS = ("incorrect", "wrong")
 # Words a reply without JSON or fields may start with to give its verdict.

@@ -5,9 +5,9 @@ loopback, for a GGUF model, so that cdsjax answers questions without a GPU or a 
         reader = Reader(local.reader_config())   # an ordinary OpenAI-compatible client of it
         reader.answer("What does Table 1 show?", evidence).text
 
-The server is a process of its own (``python -m cdsjax.io.local_reader _serve ...``, :mod:`cdsjax.io.local_serve`)
+The server is a process of its own (``python -m cdsjax.io.reading.local.reader _serve ...``, :mod:`cdsjax.io.reading.local.serve`)
 bound to 127.0.0.1 at a free port, behind a random API key; :class:`LocalReader` starts it and waits until it
-answers ``/health`` (:mod:`cdsjax.io.local_launch`) and keeps its log (``<cache>/logs/``). A server that cannot
+answers ``/health`` (:mod:`cdsjax.io.reading.local.launch`) and keeps its log (``<cache>/logs/``). A server that cannot
 start is one :class:`LocalReaderError` line: no runtime installed, a file that is not a GGUF model, no free port,
 not enough memory, or the log's last words.
 
@@ -17,26 +17,26 @@ Keep-alive (``LocalReaderConfig.keep_alive``, seconds; the commands' ``--keep-al
 * ``0``: the server is the caller's own: stopped on leaving the block, on an error and on SIGTERM/SIGINT of
   the parent (it also exits by itself within a second once its parent is gone).
 * ``> 0``: the server is shared by this user's processes. It is found through a record in the cdsjax cache,
-  ``<cache>/readers/KEY.json`` (:mod:`cdsjax.io.local_records`; KEY: a hash of the model file and the threads,
+  ``<cache>/readers/KEY.json`` (:mod:`cdsjax.io.reading.local.records`; KEY: a hash of the model file and the threads,
   context and slots; the directory 0700, the record 0600, both the user's own, else unused) holding its pid,
   port, API key and settings. A process that asks for the same server reuses it when the record's process is
   alive, is this user's ``_serve`` process, listens on the port, and answers an authenticated request
   (``GET /slots`` with the key, while a request without it gets 401); otherwise the record is dead and is
   replaced. One process at a time looks and starts (a lock file beside the record). While a process holds the
-  server it touches the record every few seconds (:func:`cdsjax.io.local_held.mark_used` marks a use too); the
+  server it touches the record every few seconds (:func:`cdsjax.io.reading.local.held.mark_used` marks a use too); the
   server exits once the record is ``keep_alive`` seconds old and no slot is busy, removing its record.
-  ``cdsjax reader stop`` (:func:`cdsjax.io.local_records.stop_readers`) stops it at once; ``cdsjax reader
-  status`` (:func:`cdsjax.io.local_records.list_readers`) lists them.
+  ``cdsjax reader stop`` (:func:`cdsjax.io.reading.local.records.stop_readers`) stops it at once; ``cdsjax reader
+  status`` (:func:`cdsjax.io.reading.local.records.list_readers`) lists them.
 
-The model (:func:`cdsjax.io.local_model.resolve_model`) is a preset assembled from registry packages into
-the cdsjax cache, a ``.gguf`` path, or a model-hub file (:mod:`cdsjax.io.local_model`).
+The model (:func:`cdsjax.io.reading.local.model.resolve_model`) is a preset assembled from registry packages into
+the cdsjax cache, a ``.gguf`` path, or a model-hub file (:mod:`cdsjax.io.reading.local.model`).
 
 Settings (:class:`LocalReaderConfig`): threads, context per slot, parallel slots and keep-alive. ``cdsjax serve`` and the
 evaluation use the slots (requests in flight at once); the server's whole context is ``slots × ctx_per_slot``.
 
-The servers this process holds are in one object, :data:`cdsjax.io.local_held.HELD`: the first start registers
+The servers this process holds are in one object, :data:`cdsjax.io.reading.local.held.HELD`: the first start registers
 an exit handler that stops or releases them (nothing is registered at import);
-:func:`cdsjax.io.local_held.stop_on_sigterm` does the same on SIGTERM.
+:func:`cdsjax.io.reading.local.held.stop_on_sigterm` does the same on SIGTERM.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from cdsjax.io.child import stop as stop_process
-from cdsjax.io.local_held import HELD
-from cdsjax.io.local_launch import ServerSpec, check_memory, launch
-from cdsjax.io.local_model import PRESETS, LocalReaderError, cache_dir, model_path, resolve_model
-from cdsjax.io.local_records import (RECORD_VERSION, private_readers_dir, read_record, server_answers, server_key,
+from cdsjax.io.reading.local.held import HELD
+from cdsjax.io.reading.local.launch import ServerSpec, check_memory, launch
+from cdsjax.io.reading.local.model import PRESETS, LocalReaderError, cache_dir, model_path, resolve_model
+from cdsjax.io.reading.local.records import (RECORD_VERSION, private_readers_dir, read_record, server_answers, server_key,
                                      stop_server, touch, write_record)
 from cdsjax.io.util import usable_cores
 
@@ -181,8 +181,8 @@ class LocalReader:
         return self.config.keep_alive if self.shared else 0.0
 
     def reader_config(self, **fields):
-        """A :class:`cdsjax.io.llm.config.ReaderConfig` for this server (keyword fields override)."""
-        from cdsjax.io.llm.config import ReaderConfig
+        """A :class:`cdsjax.io.reading.llm.config.ReaderConfig` for this server (keyword fields override)."""
+        from cdsjax.io.reading.llm.config import ReaderConfig
 
         if self.base_url is None:
             raise LocalReaderError("the local reader is not started", kind="start")
@@ -240,7 +240,7 @@ class LocalReader:
                           ctx_per_slot=cfg.ctx_per_slot, slots=cfg.slots)
 
     def _start_process(self, log_dir: Path, *, parent: int, record: Optional[Path] = None) -> None:
-        """Starts a server and waits until it answers (:func:`cdsjax.io.local_launch.launch`); ``parent``: the
+        """Starts a server and waits until it answers (:func:`cdsjax.io.reading.local.launch.launch`); ``parent``: the
         process whose end ends it (0: none), ``record``: a shared server's record."""
         if self.api_key is None:
             self.api_key = secrets.token_urlsafe(32)
@@ -334,6 +334,32 @@ class LocalReader:
         self.close()
 
 
+def start_local_reader(model: str, *, threads: int = LocalReaderConfig.threads,
+                       ctx_per_slot: int = LocalReaderConfig.ctx_per_slot, slots: int = LocalReaderConfig.slots,
+                       keep_alive: Optional[float] = None, progress: bool = False) -> LocalReader:
+    """The one start of the local reader, for the commands (``ask``, ``serve``, ``demo``) and the evaluation alike:
+    this user's running server for the same model and settings, else one started now and waited for. The caller
+    closes it (``close()``, or leaving ``with``); its API key is ``.api_key``, passed on as an argument.
+
+    Args:
+      model, threads, ctx_per_slot, slots: see :class:`LocalReaderConfig` (whose defaults these are).
+      keep_alive: seconds it stays up after its last use; None: :func:`keep_alive_setting`'s default.
+      progress: a progress bar while a preset's model file is assembled.
+
+    Raises:
+      ValueError: a setting out of range (one line naming it).
+      LocalReaderError: the server could not start (one line).
+    """
+    config = LocalReaderConfig(model=model, threads=threads, ctx_per_slot=ctx_per_slot, slots=slots,
+                               keep_alive=keep_alive_setting(keep_alive))
+    local = LocalReader(config, progress=progress)
+    try:
+        return local.start()
+    except BaseException:
+        local.close()
+        raise
+
+
 @contextlib.contextmanager
 def _holding(lock):
     """Holds a starters' lock; one line when another process has held it past the lock's timeout."""
@@ -364,17 +390,17 @@ def _runtime_version() -> str:
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m cdsjax.io.local_reader fetch [MODEL]``: assemble (or check) a model file and print its path
-    (:func:`cdsjax.io.local_model.main`); ``_serve ...`` is the server child (:func:`cdsjax.io.local_serve.serve`)."""
+    """``python -m cdsjax.io.reading.local.reader fetch [MODEL]``: assemble (or check) a model file and print its path
+    (:func:`cdsjax.io.reading.local.model.main`); ``_serve ...`` is the server child (:func:`cdsjax.io.reading.local.serve.serve`)."""
     if argv and argv[0] == "_serve":
-        from cdsjax.io.local_serve import serve
+        from cdsjax.io.reading.local.serve import serve
 
         return serve(argv[1:])
     if argv and argv[0] == "fetch":
-        from cdsjax.io.local_model import main
+        from cdsjax.io.reading.local.model import main
 
         return main(argv[1:])
-    print("usage: python -m cdsjax.io.local_reader fetch [MODEL]", file=sys.stderr)
+    print("usage: python -m cdsjax.io.reading.local.reader fetch [MODEL]", file=sys.stderr)
     return 2
 
 

@@ -1,4 +1,4 @@
-"""The local readers this process holds (:class:`cdsjax.io.local_reader.LocalReader`), in one object,
+"""The local readers this process holds (:class:`cdsjax.io.reading.local.reader.LocalReader`), in one object,
 :data:`HELD`: what is stopped or released when the process ends (:func:`stop_all`; the exit handler is registered
 by the first start, never at import, and :func:`stop_on_sigterm` does it on SIGTERM), and the uses of a shared
 server that count for its keep-alive (:func:`mark_used`).
@@ -25,7 +25,7 @@ class HeldReaders:
     """
 
     def __init__(self):
-        self.running: set = set()  # of cdsjax.io.local_reader.LocalReader
+        self.running: set = set()  # of cdsjax.io.reading.local.reader.LocalReader
         self.detached: "list[subprocess.Popen]" = []
         self.exit_registered = False
 

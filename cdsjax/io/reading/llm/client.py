@@ -2,11 +2,11 @@
 the planning agent all call models through :class:`ChatClient`.
 
 One retry policy for every caller: transient failures are retried with exponential backoff and jitter
-(tenacity) before they are raised (:func:`cdsjax.io.llm.errors.is_transient`); ``timeout`` bounds the whole
+(tenacity) before they are raised (:func:`cdsjax.io.reading.llm.errors.is_transient`); ``timeout`` bounds the whole
 call, retries included. A refusal of images or of a request longer than the context is never retried as it is
-(:func:`cdsjax.io.llm.errors.refusal_kind`). Every failure is a :class:`~cdsjax.io.llm.errors.ReaderError` with
-a one-line message and a ``kind``. A call returns a :class:`~cdsjax.io.llm.config.ChatReply`;
-:mod:`cdsjax.io.replies` reads its text.
+(:func:`cdsjax.io.reading.llm.errors.refusal_kind`). Every failure is a :class:`~cdsjax.io.reading.llm.errors.ReaderError` with
+a one-line message and a ``kind``. A call returns a :class:`~cdsjax.io.reading.llm.config.ChatReply`;
+:mod:`cdsjax.io.reading.replies` reads its text.
 
 Images (``ReaderConfig.images``): ``on`` always sends them, ``off`` never, ``auto`` learns once per client
 whether its server takes them (:meth:`ChatClient.send_with_images`: the first refusal makes that request and
@@ -28,10 +28,10 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import openai
 import tenacity
 
-from cdsjax.io.llm.config import ChatReply, ReaderConfig
-from cdsjax.io.llm.errors import (MalformedReply, ReaderError, attempts_phrase, is_transient, overflow_tokens,
+from cdsjax.io.reading.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.reading.llm.errors import (MalformedReply, ReaderError, attempts_phrase, is_transient, overflow_tokens,
                                   refusal_kind, server_message)
-from cdsjax.io.llm.transport import Delivered, Streamed, complete, has_images, props_n_ctx, stream_reply
+from cdsjax.io.reading.llm.transport import Delivered, Streamed, complete, has_images, props_n_ctx, stream_reply
 from cdsjax.io.util import one_line
 
 

@@ -1,6 +1,6 @@
 """The reader: answer a question from selected evidence through an OpenAI-compatible chat API.
 
-Retrieve-then-read ends here: the selected notes become one chat request (:mod:`cdsjax.io.prompt`: in one
+Retrieve-then-read ends here: the selected notes become one chat request (:mod:`cdsjax.io.reading.prompt`: in one
 reading order, text notes as text, visual notes as base64 ``image_url`` parts with their caption), the server (usually ``vllm serve``, see
 ``experiments/serve_reader.sh``) answers with greedy decoding, and the answer comes back with the evidence
 numbers it cites.
@@ -16,8 +16,11 @@ Two things a small local server (llama.cpp) needs, handled by :func:`send_eviden
   shorter request is sent; the answer's ``dropped`` and a warning say how many were left out.
 
     reader = Reader(base_url="http://localhost:8000/v1", model="Qwen/Qwen3-VL-32B-Instruct")
-    out = reader.answer("What accuracy does Table 2 report?", evidence)
+    out = reader.answer("What accuracy does Table 2 report?", evidence, ReadOptions(evidence_tokens=700))
     out.text, out.cited   # "91.2% [3]", (3,)
+
+The reader is a client (how to reach the server, :class:`ReaderConfig`) shared by threads; what one answer may
+use (its evidence budget, answer tokens, seed) is that call's :class:`~cdsjax.io.reading.options.ReadOptions`.
 
 Configuration falls back to environment variables for fields left unset:
 
@@ -25,16 +28,16 @@ Configuration falls back to environment variables for fields left unset:
     CDSJAX_READER_MODEL     model name; when unset too, the server's only model is used (vLLM serves one)
     CDSJAX_READER_API_KEY   API key; when unset, "EMPTY" (what a vLLM server without --api-key accepts)
 
-The judge (:mod:`cdsjax.io.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_MODEL`` /
+The judge (:mod:`cdsjax.io.reading.judge`) reads ``CDSJAX_JUDGE_URL`` / ``CDSJAX_JUDGE_MODEL`` /
 ``CDSJAX_JUDGE_API_KEY`` the same way, with ``OPENAI_API_KEY`` as a further key fallback.
 
 Every failure to get an answer is a :class:`ReaderError` with a one-line message and a ``kind``:
 ``config``, ``unreachable``, ``timeout``, ``server_error``, ``rate_limited``, ``model_not_found``,
 ``context_too_long``, ``auth``, ``bad_request`` or ``bad_response``. The client and its retries are
-:class:`cdsjax.io.llm.client.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
+:class:`cdsjax.io.reading.llm.client.ChatClient` (one retry policy for reader, judge, VLM enrichment and planner): transient
 failures (connection errors, timeouts, HTTP 408/409/429/5xx, and replies that are malformed, empty or carry
 no message) are retried with exponential backoff (tenacity) before they are raised; ``timeout`` bounds the
-whole call, retries included. Replies are read by :mod:`cdsjax.io.replies`.
+whole call, retries included. Replies are read by :mod:`cdsjax.io.reading.replies`.
 :meth:`ChatClient.probe` is a quick reachability check to run before slow work, and :func:`error_dict`
 is the ``"error"`` object of ``cdsjax ask --json`` when reading fails.
 """
@@ -45,15 +48,16 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 # The client lives in llm, the reply parsing in replies.
-from cdsjax.io.llm.client import ChatClient
-from cdsjax.io.llm.config import ChatReply, ReaderConfig
-from cdsjax.io.llm.errors import ReaderError
-from cdsjax.io.llm.transport import count_images
-from cdsjax.io.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
-from cdsjax.io.prompt import EvidenceItem, as_evidence, build_messages, note_text, reading_order
-from cdsjax.io.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
+from cdsjax.io.reading.llm.client import ChatClient
+from cdsjax.io.reading.llm.config import ChatReply, ReaderConfig
+from cdsjax.io.reading.llm.errors import ReaderError
+from cdsjax.io.reading.llm.transport import count_images
+from cdsjax.io.reading.options import ReadOptions
+from cdsjax.io.reading.evidence_fit import CHARS_PER_TOKEN, TOKENS_PER_IMAGE, Fitted, estimate_tokens, fit_evidence, nearest_sentences
+from cdsjax.io.reading.prompt import EvidenceItem, as_evidence, build_messages, note_text, reading_order
+from cdsjax.io.reading.replies import (CitationStream, ReplyGuard, no_answer, parse_citations, renumber_citations,
                                starts_with, strip_thinking)
-from cdsjax.io.reply_cache import content_hash, reply_key
+from cdsjax.io.reading.reply_cache import content_hash, reply_key
 
 ABSTAIN = "Not answerable"
 DEFAULT_MAX_MODEL_LEN = 32768  # the paper's Qwen3-VL window, used when neither config nor server says
@@ -85,11 +89,11 @@ class ReaderAnswer:
         ``images`` is ``off`` or the server takes none) or "none" (the evidence had no image to send).
       dropped: the lowest-ranked notes left out: beyond the token budget, or because the request was too long
         for the server (0 when none).
-      no_answer: why the reader gave no answer (a key of :data:`cdsjax.io.replies.NO_ANSWER`: markers only,
+      no_answer: why the reader gave no answer (a key of :data:`cdsjax.io.reading.replies.NO_ANSWER`: markers only,
         echoed evidence headers, a loop), after one retry with a stricter instruction; ``text`` is then "".
       retried: why the first reply was asked again (a key of ``NO_ANSWER``), None when it was an answer.
       first_token_s: seconds from the (last) request to the first streamed piece; None when not streamed.
-      evidence_tokens: the evidence's estimated tokens as sent (:mod:`cdsjax.io.evidence_fit`).
+      evidence_tokens: the evidence's estimated tokens as sent (:mod:`cdsjax.io.reading.evidence_fit`).
       trimmed: notes sent as their sentences nearest the question (0 or 1).
       cached: the reply came from the reply cache.
       raw: the reply as written (thinking removed), also when it was no answer.
@@ -238,10 +242,10 @@ class Reader(ChatClient):
     :class:`ReaderConfig`). Creating one sends nothing; the first call does.
 
     Args (besides the config):
-      cache: a :class:`cdsjax.io.reply_cache.ReplyCache`: a request sent before (same model, messages and
+      cache: a :class:`cdsjax.io.reading.reply_cache.ReplyCache`: a request sent before (same model, messages and
         generation settings) is answered from it and sends nothing (the batch evaluation's resumable runs).
       on_use: called before and after every request (a warm local server's keep-alive lease).
-      local: what a local server that answers is (:meth:`cdsjax.io.local_reader.LocalReader.describe`), for
+      local: what a local server that answers is (:meth:`cdsjax.io.reading.local.reader.LocalReader.describe`), for
         ``ask --json``'s ``reader.local``; None for a remote server.
 
     A new backend needs nothing of its own when it speaks the OpenAI chat-completions API with streaming
@@ -257,14 +261,16 @@ class Reader(ChatClient):
         self.on_use = on_use
         self.local = local
 
-    def evidence_tokens(self) -> Optional[int]:
-        """The evidence's token budget: ``config.evidence_tokens`` when set (the local reader's is set by
-        whoever starts it; 0: no budget, every note whole), else what the server's window leaves once the
-        answer, the instructions and the question have room (:meth:`max_model_len` minus ``config.max_tokens``
-        minus :data:`PROMPT_RESERVE_TOKENS`), at least :data:`MIN_EVIDENCE_TOKENS`."""
-        if self.config.evidence_tokens is not None:
-            return int(self.config.evidence_tokens) or None
-        return max(MIN_EVIDENCE_TOKENS, self.max_model_len() - int(self.config.max_tokens) - PROMPT_RESERVE_TOKENS)
+    def evidence_tokens(self, options: Optional[ReadOptions] = None) -> Optional[int]:
+        """The evidence's token budget of a read: ``options.evidence_tokens`` when set (0: no budget, every note
+        whole: None is returned), else what the server's window leaves once the answer, the instructions and the
+        question have room (:meth:`max_model_len` minus the answer's tokens minus :data:`PROMPT_RESERVE_TOKENS`),
+        at least :data:`MIN_EVIDENCE_TOKENS`."""
+        options = options or ReadOptions()
+        if options.evidence_tokens is not None:
+            return int(options.evidence_tokens) or None
+        answer = int(options.answer_tokens or self.config.max_tokens)
+        return max(MIN_EVIDENCE_TOKENS, self.max_model_len() - answer - PROMPT_RESERVE_TOKENS)
 
     def max_model_len(self) -> int:
         """The context window: ``config.max_model_len``, else the server's (:meth:`ChatClient.context_size`:
@@ -273,68 +279,68 @@ class Reader(ChatClient):
             return self.config.max_model_len
         return self.context_size() or DEFAULT_MAX_MODEL_LEN
 
-    def fit(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
-            whole: bool = False, similarity=None) -> Fitted:
+    def fit(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+            options: Optional[ReadOptions] = None) -> Fitted:
         """The evidence as it will be sent: filled into :meth:`evidence_tokens` in rank order, the note that
-        does not fit whole cut to its sentences nearest the question
-        (:func:`cdsjax.io.evidence_fit.fit_evidence`); ``whole`` sends every note whole."""
+        does not fit whole cut to its sentences nearest the question (``options.similarity``;
+        :func:`cdsjax.io.reading.evidence_fit.fit_evidence`)."""
+        options = options or ReadOptions()
         items = as_evidence(evidence)
-        budget = None if whole else self.evidence_tokens()
-        return fit_items(question, items, budget, max_text_chars=self.config.max_text_chars,
+        return fit_items(question, items, self.evidence_tokens(options), max_text_chars=self.config.max_text_chars,
                          images=self.takes_images is not False and self.config.images != "off",
-                         similarity=similarity)
+                         similarity=options.similarity)
 
-    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]], *,
-               max_tokens: Optional[int] = None, on_token: Optional[Callable[[str], None]] = None,
-               on_retry: Optional[Callable[[str], None]] = None, seed: Optional[int] = None,
-               whole: bool = False, similarity=None) -> ReaderAnswer:
+    def answer(self, question: str, evidence: Sequence[Union[EvidenceItem, Mapping[str, Any]]],
+               options: Optional[ReadOptions] = None, *, on_token: Optional[Callable[[str], None]] = None,
+               on_retry: Optional[Callable[[str], None]] = None) -> ReaderAnswer:
         """Answers ``question`` from ``evidence`` (best first).
 
         The evidence is fitted to the token budget in rank order (:meth:`fit`), then numbered [1].. in the prompt
         in :func:`reading_order` (the answer's citations come back numbered as ``evidence``), visual notes
         as images or as text (``config.images``); the last notes are left out where the server still finds
         the request too long (:func:`send_evidence`). A reply that is no answer (citation markers only, the
-        evidence headers echoed, a loop: :func:`cdsjax.io.replies.no_answer`) is asked again once with a
+        evidence headers echoed, a loop: :func:`cdsjax.io.reading.replies.no_answer`) is asked again once with a
         stricter instruction; failing that, the answer's ``no_answer`` says why and its ``text`` is "".
 
+        The reply is always streamed through :class:`cdsjax.io.reading.replies.ReplyGuard`, whatever the caller
+        displays: the guard holds back markers and echoed headers, and ends a stream that echoes the evidence or
+        loops at once.
+
         Args:
-          max_tokens: new-token limit for this call (default ``config.max_tokens``).
-          on_token: streams the answer: called with each piece of text as it is written, once it is an
-            answer (:class:`cdsjax.io.replies.ReplyGuard` holds back markers and echoed headers, and ends a
-            stream that echoes the evidence or loops at once); None sends one request without streaming.
-          on_retry: called with the reason (a key of :data:`cdsjax.io.replies.NO_ANSWER`) before the second
+          options: this read's evidence budget, answer tokens, seed and sentence similarity
+            (:class:`~cdsjax.io.reading.options.ReadOptions`; None: the reader's defaults).
+          on_token: called with each piece of the answer as it is written, once it is an answer; None shows
+            nothing (the reply is guarded all the same).
+          on_retry: called with the reason (a key of :data:`cdsjax.io.reading.replies.NO_ANSWER`) before the second
             request, so a display can drop what it showed of the first.
-          seed: the sampling seed sent to the server; None sends none.
-          whole: send every note whole, whatever the token budget (the evaluation's ``full`` control).
-          similarity: ``similarity(question, sentences)`` -> scores, for trimming (default: word overlap).
 
         Raises:
           ReaderError: the server could not give a reply (after retries where retrying makes sense).
         """
+        options = options or ReadOptions()
+        max_tokens, seed = options.answer_tokens, options.seed
+        show = on_token if on_token is not None else (lambda _piece: None)
         items = as_evidence(evidence)
-        fitted = self.fit(question, items, whole=whole, similarity=similarity)
+        fitted = self.fit(question, items, options)
         problem, retried, first, sent, reply, cached = None, None, None, None, None, False
         for strict in (False, True):
             shown: dict = {}  # the guard and the citation renumbering of the request last sent
 
             def send(messages, kept):
-                guard = None
-                if on_token is not None:  # the answer as written, its citations numbered as the caller's evidence
-                    shown["stream"] = CitationStream(on_token, prompt_numbers(items, kept))
-                    shown["guard"] = guard = ReplyGuard(shown["stream"])
+                # the answer as written, its citations numbered as the caller's evidence
+                shown["stream"] = CitationStream(show, prompt_numbers(items, kept))
+                shown["guard"] = guard = ReplyGuard(shown["stream"])
                 return self.reply(messages, max_tokens=max_tokens, seed=seed, on_token=guard)
 
             sent = send_evidence(self, question, fitted.items, send, max_text_chars=self.config.max_text_chars,
                                  strict=strict, known=self._known(max_tokens, seed))
             reply, cached = sent.result
             first = reply.first_token_s if first is None else first
-            guard = shown.get("guard")
-            problem = (guard.problem if guard is not None else None) or \
-                no_answer(reply.content, finish_reason=reply.finish_reason)
+            guard = shown["guard"]
+            problem = guard.problem or no_answer(reply.content, finish_reason=reply.finish_reason)
             if problem is None:
-                if guard is not None:
-                    guard.release()
-                    shown["stream"].flush()
+                guard.release()
+                shown["stream"].flush()
                 break
             if not strict:
                 retried = problem
@@ -397,7 +403,7 @@ class Reader(ChatClient):
 
 def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Optional[int], *,
               max_text_chars: Optional[int], images: bool = True, similarity=None) -> Fitted:
-    """:func:`cdsjax.io.evidence_fit.fit_evidence` for reader evidence: a note's text as
+    """:func:`cdsjax.io.reading.evidence_fit.fit_evidence` for reader evidence: a note's text as
     :func:`build_messages` writes it (``max_text_chars`` per note), a crop counted as an image when ``images``."""
 
     def shorten(item: EvidenceItem, room: int, q: str) -> Optional[EvidenceItem]:

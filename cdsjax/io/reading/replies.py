@@ -11,7 +11,7 @@ is read the same way everywhere:
     find_field("correct: no\\nscore: 0.2", "score")     # "0.2"
     markers_only("The baselines are [2] and [3].")    # True: markers where the content should be
 
-Nothing here talks to a server (:mod:`cdsjax.io.llm` does) or imports more than the standard library.
+Nothing here talks to a server (:mod:`cdsjax.io.reading.llm` does) or imports more than the standard library.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Three passes, each one request per note, sent concurrently (``config.enrich.conc
 3. evolve (``evolution_rounds`` T): in each round every note sees its linked neighbours' current
    summaries and may rewrite its own summary/keywords/tags (all notes update from the same snapshot).
 
-Requests go through :class:`VLMClient` (the one chat client, :mod:`cdsjax.io.llm`, with its retries)
-and replies are read by :func:`cdsjax.io.replies.find_json`. A note whose describe request fails (HTTP
+Requests go through :class:`VLMClient` (the one chat client, :mod:`cdsjax.io.reading.llm`, with its retries)
+and replies are read by :func:`cdsjax.io.reading.replies.find_json`. A note whose describe request fails (HTTP
 error, a reply that is not a JSON object) keeps its lite values and is marked ``enrichment="lite-fallback"`` (a described note is ``"vlm"``); the failures are
 counted with their reasons in a :class:`VLMReport`, and failed notes take no part in the later passes.
 After ``FAILURE_LIMIT`` failures in a row with no success at all the server is taken to be broken and the
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from cdsjax.io.elements import Element
-from cdsjax.io.llm.client import ChatClient
-from cdsjax.io.llm.config import ReaderConfig
-from cdsjax.io.llm.errors import FATAL_KINDS, ReaderError
-from cdsjax.io.replies import find_json, read_bool
+from cdsjax.io.reading.llm.client import ChatClient
+from cdsjax.io.reading.llm.config import ReaderConfig
+from cdsjax.io.reading.llm.errors import FATAL_KINDS, ReaderError
+from cdsjax.io.reading.replies import find_json, read_bool
 
 DESCRIBE_PROMPT = """\
 [cdsjax:describe]
@@ -97,7 +97,7 @@ def _str_list(value, limit: int) -> Optional[List[str]]:
 
 
 class VLMClient(ChatClient):
-    """The chat client (:class:`~cdsjax.io.llm.client.ChatClient`: one retry policy for every model call) as the
+    """The chat client (:class:`~cdsjax.io.reading.llm.client.ChatClient`: one retry policy for every model call) as the
     enrichment VLM: errors name "the VLM"; an empty ``enrich.vlm_api_key`` reads ``CDSJAX_VLM_API_KEY``,
     then ``OPENAI_API_KEY``."""
 

@@ -6,10 +6,10 @@ them before JAX loads.
 # Evidence notes selected per question when the caller names no budget.
 DEFAULT_BUDGET = 10
 
-# The local CPU reader's evidence, in estimated tokens (cdsjax.io.evidence_fit): the selected notes fill it in
+# The local CPU reader's evidence, in estimated tokens (cdsjax.io.reading.evidence_fit): the selected notes fill it in
 # rank order, the one that does not fit whole keeps its sentences nearest the question. Chosen by measurement so
 # that a warm answer on 2 cores takes about 15 s or less (RESULTS, "Evidence sized for the reader"); a remote
-# server's budget is derived from its context window instead (cdsjax.io.reader.Reader.evidence_tokens).
+# server's budget is derived from its context window instead (cdsjax.io.reading.reader.Reader.evidence_tokens).
 LOCAL_EVIDENCE_TOKENS = 500
 
 # New tokens a local answer may take: a small model's answers are short, and a runaway one costs ~40 ms a token.

@@ -1,9 +1,9 @@
-"""The local reader's server process: ``python -m cdsjax.io.local_reader _serve ...`` (:func:`serve`), llama.cpp's
+"""The local reader's server process: ``python -m cdsjax.io.reading.local.reader _serve ...`` (:func:`serve`), llama.cpp's
 server (``xllamacpp``) on 127.0.0.1 at the given port, behind the API key it finds in its environment.
 
 It runs until it is told to stop (SIGTERM, SIGINT, SIGHUP), its parent is gone (a server of the caller's own:
 :func:`cdsjax.io.child.watch_parent`), or, a shared one, it has been idle for its keep-alive (:class:`Idle`,
-reading its record, :mod:`cdsjax.io.local_records`).
+reading its record, :mod:`cdsjax.io.reading.local.records`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from cdsjax.io.child import watch_parent
-from cdsjax.io.local_records import busy, read_record, touch
+from cdsjax.io.reading.local.records import busy, read_record, touch
 
 KEY_ENV = "_CDSJAX_LOCAL_READER_KEY"  # how the API key reaches the server (never its command line: `ps` shows that)
 
@@ -86,10 +86,10 @@ class Idle:
 
 
 def serve(argv: Sequence[str]) -> int:
-    """Runs the server (the arguments: :func:`cdsjax.io.local_launch.server_command`); does not return."""
+    """Runs the server (the arguments: :func:`cdsjax.io.reading.local.launch.server_command`); does not return."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="cdsjax.io.local_reader _serve")
+    p = argparse.ArgumentParser(prog="cdsjax.io.reading.local.reader _serve")
     p.add_argument("--model", required=True)
     p.add_argument("--alias", required=True)
     p.add_argument("--port", type=int, required=True)

@@ -7,15 +7,14 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
-from cdsjax.io.llm.errors import ReaderError
-
 
 IMAGE_MODES = ("auto", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
 class ReaderConfig:
-    """How to reach an OpenAI-compatible chat server and how to decode (reader and judge alike).
+    """How to reach an OpenAI-compatible chat server and how to decode (reader and judge alike); what one read
+    may use (its evidence budget, ...) is that read's :class:`cdsjax.io.reading.options.ReadOptions`.
 
     Attributes:
       base_url: server URL ending in ``/v1``; None reads ``<PREFIX>_URL`` from the environment.
@@ -32,8 +31,6 @@ class ReaderConfig:
       concurrency: requests in flight at once in ``answer_many`` / ``judge_many``.
       max_model_len: the server's context window in tokens, for clamping the no-retrieval control's output
         length; None asks the server (llama.cpp at /props, vLLM in /v1/models), else 32768.
-      evidence_tokens: the reader's evidence budget in estimated tokens (:mod:`cdsjax.io.evidence_fit`); None
-        derives it from the server's window (:meth:`cdsjax.io.reader.Reader.evidence_tokens`).
       images: ``auto`` (default) sends visual notes as images until the server refuses one, then as text
         (caption, summary and surrounding text) from that request on; ``on`` always sends images (a refusal
         is an error); ``off`` never does.
@@ -52,7 +49,6 @@ class ReaderConfig:
     concurrency: int = 8
     max_model_len: Optional[int] = None
     images: str = "auto"
-    evidence_tokens: Optional[int] = None
 
     def __post_init__(self):
         if self.images not in IMAGE_MODES:
@@ -67,7 +63,6 @@ class ReaderConfig:
             "max_text_chars": self.max_text_chars >= 1,
             "concurrency": self.concurrency >= 1,
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
-            "evidence_tokens": self.evidence_tokens is None or self.evidence_tokens >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -82,6 +77,8 @@ class ReaderConfig:
         env = os.environ
         base_url = self.base_url or env.get(f"{env_prefix}_URL") or None
         if not base_url:
+            from cdsjax.io.reading.llm.errors import ReaderError  # openai loads with it: not when flags are parsed
+
             raise ReaderError(f"no server URL configured: pass base_url or set {env_prefix}_URL", kind="config")
         api_key = self.api_key or env.get(f"{env_prefix}_API_KEY")
         for name in key_fallbacks:
