@@ -29,7 +29,8 @@ import cdsjax.eval.distributed as D
 import cdsjax.eval.reader_setup as reader_setup
 import cdsjax.eval.reading as reading
 from cdsjax.eval.pools import pool_spec, pooled_problems
-from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
+from cdsjax.eval.problems import (benchmark_kind, load_configured_benchmark, pdf_problems, text_problems,
+                                  with_relevance)
 from cdsjax.eval.records import (RECORDS_FILE, drop_torn_tail, read_records, record_key, selection_record,
                                  start_run)
 from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary_rows, write_summary_csv,
@@ -37,13 +38,15 @@ from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary
 from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
                              run_selector)
 from cdsjax.eval.scoring import metric_names
-from cdsjax.eval.settings import budgets_of, cache_dir_of, eval_dtype, run_identity, selector_specs
+from cdsjax.eval.settings import (budgets_of, cache_dir_of, eval_dtype, relevance_settings, run_identity,
+                                  selector_specs)
 
 
 def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
                   log: Callable[[str], None] = print):
     """``(benchmark, kind, problems, timings)`` of a config: one document per question,
     or pools / the open corpus when the config sets :data:`cdsjax.eval.pools.POOL_FIELDS`."""
+    relevance = relevance_settings(config)
     spec = pool_spec(config)
     if spec is not None:
         bench, kind, problems, timings = pooled_problems(config, spec, embedder, cache_dir=cache_dir,
@@ -53,7 +56,8 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
         kind = benchmark_kind(bench)
         if kind == "text":
             problems = text_problems(bench, embedder, cache_dir=cache_dir,
-                                     link_window=int(config.get("link_window", 1)), progress=progress)
+                                     link_window=int(config.get("link_window", 1)), progress=progress,
+                                     context=bool(relevance.context))
         elif bench.queries:
             problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
         else:
@@ -61,7 +65,7 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
     if not bench.queries:
         raise ValueError(f"benchmark {config.benchmark!r} has no queries "
                          f"(max_queries={config.get('max_queries', None)})")
-    return bench, kind, problems, timings
+    return bench, kind, with_relevance(problems, relevance.mode, relevance.lexical_weight), timings
 
 
 def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None):

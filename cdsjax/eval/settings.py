@@ -76,7 +76,7 @@ def budgets_of(config) -> List[int]:
 def run_identity(config) -> dict:
     """What must match for records in ``output_dir`` to be resumed."""
     keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window", "dtype",
-            "pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
+            "pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k", "relevance")
     out = {}
     for k in keep:
         if k in config:
@@ -90,6 +90,26 @@ def run_identity(config) -> dict:
 
         out["params"] = params_hash(resolve_params(params_file(config)))
     return out
+
+
+def relevance_settings(config):
+    """``config.relevance`` (mode, lexical_weight, context), checked; a config without it: the defaults of
+    :mod:`cdsjax.io.relevance` (``mode`` may also be given as a plain string, ``config.relevance = "dense"``)."""
+    import ml_collections
+
+    from cdsjax.io.relevance import (DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE, check_relevance, check_weight)
+
+    given = config.get("relevance", None)
+    if isinstance(given, str):
+        given = {"mode": given}
+    given = given.to_dict() if hasattr(given, "to_dict") else dict(given or {})
+    unknown = sorted(set(given) - {"mode", "lexical_weight", "context"})
+    if unknown:
+        raise ValueError(f"relevance has no field {unknown[0]!r} (mode, lexical_weight, context)")
+    return ml_collections.ConfigDict({"mode": check_relevance(str(given.get("mode", DEFAULT_RELEVANCE))),
+                                      "lexical_weight": check_weight(given.get("lexical_weight",
+                                                                               DEFAULT_LEXICAL_WEIGHT)),
+                                      "context": bool(given.get("context", True))})
 
 
 def cache_dir_of(config) -> pathlib.Path:
