@@ -60,7 +60,7 @@ import os
 import sys
 import time
 
-from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
+from cdsjax.commands import CLIError, add_reader_arguments, add_relevance_argument, add_selector_argument, printable
 from cdsjax.commands.ask_display import Live, show
 from cdsjax.commands.reader_setup import make_reader
 from cdsjax.commands.server_client import ask_server
@@ -84,6 +84,7 @@ def add_arguments(p) -> None:
                    "its read-out)")
     p.add_argument("--max-iter", type=int, default=None,
                    help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
+    add_relevance_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
@@ -228,7 +229,7 @@ def _ask_local(args, paths, question, options, stack):
             if args.agent == "direct" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   params=params, warm=warm, compile_cache=compile_cache)
+                                   params=params, warm=warm, compile_cache=compile_cache, relevance=args.relevance)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)

@@ -93,23 +93,13 @@ def run_identity(config) -> dict:
 
 
 def relevance_settings(config):
-    """``config.relevance`` (mode, lexical_weight, context), checked; a config without it: the defaults of
-    :mod:`cdsjax.io.relevance` (``mode`` may also be given as a plain string, ``config.relevance = "dense"``)."""
+    """``config.relevance`` (mode, lexical_weight, context) as a ConfigDict, checked
+    (:func:`cdsjax.io.relevance.settings_of`)."""
     import ml_collections
 
-    from cdsjax.io.relevance import (DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE, check_relevance, check_weight)
+    from cdsjax.io.relevance import settings_of
 
-    given = config.get("relevance", None)
-    if isinstance(given, str):
-        given = {"mode": given}
-    given = given.to_dict() if hasattr(given, "to_dict") else dict(given or {})
-    unknown = sorted(set(given) - {"mode", "lexical_weight", "context"})
-    if unknown:
-        raise ValueError(f"relevance has no field {unknown[0]!r} (mode, lexical_weight, context)")
-    return ml_collections.ConfigDict({"mode": check_relevance(str(given.get("mode", DEFAULT_RELEVANCE))),
-                                      "lexical_weight": check_weight(given.get("lexical_weight",
-                                                                               DEFAULT_LEXICAL_WEIGHT)),
-                                      "context": bool(given.get("context", True))})
+    return ml_collections.ConfigDict(settings_of(config))
 
 
 def cache_dir_of(config) -> pathlib.Path:

@@ -17,9 +17,10 @@ edges, cosine's and the page rule's ranking, MMR's and k-DPP's relevance, PPR's 
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 RELEVANCE_MODES = ("dense", "hybrid")
 # The relevance of `ask`, `serve`, the integrations and the evaluation unless one is named (RESULTS: "Lexical and
@@ -89,19 +90,23 @@ class LexicalIndex:
             retriever.index(tokens, show_progress=False)
         return cls(retriever=retriever, size=len(tokens), vocabulary=vocabulary)
 
-    def scores(self, question: str) -> np.ndarray:
+    def scores(self, question: str) -> "np.ndarray":
         """``[n]`` float32 BM25 score of each note for ``question`` (all 0 when none of its words is in a note)."""
+        import numpy as np
+
         words = [w for w in tokenize([question])[0] if w in self.vocabulary]
         if not words:
             return np.zeros(self.size, np.float32)
         return np.asarray(self.retriever.get_scores(words), np.float32).reshape(self.size)
 
 
-def fuse(dense: np.ndarray, lexical: np.ndarray, weight: float = DEFAULT_LEXICAL_WEIGHT,
-         valid: Optional[np.ndarray] = None) -> np.ndarray:
+def fuse(dense: "np.ndarray", lexical: "np.ndarray", weight: float = DEFAULT_LEXICAL_WEIGHT,
+         valid: Optional["np.ndarray"] = None) -> "np.ndarray":
     """``[n]`` the hybrid relevance of one question (module docstring): ``dense`` cosines mixed with ``lexical``
     BM25 scores rescaled to the best cosine; dense alone where no note matches a word. ``valid`` (``[n]`` bool)
     leaves padding out of the maxima."""
+    import numpy as np
+
     dense = np.asarray(dense, np.float32)
     lexical = np.asarray(lexical, np.float32)
     valid = np.ones(dense.shape, bool) if valid is None else np.asarray(valid, bool)
@@ -112,6 +117,31 @@ def fuse(dense: np.ndarray, lexical: np.ndarray, weight: float = DEFAULT_LEXICAL
     top_cos = max(float(np.max(np.where(valid, dense, -np.inf), initial=0.0)), 0.0)
     mixed = (1.0 - w) * dense + w * top_cos * (lexical / top_lex)
     return np.where(valid, mixed, dense).astype(np.float32)
+
+
+def settings_of(config) -> dict:
+    """``config.relevance`` (``mode``, ``lexical_weight``, ``context``) checked, one line on a bad value; a config
+    without it (or None) gives the defaults; ``mode`` may be given alone as a string (``config.relevance =
+    "dense"``)."""
+    given = None if config is None else (config.get("relevance", None) if hasattr(config, "get") else None)
+    if isinstance(given, str):
+        given = {"mode": given}
+    given = given.to_dict() if hasattr(given, "to_dict") else dict(given or {})
+    unknown = sorted(set(given) - {"mode", "lexical_weight", "context"})
+    if unknown:
+        raise ValueError(f"relevance has no field {unknown[0]!r} (mode, lexical_weight, context)")
+    return {"mode": check_relevance(str(given.get("mode", DEFAULT_RELEVANCE))),
+            "lexical_weight": check_weight(given.get("lexical_weight", DEFAULT_LEXICAL_WEIGHT)),
+            "context": bool(given.get("context", True))}
+
+
+def lexical_text(note) -> str:
+    """The words BM25 matches in an index note: its text, caption, summary and keywords (each once)."""
+    get = note.get if isinstance(note, dict) else lambda k, d=None: getattr(note, k, d)
+    parts = [str(get(k) or "").strip() for k in ("text", "caption", "summary", "ocr_text")]
+    keywords = get("keywords") or []
+    parts.append(", ".join(str(k) for k in keywords))
+    return "\n".join(dict.fromkeys(p for p in parts if p))
 
 
 class Relevance:
@@ -135,7 +165,7 @@ class Relevance:
         """What ranked the notes, for ``--json`` and the evaluation's records."""
         return {"mode": self.mode, **({"lexical_weight": self.weight} if self.mode == "hybrid" else {})}
 
-    def scores(self, question: str, dense: np.ndarray) -> Optional[np.ndarray]:
+    def scores(self, question: str, dense: "np.ndarray") -> Optional["np.ndarray"]:
         """``[n]`` float32 fused scores of ``question`` given its ``dense`` cosines ``[n]``; None for ``dense``."""
         if self.mode == "dense":
             return None

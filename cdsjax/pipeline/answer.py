@@ -40,6 +40,8 @@ class Answer:
       reader: model, cited evidence ranks, abstained, latency — or None.
       error: when reading failed, {"kind", "message", "server"} (``answer`` is then None), else None.
       warnings: one-line warnings (e.g. a CDS solve that ended unconverged).
+      relevance: what ranked the notes (:meth:`cdsjax.io.relevance.Relevance.describe`): ``mode`` (``dense`` |
+        ``hybrid``) and, for hybrid, ``lexical_weight``.
     """
 
     question: str
@@ -52,6 +54,7 @@ class Answer:
     reader: Optional[Dict[str, Any]] = None
     error: Optional[Dict[str, Any]] = None
     warnings: List[str] = dataclasses.field(default_factory=list)
+    relevance: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

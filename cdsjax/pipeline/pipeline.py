@@ -33,6 +33,8 @@ from cdsjax.core.baselines import key_from_query_id
 from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.validation import validate_embeddings
 from cdsjax.io.compilation_cache import CompileCache
+from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE, Relevance, check_relevance, lexical_text
+from cdsjax.io.relevance import settings_of as relevance_of
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.pipeline import catalog
 from cdsjax.pipeline.answer import Answer, convergence_warning, read_answer, scanned_warning
@@ -64,7 +66,8 @@ class Pipeline:
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
                  max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
-                 trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None):
+                 trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None,
+                 relevance: str = DEFAULT_RELEVANCE, lexical_weight: float = DEFAULT_LEXICAL_WEIGHT):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         validate_embeddings(corpus.embeddings)
@@ -74,6 +77,12 @@ class Pipeline:
         # the one problem builder (cdsjax.pipeline.selection): padded once, one problem per question
         self.candidates = Candidates.pad(corpus.embeddings, links=corpus.links, structure=note_structure(corpus.notes))
         self.size = self.candidates.size
+        # what ranks the notes for every selector (cdsjax.io.relevance): the BM25 index of the notes' placed text is
+        # built on the first hybrid question
+        try:
+            self.relevance = Relevance([lexical_text(n) for n in corpus.notes], relevance, lexical_weight)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
         self.notes, self.valid, self.links = self.candidates.notes, self.candidates.valid, self.candidates.links
         # the learned game's parameters, a value read once (None: each learned selector plays the shipped fit of its
         # read-out, read once per process)
@@ -98,7 +107,8 @@ class Pipeline:
     def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
                    embedders: Sequence[str] = (), trust_remote_code: bool = False,
                    max_compiled: int = DEFAULT_MAX_COMPILED, params: Optional[str] = None,
-                   warm: Optional[dict] = None, compile_cache: Optional[CompileCache] = None) -> "Pipeline":
+                   warm: Optional[dict] = None, compile_cache: Optional[CompileCache] = None,
+                   relevance: Optional[str] = None) -> "Pipeline":
         """Loads index directories and indexes PDFs (into the cache) named by ``paths``.
 
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
@@ -110,6 +120,7 @@ class Pipeline:
 
         ``warm`` (``dict(question=, selector=, budget=, options=)``, the question about to be asked): when ``paths``
         is one PDF to be indexed, its selector compiles while the notes are embedded (:meth:`warm_for_notes`).
+        ``relevance`` (``dense`` | ``hybrid``) overrides ``config.relevance.mode`` (:mod:`cdsjax.io.relevance`).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
@@ -143,8 +154,15 @@ class Pipeline:
         accepted = tuple(embedders)
         if config is not None and "embedder" in config and config.embedder.get("model"):
             accepted += (str(config.embedder.model),)
+        try:
+            settings = relevance_of(config)
+            if relevance is not None:
+                settings["mode"] = check_relevance(relevance)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
         return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
-                   compiled=compiled, params=params, compile_cache=compile_cache)
+                   compiled=compiled, params=params, compile_cache=compile_cache, relevance=settings["mode"],
+                   lexical_weight=settings["lexical_weight"])
 
     @classmethod
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: SelectorName = DEFAULT_SELECTOR,
@@ -252,11 +270,21 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         return self.run(query, self.choose(selector, budget, options), qid=qid)
 
-    def run(self, query: np.ndarray, choice: Choice, *, qid: str = "") -> core.Selection:
+    def query_scores(self, query: np.ndarray, question: Optional[str]) -> Optional[np.ndarray]:
+        """``[n]`` the relevance of each note to ``question`` (encoded as ``query`` ``[d]``) where it is not the
+        cosine (:attr:`relevance` hybrid), else None; several query vectors, or no question text, rank by the
+        cosine."""
+        query = np.asarray(query, np.float32)
+        if question is None or query.ndim != 1 or self.relevance.mode == "dense":
+            return None
+        return self.relevance.scores(question, np.asarray(self.corpus.embeddings, np.float32) @ query)
+
+    def run(self, query: np.ndarray, choice: Choice, *, qid: str = "", question: Optional[str] = None) -> core.Selection:
         """Runs the selector ``choice`` (:meth:`choose`) for one encoded question ([d], or [m, d] for several query
-        vertices)."""
+        vertices); ``question``, its text, gives the hybrid relevance its words (:meth:`query_scores`)."""
         fn = self.compiled_selector(choice)
-        problem = self.with_bound(fn, self.candidates.problem(query, choice.spec), choice.key, traced=choice.traced)
+        problem = self.candidates.problem(query, choice.spec, self.query_scores(query, question))
+        problem = self.with_bound(fn, problem, choice.key, traced=choice.traced)
         sel = jax.device_get(fn(problem, key_from_query_id(qid)))
         self._ran.add(choice.key)
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
@@ -301,14 +329,14 @@ class Pipeline:
         t0 = time.perf_counter()
         query = self.encode([question])[0]
         t1 = time.perf_counter()
-        sel = self.run(query, self.choose(spec, budget, options), qid=qid or question)
+        sel = self.run(query, self.choose(spec, budget, options), qid=qid or question, question=question)
         t2 = time.perf_counter()
         diag = self.diagnostics(sel)
         evidence = self.evidence(sel)
         warnings = [convergence_warning(diag), self.scanned_warning(evidence)]
         return Answer(question=question, answer=None, evidence=evidence, selector=catalog.display(spec),
                       budget=budget, diagnostics=diag, timings=dict(encode=t1 - t0, select=t2 - t1, total=t2 - t0),
-                      warnings=[w for w in warnings if w])
+                      warnings=[w for w in warnings if w], relevance=self.relevance.describe())
 
     def scanned_warning(self, evidence: List[dict]) -> Optional[str]:
         """One line when evidence comes from pages without a text layer (:func:`cdsjax.pipeline.answer.scanned_warning`
