@@ -111,3 +111,54 @@ def test_relevance_settings_are_checked_in_one_line():
     assert Relevance(["a"], "dense").scores("a", np.ones(1)) is None
     assert Relevance(["a b"], "hybrid", 0.5).describe() == {"mode": "hybrid", "lexical_weight": 0.5}
     assert tokenize(["The 1,024 tokens of v1.5"])[0] == ["1,024", "token", "v1.5"]
+
+
+class _Encoder:
+    """A question encoder whose vector says nothing of the words: every question sits on one fixed direction, as
+    like every note as any other."""
+
+    def __init__(self, direction):
+        self.direction = direction
+
+    def encode_queries(self, texts):
+        return np.stack([self.direction for _ in texts]).astype(np.float32)
+
+
+def _pipeline(relevance, texts):
+    from cdsjax.pipeline import Pipeline
+    from cdsjax.pipeline.corpus import Corpus
+
+    n, d = len(texts), 8
+    emb = np.eye(d, dtype=np.float32)[np.arange(n) % d]
+    notes = [dict(note_id=f"n{i}", doc_id="doc", page=i, kind="text", text=t, summary=t[:200], caption="",
+                  bbox=[0.0, 0.0, 10.0, 10.0]) for i, t in enumerate(texts)]
+    corpus = Corpus(embeddings=emb, links=np.zeros((n, n), bool), notes=notes, embedder={"model": "test"}, roots=[])
+    direction = emb.sum(axis=0) / np.linalg.norm(emb.sum(axis=0))
+    return Pipeline(corpus, embedder=_Encoder(direction), relevance=relevance)
+
+
+TEXTS = ["An overview of the system.", "The encoder has 12 layers.", "Zeppelin accuracy reached 91.4 on the test set.",
+         "a", "word " * 25_000, "Related work and future plans."]
+
+
+def test_hybrid_relevance_finds_the_note_that_names_the_question_words():
+    dense = _pipeline("dense", TEXTS).retrieve("What accuracy did Zeppelin reach?", selector="cosine", budget=1)
+    hybrid = _pipeline("hybrid", TEXTS).retrieve("What accuracy did Zeppelin reach?", selector="cosine", budget=1)
+    assert dense.evidence[0]["note_id"] == "n0"  # the encoder cannot tell: a tie, to the first note
+    assert hybrid.evidence[0]["note_id"] == "n2"
+    assert hybrid.to_dict()["relevance"]["mode"] == "hybrid" and dense.relevance == {"mode": "dense"}
+
+
+@pytest.mark.parametrize("question", ["the of and a", "?", "x"])
+def test_hostile_questions_select_by_the_cosine_without_an_error(question):
+    answer = _pipeline("hybrid", TEXTS).retrieve(question, selector="cds-learned-pages", budget=3)
+    assert 1 <= len(answer.evidence) <= 3
+
+
+def test_an_empty_question_and_an_unknown_relevance_are_one_line():
+    from cdsjax.pipeline import PipelineError
+
+    with pytest.raises(PipelineError, match="empty"):
+        _pipeline("hybrid", TEXTS).retrieve("  ")
+    with pytest.raises(PipelineError, match="relevance must be one of"):
+        _pipeline("lexical", TEXTS)
