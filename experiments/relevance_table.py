@@ -43,7 +43,7 @@ def paired(diffs: np.ndarray, resamples: int = 10_000, seed: int = 0) -> tuple:
 
 
 def run_variant(bench: str, questions: int, budget: int, tokens: int, selectors: str, mode: str, context: bool,
-                weight: float) -> dict:
+                weight: float, cache: str = "") -> dict:
     """``{(selector, qid): (has_answer or None, page_recall or None)}`` of one relevance variant."""
     from configs import answers
     from cdsjax.eval import evaluate, load_problems
@@ -65,7 +65,7 @@ def run_variant(bench: str, questions: int, budget: int, tokens: int, selectors:
     config.relevance.mode, config.relevance.context, config.relevance.lexical_weight = mode, context, weight
     with tempfile.TemporaryDirectory() as tmp:
         config.output_dir = tmp
-        config.cache_dir = str(ROOT / "runs" / "relevance-cache" / bench)
+        config.cache_dir = cache or str(ROOT / "runs" / "relevance-cache" / bench)
         evaluate(config, progress=False, log=lambda s: None)
         records = list(read_records(pathlib.Path(tmp) / RECORDS_FILE))
     embedder = Embedder(config)
@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--weight", type=float, default=DEFAULT_LEXICAL_WEIGHT)
     p.add_argument("--weights", default="", help="lexical weights to cross-validate (hybrid+context)")
     p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--cache", default="", help="the evaluation's cache (indexes, vectors); default runs/relevance-cache/BENCH")
     args = p.parse_args(argv)
 
     variants = [v for v in args.variants.split(",") if v]
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     for v in variants:
         mode, context = VARIANTS[v]
         results[v] = run_variant(args.bench, args.questions, args.budget, args.tokens, args.selectors, mode,
-                                 context, args.weight)
+                                 context, args.weight, args.cache)
         print(f"ran {v}", flush=True)
     base = variants[0]
     selectors = list(dict.fromkeys(s for s, _ in results[base]))
@@ -169,8 +170,8 @@ def main(argv=None) -> int:
 
 def cross_validate(args, weights) -> list:
     """Lines of the table of the lexical weight chosen by ``args.folds``-fold cross-validation (hybrid+context)."""
-    per = {w: run_variant(args.bench, args.questions, args.budget, args.tokens, args.selectors, "hybrid", True, w)
-           for w in weights}
+    per = {w: run_variant(args.bench, args.questions, args.budget, args.tokens, args.selectors, "hybrid", True, w,
+                          args.cache) for w in weights}
     selectors = list(dict.fromkeys(s for s, _ in per[weights[0]]))
     qids = sorted({q for (s, q), (h, _) in per[weights[0]].items() if h is not None})
     folds = np.arange(len(qids)) % args.folds
