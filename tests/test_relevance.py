@@ -162,3 +162,22 @@ def test_an_empty_question_and_an_unknown_relevance_are_one_line():
         _pipeline("hybrid", TEXTS).retrieve("  ")
     with pytest.raises(PipelineError, match="relevance must be one of"):
         _pipeline("lexical", TEXTS)
+
+
+def test_notes_are_placed_under_their_title_and_section():
+    from cdsjax.io.notes import embedding_text
+    from cdsjax.io.placement import is_heading, place
+
+    assert is_heading("4.2 Experimental Setup") and is_heading("ABSTRACT") and is_heading("Related Work")
+    assert not is_heading("We train the model for 3 epochs.") and not is_heading("2019")
+    elements = [dict(kind="text", page=0, role="body", text="Weak-to-Strong Generalization\n\nAbstract\n\nWe study"),
+                dict(kind="text", page=0, role="body", text="more of it.\n\n1 Introduction\n\nLarge models"),
+                dict(kind="figure", page=1, role="figure", text=""),
+                dict(kind="text", page=1, role="body", text="3.1 Setup\n\nWe fine-tune.")]
+    title, sections = place(elements)
+    assert title == "Weak-to-Strong Generalization"
+    assert sections[1:] == ["Abstract", "1 Introduction", "3.1 Setup"]
+    note = dict(summary="We fine-tune.", keywords=["fine-tune"], title=title, section="3.1 Setup")
+    assert embedding_text(note) == "Weak-to-Strong Generalization / 3.1 Setup: We fine-tune. keywords: fine-tune"
+    assert embedding_text(note, context=False) == "We fine-tune. keywords: fine-tune"
+    assert embedding_text(dict(summary="x")) == "x"  # an index of before has no place: its text alone

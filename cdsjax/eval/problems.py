@@ -257,14 +257,15 @@ def text_context(corpus) -> List[str]:
     """Each note of a text corpus with the words that place it: the document's title and, for a paragraph, its
     section's name (``"<title> / <section>: <text>"``); a note without either is its text alone. HotpotQA's
     paragraphs already begin with their page's title, and their corpora carry no other."""
+    from cdsjax.io.placement import placed_text
+
     meta = corpus.meta or {}
     title = str(meta.get("title") or "").strip()
     names = meta.get("sections") or []
     out = []
     for i, (kind, text) in enumerate(zip(corpus.kinds, corpus.texts)):
         section = str(names[i] or "").strip() if kind == "paragraph" and i < len(names) else ""
-        place = " / ".join(p for p in (title, section) if p)
-        out.append(f"{place}: {text}" if place else text)
+        out.append(placed_text(text, title, section))
     return out
 
 
@@ -366,6 +367,8 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
     and settings under ``cache_dir``); a query searches the notes of its documents."""
     from cdsjax.core.validation import validate_embeddings
 
+    from cdsjax.io.placement import placed_text
+
     needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
     indexes = pdf_indexes(bench, needed, config, embedder, cache_dir=cache_dir, progress=progress)
     query_emb = cached_encode(cache_dir, bench.name.replace("/", "_"), embedder,
@@ -385,6 +388,7 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta],
             kinds=[index_note_kind(note) for _, note in meta],
             texts=[note_text(note) for _, note in meta],
+            context=[placed_text(note_text(note), note.get("title"), note.get("section")) for _, note in meta],
             describes=[i for d, p in zip(q.doc_ids, parts) for i in described_ids(d, p.notes)]))
     return problems
 

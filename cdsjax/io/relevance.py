@@ -136,9 +136,10 @@ def settings_of(config) -> dict:
 
 
 def lexical_text(note) -> str:
-    """The words BM25 matches in an index note: its text, caption, summary and keywords (each once)."""
+    """The words BM25 matches in an index note: its section heading, text, caption, summary and keywords (each
+    once)."""
     get = note.get if isinstance(note, dict) else lambda k, d=None: getattr(note, k, d)
-    parts = [str(get(k) or "").strip() for k in ("text", "caption", "summary", "ocr_text")]
+    parts = [str(get(k) or "").strip() for k in ("section", "text", "caption", "summary", "ocr_text")]
     keywords = get("keywords") or []
     parts.append(", ".join(str(k) for k in keywords))
     return "\n".join(dict.fromkeys(p for p in parts if p))

@@ -53,7 +53,11 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     notes_key = storefiles.sha256_json(dict(parse=parse_key, notes_version=NOTES_VERSION, yake=versions.get("yake"),
                                        enrich=enrich))
     emb = {k: v for k, v in embedder_info.items() if k != "dim"}
-    embed_key = storefiles.sha256_json(dict(notes=notes_key, embedder=emb))
+    from cdsjax.io.relevance import settings_of
+
+    # notes embedded without their place (config.relevance.context False) are another entry
+    placed = {} if settings_of(config)["context"] else {"context": False}
+    embed_key = storefiles.sha256_json(dict(notes=notes_key, embedder=emb, **placed))
     return dict(parse=parse_key, notes=notes_key, embed=embed_key)
 
 
