@@ -12,17 +12,19 @@ Data: the first 300 QASPER and 150 MMLongBench-Doc development questions, each s
 What a rule should do: abstain on an **unanswerable** question (U: QASPER's all-annotators-unanswerable,
 MMLongBench-Doc's "Not answerable") and read an answerable question whose selected evidence **holds the answer**
 (H: ``has_answer`` 1); an answerable question whose evidence does not hold the answer is left out of the objective
-(its reader is wrong either way, up to ~1.5%, RESULTS). A rule is a score (``best_relevance``, ``top_score``;
-CDS also ``payoff``, ``support``) and a threshold; it is chosen per selector to maximise right decisions
-(#U abstained + #H read; ties to the lowest threshold), over both benchmarks' questions together. The ``"*"`` rule
-(every other selector) is ``best_relevance`` fitted on every selector's records.
+(its reader is wrong either way, up to ~1.5%, RESULTS). A rule is a score (``best_relevance``, ``margin``, ``top_score``;
+CDS ``payoff`` for ``top_score``) and a threshold; it is chosen per selector to maximise right decisions
+(#U abstained + #H read; ties to the lowest threshold), over both benchmarks' questions together. A selector's
+rule ships only where its cross-validated right decisions beat never abstaining with the 95% interval above 0;
+otherwise it never abstains (the fitted threshold is kept in the file as ``fitted_threshold``). The ``"*"`` rule
+(every other selector) never abstains.
 
 Cross-validation: 5 folds by document per benchmark (:func:`cdsjax.eval.folds.document_folds`, seed 0), fold i of
 both benchmarks one fold; each fold's questions are decided by the rule (score and threshold) chosen on the other
 folds. The tables report, per selector and benchmark, the abstention rate on U, on H (a right answer's evidence
 withheld) and on the other answerable questions, right decisions against never abstaining (paired bootstrap), the
-AUC of each score (U against H), and, where ``--answers`` holds the committed local-reader answers of the same
-selections, the reader's accuracy replayed with the cross-validated decisions (abstained: right exactly on the
+AUC of each score (U against H), and, where ``results/answers/*-order`` hold the committed local-reader answers of
+the same selections, the reader's accuracy replayed with the cross-validated decisions (abstained: right exactly on the
 unanswerable questions), answerable and unanswerable apart. Outputs: ``results/abstain/cv.md``,
 ``results/abstain/records.jsonl`` (one line per selector and question: scores, label, CV decision).
 """
@@ -49,6 +51,8 @@ BENCHES = {"qasper": (300, "cosine,mmr,cds_learned_pages"),
 ANSWERS = {"qasper": "results/answers/qasper-order/answers.jsonl",
            "mmlongbench": "results/answers/mmlongbench-order/answers.jsonl"}
 FOLDS, SEED, BUDGET = 5, 0, 5
+NEVER = -1e9  # a threshold no score is below
+FEATURES = ("best_relevance", "margin", "top_score", "payoff", "support")
 
 
 def collect(bench: str, runs: pathlib.Path, cache: pathlib.Path) -> tuple:
@@ -66,7 +70,7 @@ def collect(bench: str, runs: pathlib.Path, cache: pathlib.Path) -> tuple:
     config.output_dir, config.cache_dir = str(runs / bench), str(cache / bench)
     config.num_resamples = 200
     evaluate(config, progress=False, log=lambda s: None)
-    records = [r for r in read_records(runs / bench / RECORDS_FILE) if "strength" in r]
+    records = [r for r in read_records(runs / bench / RECORDS_FILE) if "margin" in r.get("strength", {})]
     queries = {q.qid: q for q in load_configured_benchmark(config).queries}
     return records, queries
 
@@ -78,7 +82,7 @@ def answerable(query) -> bool:
 def candidates(scores: np.ndarray) -> np.ndarray:
     """Thresholds worth trying: never abstain, and between each pair of neighbouring scores."""
     s = np.unique(scores)
-    return np.concatenate([[-1e9], (s[1:] + s[:-1]) / 2 if len(s) > 1 else [], [s[-1] + 1e-6] if len(s) else []])
+    return np.concatenate([[NEVER], (s[1:] + s[:-1]) / 2 if len(s) > 1 else [], [s[-1] + 1e-6] if len(s) else []])
 
 
 def right(scores: np.ndarray, label: np.ndarray, t: float) -> int:
@@ -102,6 +106,14 @@ def fit(rows: List[dict], features) -> dict:
     return {"feature": best[1], "threshold": best[2]}
 
 
+def shown_rule(rule: dict) -> str:
+    if rule["threshold"] <= NEVER:
+        fitted = rule.get("fitted_threshold")
+        return "never abstains" + (f" (fitted {rule['feature']} < {fitted:.4f}; no gain out of fold)"
+                                   if fitted is not None and fitted > NEVER else "")
+    return f"{rule['feature']} < {rule['threshold']:.4f}"
+
+
 def auc(pos: np.ndarray, neg: np.ndarray) -> float:
     """P(score of an answer-held question > score of an unanswerable one), ties half."""
     if not len(pos) or not len(neg):
@@ -116,21 +128,33 @@ def paired(diffs: np.ndarray, resamples: int = 10_000) -> tuple:
     return float(diffs.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
+def cv_gain(rows: List[dict]) -> tuple:
+    """Right decisions of the CV decisions less never abstaining, per question of U and H (mean, 95% interval)."""
+    keep = [r for r in rows if r["label"] >= 0]
+    cv = np.array([r["cv_abstained"] if r["label"] == 0 else not r["cv_abstained"] for r in keep], float)
+    never = np.array([r["label"] == 1 for r in keep], float)
+    return paired(cv - never)
+
+
 def features_of(selector: str) -> tuple:
-    return ("best_relevance", "payoff", "support") if selector.startswith("cds") else ("best_relevance", "top_score")
+    """The scores a selector's rule may use. Not ``support``: on QASPER it tracks the paper's length (the few
+    unanswerable questions come from short papers; RESULTS), which says nothing of a new document."""
+    return ("best_relevance", "margin", "payoff") if selector.startswith("cds") else ("best_relevance", "margin",
+                                                                                      "top_score")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="runs/abstain", help="evaluation output per benchmark (default: runs/abstain)")
     p.add_argument("--cache", default="runs/cache", help="index / embedding cache per benchmark (default: runs/cache)")
+    p.add_argument("--benches", default=",".join(BENCHES), help="benchmarks (default: qasper,mmlongbench)")
     p.add_argument("--write", action="store_true", help="write the fitted rules to cdsjax/pipeline/abstain_rules.json")
     args = p.parse_args(argv)
     from cdsjax.eval.folds import document_folds
     from cdsjax.pipeline.abstain import RULES_FILE
 
     rows: List[dict] = []
-    for bench in BENCHES:
+    for bench in args.benches.split(","):
         records, queries = collect(bench, pathlib.Path(args.runs), pathlib.Path(args.cache))
         docs = sorted({queries[r["qid"]].doc_ids[0] for r in records})
         fold_of = {d: f.index for f in document_folds(docs, FOLDS, seed=SEED) for d in f.test}
@@ -142,7 +166,7 @@ def main(argv=None) -> int:
                              fold=fold_of[q.doc_ids[0]], label=label, has_answer=held, strength=r["strength"],
                              selected=r["selected"]))
     selectors = sorted({r["selector"] for r in rows})
-    fitted = {"*": fit([r for r in rows if r["label"] >= 0], ("best_relevance",))}
+    fitted = {"*": dict(fit([r for r in rows if r["label"] >= 0], ("margin",)), threshold=NEVER)}
     for s in selectors:  # CV decisions, then the rule fitted on everything
         mine = [r for r in rows if r["selector"] == s]
         for k in range(FOLDS):
@@ -152,6 +176,10 @@ def main(argv=None) -> int:
                     r["cv_rule"] = rule
                     r["cv_abstained"] = bool(r["strength"][rule["feature"]] < rule["threshold"])
         fitted[s] = fit([r for r in mine if r["label"] >= 0], features_of(s))
+        gain = cv_gain(mine)
+        fitted[s]["cv_gain"] = [round(g, 4) for g in gain]
+        if gain[1] <= 0:  # the rule does not beat never abstaining out of fold: it ships as never abstaining
+            fitted[s].update(threshold=NEVER, fitted_threshold=fitted[s]["threshold"])
 
     lines = report(rows, selectors, fitted)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -197,30 +225,33 @@ def report(rows: List[dict], selectors, fitted) -> List[str]:
             lines.append(f"| {s} | {bench} | {(lab == 0).sum()} | {(lab == 1).sum()} | {(lab == -1).sum()} | "
                          f"{rate(lab == 0)} | {rate(lab == 1)} | {rate(lab == -1)} | {cv.mean():.3f} | "
                          f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
-    lines += ["", "AUC of each score, H against U (0.5: no signal), both benchmarks:", "",
-              "| selector | " + " | ".join(("best_relevance", "top_score", "payoff", "support")) + " | fitted on all |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "AUC of each score, H against U (0.5: no signal; the rule fitted on both benchmarks):", "",
+              "| selector | benchmark | " + " | ".join(FEATURES) + " | rule |", "|---|---|---|---|---|---|---|---|"]
     for s in selectors:
-        mine = [r for r in rows if r["selector"] == s]
-        cells = []
-        for f in ("best_relevance", "top_score", "payoff", "support"):
-            if f not in mine[0]["strength"]:
-                cells.append("–")
+        for bench in BENCHES:
+            mine = [r for r in rows if r["selector"] == s and r["bench"] == bench]
+            if not mine:
                 continue
-            pos = np.array([r["strength"][f] for r in mine if r["label"] == 1])
-            neg = np.array([r["strength"][f] for r in mine if r["label"] == 0])
-            cells.append(f"{auc(pos, neg):.3f}")
-        rule = fitted[s]
-        lines.append(f"| {s} | " + " | ".join(cells) + f" | {rule['feature']} < {rule['threshold']:.4f} |")
-    lines.append(f"\n`*` (any other selector): {fitted['*']['feature']} < {fitted['*']['threshold']:.4f}")
+            cells = []
+            for f in FEATURES:
+                pos = np.array([r["strength"][f] for r in mine if r["label"] == 1 and f in r["strength"]])
+                neg = np.array([r["strength"][f] for r in mine if r["label"] == 0 and f in r["strength"]])
+                cells.append(f"{auc(pos, neg):.3f}" if len(pos) else "–")
+            lines.append(f"| {s} | {bench} | " + " | ".join(cells) + f" | {shown_rule(fitted[s])} |")
+    lines.append(f"\n`*` (any other selector): {shown_rule(fitted['*'])}. Right decisions out of fold less never "
+                 "abstaining, both benchmarks (a rule ships only where the interval is above 0): "
+                 + "; ".join(f"{s} {g[0]:+.3f} [{g[1]:+.3f}, {g[2]:+.3f}]" for s, g in
+                             ((s, fitted[s]["cv_gain"]) for s in selectors)))
     lines += replayed(rows, selectors)
     return lines
 
 
 def replayed(rows: List[dict], selectors) -> List[str]:
     """The committed local-reader accuracy with the CV decisions replayed, where the reader read the same notes."""
-    out = ["", "Local reader (1.5B, committed answers of the same selections) replayed: an abstained question is "
-           "right exactly when unanswerable. 'same' = questions whose committed evidence equals this selection.", "",
+    out = ["", "Local reader (1.5B, committed answers of the same selections) replayed: an abstained question scores 1 "
+           "when unanswerable, else 0. Score: accuracy (MMLongBench-Doc), else token F1, else exact match (QASPER's "
+           "unanswerable). 'same' = questions whose committed evidence equals this selection; 'right answers withheld' "
+           "= answerable questions scoring > 0.5 that were abstained.", "",
            "| selector | benchmark | same | accuracy read | with abstention | answerable | unanswerable | "
            "right answers withheld | vs read |", "|---|---|---|---|---|---|---|---|---|"]
     for bench, path in ANSWERS.items():
@@ -230,14 +261,16 @@ def replayed(rows: List[dict], selectors) -> List[str]:
         answers: Dict[tuple, dict] = {}
         for line in f.read_text().splitlines():
             a = json.loads(line)
-            if a.get("seed", 0) == 0 and a["metrics"].get("accuracy") is not None:
-                answers[(a["selector"], a["qid"])] = a
+            score = next((a["metrics"].get(m) for m in ("accuracy", "answer_f1", "exact_match")
+                          if a["metrics"].get(m) is not None), None)
+            if a.get("seed", 0) == 0 and score is not None:
+                answers[(a["selector"], a["qid"])] = dict(a, score=score)
         for s in selectors:
             pairs = [(r, answers[(s, r["qid"])]) for r in rows if r["bench"] == bench and r["selector"] == s
                      and (s, r["qid"]) in answers and answers[(s, r["qid"])]["evidence"] == r["selected"]]
             if not pairs:
                 continue
-            acc = np.array([a["metrics"]["accuracy"] for _, a in pairs])
+            acc = np.array([a["score"] for _, a in pairs])
             unans = np.array([r["label"] == 0 for r, _ in pairs])
             ab = np.array([r["cv_abstained"] for r, _ in pairs])
             new = np.where(ab, unans.astype(float), acc)

@@ -28,6 +28,7 @@ def test_features_read_the_selected_notes_relevance_and_the_first_score():
     rel = np.array([0.1, 0.7, 0.3, 0.9], np.float32)
     f = A.strength_features(selection([2, 1, 0], [5.0, 4.0, 3.0]), rel)
     assert f["best_relevance"] == pytest.approx(0.7)  # note 3 (0.9) was not selected
+    assert f["margin"] == pytest.approx(0.7 - 0.5)  # above the mean relevance of every note
     assert f["top_score"] == pytest.approx(5.0)
     assert "payoff" not in f and "support" not in f  # a baseline: no equilibrium
     empty = A.strength_features(selection([0, 0], [0.0, 0.0], valid=[False, False]), rel)

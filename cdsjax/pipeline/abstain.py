@@ -8,6 +8,8 @@ The scores a rule may use (:func:`strength_features`), all read off the selectio
 note to the question:
 
 * ``best_relevance``: the highest relevance among the selected notes (every selector);
+* ``margin``: ``best_relevance`` less the mean relevance of every note searched: how far the best evidence stands
+  out from the documents' background (every selector);
 * ``top_score``: the selector's own score of its first pick (the baselines' best score);
 * ``payoff``: the equilibrium's payoff :math:`x^\top M x` (CDS only);
 * ``support``: the notes in the equilibrium's support (CDS only).
@@ -31,7 +33,7 @@ import numpy as np
 RULES_FILE = pathlib.Path(__file__).with_name("abstain_rules.json")
 # What the reply says instead of an answer when the evidence is judged too weak.
 NOT_IN_DOCUMENTS = "The documents do not answer this question."
-FEATURES = ("best_relevance", "top_score", "payoff", "support")
+FEATURES = ("best_relevance", "margin", "top_score", "payoff", "support")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +56,15 @@ def strength_features(selection: Any, relevance: np.ndarray) -> Dict[str, float]
 
     Args:
       selection: a :class:`~cdsjax.core.Selection` (concrete arrays).
-      relevance: ``[n]`` float, the relevance of every note to the question (padded notes anything: only
-        selected notes are read).
+      relevance: ``[n]`` float, the relevance of every real note to the question (no padding).
     """
     ok = np.asarray(selection.selected_valid, bool)
     idx = np.asarray(selection.indices)[ok]
     scores = np.asarray(selection.scores, np.float64)[ok]
     rel = np.asarray(relevance, np.float64).reshape(-1)
     picked = rel[idx[idx < rel.shape[0]]]
-    out = {"best_relevance": float(picked.max()) if picked.size else -1.0,
+    best = float(picked.max()) if picked.size else -1.0
+    out = {"best_relevance": best, "margin": best - float(rel.mean()) if rel.size else -1.0,
            "top_score": float(scores[0]) if scores.size else -math.inf}
     result = getattr(selection, "result", None)
     if result is not None:
