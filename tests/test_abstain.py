@@ -120,7 +120,8 @@ def test_ask_and_serve_take_the_switch():
 
 
 def test_the_evaluation_reader_is_not_asked_on_an_abstained_record(tmp_path, monkeypatch):
-    from cdsjax.eval.reading import abstained_answer, abstained_now
+    from cdsjax.eval.abstention import abstained_now
+    from cdsjax.eval.reading import abstained_answer
     from cdsjax.io.reader import ABSTAIN
 
     monkeypatch.setattr(A, "RULES_FILE", rules(tmp_path, {"*": {"feature": "best_relevance", "threshold": 0.5}}))
@@ -143,3 +144,21 @@ def test_an_evaluation_record_carries_the_decision():
     rec = selection_record("b", "cosine", 2, problem, selection([1, 2], [1.0, 0.0]), kind="text")
     assert rec["strength"]["best_relevance"] == pytest.approx(1.0)
     assert rec["abstain_score"] == pytest.approx(1.0) and rec["abstained"] is False
+
+
+def test_the_evaluation_reports_answerable_and_unanswerable_apart(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from cdsjax.eval.abstention import abstention_table
+
+    monkeypatch.setattr(A, "RULES_FILE", rules(tmp_path, {"*": {"feature": "best_relevance", "threshold": 0.5}}))
+    problems = [SimpleNamespace(query=SimpleNamespace(qid=q, meta={"answerable": q != "u"})) for q in ("a", "b", "u")]
+    recs = [dict(selector="cosine", budget=5, qid="a", strength={"best_relevance": 0.2}, metrics={"has_answer": 1.0}),
+            dict(selector="cosine", budget=5, qid="b", strength={"best_relevance": 0.9}, metrics={"has_answer": 1.0}),
+            dict(selector="cosine", budget=5, qid="u", strength={"best_relevance": 0.1}, metrics={"has_answer": None})]
+    answers = [dict(selector="cosine", budget=5, qid="a", metrics={"accuracy": 0.0}),
+               dict(selector="cosine", budget=5, qid="b", metrics={"accuracy": 1.0}),
+               dict(selector="cosine", budget=5, qid="u", metrics={"accuracy": 1.0})]
+    row = abstention_table(recs, problems, answers).splitlines()[2]
+    assert row == "| cosine | 5 | 2 | 1 | 1 | 1 | 1 of 2 | 0.500 (n=2) | 1.000 (n=1) |"
+    assert abstention_table([dict(selector="none", budget=5, qid="a", metrics={})], problems) == ""

@@ -50,6 +50,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from cdsjax.eval import answer_scoring as S
+from cdsjax.eval.abstention import abstained_now
 from cdsjax.eval.answer_evidence import (EvidenceSource, cites_gold, fits_reader, full_document_ids, gold_answers,
                                         judge_call, sent_has_answer, sentence_similarity)
 from cdsjax.eval.reader_setup import clients, control_labels
@@ -215,16 +216,6 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         + (f"; {dropped} left their last notes out (beyond the evidence token budget, or too long for the "
            f"reader's context)" if dropped else ""))
     return out
-
-
-def abstained_now(rec: dict) -> bool:
-    """Whether the shipped rules abstain on a selection record (judged again from its ``strength``, so a record
-    resumed from before a refit follows the rules of now; its stored ``abstained`` where it has no scores)."""
-    from cdsjax.pipeline.abstain import judge
-
-    if rec.get("strength"):
-        return judge(rec["selector"], rec["strength"]).abstained
-    return bool(rec.get("abstained"))
 
 
 def abstained_answer(model: str):
