@@ -12,8 +12,8 @@ Data: the first 300 QASPER and 150 MMLongBench-Doc development questions, each s
 What a rule should do: abstain on an **unanswerable** question (U: QASPER's all-annotators-unanswerable,
 MMLongBench-Doc's "Not answerable") and read an answerable question whose selected evidence **holds the answer**
 (H: ``has_answer`` 1); an answerable question whose evidence does not hold the answer is left out of the objective
-(its reader is wrong either way, up to ~1.5%, RESULTS). A rule is a score (``best_relevance``, ``margin``, ``top_score``;
-CDS ``payoff`` for ``top_score``) and a threshold; it is chosen per selector to maximise right decisions
+(its reader is wrong either way, up to ~1.5%, RESULTS). A rule is a score (``best_relevance``, ``margin``,
+``top_score``; CDS ``payoff`` for ``top_score``) and a threshold; it is chosen per selector to maximise right decisions
 (#U abstained + #H read; ties to the lowest threshold), over both benchmarks' questions together. A selector's
 rule ships only where its cross-validated right decisions beat never abstaining with the 95% interval above 0;
 otherwise it never abstains (the fitted threshold is kept in the file as ``fitted_threshold``). The ``"*"`` rule

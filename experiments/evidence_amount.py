@@ -106,8 +106,8 @@ def main(argv=None) -> int:
         for d in DELTAS:
             amounts[f"drop@{d:g}"] = notes_to_read(rel, support=None, delta=d)
         for name, keep in amounts.items():
-            fitted = fit_items(problem.query.question, [items[i] for i in keep], tokens, max_text_chars=1500, images=False,
-                               similarity=similarity)
+            fitted = fit_items(problem.query.question, [items[i] for i in keep], tokens, max_text_chars=1500,
+                               images=False, similarity=similarity)
             texts = [note_text(i, 1500) for i in fitted.items]
             rows.append(dict(selector=rec["selector"], qid=rec["qid"], fold=fold_of[problem.query.doc_ids[0]],
                              amount=name, notes=len(keep), sent=len(fitted.items), tokens=int(fitted.tokens),
