@@ -14,8 +14,10 @@ not fit cut to its sentences nearest the question), in several amounts:
     python experiments/evidence_amount.py qasper
     python experiments/evidence_amount.py mmlongbench
 
-Prints, per selector and amount, the notes sent, the evidence tokens sent (estimated, :mod:`cdsjax.io.evidence_fit`;
-the prompt adds the same instructions and question to every amount), has-answer over the covered questions, and
+Prints, per selector and amount, the notes sent, the evidence tokens sent (estimated, :mod:`cdsjax.io.evidence_fit`),
+the prompt tokens they stand for (the reader's count, by a line fitted to the committed local-reader answers of the
+benchmark, ``results/answers/<bench>-order``: prompt against estimated evidence tokens), has-answer over the covered
+questions, and
 the paired differences to ``fixed`` (95% bootstrap, W/T/L for has-answer); writes
 ``results/evidence_amount/<bench>.md`` and ``<bench>.jsonl`` (per question and amount).
 """
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
                              amount=name, notes=len(keep), sent=len(fitted.items), tokens=int(fitted.tokens),
                              has_answer=float(has_answer(texts, targets))))
     rows += cv_rows(rows)
-    lines = table(bench.name, rows, tokens)
+    lines = table(bench.name, rows, tokens, prompt_line(args.bench))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{bench.name}.md").write_text("\n".join(lines) + "\n")
     with open(OUT / f"{bench.name}.jsonl", "w", encoding="utf-8") as f:
@@ -121,6 +123,20 @@ def main(argv=None) -> int:
             f.write(json.dumps(r) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def prompt_line(bench: str) -> tuple:
+    """``(slope, intercept)`` of the reader's prompt tokens against the estimated evidence tokens in the committed
+    local-reader answers of ``bench`` (None where there are none)."""
+    path = ROOT / "results" / "answers" / f"{bench}-order" / "answers.jsonl"
+    if not path.is_file():
+        return None
+    pairs = [(a["evidence_tokens"], a["prompt_tokens"]) for a in map(json.loads, path.read_text().splitlines())
+             if a.get("evidence_tokens") and a.get("prompt_tokens")]
+    if len(pairs) < 10:
+        return None
+    x, y = np.array(pairs, float).T
+    return tuple(float(v) for v in np.polyfit(x, y, 1))
 
 
 def cv_rows(rows) -> list:
@@ -138,11 +154,14 @@ def cv_rows(rows) -> list:
     return out
 
 
-def table(name: str, rows, tokens: int) -> list:
+def table(name: str, rows, tokens: int, line=None) -> list:
+    prompt = (lambda t: f"{line[0] * t + line[1]:.0f}") if line else (lambda t: "–")  # noqa: E731
     lines = [f"{name}: B = 5 notes, evidence fitted to {tokens} estimated tokens; has-answer over the covered "
-             "questions; differences to `fixed`, paired (95% bootstrap)", "",
-             "| selector | amount | n | notes sent | evidence tokens | has-answer | tokens vs fixed | "
-             "has-answer vs fixed (W/T/L) |", "|---|---|---|---|---|---|---|---|"]
+             "questions; differences to `fixed`, paired (95% bootstrap)"
+             + (f"; prompt tokens = {line[0]:.2f} x evidence tokens + {line[1]:.0f} (fitted to the committed "
+                "local-reader answers)" if line else ""), "",
+             "| selector | amount | n | notes sent | evidence tokens | prompt tokens | has-answer | tokens vs fixed | "
+             "has-answer vs fixed (W/T/L) |", "|---|---|---|---|---|---|---|---|---|"]
     order = ["fixed", "support"] + [f"drop@{d:g}" for d in DELTAS] + ["drop@cv"]
     for selector in sorted({r["selector"] for r in rows}):
         base = {r["qid"]: r for r in rows if r["selector"] == selector and r["amount"] == "fixed"}
@@ -162,7 +181,7 @@ def table(name: str, rows, tokens: int) -> list:
                 m, lo, hi = paired(dh)
                 vs_h = (f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({(dh > 0).sum()}/{(dh == 0).sum()}/{(dh < 0).sum()})")
             lines.append(f"| {selector} | {amount} | {len(mine)} | {np.mean([r['sent'] for r in mine]):.2f} | "
-                         f"{t.mean():.0f} | {h.mean():.3f} | {vs_t} | {vs_h} |")
+                         f"{t.mean():.0f} | {prompt(t.mean())} | {h.mean():.3f} | {vs_t} | {vs_h} |")
     return lines
 
 
