@@ -113,6 +113,9 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
             e["image_path"] = os.path.relpath(e["image_path"], index_dir)
     assert set(sel) == set(local) and sel["evidence"] == local["evidence"]
     assert sel["diagnostics"].keys() == local["diagnostics"].keys()
+    assert sel["abstained"] is local["abstained"] is False and sel["abstention"]["enabled"] is True
+    status, kept, _ = request(url + "/select", {"question": q, "budget": 3, "abstain": False})  # ask --no-abstain
+    assert status == 200 and kept["abstention"]["enabled"] is False and kept["evidence"] == sel["evidence"]
     status, ans, _ = request(url + "/ask", {"question": q, "selector": "cds-paper", "budget": 2})
     assert status == 200 and ans["answer"].startswith("The document is") and ans["reader"]["model"] == "reader-test"
     assert ans["selector"] == "cds-paper" and ans["diagnostics"]["mode"] == "paper" and len(ans["evidence"]) == 2

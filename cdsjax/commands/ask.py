@@ -33,7 +33,11 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                           "reused": bool (true: it was already running, warm), "keep_alive_s"})} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
-                         also printed to stderr)}
+                         also printed to stderr),
+     "abstained": bool  (true: the evidence was judged too weak before reading; the reader was not asked and
+                         "answer" says the documents do not answer the question; never with --no-abstain),
+     "abstention": {"abstained", "score" (what decided it), "feature" ("best_relevance" | "top_score" |
+                    "payoff" | "support"), "threshold", "enabled"}  (cdsjax.pipeline.abstain)}
 
 When reading fails (server down, errors after retries, malformed replies) the evidence is still printed,
 ``answer`` is null, ``error`` says why, and the exit code is 1. A reader that cannot be reached is found
@@ -99,6 +103,9 @@ def add_arguments(p) -> None:
                    "from an index")
     add_reader_arguments(p)
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
+    p.add_argument("--no-abstain", action="store_true",
+                   help="read the evidence even when it is judged too weak to answer the question (by default such "
+                   "a question is answered 'the documents do not answer this question', unread)")
     p.add_argument("--agent", default="direct", choices=("direct", "planning"),
                    help="direct: one selection, one read (default); planning: a DAG of sub-questions, each "
                    "retrieved and answered, checked and refined (needs a reader; --json adds the trace)")
@@ -177,6 +184,7 @@ def run(args) -> int:
             raise CLIError("with --server the server's parameters are used; give --params to `cdsjax serve`")
         result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
                             options=options, read=not args.no_read, timeout=args.timeout,
+                            abstain=not args.no_abstain,
                             token=args.token or os.environ.get("CDSJAX_TOKEN"))
     else:
         paths, question = parse_inputs(args.inputs)
@@ -234,7 +242,8 @@ def _ask_local(args, paths, question, options, stack):
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)
             return None
-        answer = pipe.retrieve(question, selector=args.selector, budget=args.budget, options=options)
+        answer = pipe.retrieve(question, selector=args.selector, budget=args.budget, options=options,
+                               abstain=not args.no_abstain)
         answer.timings["load"] = load_s
         answer.timings["evidence"] = time.perf_counter() - args.started
         live = None if args.json else Live(answer.to_dict(), reading=reader is not None and unreachable is None)

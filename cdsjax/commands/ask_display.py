@@ -70,7 +70,7 @@ def show(result: dict) -> None:
     console = make_console()
     show_evidence(result, console)
     if result.get("answer") is not None:
-        console.print(f"\n[bold]Answer[/bold] ({shown(result['reader']['model'])}): "
+        console.print(f"\n[bold]Answer[/bold] ({shown((result.get('reader') or {}).get('model') or 'not read')}): "
                       + "\n".join(shown(line) for line in str(result["answer"]).split("\n")))
     else:
         console.print(no_answer_line(result))

@@ -38,6 +38,7 @@ from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, summary
 from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
                              run_selector)
 from cdsjax.eval.scoring import metric_names
+from cdsjax.eval.abstention import abstention_table
 from cdsjax.eval.settings import (budgets_of, cache_dir_of, eval_dtype, relevance_settings, run_identity,
                                   selector_specs)
 
@@ -174,7 +175,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
 
     records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
                                merge=process is not None)
-    names, answer_rows = metric_names(kind, pooled), []
+    names, answer_rows, answers = metric_names(kind, pooled), [], None
+    selections = records
     if reader_setup.enabled(config):  # the reader stage: answers of every selection and control, scored
         with reader_setup.local_reader(config, log) as read_config:  # a local llama.cpp server, if asked for
             answers = reading.read_answers(read_config, bench, kind, problems, records, out_dir, embedder=embedder,
@@ -187,6 +189,10 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
         rows = reading.answer_first(rows + answer_rows)
     write_summary_csv(rows, out_dir / SUMMARY_CSV)
     table = markdown_table(rows)
+    abstained = abstention_table(selections, problems, answers)
+    if abstained:  # answerable and unanswerable questions apart: what abstaining before reading did
+        table += ("\nAbstained before reading (cdsjax.pipeline.abstain; A answerable, U unanswerable):\n\n"
+                  + abstained)
     (out_dir / SUMMARY_MD).write_text(table)
     log(table)
     return records, rows

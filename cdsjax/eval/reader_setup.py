@@ -44,6 +44,9 @@ def reader_settings() -> ml_collections.ConfigDict:
         # the evidence's token budget (cdsjax.io.evidence_fit): -1 the reader's own (the local reader's default,
         # else derived from the server's window); 0 every note whole; N that many estimated tokens
         "evidence_tokens": -1,
+        # True: a selection judged too weak before reading (its record's ``abstained``, cdsjax.pipeline.abstain)
+        # is not read; its answer is "Not answerable". False: every selection is read (ask --no-abstain)
+        "abstain": True,
     })
 
 

@@ -42,6 +42,10 @@ class Answer:
       warnings: one-line warnings (e.g. a CDS solve that ended unconverged).
       relevance: what ranked the notes (:meth:`cdsjax.io.relevance.Relevance.describe`): ``mode`` (``dense`` |
         ``hybrid``) and, for hybrid, ``lexical_weight``.
+      abstained: True when the selection was judged, before reading, not to answer the question
+        (:mod:`cdsjax.pipeline.abstain`): the reader is not asked and the answer says so.
+      abstention: the judgement (:meth:`cdsjax.pipeline.abstain.Judgement.to_dict`: abstained, score, feature,
+        threshold, enabled), or None when none was made.
     """
 
     question: str
@@ -55,6 +59,8 @@ class Answer:
     error: Optional[Dict[str, Any]] = None
     warnings: List[str] = dataclasses.field(default_factory=list)
     relevance: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    abstained: bool = False
+    abstention: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,6 +131,11 @@ def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None
     from cdsjax.io.llm.errors import ReaderError
     from cdsjax.io.reader import error_dict
 
+    if answer.abstained:  # judged before reading: the reader is not asked
+        answer.answer = abstained_reply(answer.abstention or {})
+        if on_token is not None:
+            on_token(answer.answer)
+        return answer
     t0 = time.perf_counter()
     try:
         result = reader.answer(answer.question, items, on_token=on_token, on_retry=on_retry, similarity=similarity)
@@ -144,3 +155,14 @@ def read_answer(reader, answer: Answer, items: Sequence[Any], *, similarity=None
 
             answer.warnings.append(describe_no_answer(result.no_answer))
     return answer
+
+
+def abstained_reply(abstention: Dict[str, Any]) -> str:
+    """The reply of an abstained question: the documents do not answer it, the score that decided it."""
+    from cdsjax.pipeline.abstain import NOT_IN_DOCUMENTS
+
+    score, threshold = abstention.get("score"), abstention.get("threshold")
+    if score is None or threshold is None:
+        return NOT_IN_DOCUMENTS
+    return (f"{NOT_IN_DOCUMENTS} (the evidence is weak: {abstention.get('feature')} {score:.3f} < {threshold:.3f}; "
+            "the notes above were not read; --no-abstain reads them)")

@@ -322,9 +322,11 @@ class Pipeline:
                 for e in evidence]
 
     def retrieve(self, question: str, *, selector: SelectorName = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET,
-                 qid: str = "", options: Optional[dict] = None) -> Answer:
+                 qid: str = "", options: Optional[dict] = None, abstain: bool = True) -> Answer:
         """Encodes and selects (no reading): an :class:`Answer` with ``answer=None``. The selector's name is
-        resolved once, here; its spec goes down to the selection, the diagnostics and the answer."""
+        resolved once, here; its spec goes down to the selection, the diagnostics and the answer. The selection
+        is judged (:meth:`judge`): ``answer.abstained`` when its evidence is too weak to read (never with
+        ``abstain=False``; the judgement is recorded either way)."""
         spec = catalog.resolve(selector)
         t0 = time.perf_counter()
         query = self.encode([question])[0]
@@ -334,9 +336,24 @@ class Pipeline:
         diag = self.diagnostics(sel)
         evidence = self.evidence(sel)
         warnings = [convergence_warning(diag), self.scanned_warning(evidence)]
+        verdict = self.judge(sel, query, spec.name, enabled=abstain, question=question)
         return Answer(question=question, answer=None, evidence=evidence, selector=catalog.display(spec),
                       budget=budget, diagnostics=diag, timings=dict(encode=t1 - t0, select=t2 - t1, total=t2 - t0),
-                      warnings=[w for w in warnings if w], relevance=self.relevance.describe())
+                      warnings=[w for w in warnings if w], relevance=self.relevance.describe(),
+                      abstained=verdict.abstained, abstention=verdict.to_dict())
+
+    def judge(self, selection: core.Selection, query: np.ndarray, selector: str, *, enabled: bool = True,
+              question: Optional[str] = None):
+        """Whether ``selection`` (of ``selector``, for the encoded question ``query``, whose text ``question`` gives
+        the hybrid relevance its words) is too weak to read: :func:`cdsjax.pipeline.abstain.judge` on its scores
+        (:func:`~cdsjax.pipeline.abstain.strength_features`, on the relevance the selector ranked by) under the
+        shipped rules."""
+        from cdsjax.pipeline.abstain import judge, note_relevance, strength_features
+
+        relevance = self.query_scores(query, question)
+        if relevance is None:
+            relevance = note_relevance(self.corpus.embeddings, query)
+        return judge(selector, strength_features(selection, relevance), enabled=enabled)
 
     def scanned_warning(self, evidence: List[dict]) -> Optional[str]:
         """One line when evidence comes from pages without a text layer (:func:`cdsjax.pipeline.answer.scanned_warning`
@@ -361,9 +378,10 @@ class Pipeline:
         return (vectors[1:] @ vectors[0]).tolist()
 
     def ask(self, question: str, *, selector: SelectorName = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET,
-            qid: str = "", options: Optional[dict] = None, read: bool = True) -> Answer:
-        """Answers one question: encode, select, and (with a reader) read."""
-        answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options)
+            qid: str = "", options: Optional[dict] = None, read: bool = True, abstain: bool = True) -> Answer:
+        """Answers one question: encode, select, and (with a reader) read, unless the selection is abstained
+        (``abstain=False``: never)."""
+        answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options, abstain=abstain)
         return self.read(answer) if read else answer
 
     def warm(self, selectors: Sequence[SelectorName] = (DEFAULT_SELECTOR,), budget: int = DEFAULT_BUDGET) -> float:
