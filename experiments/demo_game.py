@@ -12,8 +12,15 @@ the demo's index (as ``cdsjax demo`` does, in the cache), poses the demo questio
 3. what the default game covers as its shipped parameters move: :math:`\beta` times ``alpha_factor``, and
    :math:`\beta` with the relevance-weighted repulsion (``rel_repulsion`` = 1, the game's own term against paying
    irrelevant notes for being unlike);
-4. the question's asked parts as several query vertices (split by a general rule: at a comma or "and" before a
-   question word), the per-part cosine of each note, and what cosine, MMR and the default game pick from them.
+4. the question's asked parts as several query vertices (split by a general rule: a question that starts with a
+   question word, cut at a comma or "and" before another), the per-part cosine of each note, and what cosine, MMR
+   and the default game pick from them;
+5. a redundancy term (not shipped): the note block less :math:`\gamma \max(z_i^\top z_j, 0)`, whose limit is the
+   non-negative least-squares reconstruction of the question by the notes;
+6. each part ranked on its own (cosine, and the default game's equilibrium) and the rankings read in turn, one
+   note per page (a prototype, not shipped);
+7. how many development questions (QASPER, MMLongBench-Doc, HotpotQA) the rule splits, which bounds how many
+   records of the reader-free tables a per-part read-out could change.
 
     python experiments/demo_game.py                 # prints Markdown; --out FILE writes it too
 
@@ -39,11 +46,63 @@ QUESTION_WORDS = r"(?:how|what|which|who|whom|when|where|why|whether)"
 
 
 def question_parts(question: str) -> list:
-    """The asked parts of a question: split at a comma or an "and" that comes before a question word (a general
-    rule; a question with one part is returned whole)."""
+    """The asked parts of a question: where it starts with a question word, split at a comma or an "and" that comes
+    before a question word (a general rule; any other question is returned whole: "According to the report, how
+    ..." is one question)."""
+    if not re.match(rf"\s*{QUESTION_WORDS}\b", question, flags=re.IGNORECASE):
+        return [question.strip()]
     parts = re.split(rf",\s*(?:and\s+)?(?={QUESTION_WORDS}\b)|\s+and\s+(?={QUESTION_WORDS}\b)", question,
                      flags=re.IGNORECASE)
     return [p.strip(" ,") for p in parts if p.strip(" ,")]
+
+
+def first_per_page(ranking, pages_of, budget):
+    """The first ``budget`` distinct pages of a ranking of notes (the per-page read-out's first round)."""
+    out = []
+    for i in ranking:
+        if pages_of[i] not in out:
+            out.append(pages_of[i])
+        if len(out) == budget:
+            break
+    return out
+
+
+def redundant_ranking(problem, theta, gamma, n):
+    """The default game's equilibrium ranking with ``gamma max(z_i z_j, 0)`` taken off its note block (its penalty
+    recomputed by the game's own rule): ``(ranking of the notes, support size, query weight)``."""
+    import jax.numpy as jnp
+
+    from cdsjax.core.games.affinity import assemble_affinity
+    from cdsjax.core.games.learned import learned_note_block, learned_relevance
+    from cdsjax.core.implicit import equilibrium
+    from cdsjax.core.solvers.active_set import ActiveSet
+
+    notes, valid = problem.notes, problem.valid
+    rel = learned_relevance(notes, problem.queries, valid, theta)
+    block = learned_note_block(notes, valid, theta, links=problem.links, pages=problem.pages,
+                               doc_ids=problem.doc_ids, kinds=problem.kinds)
+    size = notes.shape[0]
+    pair = valid[:, None] & valid[None, :] & ~jnp.eye(size, dtype=bool)
+    block = block - jnp.where(pair, gamma * jnp.maximum(notes @ notes.T, 0.0), 0.0).astype(block.dtype)
+    result = equilibrium(assemble_affinity(rel, block, valid, theta), ActiveSet())
+    x = np.asarray(result.x)
+    m = rel.shape[0]
+    weights = x[m:m + n]
+    ranking = sorted(range(n), key=lambda i: (-weights[i], -float(np.asarray(rel)[:, i].max()), i))
+    return ranking, int((weights > 1e-6).sum()), float(x[:m].sum())
+
+
+def dev_questions() -> dict:
+    """The development questions of the three reader-free tables, by benchmark (from the shared data)."""
+    import json
+
+    from cdsjax.io.datasets.common import resolve_data_root
+
+    root = resolve_data_root()
+    qasper = json.loads((root / "qasper" / "qasper-test-v0.3.json").read_text())
+    return {"qasper": [qa["question"] for paper in qasper.values() for qa in paper["qas"]],
+            "mmlongbench": [s["question"] for s in json.loads((root / "mmlongbench" / "samples.json").read_text())],
+            "hotpotqa": [q["question"] for q in json.loads((root / "hotpotqa" / "hotpotqa_100.json").read_text())]}
 
 
 def picks(pipe, selector, query, budget, params=None):
@@ -149,6 +208,34 @@ def main(argv=None) -> int:
     _, sel = picks(pipe, "cds_learned", qs, n, theta)
     out(f"\nQuery-vertex weights at the default game's equilibrium: "
         f"{np.round(np.asarray(sel.result.x)[:len(parts)], 3).tolist()}")
+    out("\n## 5. A redundancy term in the game (not shipped): the note block less gamma max(z_i z_j, 0)\n")
+    out("As gamma grows the game's note part tends to minus gamma ||sum_i x_i z_i||^2 and the equilibrium to the "
+        "non-negative least-squares reconstruction of the question by the notes.\n")
+    out("| gamma | pages (one per page, by equilibrium rank) | facts | restated | support | query weight |")
+    out("|---|---|---|---|---|---|")
+    pages_of = [int(nt["page"]) for nt in corpus.notes]
+    for gamma in (0.0, 0.5, 2.0, 10.0, 100.0):
+        ranking, support, xq = redundant_ranking(problem, theta, gamma, n)
+        first = first_per_page(ranking, pages_of, args.budget)
+        cov = demo.coverage(first)
+        out(f"| {gamma:g} | {', '.join(str(p + 1) for p in first)} | {len(cov['covered'])}/4 | "
+            f"{cov['restatements']} | {support} | {xq:.3f} |")
+
+    out("\n## 6. Each part ranked on its own, the rankings read in turn (a prototype, not shipped)\n")
+    out("| selector per part | pages | facts | restated |")
+    out("|---|---|---|---|")
+    for name in ("cosine", "cds_learned"):
+        rankings = []
+        for v in qs:
+            sel = pipe.select(v, selector=name, budget=n, options={"params": theta} if name == "cds_learned" else None)
+            ok = np.asarray(sel.selected_valid)
+            rankings.append([int(i) for i in np.asarray(sel.indices)[ok]])
+        turns = [r[k] for k in range(n) for r in rankings if k < len(r)]
+        out(row(f"{name}, parts in turn", first_per_page(turns, pages_of, args.budget)))
+    out("\n## 7. How many development questions the rule splits into parts\n")
+    for bench, questions in dev_questions().items():
+        split = sum(len(question_parts(q)) > 1 for q in questions)
+        out(f"- {bench}: {split} of {len(questions)} ({split / max(len(questions), 1):.1%})")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
