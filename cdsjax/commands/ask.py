@@ -18,7 +18,9 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
                    "note_id": str, "image_path": str | null (absolute locally; relative to its index
-                   with --server), "summary": str, "caption": str}, ...],
+                   with --server), "summary": str, "caption": str,
+                   "read"?: "whole" | "part" | "left out" (with a reader: what it got of the note; "part": cut
+                            to its sentences nearest the question for the token budget)}, ...],
      "diagnostics": {"solver": "pdas" | "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "solver_run" (the solver that gave the point: "active_set" where pdas fell back, or on a
                      dense payoff), "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
@@ -26,8 +28,9 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
                      "query_weight", "num_filled", "fill_reason" ("none" | "short_support" |
                      "no_query_edge"), "beta"}  ({} for baselines),
-     "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
-                 "roundtrip"? (--server)}  (seconds),
+     "timings": {"encode", "select", "read"?, "load"? (local), "queue"? (serve), "roundtrip"? (--server)
+                 (stage durations), "evidence", "first_token"?, "total" (seconds from the command's start, one
+                 clock: first_token <= total)}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped",
                 "local"? (the local reader: {"runtime", "model", "threads", "slots", "ctx_per_slot", ...,
                           "reused": bool (true: it was already running, warm), "keep_alive_s"})} | null,
@@ -245,14 +248,16 @@ def _ask_local(args, paths, question, options, stack):
         answer = pipe.retrieve(question, selector=args.selector, budget=args.budget, options=options,
                                abstain=not args.no_abstain)
         answer.timings["load"] = load_s
-        answer.timings["evidence"] = time.perf_counter() - args.started
-        live = None if args.json else Live(answer.to_dict(), reading=reader is not None and unreachable is None)
-        if reader is not None and unreachable is None:
-            read_from = time.perf_counter() - args.started
+        reading = reader is not None and unreachable is None
+        if reading:  # the table marks the notes the reader will get, and those its token budget leaves out
+            pipe.plan_read(answer)
+        # one clock: "evidence", "first_token" and "total" are seconds from the command's start
+        answer.timings["evidence"] = answer.timings["total"] = time.perf_counter() - args.started
+        live = None if args.json else Live(answer.to_dict(), reading=reading)
+        if reading:
             # streamed for --json too: the guard stops an echo or a loop early, and the first token is timed
-            pipe.read(answer, on_token=live.token if live else (lambda _: None), on_retry=live.retry if live else None)
-            if "first_token" in answer.timings:  # from the command's start, as "evidence"
-                answer.timings["first_token"] += read_from
+            pipe.read(answer, on_token=live.token if live else (lambda _: None), on_retry=live.retry if live else None,
+                      started=args.started)
         if unreachable is not None:
             from cdsjax.io.reader import error_dict
 

@@ -37,7 +37,7 @@ from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE, Relev
 from cdsjax.io.relevance import settings_of as relevance_of
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.pipeline import catalog
-from cdsjax.pipeline.answer import Answer, convergence_warning, read_answer, scanned_warning
+from cdsjax.pipeline.answer import Answer, convergence_warning, mark_read, read_answer, scanned_warning
 from cdsjax.pipeline.cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache
 from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 from cdsjax.pipeline.compiled import Choice, bind, compile_selector
@@ -360,7 +360,18 @@ class Pipeline:
         on this corpus); None otherwise."""
         return scanned_warning(evidence, self.corpus)
 
-    def read(self, answer: Answer, *, on_token=None, on_retry=None) -> Answer:
+    def plan_read(self, answer: Answer) -> Answer:
+        """Marks each evidence dict's ``read`` (in place) as the reader will get it, before reading: the reader's own
+        fit of the evidence to its token budget (:meth:`cdsjax.io.reader.Reader.fit`, trimming by
+        :meth:`sentence_similarity`); :meth:`read` marks it again from what was sent. A no-op without a reader."""
+        if self.reader is None or not hasattr(self.reader, "fit"):
+            return answer
+        items = self.evidence_items(answer.evidence)
+        fitted = self.reader.fit(answer.question, items, similarity=self.sentence_similarity)
+        mark_read(answer.evidence, items, fitted.items)
+        return answer
+
+    def read(self, answer: Answer, *, on_token=None, on_retry=None, started: Optional[float] = None) -> Answer:
         """Has the reader answer from ``answer.evidence`` (in place; a no-op without a reader), through the one
         reading path (:func:`cdsjax.pipeline.answer.read_answer`): the evidence fitted to the reader's token
         budget, the note that does not fit cut to its sentences nearest the question (by this index's embedder:
@@ -369,7 +380,7 @@ class Pipeline:
         if self.reader is None:
             return answer
         return read_answer(self.reader, answer, self.evidence_items(answer.evidence),
-                           similarity=self.sentence_similarity, on_token=on_token, on_retry=on_retry)
+                           similarity=self.sentence_similarity, on_token=on_token, on_retry=on_retry, started=started)
 
     def sentence_similarity(self, question: str, sentences) -> list:
         """Cosine of each sentence with the question under this index's embedder (what trimming keeps)."""
