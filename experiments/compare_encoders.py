@@ -6,6 +6,7 @@ vectors), the same questions and the same notes for both encoders.
     python experiments/compare_encoders.py mmlongbench --questions 40
     python experiments/compare_encoders.py hotpotqa
     python experiments/compare_encoders.py timing --docs 4 --rounds 3
+    python experiments/compare_encoders.py index_timing --pdf ../shared/data/mmlongbench/documents/X.pdf --rounds 2
 
 ``qasper`` / ``mmlongbench``: each encoder's evaluation (the answer tables' config, ``configs/answers.py``, without
 the reader; the default selector and cosine, B = 5 notes), then has-answer of the evidence the local reader would
@@ -14,7 +15,8 @@ encoder), and on MMLongBench-Doc page recall of the selection. ``hotpotqa``: all
 Paired differences (mpnet - MiniLM) per question with 95% bootstrap intervals and W/T/L
 (:func:`cdsjax.eval.metrics.paired_difference`). ``timing``: seconds to encode the notes of ``--docs`` MMLongBench-Doc
 PDFs (their cached indexes' note texts, as the index embeds them), both encoders interleaved for ``--rounds``
-rounds on the ONNX path the index uses, per page.
+rounds on the ONNX path the index uses, per page. ``index_timing``: whole indexing of ``--pdf`` files with each
+encoder (:func:`cdsjax.io.index.build_index` from nothing, interleaved), seconds per page.
 
 Writes ``results/compare_encoders/<what>.md`` (the table printed) and ``<what>.jsonl`` (per-question values).
 Indexes and question vectors are cached under ``runs/compare_encoders/<bench>/<encoder>``.
@@ -173,17 +175,55 @@ def timing(docs: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
+def index_timing(pdfs, rounds: int) -> str:
+    """Whole indexing (parse, notes, embed, write) of the same PDFs with each encoder, interleaved, every build in
+    a fresh cache (nothing reused), one worker: wall seconds and the index's own stage seconds, per page."""
+    from cdsjax.io.index import build_index, default_config
+
+    runs = {enc: [] for enc in ENCODERS}
+    for r in range(rounds):
+        for enc in (ENCODERS if r % 2 == 0 else ENCODERS[::-1]):
+            config = default_config()
+            config.embedder.model = enc
+            config.embedder.show_progress = False
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                summary = build_index([str(p) for p in pdfs], pathlib.Path(tmp) / "index", config=config,
+                                      cache_dir=pathlib.Path(tmp) / "cache", workers=1, log=lambda s: None)
+                wall = time.perf_counter() - t0
+            runs[enc].append(dict(wall=wall, pages=summary.pages, notes=summary.notes, seconds=summary.seconds))
+    pages = runs[ENCODERS[0]][0]["pages"]
+    lines = [f"index time: {', '.join(p.name for p in pdfs)} ({pages} pages, "
+             f"{runs[ENCODERS[0]][0]['notes']} notes), {rounds} interleaved builds per encoder, each from nothing "
+             "(fresh cache), one worker; median seconds per page", "",
+             "| encoder | wall s / page | embed s / page | parse + notes s / page | wall vs MiniLM |",
+             "|---|---|---|---|---|"]
+    base = statistics.median(r["wall"] for r in runs[ENCODERS[0]])
+    for enc in ENCODERS:
+        wall = statistics.median(r["wall"] for r in runs[enc])
+        embed = statistics.median(r["seconds"].get("embed", 0.0) for r in runs[enc])
+        rest = statistics.median(r["seconds"].get("parse", 0.0) + r["seconds"].get("notes", 0.0) for r in runs[enc])
+        lines.append(f"| {enc} | {wall / pages:.3f} | {embed / pages:.3f} | {rest / pages:.3f} | {wall / base:.2f}x |")
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "index_timing.jsonl", "w") as f:
+        f.write(json.dumps(dict(pdfs=[p.name for p in pdfs], runs=runs)) + "\n")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("qasper", "mmlongbench", "hotpotqa", "timing"))
+    p.add_argument("what", choices=("qasper", "mmlongbench", "hotpotqa", "timing", "index_timing"))
     p.add_argument("--questions", type=int, default=None, help="questions asked (default: all)")
     p.add_argument("--tokens", type=int, default=500, help="evidence token budget (default: 500, the reader's)")
     p.add_argument("--selectors", default=None, help="selectors (default: cosine and the default selector)")
     p.add_argument("--docs", type=int, default=4, help="timing: PDFs whose notes are encoded")
     p.add_argument("--rounds", type=int, default=3, help="timing: interleaved rounds")
+    p.add_argument("--pdf", action="append", default=[], help="index_timing: PDFs indexed (repeatable)")
     args = p.parse_args(argv)
     if args.what == "timing":
         table = timing(args.docs, args.rounds)
+    elif args.what == "index_timing":
+        table = index_timing([pathlib.Path(p) for p in args.pdf], args.rounds)
     else:
         from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
 
