@@ -44,7 +44,29 @@ def paired(diffs: np.ndarray, resamples: int = 10_000, seed: int = 0) -> tuple:
 
 def run_variant(bench: str, questions: int, budget: int, tokens: int, selectors: str, mode: str, context: bool,
                 weight: float, cache: str = "") -> dict:
-    """``{(selector, qid): (has_answer or None, page_recall or None)}`` of one relevance variant."""
+    """``{(selector, qid): (has_answer or None, page_recall or None)}`` of one relevance variant; kept under the
+    cache (``scores-*.json``, named by every argument and the code's commit) so a rerun of the same variant in the
+    same code reads it back."""
+    import hashlib
+    import json
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    where = pathlib.Path(cache or ROOT / "runs" / "relevance-cache" / bench)
+    name = f"{bench}-{questions}-{budget}-{tokens}-{selectors}-{mode}-{int(context)}-{weight}-{commit.strip()}"
+    kept = where / f"scores-{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
+    if kept.is_file():
+        rows = json.loads(kept.read_text())
+        if rows.get("name") == name:
+            return {(s, q): (h, r) for s, q, h, r in rows["rows"]}
+    out = _run_variant(bench, questions, budget, tokens, selectors, mode, context, weight, cache)
+    where.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps({"name": name, "rows": [[s, q, h, r] for (s, q), (h, r) in out.items()]}))
+    return out
+
+
+def _run_variant(bench: str, questions: int, budget: int, tokens: int, selectors: str, mode: str, context: bool,
+                 weight: float, cache: str = "") -> dict:
     from configs import answers
     from cdsjax.eval import evaluate, load_problems
     from cdsjax.eval.answer_evidence import EvidenceSource, sentence_similarity
@@ -169,24 +191,30 @@ def main(argv=None) -> int:
 
 
 def cross_validate(args, weights) -> list:
-    """Lines of the table of the lexical weight chosen by ``args.folds``-fold cross-validation (hybrid+context)."""
-    per = {w: run_variant(args.bench, args.questions, args.budget, args.tokens, args.selectors, "hybrid", True, w,
-                          args.cache) for w in weights}
+    """Lines of the table of the lexical weight and context chosen together by ``args.folds``-fold
+    cross-validation (each weight with the context and without)."""
+    per = {}
+    for w in weights:
+        for context in (True, False):
+            per[(w, context)] = run_variant(args.bench, args.questions, args.budget, args.tokens, args.selectors,
+                                            "hybrid", context, w, args.cache)
+            print(f"ran weight {w}, context {context}", flush=True)
+    weights = list(per)
     selectors = list(dict.fromkeys(s for s, _ in per[weights[0]]))
     qids = sorted({q for (s, q), (h, _) in per[weights[0]].items() if h is not None})
     folds = np.arange(len(qids)) % args.folds
     rng = np.random.default_rng(0)
     rng.shuffle(folds)
-    lines = [f"Lexical weight by {args.folds}-fold cross-validation (has-answer of {', '.join(selectors)} together):",
-             "", "| weight | has-answer (all questions) |", "|---|---|"]
+    lines = [f"Lexical weight and context by {args.folds}-fold cross-validation (has-answer of "
+             f"{', '.join(selectors)} together):", "", "| weight, context | has-answer (all questions) |", "|---|---|"]
     score = {w: np.array([[per[w][(s, q)][0] for s in selectors] for q in qids], float).mean(axis=1)
              for w in weights}
     for w in weights:
-        lines.append(f"| {w} | {score[w].mean():.3f} |")
+        lines.append(f"| {w[0]}, {'with' if w[1] else 'without'} | {score[w].mean():.3f} |")
     held, chosen = [], []
     for k in range(args.folds):
         train = folds != k
-        best = max(weights, key=lambda w: (score[w][train].mean(), -w))
+        best = max(weights, key=lambda w: (score[w][train].mean(), -w[0], w[1]))
         chosen.append(best)
         held.append(score[best][~train])
     lines += ["", f"chosen per fold: {chosen}; held-out has-answer of the chosen weights: "

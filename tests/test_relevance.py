@@ -92,7 +92,8 @@ def test_fuse_stays_on_the_cosine_scale():
     dense = np.array([0.6, 0.2, 0.1, 0.4], np.float32)
     lexical = np.array([0.0, 9.0, 0.0, 3.0], np.float32)
     mixed = fuse(dense, lexical, 0.5)
-    assert mixed.max() <= dense.max() + 1e-6
+    assert mixed.max() <= dense.max() + 1e-6 and mixed.dtype == np.float32
+    assert fuse(dense.astype(np.float64), lexical, 0.5).dtype == np.float64
     assert np.argmax(mixed) == 1  # the best lexical match counts as the best cosine, half and half
     np.testing.assert_allclose(fuse(dense, lexical, 0.0), dense)
     valid = np.array([True, True, True, False])

@@ -317,7 +317,8 @@ def with_relevance(problems: Sequence[Problem], mode: str, weight: float) -> Lis
         key = tuple(p.note_ids)
         if key not in indexes:
             indexes[key] = LexicalIndex.build(texts)
-        dense = np.asarray(p.notes, np.float32) @ np.asarray(p.query_emb, np.float32)
+        # in float64: a float64 evaluation computes its relevance with the digits a float32 one cannot hold
+        dense = np.asarray(p.notes, np.float64) @ np.asarray(p.query_emb, np.float64)
         out.append(dataclasses.replace(p, query_scores=fuse(dense, indexes[key].scores(p.query.question), weight)))
     return out
 

@@ -104,11 +104,12 @@ def fuse(dense: "np.ndarray", lexical: "np.ndarray", weight: float = DEFAULT_LEX
          valid: Optional["np.ndarray"] = None) -> "np.ndarray":
     """``[n]`` the hybrid relevance of one question (module docstring): ``dense`` cosines mixed with ``lexical``
     BM25 scores rescaled to the best cosine; dense alone where no note matches a word. ``valid`` (``[n]`` bool)
-    leaves padding out of the maxima."""
+    leaves padding out of the maxima. The result has ``dense``'s precision (float32 at least)."""
     import numpy as np
 
-    dense = np.asarray(dense, np.float32)
-    lexical = np.asarray(lexical, np.float32)
+    dense = np.asarray(dense)
+    dense = dense.astype(np.result_type(dense.dtype, np.float32))
+    lexical = np.asarray(lexical, dense.dtype)
     valid = np.ones(dense.shape, bool) if valid is None else np.asarray(valid, bool)
     w = check_weight(weight)
     top_lex = float(np.max(np.where(valid, lexical, 0.0), initial=0.0))
@@ -116,7 +117,7 @@ def fuse(dense: "np.ndarray", lexical: "np.ndarray", weight: float = DEFAULT_LEX
         return dense
     top_cos = max(float(np.max(np.where(valid, dense, -np.inf), initial=0.0)), 0.0)
     mixed = (1.0 - w) * dense + w * top_cos * (lexical / top_lex)
-    return np.where(valid, mixed, dense).astype(np.float32)
+    return np.where(valid, mixed, dense).astype(dense.dtype)
 
 
 def settings_of(config) -> dict:
