@@ -255,7 +255,8 @@ def cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[s
 
 def text_context(corpus) -> List[str]:
     """Each note of a text corpus with the words that place it: the document's title and, for a paragraph, its
-    section's name (``"<title> / <section>: <text>"``); a note without either is its text alone. HotpotQA's
+    section's name (``"<text> (in: <title> / <section>)"``, :func:`cdsjax.io.placement.placed_text`); a note
+    without either is its text alone. HotpotQA's
     paragraphs already begin with their page's title, and their corpora carry no other."""
     from cdsjax.io.placement import placed_text
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Sequence
 
+# the form of the placed text (:func:`placed_text`): part of an index entry's embedding key
+PLACEMENT_VERSION = "after-1"
 MAX_HEADING_WORDS = 12
 MAX_HEADING_CHARS = 100
 MAX_TITLE_CHARS = 160
@@ -81,11 +83,14 @@ def place(elements: Sequence) -> tuple:
 
 
 def placed_text(text: str, title: Optional[str], section: Optional[str]) -> str:
-    """``text`` preceded by its place (``"<title> / <section>: <text>"``), or ``text`` alone without one."""
+    """``text`` followed by its place (``"<text> (in: <title> / <section>)"``), or ``text`` alone without one.
+
+    After the text, not before: an encoder reads a bounded number of tokens (MiniLM 256), so the place fills what
+    a short note (a caption, a heading's paragraph) leaves free and never pushes a long note's own words out."""
     parts = [p for p in (title or "", section or "") if p]
     if len(parts) == 2 and parts[0] == parts[1]:
         parts = parts[:1]
-    return f"{' / '.join(parts)}: {text}" if parts else text
+    return f"{text} (in: {' / '.join(parts)})" if parts else text
 
 
 def _get(el, name):

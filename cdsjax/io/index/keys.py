@@ -55,8 +55,10 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     emb = {k: v for k, v in embedder_info.items() if k != "dim"}
     from cdsjax.io.relevance import settings_of
 
-    # notes embedded without their place (config.relevance.context False) are another entry
-    placed = {} if settings_of(config)["context"] else {"context": False}
+    # the embedded text's form: notes with their place (cdsjax.io.placement, its version) or without
+    from cdsjax.io.placement import PLACEMENT_VERSION
+
+    placed = {"context": PLACEMENT_VERSION if settings_of(config)["context"] else False}
     embed_key = storefiles.sha256_json(dict(notes=notes_key, embedder=emb, **placed))
     return dict(parse=parse_key, notes=notes_key, embed=embed_key)
 
