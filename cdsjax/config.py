@@ -14,6 +14,8 @@ Other parts of the pipeline (retrieval, reader) add their own groups here.
 
 import ml_collections
 
+from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
@@ -74,6 +76,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.index = ml_collections.ConfigDict()
     config.index.cache_dir = ""  # single-PDF cache for `cdsjax ask PDF`; "" -> $CDSJAX_CACHE or ~/.cache/cdsjax
     config.index.strict = False  # stop at the first bad input instead of skipping it
+
+    # Question -> relevance of each note (cdsjax.io.relevance): "dense" (the embeddings' cosine) or "hybrid" (the
+    # cosine mixed with a BM25 match of the question's words, weight lexical_weight); every selector ranks by it.
+    config.relevance = ml_collections.ConfigDict()
+    config.relevance.mode = DEFAULT_RELEVANCE
+    config.relevance.lexical_weight = DEFAULT_LEXICAL_WEIGHT
+    # embed and match each note with the words that place it (document title, section); False: its text alone
+    config.relevance.context = True
 
     return config
 

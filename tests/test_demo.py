@@ -58,13 +58,18 @@ def test_demo_table_matches_the_selections(demo_run, monkeypatch):
         assert ("mode" in r["diagnostics"]) == r["selector"].startswith("cds")
     assert result["verdict"] == verdict(result["selectors"])
 
-    # the table's cosine row is the cosine ranking of the report's notes, recomputed here
+    # the table's cosine row is the ranking of the report's notes by their relevance (the default's: the cosine
+    # mixed with BM25, cdsjax.io.relevance), recomputed here
     from cdsjax.io.index import load_index
+    from cdsjax.io.relevance import LexicalIndex, fuse, lexical_text
     from cdsjax.pipeline import Corpus, Pipeline
 
     pipe = Pipeline(Corpus.merge([load_index(root / "index")]))
     q = pipe.encode([demo.QUESTION])[0]
-    order = np.argsort(-(pipe.corpus.embeddings @ q), kind="stable")[:4]
+    dense = pipe.corpus.embeddings @ q
+    relevance = fuse(dense, LexicalIndex.build([lexical_text(n) for n in pipe.corpus.notes]).scores(demo.QUESTION),
+                     pipe.relevance.weight) if pipe.relevance.mode == "hybrid" else dense
+    order = np.argsort(-relevance, kind="stable")[:4]
     cosine = next(r for r in result["selectors"] if r["selector"] == "cosine")
     assert cosine["pages"] == [int(pipe.corpus.notes[i]["page"]) for i in order]
 

@@ -580,3 +580,31 @@ def test_cites_gold_reads_the_markers_against_gold_notes_and_pages():
     assert cites_gold(pdf_q, items, "[1] says so") == 1.0 and cites_gold(pdf_q, items, "[2] says so") == 0.0
     no_gold = Query(qid="q", question="?", answer="a", doc_ids=("p",))
     assert cites_gold(no_gold, items, "[1]") is None
+
+
+def test_an_abstained_selection_is_not_read_and_answers_not_answerable(tmp_path, monkeypatch):
+    from cdsjax.pipeline import abstain
+
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": {"*": {"feature": "best_relevance", "threshold": 0.5}}}))
+    monkeypatch.setattr(abstain, "RULES_FILE", rules)
+    asked = []
+    problems = _qasper_like()
+    with OpenAIServer(_qasper_responder('{"correct": true}', [])) as srv:
+        config = _config(srv.base_url, tmp_path)
+        config.selectors, config.judge.enabled = "cosine", False
+        records = [{"benchmark": "qasper", "selector": "cosine", "budget": 2, "qid": p.query.qid,
+                    "selected": p.note_ids[:2], "metrics": {}, "strength": {"best_relevance": s}}
+                   for p, s in zip(problems, (0.9, 0.1, 0.9))]
+        bench = types.SimpleNamespace(name="qasper")
+        read = lambda: {a["qid"]: a for a in reading.read_answers(  # noqa: E731
+            config, bench, "text", problems, records, tmp_path, progress=False, log=asked.append)}
+        by = read()
+        sent = [message_text(r) for r in srv.requests]
+        assert sent and not any("Do they use attention?" in t for t in sent)  # q1, judged too weak, was not sent
+        assert by["q1"]["abstained"] and by["q1"]["answer"] == "Not answerable" and by["q1"]["prompt_tokens"] == 0
+        assert by["q1"]["metrics"]["exact_match"] == 1.0  # its gold answers include "Unanswerable"
+        assert not by["q0"]["abstained"] and by["q0"]["metrics"]["answer_f1"] == 1.0
+        config.reader.abstain = False  # every selection read
+        again = read()
+    assert not again["q1"]["abstained"] and again["q1"]["answer"] == "Yes, they do [2]."

@@ -81,6 +81,12 @@ def test_citation_stream_holds_a_mark_until_it_closes(pieces):
     ("The revenue grew by 12% in 2020, as Table 2 shows [1].", None),
     ("Nothing in 2019 [1].", ("Nothing in 2019", "short")),
     ("12 people\nand two dogs", None),
+    # a reply that ends on its answer is read there; "answer" without "is" or ":" is not such an ending
+    ("Step-back prompting first asks a broader question.\nTherefore, the answer is: 7%.", ("7%", "final")),
+    ("It grew over the years.\n**Final answer:** 1,234", ("1234", "final")),
+    ("The pilot was extended to two more islands.\nSo the answer is: Pelican Rock [2]", ("Pelican Rock", "final")),
+    ("A long reply comes first here.\nThis would answer 5 questions", None),
+    ("A long reply comes first here.\nThe answer is that the evidence never names the supplier.", None),
 ])
 def test_short_answers_are_read_by_rule_where_the_reply_is_one(reply, expected):
     assert extract_by_rule(reply) == expected

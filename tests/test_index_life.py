@@ -181,6 +181,24 @@ def test_the_same_pdf_in_a_new_index_comes_from_the_cache(two_docs, tmp_path, ca
     assert "0 processed, 1 from the cache" in capsys.readouterr().out
 
 
+def test_a_new_notes_version_redoes_notes_and_embeddings_from_the_cached_parse(two_docs, tmp_path, capsys,
+                                                                               monkeypatch):
+    import cdsjax.io.notes as notes_mod
+
+    def no_parse(*a, **k):
+        raise AssertionError("parsed again although the document cache holds its parse")
+
+    monkeypatch.setattr(parse_mod, "parse_pdf", no_parse)
+    monkeypatch.setattr(notes_mod, "NOTES_VERSION", notes_mod.NOTES_VERSION + "-test")
+    capsys.readouterr()
+    assert main(["index", str(A), "--out", str(tmp_path / "renoted"), "--no-progress"]) == 0
+    assert "1 processed" in capsys.readouterr().out
+    idx = load_index(tmp_path / "renoted")
+    old = load_index(two_docs)
+    assert [n["note_id"] for n in idx.notes] == [n["note_id"] for n in old.notes if n["doc_id"] == idx.notes[0]["doc_id"]]
+    assert all("section" in n and "title" in n for n in idx.notes)
+
+
 def test_kill_9_midway_resumes_with_the_finished_documents(tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     big = gen.make_text_pdf(tmp_path / "long.pdf", pages=25, repeat=8)

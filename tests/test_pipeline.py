@@ -58,6 +58,7 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
     assert d["support_size"] >= 1
     assert result["warnings"] == [] and err == ""
     assert "38 percent" in " ".join(e["text"] for e in ev)
+    assert result["abstained"] is False and result["abstention"]["enabled"] is True  # judged before reading
 
 
 @pytest.mark.slow

@@ -252,3 +252,22 @@ def test_malformed_response_is_a_clear_error(evidence):
         with pytest.raises(ReaderError, match="sent an empty reply") as info:
             Reader(base_url=srv.base_url, **FAST).answer("q", evidence[:1])
     assert info.value.kind == "bad_response"
+
+
+def test_a_question_that_asks_for_a_number_asks_the_reader_for_it():
+    """The request asks for a short answer; where the question asks for an amount it adds a line asking for the
+    number in the first sentence, and only there (the rule reads the question's words)."""
+    from cdsjax.io.reading.prompt import NUMBER_LINE, QUESTION_LINE, asks_for_number, build_messages
+
+    item = {"note_id": "n0", "doc_id": "d.pdf", "page": 0, "text": "Accuracy rose from 60% to 67%."}
+    for question, number in [("How much does step-back prompting improve on MMLU Physics?", True),
+                             ("What percentage of seniors use the internet?", True),
+                             ("In what year was the cooperative founded?", True),
+                             ("How many layers does the encoder have?", True),
+                             ("What is step-back prompting?", False),
+                             ("Which baselines do they compare to?", False),
+                             ("Who wrote the report?", False)]:
+        assert asks_for_number(question) is number, question
+        user = build_messages(question, [item])[1]["content"][-1]["text"]
+        assert user.endswith(QUESTION_LINE + (f"\n{NUMBER_LINE}" if number else "")), question
+    assert not asks_for_number("") and "at most two sentences" in QUESTION_LINE

@@ -184,8 +184,10 @@ def test_ask_shows_the_evidence_then_streams_the_answer(index, tmp_path):
     first_word_at = next(t for t, text in arrivals if "The sample" in text)
     whole_at = next(t for t, text in arrivals if cited.group(0) in text)
     assert evidence_at <= first_word_at < whole_at and whole_at - first_word_at > 0.5  # streamed, not at once
-    assert f"cited: [{cited.group(1)}] multicolumn.pdf" in final and re.search(r"evidence [\d.]+s", final)
-    assert re.search(r"first_token\s+[\d.]+s", final)
+    assert f"cited: [{cited.group(1)}] multicolumn.pdf" in final
+    # one clock: the evidence, the first token and the end, in that order, in seconds from the command's start
+    clock = re.search(r"evidence at ([\d.]+)s, first token at ([\d.]+)s, done at ([\d.]+)s", " ".join(final.split()))
+    assert clock and float(clock.group(1)) <= float(clock.group(2)) <= float(clock.group(3)), final[-600:]
 
 
 def test_ask_json_says_when_the_reader_gave_no_answer(index, capsys):
@@ -195,12 +197,36 @@ def test_ask_json_says_when_the_reader_gave_no_answer(index, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert rc == 0 and obj["answer"] is None and obj["reader"]["no_answer"] == "markers_only"
     assert obj["reader"]["reply"] == "[1] [2]" and any("gave no answer" in w for w in obj["warnings"])
-    assert obj["timings"]["evidence"] > 0 and obj["timings"]["first_token"] >= obj["timings"]["evidence"]
+    t = obj["timings"]
+    assert 0 < t["evidence"] <= t["first_token"] <= t["total"] and t["read"] <= t["total"]
     with OpenAIServer(lambda req: "[1] [2]") as srv:
         rc = main(["ask", str(index), "What is the sample about?", "--budget", "2", "--reader-url", srv.base_url,
                    "--reader-model", "test-model"])
     out = capsys.readouterr().out
     assert rc == 0 and "No answer" in out and "[1] [2]" not in out.split("No answer")[0].split("Answer:")[-1]
+
+
+def test_ask_marks_the_notes_the_reader_got(index, capsys):
+    """With a token budget that holds some notes: --json says per note whether the reader got it whole, in part or
+    not at all, as it was sent (the reader's prompt holds exactly the notes marked read), and the table says so."""
+    with OpenAIServer(lambda req: "It is a sample [1].") as srv:
+        rc = main(["ask", str(index), "What is the sample about?", "--json", "--budget", "6", "--selector", "cosine",
+                   "--reader-url", srv.base_url, "--reader-model", "test-model", "--evidence-tokens", "150"])
+        prompt = message_text(srv.requests[-1])
+    obj = json.loads(capsys.readouterr().out)
+    marks = [e["read"] for e in obj["evidence"]]
+    assert rc == 0 and set(marks) <= {"whole", "part", "left out"} and "left out" in marks and marks[0] != "left out"
+    # read notes come first (rank order), then the left-out ones; the prompt holds as many notes as were read
+    got = sum(m != "left out" for m in marks)
+    assert marks == sorted(marks, key=lambda m: m == "left out")
+    assert obj["reader"]["dropped"] == len(marks) - got and f"[{got}] " in prompt
+    assert not re.search(rf"\[{got + 1}\] \w+ \| document:", prompt)
+    with OpenAIServer(lambda req: "It is a sample [1].") as srv:
+        rc = main(["ask", str(index), "What is the sample about?", "--budget", "6", "--selector", "cosine",
+                   "--reader-url", srv.base_url, "--reader-model", "test-model", "--evidence-tokens", "150"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0 and "read: yes = the reader gets the note" in out and "left out (past the token budget)" in out
+    assert re.search(rf"\[{got + 1}\](-\[\d+\])? left out", out)
 
 
 def test_ctrl_c_closes_the_reader_request(index):

@@ -113,6 +113,9 @@ def test_select_and_ask_return_the_ask_json_object(server, index_dir, capsys):
             e["image_path"] = os.path.relpath(e["image_path"], index_dir)
     assert set(sel) == set(local) and sel["evidence"] == local["evidence"]
     assert sel["diagnostics"].keys() == local["diagnostics"].keys()
+    assert sel["abstained"] is local["abstained"] is False and sel["abstention"]["enabled"] is True
+    status, kept, _ = request(url + "/select", {"question": q, "budget": 3, "abstain": False})  # ask --no-abstain
+    assert status == 200 and kept["abstention"]["enabled"] is False and kept["evidence"] == sel["evidence"]
     status, ans, _ = request(url + "/ask", {"question": q, "selector": "cds-paper", "budget": 2})
     assert status == 200 and ans["answer"].startswith("The document is") and ans["reader"]["model"] == "reader-test"
     assert ans["selector"] == "cds-paper" and ans["diagnostics"]["mode"] == "paper" and len(ans["evidence"]) == 2
@@ -347,7 +350,10 @@ def test_ask_streams_json_lines(server):
     first, last = arrivals[0][1]["result"], arrivals[-1][1]["result"]
     assert first["answer"] is None and len(first["evidence"]) == 3
     assert last["answer"] == "".join(e["text"] for _, e in arrivals if e["event"] == "token").strip()
-    assert last["evidence"] == first["evidence"] and last["timings"]["first_token"] > 0
+    # the same notes; once read, each says what the reader got of it; the timings are one clock
+    assert [{k: v for k, v in e.items() if k != "read"} for e in last["evidence"]] == first["evidence"]
+    assert all(e["read"] in ("whole", "part", "left out") for e in last["evidence"])
+    assert 0 < last["timings"]["first_token"] <= last["timings"]["total"]
     assert arrivals[-1][0] - arrivals[1][0] > 0.1  # the pieces came over time, not in one write
     status, whole, _ = request(url + "/ask", {"question": "What is the sample about?", "selector": "cosine",
                                               "budget": 3})

@@ -37,6 +37,16 @@ def enable_float64() -> None:
     jax.config.update("jax_enable_x64", True)
 
 
+def add_relevance_argument(parser) -> None:
+    """``--relevance dense|hybrid``: what ranks the notes for every selector (:mod:`cdsjax.io.relevance`; default
+    None: the configured one, hybrid unless changed)."""
+    from cdsjax.io.relevance import DEFAULT_RELEVANCE, RELEVANCE_MODES
+
+    parser.add_argument("--relevance", choices=RELEVANCE_MODES, default=None,
+                        help=f"what ranks the notes for every selector: 'dense' (the embeddings' cosine) or 'hybrid' "
+                        f"(the cosine mixed with a BM25 match of the question's words; default: {DEFAULT_RELEVANCE})")
+
+
 def add_selector_argument(parser, lead: str) -> None:
     """``--selector NAME`` (default None: :data:`cdsjax.pipeline.catalog.DEFAULT_SELECTOR`, resolved where the
     selector is built).

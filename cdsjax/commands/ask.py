@@ -18,7 +18,9 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                    "page": int (0-based), "bbox": [x0, y0, x1, y1] | null (PDF points, top-left origin),
                    "kind": "text" | "figure" | "table" | "chart", "text": str,
                    "note_id": str, "image_path": str | null (absolute locally; relative to its index
-                   with --server), "summary": str, "caption": str}, ...],
+                   with --server), "summary": str, "caption": str,
+                   "read"?: "whole" | "part" | "left out" (with a reader: what it got of the note; "part": cut
+                            to its sentences nearest the question for the token budget)}, ...],
      "diagnostics": {"solver": "pdas" | "active_set" | "replicator" | "inimdyn", "mode": "converged" | "paper",
                      "solver_run" (the solver that gave the point: "active_set" where pdas fell back, or on a
                      dense payoff), "num_iters", "converged", "status" ("converged" | "max_steps" | "nonfinite" |
@@ -26,14 +28,19 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                      "support_size" (notes with weight > 1e-6, the query excluded), "alpha",
                      "query_weight", "num_filled", "fill_reason" ("none" | "short_support" |
                      "no_query_edge"), "beta"}  ({} for baselines),
-     "timings": {"encode", "select", "read"?, "total", "load"? (local), "queue"? (serve),
-                 "roundtrip"? (--server)}  (seconds),
+     "timings": {"encode", "select", "read"?, "load"? (local), "queue"? (serve), "roundtrip"? (--server)
+                 (stage durations), "evidence", "first_token"?, "total" (seconds from the command's start, one
+                 clock: first_token <= total)}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped",
                 "local"? (the local reader: {"runtime", "model", "threads", "slots", "ctx_per_slot", ...,
                           "reused": bool (true: it was already running, warm), "keep_alive_s"})} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
-                         also printed to stderr)}
+                         also printed to stderr),
+     "abstained": bool  (true: the evidence was judged too weak before reading; the reader was not asked and
+                         "answer" says the documents do not answer the question; never with --no-abstain),
+     "abstention": {"abstained", "score" (what decided it), "feature" ("best_relevance" | "top_score" |
+                    "payoff" | "support"), "threshold", "enabled"}  (cdsjax.pipeline.abstain)}
 
 When reading fails (server down, errors after retries, malformed replies) the evidence is still printed,
 ``answer`` is null, ``error`` says why, and the exit code is 1. A reader that cannot be reached is found
@@ -60,7 +67,7 @@ import os
 import sys
 import time
 
-from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument, printable
+from cdsjax.commands import CLIError, add_reader_arguments, add_relevance_argument, add_selector_argument, printable
 from cdsjax.commands.ask_display import Live, show
 from cdsjax.commands.reader_setup import make_reader, read_options
 from cdsjax.commands.server_client import ask_server
@@ -84,6 +91,7 @@ def add_arguments(p) -> None:
                    "its read-out)")
     p.add_argument("--max-iter", type=int, default=None,
                    help="CDS solver step cap (default: the solver's; paper mode: 10,000)")
+    add_relevance_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (schema below)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="ask a running `cdsjax serve` (e.g. http://127.0.0.1:8765) instead of loading the index; "
@@ -98,6 +106,9 @@ def add_arguments(p) -> None:
                    "from an index")
     add_reader_arguments(p)
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
+    p.add_argument("--no-abstain", action="store_true",
+                   help="read the evidence even when it is judged too weak to answer the question (by default such "
+                   "a question is answered 'the documents do not answer this question', unread)")
     p.add_argument("--agent", default="direct", choices=("direct", "planning"),
                    help="direct: one selection, one read (default); planning: a DAG of sub-questions, each "
                    "retrieved and answered, checked and refined (needs a reader; --json adds the trace)")
@@ -176,6 +187,7 @@ def run(args) -> int:
             raise CLIError("with --server the server's parameters are used; give --params to `cdsjax serve`")
         result = ask_server(args.server, args.inputs[0], selector=args.selector, budget=args.budget,
                             options=options, read=not args.no_read, timeout=args.timeout,
+                            abstain=not args.no_abstain,
                             token=args.token or os.environ.get("CDSJAX_TOKEN"))
     else:
         paths, question = parse_inputs(args.inputs)
@@ -229,21 +241,24 @@ def _ask_local(args, paths, question, options, stack):
             if args.agent == "direct" else None
         pipe = Pipeline.from_paths(paths, reader=reader, progress=not args.json and sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   params=params, warm=warm, compile_cache=compile_cache)
+                                   params=params, warm=warm, compile_cache=compile_cache, relevance=args.relevance)
         load_s = time.perf_counter() - t0
         if args.agent == "planning":
             run_planning_agent(args, pipe, question, reader, options, load_s)
             return None
-        answer = pipe.retrieve(question, selector=args.selector, budget=args.budget, options=options)
+        answer = pipe.retrieve(question, selector=args.selector, budget=args.budget, options=options,
+                               abstain=not args.no_abstain)
         answer.timings["load"] = load_s
-        answer.timings["evidence"] = time.perf_counter() - args.started
-        live = None if args.json else Live(answer.to_dict(), reading=reader is not None and unreachable is None)
-        if reader is not None and unreachable is None:
-            read_from = time.perf_counter() - args.started
+        reading = reader is not None and unreachable is None
+        if reading:  # the table marks the notes the reader will get, and those its token budget leaves out
+            pipe.plan_read(answer, read)
+        # one clock: "evidence", "first_token" and "total" are seconds from the command's start
+        answer.timings["evidence"] = answer.timings["total"] = time.perf_counter() - args.started
+        live = None if args.json else Live(answer.to_dict(), reading=reading)
+        if reading:
             # streamed for --json too: the guard stops an echo or a loop early, and the first token is timed
-            pipe.read(answer, read, on_token=live.token if live else None, on_retry=live.retry if live else None)
-            if "first_token" in answer.timings:  # from the command's start, as "evidence"
-                answer.timings["first_token"] += read_from
+            pipe.read(answer, read, on_token=live.token if live else (lambda _: None),
+                      on_retry=live.retry if live else None, started=args.started)
         if unreachable is not None:
             from cdsjax.io.reading.reader import error_dict
 

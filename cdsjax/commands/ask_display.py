@@ -34,12 +34,19 @@ def show_evidence(result: dict, console=None) -> None:
     table.add_column("page", justify="right", no_wrap=True)
     table.add_column("kind", no_wrap=True)
     table.add_column("text", overflow="fold", ratio=3)
+    marked = any("read" in e for e in result["evidence"])
+    if marked:
+        table.add_column("read", no_wrap=True)
     for e in result["evidence"]:
         snippet = " ".join(e["text"].split())[:220]
-        table.add_row(str(e["rank"]), f"{e['score']:.4f}", shown(e["document"]), str(e["page"] + 1), shown(e["kind"]),
-                      shown(snippet))
+        cells = [str(e["rank"]), f"{e['score']:.4f}", shown(e["document"]), str(e["page"] + 1), shown(e["kind"]),
+                 shown(snippet)]
+        table.add_row(*cells, *([READ_MARKS.get(e.get("read"), "?")] if marked else []),
+                      style="dim" if e.get("read") == "left out" else None)
     console.print(table)
-    console.print("[dim]pages are shown 1-based here; --json gives 0-based pages[/dim]")
+    console.print("[dim]pages are shown 1-based here; --json gives 0-based pages"
+                  + ("; read: yes = the reader gets the note, part = cut to its sentences nearest the question, "
+                     "no = left out for the reader's token budget" if marked else "") + "[/dim]")
     console.print(convergence_line(result), highlight=False)
 
 
@@ -53,16 +60,55 @@ def show_tail(result: dict, console=None) -> None:
                  for n in reader["cited"] if n in by_rank]
         console.print("[dim]cited: " + "; ".join(cites) + "[/dim]", highlight=False)
     if reader.get("evidence_tokens"):
-        left = reader.get("dropped") or 0
-        console.print(f"[dim]the reader read ~{reader['evidence_tokens']} evidence tokens"
-                      + (f"; {left} lowest-ranked note{'s' if left != 1 else ''} left out" if left else "")
-                      + ("; one note cut to its sentences nearest the question" if reader.get("trimmed") else "")
+        console.print(f"[dim]the reader read ~{reader['evidence_tokens']} evidence tokens: {read_summary(result)}"
                       + ("; a warm local reader" if (reader.get("local") or {}).get("reused") else "")
                       + "[/dim]", highlight=False)
     if result.get("answer") is not None and reader.get("model"):
         console.print(f"[dim]reader: {shown(reader['model'])}[/dim]", highlight=False)
-    t = result.get("timings") or {}
-    console.print("[dim]" + ", ".join(f"{k} {v:.2f}s" for k, v in t.items()) + "[/dim]")
+    console.print(f"[dim]{timings_line(result.get('timings') or {})}[/dim]")
+
+
+# the table's "read" column (cdsjax.pipeline.answer.mark_read)
+READ_MARKS = {"whole": "yes", "part": "part", "left out": "no"}
+# points in time on the one clock (seconds from the start), in the order they happen; the rest are stage durations
+CLOCK = (("evidence", "evidence"), ("first_token", "first token"), ("total", "done"))
+
+
+def ranks(numbers: list) -> str:
+    """``[1]-[3], [5]``: evidence ranks, runs joined."""
+    runs, out = [], []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    for a, b in runs:
+        out.append(f"\\[{a}]" if a == b else f"\\[{a}]-\\[{b}]")
+    return ", ".join(out)
+
+
+def read_summary(result: dict) -> str:
+    """Which notes the reader got (whole or in part) and which were left out, by rank (the evidence's ``read``)."""
+    ev = result.get("evidence") or []
+    got = [e["rank"] for e in ev if e.get("read") in ("whole", "part")]
+    part = [e["rank"] for e in ev if e.get("read") == "part"]
+    left = [e["rank"] for e in ev if e.get("read") == "left out"]
+    if not got and not left:
+        return "which notes is not known"
+    text = f"notes {ranks(got)}" if got else "no note"
+    if part:
+        text += f" ({ranks(part)} cut to {'its' if len(part) == 1 else 'their'} sentences nearest the question)"
+    if left:
+        text += f"; {ranks(left)} left out (past the token budget)"
+    return text
+
+
+def timings_line(t: dict) -> str:
+    """The timings on one clock: when the evidence, the first token and the end came (seconds from the start),
+    then how long each stage took."""
+    points = [f"{label} at {t[k]:.2f}s" for k, label in CLOCK if k in t]
+    stages = [f"{k} {v:.2f}s" for k, v in t.items() if k not in dict(CLOCK)]
+    return "; ".join(part for part in (", ".join(points), ("stages: " + ", ".join(stages)) if stages else "") if part)
 
 
 def show(result: dict) -> None:
@@ -70,7 +116,7 @@ def show(result: dict) -> None:
     console = make_console()
     show_evidence(result, console)
     if result.get("answer") is not None:
-        console.print(f"\n[bold]Answer[/bold] ({shown(result['reader']['model'])}): "
+        console.print(f"\n[bold]Answer[/bold] ({shown((result.get('reader') or {}).get('model') or 'not read')}): "
                       + "\n".join(shown(line) for line in str(result["answer"]).split("\n")))
     else:
         console.print(no_answer_line(result))

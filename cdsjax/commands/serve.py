@@ -55,7 +55,7 @@ import os
 import sys
 import time
 
-from cdsjax.commands import CLIError, add_reader_arguments, add_selector_argument
+from cdsjax.commands import CLIError, add_reader_arguments, add_relevance_argument, add_selector_argument
 from cdsjax.commands.policy import DEFAULT_MAX_PDF_MB, LOOPBACK_NAMES, MAX_BUDGET, is_loopback, is_text
 from cdsjax.defaults import DEFAULT_BUDGET
 
@@ -111,6 +111,7 @@ def add_arguments(p) -> None:
     p.add_argument("--params", default=None, metavar="FILE",
                    help="parameters of the learned selectors (cdsjax tune; default: the shipped fit of each "
                    "selector's read-out)")
+    add_relevance_argument(p)
     add_reader_arguments(p, slots=2)
     p.add_argument("--read-workers", type=int, default=4, help="reader calls in flight at once (default: 4)")
     p.set_defaults(no_read=False)
@@ -223,7 +224,8 @@ def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) 
     try:
         pipe = Pipeline.from_paths(args.indexes, reader=reader, progress=sys.stderr.isatty(),
                                    embedders=args.embedder, trust_remote_code=args.trust_remote_code,
-                                   max_compiled=args.max_compiled, params=params, compile_cache=compile_cache)
+                                   max_compiled=args.max_compiled, params=params, compile_cache=compile_cache,
+                                   relevance=args.relevance)
         warm_s = pipe.warm([args.selector], budget=args.budget)
     except (PipelineError, EmbedderError) as err:
         sock.close()

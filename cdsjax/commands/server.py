@@ -61,6 +61,7 @@ class Question(BaseModel):
     options: Dict[str, Any] = Field(default_factory=dict)
     near_duplicates: Optional[StrictFloat] = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False)
     stream: StrictBool = False  # /ask: JSON lines as the answer is written (stream_answer)
+    abstain: StrictBool = True  # false: read even evidence judged too weak (cdsjax.pipeline.abstain)
 
     @field_validator("question", "selector")
     @classmethod
@@ -295,7 +296,8 @@ async def answer(state: ServerState, body: Question, read: bool):
 
     def retrieve():
         waited = time.perf_counter() - t0
-        result = pipe.retrieve(body.question, selector=spec, budget=budget, options=options or None)
+        result = pipe.retrieve(body.question, selector=spec, budget=budget, options=options or None,
+                               abstain=body.abstain)
         result.timings["queue"] = waited
         return result
 

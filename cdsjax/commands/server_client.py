@@ -10,7 +10,7 @@ from typing import Optional
 from cdsjax.commands import CLIError
 
 
-def ask_server(url: str, question: str, *, selector: Optional[str], budget: int, options: dict, read: bool = True,
+def ask_server(url: str, question: str, *, selector: Optional[str], budget: int, options: dict, read: bool = True, abstain: bool = True,
                timeout: float = 300.0, token: "str | None" = None) -> dict:
     """POSTs the question to a running ``cdsjax serve`` (stdlib HTTP only: no JAX or torch here); without a
     ``selector`` the server uses its default."""
@@ -21,6 +21,8 @@ def ask_server(url: str, question: str, *, selector: Optional[str], budget: int,
     if not base.startswith(("http://", "https://")):
         raise CLIError(f"--server {url}: expected an http:// or https:// URL", 2)
     body = dict(question=question, budget=budget)
+    if not abstain:
+        body["abstain"] = False
     if selector is not None:
         body["selector"] = selector
     if options:

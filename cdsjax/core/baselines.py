@@ -20,7 +20,7 @@ from jax import Array, lax
 from cdsjax.core.graph import ppr_vector
 from cdsjax.core.ranking import top_b
 from cdsjax.core.types import Selection
-from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option
+from cdsjax.core.validation import as_query_matrix, check_budget, check_notes_valid, check_option, query_similarity
 
 DPP_QUALITIES = ("exp", "relu")
 
@@ -47,23 +47,26 @@ def key_from_query_id(query_id: str, *, seed: Optional[Union[int, str]] = None) 
     return jax.random.wrap_key_data(jnp.asarray(words), impl="threefry2x32")
 
 
-def relevance(notes: Array, query: Array, valid: Array) -> Array:
-    r"""``[n]`` cosine relevance :math:`\max_k q_k^\top z_i` (0 at padding).
+def relevance(notes: Array, query: Array, valid: Array, query_scores: Optional[Array] = None) -> Array:
+    r"""``[n]`` cosine relevance :math:`\max_k q_k^\top z_i` (0 at padding), or the best of ``query_scores``.
 
     Args:
       notes: ``[n, d]`` float, L2-normalised, trailing padding.
       query: ``[d]`` or ``[m, d]`` float, L2-normalised.
       valid: ``[n]`` bool, True on real notes.
+      query_scores: optional ``[m, n]`` (or ``[n]``) similarities in place of :math:`q_k^\top z_i`
+        (:attr:`~cdsjax.core.CDSProblem.query_scores`: a relevance fused above the core).
     """
     notes = jnp.asarray(notes)
     queries = as_query_matrix(query, notes)
     valid = check_notes_valid(notes, valid)
     dtype = jnp.result_type(notes.dtype, queries.dtype)
-    rel = jnp.max(queries.astype(dtype) @ notes.astype(dtype).T, axis=0)
+    rel = jnp.max(query_similarity(notes.astype(dtype), queries.astype(dtype), query_scores), axis=0)
     return jnp.where(valid, rel, 0.0)
 
 
-def select_cosine(notes: Array, query: Array, valid: Array, *, budget: int) -> Selection:
+def select_cosine(notes: Array, query: Array, valid: Array, *, budget: int,
+                  query_scores: Optional[Array] = None) -> Selection:
     """Top-``budget`` notes by cosine relevance (ties to the lowest index).
 
     Args:
@@ -76,7 +79,7 @@ def select_cosine(notes: Array, query: Array, valid: Array, *, budget: int) -> S
       :class:`Selection` with ``scores`` the relevances.
     """
     budget = check_budget(budget)
-    rel = relevance(notes, query, valid)
+    rel = relevance(notes, query, valid, query_scores)
     idx, ok, scores = top_b(rel, jnp.asarray(valid, bool), budget)
     return Selection(indices=idx, selected_valid=ok, scores=scores)
 
@@ -107,7 +110,8 @@ def select_random(valid: Array, *, budget: int, key: Array) -> Selection:
     return Selection(indices=idx, selected_valid=ok, scores=scores)
 
 
-def select_mmr(notes: Array, query: Array, valid: Array, *, budget: int, lam: float = 0.5) -> Selection:
+def select_mmr(notes: Array, query: Array, valid: Array, *, budget: int, lam: float = 0.5,
+               query_scores: Optional[Array] = None) -> Selection:
     r"""Maximal marginal relevance, greedily.
 
     The first pick is :math:`\arg\max_i \mathrm{rel}_i`; each later pick is
@@ -129,7 +133,7 @@ def select_mmr(notes: Array, query: Array, valid: Array, *, budget: int, lam: fl
     budget = check_budget(budget)
     if not 0.0 <= float(lam) <= 1.0:
         raise ValueError(f"lam must be in [0, 1], got {lam!r}")
-    rel = relevance(notes, query, valid)
+    rel = relevance(notes, query, valid, query_scores)
     valid = jnp.asarray(valid, bool)
     notes = jnp.asarray(notes, rel.dtype)
     n = notes.shape[0]
@@ -178,6 +182,7 @@ def select_dpp(
     theta: float = 1.0,
     quality: str = "exp",
     gain_tol: Optional[float] = None,
+    query_scores: Optional[Array] = None,
 ) -> Selection:
     r"""Greedy MAP of the DPP with kernel :math:`L = \mathrm{diag}(q)\,S\,\mathrm{diag}(q)`.
 
@@ -206,7 +211,7 @@ def select_dpp(
     """
     budget = check_budget(budget)
     check_option("quality", quality, DPP_QUALITIES)
-    rel = relevance(notes, query, valid)
+    rel = relevance(notes, query, valid, query_scores)
     valid = jnp.asarray(valid, bool)
     dtype = rel.dtype
     notes = jnp.asarray(notes, dtype)
@@ -256,6 +261,7 @@ def select_ppr(
     temperature: float = 0.1,
     tol: float = 1e-9,
     max_iter: int = 1000,
+    query_scores: Optional[Array] = None,
 ) -> Selection:
     r"""Top-``budget`` notes by personalised PageRank from a query-softmax teleport.
 
@@ -279,7 +285,7 @@ def select_ppr(
     budget = check_budget(budget)
     if not float(temperature) > 0.0:
         raise ValueError(f"temperature must be positive, got {temperature!r}")
-    rel = relevance(notes, query, valid)
+    rel = relevance(notes, query, valid, query_scores)
     valid = jnp.asarray(valid, bool)
     seed = jax.nn.softmax(jnp.where(valid, rel / temperature, -jnp.inf))
     r = ppr_vector(links, seed, valid, damping=damping, tol=tol, max_iter=max_iter)
@@ -324,6 +330,7 @@ def select_cosine_pages(
     budget: int,
     doc_ids: Optional[Array] = None,
     fill: bool = True,
+    query_scores: Optional[Array] = None,
 ) -> Selection:
     r"""Cosine top-``budget`` keeping at most one note per page, then (``fill``) the next best.
 
@@ -352,7 +359,7 @@ def select_cosine_pages(
       :class:`Selection` with ``scores`` the relevances.
     """
     budget = check_budget(budget)
-    rel = relevance(notes, query, valid)
+    rel = relevance(notes, query, valid, query_scores)
     valid = jnp.asarray(valid, bool)
     n = rel.shape[0]
     same = same_unit(pages, valid, doc_ids)

@@ -38,12 +38,14 @@ reports ``support_size``, ``num_filled`` and ``fill_reason``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax.numpy as jnp
 from jax import Array, lax
 
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import FILL_NO_QUERY_EDGE, FILL_NONE, FILL_SHORT_SUPPORT, Affinity, Selection, SolverResult
-from cdsjax.core.validation import check_budget
+from cdsjax.core.validation import check_budget, query_similarity
 
 
 def top_b(scores: Array, eligible: Array, budget: int) -> tuple[Array, Array, Array]:
@@ -91,12 +93,13 @@ def isolated_query(affinity: Affinity) -> Array:
     return ~edge & ~pinned
 
 
-def query_cosine(notes: Array, query: Array) -> Array:
-    r"""``[n]`` mean cosine :math:`\bar q^\top z_i` over the query rows (``query`` ``[d]`` or ``[m, d]``)."""
+def query_cosine(notes: Array, query: Array, query_scores: Optional[Array] = None) -> Array:
+    r"""``[n]`` mean cosine :math:`\bar q^\top z_i` over the query rows (``query`` ``[d]`` or ``[m, d]``), or the
+    mean of ``query_scores`` ``[m, n]`` where given (:attr:`CDSProblem.query_scores`)."""
     query = jnp.asarray(query)
     if query.ndim == 1:
         query = query[None, :]
-    return jnp.mean(query @ jnp.asarray(notes).T, axis=0)
+    return jnp.mean(query_similarity(jnp.asarray(notes), query, query_scores), axis=0)
 
 
 def fill_order(

@@ -26,7 +26,7 @@ from jax import Array, lax
 
 from cdsjax.core.baselines import cut_to_budget
 from cdsjax.core.types import FILL_NONE, FILL_SHORT_SUPPORT, CDSProblem, Selection, Selector
-from cdsjax.core.validation import as_query_matrix, check_budget, check_int_range, check_notes_valid
+from cdsjax.core.validation import as_query_matrix, check_budget, check_int_range, check_notes_valid, query_similarity
 
 # MMR / k-DPP rank this many times the budget by their own greedy order (the rest by cosine): a page read-out of
 # B notes needs the ranking only until B pages have shown up, and a greedy pass over every note of a 5-document
@@ -168,15 +168,17 @@ def rank_positions(indices: Array, selected_valid: Array, valid: Array, tie: Arr
                     by_sort)
 
 
-def best_cosine(notes: Array, query: Array, valid: Array) -> Array:
-    """``[n]`` each note's best cosine over the query rows, -inf at padding (the read-out's scores and ties)."""
+def best_cosine(notes: Array, query: Array, valid: Array, query_scores: Optional[Array] = None) -> Array:
+    """``[n]`` each note's best cosine over the query rows (or best ``query_scores``, the problem's relevance in
+    its place), -inf at padding (the read-out's scores and ties)."""
     queries = as_query_matrix(query, notes)
-    rel = jnp.max(queries @ notes.T, axis=0)
+    rel = jnp.max(query_similarity(notes, queries, query_scores), axis=0)
     return jnp.where(valid, rel, -jnp.inf)
 
 
 def ranking_of(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
-               depth: Optional[int] = None, **kwargs) -> tuple[Array, Selection]:
+               depth: Optional[int] = None, *, query_scores: Optional[Array] = None,
+               **kwargs) -> tuple[Array, Selection]:
     """``(rank [n], selection)``: the ranking of a selector, built by ``build(budget)``, asked for ``depth`` notes
     (None: every note; statically capped at ``n``) and called with ``notes, query, valid`` and ``kwargs``."""
     notes = jnp.asarray(notes)
@@ -184,25 +186,25 @@ def ranking_of(build: Callable[[int], Callable[..., Selection]], notes: Array, q
     n = notes.shape[0]
     depth = n if depth is None else max(1, min(int(depth), n))
     sel = build(depth)(notes, query, valid, **kwargs)
-    return rank_positions(sel.indices, sel.selected_valid, valid, best_cosine(notes, query, valid)), sel
+    return rank_positions(sel.indices, sel.selected_valid, valid, best_cosine(notes, query, valid, query_scores)), sel
 
 
 def select_structured(build: Callable[[int], Callable[..., Selection]], notes: Array, query: Array, valid: Array,
                       pages: Array, *, budget: int, k: int = 1, doc_ids: Optional[Array] = None,
                       depth: Optional[int] = None, fill: bool = True, describes: Optional[Array] = None,
-                      **kwargs) -> Selection:
+                      query_scores: Optional[Array] = None, **kwargs) -> Selection:
     """The structured read-out of a selector (module docstring): its ranking (:func:`ranking_of`), read at most
     ``k`` notes per page per round. With ``describes`` (``[n]`` int, :func:`fold_described`), a caption is read as
     part of the visual it describes: the visual at the better of the two ranks, in one slot. Scores are the notes'
     cosine; ``result``, ``support_size`` and ``beta`` are the ranking selection's (a CDS equilibrium's diagnostics
     survive the read-out)."""
     budget = check_budget(budget)
-    rank, sel = ranking_of(build, notes, query, valid, depth, **kwargs)
+    rank, sel = ranking_of(build, notes, query, valid, depth, query_scores=query_scores, **kwargs)
     readable = jnp.asarray(valid, bool)
     if describes is not None:
         rank, readable = fold_described(rank, readable, describes)
     idx, ok = structured_readout(rank, readable, pages, budget=budget, k=k, doc_ids=doc_ids, fill=fill)
-    cos = best_cosine(jnp.asarray(notes), query, jnp.asarray(valid, bool))
+    cos = best_cosine(jnp.asarray(notes), query, jnp.asarray(valid, bool), query_scores)
     sel = sel.replace(indices=idx, selected_valid=ok, scores=jnp.where(ok, cos[idx], 0.0))
     if sel.support_size is None:
         return sel
@@ -246,7 +248,8 @@ def per_page(name: str, base: Callable[..., Callable], *, greedy: bool = False,
 
             return select_structured(ranked, problem.notes, problem.queries, problem.valid, pages, budget=budget,
                                      k=notes_per_page, doc_ids=problem.doc_ids, depth=depth,
-                                     describes=problem.describes if captions else None)
+                                     describes=problem.describes if captions else None,
+                                     query_scores=problem.query_scores)
 
         # the base game's corpus-level bound and note block (budget-free): a warm corpus reads its questions
         # without an eigendecomposition each, as the base selector does (the ranking reads problem.note_block)

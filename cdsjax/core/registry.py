@@ -57,7 +57,8 @@ PPR_MAX_ITER_CAP = 100_000
 
 def _cosine(budget: int) -> SelectorFn:
     def fn(problem: CDSProblem, key=None):
-        return select_cosine(problem.notes, problem.queries, problem.valid, budget=budget)
+        return select_cosine(problem.notes, problem.queries, problem.valid, budget=budget,
+                             query_scores=problem.query_scores)
 
     return fn
 
@@ -67,7 +68,7 @@ def _cosine_pages(budget: int, *, fill: bool = True) -> SelectorFn:
         if problem.pages is None:
             raise ValueError("selector 'cosine_pages' needs pages ([n] int page, or paragraph group, of each note)")
         return select_cosine_pages(problem.notes, problem.queries, problem.valid, problem.pages, budget=budget,
-                                   doc_ids=problem.doc_ids, fill=fill)
+                                   doc_ids=problem.doc_ids, fill=fill, query_scores=problem.query_scores)
 
     return fn
 
@@ -86,7 +87,8 @@ def _mmr(budget: int, *, lam: float = 0.5) -> SelectorFn:
         raise ValueError(f"lam must be in [0, 1], got {lam!r}")
 
     def fn(problem: CDSProblem, key=None):
-        return select_mmr(problem.notes, problem.queries, problem.valid, budget=budget, lam=lam)
+        return select_mmr(problem.notes, problem.queries, problem.valid, budget=budget, lam=lam,
+                          query_scores=problem.query_scores)
 
     return fn
 
@@ -96,7 +98,7 @@ def _dpp(budget: int, *, theta: float = 1.0, quality: str = "exp", gain_tol: Opt
 
     def fn(problem: CDSProblem, key=None):
         return select_dpp(problem.notes, problem.queries, problem.valid, budget=budget, theta=theta, quality=quality,
-                          gain_tol=gain_tol)
+                          gain_tol=gain_tol, query_scores=problem.query_scores)
 
     return fn
 
@@ -115,7 +117,8 @@ def _ppr(
 
     def fn(problem: CDSProblem, key=None):
         return select_ppr(_links(problem, "ppr"), problem.notes, problem.queries, problem.valid, budget=budget,
-                          damping=damping, temperature=temperature, tol=tol, max_iter=max_iter)
+                          damping=damping, temperature=temperature, tol=tol, max_iter=max_iter,
+                          query_scores=problem.query_scores)
 
     return fn
 
@@ -123,7 +126,7 @@ def _ppr(
 def _subgraph(budget: int) -> SelectorFn:
     def fn(problem: CDSProblem, key=None):
         return select_subgraph_readout(_links(problem, "subgraph"), problem.notes, problem.queries, problem.valid,
-                                       budget=budget)
+                                       budget=budget, query_scores=problem.query_scores)
 
     return fn
 

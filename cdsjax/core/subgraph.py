@@ -26,7 +26,8 @@ from cdsjax.core.types import Selection
 from cdsjax.core.validation import check_budget
 
 
-def select_subgraph_readout(links: Array, notes: Array, query: Array, valid: Array, *, budget: int) -> Selection:
+def select_subgraph_readout(links: Array, notes: Array, query: Array, valid: Array, *, budget: int,
+                            query_scores=None) -> Selection:
     r"""Greedy cosine ranking expanded by link neighbours, cut at ``budget`` notes.
 
     Args:
@@ -46,7 +47,7 @@ def select_subgraph_readout(links: Array, notes: Array, query: Array, valid: Arr
     Cost: one ``argsort`` plus one ``O(n)`` step per seed; at most ``n`` seeds.
     """
     budget = check_budget(budget)
-    rel = relevance(notes, query, valid)
+    rel = relevance(notes, query, valid, query_scores)
     valid = jnp.asarray(valid, bool)
     n = valid.shape[0]
     links = jnp.asarray(links)

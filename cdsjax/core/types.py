@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
-from cdsjax.core.validation import as_query_matrix, check_notes_valid
+from cdsjax.core.validation import as_query_matrix, check_notes_valid, query_similarity
 
 COUPLINGS = ("dissimilarity", "similarity", "none")
 ALPHA_FROM = ("free", "full")
@@ -256,6 +256,10 @@ class CDSProblem:
       describes: optional ``[n]`` int32, the note each note describes: a caption's (or a Note/Source line's)
         figure, table or chart, -1 for none (the default's read-out reads a caption with its visual,
         :func:`cdsjax.core.readouts.fold_described`); None: no note describes another.
+      query_scores: optional ``[m, n]`` float, the query--note similarities that stand in for
+        :math:`q_k^\top z_i` wherever a relevance is computed (every selector's: CDS's query edges, the
+        baselines' rankings, the read-outs' ties), e.g. a lexical and dense relevance fused above the core on the
+        cosine's scale; None: the cosine of the embeddings.
 
     A question posed with its corpus's precomputed note block is the problem type :class:`BlockProblem`.
     """
@@ -270,10 +274,11 @@ class CDSProblem:
     pinned: Optional[Array] = None
     bound: Optional[Array] = None
     describes: Optional[Array] = None
+    query_scores: Optional[Array] = None
 
     @classmethod
     def create(cls, notes, query, valid=None, *, links=None, doc_ids=None, pages=None, kinds=None,
-               pinned=None, bound=None, describes=None) -> "CDSProblem":
+               pinned=None, bound=None, describes=None, query_scores=None) -> "CDSProblem":
         """A problem with ``query`` ``[d]`` promoted to ``[1, d]`` and every shape checked.
 
         ``valid`` None marks every note real. Raises ``ValueError`` naming the argument whose shape is
@@ -298,7 +303,9 @@ class CDSProblem:
             bound = jnp.asarray(bound)
             if bound.shape != ():
                 raise ValueError(f"bound must be a scalar, got shape {bound.shape}")
-        return cls(notes=notes, queries=queries, valid=valid, bound=bound, **extras)
+        if query_scores is not None:
+            query_scores = query_similarity(notes, queries, query_scores)
+        return cls(notes=notes, queries=queries, valid=valid, bound=bound, query_scores=query_scores, **extras)
 
     @property
     def num_notes(self) -> int:

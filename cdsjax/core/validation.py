@@ -34,6 +34,21 @@ def as_query_matrix(queries: Array, notes: Array, name: str = "query") -> Array:
     return queries
 
 
+def query_similarity(notes: Array, queries: Array, query_scores: Optional[Array] = None) -> Array:
+    r"""``[m, n]`` the query--note similarities every relevance in the core starts from: :math:`q_k^\top z_i`, or
+    the caller's ``query_scores`` in its place (a relevance fused from lexical and dense scores, on the cosine's
+    scale, computed above the core). ``queries`` is ``[m, d]``; ``query_scores`` ``[m, n]`` or ``[n]`` (one row)."""
+    if query_scores is None:
+        return queries @ notes.T
+    scores = jnp.asarray(query_scores)
+    if scores.ndim == 1:
+        scores = scores[None, :]
+    if scores.shape != (queries.shape[0], notes.shape[0]):
+        raise ValueError(f"query_scores must have shape {(queries.shape[0], notes.shape[0])} (one row per query, "
+                         f"one column per note), got {scores.shape}")
+    return scores.astype(jnp.result_type(notes.dtype, queries.dtype))
+
+
 def check_notes_valid(notes: Array, valid: Array) -> Array:
     """Returns ``valid`` as a bool array; raises ``ValueError`` if it does not match ``notes``."""
     notes = jnp.asarray(notes)

@@ -89,7 +89,10 @@ def parse_extracted(text: str) -> str:
 _NUMBER_ANSWER = re.compile(r"^[$€£]?\s*(-?\d{1,3}(?:,\d{3})+|-?\d+)(\.\d+)?\s*(%|percent)?$", re.IGNORECASE)
 _YES_NO = re.compile(r"^(yes|no)\b", re.IGNORECASE)
 SHORT_ANSWER_WORDS = 4
-EXTRACTION_RULES = ("decline", "yes_no", "number", "short")
+EXTRACTION_RULES = ("decline", "yes_no", "number", "short", "final")
+# a reply that ends on its answer: "..., so the answer is: 38%." / "Final answer: 12"
+_FINAL_ANSWER = re.compile(r"(?:^|[\s.,;:*_])(?:so |thus |therefore,? |hence )?(?:the )?(?:final |short )?answer"
+                           r"(?:\s+is\s*:?|\s*:)\s*([^\n]+?)\s*$", re.IGNORECASE)
 
 
 def extract_by_rule(reply: Optional[str]) -> Optional[tuple]:
@@ -101,7 +104,9 @@ def extract_by_rule(reply: Optional[str]) -> Optional[tuple]:
     - ``yes_no``: it starts with the word yes or no -> ``Yes`` / ``No``;
     - ``number``: it is a number alone (an optional currency sign, thousands separators, an optional per cent
       sign) -> the number without sign or separators, ``%`` kept;
-    - ``short``: it is one line of at most :data:`SHORT_ANSWER_WORDS` words -> the line.
+    - ``short``: it is one line of at most :data:`SHORT_ANSWER_WORDS` words -> the line;
+    - ``final``: its last line ends on "the answer is: X" (or "Final answer: X") where X is a number alone or at
+      most :data:`SHORT_ANSWER_WORDS` words -> X, read by the number rule where it is a number.
     """
     if declines(reply):
         return NOT_ANSWERABLE, "decline"
@@ -118,6 +123,16 @@ def extract_by_rule(reply: Optional[str]) -> Optional[tuple]:
         return m.group(1).replace(",", "") + (m.group(2) or "") + ("%" if m.group(3) else ""), "number"
     if "\n" not in body and len(body.split()) <= SHORT_ANSWER_WORDS:
         return body, "short"
+    m = _FINAL_ANSWER.search(body.splitlines()[-1].strip())
+    if m:
+        final = m.group(1)
+        for _ in range(2):
+            final = final.strip("*_`\"' ").rstrip(".").strip()
+        number = _NUMBER_ANSWER.match(final)
+        if number:
+            return number.group(1).replace(",", "") + (number.group(2) or "") + ("%" if number.group(3) else ""), "final"
+        if final and len(final.split()) <= SHORT_ANSWER_WORDS and not declines(final):
+            return final, "final"
     return None
 
 

@@ -14,7 +14,8 @@ import cdsjax.eval.distributed as D
 import cdsjax.eval.reader_setup as reader_setup
 import cdsjax.eval.reading as reading
 from cdsjax.eval.pools import pool_spec, pooled_problems
-from cdsjax.eval.problems import benchmark_kind, load_configured_benchmark, pdf_problems, text_problems
+from cdsjax.eval.problems import (benchmark_kind, load_configured_benchmark, pdf_problems, text_problems,
+                                  with_relevance)
 from cdsjax.eval.records import (RECORDS_FILE, clear_run, drop_stale_records, drop_torn_tail, is_current,
                                  read_records, record_key, selection_record, start_run)
 from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, paired_rows, summary_rows,
@@ -22,14 +23,17 @@ from cdsjax.eval.report import (SUMMARY_CSV, SUMMARY_MD, markdown_table, paired_
 from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_arrays_cache, jax_local_devices, make_mesh,
                              run_selector)
 from cdsjax.eval.scoring import metric_names
-from cdsjax.eval.settings import (budgets_of, cache_dir_of, eval_dtype, identity_digest, record_identity, run_identity,
-                                  selector_specs)
+from cdsjax.eval.abstention import abstention_table
+from cdsjax.eval.settings import (budgets_of, cache_dir_of, eval_dtype, identity_digest, record_identity,
+                                  relevance_settings, run_identity, selector_specs)
 
 
 def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
                   log: Callable[[str], None] = print):
     """``(benchmark, kind, problems, timings)`` of a config: one document per question,
-    or pools / the open corpus when the config sets :data:`cdsjax.eval.pools.POOL_FIELDS`."""
+    or pools / the open corpus when the config sets :data:`cdsjax.eval.pools.POOL_FIELDS`; each problem carries
+    its question's relevance rows under ``config.relevance`` (:func:`cdsjax.eval.problems.with_relevance`)."""
+    relevance = relevance_settings(config)
     spec = pool_spec(config)
     if spec is not None:
         bench, kind, problems, timings = pooled_problems(config, spec, embedder, cache_dir=cache_dir,
@@ -39,7 +43,8 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
         kind = benchmark_kind(bench)
         if kind == "text":
             problems = text_problems(bench, embedder, cache_dir=cache_dir,
-                                     link_window=int(config.get("link_window", 1)), progress=progress)
+                                     link_window=int(config.get("link_window", 1)), progress=progress,
+                                     context=bool(relevance.context))
         elif bench.queries:
             problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
         else:
@@ -47,7 +52,7 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
     if not bench.queries:
         raise ValueError(f"benchmark {config.benchmark!r} has no queries "
                          f"(max_queries={config.get('max_queries', None)})")
-    return bench, kind, problems, timings
+    return bench, kind, with_relevance(problems, relevance.mode, relevance.lexical_weight), timings
 
 
 def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None,
@@ -172,7 +177,8 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
 
     records = D.merged_records(out_dir, RECORDS_FILE, bench.name, specs, budgets, problems,
                                merge=process is not None, digests=digests)
-    names, answer_rows = metric_names(kind, pooled), []
+    names, answer_rows, answers = metric_names(kind, pooled), [], None
+    selections = records
     if reader_setup.enabled(config):  # the reader stage: answers of every selection and control, scored
         with reader_setup.local_reader(config, log) as (read_config, api_key):  # a local llama.cpp server, if asked
             answers = reading.read_answers(read_config, bench, kind, problems, records, out_dir, embedder=embedder,
@@ -191,7 +197,14 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     if answer_rows or reference:
         rows = reading.answer_first(rows + answer_rows)
     write_summary_csv(rows, out_dir / SUMMARY_CSV)
-    table = markdown_table(rows, provenance=run_provenance(out_dir))
+    table = markdown_table(rows)
+    abstained = abstention_table(selections, problems, answers)
+    if abstained:  # answerable and unanswerable questions apart: what abstaining before reading did
+        table += ("\nAbstained before reading (cdsjax.pipeline.abstain; A answerable, U unanswerable):\n\n"
+                  + abstained)
+    from cdsjax.io.provenance import provenance_line
+
+    table += "\n" + provenance_line(run_provenance(out_dir))
     (out_dir / SUMMARY_MD).write_text(table)
     log(table)
     return records, rows

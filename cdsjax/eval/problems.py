@@ -43,6 +43,10 @@ class Problem:
       texts: ``[n]`` the text of each note (:func:`note_text`; what the answer metric searches), or None.
       describes: ``[n]`` the note id of the figure, table or chart each note describes (a caption's; ``""`` for
         none; :func:`cdsjax.pipeline.selection.described_notes`), or None (no note describes another).
+      query_scores: ``[n]`` float32 the question's relevance of each note where it is not the embeddings' cosine
+        (a hybrid relevance, :func:`with_relevance`), or None (dense: the core computes the cosine).
+      context: ``[n]`` the text that placed each note when it was embedded and matched (document title, section;
+        :func:`text_context`), or None (the note's own text).
     """
 
     query: Any
@@ -59,6 +63,8 @@ class Problem:
     sections: Optional[List[int]] = None
     texts: Optional[List[str]] = None
     describes: Optional[List[str]] = None
+    query_scores: Optional[np.ndarray] = None
+    context: Optional[List[str]] = None
 
     def __post_init__(self):
         n = self.notes.shape[0]
@@ -69,7 +75,8 @@ class Problem:
                              f"does not match notes {self.notes.shape}")
         if self.links.shape != (n, n):
             raise ValueError(f"query {self.query.qid}: links must be [{n}, {n}], got {self.links.shape}")
-        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections", "texts", "describes"):
+        for name in ("note_ids", "docs", "pages", "boxes", "kinds", "sections", "texts", "describes",
+                     "query_scores", "context"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"query {self.query.qid}: {name} has {len(v)} entries for {n} notes")
@@ -246,13 +253,32 @@ def cached_encode(cache_dir: pathlib.Path, tag: str, embedder, texts: Sequence[s
     return arr
 
 
+def text_context(corpus) -> List[str]:
+    """Each note of a text corpus with the words that place it: the document's title and, for a paragraph, its
+    section's name (``"<text> (in: <title> / <section>)"``, :func:`cdsjax.io.placement.placed_text`); a note
+    without either is its text alone. HotpotQA's
+    paragraphs already begin with their page's title, and their corpora carry no other."""
+    from cdsjax.io.placement import placed_text
+
+    meta = corpus.meta or {}
+    title = str(meta.get("title") or "").strip()
+    names = meta.get("sections") or []
+    out = []
+    for i, (kind, text) in enumerate(zip(corpus.kinds, corpus.texts)):
+        section = str(names[i] or "").strip() if kind == "paragraph" and i < len(names) else ""
+        out.append(placed_text(text, title, section))
+    return out
+
+
 def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int = 1,
-                  progress: bool = False) -> List[Problem]:
-    """Problems of a text benchmark: each query searches its corpus's notes."""
+                  progress: bool = False, context: bool = True) -> List[Problem]:
+    """Problems of a text benchmark: each query searches its corpus's notes, embedded with their context
+    (:func:`text_context`; ``context=False``: their own text alone)."""
     from cdsjax.core.validation import validate_embeddings
 
     corpus_ids = list(dict.fromkeys(q.doc_ids[0] for q in bench.queries))
-    texts = [t for c in corpus_ids for t in bench.corpora[c].texts]
+    placed = {c: (text_context(bench.corpora[c]) if context else list(bench.corpora[c].texts)) for c in corpus_ids}
+    texts = [t for c in corpus_ids for t in placed[c]]
     note_emb = cached_encode(cache_dir, bench.name, embedder, texts, queries=False, progress=progress)
     query_emb = cached_encode(cache_dir, bench.name, embedder,
                               [q.question for q in bench.queries], queries=True)
@@ -271,8 +297,31 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
         corpus = bench.corpora[c]
         problems.append(Problem(q, note_emb[lo:hi], qe, links[c], list(corpus.note_ids),
                                 [c] * len(corpus), kinds=text_kinds(corpus),
-                                sections=text_sections(corpus), texts=list(corpus.texts)))
+                                sections=text_sections(corpus), texts=list(corpus.texts), context=placed[c]))
     return problems
+
+
+def with_relevance(problems: Sequence[Problem], mode: str, weight: float) -> List[Problem]:
+    """``problems`` carrying each question's relevance row (:attr:`Problem.query_scores`) under ``mode``
+    (:mod:`cdsjax.io.relevance`: ``dense`` leaves them as they are; ``hybrid`` fuses a BM25 match of the question
+    in each note's placed text with the cosine). One BM25 index per corpus (the same notes), built once."""
+    from cdsjax.io.relevance import LexicalIndex, check_relevance, fuse
+
+    if check_relevance(mode) == "dense":
+        return list(problems)
+    indexes: Dict[tuple, Any] = {}
+    out = []
+    for p in problems:
+        texts = p.context or p.texts
+        if texts is None:
+            raise ValueError(f"query {p.query.qid}: hybrid relevance needs the notes' texts")
+        key = tuple(p.note_ids)
+        if key not in indexes:
+            indexes[key] = LexicalIndex.build(texts)
+        # in float64: a float64 evaluation computes its relevance with the digits a float32 one cannot hold
+        dense = np.asarray(p.notes, np.float64) @ np.asarray(p.query_emb, np.float64)
+        out.append(dataclasses.replace(p, query_scores=fuse(dense, indexes[key].scores(p.query.question), weight)))
+    return out
 
 
 def block_links(blocks: Sequence[np.ndarray]) -> np.ndarray:
@@ -320,6 +369,8 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
     and settings under ``cache_dir``); a query searches the notes of its documents."""
     from cdsjax.core.validation import validate_embeddings
 
+    from cdsjax.io.placement import placed_text
+
     needed = list(dict.fromkeys(d for q in bench.queries for d in q.doc_ids))
     indexes = pdf_indexes(bench, needed, config, embedder, cache_dir=cache_dir, progress=progress)
     query_emb = cached_encode(cache_dir, bench.name.replace("/", "_"), embedder,
@@ -339,6 +390,7 @@ def pdf_problems(bench, config, embedder, *, cache_dir: pathlib.Path,
             boxes=[tuple(float(v) for v in note["bbox"]) for _, note in meta],
             kinds=[index_note_kind(note) for _, note in meta],
             texts=[note_text(note) for _, note in meta],
+            context=[placed_text(note_text(note), note.get("title"), note.get("section")) for _, note in meta],
             describes=[i for d, p in zip(q.doc_ids, parts) for i in described_ids(d, p.notes)]))
     return problems
 

@@ -48,6 +48,9 @@ def reader_settings() -> ml_collections.ConfigDict:
         # the evidence's token budget (cdsjax.io.reading.evidence_fit), for any reader: None the reader's own (the
         # local reader's default, else derived from the server's window); 0 every note whole; N that many tokens
         "evidence_tokens": ml_collections.config_dict.placeholder(int),
+        # True: a selection judged too weak before reading (its record's ``abstained``, cdsjax.pipeline.abstain)
+        # is not read; its answer is "Not answerable". False: every selection is read (ask --no-abstain)
+        "abstain": True,
     })
 
 

@@ -50,6 +50,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from cdsjax.eval import answer_scoring as S
+from cdsjax.eval.abstention import abstained_now
 from cdsjax.eval.answer_evidence import (EvidenceSource, cites_gold, fits_reader, full_document_ids, gold_answers,
                                         judge_call, sent_has_answer, sentence_similarity)
 from cdsjax.eval.reader_setup import clients, control_labels, evidence_tokens
@@ -88,21 +89,22 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
     tasks = []
     for rec in records:
         if rec["qid"] in by_qid:
-            tasks.append((rec["selector"], int(rec["budget"]), rec["qid"], list(rec["selected"])))
+            tasks.append((rec["selector"], int(rec["budget"]), rec["qid"], list(rec["selected"]),
+                          bool(r.get("abstain", True)) and abstained_now(rec)))
     controls = control_labels(config)
     skipped_full = 0
     for label in controls:
         for b in budgets_of(config):
             for p in problems:
                 if label == "none":
-                    tasks.append((label, b, p.query.qid, []))
+                    tasks.append((label, b, p.query.qid, [], False))
                     continue
                 ids = full_document_ids(p)
                 if not fits_reader(source.items(ids), max_context=int(r.max_context), max_images=max_images,
                                    max_tokens=max_tokens, max_text_chars=max_chars):
                     skipped_full += 1
                     continue
-                tasks.append((label, b, p.query.qid, ids))
+                tasks.append((label, b, p.query.qid, ids, False))
     if "full" in controls:
         n_full = len(problems) * len(budgets_of(config))
         log(f"full-document control: {n_full - skipped_full} of {n_full} (question, budget) pairs fit "
@@ -121,10 +123,11 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
                        "judge_is_reader": judge.url == reader.url and judge.config.model == model}
 
     def one(task, seed):
-        label, b, qid, ids = task
+        label, b, qid, ids, abstained = task
         p = by_qid[qid]
         q = p.query
         rec = {"benchmark": bench.name, "selector": label, "budget": b, "qid": qid, "seed": seed, "evidence": ids,
+               "abstained": abstained,
                "metrics": {"accuracy": None, "answer_f1": None, "exact_match": None, "markers_only": None,
                            "no_answer": None, "cites_gold": None, "reader_error": 0.0, "judge_error": None}}
         try:
@@ -133,7 +136,9 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             items = source.items(ids)
             options = ReadOptions(evidence_tokens=0 if label == "full" else tokens, answer_tokens=max_tokens,
                                   seed=seed, similarity=similarity)
-            out = reader.answer(q.question, items, options)
+            # judged too weak before reading (the selection record's ``abstained``): the reader is not asked and
+            # the answer is the benchmark's "not answerable"
+            out = abstained_answer(model) if abstained else reader.answer(q.question, items, options)
             text = out.text
             rec.update(answer=text, reply=out.raw, cached=out.cached, images=out.images, image_mode=out.image_mode, dropped=out.dropped,
                        sent=[i.note_id for i in out.evidence], evidence_tokens=out.evidence_tokens,
@@ -214,6 +219,14 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
         + (f"; {dropped} left their last notes out (beyond the evidence token budget, or too long for the "
            f"reader's context)" if dropped else ""))
     return out
+
+
+def abstained_answer(model: str):
+    """The reader's answer of a question abstained before reading: "Not answerable", nothing sent."""
+    from cdsjax.io.reading.reader import ABSTAIN, ReaderAnswer
+
+    return ReaderAnswer(text=ABSTAIN, cited=(), abstained=True, usage={"prompt_tokens": 0}, latency_s=0.0, model=model,
+                        raw=ABSTAIN, cached=True)
 
 
 def _failed(rec: dict, error: dict) -> dict:

@@ -19,6 +19,7 @@ import numpy as np
 from cdsjax.eval.problems import Problem
 from cdsjax.core.diagnostics import diagnostics
 from cdsjax.eval.scoring import score_problem
+from cdsjax.pipeline.abstain import judge, note_relevance, strength_features
 
 RECORDS_FILE = "records.jsonl"
 RUN_FILE = "run.json"
@@ -68,8 +69,10 @@ def record_key(r: Mapping[str, Any]) -> Tuple[str, str, int, str]:
 def selection_record(benchmark: str, label: str, budget: int, problem: Problem, selection: Any, *,
                      kind: str, identity: Optional[str] = None) -> dict:
     """The record of one solved problem: the selected notes and scores, the metrics
-    (:func:`cdsjax.eval.scoring.score_problem`), the solver diagnostics, pages and the candidate pool, and
-    ``identity``, the digest of the settings that decided it (:func:`cdsjax.eval.settings.identity_digest`)."""
+    (:func:`cdsjax.eval.scoring.score_problem`), the solver diagnostics, pages and the candidate pool, whether
+    the product would abstain (:mod:`cdsjax.pipeline.abstain`): ``abstained``, ``abstain_score`` (the score that
+    decided it) and ``strength`` (every score a rule may use), and ``identity``, the digest of the settings that
+    decided it (:func:`cdsjax.eval.settings.identity_digest`)."""
     mask = np.asarray(selection.selected_valid, bool)
     idx = [int(i) for i in np.asarray(selection.indices)[mask]]
     rec = {
@@ -80,6 +83,12 @@ def selection_record(benchmark: str, label: str, budget: int, problem: Problem, 
         "metrics": score_problem(problem, selection, kind=kind),
         "diagnostics": diagnostics(selection, num_notes=int(problem.notes.shape[0])),
     }
+    # the relevance the selector ranked by: the problem's hybrid row, else the cosine
+    relevance = problem.query_scores if problem.query_scores is not None else note_relevance(problem.notes,
+                                                                                              problem.query_emb)
+    strength = strength_features(selection, relevance)
+    verdict = judge(label, strength)
+    rec.update(abstained=verdict.abstained, abstain_score=verdict.score, strength=strength)
     if identity is not None:
         rec["identity"] = identity
     if problem.pages is not None:

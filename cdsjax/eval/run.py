@@ -353,6 +353,11 @@ def run_selector(
 
     names = STRUCTURE_ARRAYS if spec is not None and spec.structure else ()
     extras = {"links": [np.asarray(p.links, bool) for p in problems]}
+    scored = problems[0].query_scores is not None
+    if any((p.query_scores is not None) != scored for p in problems):
+        raise ValueError("every problem of a batch carries a relevance row (query_scores), or none does")
+    if scored:
+        extras["query_scores"] = [np.asarray(p.query_scores, dtype) for p in problems]
     if names:
         structures = [p.structure(pages_only=spec.pages_only) for p in problems]
         extras.update({a: [s[a] for s in structures] for a in names})
@@ -373,6 +378,7 @@ def run_selector(
             queries = g.queries[padded]
             problem = core.CDSProblem(notes=g.notes[padded], queries=queries[:, None, :] if queries.ndim == 2 else queries,
                                       valid=g.valid[padded], links=g.extras["links"][padded],
+                                      query_scores=g.extras["query_scores"][padded][:, None, :] if scored else None,
                                       **{a: g.extras[a][padded] for a in names})
             problem = corpus.attach_rows(fn, problem)
             problem = jax.device_put(problem, sharding)

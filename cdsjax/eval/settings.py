@@ -80,7 +80,7 @@ def budgets_of(config) -> List[int]:
 def run_identity(config) -> dict:
     """What must match for records in ``output_dir`` to be resumed."""
     keep = ("benchmark", "data_root", "loader", "ingest", "enrich", "embedder", "link_window", "dtype",
-            "pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k")
+            "pool_size", "distractors", "pool_seed", "candidate_pool", "first_stage_k", "relevance")
     out = {}
     for k in keep:
         if k in config:
@@ -156,6 +156,16 @@ def identity_changes(before: dict, after: dict) -> List[str]:
         else:
             out.append(k)
     return out
+
+
+def relevance_settings(config):
+    """``config.relevance`` (mode, lexical_weight, context) as a ConfigDict, checked
+    (:func:`cdsjax.io.relevance.settings_of`)."""
+    import ml_collections
+
+    from cdsjax.io.relevance import settings_of
+
+    return ml_collections.ConfigDict(settings_of(config))
 
 
 def cache_dir_of(config) -> pathlib.Path:

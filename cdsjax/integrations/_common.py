@@ -81,10 +81,13 @@ class Chooser:
         import jax
 
         from cdsjax.core.validation import check_budget
+        from cdsjax.io.relevance import DEFAULT_RELEVANCE, check_relevance
         from cdsjax.pipeline.selection import CorpusArrays, resolve_selector
 
         self.budget = check_budget(budget)
         self.options = dict(options or {})
+        # what ranks the candidates when their texts are given (:mod:`cdsjax.io.relevance`)
+        self.relevance = check_relevance(self.options.pop("relevance", DEFAULT_RELEVANCE))
         self.spec, self.fn = resolve_selector(selector or default_selector(), self.budget, self.options)
         self._jitted = None
         # the bound and note block of the selector's game per candidate set, its functions jitted once
@@ -99,7 +102,8 @@ class Chooser:
         return display(self.spec.name)
 
     def __call__(self, candidates, query, text: str = "", links=None,
-                 metadata: Optional[Sequence[dict]] = None) -> Tuple[List[Tuple[int, float]], dict]:
+                 metadata: Optional[Sequence[dict]] = None,
+                 texts: Optional[Sequence[str]] = None) -> Tuple[List[Tuple[int, float]], dict]:
         """Selects among ``candidates``.
 
         Args:
@@ -110,6 +114,9 @@ class Chooser:
           metadata: optional per-candidate dicts with ``document`` (or ``doc_id``), ``page`` and ``kind`` (and a
             caption's ``describes`` with the candidates' ``note_id``): the structure a selector such as
             ``cds_learned`` reads (as :func:`note_metadata` writes them).
+          texts: optional per-candidate texts: with them (and ``text``), candidates are ranked by the hybrid
+            relevance of ``cdsjax ask`` (:mod:`cdsjax.io.relevance`, the ``relevance`` option of the integration);
+            without, by the cosine.
 
         Returns:
           ``[(position in candidates, score), ...]`` best first (``min(budget, n)`` of them; ``[]`` for no
@@ -138,7 +145,14 @@ class Chooser:
         with self._lock:
             if self._jitted is None:
                 self._jitted = jax.jit(self.fn)
-        problem = self._with_corpus(padded, padded.problem(q, self.spec))
+        scores = None
+        if texts is not None and text and self.relevance != "dense":
+            from cdsjax.io.relevance import Relevance
+
+            if len(texts) != len(notes):
+                raise ValueError(f"{len(texts)} texts for {len(notes)} candidates")
+            scores = Relevance(list(texts), self.relevance).scores(text, notes @ q)
+        problem = self._with_corpus(padded, padded.problem(q, self.spec, scores))
         sel = jax.device_get(self._jitted(problem, key_from_query_id(text)))
         ok = np.asarray(sel.selected_valid)
         chosen = [(int(i), float(s)) for i, s in zip(np.asarray(sel.indices)[ok], np.asarray(sel.scores)[ok])]
@@ -172,6 +186,7 @@ class IndexSource:
         self.selector = self.spec.name
         self.budget = check_budget(budget)
         self.options = dict(options or {})
+        relevance = self.options.pop("relevance", None)  # dense | hybrid (cdsjax.io.relevance), for a new pipeline
         if isinstance(index, Pipeline):
             self.pipe = index
         else:
@@ -179,7 +194,7 @@ class IndexSource:
             if not paths:
                 raise ValueError("index: give an index directory or a PDF")
             try:
-                self.pipe = Pipeline.from_paths([str(p) for p in paths])
+                self.pipe = Pipeline.from_paths([str(p) for p in paths], relevance=relevance)
             except PipelineError as err:
                 raise ValueError(str(err)) from None
 

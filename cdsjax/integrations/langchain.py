@@ -178,7 +178,8 @@ class CDSCompressor(BaseDocumentCompressor):
 
     def _choose(self, documents: Sequence[Document], vectors: np.ndarray, query_vector: np.ndarray,
                 query: str) -> List[Document]:
-        chosen, diagnostics = self._chooser(vectors, query_vector, query, metadata=[d.metadata for d in documents])
+        chosen, diagnostics = self._chooser(vectors, query_vector, query, metadata=[d.metadata for d in documents],
+                                            texts=[d.page_content for d in documents])
         out = []
         for rank, (i, score) in enumerate(chosen, 1):
             doc = documents[i]

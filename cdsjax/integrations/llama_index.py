@@ -161,7 +161,8 @@ class CDSPostprocessor(BaseNodePostprocessor):
             return []
         vectors, query = self._vectors(nodes, query_bundle)
         chosen, diagnostics = self._chooser(vectors, query, query_bundle.query_str,
-                                             metadata=[n.node.metadata for n in nodes])
+                                             metadata=[n.node.metadata for n in nodes],
+                                             texts=[n.node.get_content() for n in nodes])
         out = []
         for rank, (i, score) in enumerate(chosen, 1):
             node = nodes[i].node.model_copy()

@@ -39,6 +39,32 @@ class DocCache:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self._parsed: Optional[dict] = None  # (pdf sha256, parse key) -> entry keys, read once on first need
+
+    def parsed(self, sha: str, parse_key: str) -> Optional[dict]:
+        """An intact entry of the same PDF (``sha``) parsed with the same settings (``parse_key``), whatever its
+        notes and embedder: what a new notes or embedding version redoes from, without parsing again. None when
+        the cache holds none. The entries' ``entry.json`` are read once per :class:`DocCache`; a damaged or
+        linked one is passed over."""
+        if self._parsed is None:
+            self._parsed = {}
+            for meta_path in sorted(self.root.glob("??/*/entry.json")):
+                if meta_path.is_symlink() or meta_path.parent.is_symlink():
+                    continue
+                try:
+                    meta = json.loads(meta_path.read_text())
+                    found = (str(meta["sha256"]), str(meta["keys"]["parse"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+                self._parsed.setdefault(found, []).append(meta_path.parent.name)
+        for key in self._parsed.get((sha, parse_key), []):
+            try:
+                entry = self.read(key)
+            except StoreError:
+                continue
+            if entry is not None:
+                return entry
+        return None
 
     def _real_dir(self, rel: str) -> None:
         """Raises :class:`StoreError` unless ``root/rel`` is a directory reached without a link."""

@@ -23,6 +23,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from cdsjax.io.embed_models import NAMES as EMBED_NAMES
+from cdsjax.io.embed_models import EmbedModelError
 from cdsjax.io.model_files import MINILM_NAMES, resolve_model
 from cdsjax.io.util import one_line
 from cdsjax.memo import PROCESS
@@ -55,7 +57,7 @@ def _sub(config):
 
 def known_models() -> Tuple[str, ...]:
     """The embedders cdsjax loads from an index without being told: the shipped MiniLM and the presets."""
-    return (*MINILM_NAMES, *PRESETS)
+    return (*MINILM_NAMES, *EMBED_NAMES, *PRESETS)
 
 
 def check_embedder(info, *, allowed: Sequence[str] = (), trust_remote_code: bool = False) -> dict:
@@ -124,7 +126,10 @@ class Embedder:
         self.backend = str(cfg.get("backend", None) or "auto")
         if self.backend not in BACKENDS:
             raise EmbedderError(f"embedder.backend must be one of {BACKENDS}, got {self.backend!r}")
-        self.source, self.version = resolve_model(self.model_name)
+        try:
+            self.source, self.version = resolve_model(self.model_name)
+        except EmbedModelError as err:
+            raise EmbedderError(str(err)) from None
         self._model = None
         self._fast = None  # the onnxruntime encoder once chosen; False: not usable, sentence-transformers is
 

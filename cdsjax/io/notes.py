@@ -11,8 +11,8 @@ from document structure:
   visual element (and its caption) carrying that label;
 - proximity: notes on the same page whose boxes are at most ``proximity`` points apart.
 
-Links never cross documents. The embedded text is
-``summary + " keywords: " + ", ".join(keywords)`` (see :func:`embedding_text`).
+Links never cross documents. The embedded text is the note's place (document title and section heading,
+:mod:`cdsjax.io.placement`), then ``summary + " keywords: " + ", ".join(keywords)`` (see :func:`embedding_text`).
 
 :func:`described_notes` finds, among an index's notes, the figure, table or chart each caption note describes
 (what :func:`cdsjax.io.index.load_index` records as a caption note's ``describes``).
@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from cdsjax.io.elements import Element, Record, gap
 from cdsjax.io.keywords import extract_keywords
 
-NOTES_VERSION = "notes-1"
+NOTES_VERSION = "notes-2"  # notes-2: each note carries its document title and section (cdsjax.io.placement)
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 REFERENCE_RE = re.compile(r"\b(figure|fig\.|table|tab\.|chart|exhibit)\s*(\d+[a-z]?)\b", re.IGNORECASE)
@@ -58,14 +58,20 @@ class Note(Record):
     # "lite-fallback" (the VLM was asked and failed: lite values kept, retried on the next run)
     enrichment: str = "lite"
     ocr_text: str = ""  # a figure's, chart's or page image's text read by OCR (Element.ocr_text); not embedded
+    title: str = ""  # the document's title, as read from its first page (cdsjax.io.placement); "" when none
+    section: str = ""  # the section heading above the note in reading order; "" before the first
 
 
-def embedding_text(note) -> str:
-    """The text that is embedded for a note: summary, then its keywords."""
-    get = note.get if isinstance(note, dict) else lambda k: getattr(note, k)
+def embedding_text(note, context: bool = True) -> str:
+    """The text that is embedded for a note: its place (document title, section: :mod:`cdsjax.io.placement`;
+    ``context=False`` leaves it out), its summary, then its keywords."""
+    from cdsjax.io.placement import placed_text
+
+    get = note.get if isinstance(note, dict) else lambda k, d=None: getattr(note, k, d)
     keywords = get("keywords") or []
     summary = get("summary") or get("text") or ""
-    return f"{summary} keywords: {', '.join(keywords)}" if keywords else summary
+    text = f"{summary} keywords: {', '.join(keywords)}" if keywords else summary
+    return placed_text(text, get("title"), get("section")) if context else text
 
 
 # Element fields a note carries unchanged (the bbox is copied as a new list).
@@ -156,6 +162,11 @@ def enrich_lite(elements: Sequence[Element], config) -> List[Note]:
         found = keywords_in_helper(sources, top, language, keywords)
     for note, words in zip(notes, found if found is not None else map(keywords, sources)):
         note.keywords = words
+    from cdsjax.io.placement import place
+
+    title, sections = place(elements)
+    for note, section in zip(notes, sections):
+        note.title, note.section = title, section
     return notes
 
 

@@ -24,6 +24,7 @@ sentence-transformers.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import threading
@@ -100,9 +101,9 @@ def export_name(sha: str) -> str:
 
 def export_model(root: Path, path: Path) -> Path:
     """Writes the ONNX export of the transformer in ``root`` (``transformers.AutoModel``, eager attention) to
-    ``path``: inputs ``input_ids``, ``attention_mask`` and ``token_type_ids`` int64 ``[batch, length]``, output
-    ``last_hidden_state`` float32 ``[batch, length, d]``. Written to a temporary file first and renamed, so a
-    reader never sees half a file. Imports torch."""
+    ``path``: inputs ``input_ids``, ``attention_mask`` and, where the model takes it, ``token_type_ids`` (int64
+    ``[batch, length]``; MPNet has none), output ``last_hidden_state`` float32 ``[batch, length, d]``. Written to
+    a temporary file first and renamed, so a reader never sees half a file. Imports torch."""
     import warnings
 
     import torch
@@ -122,21 +123,31 @@ def export_model(root: Path, path: Path) -> Path:
             return self.inner(input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids).last_hidden_state
 
+    class LastHiddenNoTypes(torch.nn.Module):  # a model without segment embeddings (MPNet)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
     ids = torch.full((2, 8), 1000, dtype=torch.long)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     axes = {0: "batch", 1: "length"}
+    types = "token_type_ids" in inspect.signature(model.forward).parameters
+    names = ["input_ids", "attention_mask", "token_type_ids"] if types else ["input_ids", "attention_mask"]
+    wrapped = LastHidden(model) if types else LastHiddenNoTypes(model)
+    args = (ids, mask, torch.zeros_like(ids)) if types else (ids, mask)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's notes on tracing
-            torch.onnx.export(LastHidden(model), (ids, mask, torch.zeros_like(ids)), str(tmp),
-                              input_names=["input_ids", "attention_mask", "token_type_ids"],
+            torch.onnx.export(wrapped, args, str(tmp), input_names=names,
                               output_names=["last_hidden_state"], opset_version=OPSET, dynamo=False,
-                              dynamic_axes=dict(input_ids=axes, attention_mask=axes, token_type_ids=axes,
-                                                last_hidden_state=axes))
+                              dynamic_axes={**{n: axes for n in names}, "last_hidden_state": axes})
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -214,6 +225,7 @@ class SentenceEncoder:
         except (InvalidProtobuf, InvalidGraph, Fail, NoSuchFile):  # a damaged (or removed) export: export again
             self.path = export_model(root, self.path)
             self.session = session(self.path, threads)
+        self.inputs = [i.name for i in self.session.get_inputs()]  # no token_type_ids for a model without them
 
     @classmethod
     def from_info(cls, info: dict) -> Optional["SentenceEncoder"]:
@@ -241,8 +253,8 @@ class SentenceEncoder:
         for r, i in enumerate(rows):
             n = len(encodings[i].ids)
             ids[r, :n], types[r, :n], mask[r, :n] = encodings[i].ids, encodings[i].type_ids, 1
-        hidden = self.session.run(["last_hidden_state"],
-                                  dict(input_ids=ids, attention_mask=mask, token_type_ids=types))[0]
+        feed = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        hidden = self.session.run(["last_hidden_state"], {k: feed[k] for k in self.inputs})[0]
         return mean_pool(np.asarray(hidden, np.float32), mask, self.normalize)
 
     def _encode(self, texts: List[str], budget: int) -> np.ndarray:

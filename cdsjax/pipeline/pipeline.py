@@ -35,9 +35,11 @@ from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.validation import validate_embeddings
 from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.compilation_cache import CompileCache
+from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE, Relevance, check_relevance, lexical_text
+from cdsjax.io.relevance import settings_of as relevance_of
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.pipeline import catalog
-from cdsjax.pipeline.answer import Answer, convergence_warning, read_answer, scanned_warning
+from cdsjax.pipeline.answer import Answer, convergence_warning, mark_read, read_answer, scanned_warning
 from cdsjax.pipeline.cache import DEFAULT_MAX_COMPILED, SelectorCache, shared_selector_cache
 from cdsjax.pipeline.catalog import DEFAULT_SELECTOR
 from cdsjax.pipeline.compiled import Choice, bind, compile_selector
@@ -66,7 +68,8 @@ class Pipeline:
 
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
                  max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
-                 trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None):
+                 trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None,
+                 relevance: str = DEFAULT_RELEVANCE, lexical_weight: float = DEFAULT_LEXICAL_WEIGHT):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         validate_embeddings(corpus.embeddings)
@@ -76,6 +79,12 @@ class Pipeline:
         # the one problem builder (cdsjax.pipeline.selection): padded once, one problem per question
         self.candidates = Candidates.pad(corpus.embeddings, links=corpus.links, structure=note_structure(corpus.notes))
         self.size = self.candidates.size
+        # what ranks the notes for every selector (cdsjax.io.relevance): the BM25 index of the notes' placed text is
+        # built on the first hybrid question
+        try:
+            self.relevance = Relevance([lexical_text(n) for n in corpus.notes], relevance, lexical_weight)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
         self.notes, self.valid, self.links = self.candidates.notes, self.candidates.valid, self.candidates.links
         # the learned game's parameters, a value read once (None: each learned selector plays the shipped fit of its
         # read-out, read once per process)
@@ -100,7 +109,8 @@ class Pipeline:
     def from_paths(cls, paths: Sequence[str], *, config=None, reader=None, progress: bool = False,
                    embedders: Sequence[str] = (), trust_remote_code: bool = False,
                    max_compiled: int = DEFAULT_MAX_COMPILED, params: Optional[str] = None,
-                   warm: Optional[dict] = None, compile_cache: Optional[CompileCache] = None) -> "Pipeline":
+                   warm: Optional[dict] = None, compile_cache: Optional[CompileCache] = None,
+                   relevance: Optional[str] = None) -> "Pipeline":
         """Loads index directories and indexes PDFs (into the cache) named by ``paths``.
 
         An index whose manifest names an embedder cdsjax does not know (the shipped MiniLM, the presets of
@@ -112,6 +122,7 @@ class Pipeline:
 
         ``warm`` (``dict(question=, selector=, budget=, options=)``, the question about to be asked): when ``paths``
         is one PDF to be indexed, its selector compiles while the notes are embedded (:meth:`warm_for_notes`).
+        ``relevance`` (``dense`` | ``hybrid``) overrides ``config.relevance.mode`` (:mod:`cdsjax.io.relevance`).
         """
         from cdsjax.io.elements import IngestError
         from cdsjax.io.index import index_pdf, load_index
@@ -145,8 +156,15 @@ class Pipeline:
         accepted = tuple(embedders)
         if config is not None and "embedder" in config and config.embedder.get("model"):
             accepted += (str(config.embedder.model),)
+        try:
+            settings = relevance_of(config)
+            if relevance is not None:
+                settings["mode"] = check_relevance(relevance)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
         return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
-                   compiled=compiled, params=params, compile_cache=compile_cache)
+                   compiled=compiled, params=params, compile_cache=compile_cache, relevance=settings["mode"],
+                   lexical_weight=settings["lexical_weight"])
 
     @classmethod
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: SelectorName = DEFAULT_SELECTOR,
@@ -254,11 +272,21 @@ class Pipeline:
         """Runs one selector for one encoded question ([d], or [m, d] for several query vertices)."""
         return self.run(query, self.choose(selector, budget, options), qid=qid)
 
-    def run(self, query: np.ndarray, choice: Choice, *, qid: str = "") -> core.Selection:
+    def query_scores(self, query: np.ndarray, question: Optional[str]) -> Optional[np.ndarray]:
+        """``[n]`` the relevance of each note to ``question`` (encoded as ``query`` ``[d]``) where it is not the
+        cosine (:attr:`relevance` hybrid), else None; several query vectors, or no question text, rank by the
+        cosine."""
+        query = np.asarray(query, np.float32)
+        if question is None or query.ndim != 1 or self.relevance.mode == "dense":
+            return None
+        return self.relevance.scores(question, np.asarray(self.corpus.embeddings, np.float32) @ query)
+
+    def run(self, query: np.ndarray, choice: Choice, *, qid: str = "", question: Optional[str] = None) -> core.Selection:
         """Runs the selector ``choice`` (:meth:`choose`) for one encoded question ([d], or [m, d] for several query
-        vertices)."""
+        vertices); ``question``, its text, gives the hybrid relevance its words (:meth:`query_scores`)."""
         fn = self.compiled_selector(choice)
-        problem = self.with_bound(fn, self.candidates.problem(query, choice.spec), choice.key, traced=choice.traced)
+        problem = self.candidates.problem(query, choice.spec, self.query_scores(query, question))
+        problem = self.with_bound(fn, problem, choice.key, traced=choice.traced)
         sel = jax.device_get(fn(problem, key_from_query_id(qid)))
         self._ran.add(choice.key)
         if len(self._ran) > 4 * max(16, len(self.compiled)):  # forget keys the cache has dropped
@@ -296,28 +324,64 @@ class Pipeline:
                 for e in evidence]
 
     def retrieve(self, question: str, *, selector: SelectorName = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET,
-                 qid: str = "", options: Optional[dict] = None) -> Answer:
+                 qid: str = "", options: Optional[dict] = None, abstain: bool = True) -> Answer:
         """Encodes and selects (no reading): an :class:`Answer` with ``answer=None``. The selector's name is
-        resolved once, here; its spec goes down to the selection, the diagnostics and the answer."""
+        resolved once, here; its spec goes down to the selection, the diagnostics and the answer. The selection
+        is judged (:meth:`judge`): ``answer.abstained`` when its evidence is too weak to read (never with
+        ``abstain=False``; the judgement is recorded either way)."""
         spec = catalog.resolve(selector)
         t0 = time.perf_counter()
         query = self.encode([question])[0]
         t1 = time.perf_counter()
-        sel = self.run(query, self.choose(spec, budget, options), qid=qid or question)
+        sel = self.run(query, self.choose(spec, budget, options), qid=qid or question, question=question)
         t2 = time.perf_counter()
         diag = self.diagnostics(sel)
         evidence = self.evidence(sel)
         warnings = [convergence_warning(diag), self.scanned_warning(evidence)]
+        verdict = self.judge(sel, query, spec.name, enabled=abstain, question=question)
         return Answer(question=question, answer=None, evidence=evidence, selector=catalog.display(spec),
                       budget=budget, diagnostics=diag, timings=dict(encode=t1 - t0, select=t2 - t1, total=t2 - t0),
-                      warnings=[w for w in warnings if w])
+                      warnings=[w for w in warnings if w], relevance=self.relevance.describe(),
+                      abstained=verdict.abstained, abstention=verdict.to_dict())
+
+    def judge(self, selection: core.Selection, query: np.ndarray, selector: str, *, enabled: bool = True,
+              question: Optional[str] = None):
+        """Whether ``selection`` (of ``selector``, for the encoded question ``query``, whose text ``question`` gives
+        the hybrid relevance its words) is too weak to read: :func:`cdsjax.pipeline.abstain.judge` on its scores
+        (:func:`~cdsjax.pipeline.abstain.strength_features`, on the relevance the selector ranked by) under the
+        shipped rules."""
+        from cdsjax.pipeline.abstain import judge, note_relevance, strength_features
+
+        relevance = self.query_scores(query, question)
+        if relevance is None:
+            relevance = note_relevance(self.corpus.embeddings, query)
+        return judge(selector, strength_features(selection, relevance), enabled=enabled)
 
     def scanned_warning(self, evidence: List[dict]) -> Optional[str]:
         """One line when evidence comes from pages without a text layer (:func:`cdsjax.pipeline.answer.scanned_warning`
         on this corpus); None otherwise."""
         return scanned_warning(evidence, self.corpus)
 
-    def read(self, answer: Answer, options: Optional[ReadOptions] = None, *, on_token=None, on_retry=None) -> Answer:
+    def with_similarity(self, options: Optional[ReadOptions]) -> ReadOptions:
+        """``options`` (None: the reader's defaults) trimming by this index's embedder unless they say otherwise."""
+        options = options or ReadOptions()
+        if options.similarity is None:
+            options = dataclasses.replace(options, similarity=self.sentence_similarity)
+        return options
+
+    def plan_read(self, answer: Answer, options: Optional[ReadOptions] = None) -> Answer:
+        """Marks each evidence dict's ``read`` (in place) as the reader will get it, before reading: the reader's own
+        fit of the evidence to the read's token budget (:meth:`cdsjax.io.reading.reader.Reader.fit`, trimming by
+        :meth:`sentence_similarity`); :meth:`read` marks it again from what was sent. A no-op without a reader."""
+        if self.reader is None or not hasattr(self.reader, "fit"):
+            return answer
+        items = self.evidence_items(answer.evidence)
+        fitted = self.reader.fit(answer.question, items, self.with_similarity(options))
+        mark_read(answer.evidence, items, fitted.items)
+        return answer
+
+    def read(self, answer: Answer, options: Optional[ReadOptions] = None, *, on_token=None, on_retry=None,
+             started: Optional[float] = None) -> Answer:
         """Has the reader answer from ``answer.evidence`` (in place; a no-op without a reader), through the one
         reading path (:func:`cdsjax.pipeline.answer.read_answer`): the evidence fitted to the reader's token
         budget, the note that does not fit cut to its sentences nearest the question (by this index's embedder:
@@ -328,11 +392,8 @@ class Pipeline:
         seed), built by the caller's edge; None: the reader's defaults."""
         if self.reader is None:
             return answer
-        options = options or ReadOptions()
-        if options.similarity is None:
-            options = dataclasses.replace(options, similarity=self.sentence_similarity)
-        return read_answer(self.reader, answer, self.evidence_items(answer.evidence), options,
-                           on_token=on_token, on_retry=on_retry)
+        return read_answer(self.reader, answer, self.evidence_items(answer.evidence), self.with_similarity(options),
+                           on_token=on_token, on_retry=on_retry, started=started)
 
     def sentence_similarity(self, question: str, sentences) -> list:
         """Cosine of each sentence with the question under this index's embedder (what trimming keeps)."""
@@ -341,9 +402,11 @@ class Pipeline:
         return (vectors[1:] @ vectors[0]).tolist()
 
     def ask(self, question: str, *, selector: SelectorName = DEFAULT_SELECTOR, budget: int = DEFAULT_BUDGET,
-            qid: str = "", options: Optional[dict] = None, read: bool = True, read_options=None) -> Answer:
-        """Answers one question: encode, select, and (with a reader) read (``read_options``: see :meth:`read`)."""
-        answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options)
+            qid: str = "", options: Optional[dict] = None, read: bool = True, read_options=None,
+            abstain: bool = True) -> Answer:
+        """Answers one question: encode, select, and (with a reader) read (``read_options``: see :meth:`read`),
+        unless the selection is abstained (``abstain=False``: never)."""
+        answer = self.retrieve(question, selector=selector, budget=budget, qid=qid, options=options, abstain=abstain)
         return self.read(answer, read_options) if read else answer
 
     def warm(self, selectors: Sequence[SelectorName] = (DEFAULT_SELECTOR,), budget: int = DEFAULT_BUDGET) -> float:

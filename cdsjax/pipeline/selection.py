@@ -145,10 +145,11 @@ class Candidates:
             self._device[name] = None if value is None else jnp.asarray(value)
         return self._device[name]
 
-    def problem(self, query, spec: registry.SelectorSpec) -> CDSProblem:
+    def problem(self, query, spec: registry.SelectorSpec, query_scores=None) -> CDSProblem:
         """The problem of one question (``query`` ``[d]`` or ``[m, d]``) for the selector ``spec``: links when the
         candidates have them, the structure arrays only when ``spec.structure`` (``ValueError`` when it needs
-        them and they are missing)."""
+        them and they are missing); ``query_scores`` (``[count]`` or ``[m, count]``, the real notes' relevance
+        where it is not the cosine, :mod:`cdsjax.io.relevance`) padded with zeros."""
         import jax.numpy as jnp
 
         structure = {}
@@ -158,8 +159,15 @@ class Candidates:
                                  "kinds, which these candidates do not carry")
             structure = {k: self._on_device(k) for k in STRUCTURE_ARRAYS}
         queries = jnp.asarray(query)
-        return CDSProblem(notes=self._on_device("notes"), queries=queries if queries.ndim == 2 else queries[None, :],
-                          valid=self._on_device("valid"), links=self._on_device("links"), **structure)
+        queries = queries if queries.ndim == 2 else queries[None, :]
+        scores = None
+        if query_scores is not None:
+            rows = np.asarray(query_scores, np.float32).reshape(-1, self.count)
+            scores = np.zeros((rows.shape[0], self.size), np.float32)
+            scores[:, :self.count] = rows
+            scores = jnp.asarray(scores)
+        return CDSProblem(notes=self._on_device("notes"), queries=queries, valid=self._on_device("valid"),
+                          links=self._on_device("links"), query_scores=scores, **structure)
 
 
 def resolve_options(name: Union[str, registry.SelectorSpec], options: Optional[dict] = None, params=None) -> dict:

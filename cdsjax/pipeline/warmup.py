@@ -75,7 +75,8 @@ def precompile(pipe, query: np.ndarray, *, selector=DEFAULT_SELECTOR, budget: in
     fn = pipe.compiled_selector(choice)
     if not isinstance(fn.select, ExportedJit):
         return False
-    problem = pipe.candidates.problem(query, choice.spec)
+    # the relevance rows the question will carry (an array under the hybrid relevance): the same program's inputs
+    problem = pipe.candidates.problem(query, choice.spec, pipe.query_scores(query, qid or "warm-up question"))
     key = key_from_query_id(qid or "warm-up question")
     make, build = fn.corpus_bound, fn.corpus_block
     if make is None:

@@ -19,10 +19,11 @@ from jax import Array
 from cdsjax.core.derivative_checks import hard_tau
 from cdsjax.core.games.certified import certified_bound
 from cdsjax.core.types import ALPHA_BOUNDS, ALPHA_FROM, COUPLINGS, TAU_MODES, Affinity, CDSProblem
-from cdsjax.core.validation import as_query_matrix, check_notes_valid
+from cdsjax.core.validation import as_query_matrix, check_notes_valid, query_similarity
 
 
-def query_relevance(notes: Array, queries: Array, valid: Array, params: CDSParams) -> Array:
+def query_relevance(notes: Array, queries: Array, valid: Array, params: CDSParams,
+                    query_scores: Optional[Array] = None) -> Array:
     r"""Query--note edge weights after sparsification.
 
     Args:
@@ -31,12 +32,14 @@ def query_relevance(notes: Array, queries: Array, valid: Array, params: CDSParam
       queries: ``[m, d]`` float, L2-normalised query embeddings.
       valid: ``[n]`` bool, True on real notes.
       params: the :class:`CDSParams` (uses ``tau``, ``tau_mode``, ``tau_temperature``).
+      query_scores: optional ``[m, n]`` similarities in place of :math:`q_k^\top z_i`
+        (:attr:`CDSProblem.query_scores`).
 
     Returns:
       ``[m, n]`` float, :math:`r_{ki} = \max(q_k^\top z_i, 0)` with the
       :math:`\tau` rule applied per query row, 0 at padding.
     """
-    sims = queries @ notes.T
+    sims = query_similarity(notes, queries, query_scores)
     rel = TAU_GATES[params.tau_mode](sims, jnp.maximum(sims, 0.0), valid, params)
     return jnp.where(valid[None, :], rel, 0.0)
 
@@ -121,6 +124,7 @@ def build_affinity(
     params: Optional["CDSParams"] = None,
     pinned: Optional[Array] = None,
     bound: Optional[Array] = None,
+    query_scores: Optional[Array] = None,
 ) -> Affinity:
     r"""Builds the query-augmented affinity graph of one problem.
 
@@ -138,6 +142,8 @@ def build_affinity(
       params: :class:`CDSParams` (None: its defaults, the paper's game).
       pinned: optional ``[n]`` bool, notes that join the constraint set.
       bound: optional ``[]`` spectral bound precomputed for the corpus (:func:`block_bound`).
+      query_scores: optional ``[m, n]`` similarities in place of :math:`q_k^\top z_i` (the query edges'
+        source; :attr:`CDSProblem.query_scores`).
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices.
@@ -148,7 +154,7 @@ def build_affinity(
     dtype = jnp.result_type(notes.dtype, queries.dtype)
     notes = notes.astype(dtype)
     queries = queries.astype(dtype)
-    rel = query_relevance(notes, queries, valid, params).astype(dtype)
+    rel = query_relevance(notes, queries, valid, params, query_scores).astype(dtype)
     return assemble_affinity(rel, note_coupling(notes, valid, params), valid, params, pinned=pinned, bound=bound)
 
 
@@ -264,13 +270,14 @@ class CDSParams:
     def affinity(self, problem: CDSProblem) -> Affinity:
         """The query-augmented affinity of ``problem`` (:func:`build_affinity`, pinned notes and bound kept)."""
         return build_affinity(problem.notes, problem.queries, problem.valid, self, pinned=problem.pinned,
-                              bound=problem.bound)
+                              bound=problem.bound, query_scores=problem.query_scores)
 
     def relevance(self, problem: CDSProblem) -> Array:
         """``[m, n]`` the query edges of ``problem`` (those its affinity holds), O(m n d)."""
         queries = as_query_matrix(problem.queries, problem.notes)
         dtype = jnp.result_type(problem.notes.dtype, queries.dtype)
-        return query_relevance(problem.notes.astype(dtype), queries.astype(dtype), problem.valid, self).astype(dtype)
+        return query_relevance(problem.notes.astype(dtype), queries.astype(dtype), problem.valid, self,
+                               problem.query_scores).astype(dtype)
 
     def corpus_block(self, problem: CDSProblem) -> Array:
         """``[n, n]`` the note block :math:`W` of ``problem``'s corpus, the same for every question on it."""

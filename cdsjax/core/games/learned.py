@@ -61,7 +61,7 @@ from jax import Array, lax
 
 from cdsjax.core.games.affinity import CDSParams, assemble_affinity, note_coupling, query_relevance
 from cdsjax.core.types import NOTE_KINDS, Affinity, CDSProblem
-from cdsjax.core.validation import as_query_matrix, check_notes_valid
+from cdsjax.core.validation import as_query_matrix, check_notes_valid, query_similarity
 
 # Element kinds are coded by their position in NOTE_KINDS (the coding of CDSProblem.kinds).
 TEXT_KIND = NOTE_KINDS.index("text")
@@ -172,11 +172,11 @@ class LearnedParams:
         """The learned game's affinity of ``problem`` (:func:`learned_affinity` with its structure and pins)."""
         return learned_affinity(problem.notes, problem.queries, problem.valid, self, links=problem.links,
                                 doc_ids=problem.doc_ids, pages=problem.pages, kinds=problem.kinds,
-                                pinned=problem.pinned, bound=problem.bound)
+                                pinned=problem.pinned, bound=problem.bound, query_scores=problem.query_scores)
 
     def relevance(self, problem: CDSProblem) -> Array:
         """``[m, n]`` the query edges of ``problem`` (those its affinity holds), O(m n d)."""
-        return learned_relevance(problem.notes, problem.queries, problem.valid, self)
+        return learned_relevance(problem.notes, problem.queries, problem.valid, self, problem.query_scores)
 
     def corpus_block(self, problem: CDSProblem) -> Optional[Array]:
         """``[n, n]`` the note block of ``problem``'s corpus where it does not read the question
@@ -264,16 +264,17 @@ def structure_features(
     return jnp.stack([same_page, same_doc, link, same_kind, mixed]).astype(dtype)
 
 
-def _shaped_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams):
-    """The query edges ``[m, n]`` and each note's relative relevance ``[n]`` in [0, 1]."""
-    rel0 = query_relevance(notes, queries, valid, BASE).astype(notes.dtype)
-    sims = queries @ notes.T
+def _shaped_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams, query_scores=None):
+    """The query edges ``[m, n]`` and each note's relative relevance ``[n]`` in [0, 1] (``query_scores``: the
+    similarities in place of :math:`q_k^\top z_i`, :attr:`CDSProblem.query_scores`)."""
+    sims = query_similarity(notes, queries, query_scores).astype(notes.dtype)
+    rel0 = query_relevance(notes, queries, valid, BASE, sims).astype(notes.dtype)
     gate = 1.0 - theta.gate + theta.gate * jax.nn.sigmoid((sims - theta.tau) / jnp.exp(theta.log_gate_temperature))
     best = jnp.max(jnp.where(valid[None, :], sims, -jnp.inf), axis=1, keepdims=True)
     below = jnp.where(valid[None, :], sims - best, 0.0)  # <= 0 on valid notes, finite everywhere
     sharp = jnp.exp(theta.sharpness * below)
     rel = jnp.where(valid[None, :], rel0 * gate * sharp, 0.0)
-    # relative relevance for the repulsion weights: a function of the embeddings only
+    # relative relevance for the repulsion weights: a function of the similarities only
     raw = jnp.max(jnp.where(valid[None, :], jnp.maximum(sims, 0.0), 0.0), axis=0)
     top = jnp.max(raw)
     rho = raw / jnp.where(top > 0, top, 1.0)
@@ -292,6 +293,7 @@ def learned_affinity(
     kinds: Optional[Array] = None,
     pinned: Optional[Array] = None,
     bound: Optional[Array] = None,
+    query_scores: Optional[Array] = None,
 ) -> Affinity:
     r"""The query-augmented affinity of the learned game (module docstring).
 
@@ -304,6 +306,8 @@ def learned_affinity(
       pinned: optional ``[n]`` bool, notes that join the constraint set.
       bound: optional ``[]`` spectral bound precomputed for the corpus
         (:func:`cdsjax.core.games.learned.learned_corpus_bound`), used instead of the per-question one.
+      query_scores: optional ``[m, n]`` similarities in place of :math:`q_k^\top z_i`
+        (:attr:`CDSProblem.query_scores`).
 
     Returns:
       The :class:`Affinity` over ``m + n`` vertices, differentiable in ``theta``; at
@@ -311,7 +315,7 @@ def learned_affinity(
       pinned)``.
     """
     notes, queries, valid, theta = _inputs(notes, queries, valid, theta)
-    rel, rho = _shaped_relevance(notes, queries, valid, theta)
+    rel, rho = _shaped_relevance(notes, queries, valid, theta, query_scores)
     w = _note_block(notes, valid, theta, rho, links=links, pages=pages, doc_ids=doc_ids, kinds=kinds)
     return assemble_affinity(rel, w, valid, theta, pinned=pinned, bound=bound)
 
@@ -338,10 +342,11 @@ def _note_block(notes: Array, valid: Array, theta: LearnedParams, rho: Array, *,
     return jnp.where(pair, (paper_block + structure) * scale, 0.0).astype(dtype)
 
 
-def learned_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams) -> Array:
+def learned_relevance(notes: Array, queries: Array, valid: Array, theta: LearnedParams,
+                      query_scores: Optional[Array] = None) -> Array:
     """``[m, n]`` the learned game's query edges alone (those of :func:`learned_affinity`), O(m n d)."""
     notes, queries, valid, theta = _inputs(notes, queries, valid, theta)
-    return _shaped_relevance(notes, queries, valid, theta)[0]
+    return _shaped_relevance(notes, queries, valid, theta, query_scores)[0]
 
 
 def learned_note_block(notes: Array, valid: Array, theta: LearnedParams, *, links=None, pages=None, doc_ids=None,

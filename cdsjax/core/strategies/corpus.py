@@ -132,5 +132,5 @@ def solve_on_block(problem: BlockProblem, params, options: SolveOptions, *, budg
         mx = payoff.matvec(result.x)
         slack = (mx - payoff.value(result.x, mx))[1:]
     return read_out(result, problem.valid, budget=budget, threshold=options.threshold, slack=slack,
-                    cosine=query_cosine(problem.notes, problem.queries).astype(dtype),
+                    cosine=query_cosine(problem.notes, problem.queries, problem.query_scores).astype(dtype),
                     isolated=~jnp.any((rel > 0) & problem.valid), beta=params.strength(dtype))

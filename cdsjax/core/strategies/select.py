@@ -37,7 +37,7 @@ def solve_single(problem: CDSProblem, params: Game, options: SolveOptions, *, bu
     result, affinity = cds_equilibrium(problem, params, options, x0=x0, adjoint=adjoint)
     dtype = result.x.dtype
     return read_selection(result, affinity, options, budget=budget,
-                          cosine=query_cosine(problem.notes, problem.queries).astype(dtype),
+                          cosine=query_cosine(problem.notes, problem.queries, problem.query_scores).astype(dtype),
                           beta=params.strength(dtype))
 
 
@@ -102,7 +102,7 @@ def solve_peel(problem: CDSProblem, params: Game, options: SolveOptions, *, budg
     # every round's support has key >= 1 > threshold; the fill uses the first round's point and slack
     sel = read_out(result, base.valid[m:], budget=budget, threshold=threshold,
                    slack=kkt_slack(_restrict(base, base.valid, params), first.x) if options.fill else None,
-                   cosine=query_cosine(notes, query).astype(dtype), isolated=isolated_query(base),
+                   cosine=query_cosine(notes, query, problem.query_scores).astype(dtype), isolated=isolated_query(base),
                    beta=params.strength(dtype), rank=note_key)
     # support picks fill the first slots; their score is the weight within their round
     in_support = jnp.arange(budget) < sel.support_size

@@ -44,7 +44,7 @@ from cdsjax.core.equilibrium import equilibrium
 from cdsjax.core.solvers.loop import iterate
 from cdsjax.core.solvers.options import SolveOptions
 from cdsjax.core.types import Affinity, CDSProblem, Selection, SolverResult, refuse_block_problem
-from cdsjax.core.validation import as_query_matrix, check_notes_valid
+from cdsjax.core.validation import as_query_matrix, check_notes_valid, query_similarity
 
 
 @struct.dataclass
@@ -101,14 +101,16 @@ def corpus_affinity(
     return CorpusAffinity(notes=notes, coupling=w, valid=valid, alpha=alpha, shift=shift, params=params)
 
 
-def question_relevance(corpus: CorpusAffinity, queries: Array) -> Array:
-    """``[b, n]`` relevance rows of ``b`` questions (``queries`` ``[b, d]``, one vertex each)."""
+def question_relevance(corpus: CorpusAffinity, queries: Array, query_scores: Optional[Array] = None) -> Array:
+    """``[b, n]`` relevance rows of ``b`` questions (``queries`` ``[b, d]``, one vertex each; ``query_scores``
+    ``[b, n]``: their similarities in place of the cosine, :attr:`CDSProblem.query_scores`)."""
     queries = jnp.asarray(queries)
     if queries.ndim != 2:
         raise ValueError(f"queries must have shape [b, d] (one query vector per question), got {queries.shape}")
     as_query_matrix(queries, corpus.notes, name="queries")
     dtype = corpus.coupling.dtype
-    rel = query_relevance(corpus.notes.astype(dtype), queries.astype(dtype), corpus.valid, corpus.params)
+    rel = query_relevance(corpus.notes.astype(dtype), queries.astype(dtype), corpus.valid, corpus.params,
+                          query_scores)
     return rel.astype(dtype)
 
 
@@ -194,18 +196,22 @@ def solve_shared(problem: CDSProblem, params, options: SolveOptions, *, budget: 
     if not params.shares_note_block:
         if corpus is not None:
             raise ValueError("corpus (a CorpusAffinity) is the paper's game's shared block; this game has none")
-        return jax.vmap(lambda q: solve_single(problem.replace(queries=q[None, :]), params, options, budget=budget,
-                                               adjoint=adjoint))(problem.queries)
+        scores = problem.query_scores
+        if scores is None:
+            return jax.vmap(lambda q: solve_single(problem.replace(queries=q[None, :]), params, options,
+                                                   budget=budget, adjoint=adjoint))(problem.queries)
+        return jax.vmap(lambda q, s: solve_single(problem.replace(queries=q[None, :], query_scores=s[None, :]), params,
+                                                  options, budget=budget, adjoint=adjoint))(problem.queries, scores)
     if isinstance(adjoint, ImplicitAdjoint):
         raise ValueError("Shared() solves the questions on the corpus's note block, which has no implicit "
                          "derivative: pass ForwardLoopAdjoint(), NoDerivative() or NoAdjoint()")
     if corpus is None:
         corpus = corpus_affinity(problem.notes, problem.valid, params)
-    rel = question_relevance(corpus, problem.queries)
+    rel = question_relevance(corpus, problem.queries, problem.query_scores)
     result = equilibrium(shared_payoff(corpus, rel), options.limited_solver(),
                          adjoint=ForwardLoopAdjoint() if adjoint is None else adjoint)
     dtype = corpus.coupling.dtype
-    cosine = problem.queries.astype(dtype) @ corpus.notes.astype(dtype).T
+    cosine = query_similarity(corpus.notes.astype(dtype), problem.queries.astype(dtype), problem.query_scores)
 
     def read(res, r, cos):
         payoff = shared_payoff(corpus, r)

@@ -166,7 +166,7 @@ def solve_support(problem: CDSProblem, params: Game, options: SolveOptions, *, b
 
     aff, beta = affinity_at(best)
     result = equilibrium(aff, solver, adjoint=adjoint, threshold=threshold)
-    return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query).astype(dtype),
+    return read_selection(result, aff, options, budget=budget, cosine=query_cosine(notes, query, problem.query_scores).astype(dtype),
                           beta=beta)
 
 

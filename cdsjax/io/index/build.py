@@ -325,7 +325,17 @@ def obtain(doc: Doc, previous: Optional[PreviousIndex], ctx: BuildContext, *,
         if not (doc.is_input and needs_redo(doc, config)):
             report_doc(doc, ctx)
             return True
-    # 3. the PDF itself
+    # 3. an entry of the same PDF parsed alike (another notes or embedding version): its parse is kept
+    if entry is None and not reuse_parse and not doc.notes:
+        try:
+            donor = ctx.cache.parsed(doc.sha, keys["parse"])
+        except OSError:
+            donor = None
+        if donor is not None:
+            doc.fill_from_entry(donor)
+            doc.notes, doc.embeddings, doc.edges, doc.enrichment = [], None, None, {}
+            reuse_parse = True
+    # 4. the PDF itself
     if not doc.path.is_file() or storefiles.sha256_file(doc.path) != doc.sha:
         what = "is gone" if not doc.path.is_file() else "has changed since it was indexed"
         raise IngestError(doc.path, f"cannot rebuild {doc.doc_id}: its PDF {what}; it was dropped from the "

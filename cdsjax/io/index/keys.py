@@ -53,7 +53,13 @@ def stage_keys(config, versions: dict, embedder_info: dict) -> dict:
     notes_key = storefiles.sha256_json(dict(parse=parse_key, notes_version=NOTES_VERSION, yake=versions.get("yake"),
                                        enrich=enrich))
     emb = {k: v for k, v in embedder_info.items() if k != "dim"}
-    embed_key = storefiles.sha256_json(dict(notes=notes_key, embedder=emb))
+    from cdsjax.io.relevance import settings_of
+
+    # the embedded text's form: notes with their place (cdsjax.io.placement, its version) or without
+    from cdsjax.io.placement import PLACEMENT_VERSION
+
+    placed = {"context": PLACEMENT_VERSION if settings_of(config)["context"] else False}
+    embed_key = storefiles.sha256_json(dict(notes=notes_key, embedder=emb, **placed))
     return dict(parse=parse_key, notes=notes_key, embed=embed_key)
 
 

@@ -203,6 +203,7 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
             reason = err.reason if isinstance(err, IngestError) else f"{type(err).__name__}: {err}"
             return dict(error=one_line(reason, 300))
         from cdsjax.io.notes import embedding_text
+        from cdsjax.io.relevance import settings_of
 
         crops = {str(p.relative_to(staging)): p.read_bytes() for p in sorted(staging.rglob("*.png"))}
         out = {name: getattr(doc, name) for name in ROWS}
@@ -210,7 +211,8 @@ def _parse_task(pdf: bytes, fields: dict, config, fault: str = "") -> dict:
         out["elements"] = [e if isinstance(e, dict) else e.to_dict() for e in doc.elements]
         out["warnings"] = [w.replace(str(path), fields["path"]) for w in doc.warnings]  # the driver's path
         out.update(crops=crops, lines=[line.replace(str(path), fields["path"]) for line in lines],
-                   seconds=dict(ctx.seconds), texts=[embedding_text(n) for n in doc.notes])
+                   seconds=dict(ctx.seconds),
+                   texts=[embedding_text(n, settings_of(ctx.config)["context"]) for n in doc.notes])
         return out
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

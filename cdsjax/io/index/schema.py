@@ -34,7 +34,7 @@ MAX_NOTE_BYTES = 1 << 20  # one line of notes.jsonl (a note's text, summary and 
 MAX_CROP_BYTES = 64 << 20  # one image crop (a padded PNG of a figure or table, a few hundred kB)
 ARRAY_OVERHEAD_BYTES = 1 << 20  # an array checkpoint's files beyond the raw bytes of its arrays
 _STRING_FIELDS = ("note_id", "doc_id", "kind", "text", "summary", "caption", "footnote", "role", "label",
-                  "enrichment")
+                  "enrichment", "title", "section")
 
 
 def max_notes() -> int:

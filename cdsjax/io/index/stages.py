@@ -76,11 +76,14 @@ def prepare_doc(doc: Doc, ctx: BuildContext, *, reuse_parse: bool = False):
 def finish_doc(doc: Doc, ctx: BuildContext, staging: Path, redo: bool) -> None:
     """Embeds a prepared document and commits it (with the crops in ``staging``) to the cache."""
     from cdsjax.io.notes import embedding_text
+    from cdsjax.io.relevance import settings_of
 
     cache, embedder = ctx.cache, ctx.embedder
     try:
         t0 = time.perf_counter()
-        doc.embeddings = embedder.encode_documents([embedding_text(n) for n in doc.notes], show_progress=False)
+        context = settings_of(ctx.config)["context"]
+        doc.embeddings = embedder.encode_documents([embedding_text(n, context) for n in doc.notes],
+                                                   show_progress=False)
         ctx.seconds["embed"] += time.perf_counter() - t0
         notes = [n if isinstance(n, dict) else n.to_dict() for n in doc.notes]
         elements = [e if isinstance(e, dict) else e.to_dict() for e in doc.elements]

@@ -112,11 +112,30 @@ supports, for example [2] or [1][4].
 the evidence writes them; read values off images carefully.
 - If the evidence does not answer the question, reply with exactly: Not answerable
 - Be brief: the answer first, then at most two sentences of justification."""
-QUESTION_LINE = "Answer with the content itself, then cite the evidence you used as [n]."
+QUESTION_LINE = ("Answer in at most two sentences: the content itself first (a value, a name, a list or a short "
+                 "phrase), then cite the evidence you used as [n].")
+# After the question when it asks for an amount (:func:`asks_for_number`): a small reader otherwise tends to
+# describe what the evidence shows and leave the figure out.
+NUMBER_LINE = ("The question asks for a number: write that number, with its unit as the evidence gives it, in your "
+               "first sentence.")
+# "how much / many / long ...", "by how much", "what percentage / share / number / amount / rate ...", "which year":
+# the question words that ask for an amount, a count or a date (a rule on the question's words alone)
+_ASKS_NUMBER = re.compile(
+    r"\b(how\s+(much|many|long|large|big|far|old|often|high|low|fast|tall|heavy)|by\s+what\s+(factor|margin|amount)|"
+    r"what\s+(is\s+the\s+|was\s+the\s+|are\s+the\s+|were\s+the\s+)?(percent(age)?|share|proportion|fraction|"
+    r"number|amount|rate|ratio|value|score|accuracy|size|count|total|sum|average|mean|median|price|cost|year|"
+    r"increase|decrease|reduction|gain|improvement|difference)|(which|what)\s+year|in\s+what\s+year)\b",
+    re.IGNORECASE)
 # The second request after a reply that was no answer (markers only, echoed headers, a loop)
 STRICT_LINE = ("Your reply must start with the answer itself, written out in words or numbers (a value, a name, a "
                "short phrase or \"Not answerable\"). Do not copy the evidence, its numbers or its headers; do not "
                "repeat yourself; write at most two sentences, then the [n] of the evidence you used.")
+
+
+def asks_for_number(question: str) -> bool:
+    """Whether ``question`` asks for an amount, a count or a year (``how much``, ``how many``, ``what percentage``,
+    ``by how much``, ``which year``, ...): then the request adds :data:`NUMBER_LINE`."""
+    return _ASKS_NUMBER.search(question or "") is not None
 
 
 def reading_order(items: Sequence[EvidenceItem]) -> list:
@@ -186,7 +205,8 @@ def build_messages(
                 lines = []
         else:
             lines.append(header + "\n" + note_text(item, max_text_chars))
-    lines.append(f"Question: {question.strip()}\n\n{QUESTION_LINE}" + (f"\n{STRICT_LINE}" if strict else ""))
+    asks = [QUESTION_LINE] + ([NUMBER_LINE] if asks_for_number(question) else []) + ([STRICT_LINE] if strict else [])
+    lines.append(f"Question: {question.strip()}\n\n" + "\n".join(asks))
     parts.append({"type": "text", "text": "\n\n".join(lines)})
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
 
