@@ -14,7 +14,7 @@ Other parts of the pipeline (retrieval, reader) add their own groups here.
 
 import ml_collections
 
-from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
 
 
 def get_config() -> ml_collections.ConfigDict:

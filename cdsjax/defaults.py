@@ -14,3 +14,9 @@ LOCAL_EVIDENCE_TOKENS = 500
 
 # New tokens a local answer may take: a small model's answers are short, and a runaway one costs ~40 ms a token.
 LOCAL_MAX_TOKENS = 384
+
+# What ranks the notes for every selector (cdsjax.io.relevance): "hybrid" (the cosine mixed with a BM25 match of the
+# question's words) or "dense" (the cosine alone), and the weight of the lexical half. Chosen on development
+# questions, the weight by cross-validation (RESULTS, "Lexical and dense relevance"; experiments/relevance_table.py).
+DEFAULT_RELEVANCE = "hybrid"
+DEFAULT_LEXICAL_WEIGHT = 0.3

@@ -46,8 +46,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "results" / "abstain"
-BENCHES = {"qasper": (300, "cosine,mmr,cds_learned_pages"),
-           "mmlongbench": (150, "cosine,cosine_pages,cds_learned_pages")}
+def _answer_selectors(bench: str) -> str:
+    """The selectors the answer tables compare on ``bench`` (configs/answers.py), less the question alone and the
+    paper's replicator dynamics."""
+    from configs.answers import SELECTORS
+    from cdsjax.pipeline.catalog import PAPER_SELECTOR
+
+    return ",".join(s for s in SELECTORS[bench].split(",") if s not in ("none", PAPER_SELECTOR))
+
+
+BENCHES = {"qasper": (300, _answer_selectors("qasper")), "mmlongbench": (150, _answer_selectors("mmlongbench"))}
 ANSWERS = {"qasper": "results/answers/qasper-order/answers.jsonl",
            "mmlongbench": "results/answers/mmlongbench-order/answers.jsonl"}
 FOLDS, SEED, BUDGET = 5, 0, 5
@@ -139,8 +147,10 @@ def cv_gain(rows: List[dict]) -> tuple:
 def features_of(selector: str) -> tuple:
     """The scores a selector's rule may use. Not ``support``: on QASPER it tracks the paper's length (the few
     unanswerable questions come from short papers; RESULTS), which says nothing of a new document."""
-    return ("best_relevance", "margin", "payoff") if selector.startswith("cds") else ("best_relevance", "margin",
-                                                                                      "top_score")
+    from cdsjax.pipeline.catalog import selector_spec
+
+    cds = selector_spec(selector).solver is not None  # a game's equilibrium: its payoff is a score
+    return ("best_relevance", "margin", "payoff") if cds else ("best_relevance", "margin", "top_score")
 
 
 def main(argv=None) -> int:

@@ -142,10 +142,10 @@ def timing(docs: int, rounds: int) -> str:
     from cdsjax.io.embed import Embedder
     from cdsjax.io.notes import embedding_text
 
-    config = config_for("mmlongbench", ENCODERS[0], None, "cosine")
+    config = config_for("mmlongbench", ENCODERS[0], None, REFERENCE_SELECTOR)
     bench = load_configured_benchmark(config)
     doc_ids = sorted(bench.documents)[:docs]
-    embedders = {enc: Embedder(config_for("mmlongbench", enc, None, "cosine")) for enc in ENCODERS}
+    embedders = {enc: Embedder(config_for("mmlongbench", enc, None, REFERENCE_SELECTOR)) for enc in ENCODERS}
     indexes = pdf_indexes(bench, doc_ids, config, embedders[ENCODERS[0]], cache_dir=pathlib.Path(config.cache_dir))
     texts, pages = [], 0
     for doc in doc_ids:
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=("qasper", "mmlongbench", "hotpotqa", "timing", "index_timing"))
     p.add_argument("--questions", type=int, default=None, help="questions asked (default: all)")
     p.add_argument("--tokens", type=int, default=500, help="evidence token budget (default: 500, the reader's)")
-    p.add_argument("--selectors", default=None, help="selectors (default: cosine and the default selector)")
+    p.add_argument("--selectors", default=None, help="selectors (default: the reference and the default selector)")
     p.add_argument("--docs", type=int, default=4, help="timing: PDFs whose notes are encoded")
     p.add_argument("--rounds", type=int, default=3, help="timing: interleaved rounds")
     p.add_argument("--pdf", action="append", default=[], help="index_timing: PDFs indexed (repeatable)")

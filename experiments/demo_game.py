@@ -74,7 +74,7 @@ def redundant_ranking(problem, theta, gamma, n):
 
     from cdsjax.core.games.affinity import assemble_affinity
     from cdsjax.core.games.learned import learned_note_block, learned_relevance
-    from cdsjax.core.implicit import equilibrium
+    from cdsjax.core.equilibrium import equilibrium
     from cdsjax.core.solvers.active_set import ActiveSet
 
     notes, valid = problem.notes, problem.valid
@@ -122,7 +122,11 @@ def main(argv=None) -> int:
     from cdsjax.io.index import build_index, cache_root, default_config, load_index
     from cdsjax.learn import default_params
     from cdsjax.pipeline import Corpus, Pipeline
-    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, selector_spec
+    from cdsjax.core import registry
+    from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, LEARNED_SELECTOR, REFERENCE_SELECTOR, selector_spec
+
+    # the baselines read one note per page (every registered page read-out that plays no game)
+    page_baselines = tuple(n for n in registry.SPECS if n.endswith("_pages") and selector_spec(n).solver is None)
 
     config = default_config()
     root = cache_root(config) / "demo"
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     affinity = theta.affinity(problem)
     matrix = np.asarray(affinity.matrix)
     edges, block = matrix[0, 1:n + 1], matrix[1:n + 1, 1:n + 1]
-    _, full = picks(pipe, "cds_learned", q, n, theta)
+    _, full = picks(pipe, LEARNED_SELECTOR, q, n, theta)
     weight = np.asarray(full.result.x)[1:n + 1]
     cos = z @ q
     top = int(np.argmax(cos))
@@ -181,7 +185,7 @@ def main(argv=None) -> int:
     out("\n## 3. The default game as its parameters move (budget %d)\n" % args.budget)
     out("| parameters | pages | facts | restated |")
     out("|---|---|---|---|")
-    for name in ("cosine_pages", "mmr_pages", "dpp_pages"):
+    for name in page_baselines:
         out(row(name, picks(pipe, name, q, args.budget)[0]))
     out(row("shipped", picks(pipe, DEFAULT_SELECTOR, q, args.budget, theta)[0]))
     for beta in (0.1, 0.3, 1.0, 2.0, 3.0, 5.0):
@@ -202,10 +206,10 @@ def main(argv=None) -> int:
         out(f"| {part} | " + " | ".join(f"{s:.2f}" for s in z @ v) + " |")
     out("\n| selector (all parts as query rows) | pages | facts | restated |")
     out("|---|---|---|---|")
-    for name in ("cosine_pages", "mmr_pages", DEFAULT_SELECTOR):
+    for name in (*page_baselines[:2], DEFAULT_SELECTOR):
         pages, sel = picks(pipe, name, qs, args.budget, theta if name == DEFAULT_SELECTOR else None)
         out(row(name, pages))
-    _, sel = picks(pipe, "cds_learned", qs, n, theta)
+    _, sel = picks(pipe, LEARNED_SELECTOR, qs, n, theta)
     out(f"\nQuery-vertex weights at the default game's equilibrium: "
         f"{np.round(np.asarray(sel.result.x)[:len(parts)], 3).tolist()}")
     out("\n## 5. A redundancy term in the game (not shipped): the note block less gamma max(z_i z_j, 0)\n")
@@ -224,10 +228,11 @@ def main(argv=None) -> int:
     out("\n## 6. Each part ranked on its own, the rankings read in turn (a prototype, not shipped)\n")
     out("| selector per part | pages | facts | restated |")
     out("|---|---|---|---|")
-    for name in ("cosine", "cds_learned"):
+    for name in (REFERENCE_SELECTOR, LEARNED_SELECTOR):
         rankings = []
         for v in qs:
-            sel = pipe.select(v, selector=name, budget=n, options={"params": theta} if name == "cds_learned" else None)
+            options = {"params": theta} if name == LEARNED_SELECTOR else None
+            sel = pipe.select(v, selector=name, budget=n, options=options)
             ok = np.asarray(sel.selected_valid)
             rankings.append([int(i) for i in np.asarray(sel.indices)[ok]])
         turns = [r[k] for k in range(n) for r in rankings if k < len(r)]

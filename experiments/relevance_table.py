@@ -133,7 +133,7 @@ def _hotpot_config():
 
 
 def main(argv=None) -> int:
-    from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT
+    from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT
     from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

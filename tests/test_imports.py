@@ -372,9 +372,11 @@ def test_no_private_names_across_packages():
 # The layers of cdsjax, lowest first: a module may import only from its own layer's package or a lower layer
 # (commands -> agents / integrations -> eval -> pipeline, the product layer -> learn -> io -> core). The product's
 # defaults (cdsjax.defaults, and cdsjax.catalog's default selector: plain values, no imports) stand at the bottom:
-# every layer may read them (``cdsjax tune``'s budget is the product's), and nothing climbs back up to them.
+# every layer may read them (``cdsjax tune``'s budget is the product's; the configuration's relevance is the
+# product's), and nothing climbs back up to them.
 LAYERS = {
-    "core": 0, "config": 0, "cdsjax": 0, "memo": 0, "defaults": 0, "catalog": 0,
+    "defaults": -1,
+    "core": 0, "config": 0, "cdsjax": 0, "memo": 0, "catalog": 0,
     "io": 1,
     "learn": 2, "demo": 2,
     "pipeline": 3,

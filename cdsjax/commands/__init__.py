@@ -40,7 +40,8 @@ def enable_float64() -> None:
 def add_relevance_argument(parser) -> None:
     """``--relevance dense|hybrid``: what ranks the notes for every selector (:mod:`cdsjax.io.relevance`; default
     None: the configured one, hybrid unless changed)."""
-    from cdsjax.io.relevance import DEFAULT_RELEVANCE, RELEVANCE_MODES
+    from cdsjax.defaults import DEFAULT_RELEVANCE
+    from cdsjax.io.relevance import RELEVANCE_MODES
 
     parser.add_argument("--relevance", choices=RELEVANCE_MODES, default=None,
                         help=f"what ranks the notes for every selector: 'dense' (the embeddings' cosine) or 'hybrid' "

@@ -81,7 +81,8 @@ class Chooser:
         import jax
 
         from cdsjax.core.validation import check_budget
-        from cdsjax.io.relevance import DEFAULT_RELEVANCE, check_relevance
+        from cdsjax.defaults import DEFAULT_RELEVANCE
+        from cdsjax.io.relevance import check_relevance
         from cdsjax.pipeline.selection import CorpusArrays, resolve_selector
 
         self.budget = check_budget(budget)

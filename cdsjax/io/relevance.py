@@ -22,12 +22,9 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 if TYPE_CHECKING:
     import numpy as np
 
+from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+
 RELEVANCE_MODES = ("dense", "hybrid")
-# The relevance of `ask`, `serve`, the integrations and the evaluation unless one is named (RESULTS: "Lexical and
-# dense relevance" gives the measurement that chose it).
-DEFAULT_RELEVANCE = "hybrid"
-# w of the mix, chosen on development questions by cross-validation (experiments/relevance_cv.py).
-DEFAULT_LEXICAL_WEIGHT = 0.3
 # Words: runs of letters and digits, with inner dots and commas kept (83.2, 1,024, v1.5); single characters too.
 TOKEN_PATTERN = r"(?u)\b\w+(?:[.,]\w+)*\b"
 # A note's text is cut to this many characters before tokenising (a 100,000-character note costs no more).

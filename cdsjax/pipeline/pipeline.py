@@ -35,7 +35,8 @@ from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.validation import validate_embeddings
 from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.compilation_cache import CompileCache
-from cdsjax.io.relevance import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE, Relevance, check_relevance, lexical_text
+from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+from cdsjax.io.relevance import Relevance, check_relevance, lexical_text
 from cdsjax.io.relevance import settings_of as relevance_of
 from cdsjax.learn.params_io import resolve_params
 from cdsjax.pipeline import catalog

@@ -75,8 +75,9 @@ def precompile(pipe, query: np.ndarray, *, selector=DEFAULT_SELECTOR, budget: in
     fn = pipe.compiled_selector(choice)
     if not isinstance(fn.select, ExportedJit):
         return False
-    # the relevance rows the question will carry (an array under the hybrid relevance): the same program's inputs
-    problem = pipe.candidates.problem(query, choice.spec, pipe.query_scores(query, qid or "warm-up question"))
+    # the relevance rows the question ``qid`` (its text) will carry under the hybrid relevance: the same program's
+    # inputs (no text: a question selected by its vector alone, ranked by the cosine)
+    problem = pipe.candidates.problem(query, choice.spec, pipe.query_scores(query, qid or None))
     key = key_from_query_id(qid or "warm-up question")
     make, build = fn.corpus_bound, fn.corpus_block
     if make is None:
