@@ -14,7 +14,7 @@ Other parts of the pipeline (retrieval, reader) add their own groups here.
 
 import ml_collections
 
-from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_NOTE_CONTEXT, DEFAULT_RELEVANCE
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -82,8 +82,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.relevance = ml_collections.ConfigDict()
     config.relevance.mode = DEFAULT_RELEVANCE
     config.relevance.lexical_weight = DEFAULT_LEXICAL_WEIGHT
-    # embed and match each note with the words that place it (document title, section); False: its text alone
-    config.relevance.context = True
+    # embed and match each note with the words that place it (document title, section heading); off by default:
+    # on the development tables it did not help (RESULTS, "Lexical and dense relevance")
+    config.relevance.context = DEFAULT_NOTE_CONTEXT
 
     return config
 

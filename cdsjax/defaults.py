@@ -20,3 +20,6 @@ LOCAL_MAX_TOKENS = 384
 # questions, the weight by cross-validation (RESULTS, "Lexical and dense relevance"; experiments/relevance_table.py).
 DEFAULT_RELEVANCE = "hybrid"
 DEFAULT_LEXICAL_WEIGHT = 0.3
+# Whether a note is embedded and matched with the words that place it (its document's title, the section heading
+# above it; cdsjax.io.placement). Off: measured, it did not raise has-answer on either development table.
+DEFAULT_NOTE_CONTEXT = False

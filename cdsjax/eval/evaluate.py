@@ -52,7 +52,7 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
     if not bench.queries:
         raise ValueError(f"benchmark {config.benchmark!r} has no queries "
                          f"(max_queries={config.get('max_queries', None)})")
-    return bench, kind, with_relevance(problems, relevance.mode, relevance.lexical_weight), timings
+    return bench, kind, with_relevance(problems, relevance.mode, relevance.lexical_weight, relevance.context), timings
 
 
 def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None,

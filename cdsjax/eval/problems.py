@@ -301,10 +301,11 @@ def text_problems(bench, embedder, *, cache_dir: pathlib.Path, link_window: int 
     return problems
 
 
-def with_relevance(problems: Sequence[Problem], mode: str, weight: float) -> List[Problem]:
+def with_relevance(problems: Sequence[Problem], mode: str, weight: float, context: bool = False) -> List[Problem]:
     """``problems`` carrying each question's relevance row (:attr:`Problem.query_scores`) under ``mode``
     (:mod:`cdsjax.io.relevance`: ``dense`` leaves them as they are; ``hybrid`` fuses a BM25 match of the question
-    in each note's placed text with the cosine). One BM25 index per corpus (the same notes), built once."""
+    in each note's text with the cosine; ``context``: its placed text, :attr:`Problem.context`). One BM25 index per
+    corpus (the same notes), built once."""
     from cdsjax.io.relevance import LexicalIndex, check_relevance, fuse
 
     if check_relevance(mode) == "dense":
@@ -312,7 +313,7 @@ def with_relevance(problems: Sequence[Problem], mode: str, weight: float) -> Lis
     indexes: Dict[tuple, Any] = {}
     out = []
     for p in problems:
-        texts = p.context or p.texts
+        texts = p.context if context and p.context is not None else p.texts
         if texts is None:
             raise ValueError(f"query {p.query.qid}: hybrid relevance needs the notes' texts")
         key = tuple(p.note_ids)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 if TYPE_CHECKING:
     import numpy as np
 
-from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_NOTE_CONTEXT, DEFAULT_RELEVANCE
 
 RELEVANCE_MODES = ("dense", "hybrid")
 # Words: runs of letters and digits, with inner dots and commas kept (83.2, 1,024, v1.5); single characters too.
@@ -130,14 +130,15 @@ def settings_of(config) -> dict:
         raise ValueError(f"relevance has no field {unknown[0]!r} (mode, lexical_weight, context)")
     return {"mode": check_relevance(str(given.get("mode", DEFAULT_RELEVANCE))),
             "lexical_weight": check_weight(given.get("lexical_weight", DEFAULT_LEXICAL_WEIGHT)),
-            "context": bool(given.get("context", True))}
+            "context": bool(given.get("context", DEFAULT_NOTE_CONTEXT))}
 
 
-def lexical_text(note) -> str:
-    """The words BM25 matches in an index note: its section heading, text, caption, summary and keywords (each
-    once)."""
+def lexical_text(note, context: bool = DEFAULT_NOTE_CONTEXT) -> str:
+    """The words BM25 matches in an index note: its text, caption, summary, OCR text and keywords (each once),
+    and with ``context`` the section heading above it (:mod:`cdsjax.io.placement`)."""
     get = note.get if isinstance(note, dict) else lambda k, d=None: getattr(note, k, d)
-    parts = [str(get(k) or "").strip() for k in ("section", "text", "caption", "summary", "ocr_text")]
+    fields = ("section",) * bool(context) + ("text", "caption", "summary", "ocr_text")
+    parts = [str(get(k) or "").strip() for k in fields]
     keywords = get("keywords") or []
     parts.append(", ".join(str(k) for k in keywords))
     return "\n".join(dict.fromkeys(p for p in parts if p))

@@ -35,7 +35,7 @@ from cdsjax.core.registry import SelectorSpec
 from cdsjax.core.validation import validate_embeddings
 from cdsjax.io.reading.options import ReadOptions
 from cdsjax.io.compilation_cache import CompileCache
-from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_RELEVANCE
+from cdsjax.defaults import DEFAULT_LEXICAL_WEIGHT, DEFAULT_NOTE_CONTEXT, DEFAULT_RELEVANCE
 from cdsjax.io.relevance import Relevance, check_relevance, lexical_text
 from cdsjax.io.relevance import settings_of as relevance_of
 from cdsjax.learn.params_io import resolve_params
@@ -70,7 +70,8 @@ class Pipeline:
     def __init__(self, corpus: Corpus, *, embedder=None, reader=None, compiled: Optional[dict] = None,
                  max_compiled: int = DEFAULT_MAX_COMPILED, embedders: Sequence[str] = (),
                  trust_remote_code: bool = False, params=None, compile_cache: Optional[CompileCache] = None,
-                 relevance: str = DEFAULT_RELEVANCE, lexical_weight: float = DEFAULT_LEXICAL_WEIGHT):
+                 relevance: str = DEFAULT_RELEVANCE, lexical_weight: float = DEFAULT_LEXICAL_WEIGHT,
+                 note_context: bool = DEFAULT_NOTE_CONTEXT):
         if len(corpus) == 0:
             raise PipelineError("the index holds no notes (nothing was extracted from the documents)")
         validate_embeddings(corpus.embeddings)
@@ -83,7 +84,8 @@ class Pipeline:
         # what ranks the notes for every selector (cdsjax.io.relevance): the BM25 index of the notes' placed text is
         # built on the first hybrid question
         try:
-            self.relevance = Relevance([lexical_text(n) for n in corpus.notes], relevance, lexical_weight)
+            self.relevance = Relevance([lexical_text(n, note_context) for n in corpus.notes], relevance,
+                                       lexical_weight)
         except ValueError as err:
             raise PipelineError(str(err)) from None
         self.notes, self.valid, self.links = self.candidates.notes, self.candidates.valid, self.candidates.links
@@ -165,7 +167,7 @@ class Pipeline:
             raise PipelineError(str(err)) from None
         return cls(Corpus.merge(indexes), reader=reader, embedders=accepted, trust_remote_code=trust_remote_code,
                    compiled=compiled, params=params, compile_cache=compile_cache, relevance=settings["mode"],
-                   lexical_weight=settings["lexical_weight"])
+                   lexical_weight=settings["lexical_weight"], note_context=settings["context"])
 
     @classmethod
     def warm_for_notes(cls, notes: Sequence[Any], *, question: str, selector: SelectorName = DEFAULT_SELECTOR,
