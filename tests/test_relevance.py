@@ -179,7 +179,7 @@ def test_notes_are_placed_under_their_title_and_section():
     assert title == "Weak-to-Strong Generalization"
     assert sections[1:] == ["Abstract", "1 Introduction", "3.1 Setup"]
     note = dict(summary="We fine-tune.", keywords=["fine-tune"], title=title, section="3.1 Setup")
-    assert embedding_text(note) == ("We fine-tune. keywords: fine-tune (in: Weak-to-Strong Generalization / "
+    assert embedding_text(note, context=True) == ("We fine-tune. keywords: fine-tune (in: Weak-to-Strong Generalization / "
                                     "3.1 Setup)")
-    assert embedding_text(note, context=False) == "We fine-tune. keywords: fine-tune"
+    assert embedding_text(note, context=False) == embedding_text(note) == "We fine-tune. keywords: fine-tune"
     assert embedding_text(dict(summary="x")) == "x"  # an index of before has no place: its text alone

@@ -24,6 +24,7 @@ import dataclasses
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from cdsjax.defaults import DEFAULT_NOTE_CONTEXT
 from cdsjax.io.elements import Element, Record, gap
 from cdsjax.io.keywords import extract_keywords
 
@@ -62,9 +63,9 @@ class Note(Record):
     section: str = ""  # the section heading above the note in reading order; "" before the first
 
 
-def embedding_text(note, context: bool = True) -> str:
+def embedding_text(note, context: bool = DEFAULT_NOTE_CONTEXT) -> str:
     """The text that is embedded for a note: its place (document title, section: :mod:`cdsjax.io.placement`;
-    ``context=False`` leaves it out), its summary, then its keywords."""
+    with ``context``, the index's ``config.relevance.context``, off by default), its summary, then its keywords."""
     from cdsjax.io.placement import placed_text
 
     get = note.get if isinstance(note, dict) else lambda k, d=None: getattr(note, k, d)
