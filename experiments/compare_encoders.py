@@ -10,8 +10,9 @@ vectors), the same questions and the same notes for both encoders.
 ``qasper`` / ``mmlongbench``: each encoder's evaluation (the answer tables' config, ``configs/answers.py``, without
 the reader; the default selector and cosine, B = 5 notes), then has-answer of the evidence the local reader would
 get (the notes fitted to the default 500 evidence tokens, :func:`cdsjax.io.reader.fit_items`, trimmed with the same
-encoder), and on MMLongBench-Doc page recall of the selection. ``hotpotqa``: all-found@4 and paragraph recall@4.
-Paired differences (mpnet - MiniLM) per question with 95% bootstrap intervals and W/T/L
+encoder), and the selection's recall of the gold pages (MMLongBench-Doc) or paragraphs (QASPER). ``hotpotqa``:
+all-found@4 and paragraph recall@4. Paired differences (mpnet - MiniLM) per question with 95% bootstrap intervals
+and W/T/L
 (:func:`cdsjax.eval.metrics.paired_difference`). ``index_timing``: whole indexing of ``--pdf`` files with each
 encoder (:func:`cdsjax.io.index.build_index` from nothing, interleaved ``--rounds`` times; the same notes for
 both), wall seconds per page and the index's own embed-stage seconds per page (the encode time, on the ONNX path).
@@ -97,8 +98,9 @@ def run_one(bench: str, encoder: str, questions, selectors: str, tokens: int) ->
     for rec in records:
         problem = by_qid[rec["qid"]]
         values = {}
-        if rec["metrics"].get("page_recall") is not None:
-            values["page_recall@5"] = rec["metrics"]["page_recall"]
+        for metric in ("page_recall", "paragraph_recall"):  # MMLongBench-Doc's pages, QASPER's gold paragraphs
+            if rec["metrics"].get(metric) is not None:
+                values[f"{metric}@5"] = rec["metrics"][metric]
         targets = problem.answer_targets()
         if targets is not None:
             items = source.items(rec["selected"])
