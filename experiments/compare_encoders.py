@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=("qasper", "mmlongbench", "hotpotqa", "index_timing"))
     p.add_argument("--questions", type=int, default=None, help="questions asked (default: all)")
     p.add_argument("--tokens", type=int, default=500, help="evidence token budget (default: 500, the reader's)")
-    p.add_argument("--selectors", default=None, help="selectors (default: cosine and the default selector)")
+    p.add_argument("--selectors", default=None, help="selectors (default: the reference and the default selector)")
     p.add_argument("--rounds", type=int, default=2, help="index_timing: interleaved builds per encoder")
     p.add_argument("--pdf", action="append", default=[], help="index_timing: PDFs indexed (repeatable)")
     args = p.parse_args(argv)
