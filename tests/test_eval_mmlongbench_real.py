@@ -86,6 +86,7 @@ def test_harness_on_a_real_mmlongbench_document(one_doc_root, tmp_path):
     config.cache_dir = str(tmp_path / "cache")
     config.max_queries = 4
     config.selectors = "cosine,cds"
+    config.relevance.mode = "dense"  # the scores are checked against the embeddings' cosine, recomputed here
     config.budgets = (BUDGET,)
     config.num_resamples = 200
     records, rows = evaluate(config, progress=False, log=lambda *a: None)

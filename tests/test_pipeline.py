@@ -45,8 +45,8 @@ def test_ask_json_schema_without_reader(demo_index, capsys, cache):
     ev = result["evidence"]
     assert 1 <= len(ev) <= 4
     assert [e["rank"] for e in ev] == list(range(1, len(ev) + 1))
-    scores = [e["score"] for e in ev]
-    assert scores == sorted(scores, reverse=True)
+    # each note's score is its relevance (hybrid: the cosine mixed with BM25); the rank is the equilibrium's
+    assert all(isinstance(e["score"], float) and 0.0 < e["score"] <= 1.0 for e in ev)
     for e in ev:
         assert set(e) >= {"document", "page", "bbox", "kind", "text", "score", "rank"}
         assert e["document"] == "harbour_island_report.pdf" and 0 <= e["page"] < 10
