@@ -61,11 +61,10 @@ def config_for(bench: str, encoder: str, questions, selectors: str):
 
 def run_one(bench: str, encoder: str, questions, selectors: str, tokens: int) -> dict:
     """``(selector, qid) -> {metric: value}`` for one encoder."""
-    from cdsjax.eval import evaluate, load_problems
+    from cdsjax.eval import evaluate
     from cdsjax.eval.answers import has_answer
-    from cdsjax.eval.answer_evidence import EvidenceSource, sentence_similarity
+    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
     from cdsjax.eval.records import RECORDS_FILE, read_records
-    from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder
     from cdsjax.io.reading.prompt import note_text
     from cdsjax.io.reading.reader import fit_items
@@ -85,14 +84,7 @@ def run_one(bench: str, encoder: str, questions, selectors: str, tokens: int) ->
                                                   "paragraph_recall@4": m["paragraph_recall"]}
         return out
     embedder = Embedder(config)
-    bench_obj, kind, problems, _ = load_problems(config, embedder, cache_dir=cache_dir_of(config))
-    indexes = None
-    if kind != "text":
-        from cdsjax.eval.problems import pdf_indexes
-
-        docs = list(dict.fromkeys(d for q in problems for d in q.docs))
-        indexes = pdf_indexes(bench_obj, docs, config, embedder, cache_dir=cache_dir_of(config))
-    source = EvidenceSource(problems, kind=kind, indexes=indexes)
+    problems, source = config_evidence(config, embedder)
     by_qid = {q.query.qid: q for q in problems}
     similarity = sentence_similarity(embedder)
     for rec in records:

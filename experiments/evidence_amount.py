@@ -56,8 +56,7 @@ def main(argv=None) -> int:
 
     from configs import answers
     from experiments.abstain_fit import BENCHES, BUDGET, FOLDS, SEED, collect
-    from cdsjax.eval import load_problems
-    from cdsjax.eval.answer_evidence import EvidenceSource, sentence_similarity
+    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
     from cdsjax.eval.answers import has_answer
     from cdsjax.eval.folds import document_folds
     from cdsjax.io.embed import Embedder
@@ -73,14 +72,7 @@ def main(argv=None) -> int:
     config.max_queries = BENCHES[args.bench][0]
     config.cache_dir = str(pathlib.Path(args.cache) / args.bench)
     embedder = Embedder(config)
-    bench, kind, problems, _ = load_problems(config, embedder, cache_dir=pathlib.Path(config.cache_dir))
-    indexes = None
-    if kind != "text":
-        from cdsjax.eval.problems import pdf_indexes
-
-        docs = list(dict.fromkeys(d for q in problems for d in q.docs))
-        indexes = pdf_indexes(bench, docs, config, embedder, cache_dir=pathlib.Path(config.cache_dir))
-    source = EvidenceSource(problems, kind=kind, indexes=indexes)
+    problems, source = config_evidence(config, embedder)
     by_qid = {q.query.qid: q for q in problems}
     raw_similarity, memo = sentence_similarity(embedder), {}
 
@@ -115,10 +107,10 @@ def main(argv=None) -> int:
                              amount=name, notes=len(keep), sent=len(fitted.items), tokens=int(fitted.tokens),
                              has_answer=float(has_answer(texts, targets))))
     rows += cv_rows(rows)
-    lines = table(bench.name, rows, tokens, prompt_line(args.bench))
+    lines = table(config.benchmark, rows, tokens, prompt_line(args.bench))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{bench.name}.md").write_text("\n".join(lines) + "\n")
-    with open(OUT / f"{bench.name}.jsonl", "w", encoding="utf-8") as f:
+    (OUT / f"{config.benchmark}.md").write_text("\n".join(lines) + "\n")
+    with open(OUT / f"{config.benchmark}.jsonl", "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     print("\n".join(lines))

@@ -51,11 +51,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from configs import answers
-    from cdsjax.eval import evaluate, load_problems
+    from cdsjax.eval import evaluate
     from cdsjax.eval.answers import has_answer
-    from cdsjax.eval.answer_evidence import EvidenceSource, sentence_similarity
+    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
     from cdsjax.eval.records import RECORDS_FILE, read_records
-    from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder
     from cdsjax.io.reading.evidence_fit import estimate_tokens
     from cdsjax.io.reading.reader import fit_items
@@ -75,14 +74,7 @@ def main(argv=None) -> int:
         evaluate(config, progress=False, log=lambda s: None)
         records = list(read_records(pathlib.Path(tmp) / RECORDS_FILE))
     embedder = Embedder(config)
-    bench, kind, problems, _ = load_problems(config, embedder, cache_dir=cache_dir_of(config))
-    indexes = None
-    if kind != "text":
-        from cdsjax.eval.problems import pdf_indexes
-
-        docs = list(dict.fromkeys(d for q in problems for d in q.docs))
-        indexes = pdf_indexes(bench, docs, config, embedder, cache_dir=cache_dir_of(config))
-    source = EvidenceSource(problems, kind=kind, indexes=indexes)
+    problems, source = config_evidence(config, embedder)
     by_qid = {q.query.qid: q for q in problems}
 
     similarity = sentence_similarity(embedder)  # as the evaluation's reader stage trims
@@ -105,7 +97,7 @@ def main(argv=None) -> int:
             rows.setdefault((rec["selector"], way), []).append((rec["qid"], has_answer(texts, targets), n_tokens))
 
     OUT.mkdir(parents=True, exist_ok=True)
-    lines = [f"{bench.name}: {args.questions} questions asked, B = {args.budget} notes; has-answer over the covered "
+    lines = [f"{config.benchmark}: {args.questions} questions asked, B = {args.budget} notes; has-answer over the covered "
              "questions; paired difference to `cut` (95% bootstrap interval)", "",
              "| selector | evidence | n | has-answer | mean tokens | vs cut |", "|---|---|---|---|---|---|"]
     table = []
@@ -115,22 +107,22 @@ def main(argv=None) -> int:
         diffs = np.array([h - cut[q] for q, h, _ in values])
         lo, hi = paired_interval(diffs) if way != "cut" else (0.0, 0.0)
         toks = [v[2] for v in values if v[2] is not None]
-        row = dict(benchmark=bench.name, selector=selector, evidence=way, n=len(values), has_answer=hits.mean(),
+        row = dict(benchmark=config.benchmark, selector=selector, evidence=way, n=len(values), has_answer=hits.mean(),
                    mean_tokens=float(np.mean(toks)) if toks else None, diff_vs_cut=diffs.mean(), lo=lo, hi=hi)
         table.append(row)
         mean_tokens = "" if row["mean_tokens"] is None else f"{row['mean_tokens']:.0f}"
         versus = "–" if way == "cut" else f"{diffs.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]"
         lines.append(f"| {selector} | {way} | {len(values)} | {hits.mean():.3f} | {mean_tokens} | {versus} |")
     print("\n".join(lines))
-    with open(OUT / f"{bench.name}.csv", "w", newline="") as f:
+    with open(OUT / f"{config.benchmark}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)
     from cdsjax.io.provenance import provenance, provenance_line
 
     prov = provenance()
-    (OUT / f"{bench.name}.md").write_text("\n".join(lines) + "\n\n" + provenance_line(prov))
-    (OUT / f"{bench.name}.provenance.json").write_text(json.dumps(prov, indent=1))
+    (OUT / f"{config.benchmark}.md").write_text("\n".join(lines) + "\n\n" + provenance_line(prov))
+    (OUT / f"{config.benchmark}.provenance.json").write_text(json.dumps(prov, indent=1))
     return 0
 
 

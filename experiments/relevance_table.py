@@ -68,11 +68,10 @@ def run_variant(bench: str, questions: int, budget: int, tokens: int, selectors:
 def _run_variant(bench: str, questions: int, budget: int, tokens: int, selectors: str, mode: str, context: bool,
                  weight: float, cache: str = "") -> dict:
     from configs import answers
-    from cdsjax.eval import evaluate, load_problems
-    from cdsjax.eval.answer_evidence import EvidenceSource, sentence_similarity
+    from cdsjax.eval import evaluate
+    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
     from cdsjax.eval.answers import has_answer
     from cdsjax.eval.records import RECORDS_FILE, read_records
-    from cdsjax.eval.settings import cache_dir_of
     from cdsjax.io.embed import Embedder
     from cdsjax.io.reading.prompt import note_text
     from cdsjax.io.reading.reader import fit_items
@@ -91,14 +90,7 @@ def _run_variant(bench: str, questions: int, budget: int, tokens: int, selectors
         evaluate(config, progress=False, log=lambda s: None)
         records = list(read_records(pathlib.Path(tmp) / RECORDS_FILE))
     embedder = Embedder(config)
-    _, kind, problems, _ = load_problems(config, embedder, cache_dir=cache_dir_of(config))
-    indexes = None
-    if kind != "text":
-        from cdsjax.eval.problems import pdf_indexes
-
-        docs = list(dict.fromkeys(d for q in problems for d in q.docs))
-        indexes = pdf_indexes(_bench(config), docs, config, embedder, cache_dir=cache_dir_of(config))
-    source = EvidenceSource(problems, kind=kind, indexes=indexes)
+    problems, source = config_evidence(config, embedder)
     by_qid = {q.query.qid: q for q in problems}
     similarity = sentence_similarity(embedder)
     out = {}
@@ -113,12 +105,6 @@ def _run_variant(bench: str, questions: int, budget: int, tokens: int, selectors
         recall = next((v for k, v in rec.get("metrics", rec).items() if str(k).startswith("page_recall")), None)
         out[(rec["selector"], rec["qid"])] = (hit, recall)
     return out
-
-
-def _bench(config):
-    from cdsjax.eval.problems import load_configured_benchmark
-
-    return load_configured_benchmark(config)
 
 
 def _hotpot_config():
