@@ -24,8 +24,9 @@ from cdsjax.eval.run import (Executables, batch_chunk, cached_selector, corpus_a
                              run_selector)
 from cdsjax.eval.scoring import metric_names
 from cdsjax.eval.abstention import abstention_table
+from cdsjax.io.relevance import settings_of
 from cdsjax.eval.settings import (budgets_of, cache_dir_of, eval_dtype, identity_digest, record_identity,
-                                  relevance_settings, run_identity, selector_specs)
+                                  run_identity, selector_specs)
 
 
 def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool = False,
@@ -33,7 +34,7 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
     """``(benchmark, kind, problems, timings)`` of a config: one document per question,
     or pools / the open corpus when the config sets :data:`cdsjax.eval.pools.POOL_FIELDS`; each problem carries
     its question's relevance rows under ``config.relevance`` (:func:`cdsjax.eval.problems.with_relevance`)."""
-    relevance = relevance_settings(config)
+    relevance = settings_of(config)
     spec = pool_spec(config)
     if spec is not None:
         bench, kind, problems, timings = pooled_problems(config, spec, embedder, cache_dir=cache_dir,
@@ -44,7 +45,7 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
         if kind == "text":
             problems = text_problems(bench, embedder, cache_dir=cache_dir,
                                      link_window=int(config.get("link_window", 1)), progress=progress,
-                                     context=bool(relevance.context))
+                                     context=relevance["context"])
         elif bench.queries:
             problems = pdf_problems(bench, config, embedder, cache_dir=cache_dir, progress=progress)
         else:
@@ -52,7 +53,8 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
     if not bench.queries:
         raise ValueError(f"benchmark {config.benchmark!r} has no queries "
                          f"(max_queries={config.get('max_queries', None)})")
-    return bench, kind, with_relevance(problems, relevance.mode, relevance.lexical_weight, relevance.context), timings
+    return bench, kind, with_relevance(problems, relevance["mode"], relevance["lexical_weight"],
+                                       relevance["context"]), timings
 
 
 def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None,

@@ -158,16 +158,6 @@ def identity_changes(before: dict, after: dict) -> List[str]:
     return out
 
 
-def relevance_settings(config):
-    """``config.relevance`` (mode, lexical_weight, context) as a ConfigDict, checked
-    (:func:`cdsjax.io.relevance.settings_of`)."""
-    import ml_collections
-
-    from cdsjax.io.relevance import settings_of
-
-    return ml_collections.ConfigDict(settings_of(config))
-
-
 def cache_dir_of(config) -> pathlib.Path:
     """Where a run keeps its indexes, question vectors and compiled selectors: ``config.cache_dir``, else
     ``<output_dir>/cache``."""

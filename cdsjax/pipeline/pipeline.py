@@ -284,11 +284,13 @@ class Pipeline:
             return None
         return self.relevance.scores(question, np.asarray(self.corpus.embeddings, np.float32) @ query)
 
-    def run(self, query: np.ndarray, choice: Choice, *, qid: str = "", question: Optional[str] = None) -> core.Selection:
+    def run(self, query: np.ndarray, choice: Choice, *, qid: str = "",
+            query_scores: Optional[np.ndarray] = None) -> core.Selection:
         """Runs the selector ``choice`` (:meth:`choose`) for one encoded question ([d], or [m, d] for several query
-        vertices); ``question``, its text, gives the hybrid relevance its words (:meth:`query_scores`)."""
+        vertices), ranking by ``query_scores`` (the question's relevance row, :meth:`query_scores`) where given, else
+        by the cosine."""
         fn = self.compiled_selector(choice)
-        problem = self.candidates.problem(query, choice.spec, self.query_scores(query, question))
+        problem = self.candidates.problem(query, choice.spec, query_scores)
         problem = self.with_bound(fn, problem, choice.key, traced=choice.traced)
         sel = jax.device_get(fn(problem, key_from_query_id(qid)))
         self._ran.add(choice.key)
@@ -336,26 +338,25 @@ class Pipeline:
         t0 = time.perf_counter()
         query = self.encode([question])[0]
         t1 = time.perf_counter()
-        sel = self.run(query, self.choose(spec, budget, options), qid=qid or question, question=question)
+        scores = self.query_scores(query, question)  # the relevance the selection ranks by and the judgement reads
+        sel = self.run(query, self.choose(spec, budget, options), qid=qid or question, query_scores=scores)
         t2 = time.perf_counter()
         diag = self.diagnostics(sel)
         evidence = self.evidence(sel)
         warnings = [convergence_warning(diag), self.scanned_warning(evidence)]
-        verdict = self.judge(sel, query, spec.name, enabled=abstain, question=question)
+        verdict = self.judge(sel, query, spec.name, enabled=abstain, relevance=scores)
         return Answer(question=question, answer=None, evidence=evidence, selector=catalog.display(spec),
                       budget=budget, diagnostics=diag, timings=dict(encode=t1 - t0, select=t2 - t1, total=t2 - t0),
                       warnings=[w for w in warnings if w], relevance=self.relevance.describe(),
                       abstained=verdict.abstained, abstention=verdict.to_dict())
 
     def judge(self, selection: core.Selection, query: np.ndarray, selector: str, *, enabled: bool = True,
-              question: Optional[str] = None):
-        """Whether ``selection`` (of ``selector``, for the encoded question ``query``, whose text ``question`` gives
-        the hybrid relevance its words) is too weak to read: :func:`cdsjax.pipeline.abstain.judge` on its scores
-        (:func:`~cdsjax.pipeline.abstain.strength_features`, on the relevance the selector ranked by) under the
-        shipped rules."""
+              relevance: Optional[np.ndarray] = None):
+        """Whether ``selection`` (of ``selector``, for the encoded question ``query``) is too weak to read:
+        :func:`cdsjax.pipeline.abstain.judge` on its scores (:func:`~cdsjax.pipeline.abstain.strength_features`) on
+        ``relevance``, the row the selector ranked by (None: the cosine), under the shipped rules."""
         from cdsjax.pipeline.abstain import judge, note_relevance, strength_features
 
-        relevance = self.query_scores(query, question)
         if relevance is None:
             relevance = note_relevance(self.corpus.embeddings, query)
         return judge(selector, strength_features(selection, relevance), enabled=enabled)
