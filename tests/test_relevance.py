@@ -183,3 +183,11 @@ def test_notes_are_placed_under_their_title_and_section():
                                     "3.1 Setup)")
     assert embedding_text(note, context=False) == embedding_text(note) == "We fine-tune. keywords: fine-tune"
     assert embedding_text(dict(summary="x")) == "x"  # an index of before has no place: its text alone
+
+
+def test_building_the_lexical_index_logs_nothing_a_person_would_see(caplog):
+    import logging
+
+    with caplog.at_level(logging.DEBUG):
+        LexicalIndex.build(["alpha beta", "gamma"]).scores("alpha")
+    assert not [r for r in caplog.records if r.name.startswith("bm25s")]

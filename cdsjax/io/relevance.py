@@ -49,6 +49,17 @@ def check_weight(weight) -> float:
     return w
 
 
+def _bm25s():
+    """The ``bm25s`` module, its logger kept at WARNING: it sets its own to DEBUG, and any handler on the root logger
+    would print "Building index from tokens" under every question's evidence."""
+    import logging
+
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
+
 def _stemmer():
     try:
         import Stemmer  # PyStemmer
@@ -60,7 +71,7 @@ def _stemmer():
 
 def tokenize(texts: Sequence[str]) -> List[List[str]]:
     """Each text's words as BM25 reads them: lower case, English stop words out, stemmed."""
-    import bm25s
+    bm25s = _bm25s()
 
     texts = [str(t or "")[:MAX_NOTE_CHARS] for t in texts]
     return bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer(), token_pattern=TOKEN_PATTERN,
@@ -78,7 +89,7 @@ class LexicalIndex:
     @classmethod
     def build(cls, texts: Sequence[str]) -> "LexicalIndex":
         """The index of ``texts`` (one per note; empty ones score 0)."""
-        import bm25s
+        bm25s = _bm25s()
 
         tokens = tokenize(texts)
         retriever = bm25s.BM25()
