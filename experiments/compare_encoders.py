@@ -63,7 +63,8 @@ def run_one(bench: str, encoder: str, questions, selectors: str, tokens: int) ->
     """``(selector, qid) -> {metric: value}`` for one encoder."""
     from cdsjax.eval import evaluate
     from cdsjax.eval.answers import has_answer
-    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
+    from cdsjax.eval.answer_evidence import sentence_similarity
+    from cdsjax.eval.evaluate import config_evidence
     from cdsjax.eval.records import RECORDS_FILE, read_records
     from cdsjax.io.embed import Embedder
     from cdsjax.io.reading.prompt import note_text

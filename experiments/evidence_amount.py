@@ -56,7 +56,8 @@ def main(argv=None) -> int:
 
     from configs import answers
     from experiments.abstain_fit import BENCHES, BUDGET, FOLDS, SEED, collect
-    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
+    from cdsjax.eval.answer_evidence import sentence_similarity
+    from cdsjax.eval.evaluate import config_evidence
     from cdsjax.eval.answers import has_answer
     from cdsjax.eval.folds import document_folds
     from cdsjax.io.embed import Embedder

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     from configs import answers
     from cdsjax.eval import evaluate
     from cdsjax.eval.answers import has_answer
-    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
+    from cdsjax.eval.answer_evidence import sentence_similarity
+    from cdsjax.eval.evaluate import config_evidence
     from cdsjax.eval.records import RECORDS_FILE, read_records
     from cdsjax.io.embed import Embedder
     from cdsjax.io.reading.evidence_fit import estimate_tokens

@@ -69,7 +69,8 @@ def _run_variant(bench: str, questions: int, budget: int, tokens: int, selectors
                  weight: float, cache: str = "") -> dict:
     from configs import answers
     from cdsjax.eval import evaluate
-    from cdsjax.eval.answer_evidence import config_evidence, sentence_similarity
+    from cdsjax.eval.answer_evidence import sentence_similarity
+    from cdsjax.eval.evaluate import config_evidence
     from cdsjax.eval.answers import has_answer
     from cdsjax.eval.records import RECORDS_FILE, read_records
     from cdsjax.io.embed import Embedder

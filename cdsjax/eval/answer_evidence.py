@@ -47,22 +47,6 @@ class EvidenceSource:
         return [_item_from_index_note(self.notes[n], n, r) for r, n in enumerate(note_ids, 1)]
 
 
-def config_evidence(config, embedder) -> tuple:
-    """``(problems, source)`` of an evaluation config: its problems (:func:`cdsjax.eval.evaluate.load_problems`, from
-    the run's caches) and the :class:`EvidenceSource` of their notes (a PDF benchmark's from its cached indexes), what
-    a script that scores the evaluation's selections as the reader gets them starts from."""
-    from cdsjax.eval.evaluate import load_problems
-    from cdsjax.eval.problems import pdf_indexes
-    from cdsjax.eval.settings import cache_dir_of
-
-    bench, kind, problems, _ = load_problems(config, embedder, cache_dir=cache_dir_of(config))
-    indexes = None
-    if kind != "text":
-        docs = list(dict.fromkeys(d for q in problems for d in q.docs))
-        indexes = pdf_indexes(bench, docs, config, embedder, cache_dir=cache_dir_of(config))
-    return problems, EvidenceSource(problems, kind=kind, indexes=indexes)
-
-
 def _estimated_tokens(items, max_text_chars: int) -> int:
     from cdsjax.io.reading.evidence_fit import TOKENS_PER_IMAGE, estimate_tokens
     from cdsjax.io.reading.reader import PROMPT_RESERVE_TOKENS

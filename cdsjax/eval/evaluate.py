@@ -57,6 +57,21 @@ def load_problems(config, embedder, *, cache_dir: pathlib.Path, progress: bool =
                                        relevance["context"]), timings
 
 
+def config_evidence(config, embedder) -> tuple:
+    """``(problems, source)`` of an evaluation config: its problems (:func:`load_problems`, from
+    the run's caches) and the :class:`~cdsjax.eval.answer_evidence.EvidenceSource` of their notes (a PDF benchmark's from its cached indexes), what
+    a script that scores the evaluation's selections as the reader gets them starts from."""
+    from cdsjax.eval.answer_evidence import EvidenceSource
+    from cdsjax.eval.problems import pdf_indexes
+
+    bench, kind, problems, _ = load_problems(config, embedder, cache_dir=cache_dir_of(config))
+    indexes = None
+    if kind != "text":
+        docs = list(dict.fromkeys(d for q in problems for d in q.docs))
+        indexes = pdf_indexes(bench, docs, config, embedder, cache_dir=cache_dir_of(config))
+    return problems, EvidenceSource(problems, kind=kind, indexes=indexes)
+
+
 def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = print, process=None,
              fresh: bool = False):
     """Runs every configured selector at every budget on the configured benchmark.
