@@ -23,3 +23,13 @@ DEFAULT_LEXICAL_WEIGHT = 0.3
 # Whether a note is embedded and matched with the words that place it (its document's title, the section heading
 # above it; cdsjax.io.placement). Off: measured, it did not raise has-answer on either development table.
 DEFAULT_NOTE_CONTEXT = False
+
+# How long the warm cdsjax server (cdsjax.commands.warm: the one process that holds the indexes, the encoder, the
+# compiled selectors and the local reader for `cdsjax ask`) stays up after a command's last use, in seconds; a
+# command may ask for 0 (nothing kept: it loads and reads in its own process) or a value between the floor and the
+# ceiling. A command's keep-alive only ever lengthens what the server already promised others.
+DEFAULT_KEEP_ALIVE = 300.0
+KEEP_ALIVE_FLOOR = 5.0
+KEEP_ALIVE_CEILING = 86400.0
+# Sets of indexes the warm server keeps loaded at once (the least recently used is dropped first).
+WARM_MAX_INDEXES = 4

@@ -147,8 +147,9 @@ class RuleBasedModel:
 
 def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2, tau_max=3,
         max_final_evidence=20, reader_url=None, reader_model=None, judge=False, output_dir=None, progress=True,
-        reader_api_key=None):
-    """Evaluates the planning agent; the model is ``reader_url`` or, when None, :class:`RuleBasedModel`."""
+        connection=None):
+    """Evaluates the planning agent; the model is ``reader_url`` or, when None, :class:`RuleBasedModel`;
+    ``connection``: how to reach a local server the run started (:class:`cdsjax.eval.reader_setup.Connection`)."""
     import logging
 
     from cdsjax.agents.evaluate import evaluate_planning, parse_variants
@@ -165,7 +166,9 @@ def run(config, *, variants="cosine,subgraph,cds,cds+single,cds+peel", budget=2,
     kwargs = dict(budget=budget, tau_max=tau_max, max_final_evidence=max_final_evidence, judge=grader,
                   output_dir=output, progress=progress)
     if reader_url:
-        return evaluate_planning(config, ReaderConfig(base_url=reader_url, model=reader_model, api_key=reader_api_key),
+        return evaluate_planning(config, ReaderConfig(base_url=reader_url, model=reader_model,
+                                                         api_key=connection.api_key if connection else None,
+                                                         socket=connection.socket if connection else None),
                                  variants, **kwargs)
     print("model: the rule-based stand-in (no reader URL); see experiments/eval_planning.py", file=sys.stderr)
     with serve_chat(RuleBasedModel()) as base_url:

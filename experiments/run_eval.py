@@ -107,11 +107,11 @@ def main(argv):
         selectors = config.selectors if isinstance(config.selectors, str) else ",".join(config.selectors)
         from cdsjax.eval.reader_setup import local_reader
 
-        with exit_on_user_error("run_eval"), local_reader(config) as (config, api_key):  # config.reader.local
+        with exit_on_user_error("run_eval"), local_reader(config) as (config, connection):  # config.reader.local
             url = str(config.reader.get("url", "") or "") or os.environ.get("CDSJAX_READER_URL")
             model = str(config.reader.get("model", "") or "") or os.environ.get("CDSJAX_READER_MODEL")
             run(config, variants=selectors, budget=int(config.budget), reader_url=url, reader_model=model,
-                reader_api_key=api_key, judge=bool(os.environ.get("CDSJAX_JUDGE_URL")), progress=_PROGRESS.value)
+                connection=connection, judge=bool(os.environ.get("CDSJAX_JUDGE_URL")), progress=_PROGRESS.value)
         return
     process = distributed.initialize(*cluster) if cluster else None
     from cdsjax.eval.settings import cache_dir_of

@@ -102,10 +102,6 @@ def add_reader_arguments(p, *, slots: int = 1) -> None:
                    help=f"local reader: context tokens per slot (default: {LocalReaderConfig.ctx_per_slot})")
     p.add_argument("--reader-slots", type=int, default=slots,
                    help=f"local reader: requests decoded at once (default: {slots})")
-    p.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",
-                   help="local reader: seconds it stays up after its last use, for the next command of yours "
-                   "to reuse (`cdsjax reader stop` stops it); 0 stops it with this command (env "
-                   "CDSJAX_READER_KEEP_ALIVE; default: 300)")
     p.add_argument("--evidence-tokens", type=int, default=None, metavar="N",
                    help="the evidence the reader reads, in estimated tokens: the notes fill it best first, the one "
                    "that does not fit keeps its sentences nearest the question (default: "

@@ -8,6 +8,12 @@ ranking read one note per printed page per round).
 replicator dynamics with its 10,000-step cap: it reproduces the paper, but on real indexes it often stops
 far from equilibrium, and then ``ask`` says so in one line (residual and the way out).
 
+By default the question goes to this user's warm server (:mod:`cdsjax.commands.warm`, started when none runs):
+one process that keeps the indexes, the encoder, the compiled selectors and the local reader loaded for
+``--keep-alive`` seconds after the last command (a later command only lengthens that), so the next question's
+evidence shows in under a second. ``--in-process`` (or CDSJAX_IN_PROCESS=1, or ``--keep-alive 0``) loads and reads
+in this process instead and keeps nothing; ``--agent planning`` always does.
+
 ``--server URL`` sends the question to a running ``cdsjax serve`` instead of loading the index here.
 
 ``--json`` prints one object:
@@ -33,7 +39,8 @@ far from equilibrium, and then ``ask`` says so in one line (residual and the way
                  clock: first_token <= total)}  (seconds),
      "reader": {"model", "cited", "abstained", "latency_s", "usage", "warnings", "image_mode", "dropped",
                 "local"? (the local reader: {"runtime", "model", "threads", "slots", "ctx_per_slot", ...,
-                          "reused": bool (true: it was already running, warm), "keep_alive_s"})} | null,
+                          "reused"?: bool (true: the warm server's reader was already running),
+                          "keep_alive_s"?})} | null,
      "error": {"kind", "message", "server"} | null,
      "warnings": [str]  (an unconverged CDS solve, evidence from pages without a text layer, ...;
                          also printed to stderr),
@@ -71,7 +78,7 @@ from cdsjax.commands import CLIError, add_reader_arguments, add_relevance_argume
 from cdsjax.commands.ask_display import Live, show
 from cdsjax.commands.reader_setup import make_reader, read_options
 from cdsjax.commands.server_client import ask_server
-from cdsjax.defaults import DEFAULT_BUDGET
+from cdsjax.defaults import DEFAULT_BUDGET, DEFAULT_KEEP_ALIVE, KEEP_ALIVE_CEILING, KEEP_ALIVE_FLOOR
 
 # Selector names and the default are read where the selector is built (cdsjax.catalog, here or in the
 # server), so this module stays free of JAX for `ask --server`.
@@ -105,6 +112,14 @@ def add_arguments(p) -> None:
                    help="let the embedding model run its own Python code (nomic-embed needs it); never taken "
                    "from an index")
     add_reader_arguments(p)
+    p.add_argument("--keep-alive", default=None, metavar="SECONDS",
+                   help=f"how long the warm server keeps the indexes and the reader after this command (between "
+                   f"{KEEP_ALIVE_FLOOR:g} and {KEEP_ALIVE_CEILING:g}; it never shortens what another command asked "
+                   f"for; `cdsjax reader stop` stops it now); 0 keeps nothing: load and read in this process (env "
+                   f"CDSJAX_READER_KEEP_ALIVE; default: {DEFAULT_KEEP_ALIVE:g})")
+    p.add_argument("--in-process", action="store_true",
+                   help="load the indexes and run the reader in this process, without the warm server (env "
+                   "CDSJAX_IN_PROCESS=1; for scripts and tests)")
     p.add_argument("--no-read", action="store_true", help="select evidence only, even if a reader is configured")
     p.add_argument("--no-abstain", action="store_true",
                    help="read the evidence even when it is judged too weak to answer the question (by default such "
@@ -191,10 +206,115 @@ def run(args) -> int:
                             token=args.token or os.environ.get("CDSJAX_TOKEN"))
     else:
         paths, question = parse_inputs(args.inputs)
-        result = ask_local(args, paths, question, options)
+        result = ask_warm(args, paths, question, options) if uses_warm_server(args) else None
+        if result is None:
+            result = ask_local(args, paths, question, options)
         if result is None:  # the planning agent printed its own output
             return 0
     return emit(result, args.json, shown=getattr(args, "shown", False))
+
+
+def uses_warm_server(args) -> bool:
+    """Whether the question goes to the warm server: not ``--in-process`` (nor CDSJAX_IN_PROCESS=1), not the
+    planning agent, and a keep-alive other than 0 (one line for a keep-alive out of range)."""
+    from cdsjax.commands.warm.place import IN_PROCESS_ENV, keep_alive_setting
+
+    try:
+        args.keep_alive = keep_alive_setting(getattr(args, "keep_alive", None))
+    except ValueError as err:
+        raise CLIError(str(err), 2) from None
+    in_process = getattr(args, "in_process", False) or os.environ.get(IN_PROCESS_ENV, "") == "1"
+    return not in_process and args.agent == "direct" and args.keep_alive > 0
+
+
+def reader_request(args) -> "dict | None":
+    """The reader the warm server should read with, from the flags (no reader module imported): a remote server,
+    the local model and its settings, or None."""
+    from cdsjax.commands.reader_setup import local_reader_model
+    from cdsjax.io.reading.local.reader import LocalReaderConfig
+
+    if args.no_read:
+        return None
+    common = dict(timeout=args.timeout, retries=args.retries, images=args.reader_images)
+    url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
+    if url:
+        return dict(url=url, model=args.reader_model or os.environ.get("CDSJAX_READER_MODEL"),
+                    api_key=os.environ.get("CDSJAX_READER_API_KEY"), **common)
+    model = local_reader_model(args)
+    if model is None:
+        return None
+    try:
+        LocalReaderConfig(model=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
+                          slots=args.reader_slots)
+    except ValueError as err:
+        raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
+    if os.path.exists(model):
+        model = os.path.abspath(model)
+    return dict(local=model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx, slots=args.reader_slots,
+                **common)
+
+
+def ask_warm(args, paths, question, options):
+    """Asks this user's warm server (started when none runs) and shows the evidence and the answer as they come;
+    returns the ``--json`` object, or None when the warm server's directory cannot be used (a warning says why,
+    and the question is answered in this process)."""
+    from cdsjax.commands.warm.client import WarmError, events
+    from cdsjax.commands.warm.place import PlaceError, private_runtime_dir
+
+    try:
+        private_runtime_dir()
+    except PlaceError as err:
+        print(f"cdsjax ask: warning: {err}; answering in this process", file=sys.stderr)
+        return None
+    reader = reader_request(args)
+    tokens = args.evidence_tokens
+    if tokens is None and reader is not None and reader.get("local"):
+        from cdsjax.defaults import LOCAL_EVIDENCE_TOKENS
+
+        tokens = LOCAL_EVIDENCE_TOKENS
+    if tokens is not None and tokens < 0:
+        raise CLIError(f"--evidence-tokens must be >= 0, got {tokens}", 2)
+    params = getattr(args, "params", None)
+    request = dict(op="ask", paths=[os.path.abspath(p) for p in paths], question=question, selector=args.selector,
+                   budget=args.budget, options=options, relevance=args.relevance, embedders=list(args.embedder),
+                   trust_remote_code=args.trust_remote_code, abstain=not args.no_abstain, reader=reader,
+                   evidence_tokens=tokens, keep_alive=args.keep_alive,
+                   params=os.path.abspath(params) if params and os.path.exists(params) else params)
+    live, first, result = None, None, None
+    tell = not args.json and sys.stderr.isatty()
+    try:
+        for event in events(request, keep_alive=args.keep_alive):
+            kind, now = event.get("event"), time.perf_counter() - args.started
+            if kind == "status" and tell:
+                print(f"cdsjax ask: {printable(event.get('text', ''))}", file=sys.stderr, flush=True)
+            elif kind == "evidence":
+                shown = dict(event["result"])
+                shown["timings"] = dict(shown.get("timings") or {}, evidence=now, total=now)
+                evidence_s = now
+                live = None if args.json else Live(shown, reading=bool(event.get("reading")))
+            elif kind == "token":
+                first = now if first is None else first
+                if live is not None:
+                    live.token(event.get("text", ""))
+            elif kind == "retry" and live is not None:
+                live.retry(event.get("reason", ""))
+            elif kind == "done":
+                result = event["result"]
+                # one clock, this command's: seconds from its start to the evidence, the first token and the end
+                timings = dict(result.get("timings") or {}, evidence=evidence_s, total=now)
+                if first is not None:
+                    timings["first_token"] = first
+                else:
+                    timings.pop("first_token", None)
+                result["timings"] = timings
+                if live is not None:
+                    live.done(result)
+                    args.shown = True
+            elif kind == "error":
+                raise CLIError(str(event.get("message", "the warm server failed")), int(event.get("code", 1)))
+    except (WarmError, PlaceError) as err:
+        raise CLIError(str(err), getattr(err, "code", 1)) from None
+    return result
 
 
 def ask_local(args, paths, question, options):

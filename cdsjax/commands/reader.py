@@ -1,52 +1,52 @@
-"""``cdsjax reader status | stop``: your local readers that stay warm between commands.
+"""``cdsjax reader status | stop``: your warm cdsjax server (:mod:`cdsjax.commands.warm`) — what it holds, or
+stopping it now.
 
-A local reader started by ``ask``, ``serve``, ``demo`` or the evaluation stays up for its keep-alive
-(``--keep-alive SECONDS``, env CDSJAX_READER_KEEP_ALIVE, default 300) after its last use, so that the next
-command of yours pays neither its start nor a cold prompt cache. It is found through the cdsjax cache
-(``<cache>/readers/``, mode 0700: a record per server with its port, pid and API key), listens on 127.0.0.1 only
-and answers only requests carrying that key.
+``cdsjax ask`` leaves the indexes it loaded, the encoder, the compiled selectors and the local reader in one
+process of yours that stays up ``--keep-alive`` seconds after the last command (env CDSJAX_READER_KEEP_ALIVE,
+default 300), so the next question pays neither loading nor the reader's start. It listens on a Unix socket in a
+directory only you may enter (``$CDSJAX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/cdsjax``, else
+``/tmp/cdsjax-UID``); no network port is opened.
 
-    status   lists them: model, port, pid, seconds since the last use, keep-alive (``--json``: a list of
-             objects with those fields, ``alive``, ``threads``, ``slots``, ``ctx_per_slot``, ``log``, ``record``)
-    stop     stops them now and removes their records (exit 0, also when none runs)
+    status   what it holds: pid, memory, seconds idle and left, the index sets loaded and the readers running
+             (``--json``: that object, or null when none runs)
+    stop     stops it and its readers now (exit 0, also when none runs)
 """
 
 from __future__ import annotations
 
 import json
-import time
 
-from cdsjax.commands import printable
+from cdsjax.commands import CLIError, printable
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=("status", "stop"), help="status: list them; stop: stop them now")
-    p.add_argument("--json", action="store_true", help="print JSON (a list of servers)")
+    p.add_argument("action", choices=("status", "stop"), help="status: what it holds; stop: stop it now")
+    p.add_argument("--json", action="store_true", help="print JSON (the server's state, or null)")
 
 
 def run(args) -> int:
-    from cdsjax.io.reading.local.records import list_readers, readers_dir, stop_readers
+    from cdsjax.commands.warm.client import WarmError, call
+    from cdsjax.commands.warm.place import PlaceError, runtime_dir
 
-    servers = stop_readers() if args.action == "stop" else list_readers()
+    try:
+        state = call({"op": args.action})
+    except (WarmError, PlaceError) as err:
+        raise CLIError(str(err), 1) from None
     if args.json:
-        print(json.dumps(servers, indent=2))
+        print(json.dumps(state, indent=2))
         return 0
-    if not servers:
-        print(f"no local reader {'to stop' if args.action == 'stop' else 'running'} ({readers_dir()})")
+    if state is None:
+        print(f"no warm cdsjax server {'to stop' if args.action == 'stop' else 'running'} ({runtime_dir()})")
         return 0
-    if args.action == "stop":
-        for s in servers:
-            print(f"stopped {printable(s['model'] or 'a reader without a record')} (pid {s['pid']}, "
-                  f"port {s['port']})")
-        return 0
-    now = time.time()
-    for s in servers:
-        if s["record"] is None:
-            print(f"pid {s['pid']}: a reader whose record is gone (it exits once idle; `cdsjax reader stop`)")
-            continue
-        state = "up" if s["alive"] else "dead (its record is replaced at the next start)"
-        up = f", up {now - s['started']:.0f}s" if s.get("started") else ""
-        print(f"{printable(s['model'])}: port {s['port']}, pid {s['pid']}, {state}{up}, idle {s['idle_s']:.0f}s "
-              f"of keep-alive {s['keep_alive']:g}s ({s['threads']} threads, {s['slots']} slots of "
-              f"{s['ctx_per_slot']} tokens)")
+    verb = "stopped" if args.action == "stop" else "running"
+    print(f"warm cdsjax server {verb}: pid {state['pid']}, {state['memory_mb']} MiB, up {state['uptime_s']:.0f}s, "
+          f"idle {state['idle_s']:.0f}s, {state['keep_alive_left_s']:.0f}s of keep-alive left, "
+          f"{state['in_flight']} request(s) in flight")
+    for entry in state["indexes"]:
+        print(f"  indexes: {', '.join(printable(p) for p in entry['paths'])} ({entry['notes']} notes, idle "
+              f"{entry['idle_s']:.0f}s)")
+    for r in state["readers"]:
+        print(f"  reader: {printable(r['model'])} (pid {r['pid']}, {r['memory_mb']} MiB, {r['threads']} threads, "
+              f"{r['slots']} slots of {r['ctx_per_slot']} tokens, idle {r['idle_s']:.0f}s, "
+              f"{r['keep_alive_left_s']:.0f}s of keep-alive left)")
     return 0

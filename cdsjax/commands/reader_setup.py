@@ -33,11 +33,10 @@ def make_reader(args, stack=None):
     """The reader of ``ask`` / ``serve``: the remote server named by ``--reader-url`` (or CDSJAX_READER_URL),
     else the local one, else None.
 
-    The local server is this user's shared one when it is running with the same model and settings (``reused``
-    in ``reader.local``), else started here and waited for (its model loads in ~2-5 s; a preset is assembled
-    into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack`` (a
-    :class:`contextlib.ExitStack`) releases it: it stays up ``--keep-alive`` seconds after its last use
-    (:func:`cdsjax.io.reading.local.reader.keep_alive_setting`), or stops with ``stack`` when that is 0."""
+    The local server is started here, this process's own, and waited for (its model loads in ~2-5 s; a preset is
+    assembled into the cdsjax cache the first time); a server that cannot start is one line (exit 1). ``stack``
+    (a :class:`contextlib.ExitStack`) stops it. (``cdsjax ask`` keeps its reader warm between commands through
+    the warm server instead, :mod:`cdsjax.commands.warm`.)"""
     if getattr(args, "no_read", False):
         return None
     url = args.reader_url or os.environ.get("CDSJAX_READER_URL")
@@ -57,8 +56,7 @@ def make_reader(args, stack=None):
 
     try:
         local = start_local_reader(model, threads=args.reader_threads, ctx_per_slot=args.reader_ctx,
-                                   slots=args.reader_slots, keep_alive=getattr(args, "keep_alive", None),
-                                   progress=sys.stderr.isatty() and not getattr(args, "json", False))
+                                   slots=args.reader_slots, progress=sys.stderr.isatty() and not getattr(args, "json", False))
     except ValueError as err:
         raise CLIError(str(err).replace("LocalReaderConfig.", "local reader: "), 2) from None
     except LocalReaderError as err:
@@ -67,7 +65,7 @@ def make_reader(args, stack=None):
     from cdsjax.io.reading.reader import Reader
 
     return Reader(local.reader_config(timeout=args.timeout, max_retries=args.retries, max_tokens=LOCAL_MAX_TOKENS,
-                                      images=images), local=local.describe())
+                                      images=images), local=dict(local.describe(), reused=False))
 
 
 def read_options(args, reader):

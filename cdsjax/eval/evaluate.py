@@ -197,9 +197,9 @@ def evaluate(config, *, progress: bool = True, log: Callable[[str], None] = prin
     names, answer_rows, answers = metric_names(kind, pooled), [], None
     selections = records
     if reader_setup.enabled(config):  # the reader stage: answers of every selection and control, scored
-        with reader_setup.local_reader(config, log) as (read_config, api_key):  # a local llama.cpp server, if asked
+        with reader_setup.local_reader(config, log) as (read_config, connection):  # a local llama.cpp server, if asked
             answers = reading.read_answers(read_config, bench, kind, problems, records, out_dir, embedder=embedder,
-                                           cache_dir=cache_dir, progress=progress, log=log, api_key=api_key)
+                                           cache_dir=cache_dir, progress=progress, log=log, connection=connection)
         records = reading.with_answer_metrics(records, answers)
         names = tuple(reading.ANSWER_METRICS) + names
         answer_rows = reading.answer_rows(answers, num_resamples=int(config.get("num_resamples", 10_000)),

@@ -41,9 +41,6 @@ def reader_settings() -> ml_collections.ConfigDict:
         "local_threads": LocalReaderConfig.threads,  # 0: every core
         "local_ctx": LocalReaderConfig.ctx_per_slot,  # context tokens per slot
         "local_slots": 2,
-        # seconds the local reader stays up after the run, for the next run or `ask` to reuse (`cdsjax reader
-        # stop` stops it); None: $CDSJAX_READER_KEEP_ALIVE, else 300; 0: stopped with the run
-        "local_keep_alive": ml_collections.config_dict.placeholder(float),
         "images": ReaderConfig.images,  # auto: images until the server refuses one, then text; on / off: always / never
         # the evidence's token budget (cdsjax.io.reading.evidence_fit), for any reader: None the reader's own (the
         # local reader's default, else derived from the server's window); 0 every note whole; N that many tokens
@@ -98,15 +95,23 @@ def enabled(config) -> bool:
 LOCAL_TIMEOUT_S = 1800.0  # the least reader and judge timeout with a local server
 
 
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """How a run reaches the local server it started, kept out of the config (which is written to run.json):
+    the server's API key and its Unix socket."""
+
+    api_key: str
+    socket: Optional[str] = None
+
+
 @contextlib.contextmanager
 def local_reader(config, log: Callable[[str], None] = print):
     """Yields ``(config, None)`` unchanged, or — when ``config.reader.url`` is empty and ``config.reader.local``
-    names a model — ``(copy, api_key)``: a copy of ``config`` whose reader URL and model are those of a local
-    llama.cpp server (:func:`cdsjax.io.reading.local.reader.start_local_reader`, the start ``ask`` uses too: this
-    user's running one for the same model and settings, else one started now; released on leaving, it stays up
-    ``config.reader.local_keep_alive`` seconds), with at most its slots in flight, and the server's API key, to
-    pass on as an argument (:func:`clients`; keys never enter a config nor the environment). The judge, unless
-    ``config.judge.url`` names another server, is the same local model."""
+    names a model — ``(copy, connection)``: a copy of ``config`` whose reader URL and model are those of a local
+    llama.cpp server (:func:`cdsjax.io.reading.local.reader.start_local_reader`, the start ``ask`` uses too;
+    the run's own, stopped on leaving), with at most its slots in flight, and the :class:`Connection` to pass on
+    as an argument (:func:`clients`; keys and sockets never enter a config nor the environment). The judge,
+    unless ``config.judge.url`` names another server, is the same local model."""
     r = config.reader
     name = str(r.get("local", "") or "")
     if str(r.get("url", "") or "") or not name:
@@ -116,12 +121,11 @@ def local_reader(config, log: Callable[[str], None] = print):
 
     slots = int(r.get("local_slots", 2))
     local = start_local_reader(name, threads=int(r.get("local_threads", 0)), ctx_per_slot=int(r.get("local_ctx", LocalReaderConfig.ctx_per_slot)),
-                               slots=slots, keep_alive=r.get("local_keep_alive", None))
+                               slots=slots)
     with local:
         d = local.describe()
-        how = "reused, already running" if local.reused else f"started in {local.startup_s:.1f}s"
         log(f"local reader: {d['model']} on {d['runtime']}, {d['threads']} threads, {d['slots']} slots of "
-            f"{d['ctx_per_slot']} tokens, {how} (log: {local.log_path})")
+            f"{d['ctx_per_slot']} tokens, started in {local.startup_s:.1f}s (log: {local.log_path})")
         config = copy.deepcopy(config)
         with config.unlocked():
             config.reader.url = local.base_url
@@ -132,7 +136,7 @@ def local_reader(config, log: Callable[[str], None] = print):
             config.reader.timeout = max(float(r.timeout), LOCAL_TIMEOUT_S)
             if "judge" in config and not str(config.judge.get("url", "") or ""):
                 config.judge.timeout = max(float(config.judge.get("timeout", 120.0)), LOCAL_TIMEOUT_S)
-        yield config, local.api_key
+        yield config, Connection(api_key=local.api_key, socket=str(local.socket))
 
 
 def evidence_tokens(config) -> Optional[int]:
@@ -150,15 +154,18 @@ def evidence_tokens(config) -> Optional[int]:
     return LOCAL_EVIDENCE_TOKENS if bool(r.get("started_local", False)) else None
 
 
-def clients(config, cache: Optional[ReplyCache] = None, api_key: Optional[str] = None):
-    """The run's reader and judge (None when ``config.judge.enabled`` is False). ``api_key``: the reader's key
-    (the local server's, :func:`local_reader`); None reads ``$CDSJAX_READER_API_KEY``."""
+def clients(config, cache: Optional[ReplyCache] = None, connection: Optional[Connection] = None):
+    """The run's reader and judge (None when ``config.judge.enabled`` is False). ``connection``: how to reach the
+    local server the run started (:func:`local_reader`); None: ``config.reader.url``, its key read from
+    ``$CDSJAX_READER_API_KEY``."""
     from cdsjax.io.reading.judge import Judge
     from cdsjax.io.reading.llm.config import ReaderConfig
     from cdsjax.io.reading.reader import Reader
 
     r = config.reader
-    rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None, api_key=api_key, timeout=float(r.timeout),
+    rc = ReaderConfig(base_url=str(r.url), model=str(r.model) or None,
+                      api_key=connection.api_key if connection else None,
+                      socket=connection.socket if connection else None, timeout=float(r.timeout),
                       max_retries=int(r.max_retries), max_tokens=int(r.max_tokens),
                       temperature=float(r.temperature), max_text_chars=int(r.max_text_chars),
                       concurrency=int(r.concurrency), backoff=float(r.get("backoff", 1.0)),
@@ -168,6 +175,7 @@ def clients(config, cache: Optional[ReplyCache] = None, api_key: Optional[str] =
     if not bool(j.get("enabled", True)):
         return reader, None
     jc = dataclasses.replace(rc, base_url=str(j.get("url", "") or r.url), model=str(j.get("model", "") or r.model),
+                             socket=None if j.get("url", "") else rc.socket,
                              max_tokens=int(j.get("max_tokens", 1024)), timeout=float(j.get("timeout", 120.0)),
                              max_retries=int(j.get("max_retries", 3)), temperature=0.0)
     rationale = bool(j.get("rationale", True))

@@ -64,10 +64,11 @@ ANSWER_METRICS = ("accuracy", "answer_f1", "exact_match", "markers_only", "no_an
 
 def read_answers(config, bench, kind: str, problems, records: Sequence[dict], out_dir: pathlib.Path, *,
                  embedder=None, cache_dir: Optional[pathlib.Path] = None, progress: bool = True,
-                 log: Callable[[str], None] = print, api_key: Optional[str] = None) -> List[dict]:
+                 log: Callable[[str], None] = print, connection=None) -> List[dict]:
     """Answers and scores every (question, selector, budget, seed) of ``records`` and the controls (module
-    docstring); writes ``answers.jsonl`` and returns its records. ``api_key``: the reader's (a local server's);
-    None reads ``$CDSJAX_READER_API_KEY``."""
+    docstring); writes ``answers.jsonl`` and returns its records. ``connection``: how to reach the local server the
+    run started (:class:`cdsjax.eval.reader_setup.Connection`); None: ``config.reader.url``, its key read from
+    ``$CDSJAX_READER_API_KEY``."""
     from cdsjax.io.reading.llm.errors import ReaderError
     from cdsjax.io.reading.reader import ABSTAIN
     from cdsjax.io.reading.replies import markers_only
@@ -111,7 +112,7 @@ def read_answers(config, bench, kind: str, problems, records: Sequence[dict], ou
             f"config.reader.max_context={int(r.max_context)} tokens"
             + (f" and config.reader.max_images={max_images}" if max_images else ""))
     cache = ReplyCache(out_dir / "replies")
-    reader, judge = clients(config, cache, api_key)
+    reader, judge = clients(config, cache, connection)
     tokens = evidence_tokens(config)  # the reads' evidence budget ("full" reads every note whole)
     similarity = sentence_similarity(embedder) if embedder is not None else None
 

@@ -69,9 +69,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def http_get(url: str, *, headers: Optional[Mapping[str, str]] = None, timeout: float = 10.0,
-             limit: Optional[int] = None) -> Tuple[int, bytes]:
+             limit: Optional[int] = None, socket_path: Optional[str] = None) -> Tuple[int, bytes]:
     """``GET url``: ``(status, body)`` (at most ``limit`` bytes of it; None: all), ``(code, b"")`` for an HTTP
-    error, ``(0, b"")`` when nothing answered (refused, timed out, a malformed URL). Never raises."""
+    error, ``(0, b"")`` when nothing answered (refused, timed out, a malformed URL). Never raises.
+    ``socket_path``: the request goes to the server on that Unix socket (only the path of ``url`` is used)."""
+    if socket_path is not None:
+        return _unix_get(socket_path, url, dict(headers or {}), timeout, limit)
     try:
         request = urllib.request.Request(url, headers=dict(headers or {}))
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -80,6 +83,30 @@ def http_get(url: str, *, headers: Optional[Mapping[str, str]] = None, timeout: 
         return err.code, b""
     except (urllib.error.URLError, OSError, ValueError):
         return 0, b""
+
+
+def _unix_get(socket_path: str, url: str, headers: dict, timeout: float, limit: Optional[int]) -> Tuple[int, bytes]:
+    import http.client
+    import urllib.parse
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(socket_path)
+
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection = UnixConnection("localhost", timeout=timeout)
+    try:
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        body = response.read() if limit is None else response.read(limit)
+        return response.status, (body if response.status < 400 else b"")
+    except (OSError, http.client.HTTPException, ValueError):
+        return 0, b""
+    finally:
+        connection.close()
 
 
 def atomic_write(path, data: Union[bytes, str], *, private: bool = False) -> None:

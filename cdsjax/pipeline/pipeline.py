@@ -21,6 +21,7 @@ evidence is the result (the embedded default).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -199,6 +200,14 @@ class Pipeline:
             pipe.encode([question])
         else:  # no compilation cache (library use): compiled by asking once
             pipe.retrieve(question, selector=selector, budget=budget, options=options)
+
+    def with_reader(self, reader) -> "Pipeline":
+        """This pipeline read by ``reader`` instead: a shallow copy sharing the corpus, the encoder and the compiled
+        selectors (the warm server's pipelines serve requests with different readers)."""
+        self.embedder  # noqa: B018  (loaded here, once, so that the copy shares it)
+        other = copy.copy(self)
+        other.reader = reader
+        return other
 
     @property
     def embedder(self):

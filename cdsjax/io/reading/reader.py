@@ -244,7 +244,6 @@ class Reader(ChatClient):
     Args (besides the config):
       cache: a :class:`cdsjax.io.reading.reply_cache.ReplyCache`: a request sent before (same model, messages and
         generation settings) is answered from it and sends nothing (the batch evaluation's resumable runs).
-      on_use: called before and after every request (a warm local server's keep-alive lease).
       local: what a local server that answers is (:meth:`cdsjax.io.reading.local.reader.LocalReader.describe`), for
         ``ask --json``'s ``reader.local``; None for a remote server.
 
@@ -254,11 +253,9 @@ class Reader(ChatClient):
     knows its window, :meth:`ChatClient.context_size`.
     """
 
-    def __init__(self, config: Optional[ReaderConfig] = None, *, cache=None, on_use=None, local=None,
-                 **overrides: Any):
+    def __init__(self, config: Optional[ReaderConfig] = None, *, cache=None, local=None, **overrides: Any):
         super().__init__(config, **overrides)
         self.cache = cache
-        self.on_use = on_use
         self.local = local
 
     def evidence_tokens(self, options: Optional[ReadOptions] = None) -> Optional[int]:
@@ -365,7 +362,7 @@ class Reader(ChatClient):
     def reply(self, messages: list, *, max_tokens: Optional[int] = None, seed: Optional[int] = None,
               on_token: Optional[Callable[[str], Optional[bool]]] = None) -> Tuple[ChatReply, bool]:
         """One request through the reply cache (when there is one): ``(reply, from_cache)``. A cached reply is
-        handed to ``on_token`` whole. ``on_use`` is called before and after a request that reaches the server."""
+        handed to ``on_token`` whole."""
         if self.cache is None:
             return self._send(messages, max_tokens, seed, on_token), False
         key = self.reply_key(messages, max_tokens, seed)
@@ -392,13 +389,7 @@ class Reader(ChatClient):
         return lambda messages, _items: self.reply_key(messages, max_tokens, seed) in self.cache
 
     def _send(self, messages, max_tokens, seed, on_token) -> ChatReply:
-        if self.on_use is not None:
-            self.on_use()
-        try:
-            return self.chat(messages, max_tokens=max_tokens, seed=seed, on_token=on_token)
-        finally:
-            if self.on_use is not None:
-                self.on_use()
+        return self.chat(messages, max_tokens=max_tokens, seed=seed, on_token=on_token)
 
 
 def fit_items(question: str, items: Sequence[EvidenceItem], token_budget: Optional[int], *,

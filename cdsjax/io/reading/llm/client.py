@@ -35,6 +35,17 @@ from cdsjax.io.reading.llm.transport import Delivered, Streamed, complete, has_i
 from cdsjax.io.util import one_line
 
 
+def unix_client(socket_path: Optional[str]):
+    """The HTTP client of a server on the Unix socket ``socket_path`` (None: openai's own, over TCP)."""
+    if socket_path is None:
+        return None
+    import importlib
+
+    # the HTTP library openai's client is built on (httpx, or its successor httpx2): its transport takes a socket
+    library = importlib.import_module(openai.DefaultHttpxClient.__mro__[1].__module__.split(".")[0])
+    return openai.DefaultHttpxClient(transport=library.HTTPTransport(uds=socket_path))
+
+
 class ChatClient:
     """The one OpenAI-compatible chat client: config, one openai client, retries, errors, batches.
 
@@ -56,8 +67,8 @@ class ChatClient:
         self.url = self.config.base_url
         # openai's own retries are off: tenacity retries instead, so backoff is configurable and errors
         # can say how many attempts were made.
-        self.client = openai.OpenAI(base_url=self.url, api_key=self.config.api_key,
-                                    timeout=self.config.timeout, max_retries=0)
+        self.client = openai.OpenAI(base_url=self.url, api_key=self.config.api_key, timeout=self.config.timeout,
+                                    max_retries=0, http_client=unix_client(self.config.socket))
         self._model = self.config.model
         self._model_lock = threading.Lock()
         # Whether the server takes images: None until a request with images is answered or refused (auto).
@@ -232,7 +243,8 @@ class ChatClient:
         server's root, then vLLM's ``max_model_len`` of the model in ``/v1/models``; None when neither says."""
         with self._context_lock:
             if not self._context_known:
-                by_props = props_n_ctx(self.url, self.config.api_key, min(5.0, self.config.timeout))
+                by_props = props_n_ctx(self.url, self.config.api_key, min(5.0, self.config.timeout),
+                                       socket_path=self.config.socket)
                 self._context_size = by_props or self._models_max_len()
                 self._context_known = True
             return self._context_size

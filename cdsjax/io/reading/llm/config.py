@@ -34,6 +34,8 @@ class ReaderConfig:
       images: ``auto`` (default) sends visual notes as images until the server refuses one, then as text
         (caption, summary and surrounding text) from that request on; ``on`` always sends images (a refusal
         is an error); ``off`` never does.
+      socket: a Unix socket the server listens on (the local reader's, in a directory only its user may
+        enter): every request goes there, and ``base_url`` gives only the path. None: TCP to ``base_url``.
     """
 
     base_url: Optional[str] = None
@@ -49,6 +51,7 @@ class ReaderConfig:
     concurrency: int = 8
     max_model_len: Optional[int] = None
     images: str = "auto"
+    socket: Optional[str] = None
 
     def __post_init__(self):
         if self.images not in IMAGE_MODES:

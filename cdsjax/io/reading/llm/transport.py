@@ -96,13 +96,14 @@ def complete(client, request: dict) -> dict:
                 model=response.model or request["model"], first_token_s=None)
 
 
-def props_n_ctx(url: str, api_key: str, timeout: float) -> Optional[int]:
+def props_n_ctx(url: str, api_key: str, timeout: float, socket_path: Optional[str] = None) -> Optional[int]:
     """The context window llama.cpp states at ``GET /props`` of the server's root (``url`` less its ``/v1``):
     ``default_generation_settings.n_ctx`` (the window of one slot), else ``n_ctx``; None when it says neither."""
     root = url[: -len("/v1")] if url.endswith("/v1") else url
     if not root.lower().startswith(("http://", "https://")):
         return None
-    status, body = http_get(f"{root}/props", headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
+    status, body = http_get(f"{root}/props", headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout,
+                            socket_path=socket_path)
     try:
         props = json.loads(body) if status == 200 else None
     except ValueError:  # not JSON

@@ -1,7 +1,7 @@
 """The local readers this process holds (:class:`cdsjax.io.reading.local.reader.LocalReader`), in one object,
-:data:`HELD`: what is stopped or released when the process ends (:func:`stop_all`; the exit handler is registered
-by the first start, never at import, and :func:`stop_on_sigterm` does it on SIGTERM), and the uses of a shared
-server that count for its keep-alive (:func:`mark_used`).
+:data:`HELD`: what is stopped when the process ends (:func:`stop_all`; the exit handler is registered by the first
+start, never at import, and :func:`stop_on_sigterm` does it on SIGTERM). Each server also exits by itself within
+a second once this process is gone.
 """
 
 from __future__ import annotations
@@ -9,24 +9,20 @@ from __future__ import annotations
 import atexit
 import contextlib
 import signal
-import subprocess
 import threading
-from typing import Optional
 
 
 class HeldReaders:
     """The local servers this process holds, in one object per process (:data:`HELD`).
 
     Attributes:
-      running: the readers started here and not yet closed; when the interpreter exits, or SIGTERM arrives inside
-        :func:`stop_on_sigterm`, those of this process's own are stopped and the shared ones released.
-      detached: shared servers this process started (its children, though they outlive it): reaped once they exit.
+      running: the readers started here and not yet closed; they are stopped when the interpreter exits, or
+        SIGTERM arrives inside :func:`stop_on_sigterm`.
       exit_registered: whether the exit handler is registered (by the first start, never at import).
     """
 
     def __init__(self):
         self.running: set = set()  # of cdsjax.io.reading.local.reader.LocalReader
-        self.detached: "list[subprocess.Popen]" = []
         self.exit_registered = False
 
     def register_exit(self) -> None:
@@ -34,34 +30,20 @@ class HeldReaders:
             self.exit_registered = True
             atexit.register(stop_all)
 
-    def reap(self) -> None:
-        """Forgets (and reaps) the detached servers that have exited."""
-        self.detached[:] = [p for p in self.detached if p.poll() is None]
-
 
 HELD = HeldReaders()
 
 
 def stop_all() -> None:
-    """Stops the servers of this process's own and releases the shared ones it holds."""
+    """Stops the servers this process holds."""
     for reader in list(HELD.running):
         reader.close()
 
 
-def mark_used(base_url: Optional[str]) -> None:
-    """Marks a use of the shared local server at ``base_url`` held by this process (its keep-alive counts from
-    the last use); does nothing for any other URL. Cheap (one ``utime``), safe from any thread."""
-    if not base_url:
-        return
-    for reader in list(HELD.running):
-        if reader.base_url == base_url:
-            reader.mark_used()
-
-
 @contextlib.contextmanager
 def stop_on_sigterm():
-    """While inside, SIGTERM stops this process's own local servers, releases the shared ones it holds
-    (:func:`stop_all`), and then exits as SIGTERM would (main thread only)."""
+    """While inside, SIGTERM stops this process's local servers (:func:`stop_all`), and then exits as SIGTERM
+    would (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -3,9 +3,11 @@ it answers, and a failed start said in one line.
 
 :func:`launch` starts ``python -m cdsjax.io.reading.local.reader _serve ...`` (:mod:`cdsjax.io.reading.local.serve`) with
 :func:`cdsjax.io.child.spawn` in a session of its own, its output in a log, its API key in its environment, and
-waits (:func:`cdsjax.io.child.wait_until`) until it answers ``/health``. A server that exits first is diagnosed
-from its log's last lines (:func:`start_error`: the port, the model file, memory); one that does not answer in
-time is stopped.
+waits (:func:`cdsjax.io.child.wait_until`) until it answers ``/health`` on its Unix socket. The socket lies in a
+directory only this user may enter, so nothing but this user's processes can listen there or connect to it: a
+request never goes to a port another user could take once the server is gone. A server that exits first is
+diagnosed from its log's last lines (:func:`start_error`: the socket, the model file, memory); one that does not
+answer in time is stopped.
 """
 
 from __future__ import annotations
@@ -19,13 +21,10 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from cdsjax.io.child import ChildError, http_ok, spawn, stop, wait_until
+from cdsjax.io.child import ChildError, spawn, stop, wait_until
 from cdsjax.io.reading.local.model import LocalReaderError
-from cdsjax.io.reading.local.records import SERVE_MODULE, port_is_mine
-from cdsjax.io.reading.local.serve import KEY_ENV
-from cdsjax.io.util import free_port
-
-PORT_TRIES = 3  # another process may take the free port between finding and binding it
+from cdsjax.io.reading.local.serve import KEY_ENV, SERVE_MODULE
+from cdsjax.io.util import http_get
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +40,10 @@ class ServerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Started:
-    """A server that answers: its process, port, log and the seconds from start to its first answer."""
+    """A server that answers: its process, Unix socket, log and the seconds from start to its first answer."""
 
     process: subprocess.Popen
-    port: int
+    socket: Path
     log: Path
     seconds: float
 
@@ -78,60 +77,46 @@ def check_memory(spec: ServerSpec) -> None:
             f"(lower ctx_per_slot or slots)", kind="memory")
 
 
-def server_command(spec: ServerSpec, *, port: int, parent: int, record: Optional[Path] = None,
-                   keep_alive: float = 0.0, grace: float = 180.0) -> List[str]:
-    """The server's command line (no secret on it: ``ps`` shows it to every user); ``parent``: the process whose
-    end ends the server (0: none); ``record``: a shared server's record, kept up ``keep_alive`` seconds after its
-    last use (``grace``: more seconds to wait for a record that never comes)."""
-    cmd = [sys.executable, "-m", SERVE_MODULE, "_serve", "--model", str(spec.model_file), "--alias", spec.alias,
-           "--port", str(port), "--threads", str(spec.threads), "--ctx", str(spec.ctx_per_slot * spec.slots),
-           "--slots", str(spec.slots), "--parent", str(parent)]
-    if record is not None:
-        cmd += ["--record", str(record), "--keep-alive", repr(float(keep_alive)), "--grace", repr(float(grace))]
-    return cmd
+def server_command(spec: ServerSpec, *, socket: Path, parent: int) -> List[str]:
+    """The server's command line (no secret on it: ``ps`` shows it to every user); ``socket``: the Unix socket it
+    listens on; ``parent``: the process whose end ends it."""
+    return [sys.executable, "-m", SERVE_MODULE, "_serve", "--model", str(spec.model_file), "--alias", spec.alias,
+            "--socket", str(socket), "--threads", str(spec.threads), "--ctx", str(spec.ctx_per_slot * spec.slots),
+            "--slots", str(spec.slots), "--parent", str(parent)]
 
 
-def launch(spec: ServerSpec, *, key: str, log_dir: Path, timeout: float, parent: int,
-           record: Optional[Path] = None, keep_alive: float = 0.0) -> Started:
-    """Starts the server at a free port of 127.0.0.1 and waits up to ``timeout`` seconds until it answers.
+def answers(socket: Path) -> bool:
+    """Whether the server on ``socket`` answers ``GET /health`` with 200."""
+    return http_get("http://localhost/health", timeout=2.0, limit=0, socket_path=str(socket))[0] == 200
+
+
+def launch(spec: ServerSpec, *, key: str, socket: Path, log: Path, timeout: float, parent: int) -> Started:
+    """Starts the server on the Unix socket ``socket`` and waits up to ``timeout`` seconds until it answers.
 
     Args:
       spec: what it runs.
       key: the API key it requires (passed in its environment).
-      log_dir: where its log goes (``reader-PORT.log``).
+      socket: where it listens: a path (``*.sock``, under 100 bytes) in a directory only this user may enter.
+      log: its log (created 0600, never through a link).
       timeout: seconds to wait for its first answer.
-      parent: the process whose end ends it (0: none: a shared server outlives its starter).
-      record: a shared server's record (see :func:`server_command`).
-      keep_alive: a shared server's keep-alive in seconds.
+      parent: the process whose end ends it.
 
     Raises:
-      LocalReaderError: one line; ``kind`` ``port``, ``model``, ``memory`` or ``start``. A server that did not
+      LocalReaderError: one line; ``kind`` ``socket``, ``model``, ``memory`` or ``start``. A server that did not
         come up is stopped; its log is kept.
     """
-    last: Optional[LocalReaderError] = None
-    for _ in range(PORT_TRIES):
-        try:
-            return _launch_at(free_port(), spec, key=key, log_dir=log_dir, timeout=timeout, parent=parent,
-                              record=record, keep_alive=keep_alive)
-        except LocalReaderError as err:
-            last = err
-            if err.kind != "port":
-                raise
-    raise last  # type: ignore[misc]
-
-
-def _launch_at(port: int, spec: ServerSpec, *, key: str, log_dir: Path, timeout: float, parent: int,
-               record: Optional[Path], keep_alive: float) -> Started:
-    log = log_dir / f"reader-{port}.log"
-    cmd = server_command(spec, port=port, parent=parent, record=record, keep_alive=keep_alive, grace=timeout)
+    if len(str(socket).encode()) > 100 or not str(socket).endswith(".sock"):
+        raise LocalReaderError(f"{socket}: a reader socket's path must end in .sock and be under 100 bytes",
+                               kind="socket")
+    Path(socket).unlink(missing_ok=True)  # one left by a server that was killed: its directory is this user's
+    cmd = server_command(spec, socket=socket, parent=parent)
     start = time.perf_counter()
-    process = spawn(cmd, env=dict(os.environ, **{KEY_ENV: key}), log=log, detach=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: http_ok(url + "/health"), timeout=timeout, what="the local reader", process=process,
-                   log=log)
-        if port_is_mine(port) is False:  # another user's server took the port first: it answered, not ours
-            raise LocalReaderError(f"port {port} was taken by another user's process", kind="port")
+        process = spawn(cmd, env=dict(os.environ, **{KEY_ENV: key}), log=log, detach=True)
+    except OSError as err:
+        raise LocalReaderError(f"cannot start the local reader ({log}: {err.strerror or err})", kind="start") from None
+    try:
+        wait_until(lambda: answers(socket), timeout=timeout, what="the local reader", process=process, log=log)
     except ChildError as err:
         if err.returncode is not None:
             raise start_error(err.returncode, log, spec.model_file) from None
@@ -140,7 +125,7 @@ def _launch_at(port: int, spec: ServerSpec, *, key: str, log_dir: Path, timeout:
     except BaseException:
         stop(process)
         raise
-    return Started(process=process, port=port, log=log, seconds=time.perf_counter() - start)
+    return Started(process=process, socket=Path(socket), log=log, seconds=time.perf_counter() - start)
 
 
 def start_error(code: int, log: Path, model_file: Path) -> LocalReaderError:
@@ -148,8 +133,8 @@ def start_error(code: int, log: Path, model_file: Path) -> LocalReaderError:
     tail = log_tail(log)
     text = " ".join(tail).lower()
     if "bind" in text or "address already in use" in text or "couldn't bind" in text:
-        return LocalReaderError(f"the local reader could not listen on its port: {tail[-1] if tail else ''}",
-                                kind="port")
+        return LocalReaderError(f"the local reader could not listen on its socket: {tail[-1] if tail else ''}",
+                                kind="socket")
     if "failed to load model" in text or "gguf_init" in text or "error loading model" in text:
         return LocalReaderError(f"llama.cpp could not load {model_file} (log: {log})", kind="model")
     if "alloc" in text or "out of memory" in text or code in (-9, 137):
