@@ -67,9 +67,10 @@ def _persistent_cache_for_the_session(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         # no test reads with the local llama.cpp reader unless it asks for it (the local_model fixture)
         mp.setenv("CDSJAX_LOCAL_READER", "off")
-        # a local reader a test starts stops with it, leaving no shared server behind (tests of the keep-alive
-        # set their own, in a cache of their own)
+        # `cdsjax ask` in a test loads and reads in its own process (keep-alive 0: no warm server is started);
+        # the tests of the warm server set their own keep-alive, and a directory of their own
         mp.setenv("CDSJAX_READER_KEEP_ALIVE", "0")
+        mp.setenv("CDSJAX_RUNTIME_DIR", str(base / "warm"))
         mp.setenv("CDSJAX_JAX_CACHE_MAX_MB", "-1")
         compilation_cache.enable_compilation_cache(directory)
         mp.setenv("CDSJAX_JAX_CACHE", str(directory))

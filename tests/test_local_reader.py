@@ -3,10 +3,12 @@ with the real llama.cpp server and the default 1.5B model — answers through `a
 
 import hashlib
 import json
-import re
 import os
+import pathlib
+import re
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 
@@ -207,12 +209,13 @@ def test_a_text_only_local_server_reads_a_figure_note_as_text(with_local_reader,
 def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, monkeypatch):
     good = tmp_path / "m.gguf"
     good.write_bytes(b"GGUF" + b"\0" * 64)
-    monkeypatch.setattr(local_launch, "http_ok", lambda url, timeout=2.0: False)  # as if the server never came up
+    monkeypatch.setattr(local_launch, "answers", lambda socket: False)  # as if the server never came up
     reader = L.LocalReader(model=str(good), log_dir=str(tmp_path), startup_timeout=0.5)
     with pytest.raises(L.LocalReaderError) as err:
         reader.start()
     assert err.value.kind in ("start", "model") and "\n" not in str(err.value)
-    assert reader.process is None
+    assert reader.process is None and reader.socket is None
+    assert not list(pathlib.Path(tempfile.gettempdir()).glob(f"cdsjax-reader-*/reader-{os.getpid()}-*.sock"))
 
 
 def test_model_sources_that_fail_give_one_line(tmp_path, monkeypatch):
