@@ -128,7 +128,7 @@ class WarmServer:
         idle = []
         with self.lock:
             for key, held in list(self.readers.items()):
-                if held.in_flight == 0 and (now > held.until or not held.local.alive()):
+                if held.in_flight == 0 and (now > held.until or not held.local.alive()):  # (a dead one's pid reaped)
                     idle.append(self.readers.pop(key))
             due = self.in_flight == 0 and now > self.until
         for held in idle:
@@ -219,7 +219,7 @@ class WarmServer:
         with self.starting:
             with self.lock:
                 held = self.readers.get(key)
-                if held is not None and not held.local.alive():  # it died: never send to what is gone
+                if held is not None and not held.local.answers():  # it died, or is dying: never send to it
                     log(f"reader {held.local.model_name}: found dead, started again")
                     self.readers.pop(key)
                     held.local.stop()

@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 from cdsjax.io.child import stop as stop_process
 from cdsjax.io.reading.local.held import HELD
-from cdsjax.io.reading.local.launch import ServerSpec, check_memory, launch
+from cdsjax.io.reading.local.launch import ServerSpec, answers, check_memory, launch
 from cdsjax.io.reading.local.model import PRESETS, LocalReaderError, cache_dir, model_path, resolve_model
 from cdsjax.io.util import usable_cores
 
@@ -133,6 +133,11 @@ class LocalReader:
         """Whether the server this process started is still running (its owner knows its child's life: a request
         never goes to a server that is gone)."""
         return self.process is not None and self.process.poll() is None
+
+    def answers(self) -> bool:
+        """Whether the server is running and answers ``/health`` on its socket now (a killed server may take
+        seconds to be reaped, its socket already closed)."""
+        return self.alive() and answers(self.socket)
 
     def reader_config(self, **fields):
         """A :class:`cdsjax.io.reading.llm.config.ReaderConfig` for this server (keyword fields override)."""
