@@ -165,6 +165,11 @@ def test_spawn_writes_its_log_privately_and_never_through_a_link(tmp_path):
     p = child.spawn([PY, "-c", "print('new')"], log=log)
     assert p.wait(timeout=30) == 0
     assert log.read_text() == "new\n" and (log.stat().st_mode & 0o777) == 0o600  # truncated, private
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # a folder the user shares: a log of theirs may go there, still never through a link
+    assert child.spawn([PY, "-c", "print('shared')"], log=shared / "x.log").wait(timeout=30) == 0
+    assert (shared / "x.log").read_text() == "shared\n"
     if os.getuid() == 0:  # a log another user owns (only root can make one here)
         os.chown(log, 12345, 12345)
         with pytest.raises(child.ChildError, match="owned by uid 12345"):

@@ -94,7 +94,8 @@ def spawn(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, log: 
     from cdsjax.io.private import PrivateFileError, open_private
 
     try:
-        out = open_private(log, truncate=True)  # never through a planted link, never another user's file
+        # never through a planted link, never another user's file; the folder may be one the user shares
+        out = open_private(log, truncate=True, own_dir=False)
     except PrivateFileError as err:
         raise ChildError(f"cannot write the log of {Path(argv[0]).name}: {err}", log=Path(log)) from None
     try:

@@ -83,24 +83,29 @@ def dir_refusal(info: os.stat_result) -> Optional[str]:
     return None
 
 
-def open_private(path: Path, *, truncate: bool = False) -> int:
+def open_private(path: Path, *, truncate: bool = False, own_dir: bool = True) -> int:
     """A descriptor of the regular file ``path``, this user's own, mode 0600, opened for reading and writing
     (created when missing) without following a link and without blocking on a FIFO; ``truncate`` empties it
     once it is known to be ours. Close-on-exec (a child gets it only as a redirected stream).
 
+    Args:
+      own_dir: its directory must be this user's own (:func:`dir_refusal`): where others may write, they could
+        remove the file and put another in its place (a lock would then exclude nobody).
+
     Raises:
       PrivateFileError: ``path`` is a link, not a regular file, another user's, has more than one name (a hard
-        link: a write would reach a file elsewhere), or its directory is not this user's own
-        (:func:`dir_refusal`); or it cannot be opened (the reason given). One line.
+        link: a write would reach a file elsewhere), or (``own_dir``) its directory is not this user's own; or
+        it cannot be opened (the reason given). One line.
     """
     path = Path(path)
-    try:
-        parent = os.stat(path.parent)
-    except OSError as err:
-        raise PrivateFileError(f"{path}: cannot open ({err.strerror or err})") from None
-    why = dir_refusal(parent)
-    if why is not None:
-        raise PrivateFileError(f"{path}: refusing to write in {path.parent}: {why}")
+    if own_dir:
+        try:
+            parent = os.stat(path.parent)
+        except OSError as err:
+            raise PrivateFileError(f"{path}: cannot open ({err.strerror or err})") from None
+        why = dir_refusal(parent)
+        if why is not None:
+            raise PrivateFileError(f"{path}: refusing to write in {path.parent}: {why}")
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o600)
