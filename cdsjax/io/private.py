@@ -83,10 +83,11 @@ def dir_refusal(info: os.stat_result) -> Optional[str]:
     return None
 
 
-def open_private(path: Path, *, truncate: bool = False, own_dir: bool = True) -> int:
+def open_private(path: Path, *, truncate: bool = False, append: bool = False, own_dir: bool = True) -> int:
     """A descriptor of the regular file ``path``, this user's own, mode 0600, opened for reading and writing
     (created when missing) without following a link and without blocking on a FIFO; ``truncate`` empties it
-    once it is known to be ours. Close-on-exec (a child gets it only as a redirected stream).
+    once it is known to be ours, ``append`` has every write go to its end (``O_APPEND``). Close-on-exec (a
+    child gets it only as a redirected stream).
 
     Args:
       own_dir: its directory must be this user's own (:func:`dir_refusal`): where others may write, they could
@@ -107,6 +108,7 @@ def open_private(path: Path, *, truncate: bool = False, own_dir: bool = True) ->
         if why is not None:
             raise PrivateFileError(f"{path}: refusing to write in {path.parent}: {why}")
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags |= os.O_APPEND if append else 0
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as err:
