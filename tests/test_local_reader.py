@@ -105,7 +105,9 @@ def test_a_model_file_is_taken_unhashed_only_from_the_users_own_cache(tmp_path, 
     cache, fetched = tmp_path / "cache", len(calls)
     cache.chmod(0o777)
     assert M.assemble(preset, progress=False, fetch=fetch) == path and len(calls) == fetched
-    path.write_bytes(forged)
+    before = path.stat()
+    path.write_bytes(forged)  # in place, its modification time then set back: not the file hashed before
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     for call in (lambda: M.assemble(preset, progress=False, fetch=fetch),
                  lambda: M.resolve_model(preset.name, progress=False)):
         monkeypatch.setitem(M.PRESETS, preset.name, preset)

@@ -212,12 +212,13 @@ def _own_models_dir(models: Path) -> None:
         raise LocalReaderError(f"cannot assemble the reader model in {models}: {why}", kind="model")
 
 
-# sha256 of model files this process has hashed, by (device, inode, size, modification time in ns)
+# sha256 of model files this process has hashed, by (device, inode, size, modification and change times in ns):
+# a file's owner can set its modification time back after a change, not its change time
 _remembered: dict = {}
 
 
 def _identity(info: os.stat_result) -> tuple:
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _owned_alone(target: Path) -> bool:
