@@ -8,7 +8,8 @@ a string (the assistant message content), a dict (a full JSON body), an
 they are, to simulate a malformed reply). ``delay`` seconds of sleep
 before answering simulates a slow server. A request with ``"stream": true`` gets a string reply as
 server-sent events, word by word (``stream_pause`` seconds between pieces; ``hung_up`` counts streams the
-client closed early). ``model_fields`` maps a model id to fields added to its
+client closed early; ``cut_stream`` ends each stream after its content, with no finish reason, usage or
+``[DONE]``, as a server that dies mid-reply does). ``model_fields`` maps a model id to fields added to its
 ``/v1/models`` entry, as vLLM adds ``max_model_len`` (the served context window); ``props`` is the JSON body
 of ``GET /props`` at the server's root, as llama.cpp answers it (``default_generation_settings.n_ctx``), and
 without it that path is a 404.
@@ -51,9 +52,11 @@ class OpenAIServer:
         props: Optional[dict] = None,
         port: int = 0,
         stream_pause: float = 0.0,
+        cut_stream: bool = False,
     ):
         self.responder = responder
         self.stream_pause = stream_pause
+        self.cut_stream = cut_stream
         self.hung_up = 0
         self.models = list(models)
         self.model_fields = dict(model_fields or {})
@@ -129,8 +132,10 @@ class OpenAIServer:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 words = re.findall(r"\S+\s*|\s+", content)
-                chunks = [chunk(model, {"content": w}) for w in words] + [chunk(model, {}, finish="stop")]
-                if usage:
+                chunks = [chunk(model, {"content": w}) for w in words]
+                if not server.cut_stream:
+                    chunks.append(chunk(model, {}, finish="stop"))
+                if usage and not server.cut_stream:
                     chunks.append({**chunk(model, {}), "choices": [],
                                    "usage": {"prompt_tokens": 1, "completion_tokens": len(words),
                                              "total_tokens": 1 + len(words)}})
@@ -140,8 +145,9 @@ class OpenAIServer:
                         self.wfile.flush()
                         if server.stream_pause:
                             time.sleep(server.stream_pause)
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
+                    if not server.cut_stream:
+                        self.wfile.write(b"data: [DONE]\n\n")
+                        self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     with server.lock:
                         server.hung_up += 1  # the client closed the stream early

@@ -148,3 +148,29 @@ def test_children_do_not_outlive_their_parent(tmp_path):
     finally:
         child.stop(parent)
     assert child.parent_alive(os.getppid()) and not child.parent_alive(os.getpid())
+
+
+def test_spawn_writes_its_log_privately_and_never_through_a_link(tmp_path):
+    own = tmp_path / "own.txt"
+    own.write_text("the user's own file")
+    log = tmp_path / "reader.log"
+    log.symlink_to(own)  # planted where the log goes
+    with pytest.raises(child.ChildError) as err:
+        child.spawn([PY, "-c", "print('x')"], log=log)
+    assert "symbolic link" in str(err.value) and "\n" not in str(err.value) and err.value.returncode is None
+    assert own.read_text() == "the user's own file"
+    log.unlink()
+    log.write_text("an old, longer log " * 10)
+    log.chmod(0o644)
+    p = child.spawn([PY, "-c", "print('new')"], log=log)
+    assert p.wait(timeout=30) == 0
+    assert log.read_text() == "new\n" and (log.stat().st_mode & 0o777) == 0o600  # truncated, private
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # a folder the user shares: a log of theirs may go there, still never through a link
+    assert child.spawn([PY, "-c", "print('shared')"], log=shared / "x.log").wait(timeout=30) == 0
+    assert (shared / "x.log").read_text() == "shared\n"
+    if os.getuid() == 0:  # a log another user owns (only root can make one here)
+        os.chown(log, 12345, 12345)
+        with pytest.raises(child.ChildError, match="owned by uid 12345"):
+            child.spawn([PY, "-c", "pass"], log=log)

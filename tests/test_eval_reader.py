@@ -110,6 +110,18 @@ def test_reply_cache_keys_and_persistence(tmp_path):
     assert ReplyCache(tmp_path).get("k2") == {"text": "y"}
 
 
+def test_reply_cache_is_never_written_through_a_link(tmp_path):
+    from cdsjax.io.private import PrivateFileError
+
+    own = tmp_path / "own.txt"
+    own.write_text("the user's own file")
+    (tmp_path / "replies").mkdir()
+    (tmp_path / "replies" / "replies.jsonl").symlink_to(own)  # planted in an output folder others may write
+    with pytest.raises(PrivateFileError, match="symbolic link"):
+        ReplyCache(tmp_path / "replies")
+    assert own.read_text() == "the user's own file"
+
+
 # ---- the reader stage on synthetic problems (no benchmark data) -----------------------------------------
 
 def _problems(n_questions=6, n_notes=4, d=8):

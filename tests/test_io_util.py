@@ -66,3 +66,50 @@ def test_atomic_write_replaces_whole_and_leaves_nothing_behind(tmp_path):
     link.symlink_to(tmp_path / "elsewhere")
     atomic_write(link, "y")  # the link itself is replaced, nothing is written through it
     assert not link.is_symlink() and not (tmp_path / "elsewhere").exists()
+
+
+def test_private_lock_excludes_filelock_and_refuses_links_foreign_files_and_open_directories(tmp_path):
+    import filelock
+
+    from cdsjax.io.private import PrivateFileError, private_lock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    planted = tmp_path / "planted.lock"
+    planted.symlink_to(victim)
+    with pytest.raises(PrivateFileError) as err:
+        with private_lock(planted):
+            pass
+    assert "symbolic link" in str(err.value) and "\n" not in str(err.value)
+    assert victim.read_text() == "the user's own file"  # not truncated through the link
+    twice = tmp_path / "twice.lock"
+    os.link(victim, twice)  # a second name of a file elsewhere
+    with pytest.raises(PrivateFileError, match="hard link"):
+        with private_lock(twice):
+            pass
+    lock = tmp_path / "a.lock"
+    lock.write_text("left by an earlier holder")
+    lock.chmod(0o644)
+    with private_lock(lock):
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o600 and lock.read_text() == "left by an earlier holder"
+        with pytest.raises(filelock.Timeout):  # the same flock the filelock package takes
+            filelock.FileLock(str(lock), timeout=0.2).acquire()
+        with pytest.raises(TimeoutError, match="still locked"):
+            with private_lock(lock, timeout=0.2):
+                pass
+    with private_lock(lock, timeout=1):  # released when the block ended
+        pass
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(PrivateFileError, match="writable by its group or others"):
+        with private_lock(shared / "x.lock"):
+            pass
+    assert not (shared / "x.lock").exists()
+    if os.getuid() == 0:  # a file another user owns (only root can make one here)
+        foreign = tmp_path / "foreign.lock"
+        foreign.write_text("")
+        os.chown(foreign, 12345, 12345)
+        with pytest.raises(PrivateFileError, match="owned by uid 12345"):
+            with private_lock(foreign):
+                pass

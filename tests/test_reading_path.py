@@ -268,3 +268,13 @@ def test_a_crop_that_does_not_fit_goes_as_text_and_the_next_notes_still_come(tmp
     assert out.trimmed == 0 and out.left_out == 1 and out.tokens < 200  # the crop-only note cannot go as text
     with_room = fit_items("q", [figure, text], 5000, max_text_chars=1500)
     assert with_room.items[0].image_path == str(png)  # with room for it, the crop goes
+
+
+def test_ask_does_not_show_a_cut_stream_as_an_answer(index, capsys):
+    with OpenAIServer(lambda req: "The sample shows a multi column", cut_stream=True) as srv:
+        rc = main(["ask", str(index), "What is the sample about?", "--json", "--budget", "2", "--reader-url",
+                   srv.base_url, "--reader-model", "test-model"])
+    captured = capsys.readouterr()
+    obj = json.loads(captured.out)
+    assert rc != 0 and obj["answer"] is None and obj["evidence"], captured.err[-2000:]
+    assert obj["error"]["kind"] == "bad_response" and "end marker" in obj["error"]["message"]

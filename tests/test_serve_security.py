@@ -506,9 +506,30 @@ def test_foreign_host_header_is_refused(main_server):
         assert raw_get(main_server.port, "/documents", host)[0] == 200
 
 
+def stderr_until(proc, words, seconds=10.0) -> str:
+    """What ``proc`` writes to stderr until a line holds ``words`` or ``seconds`` pass (it keeps running)."""
+    text, deadline = "", time.monotonic() + seconds
+    fd = proc.stderr.fileno()
+    while words not in text and time.monotonic() < deadline:
+        if select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            piece = os.read(fd, 65536).decode(errors="replace")
+            if not piece:
+                break
+            text += piece
+    return text
+
+
+def test_a_server_without_a_token_says_every_local_user_can_read_it(main_server):
+    err = stderr_until(main_server.proc, "set CDSJAX_TOKEN")
+    line = next((line for line in err.splitlines() if "every local user" in line), "")
+    assert line.startswith("cdsjax serve: warning: no token") and "/select, /documents" in line, err
+    assert "set CDSJAX_TOKEN to require one" in line
+
+
 def test_token_is_required_when_set(built, tmp_path_factory):
     srv = Server(built, "--token", "s3cret-token", "--selector", "cosine", env=server_env(tmp_path_factory))
     try:
+        assert "every local user" not in stderr_until(srv.proc, "every local user", seconds=1.0)
         url = srv.url
         assert request(url + "/documents")[0] == 401
         assert request(url + "/select", {"question": "x"})[0] == 401

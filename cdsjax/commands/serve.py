@@ -44,7 +44,8 @@ cores), selections that compile a new selector on a second one; reading runs on 
 calls do not hold up selection; PDFs and crops are read and hashed on worker threads too.
 :mod:`cdsjax.commands.server` is the application itself.
 
-It binds to 127.0.0.1 unless ``--host`` says otherwise. ``cdsjax ask --server URL "question"`` is the
+It binds to 127.0.0.1 unless ``--host`` says otherwise; without a token every local user of the machine can
+reach it, which it says at start (docs/serving.md). ``cdsjax ask --server URL "question"`` is the
 command-line client.
 """
 
@@ -240,6 +241,11 @@ def _serve(args, sock, reader, params, compile_cache, t0, allowed_hosts, token) 
         if allowed_hosts is None or host not in ("127.0.0.1", "::1", "localhost"):
             auth = "a token is required" if token else "there is NO authentication (--no-auth)"
             print(f"cdsjax serve: warning: bound to {host}, reachable from other machines; {auth}",
+                  file=sys.stderr, flush=True)
+        elif token is None:  # loopback is not private: every account on this machine can connect to it
+            reads = " and use its reader (/ask)" if reader is not None else ""
+            print("cdsjax serve: warning: no token: every local user of this machine can read the loaded "
+                  f"documents' text (/select, /documents){reads}; set CDSJAX_TOKEN to require one",
                   file=sys.stderr, flush=True)
 
     class Server(uvicorn.Server):

