@@ -78,8 +78,12 @@ def reach(keep_alive: float, *, start: bool = True, timeout: Optional[float] = N
     sock = connect(directory, timeout)
     if sock is not None or not start:
         return sock
+    from cdsjax.io.child import ChildError
+
     try:
         process = start_server(directory, keep_alive)
+    except ChildError as err:  # its log is a link or another user's file
+        raise WarmError(f"cannot start the warm cdsjax server: {err}") from None
     except OSError as err:
         raise WarmError(f"cannot start the warm cdsjax server ({err.strerror or err}; log: "
                         f"{directory / LOG_NAME})") from None

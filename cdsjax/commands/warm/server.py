@@ -372,7 +372,9 @@ def log(text: str) -> None:
 
 def take_lock(directory: Path):
     """The server's lock, held for its life (one server per user), or None when another server holds it."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    from cdsjax.io.private import open_private
+
+    fd = open_private(directory / LOCK_NAME)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -113,8 +113,10 @@ def launch(spec: ServerSpec, *, key: str, socket: Path, log: Path, timeout: floa
     start = time.perf_counter()
     try:
         process = spawn(cmd, env=dict(os.environ, **{KEY_ENV: key}), log=log, detach=True)
+    except ChildError as err:  # its log is a link, another user's file, or cannot be written
+        raise LocalReaderError(str(err), kind="start") from None
     except OSError as err:
-        raise LocalReaderError(f"cannot start the local reader ({log}: {err.strerror or err})", kind="start") from None
+        raise LocalReaderError(f"cannot start the local reader ({err.strerror or err})", kind="start") from None
     try:
         wait_until(lambda: answers(socket), timeout=timeout, what="the local reader", process=process, log=log)
     except ChildError as err:
