@@ -164,6 +164,8 @@ def test_a_second_ask_is_answered_by_the_same_warm_server(demo_index, warm, tmp_
     assert code == 2 and len(err.strip().splitlines()) == 1 and "no-such-selector" in err, err
     code, _, err = _ask(tmp_path, str(tmp_path / "missing.pdf"), "q?", "--no-read")
     assert code == 1 and len(err.strip().splitlines()) == 1 and "no such file" in err, err
+    code, out, err = run_command(tmp_path, "reader", "status")
+    assert code == 0 and f"pid {state['pid']}" in out and f"indexes: {demo_index}" in out, err
     code, out, err = run_command(tmp_path, "reader", "stop")
     assert code == 0 and "stopped" in out and str(state["pid"]) in out, err
     assert _wait_gone(state["pid"]) and not (warm / place.SOCKET_NAME).exists()
@@ -271,3 +273,65 @@ def test_the_warm_reader_is_reused_and_one_that_died_is_never_sent_to(demo_index
     assert code == 0 and third["answer"] and third["reader"]["local"]["reused"] is False, \
         err + (warm / place.LOG_NAME).read_text()
     assert client.call({"op": "status"})["readers"][0]["pid"] != reader["pid"]
+
+
+def _exchange(server, request) -> list:
+    """One request to ``server`` (in this process) over a socket pair: the events it answers with."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    worker = threading.Thread(target=server.handle, args=(theirs,))
+    worker.start()
+    events = []
+    with mine, mine.makefile("rwb") as stream:
+        if isinstance(request, bytes):
+            stream.write(request)
+            stream.flush()
+        else:
+            send(stream, request)
+        while (event := receive(stream)) is not None:
+            events.append(event)
+    worker.join(120)
+    return events
+
+
+def test_what_the_warm_server_holds_and_for_how_long(demo_index, tmp_path):
+    """In this process: a set of indexes loaded once and held, loaded again once its files change, the least recently
+    used dropped; holds only lengthened; errors as one line with their exit code; idle once every hold passed."""
+    from cdsjax.commands.warm.server import WarmServer
+
+    index = tmp_path / "index"
+    shutil.copytree(demo_index, index)
+    server = WarmServer(tmp_path, keep_alive=30, max_indexes=1)
+    request = dict(op="ask", paths=[str(index)], question="What does the table report?", selector=None, budget=3,
+                   options={}, relevance=None, embedders=[], trust_remote_code=False, abstain=True, reader=None,
+                   evidence_tokens=None, keep_alive=60, params=None)
+    first = _exchange(server, request)
+    assert [e["event"] for e in first] == ["status", "evidence", "done"], first
+    assert "loading 1 index" in first[0]["text"] and first[-1]["result"]["timings"]["load"] > 0
+    second = _exchange(server, request)
+    assert [e["event"] for e in second] == ["evidence", "done"] and second[-1]["result"]["timings"]["load"] == 0
+    assert [e["note_id"] for e in first[-1]["result"]["evidence"]] == [e["note_id"] for e in second[-1]["result"]["evidence"]]
+    (state,) = _exchange(server, {"op": "status"})
+    assert state["in_flight"] == 0 and [i["paths"] for i in state["indexes"]] == [[str(index)]]
+    assert 50 < state["keep_alive_left_s"] <= 60
+    server.hold(5)  # a shorter keep-alive later: the hold stays
+    assert server.until - time.time() > 50
+    later = time.time() + 5
+    os.utime(index / "manifest.json", (later, later))  # the index changed on disk: loaded again, never served stale
+    assert [e["event"] for e in _exchange(server, request)][0] == "status"
+    dense = _exchange(server, dict(request, relevance="dense"))  # another set: the older one is dropped (at most 1)
+    assert dense[-1]["event"] == "done" and dense[-1]["result"]["relevance"]["mode"] == "dense"
+    (state,) = _exchange(server, {"op": "status"})
+    assert len(state["indexes"]) == 1
+    for bad, code, words in ((dict(request, selector="no-such-selector"), 2, "no-such-selector"),
+                             (dict(request, paths=[str(tmp_path / "missing.pdf")]), 1, "no such file"),
+                             (dict(request, keep_alive=0.5), 2, "expected 0"),
+                             ({"op": "dance"}, 2, "unknown request")):
+        event = _exchange(server, bad)[-1]  # after a status line, where an index was to be loaded
+        assert event["event"] == "error" and event["code"] == code and words in event["message"], event
+        assert "\n" not in event["message"]
+    assert _exchange(server, b"not json\n") == []  # not a request: the connection is closed
+    assert not server.tick()  # held
+    server.until = time.time() - 1
+    assert server.tick()  # nothing in flight, every hold passed: due to exit
+    (reply,) = _exchange(server, {"op": "stop"})
+    assert reply["stopped"] and server.stopping.is_set()

@@ -4,8 +4,8 @@ stopping it now.
 ``cdsjax ask`` leaves the indexes it loaded, the encoder, the compiled selectors and the local reader in one
 process of yours that stays up ``--keep-alive`` seconds after the last command (env CDSJAX_READER_KEEP_ALIVE,
 default 300), so the next question pays neither loading nor the reader's start. It listens on a Unix socket in a
-directory only you may enter (``$CDSJAX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/cdsjax``, else
-``/tmp/cdsjax-UID``); no network port is opened.
+directory only you may enter (``$CDSJAX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/cdsjax``, else ``cdsjax-UID`` in
+the temporary directory); no network port is opened.
 
     status   what it holds: pid, memory, seconds idle and left, the index sets loaded and the readers running
              (``--json``: that object, or null when none runs)

@@ -1,9 +1,9 @@
 """Where the warm server lives and who may reach it: a directory only this user may enter, the server's socket,
 lock and log in it, the peer's user on a connected socket, and the keep-alive a command asks for.
 
-The directory is ``$CDSJAX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/cdsjax``, else ``/tmp/cdsjax-UID``. It is made
-0700 when missing and used only when it is a real directory (not a link), this user's, and closed to everyone
-else; otherwise :class:`PlaceError` says why in one line. Nothing but this user's processes can then bind or
+The directory is ``$CDSJAX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/cdsjax``, else ``cdsjax-UID`` in the temporary
+directory (``$TMPDIR``). It is made 0700 when missing and used only when it is a real directory (not a link), this
+user's, and closed to everyone else; otherwise :class:`PlaceError` says why in one line. Nothing but this user's processes can then bind or
 reach a socket inside it, and the client also checks the user of the process at the other end of the socket
 (``SO_PEERCRED``) before it sends anything. Standard library only: the client imports this before anything
 heavy.
@@ -15,6 +15,7 @@ import os
 import socket
 import stat
 import struct
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -39,7 +40,7 @@ def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR", "").strip()
     if xdg:
         return Path(xdg) / "cdsjax"
-    return Path("/tmp") / f"cdsjax-{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"cdsjax-{os.getuid()}"
 
 
 def private_runtime_dir() -> Path:

@@ -253,13 +253,13 @@ class WarmServer:
         from cdsjax.pipeline.catalog import DEFAULT_SELECTOR, display
 
         started = time.perf_counter()
-        keep_alive = keep_alive_setting(request.get("keep_alive", DEFAULT_KEEP_ALIVE))
         request["selector"] = request.get("selector") or display(DEFAULT_SELECTOR)
         options = request.get("options") or {}
-        held = None
+        held, keep_alive = None, 0.0
         with self.lock:
             self.in_flight += 1
         try:
+            keep_alive = keep_alive_setting(request.get("keep_alive", DEFAULT_KEEP_ALIVE))
             check_options(request["selector"], options)
             reader, held, reused = self.reader(request)
             unreachable = reader.probe() if reader is not None and held is None else None
@@ -417,4 +417,4 @@ def main(argv) -> int:
         path.unlink(missing_ok=True)  # the lock says this server is the only one: the socket is its own
         stopped = server.stop_readers()
         log(f"stopped ({len(stopped)} reader(s))")
-    os._exit(0)  # threads of abandoned requests end with the process
+    return 0  # the request threads are daemons: an abandoned one ends with the process
