@@ -29,11 +29,13 @@ def demo_index(demo_run):
 
 
 @pytest.fixture
-def warm(monkeypatch):
-    """A warm directory of the test's own (short: a socket's path stays under 100 bytes), the keep-alive on; the
-    server the test started is stopped after it."""
+def warm(monkeypatch, tmp_path):
+    """A warm directory of the test's own (short: a socket's path stays under 100 bytes), the keep-alive on, the
+    cache the test's commands use (:func:`run_command`: ``tmp_path/cache``); the server the test started is stopped
+    after it."""
     top = Path(tempfile.mkdtemp(prefix="cw-", dir="/tmp"))
     directory = top / "run"
+    monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(place.RUNTIME_ENV, str(directory))
     monkeypatch.setenv(place.KEEP_ALIVE_ENV, "60")
     monkeypatch.delenv(place.IN_PROCESS_ENV, raising=False)
@@ -85,6 +87,14 @@ def test_keep_alive_is_zero_or_between_the_floor_and_the_ceiling(monkeypatch, tm
     assert code == 2 and len(err.strip().splitlines()) == 1 and "0 (keep nothing warm) or 5" in err, err
 
 
+def test_one_warm_server_per_cache(tmp_path, monkeypatch):
+    names = set()
+    for cache in ("a", "b", "a"):
+        monkeypatch.setenv("CDSJAX_CACHE", str(tmp_path / cache))
+        names.add((place.socket_name(), place.lock_name(), place.log_name()))
+    assert len(names) == 2  # a command never reaches a server that reads another cache
+
+
 def test_the_directory_must_be_this_users_alone(tmp_path, monkeypatch):
     top = Path(tempfile.mkdtemp(prefix="cw-", dir="/tmp"))
     try:
@@ -118,7 +128,7 @@ def test_a_socket_held_by_another_user_is_sent_nothing(tmp_path):
     the client sees its peer's uid and sends nothing — no question, no evidence, no key."""
     top = Path(tempfile.mkdtemp(prefix="cw-", dir="/tmp"))
     try:
-        path = top / place.SOCKET_NAME
+        path = top / place.socket_name()
         script = ("import os, socket, sys\n"
                   "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
                   f"s.bind({str(path)!r})\n"
@@ -149,8 +159,8 @@ def test_a_second_ask_is_answered_by_the_same_warm_server(demo_index, warm, tmp_
     assert code == 0, err
     state = client.call({"op": "status"})
     assert state is not None and state["in_flight"] == 0 and state["indexes"][0]["paths"] == [str(demo_index)]
-    assert (warm.stat().st_mode & 0o777) == 0o700 and ((warm / place.SOCKET_NAME).stat().st_mode & 0o077) == 0
-    assert ((warm / place.LOG_NAME).stat().st_mode & 0o777) == 0o600
+    assert (warm.stat().st_mode & 0o777) == 0o700 and ((warm / place.socket_name()).stat().st_mode & 0o077) == 0
+    assert ((warm / place.log_name()).stat().st_mode & 0o777) == 0o600
     code, second, err = _ask(tmp_path, str(demo_index), "What does the table report?", "--no-read")
     assert code == 0, err
     assert second["timings"]["load"] == 0.0 < first["timings"]["load"]  # held: nothing loaded again
@@ -168,7 +178,7 @@ def test_a_second_ask_is_answered_by_the_same_warm_server(demo_index, warm, tmp_
     assert code == 0 and f"pid {state['pid']}" in out and f"indexes: {demo_index}" in out, err
     code, out, err = run_command(tmp_path, "reader", "stop")
     assert code == 0 and "stopped" in out and str(state["pid"]) in out, err
-    assert _wait_gone(state["pid"]) and not (warm / place.SOCKET_NAME).exists()
+    assert _wait_gone(state["pid"]) and not (warm / place.socket_name()).exists()
     code, out, err = run_command(tmp_path, "reader", "status", "--json")
     assert code == 0 and json.loads(out) is None
 
@@ -186,8 +196,8 @@ def test_a_later_keep_alive_never_shortens_a_hold_and_an_idle_server_exits(demo_
     assert code == 0, err
     pid = client.call({"op": "status"})["pid"]
     assert _wait_gone(pid, timeout=40)  # idle past its 5 s: it exits by itself, and removes its socket
-    assert not (warm / place.SOCKET_NAME).exists()
-    assert "idle past every keep-alive" in (warm / place.LOG_NAME).read_text()
+    assert not (warm / place.socket_name()).exists()
+    assert "idle past every keep-alive" in (warm / place.log_name()).read_text()
 
 
 def test_two_first_asks_at_once_share_one_server(demo_index, warm, tmp_path):
@@ -207,7 +217,7 @@ def _fake_server(directory: Path, events):
     """A server that answers any request with ``events`` and then closes: a stream cut short."""
     directory.mkdir(mode=0o700)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(directory / place.SOCKET_NAME))
+    listener.bind(str(directory / place.socket_name()))
     listener.listen(4)
 
     def serve():
@@ -241,7 +251,7 @@ def test_an_answer_cut_before_its_end_is_an_error_not_an_answer(warm, tmp_path):
         assert not out.strip()  # nothing shown as the answer
     finally:
         listener.close()
-        (warm / place.SOCKET_NAME).unlink()
+        (warm / place.socket_name()).unlink()
 
 
 def test_the_client_loads_neither_jax_nor_torch(demo_index, warm):
@@ -271,7 +281,7 @@ def test_the_warm_reader_is_reused_and_one_that_died_is_never_sent_to(demo_index
     os.kill(reader["pid"], 9)  # the OOM killer, say; its socket closes at once, its exit is reaped later
     code, third, err = _ask(tmp_path, str(demo_index), "What is the main finding?")
     assert code == 0 and third["answer"] and third["reader"]["local"]["reused"] is False, \
-        err + (warm / place.LOG_NAME).read_text()
+        err + (warm / place.log_name()).read_text()
     assert client.call({"op": "status"})["readers"][0]["pid"] != reader["pid"]
 
 

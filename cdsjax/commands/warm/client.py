@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-from cdsjax.commands.warm.place import LOG_NAME, SOCKET_NAME, PlaceError, peer_uid, private_runtime_dir
+from cdsjax.commands.warm.place import PlaceError, log_name, peer_uid, private_runtime_dir, socket_name
 from cdsjax.commands.warm.wire import WireError, receive, send
 
 SERVER_MODULE = "cdsjax.commands.warm"  # the server's command line: python -m SERVER_MODULE (ps shows it)
@@ -41,17 +41,17 @@ def connect(directory: Path, timeout: Optional[float] = None) -> Optional[socket
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5.0)
     try:
-        sock.connect(str(directory / SOCKET_NAME))
+        sock.connect(str(directory / socket_name()))
     except (FileNotFoundError, ConnectionRefusedError, socket.timeout):
         sock.close()
         return None
     except OSError as err:
         sock.close()
-        raise PlaceError(f"cannot reach the warm server at {directory / SOCKET_NAME} ({err.strerror or err})") from None
+        raise PlaceError(f"cannot reach the warm server at {directory / socket_name()} ({err.strerror or err})") from None
     uid = peer_uid(sock)
     if uid is not None and uid != os.getuid():
         sock.close()
-        raise PlaceError(f"the warm server's socket {directory / SOCKET_NAME} is held by uid {uid}, not by you: "
+        raise PlaceError(f"the warm server's socket {directory / socket_name()} is held by uid {uid}, not by you: "
                          f"refusing it")
     sock.settimeout(timeout)
     return sock
@@ -63,7 +63,7 @@ def start_server(directory: Path, keep_alive: float):
     from cdsjax.io.child import spawn
 
     return spawn([sys.executable, "-m", SERVER_MODULE, "--keep-alive", repr(float(keep_alive))],
-                 log=directory / LOG_NAME, detach=True)
+                 log=directory / log_name(), detach=True)
 
 
 def reach(keep_alive: float, *, start: bool = True, timeout: Optional[float] = None) -> Optional[socket.socket]:
@@ -86,7 +86,7 @@ def reach(keep_alive: float, *, start: bool = True, timeout: Optional[float] = N
         raise WarmError(f"cannot start the warm cdsjax server: {err}") from None
     except OSError as err:
         raise WarmError(f"cannot start the warm cdsjax server ({err.strerror or err}; log: "
-                        f"{directory / LOG_NAME})") from None
+                        f"{directory / log_name()})") from None
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         sock = connect(directory, timeout)
@@ -94,10 +94,10 @@ def reach(keep_alive: float, *, start: bool = True, timeout: Optional[float] = N
             return sock
         code = process.poll()
         if code not in (None, 0):  # 0: another command's server won the race; it answers in a moment
-            raise WarmError(f"the warm cdsjax server exited at start ({last_line(directory / LOG_NAME)}; log: "
-                            f"{directory / LOG_NAME})")
+            raise WarmError(f"the warm cdsjax server exited at start ({last_line(directory / log_name())}; log: "
+                            f"{directory / log_name()})")
         time.sleep(0.05)
-    raise WarmError(f"the warm cdsjax server did not answer within {START_TIMEOUT:g} s (log: {directory / LOG_NAME})")
+    raise WarmError(f"the warm cdsjax server did not answer within {START_TIMEOUT:g} s (log: {directory / log_name()})")
 
 
 def last_line(log: Path) -> str:
@@ -146,5 +146,5 @@ def events(request: dict, *, keep_alive: float) -> Iterator[dict]:
                     return
         except (OSError, WireError) as err:
             raise WarmError(f"the warm cdsjax server broke off the answer ({err}; log: "
-                            f"{private_runtime_dir() / LOG_NAME})") from None
-    raise WarmError(f"the warm cdsjax server ended the answer before its end (log: {private_runtime_dir() / LOG_NAME})")
+                            f"{private_runtime_dir() / log_name()})") from None
+    raise WarmError(f"the warm cdsjax server ended the answer before its end (log: {private_runtime_dir() / log_name()})")

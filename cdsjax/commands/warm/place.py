@@ -1,5 +1,6 @@
 """Where the warm server lives and who may reach it: a directory only this user may enter, the server's socket,
-lock and log in it, the peer's user on a connected socket, and the keep-alive a command asks for.
+lock and log in it (one server per user and cdsjax cache), the peer's user on a connected socket, and the
+keep-alive a command asks for.
 
 The directory is ``$CDSJAX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/cdsjax``, else ``cdsjax-UID`` in the temporary
 directory (``$TMPDIR``). It is made 0700 when missing and used only when it is a real directory (not a link), this
@@ -11,6 +12,7 @@ heavy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import stat
@@ -24,8 +26,30 @@ from cdsjax.defaults import DEFAULT_KEEP_ALIVE, KEEP_ALIVE_CEILING, KEEP_ALIVE_F
 RUNTIME_ENV = "CDSJAX_RUNTIME_DIR"
 KEEP_ALIVE_ENV = "CDSJAX_READER_KEEP_ALIVE"
 IN_PROCESS_ENV = "CDSJAX_IN_PROCESS"  # "1": `cdsjax ask` loads and reads in its own process (scripts, tests, CI)
-SOCKET_NAME, LOCK_NAME, LOG_NAME = "warm.sock", "warm.lock", "warm.log"
 MAX_SOCKET_PATH = 100  # bytes; AF_UNIX paths end at 107
+
+
+def cache_tag() -> str:
+    """A short name of the cdsjax cache this process uses (``$CDSJAX_CACHE``, else ``~/.cache/cdsjax``): one warm
+    server per user and cache, so a command never gets indexes or a model from another cache than its own."""
+    from cdsjax.io.private import default_cache_dir
+
+    return hashlib.sha256(os.path.abspath(default_cache_dir()).encode()).hexdigest()[:10]
+
+
+def socket_name() -> str:
+    """The warm server's socket in its directory (``warm-TAG.sock``, :func:`cache_tag`)."""
+    return f"warm-{cache_tag()}.sock"
+
+
+def lock_name() -> str:
+    """The lock the warm server holds for its life: one server per user and cache."""
+    return f"warm-{cache_tag()}.lock"
+
+
+def log_name() -> str:
+    """The warm server's log."""
+    return f"warm-{cache_tag()}.log"
 
 
 class PlaceError(RuntimeError):
@@ -66,9 +90,9 @@ def private_runtime_dir() -> Path:
     if stat.S_IMODE(info.st_mode) & 0o077:
         raise PlaceError(f"refusing the warm server's directory {path}: others may enter it (mode "
                          f"{stat.S_IMODE(info.st_mode):04o}; `chmod 700` it){fix}")
-    if len(str(path / SOCKET_NAME).encode()) > MAX_SOCKET_PATH:
+    if len(str(path / socket_name()).encode()) > MAX_SOCKET_PATH:
         raise PlaceError(f"the warm server's directory {path} is too deep for a socket (its path must stay under "
-                         f"{MAX_SOCKET_PATH - len(SOCKET_NAME)} bytes){fix}")
+                         f"{MAX_SOCKET_PATH - len(socket_name())} bytes){fix}")
     return path
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cdsjax.commands import CLIError
-from cdsjax.commands.warm.place import (LOCK_NAME, LOG_NAME, SOCKET_NAME, PlaceError, keep_alive_setting, peer_uid,
+from cdsjax.commands.warm.place import (PlaceError, keep_alive_setting, lock_name, log_name, peer_uid, socket_name,
                                         private_runtime_dir)
 from cdsjax.commands.warm.wire import WireError, receive, send
 from cdsjax.defaults import DEFAULT_KEEP_ALIVE, LOCAL_MAX_TOKENS, WARM_MAX_INDEXES
@@ -151,7 +151,7 @@ class WarmServer:
             return dict(
                 pid=os.getpid(), uptime_s=round(now - self.started, 1), idle_s=round(now - self.last_used, 1),
                 keep_alive_left_s=round(max(0.0, self.until - now), 1), in_flight=self.in_flight,
-                memory_mb=rss_mb(os.getpid()), log=str(self.directory / LOG_NAME),
+                memory_mb=rss_mb(os.getpid()), log=str(self.directory / log_name()),
                 indexes=[dict(paths=list(h.paths), notes=len(h.pipe.corpus), idle_s=round(now - h.last_used, 1))
                          for h in reversed(self.indexes.values())],
                 readers=[dict(model=h.local.model_name, pid=h.local.process.pid if h.local.process else None,
@@ -348,7 +348,7 @@ class WarmServer:
                 with contextlib.suppress(OSError):
                     emit({"event": "error", "code": 1,
                           "message": f"the warm server failed on this request ({type(err).__name__}: "
-                                     f"{' '.join(str(err).split())[:200]}; log: {self.directory / LOG_NAME})"})
+                                     f"{' '.join(str(err).split())[:200]}; log: {self.directory / log_name()})"})
 
     def serve(self, listener: socket.socket) -> None:
         listener.settimeout(1.0)
@@ -374,7 +374,7 @@ def take_lock(directory: Path):
     """The server's lock, held for its life (one server per user), or None when another server holds it."""
     from cdsjax.io.private import open_private
 
-    fd = open_private(directory / LOCK_NAME)
+    fd = open_private(directory / lock_name())
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -397,7 +397,7 @@ def main(argv) -> int:
     if held is None:
         log("another warm server runs for this user; leaving it be")
         return 0
-    path = directory / SOCKET_NAME
+    path = directory / socket_name()
     path.unlink(missing_ok=True)  # one left by a server that was killed (the lock says none runs now)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o077)

@@ -135,8 +135,8 @@ def prestart_layout(pdfs: Sequence, *, config=None, cache_dir=None) -> None:
             if pdf.is_dir() or not pdf.is_file():
                 continue
             out = _single_index_dir(pdf, storefiles.sha256_file(pdf), cache_dir, config)
-        except OSError:
-            continue
+        except (OSError, storefiles.StoreError):  # a refused cache: the indexing itself says so, in one line
+            return
         if not (out / store.MANIFEST).is_file():
             from cdsjax.io.parse.layout_split import prestart_helper
 
