@@ -110,7 +110,8 @@ def run(bench: str, questions: int, threads: int, slots: int, from_cache: bool =
     evaluate(config, progress=sys.stderr.isatty())  # its run.json holds the provenance in full
     wall = time.perf_counter() - t0
     entry = dict(benchmark=bench, questions=questions, selectors=str(config.selectors).split(","), wall_s=round(wall, 1),
-                 evidence_tokens=int(config.reader.evidence_tokens), judge=bool(config.judge.enabled),
+                 evidence_tokens=(-1 if config.reader.evidence_tokens is None else int(config.reader.evidence_tokens)),
+                 judge=bool(config.judge.enabled),
                  new_replies=_lines(cache) - before, load_at_start=round(load, 2), threads=threads, slots=slots,
                  commit=_commit(), versions=library_versions(),
                  finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
